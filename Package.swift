@@ -1,0 +1,156 @@
+// swift-tools-version: 6.1
+import PackageDescription
+
+/// One set of compiler settings shared by every target.
+let swiftSettings: [SwiftSetting] = [
+    .swiftLanguageMode(.v6),
+    .enableUpcomingFeature("ExistentialAny"),
+    .enableUpcomingFeature("InternalImportsByDefault"),
+    .enableUpcomingFeature("MemberImportVisibility"),
+    .unsafeFlags(["-enforce-exclusivity=unchecked"], .when(configuration: .release)),
+]
+
+let package = Package(
+    name: "Orchard",
+    platforms: [.macOS(.v14), .iOS(.v17)],
+    products: [
+        .library(name: "OrchardFormats", targets: ["OrchardFormats"]),
+        .library(name: "OrchardML", targets: ["OrchardML"]),
+        .library(name: "OrchardData", targets: ["OrchardData"]),
+        .library(name: "OrchardExamples", targets: ["OrchardExamples"]),
+        .library(name: "OrchardScheduler", targets: ["OrchardScheduler"]),
+        .library(name: "OrchardSchedulerApple", targets: ["OrchardSchedulerApple"]),
+        .library(name: "OrchardProtocol", targets: ["OrchardProtocol"]),
+        .library(name: "OrchardCoordinator", targets: ["OrchardCoordinator"]),
+        .library(name: "OrchardClient", targets: ["OrchardClient"]),
+        .library(name: "OrchardCoreML", targets: ["OrchardCoreML"]),
+        .library(name: "OrchardSimulation", targets: ["OrchardSimulation"]),
+        .library(name: "OrchardTesting", targets: ["OrchardTesting"]),
+        .executable(name: "orchard", targets: ["orchard"]),
+    ],
+    dependencies: [
+        .package(url: "https://github.com/apple/swift-argument-parser.git", from: "1.5.0"),
+        .package(url: "https://github.com/apple/swift-log.git", from: "1.6.0"),
+        .package(url: "https://github.com/apple/swift-metrics.git", from: "2.5.0"),
+        .package(url: "https://github.com/apple/swift-protobuf.git", from: "1.28.0"),
+        .package(url: "https://github.com/apple/swift-collections.git", from: "1.1.0"),
+        .package(url: "https://github.com/apple/swift-numerics.git", from: "1.0.0"),
+        .package(url: "https://github.com/apple/swift-crypto.git", "3.0.0"..<"5.0.0"),
+        .package(url: "https://github.com/groue/GRDB.swift.git", from: "7.0.0"),
+        .package(url: "https://github.com/hummingbird-project/hummingbird.git", from: "2.5.0"),
+        .package(url: "https://github.com/pointfreeco/swift-clocks.git", from: "1.0.0"),
+        .package(url: "https://github.com/swift-server/async-http-client.git", from: "1.23.0"),
+        .package(url: "https://github.com/swift-server/swift-prometheus.git", from: "2.0.0"),
+        .package(url: "https://github.com/swift-server/swift-service-lifecycle.git", from: "2.6.0"),
+        .package(url: "https://github.com/vapor/jwt-kit.git", from: "5.0.0"),
+    ],
+    targets: [
+        // Level 0: file formats shared by every layer (safetensors, architecture JSON).
+        .target(name: "OrchardFormats", swiftSettings: swiftSettings),
+        // Level 1: the training engine.
+        .target(name: "OrchardML", dependencies: ["OrchardFormats"], swiftSettings: swiftSettings),
+        // Level 2: data pipeline and federated partitions.
+        .target(name: "OrchardData", dependencies: ["OrchardML"], swiftSettings: swiftSettings),
+        // Level 3: the seed's housing example (resources + reusable pipeline steps).
+        .target(
+            name: "OrchardExamples",
+            dependencies: ["OrchardML", "OrchardData"],
+            resources: [.copy("Resources")],
+            swiftSettings: swiftSettings
+        ),
+        // Core ML interop (protobuf generated once and committed).
+        .target(
+            name: "OrchardCoreML",
+            dependencies: ["OrchardFormats", .product(name: "SwiftProtobuf", package: "swift-protobuf")],
+            swiftSettings: swiftSettings
+        ),
+        // Background scheduling: the contract, the policy, device conditions, persistence.
+        .target(
+            name: "OrchardScheduler",
+            dependencies: [
+                .product(name: "GRDB", package: "GRDB.swift"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ],
+            swiftSettings: swiftSettings
+        ),
+        // A small mirror of Apple's BackgroundTasks API so the Apple adapter compiles and is tested on Linux.
+        .target(name: "BackgroundTasksShim", swiftSettings: swiftSettings),
+        .target(
+            name: "OrchardSchedulerApple",
+            dependencies: [
+                "OrchardScheduler",
+                .target(name: "BackgroundTasksShim", condition: .when(platforms: [.linux])),
+            ],
+            swiftSettings: swiftSettings
+        ),
+        // Wire types shared by device and server.
+        .target(name: "OrchardProtocol", dependencies: ["OrchardFormats"], resources: [.copy("openapi.json")], swiftSettings: swiftSettings),
+        // The federated-learning server.
+        .target(
+            name: "OrchardCoordinator",
+            dependencies: [
+                "OrchardFormats", "OrchardProtocol",
+                .product(name: "Hummingbird", package: "hummingbird"),
+                .product(name: "GRDB", package: "GRDB.swift"),
+                .product(name: "JWTKit", package: "jwt-kit"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "Metrics", package: "swift-metrics"),
+                .product(name: "Prometheus", package: "swift-prometheus"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ],
+            swiftSettings: swiftSettings
+        ),
+        // The device SDK.
+        .target(
+            name: "OrchardClient",
+            dependencies: [
+                "OrchardFormats", "OrchardML", "OrchardProtocol", "OrchardScheduler",
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: swiftSettings
+        ),
+        // Fleet simulator.
+        .target(
+            name: "OrchardSimulation",
+            dependencies: [
+                "OrchardML", "OrchardData", "OrchardExamples", "OrchardScheduler", "OrchardProtocol",
+                "OrchardCoordinator", "OrchardClient",
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: swiftSettings
+        ),
+        // Test support shared by every test target.
+        .target(
+            name: "OrchardTesting",
+            dependencies: [
+                "OrchardFormats", "OrchardML",
+                .product(name: "Clocks", package: "swift-clocks"),
+            ],
+            swiftSettings: swiftSettings
+        ),
+        .executableTarget(
+            name: "orchard",
+            dependencies: [
+                "OrchardFormats", "OrchardML", "OrchardData", "OrchardExamples", "OrchardCoreML",
+                "OrchardScheduler", "OrchardProtocol", "OrchardCoordinator", "OrchardClient", "OrchardSimulation",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: swiftSettings
+        ),
+        .testTarget(name: "OrchardFormatsTests", dependencies: ["OrchardFormats", "OrchardTesting"], swiftSettings: swiftSettings),
+        .testTarget(name: "OrchardMLTests", dependencies: ["OrchardML", "OrchardTesting"], swiftSettings: swiftSettings),
+        .testTarget(name: "OrchardDataTests", dependencies: ["OrchardData", "OrchardExamples", "OrchardTesting"], swiftSettings: swiftSettings),
+        .testTarget(name: "OrchardCoreMLTests", dependencies: ["OrchardCoreML", "OrchardML", "OrchardTesting"], swiftSettings: swiftSettings),
+        .testTarget(
+            name: "OrchardSchedulerTests",
+            dependencies: ["OrchardScheduler", "OrchardSchedulerApple", "OrchardTesting", .product(name: "Clocks", package: "swift-clocks")],
+            swiftSettings: swiftSettings
+        ),
+        .testTarget(name: "OrchardCoordinatorTests", dependencies: ["OrchardCoordinator", "OrchardProtocol", "OrchardTesting"], swiftSettings: swiftSettings),
+        .testTarget(name: "OrchardClientTests", dependencies: ["OrchardClient", "OrchardCoordinator", "OrchardTesting"], swiftSettings: swiftSettings),
+        .testTarget(name: "OrchardSimulationTests", dependencies: ["OrchardSimulation", "OrchardTesting"], swiftSettings: swiftSettings),
+    ]
+)

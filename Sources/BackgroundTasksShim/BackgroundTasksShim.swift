@@ -1,0 +1,1 @@
+// The BackgroundTasksShim module; see README.md for its role.

@@ -1,0 +1,1 @@
+// The OrchardClient module; see README.md for its role.

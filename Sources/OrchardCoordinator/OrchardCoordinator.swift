@@ -1,0 +1,1 @@
+// The OrchardCoordinator module; see README.md for its role.

@@ -1,0 +1,1 @@
+// The OrchardCoreML module; see README.md for its role.

@@ -1,0 +1,1 @@
+// The OrchardData module; see README.md for its role.

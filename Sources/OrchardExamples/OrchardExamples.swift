@@ -1,0 +1,1 @@
+// The OrchardExamples module; see README.md for its role.

@@ -1,0 +1,394 @@
+import Foundation
+
+/// A model's architecture, as JSON a server can ship and any Orchard component can rebuild.
+///
+/// Conventions every component follows:
+/// - Per-sample shapes exclude the batch dimension. Images are channels-first: `[C, H, W]`.
+/// - Parameters are named `<layer>.weight` and `<layer>.bias`.
+/// - `dense`: weight `[units, inputSize]`, bias `[units]` (PyTorch and Core ML's inner-product layout).
+/// - `embedding`: weight `[vocabularySize, embeddingSize]`; its input holds category indices stored as Float.
+/// - `conv2d`: weight `[filters, inChannels, kernelH, kernelW]`, bias `[filters]`.
+/// - A classifier ends with a `softmax` layer; with the `crossEntropy` loss the engine fuses the two (stable),
+///   and the targets are class indices stored as Float, shape `[1]`.
+public struct ModelSpec: Sendable, Hashable, Codable {
+    /// The version of this JSON layout.
+    public static let currentFormatVersion = 1
+
+    /// The version of the JSON layout this spec was written with.
+    public var formatVersion: Int
+    /// A display name for the model.
+    public var name: String
+    /// The model's named inputs.
+    public var inputs: [InputSpec]
+    /// The layers, each after every layer it reads from.
+    public var layers: [LayerSpec]
+    /// The name of the layer whose output is the model's output.
+    public var output: String
+    /// How the model is trained, when the spec carries it.
+    public var training: TrainingSpec?
+
+    /// Creates a spec; call ``validate()`` to check it.
+    public init(name: String, inputs: [InputSpec], layers: [LayerSpec], output: String? = nil, training: TrainingSpec? = nil) {
+        self.formatVersion = Self.currentFormatVersion
+        self.name = name
+        self.inputs = inputs
+        self.layers = layers
+        self.output = output ?? layers.last?.name ?? ""
+        self.training = training
+    }
+
+    /// Encodes the spec as stable, pretty-printed JSON with sorted keys.
+    public func jsonData() throws -> Data {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.prettyPrinted, .sortedKeys, .withoutEscapingSlashes]
+        return try encoder.encode(self)
+    }
+
+    /// Decodes and validates a spec from JSON.
+    public static func decode(json: Data) throws(FormatError) -> ModelSpec {
+        let spec: ModelSpec
+        do {
+            spec = try JSONDecoder().decode(ModelSpec.self, from: json)
+        } catch let error as DecodingError {
+            throw FormatError(.invalidSpec, "model JSON: \(describe(error))")
+        } catch {
+            throw FormatError(.invalidSpec, "model JSON: \(error)")
+        }
+        try spec.validate()
+        return spec
+    }
+
+    /// Checks structural rules: known format version, unique names, inputs defined before use, a defined output.
+    public func validate() throws(FormatError) {
+        guard formatVersion == Self.currentFormatVersion else {
+            throw FormatError(.invalidSpec, "model format version \(formatVersion) is not supported (expected \(Self.currentFormatVersion))")
+        }
+        var known = Set<String>()
+        for input in inputs {
+            guard !input.name.isEmpty, known.insert(input.name).inserted else {
+                throw FormatError(.invalidSpec, "input name '\(input.name)' is empty or repeated")
+            }
+            guard !input.shape.isEmpty, input.shape.allSatisfy({ $0 > 0 }) else {
+                throw FormatError(.invalidSpec, "input '\(input.name)' has invalid shape \(input.shape)")
+            }
+        }
+        guard !layers.isEmpty else { throw FormatError(.invalidSpec, "model '\(name)' has no layers") }
+        for layer in layers {
+            guard !layer.name.isEmpty, !layer.name.contains("."), known.insert(layer.name).inserted else {
+                throw FormatError(.invalidSpec, "layer name '\(layer.name)' is empty, contains '.', or is repeated")
+            }
+            guard !layer.inputs.isEmpty else {
+                throw FormatError(.invalidSpec, "layer '\(layer.name)' reads no input")
+            }
+            for source in layer.inputs where !known.contains(source) || source == layer.name {
+                throw FormatError(.invalidSpec, "layer '\(layer.name)' reads '\(source)', which is not an earlier layer or an input")
+            }
+            if layer.type != .concat && layer.inputs.count != 1 {
+                throw FormatError(.invalidSpec, "layer '\(layer.name)' of type \(layer.type) takes exactly one input, not \(layer.inputs.count)")
+            }
+        }
+        guard layers.contains(where: { $0.name == output }) else {
+            throw FormatError(.invalidSpec, "output '\(output)' is not a layer")
+        }
+    }
+
+    private static func describe(_ error: DecodingError) -> String {
+        func path(_ context: DecodingError.Context) -> String {
+            let p = context.codingPath.map { $0.intValue.map { "[\($0)]" } ?? $0.stringValue }.joined(separator: ".")
+            return p.isEmpty ? "" : " at \(p)"
+        }
+        switch error {
+        case .keyNotFound(let key, let context): return "missing key '\(key.stringValue)'\(path(context))"
+        case .typeMismatch(_, let context): return "\(context.debugDescription)\(path(context))"
+        case .valueNotFound(_, let context): return "missing value\(path(context))"
+        case .dataCorrupted(let context): return "\(context.debugDescription)\(path(context))"
+        @unknown default: return "\(error)"
+        }
+    }
+}
+
+/// One named model input.
+public struct InputSpec: Sendable, Hashable, Codable {
+    /// The input's name, used by datasets to route features.
+    public var name: String
+    /// The per-sample shape.
+    public var shape: [Int]
+    /// Whether the input holds category indices (fed to an embedding) rather than real values.
+    public var categorical: Bool
+
+    /// Creates an input.
+    public init(name: String, shape: [Int], categorical: Bool = false) {
+        self.name = name
+        self.shape = shape
+        self.categorical = categorical
+    }
+}
+
+/// The kind of a layer, as its JSON `type` string.
+public struct LayerType: RawRepresentable, Sendable, Hashable, Codable, CustomStringConvertible {
+    public var rawValue: String
+    public init(rawValue: String) { self.rawValue = rawValue }
+    public var description: String { rawValue }
+
+    /// Fully connected: `y = x Wᵀ + b`.
+    public static let dense = LayerType(rawValue: "dense")
+    /// Lookup of rows of a table by category index.
+    public static let embedding = LayerType(rawValue: "embedding")
+    /// `max(0, x)`.
+    public static let relu = LayerType(rawValue: "relu")
+    /// `1 / (1 + e^-x)`.
+    public static let sigmoid = LayerType(rawValue: "sigmoid")
+    /// Hyperbolic tangent.
+    public static let tanh = LayerType(rawValue: "tanh")
+    /// Softmax over the last axis.
+    public static let softmax = LayerType(rawValue: "softmax")
+    /// Reshape to one dimension per sample.
+    public static let flatten = LayerType(rawValue: "flatten")
+    /// Joins several inputs along the last (feature) axis.
+    public static let concat = LayerType(rawValue: "concat")
+    /// 2-D convolution over `[C, H, W]`.
+    public static let conv2d = LayerType(rawValue: "conv2d")
+    /// 2-D max pooling over `[C, H, W]`.
+    public static let maxPool2d = LayerType(rawValue: "maxPool2d")
+    /// Inverted dropout (active in training only).
+    public static let dropout = LayerType(rawValue: "dropout")
+}
+
+/// How a convolution or pooling layer pads its input.
+public struct Padding: Sendable, Hashable, Codable, CustomStringConvertible {
+    private enum Kind: Sendable, Hashable { case valid, same, explicit(Int, Int) }
+    private let kind: Kind
+    private init(_ kind: Kind) { self.kind = kind }
+
+    /// No padding.
+    public static let valid = Padding(.valid)
+    /// Output size `ceil(input / stride)`, padding split with the extra row or column after (TensorFlow's rule).
+    public static let same = Padding(.same)
+    /// A fixed number of zero rows above and below and columns left and right.
+    public static func explicit(height: Int, width: Int) -> Padding { Padding(.explicit(height, width)) }
+
+    /// The explicit padding amounts, if this is explicit padding.
+    public var explicitAmounts: (height: Int, width: Int)? {
+        if case .explicit(let h, let w) = kind { return (h, w) }
+        return nil
+    }
+    /// Whether this is "same" padding.
+    public var isSame: Bool { kind == .same }
+    /// Whether this is "valid" (no) padding.
+    public var isValid: Bool { kind == .valid }
+
+    public var description: String {
+        switch kind {
+        case .valid: "valid"
+        case .same: "same"
+        case .explicit(let h, let w): "explicit(\(h),\(w))"
+        }
+    }
+
+    /// Computes output size and leading padding along one axis.
+    /// - Parameters:
+    ///   - input: The input length along the axis.
+    ///   - kernel: The kernel length along the axis.
+    ///   - stride: The stride along the axis.
+    ///   - axis: 0 for height, 1 for width (selects the explicit amount).
+    /// - Returns: the output length and the zero rows or columns added before the input.
+    public func resolve(input: Int, kernel: Int, stride: Int, axis: Int) -> (output: Int, padBefore: Int) {
+        switch kind {
+        case .valid:
+            return (input >= kernel ? (input - kernel) / stride + 1 : 0, 0)
+        case .same:
+            let out = (input + stride - 1) / stride
+            let total = max(0, (out - 1) * stride + kernel - input)
+            return (out, total / 2)
+        case .explicit(let h, let w):
+            let pad = axis == 0 ? h : w
+            let padded = input + 2 * pad
+            return (padded >= kernel ? (padded - kernel) / stride + 1 : 0, pad)
+        }
+    }
+
+    public init(from decoder: any Decoder) throws {
+        let container = try decoder.singleValueContainer()
+        if let s = try? container.decode(String.self) {
+            switch s {
+            case "valid": self = .valid
+            case "same": self = .same
+            default:
+                throw DecodingError.dataCorruptedError(in: container, debugDescription: "padding '\(s)' is not valid, same or [h, w]")
+            }
+        } else {
+            let pair = try container.decode([Int].self)
+            guard pair.count == 2, pair.allSatisfy({ $0 >= 0 }) else {
+                throw DecodingError.dataCorruptedError(in: container, debugDescription: "explicit padding must be two non-negative integers")
+            }
+            self = .explicit(height: pair[0], width: pair[1])
+        }
+    }
+
+    public func encode(to encoder: any Encoder) throws {
+        var container = encoder.singleValueContainer()
+        switch kind {
+        case .valid: try container.encode("valid")
+        case .same: try container.encode("same")
+        case .explicit(let h, let w): try container.encode([h, w])
+        }
+    }
+}
+
+/// One layer of a model: its kind, what it reads, whether it trains, and the attributes its kind uses.
+public struct LayerSpec: Sendable, Hashable, Codable {
+    /// The unique layer name; parameters are `<name>.weight` and `<name>.bias`.
+    public var name: String
+    /// The layer's kind.
+    public var type: LayerType
+    /// Names of the inputs or earlier layers it reads (several for `concat`).
+    public var inputs: [String]
+    /// A frozen layer is not updated and does no gradient work it does not need.
+    public var frozen: Bool
+    /// `dense`: output width; `conv2d`: number of filters.
+    public var units: Int?
+    /// `dense`: input width (inferred when building if absent).
+    public var inputSize: Int?
+    /// `dense`/`conv2d`: whether there is a bias (default true).
+    public var useBias: Bool?
+    /// `embedding`: number of categories.
+    public var vocabularySize: Int?
+    /// `embedding`: width of each embedding row.
+    public var embeddingSize: Int?
+    /// `conv2d`/`maxPool2d`: `[kernelH, kernelW]`.
+    public var kernelSize: [Int]?
+    /// `conv2d`/`maxPool2d`: `[strideH, strideW]` (default `[1, 1]` for conv, the kernel size for pooling).
+    public var strides: [Int]?
+    /// `conv2d`/`maxPool2d`: padding (default valid).
+    public var padding: Padding?
+    /// `conv2d`: input channels (inferred when building if absent).
+    public var inChannels: Int?
+    /// `dropout`: the probability of zeroing a unit.
+    public var rate: Double?
+
+    /// Creates a layer spec; unused attributes stay nil.
+    public init(
+        name: String, type: LayerType, inputs: [String], frozen: Bool = false,
+        units: Int? = nil, inputSize: Int? = nil, useBias: Bool? = nil,
+        vocabularySize: Int? = nil, embeddingSize: Int? = nil,
+        kernelSize: [Int]? = nil, strides: [Int]? = nil, padding: Padding? = nil, inChannels: Int? = nil,
+        rate: Double? = nil
+    ) {
+        self.name = name
+        self.type = type
+        self.inputs = inputs
+        self.frozen = frozen
+        self.units = units
+        self.inputSize = inputSize
+        self.useBias = useBias
+        self.vocabularySize = vocabularySize
+        self.embeddingSize = embeddingSize
+        self.kernelSize = kernelSize
+        self.strides = strides
+        self.padding = padding
+        self.inChannels = inChannels
+        self.rate = rate
+    }
+
+    public init(from decoder: any Decoder) throws {
+        let c = try decoder.container(keyedBy: CodingKeys.self)
+        name = try c.decode(String.self, forKey: .name)
+        type = try c.decode(LayerType.self, forKey: .type)
+        inputs = try c.decode([String].self, forKey: .inputs)
+        frozen = try c.decodeIfPresent(Bool.self, forKey: .frozen) ?? false
+        units = try c.decodeIfPresent(Int.self, forKey: .units)
+        inputSize = try c.decodeIfPresent(Int.self, forKey: .inputSize)
+        useBias = try c.decodeIfPresent(Bool.self, forKey: .useBias)
+        vocabularySize = try c.decodeIfPresent(Int.self, forKey: .vocabularySize)
+        embeddingSize = try c.decodeIfPresent(Int.self, forKey: .embeddingSize)
+        kernelSize = try c.decodeIfPresent([Int].self, forKey: .kernelSize)
+        strides = try c.decodeIfPresent([Int].self, forKey: .strides)
+        padding = try c.decodeIfPresent(Padding.self, forKey: .padding)
+        inChannels = try c.decodeIfPresent(Int.self, forKey: .inChannels)
+        rate = try c.decodeIfPresent(Double.self, forKey: .rate)
+    }
+}
+
+/// The loss a model trains against.
+public struct LossType: RawRepresentable, Sendable, Hashable, Codable, CustomStringConvertible {
+    public var rawValue: String
+    public init(rawValue: String) { self.rawValue = rawValue }
+    public var description: String { rawValue }
+
+    /// Mean squared error.
+    public static let meanSquaredError = LossType(rawValue: "mse")
+    /// Categorical cross-entropy over class indices, fused with the final softmax.
+    public static let crossEntropy = LossType(rawValue: "crossEntropy")
+}
+
+/// The optimizer a model trains with, and its hyper-parameters.
+public struct OptimizerSpec: Sendable, Hashable, Codable {
+    /// The optimizer's kind: `sgd` or `adam`.
+    public var type: String
+    /// Step size.
+    public var learningRate: Double
+    /// SGD momentum (0 for plain SGD).
+    public var momentum: Double
+    /// L2 weight decay added to the gradient.
+    public var weightDecay: Double
+    /// Adam's first-moment decay.
+    public var beta1: Double
+    /// Adam's second-moment decay.
+    public var beta2: Double
+    /// Adam's denominator term.
+    public var epsilon: Double
+
+    /// Stochastic gradient descent.
+    public static func sgd(learningRate: Double = 0.01, momentum: Double = 0, weightDecay: Double = 0) -> OptimizerSpec {
+        OptimizerSpec(type: "sgd", learningRate: learningRate, momentum: momentum, weightDecay: weightDecay, beta1: 0.9, beta2: 0.999, epsilon: 1e-8)
+    }
+
+    /// Adam (Kingma & Ba 2015).
+    public static func adam(learningRate: Double = 0.001, beta1: Double = 0.9, beta2: Double = 0.999, epsilon: Double = 1e-8, weightDecay: Double = 0) -> OptimizerSpec {
+        OptimizerSpec(type: "adam", learningRate: learningRate, momentum: 0, weightDecay: weightDecay, beta1: beta1, beta2: beta2, epsilon: epsilon)
+    }
+
+    public init(type: String, learningRate: Double, momentum: Double, weightDecay: Double, beta1: Double, beta2: Double, epsilon: Double) {
+        self.type = type
+        self.learningRate = learningRate
+        self.momentum = momentum
+        self.weightDecay = weightDecay
+        self.beta1 = beta1
+        self.beta2 = beta2
+        self.epsilon = epsilon
+    }
+
+    public init(from decoder: any Decoder) throws {
+        let c = try decoder.container(keyedBy: CodingKeys.self)
+        type = try c.decode(String.self, forKey: .type)
+        learningRate = try c.decode(Double.self, forKey: .learningRate)
+        momentum = try c.decodeIfPresent(Double.self, forKey: .momentum) ?? 0
+        weightDecay = try c.decodeIfPresent(Double.self, forKey: .weightDecay) ?? 0
+        beta1 = try c.decodeIfPresent(Double.self, forKey: .beta1) ?? 0.9
+        beta2 = try c.decodeIfPresent(Double.self, forKey: .beta2) ?? 0.999
+        epsilon = try c.decodeIfPresent(Double.self, forKey: .epsilon) ?? 1e-8
+    }
+}
+
+/// How a model is trained: loss, optimizer, epochs and batch size.
+public struct TrainingSpec: Sendable, Hashable, Codable {
+    /// The loss.
+    public var loss: LossType
+    /// The optimizer.
+    public var optimizer: OptimizerSpec
+    /// Passes over the data.
+    public var epochs: Int
+    /// Samples per update.
+    public var batchSize: Int
+    /// Stop after this many updates, if set.
+    public var maxUpdates: Int?
+
+    /// Creates a training spec.
+    public init(loss: LossType, optimizer: OptimizerSpec = .sgd(), epochs: Int = 1, batchSize: Int = 32, maxUpdates: Int? = nil) {
+        self.loss = loss
+        self.optimizer = optimizer
+        self.epochs = epochs
+        self.batchSize = batchSize
+        self.maxUpdates = maxUpdates
+    }
+}

@@ -1,0 +1,1 @@
+// The OrchardProtocol module; see README.md for its role.

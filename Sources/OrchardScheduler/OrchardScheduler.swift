@@ -1,0 +1,1 @@
+// The OrchardScheduler module; see README.md for its role.

@@ -1,0 +1,1 @@
+// The OrchardSchedulerApple module; see README.md for its role.

@@ -1,0 +1,1 @@
+// The OrchardSimulation module; see README.md for its role.

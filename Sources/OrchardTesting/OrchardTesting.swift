@@ -1,0 +1,1 @@
+// The OrchardTesting module; see README.md for its role.
