@@ -2,14 +2,13 @@
 ///
 /// Every random choice in the engine — weight initialisation, shuffling, dropout masks — draws from this
 /// generator, so a fixed seed reproduces a run bit for bit on every platform. Its whole state is four `UInt64`
-/// words (``state``), which a resumable training state stores and restores.
+/// words (``stateWords``), which a resumable training state stores and restores.
 ///
 /// The helpers (``nextFloat()``, ``nextInt(below:)``, ``shuffle(_:)``) are defined here rather than taken from
 /// the standard library, whose algorithms are not promised to stay the same across releases; none of them calls
 /// a math library function, so streams are identical on every platform.
 public struct OrchardRandom: RandomNumberGenerator, Sendable, Hashable {
-    /// The four state words of xoshiro256**.
-    public private(set) var state: (UInt64, UInt64, UInt64, UInt64)
+    @usableFromInline var state: (UInt64, UInt64, UInt64, UInt64)
 
     /// Creates a generator from a seed; equal seeds give equal streams.
     public init(seed: UInt64) {
@@ -17,7 +16,7 @@ public struct OrchardRandom: RandomNumberGenerator, Sendable, Hashable {
         state = (mixer.next(), mixer.next(), mixer.next(), mixer.next())
     }
 
-    /// Restores a generator from state words previously read from ``state``.
+    /// Restores a generator from state words previously read from ``stateWords``.
     /// - Throws: `EngineError.invalidArgument` when all four words are zero (xoshiro's one forbidden state).
     public init(state: [UInt64]) throws(EngineError) {
         guard state.count == 4, state.contains(where: { $0 != 0 }) else {
@@ -39,14 +38,14 @@ public struct OrchardRandom: RandomNumberGenerator, Sendable, Hashable {
     /// The next 64 random bits.
     @inlinable
     public mutating func next() -> UInt64 {
-        let result = rotateLeft(state.1 &* 5, 7) &* 9
+        let result = Self.rotateLeft(state.1 &* 5, 7) &* 9
         let t = state.1 << 17
         state.2 ^= state.0
         state.3 ^= state.1
         state.1 ^= state.2
         state.0 ^= state.3
         state.2 ^= t
-        state.3 = rotateLeft(state.3, 45)
+        state.3 = Self.rotateLeft(state.3, 45)
         return result
     }
 
@@ -94,7 +93,7 @@ public struct OrchardRandom: RandomNumberGenerator, Sendable, Hashable {
     }
 
     @inlinable
-    func rotateLeft(_ x: UInt64, _ k: UInt64) -> UInt64 { (x << k) | (x >> (64 - k)) }
+    static func rotateLeft(_ x: UInt64, _ k: UInt64) -> UInt64 { (x << k) | (x >> (64 - k)) }
 
     public static func == (lhs: OrchardRandom, rhs: OrchardRandom) -> Bool { lhs.stateWords == rhs.stateWords }
     public func hash(into hasher: inout Hasher) { hasher.combine(stateWords) }
