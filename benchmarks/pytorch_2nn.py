@@ -62,7 +62,7 @@ def main():
             loss = loss_fn(model(x[idx]), y[idx])
             loss.backward()
             optimizer.step()
-        last_loss = float(loss)
+        last_loss = loss.item()
         if epoch > 0:
             seconds.append(time.perf_counter() - start)
 

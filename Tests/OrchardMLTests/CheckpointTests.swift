@@ -74,16 +74,16 @@ import Testing
         #expect(error?.code == .incompatibleCheckpoint)
         #expect(error?.message.contains("chasEmbedding.weight") == true && error?.message.contains("shape") == true)
 
-        records = model.weightRecords.filter { $0.name != "out.bias" }
+        records = model.weightRecords.filter { $0.name != "dense3.bias" }
         error = #expect(throws: EngineError.self) { try model.loadWeights(safetensors: Safetensors.encode(records)) }
-        #expect(error?.message.contains("out.bias") == true)
+        #expect(error?.message.contains("dense3.bias") == true)
 
         records = model.weightRecords + [TensorRecord(name: "extra.weight", shape: [1], values: [0])]
         error = #expect(throws: EngineError.self) { try model.loadWeights(safetensors: Safetensors.encode(records)) }
         #expect(error?.message.contains("extra.weight") == true)
 
         // An F64 tensor: header says F64, 8 bytes of data.
-        let header = #"{"out.bias":{"dtype":"F64","shape":[1],"data_offsets":[0,8]}}"#
+        let header = #"{"dense3.bias":{"dtype":"F64","shape":[1],"data_offsets":[0,8]}}"#
         var bytes = withUnsafeBytes(of: UInt64(header.utf8.count).littleEndian, Array.init)
         bytes += Array(header.utf8) + [UInt8](repeating: 0, count: 8)
         error = #expect(throws: EngineError.self) { try model.loadWeights(safetensors: bytes) }

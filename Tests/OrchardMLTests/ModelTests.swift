@@ -116,8 +116,8 @@ import Testing
         for (a, b) in zip(rebuilt.flatParameters(), trained.flatParameters()) { #expect(abs(a - b) <= 1e-6 * max(1, abs(b))) }
         var half = original
         try half.apply(ParameterDiff(records: diff.records), scale: 0.5)
-        let w0 = original.parameter("out.bias")![0], w1 = trained.parameter("out.bias")![0]
-        #expect(abs(half.parameter("out.bias")![0] - (w0 + (w1 - w0) / 2)) < 1e-6)
+        let w0 = original.parameter("dense3.bias")![0], w1 = trained.parameter("dense3.bias")![0]
+        #expect(abs(half.parameter("dense3.bias")![0] - (w0 + (w1 - w0) / 2)) < 1e-6)
         var other = try Model(name: "x", inputShape: [3]) { Dense(units: 1) }
         #expect(throws: EngineError.self) { try other.apply(diff) }
     }
