@@ -40,6 +40,9 @@ import Testing
         Case(m: 73, n: 31, k: 257, ta: true, tb: true, alpha: -1.5, beta: 0.25, pad: 2),
         Case(m: 150, n: 2100, k: 9, ta: false, tb: false, alpha: 1, beta: 2, pad: 1),
         Case(m: 5, n: 3, k: 0, ta: false, tb: false, alpha: 1, beta: 0.5, pad: 0),
+        Case(m: 12, n: 25, k: 9, ta: true, tb: false, alpha: 2, beta: 0, pad: 1),
+        Case(m: 20, n: 40, k: 33, ta: true, tb: true, alpha: 1, beta: 1, pad: 0),
+        Case(m: 3, n: 9, k: 13, ta: false, tb: true, alpha: 1, beta: 0, pad: 2),
     ]
 
     @Test(arguments: cases, [1, 2])
