@@ -1,4 +1,4 @@
-import OrchardML
+@testable import OrchardML
 import Testing
 
 @Suite struct GEMMTests {
@@ -76,14 +76,20 @@ import Testing
 enum GEMMTestSupport {
     static func run(_ t: GEMMTests.Case, a: [Float], lda: Int, b: [Float], ldb: Int, c: inout [Float], ldc: Int,
                     backend: MatrixBackend, threads: Int) {
-        if threads > 1 { GEMM.setThreads(threads) }
-        defer { if threads > 1 { GEMM.setThreads(1) } }
+        // The portable kernel is called directly so that the thread count is explicit: tests run in
+        // parallel, and the process-wide setting must not change under other tests.
         a.withUnsafeBufferPointer { pa in
             b.withUnsafeBufferPointer { pb in
                 c.withUnsafeMutableBufferPointer { pc in
-                    GEMM.multiply(transposeA: t.ta, transposeB: t.tb, m: t.m, n: t.n, k: t.k, alpha: t.alpha,
-                                  a: pa.baseAddress!, lda: lda, b: pb.baseAddress!, ldb: ldb, beta: t.beta,
-                                  c: pc.baseAddress!, ldc: ldc, using: backend)
+                    if backend == .portable {
+                        PortableGEMM.multiply(transposeA: t.ta, transposeB: t.tb, m: t.m, n: t.n, k: t.k, alpha: t.alpha,
+                                              a: pa.baseAddress!, lda: lda, b: pb.baseAddress!, ldb: ldb, beta: t.beta,
+                                              c: pc.baseAddress!, ldc: ldc, threads: threads)
+                    } else {
+                        GEMM.multiply(transposeA: t.ta, transposeB: t.tb, m: t.m, n: t.n, k: t.k, alpha: t.alpha,
+                                      a: pa.baseAddress!, lda: lda, b: pb.baseAddress!, ldb: ldb, beta: t.beta,
+                                      c: pc.baseAddress!, ldc: ldc, using: backend)
+                    }
                 }
             }
         }
