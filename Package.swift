@@ -5,7 +5,8 @@ import PackageDescription
 /// benchmarks and self-built deployments. Off by default: unsafe flags would stop Orchard from being used as a
 /// versioned dependency, and a baseline binary runs on every CPU of its architecture.
 let nativeSettings: [SwiftSetting] =
-    Context.environment["ORCHARD_NATIVE"] == "1" ? [.unsafeFlags(["-Xcc", "-march=native"])] : []
+    Context.environment["ORCHARD_NATIVE"] == "1"
+        ? [.unsafeFlags(["-Xcc", "-march=native"]), .define("ORCHARD_NATIVE")] : []
 
 /// One set of compiler settings shared by every target.
 let swiftSettings: [SwiftSetting] = [

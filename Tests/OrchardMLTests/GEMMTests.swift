@@ -1,4 +1,4 @@
-import OrchardML
+@testable import OrchardML
 import Testing
 
 @Suite struct GEMMTests {
@@ -40,6 +40,9 @@ import Testing
         Case(m: 73, n: 31, k: 257, ta: true, tb: true, alpha: -1.5, beta: 0.25, pad: 2),
         Case(m: 150, n: 2100, k: 9, ta: false, tb: false, alpha: 1, beta: 2, pad: 1),
         Case(m: 5, n: 3, k: 0, ta: false, tb: false, alpha: 1, beta: 0.5, pad: 0),
+        Case(m: 12, n: 25, k: 9, ta: true, tb: false, alpha: 2, beta: 0, pad: 1),
+        Case(m: 20, n: 40, k: 33, ta: true, tb: true, alpha: 1, beta: 1, pad: 0),
+        Case(m: 3, n: 9, k: 13, ta: false, tb: true, alpha: 1, beta: 0, pad: 2),
     ]
 
     @Test(arguments: cases, [1, 2])
@@ -73,14 +76,20 @@ import Testing
 enum GEMMTestSupport {
     static func run(_ t: GEMMTests.Case, a: [Float], lda: Int, b: [Float], ldb: Int, c: inout [Float], ldc: Int,
                     backend: MatrixBackend, threads: Int) {
-        if threads > 1 { GEMM.setThreads(threads) }
-        defer { if threads > 1 { GEMM.setThreads(1) } }
+        // The portable kernel is called directly so that the thread count is explicit: tests run in
+        // parallel, and the process-wide setting must not change under other tests.
         a.withUnsafeBufferPointer { pa in
             b.withUnsafeBufferPointer { pb in
                 c.withUnsafeMutableBufferPointer { pc in
-                    GEMM.multiply(transposeA: t.ta, transposeB: t.tb, m: t.m, n: t.n, k: t.k, alpha: t.alpha,
-                                  a: pa.baseAddress!, lda: lda, b: pb.baseAddress!, ldb: ldb, beta: t.beta,
-                                  c: pc.baseAddress!, ldc: ldc, using: backend)
+                    if backend == .portable {
+                        PortableGEMM.multiply(transposeA: t.ta, transposeB: t.tb, m: t.m, n: t.n, k: t.k, alpha: t.alpha,
+                                              a: pa.baseAddress!, lda: lda, b: pb.baseAddress!, ldb: ldb, beta: t.beta,
+                                              c: pc.baseAddress!, ldc: ldc, threads: threads)
+                    } else {
+                        GEMM.multiply(transposeA: t.ta, transposeB: t.tb, m: t.m, n: t.n, k: t.k, alpha: t.alpha,
+                                      a: pa.baseAddress!, lda: lda, b: pb.baseAddress!, ldb: ldb, beta: t.beta,
+                                      c: pc.baseAddress!, ldc: ldc, using: backend)
+                    }
                 }
             }
         }

@@ -159,3 +159,15 @@ final class BLASLibrary: Sendable {
         )
     }
 }
+
+/// `acc += a * b` lane by lane, as one fused multiply-add where the compile target guarantees the instruction
+/// (arm64 always; x86-64 when built with `ORCHARD_NATIVE=1` on an FMA-capable CPU), and as a multiply and an
+/// add otherwise (a fused operation without hardware support would become a slow library call per lane).
+@inline(__always)
+func multiplyAdd(_ acc: inout SIMD8<Float>, _ a: SIMD8<Float>, _ b: SIMD8<Float>) {
+    #if arch(arm64) || ORCHARD_NATIVE
+    acc = acc.addingProduct(a, b)
+    #else
+    acc += a * b
+    #endif
+}

@@ -43,6 +43,17 @@ enum PortableGEMM {
     ) {
         scale(c: c, m: m, n: n, ldc: ldc, beta: beta)
         guard k > 0, alpha != 0 else { return }
+        if m <= SmallGEMM.maximumRows {
+            if !transposeB {
+                SmallGEMM.multiplyRowsOfB(transposeA: transposeA, m: m, n: n, k: k, alpha: alpha,
+                                          a: a, lda: lda, b: b, ldb: ldb, c: c, ldc: ldc)
+                return
+            }
+            if !transposeA {
+                SmallGEMM.multiplyDot(m: m, n: n, k: k, alpha: alpha, a: a, lda: lda, b: b, ldb: ldb, c: c, ldc: ldc)
+                return
+            }
+        }
         let columnBlocks = (n + nc - 1) / nc
         let rowBlocks = (m + mc - 1) / mc
         // Parallelise over row blocks when there are several; each worker packs its own A and B.
@@ -133,17 +144,20 @@ enum PortableGEMM {
         var out = dst
         while ir < mcur {
             let rows = min(mr, mcur - ir)
-            for p in 0..<kcur {
-                for r in 0..<mr {
-                    if r < rows {
-                        let i = i0 + ir + r, kk = p0 + p
-                        out[r] = alpha * (transposeA ? a[kk * lda + i] : a[i * lda + kk])
-                    } else {
-                        out[r] = 0
-                    }
+            if rows < mr { out.update(repeating: 0, count: kcur * mr) }
+            if transposeA {
+                // Row p of the stored A holds op(A)'s column p: copy `rows` contiguous values per p.
+                for p in 0..<kcur {
+                    let src = a + (p0 + p) * lda + i0 + ir
+                    for r in 0..<rows { out[p * mr + r] = alpha * src[r] }
                 }
-                out += mr
+            } else {
+                for r in 0..<rows {
+                    let src = a + (i0 + ir + r) * lda + p0
+                    for p in 0..<kcur { out[p * mr + r] = alpha * src[p] }
+                }
             }
+            out += kcur * mr
             ir += mr
         }
     }
@@ -166,16 +180,21 @@ enum PortableGEMM {
                         of: UnsafeRawPointer(src).loadUnaligned(as: SIMD16<Float>.self), as: SIMD16<Float>.self)
                     out += nr
                 }
+            } else if transposeB {
+                // Column j of op(B) is row j of the stored B: read it contiguously, write with stride nr.
+                for j in 0..<nr {
+                    if j < cols {
+                        let src = b + (j0 + jr + j) * ldb + p0
+                        for p in 0..<kcur { out[p * nr + j] = src[p] }
+                    } else {
+                        for p in 0..<kcur { out[p * nr + j] = 0 }
+                    }
+                }
+                out += kcur * nr
             } else {
                 for p in 0..<kcur {
-                    for j in 0..<nr {
-                        if j < cols {
-                            let kk = p0 + p, col = j0 + jr + j
-                            out[j] = transposeB ? b[col * ldb + kk] : b[kk * ldb + col]
-                        } else {
-                            out[j] = 0
-                        }
-                    }
+                    let src = b + (p0 + p) * ldb + j0 + jr
+                    for j in 0..<nr { out[j] = j < cols ? src[j] : 0 }
                     out += nr
                 }
             }
@@ -198,12 +217,12 @@ enum PortableGEMM {
         for _ in 0..<kcur {
             let b0 = braw.loadUnaligned(fromByteOffset: offset, as: V.self)
             let b1 = braw.loadUnaligned(fromByteOffset: offset + 32, as: V.self)
-            var s = V(repeating: pa[0]); c00 += s * b0; c01 += s * b1
-            s = V(repeating: pa[1]); c10 += s * b0; c11 += s * b1
-            s = V(repeating: pa[2]); c20 += s * b0; c21 += s * b1
-            s = V(repeating: pa[3]); c30 += s * b0; c31 += s * b1
-            s = V(repeating: pa[4]); c40 += s * b0; c41 += s * b1
-            s = V(repeating: pa[5]); c50 += s * b0; c51 += s * b1
+            var s = V(repeating: pa[0]); multiplyAdd(&c00, s, b0); multiplyAdd(&c01, s, b1)
+            s = V(repeating: pa[1]); multiplyAdd(&c10, s, b0); multiplyAdd(&c11, s, b1)
+            s = V(repeating: pa[2]); multiplyAdd(&c20, s, b0); multiplyAdd(&c21, s, b1)
+            s = V(repeating: pa[3]); multiplyAdd(&c30, s, b0); multiplyAdd(&c31, s, b1)
+            s = V(repeating: pa[4]); multiplyAdd(&c40, s, b0); multiplyAdd(&c41, s, b1)
+            s = V(repeating: pa[5]); multiplyAdd(&c50, s, b0); multiplyAdd(&c51, s, b1)
             pa += 6
             offset += 64
         }
