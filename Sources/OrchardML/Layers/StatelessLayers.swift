@@ -1,16 +1,22 @@
 public import OrchardFormats
 
-/// A layer without parameters whose output has its input's shape.
-public protocol ShapePreservingLayer: Layer {}
+/// A layer without parameters: building only checks the input shapes.
+public protocol ParameterFreeLayer: Layer {}
 
-extension ShapePreservingLayer {
+extension ParameterFreeLayer {
     public var parameters: [String: Tensor] { [:] }
     public mutating func setParameter(_ suffix: String, to value: Tensor) throws(EngineError) { throw rejectParameter(suffix) }
-    public func outputShape(for inputShapes: [[Int]]) throws(EngineError) -> [Int] { try singleInput(inputShapes) }
     public mutating func build(inputShapes: [[Int]], random: inout OrchardRandom) throws(EngineError) {
         _ = try outputShape(for: inputShapes)
     }
     public var spec: LayerSpec { baseSpec() }
+}
+
+/// A layer without parameters whose output has its input's shape.
+public protocol ShapePreservingLayer: ParameterFreeLayer {}
+
+extension ShapePreservingLayer {
+    public func outputShape(for inputShapes: [[Int]]) throws(EngineError) -> [Int] { try singleInput(inputShapes) }
 }
 
 /// `max(0, x)`.
@@ -102,7 +108,7 @@ public struct Dropout: ShapePreservingLayer {
 }
 
 /// Reshapes each sample to one dimension.
-public struct Flatten: Layer {
+public struct Flatten: ParameterFreeLayer {
     public var name: String
     public var inputNames: [String]
     public var isFrozen: Bool
@@ -113,15 +119,9 @@ public struct Flatten: Layer {
         self.inputNames = inputs
         self.isFrozen = false
     }
-    public var parameters: [String: Tensor] { [:] }
-    public mutating func setParameter(_ suffix: String, to value: Tensor) throws(EngineError) { throw rejectParameter(suffix) }
     public func outputShape(for inputShapes: [[Int]]) throws(EngineError) -> [Int] {
         [try singleInput(inputShapes).reduce(1, *)]
     }
-    public mutating func build(inputShapes: [[Int]], random: inout OrchardRandom) throws(EngineError) {
-        _ = try outputShape(for: inputShapes)
-    }
-    public var spec: LayerSpec { baseSpec() }
     public func callAsFunction(_ inputs: [Tensor]) -> Tensor {
         let (batch, width) = batchLayout(inputs[0])
         return inputs[0].reshaped([batch, width])
@@ -129,7 +129,7 @@ public struct Flatten: Layer {
 }
 
 /// Joins several inputs along the last (feature) axis; all other per-sample dimensions must agree.
-public struct Concat: Layer {
+public struct Concat: ParameterFreeLayer {
     public var name: String
     public var inputNames: [String]
     public var isFrozen: Bool
@@ -140,8 +140,6 @@ public struct Concat: Layer {
         self.inputNames = inputs
         self.isFrozen = false
     }
-    public var parameters: [String: Tensor] { [:] }
-    public mutating func setParameter(_ suffix: String, to value: Tensor) throws(EngineError) { throw rejectParameter(suffix) }
     public func outputShape(for inputShapes: [[Int]]) throws(EngineError) -> [Int] {
         guard let first = inputShapes.first, !first.isEmpty else {
             throw EngineError(.invalidModel, "concat '\(name)' needs inputs of rank 1 or more")
@@ -152,10 +150,6 @@ public struct Concat: Layer {
         }
         return Array(leading) + [inputShapes.map { $0.last! }.reduce(0, +)]
     }
-    public mutating func build(inputShapes: [[Int]], random: inout OrchardRandom) throws(EngineError) {
-        _ = try outputShape(for: inputShapes)
-    }
-    public var spec: LayerSpec { baseSpec() }
     public func callAsFunction(_ inputs: [Tensor]) -> Tensor {
         let widths = inputs.map { $0.shape.last! }
         let outer = inputs[0].count / widths[0]
@@ -171,7 +165,7 @@ public struct Concat: Layer {
 }
 
 /// 2-D max pooling over `[C, H, W]` samples.
-public struct MaxPool2D: Layer {
+public struct MaxPool2D: ParameterFreeLayer {
     public var name: String
     public var inputNames: [String]
     public var isFrozen: Bool
@@ -193,8 +187,6 @@ public struct MaxPool2D: Layer {
         self.inputNames = inputs
         self.isFrozen = false
     }
-    public var parameters: [String: Tensor] { [:] }
-    public mutating func setParameter(_ suffix: String, to value: Tensor) throws(EngineError) { throw rejectParameter(suffix) }
     func geometry(_ shape: [Int]) -> WindowGeometry {
         WindowGeometry(channels: shape[0], height: shape[1], width: shape[2], kernel: poolSize, strides: strides, padding: padding)
     }
@@ -208,9 +200,6 @@ public struct MaxPool2D: Layer {
             throw EngineError(.invalidModel, "maxPool2d '\(name)': pool \(poolSize) does not fit input \(shape)")
         }
         return [shape[0], g.outH, g.outW]
-    }
-    public mutating func build(inputShapes: [[Int]], random: inout OrchardRandom) throws(EngineError) {
-        _ = try outputShape(for: inputShapes)
     }
     public var spec: LayerSpec {
         var s = baseSpec()
