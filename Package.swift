@@ -148,7 +148,7 @@ let package = Package(
         .testTarget(name: "OrchardDataTests", dependencies: ["OrchardData", "OrchardExamples", "OrchardTesting"], swiftSettings: swiftSettings),
         .testTarget(
             name: "OrchardCoreMLTests",
-            dependencies: ["OrchardCoreML", "OrchardML", "OrchardTesting"],
+            dependencies: ["OrchardCoreML", "OrchardML", "OrchardTesting", .product(name: "SwiftProtobuf", package: "swift-protobuf")],
             exclude: ["Python"],  // coremltools cross-check scripts, run through python3 by the tests
             swiftSettings: swiftSettings
         ),

@@ -112,7 +112,7 @@ public struct CoreMLImporter: Sendable {
                 spec.frozen = updatable
                 let table = try record("\(name).weight", [width, vocabulary], p.weights, layer: layer, role: "weight")
                 weights.append(TensorRecord(name: table.name, shape: [vocabulary, width], values: transpose(table.values, rows: width, columns: vocabulary)))
-                if inputShapes[inputShapes.startIndex] != [1] {
+                if inputShapes[0] != [1] {
                     throw CoreMLError(.unsupportedLayer, "the embedding reads shape \(inputShapes[0]); Orchard embeddings read one index of shape [1]", layer: layer.name)
                 }
                 categorical.insert(sources[0])

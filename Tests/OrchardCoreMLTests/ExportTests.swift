@@ -1,5 +1,6 @@
 import Foundation
 import OrchardFormats
+import SwiftProtobuf
 import Testing
 
 @testable import OrchardCoreML

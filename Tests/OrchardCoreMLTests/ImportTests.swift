@@ -1,5 +1,6 @@
 import Foundation
 import OrchardFormats
+import SwiftProtobuf
 import Testing
 
 @testable import OrchardCoreML
@@ -166,6 +167,7 @@ import Testing
         relu.activation.reLu = CoreML_Specification_ActivationReLU()
         var model = model(with: layer)
         model.neuralNetwork.layers.append(relu)
+        model.description_p.output[0].name = "y"
         let imported = try CoreMLImporter().importModel(from: model.serializedBytes())
         #expect(imported.spec.layers.map(\.name) == ["x_2", "act_1"])
         #expect(imported.spec.layers[1].inputs == ["x_2"])

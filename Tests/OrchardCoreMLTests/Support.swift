@@ -104,7 +104,7 @@ enum Python {
         process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
         process.arguments = ["python3", scripts.appendingPathComponent(script).path] + arguments
         let errorLog = FileManager.default.temporaryDirectory.appendingPathComponent("orchard-python-\(UUID().uuidString).log")
-        FileManager.default.createFile(atPath: errorLog.path, contents: nil)
+        _ = FileManager.default.createFile(atPath: errorLog.path, contents: nil)
         defer { try? FileManager.default.removeItem(at: errorLog) }
         let output = Pipe()
         process.standardOutput = output
