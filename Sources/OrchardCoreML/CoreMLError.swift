@@ -47,6 +47,7 @@ public struct CoreMLError: Error, Sendable, Hashable, CustomStringConvertible {
         self.layer = layer
     }
 
+    /// The code, the layer if any, and the message.
     public var description: String {
         if let layer { return "\(code) (layer '\(layer)'): \(message)" }
         return "\(code): \(message)"

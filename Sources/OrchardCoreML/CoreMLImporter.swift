@@ -182,7 +182,7 @@ public struct CoreMLImporter: Sendable {
             throw CoreMLError(.unsupportedFeature, "\(role) '\(feature.name)' is of type \(type); Orchard reads multi-array features")
         }
         let shape = array.shape.map { Int($0) }
-        guard shape.count == 1 || shape.count == 3, shape.allSatisfy({ $0 > 0 }) else {
+        guard shape.count == 1 || shape.count == 3, shape.allSatisfy({ $0 > 0 && $0 <= CoreMLShapes.maximumSize }) else {
             throw CoreMLError(.unsupportedFeature, "\(role) '\(feature.name)' has shape \(shape); Orchard reads [n] or [C, H, W] multi-arrays")
         }
         return shape
@@ -202,9 +202,8 @@ public struct CoreMLImporter: Sendable {
 
     private func record(_ name: String, _ shape: [Int], _ params: ProtoWeights, layer: ProtoLayer, role: String) throws(CoreMLError) -> TensorRecord {
         let values = try params.floats(layer: layer.name, role: role)
-        let count = shape.reduce(1, *)
-        guard values.count == count else {
-            throw CoreMLError(.weightMismatch, "the \(role) has \(values.count) values; shape \(shape) needs \(count)", layer: layer.name)
+        guard let count = CoreMLShapes.elementCount(shape), values.count == count else {
+            throw CoreMLError(.weightMismatch, "the \(role) has \(values.count) values; shape \(shape) needs \(CoreMLShapes.elementCount(shape).map(String.init) ?? "too many")", layer: layer.name)
         }
         return TensorRecord(name: name, shape: shape, values: values)
     }
@@ -265,9 +264,9 @@ public struct CoreMLImporter: Sendable {
             spec.padding = try symmetricPadding(valid, layer: layer)
         case .includeLastPixel(let complete):
             // Equivalent to valid padding only when the windows tile the padded input exactly.
-            let pads = complete.paddingAmounts.isEmpty ? [0, 0] : complete.paddingAmounts.map { Int($0) }
-            let exact = (0..<2).allSatisfy { pads[$0] == 0 && (input[$0 + 1] - kernel[$0]) % strides[$0] == 0 }
-            guard pads.count == 2, exact else {
+            let pads = complete.paddingAmounts.isEmpty ? [0, 0] : complete.paddingAmounts.map { Int(clamping: $0) }
+            let exact = pads.count == 2 && (0..<2).allSatisfy { pads[$0] == 0 && (input[$0 + 1] - kernel[$0]) % strides[$0] == 0 }
+            guard exact else {
                 throw CoreMLError(.unsupportedFeature, "include-last-pixel pooling that adds a partial window is not supported by Orchard", layer: layer.name)
             }
             spec.padding = .valid
@@ -303,7 +302,7 @@ public struct CoreMLImporter: Sendable {
         func allowed(_ p: CoreML_Specification_Int64Parameter) -> CoreMLAllowedIntegers? {
             switch p.allowedValues {
             case .set(let s): .set(s.values.map { Int($0) })
-            case .range(let r): .range(Int(r.minValue)...Int(r.maxValue))
+            case .range(let r): r.minValue <= r.maxValue ? .range(Int(r.minValue)...Int(r.maxValue)) : nil
             case nil: nil
             }
         }

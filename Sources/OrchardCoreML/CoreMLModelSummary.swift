@@ -72,7 +72,9 @@ public struct CoreMLModelSummary: Sendable, Hashable, CustomStringConvertible {
 
         var inputShapes: [String: [Int]] = [:]
         for feature in description.input {
-            if case .multiArrayType(let array) = feature.type.type { inputShapes[feature.name] = array.shape.map { Int($0) } }
+            if case .multiArrayType(let array) = feature.type.type, array.shape.allSatisfy({ $0 > 0 && $0 <= CoreMLShapes.maximumSize }) {
+                inputShapes[feature.name] = array.shape.map { Int($0) }
+            }
         }
         let shapes = (try? CoreMLShapes.blobShapes(inputs: inputShapes, layers: network.layers, lenient: true)) ?? inputShapes
         layers = network.layers.map { layer in

@@ -9,6 +9,7 @@ public struct CoreMLArrayDataType: Sendable, Hashable, CustomStringConvertible {
     /// 32-bit floating point.
     public static let float32 = CoreMLArrayDataType(.float32)
 
+    /// `double` or `float32`.
     public var description: String { kind.rawValue }
 
     var proto: CoreML_Specification_ArrayFeatureType.ArrayDataType {
@@ -50,6 +51,7 @@ public struct CoreMLAllowedIntegers: Sendable, Hashable, CustomStringConvertible
         return nil
     }
 
+    /// `{a, b}` for a set, `[min, max]` for a range.
     public var description: String {
         switch kind {
         case .set(let values): "{" + values.map(String.init).joined(separator: ", ") + "}"
@@ -123,6 +125,7 @@ public struct CoreMLDropoutHandling: Sendable, Hashable, CustomStringConvertible
     /// Leave dropout out: predictions are unchanged, but on-device updates train without dropout.
     public static let omit = CoreMLDropoutHandling(.omit)
 
+    /// `reject` or `omit`.
     public var description: String { kind.rawValue }
     var omits: Bool { kind == .omit }
 }

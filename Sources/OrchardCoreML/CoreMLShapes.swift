@@ -12,26 +12,34 @@ enum CoreMLShapes {
         func channels(_ shape: [Int]) -> Int { shape[0] }
         func isVectorLike(_ shape: [Int]) -> Bool { shape.count == 1 || (shape.count == 3 && shape[1] == 1 && shape[2] == 1) }
 
+        func size(_ value: UInt64, _ what: String) throws(CoreMLError) -> Int {
+            try CoreMLShapes.size(value, what, layer: layer.name)
+        }
+
         switch layer.layer {
         case .innerProduct(let p):
             let input = try single()
             guard isVectorLike(input) else {
                 throw fail("inner product needs a vector input, not \(input); flatten it first")
             }
-            guard channels(input) == Int(p.inputChannels) else {
+            let expected = try size(p.inputChannels, "input channels")
+            guard channels(input) == expected else {
                 throw fail("inner product expects \(p.inputChannels) inputs but receives \(channels(input))")
             }
-            return [Int(p.outputChannels)]
+            return [try size(p.outputChannels, "output channels")]
         case .embedding(let p):
             let input = try single()
             guard isVectorLike(input), channels(input) == 1 else {
                 throw fail("embedding reads one category index per sample, not shape \(input)")
             }
-            return [Int(p.outputChannels)]
+            _ = try size(p.inputDim, "input dimension")
+            return [try size(p.outputChannels, "output channels")]
         case .activation, .softmax:
             return try single()
         case .flatten:
-            return [try single().reduce(1, *)]
+            let input = try single()
+            guard let count = elementCount(input) else { throw fail("shape \(input) is too large") }
+            return [count]
         case .concat(let p):
             guard !p.sequenceConcat else { throw fail("sequence concatenation is not supported") }
             guard inputs.count >= 1 else { throw fail("concat has no inputs") }
@@ -42,22 +50,23 @@ enum CoreMLShapes {
         case .convolution(let p):
             let input = try single()
             guard input.count == 3 else { throw fail("convolution needs a [C, H, W] input, not \(input)") }
-            let groups = max(1, Int(p.nGroups))
-            guard Int(p.kernelChannels) * groups == input[0] else {
-                throw fail("convolution expects \(Int(p.kernelChannels) * groups) input channels but receives \(input[0])")
+            let groups = try p.nGroups == 0 ? 1 : size(p.nGroups, "groups")
+            let kernelChannels = try size(p.kernelChannels, "kernel channels")
+            guard kernelChannels * groups == input[0] else {
+                throw fail("convolution expects \(kernelChannels * groups) input channels but receives \(input[0])")
             }
             let kernel = try pair(p.kernelSize, default: 3, what: "kernel size", layer: layer)
             let stride = try pair(p.stride, default: 1, what: "stride", layer: layer)
             let dilation = try pair(p.dilationFactor, default: 1, what: "dilation", layer: layer)
             let effective = [(kernel[0] - 1) * dilation[0] + 1, (kernel[1] - 1) * dilation[1] + 1]
-            var out = [Int(p.outputChannels)]
+            var out = [try size(p.outputChannels, "output channels")]
             for axis in 0..<2 {
                 let size: Int
                 switch p.convolutionPaddingType {
                 case .same, nil: size = (input[axis + 1] + stride[axis] - 1) / stride[axis]
                 case .valid(let v):
                     let pad = try amounts(v, axis: axis, layer: layer)
-                    size = (input[axis + 1] + pad.0 + pad.1 - effective[axis]) / stride[axis] + 1
+                    size = windows(input[axis + 1] + pad.0 + pad.1 - effective[axis], stride[axis])
                 }
                 guard size > 0 else { throw fail("convolution output is empty for input \(input)") }
                 out.append(size)
@@ -76,13 +85,13 @@ enum CoreMLShapes {
                 case .same: size = (input[axis + 1] + stride[axis] - 1) / stride[axis]
                 case .valid(let v):
                     let pad = try amounts(v, axis: axis, layer: layer)
-                    size = (input[axis + 1] + pad.0 + pad.1 - kernel[axis]) / stride[axis] + 1
+                    size = windows(input[axis + 1] + pad.0 + pad.1 - kernel[axis], stride[axis])
                 case nil:
-                    size = (input[axis + 1] - kernel[axis]) / stride[axis] + 1
+                    size = windows(input[axis + 1] - kernel[axis], stride[axis])
                 case .includeLastPixel(let v):
-                    let pad = v.paddingAmounts.count == 2 ? Int(v.paddingAmounts[axis]) : 0
+                    let pad = try v.paddingAmounts.count == 2 ? CoreMLShapes.size(v.paddingAmounts[axis], "padding", layer: layer.name, allowZero: true) : 0
                     let span = input[axis + 1] + 2 * pad - kernel[axis]
-                    size = (span + stride[axis] - 1) / stride[axis] + 1
+                    size = span < 0 ? 0 : (span + stride[axis] - 1) / stride[axis] + 1
                 }
                 guard size > 0 else { throw fail("pooling output is empty for input \(input)") }
                 out.append(size)
@@ -114,12 +123,39 @@ enum CoreMLShapes {
         return shapes
     }
 
+    /// The number of windows that fit when `span` is the input length (with padding) minus the window length.
+    private static func windows(_ span: Int, _ stride: Int) -> Int {
+        span < 0 ? 0 : span / stride + 1
+    }
+
+    /// The largest size Orchard reads from a Core ML file, so that sizes and their products never overflow.
+    static let maximumSize = 1 << 31
+
+    /// Converts a size read from a file, rejecting zero (unless allowed) and absurd values.
+    static func size(_ value: UInt64, _ what: String, layer: String, allowZero: Bool = false) throws(CoreMLError) -> Int {
+        guard value <= UInt64(maximumSize), allowZero || value > 0 else {
+            throw CoreMLError(.invalidModel, "\(what) \(value) is out of range", layer: layer)
+        }
+        return Int(value)
+    }
+
+    /// The number of elements of `shape`, or nil if it overflows.
+    static func elementCount(_ shape: [Int]) -> Int? {
+        var count = 1
+        for dimension in shape {
+            let (product, overflow) = count.multipliedReportingOverflow(by: dimension)
+            guard !overflow, dimension >= 0 else { return nil }
+            count = product
+        }
+        return count
+    }
+
     private static func pair(_ values: [UInt64], default value: Int, what: String, layer: ProtoLayer) throws(CoreMLError) -> [Int] {
         if values.isEmpty { return [value, value] }
-        guard values.count == 2, values.allSatisfy({ $0 > 0 }) else {
+        guard values.count == 2 else {
             throw CoreMLError(.invalidModel, "\(what) must be two positive numbers, not \(values)", layer: layer.name)
         }
-        return values.map { Int($0) }
+        return try [size(values[0], what, layer: layer.name), size(values[1], what, layer: layer.name)]
     }
 
     private static func amounts(_ padding: CoreML_Specification_ValidPadding?, axis: Int, layer: ProtoLayer) throws(CoreMLError) -> (Int, Int) {
@@ -127,6 +163,7 @@ enum CoreMLShapes {
         guard borders.count == 2 else {
             throw CoreMLError(.invalidModel, "padding amounts must cover height and width", layer: layer.name)
         }
-        return (Int(borders[axis].startEdgeSize), Int(borders[axis].endEdgeSize))
+        return (try size(borders[axis].startEdgeSize, "padding", layer: layer.name, allowZero: true),
+                try size(borders[axis].endEdgeSize, "padding", layer: layer.name, allowZero: true))
     }
 }

@@ -114,7 +114,7 @@ enum CoreMLUpdateRules {
     private static func checkOptimizer(_ update: ProtoUpdateParameters) throws(CoreMLError) {
         func double(_ name: String, _ p: CoreML_Specification_DoubleParameter, present: Bool) throws(CoreMLError) {
             guard present else { throw CoreMLError(.updateRules, "the optimizer needs a \(name) parameter") }
-            if case .range(let r) = p.allowedValues, !(r.minValue...r.maxValue).contains(p.defaultValue) || r.minValue > r.maxValue {
+            if case .range(let r) = p.allowedValues, !(r.minValue <= p.defaultValue && p.defaultValue <= r.maxValue) {
                 throw CoreMLError(.updateRules, "\(name) \(p.defaultValue) is outside its allowed range [\(r.minValue), \(r.maxValue)]")
             }
         }

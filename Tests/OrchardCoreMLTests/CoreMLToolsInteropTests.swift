@@ -171,9 +171,9 @@ import Testing
 
         let classifier = try #require(built.imported["classifier"])
         #expect(classifier.classLabels == ["cat", "dog", "eel"])
-        // The identity linear activation is left out: the sigmoid reads the first dense layer directly.
+        // The identity linear activation is left out: the first dense layer reads the input directly.
         #expect(classifier.spec.layers.map(\.type) == [.dense, .sigmoid, .dense, .softmax])
-        #expect(classifier.spec.layers[1].inputs == ["fc1"])
+        #expect(classifier.spec.layers[0].inputs == ["features"])
 
         let error = try #require(built.unsupportedError as? CoreMLError)
         #expect(error.code == .unsupportedLayer && error.layer == "norm" && error.message.contains("batchnorm"))

@@ -41,6 +41,14 @@ import Testing
         #expect(imported.ranges == nil)
     }
 
+    private func makeLayer(_ name: String, reads input: String, writes output: String) -> ProtoLayer {
+        var layer = ProtoLayer()
+        layer.name = name
+        layer.input = [input]
+        layer.output = [output]
+        return layer
+    }
+
     private func model(with layer: ProtoLayer, input: [Int64] = [4]) -> CoreML_Specification_Model {
         var model = CoreML_Specification_Model()
         model.specificationVersion = 4
@@ -68,10 +76,7 @@ import Testing
 
     @Test func unsupportedLayerIsNamedWithItsCoreMLType() throws {
         // A batch-normalization layer (field 160), which the schema subset does not model, written as raw bytes.
-        var layer = ProtoLayer()
-        layer.name = "norm"
-        layer.input = ["x"]
-        layer.output = ["y"]
+        let layer = makeLayer("norm", reads: "x", writes: "y")
         var bytes: [UInt8] = try layer.serializedBytes()
         bytes += [0x82, 0x0A, 0x00]  // tag (160 << 3 | 2) as a varint, then an empty message
         let decoded = try ProtoLayer(serializedBytes: bytes)
@@ -85,10 +90,7 @@ import Testing
     }
 
     @Test func unsupportedActivationAndPoolingAreNamed() throws {
-        var layer = ProtoLayer()
-        layer.name = "scale"
-        layer.input = ["x"]
-        layer.output = ["y"]
+        var layer = makeLayer("scale", reads: "x", writes: "y")
         var linear = CoreML_Specification_ActivationLinear()
         linear.alpha = 2
         layer.activation.linear = linear
@@ -129,10 +131,7 @@ import Testing
     }
 
     @Test func halfPrecisionWeightsAreWidened() throws {
-        var layer = ProtoLayer()
-        layer.name = "fc"
-        layer.input = ["x"]
-        layer.output = ["y"]
+        var layer = makeLayer("fc", reads: "x", writes: "y")
         var p = CoreML_Specification_InnerProductLayerParams()
         p.inputChannels = 4
         p.outputChannels = 1
@@ -151,21 +150,15 @@ import Testing
     }
 
     @Test func layerNamesAreMadeValidForOrchard() throws {
-        var layer = ProtoLayer()
-        layer.name = "x"  // the same as the input, and Core ML allows it
-        layer.input = ["x"]
-        layer.output = ["dense.out"]
+        var layer = makeLayer("x", reads: "x", writes: "dense.out")  // the same as the input, and Core ML allows it
         var p = CoreML_Specification_InnerProductLayerParams()
         p.inputChannels = 4
         p.outputChannels = 2
         p.weights.floatValue = [1, 2, 3, 4, 5, 6, 7, 8]
         layer.innerProduct = p
-        var relu = ProtoLayer()
-        relu.name = "act.1"
-        relu.input = ["dense.out"]
-        relu.output = ["y"]
+        var relu = makeLayer("act.1", reads: "dense.out", writes: "y")
         relu.activation.reLu = CoreML_Specification_ActivationReLU()
-        var model = model(with: layer)
+        var model = self.model(with: layer)
         model.neuralNetwork.layers.append(relu)
         model.description_p.output[0].name = "y"
         let imported = try CoreMLImporter().importModel(from: model.serializedBytes())

@@ -70,9 +70,9 @@ def quiet(call, *args, **kwargs):
         sys.stdout = stdout
 
 
-# 1. Regression: dense -> relu -> dense -> sigmoid -> dense, MSE, SGD with momentum.
+# 1. A neural-network regressor: dense -> relu -> dense -> sigmoid -> dense, MSE, SGD with momentum.
 def mse_sgd():
-    b = NeuralNetworkBuilder([("x", datatypes.Array(8))], [("y", datatypes.Array(2))])
+    b = NeuralNetworkBuilder([("x", datatypes.Array(8))], [("y", datatypes.Array(2))], mode="regressor")
     w1, b1, w2, b2, w3, b3 = f32(16, 8), f32(16), f32(6, 16), f32(6), f32(2, 6), f32(2)
     b.add_inner_product("fc1", w1, b1, 8, 16, True, "x", "fc1")
     b.add_activation("act1", "RELU", "fc1", "act1")
@@ -181,9 +181,10 @@ def conv():
 def classifier():
     b = NeuralNetworkBuilder([("features", datatypes.Array(4))], [("classProbs", None)], mode="classifier")
     w1, b1, w2, b2 = f32(7, 4), f32(7), f32(3, 7), f32(3)
-    b.add_inner_product("fc1", w1, b1, 4, 7, True, "features", "fc1")
-    b.add_activation("ident", "LINEAR", "fc1", "ident", params=[1.0, 0.0])
-    b.add_activation("act", "SIGMOID", "ident", "act")
+    # Core ML cannot back-propagate through a linear activation, so it must come before every updatable layer.
+    b.add_activation("ident", "LINEAR", "features", "ident", params=[1.0, 0.0])
+    b.add_inner_product("fc1", w1, b1, 4, 7, True, "ident", "fc1")
+    b.add_activation("act", "SIGMOID", "fc1", "act")
     b.add_inner_product("fc2", w2, b2, 7, 3, True, "act", "fc2")
     b.add_softmax("classProbs", "fc2", "classProbs")
     b.set_class_labels(["cat", "dog", "eel"], predicted_feature_name="label", prediction_blob="classProbs")
