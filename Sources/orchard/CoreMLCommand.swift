@@ -39,7 +39,7 @@ struct CoreMLCommand: ParsableCommand {
         var dropUnrepresentable = false
 
         @Option(help: "Short description stored in the model's metadata.")
-        var summary = ""
+        var shortDescription = ""
 
         @Option(help: "Author stored in the model's metadata.")
         var author = ""
@@ -59,7 +59,7 @@ struct CoreMLCommand: ParsableCommand {
             let options = CoreMLExportOptions(
                 updatable: !predictionOnly, arrayDataType: dataType, dropout: omitDropout ? .omit : .reject,
                 dropsUnrepresentableTrainingSettings: dropUnrepresentable,
-                metadata: CoreMLMetadata(shortDescription: summary, author: author, license: license)
+                metadata: CoreMLMetadata(shortDescription: shortDescription, author: author, license: license)
             )
             let bytes = try CoreMLExporter(options: options).export(spec, weights: archive.tensors)
             try Data(bytes).write(to: URL(fileURLWithPath: output), options: .atomic)
