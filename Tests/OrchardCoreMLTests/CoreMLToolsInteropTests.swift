@@ -1,6 +1,7 @@
 import Foundation
 import OrchardCoreML
 import OrchardFormats
+import OrchardML
 import Testing
 
 /// Cross-checks with Apple's coremltools (run through `python3`): Orchard's files load in coremltools with the
@@ -174,6 +175,23 @@ import Testing
         // The identity linear activation is left out: the first dense layer reads the input directly.
         #expect(classifier.spec.layers.map(\.type) == [.dense, .sigmoid, .dense, .softmax])
         #expect(classifier.spec.layers[0].inputs == ["features"])
+
+        // Orchard's engine, running the imported models, predicts what a NumPy forward pass of the same weights does.
+        for (name, imported) in built.imported.sorted(by: { $0.key < $1.key }) {
+            let reference = built.references[name]!
+            var model = try Model(spec: imported.spec)
+            try model.loadWeights(from: SafetensorsArchive(tensors: imported.weights))
+            var feeds: [String: Tensor] = [:]
+            for input in imported.spec.inputs {
+                let record = try #require(reference["input.\(input.name)"], "\(name): no input \(input.name)")
+                feeds[input.name] = Tensor(shape: record.shape, scalars: record.values)
+            }
+            let predicted = try model(feeds)
+            let expected = try #require(reference["expected"])
+            #expect(predicted.shape == expected.shape, "\(name)")
+            let worst = zip(predicted.scalars, expected.values).map { abs($0 - $1) }.max() ?? .infinity
+            #expect(worst <= 1e-5, "\(name): largest difference from NumPy \(worst)")
+        }
 
         let error = try #require(built.unsupportedError as? CoreMLError)
         #expect(error.code == .unsupportedLayer && error.layer == "norm" && error.message.contains("batchnorm"))
