@@ -147,7 +147,12 @@ let package = Package(
         .testTarget(name: "OrchardFormatsTests", dependencies: ["OrchardFormats", "OrchardTesting"], swiftSettings: swiftSettings),
         .testTarget(name: "OrchardMLTests", dependencies: ["OrchardML", "OrchardTesting"], swiftSettings: swiftSettings),
         .testTarget(name: "OrchardDataTests", dependencies: ["OrchardData", "OrchardExamples", "OrchardTesting"], swiftSettings: swiftSettings),
-        .testTarget(name: "OrchardCoreMLTests", dependencies: ["OrchardCoreML", "OrchardML", "OrchardTesting"], swiftSettings: swiftSettings),
+        .testTarget(
+            name: "OrchardCoreMLTests",
+            dependencies: ["OrchardCoreML", "OrchardML", "OrchardTesting", .product(name: "SwiftProtobuf", package: "swift-protobuf")],
+            exclude: ["Python"],  // coremltools cross-check scripts, run through python3 by the tests
+            swiftSettings: swiftSettings
+        ),
         .testTarget(
             name: "OrchardSchedulerTests",
             dependencies: ["OrchardScheduler", "OrchardSchedulerApple", "OrchardTesting", .product(name: "Clocks", package: "swift-clocks")],

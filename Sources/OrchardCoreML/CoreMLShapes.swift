@@ -1,0 +1,169 @@
+/// Per-sample blob shapes under Core ML's rank-5 array mapping: `[C]` for vectors, `[C, H, W]` for images.
+///
+/// Core ML treats `[C]` as `[C, 1, 1]`; the two are kept apart here because Orchard's layouts differ for them.
+enum CoreMLShapes {
+    /// The output shape of `layer` for its input shapes, or an error naming the layer when they do not fit.
+    static func output(of layer: ProtoLayer, inputs: [[Int]]) throws(CoreMLError) -> [Int] {
+        func fail(_ message: String) -> CoreMLError { CoreMLError(.invalidModel, message, layer: layer.name) }
+        func single() throws(CoreMLError) -> [Int] {
+            guard inputs.count == 1 else { throw fail("\(layer.typeName) takes one input, not \(inputs.count)") }
+            return inputs[0]
+        }
+        func channels(_ shape: [Int]) -> Int { shape[0] }
+        func isVectorLike(_ shape: [Int]) -> Bool { shape.count == 1 || (shape.count == 3 && shape[1] == 1 && shape[2] == 1) }
+
+        func size(_ value: UInt64, _ what: String) throws(CoreMLError) -> Int {
+            try CoreMLShapes.size(value, what, layer: layer.name)
+        }
+
+        switch layer.layer {
+        case .innerProduct(let p):
+            let input = try single()
+            guard isVectorLike(input) else {
+                throw fail("inner product needs a vector input, not \(input); flatten it first")
+            }
+            let expected = try size(p.inputChannels, "input channels")
+            guard channels(input) == expected else {
+                throw fail("inner product expects \(p.inputChannels) inputs but receives \(channels(input))")
+            }
+            return [try size(p.outputChannels, "output channels")]
+        case .embedding(let p):
+            let input = try single()
+            guard isVectorLike(input), channels(input) == 1 else {
+                throw fail("embedding reads one category index per sample, not shape \(input)")
+            }
+            _ = try size(p.inputDim, "input dimension")
+            return [try size(p.outputChannels, "output channels")]
+        case .activation, .softmax:
+            return try single()
+        case .flatten:
+            let input = try single()
+            guard let count = elementCount(input) else { throw fail("shape \(input) is too large") }
+            return [count]
+        case .concat(let p):
+            guard !p.sequenceConcat else { throw fail("sequence concatenation is not supported") }
+            guard inputs.count >= 1 else { throw fail("concat has no inputs") }
+            if inputs.allSatisfy({ $0.count == 1 }) { return [inputs.map { $0[0] }.reduce(0, +)] }
+            let spatial = inputs.map { $0.count == 3 ? Array($0[1...]) : [1, 1] }
+            guard Set(spatial).count == 1 else { throw fail("concat inputs differ in height or width: \(inputs)") }
+            return [inputs.map { $0[0] }.reduce(0, +)] + spatial[0]
+        case .convolution(let p):
+            let input = try single()
+            guard input.count == 3 else { throw fail("convolution needs a [C, H, W] input, not \(input)") }
+            let groups = try p.nGroups == 0 ? 1 : size(p.nGroups, "groups")
+            let kernelChannels = try size(p.kernelChannels, "kernel channels")
+            guard kernelChannels * groups == input[0] else {
+                throw fail("convolution expects \(kernelChannels * groups) input channels but receives \(input[0])")
+            }
+            let kernel = try pair(p.kernelSize, default: 3, what: "kernel size", layer: layer)
+            let stride = try pair(p.stride, default: 1, what: "stride", layer: layer)
+            let dilation = try pair(p.dilationFactor, default: 1, what: "dilation", layer: layer)
+            let effective = [(kernel[0] - 1) * dilation[0] + 1, (kernel[1] - 1) * dilation[1] + 1]
+            var out = [try size(p.outputChannels, "output channels")]
+            for axis in 0..<2 {
+                let size: Int
+                switch p.convolutionPaddingType {
+                case .same, nil: size = (input[axis + 1] + stride[axis] - 1) / stride[axis]
+                case .valid(let v):
+                    let pad = try amounts(v, axis: axis, layer: layer)
+                    size = windows(input[axis + 1] + pad.0 + pad.1 - effective[axis], stride[axis])
+                }
+                guard size > 0 else { throw fail("convolution output is empty for input \(input)") }
+                out.append(size)
+            }
+            return out
+        case .pooling(let p):
+            let input = try single()
+            guard input.count == 3 else { throw fail("pooling needs a [C, H, W] input, not \(input)") }
+            if p.globalPooling { return [input[0], 1, 1] }
+            let kernel = try pair(p.kernelSize, default: 3, what: "kernel size", layer: layer)
+            let stride = try pair(p.stride, default: 1, what: "stride", layer: layer)
+            var out = [input[0]]
+            for axis in 0..<2 {
+                let size: Int
+                switch p.poolingPaddingType {
+                case .same: size = (input[axis + 1] + stride[axis] - 1) / stride[axis]
+                case .valid(let v):
+                    let pad = try amounts(v, axis: axis, layer: layer)
+                    size = windows(input[axis + 1] + pad.0 + pad.1 - kernel[axis], stride[axis])
+                case nil:
+                    size = windows(input[axis + 1] - kernel[axis], stride[axis])
+                case .includeLastPixel(let v):
+                    let pad = try v.paddingAmounts.count == 2 ? CoreMLShapes.size(v.paddingAmounts[axis], "padding", layer: layer.name, allowZero: true) : 0
+                    let span = input[axis + 1] + 2 * pad - kernel[axis]
+                    size = span < 0 ? 0 : (span + stride[axis] - 1) / stride[axis] + 1
+                }
+                guard size > 0 else { throw fail("pooling output is empty for input \(input)") }
+                out.append(size)
+            }
+            return out
+        case nil:
+            throw CoreMLError(.unsupportedLayer, "layer type '\(layer.typeName)' is not supported", layer: layer.name)
+        }
+    }
+
+    /// Shapes of every blob, from the model inputs through each layer in order.
+    /// - Parameter lenient: when true, layers whose shape cannot be computed are skipped (for inspection).
+    static func blobShapes(inputs: [String: [Int]], layers: [ProtoLayer], lenient: Bool) throws(CoreMLError) -> [String: [Int]] {
+        var shapes = inputs
+        for layer in layers {
+            let known = layer.input.compactMap { shapes[$0] }
+            guard known.count == layer.input.count else {
+                if lenient { continue }
+                let missing = layer.input.first { shapes[$0] == nil } ?? ""
+                throw CoreMLError(.invalidModel, "reads '\(missing)', which no earlier layer or input produces", layer: layer.name)
+            }
+            do {
+                let shape = try output(of: layer, inputs: known)
+                for name in layer.output { shapes[name] = shape }
+            } catch {
+                if !lenient { throw error }
+            }
+        }
+        return shapes
+    }
+
+    /// The number of windows that fit when `span` is the input length (with padding) minus the window length.
+    private static func windows(_ span: Int, _ stride: Int) -> Int {
+        span < 0 ? 0 : span / stride + 1
+    }
+
+    /// The largest size Orchard reads from a Core ML file, so that sizes and their products never overflow.
+    static let maximumSize = 1 << 31
+
+    /// Converts a size read from a file, rejecting zero (unless allowed) and absurd values.
+    static func size(_ value: UInt64, _ what: String, layer: String, allowZero: Bool = false) throws(CoreMLError) -> Int {
+        guard value <= UInt64(maximumSize), allowZero || value > 0 else {
+            throw CoreMLError(.invalidModel, "\(what) \(value) is out of range", layer: layer)
+        }
+        return Int(value)
+    }
+
+    /// The number of elements of `shape`, or nil if it overflows.
+    static func elementCount(_ shape: [Int]) -> Int? {
+        var count = 1
+        for dimension in shape {
+            let (product, overflow) = count.multipliedReportingOverflow(by: dimension)
+            guard !overflow, dimension >= 0 else { return nil }
+            count = product
+        }
+        return count
+    }
+
+    private static func pair(_ values: [UInt64], default value: Int, what: String, layer: ProtoLayer) throws(CoreMLError) -> [Int] {
+        if values.isEmpty { return [value, value] }
+        guard values.count == 2 else {
+            throw CoreMLError(.invalidModel, "\(what) must be two positive numbers, not \(values)", layer: layer.name)
+        }
+        return try [size(values[0], what, layer: layer.name), size(values[1], what, layer: layer.name)]
+    }
+
+    private static func amounts(_ padding: CoreML_Specification_ValidPadding?, axis: Int, layer: ProtoLayer) throws(CoreMLError) -> (Int, Int) {
+        guard let borders = padding?.paddingAmounts.borderAmounts, !borders.isEmpty else { return (0, 0) }
+        guard borders.count == 2 else {
+            throw CoreMLError(.invalidModel, "padding amounts must cover height and width", layer: layer.name)
+        }
+        return (try size(borders[axis].startEdgeSize, "padding", layer: layer.name, allowZero: true),
+                try size(borders[axis].endEdgeSize, "padding", layer: layer.name, allowZero: true))
+    }
+}

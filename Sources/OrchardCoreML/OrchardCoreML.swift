@@ -1,1 +1,0 @@
-// The OrchardCoreML module; see README.md for its role.
