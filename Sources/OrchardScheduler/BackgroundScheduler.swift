@@ -326,7 +326,7 @@ public actor BackgroundScheduler<C: Clock>: BackgroundTaskScheduling, Service wh
         var deferred: [String: DeferralReason] = [:]
     }
 
-    private func classify(kinds: [TaskKind], excluding done: Set<String>, conditions snapshot: DeviceConditions, at date: Date, remaining: Duration) -> Classified {
+    private func classify(kinds: [TaskKind], excluding done: Set<String>, conditions snapshot: DeviceConditions, at date: Date) -> Classified {
         var result = Classified()
         for task in pending.values where !done.contains(task.request.identifier) {
             let request = task.request
@@ -373,7 +373,7 @@ public actor BackgroundScheduler<C: Clock>: BackgroundTaskScheduling, Service wh
             let remaining = budget - windowStart.duration(to: clock.now)
             let snapshot = await conditions.currentConditions()
             let date = now
-            let classified = classify(kinds: kinds, excluding: done, conditions: snapshot, at: date, remaining: remaining)
+            let classified = classify(kinds: kinds, excluding: done, conditions: snapshot, at: date)
             report.deferred = classified.deferred
             let plan = configuration.policy.plan(classified.candidates, budget: max(remaining, .zero), now: date)
             for task in plan.deferred { report.deferred[task.identifier] = .doesNotFit(estimate: task.estimate) }
@@ -483,8 +483,10 @@ public actor BackgroundScheduler<C: Clock>: BackgroundTaskScheduling, Service wh
         let deadline = start.advanced(by: limit)
         var nextPoll = start.advanced(by: configuration.conditionPollInterval)
         let needsPolling = !request.constraints.isEmpty || request.kind == .processing
+        var expiredAt = deadline
         while true {
             let wake = needsPolling ? min(nextPoll, deadline) : deadline
+            expiredAt = wake
             switch await race(run, until: wake) {
             case .completed(let completion):
                 return completion
@@ -506,7 +508,8 @@ public actor BackgroundScheduler<C: Clock>: BackgroundTaskScheduling, Service wh
             }
             break
         }
-        switch await race(run, until: clock.now.advanced(by: configuration.overrunGrace)) {
+        // The grace period counts from the instant the expiry was decided, not from when this line runs.
+        switch await race(run, until: expiredAt.advanced(by: configuration.overrunGrace)) {
         case .completed(let completion): return completion
         case .timer: return nil
         case .cancelled: return run.task.completion ?? TaskCompletion(success: false, expiredBy: .shutdown)
@@ -551,7 +554,7 @@ public actor BackgroundScheduler<C: Clock>: BackgroundTaskScheduling, Service wh
             let date = now
             var ranSomething = false
             for kind in TaskKind.allKinds {
-                let eligible = classify(kinds: [kind], excluding: [], conditions: snapshot, at: date, remaining: configuration.budget(for: kind))
+                let eligible = classify(kinds: [kind], excluding: [], conditions: snapshot, at: date)
                 guard !eligible.candidates.isEmpty else { continue }
                 do {
                     let report = try await runWindow(budget: configuration.budget(for: kind), kinds: [kind])
