@@ -149,7 +149,10 @@ let package = Package(
         .testTarget(name: "OrchardCoreMLTests", dependencies: ["OrchardCoreML", "OrchardML", "OrchardTesting"], swiftSettings: swiftSettings),
         .testTarget(
             name: "OrchardSchedulerTests",
-            dependencies: ["OrchardScheduler", "OrchardSchedulerApple", "OrchardTesting", .product(name: "Clocks", package: "swift-clocks")],
+            dependencies: [
+                "OrchardScheduler", "OrchardSchedulerApple", "OrchardTesting", .product(name: "Clocks", package: "swift-clocks"),
+                .target(name: "BackgroundTasksShim", condition: .when(platforms: [.linux, .macOS])),
+            ],
             swiftSettings: swiftSettings
         ),
         .testTarget(name: "OrchardCoordinatorTests", dependencies: ["OrchardCoordinator", "OrchardProtocol", "OrchardTesting"], swiftSettings: swiftSettings),

@@ -1,3 +1,5 @@
+// Runs where the adapter is built against the shim (Linux, macOS); on iOS the adapter uses the real framework.
+#if !canImport(BackgroundTasks)
 import BackgroundTasksShim
 import Foundation
 import OrchardScheduler
@@ -114,3 +116,4 @@ struct AppleAdapterTests {
         #expect(await system.pendingTaskRequests().first?.earliestBeginDate == now.addingTimeInterval(30))
     }
 }
+#endif

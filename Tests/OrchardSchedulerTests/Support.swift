@@ -73,8 +73,9 @@ final class Gate: Sendable {
 
 /// Waits until the surrounding task is cancelled, without any clock.
 func waitForCancellation() async throws {
-    let (stream, _) = AsyncStream<Never>.makeStream()
+    let (stream, continuation) = AsyncStream<Never>.makeStream()
     for await _ in stream {}
+    continuation.finish()
     try Task.checkCancellation()
 }
 
