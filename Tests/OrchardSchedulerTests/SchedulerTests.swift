@@ -26,7 +26,7 @@ struct SchedulerTests {
     }
 
     @Test func submitValidatesAndEnforcesLimits() async throws {
-        let ids: Set<String> = ["r1", "r2"].union((0...10).map { "p\($0)" })
+        let ids = Set(["r1", "r2"] + (0...10).map { "p\($0)" })
         let clock = TestClock<Duration>()
         let scheduler = try makeScheduler(clock: clock, permitted: ids)
         do {
