@@ -84,7 +84,7 @@ let package = Package(
             name: "OrchardSchedulerApple",
             dependencies: [
                 "OrchardScheduler",
-                .target(name: "BackgroundTasksShim", condition: .when(platforms: [.linux])),
+                .target(name: "BackgroundTasksShim", condition: .when(platforms: [.linux, .macOS])),
             ],
             swiftSettings: swiftSettings
         ),
@@ -155,7 +155,10 @@ let package = Package(
         ),
         .testTarget(
             name: "OrchardSchedulerTests",
-            dependencies: ["OrchardScheduler", "OrchardSchedulerApple", "OrchardTesting", .product(name: "Clocks", package: "swift-clocks")],
+            dependencies: [
+                "OrchardScheduler", "OrchardSchedulerApple", "OrchardTesting", .product(name: "Clocks", package: "swift-clocks"),
+                .target(name: "BackgroundTasksShim", condition: .when(platforms: [.linux, .macOS])),
+            ],
             swiftSettings: swiftSettings
         ),
         .testTarget(name: "OrchardCoordinatorTests", dependencies: ["OrchardCoordinator", "OrchardProtocol", "OrchardTesting"], swiftSettings: swiftSettings),
