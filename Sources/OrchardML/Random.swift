@@ -1,96 +1,114 @@
-import Foundation
-
-/// A small, fast, seeded pseudo-random generator: xoshiro256** (Blackman & Vigna 2018), seeded through SplitMix64.
+/// Orchard's seeded pseudo-random generator: xoshiro256** (Blackman & Vigna 2018), seeded through SplitMix64.
 ///
-/// Every random choice Orchard makes (weight initialisation, shuffles, splits, partitions, simulated devices)
-/// takes a generator as a parameter, so a run is reproducible from its seed on every platform. The output
-/// sequence is part of the contract: it does not depend on the platform or the Swift version. Not for
-/// cryptographic use.
-public struct SeededRandom: RandomNumberGenerator, Sendable, Hashable {
-    private var s0: UInt64
-    private var s1: UInt64
-    private var s2: UInt64
-    private var s3: UInt64
+/// Every random choice in the engine — weight initialisation, shuffling, dropout masks — draws from this
+/// generator, so a fixed seed reproduces a run bit for bit on every platform. Its whole state is four `UInt64`
+/// words (``stateWords``), which a resumable training state stores and restores.
+///
+/// The helpers (``nextFloat()``, ``nextInt(below:)``, ``shuffle(_:)``) are defined here rather than taken from
+/// the standard library, whose algorithms are not promised to stay the same across releases; none of them calls
+/// a math library function, so streams are identical on every platform.
+public struct OrchardRandom: RandomNumberGenerator, Sendable, Hashable {
+    @usableFromInline var state: (UInt64, UInt64, UInt64, UInt64)
 
-    /// Creates a generator whose sequence is fully determined by `seed` and `stream`.
-    /// - Parameters:
-    ///   - seed: The run's seed.
-    ///   - stream: Selects an independent sequence for the same seed (e.g. one per client or per epoch).
-    public init(seed: UInt64, stream: UInt64 = 0) {
-        var mixer = SplitMix64(state: seed ^ (stream &* 0xD1B5_4A32_D192_ED03))
-        s0 = mixer.next()
-        s1 = mixer.next()
-        s2 = mixer.next()
-        s3 = mixer.next()
-        if s0 | s1 | s2 | s3 == 0 { s0 = 0x9E37_79B9_7F4A_7C15 }  // the all-zero state is a fixed point
+    /// Creates a generator from a seed; equal seeds give equal streams.
+    public init(seed: UInt64) {
+        var mixer = SplitMix64(state: seed)
+        state = (mixer.next(), mixer.next(), mixer.next(), mixer.next())
     }
 
-    /// Returns the next 64 random bits.
+    /// Restores a generator from state words previously read from ``stateWords``.
+    /// - Throws: `EngineError.invalidArgument` when all four words are zero (xoshiro's one forbidden state).
+    public init(state: [UInt64]) throws(EngineError) {
+        guard state.count == 4, state.contains(where: { $0 != 0 }) else {
+            throw EngineError(.invalidArgument, "a random generator state is four words, not all zero (got \(state))")
+        }
+        self.state = (state[0], state[1], state[2], state[3])
+    }
+
+    /// The state as an array of four words, for storage.
+    public var stateWords: [UInt64] { [state.0, state.1, state.2, state.3] }
+
+    /// A derived generator for an independent purpose (e.g. shuffling vs. dropout), reproducible from this one's seed.
+    /// - Parameter stream: Distinguishes the derived streams; equal streams from equal seeds give equal generators.
+    public static func derived(seed: UInt64, stream: UInt64) -> OrchardRandom {
+        var mixer = SplitMix64(state: seed ^ (stream &* 0xD1B5_4A32_D192_ED03))
+        return OrchardRandom(seed: mixer.next())
+    }
+
+    /// The next 64 random bits.
+    @inlinable
     public mutating func next() -> UInt64 {
-        let result = rotate(s1 &* 5, 7) &* 9
-        let t = s1 << 17
-        s2 ^= s0
-        s3 ^= s1
-        s1 ^= s2
-        s0 ^= s3
-        s2 ^= t
-        s3 = rotate(s3, 45)
+        let result = Self.rotateLeft(state.1 &* 5, 7) &* 9
+        let t = state.1 << 17
+        state.2 ^= state.0
+        state.3 ^= state.1
+        state.1 ^= state.2
+        state.0 ^= state.3
+        state.2 ^= t
+        state.3 = Self.rotateLeft(state.3, 45)
         return result
     }
 
-    /// A uniform `Double` in `[0, 1)` with 53 random bits.
-    public mutating func nextUnit() -> Double {
-        Double(next() >> 11) * 0x1.0p-53
+    /// A uniform Float in `[0, 1)` with 24 random bits.
+    @inlinable
+    public mutating func nextFloat() -> Float {
+        Float(next() >> 40) * (1.0 / 16_777_216.0)
     }
 
-    /// A uniform integer in `0..<upperBound` without modulo bias (Lemire's method).
-    /// - Parameter upperBound: The exclusive bound; must be positive.
-    public mutating func nextIndex(below upperBound: Int) -> Int {
-        precondition(upperBound > 0, "upper bound must be positive")
-        let bound = UInt64(upperBound)
-        var product = next().multipliedFullWidth(by: bound)
-        if product.low < bound {
-            let threshold = (0 &- bound) % bound
-            while product.low < threshold { product = next().multipliedFullWidth(by: bound) }
+    /// A uniform Double in `[0, 1)` with 53 random bits.
+    @inlinable
+    public mutating func nextDouble() -> Double {
+        Double(next() >> 11) * (1.0 / 9_007_199_254_740_992.0)
+    }
+
+    /// A uniform integer in `0..<bound` (Lemire's unbiased multiply-and-reject method).
+    /// - Parameter bound: The exclusive upper limit; must be positive.
+    public mutating func nextInt(below bound: Int) -> Int {
+        precondition(bound > 0, "bound must be positive")
+        let b = UInt64(bound)
+        var product = next().multipliedFullWidth(by: b)
+        if product.low < b {
+            let threshold = (0 &- b) % b
+            while product.low < threshold {
+                product = next().multipliedFullWidth(by: b)
+            }
         }
         return Int(product.high)
     }
 
-    /// A standard normal sample (Box–Muller; one of the pair is discarded so the stream stays stateless).
-    public mutating func nextStandardNormal() -> Double {
-        var u = nextUnit()
-        while u == 0 { u = nextUnit() }
-        let v = nextUnit()
-        return (-2 * log(u)).squareRoot() * cos(2 * Double.pi * v)
+    /// A uniform Float in `[-limit, limit)`.
+    @inlinable
+    public mutating func nextFloat(symmetric limit: Float) -> Float {
+        (nextFloat() * 2 - 1) * limit
     }
 
-    /// Shuffles `elements` in place with the Fisher–Yates algorithm (stable across platforms, unlike the
-    /// standard library's unspecified `shuffle(using:)`).
-    public mutating func shuffle<C: MutableCollection & RandomAccessCollection>(_ elements: inout C) where C.Index == Int {
-        var i = elements.count - 1
-        let start = elements.startIndex
-        while i > 0 {
-            let j = nextIndex(below: i + 1)
-            elements.swapAt(start + i, start + j)
-            i -= 1
+    /// Shuffles `values` in place with the Fisher–Yates algorithm.
+    public mutating func shuffle<C: MutableCollection & RandomAccessCollection>(_ values: inout C) where C.Index == Int {
+        guard values.count > 1 else { return }
+        let start = values.startIndex
+        for i in stride(from: values.count - 1, to: 0, by: -1) {
+            let j = nextInt(below: i + 1)
+            values.swapAt(start + i, start + j)
         }
     }
 
-    /// A uniformly random permutation of `0..<count`.
-    public mutating func permutation(_ count: Int) -> [Int] {
-        var indices = Array(0..<count)
-        shuffle(&indices)
-        return indices
-    }
+    @inlinable
+    static func rotateLeft(_ x: UInt64, _ k: UInt64) -> UInt64 { (x << k) | (x >> (64 - k)) }
 
-    @inline(__always) private func rotate(_ x: UInt64, _ k: UInt64) -> UInt64 { (x << k) | (x >> (64 - k)) }
+    public static func == (lhs: OrchardRandom, rhs: OrchardRandom) -> Bool { lhs.stateWords == rhs.stateWords }
+    public func hash(into hasher: inout Hasher) { hasher.combine(stateWords) }
 }
 
-/// SplitMix64 (Steele, Lea & Flood 2014), used to expand a seed into xoshiro's state.
-struct SplitMix64 {
-    var state: UInt64
+/// SplitMix64 (Steele, Lea & Flood 2014): expands one seed word into well-mixed state words.
+public struct SplitMix64: RandomNumberGenerator, Sendable, Hashable {
+    /// The generator's single state word.
+    public var state: UInt64
 
-    mutating func next() -> UInt64 {
+    /// Creates a generator from a seed.
+    public init(state: UInt64) { self.state = state }
+
+    /// The next 64 random bits.
+    public mutating func next() -> UInt64 {
         state &+= 0x9E37_79B9_7F4A_7C15
         var z = state
         z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
