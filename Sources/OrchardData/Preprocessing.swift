@@ -31,6 +31,9 @@ public struct OrdinalEncoder: Sendable, Hashable, Codable {
     public let categories: [String]
     /// What encoding an unseen category does.
     public let unknownPolicy: UnknownCategoryPolicy
+    private let lookup: [String: Int]
+
+    private enum CodingKeys: String, CodingKey { case categories, unknownPolicy }
 
     /// Fits the encoder to the labels of a training column.
     /// - Parameters:
@@ -46,6 +49,21 @@ public struct OrdinalEncoder: Sendable, Hashable, Codable {
             categories = unique.sorted()
         }
         self.unknownPolicy = unknownPolicy
+        self.lookup = Self.index(categories)
+    }
+
+    public init(from decoder: any Decoder) throws {
+        let c = try decoder.container(keyedBy: CodingKeys.self)
+        categories = try c.decode([String].self, forKey: .categories)
+        unknownPolicy = try c.decode(UnknownCategoryPolicy.self, forKey: .unknownPolicy)
+        guard !categories.isEmpty, Set(categories).count == categories.count else {
+            throw DecodingError.dataCorruptedError(forKey: .categories, in: c, debugDescription: "categories must be non-empty and distinct")
+        }
+        lookup = Self.index(categories)
+    }
+
+    private static func index(_ categories: [String]) -> [String: Int] {
+        Dictionary(uniqueKeysWithValues: categories.enumerated().map { ($1, $0) })
     }
 
     /// The number of indices the encoder produces: the categories, plus one when an index is reserved.
@@ -59,11 +77,8 @@ public struct OrdinalEncoder: Sendable, Hashable, Codable {
         throw DataError(.unknownCategory, "category '\(label)' was not in the training data (known: \(categories.joined(separator: ", ")))")
     }
 
-    private var lookup: [String: Int] { Dictionary(uniqueKeysWithValues: categories.enumerated().map { ($1, $0) }) }
-
     /// Encodes a whole column.
     public func encode(_ labels: [String]) throws(DataError) -> [Int] {
-        let lookup = self.lookup
         var out: [Int] = []
         out.reserveCapacity(labels.count)
         for label in labels {
