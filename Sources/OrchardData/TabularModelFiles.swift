@@ -1,5 +1,5 @@
 public import Foundation
-public import OrchardFormats
+import OrchardFormats
 public import OrchardML
 
 extension TabularPreprocessor {
