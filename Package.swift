@@ -40,6 +40,8 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-metrics.git", from: "2.5.0"),
         .package(url: "https://github.com/apple/swift-protobuf.git", from: "1.28.0"),
         .package(url: "https://github.com/apple/swift-collections.git", from: "1.1.0"),
+        .package(url: "https://github.com/apple/swift-nio.git", from: "2.40.0"),
+        .package(url: "https://github.com/adam-fowler/compress-nio.git", from: "1.5.0"),
         .package(url: "https://github.com/groue/GRDB.swift.git", from: "7.0.0"),
         .package(url: "https://github.com/hummingbird-project/hummingbird.git", from: "2.5.0"),
         .package(url: "https://github.com/pointfreeco/swift-clocks.git", from: "1.0.0"),
@@ -54,7 +56,15 @@ let package = Package(
         // Level 1: the training engine.
         .target(name: "OrchardML", dependencies: ["OrchardFormats"], swiftSettings: swiftSettings),
         // Level 2: data pipeline and federated partitions.
-        .target(name: "OrchardData", dependencies: ["OrchardML"], swiftSettings: swiftSettings),
+        .target(
+            name: "OrchardData",
+            dependencies: [
+                "OrchardML",
+                .product(name: "CompressNIO", package: "compress-nio"),
+                .product(name: "NIOCore", package: "swift-nio"),
+            ],
+            swiftSettings: swiftSettings
+        ),
         // Level 3: the seed's housing example (resources + reusable pipeline steps).
         .target(
             name: "OrchardExamples",

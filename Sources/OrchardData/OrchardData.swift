@@ -1,1 +1,0 @@
-// The OrchardData module; see README.md for its role.
