@@ -1,14 +1,19 @@
 // swift-tools-version: 6.1
 import PackageDescription
 
+/// `ORCHARD_NATIVE=1 swift build -c release` compiles for the build machine's CPU (AVX2/FMA on x86-64) — for
+/// benchmarks and self-built deployments. Off by default: unsafe flags would stop Orchard from being used as a
+/// versioned dependency, and a baseline binary runs on every CPU of its architecture.
+let nativeSettings: [SwiftSetting] =
+    Context.environment["ORCHARD_NATIVE"] == "1" ? [.unsafeFlags(["-Xcc", "-march=native"])] : []
+
 /// One set of compiler settings shared by every target.
 let swiftSettings: [SwiftSetting] = [
     .swiftLanguageMode(.v6),
     .enableUpcomingFeature("ExistentialAny"),
     .enableUpcomingFeature("InternalImportsByDefault"),
     .enableUpcomingFeature("MemberImportVisibility"),
-    .unsafeFlags(["-enforce-exclusivity=unchecked"], .when(configuration: .release)),
-]
+] + nativeSettings
 
 let package = Package(
     name: "Orchard",
@@ -34,8 +39,6 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-metrics.git", from: "2.5.0"),
         .package(url: "https://github.com/apple/swift-protobuf.git", from: "1.28.0"),
         .package(url: "https://github.com/apple/swift-collections.git", from: "1.1.0"),
-        .package(url: "https://github.com/apple/swift-numerics.git", from: "1.0.0"),
-        .package(url: "https://github.com/apple/swift-crypto.git", "3.0.0"..<"5.0.0"),
         .package(url: "https://github.com/groue/GRDB.swift.git", from: "7.0.0"),
         .package(url: "https://github.com/hummingbird-project/hummingbird.git", from: "2.5.0"),
         .package(url: "https://github.com/pointfreeco/swift-clocks.git", from: "1.0.0"),

@@ -1,4 +1,4 @@
-import Foundation
+public import Foundation
 
 /// A model's architecture, as JSON a server can ship and any Orchard component can rebuild.
 ///
