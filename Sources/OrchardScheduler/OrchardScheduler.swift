@@ -1,1 +1,0 @@
-// The OrchardScheduler module; see README.md for its role.
