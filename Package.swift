@@ -83,7 +83,7 @@ let package = Package(
             name: "OrchardSchedulerApple",
             dependencies: [
                 "OrchardScheduler",
-                .target(name: "BackgroundTasksShim", condition: .when(platforms: [.linux])),
+                .target(name: "BackgroundTasksShim", condition: .when(platforms: [.linux, .macOS])),
             ],
             swiftSettings: swiftSettings
         ),

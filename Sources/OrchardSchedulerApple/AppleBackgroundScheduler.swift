@@ -1,0 +1,153 @@
+// The thin adapter from Orchard's scheduling contract to Apple's BGTaskScheduler. On Apple platforms it builds against
+// the real BackgroundTasks framework; elsewhere against BackgroundTasksShim, which mirrors the part used here.
+#if canImport(BackgroundTasks)
+@preconcurrency public import BackgroundTasks
+#else
+public import BackgroundTasksShim
+#endif
+public import Foundation
+public import OrchardScheduler
+
+/// Forwards ``BackgroundTaskScheduling`` to `BGTaskScheduler`: the OS decides when tasks run; this maps requests,
+/// launches the async handler with expiry as Swift task cancellation, forwards `setTaskCompleted`, and re-submits
+/// repeating requests after success and failed ones with the request's backoff.
+///
+/// Limits: BGTaskScheduler cannot express an unmetered-network requirement (submitting one throws `.unsupported`);
+/// device idleness is implied for processing tasks (iOS runs them only when the device is idle) and battery-not-low
+/// is implied by external power, otherwise `.unsupported`. Priority and estimates are Orchard's policy and are
+/// not forwarded: iOS chooses. Failure counts for backoff live in memory only.
+public final class AppleBackgroundScheduler: BackgroundTaskScheduling, @unchecked Sendable {
+    private let scheduler: BGTaskScheduler
+    private let now: @Sendable () -> Date
+    private let processingTimeLimit: Duration
+    private let lock = NSLock()
+    private var requests: [String: TaskRequest] = [:]
+    private var failures: [String: Int] = [:]
+
+    /// Creates an adapter.
+    /// - Parameters:
+    ///   - scheduler: the system scheduler (`BGTaskScheduler.shared`).
+    ///   - processingTimeLimit: the time limit reported to processing handlers (iOS grants minutes; refresh: 30 s).
+    ///   - now: the wall clock used to date re-submissions.
+    public init(scheduler: BGTaskScheduler = .shared, processingTimeLimit: Duration = .seconds(300), now: @escaping @Sendable () -> Date) {
+        self.scheduler = scheduler
+        self.processingTimeLimit = processingTimeLimit
+        self.now = now
+    }
+
+    public func register(identifier: String, handler: @escaping BackgroundTaskHandler) async throws(SchedulerError) {
+        let registered = scheduler.register(forTaskWithIdentifier: identifier, using: nil) { [weak self] systemTask in
+            self?.launch(systemTask, handler: handler)
+        }
+        guard registered else {
+            throw SchedulerError(.notPermitted, "BGTaskScheduler refused '\(identifier)': not in BGTaskSchedulerPermittedIdentifiers, or already registered")
+        }
+    }
+
+    private func launch(_ systemTask: BGTask, handler: @escaping BackgroundTaskHandler) {
+        let identifier = systemTask.identifier
+        let kind: TaskKind = systemTask is BGProcessingTask ? .processing : .appRefresh
+        let previousFailures = lock.withLock { failures[identifier] ?? 0 }
+        let task = BackgroundTask(
+            identifier: identifier, kind: kind,
+            timeLimit: kind == .processing ? processingTimeLimit : .seconds(30), previousFailures: previousFailures
+        )
+        nonisolated(unsafe) let system = systemTask
+        task.onCompletion { [weak self] completion in
+            system.setTaskCompleted(success: completion.success)
+            self?.resubmit(identifier, after: completion)
+        }
+        let run = TaskRun(task: task, handler: handler)
+        systemTask.expirationHandler = { run.expire(.system) }
+    }
+
+    private func resubmit(_ identifier: String, after completion: TaskCompletion) {
+        let next: TaskRequest? = lock.withLock {
+            guard var request = requests[identifier] else { return nil }
+            if completion.success {
+                failures[identifier] = 0
+                guard let interval = request.repeatInterval else { return nil }
+                request.earliestBeginDate = now().addingTimeInterval(Self.seconds(interval))
+                return request
+            }
+            let count = (failures[identifier] ?? 0) + 1
+            failures[identifier] = count
+            guard request.retry.allowsRetry(afterFailures: count) else { return nil }
+            request.earliestBeginDate = now().addingTimeInterval(Self.seconds(request.retry.delay(afterFailures: count)))
+            return request
+        }
+        if let next { try? submitToSystem(next) }
+    }
+
+    private static func seconds(_ duration: Duration) -> TimeInterval {
+        Double(duration.components.seconds) + Double(duration.components.attoseconds) / 1e18
+    }
+
+    public func submit(_ request: TaskRequest) async throws(SchedulerError) {
+        try request.validate()
+        try submitToSystem(request)
+    }
+
+    private func submitToSystem(_ request: TaskRequest) throws(SchedulerError) {
+        let systemRequest = try Self.systemRequest(for: request)
+        do {
+            try scheduler.submit(systemRequest)
+        } catch let error as BGTaskScheduler.Error {
+            switch error.code {
+            case .notPermitted: throw SchedulerError(.notPermitted, "'\(request.identifier)' is not in BGTaskSchedulerPermittedIdentifiers")
+            case .tooManyPendingTaskRequests: throw SchedulerError(.tooManyPendingRequests, "BGTaskScheduler has too many pending \(request.kind) requests")
+            default: throw SchedulerError(.unavailable, "BGTaskScheduler is unavailable: \(error)")
+            }
+        } catch {
+            throw SchedulerError(.unavailable, "BGTaskScheduler refused '\(request.identifier)': \(error)")
+        }
+        lock.withLock { requests[request.identifier] = request }
+    }
+
+    /// The BGTaskScheduler request for an Orchard request; throws `.unsupported` for what iOS cannot express.
+    public static func systemRequest(for request: TaskRequest) throws(SchedulerError) -> BGTaskRequest {
+        if request.kind == .appRefresh {
+            let refresh = BGAppRefreshTaskRequest(identifier: request.identifier)
+            refresh.earliestBeginDate = request.earliestBeginDate
+            return refresh
+        }
+        let constraints = request.constraints
+        if constraints.requiresUnmeteredNetwork {
+            throw SchedulerError(.unsupported, "'\(request.identifier)': BGTaskScheduler cannot require an unmetered network")
+        }
+        if constraints.requiresBatteryNotLow, !constraints.requiresExternalPower {
+            throw SchedulerError(.unsupported, "'\(request.identifier)': BGTaskScheduler cannot require battery-not-low without external power")
+        }
+        let processing = BGProcessingTaskRequest(identifier: request.identifier)
+        processing.earliestBeginDate = request.earliestBeginDate
+        processing.requiresExternalPower = constraints.requiresExternalPower
+        processing.requiresNetworkConnectivity = constraints.requiresNetworkConnectivity
+        return processing
+    }
+
+    public func cancel(identifier: String) async {
+        scheduler.cancel(taskRequestWithIdentifier: identifier)
+        lock.withLock { _ = requests.removeValue(forKey: identifier) }
+    }
+
+    public func cancelAll() async {
+        scheduler.cancelAllTaskRequests()
+        lock.withLock { requests.removeAll() }
+    }
+
+    public func pendingRequests() async -> [TaskRequest] {
+        let system = await scheduler.pendingTaskRequests()
+        let known = lock.withLock { requests }
+        return system.map { systemRequest in
+            var request = known[systemRequest.identifier] ?? TaskRequest(
+                identifier: systemRequest.identifier, kind: systemRequest is BGProcessingTaskRequest ? .processing : .appRefresh
+            )
+            request.earliestBeginDate = systemRequest.earliestBeginDate
+            if let processing = systemRequest as? BGProcessingTaskRequest {
+                request.constraints.requiresExternalPower = processing.requiresExternalPower
+                request.constraints.requiresNetworkConnectivity = processing.requiresNetworkConnectivity
+            }
+            return request
+        }
+    }
+}

@@ -1,1 +1,0 @@
-// The OrchardSchedulerApple module; see README.md for its role.
