@@ -118,3 +118,14 @@ private func roundTrip<T: Codable & Equatable>(_ value: T) throws -> T {
         }
     }
 }
+
+@Suite struct OpenAPITests {
+    @Test func documentIsOpenAPI3WithTheVersionedPaths() throws {
+        let object = try #require(try JSONSerialization.jsonObject(with: Data(OpenAPI.document)) as? [String: Any])
+        #expect((object["openapi"] as? String)?.hasPrefix("3.") == true)
+        let paths = try #require(object["paths"] as? [String: Any])
+        for path in [Endpoint.authenticate, Endpoint.cycleRequest, Endpoint.report, Endpoint.processes, Endpoint.health] {
+            #expect(paths[path] != nil, "\(path)")
+        }
+    }
+}
