@@ -1,4 +1,5 @@
 public import Foundation
+import OrchardML
 import Synchronization
 
 /// When and how often the client repeats a call that failed for a transient reason (a network error or a 5xx
@@ -61,19 +62,10 @@ public struct ClientEnvironment: Sendable {
         random: { Double.random(in: 0..<1) }
     )
 
-    /// The system clock and sleep, with a seeded random stream (SplitMix64) for reproducible jitter.
+    /// The system clock and sleep, with a seeded random stream (the engine's xoshiro256**) for reproducible jitter.
     public static func seeded(_ seed: UInt64, now: @escaping @Sendable () -> Date = { Date() }, sleep: @escaping @Sendable (Duration) async throws -> Void = { try await Task.sleep(for: $0) }) -> ClientEnvironment {
-        let state = Mutex(seed)
-        return ClientEnvironment(now: now, sleep: sleep, random: {
-            let bits = state.withLock { state -> UInt64 in
-                state &+= 0x9E37_79B9_7F4A_7C15
-                var z = state
-                z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-                z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-                return z ^ (z >> 31)
-            }
-            return Double(bits >> 11) * 0x1p-53
-        })
+        let generator = Mutex(OrchardRandom(seed: seed))
+        return ClientEnvironment(now: now, sleep: sleep, random: { generator.withLock { $0.nextDouble() } })
     }
 }
 
