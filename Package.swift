@@ -171,7 +171,12 @@ let package = Package(
             ],
             swiftSettings: swiftSettings
         ),
-        .testTarget(name: "OrchardCoordinatorTests", dependencies: ["OrchardCoordinator", "OrchardProtocol", "OrchardTesting"], swiftSettings: swiftSettings),
+        .testTarget(name: "OrchardProtocolTests", dependencies: ["OrchardProtocol", "OrchardFormats"], swiftSettings: swiftSettings),
+        .testTarget(
+            name: "OrchardCoordinatorTests",
+            dependencies: ["OrchardCoordinator", "OrchardProtocol", "OrchardTesting", .product(name: "JWTKit", package: "jwt-kit")],
+            swiftSettings: swiftSettings
+        ),
         .testTarget(name: "OrchardClientTests", dependencies: ["OrchardClient", "OrchardCoordinator", "OrchardTesting"], swiftSettings: swiftSettings),
         .testTarget(name: "OrchardSimulationTests", dependencies: ["OrchardSimulation", "OrchardTesting"], swiftSettings: swiftSettings),
     ]

@@ -1,1 +1,107 @@
-// The OrchardClient module; see README.md for its role.
+public import Foundation
+public import Logging
+import OrchardProtocol
+public import OrchardScheduler
+
+/// Settings of a device client. Every field has a default.
+public struct ClientConfiguration: Sendable {
+    /// The directory holding every job's durable state (one subdirectory per job).
+    public var storageDirectory: URL
+    /// Seconds an HTTP request may wait for data.
+    public var requestTimeout: Double
+    /// Retries of calls that fail transiently.
+    public var retry: RequestRetryPolicy
+    /// Clock, sleep and randomness.
+    public var environment: ClientEnvironment
+    /// The seed of local training; each cycle trains with a seed derived from it and the cycle number.
+    public var trainingSeed: UInt64
+    /// The local trainer used by ``FederatedJob/train(on:requirements:)``.
+    public var trainer: any LocalTrainer
+    /// Where the device's power and network state comes from; nil reads every condition as unknown, so a
+    /// cycle with constraints reports them unmet.
+    public var conditions: (any DeviceConditionsProvider)?
+    /// Thresholds and the unknown-reading rule for constraints (the scheduler's rules).
+    public var conditionRules: ConditionRules
+    /// Logs.
+    public var logger: Logger
+
+    /// Creates a configuration.
+    public init(
+        storageDirectory: URL = ClientConfiguration.defaultStorageDirectory, requestTimeout: Double = 30,
+        retry: RequestRetryPolicy = RequestRetryPolicy(), environment: ClientEnvironment = .system, trainingSeed: UInt64 = 0,
+        trainer: any LocalTrainer = EngineLocalTrainer(), conditions: (any DeviceConditionsProvider)? = nil,
+        conditionRules: ConditionRules = ConditionRules(), logger: Logger = Logger(label: "orchard.client")
+    ) {
+        self.conditions = conditions
+        self.conditionRules = conditionRules
+        self.storageDirectory = storageDirectory
+        self.requestTimeout = requestTimeout
+        self.retry = retry
+        self.environment = environment
+        self.trainingSeed = trainingSeed
+        self.trainer = trainer
+        self.logger = logger
+    }
+
+    /// The platform's application-support directory (`~/.local/share` style on Linux), subdirectory `Orchard`.
+    public static var defaultStorageDirectory: URL {
+        let base = FileManager.default.urls(for: .applicationSupportDirectory, in: .userDomainMask).first
+            ?? URL(fileURLWithPath: NSTemporaryDirectory())
+        return base.appendingPathComponent("Orchard", isDirectory: true)
+    }
+}
+
+/// A device's connection to one coordinator: creates jobs for the FL processes it takes part in.
+///
+/// ```swift
+/// let client = try OrchardClient(url: "https://fl.example.com", authToken: jwt)
+/// let job = try client.newJob(modelName: "mnist", version: "1.0")
+/// let outcome = try await job.train(on: localData)
+/// ```
+public struct OrchardClient: Sendable {
+    /// The settings.
+    public let configuration: ClientConfiguration
+    /// The device's credential (a JWT), or nil for coordinators in open mode.
+    public let authToken: String?
+    let transport: any ClientTransport
+    let server: String
+
+    /// Creates a client for a coordinator reached over HTTP.
+    /// - Parameters:
+    ///   - url: The coordinator's base URL, e.g. `https://fl.example.com`.
+    ///   - authToken: The device's JWT, or nil in open mode.
+    ///   - configuration: Settings.
+    /// - Throws: ``OrchardClientError/Code/invalidConfiguration`` for a URL that is not absolute HTTP(S).
+    public init(url: String, authToken: String? = nil, configuration: ClientConfiguration = ClientConfiguration()) throws(OrchardClientError) {
+        let transport = try HTTPTransport(url: url, timeout: configuration.requestTimeout)
+        self.init(transport: transport, server: transport.baseURL.absoluteString, authToken: authToken, configuration: configuration)
+    }
+
+    /// Creates a client over any transport (e.g. ``InMemoryTransport``).
+    /// - Parameters:
+    ///   - transport: How to reach the coordinator.
+    ///   - server: A name for the coordinator; a saved session is reused only with the same name.
+    ///   - authToken: The device's JWT, or nil in open mode.
+    ///   - configuration: Settings.
+    public init(transport: any ClientTransport, server: String, authToken: String? = nil, configuration: ClientConfiguration = ClientConfiguration()) {
+        self.transport = transport
+        self.server = server
+        self.authToken = authToken
+        self.configuration = configuration
+    }
+
+    /// A job for one FL process, with its state in its own subdirectory of the storage directory.
+    /// - Parameters:
+    ///   - modelName: The process's name.
+    ///   - version: Its version, such as "1.0" (the same as "1.0.0").
+    /// - Throws: ``OrchardClientError/Code/invalidConfiguration`` for an empty name or a malformed version.
+    public func newJob(modelName: String, version: String) throws(OrchardClientError) -> FederatedJob {
+        guard !modelName.isEmpty else { throw OrchardClientError(.invalidConfiguration, "the model name is empty") }
+        guard let parsed = SemanticVersion(version) else {
+            throw OrchardClientError(.invalidConfiguration, "'\(version)' is not a version such as 1.0 or 1.0.0")
+        }
+        let safeName = String(modelName.map { $0.isLetter || $0.isNumber || $0 == "-" || $0 == "_" || $0 == "." ? $0 : "_" })
+        let directory = configuration.storageDirectory.appendingPathComponent("\(safeName)@\(parsed)", isDirectory: true)
+        return FederatedJob(client: self, modelName: modelName, version: parsed, directory: directory)
+    }
+}

@@ -1,0 +1,88 @@
+import Foundation
+import Logging
+public import OrchardML
+public import OrchardScheduler
+
+/// How a job runs as a background processing task.
+public struct BackgroundTrainingOptions: Sendable {
+    /// The task identifier (must be among the scheduler's permitted identifiers).
+    public var identifier: String
+    /// Conditions the scheduler waits for: external power and network by default.
+    public var constraints: TaskConstraints
+    /// When to run again after a report the coordinator gave no `retry_after` for.
+    public var defaultInterval: Duration
+    /// The task's priority among competing tasks.
+    public var priority: TaskPriorityLevel
+
+    /// Creates options.
+    public init(identifier: String, constraints: TaskConstraints = .powerAndNetwork, defaultInterval: Duration = .seconds(3600), priority: TaskPriorityLevel = .normal) {
+        self.identifier = identifier
+        self.constraints = constraints
+        self.defaultInterval = defaultInterval
+        self.priority = priority
+    }
+}
+
+extension FederatedJob {
+    /// Registers this job as a background processing task and submits its first request.
+    ///
+    /// Each launch trains one cycle on the dataset `data` returns. Expiry of the window cancels the Swift task,
+    /// which stops training at the next batch boundary and saves a checkpoint; the task then completes as
+    /// unsuccessful and the scheduler keeps its request. After a report or a rejection the job resubmits itself
+    /// to begin at the coordinator's `retry_after` (or ``BackgroundTrainingOptions/defaultInterval``).
+    /// - Parameters:
+    ///   - scheduler: The scheduler (register before it starts).
+    ///   - options: Identifier, constraints and interval.
+    ///   - data: Loads the device's local samples for a run.
+    ///   - onOutcome: Called after each run with its outcome or error.
+    public func scheduleBackgroundTraining(
+        on scheduler: any BackgroundTaskScheduling, options: BackgroundTrainingOptions,
+        data: @escaping @Sendable () async throws -> any Dataset,
+        onOutcome: @escaping @Sendable (Result<CycleOutcome, OrchardClientError>) -> Void = { _ in }
+    ) async throws(OrchardClientError) {
+        do {
+            try await scheduler.register(identifier: options.identifier) { [self] task in
+                try await backgroundRun(task, scheduler: scheduler, options: options, data: data, onOutcome: onOutcome)
+            }
+            try await scheduler.submit(request(options, after: nil))
+        } catch {
+            throw OrchardClientError(.invalidConfiguration, "cannot schedule background training: \(error)")
+        }
+    }
+
+    private func request(_ options: BackgroundTrainingOptions, after delay: Double?) -> TaskRequest {
+        let begin = delay.map { client.configuration.environment.now().addingTimeInterval($0) }
+        return .processing(options.identifier, earliestBeginDate: begin, constraints: options.constraints, priority: options.priority)
+    }
+
+    private func backgroundRun(
+        _ task: BackgroundTask, scheduler: any BackgroundTaskScheduling, options: BackgroundTrainingOptions,
+        data: @Sendable () async throws -> any Dataset, onOutcome: @Sendable (Result<CycleOutcome, OrchardClientError>) -> Void
+    ) async throws {
+        let logger = client.configuration.logger
+        task.expirationHandler = { logger.info("background window expired; stopping at the next batch", metadata: ["task": "\(task.identifier)"]) }
+        let outcome: CycleOutcome
+        do throws(OrchardClientError) {
+            let dataset: any Dataset
+            do {
+                dataset = try await data()
+            } catch {
+                throw OrchardClientError(.training, "cannot load the local dataset: \(error)")
+            }
+            outcome = try await train(on: dataset)
+        } catch {
+            onOutcome(.failure(error))
+            if error.code == .cancelled {
+                // Progress is checkpointed; the scheduler keeps the request of an expired run.
+                task.setTaskCompleted(success: false)
+                return
+            }
+            throw error
+        }
+        onOutcome(.success(outcome))
+        let interval = Double(options.defaultInterval.components.seconds)
+        let delay = outcome.retryAfter ?? interval
+        try await scheduler.submit(request(options, after: delay))
+        task.setTaskCompleted(success: true)
+    }
+}

@@ -1,0 +1,262 @@
+import Foundation
+import OrchardProtocol
+import Synchronization
+
+/// The durable state of one job on one device, in a directory of its own: the session, a report waiting to be
+/// uploaded, a checkpoint of interrupted local training, and the model download (partial or complete).
+///
+/// Whole files are written to a temporary name and renamed, so a crash leaves either the old or the new
+/// version. The partial model grows by appends; its bytes are checked before use.
+struct ClientStore: Sendable {
+    /// The session a device holds with a coordinator.
+    struct Identity: Codable, Sendable, Hashable {
+        var workerID: String
+        var sessionToken: String
+        /// Seconds since 1970 when the session expires.
+        var expiresAt: Double
+        /// The server the session belongs to.
+        var server: String
+    }
+
+    /// What a saved training checkpoint belongs to.
+    struct CheckpointKey: Codable, Sendable, Hashable {
+        var requestKey: String
+        var modelID: String
+        var cycle: Int
+    }
+
+    /// What the model files hold.
+    struct ModelInfo: Codable, Sendable, Hashable {
+        var modelID: String
+        var etag: String?
+        var totalLength: Int?
+    }
+
+    let directory: URL
+
+    init(directory: URL) { self.directory = directory }
+
+    private var identityURL: URL { directory.appendingPathComponent("session.json") }
+    private var pendingReportURL: URL { directory.appendingPathComponent("pending-report.safetensors") }
+    private var checkpointURL: URL { directory.appendingPathComponent("training-checkpoint.bin") }
+    var partialModelURL: URL { directory.appendingPathComponent("model.partial") }
+    private var partialInfoURL: URL { directory.appendingPathComponent("model.partial.json") }
+    private var modelURL: URL { directory.appendingPathComponent("model.safetensors") }
+    private var modelInfoURL: URL { directory.appendingPathComponent("model.json") }
+
+    /// Creates the directory if needed.
+    func prepare() throws(OrchardClientError) {
+        do {
+            try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        } catch {
+            throw OrchardClientError(.storage, "cannot create the client directory \(directory.path): \(error.localizedDescription)")
+        }
+    }
+
+    // MARK: Files
+
+    private func read(_ url: URL) throws(OrchardClientError) -> Data? {
+        guard FileManager.default.fileExists(atPath: url.path) else { return nil }
+        do {
+            return try Data(contentsOf: url)
+        } catch {
+            throw OrchardClientError(.storage, "cannot read \(url.path): \(error.localizedDescription)")
+        }
+    }
+
+    private func write(_ data: Data, to url: URL) throws(OrchardClientError) {
+        do {
+            try data.write(to: url, options: .atomic)
+        } catch {
+            throw OrchardClientError(.storage, "cannot write \(url.path): \(error.localizedDescription)")
+        }
+    }
+
+    private func remove(_ url: URL) throws(OrchardClientError) {
+        guard FileManager.default.fileExists(atPath: url.path) else { return }
+        do {
+            try FileManager.default.removeItem(at: url)
+        } catch {
+            throw OrchardClientError(.storage, "cannot delete \(url.path): \(error.localizedDescription)")
+        }
+    }
+
+    private func readJSON<T: Decodable>(_ type: T.Type, _ url: URL) throws(OrchardClientError) -> T? {
+        guard let data = try read(url) else { return nil }
+        do {
+            return try JSONDecoder().decode(T.self, from: data)
+        } catch {
+            // A file this client wrote but cannot decode is stale state from another version: drop it.
+            try remove(url)
+            return nil
+        }
+    }
+
+    private func writeJSON(_ value: some Encodable, _ url: URL) throws(OrchardClientError) {
+        let data: Data
+        do {
+            data = try WireCoding.encoder().encode(value)
+        } catch {
+            throw OrchardClientError(.storage, "cannot encode \(url.lastPathComponent): \(error)")
+        }
+        try write(data, to: url)
+    }
+
+    // MARK: Session
+
+    func identity() throws(OrchardClientError) -> Identity? { try readJSON(Identity.self, identityURL) }
+    func saveIdentity(_ identity: Identity) throws(OrchardClientError) { try writeJSON(identity, identityURL) }
+    func clearIdentity() throws(OrchardClientError) { try remove(identityURL) }
+
+    // MARK: Pending report
+
+    /// The report body waiting for upload, if any.
+    func pendingReport() throws(OrchardClientError) -> [UInt8]? { try read(pendingReportURL).map { [UInt8]($0) } }
+    func savePendingReport(_ body: [UInt8]) throws(OrchardClientError) { try write(Data(body), to: pendingReportURL) }
+    func clearPendingReport() throws(OrchardClientError) { try remove(pendingReportURL) }
+
+    // MARK: Training checkpoint
+
+    private static let checkpointMagic: [UInt8] = Array("ORCHARD-CKPT1\n".utf8)
+
+    /// The saved local-training checkpoint and what it belongs to.
+    func checkpoint() throws(OrchardClientError) -> (key: CheckpointKey, state: [UInt8])? {
+        guard let data = try read(checkpointURL) else { return nil }
+        let bytes = [UInt8](data)
+        let magic = Self.checkpointMagic
+        guard bytes.count > magic.count + 4, Array(bytes[0..<magic.count]) == magic else {
+            try remove(checkpointURL)
+            return nil
+        }
+        var length = 0
+        for i in 0..<4 { length |= Int(bytes[magic.count + i]) << (8 * i) }
+        let headerStart = magic.count + 4
+        guard headerStart + length <= bytes.count,
+              let key = try? JSONDecoder().decode(CheckpointKey.self, from: Data(bytes[headerStart..<(headerStart + length)]))
+        else {
+            try remove(checkpointURL)
+            return nil
+        }
+        return (key, Array(bytes[(headerStart + length)...]))
+    }
+
+    func saveCheckpoint(_ state: [UInt8], key: CheckpointKey) throws(OrchardClientError) {
+        let header: Data
+        do { header = try WireCoding.encoder().encode(key) } catch {
+            throw OrchardClientError(.storage, "cannot encode the checkpoint key: \(error)")
+        }
+        var bytes = Self.checkpointMagic
+        let length = header.count
+        for i in 0..<4 { bytes.append(UInt8((length >> (8 * i)) & 0xFF)) }
+        bytes += header
+        bytes += state
+        try write(Data(bytes), to: checkpointURL)
+    }
+
+    func clearCheckpoint() throws(OrchardClientError) { try remove(checkpointURL) }
+
+    // MARK: Model
+
+    /// The complete model, if it is the one named.
+    func model(_ modelID: String) throws(OrchardClientError) -> [UInt8]? {
+        guard let info = try readJSON(ModelInfo.self, modelInfoURL), info.modelID == modelID else { return nil }
+        return try read(modelURL).map { [UInt8]($0) }
+    }
+
+    /// Keeps a verified model and drops the partial download.
+    func saveModel(_ bytes: [UInt8], info: ModelInfo) throws(OrchardClientError) {
+        try remove(modelInfoURL)
+        try write(Data(bytes), to: modelURL)
+        try writeJSON(info, modelInfoURL)
+        try clearPartialModel()
+    }
+
+    func clearModel() throws(OrchardClientError) {
+        try remove(modelInfoURL)
+        try remove(modelURL)
+    }
+
+    /// The partial download of the model named, and how many bytes it holds.
+    func partialModel(_ modelID: String) throws(OrchardClientError) -> (info: ModelInfo, length: Int)? {
+        guard let info = try readJSON(ModelInfo.self, partialInfoURL), info.modelID == modelID else { return nil }
+        guard let attributes = try? FileManager.default.attributesOfItem(atPath: partialModelURL.path),
+              let size = attributes[.size] as? NSNumber
+        else { return nil }
+        return (info, size.intValue)
+    }
+
+    func partialModelBytes() throws(OrchardClientError) -> [UInt8] {
+        try read(partialModelURL).map { [UInt8]($0) } ?? []
+    }
+
+    func clearPartialModel() throws(OrchardClientError) {
+        try remove(partialInfoURL)
+        try remove(partialModelURL)
+    }
+
+    /// A sink that writes a download into the partial file, starting over when the server sends everything.
+    func partialSink(modelID: String) -> PartialModelSink { PartialModelSink(store: self, modelID: modelID) }
+
+    fileprivate func beginPartial(_ head: DownloadHead, modelID: String) throws(OrchardClientError) -> FileHandle {
+        let existing = try partialModel(modelID)
+        let keep = head.start > 0 && existing != nil && existing?.length == head.start
+        if head.start > 0 && !keep {
+            throw OrchardClientError(.network, "the server resumed at byte \(head.start), which is not where the partial download ends")
+        }
+        if !keep {
+            try clearPartialModel()
+            guard FileManager.default.createFile(atPath: partialModelURL.path, contents: nil) else {
+                throw OrchardClientError(.storage, "cannot create \(partialModelURL.path)")
+            }
+        }
+        try writeJSON(ModelInfo(modelID: modelID, etag: head.etag, totalLength: head.totalLength), partialInfoURL)
+        do {
+            let handle = try FileHandle(forWritingTo: partialModelURL)
+            try handle.seekToEnd()
+            return handle
+        } catch {
+            throw OrchardClientError(.storage, "cannot open \(partialModelURL.path): \(error.localizedDescription)")
+        }
+    }
+}
+
+/// Writes a model download into the store's partial file as it arrives.
+final class PartialModelSink: DownloadSink {
+    private let store: ClientStore
+    private let modelID: String
+    private let handle = Mutex<FileHandle?>(nil)
+    private let received = Mutex(0)
+
+    init(store: ClientStore, modelID: String) {
+        self.store = store
+        self.modelID = modelID
+    }
+
+    /// Bytes appended by this download.
+    var bytesReceived: Int { received.withLock { $0 } }
+
+    func begin(_ head: DownloadHead) throws(OrchardClientError) {
+        let opened = try store.beginPartial(head, modelID: modelID)
+        handle.withLock { $0 = opened }
+    }
+
+    func append(_ bytes: [UInt8]) throws(OrchardClientError) {
+        try handle.withLock { (handle: inout FileHandle?) throws(OrchardClientError) in
+            guard let handle else { throw OrchardClientError(.storage, "download bytes arrived before its head") }
+            do {
+                try handle.write(contentsOf: bytes)
+            } catch {
+                throw OrchardClientError(.storage, "cannot append to the partial model: \(error.localizedDescription)")
+            }
+        }
+        received.withLock { $0 += bytes.count }
+    }
+
+    /// Closes the file.
+    func close() {
+        handle.withLock { handle in
+            try? handle?.close()
+            handle = nil
+        }
+    }
+}

@@ -1,0 +1,86 @@
+
+/// A stage of a job's cycle.
+public struct JobPhase: Sendable, Hashable, CustomStringConvertible {
+    private enum Kind: String, Sendable, Hashable {
+        case checkingConditions, authenticating, uploadingPendingReport, requestingCycle, downloadingPlan
+        case downloadingModel, training, reporting, finished
+    }
+    private let kind: Kind
+    private init(_ kind: Kind) { self.kind = kind }
+
+    /// Reading the device's power and network state.
+    public static let checkingConditions = JobPhase(.checkingConditions)
+    /// Proving the device's identity.
+    public static let authenticating = JobPhase(.authenticating)
+    /// Uploading a report an earlier window could not deliver.
+    public static let uploadingPendingReport = JobPhase(.uploadingPendingReport)
+    /// Asking to join the current cycle.
+    public static let requestingCycle = JobPhase(.requestingCycle)
+    /// Fetching the training plan.
+    public static let downloadingPlan = JobPhase(.downloadingPlan)
+    /// Fetching (or resuming the download of) the model.
+    public static let downloadingModel = JobPhase(.downloadingModel)
+    /// Training locally.
+    public static let training = JobPhase(.training)
+    /// Uploading the diff.
+    public static let reporting = JobPhase(.reporting)
+    /// The cycle ended (see ``JobEvent/finished(_:)``).
+    public static let finished = JobPhase(.finished)
+
+    public var description: String { kind.rawValue }
+}
+
+/// Something observable that happened during a job's cycle.
+public enum JobEvent: Sendable, Hashable {
+    /// The cycle entered a phase.
+    case phase(JobPhase)
+    /// Model bytes held so far, of the total when known.
+    case downloaded(bytes: Int, of: Int?)
+    /// Training resumed from a checkpoint saved by an earlier, interrupted run.
+    case resumedTraining
+    /// A batch of local training finished.
+    case trained(TrainingStep)
+    /// A call failed transiently and will be retried after a backoff.
+    case retrying(attempt: Int, error: OrchardClientError)
+    /// The cycle ended with this outcome.
+    case finished(CycleOutcome)
+}
+
+/// The receipt of an accepted report.
+public struct ReportReceipt: Sendable, Hashable {
+    /// The cycle the report counted toward.
+    public var cycle: Int
+    /// Reports accepted in that cycle so far, when the coordinator said.
+    public var reportsReceived: Int?
+    /// Seconds until the device should ask for its next cycle, when the coordinator said.
+    public var retryAfter: Double?
+    /// Whether the report was produced in an earlier window and kept on disk until now.
+    public var fromEarlierWindow: Bool
+
+    /// Creates a receipt.
+    public init(cycle: Int, reportsReceived: Int?, retryAfter: Double?, fromEarlierWindow: Bool) {
+        self.cycle = cycle
+        self.reportsReceived = reportsReceived
+        self.retryAfter = retryAfter
+        self.fromEarlierWindow = fromEarlierWindow
+    }
+}
+
+/// How one attempt at a cycle ended (errors are thrown as ``OrchardClientError``).
+public enum CycleOutcome: Sendable, Hashable {
+    /// A report was accepted.
+    case reported(ReportReceipt)
+    /// The coordinator turned the device away; ask again after `retryAfter` seconds.
+    case rejected(retryAfter: Double, reason: String)
+    /// The device's conditions do not allow a cycle now; the strings name the unmet requirements.
+    case conditionsNotMet([String])
+
+    /// Seconds after which the device should try again, when the coordinator said.
+    public var retryAfter: Double? {
+        switch self {
+        case .reported(let receipt): receipt.retryAfter
+        case .rejected(let retryAfter, _): retryAfter
+        case .conditionsNotMet: nil
+        }
+    }
+}

@@ -1,0 +1,87 @@
+public import OrchardProtocol
+
+/// The one error the device SDK throws: a category, a message naming the problem, and the server's details
+/// when the coordinator answered with an error.
+public struct OrchardClientError: Error, Sendable, Hashable, CustomStringConvertible {
+    /// A machine-readable category of client error.
+    public struct Code: Sendable, Hashable, CustomStringConvertible {
+        private enum Kind: String, Sendable, Hashable {
+            case invalidConfiguration, authenticationFailed, rejected, conditionsNotMet, network, serverError
+            case incompatibleModel, cancelled, storage, training
+        }
+        private let kind: Kind
+        private init(_ kind: Kind) { self.kind = kind }
+
+        /// The client was configured wrongly (e.g. an invalid server URL).
+        public static let invalidConfiguration = Code(.invalidConfiguration)
+        /// The coordinator refused the device's credentials.
+        public static let authenticationFailed = Code(.authenticationFailed)
+        /// The coordinator turned the device away for now; see ``OrchardClientError/retryAfter``.
+        public static let rejected = Code(.rejected)
+        /// The device's conditions (power, network) do not allow a cycle now.
+        public static let conditionsNotMet = Code(.conditionsNotMet)
+        /// The coordinator could not be reached, or the connection broke.
+        public static let network = Code(.network)
+        /// The coordinator answered with an error; see ``OrchardClientError/serverCode``.
+        public static let serverError = Code(.serverError)
+        /// The model or plan cannot be used by this device (bad architecture, corrupt or mismatched weights).
+        public static let incompatibleModel = Code(.incompatibleModel)
+        /// The work stopped because its task was cancelled; local progress was saved.
+        public static let cancelled = Code(.cancelled)
+        /// The client's state directory could not be read or written.
+        public static let storage = Code(.storage)
+        /// Local training failed (e.g. the dataset does not fit the model).
+        public static let training = Code(.training)
+
+        public var description: String {
+            kind.rawValue.reduce(into: "") { out, ch in
+                if ch.isUppercase { out += "_" + ch.lowercased() } else { out.append(ch) }
+            }
+        }
+    }
+
+    /// What went wrong, as a category.
+    public var code: Code
+    /// A human-readable explanation.
+    public var message: String
+    /// The HTTP status of the coordinator's answer, when there was one.
+    public var httpStatus: Int?
+    /// The coordinator's error code, when it answered with an ``OrchardProtocol/ErrorBody``.
+    public var serverCode: WireErrorCode?
+    /// Seconds to wait before asking again, for ``Code/rejected``.
+    public var retryAfter: Double?
+
+    /// Creates an error.
+    public init(_ code: Code, _ message: String, httpStatus: Int? = nil, serverCode: WireErrorCode? = nil, retryAfter: Double? = nil) {
+        self.code = code
+        self.message = message
+        self.httpStatus = httpStatus
+        self.serverCode = serverCode
+        self.retryAfter = retryAfter
+    }
+
+    public var description: String {
+        var text = "\(code): \(message)"
+        if let httpStatus, let serverCode { text += " (HTTP \(httpStatus) \(serverCode))" }
+        return text
+    }
+
+    /// Maps a coordinator error answer to a client error: 401 is an authentication failure, everything else
+    /// a server error carrying the server's code and message.
+    /// - Parameters:
+    ///   - status: The HTTP status.
+    ///   - body: The decoded error body, if the answer had one.
+    public static func server(status: Int, body: ErrorBody?) -> OrchardClientError {
+        let code: WireErrorCode = body?.error.code ?? (status >= 500 ? .internalError : WireErrorCode("http_\(status)"))
+        let message = body?.error.message ?? "the coordinator answered HTTP \(status)"
+        if status == 401 || code == .unauthorized {
+            return OrchardClientError(.authenticationFailed, message, httpStatus: status, serverCode: code)
+        }
+        return OrchardClientError(.serverError, message, httpStatus: status, serverCode: code)
+    }
+
+    /// Whether repeating the same request may succeed: network failures and 5xx answers.
+    public var isTransient: Bool {
+        code == .network || (code == .serverError && (httpStatus ?? 0) >= 500)
+    }
+}

@@ -1,0 +1,112 @@
+public import Foundation
+import OrchardML
+import Synchronization
+
+/// When and how often the client repeats a call that failed for a transient reason (a network error or a 5xx
+/// answer): exponential backoff with jitter, so a fleet that lost its coordinator does not return in step.
+public struct RequestRetryPolicy: Sendable, Hashable {
+    /// Attempts per call, the first included (1 disables retries).
+    public var maximumAttempts: Int
+    /// The delay before the first retry, before jitter.
+    public var initialDelay: Duration
+    /// The largest delay between attempts, before jitter.
+    public var maximumDelay: Duration
+    /// The fraction of each delay that is random: 0 waits exactly, 1 waits anywhere in 0…delay.
+    public var jitter: Double
+
+    /// Creates a policy.
+    public init(maximumAttempts: Int = 5, initialDelay: Duration = .milliseconds(500), maximumDelay: Duration = .seconds(30), jitter: Double = 0.5) {
+        self.maximumAttempts = maximumAttempts
+        self.initialDelay = initialDelay
+        self.maximumDelay = maximumDelay
+        self.jitter = jitter
+    }
+
+    /// No retries.
+    public static let none = RequestRetryPolicy(maximumAttempts: 1)
+
+    /// The wait before retry number `retry` (1 for the first retry), given a uniform random number in 0..<1.
+    public func delay(beforeRetry retry: Int, random: Double) -> Duration {
+        let exponent = min(max(retry - 1, 0), 30)
+        let base = min(Self.seconds(initialDelay) * Double(1 << exponent), Self.seconds(maximumDelay))
+        let fraction = min(max(jitter, 0), 1)
+        let seconds = base * (1 - fraction) + base * fraction * random
+        return .nanoseconds(Int64(seconds * 1e9))
+    }
+
+    private static func seconds(_ duration: Duration) -> Double {
+        Double(duration.components.seconds) + Double(duration.components.attoseconds) * 1e-18
+    }
+}
+
+/// Time and randomness as the client sees them, injected so tests and the simulator control both.
+public struct ClientEnvironment: Sendable {
+    /// The current wall-clock time.
+    public var now: @Sendable () -> Date
+    /// Waits for a duration; throws `CancellationError` when the task is cancelled.
+    public var sleep: @Sendable (Duration) async throws -> Void
+    /// A uniform random number in 0..<1 (backoff jitter).
+    public var random: @Sendable () -> Double
+
+    /// Creates an environment.
+    public init(now: @escaping @Sendable () -> Date, sleep: @escaping @Sendable (Duration) async throws -> Void, random: @escaping @Sendable () -> Double) {
+        self.now = now
+        self.sleep = sleep
+        self.random = random
+    }
+
+    /// The system clock, `Task.sleep` and the system random number generator.
+    public static let system = ClientEnvironment(
+        now: { Date() },
+        sleep: { try await Task.sleep(for: $0) },
+        random: { Double.random(in: 0..<1) }
+    )
+
+    /// The system clock and sleep, with a seeded random stream (the engine's xoshiro256**) for reproducible jitter.
+    public static func seeded(_ seed: UInt64, now: @escaping @Sendable () -> Date = { Date() }, sleep: @escaping @Sendable (Duration) async throws -> Void = { try await Task.sleep(for: $0) }) -> ClientEnvironment {
+        let generator = Mutex(OrchardRandom(seed: seed))
+        return ClientEnvironment(now: now, sleep: sleep, random: { generator.withLock { $0.nextDouble() } })
+    }
+}
+
+extension RequestRetryPolicy {
+    /// Runs `operation`, repeating it after a backoff while it fails transiently and attempts remain.
+    /// - Parameters:
+    ///   - environment: Sleep and randomness for the backoff.
+    ///   - onRetry: Called before each wait with the error and the retry number.
+    ///   - operation: The call; it receives the attempt number (from 1).
+    func run<T: Sendable>(
+        environment: ClientEnvironment, onRetry: (OrchardClientError, Int) -> Void = { _, _ in },
+        _ operation: (Int) async throws(OrchardClientError) -> T
+    ) async throws(OrchardClientError) -> T {
+        var attempt = 1
+        while true {
+            do {
+                try checkCancellation()
+                return try await operation(attempt)
+            } catch {
+                guard error.isTransient, attempt < maximumAttempts, !Task.isCancelled else {
+                    if Task.isCancelled, error.code != .cancelled { throw cancelledError() }
+                    throw error
+                }
+                onRetry(error, attempt)
+                do {
+                    try await environment.sleep(delay(beforeRetry: attempt, random: environment.random()))
+                } catch {
+                    throw cancelledError()
+                }
+                attempt += 1
+            }
+        }
+    }
+}
+
+/// Throws ``OrchardClientError/Code/cancelled`` when the current task is cancelled.
+func checkCancellation() throws(OrchardClientError) {
+    if Task.isCancelled { throw cancelledError() }
+}
+
+/// The error for work stopped by task cancellation.
+func cancelledError() -> OrchardClientError {
+    OrchardClientError(.cancelled, "the task was cancelled")
+}

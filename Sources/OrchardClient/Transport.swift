@@ -1,0 +1,63 @@
+public import OrchardProtocol
+
+/// How a device talks to a coordinator: the five device calls of the wire protocol.
+///
+/// ``HTTPTransport`` speaks HTTP; ``InMemoryTransport`` calls a coordinator in the same process (simulator,
+/// tests). Transports make one attempt per call; the client adds retries, backoff and resumption.
+public protocol ClientTransport: Sendable {
+    /// Proves the device's identity and joins a process.
+    func authenticate(_ request: AuthenticateRequest) async throws(OrchardClientError) -> AuthenticateResponse
+    /// Asks to join the current cycle.
+    func requestCycle(_ request: CycleRequest, session: String) async throws(OrchardClientError) -> CycleResponse
+    /// Downloads the training plan of an assignment.
+    func plan(_ planID: String, requestKey: String, session: String) async throws(OrchardClientError) -> TrainingPlan
+    /// Downloads the model's weights, from `request.offset` when resuming, streaming them into `sink`.
+    func downloadModel(_ request: ModelRequest, session: String, into sink: any DownloadSink) async throws(OrchardClientError)
+    /// Uploads a report (a ``OrchardProtocol/ReportEnvelope``).
+    func report(_ body: [UInt8], session: String) async throws(OrchardClientError) -> ReportResponse
+}
+
+/// A model download, possibly resuming an earlier partial one.
+public struct ModelRequest: Sendable, Hashable {
+    /// The model's id from the assignment.
+    public var modelID: String
+    /// The assignment's request key.
+    public var requestKey: String
+    /// Bytes already held; the download continues from here.
+    public var offset: Int
+    /// The entity tag of the bytes already held; the server sends everything again when it changed.
+    public var etag: String?
+
+    /// Creates a request.
+    public init(modelID: String, requestKey: String, offset: Int = 0, etag: String? = nil) {
+        self.modelID = modelID
+        self.requestKey = requestKey
+        self.offset = offset
+        self.etag = etag
+    }
+}
+
+/// What a download's answer says before its bytes arrive.
+public struct DownloadHead: Sendable, Hashable {
+    /// Where the bytes that follow start in the whole file (0 when the server sent everything).
+    public var start: Int
+    /// The whole file's length, when known.
+    public var totalLength: Int?
+    /// The file's entity tag, when sent.
+    public var etag: String?
+
+    /// Creates a head.
+    public init(start: Int, totalLength: Int?, etag: String?) {
+        self.start = start
+        self.totalLength = totalLength
+        self.etag = etag
+    }
+}
+
+/// Receives a download as it arrives, so bytes received before a broken connection are kept.
+public protocol DownloadSink: Sendable {
+    /// Called once, before any bytes.
+    func begin(_ head: DownloadHead) throws(OrchardClientError)
+    /// Called with each chunk in order.
+    func append(_ bytes: [UInt8]) throws(OrchardClientError)
+}

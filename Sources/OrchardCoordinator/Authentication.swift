@@ -1,0 +1,99 @@
+import Crypto
+import Foundation
+import JWTKit
+import OrchardProtocol
+
+/// Claims of a device's JWT: `sub` names the device; `exp`, `iss` and `aud` are checked when present or required.
+struct DeviceClaims: JWTPayload {
+    var sub: SubjectClaim
+    var exp: ExpirationClaim?
+    var iss: IssuerClaim?
+    var aud: AudienceClaim?
+
+    // Expiry is checked against the coordinator's injected clock, not here.
+    func verify(using algorithm: some JWTAlgorithm) async throws {}
+}
+
+/// Claims of a coordinator-issued session token: `sub` is the worker id.
+struct SessionClaims: JWTPayload {
+    var sub: SubjectClaim
+    var exp: ExpirationClaim
+
+    func verify(using algorithm: some JWTAlgorithm) async throws {}
+}
+
+/// Verifies device tokens for one process's ``AuthenticationConfig``.
+struct DeviceAuthenticator: Sendable {
+    let config: AuthenticationConfig
+    let keys: JWTKeyCollection?
+
+    init(_ config: AuthenticationConfig) async throws(CoordinatorError) {
+        self.config = config
+        switch config.mode {
+        case .hs256:
+            let keys = JWTKeyCollection()
+            await keys.add(hmac: HMACKey(from: config.secret ?? ""), digestAlgorithm: .sha256)
+            self.keys = keys
+        case .rs256:
+            let key: Insecure.RSA.PublicKey
+            do {
+                key = try Insecure.RSA.PublicKey(pem: config.publicKeyPEM ?? "")
+            } catch {
+                throw .badRequest(.invalidConfiguration, "server_config.authentication.public_key_pem is not an RSA public key of at least 2048 bits: \(error)")
+            }
+            let keys = JWTKeyCollection()
+            await keys.add(rsa: key, digestAlgorithm: .sha256)
+            self.keys = keys
+        default:
+            self.keys = nil
+        }
+    }
+
+    /// The device's subject, or nil in open mode.
+    func subject(of token: String?, now: Date) async throws(CoordinatorError) -> String? {
+        guard let keys else { return nil }
+        guard let token, !token.isEmpty else { throw .unauthorized("auth_token is required for \(config.mode) authentication") }
+        let claims: DeviceClaims
+        do {
+            claims = try await keys.verify(token, as: DeviceClaims.self)
+        } catch {
+            throw .unauthorized("auth_token is not a valid \(config.mode) JWT for this process")
+        }
+        if let exp = claims.exp, exp.value <= now { throw .unauthorized("auth_token expired") }
+        if let issuer = config.issuer, claims.iss?.value != issuer { throw .unauthorized("auth_token issuer is not '\(issuer)'") }
+        if let audience = config.audience, !(claims.aud?.value.contains(audience) ?? false) {
+            throw .unauthorized("auth_token audience does not include '\(audience)'")
+        }
+        guard !claims.sub.value.isEmpty else { throw .unauthorized("auth_token has an empty subject") }
+        return claims.sub.value
+    }
+}
+
+/// Issues and verifies session tokens (HS256 with a secret kept in the store, so tokens survive restarts).
+struct SessionIssuer: Sendable {
+    let keys: JWTKeyCollection
+
+    init(secret: [UInt8]) async {
+        keys = JWTKeyCollection()
+        await keys.add(hmac: HMACKey(from: secret), digestAlgorithm: .sha256)
+    }
+
+    func issue(workerID: String, expires: Date) async throws(CoordinatorError) -> String {
+        do {
+            return try await keys.sign(SessionClaims(sub: SubjectClaim(value: workerID), exp: ExpirationClaim(value: expires)))
+        } catch {
+            throw .internalError("cannot sign a session token: \(error)")
+        }
+    }
+
+    func workerID(from token: String, now: Date) async throws(CoordinatorError) -> String {
+        let claims: SessionClaims
+        do {
+            claims = try await keys.verify(token, as: SessionClaims.self)
+        } catch {
+            throw .unauthorized("session token is invalid; authenticate again")
+        }
+        guard claims.exp.value > now else { throw .unauthorized("session token expired; authenticate again") }
+        return claims.sub.value
+    }
+}

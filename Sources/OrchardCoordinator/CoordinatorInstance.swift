@@ -1,0 +1,116 @@
+public import Foundation
+public import Hummingbird
+public import Logging
+import Metrics
+public import Prometheus
+import ServiceLifecycle
+import UnixSignals
+
+/// A coordinator with its SQLite store, Prometheus registry and HTTP application, as `orchard serve`, the
+/// benchmark and the simulator run it.
+public struct CoordinatorInstance: Sendable {
+    /// The core.
+    public let coordinator: Coordinator
+    /// The metrics registry served at `/metrics`.
+    public let registry: PrometheusCollectorRegistry
+
+    /// Opens the SQLite database at `path` (created if absent), resumes every open cycle, and returns the instance.
+    /// - Parameters:
+    ///   - path: The SQLite file.
+    ///   - durability: SQLite's synchronous mode.
+    ///   - configuration: Instance settings.
+    ///   - clock: Wall-clock time.
+    ///   - random: Randomness for ids and keys.
+    ///   - logger: Structured logs.
+    public static func open(
+        database path: String, durability: SQLiteStore.Durability = .normal,
+        configuration: CoordinatorConfiguration = CoordinatorConfiguration(), clock: WallClock = .system,
+        random: any RandomNumberGenerator & Sendable = SystemRandomNumberGenerator(),
+        logger: Logger = Logger(label: "orchard.coordinator")
+    ) async throws -> CoordinatorInstance {
+        let store = try SQLiteStore(path: path, durability: durability)
+        let registry = PrometheusCollectorRegistry()
+        let metrics = CoordinatorMetrics(factory: PrometheusMetricsFactory(registry: registry))
+        let coordinator = Coordinator(store: store, configuration: configuration, clock: clock, random: random, metrics: metrics, logger: logger)
+        try await coordinator.start()
+        return CoordinatorInstance(coordinator: coordinator, registry: registry)
+    }
+
+    /// The HTTP application, with the cycle timer when `timerInterval` is set (tests and simulations with an
+    /// injected clock pass nil and call ``Coordinator/tick()`` themselves).
+    /// - Parameters:
+    ///   - host: The address to bind.
+    ///   - port: The port; 0 picks a free one, reported to `onServerRunning`.
+    ///   - timerInterval: Time between cycle-timer ticks, or nil for no timer.
+    ///   - logger: The server's logger.
+    ///   - onServerRunning: Called with the bound port once the server listens.
+    public func application(
+        host: String = "127.0.0.1", port: Int = 8080, timerInterval: Duration? = .milliseconds(250),
+        logger: Logger = Logger(label: "orchard.http"), onServerRunning: @escaping @Sendable (Int) async -> Void = { _ in }
+    ) -> some ApplicationProtocol {
+        let services: [any Service] = timerInterval.map { [CycleTimerService(coordinator: coordinator, interval: $0)] } ?? []
+        return CoordinatorServer.application(
+            coordinator: coordinator, registry: registry, host: host, port: port, services: services, logger: logger,
+            onServerRunning: onServerRunning
+        )
+    }
+
+    /// Runs the HTTP server and the cycle timer until SIGTERM or SIGINT, then shuts down gracefully (in-flight
+    /// requests finish; every acknowledged report is already committed).
+    public func run(
+        host: String, port: Int, timerInterval: Duration = .milliseconds(250), logger: Logger = Logger(label: "orchard.http"),
+        onServerRunning: @escaping @Sendable (Int) async -> Void = { _ in }
+    ) async throws {
+        let app = application(host: host, port: port, timerInterval: timerInterval, logger: logger, onServerRunning: onServerRunning)
+        let group = ServiceGroup(services: [app], gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
+        try await group.run()
+    }
+
+    /// Starts the HTTP server in the background (for tests, benchmarks and simulations) and returns once it
+    /// listens.
+    /// - Parameters:
+    ///   - host: The address to bind.
+    ///   - port: The port; 0 (the default) picks a free one.
+    ///   - timerInterval: Time between cycle-timer ticks, or nil to drive ``Coordinator/tick()`` yourself.
+    public func serve(host: String = "127.0.0.1", port: Int = 0, timerInterval: Duration? = nil) async throws -> RunningServer {
+        let (ports, continuation) = AsyncStream.makeStream(of: Int.self)
+        let app = application(host: host, port: port, timerInterval: timerInterval) { bound in
+            continuation.yield(bound)
+            continuation.finish()
+        }
+        let task = Task {
+            defer { continuation.finish() }
+            try await app.run()
+        }
+        var iterator = ports.makeAsyncIterator()
+        guard let bound = await iterator.next() else {
+            if case .failure(let error) = await task.result { throw error }
+            throw CoordinatorError.internalError("the HTTP server stopped before listening")
+        }
+        return RunningServer(host: host, port: bound, task: task)
+    }
+}
+
+/// An HTTP server started by ``CoordinatorInstance/serve(host:port:timerInterval:)``.
+public struct RunningServer: Sendable {
+    /// The bound address.
+    public let host: String
+    /// The bound port.
+    public let port: Int
+    private let task: Task<Void, any Error>
+
+    init(host: String, port: Int, task: Task<Void, any Error>) {
+        self.host = host
+        self.port = port
+        self.task = task
+    }
+
+    /// The server's base URL, e.g. `http://127.0.0.1:53124`.
+    public var baseURL: URL { URL(string: "http://\(host):\(port)")! }
+
+    /// Stops the server and waits for it to finish.
+    public func stop() async {
+        task.cancel()
+        _ = await task.result
+    }
+}

@@ -1,0 +1,298 @@
+import Foundation
+public import Hummingbird
+import HTTPTypes
+public import Logging
+import NIOCore
+import OrchardProtocol
+public import Prometheus
+public import ServiceLifecycle
+
+/// The coordinator's HTTP API (Hummingbird 2): thin routes over ``Coordinator``.
+public enum CoordinatorServer {
+    /// Builds the router for every endpoint in ``OrchardProtocol/Endpoint``.
+    /// - Parameters:
+    ///   - coordinator: The started coordinator.
+    ///   - registry: The Prometheus registry served at `/metrics`.
+    public static func router(coordinator: Coordinator, registry: PrometheusCollectorRegistry) -> Router<BasicRequestContext> {
+        let router = Router(context: BasicRequestContext.self)
+        router.add(middleware: ErrorMiddleware(logger: Logger(label: "orchard.http")))
+        let limits = coordinator.configuration
+
+        router.get(RouterPath(stringLiteral: Endpoint.health)) { _, _ in try json(["status": "ok"]) }
+        router.get(RouterPath(stringLiteral: Endpoint.metrics)) { _, _ in
+            var headers = HTTPFields()
+            headers[.contentType] = "text/plain; version=0.0.4; charset=utf-8"
+            return Response(status: .ok, headers: headers, body: ResponseBody(byteBuffer: ByteBuffer(bytes: registry.emitToBuffer())))
+        }
+        router.get(RouterPath(stringLiteral: Endpoint.openAPI)) { _, _ in
+            var headers = HTTPFields()
+            headers[.contentType] = MediaType.json
+            return Response(status: .ok, headers: headers, body: ResponseBody(byteBuffer: ByteBuffer(bytes: OpenAPI.document)))
+        }
+
+        // Device API.
+        router.post(RouterPath(stringLiteral: Endpoint.authenticate)) { request, _ in
+            let message = try await decode(AuthenticateRequest.self, request, limit: limits.maximumMessageBytes)
+            return try json(await coordinator.authenticate(message))
+        }
+        router.post(RouterPath(stringLiteral: Endpoint.cycleRequest)) { request, _ in
+            let worker = try await sessionWorker(request, coordinator)
+            let message = try await decode(CycleRequest.self, request, limit: limits.maximumMessageBytes)
+            return try json(await coordinator.requestCycle(message, sessionWorker: worker))
+        }
+        router.get("/v1/device/models/:model") { request, context in
+            let worker = try await sessionWorker(request, coordinator)
+            let key = try requestKey(request)
+            let modelID = context.parameters.get("model") ?? ""
+            let download = try await coordinator.model(modelID, requestKey: key, sessionWorker: worker)
+            return try ranged(download.bytes, etag: download.etag, request: request)
+        }
+        router.get("/v1/device/plans/:plan") { request, context in
+            let worker = try await sessionWorker(request, coordinator)
+            let key = try requestKey(request)
+            return try json(await coordinator.plan(context.parameters.get("plan") ?? "", requestKey: key, sessionWorker: worker))
+        }
+        router.post(RouterPath(stringLiteral: Endpoint.report)) { request, _ in
+            let worker = try await sessionWorker(request, coordinator)
+            let body = try await collect(request, limit: limits.maximumReportBytes)
+            return try json(await coordinator.report(body, sessionWorker: worker))
+        }
+        router.get(RouterPath(stringLiteral: Endpoint.speedTest)) { request, _ in
+            let text = request.uri.queryParameters.get(Endpoint.bytesQuery).map({ String($0) }) ?? "\(SpeedTest.maximumBytes)"
+            guard let count = Int(text), (1...SpeedTest.maximumBytes).contains(count) else {
+                throw CoordinatorError.badRequest(.invalidRequest, "bytes must be an integer in 1...\(SpeedTest.maximumBytes)")
+            }
+            var headers = HTTPFields()
+            headers[.contentType] = "application/octet-stream"
+            headers[.cacheControl] = "no-store"
+            return Response(status: .ok, headers: headers, body: ResponseBody(byteBuffer: ByteBuffer(repeating: 0x5A, count: count)))
+        }
+        router.post(RouterPath(stringLiteral: Endpoint.speedTest)) { request, _ in
+            let body = try await collect(request, limit: SpeedTest.maximumBytes)
+            return try json(SpeedTestUploadResponse(bytes: body.count))
+        }
+
+        // Admin API.
+        router.post(RouterPath(stringLiteral: Endpoint.processes)) { request, _ in
+            try requireAdmin(request, coordinator)
+            let message = try await decode(HostProcessRequest.self, request, limit: limits.maximumAdminBodyBytes)
+            return try json(await coordinator.host(message), status: .created)
+        }
+        router.get(RouterPath(stringLiteral: Endpoint.processes)) { request, _ in
+            try requireAdmin(request, coordinator)
+            return try json(await coordinator.processList())
+        }
+        router.get("/v1/admin/processes/:process") { request, context in
+            try requireAdmin(request, coordinator)
+            return try json(await coordinator.status(processID: context.parameters.get("process") ?? ""))
+        }
+        router.delete("/v1/admin/processes/:process") { request, context in
+            try requireAdmin(request, coordinator)
+            try await coordinator.delete(processID: context.parameters.get("process") ?? "")
+            return Response(status: .noContent)
+        }
+        router.get("/v1/admin/processes/:process/checkpoints/:number") { request, context in
+            try requireAdmin(request, coordinator)
+            let text = context.parameters.get("number") ?? ""
+            let number: Int?
+            if text == "latest" {
+                number = nil
+            } else if let value = Int(text), value >= 0 {
+                number = value
+            } else {
+                throw CoordinatorError.badRequest(.invalidRequest, "checkpoint must be a non-negative integer or 'latest'")
+            }
+            let processID = context.parameters.get("process") ?? ""
+            let checkpoint = try await coordinator.checkpoint(processID: processID, number: number)
+            var response = try ranged(checkpoint.bytes, etag: "\"\(processID).\(checkpoint.number)\"", request: request)
+            response.headers[HTTPField.Name("Orchard-Checkpoint")!] = "\(checkpoint.number)"
+            return response
+        }
+        return router
+    }
+
+    /// Builds the application: the router bound to `host:port`, with extra services (e.g. the cycle timer)
+    /// run alongside and shut down gracefully with it.
+    public static func application(
+        coordinator: Coordinator, registry: PrometheusCollectorRegistry, host: String = "127.0.0.1", port: Int = 8080,
+        services: [any Service] = [], logger: Logger = Logger(label: "orchard.http"),
+        onServerRunning: @escaping @Sendable (Int) async -> Void = { _ in }
+    ) -> some ApplicationProtocol {
+        Application(
+            router: router(coordinator: coordinator, registry: registry),
+            configuration: ApplicationConfiguration(address: .hostname(host, port: port), serverName: "orchard", backlog: 4096),
+            services: services,
+            onServerRunning: { channel in await onServerRunning(channel.localAddress?.port ?? port) },
+            logger: logger
+        )
+    }
+
+    // MARK: Helpers
+
+    private static func collect(_ request: Request, limit: Int) async throws -> [UInt8] {
+        if let length = request.headers[.contentLength].flatMap({ Int($0) }), length > limit {
+            throw CoordinatorError(.payloadTooLarge, status: 413, "body of \(length) bytes exceeds the limit of \(limit)")
+        }
+        do {
+            let buffer = try await request.body.collect(upTo: limit)
+            return Array(buffer.readableBytesView)
+        } catch is NIOTooManyBytesError {
+            throw CoordinatorError(.payloadTooLarge, status: 413, "body exceeds the limit of \(limit) bytes")
+        }
+    }
+
+    private static func decode<T: Decodable>(_ type: T.Type, _ request: Request, limit: Int) async throws -> T {
+        let body = try await collect(request, limit: limit)
+        do {
+            return try WireCoding.decoder().decode(T.self, from: Data(body))
+        } catch {
+            throw CoordinatorError.badRequest(.malformedJSON, "body is not a valid \(T.self): \(describe(error))")
+        }
+    }
+
+    private static func describe(_ error: any Error) -> String {
+        guard let error = error as? DecodingError else { return "not JSON" }
+        func path(_ context: DecodingError.Context) -> String {
+            let joined = context.codingPath.map { $0.intValue.map { "[\($0)]" } ?? $0.stringValue }.joined(separator: ".")
+            return joined.isEmpty ? "" : " at \(joined)"
+        }
+        switch error {
+        case .keyNotFound(let key, let context): return "missing key '\(key.stringValue)'\(path(context))"
+        case .typeMismatch(_, let context), .valueNotFound(_, let context), .dataCorrupted(let context):
+            return context.debugDescription + path(context)
+        @unknown default: return "\(error)"
+        }
+    }
+
+    private static func bearer(_ request: Request) -> String? {
+        guard let value = request.headers[.authorization], value.lowercased().hasPrefix("bearer ") else { return nil }
+        return String(value.dropFirst(7)).trimmingCharacters(in: .whitespaces)
+    }
+
+    private static func sessionWorker(_ request: Request, _ coordinator: Coordinator) async throws -> String {
+        guard let token = bearer(request) else {
+            throw CoordinatorError.unauthorized("Authorization: Bearer <session token> is required")
+        }
+        return try await coordinator.worker(forSessionToken: token)
+    }
+
+    private static func requireAdmin(_ request: Request, _ coordinator: Coordinator) throws {
+        guard coordinator.isAdmin(token: bearer(request)) else {
+            throw CoordinatorError.unauthorized(coordinator.configuration.adminToken == nil ? "the admin API is disabled" : "admin token required")
+        }
+    }
+
+    private static func requestKey(_ request: Request) throws -> String {
+        guard let key = request.uri.queryParameters.get(Endpoint.requestKeyQuery), !key.isEmpty else {
+            throw CoordinatorError.badRequest(.invalidRequest, "query parameter \(Endpoint.requestKeyQuery) is required")
+        }
+        return String(key)
+    }
+
+    static func json(_ value: some Encodable, status: HTTPResponse.Status = .ok) throws -> Response {
+        let data = try WireCoding.encoder().encode(value)
+        var headers = HTTPFields()
+        headers[.contentType] = MediaType.json
+        return Response(status: status, headers: headers, body: ResponseBody(byteBuffer: ByteBuffer(bytes: data)))
+    }
+
+    /// Serves immutable bytes with a strong ETag, `If-None-Match` (304) and a single `Range` (206/416).
+    private static func ranged(_ bytes: [UInt8], etag: String, request: Request) throws -> Response {
+        var headers = HTTPFields()
+        headers[.eTag] = etag
+        headers[.acceptRanges] = "bytes"
+        headers[.contentType] = MediaType.safetensors
+        if let match = request.headers[.ifNoneMatch], match.split(separator: ",").contains(where: { $0.trimmingCharacters(in: .whitespaces) == etag || $0.trimmingCharacters(in: .whitespaces) == "*" }) {
+            return Response(status: .notModified, headers: headers)
+        }
+        let total = bytes.count
+        guard let rangeHeader = request.headers[.range] else {
+            return Response(status: .ok, headers: headers, body: ResponseBody(byteBuffer: ByteBuffer(bytes: bytes)))
+        }
+        if let ifRange = request.headers[.ifRange], ifRange != etag {
+            return Response(status: .ok, headers: headers, body: ResponseBody(byteBuffer: ByteBuffer(bytes: bytes)))
+        }
+        guard let range = ByteRange.parse(rangeHeader, total: total) else {
+            throw CoordinatorError(.rangeNotSatisfiable, status: 416, "range '\(rangeHeader)' cannot be served from \(total) bytes")
+        }
+        headers[.contentRange] = "bytes \(range.lowerBound)-\(range.upperBound - 1)/\(total)"
+        return Response(status: .partialContent, headers: headers, body: ResponseBody(byteBuffer: ByteBuffer(bytes: bytes[range])))
+    }
+}
+
+/// One `bytes=` range of an HTTP Range header, resolved against a length (RFC 9110 §14.1.2).
+struct ByteRange {
+    /// Parses `bytes=a-b`, `bytes=a-` or `bytes=-n`; nil when unsatisfiable, malformed or multi-range.
+    static func parse(_ header: String, total: Int) -> Range<Int>? {
+        guard header.hasPrefix("bytes="), total > 0 else { return nil }
+        let spec = header.dropFirst(6)
+        guard !spec.contains(","), let dash = spec.firstIndex(of: "-") else { return nil }
+        let first = spec[..<dash].trimmingCharacters(in: .whitespaces)
+        let last = spec[spec.index(after: dash)...].trimmingCharacters(in: .whitespaces)
+        if first.isEmpty {
+            guard let suffix = Int(last), suffix > 0 else { return nil }
+            return max(0, total - suffix)..<total
+        }
+        guard let start = Int(first), start >= 0, start < total else { return nil }
+        if last.isEmpty { return start..<total }
+        guard let end = Int(last), end >= start else { return nil }
+        return start..<(min(end, total - 1) + 1)
+    }
+}
+
+/// Turns every error into `{"error":{"code","message"}}`: coordinator errors keep their status, Hummingbird's
+/// (e.g. no route) map to their status, anything else is a logged 500.
+struct ErrorMiddleware<Context: RequestContext>: RouterMiddleware {
+    let logger: Logger
+
+    func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {
+        do {
+            return try await next(request, context)
+        } catch let error as CoordinatorError {
+            return errorResponse(error)
+        } catch let error as HTTPError {
+            let code: WireErrorCode = switch error.status.code {
+            case 404: .notFound
+            case 405: .methodNotAllowed
+            case 413: .payloadTooLarge
+            case 400: .invalidRequest
+            default: .internalError
+            }
+            return errorResponse(CoordinatorError(code, status: error.status.code, error.body ?? error.status.reasonPhrase))
+        } catch {
+            logger.error("unhandled error", metadata: ["path": "\(request.uri.path)", "error": "\(error)"])
+            return errorResponse(.internalError("unexpected failure"))
+        }
+    }
+
+    private func errorResponse(_ error: CoordinatorError) -> Response {
+        var response = (try? CoordinatorServer.json(error.body, status: HTTPResponse.Status(code: error.status))) ?? Response(status: .internalServerError)
+        if error.code == .rangeNotSatisfiable { response.headers[.contentRange] = "bytes */*" }
+        return response
+    }
+}
+
+/// A service that drives every process's cycle timer: it ticks the coordinator at a fixed interval until
+/// graceful shutdown.
+public struct CycleTimerService: Service {
+    private let coordinator: Coordinator
+    private let interval: Duration
+
+    /// Creates the service.
+    /// - Parameters:
+    ///   - coordinator: The coordinator to tick.
+    ///   - interval: Time between ticks.
+    public init(coordinator: Coordinator, interval: Duration = .milliseconds(250)) {
+        self.coordinator = coordinator
+        self.interval = interval
+    }
+
+    public func run() async throws {
+        await cancelWhenGracefulShutdown {
+            while !Task.isCancelled {
+                await coordinator.tick()
+                try? await Task.sleep(for: interval)
+            }
+        }
+    }
+}

@@ -1,0 +1,263 @@
+import ArgumentParser
+import AsyncHTTPClient
+import Foundation
+import NIOCore
+import NIOHTTP1
+import OrchardCoordinator
+import OrchardFormats
+import OrchardProtocol
+
+/// `orchard bench coordinator`: drives the real HTTP API on loopback and prints one JSON line.
+struct BenchCoordinator: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "coordinator",
+        abstract: "Benchmark the coordinator over loopback HTTP: check-ins/s, report MB/s, latency, peak RSS.",
+        discussion: """
+            Starts a coordinator in this process on a free loopback port with a temporary SQLite file, hosts a
+            dense model of --params parameters with goal count --devices, then: every device authenticates;
+            --devices concurrent devices send --checkins cycle requests in total at --rate per second (open loop;
+            latency is measured from each request's scheduled time, so a server that falls behind shows it); then for --rounds
+            cycles every device checks in, downloads the model and reports a diff (report uploads timed, with
+            --report-concurrency in flight). Peak RSS covers server and load generator together.
+            """
+    )
+
+    @Option(help: "Concurrent devices.")
+    var devices = 1000
+
+    @Option(help: "Model parameters.")
+    var params = 100_000
+
+    @Option(help: "Cycle requests sent in the check-in phase, across all devices.")
+    var checkins = 50_000
+
+    @Option(help: "Check-ins per second offered in the check-in phase (open loop, spread over the devices); 0 sends as fast as possible.")
+    var rate = 5000.0
+
+    @Option(help: "Cycles in the report phase (every device reports once per cycle).")
+    var rounds = 1
+
+    @Option(help: "Report uploads in flight at once.")
+    var reportConcurrency = 32
+
+    @Option(help: "SQLite durability: normal or full.")
+    var durability = "normal"
+
+    func validate() throws {
+        guard devices >= 1, params >= 10, checkins >= 0, rounds >= 0, reportConcurrency >= 1, rate >= 0 else {
+            throw ValidationError("--devices, --report-concurrency ≥ 1, --params ≥ 10, --checkins and --rounds ≥ 0")
+        }
+        guard SQLiteStore.Durability(durability) != nil else { throw ValidationError("--durability must be normal or full") }
+    }
+
+    func run() async throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("orchard-bench-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let adminToken = "bench-admin"
+        let instance = try await CoordinatorInstance.open(
+            database: directory.appendingPathComponent("bench.sqlite").path, durability: SQLiteStore.Durability(durability) ?? .normal,
+            configuration: CoordinatorConfiguration(adminToken: adminToken, maximumReportBytes: params * 4 + (1 << 20))
+        )
+        let server = try await instance.serve(host: "127.0.0.1", port: 0, timerInterval: .milliseconds(250))
+        let port = server.port
+
+        var poolConfiguration = HTTPClient.Configuration.ConnectionPool()
+        poolConfiguration.concurrentHTTP1ConnectionsPerHostSoftLimit = devices
+        let client = HTTPClient(
+            eventLoopGroupProvider: .singleton,
+            configuration: HTTPClient.Configuration(timeout: .init(connect: .seconds(10), read: .seconds(120)), connectionPool: poolConfiguration)
+        )
+        let load = LoadGenerator(client: client, base: "http://127.0.0.1:\(port)", adminToken: adminToken)
+        do {
+            let result = try await measure(load)
+            print(result)
+        } catch {
+            try? await client.shutdown()
+            await server.stop()
+            throw error
+        }
+        try await client.shutdown()
+        await server.stop()
+    }
+
+    private func measure(_ load: LoadGenerator) async throws -> String {
+        let devices = self.devices
+        let params = self.params
+        let reportConcurrency = self.reportConcurrency
+        let inputSize = max(1, params / 10)
+        let parameterCount = inputSize * 10
+        let model = ModelSpec(name: "bench", inputs: [InputSpec(name: "x", shape: [inputSize])], layers: [
+            LayerSpec(name: "dense", type: .dense, inputs: ["x"], units: 10, inputSize: inputSize, useBias: false),
+        ])
+        let weights = Safetensors.encode([TensorRecord(name: "dense.weight", shape: [10, inputSize], values: [Float](repeating: 0.01, count: parameterCount))])
+        let server = ServerConfig(cycleLength: 3600, goalCount: devices, overSelection: 1, minimumReports: 1, paceSteeringWindow: 30)
+        let host = HostProcessRequest(name: "bench", version: SemanticVersion(1), model: model, initialWeights: weights, serverConfig: server)
+        _ = try await load.send("POST", Endpoint.processes, json: host, admin: true)
+
+        // Authenticate every device (not timed).
+        let sessions = try await withThrowingTaskGroup(of: AuthenticateResponse.self) { group in
+            for _ in 0..<devices {
+                group.addTask {
+                    try await load.decode(AuthenticateResponse.self, load.send("POST", Endpoint.authenticate, json: AuthenticateRequest(processName: "bench", processVersion: SemanticVersion(1))))
+                }
+            }
+            return try await group.reduce(into: []) { $0.append($1) }
+        }
+
+        // Check-in phase: `devices` concurrent loops, `checkins` cycle requests in total.
+        let perDevice = checkins / devices
+        let remainder = checkins % devices
+        let checkinStart = ContinuousClock.now + .milliseconds(100)
+        let rate = self.rate
+        let checkinLatencies = try await withThrowingTaskGroup(of: [Double].self) { group in
+            for (index, session) in sessions.enumerated() {
+                let count = perDevice + (index < remainder ? 1 : 0)
+                group.addTask {
+                    var latencies: [Double] = []
+                    latencies.reserveCapacity(count)
+                    let request = CycleRequest(workerID: session.workerID, processName: "bench", processVersion: SemanticVersion(1))
+                    for k in 0..<count {
+                        var start = ContinuousClock.now
+                        if rate > 0 {
+                            start = checkinStart + .seconds(Double(index + k * devices) / rate)
+                            try await Task.sleep(until: start, clock: .continuous)
+                        }
+                        _ = try await load.send("POST", Endpoint.cycleRequest, json: request, session: session.sessionToken)
+                        latencies.append(Self.milliseconds(ContinuousClock.now - start))
+                    }
+                    return latencies
+                }
+            }
+            return try await group.reduce(into: [Double]()) { $0.append(contentsOf: $1) }
+        }
+        let checkinSeconds = Self.seconds(ContinuousClock.now - checkinStart)
+
+        // Report phase.
+        var reportLatencies: [Double] = []
+        var reportBytes = 0
+        var reportSeconds = 0.0
+        var reports = 0
+        for _ in 0..<rounds {
+            var assignments: [(AuthenticateResponse, CycleAssignment)] = []
+            for session in sessions {
+                let request = CycleRequest(workerID: session.workerID, processName: "bench", processVersion: SemanticVersion(1))
+                let response = try await load.decode(CycleResponse.self, load.send("POST", Endpoint.cycleRequest, json: request, session: session.sessionToken))
+                guard case .accepted(let assignment) = response else { throw ValidationError("device \(session.workerID) was not admitted: \(response)") }
+                assignments.append((session, assignment))
+            }
+            let first = assignments[0]
+            let modelBytes = try await load.send("GET", Endpoint.model(first.1.modelID) + "?request_key=\(first.1.requestKey)", session: first.0.sessionToken)
+            let modelArchive = try Safetensors.decode(modelBytes)
+            let start = ContinuousClock.now
+            let (latencies, bytes) = try await withThrowingTaskGroup(of: (Double, Int).self) { group in
+                var latencies: [Double] = []
+                var bytes = 0
+                var next = 0
+                func submit(_ index: Int) {
+                    let (session, assignment) = assignments[index]
+                    group.addTask {
+                        let diff = modelArchive.tensors.map { tensor in
+                            TensorRecord(name: tensor.name, shape: tensor.shape, values: [Float](repeating: Float(index % 7) * 1e-4, count: tensor.values.count))
+                        }
+                        let body = ReportEnvelope.encode(diff: diff, metadata: ReportMetadata(workerID: session.workerID, requestKey: assignment.requestKey, sampleCount: 1 + index % 50))
+                        let sent = ContinuousClock.now
+                        _ = try await load.send("POST", Endpoint.report, body: body, session: session.sessionToken)
+                        return (Self.milliseconds(ContinuousClock.now - sent), body.count)
+                    }
+                }
+                while next < min(reportConcurrency, assignments.count) {
+                    submit(next)
+                    next += 1
+                }
+                while let (latency, size) = try await group.next() {
+                    latencies.append(latency)
+                    bytes += size
+                    if next < assignments.count {
+                        submit(next)
+                        next += 1
+                    }
+                }
+                return (latencies, bytes)
+            }
+            reportSeconds += Self.seconds(ContinuousClock.now - start)
+            reportLatencies += latencies
+            reportBytes += bytes
+            reports += latencies.count
+        }
+        let fields: [(String, String)] = [
+            ("benchmark", "\"coordinator\""), ("devices", "\(devices)"), ("params", "\(parameterCount)"),
+            ("checkins", "\(checkinLatencies.count)"), ("offered_rate", Self.format(rate)),
+            ("checkins_per_second", Self.format(Double(checkinLatencies.count) / max(checkinSeconds, 1e-9))),
+            ("checkin_p50_ms", Self.format(Self.percentile(checkinLatencies, 0.5))),
+            ("checkin_p99_ms", Self.format(Self.percentile(checkinLatencies, 0.99))),
+            ("reports", "\(reports)"),
+            ("report_mb_per_second", Self.format(Double(reportBytes) / 1e6 / max(reportSeconds, 1e-9))),
+            ("report_p50_ms", Self.format(Self.percentile(reportLatencies, 0.5))),
+            ("report_p99_ms", Self.format(Self.percentile(reportLatencies, 0.99))),
+            ("peak_rss_mb", Self.format(Double(Self.peakRSSBytes()) / 1e6)),
+        ]
+        return "{" + fields.map { "\"\($0.0)\":\($0.1)" }.joined(separator: ",") + "}"
+    }
+
+    static func milliseconds(_ duration: Duration) -> Double { seconds(duration) * 1000 }
+
+    static func seconds(_ duration: Duration) -> Double {
+        let (s, atto) = duration.components
+        return Double(s) + Double(atto) / 1e18
+    }
+
+    static func percentile(_ values: [Double], _ p: Double) -> Double {
+        guard !values.isEmpty else { return 0 }
+        let sorted = values.sorted()
+        return sorted[min(sorted.count - 1, Int((Double(sorted.count) * p).rounded(.up)) - 1)]
+    }
+
+    static func format(_ value: Double) -> String { String(format: "%.2f", value) }
+
+    /// The process's peak resident set size (VmHWM), in bytes.
+    static func peakRSSBytes() -> Int {
+        guard let status = try? String(contentsOfFile: "/proc/self/status", encoding: .utf8),
+              let line = status.split(separator: "\n").first(where: { $0.hasPrefix("VmHWM:") })
+        else { return 0 }
+        let kilobytes = line.split(separator: " ").compactMap { Int($0) }.first ?? 0
+        return kilobytes * 1024
+    }
+}
+
+/// Sends requests to the coordinator under test and checks their status.
+struct LoadGenerator: Sendable {
+    let client: HTTPClient
+    let base: String
+    let adminToken: String
+
+    struct Failure: Error, CustomStringConvertible {
+        var description: String
+    }
+
+    func send(_ method: String, _ path: String, json: some Encodable, session: String? = nil, admin: Bool = false) async throws -> [UInt8] {
+        try await send(method, path, body: Array(try WireCoding.encoder().encode(json)), contentType: MediaType.json, session: session, admin: admin)
+    }
+
+    func send(_ method: String, _ path: String, body: [UInt8]? = nil, contentType: String = MediaType.safetensors, session: String? = nil, admin: Bool = false) async throws -> [UInt8] {
+        var request = HTTPClientRequest(url: base + path)
+        request.method = HTTPMethod(rawValue: method)
+        if let body {
+            request.headers.add(name: "Content-Type", value: contentType)
+            request.body = .bytes(body)
+        }
+        if let session { request.headers.add(name: "Authorization", value: "Bearer \(session)") }
+        if admin { request.headers.add(name: "Authorization", value: "Bearer \(adminToken)") }
+        let response = try await client.execute(request, timeout: .seconds(120))
+        let buffer = try await response.body.collect(upTo: 1 << 30)
+        let bytes = Array(buffer.readableBytesView)
+        guard (200..<300).contains(Int(response.status.code)) else {
+            throw Failure(description: "\(method) \(path): \(response.status.code) \(String(decoding: bytes, as: UTF8.self))")
+        }
+        return bytes
+    }
+
+    func decode<T: Decodable>(_ type: T.Type, _ bytes: [UInt8]) throws -> T {
+        try WireCoding.decoder().decode(T.self, from: Data(bytes))
+    }
+}

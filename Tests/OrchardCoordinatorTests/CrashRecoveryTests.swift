@@ -1,0 +1,128 @@
+import Foundation
+#if canImport(Glibc)
+import Glibc
+#endif
+import OrchardFormats
+import OrchardProtocol
+import Testing
+
+/// Runs `orchard serve` as a child process on a free port.
+private final class ServerProcess: @unchecked Sendable {
+    let process = Process()
+    let port: Int
+
+    /// The `orchard` executable built next to this test bundle.
+    static func executable() throws -> URL {
+        var candidates: [URL] = []
+        let argument0 = URL(fileURLWithPath: CommandLine.arguments[0]).resolvingSymlinksInPath()
+        var directory = argument0.deletingLastPathComponent()
+        for _ in 0..<4 {
+            candidates.append(directory.appendingPathComponent("orchard"))
+            directory = directory.deletingLastPathComponent()
+        }
+        if let exe = try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe") {
+            candidates.append(URL(fileURLWithPath: exe).deletingLastPathComponent().appendingPathComponent("orchard"))
+        }
+        guard let found = candidates.first(where: { FileManager.default.isExecutableFile(atPath: $0.path) && !$0.hasDirectoryPath }) else {
+            throw HarnessError(description: "the orchard executable was not found next to the test bundle (looked at \(candidates.map(\.path)))")
+        }
+        return found
+    }
+
+    init(database: String, foldInterval: Int) throws {
+        process.executableURL = try Self.executable()
+        process.arguments = [
+            "serve", "--port", "0", "--database", database, "--admin-token", Harness.adminToken,
+            "--fold-interval", "\(foldInterval)", "--log-level", "warning",
+        ]
+        let output = Pipe()
+        process.standardOutput = output
+        try process.run()
+        // The first line on stdout announces the bound port.
+        var buffer = [UInt8]()
+        let handle = output.fileHandleForReading
+        while !buffer.contains(UInt8(ascii: "\n")) {
+            let chunk = handle.availableData
+            if chunk.isEmpty { break }
+            buffer += chunk
+        }
+        let line = String(decoding: buffer.prefix { $0 != UInt8(ascii: "\n") }, as: UTF8.self)
+        guard let object = try? JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any],
+              let port = (object["port"] as? NSNumber)?.intValue
+        else {
+            process.terminate()
+            throw HarnessError(description: "orchard serve printed '\(line)' instead of its listening line")
+        }
+        self.port = port
+    }
+
+    var http: HTTP { HTTP(base: URL(string: "http://127.0.0.1:\(port)")!) }
+
+    func kill9() {
+        kill(process.processIdentifier, SIGKILL)
+        process.waitUntilExit()
+    }
+
+    func terminate() {
+        if process.isRunning {
+            process.terminate()
+            process.waitUntilExit()
+        }
+    }
+}
+
+@Suite(.serialized) struct CrashRecoveryTests {
+    @Test func killDashNineMidCycleLosesNothingAcknowledgedAndCountsNothingTwice() async throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("orchard-crash-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let database = directory.appendingPathComponent("coordinator.sqlite").path
+
+        var server = try ServerProcess(database: database, foldInterval: 2)
+        defer { server.terminate() }
+        var http = server.http
+        let hosted = try await http.json("POST", Endpoint.processes, Fixture.host(goal: 5, minimum: 1, overSelection: 1), token: Harness.adminToken).decode(ProcessStatus.self)
+
+        var devices: [(AuthenticateResponse, CycleAssignment)] = []
+        for _ in 0..<5 {
+            let device = try await http.json("POST", Endpoint.authenticate, AuthenticateRequest(processName: "tiny", processVersion: SemanticVersion(1))).decode(AuthenticateResponse.self)
+            let response = try await http.json("POST", Endpoint.cycleRequest, CycleRequest(workerID: device.workerID, processName: "tiny", processVersion: SemanticVersion(1)), token: device.sessionToken).decode(CycleResponse.self)
+            guard case .accepted(let assignment) = response else { throw HarnessError(description: "device rejected: \(response)") }
+            devices.append((device, assignment))
+        }
+        let reports: [(scale: Float, samples: Int)] = [(0.1, 3), (-0.3, 1), (0.2, 7), (0.5, 2), (-0.4, 4)]
+        func send(_ i: Int, on http: HTTP) async throws -> HTTPResult {
+            let body = ReportEnvelope.encode(diff: Fixture.diff(reports[i].scale), metadata: ReportMetadata(workerID: devices[i].0.workerID, requestKey: devices[i].1.requestKey, sampleCount: reports[i].samples))
+            return try await http.send("POST", Endpoint.report, body: body, token: devices[i].0.sessionToken)
+        }
+        // Three acknowledged reports: two folded into the stored sum (fold interval 2), one only as a diff row.
+        for i in 0..<3 {
+            #expect(try await send(i, on: http).status == 200)
+        }
+        // A fourth report races the kill: it may or may not have been committed.
+        let racing = Task { [http] in try? await send(3, on: http) }
+        server.kill9()
+        _ = await racing.value
+
+        server = try ServerProcess(database: database, foldInterval: 2)
+        http = server.http
+        let status = try await http.send("GET", Endpoint.process(hosted.processID), token: Harness.adminToken).decode(ProcessStatus.self)
+        let reported = try #require(status.currentCycle?.reported)
+        #expect(reported == 3 || reported == 4)
+        #expect(status.latestCheckpoint == 0)
+
+        // Resending an acknowledged report is refused, so it cannot count twice.
+        let duplicate = try await send(0, on: http)
+        #expect(duplicate.status == 409)
+        #expect(duplicate.errorCode == "report_already_received")
+        // The racing report is accepted now unless it was committed before the kill.
+        let resent = try await send(3, on: http)
+        #expect(resent.status == (reported == 4 ? 409 : 200))
+        #expect(try await send(4, on: http).status == 200)
+
+        let final = try await http.send("GET", Endpoint.process(hosted.processID), token: Harness.adminToken).decode(ProcessStatus.self)
+        #expect(final.latestCheckpoint == 1)
+        let checkpoint = try await http.send("GET", Endpoint.checkpoint(hosted.processID, "latest"), token: Harness.adminToken)
+        expectClose(try Safetensors.decode(checkpoint.body).byName.mapValues(\.values), Fixture.expectedAfterFedAvg(reports))
+    }
+}

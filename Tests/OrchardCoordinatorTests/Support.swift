@@ -1,0 +1,207 @@
+import Foundation
+#if canImport(FoundationNetworking)
+import FoundationNetworking
+#endif
+import OrchardCoordinator
+import OrchardFormats
+import OrchardProtocol
+import Testing
+
+/// An HTTP response as the tests see it.
+struct HTTPResult {
+    var status: Int
+    var headers: [String: String]
+    var body: [UInt8]
+
+    func decode<T: Decodable>(_ type: T.Type) throws -> T {
+        try WireCoding.decoder().decode(T.self, from: Data(body))
+    }
+
+    var errorCode: String? { (try? decode(ErrorBody.self))?.error.code.rawValue }
+
+    func header(_ name: String) -> String? {
+        headers.first { $0.key.lowercased() == name.lowercased() }?.value
+    }
+}
+
+/// A minimal loopback HTTP client over URLSession.
+struct HTTP: Sendable {
+    let base: URL
+    let session: URLSession
+
+    init(base: URL) {
+        self.base = base
+        let configuration = URLSessionConfiguration.ephemeral
+        configuration.requestCachePolicy = .reloadIgnoringLocalCacheData
+        configuration.urlCache = nil
+        session = URLSession(configuration: configuration)
+    }
+
+    func send(_ method: String, _ path: String, body: [UInt8]? = nil, token: String? = nil, headers: [String: String] = [:]) async throws -> HTTPResult {
+        var request = URLRequest(url: URL(string: base.absoluteString + path)!)
+        request.httpMethod = method
+        if let body { request.httpBody = Data(body) }
+        if let token { request.setValue("Bearer \(token)", forHTTPHeaderField: "Authorization") }
+        for (name, value) in headers { request.setValue(value, forHTTPHeaderField: name) }
+        let (data, response) = try await session.data(for: request)
+        let http = try #require(response as? HTTPURLResponse)
+        var fields: [String: String] = [:]
+        for (key, value) in http.allHeaderFields { fields["\(key)"] = "\(value)" }
+        return HTTPResult(status: http.statusCode, headers: fields, body: [UInt8](data))
+    }
+
+    func json(_ method: String, _ path: String, _ value: some Encodable, token: String? = nil) async throws -> HTTPResult {
+        try await send(method, path, body: Array(try WireCoding.encoder().encode(value)), token: token, headers: ["Content-Type": MediaType.json])
+    }
+}
+
+/// A small model with a frozen layer, its initial weights, and helpers to build diffs.
+enum Fixture {
+    static let model = ModelSpec(name: "tiny", inputs: [InputSpec(name: "x", shape: [3])], layers: [
+        LayerSpec(name: "embed", type: .dense, inputs: ["x"], frozen: true, units: 2, inputSize: 3, useBias: false),
+        LayerSpec(name: "out", type: .dense, inputs: ["embed"], units: 2, inputSize: 2, useBias: true),
+    ])
+
+    static let weights = [
+        TensorRecord(name: "embed.weight", shape: [2, 3], values: [1, 2, 3, 4, 5, 6]),
+        TensorRecord(name: "out.weight", shape: [2, 2], values: [0.5, -0.5, 0.25, 1]),
+        TensorRecord(name: "out.bias", shape: [2], values: [0, 0.1]),
+    ]
+
+    /// A diff that leaves the frozen layer alone and moves the rest by `scale`.
+    static func diff(_ scale: Float) -> [TensorRecord] {
+        weights.map { tensor in
+            let frozen = tensor.name.hasPrefix("embed.")
+            return TensorRecord(name: tensor.name, shape: tensor.shape, values: tensor.values.indices.map { frozen ? 0 : scale * Float($0 + 1) })
+        }
+    }
+
+    static func host(name: String = "tiny", goal: Int = 3, minimum: Int = 1, overSelection: Double = 1.3, cycleLength: Double = 600, cycles: Int = 0, aggregator: AggregatorConfig = AggregatorConfig()) -> HostProcessRequest {
+        HostProcessRequest(
+            name: name, version: SemanticVersion(1, 0), model: model, initialWeights: Safetensors.encode(weights),
+            clientConfig: ClientConfig(batchSize: 4, learningRate: 0.05, localEpochs: 1, extra: ["note": .string("test")]),
+            serverConfig: ServerConfig(cycleLength: cycleLength, cycles: cycles, goalCount: goal, overSelection: overSelection, minimumReports: minimum, paceSteeringWindow: 20, checkpointRetention: 2, aggregator: aggregator)
+        )
+    }
+
+    /// `initial + Σ nᵢ dᵢ / Σ nᵢ` for the trainable tensors, computed in Double.
+    static func expectedAfterFedAvg(_ reports: [(scale: Float, samples: Int)]) -> [String: [Float]] {
+        let total = Double(reports.reduce(0) { $0 + $1.samples })
+        var out: [String: [Float]] = [:]
+        for tensor in weights {
+            let frozen = tensor.name.hasPrefix("embed.")
+            out[tensor.name] = tensor.values.indices.map { i in
+                if frozen { return tensor.values[i] }
+                let mean = reports.reduce(0.0) { $0 + Double($1.samples) * Double($1.scale) * Double(i + 1) } / total
+                return Float(Double(tensor.values[i]) + mean)
+            }
+        }
+        return out
+    }
+}
+
+/// A coordinator on loopback HTTP with a real SQLite file in a temporary directory and a manual clock.
+final class Harness: @unchecked Sendable {
+    static let adminToken = "test-admin-token"
+    let directory: URL
+    let clock: ManualWallClock
+    let configuration: CoordinatorConfiguration
+    private(set) var instance: CoordinatorInstance
+    private(set) var server: RunningServer
+    private(set) var http: HTTP
+
+    var databasePath: String { directory.appendingPathComponent("coordinator.sqlite").path }
+    var coordinator: Coordinator { instance.coordinator }
+
+    private init(directory: URL, clock: ManualWallClock, configuration: CoordinatorConfiguration, instance: CoordinatorInstance, server: RunningServer) {
+        self.directory = directory
+        self.clock = clock
+        self.configuration = configuration
+        self.instance = instance
+        self.server = server
+        self.http = HTTP(base: server.baseURL)
+    }
+
+    static func start(configuration: CoordinatorConfiguration = CoordinatorConfiguration(adminToken: adminToken), seed: UInt64 = 1) async throws -> Harness {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("orchard-coordinator-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        let clock = ManualWallClock()
+        let instance = try await CoordinatorInstance.open(
+            database: directory.appendingPathComponent("coordinator.sqlite").path, configuration: configuration,
+            clock: .manual(clock), random: SplitMix64(seed: seed)
+        )
+        let server = try await instance.serve()
+        return Harness(directory: directory, clock: clock, configuration: configuration, instance: instance, server: server)
+    }
+
+    /// Stops the server and opens a fresh coordinator on the same database (an orderly restart).
+    func restart(seed: UInt64 = 99) async throws {
+        await server.stop()
+        instance = try await CoordinatorInstance.open(database: databasePath, configuration: configuration, clock: .manual(clock), random: SplitMix64(seed: seed))
+        server = try await instance.serve()
+        http = HTTP(base: server.baseURL)
+    }
+
+    func stop() async {
+        await server.stop()
+        try? FileManager.default.removeItem(at: directory)
+    }
+
+    func host(_ request: HostProcessRequest = Fixture.host()) async throws -> ProcessStatus {
+        let result = try await http.json("POST", Endpoint.processes, request, token: Self.adminToken)
+        #expect(result.status == 201, "\(String(decoding: result.body, as: UTF8.self))")
+        return try result.decode(ProcessStatus.self)
+    }
+
+    func status(_ processID: String) async throws -> ProcessStatus {
+        try await http.send("GET", Endpoint.process(processID), token: Self.adminToken).decode(ProcessStatus.self)
+    }
+
+    func device(name: String = "tiny", version: String = "1.0.0") async throws -> AuthenticateResponse {
+        let request = AuthenticateRequest(processName: name, processVersion: SemanticVersion(version)!)
+        let result = try await http.json("POST", Endpoint.authenticate, request)
+        #expect(result.status == 200)
+        return try result.decode(AuthenticateResponse.self)
+    }
+
+    func requestCycle(_ device: AuthenticateResponse, name: String = "tiny", version: String = "1.0") async throws -> CycleResponse {
+        let request = CycleRequest(workerID: device.workerID, processName: name, processVersion: SemanticVersion(version)!)
+        let result = try await http.json("POST", Endpoint.cycleRequest, request, token: device.sessionToken)
+        #expect(result.status == 200, "\(String(decoding: result.body, as: UTF8.self))")
+        return try result.decode(CycleResponse.self)
+    }
+
+    func join(_ device: AuthenticateResponse) async throws -> CycleAssignment {
+        guard case .accepted(let assignment) = try await requestCycle(device) else {
+            throw HarnessError(description: "device \(device.workerID) was rejected")
+        }
+        return assignment
+    }
+
+    func report(_ device: AuthenticateResponse, _ assignment: CycleAssignment, diff: [TensorRecord], samples: Int) async throws -> HTTPResult {
+        let body = ReportEnvelope.encode(diff: diff, metadata: ReportMetadata(workerID: device.workerID, requestKey: assignment.requestKey, sampleCount: samples, metrics: ["loss": 0.5]))
+        return try await http.send("POST", Endpoint.report, body: body, token: device.sessionToken, headers: ["Content-Type": MediaType.safetensors])
+    }
+
+    func checkpoint(_ processID: String, _ number: String = "latest") async throws -> [String: [Float]] {
+        let result = try await http.send("GET", Endpoint.checkpoint(processID, number), token: Self.adminToken)
+        #expect(result.status == 200)
+        return try Safetensors.decode(result.body).byName.mapValues(\.values)
+    }
+}
+
+struct HarnessError: Error, CustomStringConvertible {
+    var description: String
+}
+
+func expectClose(_ actual: [String: [Float]], _ expected: [String: [Float]], tolerance: Float = 1e-5, sourceLocation: SourceLocation = #_sourceLocation) {
+    #expect(Set(actual.keys) == Set(expected.keys), sourceLocation: sourceLocation)
+    for (name, values) in expected {
+        let got = actual[name] ?? []
+        #expect(got.count == values.count, "\(name)", sourceLocation: sourceLocation)
+        for (a, b) in zip(got, values) where abs(a - b) > tolerance {
+            Issue.record("\(name): \(got) != \(values)", sourceLocation: sourceLocation)
+            break
+        }
+    }
+}
