@@ -1,4 +1,3 @@
-import Crypto
 import Foundation
 import JWTKit
 import OrchardProtocol
@@ -35,9 +34,9 @@ struct DeviceAuthenticator: Sendable {
             await keys.add(hmac: HMACKey(from: config.secret ?? ""), digestAlgorithm: .sha256)
             self.keys = keys
         case .rs256:
-            let key: Insecure.RSA.PublicKey
+            let key: JWTKit.Insecure.RSA.PublicKey
             do {
-                key = try Insecure.RSA.PublicKey(pem: config.publicKeyPEM ?? "")
+                key = try JWTKit.Insecure.RSA.PublicKey(pem: config.publicKeyPEM ?? "")
             } catch {
                 throw .badRequest(.invalidConfiguration, "server_config.authentication.public_key_pem is not an RSA public key of at least 2048 bits: \(error)")
             }

@@ -100,7 +100,9 @@ private final class ServerProcess: @unchecked Sendable {
             #expect(try await send(i, on: http).status == 200)
         }
         // A fourth report races the kill: it may or may not have been committed.
-        let racing = Task { [http] in try? await send(3, on: http) }
+        let racingBody = ReportEnvelope.encode(diff: Fixture.diff(reports[3].scale), metadata: ReportMetadata(workerID: devices[3].0.workerID, requestKey: devices[3].1.requestKey, sampleCount: reports[3].samples))
+        let racingToken = devices[3].0.sessionToken
+        let racing = Task { [http] in try? await http.send("POST", Endpoint.report, body: racingBody, token: racingToken) }
         server.kill9()
         _ = await racing.value
 
