@@ -162,6 +162,7 @@ let package = Package(
             dependencies: ["OrchardScheduler", "OrchardSchedulerApple", "OrchardTesting", .product(name: "Clocks", package: "swift-clocks")],
             swiftSettings: swiftSettings
         ),
+        .testTarget(name: "OrchardProtocolTests", dependencies: ["OrchardProtocol", "OrchardFormats"], swiftSettings: swiftSettings),
         .testTarget(name: "OrchardCoordinatorTests", dependencies: ["OrchardCoordinator", "OrchardProtocol", "OrchardTesting"], swiftSettings: swiftSettings),
         .testTarget(name: "OrchardClientTests", dependencies: ["OrchardClient", "OrchardCoordinator", "OrchardTesting"], swiftSettings: swiftSettings),
         .testTarget(name: "OrchardSimulationTests", dependencies: ["OrchardSimulation", "OrchardTesting"], swiftSettings: swiftSettings),

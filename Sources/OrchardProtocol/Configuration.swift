@@ -1,0 +1,327 @@
+/// What a device uses to train: sent with every accepted cycle request and in the ``TrainingPlan``.
+///
+/// Known keys are `batch_size`, `learning_rate`, `local_epochs` and `max_updates`; any other key is kept in
+/// ``extra`` and sent back unchanged.
+public struct ClientConfig: Sendable, Hashable, Codable {
+    /// Samples per local update.
+    public var batchSize: Int
+    /// The device optimizer's learning rate.
+    public var learningRate: Double
+    /// Passes over the local data per cycle.
+    public var localEpochs: Int
+    /// Stop after this many local updates, if set.
+    public var maxUpdates: Int?
+    /// Free-form keys passed through to the device.
+    public var extra: [String: JSONValue]
+
+    /// Creates a client configuration.
+    public init(batchSize: Int = 32, learningRate: Double = 0.01, localEpochs: Int = 1, maxUpdates: Int? = nil, extra: [String: JSONValue] = [:]) {
+        self.batchSize = batchSize
+        self.learningRate = learningRate
+        self.localEpochs = localEpochs
+        self.maxUpdates = maxUpdates
+        self.extra = extra
+    }
+
+    private static let knownKeys: Set<String> = ["batch_size", "learning_rate", "local_epochs", "max_updates"]
+
+    public init(from decoder: any Decoder) throws {
+        let container = try decoder.container(keyedBy: AnyKey.self)
+        let defaults = ClientConfig()
+        batchSize = try container.decodeIfPresent(Int.self, forKey: AnyKey("batch_size")) ?? defaults.batchSize
+        learningRate = try container.decodeIfPresent(Double.self, forKey: AnyKey("learning_rate")) ?? defaults.learningRate
+        localEpochs = try container.decodeIfPresent(Int.self, forKey: AnyKey("local_epochs")) ?? defaults.localEpochs
+        maxUpdates = try container.decodeIfPresent(Int.self, forKey: AnyKey("max_updates"))
+        var extra: [String: JSONValue] = [:]
+        for key in container.allKeys where !Self.knownKeys.contains(key.stringValue) {
+            extra[key.stringValue] = try container.decode(JSONValue.self, forKey: key)
+        }
+        self.extra = extra
+    }
+
+    public func encode(to encoder: any Encoder) throws {
+        var container = encoder.container(keyedBy: AnyKey.self)
+        for (key, value) in extra where !Self.knownKeys.contains(key) {
+            try container.encode(value, forKey: AnyKey(key))
+        }
+        try container.encode(batchSize, forKey: AnyKey("batch_size"))
+        try container.encode(learningRate, forKey: AnyKey("learning_rate"))
+        try container.encode(localEpochs, forKey: AnyKey("local_epochs"))
+        try container.encodeIfPresent(maxUpdates, forKey: AnyKey("max_updates"))
+    }
+
+    /// Describes the first invalid field, or nil when the configuration is usable.
+    public func validationFailure() -> String? {
+        if batchSize < 1 { return "client_config.batch_size must be at least 1" }
+        if !(learningRate > 0) || !learningRate.isFinite { return "client_config.learning_rate must be a positive number" }
+        if localEpochs < 1 { return "client_config.local_epochs must be at least 1" }
+        if let maxUpdates, maxUpdates < 1 { return "client_config.max_updates must be at least 1 when set" }
+        return nil
+    }
+}
+
+/// A coding key for any string.
+struct AnyKey: CodingKey {
+    var stringValue: String
+    var intValue: Int? { nil }
+    init(_ string: String) { stringValue = string }
+    init?(stringValue: String) { self.stringValue = stringValue }
+    init?(intValue: Int) { nil }
+}
+
+/// How devices prove who they are.
+public struct AuthenticationConfig: Sendable, Hashable, Codable {
+    /// The kind of authentication.
+    public struct Mode: Sendable, Hashable, Codable, CustomStringConvertible {
+        private enum Kind: String, Sendable, Hashable { case open, hs256, rs256 }
+        private let kind: Kind
+        private init(_ kind: Kind) { self.kind = kind }
+
+        /// No credential: any device gets a worker id (development only).
+        public static let open = Mode(.open)
+        /// A JWT signed with a shared HMAC-SHA256 secret; its `sub` claim names the device.
+        public static let hs256 = Mode(.hs256)
+        /// A JWT signed with an RSA key (RS256); its `sub` claim names the device.
+        public static let rs256 = Mode(.rs256)
+
+        public var description: String { kind.rawValue }
+
+        public init(from decoder: any Decoder) throws {
+            let container = try decoder.singleValueContainer()
+            let raw = try container.decode(String.self)
+            guard let kind = Kind(rawValue: raw) else {
+                throw DecodingError.dataCorruptedError(in: container, debugDescription: "authentication mode '\(raw)' is not one of open, hs256, rs256")
+            }
+            self.kind = kind
+        }
+
+        public func encode(to encoder: any Encoder) throws {
+            var container = encoder.singleValueContainer()
+            try container.encode(kind.rawValue)
+        }
+    }
+
+    /// The mode.
+    public var mode: Mode
+    /// The HMAC secret for ``Mode/hs256``.
+    public var secret: String?
+    /// The PEM public key for ``Mode/rs256``.
+    public var publicKeyPEM: String?
+    /// The required `iss` claim, if any.
+    public var issuer: String?
+    /// The required `aud` claim, if any.
+    public var audience: String?
+
+    enum CodingKeys: String, CodingKey {
+        case mode, secret, issuer, audience
+        case publicKeyPEM = "public_key_pem"
+    }
+
+    /// Creates an authentication configuration.
+    public init(mode: Mode = .open, secret: String? = nil, publicKeyPEM: String? = nil, issuer: String? = nil, audience: String? = nil) {
+        self.mode = mode
+        self.secret = secret
+        self.publicKeyPEM = publicKeyPEM
+        self.issuer = issuer
+        self.audience = audience
+    }
+
+    /// Open mode, for development.
+    public static let open = AuthenticationConfig()
+    /// HS256 with a shared secret.
+    public static func hs256(secret: String, issuer: String? = nil, audience: String? = nil) -> AuthenticationConfig {
+        AuthenticationConfig(mode: .hs256, secret: secret, issuer: issuer, audience: audience)
+    }
+    /// RS256 with a PEM public key.
+    public static func rs256(publicKeyPEM: String, issuer: String? = nil, audience: String? = nil) -> AuthenticationConfig {
+        AuthenticationConfig(mode: .rs256, publicKeyPEM: publicKeyPEM, issuer: issuer, audience: audience)
+    }
+}
+
+/// The server-side optimizer that turns the averaged diff into the next checkpoint (Reddi et al. 2021).
+public struct AggregatorConfig: Sendable, Hashable, Codable {
+    /// Which server optimizer.
+    public struct Kind: Sendable, Hashable, Codable, CustomStringConvertible {
+        private enum Value: String, Sendable, Hashable { case fedavg, fedavgm, fedadam, fedyogi }
+        private let value: Value
+        private init(_ value: Value) { self.value = value }
+
+        /// Sample-weighted mean of the diffs, applied with the server learning rate.
+        public static let fedAvg = Kind(.fedavg)
+        /// FedAvg with server momentum.
+        public static let fedAvgM = Kind(.fedavgm)
+        /// Adam on the server.
+        public static let fedAdam = Kind(.fedadam)
+        /// Yogi on the server.
+        public static let fedYogi = Kind(.fedyogi)
+
+        public var description: String { value.rawValue }
+
+        public init(from decoder: any Decoder) throws {
+            let container = try decoder.singleValueContainer()
+            let raw = try container.decode(String.self)
+            guard let value = Value(rawValue: raw.lowercased()) else {
+                throw DecodingError.dataCorruptedError(in: container, debugDescription: "aggregator '\(raw)' is not one of fedavg, fedavgm, fedadam, fedyogi")
+            }
+            self.value = value
+        }
+
+        public func encode(to encoder: any Encoder) throws {
+            var container = encoder.singleValueContainer()
+            try container.encode(value.rawValue)
+        }
+    }
+
+    /// The optimizer.
+    public var kind: Kind
+    /// The server learning rate η (1 for plain FedAvg).
+    public var serverLearningRate: Double
+    /// Momentum for FedAvgM.
+    public var momentum: Double
+    /// First-moment decay for FedAdam and FedYogi.
+    public var beta1: Double
+    /// Second-moment decay for FedAdam and FedYogi.
+    public var beta2: Double
+    /// Adaptivity τ for FedAdam and FedYogi (added to √v; v starts at τ²).
+    public var tau: Double
+
+    enum CodingKeys: String, CodingKey {
+        case kind, momentum, beta1, beta2, tau
+        case serverLearningRate = "server_learning_rate"
+    }
+
+    /// Creates an aggregator configuration.
+    public init(kind: Kind = .fedAvg, serverLearningRate: Double = 1, momentum: Double = 0.9, beta1: Double = 0.9, beta2: Double = 0.99, tau: Double = 1e-3) {
+        self.kind = kind
+        self.serverLearningRate = serverLearningRate
+        self.momentum = momentum
+        self.beta1 = beta1
+        self.beta2 = beta2
+        self.tau = tau
+    }
+
+    public init(from decoder: any Decoder) throws {
+        let c = try decoder.container(keyedBy: CodingKeys.self)
+        let d = AggregatorConfig()
+        kind = try c.decodeIfPresent(Kind.self, forKey: .kind) ?? d.kind
+        serverLearningRate = try c.decodeIfPresent(Double.self, forKey: .serverLearningRate) ?? d.serverLearningRate
+        momentum = try c.decodeIfPresent(Double.self, forKey: .momentum) ?? d.momentum
+        beta1 = try c.decodeIfPresent(Double.self, forKey: .beta1) ?? d.beta1
+        beta2 = try c.decodeIfPresent(Double.self, forKey: .beta2) ?? d.beta2
+        tau = try c.decodeIfPresent(Double.self, forKey: .tau) ?? d.tau
+    }
+}
+
+/// How the coordinator runs a process's cycles.
+public struct ServerConfig: Sendable, Hashable, Codable {
+    /// Seconds from a cycle's opening to its reporting deadline.
+    public var cycleLength: Double
+    /// How many cycles to complete; 0 runs without end.
+    public var cycles: Int
+    /// Reports that close a cycle early.
+    public var goalCount: Int
+    /// Devices admitted per cycle, as a multiple of ``goalCount`` (1.3 covers 6–10 % dropout).
+    public var overSelection: Double
+    /// Reports needed at the deadline to aggregate rather than abandon the cycle.
+    public var minimumReports: Int
+    /// Seconds over which rejected devices' `retry_after` is spread, so they do not return at once.
+    public var paceSteeringWindow: Double
+    /// Minimum download speed a device must report, in Mbit/s, if set.
+    public var minimumDownloadMbps: Double?
+    /// Minimum upload speed a device must report, in Mbit/s, if set.
+    public var minimumUploadMbps: Double?
+    /// The largest sample count one report may claim.
+    public var maximumSampleCount: Int
+    /// Checkpoints kept; older ones are deleted when a new one is published (at least 1).
+    public var checkpointRetention: Int
+    /// How devices authenticate.
+    public var authentication: AuthenticationConfig
+    /// The server optimizer.
+    public var aggregator: AggregatorConfig
+
+    enum CodingKeys: String, CodingKey {
+        case cycles, authentication, aggregator
+        case cycleLength = "cycle_length"
+        case goalCount = "goal_count"
+        case overSelection = "over_selection"
+        case minimumReports = "minimum_reports"
+        case paceSteeringWindow = "pace_steering_window"
+        case minimumDownloadMbps = "minimum_download_mbps"
+        case minimumUploadMbps = "minimum_upload_mbps"
+        case maximumSampleCount = "maximum_sample_count"
+        case checkpointRetention = "checkpoint_retention"
+    }
+
+    /// Creates a server configuration.
+    public init(
+        cycleLength: Double = 600, cycles: Int = 0, goalCount: Int = 100, overSelection: Double = 1.3,
+        minimumReports: Int = 1, paceSteeringWindow: Double = 60, minimumDownloadMbps: Double? = nil,
+        minimumUploadMbps: Double? = nil, maximumSampleCount: Int = 1_000_000, checkpointRetention: Int = 5,
+        authentication: AuthenticationConfig = .open, aggregator: AggregatorConfig = AggregatorConfig()
+    ) {
+        self.cycleLength = cycleLength
+        self.cycles = cycles
+        self.goalCount = goalCount
+        self.overSelection = overSelection
+        self.minimumReports = minimumReports
+        self.paceSteeringWindow = paceSteeringWindow
+        self.minimumDownloadMbps = minimumDownloadMbps
+        self.minimumUploadMbps = minimumUploadMbps
+        self.maximumSampleCount = maximumSampleCount
+        self.checkpointRetention = checkpointRetention
+        self.authentication = authentication
+        self.aggregator = aggregator
+    }
+
+    public init(from decoder: any Decoder) throws {
+        let c = try decoder.container(keyedBy: CodingKeys.self)
+        let d = ServerConfig()
+        cycleLength = try c.decodeIfPresent(Double.self, forKey: .cycleLength) ?? d.cycleLength
+        cycles = try c.decodeIfPresent(Int.self, forKey: .cycles) ?? d.cycles
+        goalCount = try c.decodeIfPresent(Int.self, forKey: .goalCount) ?? d.goalCount
+        overSelection = try c.decodeIfPresent(Double.self, forKey: .overSelection) ?? d.overSelection
+        minimumReports = try c.decodeIfPresent(Int.self, forKey: .minimumReports) ?? d.minimumReports
+        paceSteeringWindow = try c.decodeIfPresent(Double.self, forKey: .paceSteeringWindow) ?? d.paceSteeringWindow
+        minimumDownloadMbps = try c.decodeIfPresent(Double.self, forKey: .minimumDownloadMbps)
+        minimumUploadMbps = try c.decodeIfPresent(Double.self, forKey: .minimumUploadMbps)
+        maximumSampleCount = try c.decodeIfPresent(Int.self, forKey: .maximumSampleCount) ?? d.maximumSampleCount
+        checkpointRetention = try c.decodeIfPresent(Int.self, forKey: .checkpointRetention) ?? d.checkpointRetention
+        authentication = try c.decodeIfPresent(AuthenticationConfig.self, forKey: .authentication) ?? d.authentication
+        aggregator = try c.decodeIfPresent(AggregatorConfig.self, forKey: .aggregator) ?? d.aggregator
+    }
+
+    /// Devices admitted per cycle: ⌈goal × over-selection⌉.
+    public var capacity: Int {
+        Int((Double(goalCount) * overSelection).rounded(.up))
+    }
+
+    /// Describes the first invalid field, or nil when the configuration is usable.
+    public func validationFailure() -> String? {
+        if !(cycleLength > 0) || !cycleLength.isFinite { return "server_config.cycle_length must be a positive number of seconds" }
+        if cycles < 0 { return "server_config.cycles must be 0 (unbounded) or positive" }
+        if goalCount < 1 { return "server_config.goal_count must be at least 1" }
+        if !(overSelection >= 1) || !overSelection.isFinite { return "server_config.over_selection must be at least 1" }
+        if minimumReports < 1 || minimumReports > goalCount { return "server_config.minimum_reports must be in 1...goal_count" }
+        if !(paceSteeringWindow >= 0) || !paceSteeringWindow.isFinite { return "server_config.pace_steering_window must be a non-negative number of seconds" }
+        if let v = minimumDownloadMbps, !(v >= 0) { return "server_config.minimum_download_mbps must be non-negative" }
+        if let v = minimumUploadMbps, !(v >= 0) { return "server_config.minimum_upload_mbps must be non-negative" }
+        if maximumSampleCount < 1 { return "server_config.maximum_sample_count must be at least 1" }
+        if checkpointRetention < 1 { return "server_config.checkpoint_retention must be at least 1" }
+        switch authentication.mode {
+        case .hs256 where (authentication.secret ?? "").isEmpty:
+            return "server_config.authentication.secret is required for hs256"
+        case .rs256 where (authentication.publicKeyPEM ?? "").isEmpty:
+            return "server_config.authentication.public_key_pem is required for rs256"
+        default: break
+        }
+        let a = aggregator
+        if !(a.serverLearningRate > 0) || !a.serverLearningRate.isFinite { return "server_config.aggregator.server_learning_rate must be positive" }
+        if !(0..<1 ~= a.momentum) { return "server_config.aggregator.momentum must be in [0, 1)" }
+        if !(0..<1 ~= a.beta1) || !(0..<1 ~= a.beta2) { return "server_config.aggregator.beta1 and beta2 must be in [0, 1)" }
+        if !(a.tau > 0) || !a.tau.isFinite { return "server_config.aggregator.tau must be positive" }
+        return nil
+    }
+
+    /// Whether a device must report its link speeds in the cycle request.
+    public var requiresSpeedTest: Bool { minimumDownloadMbps != nil || minimumUploadMbps != nil }
+}

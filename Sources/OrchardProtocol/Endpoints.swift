@@ -1,0 +1,54 @@
+/// The HTTP endpoints of the coordinator, shared by the server's router and the client SDK.
+///
+/// Device endpoints other than `authenticate` and the speed test take `Authorization: Bearer <session token>`
+/// (the token from ``AuthenticateResponse``); admin endpoints take `Authorization: Bearer <admin token>`.
+public enum Endpoint {
+    /// `GET`: liveness, `{"status":"ok"}`.
+    public static let health = "/health"
+    /// `GET`: Prometheus text exposition.
+    public static let metrics = "/metrics"
+    /// `GET`: the OpenAPI 3 document of this API.
+    public static let openAPI = "/openapi.json"
+
+    /// `POST` ``AuthenticateRequest`` → ``AuthenticateResponse``.
+    public static let authenticate = "/v1/device/authenticate"
+    /// `POST` ``CycleRequest`` → ``CycleResponse``.
+    public static let cycleRequest = "/v1/device/cycle-request"
+    /// `GET ?request_key=…`: the model's weights as safetensors; supports `ETag`/`If-None-Match` and `Range`.
+    public static func model(_ modelID: String) -> String { "/v1/device/models/\(modelID)" }
+    /// `GET ?request_key=…` → ``TrainingPlan``.
+    public static func plan(_ planID: String) -> String { "/v1/device/plans/\(planID)" }
+    /// `POST` a report (safetensors diff with ``ReportMetadata``, see ``ReportEnvelope``) → ``ReportResponse``.
+    public static let report = "/v1/device/report"
+    /// `GET ?bytes=N` downloads N bytes (at most ``SpeedTest/maximumBytes``); `POST` uploads up to that many
+    /// and answers ``SpeedTestUploadResponse``.
+    public static let speedTest = "/v1/device/speed-test"
+
+    /// `POST` ``HostProcessRequest`` → ``ProcessStatus`` (201); `GET` → ``ProcessList``.
+    public static let processes = "/v1/admin/processes"
+    /// `GET` → ``ProcessStatus``; `DELETE` → 204.
+    public static func process(_ processID: String) -> String { "/v1/admin/processes/\(processID)" }
+    /// `GET`: a checkpoint's weights as safetensors; `number` is a checkpoint number or `latest`.
+    public static func checkpoint(_ processID: String, _ number: String) -> String {
+        "/v1/admin/processes/\(processID)/checkpoints/\(number)"
+    }
+
+    /// The query parameter carrying the request key on model and plan downloads.
+    public static let requestKeyQuery = "request_key"
+    /// The query parameter carrying the byte count of a speed-test download.
+    public static let bytesQuery = "bytes"
+}
+
+/// Limits of the optional speed test.
+public enum SpeedTest {
+    /// The largest download or upload the speed test moves: 1 MiB (PyGrid sent 64 MiB to every device).
+    public static let maximumBytes = 1 << 20
+}
+
+/// Media types used on the wire.
+public enum MediaType {
+    /// Control messages.
+    public static let json = "application/json"
+    /// Models and diffs.
+    public static let safetensors = "application/vnd.safetensors"
+}

@@ -1,0 +1,94 @@
+/// A machine-readable error code carried in ``ErrorBody``; unknown codes from newer servers decode as-is.
+public struct WireErrorCode: RawRepresentable, Sendable, Hashable, Codable, CustomStringConvertible {
+    /// The snake-case code, e.g. `deadline_passed`.
+    public var rawValue: String
+    /// Creates a code from its string.
+    public init(rawValue: String) { self.rawValue = rawValue }
+    /// Creates a code from a string literal.
+    public init(_ rawValue: String) { self.rawValue = rawValue }
+    public var description: String { rawValue }
+
+    public init(from decoder: any Decoder) throws {
+        self.rawValue = try decoder.singleValueContainer().decode(String.self)
+    }
+
+    public func encode(to encoder: any Encoder) throws {
+        var container = encoder.singleValueContainer()
+        try container.encode(rawValue)
+    }
+
+    /// The body is not valid JSON or lacks required fields (400).
+    public static let malformedJSON = WireErrorCode("malformed_json")
+    /// The body is not valid safetensors (400).
+    public static let malformedSafetensors = WireErrorCode("malformed_safetensors")
+    /// A request field is out of range or inconsistent (400).
+    public static let invalidRequest = WireErrorCode("invalid_request")
+    /// A hosted process's configuration or model is invalid (400).
+    public static let invalidConfiguration = WireErrorCode("invalid_configuration")
+    /// The peer speaks an incompatible protocol version (400).
+    public static let unsupportedVersion = WireErrorCode("unsupported_version")
+    /// Missing or invalid credentials (401).
+    public static let unauthorized = WireErrorCode("unauthorized")
+    /// The session token belongs to another worker (403).
+    public static let forbidden = WireErrorCode("forbidden")
+    /// The worker id is not known to the coordinator (404).
+    public static let unknownWorker = WireErrorCode("unknown_worker")
+    /// No process with that id, or name and version (404).
+    public static let unknownProcess = WireErrorCode("unknown_process")
+    /// No such checkpoint, or it was pruned (404).
+    public static let unknownCheckpoint = WireErrorCode("unknown_checkpoint")
+    /// No such route (404).
+    public static let notFound = WireErrorCode("not_found")
+    /// The request key is not the one issued to this worker for the current cycle (403).
+    public static let invalidRequestKey = WireErrorCode("invalid_request_key")
+    /// A report for this request key was already accepted (409).
+    public static let reportAlreadyReceived = WireErrorCode("report_already_received")
+    /// The cycle's reporting deadline passed or the cycle closed (409).
+    public static let deadlinePassed = WireErrorCode("deadline_passed")
+    /// A process with this name and version already exists (409).
+    public static let processExists = WireErrorCode("process_exists")
+    /// The diff's tensor names differ from the model's (422).
+    public static let tensorMismatch = WireErrorCode("tensor_mismatch")
+    /// A diff tensor's shape differs from the model's (422).
+    public static let shapeMismatch = WireErrorCode("shape_mismatch")
+    /// A diff tensor is not F32 (422).
+    public static let dtypeMismatch = WireErrorCode("dtype_mismatch")
+    /// A diff holds NaN or infinity (422).
+    public static let nonFiniteValues = WireErrorCode("non_finite_values")
+    /// A diff changes a tensor of a frozen layer (422).
+    public static let frozenTensorChanged = WireErrorCode("frozen_tensor_changed")
+    /// The sample count is not in 1…`max_sample_count` (422).
+    public static let invalidSampleCount = WireErrorCode("invalid_sample_count")
+    /// The body exceeds the coordinator's limit (413).
+    public static let payloadTooLarge = WireErrorCode("payload_too_large")
+    /// The requested byte range cannot be served (416).
+    public static let rangeNotSatisfiable = WireErrorCode("range_not_satisfiable")
+    /// The method is not allowed on this path (405).
+    public static let methodNotAllowed = WireErrorCode("method_not_allowed")
+    /// The coordinator failed (500); never returned for bad input.
+    public static let internalError = WireErrorCode("internal_error")
+}
+
+/// The body of every 4xx/5xx response: `{"error":{"code":…,"message":…}}`.
+public struct ErrorBody: Sendable, Hashable, Codable {
+    /// The error's details.
+    public struct Detail: Sendable, Hashable, Codable {
+        /// What went wrong, as a code.
+        public var code: WireErrorCode
+        /// A human-readable explanation.
+        public var message: String
+        /// Creates details.
+        public init(code: WireErrorCode, message: String) {
+            self.code = code
+            self.message = message
+        }
+    }
+
+    /// The error.
+    public var error: Detail
+
+    /// Creates an error body.
+    public init(code: WireErrorCode, message: String) {
+        self.error = Detail(code: code, message: message)
+    }
+}

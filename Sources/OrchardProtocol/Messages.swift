@@ -1,0 +1,393 @@
+public import OrchardFormats
+import Foundation
+
+/// A device's first call: proves who it is and which process it wants to join.
+public struct AuthenticateRequest: Sendable, Hashable, Codable {
+    /// The device's JWT (absent in open mode).
+    public var authToken: String?
+    /// The FL process's name.
+    public var processName: String
+    /// The FL process's version ("1.0" and "1.0.0" are the same).
+    public var processVersion: SemanticVersion
+    /// The protocol version the device speaks.
+    public var protocolVersion: SemanticVersion
+
+    enum CodingKeys: String, CodingKey {
+        case authToken = "auth_token"
+        case processName = "process_name"
+        case processVersion = "process_version"
+        case protocolVersion = "protocol_version"
+    }
+
+    /// Creates a request.
+    public init(authToken: String? = nil, processName: String, processVersion: SemanticVersion, protocolVersion: SemanticVersion = WireProtocol.version) {
+        self.authToken = authToken
+        self.processName = processName
+        self.processVersion = processVersion
+        self.protocolVersion = protocolVersion
+    }
+}
+
+/// The coordinator's answer to ``AuthenticateRequest``.
+public struct AuthenticateResponse: Sendable, Hashable, Codable {
+    /// The worker id; the same JWT subject always yields the same id.
+    public var workerID: String
+    /// The bearer token for the device's later calls; it is valid only for ``workerID``.
+    public var sessionToken: String
+    /// Seconds until the session token expires.
+    public var expiresIn: Double
+    /// Whether cycle requests must carry measured link speeds (see ``Endpoint/speedTest``).
+    public var requiresSpeedTest: Bool
+    /// The protocol version the coordinator speaks.
+    public var protocolVersion: SemanticVersion
+
+    enum CodingKeys: String, CodingKey {
+        case workerID = "worker_id"
+        case sessionToken = "session_token"
+        case expiresIn = "expires_in"
+        case requiresSpeedTest = "requires_speed_test"
+        case protocolVersion = "protocol_version"
+    }
+
+    /// Creates a response.
+    public init(workerID: String, sessionToken: String, expiresIn: Double, requiresSpeedTest: Bool, protocolVersion: SemanticVersion = WireProtocol.version) {
+        self.workerID = workerID
+        self.sessionToken = sessionToken
+        self.expiresIn = expiresIn
+        self.requiresSpeedTest = requiresSpeedTest
+        self.protocolVersion = protocolVersion
+    }
+}
+
+/// A device asks to join the current cycle of a process.
+public struct CycleRequest: Sendable, Hashable, Codable {
+    /// The worker id from ``AuthenticateResponse``.
+    public var workerID: String
+    /// The FL process's name.
+    public var processName: String
+    /// The FL process's version.
+    public var processVersion: SemanticVersion
+    /// Measured download speed in Mbit/s, when the process requires a speed test.
+    public var downloadMbps: Double?
+    /// Measured upload speed in Mbit/s, when the process requires a speed test.
+    public var uploadMbps: Double?
+
+    enum CodingKeys: String, CodingKey {
+        case workerID = "worker_id"
+        case processName = "process_name"
+        case processVersion = "process_version"
+        case downloadMbps = "download_mbps"
+        case uploadMbps = "upload_mbps"
+    }
+
+    /// Creates a request.
+    public init(workerID: String, processName: String, processVersion: SemanticVersion, downloadMbps: Double? = nil, uploadMbps: Double? = nil) {
+        self.workerID = workerID
+        self.processName = processName
+        self.processVersion = processVersion
+        self.downloadMbps = downloadMbps
+        self.uploadMbps = uploadMbps
+    }
+}
+
+/// A device was admitted to a cycle.
+public struct CycleAssignment: Sendable, Hashable, Codable {
+    /// The key that authorizes this worker's downloads and its one report in this cycle.
+    public var requestKey: String
+    /// The process's id.
+    public var processID: String
+    /// The cycle's number (1-based).
+    public var cycle: Int
+    /// The checkpoint to train from.
+    public var checkpoint: Int
+    /// The id to download the model with (``Endpoint/model(_:)``).
+    public var modelID: String
+    /// The id to download the plan with (``Endpoint/plan(_:)``).
+    public var planID: String
+    /// How to train.
+    public var clientConfig: ClientConfig
+    /// Seconds from now until the report deadline.
+    public var reportWithin: Double
+
+    enum CodingKeys: String, CodingKey {
+        case requestKey = "request_key"
+        case processID = "process_id"
+        case cycle, checkpoint
+        case modelID = "model_id"
+        case planID = "plan_id"
+        case clientConfig = "client_config"
+        case reportWithin = "report_within"
+    }
+
+    /// Creates an assignment.
+    public init(requestKey: String, processID: String, cycle: Int, checkpoint: Int, modelID: String, planID: String, clientConfig: ClientConfig, reportWithin: Double) {
+        self.requestKey = requestKey
+        self.processID = processID
+        self.cycle = cycle
+        self.checkpoint = checkpoint
+        self.modelID = modelID
+        self.planID = planID
+        self.clientConfig = clientConfig
+        self.reportWithin = reportWithin
+    }
+}
+
+/// A device was turned away; it should ask again after ``retryAfter`` seconds.
+public struct CycleRejection: Sendable, Hashable, Codable {
+    /// Seconds to wait before the next cycle request (always a number).
+    public var retryAfter: Double
+    /// Why, e.g. `cycle_full`, `speed_too_low`, `process_completed`, `already_assigned`.
+    public var reason: String
+
+    enum CodingKeys: String, CodingKey {
+        case retryAfter = "retry_after"
+        case reason
+    }
+
+    /// Creates a rejection.
+    public init(retryAfter: Double, reason: String) {
+        self.retryAfter = retryAfter
+        self.reason = reason
+    }
+}
+
+/// The answer to a ``CycleRequest``: `{"status":"accepted",…}` or `{"status":"rejected","retry_after":…}`.
+public enum CycleResponse: Sendable, Hashable, Codable {
+    /// Admitted.
+    case accepted(CycleAssignment)
+    /// Turned away.
+    case rejected(CycleRejection)
+
+    private enum StatusKey: String, CodingKey { case status }
+
+    public init(from decoder: any Decoder) throws {
+        let container = try decoder.container(keyedBy: StatusKey.self)
+        let status = try container.decode(String.self, forKey: .status)
+        switch status {
+        case "accepted": self = .accepted(try CycleAssignment(from: decoder))
+        case "rejected": self = .rejected(try CycleRejection(from: decoder))
+        default:
+            throw DecodingError.dataCorruptedError(forKey: .status, in: container, debugDescription: "status '\(status)' is not accepted or rejected")
+        }
+    }
+
+    public func encode(to encoder: any Encoder) throws {
+        var container = encoder.container(keyedBy: StatusKey.self)
+        switch self {
+        case .accepted(let assignment):
+            try container.encode("accepted", forKey: .status)
+            try assignment.encode(to: encoder)
+        case .rejected(let rejection):
+            try container.encode("rejected", forKey: .status)
+            try rejection.encode(to: encoder)
+        }
+    }
+}
+
+/// What a device needs to train: the architecture and the training configuration.
+public struct TrainingPlan: Sendable, Hashable, Codable {
+    /// The plan's id.
+    public var planID: String
+    /// The model architecture.
+    public var model: ModelSpec
+    /// The training configuration.
+    public var clientConfig: ClientConfig
+
+    enum CodingKeys: String, CodingKey {
+        case planID = "plan_id"
+        case model
+        case clientConfig = "client_config"
+    }
+
+    /// Creates a plan.
+    public init(planID: String, model: ModelSpec, clientConfig: ClientConfig) {
+        self.planID = planID
+        self.model = model
+        self.clientConfig = clientConfig
+    }
+}
+
+/// The coordinator's acknowledgement of a report: sent only after the report's contribution is committed.
+public struct ReportResponse: Sendable, Hashable, Codable {
+    /// The cycle the report counted toward.
+    public var cycle: Int
+    /// Reports accepted so far in that cycle, this one included.
+    public var reportsReceived: Int
+    /// Seconds until the device should ask for its next cycle.
+    public var retryAfter: Double
+
+    enum CodingKeys: String, CodingKey {
+        case cycle
+        case reportsReceived = "reports_received"
+        case retryAfter = "retry_after"
+    }
+
+    /// Creates a response.
+    public init(cycle: Int, reportsReceived: Int, retryAfter: Double) {
+        self.cycle = cycle
+        self.reportsReceived = reportsReceived
+        self.retryAfter = retryAfter
+    }
+}
+
+/// The answer to a speed-test upload.
+public struct SpeedTestUploadResponse: Sendable, Hashable, Codable {
+    /// Bytes received.
+    public var bytes: Int
+    /// Creates a response.
+    public init(bytes: Int) { self.bytes = bytes }
+}
+
+/// Admin: host a new FL process.
+public struct HostProcessRequest: Sendable, Hashable, Codable {
+    /// The process's name.
+    public var name: String
+    /// The process's version.
+    public var version: SemanticVersion
+    /// The model architecture.
+    public var model: ModelSpec
+    /// The initial weights as safetensors bytes (base64 in JSON).
+    public var initialWeights: [UInt8]
+    /// How devices train.
+    public var clientConfig: ClientConfig
+    /// How the coordinator runs cycles.
+    public var serverConfig: ServerConfig
+
+    enum CodingKeys: String, CodingKey {
+        case name, version, model
+        case initialWeights = "initial_weights"
+        case clientConfig = "client_config"
+        case serverConfig = "server_config"
+    }
+
+    /// Creates a request.
+    public init(name: String, version: SemanticVersion, model: ModelSpec, initialWeights: [UInt8], clientConfig: ClientConfig = ClientConfig(), serverConfig: ServerConfig = ServerConfig()) {
+        self.name = name
+        self.version = version
+        self.model = model
+        self.initialWeights = initialWeights
+        self.clientConfig = clientConfig
+        self.serverConfig = serverConfig
+    }
+
+    public init(from decoder: any Decoder) throws {
+        let c = try decoder.container(keyedBy: CodingKeys.self)
+        name = try c.decode(String.self, forKey: .name)
+        version = try c.decode(SemanticVersion.self, forKey: .version)
+        model = try c.decode(ModelSpec.self, forKey: .model)
+        let base64 = try c.decode(String.self, forKey: .initialWeights)
+        guard let data = Data(base64Encoded: base64) else {
+            throw DecodingError.dataCorruptedError(forKey: .initialWeights, in: c, debugDescription: "initial_weights is not base64")
+        }
+        initialWeights = [UInt8](data)
+        clientConfig = try c.decodeIfPresent(ClientConfig.self, forKey: .clientConfig) ?? ClientConfig()
+        serverConfig = try c.decodeIfPresent(ServerConfig.self, forKey: .serverConfig) ?? ServerConfig()
+    }
+
+    public func encode(to encoder: any Encoder) throws {
+        var c = encoder.container(keyedBy: CodingKeys.self)
+        try c.encode(name, forKey: .name)
+        try c.encode(version, forKey: .version)
+        try c.encode(model, forKey: .model)
+        try c.encode(Data(initialWeights).base64EncodedString(), forKey: .initialWeights)
+        try c.encode(clientConfig, forKey: .clientConfig)
+        try c.encode(serverConfig, forKey: .serverConfig)
+    }
+}
+
+/// The state of a process's open cycle.
+public struct CycleStatus: Sendable, Hashable, Codable {
+    /// The cycle's number (1-based).
+    public var number: Int
+    /// The checkpoint devices train from.
+    public var checkpoint: Int
+    /// When the cycle opened, in seconds since 1970.
+    public var openedAt: Double
+    /// The reporting deadline, in seconds since 1970.
+    public var deadline: Double
+    /// Devices admitted so far.
+    public var assigned: Int
+    /// Reports accepted so far.
+    public var reported: Int
+    /// Reports that close the cycle early.
+    public var goal: Int
+    /// Devices the cycle admits.
+    public var capacity: Int
+
+    enum CodingKeys: String, CodingKey {
+        case number, checkpoint, deadline, assigned, reported, goal, capacity
+        case openedAt = "opened_at"
+    }
+
+    /// Creates a status.
+    public init(number: Int, checkpoint: Int, openedAt: Double, deadline: Double, assigned: Int, reported: Int, goal: Int, capacity: Int) {
+        self.number = number
+        self.checkpoint = checkpoint
+        self.openedAt = openedAt
+        self.deadline = deadline
+        self.assigned = assigned
+        self.reported = reported
+        self.goal = goal
+        self.capacity = capacity
+    }
+}
+
+/// Admin view of a process.
+public struct ProcessStatus: Sendable, Hashable, Codable {
+    /// The process's id.
+    public var processID: String
+    /// Its name.
+    public var name: String
+    /// Its version.
+    public var version: SemanticVersion
+    /// `running` or `completed`.
+    public var state: String
+    /// The latest published checkpoint.
+    public var latestCheckpoint: Int
+    /// Checkpoints still stored (older ones were pruned).
+    public var checkpoints: [Int]
+    /// Cycles that produced a checkpoint.
+    public var cyclesCompleted: Int
+    /// Cycles abandoned for too few reports.
+    public var cyclesAbandoned: Int
+    /// The open cycle, if the process is running.
+    public var currentCycle: CycleStatus?
+    /// The client configuration.
+    public var clientConfig: ClientConfig
+    /// The server configuration (secrets removed).
+    public var serverConfig: ServerConfig
+
+    enum CodingKeys: String, CodingKey {
+        case processID = "process_id"
+        case name, version, state, checkpoints
+        case latestCheckpoint = "latest_checkpoint"
+        case cyclesCompleted = "cycles_completed"
+        case cyclesAbandoned = "cycles_abandoned"
+        case currentCycle = "current_cycle"
+        case clientConfig = "client_config"
+        case serverConfig = "server_config"
+    }
+
+    /// Creates a status.
+    public init(processID: String, name: String, version: SemanticVersion, state: String, latestCheckpoint: Int, checkpoints: [Int], cyclesCompleted: Int, cyclesAbandoned: Int, currentCycle: CycleStatus?, clientConfig: ClientConfig, serverConfig: ServerConfig) {
+        self.processID = processID
+        self.name = name
+        self.version = version
+        self.state = state
+        self.latestCheckpoint = latestCheckpoint
+        self.checkpoints = checkpoints
+        self.cyclesCompleted = cyclesCompleted
+        self.cyclesAbandoned = cyclesAbandoned
+        self.currentCycle = currentCycle
+        self.clientConfig = clientConfig
+        self.serverConfig = serverConfig
+    }
+}
+
+/// Admin: every hosted process.
+public struct ProcessList: Sendable, Hashable, Codable {
+    /// The processes.
+    public var processes: [ProcessStatus]
+    /// Creates a list.
+    public init(processes: [ProcessStatus]) { self.processes = processes }
+}

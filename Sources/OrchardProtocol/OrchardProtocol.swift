@@ -1,1 +1,0 @@
-// The OrchardProtocol module; see README.md for its role.

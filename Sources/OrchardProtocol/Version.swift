@@ -1,0 +1,85 @@
+/// A dotted version number where missing trailing components are zero, so "1.0" and "1.0.0" name the same
+/// version. Used for the wire protocol and for FL process versions.
+public struct SemanticVersion: Sendable, Hashable, Comparable, Codable, CustomStringConvertible {
+    /// The numeric components, with trailing zeros removed (so equality ignores them).
+    public let components: [Int]
+
+    /// Parses a version such as "1", "1.0" or "1.0.0"; returns nil for anything else (empty parts, signs,
+    /// letters, more than four components).
+    public init?(_ string: String) {
+        let parts = string.split(separator: ".", omittingEmptySubsequences: false)
+        guard !parts.isEmpty, parts.count <= 4 else { return nil }
+        var values: [Int] = []
+        for part in parts {
+            guard !part.isEmpty, part.count <= 9, part.allSatisfy({ $0.isASCII && $0.isNumber }), let value = Int(part) else {
+                return nil
+            }
+            values.append(value)
+        }
+        self.init(components: values)
+    }
+
+    /// Creates a version from its components.
+    public init(components: [Int]) {
+        var trimmed = components
+        while trimmed.count > 1, trimmed.last == 0 { trimmed.removeLast() }
+        self.components = trimmed
+    }
+
+    /// Creates a `major.minor.patch` version.
+    public init(_ major: Int, _ minor: Int = 0, _ patch: Int = 0) {
+        self.init(components: [major, minor, patch])
+    }
+
+    /// The first component.
+    public var major: Int { components.first ?? 0 }
+    /// The second component (0 when absent).
+    public var minor: Int { components.count > 1 ? components[1] : 0 }
+
+    /// The canonical `major.minor.patch` spelling (more components are kept when present).
+    public var description: String {
+        var padded = components
+        while padded.count < 3 { padded.append(0) }
+        return padded.map(String.init).joined(separator: ".")
+    }
+
+    public static func < (lhs: SemanticVersion, rhs: SemanticVersion) -> Bool {
+        let n = max(lhs.components.count, rhs.components.count)
+        for i in 0..<n {
+            let a = i < lhs.components.count ? lhs.components[i] : 0
+            let b = i < rhs.components.count ? rhs.components[i] : 0
+            if a != b { return a < b }
+        }
+        return false
+    }
+
+    public init(from decoder: any Decoder) throws {
+        let container = try decoder.singleValueContainer()
+        let string = try container.decode(String.self)
+        guard let version = SemanticVersion(string) else {
+            throw DecodingError.dataCorruptedError(in: container, debugDescription: "'\(string)' is not a version such as 1.0 or 1.0.0")
+        }
+        self = version
+    }
+
+    public func encode(to encoder: any Encoder) throws {
+        var container = encoder.singleValueContainer()
+        try container.encode(description)
+    }
+}
+
+/// The version of the wire protocol and the rule for which peers can talk to each other.
+public enum WireProtocol {
+    /// The protocol version this build speaks.
+    public static let version = SemanticVersion(1, 0, 0)
+    /// The HTTP header carrying the sender's protocol version.
+    public static let versionHeader = "Orchard-Protocol-Version"
+    /// The path prefix of every versioned endpoint.
+    public static let pathPrefix = "/v1"
+
+    /// Whether a peer speaking `peer` can talk to this build: same major version (minor versions only add
+    /// optional fields, which decoders ignore).
+    public static func isCompatible(_ peer: SemanticVersion) -> Bool {
+        peer.major == version.major
+    }
+}

@@ -1,0 +1,120 @@
+import Foundation
+import OrchardFormats
+import Testing
+import OrchardProtocol
+
+private func json(_ value: some Encodable) throws -> [String: Any] {
+    let data = try WireCoding.encoder().encode(value)
+    return try #require(try JSONSerialization.jsonObject(with: data) as? [String: Any])
+}
+
+private func roundTrip<T: Codable & Equatable>(_ value: T) throws -> T {
+    try WireCoding.decoder().decode(T.self, from: WireCoding.encoder().encode(value))
+}
+
+@Suite struct MessageTests {
+    @Test func rejectionCarriesRetryAfterAsANumber() throws {
+        let response = CycleResponse.rejected(CycleRejection(retryAfter: 28_798.5, reason: "cycle_full"))
+        let object = try json(response)
+        #expect(object["status"] as? String == "rejected")
+        #expect(object["retry_after"] as? Double == 28_798.5)
+        #expect(try roundTrip(response) == response)
+    }
+
+    @Test func acceptedResponseIsFlatAndRoundTrips() throws {
+        let assignment = CycleAssignment(
+            requestKey: "k1", processID: "p1", cycle: 3, checkpoint: 2, modelID: "p1.2", planID: "p1",
+            clientConfig: ClientConfig(batchSize: 16, learningRate: 0.1, localEpochs: 2, maxUpdates: 50), reportWithin: 120
+        )
+        let object = try json(CycleResponse.accepted(assignment))
+        #expect(object["status"] as? String == "accepted")
+        #expect(object["request_key"] as? String == "k1")
+        #expect((object["client_config"] as? [String: Any])?["batch_size"] as? Int == 16)
+        #expect(try roundTrip(CycleResponse.accepted(assignment)) == .accepted(assignment))
+    }
+
+    @Test func unknownStatusIsADecodingError() {
+        #expect(throws: DecodingError.self) {
+            try WireCoding.decoder().decode(CycleResponse.self, from: Data(#"{"status":"maybe"}"#.utf8))
+        }
+    }
+
+    @Test func clientConfigKeepsFreeFormKeys() throws {
+        let text = #"{"batch_size":8,"learning_rate":0.5,"local_epochs":3,"optimizer":"adam","schedule":{"warmup":[1,2]},"flag":true,"none":null}"#
+        let config = try WireCoding.decoder().decode(ClientConfig.self, from: Data(text.utf8))
+        #expect(config.batchSize == 8)
+        #expect(config.maxUpdates == nil)
+        #expect(config.extra["optimizer"] == .string("adam"))
+        #expect(config.extra["schedule"] == .object(["warmup": .array([.number(1), .number(2)])]))
+        #expect(config.extra["flag"] == .bool(true))
+        #expect(config.extra["none"] == JSONValue.null)
+        let object = try json(config)
+        #expect(object["optimizer"] as? String == "adam")
+        #expect(try roundTrip(config) == config)
+    }
+
+    @Test func serverConfigDefaultsMissingFields() throws {
+        let config = try WireCoding.decoder().decode(ServerConfig.self, from: Data(#"{"goal_count":10,"aggregator":{"kind":"FedAdam"}}"#.utf8))
+        #expect(config.goalCount == 10)
+        #expect(config.capacity == 13)
+        #expect(config.aggregator.kind == .fedAdam)
+        #expect(config.cycleLength == ServerConfig().cycleLength)
+        #expect(config.validationFailure() == nil)
+        #expect(try roundTrip(config) == config)
+    }
+
+    @Test func serverConfigValidationNamesTheField() {
+        var config = ServerConfig(goalCount: 5, minimumReports: 6)
+        #expect(config.validationFailure()?.contains("minimum_reports") == true)
+        config = ServerConfig(authentication: AuthenticationConfig(mode: .hs256))
+        #expect(config.validationFailure()?.contains("secret") == true)
+        config = ServerConfig(overSelection: 0.5)
+        #expect(config.validationFailure()?.contains("over_selection") == true)
+    }
+
+    @Test func unknownAggregatorIsRejected() {
+        #expect(throws: DecodingError.self) {
+            try WireCoding.decoder().decode(AggregatorConfig.self, from: Data(#"{"kind":"fedprox"}"#.utf8))
+        }
+    }
+
+    @Test func errorBodyShape() throws {
+        let object = try json(ErrorBody(code: .deadlinePassed, message: "late"))
+        let detail = try #require(object["error"] as? [String: Any])
+        #expect(detail["code"] as? String == "deadline_passed")
+        #expect(detail["message"] as? String == "late")
+    }
+
+    @Test func hostRequestCarriesWeightsAsBase64() throws {
+        let weights = Safetensors.encode([TensorRecord(name: "d.weight", shape: [1, 2], values: [1, 2])])
+        let model = ModelSpec(name: "m", inputs: [InputSpec(name: "x", shape: [2])], layers: [
+            LayerSpec(name: "d", type: .dense, inputs: ["x"], units: 1, inputSize: 2, useBias: false),
+        ])
+        let request = HostProcessRequest(name: "m", version: SemanticVersion(1), model: model, initialWeights: weights)
+        let object = try json(request)
+        #expect(object["initial_weights"] as? String == Data(weights).base64EncodedString())
+        #expect(try roundTrip(request) == request)
+    }
+
+    @Test func reportEnvelopeRoundTrips() throws {
+        let diff = [TensorRecord(name: "a", shape: [2], values: [0.5, -1]), TensorRecord(name: "b", shape: [], values: [3])]
+        let metadata = ReportMetadata(workerID: "w", requestKey: "k", sampleCount: 42, metrics: ["loss": 0.25, "bad": .nan])
+        let bytes = ReportEnvelope.encode(diff: diff, metadata: metadata)
+        let archive = try Safetensors.decode(bytes)
+        let decoded = try ReportEnvelope.metadata(of: archive)
+        #expect(decoded.sampleCount == 42)
+        #expect(decoded.metrics == ["loss": 0.25])
+        #expect(archive.byName["a"]?.values == [0.5, -1])
+    }
+
+    @Test func reportWithoutMetadataIsAFormatError() throws {
+        let archive = try Safetensors.decode(Safetensors.encode([TensorRecord(name: "a", shape: [1], values: [1])]))
+        #expect(throws: FormatError.self) { try ReportEnvelope.metadata(of: archive) }
+    }
+
+    @Test func endpointPathsAreVersioned() {
+        for path in [Endpoint.authenticate, Endpoint.cycleRequest, Endpoint.report, Endpoint.processes, Endpoint.model("m"), Endpoint.checkpoint("p", "latest")] {
+            #expect(path.hasPrefix(WireProtocol.pathPrefix + "/"))
+        }
+    }
+}
