@@ -1,0 +1,95 @@
+import OrchardFormats
+
+/// Evaluation measures over predictions and targets.
+public enum Metrics {
+    /// Fraction of rows whose largest prediction is at the target class index.
+    /// - Parameters:
+    ///   - predictions: `[count, classes]` scores or probabilities.
+    ///   - labels: `count` class indices (as Float).
+    public static func accuracy(predictions: Tensor, labels: [Float]) throws(EngineError) -> Double {
+        guard predictions.rank == 2, predictions.shape[0] == labels.count, !labels.isEmpty else {
+            throw EngineError(.shapeMismatch, "accuracy needs [count, classes] predictions for \(labels.count) labels, got \(predictions.shape)")
+        }
+        let hits = zip(predictions.argmaxRows(), labels).filter { Float($0) == $1 }.count
+        return Double(hits) / Double(labels.count)
+    }
+
+    /// Root of the mean squared difference.
+    public static func rootMeanSquaredError(predictions: Tensor, targets: Tensor) throws(EngineError) -> Double {
+        try meanSquaredError(predictions: predictions, targets: targets).squareRoot()
+    }
+
+    /// Mean squared difference.
+    public static func meanSquaredError(predictions: Tensor, targets: Tensor) throws(EngineError) -> Double {
+        try checkSameCount(predictions, targets)
+        return zip(predictions.scalars, targets.scalars).reduce(0.0) { $0 + Double(($1.0 - $1.1) * ($1.0 - $1.1)) } / Double(targets.count)
+    }
+
+    /// Mean absolute difference.
+    public static func meanAbsoluteError(predictions: Tensor, targets: Tensor) throws(EngineError) -> Double {
+        try checkSameCount(predictions, targets)
+        return zip(predictions.scalars, targets.scalars).reduce(0.0) { $0 + Double(abs($1.0 - $1.1)) } / Double(targets.count)
+    }
+
+    private static func checkSameCount(_ a: Tensor, _ b: Tensor) throws(EngineError) {
+        guard a.count == b.count, a.count > 0 else {
+            throw EngineError(.shapeMismatch, "predictions \(a.shape) and targets \(b.shape) differ in size or are empty")
+        }
+    }
+}
+
+extension Model {
+    /// Runs the model over a whole dataset in inference mode, in batches through a compiled plan.
+    /// - Returns: The outputs, `[dataset.count] + outputShape`.
+    public func predict(_ dataset: some Dataset, batchSize: Int = 256) throws(EngineError) -> Tensor {
+        let n = dataset.count
+        let plan = try TrainingPlan(model: self, batchCapacity: max(1, min(batchSize, n)), loss: .meanSquaredError)
+        let routes = try plan.inputRoutes(for: dataset, checkTargets: false)
+        let width = plan.outputCount
+        var out = [Float](repeating: 0, count: n * width)
+        var start = 0
+        while start < n {
+            let b = min(plan.batchCapacity, n - start)
+            for j in 0..<b {
+                for (i, route) in routes.enumerated() {
+                    let w = plan.inputCounts[i]
+                    dataset.copyInput(route, of: start + j, into: UnsafeMutableBufferPointer(start: plan.inputBuffers[i] + j * w, count: w))
+                }
+            }
+            try plan.forward(batch: b, training: false)
+            out.withUnsafeMutableBufferPointer { (buffer: inout UnsafeMutableBufferPointer<Float>) in
+                (buffer.baseAddress! + start * width).update(from: plan.output, count: b * width)
+            }
+            start += b
+        }
+        return Tensor(shape: [n] + outputShape, scalars: out)
+    }
+
+    /// The dataset's targets as one tensor `[count] + targetShape`.
+    static func targets(of dataset: some Dataset) -> Tensor {
+        let w = dataset.targetSpec.elementCount
+        var values = [Float](repeating: 0, count: dataset.count * w)
+        values.withUnsafeMutableBufferPointer { buffer in
+            for i in 0..<dataset.count {
+                dataset.copyTarget(of: i, into: UnsafeMutableBufferPointer(rebasing: buffer[(i * w)..<((i + 1) * w)]))
+            }
+        }
+        return Tensor(shape: [dataset.count] + dataset.targetSpec.shape, scalars: values)
+    }
+
+    /// Classification accuracy over a dataset whose targets are class indices.
+    public func accuracy(on dataset: some Dataset, batchSize: Int = 256) throws(EngineError) -> Double {
+        let predictions = try predict(dataset, batchSize: batchSize)
+        return try Metrics.accuracy(predictions: predictions.reshaped([dataset.count, predictions.count / max(dataset.count, 1)]), labels: Self.targets(of: dataset).scalars)
+    }
+
+    /// Root mean squared error over a regression dataset.
+    public func rootMeanSquaredError(on dataset: some Dataset, batchSize: Int = 256) throws(EngineError) -> Double {
+        try Metrics.rootMeanSquaredError(predictions: try predict(dataset, batchSize: batchSize), targets: Self.targets(of: dataset))
+    }
+
+    /// Mean absolute error over a regression dataset.
+    public func meanAbsoluteError(on dataset: some Dataset, batchSize: Int = 256) throws(EngineError) -> Double {
+        try Metrics.meanAbsoluteError(predictions: try predict(dataset, batchSize: batchSize), targets: Self.targets(of: dataset))
+    }
+}

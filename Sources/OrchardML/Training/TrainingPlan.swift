@@ -1,0 +1,329 @@
+public import OrchardFormats
+
+/// A model compiled for a batch size: every activation, gradient, parameter and scratch buffer allocated once.
+///
+/// The plan holds the parameters as one flat vector ordered by name (the same layout as
+/// ``Model/flatParameters()``) and their gradients alongside. ``forward(batch:training:)`` and
+/// ``backward(batch:)`` allocate nothing. Frozen layers compute no weight gradients, and no layer computes an
+/// input gradient that no trainable parameter needs, so layers before the first trainable one do no backward
+/// work at all. Not thread-safe: one plan belongs to one training run.
+public final class TrainingPlan {
+    typealias Ptr = UnsafeMutablePointer<Float>
+
+    /// The model the plan was compiled from (its parameters are not kept current; see ``exportModel()``).
+    public let model: Model
+    /// The largest batch the buffers hold.
+    public let batchCapacity: Int
+    /// The loss the plan computes.
+    public let loss: LossType
+    /// Parameter names in flat order.
+    public let parameterNames: [String]
+    /// Offset of each parameter in the flat vector, by name.
+    public let parameterOffsets: [String: Int]
+    /// Total number of parameter values.
+    public let parameterCount: Int
+    /// Whether each parameter (flat order) is trained.
+    public let parameterTrainable: [Bool]
+
+    /// The flat parameter vector.
+    let parameters: Ptr
+    /// The flat gradient vector (entries of frozen parameters stay zero).
+    let gradients: Ptr
+    /// Trainable stretches of the flat vector.
+    let trainableRanges: [Range<Int>]
+    /// One buffer per model input, `batchCapacity × perSample`.
+    let inputBuffers: [Ptr]
+    /// Per-sample element count of each input.
+    let inputCounts: [Int]
+    /// The target buffer, `batchCapacity × targetCount`.
+    let targets: Ptr
+    /// Per-sample target element count.
+    let targetCount: Int
+    /// Per-sample output element count.
+    let outputCount: Int
+    /// Whether cross-entropy is fused with a final softmax layer.
+    let fusedSoftmax: Bool
+    /// Random stream for dropout masks.
+    var dropoutRandom: OrchardRandom
+
+    private let nodes: [PlanNode]
+    private let outputNode: PlanNode
+    /// Scratch probabilities when cross-entropy reads logits from a non-softmax output.
+    private let probabilities: Ptr?
+    private var allocations: [UnsafeMutableRawPointer] = []
+
+    /// Compiles `model` for batches of up to `batchCapacity` samples.
+    /// - Parameters:
+    ///   - model: The model; its parameters are copied into the plan.
+    ///   - batchCapacity: The largest batch.
+    ///   - loss: The loss to compute; `crossEntropy` needs class-index targets of shape `[1]`.
+    ///   - targetShape: The per-sample target shape (defaults to `[1]` for cross-entropy, the output shape for MSE).
+    ///   - dropoutSeed: Seed of the dropout mask stream.
+    public init(model: Model, batchCapacity: Int, loss: LossType, targetShape: [Int]? = nil, dropoutSeed: UInt64 = 0) throws(EngineError) {
+        guard batchCapacity > 0 else { throw EngineError(.invalidArgument, "batch size must be positive, not \(batchCapacity)") }
+        guard loss == .meanSquaredError || loss == .crossEntropy else {
+            throw EngineError(.invalidArgument, "unknown loss '\(loss)'")
+        }
+        self.model = model
+        self.batchCapacity = batchCapacity
+        self.loss = loss
+        self.dropoutRandom = OrchardRandom.derived(seed: dropoutSeed, stream: 0xD0)
+
+        // Parameters: one flat vector in name order.
+        let named = model.namedParameters
+        let names = named.keys.sorted()
+        let trainableNames = Set(model.trainableParameterNames)
+        var offsets: [String: Int] = [:]
+        var total = 0
+        var ranges: [Range<Int>] = []
+        for name in names {
+            offsets[name] = total
+            let n = named[name]!.count
+            if trainableNames.contains(name) {
+                if let last = ranges.last, last.upperBound == total { ranges[ranges.count - 1] = last.lowerBound..<(total + n) } else { ranges.append(total..<(total + n)) }
+            }
+            total += n
+        }
+        parameterNames = names
+        parameterOffsets = offsets
+        parameterCount = total
+        parameterTrainable = names.map { trainableNames.contains($0) }
+        trainableRanges = ranges
+
+        var allocations: [UnsafeMutableRawPointer] = []
+        func allocate(_ count: Int) -> Ptr {
+            let p = Ptr.allocate(capacity: max(count, 1))
+            p.initialize(repeating: 0, count: max(count, 1))
+            allocations.append(UnsafeMutableRawPointer(p))
+            return p
+        }
+        let params = allocate(total)
+        let grads = allocate(total)
+        parameters = params
+        gradients = grads
+        for name in names {
+            named[name]!.withUnsafeBufferPointer { (params + offsets[name]!).update(from: $0.baseAddress!, count: $0.count) }
+        }
+
+        // Values: inputs and layer outputs.
+        var values: [String: Ptr] = [:]
+        var buffers: [Ptr] = []
+        for input in model.inputs {
+            let p = allocate(batchCapacity * input.shape.reduce(1, *))
+            values[input.name] = p
+            buffers.append(p)
+        }
+        inputBuffers = buffers
+        inputCounts = model.inputs.map { $0.shape.reduce(1, *) }
+
+        // Keep only layers the output depends on.
+        var needed: Set<String> = [model.output]
+        for layer in model.layers.reversed() where needed.contains(layer.name) { needed.formUnion(layer.inputNames) }
+        let layers = model.layers.filter { needed.contains($0.name) }
+
+        // Which values need a gradient: those computed from a trainable parameter.
+        var needsGradient: Set<String> = []
+        for layer in layers {
+            let trainable = !layer.isFrozen && !layer.parameters.isEmpty
+            if trainable || layer.inputNames.contains(where: needsGradient.contains) { needsGradient.insert(layer.name) }
+        }
+        var gradientBuffers: [String: Ptr] = [:]
+        for layer in layers {
+            let count = model.shapes[layer.name]!.reduce(1, *)
+            values[layer.name] = allocate(batchCapacity * count)
+            if needsGradient.contains(layer.name) { gradientBuffers[layer.name] = allocate(batchCapacity * count) }
+        }
+
+        // Gradient writers in backward order: the first overwrites, later ones add.
+        var written: Set<String> = []
+        var accumulateFlags: [String: [Bool]] = [:]
+        let outputLayer = layers.last { $0.name == model.output }!
+        let fused = loss == .crossEntropy && outputLayer is Softmax
+        for layer in layers.reversed() where needsGradient.contains(layer.name) {
+            if fused && layer.name == model.output {
+                // The fused loss writes the softmax's input gradient itself.
+                accumulateFlags[layer.name] = layer.inputNames.map { !written.insert($0).inserted }
+                continue
+            }
+            accumulateFlags[layer.name] = layer.inputNames.map { name in
+                guard gradientBuffers[name] != nil else { return false }
+                return !written.insert(name).inserted
+            }
+        }
+
+        var nodes: [PlanNode] = []
+        for layer in layers {
+            let inputShapes = layer.inputNames.map { model.shapes[$0]! }
+            let node = try PlanNode(
+                layer: layer, inputShapes: inputShapes, outputShape: model.shapes[layer.name]!,
+                inputs: layer.inputNames.map { values[$0]! },
+                inputGradients: layer.inputNames.map { gradientBuffers[$0] },
+                accumulate: accumulateFlags[layer.name] ?? layer.inputNames.map { _ in false },
+                output: values[layer.name]!, outputGradient: gradientBuffers[layer.name],
+                weightOffset: offsets["\(layer.name).weight"], biasOffset: offsets["\(layer.name).bias"],
+                parameters: params, gradients: grads, batchCapacity: batchCapacity, allocate: allocate
+            )
+            nodes.append(node)
+        }
+        self.nodes = nodes
+        self.outputNode = nodes.last { $0.name == model.output }!
+        self.fusedSoftmax = fused
+        outputCount = model.outputShape.reduce(1, *)
+
+        let expectedTarget: [Int]
+        if loss == .crossEntropy {
+            guard model.outputShape.count == 1 else {
+                throw EngineError(.invalidModel, "cross-entropy needs a rank-1 output of class scores, got \(model.outputShape)")
+            }
+            expectedTarget = [1]
+        } else {
+            expectedTarget = model.outputShape
+        }
+        if let targetShape, targetShape.reduce(1, *) != expectedTarget.reduce(1, *) {
+            throw EngineError(.shapeMismatch, "targets of shape \(targetShape) do not fit loss \(loss) on output \(model.outputShape) (expected \(expectedTarget))")
+        }
+        targetCount = expectedTarget.reduce(1, *)
+        targets = allocate(batchCapacity * targetCount)
+        probabilities = (loss == .crossEntropy && !fused) ? allocate(batchCapacity * outputCount) : nil
+        self.allocations = allocations
+    }
+
+    deinit {
+        for p in allocations { p.deallocate() }
+    }
+
+    /// Runs the layers on the first `batch` samples of the input buffers.
+    func forward(batch: Int, training: Bool) throws(EngineError) {
+        for node in nodes { try node.forward(batch: batch, training: training, random: &dropoutRandom) }
+    }
+
+    /// The output buffer (probabilities when the model ends in softmax).
+    var output: UnsafeMutablePointer<Float> { outputNode.output }
+
+    /// Computes the loss of the current forward pass and writes the output gradient. Returns the summed
+    /// per-sample loss (divide by `batch` for the mean); the gradient is of the batch mean.
+    func lossAndGradient(batch: Int) throws(EngineError) -> Double {
+        let out = outputNode.output
+        let n = outputCount
+        var total = 0.0
+        if loss == .meanSquaredError {
+            let scale = 2 / Float(batch * n)
+            let grad = outputNode.outputGradient
+            for i in 0..<(batch * n) {
+                let d = out[i] - targets[i]
+                total += Double(d * d)
+                grad?[i] = scale * d
+            }
+            return total / Double(n)
+        }
+        // Cross-entropy over class indices: probabilities p (softmax output, or computed here from logits).
+        let p: UnsafeMutablePointer<Float>
+        let logits: UnsafeMutablePointer<Float>
+        if fusedSoftmax {
+            p = out
+            logits = outputNode.inputs[0]
+        } else {
+            p = probabilities!
+            logits = out
+            Ops.softmaxForward(rows: batch, width: n, x: logits, y: p)
+        }
+        let grad: UnsafeMutablePointer<Float>? = fusedSoftmax ? outputNode.inputGradients[0] : outputNode.outputGradient
+        let accumulate = fusedSoftmax ? outputNode.accumulate[0] : false
+        let scale = 1 / Float(batch)
+        for b in 0..<batch {
+            let t = targets[b]
+            guard t >= 0, t < Float(n), t == t.rounded(.towardZero) else {
+                throw EngineError(.invalidArgument, "class index \(t) is not in 0..<\(n)")
+            }
+            let label = Int(t)
+            let row = logits + b * n
+            var m = -Float.infinity
+            for j in 0..<n { m = max(m, row[j]) }
+            var s: Double = 0
+            for j in 0..<n { s += Double(expLocal(row[j] - m)) }
+            total += (s.logarithm + Double(m)) - Double(row[label])
+            if let grad {
+                let pr = p + b * n, gr = grad + b * n
+                for j in 0..<n {
+                    let g = scale * (pr[j] - (j == label ? 1 : 0))
+                    if accumulate { gr[j] += g } else { gr[j] = g }
+                }
+            }
+        }
+        return total
+    }
+
+    /// Back-propagates the output gradient written by ``lossAndGradient(batch:)``.
+    func backward(batch: Int) {
+        for node in nodes.reversed() where node.doesBackward {
+            if fusedSoftmax && node === outputNode { continue }
+            node.backward(batch: batch)
+        }
+    }
+
+    /// A copy of the model carrying the plan's current parameters.
+    public func exportModel() -> Model {
+        var m = model
+        for name in parameterNames {
+            let shape = model.parameterShapes[name]!
+            let count = shape.reduce(1, *)
+            let values = Array(UnsafeBufferPointer(start: parameters + parameterOffsets[name]!, count: count))
+            try! m.setParameter(name, to: Tensor(shape: shape, scalars: values))
+        }
+        return m
+    }
+
+    /// Overwrites the plan's parameters with a model's, which must have the same parameter names and shapes.
+    public func loadParameters(from other: Model) throws(EngineError) {
+        let named = other.namedParameters
+        guard named.keys.sorted() == parameterNames else {
+            throw EngineError(.incompatibleCheckpoint, "parameters \(named.keys.sorted()) do not match the plan's \(parameterNames)")
+        }
+        for name in parameterNames {
+            let t = named[name]!
+            guard t.shape == model.parameterShapes[name]! else {
+                throw EngineError(.incompatibleCheckpoint, "parameter '\(name)' has shape \(t.shape), expected \(model.parameterShapes[name]!)")
+            }
+            t.withUnsafeBufferPointer { (parameters + parameterOffsets[name]!).update(from: $0.baseAddress!, count: $0.count) }
+        }
+    }
+
+    /// The current parameters as one flat vector (name order).
+    public func flatParameters() -> [Float] { Array(UnsafeBufferPointer(start: parameters, count: parameterCount)) }
+
+    /// The gradients of the last backward pass as one flat vector (name order; zero for frozen parameters).
+    public func flatGradients() -> [Float] { Array(UnsafeBufferPointer(start: gradients, count: parameterCount)) }
+
+    /// Copies inputs and targets for `batch` samples into the plan's buffers, runs forward, loss and backward,
+    /// and returns the mean loss. Allocates (for the copies); meant for tests and tools, not the training loop.
+    public func computeGradients(inputs: [String: Tensor], targets target: Tensor) throws(EngineError) -> Float {
+        let batch = target.shape.first ?? 0
+        guard batch > 0, batch <= batchCapacity, target.count == batch * targetCount else {
+            throw EngineError(.shapeMismatch, "targets of shape \(target.shape) do not fit \(targetCount) values per sample and batch ≤ \(batchCapacity)")
+        }
+        for (i, input) in model.inputs.enumerated() {
+            guard let t = inputs[input.name], t.count == batch * inputCounts[i] else {
+                throw EngineError(.shapeMismatch, "input '\(input.name)' needs \(batch) × \(input.shape)")
+            }
+            t.withUnsafeBufferPointer { inputBuffers[i].update(from: $0.baseAddress!, count: $0.count) }
+        }
+        target.withUnsafeBufferPointer { targets.update(from: $0.baseAddress!, count: $0.count) }
+        try forward(batch: batch, training: true)
+        let total = try lossAndGradient(batch: batch)
+        backward(batch: batch)
+        return Float(total / Double(batch))
+    }
+}
+
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+@inline(__always) func expLocal(_ x: Float) -> Float { expf(x) }
+
+extension Double {
+    /// Natural logarithm.
+    var logarithm: Double { log(self) }
+}

@@ -1,0 +1,103 @@
+import Foundation
+import OrchardFormats
+import OrchardML
+import Testing
+
+@Suite struct CheckpointTests {
+    static let configuration = TrainingConfiguration(
+        loss: .meanSquaredError, optimizer: .adam(learningRate: 0.01), epochs: 3, batchSize: 10, seed: 77
+    )
+
+    /// Trains in a task that cancels itself after `stopAfter` updates; returns the outcome.
+    static func trainCancelling(after stopAfter: Int, model: Model, resumingFrom state: TrainingState? = nil, configuration: TrainingConfiguration = configuration) async throws -> TrainingOutcome {
+        let data = try Fixtures.housingData()
+        let task = Task { () throws -> TrainingOutcome in
+            let trainer = try Trainer(model: model, configuration: configuration)
+            return try trainer.train(on: data, resumingFrom: state) { progress in
+                if progress.updates == stopAfter { withUnsafeCurrentTask { $0?.cancel() } }
+            }
+        }
+        return try await task.value
+    }
+
+    @Test(arguments: [OptimizerSpec.adam(learningRate: 0.01), .sgd(learningRate: 0.01, momentum: 0.9, weightDecay: 0.001)])
+    func interruptedAndResumedRunIsBitIdenticalToAnUninterruptedOne(optimizer: OptimizerSpec) async throws {
+        var configuration = Self.configuration
+        configuration.optimizer = optimizer
+        let model = try Fixtures.housingModel(seed: 4)
+        let data = try Fixtures.housingData()
+        let straight = try Trainer(model: model, configuration: configuration).train(on: data)
+        guard case .completed(let expected) = straight else { Issue.record("uninterrupted run stopped"); return }
+
+        // Stop in the middle of the second epoch (10 batches per epoch), save, reload, resume in a new trainer.
+        let first = try await Self.trainCancelling(after: 14, model: model, configuration: configuration)
+        guard case .interrupted(let state) = first else { Issue.record("run was not interrupted"); return }
+        #expect(state.position.epoch == 1 && state.position.batch == 4 && state.position.updates == 14)
+        let restored = try TrainingState(checkpoint: state.checkpoint(), model: model)
+        #expect(restored.position == state.position)
+        #expect(restored.optimizer == state.optimizer)
+        let resumed = try Trainer(model: restored.model, configuration: configuration).train(on: data, resumingFrom: restored)
+        guard case .completed(let report) = resumed else { Issue.record("resumed run stopped"); return }
+        #expect(report.updates == expected.updates)
+        #expect(report.model.flatParameters().map(\.bitPattern) == expected.model.flatParameters().map(\.bitPattern))
+        #expect(report.epochs == expected.epochs)
+    }
+
+    @Test func cancelledBeforeTheFirstBatchChangesNothing() async throws {
+        let model = try Fixtures.housingModel()
+        let data = try Fixtures.housingData()
+        let task = Task { () throws -> TrainingOutcome in
+            withUnsafeCurrentTask { $0?.cancel() }
+            return try Trainer(model: model, configuration: Self.configuration).train(on: data)
+        }
+        guard case .interrupted(let state) = try await task.value else { Issue.record("not interrupted"); return }
+        #expect(state.position == .start)
+        #expect(state.model.flatParameters() == model.flatParameters())
+    }
+
+    @Test func weightsRoundTripThroughSafetensorsFiles() throws {
+        let model = try Fixtures.housingModel(seed: 12)
+        let url = FileManager.default.temporaryDirectory.appendingPathComponent("orchard-weights-\(UUID().uuidString).safetensors")
+        defer { try? FileManager.default.removeItem(at: url) }
+        try model.writeWeights(to: url)
+        var other = try Fixtures.housingModel(seed: 13)
+        #expect(other.flatParameters() != model.flatParameters())
+        try other.readWeights(from: url)
+        #expect(other.flatParameters() == model.flatParameters())
+    }
+
+    @Test func loadingRejectsWrongNamesShapesAndDTypes() throws {
+        var model = try Fixtures.housingModel()
+        var records = model.weightRecords
+        records[0] = TensorRecord(name: records[0].name, shape: [4], values: records[0].values)
+        var error = #expect(throws: EngineError.self) { try model.loadWeights(safetensors: Safetensors.encode(records)) }
+        #expect(error?.code == .incompatibleCheckpoint)
+        #expect(error?.message.contains("chasEmbedding.weight") == true && error?.message.contains("shape") == true)
+
+        records = model.weightRecords.filter { $0.name != "out.bias" }
+        error = #expect(throws: EngineError.self) { try model.loadWeights(safetensors: Safetensors.encode(records)) }
+        #expect(error?.message.contains("out.bias") == true)
+
+        records = model.weightRecords + [TensorRecord(name: "extra.weight", shape: [1], values: [0])]
+        error = #expect(throws: EngineError.self) { try model.loadWeights(safetensors: Safetensors.encode(records)) }
+        #expect(error?.message.contains("extra.weight") == true)
+
+        // An F64 tensor: header says F64, 8 bytes of data.
+        let header = #"{"out.bias":{"dtype":"F64","shape":[1],"data_offsets":[0,8]}}"#
+        var bytes = withUnsafeBytes(of: UInt64(header.utf8.count).littleEndian, Array.init)
+        bytes += Array(header.utf8) + [UInt8](repeating: 0, count: 8)
+        error = #expect(throws: EngineError.self) { try model.loadWeights(safetensors: bytes) }
+        #expect(error?.code == .incompatibleCheckpoint)
+        #expect(error?.message.contains("F64") == true, "\(error?.message ?? "")")
+    }
+
+    @Test func trainingStateRejectsAnotherModel() async throws {
+        let outcome = try await Self.trainCancelling(after: 3, model: try Fixtures.housingModel())
+        let bytes = outcome.state.checkpoint()
+        let other = try Model(name: "x", inputShape: [3]) { Dense(units: 1) }
+        let error = #expect(throws: EngineError.self) { try TrainingState(checkpoint: bytes, model: other) }
+        #expect(error?.code == .incompatibleCheckpoint)
+        let weightsOnly = try Fixtures.housingModel().weightsSafetensors()
+        #expect(throws: EngineError.self) { try TrainingState(checkpoint: weightsOnly, model: try Fixtures.housingModel()) }
+    }
+}

@@ -1,0 +1,124 @@
+import Foundation
+import OrchardFormats
+import OrchardML
+import Testing
+
+@Suite struct ModelTests {
+    /// The housing model written as architecture JSON, the way a server ships it.
+    static let housingJSON = """
+    {
+      "formatVersion": 1, "name": "housing", "output": "out",
+      "inputs": [
+        {"name": "numeric", "shape": [10], "categorical": false},
+        {"name": "chas", "shape": [1], "categorical": true},
+        {"name": "rad", "shape": [1], "categorical": true}
+      ],
+      "layers": [
+        {"name": "chasEmbedding", "type": "embedding", "inputs": ["chas"], "frozen": true, "vocabularySize": 2, "embeddingSize": 2},
+        {"name": "radEmbedding", "type": "embedding", "inputs": ["rad"], "frozen": true, "vocabularySize": 9, "embeddingSize": 5},
+        {"name": "features", "type": "concat", "inputs": ["numeric", "chasEmbedding", "radEmbedding"]},
+        {"name": "dense1", "type": "dense", "inputs": ["features"], "units": 64},
+        {"name": "relu1", "type": "relu", "inputs": ["dense1"]},
+        {"name": "dense2", "type": "dense", "inputs": ["relu1"], "units": 32},
+        {"name": "relu2", "type": "relu", "inputs": ["dense2"]},
+        {"name": "out", "type": "dense", "inputs": ["relu2"], "units": 1}
+      ],
+      "training": {"loss": "mse", "optimizer": {"type": "sgd", "learningRate": 0.01}, "epochs": 5, "batchSize": 16}
+    }
+    """
+
+    @Test func housingModelBuildsFromJSONWithDocumentedLayouts() throws {
+        let spec = try ModelSpec.decode(json: Data(Self.housingJSON.utf8))
+        let model = try Model(spec: spec, seed: 3)
+        #expect(model.outputShape == [1])
+        #expect(model.shapes["features"] == [17])
+        #expect(model.parameterShapes == [
+            "chasEmbedding.weight": [2, 2], "radEmbedding.weight": [9, 5],
+            "dense1.weight": [64, 17], "dense1.bias": [64], "dense2.weight": [32, 64], "dense2.bias": [32],
+            "out.weight": [1, 32], "out.bias": [1],
+        ])
+        #expect(model.trainableParameterNames == ["dense1.bias", "dense1.weight", "dense2.bias", "dense2.weight", "out.bias", "out.weight"])
+        // The spec the model gives back rebuilds the same architecture, with inferred sizes filled in.
+        let again = try Model(spec: try ModelSpec.decode(json: try model.spec.jsonData()), seed: 3)
+        #expect(again.spec == model.spec)
+        #expect(again.flatParameters() == model.flatParameters())
+        #expect(model.spec.layers[3].inputSize == 17)
+        #expect(model.training?.optimizer.learningRate == 0.01)
+    }
+
+    @Test func dslClassicAPIAndJSONBuildTheSameHousingModel() throws {
+        let dsl = try Fixtures.housingModel(seed: 7)
+        let classic = try Model(
+            name: "housing",
+            inputs: [InputSpec(name: "numeric", shape: [10]), InputSpec(name: "chas", shape: [1], categorical: true), InputSpec(name: "rad", shape: [1], categorical: true)],
+            layers: [
+                Embedding(vocabularySize: 2, embeddingSize: 2, name: "chasEmbedding", inputs: ["chas"], frozen: true),
+                Embedding(vocabularySize: 9, embeddingSize: 5, name: "radEmbedding", inputs: ["rad"], frozen: true),
+                Concat(name: "features", inputs: ["numeric", "chasEmbedding", "radEmbedding"]),
+                Dense(units: 64), ReLU(), Dense(units: 32), ReLU(), Dense(units: 1),
+            ],
+            seed: 7
+        )
+        let fromJSON = try Model(spec: dsl.spec, seed: 7)
+        #expect(classic.spec == dsl.spec)
+        #expect(fromJSON.spec == dsl.spec)
+        #expect(classic.flatParameters() == dsl.flatParameters())
+        #expect(dsl.layers.map(\.name) == ["chasEmbedding", "radEmbedding", "features", "dense1", "relu1", "dense2", "relu2", "dense3"])
+    }
+
+    @Test func inferenceMatchesAHandComputedDenseLayer() throws {
+        let model = try Model(name: "tiny", inputs: [InputSpec(name: "x", shape: [2])], layers: [
+            Dense(weight: Tensor(rows: [[1, 2], [-1, 0.5]]), bias: Tensor(shape: [2], scalars: [0.5, -1])),
+            ReLU(),
+        ])
+        let y = try model(Tensor(rows: [[1, 1], [2, -2]]))
+        // Row 1: [1+2+0.5, -1+0.5-1] = [3.5, -1.5] → relu [3.5, 0]; row 2: [2-4+0.5, -2-1-1] → [0, 0].
+        #expect(y.scalars == [3.5, 0, 0, 0])
+    }
+
+    @Test(arguments: [
+        ("{\"formatVersion\":1,\"name\":\"m\",\"inputs\":[{\"name\":\"x\",\"shape\":[4],\"categorical\":false}],\"layers\":[{\"name\":\"d\",\"type\":\"dense\",\"inputs\":[\"x\"]}],\"output\":\"d\"}", "needs 'units'"),
+        ("{\"formatVersion\":1,\"name\":\"m\",\"inputs\":[{\"name\":\"x\",\"shape\":[4],\"categorical\":false}],\"layers\":[{\"name\":\"e\",\"type\":\"embedding\",\"inputs\":[\"x\"],\"vocabularySize\":3,\"embeddingSize\":2}],\"output\":\"e\"}", "not categorical"),
+        ("{\"formatVersion\":1,\"name\":\"m\",\"inputs\":[{\"name\":\"x\",\"shape\":[2,3],\"categorical\":false}],\"layers\":[{\"name\":\"d\",\"type\":\"dense\",\"inputs\":[\"x\"],\"units\":2}],\"output\":\"d\"}", "flatten"),
+        ("{\"formatVersion\":1,\"name\":\"m\",\"inputs\":[{\"name\":\"x\",\"shape\":[1,4,4],\"categorical\":false}],\"layers\":[{\"name\":\"c\",\"type\":\"conv2d\",\"inputs\":[\"x\"],\"units\":2,\"kernelSize\":[5,5]}],\"output\":\"c\"}", "does not fit"),
+        ("{\"formatVersion\":1,\"name\":\"m\",\"inputs\":[{\"name\":\"x\",\"shape\":[4],\"categorical\":false}],\"layers\":[{\"name\":\"q\",\"type\":\"quantum\",\"inputs\":[\"x\"]}],\"output\":\"q\"}", "unknown type"),
+    ])
+    func invalidArchitecturesFailWithAClearMessage(json: String, fragment: String) throws {
+        let spec = try ModelSpec.decode(json: Data(json.utf8))
+        let error = #expect(throws: EngineError.self) { try Model(spec: spec) }
+        #expect(error?.code == .invalidModel)
+        #expect(error?.message.contains(fragment) == true, "\(error?.message ?? "")")
+    }
+
+    @Test func parametersAreAddressableByNameAndAsAFlatVector() throws {
+        var model = try Fixtures.housingModel()
+        let flat = model.flatParameters()
+        #expect(flat.count == model.parameterCount)
+        #expect(flat.count == 2 * 2 + 9 * 5 + 64 * 17 + 64 + 32 * 64 + 32 + 32 + 1)
+        // Flat order is by name: chasEmbedding.weight comes first.
+        #expect(Array(flat.prefix(4)) == model.parameter("chasEmbedding.weight")!.scalars)
+        try model.setFlatParameters(flat.map { $0 * 2 })
+        #expect(model.parameter("chasEmbedding.weight")!.scalars == Array(flat.prefix(4)).map { $0 * 2 })
+        #expect(throws: EngineError.self) { try model.setFlatParameters([1, 2, 3]) }
+        #expect(throws: EngineError.self) { try model.setParameter("dense1.weight", to: Tensor(shape: [3, 3])) }
+        #expect(throws: EngineError.self) { try model.setParameter("nothing.weight", to: Tensor(shape: [1])) }
+    }
+
+    @Test func diffAndApplyRoundTrip() throws {
+        let original = try Fixtures.housingModel()
+        let trainer = try Trainer(model: original, configuration: TrainingConfiguration(optimizer: .sgd(learningRate: 0.05), epochs: 1, batchSize: 8))
+        let trained = try trainer.train(on: try Fixtures.housingData()).model
+        let diff = try Model.diff(original: original, trained: trained)
+        #expect(diff.norm > 0)
+        #expect(diff.deltas["chasEmbedding.weight"]!.scalars.allSatisfy { $0 == 0 })
+        var rebuilt = original
+        try rebuilt.apply(diff)
+        for (a, b) in zip(rebuilt.flatParameters(), trained.flatParameters()) { #expect(abs(a - b) <= 1e-6 * max(1, abs(b))) }
+        var half = original
+        try half.apply(ParameterDiff(records: diff.records), scale: 0.5)
+        let w0 = original.parameter("out.bias")![0], w1 = trained.parameter("out.bias")![0]
+        #expect(abs(half.parameter("out.bias")![0] - (w0 + (w1 - w0) / 2)) < 1e-6)
+        var other = try Model(name: "x", inputShape: [3]) { Dense(units: 1) }
+        #expect(throws: EngineError.self) { try other.apply(diff) }
+    }
+}
