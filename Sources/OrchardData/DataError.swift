@@ -4,7 +4,7 @@ public struct DataError: Error, Sendable, Hashable, CustomStringConvertible {
     public struct Code: Sendable, Hashable, CustomStringConvertible {
         private enum Kind: String, Sendable, Hashable {
             case malformedValue, fieldCount, missingHeader, unknownColumn, emptyData, unknownCategory
-            case invalidIDX, sizeMismatch, unreadable, invalidArgument, tooFewSamples
+            case invalidIdx, sizeMismatch, unreadable, invalidArgument, tooFewSamples
         }
         private let kind: Kind
         private init(_ kind: Kind) { self.kind = kind }
@@ -22,7 +22,7 @@ public struct DataError: Error, Sendable, Hashable, CustomStringConvertible {
         /// A categorical value was not seen when the encoder was fitted.
         public static let unknownCategory = Code(.unknownCategory)
         /// An IDX file's magic number, element type or dimensions are invalid.
-        public static let invalidIDX = Code(.invalidIDX)
+        public static let invalidIDX = Code(.invalidIdx)
         /// Sizes that must agree do not (e.g. image and label counts, bytes present and announced).
         public static let sizeMismatch = Code(.sizeMismatch)
         /// A file could not be read or decompressed.

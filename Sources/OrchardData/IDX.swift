@@ -149,26 +149,53 @@ public struct IDXArray: Sendable, Hashable {
     }
 
     private static func gunzip(_ bytes: [UInt8]) throws(DataError) -> [UInt8] {
-        var input = ByteBuffer(bytes: bytes)
-        // The gzip trailer's last four bytes hold the uncompressed size modulo 2³²: allocate it once.
+        // The 8-byte trailer holds the CRC-32 and the size (mod 2³²) of the uncompressed data. zlib (through
+        // CompressNIO) stops quietly at the end of a truncated stream, so both are checked here.
         let n = bytes.count
-        let announced = n >= 18 ? Int(bytes[n - 4]) | Int(bytes[n - 3]) << 8 | Int(bytes[n - 2]) << 16 | Int(bytes[n - 1]) << 24 : 0
-        do {
-            if announced > 0 {
-                var output = ByteBufferAllocator().buffer(capacity: announced)
-                do {
-                    try input.decompress(to: &output, with: .gzip())
-                    return Array(output.readableBytesView)
-                } catch let error as CompressNIOError where error == .bufferOverflow {
-                    // The size field wrapped (input over 4 GiB): decompress with growing buffers instead.
-                    input.moveReaderIndex(to: 0)
-                }
-            }
-            let output = try input.decompress(with: .gzip())
-            return Array(output.readableBytesView)
-        } catch {
-            throw DataError(.unreadable, "gzip data is corrupt or truncated: \(error)")
+        guard n >= 18 else { throw DataError(.unreadable, "gzip data of \(n) bytes is truncated") }
+        func word(_ at: Int) -> UInt32 {
+            UInt32(bytes[at]) | UInt32(bytes[at + 1]) << 8 | UInt32(bytes[at + 2]) << 16 | UInt32(bytes[at + 3]) << 24
         }
+        let expectedCRC = word(n - 8)
+        let expectedSize = word(n - 4)
+        var input = ByteBuffer(bytes: bytes)
+        let output: [UInt8]
+        do {
+            // Deflate expands at most ~1032:1, which bounds the allocation a corrupt size field could ask for.
+            let capacity = min(Int(expectedSize), n * 1032 + 1024)
+            var buffer = ByteBufferAllocator().buffer(capacity: capacity)
+            do {
+                try input.decompress(to: &buffer, with: .gzip())
+            } catch let error as CompressNIOError where error == .bufferOverflow {
+                // The size field wrapped (data over 4 GiB) or lies: decompress with growing buffers instead.
+                input.moveReaderIndex(to: 0)
+                buffer = try input.decompress(with: .gzip())
+            }
+            output = Array(buffer.readableBytesView)
+        } catch {
+            throw DataError(.unreadable, "gzip data is corrupt: \(error)")
+        }
+        guard UInt32(truncatingIfNeeded: output.count) == expectedSize, CRC32.checksum(output) == expectedCRC else {
+            throw DataError(.unreadable, "gzip data is truncated or corrupt (size or CRC-32 does not match its trailer)")
+        }
+        return output
+    }
+}
+
+/// CRC-32 (IEEE 802.3, reflected polynomial 0xEDB88320), as gzip's trailer uses.
+enum CRC32 {
+    private static let table: [UInt32] = (0..<256).map { n in
+        (0..<8).reduce(UInt32(n)) { c, _ in c & 1 == 1 ? 0xEDB8_8320 ^ (c >> 1) : c >> 1 }
+    }
+
+    static func checksum(_ bytes: [UInt8]) -> UInt32 {
+        var crc: UInt32 = 0xFFFF_FFFF
+        table.withUnsafeBufferPointer { t in
+            bytes.withUnsafeBufferPointer { b in
+                for i in 0..<b.count { crc = t[Int((crc ^ UInt32(b[i])) & 0xFF)] ^ (crc >> 8) }
+            }
+        }
+        return crc ^ 0xFFFF_FFFF
     }
 }
 

@@ -63,7 +63,7 @@ public struct PartitionStrategy: Sendable, Hashable, CustomStringConvertible {
     ///   - clients: Number of clients, at least 1 and at most `count`.
     ///   - generator: The seeded source of randomness.
     /// - Returns: Each client's sample positions; together they hold every position exactly once.
-    public func assign(count: Int, labels: [Int]? = nil, clients: Int, using generator: inout SeededRandom) throws(DataError) -> [[Int]] {
+    public func assign(count: Int, labels: [Int]? = nil, clients: Int, using generator: inout OrchardRandom) throws(DataError) -> [[Int]] {
         guard clients >= 1 else { throw DataError(.invalidArgument, "need at least one client, not \(clients)") }
         guard count >= clients else {
             throw DataError(.tooFewSamples, "\(count) samples cannot be dealt to \(clients) clients")
@@ -149,7 +149,7 @@ private func cut(_ count: Int, by shares: [Double]) -> [Range<Int>] {
     return ranges
 }
 
-extension SeededRandom {
+extension OrchardRandom {
     /// A draw from the symmetric Dirichlet(α, …, α) distribution over `count` categories.
     ///
     /// Gamma variates are drawn in log space (Marsaglia & Tsang 2000, with the `U^(1/α)` boost for α < 1) and
@@ -165,18 +165,18 @@ extension SeededRandom {
     /// The logarithm of a Gamma(shape, 1) variate.
     mutating func logGamma(shape: Double) -> Double {
         if shape < 1 {
-            var u = nextUnit()
-            while u == 0 { u = nextUnit() }
+            var u = nextDouble()
+            while u == 0 { u = nextDouble() }
             return logGamma(shape: shape + 1) + log(u) / shape
         }
         let d = shape - 1.0 / 3
         let c = 1 / (9 * d).squareRoot()
         while true {
-            let x = nextStandardNormal()
+            let x = nextStandardNormalSample()
             let v = 1 + c * x
             guard v > 0 else { continue }
             let v3 = v * v * v
-            let u = nextUnit()
+            let u = nextDouble()
             if u < 1 - 0.0331 * x * x * x * x || (u > 0 && log(u) < 0.5 * x * x + d * (1 - v3 + log(v3))) {
                 return log(d) + log(v3)
             }
@@ -192,7 +192,7 @@ extension Dataset {
     ///   - generator: The seeded source of randomness.
     ///   - labels: Each sample's label, for label-based strategies; read from the target (a class index) when nil.
     public func partitioned(
-        into clients: Int, strategy: PartitionStrategy, using generator: inout SeededRandom, labels: [Int]? = nil
+        into clients: Int, strategy: PartitionStrategy, using generator: inout OrchardRandom, labels: [Int]? = nil
     ) throws(DataError) -> [DatasetSlice<Self>] {
         var labels = labels
         if strategy.needsLabels && labels == nil { labels = try classLabels() }

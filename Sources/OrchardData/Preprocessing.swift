@@ -131,7 +131,7 @@ public struct TrainTestSplit: Sendable, Hashable {
     ///   - count: Number of rows.
     ///   - testFraction: Share of rows for testing, in `(0, 1)`; both parts must be non-empty.
     ///   - generator: The seeded source of randomness.
-    public init(count: Int, testFraction: Double, using generator: inout SeededRandom) throws(DataError) {
+    public init(count: Int, testFraction: Double, using generator: inout OrchardRandom) throws(DataError) {
         guard testFraction > 0, testFraction < 1 else {
             throw DataError(.invalidArgument, "test fraction \(testFraction) is not in (0, 1)")
         }
@@ -271,7 +271,7 @@ public struct TabularPreprocessor: Sendable, Hashable, Codable {
 
 extension Table {
     /// Splits the rows at random into training and test tables (see ``TrainTestSplit``).
-    public func split(testFraction: Double, using generator: inout SeededRandom) throws(DataError) -> (train: Table, test: Table) {
+    public func split(testFraction: Double, using generator: inout OrchardRandom) throws(DataError) -> (train: Table, test: Table) {
         let split = try TrainTestSplit(count: rowCount, testFraction: testFraction, using: &generator)
         return (rows(split.train), rows(split.test))
     }

@@ -101,9 +101,9 @@ public struct TabularReader: Sendable {
         var texts: [[String]] = []
         var lineNumber = 0
 
-        for rawLine in text.split(separator: "\n", omittingEmptySubsequences: false) {
+        // Swift reads "\r\n" as one Character, so lines end at any newline Character (LF, CRLF or CR).
+        for line in text.split(omittingEmptySubsequences: false, whereSeparator: \.isNewline) {
             lineNumber += 1
-            let line = rawLine.hasSuffix("\r") ? rawLine.dropLast() : rawLine
             if line.allSatisfy(\.isWhitespace) { continue }
             if let prefix = configuration.commentPrefix, line.drop(while: \.isWhitespace).hasPrefix(prefix) { continue }
             let fields = try split(line, lineNumber: lineNumber)

@@ -63,6 +63,13 @@ struct IDXTests {
         #expect { try IDXArray(bytes: bytes) } throws: { ($0 as? DataError)?.code == code }
     }
 
+    @Test("a gzip file whose data does not match its CRC-32 is rejected")
+    func corruptGzip() {
+        var bytes = Self.gzipImages
+        bytes[bytes.count - 6] ^= 0x01  // flip a bit of the stored CRC-32
+        #expect { try IDXArray(bytes: bytes) } throws: { ($0 as? DataError)?.code == .unreadable }
+    }
+
     @Test("image and label counts must agree, and types must be bytes")
     func mismatchedPair() throws {
         let images = try IDXArray(bytes: Self.rawImages)
@@ -99,7 +106,7 @@ struct IDXTests {
         let pixels = read(train, input: 0, sample: 0)
         #expect(pixels.allSatisfy { $0 >= 0 && $0 <= 1 } && pixels.contains { $0 > 0.5 })
 
-        var g = SeededRandom(seed: 2017)
+        var g = OrchardRandom(seed: 2017)
         let clients = try train.partitioned(into: 100, strategy: .labelShards(), using: &g, labels: labels)
         #expect(clients.allSatisfy { $0.count == 600 && Set($0.indices.map { labels[$0] }).count <= 2 })
     }

@@ -80,7 +80,7 @@ struct PreprocessingTests {
 
     @Test("the preprocessor round-trips through JSON")
     func preprocessorJSON() throws {
-        let train = try TabularReader().read(text: "x,cat,t\n1,a,1\n2,b,2\n4,a,3\n")
+        let train = try TabularReader(configuration: .init(textColumns: ["cat"])).read(text: "x,cat,t\n1,a,1\n2,b,2\n4,a,3\n")
         let p = try TabularPreprocessor(fitting: train, numeric: ["x"], categorical: ["cat"], target: "t", unknownCategories: .reservedIndex)
         let decoded = try TabularPreprocessor.decode(json: try p.jsonData())
         #expect(decoded == p)
@@ -96,9 +96,9 @@ struct PreprocessingTests {
 
     @Test("train/test split is a seeded partition of the rows", arguments: [0.2, 0.5, 0.9])
     func split(testFraction: Double) throws {
-        var g1 = SeededRandom(seed: 7)
-        var g2 = SeededRandom(seed: 7)
-        var g3 = SeededRandom(seed: 8)
+        var g1 = OrchardRandom(seed: 7)
+        var g2 = OrchardRandom(seed: 7)
+        var g3 = OrchardRandom(seed: 8)
         let a = try TrainTestSplit(count: 50, testFraction: testFraction, using: &g1)
         let b = try TrainTestSplit(count: 50, testFraction: testFraction, using: &g2)
         let c = try TrainTestSplit(count: 50, testFraction: testFraction, using: &g3)
@@ -110,7 +110,7 @@ struct PreprocessingTests {
 
     @Test("a split that would leave a side empty is rejected")
     func degenerateSplit() {
-        var g = SeededRandom(seed: 1)
+        var g = OrchardRandom(seed: 1)
         #expect(throws: DataError.self) { try TrainTestSplit(count: 3, testFraction: 0.1, using: &g) }
         #expect(throws: DataError.self) { try TrainTestSplit(count: 10, testFraction: 1, using: &g) }
     }
