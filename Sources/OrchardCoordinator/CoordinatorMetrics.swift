@@ -1,0 +1,34 @@
+public import CoreMetrics
+
+/// The coordinator's metrics, created through an injected swift-metrics factory (Prometheus in `orchard serve`).
+public struct CoordinatorMetrics: Sendable {
+    let checkinsAccepted: Counter
+    let checkinsRejected: Counter
+    let reportsAccepted: Counter
+    let reportsRefused: Counter
+    let reportBytes: Counter
+    let cyclesAggregated: Counter
+    let cyclesAbandoned: Counter
+    let aggregationSeconds: Timer
+    let reportCommitSeconds: Timer
+    let openCycleAssigned: Gauge
+    let openCycleReported: Gauge
+
+    /// Creates the metrics with `factory`.
+    public init(factory: any MetricsFactory) {
+        checkinsAccepted = Counter(label: "orchard_checkins_total", dimensions: [("result", "accepted")], factory: factory)
+        checkinsRejected = Counter(label: "orchard_checkins_total", dimensions: [("result", "rejected")], factory: factory)
+        reportsAccepted = Counter(label: "orchard_reports_total", dimensions: [("result", "accepted")], factory: factory)
+        reportsRefused = Counter(label: "orchard_reports_total", dimensions: [("result", "refused")], factory: factory)
+        reportBytes = Counter(label: "orchard_report_bytes_total", factory: factory)
+        cyclesAggregated = Counter(label: "orchard_cycles_total", dimensions: [("outcome", "aggregated")], factory: factory)
+        cyclesAbandoned = Counter(label: "orchard_cycles_total", dimensions: [("outcome", "abandoned")], factory: factory)
+        aggregationSeconds = Timer(label: "orchard_aggregation_duration_seconds", factory: factory)
+        reportCommitSeconds = Timer(label: "orchard_report_commit_duration_seconds", factory: factory)
+        openCycleAssigned = Gauge(label: "orchard_open_cycle_assigned", factory: factory)
+        openCycleReported = Gauge(label: "orchard_open_cycle_reported", factory: factory)
+    }
+
+    /// Metrics that go nowhere.
+    public static var discarding: CoordinatorMetrics { CoordinatorMetrics(factory: NOOPMetricsHandler.instance) }
+}

@@ -1,0 +1,344 @@
+public import Foundation
+public import OrchardProtocol
+
+/// The cycle logic of one FL process as a pure state machine: no I/O, no clock, no randomness of its own.
+///
+/// The caller feeds it events (a cycle request, a report starting, committing or failing, a timer tick) with
+/// the current time and any random inputs, performs the I/O the returned decisions call for, and reports the
+/// outcome back (``apply(_:)``). A cycle admits up to ``Configuration/capacity`` devices, closes when the goal
+/// is reached or at its deadline, and is then aggregated (if at least the minimum reported) or abandoned; either
+/// way the next cycle opens, until the configured number of cycles has completed.
+public struct CycleStateMachine: Sendable, Hashable {
+    /// The knobs of the state machine, taken from a process's ``ServerConfig``.
+    public struct Configuration: Sendable, Hashable {
+        /// Reports that close a cycle early.
+        public var goalCount: Int
+        /// Devices admitted per cycle.
+        public var capacity: Int
+        /// Reports needed at the deadline to aggregate.
+        public var minimumReports: Int
+        /// Seconds from opening to deadline.
+        public var cycleLength: Double
+        /// Cycles to complete; 0 means unbounded.
+        public var cycles: Int
+        /// Seconds over which rejected devices are spread.
+        public var paceSteeringWindow: Double
+
+        /// Creates a configuration.
+        public init(goalCount: Int = 100, capacity: Int = 130, minimumReports: Int = 1, cycleLength: Double = 600, cycles: Int = 0, paceSteeringWindow: Double = 60) {
+            self.goalCount = goalCount
+            self.capacity = capacity
+            self.minimumReports = minimumReports
+            self.cycleLength = cycleLength
+            self.cycles = cycles
+            self.paceSteeringWindow = paceSteeringWindow
+        }
+
+        /// The configuration a server config implies.
+        public init(_ server: ServerConfig) {
+            self.init(
+                goalCount: server.goalCount, capacity: server.capacity, minimumReports: server.minimumReports,
+                cycleLength: server.cycleLength, cycles: server.cycles, paceSteeringWindow: server.paceSteeringWindow
+            )
+        }
+    }
+
+    /// Where the current cycle stands.
+    public enum Phase: String, Sendable, Hashable {
+        /// Admitting devices and accepting reports.
+        case open
+        /// Goal reached or deadline passed; waiting for reports still being committed.
+        case closing
+        /// Aggregation or abandonment is being written; nothing is admitted.
+        case transitioning
+        /// Every configured cycle has completed.
+        case completed
+    }
+
+    /// A device's place in the current cycle.
+    public struct Assignment: Sendable, Hashable {
+        /// How far the device got.
+        public enum State: String, Sendable, Hashable {
+            /// Admitted; no report yet.
+            case assigned
+            /// A report is being validated and committed.
+            case reporting
+            /// Its report was committed.
+            case reported
+        }
+
+        /// The worker.
+        public var workerID: String
+        /// The key issued to it for this cycle.
+        public var requestKey: String
+        /// Its progress.
+        public var state: State
+
+        /// Creates an assignment.
+        public init(workerID: String, requestKey: String, state: State = .assigned) {
+            self.workerID = workerID
+            self.requestKey = requestKey
+            self.state = state
+        }
+    }
+
+    /// The answer to a cycle request.
+    public enum CycleDecision: Sendable, Hashable {
+        /// Admitted; `isNew` is false when the worker already held this assignment (a repeated request).
+        case assigned(Assignment, reportWithin: Double, isNew: Bool)
+        /// Turned away; come back after `retryAfter` seconds.
+        case rejected(retryAfter: Double, reason: String)
+    }
+
+    /// The answer to a report starting.
+    public enum ReportDecision: Sendable, Hashable {
+        /// The report may be validated and committed for `cycle`.
+        case proceed(cycle: Int)
+        /// The report is refused.
+        case refused(WireErrorCode, String)
+    }
+
+    /// Work the caller must do to close the cycle.
+    public enum CycleAction: Sendable, Hashable {
+        /// Enough reports: average them, publish the next checkpoint, open the next cycle.
+        case aggregate(cycle: Int, reports: Int)
+        /// Too few reports at the deadline: discard them and open a fresh cycle on the same checkpoint.
+        case abandon(cycle: Int, reports: Int)
+    }
+
+    /// A planned transition the caller persists, then applies with ``apply(_:)``.
+    public struct Transition: Sendable, Hashable {
+        /// The cycle being closed.
+        public var closedCycle: Int
+        /// Whether it was aggregated (false: abandoned).
+        public var aggregated: Bool
+        /// The checkpoint the next cycle trains from.
+        public var checkpoint: Int
+        /// The next cycle, or nil when the process completes.
+        public var nextCycle: Int?
+        /// When the next cycle opens.
+        public var openedAt: Date
+        /// The next cycle's deadline.
+        public var deadline: Date
+    }
+
+    /// The configuration.
+    public private(set) var configuration: Configuration
+    /// The current cycle's number (1-based).
+    public private(set) var cycle: Int
+    /// The checkpoint the current cycle trains from.
+    public private(set) var checkpoint: Int
+    /// When the current cycle opened.
+    public private(set) var openedAt: Date
+    /// The current cycle's reporting deadline.
+    public private(set) var deadline: Date
+    /// The current phase.
+    public private(set) var phase: Phase
+    /// Cycles aggregated so far.
+    public private(set) var completedCycles: Int
+    /// Cycles abandoned so far.
+    public private(set) var abandonedCycles: Int
+    /// The current cycle's assignments by worker id.
+    public private(set) var assignments: [String: Assignment]
+    /// Reports committed in the current cycle.
+    public private(set) var reported: Int
+    /// Reports being validated or committed.
+    public private(set) var reporting: Int
+    private var workerForKey: [String: String]
+    private var previousCycleKeys: Set<String>
+
+    /// Creates (or restores) a state machine.
+    /// - Parameters:
+    ///   - configuration: The process's knobs.
+    ///   - cycle: The open cycle's number.
+    ///   - checkpoint: The checkpoint it trains from.
+    ///   - openedAt: When it opened; the deadline is `openedAt + cycleLength`.
+    ///   - completedCycles: Cycles aggregated before it.
+    ///   - abandonedCycles: Cycles abandoned before it.
+    ///   - assignments: Its assignments (restored ones in state `reporting` are treated as `assigned`: an
+    ///     unacknowledged report was never committed).
+    ///   - completed: Whether the process already finished.
+    public init(
+        configuration: Configuration, cycle: Int = 1, checkpoint: Int = 0, openedAt: Date,
+        completedCycles: Int = 0, abandonedCycles: Int = 0, assignments: [Assignment] = [], completed: Bool = false
+    ) {
+        self.configuration = configuration
+        self.cycle = cycle
+        self.checkpoint = checkpoint
+        self.openedAt = openedAt
+        self.deadline = openedAt.addingTimeInterval(configuration.cycleLength)
+        self.phase = completed ? .completed : .open
+        self.completedCycles = completedCycles
+        self.abandonedCycles = abandonedCycles
+        self.assignments = [:]
+        self.workerForKey = [:]
+        self.previousCycleKeys = []
+        self.reported = 0
+        self.reporting = 0
+        for var assignment in assignments {
+            if assignment.state == .reporting { assignment.state = .assigned }
+            if assignment.state == .reported { reported += 1 }
+            self.assignments[assignment.workerID] = assignment
+            workerForKey[assignment.requestKey] = assignment.workerID
+        }
+        if phase == .open && reported >= configuration.goalCount { phase = .closing }
+    }
+
+    /// How long a rejected device should wait: until the current cycle's deadline (when the next one opens at
+    /// the latest), spread by `jitter` (0…1) over the pace-steering window.
+    private func retryAfter(now: Date, jitter: Double) -> Double {
+        let untilDeadline = phase == .open ? max(0, deadline.timeIntervalSince(now)) : 0
+        let spread = min(max(jitter, 0), 1) * configuration.paceSteeringWindow
+        return (untilDeadline + spread).rounded(.up)
+    }
+
+    /// The seconds a device is told to wait once the process has completed its cycles.
+    public static let completedRetryAfter: Double = 86_400
+
+    /// A device asks to join the current cycle.
+    /// - Parameters:
+    ///   - workerID: The worker.
+    ///   - now: The current time.
+    ///   - newRequestKey: The key to issue if the worker is admitted (random, from the caller).
+    ///   - jitter: A random number in 0…1 spreading `retry_after` over the pace-steering window.
+    public mutating func requestCycle(workerID: String, now: Date, newRequestKey: String, jitter: Double) -> CycleDecision {
+        switch phase {
+        case .completed:
+            return .rejected(retryAfter: Self.completedRetryAfter, reason: "process_completed")
+        case .closing, .transitioning:
+            return .rejected(retryAfter: retryAfter(now: now, jitter: jitter), reason: "cycle_closing")
+        case .open:
+            break
+        }
+        if now >= deadline {
+            return .rejected(retryAfter: retryAfter(now: now, jitter: jitter), reason: "cycle_closing")
+        }
+        let remaining = deadline.timeIntervalSince(now)
+        if let existing = assignments[workerID] {
+            if existing.state == .reported {
+                return .rejected(retryAfter: retryAfter(now: now, jitter: jitter), reason: "already_reported")
+            }
+            return .assigned(existing, reportWithin: remaining, isNew: false)
+        }
+        guard assignments.count < configuration.capacity else {
+            return .rejected(retryAfter: retryAfter(now: now, jitter: jitter), reason: "cycle_full")
+        }
+        let assignment = Assignment(workerID: workerID, requestKey: newRequestKey)
+        assignments[workerID] = assignment
+        workerForKey[newRequestKey] = workerID
+        return .assigned(assignment, reportWithin: remaining, isNew: true)
+    }
+
+    /// Withdraws a new assignment whose persistence failed.
+    public mutating func revokeAssignment(workerID: String) {
+        guard let assignment = assignments[workerID], assignment.state == .assigned else { return }
+        assignments[workerID] = nil
+        workerForKey[assignment.requestKey] = nil
+    }
+
+    /// A report arrives; on ``ReportDecision/proceed(cycle:)`` the caller validates and commits it, then calls
+    /// ``commitReport(workerID:)`` or ``abortReport(workerID:)``.
+    public mutating func beginReport(workerID: String, requestKey: String, now: Date) -> ReportDecision {
+        guard let owner = workerForKey[requestKey] else {
+            if previousCycleKeys.contains(requestKey) {
+                return .refused(.deadlinePassed, "request key belongs to cycle \(cycle - 1), which has closed")
+            }
+            return .refused(.invalidRequestKey, "request key is not one issued for the current cycle")
+        }
+        guard owner == workerID, var assignment = assignments[workerID] else {
+            return .refused(.invalidRequestKey, "request key was issued to another worker")
+        }
+        switch assignment.state {
+        case .reported:
+            return .refused(.reportAlreadyReceived, "a report for this request key was already accepted")
+        case .reporting:
+            return .refused(.reportAlreadyReceived, "a report for this request key is being processed")
+        case .assigned:
+            break
+        }
+        guard phase == .open, now < deadline else {
+            return .refused(.deadlinePassed, "cycle \(cycle) stopped accepting reports")
+        }
+        assignment.state = .reporting
+        assignments[workerID] = assignment
+        reporting += 1
+        return .proceed(cycle: cycle)
+    }
+
+    /// A report that began was refused or failed to commit; the worker may report again.
+    public mutating func abortReport(workerID: String) -> CycleAction? {
+        guard var assignment = assignments[workerID], assignment.state == .reporting else { return nil }
+        assignment.state = .assigned
+        assignments[workerID] = assignment
+        reporting -= 1
+        return closeIfReady()
+    }
+
+    /// A report that began was committed.
+    public mutating func commitReport(workerID: String) -> CycleAction? {
+        guard var assignment = assignments[workerID], assignment.state == .reporting else { return nil }
+        assignment.state = .reported
+        assignments[workerID] = assignment
+        reporting -= 1
+        reported += 1
+        if phase == .open && reported >= configuration.goalCount { phase = .closing }
+        return closeIfReady()
+    }
+
+    /// The timer ticked: closes the cycle when its deadline has passed.
+    public mutating func timerFired(now: Date) -> CycleAction? {
+        if phase == .open && now >= deadline { phase = .closing }
+        return closeIfReady()
+    }
+
+    private mutating func closeIfReady() -> CycleAction? {
+        guard phase == .closing, reporting == 0 else { return nil }
+        phase = .transitioning
+        if reported >= configuration.minimumReports {
+            return .aggregate(cycle: cycle, reports: reported)
+        }
+        return .abandon(cycle: cycle, reports: reported)
+    }
+
+    /// The transition to persist after an action: aggregation publishes checkpoint + 1, abandonment keeps it.
+    public func plan(_ action: CycleAction, now: Date) -> Transition {
+        switch action {
+        case .aggregate(let closed, _):
+            let finished = configuration.cycles > 0 && completedCycles + 1 >= configuration.cycles
+            return Transition(
+                closedCycle: closed, aggregated: true, checkpoint: checkpoint + 1, nextCycle: finished ? nil : closed + 1,
+                openedAt: now, deadline: now.addingTimeInterval(configuration.cycleLength)
+            )
+        case .abandon(let closed, _):
+            return Transition(
+                closedCycle: closed, aggregated: false, checkpoint: checkpoint, nextCycle: closed + 1,
+                openedAt: now, deadline: now.addingTimeInterval(configuration.cycleLength)
+            )
+        }
+    }
+
+    /// Applies a transition once it is persisted.
+    public mutating func apply(_ transition: Transition) {
+        precondition(phase == .transitioning && transition.closedCycle == cycle, "transition does not match cycle \(cycle)")
+        if transition.aggregated { completedCycles += 1 } else { abandonedCycles += 1 }
+        previousCycleKeys = Set(workerForKey.keys)
+        assignments = [:]
+        workerForKey = [:]
+        reported = 0
+        reporting = 0
+        checkpoint = transition.checkpoint
+        guard let next = transition.nextCycle else {
+            phase = .completed
+            return
+        }
+        cycle = next
+        openedAt = transition.openedAt
+        deadline = transition.deadline
+        phase = .open
+    }
+
+    /// Returns to `closing` after a transition failed to persist, so the next tick retries it.
+    public mutating func transitionFailed() {
+        if phase == .transitioning { phase = .closing }
+    }
+}

@@ -1,1 +1,0 @@
-// The OrchardCoordinator module; see README.md for its role.

@@ -1,0 +1,275 @@
+public import Foundation
+import GRDB
+import OrchardFormats
+import OrchardProtocol
+
+/// A ``CoordinatorStore`` in one SQLite file (WAL mode) through GRDB.
+///
+/// A report's transaction writes its diff row; the running sum is folded in memory and written back every
+/// few reports (``CoordinatorConfiguration/foldInterval``), dropping the diffs it now includes. A restart reads
+/// the stored sum and folds the remaining diffs again, so nothing acknowledged is lost or counted twice.
+public final class SQLiteStore: CoordinatorStore {
+    /// How hard SQLite pushes commits to disk.
+    public struct Durability: Sendable, Hashable, CustomStringConvertible {
+        private enum Kind: String, Sendable, Hashable { case normal, full }
+        private let kind: Kind
+        private init(_ kind: Kind) { self.kind = kind }
+        /// `synchronous=NORMAL`: a commit survives a killed process (kill -9); the last commits can be lost on
+        /// power failure.
+        public static let normal = Durability(.normal)
+        /// `synchronous=FULL`: every commit is fsynced; survives power failure.
+        public static let full = Durability(.full)
+        public var description: String { kind.rawValue }
+        /// Parses `normal` or `full`.
+        public init?(_ text: String) {
+            guard let kind = Kind(rawValue: text.lowercased()) else { return nil }
+            self.kind = kind
+        }
+    }
+
+    private let pool: DatabasePool
+
+    /// Opens (creating if needed) the database at `path`.
+    public init(path: String, durability: Durability = .normal) throws {
+        var configuration = Configuration()
+        configuration.busyMode = .timeout(10)
+        let synchronous = durability.description.uppercased()
+        configuration.prepareDatabase { db in
+            try db.execute(sql: "PRAGMA synchronous = \(synchronous)")
+            try db.execute(sql: "PRAGMA foreign_keys = ON")
+        }
+        pool = try DatabasePool(path: path, configuration: configuration)
+        try Self.migrator.migrate(pool)
+    }
+
+    private static var migrator: DatabaseMigrator {
+        var migrator = DatabaseMigrator()
+        migrator.registerMigration("v1") { db in
+            try db.execute(sql: """
+                CREATE TABLE processes (
+                    id TEXT PRIMARY KEY, name TEXT NOT NULL, version TEXT NOT NULL, model TEXT NOT NULL,
+                    client_config TEXT NOT NULL, server_config TEXT NOT NULL, created_at REAL NOT NULL,
+                    completed INTEGER NOT NULL DEFAULT 0, latest_checkpoint INTEGER NOT NULL DEFAULT 0,
+                    cycles_completed INTEGER NOT NULL DEFAULT 0, cycles_abandoned INTEGER NOT NULL DEFAULT 0,
+                    optimizer_state BLOB, UNIQUE (name, version));
+                CREATE TABLE checkpoints (
+                    process_id TEXT NOT NULL REFERENCES processes(id) ON DELETE CASCADE, number INTEGER NOT NULL,
+                    weights BLOB NOT NULL, PRIMARY KEY (process_id, number));
+                CREATE TABLE cycles (
+                    process_id TEXT NOT NULL REFERENCES processes(id) ON DELETE CASCADE, number INTEGER NOT NULL,
+                    checkpoint INTEGER NOT NULL, opened_at REAL NOT NULL, status TEXT NOT NULL,
+                    sum BLOB, sum_weight REAL NOT NULL DEFAULT 0, sum_reports INTEGER NOT NULL DEFAULT 0,
+                    PRIMARY KEY (process_id, number));
+                CREATE TABLE assignments (
+                    process_id TEXT NOT NULL, cycle INTEGER NOT NULL, worker_id TEXT NOT NULL,
+                    request_key TEXT NOT NULL UNIQUE, assigned_at REAL NOT NULL, reported INTEGER NOT NULL DEFAULT 0,
+                    sample_count INTEGER, metrics TEXT, diff BLOB,
+                    PRIMARY KEY (process_id, cycle, worker_id),
+                    FOREIGN KEY (process_id, cycle) REFERENCES cycles(process_id, number) ON DELETE CASCADE);
+                CREATE TABLE workers (id TEXT PRIMARY KEY, subject TEXT UNIQUE, created_at REAL NOT NULL);
+                CREATE TABLE secrets (name TEXT PRIMARY KEY, value BLOB NOT NULL);
+                """)
+        }
+        return migrator
+    }
+
+    private static func json(_ value: some Encodable) throws -> String {
+        String(decoding: try WireCoding.encoder().encode(value), as: UTF8.self)
+    }
+
+    private static func decode<T: Decodable>(_ type: T.Type, _ text: String, _ what: String) throws -> T {
+        do {
+            return try WireCoding.decoder().decode(T.self, from: Data(text.utf8))
+        } catch {
+            throw StoreError(.corrupt, "stored \(what) cannot be decoded: \(error)")
+        }
+    }
+
+    public func createProcess(_ process: StoredProcess, initialWeights: [UInt8], firstCycle: StoredCycle) async throws {
+        let model = try Self.json(process.model)
+        let client = try Self.json(process.clientConfig)
+        let server = try Self.json(process.serverConfig)
+        try await pool.write { db in
+            let existing = try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM processes WHERE name = ? AND version = ?", arguments: [process.name, process.version.description]) ?? 0
+            guard existing == 0 else {
+                throw StoreError(.duplicate, "process '\(process.name)' version \(process.version) already exists")
+            }
+            try db.execute(
+                sql: "INSERT INTO processes (id, name, version, model, client_config, server_config, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                arguments: [process.id, process.name, process.version.description, model, client, server, process.createdAt.timeIntervalSince1970]
+            )
+            try db.execute(sql: "INSERT INTO checkpoints (process_id, number, weights) VALUES (?, 0, ?)", arguments: [process.id, Data(initialWeights)])
+            try db.execute(
+                sql: "INSERT INTO cycles (process_id, number, checkpoint, opened_at, status) VALUES (?, ?, ?, ?, 'open')",
+                arguments: [process.id, firstCycle.number, firstCycle.checkpoint, firstCycle.openedAt.timeIntervalSince1970]
+            )
+        }
+    }
+
+    public func processes() async throws -> [StoredProcess] {
+        let rows = try await pool.read { db in try Row.fetchAll(db, sql: "SELECT * FROM processes ORDER BY created_at, id") }
+        return try rows.map { row in
+            let versionText: String = row["version"]
+            guard let version = SemanticVersion(versionText) else { throw StoreError(.corrupt, "stored version '\(versionText)' is invalid") }
+            return StoredProcess(
+                id: row["id"], name: row["name"], version: version,
+                model: try Self.decode(ModelSpec.self, row["model"], "model"),
+                clientConfig: try Self.decode(ClientConfig.self, row["client_config"], "client config"),
+                serverConfig: try Self.decode(ServerConfig.self, row["server_config"], "server config"),
+                createdAt: Date(timeIntervalSince1970: row["created_at"]), completed: row["completed"],
+                latestCheckpoint: row["latest_checkpoint"], cyclesCompleted: row["cycles_completed"], cyclesAbandoned: row["cycles_abandoned"]
+            )
+        }
+    }
+
+    public func deleteProcess(id: String) async throws {
+        try await pool.write { db in
+            try db.execute(sql: "DELETE FROM assignments WHERE process_id = ?", arguments: [id])
+            try db.execute(sql: "DELETE FROM processes WHERE id = ?", arguments: [id])
+            guard db.changesCount == 1 else { throw StoreError(.notFound, "no process '\(id)'") }
+        }
+    }
+
+    public func checkpoint(processID: String, number: Int) async throws -> [UInt8]? {
+        let data = try await pool.read { db in
+            try Data.fetchOne(db, sql: "SELECT weights FROM checkpoints WHERE process_id = ? AND number = ?", arguments: [processID, number])
+        }
+        return data.map { [UInt8]($0) }
+    }
+
+    public func checkpointNumbers(processID: String) async throws -> [Int] {
+        try await pool.read { db in
+            try Int.fetchAll(db, sql: "SELECT number FROM checkpoints WHERE process_id = ? ORDER BY number", arguments: [processID])
+        }
+    }
+
+    public func optimizerState(processID: String) async throws -> [UInt8]? {
+        let data = try await pool.read { db in
+            try Data.fetchOne(db, sql: "SELECT optimizer_state FROM processes WHERE id = ?", arguments: [processID])
+        }
+        return data.map { [UInt8]($0) }
+    }
+
+    public func openCycle(processID: String) async throws -> RecoveredCycle? {
+        try await pool.read { db in
+            guard let row = try Row.fetchOne(db, sql: "SELECT number, checkpoint, opened_at, sum, sum_weight, sum_reports FROM cycles WHERE process_id = ? AND status = 'open'", arguments: [processID]) else {
+                return nil
+            }
+            let number: Int = row["number"]
+            let cycle = StoredCycle(number: number, checkpoint: row["checkpoint"], openedAt: Date(timeIntervalSince1970: row["opened_at"]))
+            let assignments = try Row.fetchAll(db, sql: "SELECT worker_id, request_key, reported FROM assignments WHERE process_id = ? AND cycle = ?", arguments: [processID, number]).map {
+                StoredAssignment(workerID: $0["worker_id"], requestKey: $0["request_key"], reported: $0["reported"])
+            }
+            let sumData: Data? = row["sum"]
+            let sum = sumData.map { (bytes: [UInt8]($0), weight: row["sum_weight"] as Double, reports: row["sum_reports"] as Int) }
+            return RecoveredCycle(cycle: cycle, assignments: assignments, sum: sum)
+        }
+    }
+
+    public func forEachPendingDiff(processID: String, cycle: Int, _ body: @Sendable (PendingDiff) throws -> Void) async throws {
+        try await pool.read { db in
+            let cursor = try Row.fetchCursor(db, sql: "SELECT worker_id, sample_count, diff FROM assignments WHERE process_id = ? AND cycle = ? AND reported = 1 AND diff IS NOT NULL", arguments: [processID, cycle])
+            while let row = try cursor.next() {
+                let diff: Data = row["diff"]
+                try body(PendingDiff(workerID: row["worker_id"], sampleCount: row["sample_count"], diff: [UInt8](diff)))
+            }
+        }
+    }
+
+    public func registerWorker(id: String, subject: String?, at date: Date) async throws {
+        try await pool.write { db in
+            try db.execute(sql: "INSERT INTO workers (id, subject, created_at) VALUES (?, ?, ?)", arguments: [id, subject, date.timeIntervalSince1970])
+        }
+    }
+
+    public func workerID(forSubject subject: String) async throws -> String? {
+        try await pool.read { db in try String.fetchOne(db, sql: "SELECT id FROM workers WHERE subject = ?", arguments: [subject]) }
+    }
+
+    public func workerExists(id: String) async throws -> Bool {
+        try await pool.read { db in try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM workers WHERE id = ?", arguments: [id]) ?? 0 } > 0
+    }
+
+    public func secret(named name: String, make: @Sendable () -> [UInt8]) async throws -> [UInt8] {
+        try await pool.write { db in
+            if let existing = try Data.fetchOne(db, sql: "SELECT value FROM secrets WHERE name = ?", arguments: [name]) {
+                return [UInt8](existing)
+            }
+            let value = make()
+            try db.execute(sql: "INSERT INTO secrets (name, value) VALUES (?, ?)", arguments: [name, Data(value)])
+            return value
+        }
+    }
+
+    public func recordAssignment(processID: String, cycle: Int, workerID: String, requestKey: String, at date: Date) async throws {
+        try await pool.write { db in
+            try db.execute(
+                sql: "INSERT INTO assignments (process_id, cycle, worker_id, request_key, assigned_at) VALUES (?, ?, ?, ?, ?)",
+                arguments: [processID, cycle, workerID, requestKey, date.timeIntervalSince1970]
+            )
+        }
+    }
+
+    public func recordReport(_ report: ReportRecord) async throws {
+        try await pool.write { db in
+            let status = try String.fetchOne(db, sql: "SELECT status FROM cycles WHERE process_id = ? AND number = ?", arguments: [report.processID, report.cycle])
+            guard status == "open" else { throw StoreError(.cycleClosed, "cycle \(report.cycle) is not open") }
+            try db.execute(
+                sql: """
+                    UPDATE assignments SET reported = 1, sample_count = ?, metrics = ?, diff = ?
+                    WHERE process_id = ? AND cycle = ? AND worker_id = ? AND request_key = ? AND reported = 0
+                    """,
+                arguments: [report.sampleCount, report.metricsJSON, Data(report.diff), report.processID, report.cycle, report.workerID, report.requestKey]
+            )
+            guard db.changesCount == 1 else {
+                throw StoreError(.duplicate, "no unreported assignment for this worker and request key in cycle \(report.cycle)")
+            }
+        }
+    }
+
+    public func foldReports(processID: String, cycle: Int, sum: [UInt8], weight: Double, reports: Int, workers: [String]) async throws {
+        try await pool.write { db in
+            try db.execute(
+                sql: "UPDATE cycles SET sum = ?, sum_weight = ?, sum_reports = ? WHERE process_id = ? AND number = ? AND status = 'open'",
+                arguments: [Data(sum), weight, reports, processID, cycle]
+            )
+            guard db.changesCount == 1 else { throw StoreError(.cycleClosed, "cycle \(cycle) is not open") }
+            for worker in workers {
+                try db.execute(sql: "UPDATE assignments SET diff = NULL WHERE process_id = ? AND cycle = ? AND worker_id = ?", arguments: [processID, cycle, worker])
+            }
+        }
+    }
+
+    public func closeCycle(_ closure: CycleClosure) async throws {
+        try await pool.write { db in
+            let aggregated = closure.checkpoint != nil
+            try db.execute(
+                sql: "UPDATE cycles SET status = ?, sum = NULL WHERE process_id = ? AND number = ? AND status = 'open'",
+                arguments: [aggregated ? "aggregated" : "abandoned", closure.processID, closure.closedCycle]
+            )
+            guard db.changesCount == 1 else { throw StoreError(.cycleClosed, "cycle \(closure.closedCycle) is not open") }
+            try db.execute(sql: "DELETE FROM assignments WHERE process_id = ? AND cycle = ?", arguments: [closure.processID, closure.closedCycle])
+            if let checkpoint = closure.checkpoint {
+                try db.execute(sql: "INSERT INTO checkpoints (process_id, number, weights) VALUES (?, ?, ?)", arguments: [closure.processID, checkpoint.number, Data(checkpoint.weights)])
+                try db.execute(
+                    sql: "DELETE FROM checkpoints WHERE process_id = ? AND number <= ?",
+                    arguments: [closure.processID, checkpoint.number - max(1, closure.retention)]
+                )
+                try db.execute(
+                    sql: "UPDATE processes SET latest_checkpoint = ?, cycles_completed = cycles_completed + 1, optimizer_state = ? WHERE id = ?",
+                    arguments: [checkpoint.number, closure.optimizerState.map { Data($0) }, closure.processID]
+                )
+            } else {
+                try db.execute(sql: "UPDATE processes SET cycles_abandoned = cycles_abandoned + 1 WHERE id = ?", arguments: [closure.processID])
+            }
+            if let next = closure.nextCycle {
+                try db.execute(
+                    sql: "INSERT INTO cycles (process_id, number, checkpoint, opened_at, status) VALUES (?, ?, ?, ?, 'open')",
+                    arguments: [closure.processID, next.number, next.checkpoint, next.openedAt.timeIntervalSince1970]
+                )
+            } else {
+                try db.execute(sql: "UPDATE processes SET completed = 1 WHERE id = ?", arguments: [closure.processID])
+            }
+        }
+    }
+}

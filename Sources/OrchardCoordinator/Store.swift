@@ -1,0 +1,225 @@
+public import Foundation
+public import OrchardFormats
+public import OrchardProtocol
+
+/// An error from a ``CoordinatorStore``.
+public struct StoreError: Error, Sendable, Hashable, CustomStringConvertible {
+    /// The kind of store failure.
+    public struct Code: Sendable, Hashable, CustomStringConvertible {
+        private enum Kind: String, Sendable, Hashable { case duplicate, cycleClosed, notFound, corrupt }
+        private let kind: Kind
+        private init(_ kind: Kind) { self.kind = kind }
+        /// A row with that identity already exists (a process, an accepted report).
+        public static let duplicate = Code(.duplicate)
+        /// The cycle is no longer open.
+        public static let cycleClosed = Code(.cycleClosed)
+        /// The row does not exist.
+        public static let notFound = Code(.notFound)
+        /// Stored data cannot be read back.
+        public static let corrupt = Code(.corrupt)
+        public var description: String { kind.rawValue }
+    }
+
+    /// The kind.
+    public var code: Code
+    /// What happened.
+    public var message: String
+
+    /// Creates an error.
+    public init(_ code: Code, _ message: String) {
+        self.code = code
+        self.message = message
+    }
+
+    public var description: String { "\(code): \(message)" }
+}
+
+/// A hosted FL process as stored.
+public struct StoredProcess: Sendable, Hashable {
+    /// The process id.
+    public var id: String
+    /// Its name.
+    public var name: String
+    /// Its version.
+    public var version: SemanticVersion
+    /// The architecture.
+    public var model: ModelSpec
+    /// How devices train.
+    public var clientConfig: ClientConfig
+    /// How cycles run.
+    public var serverConfig: ServerConfig
+    /// When it was hosted.
+    public var createdAt: Date
+    /// Whether all its cycles completed.
+    public var completed: Bool
+    /// The latest published checkpoint.
+    public var latestCheckpoint: Int
+    /// Cycles aggregated.
+    public var cyclesCompleted: Int
+    /// Cycles abandoned.
+    public var cyclesAbandoned: Int
+
+    /// Creates a record.
+    public init(id: String, name: String, version: SemanticVersion, model: ModelSpec, clientConfig: ClientConfig, serverConfig: ServerConfig, createdAt: Date, completed: Bool = false, latestCheckpoint: Int = 0, cyclesCompleted: Int = 0, cyclesAbandoned: Int = 0) {
+        self.id = id
+        self.name = name
+        self.version = version
+        self.model = model
+        self.clientConfig = clientConfig
+        self.serverConfig = serverConfig
+        self.createdAt = createdAt
+        self.completed = completed
+        self.latestCheckpoint = latestCheckpoint
+        self.cyclesCompleted = cyclesCompleted
+        self.cyclesAbandoned = cyclesAbandoned
+    }
+}
+
+/// An open cycle as stored.
+public struct StoredCycle: Sendable, Hashable {
+    /// Its number.
+    public var number: Int
+    /// The checkpoint it trains from.
+    public var checkpoint: Int
+    /// When it opened.
+    public var openedAt: Date
+
+    /// Creates a record.
+    public init(number: Int, checkpoint: Int, openedAt: Date) {
+        self.number = number
+        self.checkpoint = checkpoint
+        self.openedAt = openedAt
+    }
+}
+
+/// A device's assignment as stored.
+public struct StoredAssignment: Sendable, Hashable {
+    /// The worker.
+    public var workerID: String
+    /// Its request key.
+    public var requestKey: String
+    /// Whether its report was committed.
+    public var reported: Bool
+
+    /// Creates a record.
+    public init(workerID: String, requestKey: String, reported: Bool) {
+        self.workerID = workerID
+        self.requestKey = requestKey
+        self.reported = reported
+    }
+}
+
+/// A committed report whose diff is not yet folded into the stored running sum.
+public struct PendingDiff: Sendable {
+    /// The worker.
+    public var workerID: String
+    /// Its sample count.
+    public var sampleCount: Int
+    /// The flat diff as little-endian Float32 bytes.
+    public var diff: [UInt8]
+}
+
+/// An open cycle, read back after a restart.
+public struct RecoveredCycle: Sendable {
+    /// The cycle.
+    public var cycle: StoredCycle
+    /// Its assignments.
+    public var assignments: [StoredAssignment]
+    /// The stored running sum (little-endian Float64), its weight and report count; nil when nothing was folded.
+    public var sum: (bytes: [UInt8], weight: Double, reports: Int)?
+}
+
+/// An accepted report to persist.
+public struct ReportRecord: Sendable {
+    /// The process.
+    public var processID: String
+    /// The cycle.
+    public var cycle: Int
+    /// The worker.
+    public var workerID: String
+    /// The request key.
+    public var requestKey: String
+    /// Samples behind the diff.
+    public var sampleCount: Int
+    /// The device's metrics as JSON.
+    public var metricsJSON: String
+    /// The flat diff as little-endian Float32 bytes.
+    public var diff: [UInt8]
+
+    /// Creates a record.
+    public init(processID: String, cycle: Int, workerID: String, requestKey: String, sampleCount: Int, metricsJSON: String, diff: [UInt8]) {
+        self.processID = processID
+        self.cycle = cycle
+        self.workerID = workerID
+        self.requestKey = requestKey
+        self.sampleCount = sampleCount
+        self.metricsJSON = metricsJSON
+        self.diff = diff
+    }
+}
+
+/// A cycle transition to persist in one transaction.
+public struct CycleClosure: Sendable {
+    /// The process.
+    public var processID: String
+    /// The cycle being closed.
+    public var closedCycle: Int
+    /// The published checkpoint (number and safetensors bytes) when the cycle was aggregated.
+    public var checkpoint: (number: Int, weights: [UInt8])?
+    /// The server optimizer's state after the step, when aggregated.
+    public var optimizerState: [UInt8]?
+    /// The next cycle to open, or nil when the process completes.
+    public var nextCycle: StoredCycle?
+    /// Checkpoints to keep.
+    public var retention: Int
+
+    /// Creates a closure.
+    public init(processID: String, closedCycle: Int, checkpoint: (number: Int, weights: [UInt8])?, optimizerState: [UInt8]?, nextCycle: StoredCycle?, retention: Int) {
+        self.processID = processID
+        self.closedCycle = closedCycle
+        self.checkpoint = checkpoint
+        self.optimizerState = optimizerState
+        self.nextCycle = nextCycle
+        self.retention = retention
+    }
+}
+
+/// Durable storage behind the coordinator. Every method is one transaction; a cycle transition
+/// (``closeCycle(_:)``) publishes the checkpoint, prunes old ones and opens the next cycle atomically, so a
+/// store shared by several coordinator instances (e.g. PostgreSQL) can implement the same contract.
+public protocol CoordinatorStore: Sendable {
+    /// Hosts a process with its checkpoint 0 and first open cycle. Throws ``StoreError/Code/duplicate`` when
+    /// the name and version exist.
+    func createProcess(_ process: StoredProcess, initialWeights: [UInt8], firstCycle: StoredCycle) async throws
+    /// Every hosted process.
+    func processes() async throws -> [StoredProcess]
+    /// Deletes a process and everything stored for it.
+    func deleteProcess(id: String) async throws
+    /// A checkpoint's safetensors bytes, or nil when absent or pruned.
+    func checkpoint(processID: String, number: Int) async throws -> [UInt8]?
+    /// The stored checkpoint numbers, ascending.
+    func checkpointNumbers(processID: String) async throws -> [Int]
+    /// The server optimizer's stored state, if any.
+    func optimizerState(processID: String) async throws -> [UInt8]?
+    /// The open cycle of a process with its assignments and stored running sum.
+    func openCycle(processID: String) async throws -> RecoveredCycle?
+    /// Calls `body` for every committed report of a cycle whose diff is not folded into the stored sum.
+    func forEachPendingDiff(processID: String, cycle: Int, _ body: @Sendable (PendingDiff) throws -> Void) async throws
+    /// Registers a worker; `subject` ties it to a device identity (unique when present).
+    func registerWorker(id: String, subject: String?, at date: Date) async throws
+    /// The worker id registered for a subject.
+    func workerID(forSubject subject: String) async throws -> String?
+    /// Whether a worker id is registered.
+    func workerExists(id: String) async throws -> Bool
+    /// The coordinator's signing secret, created with `make` on first use.
+    func secret(named name: String, make: @Sendable () -> [UInt8]) async throws -> [UInt8]
+    /// Records an admission to a cycle.
+    func recordAssignment(processID: String, cycle: Int, workerID: String, requestKey: String, at date: Date) async throws
+    /// Records an accepted report with its diff; throws ``StoreError/Code/duplicate`` if one was already
+    /// recorded for the key and ``StoreError/Code/cycleClosed`` if the cycle is not open.
+    func recordReport(_ report: ReportRecord) async throws
+    /// Stores the running sum and forgets the diffs of `workers` that it now includes.
+    func foldReports(processID: String, cycle: Int, sum: [UInt8], weight: Double, reports: Int, workers: [String]) async throws
+    /// Closes a cycle (aggregated or abandoned) and opens the next, in one transaction.
+    func closeCycle(_ closure: CycleClosure) async throws
+}
