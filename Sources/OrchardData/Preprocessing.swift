@@ -221,9 +221,10 @@ public struct TabularPreprocessor: Sendable, Hashable, Codable {
     }
 
     /// Applies the fitted transforms to a table (training, test, or a device's own rows).
-    public func transform(_ table: Table) throws(DataError) -> ArrayDataset {
+    /// - Returns: A dataset with the inputs of ``inputSpecs`` and the target, shape `[1]`, as read.
+    public func transform(_ table: Table) throws(DataError) -> TensorDataset {
         let n = table.rowCount
-        var inputs: [(FeatureSpec, [Float])] = []
+        var inputs: [String: Tensor] = [:]
         if !numericFeatures.isEmpty {
             let width = numericFeatures.count
             var values = [Float](repeating: 0, count: n * width)
@@ -231,14 +232,18 @@ public struct TabularPreprocessor: Sendable, Hashable, Codable {
                 let column = try table.numeric(name)
                 for i in 0..<n { values[i * width + j] = Float(standardizer.transform(column[i], column: j)) }
             }
-            inputs.append((FeatureSpec(name: numericInput, shape: [width]), values))
+            inputs[numericInput] = Tensor(shape: [n, width], scalars: values)
         }
         for (name, encoder) in zip(categoricalFeatures, encoders) {
             let indices = try encoder.encode(try table.categories(name))
-            inputs.append((FeatureSpec(name: name, shape: [1]), indices.map(Float.init)))
+            inputs[name] = Tensor(shape: [n, 1], scalars: indices.map(Float.init))
         }
-        let targets = try table.numeric(target).map(Float.init)
-        return try ArrayDataset(inputs: inputs, target: (FeatureSpec(name: target, shape: [1]), targets))
+        let targets = Tensor(shape: [n, 1], scalars: try table.numeric(target).map(Float.init))
+        do {
+            return try TensorDataset(inputs: inputs, targets: targets)
+        } catch {
+            throw DataError(.sizeMismatch, "cannot build the dataset: \(error.message)")
+        }
     }
 
     /// Encodes the preprocessor as stable JSON with sorted keys.

@@ -87,9 +87,8 @@ struct PartitionTests {
     @Test("client partitions are views that read the base dataset's samples")
     func slicesAreViews() throws {
         let values = (0..<12).map(Float.init)
-        let base = try ArrayDataset(
-            inputs: [(FeatureSpec(name: "x", shape: [2]), values)],
-            target: (FeatureSpec(name: "label", shape: [1]), [0, 1, 2, 0, 1, 2]))
+        let base = try TensorDataset(
+            inputs: ["x": Tensor(shape: [6, 2], scalars: values)], targets: Tensor(shape: [6, 1], scalars: [0, 1, 2, 0, 1, 2]))
         var g = OrchardRandom(seed: 2)
         let clients = try base.partitioned(into: 3, strategy: .labelShards(perClient: 1), using: &g)
         #expect(clients.map(\.count) == [2, 2, 2])
@@ -105,7 +104,7 @@ struct PartitionTests {
 
     @Test("labels for label-based partitions must be class indices")
     func nonIntegerLabels() throws {
-        let base = try ArrayDataset(inputs: [], target: (FeatureSpec(name: "y", shape: [1]), [0.5, 1, 2, 3]))
+        let base = try TensorDataset(inputs: [:], targets: Tensor(shape: [4, 1], scalars: [0.5, 1, 2, 3]))
         var g = OrchardRandom(seed: 2)
         #expect { try base.partitioned(into: 2, strategy: .dirichlet(alpha: 1), using: &g) } throws: {
             ($0 as? DataError)?.code == .malformedValue

@@ -70,8 +70,8 @@ struct PreprocessingTests {
         let device = try TabularReader().read(text: "x,y,cat,t\n7,12,7,42\n")
         let data = try p.transform(device)
         #expect(data.count == 1)
-        #expect(read(data, input: 0, sample: 0) == [2, 2])  // (7 − 3) / 2, (12 − 10) / 1
-        #expect(read(data, input: 1, sample: 0) == [1])
+        #expect(read(data, input: "numeric", sample: 0) == [2, 2])  // (7 − 3) / 2, (12 − 10) / 1
+        #expect(read(data, input: "cat", sample: 0) == [1])
         #expect(readTarget(data, sample: 0) == [42])
 
         let unseen = try TabularReader().read(text: "x,y,cat,t\n7,12,9,42\n")
@@ -120,6 +120,10 @@ func read(_ data: some Dataset, input: Int, sample: Int) -> [Float] {
     var out = [Float](repeating: .nan, count: data.inputSpecs[input].elementCount)
     out.withUnsafeMutableBufferPointer { data.copyInput(input, of: sample, into: $0) }
     return out
+}
+
+func read(_ data: some Dataset, input name: String, sample: Int) -> [Float] {
+    read(data, input: data.inputSpecs.firstIndex { $0.name == name }!, sample: sample)
 }
 
 func readTarget(_ data: some Dataset, sample: Int) -> [Float] {

@@ -291,6 +291,14 @@ public final class TrainingPlan {
     /// The current parameters as one flat vector (name order).
     public func flatParameters() -> [Float] { Array(UnsafeBufferPointer(start: parameters, count: parameterCount)) }
 
+    /// Replaces the parameters from one flat vector (name order).
+    public func setFlatParameters(_ values: [Float]) throws(EngineError) {
+        guard values.count == parameterCount else {
+            throw EngineError(.shapeMismatch, "the plan has \(parameterCount) parameter values, not \(values.count)")
+        }
+        values.withUnsafeBufferPointer { parameters.update(from: $0.baseAddress!, count: parameterCount) }
+    }
+
     /// The gradients of the last backward pass as one flat vector (name order; zero for frozen parameters).
     public func flatGradients() -> [Float] { Array(UnsafeBufferPointer(start: gradients, count: parameterCount)) }
 

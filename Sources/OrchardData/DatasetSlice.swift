@@ -1,48 +1,5 @@
 public import OrchardML
 
-/// An in-memory dataset: each input and the target stored as one contiguous row-major `[Float]`.
-public struct ArrayDataset: Dataset, Sendable {
-    public let count: Int
-    public let inputSpecs: [FeatureSpec]
-    public let targetSpec: FeatureSpec
-    private let inputs: [[Float]]
-    private let targets: [Float]
-
-    /// Creates a dataset from per-input value arrays.
-    /// - Parameters:
-    ///   - inputs: Each input's spec and its values, `count × spec.elementCount` of them, sample after sample.
-    ///   - target: The target's spec and its values, laid out the same way.
-    public init(inputs: [(FeatureSpec, [Float])], target: (FeatureSpec, [Float])) throws(DataError) {
-        let width = target.0.elementCount
-        guard width > 0, target.1.count % width == 0 else {
-            throw DataError(.sizeMismatch, "\(target.1.count) target values do not fill samples of shape \(target.0.shape)")
-        }
-        let count = target.1.count / width
-        for (spec, values) in inputs where values.count != count * spec.elementCount {
-            throw DataError(.sizeMismatch, "input '\(spec.name)' has \(values.count) values, expected \(count) × \(spec.elementCount)")
-        }
-        self.count = count
-        self.inputSpecs = inputs.map(\.0)
-        self.targetSpec = target.0
-        self.inputs = inputs.map(\.1)
-        self.targets = target.1
-    }
-
-    public func copyInput(_ input: Int, of index: Int, into destination: UnsafeMutableBufferPointer<Float>) {
-        let width = inputSpecs[input].elementCount
-        inputs[input].withUnsafeBufferPointer { source in
-            _ = destination.update(fromContentsOf: source[(index * width)..<((index + 1) * width)])
-        }
-    }
-
-    public func copyTarget(of index: Int, into destination: UnsafeMutableBufferPointer<Float>) {
-        let width = targetSpec.elementCount
-        targets.withUnsafeBufferPointer { source in
-            _ = destination.update(fromContentsOf: source[(index * width)..<((index + 1) * width)])
-        }
-    }
-}
-
 /// A view of some samples of a base dataset, by position, without copying them.
 ///
 /// Federated partitions are slices: every client's slice shares the base dataset's storage.

@@ -1,1 +1,0 @@
-// The OrchardExamples module; see README.md for its role.

@@ -1,0 +1,10 @@
+import ArgumentParser
+
+/// `orchard bench …`: benchmarks that print one JSON line each.
+struct Bench: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "bench",
+        abstract: "Run a benchmark and print one JSON line of results.",
+        subcommands: [BenchTrain.self]
+    )
+}

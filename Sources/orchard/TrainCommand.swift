@@ -1,0 +1,121 @@
+import ArgumentParser
+import Foundation
+import OrchardData
+import OrchardExamples
+import OrchardFormats
+import OrchardML
+
+/// `orchard train …`: the bundled training examples.
+struct TrainCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "train",
+        abstract: "Train one of the bundled examples.",
+        subcommands: [TrainHousing.self]
+    )
+}
+
+/// `orchard train housing`: the seed article's transfer-learning example.
+struct TrainHousing: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "housing",
+        abstract: "Boston housing: a central model learns CHAS and RAD embeddings; a device model reuses them frozen.",
+        discussion: """
+        Trains the central model (embeddings, Dense+ReLU layers, MSE), then a device model of the same \
+        architecture whose embeddings are copied from the central model and frozen while its dense layers train \
+        from scratch. Prints train/test RMSE and MAE (in $1000s) of both models.
+        """
+    )
+
+    @Option(help: "Passes over the training rows, for each model.")
+    var epochs: Int = HousingConfiguration().epochs
+
+    @Option(help: "Samples per update.")
+    var batchSize: Int = HousingConfiguration().batchSize
+
+    @Option(help: "Optimizer step size.")
+    var learningRate: Double = HousingConfiguration().optimizer.learningRate
+
+    @Option(help: "Optimizer: adam or sgd.")
+    var optimizer: String = HousingConfiguration().optimizer.type
+
+    @Option(help: "SGD momentum (ignored by adam).")
+    var momentum: Double = 0.9
+
+    @Option(help: "Seed of the split, the initialisation and the shuffle order.")
+    var seed: UInt64 = HousingConfiguration().seed
+
+    @Option(help: "Share of rows held out for testing.")
+    var testFraction: Double = HousingConfiguration().testFraction
+
+    @Flag(help: "Print the results as JSON instead of a table.")
+    var json = false
+
+    @Option(help: ArgumentHelp(
+        "Directory to write both trained models to (central/device .json + .safetensors, preprocessing in the metadata).",
+        valueName: "directory"))
+    var output: String?
+
+    func validate() throws {
+        guard epochs >= 1 else { throw ValidationError("--epochs must be at least 1") }
+        guard batchSize >= 1 else { throw ValidationError("--batch-size must be at least 1") }
+        guard learningRate > 0, learningRate.isFinite else { throw ValidationError("--learning-rate must be positive") }
+        guard ["adam", "sgd"].contains(optimizer) else { throw ValidationError("--optimizer must be adam or sgd, not '\(optimizer)'") }
+        guard testFraction > 0, testFraction < 1 else { throw ValidationError("--test-fraction must be in (0, 1)") }
+    }
+
+    func run() throws {
+        var configuration = HousingConfiguration(seed: seed, testFraction: testFraction, epochs: epochs, batchSize: batchSize)
+        configuration.optimizer = optimizer == "adam"
+            ? .adam(learningRate: learningRate)
+            : .sgd(learningRate: learningRate, momentum: momentum)
+        let run = try HousingExample.run(configuration)
+        if let output {
+            let directory = URL(fileURLWithPath: output, isDirectory: true)
+            try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+            for trained in [run.central, run.device] {
+                try run.data.preprocessor.save(with: trained.model, to: directory, name: trained.metrics.model)
+            }
+        }
+        let output = HousingOutput(
+            trainSamples: run.data.train.count, testSamples: run.data.test.count, seed: seed,
+            optimizer: optimizer, learningRate: learningRate, batchSize: batchSize, models: run.metrics
+        )
+        if json {
+            let encoder = JSONEncoder()
+            encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
+            print(String(decoding: try encoder.encode(output), as: UTF8.self))
+        } else {
+            print(output.table)
+        }
+    }
+}
+
+/// What `orchard train housing` reports.
+struct HousingOutput: Codable {
+    var trainSamples: Int
+    var testSamples: Int
+    var seed: UInt64
+    var optimizer: String
+    var learningRate: Double
+    var batchSize: Int
+    var models: [HousingMetrics]
+
+    var table: String {
+        let header = ["model", "train RMSE", "train MAE", "test RMSE", "test MAE", "epochs", "trainable", "time (s)"]
+        let rows = models.map { m in
+            [m.model, f(m.trainRMSE), f(m.trainMAE), f(m.testRMSE), f(m.testMAE), "\(m.epochs)", "\(m.trainableParameters)", String(format: "%.2f", m.seconds)]
+        }
+        let widths = header.indices.map { i in ([header[i]] + rows.map { $0[i] }).map(\.count).max()! }
+        func line(_ cells: [String]) -> String {
+            cells.enumerated().map { i, cell in
+                i == 0 ? cell.padding(toLength: widths[i], withPad: " ", startingAt: 0)
+                    : String(repeating: " ", count: widths[i] - cell.count) + cell
+            }.joined(separator: "  ")
+        }
+        let rule = widths.map { String(repeating: "-", count: $0) }.joined(separator: "  ")
+        let summary = "Boston housing: \(trainSamples) training rows, \(testSamples) test rows, \(optimizer) lr \(learningRate), batch \(batchSize), seed \(seed); errors in $1000s"
+        return ([summary, line(header), rule] + rows.map(line)).joined(separator: "\n")
+    }
+
+    private func f(_ x: Double) -> String { String(format: "%.3f", x) }
+}
