@@ -17,7 +17,7 @@ public actor CycleFleetServer: FleetServer {
     private var weights: [Float]
     private var checkpointBytes: [UInt8]
     private var sum: RunningSum
-    private var optimizer = OptimizerState()
+    private var optimizer = OrchardCoordinator.OptimizerState()
     private var random: OrchardCoordinator.SplitMix64
     private var workers: [Int: String] = [:]
 

@@ -6,7 +6,10 @@ import OrchardProtocol
 /// Real local training with the Orchard engine: each device trains its own data slice from the downloaded
 /// global model, writing a training-state checkpoint whenever its background window expires and resuming from
 /// that checkpoint in the next window; the global model is evaluated on a held-out test set.
-public struct EngineWorkload<Slice: Dataset & Sendable, TestSet: Dataset & Sendable>: FleetWorkload {
+///
+/// The datasets are immutable values that the devices only read, so the workload is shared between the
+/// concurrent trainings (`@unchecked` because the engine's dataset types do not declare `Sendable`).
+public struct EngineWorkload<Slice: Dataset, TestSet: Dataset>: FleetWorkload, @unchecked Sendable {
     /// The architecture every device trains.
     public let model: Model
     /// Each device's data.
@@ -47,7 +50,8 @@ public struct EngineWorkload<Slice: Dataset & Sendable, TestSet: Dataset & Senda
             var start = model
             try start.loadWeights(safetensors: assignment.model)
             var configuration = training
-            configuration.seed = OrchardRandom.derived(seed: seed, stream: UInt64(assignment.device) << 32 | UInt64(round)).next()
+            var deviceRandom = OrchardRandom.derived(seed: seed, stream: UInt64(assignment.device) << 32 | UInt64(round))
+            configuration.seed = deviceRandom.next()
             var checkpoint: [UInt8]?
             var restored = 0
             var completed = 0
@@ -57,8 +61,11 @@ public struct EngineWorkload<Slice: Dataset & Sendable, TestSet: Dataset & Senda
                 let last = index == updatesPerWindow.count - 1
                 configuration.maxUpdates = last ? training.maxUpdates : completed
                 let trainer = try Trainer(model: start, configuration: configuration)
-                let resume = try checkpoint.map { bytes throws(EngineError) in try TrainingState(checkpoint: bytes, model: start) }
-                if resume != nil { restored += 1 }
+                var resume: TrainingState?
+                if let checkpoint {
+                    resume = try TrainingState(checkpoint: checkpoint, model: start)
+                    restored += 1
+                }
                 let result = try trainer.train(on: data, resumingFrom: resume)
                 // The background window expires here: persist everything the next window needs.
                 if !last { checkpoint = result.state.checkpoint() }
@@ -66,7 +73,7 @@ public struct EngineWorkload<Slice: Dataset & Sendable, TestSet: Dataset & Senda
             }
             guard let outcome else { throw SimulationError(.training, "device \(assignment.device) was given no training to do") }
             let trained = outcome.model
-            let diff = try ParameterDiff.diff(original: start, trained: trained)
+            let diff = try Model.diff(original: start, trained: trained)
             var loss = 0.0
             if case .completed(let report) = outcome, let lastEpoch = report.epochs.last { loss = lastEpoch.loss }
             let body = ReportEnvelope.encode(

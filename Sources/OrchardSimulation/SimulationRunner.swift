@@ -70,7 +70,7 @@ public enum SimulationRunner {
         return try await runFleet(configuration, model: device, workload: workload, writer: writer, progress: progress, now: now, setupStart: setupStart)
     }
 
-    private static func runFleet<S: Dataset & Sendable, T: Dataset & Sendable>(
+    private static func runFleet<S: Dataset, T: Dataset>(
         _ configuration: SimulationConfiguration, model: Model, workload: EngineWorkload<S, T>, writer: ReportWriter,
         progress: ProgressDisplay, now: @escaping @Sendable () -> Double, setupStart: Double
     ) async throws(SimulationError) -> SimulationResult {
@@ -111,7 +111,7 @@ public enum SimulationRunner {
         }
     }
 
-    private static func partition<D: Dataset & Sendable>(_ data: D, configuration: SimulationConfiguration) throws(SimulationError) -> [DatasetSlice<D>] {
+    private static func partition<D: Dataset>(_ data: D, configuration: SimulationConfiguration) throws(SimulationError) -> [DatasetSlice<D>] {
         var random = OrchardRandom.derived(seed: configuration.seed, stream: 0x9A27)
         do { return try data.partitioned(into: configuration.clients, strategy: configuration.partition, using: &random) } catch {
             throw SimulationError(.invalidOption, "cannot partition \(data.count) samples over \(configuration.clients) devices with --partition \(configuration.partition): \(error)")
