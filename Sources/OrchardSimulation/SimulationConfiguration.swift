@@ -229,7 +229,7 @@ public struct SimulationConfiguration: Sendable {
     }
 
     /// Reports that close a round.
-    public var goal: Int { max(1, Int((fraction * Double(clients)).rounded(.up))) }
+    public var goal: Int { max(1, Int((fraction * Double(clients) - 1e-9).rounded(.up))) }
 
     /// Describes the first invalid or inconsistent field.
     public func validate() throws(SimulationError) {
