@@ -1,0 +1,148 @@
+/// What one round of the simulation did.
+public struct RoundMetrics: Sendable, Hashable, Codable {
+    /// The round (1-based).
+    public var round: Int
+    /// Real seconds the round took on this machine (training, aggregation, evaluation).
+    public var wallSeconds: Double
+    /// Virtual time the round opened.
+    public var virtualStart: Double
+    /// Virtual time it closed.
+    public var virtualEnd: Double
+    /// Fraction of the fleet eligible when the round opened.
+    public var availableFraction: Double
+    /// Devices the coordinator assigned to the round.
+    public var selected: Int
+    /// Devices whose updates were aggregated.
+    public var participants: Int
+    /// Assigned devices that went away before reporting.
+    public var dropouts: Int
+    /// Assigned devices that had not reported when the cycle closed (deadline, or the goal already met).
+    public var late: Int
+    /// Background windows that expired mid-training.
+    public var expirations: Int
+    /// Trainings that resumed from a checkpoint in a later window.
+    public var resumed: Int
+    /// Bytes devices uploaded (reports).
+    public var bytesUp: Int
+    /// Bytes devices downloaded (models).
+    public var bytesDown: Int
+    /// Whether the cycle produced a new checkpoint (false: abandoned for too few reports).
+    public var aggregated: Bool
+    /// Test loss of the global model after the round.
+    public var testLoss: Double
+    /// Test accuracy, for classifiers.
+    public var testAccuracy: Double?
+    /// Test root-mean-squared error, for regressors.
+    public var testRMSE: Double?
+
+    /// Creates a record.
+    public init(
+        round: Int, wallSeconds: Double, virtualStart: Double, virtualEnd: Double, availableFraction: Double, selected: Int,
+        participants: Int, dropouts: Int, late: Int, expirations: Int, resumed: Int, bytesUp: Int, bytesDown: Int,
+        aggregated: Bool, testLoss: Double, testAccuracy: Double?, testRMSE: Double?
+    ) {
+        self.round = round
+        self.wallSeconds = wallSeconds
+        self.virtualStart = virtualStart
+        self.virtualEnd = virtualEnd
+        self.availableFraction = availableFraction
+        self.selected = selected
+        self.participants = participants
+        self.dropouts = dropouts
+        self.late = late
+        self.expirations = expirations
+        self.resumed = resumed
+        self.bytesUp = bytesUp
+        self.bytesDown = bytesDown
+        self.aggregated = aggregated
+        self.testLoss = testLoss
+        self.testAccuracy = testAccuracy
+        self.testRMSE = testRMSE
+    }
+
+    /// The same record without its wall time (the part that is deterministic for a seed).
+    public var withoutTiming: RoundMetrics {
+        var copy = self
+        copy.wallSeconds = 0
+        return copy
+    }
+}
+
+/// The model quality after a round.
+public struct Evaluation: Sendable, Hashable, Codable {
+    /// Mean loss on the test set.
+    public var loss: Double
+    /// Accuracy, for classifiers.
+    public var accuracy: Double?
+    /// Root-mean-squared error, for regressors.
+    public var rmse: Double?
+
+    /// Creates an evaluation.
+    public init(loss: Double, accuracy: Double? = nil, rmse: Double? = nil) {
+        self.loss = loss
+        self.accuracy = accuracy
+        self.rmse = rmse
+    }
+}
+
+/// The whole run, as written to `summary.json`.
+public struct SimulationSummary: Sendable, Hashable, Codable {
+    /// The scenario's settings, as strings (what the command line said, defaults filled in).
+    public var settings: [String: String]
+    /// Rounds run.
+    public var rounds: Int
+    /// Rounds that produced a checkpoint.
+    public var aggregatedRounds: Int
+    /// Real seconds for the federated rounds.
+    public var wallSeconds: Double
+    /// Real seconds spent before the rounds (loading data, central pretraining, starting the coordinator).
+    public var setupSeconds: Double
+    /// Virtual seconds the fleet lived through.
+    public var virtualSeconds: Double
+    /// Total devices assigned.
+    public var selected: Int
+    /// Total updates aggregated.
+    public var participants: Int
+    /// Total dropouts.
+    public var dropouts: Int
+    /// Total late devices.
+    public var late: Int
+    /// Total expired background windows.
+    public var expirations: Int
+    /// Total resumed trainings.
+    public var resumed: Int
+    /// Total bytes up.
+    public var bytesUp: Int
+    /// Total bytes down.
+    public var bytesDown: Int
+    /// Evaluation of the initial global model (before round 1).
+    public var initial: Evaluation
+    /// Evaluation after the last round.
+    public var final: Evaluation
+    /// Best test accuracy over the rounds, for classifiers.
+    public var bestAccuracy: Double?
+    /// Best test RMSE over the rounds, for regressors.
+    public var bestRMSE: Double?
+
+    /// Summarises round records.
+    public init(settings: [String: String], initial: Evaluation, rounds records: [RoundMetrics], setupSeconds: Double) {
+        self.settings = settings
+        rounds = records.count
+        aggregatedRounds = records.count { $0.aggregated }
+        wallSeconds = records.reduce(0) { $0 + $1.wallSeconds }
+        self.setupSeconds = setupSeconds
+        virtualSeconds = records.last?.virtualEnd ?? 0
+        selected = records.reduce(0) { $0 + $1.selected }
+        participants = records.reduce(0) { $0 + $1.participants }
+        dropouts = records.reduce(0) { $0 + $1.dropouts }
+        late = records.reduce(0) { $0 + $1.late }
+        expirations = records.reduce(0) { $0 + $1.expirations }
+        resumed = records.reduce(0) { $0 + $1.resumed }
+        bytesUp = records.reduce(0) { $0 + $1.bytesUp }
+        bytesDown = records.reduce(0) { $0 + $1.bytesDown }
+        self.initial = initial
+        final = records.last.map { Evaluation(loss: $0.testLoss, accuracy: $0.testAccuracy, rmse: $0.testRMSE) } ?? initial
+        bestAccuracy = records.compactMap(\.testAccuracy).max()
+        bestRMSE = records.compactMap(\.testRMSE).min()
+    }
+}

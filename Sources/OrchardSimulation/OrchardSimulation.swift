@@ -1,1 +1,0 @@
-// The OrchardSimulation module; see README.md for its role.

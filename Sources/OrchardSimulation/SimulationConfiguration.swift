@@ -1,0 +1,270 @@
+public import Foundation
+public import OrchardData
+public import OrchardProtocol
+
+/// Which data the fleet trains on.
+public struct DatasetChoice: Sendable, Hashable, CustomStringConvertible {
+    private enum Kind: Sendable, Hashable {
+        case housing
+        case fashionMNIST
+        case idx(String)
+    }
+    private let kind: Kind
+    private init(_ kind: Kind) { self.kind = kind }
+
+    /// The seed's Boston housing table (embedded).
+    public static let housing = DatasetChoice(.housing)
+    /// Fashion-MNIST from `/usr/share/datasets/fashion-mnist` (Debian package `dataset-fashion-mnist`).
+    public static let fashionMNIST = DatasetChoice(.fashionMNIST)
+    /// An MNIST-layout IDX directory: `train-images-idx3-ubyte[.gz]`, `train-labels-idx1-ubyte[.gz]`, `t10k-…`.
+    public static func idx(_ directory: String) -> DatasetChoice { DatasetChoice(.idx(directory)) }
+
+    /// Parses `housing`, `fashion-mnist` or `idx:PATH`.
+    public init(parsing text: String) throws(SimulationError) {
+        switch text.lowercased() {
+        case "housing": self = .housing
+        case "fashion-mnist", "fashionmnist": self = .fashionMNIST
+        default:
+            guard text.hasPrefix("idx:"), text.count > 4 else {
+                throw SimulationError(.invalidOption, "--dataset must be housing, fashion-mnist or idx:PATH, not '\(text)'")
+            }
+            self = .idx(String(text.dropFirst(4)))
+        }
+    }
+
+    /// The directory of an image dataset, nil for housing.
+    public var imageDirectory: String? {
+        switch kind {
+        case .housing: nil
+        case .fashionMNIST: "/usr/share/datasets/fashion-mnist"
+        case .idx(let path): path
+        }
+    }
+
+    /// `housing`, `fashion-mnist` or `idx:PATH`.
+    public var description: String {
+        switch kind {
+        case .housing: "housing"
+        case .fashionMNIST: "fashion-mnist"
+        case .idx(let path): "idx:\(path)"
+        }
+    }
+}
+
+/// Which model the devices train.
+public struct ModelChoice: Sendable, Hashable, CustomStringConvertible {
+    private enum Kind: String, Sendable, Hashable { case housing, mlp2nn, cnn }
+    private let kind: Kind
+    private init(_ kind: Kind) { self.kind = kind }
+
+    /// The seed's housing regressor on top of the frozen, centrally pretrained embeddings.
+    public static let housing = ModelChoice(.housing)
+    /// McMahan et al.'s 2NN: 784-200-200-10 with ReLU.
+    public static let mlp2nn = ModelChoice(.mlp2nn)
+    /// McMahan et al.'s CNN: two 5×5 convolutions (32, 64 channels) with 2×2 max pooling, 512 dense, 10 outputs.
+    public static let cnn = ModelChoice(.cnn)
+
+    /// Parses `housing`, `mlp2nn` or `cnn`.
+    public init(parsing text: String) throws(SimulationError) {
+        guard let kind = Kind(rawValue: text.lowercased()) else {
+            throw SimulationError(.invalidOption, "--model must be housing, mlp2nn or cnn, not '\(text)'")
+        }
+        self.kind = kind
+    }
+
+    /// The name.
+    public var description: String { kind.rawValue }
+}
+
+/// How the devices reach the coordinator.
+public struct TransportChoice: Sendable, Hashable, CustomStringConvertible {
+    private enum Kind: String, Sendable, Hashable { case http, memory }
+    private let kind: Kind
+    private init(_ kind: Kind) { self.kind = kind }
+
+    /// Real HTTP on a loopback port.
+    public static let http = TransportChoice(.http)
+    /// Direct calls into the coordinator's core (deterministic for a seed).
+    public static let memory = TransportChoice(.memory)
+
+    /// Parses `http` or `memory`.
+    public init(parsing text: String) throws(SimulationError) {
+        guard let kind = Kind(rawValue: text.lowercased()) else {
+            throw SimulationError(.invalidOption, "--transport must be http or memory, not '\(text)'")
+        }
+        self.kind = kind
+    }
+
+    /// The name.
+    public var description: String { kind.rawValue }
+}
+
+extension Availability {
+    /// Parses `always`, `diurnal` or `trace:FILE` (reading the file).
+    public init(parsing text: String) throws(SimulationError) {
+        switch text.lowercased() {
+        case "always": self = .always
+        case "diurnal": self = .diurnal
+        default:
+            guard text.hasPrefix("trace:"), text.count > 6 else {
+                throw SimulationError(.invalidOption, "--availability must be always, diurnal or trace:FILE, not '\(text)'")
+            }
+            self = .trace(try AvailabilityTrace.read(contentsOf: URL(fileURLWithPath: String(text.dropFirst(6)))))
+        }
+    }
+}
+
+extension PartitionStrategy {
+    /// Parses `iid`, `shards` (two label shards per client) or `dirichlet:α`.
+    public init(parsing text: String) throws(SimulationError) {
+        let lower = text.lowercased()
+        if lower == "iid" {
+            self = .iid
+        } else if lower == "shards" {
+            self = .labelShards(perClient: 2)
+        } else if lower.hasPrefix("dirichlet:"), let alpha = Double(lower.dropFirst(10)), alpha > 0, alpha.isFinite {
+            self = .dirichlet(alpha: alpha)
+        } else {
+            throw SimulationError(.invalidOption, "--partition must be iid, shards or dirichlet:α with α > 0, not '\(text)'")
+        }
+    }
+}
+
+extension AggregatorConfig.Kind {
+    /// Parses `fedavg`, `fedavgm`, `fedadam` or `fedyogi`.
+    public init(parsing text: String) throws(SimulationError) {
+        switch text.lowercased() {
+        case "fedavg": self = .fedAvg
+        case "fedavgm": self = .fedAvgM
+        case "fedadam": self = .fedAdam
+        case "fedyogi": self = .fedYogi
+        default: throw SimulationError(.invalidOption, "--aggregator must be fedavg, fedavgm, fedadam or fedyogi, not '\(text)'")
+        }
+    }
+}
+
+/// A whole scenario: data, model, fleet, training hyper-parameters, coordinator and output. Every field has a
+/// default; ``housing`` is what `orchard simulate` runs without arguments.
+public struct SimulationConfiguration: Sendable {
+    /// The data.
+    public var dataset: DatasetChoice
+    /// The model.
+    public var model: ModelChoice
+    /// Number of virtual devices.
+    public var clients: Int
+    /// Devices whose reports close a round, as a fraction of the fleet (the goal is ⌈fraction × clients⌉).
+    public var fraction: Double
+    /// Devices admitted per round as a multiple of the goal.
+    public var overSelection: Double
+    /// Local epochs per round.
+    public var localEpochs: Int
+    /// Local batch size.
+    public var batchSize: Int
+    /// Local SGD learning rate.
+    public var learningRate: Double
+    /// Rounds.
+    public var rounds: Int
+    /// How samples are dealt to devices.
+    public var partition: PartitionStrategy
+    /// The server optimizer.
+    public var aggregator: AggregatorConfig
+    /// Device eligibility over virtual time.
+    public var availability: Availability
+    /// Probability that an assigned device goes away before reporting.
+    public var dropout: Double
+    /// Background budget per task, virtual seconds.
+    public var windowSeconds: Double
+    /// Virtual seconds a round stays open.
+    public var cycleSeconds: Double
+    /// Median virtual seconds per optimizer update on a device.
+    public var secondsPerUpdate: Double
+    /// How devices reach the coordinator.
+    public var transport: TransportChoice
+    /// The seed of every random choice.
+    public var seed: UInt64
+    /// Where the report goes; nil writes into a new temporary directory.
+    public var output: URL?
+
+    /// Creates a configuration (the housing scenario's values by default).
+    public init(
+        dataset: DatasetChoice = .housing, model: ModelChoice = .housing, clients: Int = 20, fraction: Double = 0.5,
+        overSelection: Double = 1.3, localEpochs: Int = 5, batchSize: Int = 8, learningRate: Double = 0.01, rounds: Int = 30,
+        partition: PartitionStrategy = .iid, aggregator: AggregatorConfig = AggregatorConfig(), availability: Availability = .diurnal,
+        dropout: Double = 0.08, windowSeconds: Double = 10, cycleSeconds: Double = 300, secondsPerUpdate: Double = 0.5,
+        transport: TransportChoice = .memory, seed: UInt64 = 1, output: URL? = nil
+    ) {
+        self.dataset = dataset
+        self.model = model
+        self.clients = clients
+        self.fraction = fraction
+        self.overSelection = overSelection
+        self.localEpochs = localEpochs
+        self.batchSize = batchSize
+        self.learningRate = learningRate
+        self.rounds = rounds
+        self.partition = partition
+        self.aggregator = aggregator
+        self.availability = availability
+        self.dropout = dropout
+        self.windowSeconds = windowSeconds
+        self.cycleSeconds = cycleSeconds
+        self.secondsPerUpdate = secondsPerUpdate
+        self.transport = transport
+        self.seed = seed
+        self.output = output
+    }
+
+    /// The seed's scenario: central pretraining of the housing embeddings, then federated training of the device
+    /// model across 20 devices with a diurnal availability trace, 8 % dropout and short background windows.
+    public static let housing = SimulationConfiguration()
+
+    /// Defaults for image classification (McMahan et al.'s FedAvg setup): 100 devices, C = 0.1, E = 1, B = 10,
+    /// SGD lr 0.05, always available, no dropout, no over-selection.
+    public static func images(_ dataset: DatasetChoice, model: ModelChoice = .mlp2nn) -> SimulationConfiguration {
+        SimulationConfiguration(
+            dataset: dataset, model: model, clients: 100, fraction: 0.1, overSelection: 1, localEpochs: 1, batchSize: 10,
+            learningRate: 0.05, rounds: 100, availability: .always, dropout: 0, windowSeconds: 60, cycleSeconds: 600,
+            secondsPerUpdate: 0.05
+        )
+    }
+
+    /// Reports that close a round.
+    public var goal: Int { max(1, Int((fraction * Double(clients) - 1e-9).rounded(.up))) }
+
+    /// Describes the first invalid or inconsistent field.
+    public func validate() throws(SimulationError) {
+        func fail(_ message: String) -> SimulationError { SimulationError(.invalidOption, message) }
+        if clients < 1 { throw fail("--clients must be at least 1, not \(clients)") }
+        if !(fraction > 0 && fraction <= 1) { throw fail("--fraction must be in (0, 1], not \(fraction)") }
+        if !(overSelection >= 1) || !overSelection.isFinite { throw fail("--over-selection must be at least 1, not \(overSelection)") }
+        if localEpochs < 1 { throw fail("--local-epochs must be at least 1, not \(localEpochs)") }
+        if batchSize < 1 { throw fail("--batch-size must be at least 1, not \(batchSize)") }
+        if !(learningRate > 0) || !learningRate.isFinite { throw fail("--lr must be a positive number, not \(learningRate)") }
+        if rounds < 1 { throw fail("--rounds must be at least 1, not \(rounds)") }
+        if !(0...1 ~= dropout) { throw fail("--dropout must be a probability in [0, 1], not \(dropout)") }
+        if !(windowSeconds > 0) || !windowSeconds.isFinite { throw fail("--window-seconds must be a positive number, not \(windowSeconds)") }
+        if !(cycleSeconds > 0) || !cycleSeconds.isFinite { throw fail("--cycle-seconds must be a positive number, not \(cycleSeconds)") }
+        if !(secondsPerUpdate > 0) || !secondsPerUpdate.isFinite { throw fail("--seconds-per-update must be a positive number, not \(secondsPerUpdate)") }
+        let isHousing = dataset == .housing
+        if isHousing != (model == .housing) {
+            throw SimulationError(.incompatible, "--model \(model) does not fit --dataset \(dataset): housing data goes with the housing model, images with mlp2nn or cnn")
+        }
+    }
+
+    /// The settings as strings, for the summary and the report.
+    public var settings: [String: String] {
+        [
+            "dataset": dataset.description, "model": model.description, "clients": String(clients), "fraction": String(fraction),
+            "goal": String(goal), "over_selection": String(overSelection), "local_epochs": String(localEpochs),
+            "batch_size": String(batchSize), "lr": String(learningRate), "rounds": String(rounds), "partition": partition.description,
+            "aggregator": aggregator.kind.description, "availability": availability.description, "dropout": String(dropout),
+            "window_seconds": String(windowSeconds), "cycle_seconds": String(cycleSeconds),
+            "seconds_per_update": String(secondsPerUpdate), "transport": transport.description, "seed": String(seed),
+        ]
+    }
+
+    /// The fleet conditions these settings imply.
+    public var conditions: FleetConditions {
+        FleetConditions(availability: availability, dropout: dropout, windowSeconds: windowSeconds, medianSecondsPerUpdate: secondsPerUpdate)
+    }
+}

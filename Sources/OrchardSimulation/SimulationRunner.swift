@@ -1,0 +1,124 @@
+public import Foundation
+import OrchardData
+import OrchardExamples
+import OrchardFormats
+import OrchardML
+import OrchardProtocol
+
+/// What a finished run produced.
+public struct SimulationResult: Sendable {
+    /// The directory holding `metrics.jsonl`, `summary.json` and `report.html`.
+    public var directory: URL
+    /// The summary.
+    public var summary: SimulationSummary
+    /// One record per round.
+    public var rounds: [RoundMetrics]
+}
+
+/// Runs a whole scenario: loads the data, prepares the model (for housing, central pretraining of the
+/// embeddings first), hosts the process on the coordinator's cycle logic, runs the fleet, and writes the report.
+public enum SimulationRunner {
+    /// Runs `configuration`.
+    /// - Parameters:
+    ///   - configuration: The scenario.
+    ///   - progress: Where progress goes.
+    ///   - now: Real seconds from an arbitrary origin (injected; the CLI passes a monotonic clock).
+    public static func run(
+        _ configuration: SimulationConfiguration, progress: ProgressDisplay, now: @escaping @Sendable () -> Double
+    ) async throws(SimulationError) -> SimulationResult {
+        try configuration.validate()
+        let setupStart = now()
+        let directory = configuration.output ?? FileManager.default.temporaryDirectory
+            .appendingPathComponent("orchard-simulation-\(configuration.seed)-\(UUID().uuidString.prefix(8))")
+        let writer = try ReportWriter(directory: directory)
+        if let imageDirectory = configuration.dataset.imageDirectory {
+            let (train, test) = try loadImages(imageDirectory)
+            let spec = configuration.model == .cnn
+                ? ModelZoo.cnn(imageShape: train.inputSpecs[0].shape, learningRate: configuration.learningRate)
+                : ModelZoo.mlp2nn(imageShape: train.inputSpecs[0].shape, learningRate: configuration.learningRate)
+            let model = try engine { () throws(EngineError) in try Model(spec: spec, seed: configuration.seed) }
+            let slices = try partition(train, configuration: configuration)
+            let training = TrainingConfiguration(
+                loss: .crossEntropy, optimizer: .sgd(learningRate: configuration.learningRate), epochs: configuration.localEpochs,
+                batchSize: configuration.batchSize
+            )
+            let workload = EngineWorkload(model: model, slices: slices, testSet: test, training: training, seed: configuration.seed)
+            progress.note("\(configuration.dataset): \(train.count) training and \(test.count) test images over \(configuration.clients) devices; \(configuration.model) with \(model.parameterCount) parameters")
+            return try await runFleet(configuration, model: model, workload: workload, writer: writer, progress: progress, now: now, setupStart: setupStart)
+        }
+        // Housing: central pretraining, then the device model with the embeddings imported frozen.
+        let housing = HousingConfiguration(seed: configuration.seed)
+        let data: HousingData
+        do { data = try HousingExample.prepare(housing) } catch {
+            throw SimulationError(.unreadable, "cannot prepare the housing data: \(error)")
+        }
+        let central: TrainedHousingModel
+        let device: Model
+        do {
+            central = try HousingExample.trainCentral(data, configuration: housing)
+            device = try HousingExample.deviceModel(from: central.model, preprocessor: data.preprocessor, configuration: housing)
+        } catch {
+            throw SimulationError(.training, "central pretraining failed: \(error)")
+        }
+        progress.note(String(format: "central pretraining: test RMSE %.3f after %d epochs (%.2f s); embeddings frozen for the fleet", central.metrics.testRMSE, central.metrics.epochs, central.metrics.seconds))
+        let slices = try partition(data.train, configuration: configuration)
+        let training = TrainingConfiguration(
+            loss: .meanSquaredError, optimizer: .adam(learningRate: configuration.learningRate), epochs: configuration.localEpochs,
+            batchSize: configuration.batchSize
+        )
+        let workload = EngineWorkload(model: device, slices: slices, testSet: data.test, training: training, seed: configuration.seed)
+        return try await runFleet(configuration, model: device, workload: workload, writer: writer, progress: progress, now: now, setupStart: setupStart)
+    }
+
+    private static func runFleet<S: Dataset, T: Dataset>(
+        _ configuration: SimulationConfiguration, model: Model, workload: EngineWorkload<S, T>, writer: ReportWriter,
+        progress: ProgressDisplay, now: @escaping @Sendable () -> Double, setupStart: Double
+    ) async throws(SimulationError) -> SimulationResult {
+        guard configuration.transport == .memory else {
+            throw SimulationError(.incompatible, "--transport http needs the coordinator's HTTP server, which this build does not include yet; use --transport memory")
+        }
+        let process = HostProcessRequest(
+            name: "simulation-\(configuration.model)", version: SemanticVersion(1, 0, 0), model: model.spec,
+            initialWeights: model.weightsSafetensors(),
+            clientConfig: ClientConfig(batchSize: configuration.batchSize, learningRate: configuration.learningRate, localEpochs: configuration.localEpochs),
+            serverConfig: ServerConfig(
+                cycleLength: configuration.cycleSeconds, cycles: 0, goalCount: configuration.goal,
+                overSelection: configuration.overSelection, minimumReports: max(1, configuration.goal / 2),
+                paceSteeringWindow: 60, checkpointRetention: 3, aggregator: configuration.aggregator
+            )
+        )
+        let fleetServer = try CycleFleetServer(process: process, seed: configuration.seed)
+        let fleet = FleetSimulation(devices: configuration.clients, conditions: configuration.conditions, seed: configuration.seed, rounds: configuration.rounds)
+        let setupSeconds = now() - setupStart
+        let outcome: (initial: Evaluation, rounds: [RoundMetrics])
+        var appendFailure: SimulationError?
+        outcome = try await fleet.run(server: fleetServer, workload: workload, now: now) { record in
+            do { try writer.append(record) } catch { appendFailure = appendFailure ?? error }
+            progress.update(record, total: configuration.rounds)
+        }
+        if let appendFailure { throw appendFailure }
+        let summary = SimulationSummary(settings: configuration.settings, initial: outcome.initial, rounds: outcome.rounds, setupSeconds: setupSeconds)
+        try writer.finish(summary: summary, rounds: outcome.rounds, title: "Orchard fleet simulation — \(configuration.dataset), \(configuration.model)")
+        return SimulationResult(directory: writer.directory, summary: summary, rounds: outcome.rounds)
+    }
+
+    private static func loadImages(_ path: String) throws(SimulationError) -> (IDXImageDataset, IDXImageDataset) {
+        let url = URL(fileURLWithPath: path)
+        do {
+            return (try IDXImageDataset(directory: url, split: .train), try IDXImageDataset(directory: url, split: .test))
+        } catch {
+            throw SimulationError(.unreadable, "cannot read the IDX dataset in \(path) (for Fashion-MNIST: apt-get install dataset-fashion-mnist): \(error)")
+        }
+    }
+
+    private static func partition<D: Dataset>(_ data: D, configuration: SimulationConfiguration) throws(SimulationError) -> [DatasetSlice<D>] {
+        var random = OrchardRandom.derived(seed: configuration.seed, stream: 0x9A27)
+        do { return try data.partitioned(into: configuration.clients, strategy: configuration.partition, using: &random) } catch {
+            throw SimulationError(.invalidOption, "cannot partition \(data.count) samples over \(configuration.clients) devices with --partition \(configuration.partition): \(error)")
+        }
+    }
+
+    private static func engine<T>(_ body: () throws(EngineError) -> T) throws(SimulationError) -> T {
+        do { return try body() } catch { throw SimulationError(.training, "\(error)") }
+    }
+}

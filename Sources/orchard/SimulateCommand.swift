@@ -1,0 +1,122 @@
+import ArgumentParser
+import Foundation
+import OrchardData
+import OrchardProtocol
+import OrchardSimulation
+
+/// `orchard simulate`: a fleet of virtual devices against an in-process coordinator.
+struct SimulateCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "simulate",
+        abstract: "Run a fleet of virtual devices against a real coordinator and write a report.",
+        discussion: """
+        Without options, runs the housing scenario: central pretraining of the embeddings, then federated training \
+        of the device model across 20 devices with a diurnal availability trace, dropouts and short background \
+        windows. Image datasets default to McMahan et al.'s FedAvg setup (100 devices, C=0.1, E=1, B=10, lr 0.05).
+        Trace files (--availability trace:FILE) are CSV with a device,start,end header or JSON Lines \
+        {"device":0,"start":0,"end":3600}; times are virtual seconds, end may be inf (CSV) or omitted (JSONL).
+        """
+    )
+
+    @Option(help: "housing, fashion-mnist or idx:PATH (an MNIST-layout directory).")
+    var dataset: String = "housing"
+    @Option(help: "housing, mlp2nn or cnn (default: housing for housing data, mlp2nn for images).")
+    var model: String?
+    @Option(help: "Number of virtual devices.")
+    var clients: Int?
+    @Option(help: "Reports that close a round, as a fraction of the devices.")
+    var fraction: Double?
+    @Option(name: .customLong("over-selection"), help: "Devices admitted per round, as a multiple of the goal.")
+    var overSelection: Double?
+    @Option(name: .customLong("local-epochs"), help: "Local epochs per round.")
+    var localEpochs: Int?
+    @Option(name: .customLong("batch-size"), help: "Local batch size.")
+    var batchSize: Int?
+    @Option(name: .customLong("lr"), help: "Local learning rate (SGD for images, Adam for housing).")
+    var learningRate: Double?
+    @Option(help: "Rounds to run.")
+    var rounds: Int?
+    @Option(help: "iid, shards or dirichlet:α.")
+    var partition: String?
+    @Option(help: "fedavg, fedavgm, fedadam or fedyogi.")
+    var aggregator: String?
+    @Option(help: "always, diurnal or trace:FILE.")
+    var availability: String?
+    @Option(help: "Probability that an assigned device goes away before reporting.")
+    var dropout: Double?
+    @Option(name: .customLong("window-seconds"), help: "Background budget per task, in virtual seconds.")
+    var windowSeconds: Double?
+    @Option(name: .customLong("cycle-seconds"), help: "Virtual seconds a round stays open.")
+    var cycleSeconds: Double?
+    @Option(help: "http (loopback port) or memory (direct calls; deterministic for a seed).")
+    var transport: String?
+    @Option(help: "Seed of every random choice.")
+    var seed: UInt64?
+    @Option(help: "Directory for metrics.jsonl, summary.json and report.html (default: a new temporary directory).")
+    var output: String?
+
+    /// The scenario the options describe: the dataset's defaults with every given option applied.
+    func makeConfiguration() throws(SimulationError) -> SimulationConfiguration {
+        let data = try DatasetChoice(parsing: dataset)
+        var c: SimulationConfiguration
+        if data.imageDirectory == nil {
+            c = .housing
+        } else {
+            c = .images(data)
+        }
+        if let model { c.model = try ModelChoice(parsing: model) }
+        if let clients { c.clients = clients }
+        if let fraction { c.fraction = fraction }
+        if let overSelection { c.overSelection = overSelection }
+        if let localEpochs { c.localEpochs = localEpochs }
+        if let batchSize { c.batchSize = batchSize }
+        if let learningRate { c.learningRate = learningRate }
+        if let rounds { c.rounds = rounds }
+        if let partition { c.partition = try PartitionStrategy(parsing: partition) }
+        if let aggregator { c.aggregator.kind = try AggregatorConfig.Kind(parsing: aggregator) }
+        if let availability { c.availability = try Availability(parsing: availability) }
+        if let dropout { c.dropout = dropout }
+        if let windowSeconds { c.windowSeconds = windowSeconds }
+        if let cycleSeconds { c.cycleSeconds = cycleSeconds }
+        if let transport { c.transport = try TransportChoice(parsing: transport) }
+        if let seed { c.seed = seed }
+        if let output { c.output = URL(fileURLWithPath: output) }
+        try c.validate()
+        return c
+    }
+
+    func run() async throws {
+        let configuration: SimulationConfiguration
+        do { configuration = try makeConfiguration() } catch { throw ValidationError(error.message) }
+        let progress = ProgressDisplay.standardError()
+        let origin = ContinuousClock.now
+        let result = try await SimulationRunner.run(configuration, progress: progress) {
+            let elapsed = origin.duration(to: ContinuousClock.now)
+            return Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) * 1e-18
+        }
+        print(Self.table(result.summary))
+        print("report: \(result.directory.appendingPathComponent("report.html").path)")
+        print("metrics: \(result.directory.appendingPathComponent("metrics.jsonl").path)")
+    }
+
+    /// The summary as an aligned two-column table.
+    static func table(_ s: SimulationSummary) -> String {
+        func f(_ v: Double, _ digits: Int = 4) -> String { String(format: "%.\(digits)f", v) }
+        var rows: [(String, String)] = [
+            ("dataset / model", "\(s.settings["dataset"] ?? "?") / \(s.settings["model"] ?? "?")"),
+            ("devices / goal per round", "\(s.settings["clients"] ?? "?") / \(s.settings["goal"] ?? "?")"),
+            ("rounds (aggregated)", "\(s.rounds) (\(s.aggregatedRounds))"),
+            ("wall time", "\(f(s.wallSeconds, 2)) s rounds + \(f(s.setupSeconds, 2)) s setup"),
+            ("virtual time", "\(f(s.virtualSeconds / 3600, 2)) h"),
+            ("selected / aggregated", "\(s.selected) / \(s.participants)"),
+            ("dropouts / late", "\(s.dropouts) / \(s.late)"),
+            ("expired windows / resumed", "\(s.expirations) / \(s.resumed)"),
+            ("MB up / down", "\(f(Double(s.bytesUp) / 1e6, 1)) / \(f(Double(s.bytesDown) / 1e6, 1))"),
+            ("test loss", "\(f(s.initial.loss)) → \(f(s.final.loss))"),
+        ]
+        if let a = s.final.accuracy { rows.append(("test accuracy", "\(f(s.initial.accuracy ?? 0)) → \(f(a)) (best \(f(s.bestAccuracy ?? a)))")) }
+        if let r = s.final.rmse { rows.append(("test RMSE", "\(f(s.initial.rmse ?? 0)) → \(f(r)) (best \(f(s.bestRMSE ?? r)))")) }
+        let width = rows.map(\.0.count).max() ?? 0
+        return rows.map { $0.0.padding(toLength: width, withPad: " ", startingAt: 0) + "  " + $0.1 }.joined(separator: "\n")
+    }
+}

@@ -1,0 +1,160 @@
+import Foundation
+#if canImport(FoundationXML)
+import FoundationXML
+#endif
+import Testing
+@testable import OrchardSimulation
+
+@Suite struct FleetSimulationTests {
+    static func workload(devices: Int, updates: Int = 20) -> FakeWorkload {
+        FakeWorkload(
+            optima: (0..<devices).map { d in [Float(d % 5), Float(d % 3) - 1, 2] },
+            samples: (0..<devices).map { 10 + $0 % 7 }, updates: updates, step: 0.1
+        )
+    }
+
+    @Test func fedAvgOverAFleetConverges() async throws {
+        let fleet = FleetSimulation(devices: 20, conditions: FleetConditions(), seed: 3, rounds: 30)
+        let server = FakeServer(weights: [0, 0, 0], goal: 10, capacity: 10)
+        let (initial, rounds) = try await fleet.run(server: server, workload: Self.workload(devices: 20), now: { 0 })
+        #expect(rounds.count == 30)
+        #expect(rounds.allSatisfy { $0.aggregated && $0.participants == 10 && $0.selected == 10 })
+        #expect(rounds.last!.testLoss < initial.loss / 20)
+        #expect(rounds.map(\.virtualStart) == rounds.map(\.virtualStart).sorted())
+    }
+
+    @Test func traceDrivesExpirationsResumptionsAndLateDevices() async throws {
+        let trace = Availability.trace([
+            AvailabilityWindow(device: 0, start: 0, end: .infinity),
+            AvailabilityWindow(device: 1, start: 0, end: 10),
+            AvailabilityWindow(device: 1, start: 50, end: .infinity),
+            AvailabilityWindow(device: 2, start: 0, end: 5),
+        ])
+        let conditions = FleetConditions(
+            availability: trace, windowSeconds: 1000, resumeDelay: 0...0, checkInSpread: 0, medianSecondsPerUpdate: 1, speedSpread: 0
+        )
+        let fleet = FleetSimulation(devices: 4, conditions: conditions, seed: 5, rounds: 1)
+        let server = FakeServer(weights: [0, 0, 0], goal: 3, capacity: 4, cycleSeconds: 300)
+        let (_, rounds) = try await fleet.run(server: server, workload: Self.workload(devices: 4), now: { 0 })
+        let r = try #require(rounds.first)
+        // Device 3 has no window, so 3 check in; 0 finishes, 1 expires at 10 and resumes at 50, 2 expires at 5 for good.
+        #expect(r.selected == 3)
+        #expect(r.participants == 2)
+        #expect(r.dropouts == 0)
+        #expect(r.late == 1)
+        #expect(r.expirations == 2)
+        #expect(r.resumed == 1)
+        #expect(r.aggregated)
+        #expect(r.virtualEnd == 300)
+        #expect(await server.deliveries.map(\.device) == [0, 1])
+    }
+
+    @Test func everyDeviceDropsWithCertainDropout() async throws {
+        let fleet = FleetSimulation(devices: 10, conditions: FleetConditions(dropout: 1), seed: 5, rounds: 2)
+        let server = FakeServer(weights: [0, 0, 0], goal: 5, capacity: 7)
+        let (_, rounds) = try await fleet.run(server: server, workload: Self.workload(devices: 10), now: { 0 })
+        for r in rounds {
+            #expect(r.selected == 7 && r.dropouts == 7 && r.participants == 0 && !r.aggregated)
+        }
+    }
+
+    @Test func overSelectionLeavesLateDevices() async throws {
+        let fleet = FleetSimulation(devices: 30, conditions: FleetConditions(), seed: 8, rounds: 3)
+        let server = FakeServer(weights: [0, 0, 0], goal: 10, capacity: 13)
+        let (_, rounds) = try await fleet.run(server: server, workload: Self.workload(devices: 30), now: { 0 })
+        for r in rounds {
+            #expect(r.selected == 13)
+            #expect(r.participants == 10)
+            #expect(r.late == 3)
+            #expect(r.virtualEnd < r.virtualStart + 300)
+        }
+    }
+
+    @Test func sameSeedSameMetricsWhateverTheParallelism() async throws {
+        let conditions = FleetConditions(availability: .diurnal, dropout: 0.1, windowSeconds: 6)
+        func run(parallelism: Int, seed: UInt64) async throws -> [RoundMetrics] {
+            let fleet = FleetSimulation(devices: 40, conditions: conditions, seed: seed, rounds: 8, parallelism: parallelism)
+            let server = FakeServer(weights: [0, 0, 0], goal: 8, capacity: 11)
+            return try await fleet.run(server: server, workload: Self.workload(devices: 40), now: { 0 }).rounds
+        }
+        let a = try await run(parallelism: 1, seed: 11), b = try await run(parallelism: 4, seed: 11)
+        #expect(a == b)
+        #expect(a.reduce(0) { $0 + $1.expirations } > 0)
+        #expect(try await run(parallelism: 2, seed: 12) != a)
+    }
+
+    @Test func diurnalRoundsWaitForTheNight() async throws {
+        let fleet = FleetSimulation(devices: 30, conditions: FleetConditions(availability: .diurnal), seed: 2, rounds: 2)
+        let server = FakeServer(weights: [0, 0, 0], goal: 12, capacity: 15)
+        let (_, rounds) = try await fleet.run(server: server, workload: Self.workload(devices: 30), now: { 0 })
+        // At 18:00 (time 0) few phones charge; the first round opens once enough do.
+        #expect(rounds[0].virtualStart > 0)
+        #expect(rounds[0].availableFraction >= 12.0 / 30)
+    }
+}
+
+@Suite struct ReportTests {
+    func sampleRounds() -> [RoundMetrics] {
+        (1...5).map { (r: Int) -> RoundMetrics in
+            let x = Double(r)
+            let accuracy: Double = 0.5 + x / 20
+            return RoundMetrics(
+                round: r, wallSeconds: 0.5, virtualStart: x * 100, virtualEnd: x * 100 + 90, availableFraction: 0.7,
+                selected: 13, participants: 10, dropouts: r % 2, late: 3 - r % 2, expirations: r, resumed: r - 1, bytesUp: 1000,
+                bytesDown: 1300, aggregated: true, testLoss: 1 / x, testAccuracy: accuracy, testRMSE: nil
+            )
+        }
+    }
+
+    @Test func writesWellFormedFiles() throws {
+        let dir = FileManager.default.temporaryDirectory.appendingPathComponent("orchard-report-\(UUID().uuidString)")
+        defer { try? FileManager.default.removeItem(at: dir) }
+        let writer = try ReportWriter(directory: dir)
+        let rounds = sampleRounds()
+        for r in rounds { try writer.append(r) }
+        let summary = SimulationSummary(settings: ["dataset": "fake <x>"], initial: Evaluation(loss: 2, accuracy: 0.1), rounds: rounds, setupSeconds: 1)
+        try writer.finish(summary: summary, rounds: rounds, title: "Test run")
+
+        #expect(try ReportWriter.readMetrics(writer.metricsURL) == rounds)
+        let decoded = try JSONDecoder().decode(SimulationSummary.self, from: Data(contentsOf: writer.summaryURL))
+        #expect(decoded == summary)
+        #expect(decoded.dropouts == 3 && decoded.expirations == 15 && decoded.participants == 50)
+        #expect(decoded.bestAccuracy == 0.75)
+
+        let html = try String(contentsOf: writer.reportURL, encoding: .utf8)
+        #expect(html.hasPrefix("<!DOCTYPE html>"))
+        #expect(html.components(separatedBy: "<svg ").count - 1 == 4)
+        #expect(html.components(separatedBy: "</svg>").count - 1 == 4)
+        #expect(html.contains("fake &lt;x&gt;"))
+        #expect(!html.contains("<script"))
+        #expect(!html.contains("http://") || html.components(separatedBy: "http://").dropFirst().allSatisfy { $0.hasPrefix("www.w3.org/2000/svg") })
+        // The SVGs are well-formed XML.
+        var rest = Substring(html)
+        while let open = rest.range(of: "<svg "), let close = rest.range(of: "</svg>") {
+            let svg = String(rest[open.lowerBound..<close.upperBound])
+            #expect(throws: Never.self) { _ = try XMLDocument(xmlString: svg) }
+            rest = rest[close.upperBound...]
+        }
+    }
+
+    @Test func progressPrintsPlainLinesWithoutATerminal() {
+        final class Sink: @unchecked Sendable { var text = "" }
+        let sink = Sink()
+        let display = ProgressDisplay(interactive: false) { sink.text += $0 }
+        for r in sampleRounds() { display.update(r, total: 5) }
+        let lines = sink.text.split(separator: "\n")
+        #expect(lines.count == 5)
+        #expect(lines[0].hasPrefix("round 1/5: acc 0.5500"))
+        #expect(!sink.text.contains("\u{1B}"))
+    }
+
+    @Test func progressDrawsABarOnATerminal() {
+        final class Sink: @unchecked Sendable { var text = "" }
+        let sink = Sink()
+        let display = ProgressDisplay(interactive: true) { sink.text += $0 }
+        for r in sampleRounds() { display.update(r, total: 5) }
+        #expect(sink.text.contains("\r\u{1B}[2K"))
+        #expect(sink.text.contains(String(repeating: "█", count: 30)))
+        #expect(sink.text.hasSuffix("\n"))
+    }
+}

@@ -1,0 +1,53 @@
+import Foundation
+import Testing
+@testable import OrchardSimulation
+
+/// End-to-end runs: central pretraining, the coordinator's cycle logic and aggregation, real local training with
+/// checkpoint and resume, the report on disk.
+@Suite(.serialized) struct SimulationRunnerTests {
+    static func configuration(transport: TransportChoice, directory: URL, seed: UInt64 = 3) -> SimulationConfiguration {
+        var c = SimulationConfiguration.housing
+        c.clients = 10
+        c.rounds = 6
+        c.transport = transport
+        c.seed = seed
+        c.output = directory
+        return c
+    }
+
+    static func temporaryDirectory() -> URL {
+        FileManager.default.temporaryDirectory.appendingPathComponent("orchard-sim-test-\(UUID().uuidString)")
+    }
+
+    static let quiet = ProgressDisplay(interactive: false) { _ in }
+
+    @Test func housingFleetImprovesTheModelAndWritesTheReport() async throws {
+        let dir = Self.temporaryDirectory()
+        defer { try? FileManager.default.removeItem(at: dir) }
+        let result = try await SimulationRunner.run(Self.configuration(transport: .memory, directory: dir), progress: Self.quiet, now: { 0 })
+        let summary = result.summary
+        // The device model starts from freshly initialised dense layers on frozen embeddings: federated rounds
+        // must bring its test RMSE (in $1000s) well below the initial one.
+        let initial = try #require(summary.initial.rmse), final = try #require(summary.final.rmse)
+        #expect(final < 0.6 * initial)
+        #expect(final < 9)
+        #expect(summary.aggregatedRounds >= 4)
+        #expect(summary.expirations > 0 && summary.resumed > 0)
+        #expect(try ReportWriter.readMetrics(dir.appendingPathComponent("metrics.jsonl")) == result.rounds)
+        #expect(try JSONDecoder().decode(SimulationSummary.self, from: Data(contentsOf: dir.appendingPathComponent("summary.json"))) == summary)
+        let html = try String(contentsOf: dir.appendingPathComponent("report.html"), encoding: .utf8)
+        #expect(html.contains("<svg ") && html.contains("Test RMSE"))
+    }
+
+    @Test func sameSeedGivesIdenticalMetricsInMemory() async throws {
+        let a = Self.temporaryDirectory(), b = Self.temporaryDirectory()
+        defer {
+            try? FileManager.default.removeItem(at: a)
+            try? FileManager.default.removeItem(at: b)
+        }
+        let first = try await SimulationRunner.run(Self.configuration(transport: .memory, directory: a), progress: Self.quiet, now: { 0 })
+        let second = try await SimulationRunner.run(Self.configuration(transport: .memory, directory: b), progress: Self.quiet, now: { 0 })
+        #expect(first.rounds.map(\.withoutTiming) == second.rounds.map(\.withoutTiming))
+        #expect(first.rounds.map(\.testRMSE) == second.rounds.map(\.testRMSE))
+    }
+}
