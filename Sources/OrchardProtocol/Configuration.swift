@@ -308,8 +308,8 @@ public struct ServerConfig: Sendable, Hashable, Codable {
         if maximumSampleCount < 1 { return "server_config.maximum_sample_count must be at least 1" }
         if checkpointRetention < 1 { return "server_config.checkpoint_retention must be at least 1" }
         switch authentication.mode {
-        case .hs256 where (authentication.secret ?? "").isEmpty:
-            return "server_config.authentication.secret is required for hs256"
+        case .hs256 where (authentication.secret ?? "").utf8.count < 32:
+            return "server_config.authentication.secret of at least 32 bytes is required for hs256"
         case .rs256 where (authentication.publicKeyPEM ?? "").isEmpty:
             return "server_config.authentication.public_key_pem is required for rs256"
         default: break

@@ -56,10 +56,10 @@ private struct DeviceToken: JWTPayload {
         let harness = try await Harness.start()
         defer { Task { await harness.stop() } }
         var request = Fixture.host()
-        request.serverConfig.authentication = .hs256(secret: "device-secret", issuer: "orchard-tests")
+        request.serverConfig.authentication = .hs256(secret: "device-secret-of-at-least-32-bytes!!", issuer: "orchard-tests")
         _ = try await harness.host(request)
         let keys = JWTKeyCollection()
-        await keys.add(hmac: HMACKey(from: "device-secret"), digestAlgorithm: .sha256)
+        await keys.add(hmac: HMACKey(from: "device-secret-of-at-least-32-bytes!!"), digestAlgorithm: .sha256)
         let later = harness.clock.now.addingTimeInterval(3600)
 
         let first = try await authenticate(harness, token: try await token(keys, subject: "device-42", expires: later, issuer: "orchard-tests")).decode(AuthenticateResponse.self)
@@ -75,7 +75,7 @@ private struct DeviceToken: JWTPayload {
         #expect(try await authenticate(harness, token: try await token(keys, subject: "device-42", expires: harness.clock.now.addingTimeInterval(-1), issuer: "orchard-tests")).status == 401)
         #expect(try await authenticate(harness, token: try await token(keys, subject: "device-42", expires: later, issuer: "someone-else")).status == 401)
         let wrongKeys = JWTKeyCollection()
-        await wrongKeys.add(hmac: HMACKey(from: "other-secret"), digestAlgorithm: .sha256)
+        await wrongKeys.add(hmac: HMACKey(from: "other-secret-of-at-least-32-bytes!!!"), digestAlgorithm: .sha256)
         let forged = try await authenticate(harness, token: try await token(wrongKeys, subject: "device-42", expires: later, issuer: "orchard-tests"))
         #expect(forged.status == 401)
         #expect(forged.errorCode == "unauthorized")
@@ -93,7 +93,7 @@ private struct DeviceToken: JWTPayload {
         let response = try await authenticate(harness, token: try await token(keys, subject: "phone-1", expires: harness.clock.now.addingTimeInterval(60)))
         #expect(response.status == 200)
         let hmacKeys = JWTKeyCollection()
-        await hmacKeys.add(hmac: HMACKey(from: "guess"), digestAlgorithm: .sha256)
+        await hmacKeys.add(hmac: HMACKey(from: "a-guessed-secret-of-at-least-32-bytes"), digestAlgorithm: .sha256)
         #expect(try await authenticate(harness, token: try await token(hmacKeys, subject: "phone-1", expires: harness.clock.now.addingTimeInterval(60))).status == 401)
     }
 
