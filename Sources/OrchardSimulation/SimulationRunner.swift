@@ -93,7 +93,7 @@ public enum SimulationRunner {
         let outcome: (initial: Evaluation, rounds: [RoundMetrics])
         var appendFailure: SimulationError?
         outcome = try await fleet.run(server: fleetServer, workload: workload, now: now) { record in
-            do { try writer.append(record) } catch { appendFailure = appendFailure ?? error }
+            do throws(SimulationError) { try writer.append(record) } catch { appendFailure = appendFailure ?? error }
             progress.update(record, total: configuration.rounds)
         }
         if let appendFailure { throw appendFailure }
