@@ -7,6 +7,6 @@ struct Orchard: AsyncParsableCommand {
         commandName: "orchard",
         abstract: "Federated learning in Swift: train on devices, aggregate on a coordinator.",
         version: "0.1.0",
-        subcommands: [Serve.self, Bench.self, SchedulerCommand.self]
+        subcommands: [Serve.self, Bench.self, SchedulerCommand.self, ClientCommand.self, AgentCommand.self]
     )
 }
