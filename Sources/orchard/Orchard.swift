@@ -7,6 +7,9 @@ struct Orchard: AsyncParsableCommand {
         commandName: "orchard",
         abstract: "Federated learning in Swift: train on devices, aggregate on a coordinator.",
         version: "0.1.0",
-        subcommands: [SimulateCommand.self, Serve.self, TrainCommand.self, Bench.self, CoreMLCommand.self, SchedulerCommand.self]
+        subcommands: [
+            SimulateCommand.self, Serve.self, ClientCommand.self, AgentCommand.self, TrainCommand.self, Bench.self,
+            CoreMLCommand.self, SchedulerCommand.self,
+        ]
     )
 }

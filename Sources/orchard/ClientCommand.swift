@@ -1,0 +1,124 @@
+import ArgumentParser
+import Foundation
+import Logging
+import OrchardClient
+import OrchardFormats
+import OrchardML
+import OrchardScheduler
+
+/// `orchard client`: runs one device's cycle against a coordinator.
+struct ClientCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "client",
+        abstract: "Run one federated cycle as a device: authenticate, download, train locally, report.",
+        discussion: """
+        The data file is safetensors holding one batch-first tensor per model input (named as the input) and the \
+        targets as a tensor named 'target'. State (session, training checkpoint, pending report, model download) \
+        lives in --state, so an interrupted run resumes where it stopped.
+        """
+    )
+
+    @OptionGroup var device: DeviceOptions
+
+    @Flag(help: "Keep running cycles, waiting the coordinator's retry-after between them.")
+    var loop = false
+
+    func run() async throws {
+        let logger = Logger(label: "orchard.client")
+        let job = try device.makeJob(logger: logger)
+        let dataset = try device.loadDataset()
+        let events = Task {
+            for await event in job.events() {
+                switch event {
+                case .phase(let phase): logger.info("phase", metadata: ["phase": "\(phase)"])
+                case .trained(let step) where step.batch + 1 == step.batchesPerEpoch:
+                    logger.info("epoch done", metadata: ["epoch": "\(step.epoch)", "loss": "\(step.loss)"])
+                case .retrying(let attempt, let error): logger.warning("retrying", metadata: ["attempt": "\(attempt)", "error": "\(error)"])
+                case .resumedTraining: logger.info("resuming training from a saved checkpoint")
+                default: break
+                }
+            }
+        }
+        defer { events.cancel() }
+        repeat {
+            let outcome = try await job.train(on: dataset)
+            print(Self.describe(outcome))
+            guard loop, let wait = outcome.retryAfter else { break }
+            try await Task.sleep(for: .seconds(max(wait, 1)))
+        } while !Task.isCancelled
+    }
+
+    static func describe(_ outcome: CycleOutcome) -> String {
+        switch outcome {
+        case .reported(let receipt):
+            let retry = receipt.retryAfter.map { ", next request in \($0) s" } ?? ""
+            return "reported to cycle \(receipt.cycle)\(receipt.fromEarlierWindow ? " (kept from an earlier run)" : "")\(retry)"
+        case .rejected(let retryAfter, let reason):
+            return "rejected (\(reason)); retry after \(retryAfter) s"
+        case .conditionsNotMet(let unmet):
+            return "conditions not met: \(unmet.joined(separator: ", "))"
+        }
+    }
+}
+
+/// Options shared by `orchard client` and `orchard agent`.
+struct DeviceOptions: ParsableArguments {
+    @Option(help: "The coordinator's base URL, e.g. http://127.0.0.1:8080.")
+    var server: String
+
+    @Option(help: "The FL process's name.")
+    var model: String
+
+    @Option(help: "The FL process's version, e.g. 1.0.")
+    var version: String
+
+    @Option(help: "The local training data (safetensors: one tensor per model input, plus 'target').")
+    var data: String
+
+    @Option(help: "The directory for the device's durable state.")
+    var state: String = FileManager.default.currentDirectoryPath + "/.orchard-device"
+
+    @Option(help: "The device's JWT (omit for coordinators in open mode).")
+    var token: String?
+
+    @Option(help: "The seed of local training.")
+    var seed: UInt64 = 0
+
+    @Option(help: "Seconds an HTTP request may wait for data.")
+    var timeout: Double = 30
+
+    func makeJob(logger: Logger, conditions: (any DeviceConditionsProvider)? = nil) throws -> FederatedJob {
+        var configuration = ClientConfiguration(storageDirectory: URL(fileURLWithPath: state, isDirectory: true), requestTimeout: timeout, trainingSeed: seed, logger: logger)
+        configuration.conditions = conditions
+        let client = try OrchardClient(url: server, authToken: token, configuration: configuration)
+        return try client.newJob(modelName: model, version: version)
+    }
+
+    func loadDataset() throws -> TensorDataset {
+        let bytes: Data
+        do {
+            bytes = try Data(contentsOf: URL(fileURLWithPath: data))
+        } catch {
+            throw ValidationError("cannot read --data \(data): \(error.localizedDescription)")
+        }
+        let archive: SafetensorsArchive
+        do throws(FormatError) {
+            archive = try Safetensors.decode(bytes, allowConversion: true)
+        } catch {
+            throw ValidationError("--data \(data) is not a safetensors file: \(error.message)")
+        }
+        guard let target = archive["target"] else {
+            throw ValidationError("--data \(data) has no tensor named 'target' (it has \(archive.tensors.map(\.name).sorted()))")
+        }
+        var inputs: [String: Tensor] = [:]
+        for record in archive.tensors where record.name != "target" {
+            inputs[record.name] = Tensor(shape: record.shape, scalars: record.values)
+        }
+        guard !inputs.isEmpty else { throw ValidationError("--data \(data) has no input tensors besides 'target'") }
+        do throws(EngineError) {
+            return try TensorDataset(inputs: inputs, targets: Tensor(shape: target.shape, scalars: target.values))
+        } catch {
+            throw ValidationError("--data \(data): \(error.message)")
+        }
+    }
+}

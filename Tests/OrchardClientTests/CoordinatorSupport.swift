@@ -1,0 +1,125 @@
+import Foundation
+import OrchardClient
+import OrchardCoordinator
+import OrchardFormats
+import OrchardProtocol
+import Synchronization
+import Testing
+
+/// The coordinator's core as an ``InProcessCoordinator``: session tokens resolved by the core, its errors mapped
+/// to client errors exactly as the HTTP layer would send them.
+struct CoordinatorAdapter: InProcessCoordinator {
+    let coordinator: Coordinator
+
+    private func mapped<T>(_ body: () async throws(CoordinatorError) -> T) async throws(OrchardClientError) -> T {
+        do {
+            return try await body()
+        } catch {
+            throw OrchardClientError.server(status: error.status, body: error.body)
+        }
+    }
+
+    func authenticate(_ request: AuthenticateRequest) async throws(OrchardClientError) -> AuthenticateResponse {
+        try await mapped { () async throws(CoordinatorError) in try await coordinator.authenticate(request) }
+    }
+
+    func requestCycle(_ request: CycleRequest, session: String) async throws(OrchardClientError) -> CycleResponse {
+        try await mapped { () async throws(CoordinatorError) in
+            let worker = try await coordinator.worker(forSessionToken: session)
+            return try await coordinator.requestCycle(request, sessionWorker: worker)
+        }
+    }
+
+    func plan(_ planID: String, requestKey: String, session: String) async throws(OrchardClientError) -> OrchardProtocol.TrainingPlan {
+        try await mapped { () async throws(CoordinatorError) in
+            let worker = try await coordinator.worker(forSessionToken: session)
+            return try await coordinator.plan(planID, requestKey: requestKey, sessionWorker: worker)
+        }
+    }
+
+    func model(_ modelID: String, requestKey: String, session: String) async throws(OrchardClientError) -> (bytes: [UInt8], etag: String) {
+        try await mapped { () async throws(CoordinatorError) in
+            let worker = try await coordinator.worker(forSessionToken: session)
+            let download = try await coordinator.model(modelID, requestKey: requestKey, sessionWorker: worker)
+            return (download.bytes, download.etag)
+        }
+    }
+
+    func report(_ body: [UInt8], session: String) async throws(OrchardClientError) -> ReportResponse {
+        try await mapped { () async throws(CoordinatorError) in
+            let worker = try await coordinator.worker(forSessionToken: session)
+            return try await coordinator.report(body, sessionWorker: worker)
+        }
+    }
+}
+
+/// A coordinator on a real SQLite file, served on loopback HTTP, with a manual clock; plus client factories
+/// with per-device state directories and a recorded, instant backoff.
+final class ClientHarness: @unchecked Sendable {
+    let directory: URL
+    let clock: ManualWallClock
+    private(set) var instance: CoordinatorInstance
+    private(set) var server: RunningServer
+    let sleeps = Mutex<[Duration]>([])
+
+    var databasePath: String { directory.appendingPathComponent("coordinator.sqlite").path }
+    var url: String { "http://127.0.0.1:\(server.port)" }
+    var coordinator: Coordinator { instance.coordinator }
+
+    private init(directory: URL, clock: ManualWallClock, instance: CoordinatorInstance, server: RunningServer) {
+        self.directory = directory
+        self.clock = clock
+        self.instance = instance
+        self.server = server
+    }
+
+    static func start() async throws -> ClientHarness {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("orchard-client-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        let clock = ManualWallClock()
+        let instance = try await CoordinatorInstance.open(
+            database: directory.appendingPathComponent("coordinator.sqlite").path, clock: .manual(clock), random: SplitMix64(seed: 11)
+        )
+        let server = try await instance.serve()
+        return ClientHarness(directory: directory, clock: clock, instance: instance, server: server)
+    }
+
+    /// Stops the HTTP server, reopens the coordinator on the same SQLite file and serves it on the same port.
+    func restart() async throws {
+        let port = server.port
+        await server.stop()
+        instance = try await CoordinatorInstance.open(database: databasePath, clock: .manual(clock), random: SplitMix64(seed: 12))
+        server = try await instance.serve(port: port)
+    }
+
+    func stop() async {
+        await server.stop()
+        try? FileManager.default.removeItem(at: directory)
+    }
+
+    func host(_ request: HostProcessRequest) async throws -> ProcessStatus {
+        try await coordinator.host(request)
+    }
+
+    /// A device's configuration: its own state directory, the harness clock, instant recorded backoff.
+    func configuration(device: String, seed: UInt64 = 5, retry: RequestRetryPolicy = RequestRetryPolicy(maximumAttempts: 3), trainer: any LocalTrainer = EngineLocalTrainer(), onSleep: @escaping @Sendable () async throws -> Void = {}) -> ClientConfiguration {
+        let clock = self.clock
+        return ClientConfiguration(
+            storageDirectory: directory.appendingPathComponent("device-\(device)", isDirectory: true),
+            retry: retry,
+            environment: .seeded(seed, now: { clock.now }, sleep: { duration in
+                self.sleeps.withLock { $0.append(duration) }
+                try await onSleep()
+            }),
+            trainingSeed: 42, trainer: trainer
+        )
+    }
+
+    /// A client over HTTP, optionally through a recording transport.
+    func httpClient(device: String, authToken: String? = nil, configuration: ClientConfiguration? = nil) throws -> (OrchardClient, RecordingTransport) {
+        let transport = RecordingTransport(try HTTPTransport(url: url))
+        let client = OrchardClient(transport: transport, server: url, authToken: authToken, configuration: configuration ?? self.configuration(device: device))
+        return (client, transport)
+    }
+}
+
