@@ -3,7 +3,7 @@ public import Foundation
 import FoundationNetworking
 #endif
 import OrchardCoordinator
-import OrchardProtocol
+public import OrchardProtocol
 
 /// The device protocol over real HTTP (`--transport http`): JSON control messages and safetensors bodies, the
 /// session token as a bearer token, error bodies turned back into ``OrchardCoordinator/CoordinatorError``.

@@ -191,7 +191,7 @@ public struct SimulationConfiguration: Sendable {
         overSelection: Double = 1.3, localEpochs: Int = 5, batchSize: Int = 8, learningRate: Double = 0.01, rounds: Int = 30,
         partition: PartitionStrategy = .iid, aggregator: AggregatorConfig = AggregatorConfig(), availability: Availability = .diurnal,
         dropout: Double = 0.08, windowSeconds: Double = 10, cycleSeconds: Double = 300, secondsPerUpdate: Double = 0.5,
-        transport: TransportChoice = .memory, seed: UInt64 = 1, output: URL? = nil
+        transport: TransportChoice = .http, seed: UInt64 = 1, output: URL? = nil
     ) {
         self.dataset = dataset
         self.model = model

@@ -4,6 +4,7 @@ import OrchardExamples
 import OrchardFormats
 import OrchardML
 import OrchardProtocol
+import OrchardCoordinator
 
 /// What a finished run produced.
 public struct SimulationResult: Sendable {
@@ -74,9 +75,6 @@ public enum SimulationRunner {
         _ configuration: SimulationConfiguration, model: Model, workload: EngineWorkload<S, T>, writer: ReportWriter,
         progress: ProgressDisplay, now: @escaping @Sendable () -> Double, setupStart: Double
     ) async throws(SimulationError) -> SimulationResult {
-        guard configuration.transport == .memory else {
-            throw SimulationError(.incompatible, "--transport http needs the coordinator's HTTP server, which this build does not include yet; use --transport memory")
-        }
         let process = HostProcessRequest(
             name: "simulation-\(configuration.model)", version: SemanticVersion(1, 0, 0), model: model.spec,
             initialWeights: model.weightsSafetensors(),
@@ -87,19 +85,57 @@ public enum SimulationRunner {
                 paceSteeringWindow: 60, checkpointRetention: 3, aggregator: configuration.aggregator
             )
         )
-        let fleetServer = try CycleFleetServer(process: process, seed: configuration.seed)
         let fleet = FleetSimulation(devices: configuration.clients, conditions: configuration.conditions, seed: configuration.seed, rounds: configuration.rounds)
         let setupSeconds = now() - setupStart
         let outcome: (initial: Evaluation, rounds: [RoundMetrics])
         var appendFailure: SimulationError?
-        outcome = try await fleet.run(server: fleetServer, workload: workload, now: now) { record in
-            do throws(SimulationError) { try writer.append(record) } catch { appendFailure = appendFailure ?? error }
-            progress.update(record, total: configuration.rounds)
+        func record(_ metrics: RoundMetrics) {
+            do throws(SimulationError) { try writer.append(metrics) } catch { appendFailure = appendFailure ?? error }
+            progress.update(metrics, total: configuration.rounds)
+        }
+        if configuration.transport == .memory {
+            let fleetServer = try CycleFleetServer(process: process, seed: configuration.seed)
+            outcome = try await fleet.run(server: fleetServer, workload: workload, now: now, onRound: record)
+        } else {
+            outcome = try await runOverHTTP(process, fleet: fleet, workload: workload, seed: configuration.seed, now: now, onRound: record)
         }
         if let appendFailure { throw appendFailure }
         let summary = SimulationSummary(settings: configuration.settings, initial: outcome.initial, rounds: outcome.rounds, setupSeconds: setupSeconds)
         try writer.finish(summary: summary, rounds: outcome.rounds, title: "Orchard fleet simulation — \(configuration.dataset), \(configuration.model)")
         return SimulationResult(directory: writer.directory, summary: summary, rounds: outcome.rounds)
+    }
+
+    /// Runs the fleet against a real coordinator: its HTTP server on a loopback port, its SQLite store in a
+    /// temporary directory (removed afterwards), its wall clock driven by the simulation's virtual time.
+    private static func runOverHTTP(
+        _ process: HostProcessRequest, fleet: FleetSimulation, workload: some FleetWorkload, seed: UInt64,
+        now: @Sendable () -> Double, onRound: (RoundMetrics) -> Void
+    ) async throws(SimulationError) -> (initial: Evaluation, rounds: [RoundMetrics]) {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("orchard-simulate-\(UUID().uuidString)", isDirectory: true)
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let clock = ManualWallClock()
+        let instance: CoordinatorInstance
+        let server: RunningServer
+        do {
+            try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+            instance = try await CoordinatorInstance.open(
+                database: directory.appendingPathComponent("coordinator.sqlite").path, clock: .manual(clock), random: SplitMix64(seed: seed)
+            )
+            server = try await instance.serve(port: 0)
+        } catch {
+            throw SimulationError(.coordinator, "cannot start the coordinator on a loopback port: \(error)")
+        }
+        do {
+            let fleetServer = try await CoordinatorFleetServer(
+                coordinator: instance.coordinator, clock: clock, process: process, link: HTTPLink(baseURL: server.baseURL)
+            )
+            let outcome = try await fleet.run(server: fleetServer, workload: workload, now: now, onRound: onRound)
+            await server.stop()
+            return outcome
+        } catch {
+            await server.stop()
+            throw error
+        }
     }
 
     private static func loadImages(_ path: String) throws(SimulationError) -> (IDXImageDataset, IDXImageDataset) {

@@ -50,4 +50,18 @@ import Testing
         #expect(first.rounds.map(\.withoutTiming) == second.rounds.map(\.withoutTiming))
         #expect(first.rounds.map(\.testRMSE) == second.rounds.map(\.testRMSE))
     }
+
+    /// `--transport http`: the real coordinator (HTTP server on a loopback port, SQLite store in a temporary
+    /// directory) aggregates the fleet's reports, and the model improves as it does in memory.
+    @Test func housingFleetOverLoopbackHTTPAggregatesThroughTheRealCoordinator() async throws {
+        let dir = Self.temporaryDirectory()
+        defer { try? FileManager.default.removeItem(at: dir) }
+        let result = try await SimulationRunner.run(Self.configuration(transport: .http, directory: dir), progress: Self.quiet, now: { 0 })
+        let summary = result.summary
+        let initial = try #require(summary.initial.rmse), final = try #require(summary.final.rmse)
+        #expect(final < 0.6 * initial)
+        #expect(summary.aggregatedRounds >= 4)
+        #expect(result.rounds.allSatisfy { $0.bytesUp > 0 || !$0.aggregated })
+        #expect(summary.expirations > 0 && summary.resumed > 0)
+    }
 }
