@@ -47,7 +47,7 @@ import Testing
 
     @Test(arguments: cases, [1, 2])
     func matchesReference(_ t: Case, threads: Int) {
-        var rng = SplitMix(seed: UInt64(t.m * 1_000_003 + t.n * 1009 + t.k))
+        var rng = SplitMix64(state: UInt64(t.m * 1_000_003 + t.n * 1009 + t.k))
         let rowsA = t.ta ? t.k : t.m, colsA = t.ta ? t.m : t.k
         let rowsB = t.tb ? t.n : t.k, colsB = t.tb ? t.k : t.n
         let lda = colsA + t.pad, ldb = colsB + t.pad, ldc = t.n + t.pad
@@ -96,16 +96,7 @@ enum GEMMTestSupport {
     }
 }
 
-/// A tiny seeded generator for test inputs.
-struct SplitMix {
-    var state: UInt64
-    init(seed: UInt64) { state = seed }
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
-    }
+extension SplitMix64 {
+    /// A value in [-1, 1) for test inputs.
     mutating func nextFloat() -> Float { Float(next() >> 40) / Float(1 << 24) * 2 - 1 }
 }
