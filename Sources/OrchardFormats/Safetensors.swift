@@ -83,11 +83,13 @@ public enum Safetensors {
         withUnsafeBytes(of: UInt64(headerBytes.count).littleEndian) { out.append(contentsOf: $0) }
         out.append(contentsOf: headerBytes)
         for tensor in sorted {
-            tensor.values.withUnsafeBufferPointer { buffer in
-                for value in buffer {
-                    withUnsafeBytes(of: value.bitPattern.littleEndian) { out.append(contentsOf: $0) }
-                }
+            #if _endian(little)
+            tensor.values.withUnsafeBytes { out.append(contentsOf: $0) }
+            #else
+            for value in tensor.values {
+                withUnsafeBytes(of: value.bitPattern.littleEndian) { out.append(contentsOf: $0) }
             }
+            #endif
         }
         return out
     }
