@@ -152,7 +152,7 @@ public actor Coordinator {
                 guard pending.diff.count == count * 4 else {
                     throw StoreError(.corrupt, "stored diff of worker \(pending.workerID) has \(pending.diff.count) bytes")
                 }
-                accumulator.add(Self.floats(pending.diff), weight: Double(pending.sampleCount), worker: pending.workerID)
+                accumulator.add(pending.diff, weight: Double(pending.sampleCount), worker: pending.workerID)
             }
             (sum, unfolded) = accumulator.result
             keys = Set(open.assignments.map(\.requestKey))
@@ -172,24 +172,6 @@ public actor Coordinator {
         if !unfolded.isEmpty {
             logger.info("resumed cycle with unfolded reports", metadata: ["process": "\(process.id)", "cycle": "\(machine.cycle)", "reports": "\(unfolded.count)"])
         }
-    }
-
-    private static func floats(_ bytes: [UInt8]) -> [Float] {
-        var floats = [Float](repeating: 0, count: bytes.count / 4)
-        floats.withUnsafeMutableBytes { $0.copyBytes(from: bytes) }
-        #if _endian(big)
-        for i in floats.indices { floats[i] = Float(bitPattern: UInt32(littleEndian: floats[i].bitPattern)) }
-        #endif
-        return floats
-    }
-
-    private static func bytes(_ floats: [Float]) -> [UInt8] {
-        #if _endian(big)
-        let values = floats.map { Float(bitPattern: $0.bitPattern.littleEndian) }
-        #else
-        let values = floats
-        #endif
-        return values.withUnsafeBytes { Array($0) }
     }
 
     private func randomHex(_ bytes: Int) -> String {
@@ -365,9 +347,9 @@ public actor Coordinator {
     ///   - body: The safetensors body.
     ///   - sessionWorker: The worker id proven by the session token.
     public nonisolated func report(_ body: [UInt8], sessionWorker: String) async throws(CoordinatorError) -> ReportResponse {
-        let archive: SafetensorsArchive
+        let index: SafetensorsIndex
         do throws(FormatError) {
-            archive = try Safetensors.decode(body)
+            index = try Safetensors.index(body)
         } catch {
             await refused()
             if error.code == .dtypeMismatch || error.code == .unsupportedDType {
@@ -377,7 +359,7 @@ public actor Coordinator {
         }
         let metadata: ReportMetadata
         do throws(FormatError) {
-            metadata = try ReportEnvelope.metadata(of: archive)
+            metadata = try ReportEnvelope.metadata(in: index.metadata)
         } catch {
             await refused()
             throw .badRequest(.invalidRequest, error.message)
@@ -387,13 +369,13 @@ public actor Coordinator {
             throw .forbidden(.forbidden, "the session token belongs to another worker")
         }
         let ticket = try await beginReport(metadata)
-        let flat: [Float]
+        let flat: [UInt8]
         do throws(CoordinatorError) {
             guard (1...ticket.maximumSampleCount).contains(metadata.sampleCount) else {
                 throw CoordinatorError.unprocessable(.invalidSampleCount, "sample_count \(metadata.sampleCount) is not in 1...\(ticket.maximumSampleCount)")
             }
-            flat = try ticket.layout.flatten(archive.tensors)
-            try ticket.layout.checkDiff(flat)
+            flat = try ticket.layout.flattenBytes(index, in: body)
+            try ticket.layout.checkDiff(bytes: flat)
         } catch {
             await abortReport(ticket, workerID: metadata.workerID)
             throw error
@@ -401,7 +383,7 @@ public actor Coordinator {
         let metricsJSON = (try? WireCoding.encoder().encode(metadata.metrics)).map { String(decoding: $0, as: UTF8.self) } ?? "{}"
         let record = ReportRecord(
             processID: ticket.processID, cycle: ticket.cycle, workerID: metadata.workerID, requestKey: metadata.requestKey,
-            sampleCount: metadata.sampleCount, metricsJSON: metricsJSON, diff: Self.bytes(flat)
+            sampleCount: metadata.sampleCount, metricsJSON: metricsJSON, diff: flat
         )
         let started = ContinuousClock.now
         do {
@@ -448,13 +430,13 @@ public actor Coordinator {
         if let action { await perform(action, processID: ticket.processID) }
     }
 
-    private func commitReport(_ ticket: ReportTicket, workerID: String, sampleCount: Int, diff: [Float]) async -> ReportResponse {
+    private func commitReport(_ ticket: ReportTicket, workerID: String, sampleCount: Int, diff: [UInt8]) async -> ReportResponse {
         metrics.reportsAccepted.increment()
         guard let runtime = runtimes[ticket.processID], runtime.machine.cycle == ticket.cycle else {
             // The process was deleted while the report was committed; it was still acknowledged by the store.
             return ReportResponse(cycle: ticket.cycle, reportsReceived: 0, retryAfter: 0)
         }
-        diff.withUnsafeBufferPointer { runtime.sum.add($0, weight: Double(sampleCount)) }
+        runtime.sum.add(bytes: diff, weight: Double(sampleCount))
         runtime.unfolded.append(workerID)
         let action = runtime.machine.commitReport(workerID: workerID)
         let received = runtime.machine.reported
@@ -700,9 +682,9 @@ private final class RecoveryAccumulator: Sendable {
 
     init(sum: RunningSum) { state = Mutex((sum, [])) }
 
-    func add(_ diff: [Float], weight: Double, worker: String) {
+    func add(_ diff: [UInt8], weight: Double, worker: String) {
         state.withLock { state in
-            diff.withUnsafeBufferPointer { state.sum.add($0, weight: weight) }
+            state.sum.add(bytes: diff, weight: weight)
             state.workers.append(worker)
         }
     }

@@ -107,16 +107,24 @@ struct BenchCoordinator: AsyncParsableCommand {
             return try await group.reduce(into: []) { $0.append($1) }
         }
 
-        // One keep-alive connection per device for the timed phases.
-        let connections = try await withThrowingTaskGroup(of: (Int, BenchConnection).self) { group in
-            for index in sessions.indices {
-                group.addTask { (index, try await BenchConnection.connect(host: "127.0.0.1", port: load.port, group: MultiThreadedEventLoopGroup.singleton)) }
+        // One keep-alive connection per device for the check-in phase, and fresh ones for every report round
+        // (rounds are minutes apart in a real fleet; a connection does not live from one to the next).
+        @Sendable func connectAll() async throws -> [BenchConnection] {
+            try await withThrowingTaskGroup(of: (Int, BenchConnection).self) { group in
+                for index in sessions.indices {
+                    group.addTask { (index, try await BenchConnection.connect(host: "127.0.0.1", port: load.port, group: MultiThreadedEventLoopGroup.singleton)) }
+                }
+                var connections = [BenchConnection?](repeating: nil, count: sessions.count)
+                for try await (index, connection) in group { connections[index] = connection }
+                return connections.compactMap { $0 }
             }
-            var connections = [BenchConnection?](repeating: nil, count: sessions.count)
-            for try await (index, connection) in group { connections[index] = connection }
-            return connections.compactMap { $0 }
         }
-        defer { Task { for connection in connections { await connection.close() } } }
+        @Sendable func closeAll(_ connections: [BenchConnection]) async {
+            await withTaskGroup(of: Void.self) { group in
+                for connection in connections { group.addTask { await connection.close() } }
+            }
+        }
+        var connections = try await connectAll()
         let checkinRequests = try sessions.map { session in
             let body = try WireCoding.encoder().encode(CycleRequest(workerID: session.workerID, processName: "bench", processVersion: SemanticVersion(1)))
             return (head: load.head(.POST, Endpoint.cycleRequest, session: session.sessionToken, contentType: MediaType.json), body: ByteBuffer(bytes: body))
@@ -158,6 +166,8 @@ struct BenchCoordinator: AsyncParsableCommand {
         var reportSeconds = 0.0
         var reports = 0
         for _ in 0..<rounds {
+            await closeAll(connections)
+            connections = try await connectAll()
             let assignments = try await withThrowingTaskGroup(of: (Int, CycleAssignment).self) { group in
                 for index in sessions.indices {
                     let connection = connections[index]
@@ -218,6 +228,7 @@ struct BenchCoordinator: AsyncParsableCommand {
             reportBytes += bytes
             reports += latencies.count
         }
+        await closeAll(connections)
         let fields: [(String, String)] = [
             ("benchmark", "\"coordinator\""), ("devices", "\(devices)"), ("params", "\(parameterCount)"),
             ("checkins", "\(checkinLatencies.count)"), ("offered_rate", Self.format(rate)),
