@@ -133,12 +133,17 @@ public enum CoordinatorServer {
         if let length = request.headers[.contentLength].flatMap({ Int($0) }), length > limit {
             throw CoordinatorError(.payloadTooLarge, status: 413, "body of \(length) bytes exceeds the limit of \(limit)")
         }
-        do {
-            let buffer = try await request.body.collect(upTo: limit)
-            return Array(buffer.readableBytesView)
-        } catch is NIOTooManyBytesError {
-            throw CoordinatorError(.payloadTooLarge, status: 413, "body exceeds the limit of \(limit) bytes")
+        // Chunks go straight into one array sized from Content-Length (collecting into a ByteBuffer first
+        // would copy every report body twice).
+        var bytes: [UInt8] = []
+        bytes.reserveCapacity(min(limit, request.headers[.contentLength].flatMap { Int($0) } ?? 0))
+        for try await chunk in request.body {
+            guard bytes.count + chunk.readableBytes <= limit else {
+                throw CoordinatorError(.payloadTooLarge, status: 413, "body exceeds the limit of \(limit) bytes")
+            }
+            bytes.append(contentsOf: chunk.readableBytesView)
         }
+        return bytes
     }
 
     private static func decode<T: Decodable>(_ type: T.Type, _ request: Request, limit: Int) async throws -> T {

@@ -53,6 +53,28 @@ public enum Safetensors {
     ///   - metadata: Free-form string pairs stored under `__metadata__`.
     public static func encode(_ tensors: [TensorRecord], metadata: [String: String] = [:]) -> [UInt8] {
         let sorted = tensors.sorted { $0.name < $1.name }
+        var out = encodeHeader(sorted, metadata: metadata)
+        out.reserveCapacity(out.count + sorted.reduce(0) { $0 + $1.values.count * 4 })
+        for tensor in sorted {
+            #if _endian(little)
+            tensor.values.withUnsafeBytes { out.append(contentsOf: $0) }
+            #else
+            for value in tensor.values {
+                withUnsafeBytes(of: value.bitPattern.littleEndian) { out.append(contentsOf: $0) }
+            }
+            #endif
+        }
+        return out
+    }
+
+    /// The first part of ``encode(_:metadata:)``'s output: the 8-byte header length and the padded JSON header.
+    /// The file is this followed by each tensor's values as little-endian Float32, tensors in name order — so a
+    /// writer can send a header and tensor data it already holds without assembling one buffer.
+    /// - Parameters:
+    ///   - tensors: The tensors (only names and shapes are read).
+    ///   - metadata: The `__metadata__` string pairs.
+    public static func encodeHeader(_ tensors: [TensorRecord], metadata: [String: String] = [:]) -> [UInt8] {
+        let sorted = tensors.sorted { $0.name < $1.name }
         precondition(Set(sorted.map(\.name)).count == sorted.count, "duplicate tensor names")
         var header = "{"
         var first = true
@@ -79,18 +101,9 @@ public enum Safetensors {
         var headerBytes = Array(header.utf8)
         while headerBytes.count % 8 != 0 { headerBytes.append(0x20) }
         var out = [UInt8]()
-        out.reserveCapacity(8 + headerBytes.count + offset)
+        out.reserveCapacity(8 + headerBytes.count)
         withUnsafeBytes(of: UInt64(headerBytes.count).littleEndian) { out.append(contentsOf: $0) }
         out.append(contentsOf: headerBytes)
-        for tensor in sorted {
-            #if _endian(little)
-            tensor.values.withUnsafeBytes { out.append(contentsOf: $0) }
-            #else
-            for value in tensor.values {
-                withUnsafeBytes(of: value.bitPattern.littleEndian) { out.append(contentsOf: $0) }
-            }
-            #endif
-        }
         return out
     }
 

@@ -45,13 +45,22 @@ public enum ReportEnvelope {
 
     /// Encodes a diff and its metadata as one safetensors body.
     public static func encode(diff: [TensorRecord], metadata: ReportMetadata) -> [UInt8] {
+        Safetensors.encode(diff, metadata: [metadataKey: json(metadata)])
+    }
+
+    /// The header part of ``encode(diff:metadata:)``; the body is this followed by the diff's values as
+    /// little-endian Float32, tensors in name order (see `Safetensors.encodeHeader`).
+    public static func encodeHeader(diff: [TensorRecord], metadata: ReportMetadata) -> [UInt8] {
+        Safetensors.encodeHeader(diff, metadata: [metadataKey: json(metadata)])
+    }
+
+    private static func json(_ metadata: ReportMetadata) -> String {
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.sortedKeys]
         // Encoding a struct of strings, an integer and finite doubles cannot fail; non-finite metrics are dropped.
         var clean = metadata
         clean.metrics = metadata.metrics.filter { $0.value.isFinite }
-        let json = (try? encoder.encode(clean)).map { String(decoding: $0, as: UTF8.self) } ?? "{}"
-        return Safetensors.encode(diff, metadata: [metadataKey: json])
+        return (try? encoder.encode(clean)).map { String(decoding: $0, as: UTF8.self) } ?? "{}"
     }
 
     /// Reads the metadata of a decoded report.

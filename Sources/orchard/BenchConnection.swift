@@ -49,18 +49,18 @@ final class BenchConnection: Sendable {
     /// Sends one request and waits for its whole response.
     /// - Parameters:
     ///   - head: The request line and headers (`Content-Length` is added for a body).
-    ///   - body: The body, if any.
+    ///   - body: The body's parts, written one after the other (none for no body).
     ///   - keepBody: Whether the response body is returned (otherwise only counted).
-    func exchange(_ head: HTTPRequestHead, body: ByteBuffer?, keepBody: Bool = false) async throws -> Response {
+    func exchange(_ head: HTTPRequestHead, body: [ByteBuffer] = [], keepBody: Bool = false) async throws -> Response {
         let promise = channel.eventLoop.makePromise(of: Response.self)
         let handler = self.handler
         let channel = self.channel
         channel.eventLoop.execute {
             handler.value.start(promise, keepBody: keepBody)
             var head = head
-            if let body { head.headers.replaceOrAdd(name: "Content-Length", value: "\(body.readableBytes)") }
+            if !body.isEmpty { head.headers.replaceOrAdd(name: "Content-Length", value: "\(body.reduce(0) { $0 + $1.readableBytes })") }
             channel.write(HTTPClientRequestPart.head(head), promise: nil)
-            if let body { channel.write(HTTPClientRequestPart.body(.byteBuffer(body)), promise: nil) }
+            for part in body { channel.write(HTTPClientRequestPart.body(.byteBuffer(part)), promise: nil) }
             channel.writeAndFlush(HTTPClientRequestPart.end(nil)).whenFailure { promise.fail($0) }
         }
         return try await promise.futureResult.get()

@@ -149,7 +149,7 @@ struct BenchCoordinator: AsyncParsableCommand {
                             start = checkinStart + .seconds(Double(index + k * devices) / rate)
                             try await Task.sleep(until: start, clock: .continuous)
                         }
-                        let response = try await connection.exchange(request.head, body: request.body)
+                        let response = try await connection.exchange(request.head, body: [request.body])
                         guard response.status == 200 else { throw LoadGenerator.Failure(description: "cycle request: HTTP \(response.status)") }
                         latencies.append(Self.milliseconds(ContinuousClock.now - start))
                     }
@@ -174,7 +174,7 @@ struct BenchCoordinator: AsyncParsableCommand {
                     let request = checkinRequests[index]
                     let worker = sessions[index].workerID
                     group.addTask {
-                        let response = try await connection.exchange(request.head, body: request.body, keepBody: true)
+                        let response = try await connection.exchange(request.head, body: [request.body], keepBody: true)
                         let decoded = try load.decode(CycleResponse.self, response.body.map { Array($0.readableBytesView) } ?? [])
                         guard case .accepted(let assignment) = decoded else { throw ValidationError("device \(worker) was not admitted: \(decoded)") }
                         return (index, assignment)
@@ -187,9 +187,16 @@ struct BenchCoordinator: AsyncParsableCommand {
             let first = assignments[0]
             let modelBytes = try await load.send("GET", Endpoint.model(first.modelID) + "?request_key=\(first.requestKey)", session: sessions[0].sessionToken)
             let modelArchive = try Safetensors.decode(modelBytes)
-            // Seven distinct diffs, so the server really averages different updates.
+            // Seven distinct diffs, so the server really averages different updates; each report sends its own
+            // header and one of these shared data sections (safetensors data follows the header, tensors in name
+            // order), so the generator copies no diff per report.
+            let shapes = modelArchive.tensors.map { TensorRecord(name: $0.name, shape: $0.shape, values: [Float](repeating: 0, count: $0.values.count)) }
             let variants = (0..<7).map { variant in
-                modelArchive.tensors.map { TensorRecord(name: $0.name, shape: $0.shape, values: [Float](repeating: Float(variant) * 1e-4, count: $0.values.count)) }
+                let data = Safetensors.encode(modelArchive.tensors.map {
+                    TensorRecord(name: $0.name, shape: $0.shape, values: [Float](repeating: Float(variant) * 1e-4, count: $0.values.count))
+                })
+                let headerLength = data[0..<8].enumerated().reduce(0) { $0 | Int($1.element) << (8 * $1.offset) }
+                return ByteBuffer(bytes: data[(8 + headerLength)...])
             }
             let start = ContinuousClock.now
             let (latencies, bytes) = try await withThrowingTaskGroup(of: (Double, Int).self) { group in
@@ -202,11 +209,12 @@ struct BenchCoordinator: AsyncParsableCommand {
                     let connection = connections[index]
                     let head = load.head(.POST, Endpoint.report, session: session.sessionToken, contentType: MediaType.safetensors)
                     group.addTask {
-                        let body = ReportEnvelope.encode(diff: variants[index % 7], metadata: ReportMetadata(workerID: session.workerID, requestKey: assignment.requestKey, sampleCount: 1 + index % 50))
+                        let header = ByteBuffer(bytes: ReportEnvelope.encodeHeader(diff: shapes, metadata: ReportMetadata(workerID: session.workerID, requestKey: assignment.requestKey, sampleCount: 1 + index % 50)))
+                        let data = variants[index % 7]
                         let sent = ContinuousClock.now
-                        let response = try await connection.exchange(head, body: ByteBuffer(bytes: body))
+                        let response = try await connection.exchange(head, body: [header, data])
                         guard response.status == 200 else { throw LoadGenerator.Failure(description: "report: HTTP \(response.status)") }
-                        return (Self.milliseconds(ContinuousClock.now - sent), body.count)
+                        return (Self.milliseconds(ContinuousClock.now - sent), header.readableBytes + data.readableBytes)
                     }
                 }
                 while next < min(reportConcurrency, assignments.count) {

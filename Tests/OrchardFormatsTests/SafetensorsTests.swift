@@ -35,6 +35,14 @@ import Testing
         #expect(index.entries.last?.byteRange.upperBound == bytes.count)
     }
 
+    @Test func headerThenValuesInNameOrderIsTheWholeFile() {
+        let header = Safetensors.encodeHeader(tensors.reversed(), metadata: ["k": "v"])
+        let values = tensors.sorted { $0.name < $1.name }.flatMap(\.values).flatMap { value in
+            (0..<4).map { UInt8(truncatingIfNeeded: value.bitPattern >> (8 * UInt32($0))) }
+        }
+        #expect(header + values == Safetensors.encode(tensors, metadata: ["k": "v"]))
+    }
+
     @Test func encodingIsStableAndHeaderIsAligned() {
         let a = Safetensors.encode(tensors)
         let b = Safetensors.encode(tensors.reversed())
