@@ -12,6 +12,9 @@ import OrchardProtocol
 /// which are deleted once it commits. A restart reads the stored sum and folds the remaining diffs again, so
 /// nothing acknowledged is lost or counted twice, and files no committed row names are swept away.
 ///
+/// Admissions and reports that arrive while a transaction runs are committed together in the next one (group
+/// commit); each caller still returns only once its own row is committed.
+///
 /// Keeping diffs out of the database means each report is written once (SQLite's write-ahead log would write a
 /// blob twice) and, as the files are usually deleted before the kernel writes them back, often not at all.
 public final class SQLiteStore: CoordinatorStore {
@@ -35,6 +38,7 @@ public final class SQLiteStore: CoordinatorStore {
 
     private let pool: DatabasePool
     private let spool: DiffSpool
+    private let commits: GroupCommit<BatchedWrite>
 
     /// Opens (creating if needed) the database at `path` and its diff spool, the directory `<path>-spool`.
     public init(path: String, durability: Durability = .normal) throws {
@@ -45,7 +49,9 @@ public final class SQLiteStore: CoordinatorStore {
             try db.execute(sql: "PRAGMA synchronous = \(synchronous)")
             try db.execute(sql: "PRAGMA foreign_keys = ON")
         }
-        pool = try DatabasePool(path: path, configuration: configuration)
+        let pool = try DatabasePool(path: path, configuration: configuration)
+        self.pool = pool
+        commits = GroupCommit { writes in try await Self.commit(writes, in: pool) }
         try Self.migrator.migrate(pool)
         spool = try DiffSpool(directory: URL(fileURLWithPath: path + "-spool"), sync: durability == .full)
         let referenced = try pool.read { db in
@@ -228,35 +234,61 @@ public final class SQLiteStore: CoordinatorStore {
     }
 
     public func recordAssignment(processID: String, cycle: Int, workerID: String, requestKey: String, at date: Date) async throws {
-        try await pool.write { db in
-            try db.execute(
-                sql: "INSERT INTO assignments (process_id, cycle, worker_id, request_key, assigned_at) VALUES (?, ?, ?, ?, ?)",
-                arguments: [processID, cycle, workerID, requestKey, date.timeIntervalSince1970]
-            )
-        }
+        try await commits.submit(.assignment(processID: processID, cycle: cycle, workerID: workerID, requestKey: requestKey, at: date))
     }
 
     public func recordReport(_ report: ReportRecord) async throws {
         // The diff is on disk before the row that names it commits; if the transaction fails, the file goes.
         let file = try spool.write(report.diff, process: report.processID, cycle: report.cycle, key: report.requestKey)
         do {
-            try await pool.write { db in
-                let status = try String.fetchOne(db, sql: "SELECT status FROM cycles WHERE process_id = ? AND number = ?", arguments: [report.processID, report.cycle])
-                guard status == "open" else { throw StoreError(.cycleClosed, "cycle \(report.cycle) is not open") }
-                try db.execute(
-                    sql: """
-                        UPDATE assignments SET reported = 1, sample_count = ?, metrics = ?, diff_file = ?
-                        WHERE process_id = ? AND cycle = ? AND worker_id = ? AND request_key = ? AND reported = 0
-                        """,
-                    arguments: [report.sampleCount, report.metricsJSON, file, report.processID, report.cycle, report.workerID, report.requestKey]
-                )
-                guard db.changesCount == 1 else {
-                    throw StoreError(.duplicate, "no unreported assignment for this worker and request key in cycle \(report.cycle)")
-                }
-            }
+            try await commits.submit(.report(report, file: file))
         } catch {
             spool.remove(file)
             throw error
+        }
+    }
+
+    /// A write that group commit may batch with others.
+    enum BatchedWrite: Sendable {
+        case assignment(processID: String, cycle: Int, workerID: String, requestKey: String, at: Date)
+        case report(ReportRecord, file: String)
+    }
+
+    /// Commits a batch in one transaction; one item's failure (a closed cycle, a duplicate) fails only that item.
+    private static func commit(_ writes: [BatchedWrite], in pool: DatabasePool) async throws -> [Result<Void, any Error>] {
+        try await pool.write { db in
+            var cycleOpen: [String: Bool] = [:]
+            return writes.map { write -> Result<Void, any Error> in
+                Result {
+                    switch write {
+                    case .assignment(let processID, let cycle, let workerID, let requestKey, let date):
+                        try db.execute(
+                            sql: "INSERT INTO assignments (process_id, cycle, worker_id, request_key, assigned_at) VALUES (?, ?, ?, ?, ?)",
+                            arguments: [processID, cycle, workerID, requestKey, date.timeIntervalSince1970]
+                        )
+                    case .report(let report, let file):
+                        let key = "\(report.processID)/\(report.cycle)"
+                        let open: Bool
+                        if let known = cycleOpen[key] {
+                            open = known
+                        } else {
+                            open = try String.fetchOne(db, sql: "SELECT status FROM cycles WHERE process_id = ? AND number = ?", arguments: [report.processID, report.cycle]) == "open"
+                            cycleOpen[key] = open
+                        }
+                        guard open else { throw StoreError(.cycleClosed, "cycle \(report.cycle) is not open") }
+                        try db.execute(
+                            sql: """
+                                UPDATE assignments SET reported = 1, sample_count = ?, metrics = ?, diff_file = ?
+                                WHERE process_id = ? AND cycle = ? AND worker_id = ? AND request_key = ? AND reported = 0
+                                """,
+                            arguments: [report.sampleCount, report.metricsJSON, file, report.processID, report.cycle, report.workerID, report.requestKey]
+                        )
+                        guard db.changesCount == 1 else {
+                            throw StoreError(.duplicate, "no unreported assignment for this worker and request key in cycle \(report.cycle)")
+                        }
+                    }
+                }
+            }
         }
     }
 
