@@ -4,6 +4,7 @@ import Logging
 import OrchardClient
 import OrchardScheduler
 import ServiceLifecycle
+import Synchronization
 import UnixSignals
 
 /// `orchard agent`: the device daemon — the background scheduler trains whenever the device's conditions hold.
@@ -18,8 +19,10 @@ struct AgentCommand: AsyncParsableCommand {
         checkpoint that the next window resumes. Stops gracefully on SIGINT or SIGTERM.
 
         Status goes to standard output as JSON lines: {"event":"started"}, one {"event":"conditions",...} per \
-        check (with "met" and the "unmet" constraints), {"event":"cycle",...} per finished cycle, \
-        {"event":"error",...} per failed one and {"event":"stopped"} at the end. Logs go to standard error.
+        check (with "met" and the "unmet" constraints), {"event":"phase","phase":...} as a cycle advances, \
+        {"event":"resumed_training"} when training continues from a checkpoint, {"event":"cycle",...} per \
+        finished cycle, {"event":"error",...} per failed one and {"event":"stopped"} at the end. Logs go to \
+        standard error.
         """
     )
 
@@ -49,6 +52,9 @@ struct AgentCommand: AsyncParsableCommand {
     @Option(help: "Where procfs is mounted (routes, CPU counters).")
     var procfsRoot = "/proc"
 
+    @Option(help: "Seconds a cycle in flight at shutdown may take to stop at a batch boundary and save its checkpoint.")
+    var shutdownGrace: Double = 30
+
     @Option(help: "Log level: trace, debug, info, notice, warning, error, critical.")
     var logLevel = "info"
 
@@ -56,6 +62,7 @@ struct AgentCommand: AsyncParsableCommand {
         guard window > 0 else { throw ValidationError("--window must be positive") }
         guard interval > 0 else { throw ValidationError("--interval must be positive") }
         guard pollInterval > 0, pollInterval.isFinite else { throw ValidationError("--poll-interval must be a positive number of seconds") }
+        guard shutdownGrace >= 0, shutdownGrace.isFinite else { throw ValidationError("--shutdown-grace must be a non-negative number of seconds") }
         guard Logger.Level(rawValue: logLevel) != nil else { throw ValidationError("--log-level '\(logLevel)' is not a log level") }
         for (option, path) in [("--sysfs-root", sysfsRoot), ("--procfs-root", procfsRoot)] {
             var isDirectory: ObjCBool = false
@@ -86,6 +93,18 @@ struct AgentCommand: AsyncParsableCommand {
         )
         let options = BackgroundTrainingOptions(identifier: identifier, constraints: constraints, defaultInterval: .seconds(interval))
         let device = self.device
+        let tracker = CycleTracker()
+        let events = Task {
+            for await event in job.events() {
+                tracker.observe(event)
+                switch event {
+                case .phase(let phase) where phase != .finished: AgentStatus(event: "phase", phase: "\(phase)").print()
+                case .resumedTraining: AgentStatus(event: "resumed_training").print()
+                default: break
+                }
+            }
+        }
+        defer { events.cancel() }
         try await job.scheduleBackgroundTraining(on: scheduler, options: options, data: { try device.loadDataset() }) { result in
             switch result {
             case .success(let outcome):
@@ -104,8 +123,48 @@ struct AgentCommand: AsyncParsableCommand {
         } catch is CancellationError {
             // The scheduler ends its loop by cancellation when asked to shut down gracefully.
         }
+        // The scheduler cancelled the window in flight; let its cycle reach a batch boundary and save its checkpoint.
+        if await !tracker.waitUntilIdle(grace: .milliseconds(Int64(shutdownGrace * 1000))) {
+            logger.warning("a cycle was still running after the shutdown grace period; exiting without its checkpoint")
+        }
         logger.info("agent stopped")
         AgentStatus.stopped.print()
+    }
+}
+
+/// Follows the job's cycles through its events, so shutdown can wait for the one in flight to save its checkpoint.
+private final class CycleTracker: Sendable {
+    private let busy = Mutex(false)
+    private let idle: AsyncStream<Void>
+    private let idleContinuation: AsyncStream<Void>.Continuation
+
+    init() {
+        (idle, idleContinuation) = AsyncStream<Void>.makeStream(bufferingPolicy: .bufferingNewest(1))
+    }
+
+    func observe(_ event: JobEvent) {
+        guard case .phase(let phase) = event else { return }
+        let finished = phase == .finished
+        busy.withLock { $0 = !finished }
+        if finished { idleContinuation.yield() }
+    }
+
+    /// Waits until no cycle is in flight; false when `grace` passed first. Call once.
+    func waitUntilIdle(grace: Duration) async -> Bool {
+        await withTaskGroup(of: Bool.self) { group in
+            group.addTask { [self] in
+                if !busy.withLock({ $0 }) { return true }
+                for await _ in idle where !busy.withLock({ $0 }) { return true }
+                return false
+            }
+            group.addTask {
+                try? await Task.sleep(for: grace)
+                return false
+            }
+            let first = await group.next() ?? false
+            group.cancelAll()
+            return first
+        }
     }
 }
 
@@ -125,6 +184,7 @@ private struct ReportedConditions: DeviceConditionsProvider {
 /// One JSON line of the agent's status on standard output.
 private struct AgentStatus: Encodable {
     var event: String
+    var phase: String?
     var met: Bool?
     var unmet: [String]?
     var outcome: String?

@@ -7,7 +7,8 @@ import OrchardTesting
 import Synchronization
 import Testing
 
-/// A device's sysfs and procfs as files in a temporary directory: one mains supply and an Ethernet default route.
+/// A device's sysfs and procfs as files in a temporary directory: a battery, a mains supply and an Ethernet
+/// default route. (A device without a battery counts as mains-powered, so the battery is what makes it unpluggable.)
 struct FakeDeviceRoot {
     let sysfs: URL
     let procfs: URL
@@ -16,6 +17,8 @@ struct FakeDeviceRoot {
         sysfs = directory.appendingPathComponent("sys", isDirectory: true)
         procfs = directory.appendingPathComponent("proc", isDirectory: true)
         try write("Mains\n", "class/power_supply/AC/type", under: sysfs)
+        try write("Battery\n", "class/power_supply/BAT0/type", under: sysfs)
+        try write("80\n", "class/power_supply/BAT0/capacity", under: sysfs)
         try write("up\n", "class/net/eth0/operstate", under: sysfs)
         try write("1\n", "class/net/eth0/type", under: sysfs)
         try write("""
@@ -29,6 +32,7 @@ struct FakeDeviceRoot {
     /// Plugs the device in or out.
     func setMains(_ online: Bool) throws {
         try write(online ? "1\n" : "0\n", "class/power_supply/AC/online", under: sysfs)
+        try write(online ? "Charging\n" : "Discharging\n", "class/power_supply/BAT0/status", under: sysfs)
     }
 
     private func write(_ text: String, _ path: String, under root: URL) throws {
@@ -43,6 +47,7 @@ struct StatusLine: Decodable, Sendable {
     var event: String
     var met: Bool?
     var unmet: [String]?
+    var phase: String?
     var outcome: String?
     var cycle: Int?
 }
@@ -143,21 +148,51 @@ func withDeadline<T: Sendable>(_ seconds: Double, _ what: String, _ body: @escap
 
 @Suite("orchard agent as a daemon", .serialized)
 struct AgentProcessTests {
+    /// A device directory with its fake sysfs/procfs and data file, and the agent's arguments for it.
+    struct Device {
+        let root: FakeDeviceRoot
+        let directory: URL
+
+        init(harness: ClientHarness, onMains: Bool) throws {
+            directory = harness.directory.appendingPathComponent("agent-device", isDirectory: true)
+            root = try FakeDeviceRoot(in: directory, onMains: onMains)
+            try Data(Fixture.dataFile()).write(to: data)
+        }
+
+        var data: URL { directory.appendingPathComponent("data.safetensors") }
+        var state: URL { directory.appendingPathComponent("state", isDirectory: true) }
+
+        func launch(_ harness: ClientHarness) throws -> AgentProcess {
+            try AgentProcess(arguments: [
+                "--server", harness.url, "--model", "regressor", "--version", "1.0", "--data", data.path, "--state", state.path,
+                "--sysfs-root", root.sysfs.path, "--procfs-root", root.procfs.path, "--poll-interval", "0.05", "--window", "600",
+                "--log-level", "warning",
+            ])
+        }
+    }
+
+    /// Runs `body` with a loopback coordinator, killing a still-running agent and stopping the coordinator after.
+    func withAgentHarness(_ body: (ClientHarness, inout AgentProcess?) async throws -> Void) async throws {
+        let harness = try await ClientHarness.start()
+        var agent: AgentProcess?
+        do {
+            try await body(harness, &agent)
+        } catch {
+            agent?.kill()
+            await harness.stop()
+            throw error
+        }
+        agent?.kill()
+        await harness.stop()
+    }
+
     @Test("the agent trains and reports only while its conditions hold, and stops cleanly on SIGTERM")
     func agentFollowsConditions() async throws {
-        let harness = try await ClientHarness.start()
-        let hosted = try await harness.host(Fixture.host(goal: 5))
-        let device = harness.directory.appendingPathComponent("agent-device", isDirectory: true)
-        let root = try FakeDeviceRoot(in: device, onMains: false)
-        let data = device.appendingPathComponent("data.safetensors")
-        try Data(Fixture.dataFile()).write(to: data)
-
-        let agent = try AgentProcess(arguments: [
-            "--server", harness.url, "--model", "regressor", "--version", "1.0", "--data", data.path,
-            "--state", device.appendingPathComponent("state").path, "--sysfs-root", root.sysfs.path, "--procfs-root", root.procfs.path,
-            "--poll-interval", "0.05", "--window", "120", "--log-level", "warning",
-        ])
-        do {
+        try await withAgentHarness { harness, agentSlot in
+            let hosted = try await harness.host(Fixture.host(goal: 5))
+            let device = try Device(harness: harness, onMains: false)
+            let agent = try device.launch(harness)
+            agentSlot = agent
             try await agent.waitForLine("the start line", within: 60) { $0.event == "started" }
             // Two readings on battery: the scheduler read the conditions, declined to run, and read them again.
             try await agent.waitForLine("two checks on battery", count: 2, within: 60) { line in
@@ -167,7 +202,7 @@ struct AgentProcessTests {
             #expect(idle.currentCycle?.assigned == 0)
             #expect(idle.currentCycle?.reported == 0)
 
-            try root.setMains(true)
+            try device.root.setMains(true)
             try await agent.waitForLine("a reported cycle", within: 300) { $0.event == "cycle" && $0.outcome == "reported" }
             let trained = try await harness.coordinator.status(processID: hosted.processID)
             #expect(trained.currentCycle?.reported == 1)
@@ -177,11 +212,35 @@ struct AgentProcessTests {
             #expect(reason == .exit)
             #expect(status == 0)
             try await agent.waitForLine("the stop line", within: 10) { $0.event == "stopped" }
-        } catch {
-            agent.kill()
-            await harness.stop()
-            throw error
         }
-        await harness.stop()
+    }
+
+    @Test("SIGTERM during training checkpoints and exits 0; the next agent resumes the same cycle and reports once")
+    func sigtermMidTraining() async throws {
+        try await withAgentHarness { harness, agentSlot in
+            // Enough local epochs that training is still running when the signal lands.
+            let long = ClientConfig(batchSize: 8, learningRate: 0.01, localEpochs: 3000)
+            let hosted = try await harness.host(Fixture.host(goal: 5, clientConfig: long))
+            let device = try Device(harness: harness, onMains: true)
+            let first = try device.launch(harness)
+            agentSlot = first
+            try await first.waitForLine("training", within: 120) { $0.event == "phase" && $0.phase == "training" }
+            let (status, reason) = try await first.terminate(within: 120)
+            #expect(reason == .exit)
+            #expect(status == 0)
+            try await first.waitForLine("the stop line", within: 10) { $0.event == "stopped" }
+            #expect(FileManager.default.fileExists(atPath: device.state.appendingPathComponent("regressor@1.0.0/training-checkpoint.bin").path))
+            let interrupted = try await harness.coordinator.status(processID: hosted.processID)
+            #expect(interrupted.currentCycle?.reported == 0)
+
+            let second = try device.launch(harness)
+            agentSlot = second
+            try await second.waitForLine("resumed training", within: 120) { $0.event == "resumed_training" }
+            try await second.waitForLine("a reported cycle", within: 600) { $0.event == "cycle" && $0.outcome == "reported" }
+            let reported = try await harness.coordinator.status(processID: hosted.processID)
+            #expect(reported.currentCycle?.reported == 1)
+            #expect(reported.currentCycle?.assigned == 1)
+            _ = try await second.terminate(within: 60)
+        }
     }
 }
