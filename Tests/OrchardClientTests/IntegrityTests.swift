@@ -33,7 +33,7 @@ struct WrongDigestTransport: ClientTransport {
 
 @Suite("Model integrity: the coordinator's SHA-256 over loopback HTTP", .serialized)
 struct IntegrityTests {
-    static let config = ClientConfig(batchSize: 8, learningRate: 0.05, localEpochs: 3)
+    static let config = ClientIntegrationTests.config
 
     @Test("the coordinator sends Repr-Digest; a partial download corrupted on disk is caught and downloaded again from byte zero")
     func corruptedPartialFile() async throws {

@@ -91,12 +91,17 @@ struct JobCycleStateMachineTests {
         return nil
     }
 
-    /// Drives a machine with a saved session up to its training step.
-    static func toTraining(_ machine: inout Machine, stored: Machine.Stored = stored(), assignment: CycleAssignment = assignment()) throws -> [Action] {
+    /// Drives a machine with a saved session up to the model step: assignment accepted, plan downloaded.
+    static func toModel(_ machine: inout Machine, stored: Machine.Stored = stored(), assignment: CycleAssignment = assignment()) throws {
         _ = machine.start(constraints: .none)
         _ = machine.stateLoaded(stored, now: now)
         _ = machine.cycleAnswered(.accepted(assignment))
         _ = machine.planDownloaded(plan, shapes: try shapes())
+    }
+
+    /// Drives a machine with a saved session up to its training step.
+    static func toTraining(_ machine: inout Machine, stored: Machine.Stored = stored(), assignment: CycleAssignment = assignment()) throws -> [Action] {
+        try toModel(&machine, stored: stored, assignment: assignment)
         _ = machine.cachedModelLoaded(nil, info: nil)
         let bytes = try Fixture.initialWeights()
         return machine.modelDownloaded(bytes, info: info(for: bytes))
@@ -323,10 +328,7 @@ struct JobCycleStateMachineTests {
     @Test("a model failing its integrity check is downloaded again from byte zero once, then the cycle fails")
     func integrityFailure() throws {
         var machine = Self.machine()
-        _ = machine.start(constraints: .none)
-        _ = machine.stateLoaded(Self.stored(), now: Self.now)
-        _ = machine.cycleAnswered(.accepted(Self.assignment()))
-        _ = machine.planDownloaded(Self.plan, shapes: try Self.shapes())
+        try Self.toModel(&machine)
         _ = machine.cachedModelLoaded(nil, info: nil)
         let good = try Fixture.initialWeights()
         var corrupt = good
@@ -342,10 +344,7 @@ struct JobCycleStateMachineTests {
     func missingDigest() throws {
         var machine = Self.machine()
         let bytes = try Fixture.initialWeights()
-        _ = machine.start(constraints: .none)
-        _ = machine.stateLoaded(Self.stored(), now: Self.now)
-        _ = machine.cycleAnswered(.accepted(Self.assignment()))
-        _ = machine.planDownloaded(Self.plan, shapes: try Self.shapes())
+        try Self.toModel(&machine)
         _ = machine.cachedModelLoaded(nil, info: nil)
         var info = Self.info(for: bytes)
         info.sha256 = nil
@@ -358,10 +357,7 @@ struct JobCycleStateMachineTests {
         let bytes = try Fixture.initialWeights()
         for (digest, downloads) in [(ModelIntegrity.sha256(bytes), false), ([UInt8](repeating: 0, count: 32), true)] {
             var machine = Self.machine()
-            _ = machine.start(constraints: .none)
-            _ = machine.stateLoaded(Self.stored(), now: Self.now)
-            _ = machine.cycleAnswered(.accepted(Self.assignment()))
-            _ = machine.planDownloaded(Self.plan, shapes: try Self.shapes())
+            try Self.toModel(&machine)
             let actions = machine.cachedModelLoaded(bytes, info: Self.info(for: bytes, sha256: digest))
             #expect(Self.names(actions) == (downloads ? ["downloadModel"] : ["downloaded", "phase:training", "train"]))
         }
@@ -370,10 +366,7 @@ struct JobCycleStateMachineTests {
     @Test("a range the server cannot serve restarts the download from byte zero once")
     func rangeNotSatisfiable() throws {
         var machine = Self.machine()
-        _ = machine.start(constraints: .none)
-        _ = machine.stateLoaded(Self.stored(), now: Self.now)
-        _ = machine.cycleAnswered(.accepted(Self.assignment()))
-        _ = machine.planDownloaded(Self.plan, shapes: try Self.shapes())
+        try Self.toModel(&machine)
         _ = machine.cachedModelLoaded(nil, info: nil)
         let unsatisfiable = OrchardClientError(.serverError, "range", httpStatus: 416, serverCode: .rangeNotSatisfiable)
         #expect(Self.names(machine.requestFailed(unsatisfiable)) == ["discardPartialModel", "downloadModel"])
