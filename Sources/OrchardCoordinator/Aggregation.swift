@@ -73,24 +73,74 @@ public struct ModelLayout: Sendable, Hashable {
         return flat
     }
 
+    /// Gathers a report's tensors, straight from the bytes they arrived in, into the layout's flat order as
+    /// little-endian Float32 bytes (one copy; nothing decoded in between).
+    /// - Parameters:
+    ///   - index: The checked header of `body`.
+    ///   - body: The safetensors bytes.
+    public func flattenBytes(_ index: SafetensorsIndex, in body: [UInt8]) throws(CoordinatorError) -> [UInt8] {
+        guard index.entries.count == entries.count else {
+            let names = Set(index.entries.map(\.name))
+            if let missing = entries.first(where: { !names.contains($0.name) }) {
+                throw .unprocessable(.tensorMismatch, "tensor '\(missing.name)' is missing")
+            }
+            throw .unprocessable(.tensorMismatch, "\(index.entries.count) tensors given; the model has \(entries.count)")
+        }
+        var flat = [UInt8](repeating: 0, count: totalCount * 4)
+        for tensor in index.entries {
+            guard let position = self.index[tensor.name] else {
+                throw .unprocessable(.tensorMismatch, "tensor '\(tensor.name)' is not part of the model")
+            }
+            let entry = entries[position]
+            guard tensor.dtype == .float32 else {
+                throw .unprocessable(.dtypeMismatch, "tensor '\(tensor.name)' is \(tensor.dtype.rawValue); diffs are F32")
+            }
+            guard tensor.shape == entry.shape else {
+                throw .unprocessable(.shapeMismatch, "tensor '\(tensor.name)' has shape \(tensor.shape); the model's is \(entry.shape)")
+            }
+            flat.withUnsafeMutableBytes { destination in
+                body.withUnsafeBytes { source in
+                    UnsafeMutableRawBufferPointer(rebasing: destination[(entry.offset * 4)..<((entry.offset + entry.count) * 4)])
+                        .copyMemory(from: UnsafeRawBufferPointer(rebasing: source[tensor.byteRange]))
+                }
+            }
+        }
+        return flat
+    }
+
+    /// Checks a flat diff held as little-endian Float32 bytes (see ``flattenBytes(_:in:)``).
+    public func checkDiff(bytes: [UInt8]) throws(CoordinatorError) {
+        precondition(bytes.count == totalCount * 4, "flat diff has \(bytes.count) bytes; the layout needs \(totalCount * 4)")
+        #if _endian(little)
+        let failure = bytes.withUnsafeBytes { problem(in: $0.bindMemory(to: Float.self)) }
+        #else
+        let floats = bytes.withUnsafeBytes { raw in (0..<totalCount).map { Float(bitPattern: UInt32(littleEndian: raw.loadUnaligned(fromByteOffset: $0 * 4, as: UInt32.self))) } }
+        let failure = floats.withUnsafeBufferPointer { problem(in: $0) }
+        #endif
+        if let failure { throw failure }
+    }
+
     /// Checks a flat diff: finite values, and zeros in frozen tensors.
     public func checkDiff(_ flat: [Float]) throws(CoordinatorError) {
-        var finite = true
-        flat.withUnsafeBufferPointer { buffer in
-            // Summing x*0 is NaN exactly when some x is NaN or infinite; one pass, vectorizable.
-            var probe: Float = 0
-            for value in buffer { probe += value * 0 }
-            finite = probe == 0
-        }
-        if !finite {
+        precondition(flat.count == totalCount, "flat diff has \(flat.count) values; the layout has \(totalCount)")
+        if let failure = flat.withUnsafeBufferPointer({ problem(in: $0) }) { throw failure }
+    }
+
+    private func problem(in flat: UnsafeBufferPointer<Float>) -> CoordinatorError? {
+        // NaN and infinity are the values whose exponent bits are all ones; the largest exponent field in one
+        // pass of integer maxima (associative, so it vectorizes, unlike a running float sum).
+        var largest: UInt32 = 0
+        for value in flat { largest = max(largest, value.bitPattern & 0x7F80_0000) }
+        if largest == 0x7F80_0000 {
             let entry = entries.first { entry in flat[entry.offset..<(entry.offset + entry.count)].contains { !$0.isFinite } }
-            throw .unprocessable(.nonFiniteValues, "tensor '\(entry?.name ?? "?")' holds NaN or infinity")
+            return .unprocessable(.nonFiniteValues, "tensor '\(entry?.name ?? "?")' holds NaN or infinity")
         }
         for entry in entries where entry.frozen {
             if flat[entry.offset..<(entry.offset + entry.count)].contains(where: { $0 != 0 }) {
-                throw .unprocessable(.frozenTensorChanged, "tensor '\(entry.name)' belongs to a frozen layer; its diff must be all zeros")
+                return .unprocessable(.frozenTensorChanged, "tensor '\(entry.name)' belongs to a frozen layer; its diff must be all zeros")
             }
         }
+        return nil
     }
 
     /// Splits a flat array back into named tensors.
@@ -139,6 +189,16 @@ public struct RunningSum: Sendable, Hashable {
         }
         self.weight += weight
         reports += 1
+    }
+
+    /// Adds `weight × diff` for a diff held as little-endian Float32 bytes.
+    public mutating func add(bytes: [UInt8], weight: Double) {
+        #if _endian(little)
+        bytes.withUnsafeBytes { add($0.bindMemory(to: Float.self), weight: weight) }
+        #else
+        let floats = bytes.withUnsafeBytes { raw in (0..<(raw.count / 4)).map { Float(bitPattern: UInt32(littleEndian: raw.loadUnaligned(fromByteOffset: $0 * 4, as: UInt32.self))) } }
+        floats.withUnsafeBufferPointer { add($0, weight: weight) }
+        #endif
     }
 
     /// The stored form of the sum (little-endian Float64).

@@ -1,6 +1,7 @@
 import Foundation
 import JWTKit
 import OrchardProtocol
+import Synchronization
 
 /// Claims of a device's JWT: `sub` names the device; `exp`, `iss` and `aud` are checked when present or required.
 struct DeviceClaims: JWTPayload {
@@ -69,12 +70,20 @@ struct DeviceAuthenticator: Sendable {
 }
 
 /// Issues and verifies session tokens (HS256 with a secret kept in the store, so tokens survive restarts).
-struct SessionIssuer: Sendable {
+///
+/// A device presents its token on every request, so verified tokens are remembered (up to `cacheCapacity`,
+/// then the memory starts over) and a repeat costs a dictionary lookup instead of a signature check and a
+/// JSON decode; the expiry is still checked against the clock every time.
+final class SessionIssuer: Sendable {
     let keys: JWTKeyCollection
+    private let verified: Mutex<[String: (workerID: String, expires: Date)]>
+    private let cacheCapacity: Int
 
-    init(secret: [UInt8]) async {
+    init(secret: [UInt8], cacheCapacity: Int = 100_000) async {
         keys = JWTKeyCollection()
         await keys.add(hmac: HMACKey(from: secret), digestAlgorithm: .sha256)
+        verified = Mutex([:])
+        self.cacheCapacity = cacheCapacity
     }
 
     func issue(workerID: String, expires: Date) async throws(CoordinatorError) -> String {
@@ -86,6 +95,10 @@ struct SessionIssuer: Sendable {
     }
 
     func workerID(from token: String, now: Date) async throws(CoordinatorError) -> String {
+        if let known = verified.withLock({ $0[token] }) {
+            guard known.expires > now else { throw .unauthorized("session token expired; authenticate again") }
+            return known.workerID
+        }
         let claims: SessionClaims
         do {
             claims = try await keys.verify(token, as: SessionClaims.self)
@@ -93,6 +106,11 @@ struct SessionIssuer: Sendable {
             throw .unauthorized("session token is invalid; authenticate again")
         }
         guard claims.exp.value > now else { throw .unauthorized("session token expired; authenticate again") }
+        let capacity = cacheCapacity
+        verified.withLock { cache in
+            if cache.count >= capacity { cache.removeAll(keepingCapacity: true) }
+            cache[token] = (claims.sub.value, claims.exp.value)
+        }
         return claims.sub.value
     }
 }

@@ -11,7 +11,10 @@ import Synchronization
 /// (client SDK tests, the simulator) can call them directly. Cycle logic lives in ``CycleStateMachine``; this
 /// actor owns one per process, performs the I/O its decisions call for, and keeps the running sums.
 public actor Coordinator {
-    private struct Runtime {
+    /// A process's live state, owned by the actor. A class so that folding a report or admitting a device
+    /// mutates it in place: as a value in `runtimes`, every mutation would copy the running sum and the
+    /// assignment table.
+    private final class Runtime {
         var process: StoredProcess
         var machine: CycleStateMachine
         var layout: ModelLayout
@@ -22,6 +25,25 @@ public actor Coordinator {
         var authenticator: DeviceAuthenticator
         var currentKeys: Set<String>
         var previousKeys: Set<String>
+        /// Whether a write of the running sum is in flight (one at a time, so they commit in order).
+        var folding = false
+
+        init(
+            process: StoredProcess, machine: CycleStateMachine, layout: ModelLayout, sum: RunningSum, unfolded: [String],
+            checkpointBytes: [UInt8], optimizer: OptimizerState, authenticator: DeviceAuthenticator, currentKeys: Set<String>,
+            previousKeys: Set<String>
+        ) {
+            self.process = process
+            self.machine = machine
+            self.layout = layout
+            self.sum = sum
+            self.unfolded = unfolded
+            self.checkpointBytes = checkpointBytes
+            self.optimizer = optimizer
+            self.authenticator = authenticator
+            self.currentKeys = currentKeys
+            self.previousKeys = previousKeys
+        }
     }
 
     private struct NameVersion: Hashable {
@@ -57,7 +79,8 @@ public actor Coordinator {
     private var processByName: [NameVersion: String] = [:]
     private var processForKey: [String: String] = [:]
     private var knownWorkers: Set<String> = []
-    private var sessions: SessionIssuer?
+    /// Session tokens are checked outside the actor (every device request carries one).
+    private nonisolated let sessionIssuer = Mutex<SessionIssuer?>(nil)
 
     /// Creates a coordinator; call ``start()`` before use.
     /// - Parameters:
@@ -89,7 +112,8 @@ public actor Coordinator {
         for _ in 0..<32 { candidate.append(UInt8.random(in: .min ... .max, using: &random)) }
         let fresh = candidate
         let secret = try await store.secret(named: "session", make: { fresh })
-        sessions = await SessionIssuer(secret: secret)
+        let issuer = await SessionIssuer(secret: secret)
+        sessionIssuer.withLock { $0 = issuer }
         runtimes = [:]
         processByName = [:]
         processForKey = [:]
@@ -128,7 +152,7 @@ public actor Coordinator {
                 guard pending.diff.count == count * 4 else {
                     throw StoreError(.corrupt, "stored diff of worker \(pending.workerID) has \(pending.diff.count) bytes")
                 }
-                accumulator.add(Self.floats(pending.diff), weight: Double(pending.sampleCount), worker: pending.workerID)
+                accumulator.add(pending.diff, weight: Double(pending.sampleCount), worker: pending.workerID)
             }
             (sum, unfolded) = accumulator.result
             keys = Set(open.assignments.map(\.requestKey))
@@ -150,32 +174,18 @@ public actor Coordinator {
         }
     }
 
-    private static func floats(_ bytes: [UInt8]) -> [Float] {
-        var floats = [Float](repeating: 0, count: bytes.count / 4)
-        floats.withUnsafeMutableBytes { $0.copyBytes(from: bytes) }
-        #if _endian(big)
-        for i in floats.indices { floats[i] = Float(bitPattern: UInt32(littleEndian: floats[i].bitPattern)) }
-        #endif
-        return floats
-    }
-
-    private static func bytes(_ floats: [Float]) -> [UInt8] {
-        #if _endian(big)
-        let values = floats.map { Float(bitPattern: $0.bitPattern.littleEndian) }
-        #else
-        let values = floats
-        #endif
-        return values.withUnsafeBytes { Array($0) }
-    }
-
     private func randomHex(_ bytes: Int) -> String {
-        var out = ""
+        let digits = Array("0123456789abcdef".utf8)
+        var out = [UInt8]()
         out.reserveCapacity(bytes * 2)
-        for _ in 0..<bytes {
-            let byte = UInt8.random(in: .min ... .max, using: &random)
-            out += String(byte >> 4, radix: 16) + String(byte & 0xF, radix: 16)
+        var word: UInt64 = 0
+        for index in 0..<bytes {
+            if index % 8 == 0 { word = random.next() }
+            let byte = UInt8(truncatingIfNeeded: word >> (8 * UInt64(index % 8)))
+            out.append(digits[Int(byte >> 4)])
+            out.append(digits[Int(byte & 0xF)])
         }
-        return out
+        return String(decoding: out, as: UTF8.self)
     }
 
     private func storeFailure(_ error: any Error, _ what: String) -> CoordinatorError {
@@ -210,7 +220,7 @@ public actor Coordinator {
             throw storeFailure(error, "register the worker")
         }
         knownWorkers.insert(workerID)
-        guard let sessions else { throw .internalError("coordinator not started") }
+        guard let sessions = sessionIssuer.withLock({ $0 }) else { throw .internalError("coordinator not started") }
         let token = try await sessions.issue(workerID: workerID, expires: now.addingTimeInterval(configuration.sessionLifetime))
         return AuthenticateResponse(
             workerID: workerID, sessionToken: token, expiresIn: configuration.sessionLifetime,
@@ -219,8 +229,8 @@ public actor Coordinator {
     }
 
     /// The worker id a session token belongs to.
-    public func worker(forSessionToken token: String) async throws(CoordinatorError) -> String {
-        guard let sessions else { throw .internalError("coordinator not started") }
+    public nonisolated func worker(forSessionToken token: String) async throws(CoordinatorError) -> String {
+        guard let sessions = sessionIssuer.withLock({ $0 }) else { throw .internalError("coordinator not started") }
         return try await sessions.workerID(from: token, now: clock.now())
     }
 
@@ -246,7 +256,7 @@ public actor Coordinator {
         }
         try await requireKnownWorker(request.workerID)
         guard let processID = processByName[NameVersion(name: request.processName, version: request.processVersion)],
-              var runtime = runtimes[processID]
+              let runtime = runtimes[processID]
         else {
             throw .notFound(.unknownProcess, "no process '\(request.processName)' version \(request.processVersion)")
         }
@@ -282,15 +292,13 @@ public actor Coordinator {
             let checkpoint = runtime.machine.checkpoint
             if isNew {
                 runtime.currentKeys.insert(assignment.requestKey)
-                runtimes[processID] = runtime
                 processForKey[assignment.requestKey] = processID
                 do {
                     try await store.recordAssignment(processID: processID, cycle: cycle, workerID: request.workerID, requestKey: assignment.requestKey, at: now)
                 } catch {
-                    if var current = runtimes[processID], current.machine.cycle == cycle {
+                    if let current = runtimes[processID], current.machine.cycle == cycle {
                         current.machine.revokeAssignment(workerID: request.workerID)
                         current.currentKeys.remove(assignment.requestKey)
-                        runtimes[processID] = current
                     }
                     processForKey[assignment.requestKey] = nil
                     throw storeFailure(error, "record the assignment")
@@ -339,9 +347,9 @@ public actor Coordinator {
     ///   - body: The safetensors body.
     ///   - sessionWorker: The worker id proven by the session token.
     public nonisolated func report(_ body: [UInt8], sessionWorker: String) async throws(CoordinatorError) -> ReportResponse {
-        let archive: SafetensorsArchive
+        let index: SafetensorsIndex
         do throws(FormatError) {
-            archive = try Safetensors.decode(body)
+            index = try Safetensors.index(body)
         } catch {
             await refused()
             if error.code == .dtypeMismatch || error.code == .unsupportedDType {
@@ -351,7 +359,7 @@ public actor Coordinator {
         }
         let metadata: ReportMetadata
         do throws(FormatError) {
-            metadata = try ReportEnvelope.metadata(of: archive)
+            metadata = try ReportEnvelope.metadata(in: index.metadata)
         } catch {
             await refused()
             throw .badRequest(.invalidRequest, error.message)
@@ -361,13 +369,13 @@ public actor Coordinator {
             throw .forbidden(.forbidden, "the session token belongs to another worker")
         }
         let ticket = try await beginReport(metadata)
-        let flat: [Float]
+        let flat: [UInt8]
         do throws(CoordinatorError) {
             guard (1...ticket.maximumSampleCount).contains(metadata.sampleCount) else {
                 throw CoordinatorError.unprocessable(.invalidSampleCount, "sample_count \(metadata.sampleCount) is not in 1...\(ticket.maximumSampleCount)")
             }
-            flat = try ticket.layout.flatten(archive.tensors)
-            try ticket.layout.checkDiff(flat)
+            flat = try ticket.layout.flattenBytes(index, in: body)
+            try ticket.layout.checkDiff(bytes: flat)
         } catch {
             await abortReport(ticket, workerID: metadata.workerID)
             throw error
@@ -375,7 +383,7 @@ public actor Coordinator {
         let metricsJSON = (try? WireCoding.encoder().encode(metadata.metrics)).map { String(decoding: $0, as: UTF8.self) } ?? "{}"
         let record = ReportRecord(
             processID: ticket.processID, cycle: ticket.cycle, workerID: metadata.workerID, requestKey: metadata.requestKey,
-            sampleCount: metadata.sampleCount, metricsJSON: metricsJSON, diff: Self.bytes(flat)
+            sampleCount: metadata.sampleCount, metricsJSON: metricsJSON, diff: flat
         )
         let started = ContinuousClock.now
         do {
@@ -399,7 +407,7 @@ public actor Coordinator {
 
     private func beginReport(_ metadata: ReportMetadata) async throws(CoordinatorError) -> ReportTicket {
         try await requireKnownWorker(metadata.workerID)
-        guard let processID = processForKey[metadata.requestKey], var runtime = runtimes[processID] else {
+        guard let processID = processForKey[metadata.requestKey], let runtime = runtimes[processID] else {
             metrics.reportsRefused.increment()
             throw .forbidden(.invalidRequestKey, "request key is not one issued for an open cycle")
         }
@@ -411,49 +419,48 @@ public actor Coordinator {
             default: throw .conflict(code, message)
             }
         case .proceed(let cycle):
-            runtimes[processID] = runtime
             return ReportTicket(processID: processID, cycle: cycle, layout: runtime.layout, maximumSampleCount: runtime.process.serverConfig.maximumSampleCount)
         }
     }
 
     private func abortReport(_ ticket: ReportTicket, workerID: String) async {
         metrics.reportsRefused.increment()
-        guard var runtime = runtimes[ticket.processID], runtime.machine.cycle == ticket.cycle else { return }
+        guard let runtime = runtimes[ticket.processID], runtime.machine.cycle == ticket.cycle else { return }
         let action = runtime.machine.abortReport(workerID: workerID)
-        runtimes[ticket.processID] = runtime
         if let action { await perform(action, processID: ticket.processID) }
     }
 
-    private func commitReport(_ ticket: ReportTicket, workerID: String, sampleCount: Int, diff: [Float]) async -> ReportResponse {
+    private func commitReport(_ ticket: ReportTicket, workerID: String, sampleCount: Int, diff: [UInt8]) async -> ReportResponse {
         metrics.reportsAccepted.increment()
-        guard var runtime = runtimes[ticket.processID], runtime.machine.cycle == ticket.cycle else {
+        guard let runtime = runtimes[ticket.processID], runtime.machine.cycle == ticket.cycle else {
             // The process was deleted while the report was committed; it was still acknowledged by the store.
             return ReportResponse(cycle: ticket.cycle, reportsReceived: 0, retryAfter: 0)
         }
-        diff.withUnsafeBufferPointer { runtime.sum.add($0, weight: Double(sampleCount)) }
+        runtime.sum.add(bytes: diff, weight: Double(sampleCount))
         runtime.unfolded.append(workerID)
         let action = runtime.machine.commitReport(workerID: workerID)
         let received = runtime.machine.reported
         let retryAfter = max(0, runtime.machine.deadline.timeIntervalSince(clock.now())).rounded(.up)
         metrics.openCycleReported.record(received)
         let fold: (sum: [UInt8], weight: Double, reports: Int, workers: [String])?
-        if action == nil && runtime.unfolded.count >= configuration.foldInterval {
+        if action == nil && !runtime.folding && runtime.unfolded.count >= configuration.foldInterval {
+            runtime.folding = true
             fold = (runtime.sum.bytes, runtime.sum.weight, runtime.sum.reports, runtime.unfolded)
         } else {
             fold = nil
         }
-        runtimes[ticket.processID] = runtime
         if let action {
             await perform(action, processID: ticket.processID)
         } else if let fold {
             do {
                 try await store.foldReports(processID: ticket.processID, cycle: ticket.cycle, sum: fold.sum, weight: fold.weight, reports: fold.reports, workers: fold.workers)
-                if var current = runtimes[ticket.processID], current.machine.cycle == ticket.cycle {
+                if let current = runtimes[ticket.processID], current.machine.cycle == ticket.cycle {
                     let folded = Set(fold.workers)
                     current.unfolded.removeAll { folded.contains($0) }
-                    runtimes[ticket.processID] = current
                 }
+                runtime.folding = false
             } catch {
+                runtime.folding = false
                 // The diffs stay in the store and are folded again on recovery; nothing is lost.
                 logger.warning("could not write the running sum", metadata: ["process": "\(ticket.processID)", "error": "\(error)"])
             }
@@ -467,15 +474,14 @@ public actor Coordinator {
     public func tick() async {
         let now = clock.now()
         for processID in runtimes.keys.sorted() {
-            guard var runtime = runtimes[processID] else { continue }
+            guard let runtime = runtimes[processID] else { continue }
             let action = runtime.machine.timerFired(now: now)
-            runtimes[processID] = runtime
             if let action { await perform(action, processID: processID) }
         }
     }
 
     private func perform(_ action: CycleStateMachine.CycleAction, processID: String) async {
-        guard var runtime = runtimes[processID] else { return }
+        guard let runtime = runtimes[processID] else { return }
         let now = clock.now()
         let transition = runtime.machine.plan(action, now: now)
         let started = ContinuousClock.now
@@ -499,7 +505,6 @@ public actor Coordinator {
             } catch {
                 logger.error("aggregation failed", metadata: ["process": "\(processID)", "error": "\(error)"])
                 runtime.machine.transitionFailed()
-                runtimes[processID] = runtime
                 return
             }
         }
@@ -507,13 +512,12 @@ public actor Coordinator {
             try await store.closeCycle(closure)
         } catch {
             logger.error("cycle transition not persisted; retrying on the next tick", metadata: ["process": "\(processID)", "error": "\(error)"])
-            if var current = runtimes[processID] {
+            if let current = runtimes[processID] {
                 current.machine.transitionFailed()
-                runtimes[processID] = current
             }
             return
         }
-        guard var current = runtimes[processID] else { return }
+        guard let current = runtimes[processID] else { return }
         current.machine.apply(transition)
         current.sum = RunningSum(count: current.layout.totalCount)
         current.unfolded = []
@@ -531,7 +535,6 @@ public actor Coordinator {
             metrics.cyclesAbandoned.increment()
         }
         current.process.completed = transition.nextCycle == nil
-        runtimes[processID] = current
         metrics.aggregationSeconds.recordNanoseconds((ContinuousClock.now - started).nanoseconds)
         metrics.openCycleAssigned.record(0)
         metrics.openCycleReported.record(0)
@@ -679,9 +682,9 @@ private final class RecoveryAccumulator: Sendable {
 
     init(sum: RunningSum) { state = Mutex((sum, [])) }
 
-    func add(_ diff: [Float], weight: Double, worker: String) {
+    func add(_ diff: [UInt8], weight: Double, worker: String) {
         state.withLock { state in
-            diff.withUnsafeBufferPointer { state.sum.add($0, weight: weight) }
+            state.sum.add(bytes: diff, weight: weight)
             state.workers.append(worker)
         }
     }

@@ -78,16 +78,19 @@ public struct CoordinatorInstance: Sendable {
             continuation.yield(bound)
             continuation.finish()
         }
+        // A service group without signal handling: ``RunningServer/stop()`` shuts it down gracefully (in-flight
+        // requests finish), as SIGTERM does for `orchard serve`.
+        let group = ServiceGroup(configuration: ServiceGroupConfiguration(services: [app], logger: Logger(label: "orchard.http")))
         let task = Task {
             defer { continuation.finish() }
-            try await app.run()
+            try await group.run()
         }
         var iterator = ports.makeAsyncIterator()
         guard let bound = await iterator.next() else {
             if case .failure(let error) = await task.result { throw error }
             throw CoordinatorError.internalError("the HTTP server stopped before listening")
         }
-        return RunningServer(host: host, port: bound, task: task)
+        return RunningServer(host: host, port: bound, group: group, task: task)
     }
 }
 
@@ -97,20 +100,22 @@ public struct RunningServer: Sendable {
     public let host: String
     /// The bound port.
     public let port: Int
+    private let group: ServiceGroup
     private let task: Task<Void, any Error>
 
-    init(host: String, port: Int, task: Task<Void, any Error>) {
+    init(host: String, port: Int, group: ServiceGroup, task: Task<Void, any Error>) {
         self.host = host
         self.port = port
+        self.group = group
         self.task = task
     }
 
     /// The server's base URL, e.g. `http://127.0.0.1:53124`.
     public var baseURL: URL { URL(string: "http://\(host):\(port)")! }
 
-    /// Stops the server and waits for it to finish.
+    /// Stops the server gracefully (requests in flight are answered) and waits for it to finish.
     public func stop() async {
-        task.cancel()
+        await group.triggerGracefulShutdown()
         _ = await task.result
     }
 }

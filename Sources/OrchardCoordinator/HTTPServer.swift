@@ -170,8 +170,21 @@ public enum CoordinatorServer {
     }
 
     private static func bearer(_ request: Request) -> String? {
-        guard let value = request.headers[.authorization], value.lowercased().hasPrefix("bearer ") else { return nil }
-        return String(value.dropFirst(7)).trimmingCharacters(in: .whitespaces)
+        guard let value = request.headers[.authorization] else { return nil }
+        // `Bearer <token>`, the scheme case-insensitive (RFC 9110), surrounding spaces ignored; on every request,
+        // so it is parsed on the UTF-8 bytes.
+        let utf8 = value.utf8
+        guard utf8.count > 7 else { return nil }
+        var index = utf8.startIndex
+        for expected in "bearer ".utf8 {
+            let byte = utf8[index]
+            guard byte == expected || (expected != 0x20 && byte == expected - 0x20) else { return nil }
+            index = utf8.index(after: index)
+        }
+        var end = utf8.endIndex
+        while index < end, utf8[index] == 0x20 || utf8[index] == 0x09 { index = utf8.index(after: index) }
+        while end > index, utf8[utf8.index(before: end)] == 0x20 || utf8[utf8.index(before: end)] == 0x09 { end = utf8.index(before: end) }
+        return String(value[index..<end])
     }
 
     private static func sessionWorker(_ request: Request, _ coordinator: Coordinator) async throws -> String {

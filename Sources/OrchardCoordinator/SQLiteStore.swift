@@ -5,9 +5,15 @@ import OrchardProtocol
 
 /// A ``CoordinatorStore`` in one SQLite file (WAL mode) through GRDB.
 ///
-/// A report's transaction writes its diff row; the running sum is folded in memory and written back every
-/// few reports (``CoordinatorConfiguration/foldInterval``), dropping the diffs it now includes. A restart reads
-/// the stored sum and folds the remaining diffs again, so nothing acknowledged is lost or counted twice.
+/// A report's diff goes to its own file in a spool directory beside the database (written, and with
+/// ``Durability/full`` synced, before anything refers to it); the report's transaction then marks the
+/// assignment reported and names that file. The running sum is folded in memory and written back every few
+/// reports (``CoordinatorConfiguration/foldInterval``); the same transaction forgets the files it now includes,
+/// which are deleted once it commits. A restart reads the stored sum and folds the remaining diffs again, so
+/// nothing acknowledged is lost or counted twice, and files no committed row names are swept away.
+///
+/// Keeping diffs out of the database means each report is written once (SQLite's write-ahead log would write a
+/// blob twice) and, as the files are usually deleted before the kernel writes them back, often not at all.
 public final class SQLiteStore: CoordinatorStore {
     /// How hard SQLite pushes commits to disk.
     public struct Durability: Sendable, Hashable, CustomStringConvertible {
@@ -28,8 +34,9 @@ public final class SQLiteStore: CoordinatorStore {
     }
 
     private let pool: DatabasePool
+    private let spool: DiffSpool
 
-    /// Opens (creating if needed) the database at `path`.
+    /// Opens (creating if needed) the database at `path` and its diff spool, the directory `<path>-spool`.
     public init(path: String, durability: Durability = .normal) throws {
         var configuration = Configuration()
         configuration.busyMode = .timeout(10)
@@ -40,6 +47,11 @@ public final class SQLiteStore: CoordinatorStore {
         }
         pool = try DatabasePool(path: path, configuration: configuration)
         try Self.migrator.migrate(pool)
+        spool = try DiffSpool(directory: URL(fileURLWithPath: path + "-spool"), sync: durability == .full)
+        let referenced = try pool.read { db in
+            Set(try String.fetchAll(db, sql: "SELECT diff_file FROM assignments WHERE diff_file IS NOT NULL"))
+        }
+        try spool.sweep(keeping: referenced)
     }
 
     private static var migrator: DatabaseMigrator {
@@ -69,6 +81,9 @@ public final class SQLiteStore: CoordinatorStore {
                 CREATE TABLE workers (id TEXT PRIMARY KEY, subject TEXT UNIQUE, created_at REAL NOT NULL);
                 CREATE TABLE secrets (name TEXT PRIMARY KEY, value BLOB NOT NULL);
                 """)
+        }
+        migrator.registerMigration("v2-diff-spool") { db in
+            try db.execute(sql: "ALTER TABLE assignments ADD COLUMN diff_file TEXT")
         }
         return migrator
     }
@@ -128,6 +143,7 @@ public final class SQLiteStore: CoordinatorStore {
             try db.execute(sql: "DELETE FROM processes WHERE id = ?", arguments: [id])
             guard db.changesCount == 1 else { throw StoreError(.notFound, "no process '\(id)'") }
         }
+        spool.removeProcess(id)
     }
 
     public func checkpoint(processID: String, number: Int) async throws -> [UInt8]? {
@@ -167,11 +183,21 @@ public final class SQLiteStore: CoordinatorStore {
     }
 
     public func forEachPendingDiff(processID: String, cycle: Int, _ body: @Sendable (PendingDiff) throws -> Void) async throws {
+        let spool = self.spool
         try await pool.read { db in
-            let cursor = try Row.fetchCursor(db, sql: "SELECT worker_id, sample_count, diff FROM assignments WHERE process_id = ? AND cycle = ? AND reported = 1 AND diff IS NOT NULL", arguments: [processID, cycle])
+            let cursor = try Row.fetchCursor(db, sql: """
+                SELECT worker_id, sample_count, diff, diff_file FROM assignments
+                WHERE process_id = ? AND cycle = ? AND reported = 1 AND (diff IS NOT NULL OR diff_file IS NOT NULL)
+                """, arguments: [processID, cycle])
             while let row = try cursor.next() {
-                let diff: Data = row["diff"]
-                try body(PendingDiff(workerID: row["worker_id"], sampleCount: row["sample_count"], diff: [UInt8](diff)))
+                let bytes: [UInt8]
+                if let file: String = row["diff_file"] {
+                    bytes = try spool.read(file)
+                } else {
+                    let diff: Data = row["diff"]
+                    bytes = [UInt8](diff)
+                }
+                try body(PendingDiff(workerID: row["worker_id"], sampleCount: row["sample_count"], diff: bytes))
             }
         }
     }
@@ -211,33 +237,46 @@ public final class SQLiteStore: CoordinatorStore {
     }
 
     public func recordReport(_ report: ReportRecord) async throws {
-        try await pool.write { db in
-            let status = try String.fetchOne(db, sql: "SELECT status FROM cycles WHERE process_id = ? AND number = ?", arguments: [report.processID, report.cycle])
-            guard status == "open" else { throw StoreError(.cycleClosed, "cycle \(report.cycle) is not open") }
-            try db.execute(
-                sql: """
-                    UPDATE assignments SET reported = 1, sample_count = ?, metrics = ?, diff = ?
-                    WHERE process_id = ? AND cycle = ? AND worker_id = ? AND request_key = ? AND reported = 0
-                    """,
-                arguments: [report.sampleCount, report.metricsJSON, Data(report.diff), report.processID, report.cycle, report.workerID, report.requestKey]
-            )
-            guard db.changesCount == 1 else {
-                throw StoreError(.duplicate, "no unreported assignment for this worker and request key in cycle \(report.cycle)")
+        // The diff is on disk before the row that names it commits; if the transaction fails, the file goes.
+        let file = try spool.write(report.diff, process: report.processID, cycle: report.cycle, key: report.requestKey)
+        do {
+            try await pool.write { db in
+                let status = try String.fetchOne(db, sql: "SELECT status FROM cycles WHERE process_id = ? AND number = ?", arguments: [report.processID, report.cycle])
+                guard status == "open" else { throw StoreError(.cycleClosed, "cycle \(report.cycle) is not open") }
+                try db.execute(
+                    sql: """
+                        UPDATE assignments SET reported = 1, sample_count = ?, metrics = ?, diff_file = ?
+                        WHERE process_id = ? AND cycle = ? AND worker_id = ? AND request_key = ? AND reported = 0
+                        """,
+                    arguments: [report.sampleCount, report.metricsJSON, file, report.processID, report.cycle, report.workerID, report.requestKey]
+                )
+                guard db.changesCount == 1 else {
+                    throw StoreError(.duplicate, "no unreported assignment for this worker and request key in cycle \(report.cycle)")
+                }
             }
+        } catch {
+            spool.remove(file)
+            throw error
         }
     }
 
     public func foldReports(processID: String, cycle: Int, sum: [UInt8], weight: Double, reports: Int, workers: [String]) async throws {
-        try await pool.write { db in
+        let files = try await pool.write { db in
             try db.execute(
                 sql: "UPDATE cycles SET sum = ?, sum_weight = ?, sum_reports = ? WHERE process_id = ? AND number = ? AND status = 'open'",
                 arguments: [Data(sum), weight, reports, processID, cycle]
             )
             guard db.changesCount == 1 else { throw StoreError(.cycleClosed, "cycle \(cycle) is not open") }
+            var files: [String] = []
             for worker in workers {
-                try db.execute(sql: "UPDATE assignments SET diff = NULL WHERE process_id = ? AND cycle = ? AND worker_id = ?", arguments: [processID, cycle, worker])
+                if let file = try String.fetchOne(db, sql: "SELECT diff_file FROM assignments WHERE process_id = ? AND cycle = ? AND worker_id = ?", arguments: [processID, cycle, worker]) {
+                    files.append(file)
+                }
+                try db.execute(sql: "UPDATE assignments SET diff = NULL, diff_file = NULL WHERE process_id = ? AND cycle = ? AND worker_id = ?", arguments: [processID, cycle, worker])
             }
+            return files
         }
+        for file in files { spool.remove(file) }
     }
 
     public func closeCycle(_ closure: CycleClosure) async throws {
@@ -271,5 +310,6 @@ public final class SQLiteStore: CoordinatorStore {
                 try db.execute(sql: "UPDATE processes SET completed = 1 WHERE id = ?", arguments: [closure.processID])
             }
         }
+        spool.removeCycle(process: closure.processID, cycle: closure.closedCycle)
     }
 }

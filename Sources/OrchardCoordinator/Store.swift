@@ -6,7 +6,7 @@ public import OrchardProtocol
 public struct StoreError: Error, Sendable, Hashable, CustomStringConvertible {
     /// The kind of store failure.
     public struct Code: Sendable, Hashable, CustomStringConvertible {
-        private enum Kind: String, Sendable, Hashable { case duplicate, cycleClosed, notFound, corrupt }
+        private enum Kind: String, Sendable, Hashable { case duplicate, cycleClosed, notFound, corrupt, io }
         private let kind: Kind
         private init(_ kind: Kind) { self.kind = kind }
         /// A row with that identity already exists (a process, an accepted report).
@@ -17,6 +17,8 @@ public struct StoreError: Error, Sendable, Hashable, CustomStringConvertible {
         public static let notFound = Code(.notFound)
         /// Stored data cannot be read back.
         public static let corrupt = Code(.corrupt)
+        /// The storage medium failed: a file could not be written, synced or read.
+        public static let io = Code(.io)
         public var description: String { kind.rawValue }
     }
 

@@ -83,11 +83,13 @@ public enum Safetensors {
         withUnsafeBytes(of: UInt64(headerBytes.count).littleEndian) { out.append(contentsOf: $0) }
         out.append(contentsOf: headerBytes)
         for tensor in sorted {
-            tensor.values.withUnsafeBufferPointer { buffer in
-                for value in buffer {
-                    withUnsafeBytes(of: value.bitPattern.littleEndian) { out.append(contentsOf: $0) }
-                }
+            #if _endian(little)
+            tensor.values.withUnsafeBytes { out.append(contentsOf: $0) }
+            #else
+            for value in tensor.values {
+                withUnsafeBytes(of: value.bitPattern.littleEndian) { out.append(contentsOf: $0) }
             }
+            #endif
         }
         return out
     }
@@ -98,6 +100,49 @@ public enum Safetensors {
     ///   - allowConversion: Whether F64 and F16 tensors are converted to Float32 (otherwise they are an error).
     public static func decode(_ bytes: some Collection<UInt8>, allowConversion: Bool = false) throws(FormatError) -> SafetensorsArchive {
         let data = Array(bytes)
+        let index = try self.index(data)
+        var tensors: [TensorRecord] = []
+        tensors.reserveCapacity(index.entries.count)
+        for entry in index.entries {
+            let count = entry.count
+            let base = entry.byteRange.lowerBound
+            var values = [Float](repeating: 0, count: count)
+            switch entry.dtype {
+            case .float32:
+                data.withUnsafeBytes { raw in
+                    values.withUnsafeMutableBytes { dst in
+                        dst.copyMemory(from: UnsafeRawBufferPointer(rebasing: raw[entry.byteRange]))
+                    }
+                }
+                #if _endian(big)
+                for i in 0..<count { values[i] = Float(bitPattern: UInt32(littleEndian: values[i].bitPattern)) }
+                #endif
+            case .float64 where allowConversion:
+                data.withUnsafeBytes { raw in
+                    for i in 0..<count {
+                        let bits = raw.loadUnaligned(fromByteOffset: base + i * 8, as: UInt64.self)
+                        values[i] = Float(Double(bitPattern: UInt64(littleEndian: bits)))
+                    }
+                }
+            case .float16 where allowConversion:
+                data.withUnsafeBytes { raw in
+                    for i in 0..<count {
+                        let bits = raw.loadUnaligned(fromByteOffset: base + i * 2, as: UInt16.self)
+                        values[i] = halfToFloat(UInt16(littleEndian: bits))
+                    }
+                }
+            default:
+                throw FormatError(.dtypeMismatch, "tensor '\(entry.name)' is \(entry.dtype.rawValue); Orchard expects F32")
+            }
+            tensors.append(TensorRecord(name: entry.name, shape: entry.shape, values: values))
+        }
+        return SafetensorsArchive(tensors: tensors, metadata: index.metadata)
+    }
+
+    /// Reads and checks a safetensors header without copying any tensor data: names, dtypes, shapes and where
+    /// each tensor's bytes lie in `data` (contiguous, in offset order, exactly covering the buffer).
+    /// - Parameter data: The file's contents.
+    public static func index(_ data: [UInt8]) throws(FormatError) -> SafetensorsIndex {
         guard data.count >= 8 else {
             throw FormatError(.truncated, "safetensors data is \(data.count) bytes; the 8-byte header length is missing")
         }
@@ -162,8 +207,8 @@ public enum Safetensors {
         }
         entries.sort { ($0.start, $0.end, $0.name) < ($1.start, $1.end, $1.name) }
         var cursor = 0
-        var tensors: [TensorRecord] = []
-        tensors.reserveCapacity(entries.count)
+        var located: [SafetensorsIndex.Entry] = []
+        located.reserveCapacity(entries.count)
         for entry in entries {
             guard entry.start == cursor, entry.end >= entry.start else {
                 throw FormatError(.invalidOffsets, "tensor '\(entry.name)' occupies bytes \(entry.start)..<\(entry.end); expected to start at \(cursor) with no gap or overlap")
@@ -181,41 +226,15 @@ public enum Safetensors {
                 throw FormatError(.truncated, "tensor '\(entry.name)' ends at byte \(entry.end) but the buffer holds \(bufferSize)")
             }
             cursor = entry.end
-            let base = bufferStart + entry.start
-            var values = [Float](repeating: 0, count: count)
-            switch entry.dtype {
-            case .float32:
-                data.withUnsafeBytes { raw in
-                    values.withUnsafeMutableBytes { dst in
-                        dst.copyMemory(from: UnsafeRawBufferPointer(rebasing: raw[base..<(base + count * 4)]))
-                    }
-                }
-                #if _endian(big)
-                for i in 0..<count { values[i] = Float(bitPattern: UInt32(littleEndian: values[i].bitPattern)) }
-                #endif
-            case .float64 where allowConversion:
-                data.withUnsafeBytes { raw in
-                    for i in 0..<count {
-                        let bits = raw.loadUnaligned(fromByteOffset: base + i * 8, as: UInt64.self)
-                        values[i] = Float(Double(bitPattern: UInt64(littleEndian: bits)))
-                    }
-                }
-            case .float16 where allowConversion:
-                data.withUnsafeBytes { raw in
-                    for i in 0..<count {
-                        let bits = raw.loadUnaligned(fromByteOffset: base + i * 2, as: UInt16.self)
-                        values[i] = halfToFloat(UInt16(littleEndian: bits))
-                    }
-                }
-            default:
-                throw FormatError(.dtypeMismatch, "tensor '\(entry.name)' is \(entry.dtype.rawValue); Orchard expects F32")
-            }
-            tensors.append(TensorRecord(name: entry.name, shape: entry.shape, values: values))
+            located.append(SafetensorsIndex.Entry(
+                name: entry.name, dtype: entry.dtype, shape: entry.shape, count: count,
+                byteRange: (bufferStart + entry.start)..<(bufferStart + entry.end)
+            ))
         }
         guard cursor == bufferSize else {
             throw FormatError(.invalidOffsets, "safetensors buffer holds \(bufferSize) bytes but tensors cover \(cursor)")
         }
-        return SafetensorsArchive(tensors: tensors, metadata: metadata)
+        return SafetensorsIndex(entries: located, metadata: metadata)
     }
 
     private static func halfToFloat(_ h: UInt16) -> Float {
@@ -247,6 +266,28 @@ public enum Safetensors {
         }
         return out + "\""
     }
+}
+
+/// A checked safetensors header: where each tensor lies in the bytes it was read from.
+public struct SafetensorsIndex: Sendable, Hashable {
+    /// One tensor's place.
+    public struct Entry: Sendable, Hashable {
+        /// The tensor's name.
+        public var name: String
+        /// Its element type.
+        public var dtype: DType
+        /// Its shape.
+        public var shape: [Int]
+        /// Its element count.
+        public var count: Int
+        /// Its bytes, as indices into the whole file (header included).
+        public var byteRange: Range<Int>
+    }
+
+    /// The tensors, ordered by their position in the file.
+    public var entries: [Entry]
+    /// The `__metadata__` string pairs.
+    public var metadata: [String: String]
 }
 
 /// The decoded contents of a safetensors file.

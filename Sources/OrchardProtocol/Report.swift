@@ -57,7 +57,13 @@ public enum ReportEnvelope {
     /// Reads the metadata of a decoded report.
     /// - Throws: `FormatError(.invalidHeader)` when the key is absent or its JSON is not ``ReportMetadata``.
     public static func metadata(of archive: SafetensorsArchive) throws(FormatError) -> ReportMetadata {
-        guard let json = archive.metadata[metadataKey] else {
+        try metadata(in: archive.metadata)
+    }
+
+    /// Reads the report metadata from a safetensors file's `__metadata__` pairs.
+    /// - Throws: `FormatError(.invalidHeader)` when the key is absent or its JSON is not ``ReportMetadata``.
+    public static func metadata(in pairs: [String: String]) throws(FormatError) -> ReportMetadata {
+        guard let json = pairs[metadataKey] else {
             throw FormatError(.invalidHeader, "report has no __metadata__[\"\(metadataKey)\"]")
         }
         do {

@@ -3,6 +3,7 @@ import AsyncHTTPClient
 import Foundation
 import NIOCore
 import NIOHTTP1
+import NIOPosix
 import OrchardCoordinator
 import OrchardFormats
 import OrchardProtocol
@@ -15,9 +16,10 @@ struct BenchCoordinator: AsyncParsableCommand {
         discussion: """
             Starts a coordinator in this process on a free loopback port with a temporary SQLite file, hosts a
             dense model of --params parameters with goal count --devices, then: every device authenticates;
-            --devices concurrent devices send --checkins cycle requests in total at --rate per second (open loop;
-            latency is measured from each request's scheduled time, so a server that falls behind shows it); then for --rounds
-            cycles every device checks in, downloads the model and reports a diff (report uploads timed, with
+            --devices concurrent devices, each on its own keep-alive connection, send --checkins cycle requests in
+            total at --rate per second (open loop; latency is measured from each request's scheduled time, so a
+            server that falls behind shows it); then for --rounds cycles every device is admitted to the new cycle,
+            one downloads the model, and every device reports a diff (report uploads timed, with
             --report-concurrency in flight). Peak RSS covers server and load generator together.
             """
     )
@@ -68,7 +70,7 @@ struct BenchCoordinator: AsyncParsableCommand {
             eventLoopGroupProvider: .singleton,
             configuration: HTTPClient.Configuration(timeout: .init(connect: .seconds(10), read: .seconds(120)), connectionPool: poolConfiguration)
         )
-        let load = LoadGenerator(client: client, base: "http://127.0.0.1:\(port)", adminToken: adminToken)
+        let load = LoadGenerator(client: client, port: port, adminToken: adminToken)
         do {
             let result = try await measure(load)
             print(result)
@@ -105,25 +107,50 @@ struct BenchCoordinator: AsyncParsableCommand {
             return try await group.reduce(into: []) { $0.append($1) }
         }
 
+        // One keep-alive connection per device for the check-in phase, and fresh ones for every report round
+        // (rounds are minutes apart in a real fleet; a connection does not live from one to the next).
+        @Sendable func connectAll() async throws -> [BenchConnection] {
+            try await withThrowingTaskGroup(of: (Int, BenchConnection).self) { group in
+                for index in sessions.indices {
+                    group.addTask { (index, try await BenchConnection.connect(host: "127.0.0.1", port: load.port, group: MultiThreadedEventLoopGroup.singleton)) }
+                }
+                var connections = [BenchConnection?](repeating: nil, count: sessions.count)
+                for try await (index, connection) in group { connections[index] = connection }
+                return connections.compactMap { $0 }
+            }
+        }
+        @Sendable func closeAll(_ connections: [BenchConnection]) async {
+            await withTaskGroup(of: Void.self) { group in
+                for connection in connections { group.addTask { await connection.close() } }
+            }
+        }
+        var connections = try await connectAll()
+        let checkinRequests = try sessions.map { session in
+            let body = try WireCoding.encoder().encode(CycleRequest(workerID: session.workerID, processName: "bench", processVersion: SemanticVersion(1)))
+            return (head: load.head(.POST, Endpoint.cycleRequest, session: session.sessionToken, contentType: MediaType.json), body: ByteBuffer(bytes: body))
+        }
+
         // Check-in phase: `devices` concurrent loops, `checkins` cycle requests in total.
         let perDevice = checkins / devices
         let remainder = checkins % devices
         let checkinStart = ContinuousClock.now + .milliseconds(100)
         let rate = self.rate
         let checkinLatencies = try await withThrowingTaskGroup(of: [Double].self) { group in
-            for (index, session) in sessions.enumerated() {
+            for index in sessions.indices {
                 let count = perDevice + (index < remainder ? 1 : 0)
+                let connection = connections[index]
+                let request = checkinRequests[index]
                 group.addTask {
                     var latencies: [Double] = []
                     latencies.reserveCapacity(count)
-                    let request = CycleRequest(workerID: session.workerID, processName: "bench", processVersion: SemanticVersion(1))
                     for k in 0..<count {
                         var start = ContinuousClock.now
                         if rate > 0 {
                             start = checkinStart + .seconds(Double(index + k * devices) / rate)
                             try await Task.sleep(until: start, clock: .continuous)
                         }
-                        _ = try await load.send("POST", Endpoint.cycleRequest, json: request, session: session.sessionToken)
+                        let response = try await connection.exchange(request.head, body: request.body)
+                        guard response.status == 200 else { throw LoadGenerator.Failure(description: "cycle request: HTTP \(response.status)") }
                         latencies.append(Self.milliseconds(ContinuousClock.now - start))
                     }
                     return latencies
@@ -139,30 +166,46 @@ struct BenchCoordinator: AsyncParsableCommand {
         var reportSeconds = 0.0
         var reports = 0
         for _ in 0..<rounds {
-            var assignments: [(AuthenticateResponse, CycleAssignment)] = []
-            for session in sessions {
-                let request = CycleRequest(workerID: session.workerID, processName: "bench", processVersion: SemanticVersion(1))
-                let response = try await load.decode(CycleResponse.self, load.send("POST", Endpoint.cycleRequest, json: request, session: session.sessionToken))
-                guard case .accepted(let assignment) = response else { throw ValidationError("device \(session.workerID) was not admitted: \(response)") }
-                assignments.append((session, assignment))
+            await closeAll(connections)
+            connections = try await connectAll()
+            let assignments = try await withThrowingTaskGroup(of: (Int, CycleAssignment).self) { group in
+                for index in sessions.indices {
+                    let connection = connections[index]
+                    let request = checkinRequests[index]
+                    let worker = sessions[index].workerID
+                    group.addTask {
+                        let response = try await connection.exchange(request.head, body: request.body, keepBody: true)
+                        let decoded = try load.decode(CycleResponse.self, response.body.map { Array($0.readableBytesView) } ?? [])
+                        guard case .accepted(let assignment) = decoded else { throw ValidationError("device \(worker) was not admitted: \(decoded)") }
+                        return (index, assignment)
+                    }
+                }
+                var assignments = [CycleAssignment?](repeating: nil, count: sessions.count)
+                for try await (index, assignment) in group { assignments[index] = assignment }
+                return assignments.compactMap { $0 }
             }
             let first = assignments[0]
-            let modelBytes = try await load.send("GET", Endpoint.model(first.1.modelID) + "?request_key=\(first.1.requestKey)", session: first.0.sessionToken)
+            let modelBytes = try await load.send("GET", Endpoint.model(first.modelID) + "?request_key=\(first.requestKey)", session: sessions[0].sessionToken)
             let modelArchive = try Safetensors.decode(modelBytes)
+            // Seven distinct diffs, so the server really averages different updates.
+            let variants = (0..<7).map { variant in
+                modelArchive.tensors.map { TensorRecord(name: $0.name, shape: $0.shape, values: [Float](repeating: Float(variant) * 1e-4, count: $0.values.count)) }
+            }
             let start = ContinuousClock.now
             let (latencies, bytes) = try await withThrowingTaskGroup(of: (Double, Int).self) { group in
                 var latencies: [Double] = []
                 var bytes = 0
                 var next = 0
                 func submit(_ index: Int) {
-                    let (session, assignment) = assignments[index]
+                    let session = sessions[index]
+                    let assignment = assignments[index]
+                    let connection = connections[index]
+                    let head = load.head(.POST, Endpoint.report, session: session.sessionToken, contentType: MediaType.safetensors)
                     group.addTask {
-                        let diff = modelArchive.tensors.map { tensor in
-                            TensorRecord(name: tensor.name, shape: tensor.shape, values: [Float](repeating: Float(index % 7) * 1e-4, count: tensor.values.count))
-                        }
-                        let body = ReportEnvelope.encode(diff: diff, metadata: ReportMetadata(workerID: session.workerID, requestKey: assignment.requestKey, sampleCount: 1 + index % 50))
+                        let body = ReportEnvelope.encode(diff: variants[index % 7], metadata: ReportMetadata(workerID: session.workerID, requestKey: assignment.requestKey, sampleCount: 1 + index % 50))
                         let sent = ContinuousClock.now
-                        _ = try await load.send("POST", Endpoint.report, body: body, session: session.sessionToken)
+                        let response = try await connection.exchange(head, body: ByteBuffer(bytes: body))
+                        guard response.status == 200 else { throw LoadGenerator.Failure(description: "report: HTTP \(response.status)") }
                         return (Self.milliseconds(ContinuousClock.now - sent), body.count)
                     }
                 }
@@ -185,6 +228,7 @@ struct BenchCoordinator: AsyncParsableCommand {
             reportBytes += bytes
             reports += latencies.count
         }
+        await closeAll(connections)
         let fields: [(String, String)] = [
             ("benchmark", "\"coordinator\""), ("devices", "\(devices)"), ("params", "\(parameterCount)"),
             ("checkins", "\(checkinLatencies.count)"), ("offered_rate", Self.format(rate)),
@@ -228,8 +272,19 @@ struct BenchCoordinator: AsyncParsableCommand {
 /// Sends requests to the coordinator under test and checks their status.
 struct LoadGenerator: Sendable {
     let client: HTTPClient
-    let base: String
+    let port: Int
     let adminToken: String
+
+    var base: String { "http://127.0.0.1:\(port)" }
+
+    /// A request head for a ``BenchConnection``.
+    func head(_ method: HTTPMethod, _ path: String, session: String, contentType: String) -> HTTPRequestHead {
+        var head = HTTPRequestHead(version: .http1_1, method: method, uri: path)
+        head.headers.add(name: "Host", value: "127.0.0.1:\(port)")
+        head.headers.add(name: "Authorization", value: "Bearer \(session)")
+        head.headers.add(name: "Content-Type", value: contentType)
+        return head
+    }
 
     struct Failure: Error, CustomStringConvertible {
         var description: String

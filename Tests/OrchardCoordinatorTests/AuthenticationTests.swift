@@ -81,6 +81,30 @@ private struct DeviceToken: JWTPayload {
         #expect(forged.errorCode == "unauthorized")
     }
 
+    @Test func aSessionTokenStopsWorkingWhenItExpiresEvenAfterItWasAccepted() async throws {
+        let harness = try await Harness.start(configuration: CoordinatorConfiguration(adminToken: Harness.adminToken, sessionLifetime: 600))
+        defer { Task { await harness.stop() } }
+        _ = try await harness.host(Fixture.host())
+        let device = try await harness.device()
+        let request = CycleRequest(workerID: device.workerID, processName: "tiny", processVersion: SemanticVersion(1))
+        // Accepted twice (the second time from the coordinator's memory of verified tokens) ...
+        #expect(try await harness.http.json("POST", Endpoint.cycleRequest, request, token: device.sessionToken).status == 200)
+        #expect(try await harness.http.json("POST", Endpoint.cycleRequest, request, token: device.sessionToken).status == 200)
+        // The scheme is case-insensitive and spaces around the token do not matter.
+        let body = Array(try WireCoding.encoder().encode(request))
+        let spelled = try await harness.http.send("POST", Endpoint.cycleRequest, body: body, headers: ["Authorization": "bearer   \(device.sessionToken) ", "Content-Type": MediaType.json])
+        #expect(spelled.status == 200)
+        // A token altered by one character is refused, not served from that memory.
+        var forged = Array(device.sessionToken.utf8)
+        forged[forged.count - 2] = forged[forged.count - 2] == UInt8(ascii: "A") ? UInt8(ascii: "B") : UInt8(ascii: "A")
+        #expect(try await harness.http.json("POST", Endpoint.cycleRequest, request, token: String(decoding: forged, as: UTF8.self)).status == 401)
+        // ... and refused once the clock passes its expiry.
+        harness.clock.advance(by: 601)
+        let expired = try await harness.http.json("POST", Endpoint.cycleRequest, request, token: device.sessionToken)
+        #expect(expired.status == 401)
+        #expect(String(decoding: expired.body, as: UTF8.self).contains("expired"))
+    }
+
     @Test func rs256TokensAreVerifiedWithThePublicKey() async throws {
         let harness = try await Harness.start()
         defer { Task { await harness.stop() } }

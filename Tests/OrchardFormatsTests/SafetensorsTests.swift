@@ -19,6 +19,22 @@ import Testing
         #expect(archive.tensors.map(\.name) == ["a.weight", "b.bias", "scalar"])
     }
 
+    @Test func indexLocatesEveryTensorsBytesWithoutDecodingThem() throws {
+        let bytes = Safetensors.encode(tensors, metadata: ["k": "v"])
+        let index = try Safetensors.index(bytes)
+        #expect(index.metadata == ["k": "v"])
+        #expect(index.entries.map(\.name) == ["a.weight", "b.bias", "scalar"])
+        for entry in index.entries {
+            let tensor = try #require(tensors.first { $0.name == entry.name })
+            #expect(entry.shape == tensor.shape && entry.count == tensor.values.count && entry.dtype == .float32)
+            let floats = stride(from: entry.byteRange.lowerBound, to: entry.byteRange.upperBound, by: 4).map { offset in
+                Float(bitPattern: (0..<4).reduce(UInt32(0)) { $0 | UInt32(bytes[offset + $1]) << (8 * UInt32($1)) })
+            }
+            #expect(floats == tensor.values)
+        }
+        #expect(index.entries.last?.byteRange.upperBound == bytes.count)
+    }
+
     @Test func encodingIsStableAndHeaderIsAligned() {
         let a = Safetensors.encode(tensors)
         let b = Safetensors.encode(tensors.reversed())
