@@ -30,6 +30,8 @@ struct ClientStore: Sendable {
         var modelID: String
         var etag: String?
         var totalLength: Int?
+        /// The SHA-256 of the whole file, as the coordinator announced it.
+        var sha256: Data?
     }
 
     let directory: URL
@@ -157,10 +159,12 @@ struct ClientStore: Sendable {
 
     // MARK: Model
 
-    /// The complete model, if it is the one named.
-    func model(_ modelID: String) throws(OrchardClientError) -> [UInt8]? {
-        guard let info = try readJSON(ModelInfo.self, modelInfoURL), info.modelID == modelID else { return nil }
-        return try read(modelURL).map { [UInt8]($0) }
+    /// The complete model and what the coordinator announced for it, if it is the one named.
+    func model(_ modelID: String) throws(OrchardClientError) -> (bytes: [UInt8], info: ModelInfo)? {
+        guard let info = try readJSON(ModelInfo.self, modelInfoURL), info.modelID == modelID,
+              let data = try read(modelURL)
+        else { return nil }
+        return ([UInt8](data), info)
     }
 
     /// Keeps a verified model and drops the partial download.
@@ -209,7 +213,7 @@ struct ClientStore: Sendable {
                 throw OrchardClientError(.storage, "cannot create \(partialModelURL.path)")
             }
         }
-        try writeJSON(ModelInfo(modelID: modelID, etag: head.etag, totalLength: head.totalLength), partialInfoURL)
+        try writeJSON(ModelInfo(modelID: modelID, etag: head.etag, totalLength: head.totalLength, sha256: head.sha256.map { Data($0) }), partialInfoURL)
         do {
             let handle = try FileHandle(forWritingTo: partialModelURL)
             try handle.seekToEnd()

@@ -93,6 +93,28 @@ public final class FederatedJob: Sendable {
     ///   - constraints: Device conditions the cycle needs (read from the configured provider); none by default.
     ///   - body: Trains and returns the update; cancellation should stop it and throw.
     public func run(constraints: TaskConstraints = .none, _ body: @Sendable (CycleContext) async throws -> LocalUpdate) async throws(OrchardClientError) -> CycleOutcome {
+        try await exclusiveCycle(constraints: constraints) { context in .completed(try await body(context)) }
+    }
+
+    /// Runs one whole cycle with the configured ``LocalTrainer`` (the Orchard engine by default): trains on
+    /// `dataset` under the coordinator's client configuration, computes the diff and reports it.
+    ///
+    /// Cancelling the task stops training at the next batch boundary and saves a checkpoint; the next run of the
+    /// same cycle resumes from it, and a checkpoint of a closed cycle is discarded.
+    /// - Parameters:
+    ///   - dataset: The device's local samples.
+    ///   - constraints: Device conditions the cycle needs; none by default.
+    public func train(on dataset: some Dataset, constraints: TaskConstraints = .none) async throws(OrchardClientError) -> CycleOutcome {
+        let trainer = configuration.trainer
+        return try await exclusiveCycle(constraints: constraints) { context in
+            let task = LocalTrainingTask(model: context.model, clientConfig: context.clientConfig, seed: context.seed)
+            // An interruption's checkpoint is saved by the state machine (`trainingEnded(.interrupted)`).
+            return try trainer.train(task, on: dataset, resumingFrom: context.savedCheckpoint, progress: { context.report(progress: $0) })
+        }
+    }
+
+    /// Runs one cycle at a time and publishes its end to observers.
+    private func exclusiveCycle(constraints: TaskConstraints, _ body: @Sendable (CycleContext) async throws -> LocalTrainingOutcome) async throws(OrchardClientError) -> CycleOutcome {
         try await gate.exclusive { () async throws(OrchardClientError) -> CycleOutcome in
             let outcome: CycleOutcome
             do throws(OrchardClientError) {
@@ -107,292 +129,154 @@ public final class FederatedJob: Sendable {
         }
     }
 
-    /// Runs one whole cycle with the configured ``LocalTrainer`` (the Orchard engine by default): trains on
-    /// `dataset` under the coordinator's client configuration, computes the diff and reports it.
-    ///
-    /// Cancelling the task stops training at the next batch boundary and saves a checkpoint; the next run of the
-    /// same cycle resumes from it, and a checkpoint of a closed cycle is discarded.
-    /// - Parameters:
-    ///   - dataset: The device's local samples.
-    ///   - constraints: Device conditions the cycle needs; none by default.
-    public func train(on dataset: some Dataset, constraints: TaskConstraints = .none) async throws(OrchardClientError) -> CycleOutcome {
-        let trainer = configuration.trainer
-        return try await run(constraints: constraints) { context in
-            let task = LocalTrainingTask(model: context.model, clientConfig: context.clientConfig, seed: context.seed)
-            let outcome = try trainer.train(task, on: dataset, resumingFrom: context.savedCheckpoint, progress: { context.report(progress: $0) })
-            switch outcome {
-            case .completed(let update):
-                return update
-            case .interrupted(let checkpoint):
-                try context.saveCheckpoint(checkpoint)
-                throw cancelledError()
+    /// Drives a ``JobCycleStateMachine``: performs its actions (files, coordinator calls, training, backoff)
+    /// and feeds each result back, until it finishes or fails.
+    private func cycle(constraints: TaskConstraints, _ body: @Sendable (CycleContext) async throws -> LocalTrainingOutcome) async throws(OrchardClientError) -> CycleOutcome {
+        var machine = JobCycleStateMachine(setup: JobCycleStateMachine.Setup(
+            server: client.server, authToken: client.authToken, processName: modelName, version: version,
+            retry: configuration.retry, conditionRules: configuration.conditionRules, trainingSeed: configuration.trainingSeed
+        ))
+        var actions = machine.start(constraints: constraints)
+        while true {
+            var next: [JobCycleStateMachine.Action]?
+            for action in actions {
+                precondition(next == nil, "a request must be the last action of a batch")
+                switch action {
+                case .finish(let outcome): return outcome
+                case .fail(let error): throw error
+                default: next = try await perform(action, on: &machine, body)
+                }
             }
+            guard let next else { preconditionFailure("the job cycle state machine stopped without an outcome") }
+            actions = next
         }
     }
 
-    private func cycle(constraints: TaskConstraints, _ body: @Sendable (CycleContext) async throws -> LocalUpdate) async throws(OrchardClientError) -> CycleOutcome {
-        if !constraints.isEmpty {
-            emit(.phase(.checkingConditions))
-            let conditions = await configuration.conditions?.currentConditions() ?? .unknown
-            let unmet = configuration.conditionRules.unmet(constraints, kind: .processing, in: conditions)
-            if !unmet.isEmpty { return .conditionsNotMet(unmet.map(\.description)) }
-        }
-        try store.prepare()
-        var session = try await currentSession()
-
-        if try store.pendingReport() != nil {
-            emit(.phase(.uploadingPendingReport))
-            if let receipt = try await uploadPendingReport(session: &session, fromEarlierWindow: true, cycle: nil) {
-                return .reported(receipt)
-            }
-        }
-
-        emit(.phase(.requestingCycle))
-        let request = CycleRequest(workerID: session.workerID, processName: modelName, processVersion: version)
-        let response = try await call(&session) { transport, token throws(OrchardClientError) in
-            try await transport.requestCycle(request, session: token)
-        }
-        let assignment: CycleAssignment
-        switch response {
-        case .rejected(let rejection):
-            logger.info("cycle request rejected", metadata: ["reason": "\(rejection.reason)", "retry_after": "\(rejection.retryAfter)"])
-            return .rejected(retryAfter: rejection.retryAfter, reason: rejection.reason)
-        case .accepted(let accepted):
-            assignment = accepted
-        }
-
-        let saved = try store.checkpoint()
-        var resumeState: [UInt8]?
-        if let saved {
-            if saved.key.requestKey == assignment.requestKey && saved.key.modelID == assignment.modelID {
-                resumeState = saved.state
-            } else {
-                logger.info("discarding the training checkpoint of a closed cycle", metadata: ["cycle": "\(saved.key.cycle)"])
-                try store.clearCheckpoint()
-            }
-        }
-
-        emit(.phase(.downloadingPlan))
-        let plan = try await call(&session) { transport, token throws(OrchardClientError) in
-            try await transport.plan(assignment.planID, requestKey: assignment.requestKey, session: token)
-        }
-        do throws(FormatError) {
-            try plan.model.validate()
-        } catch {
-            throw OrchardClientError(.incompatibleModel, "the plan's model cannot be used: \(error.message)")
-        }
-        if let failure = assignment.clientConfig.validationFailure() {
-            throw OrchardClientError(.incompatibleModel, "the coordinator's client configuration is invalid: \(failure)")
-        }
-        let shapes = try configuration.trainer.parameterShapes(of: plan.model)
-
-        emit(.phase(.downloadingModel))
-        let weights = try await downloadModel(assignment, shapes: shapes, session: &session)
-
-        emit(.phase(.training))
-        if resumeState != nil { emit(.resumedTraining) }
-        let key = ClientStore.CheckpointKey(requestKey: assignment.requestKey, modelID: assignment.modelID, cycle: assignment.cycle)
-        let store = self.store
-        let context = CycleContext(
-            assignment: assignment, plan: plan, model: CycleModel(spec: plan.model, weights: weights), savedCheckpoint: resumeState,
-            seed: configuration.trainingSeed &+ UInt64(truncatingIfNeeded: assignment.cycle),
-            saver: { state throws(OrchardClientError) in try store.saveCheckpoint(state, key: key) },
-            reporter: { [weak self] step in self?.emit(.trained(step)) }
-        )
-        let update: LocalUpdate
-        do {
-            update = try await body(context)
-        } catch let error as OrchardClientError {
-            throw error
-        } catch is CancellationError {
-            throw cancelledError()
-        } catch {
-            if Task.isCancelled { throw cancelledError() }
-            throw OrchardClientError(.training, "local training failed: \(error)")
-        }
-        try Self.check(update, against: shapes)
-
-        emit(.phase(.reporting))
-        let metadata = ReportMetadata(workerID: session.workerID, requestKey: assignment.requestKey, sampleCount: update.sampleCount, metrics: update.metrics)
-        try store.savePendingReport(ReportEnvelope.encode(diff: update.diff, metadata: metadata))
-        try store.clearCheckpoint()
-        guard let receipt = try await uploadPendingReport(session: &session, fromEarlierWindow: false, cycle: assignment.cycle) else {
-            throw OrchardClientError(.serverError, "the coordinator refused the report of cycle \(assignment.cycle)")
-        }
-        return .reported(receipt)
-    }
-
-    /// Checks a caller's update before it is written and sent.
-    private static func check(_ update: LocalUpdate, against shapes: [String: [Int]]) throws(OrchardClientError) {
-        guard update.sampleCount >= 1 else {
-            throw OrchardClientError(.training, "the update's sample count must be at least 1, not \(update.sampleCount)")
-        }
-        let names = Set(update.diff.map(\.name))
-        guard names == Set(shapes.keys), names.count == update.diff.count else {
-            throw OrchardClientError(.training, "the diff's tensors \(update.diff.map(\.name).sorted()) are not the model's \(shapes.keys.sorted())")
-        }
-        for tensor in update.diff {
-            guard tensor.shape == shapes[tensor.name] else {
-                throw OrchardClientError(.training, "diff tensor '\(tensor.name)' has shape \(tensor.shape), the model's is \(shapes[tensor.name] ?? [])")
-            }
-            guard tensor.values.allSatisfy(\.isFinite) else {
-                throw OrchardClientError(.training, "diff tensor '\(tensor.name)' holds NaN or infinity")
-            }
-        }
-    }
-
-    // MARK: Session
-
-    private func currentSession() async throws(OrchardClientError) -> ClientStore.Identity {
-        let now = configuration.environment.now().timeIntervalSince1970
-        if let saved = try store.identity(), saved.server == client.server, saved.expiresAt > now + 60 {
-            return saved
-        }
-        return try await authenticate()
-    }
-
-    private func authenticate() async throws(OrchardClientError) -> ClientStore.Identity {
-        emit(.phase(.authenticating))
-        let request = AuthenticateRequest(authToken: client.authToken, processName: modelName, processVersion: version)
+    /// Performs one action. Returns the machine's next actions for a request, nil for an effect.
+    private func perform(
+        _ action: JobCycleStateMachine.Action, on machine: inout JobCycleStateMachine,
+        _ body: @Sendable (CycleContext) async throws -> LocalTrainingOutcome
+    ) async throws(OrchardClientError) -> [JobCycleStateMachine.Action]? {
         let transport = client.transport
-        let response = try await retrying { _ throws(OrchardClientError) in try await transport.authenticate(request) }
-        guard WireProtocol.isCompatible(response.protocolVersion) else {
-            throw OrchardClientError(.incompatibleModel, "the coordinator speaks protocol \(response.protocolVersion); this client speaks \(WireProtocol.version)")
+        switch action {
+        case .emit(let event): emit(event)
+        case .log(let level, let message): logger.log(level: level, "\(message)")
+        case .saveSession(let identity): try store.saveIdentity(identity)
+        case .clearSession: try store.clearIdentity()
+        case .savePendingReport(let body): try store.savePendingReport(body)
+        case .clearPendingReport: try store.clearPendingReport()
+        case .saveCheckpoint(let state, let key): try store.saveCheckpoint(state, key: key)
+        case .discardCheckpoint: try store.clearCheckpoint()
+        case .discardPartialModel: try store.clearPartialModel()
+        case .keepModel(let bytes, let info): try store.saveModel(bytes, info: info)
+
+        case .readConditions:
+            return machine.conditionsRead(await configuration.conditions?.currentConditions() ?? .unknown)
+        case .loadState:
+            try store.prepare()
+            let stored = JobCycleStateMachine.Stored(session: try store.identity(), hasPendingReport: try store.pendingReport() != nil, checkpoint: try store.checkpoint())
+            return machine.stateLoaded(stored, now: now)
+        case .loadCachedModel(let modelID):
+            let cached = try store.model(modelID)
+            return machine.cachedModelLoaded(cached?.bytes, info: cached?.info)
+        case .backoff(let retry):
+            do {
+                try await configuration.environment.sleep(configuration.retry.delay(beforeRetry: retry, random: configuration.environment.random()))
+            } catch {
+                return machine.requestFailed(cancelledError())
+            }
+            return machine.backoffElapsed()
+
+        case .authenticate(let request):
+            return await call(&machine, { () async throws(OrchardClientError) in try await transport.authenticate(request) }) { machine, response in
+                machine.authenticated(response, now: now)
+            }
+        case .uploadReport(let session):
+            let store = self.store
+            return await call(&machine, { () async throws(OrchardClientError) in
+                guard let body = try store.pendingReport() else {
+                    throw OrchardClientError(.storage, "the report to upload is missing from \(store.directory.path)")
+                }
+                return try await transport.report(body, session: session)
+            }) { machine, response in machine.reportAnswered(response) }
+        case .requestCycle(let request, let session):
+            return await call(&machine, { () async throws(OrchardClientError) in try await transport.requestCycle(request, session: session) }) { machine, response in
+                machine.cycleAnswered(response)
+            }
+        case .downloadPlan(let planID, let requestKey, let session):
+            let trainer = configuration.trainer
+            return await call(&machine, { () async throws(OrchardClientError) in
+                let plan = try await transport.plan(planID, requestKey: requestKey, session: session)
+                return (plan, try trainer.parameterShapes(of: plan.model))
+            }) { machine, answer in machine.planDownloaded(answer.0, shapes: answer.1) }
+        case .downloadModel(let modelID, let requestKey, let session):
+            let store = self.store
+            return await call(&machine, { () async throws(OrchardClientError) in
+                try await fetch(ModelRequest(modelID: modelID, requestKey: requestKey), session: session)
+                guard let partial = try store.partialModel(modelID) else {
+                    throw OrchardClientError(.storage, "the downloaded model is missing from \(store.directory.path)")
+                }
+                return (try store.partialModelBytes(), partial.info)
+            }) { machine, download in machine.modelDownloaded(download.0, info: download.1) }
+        case .train(let input):
+            let store = self.store
+            let key = input.checkpointKey
+            let context = CycleContext(
+                assignment: input.assignment, plan: input.plan, model: input.model, savedCheckpoint: input.resumeState, seed: input.seed,
+                saver: { state throws(OrchardClientError) in try store.saveCheckpoint(state, key: key) },
+                reporter: { [weak self] step in self?.emit(.trained(step)) }
+            )
+            do {
+                return machine.trainingEnded(try await body(context))
+            } catch let error as OrchardClientError {
+                return machine.trainingFailed(error)
+            } catch is CancellationError {
+                return machine.trainingFailed(cancelledError())
+            } catch {
+                return machine.trainingFailed(Task.isCancelled ? cancelledError() : OrchardClientError(.training, "local training failed: \(error)"))
+            }
+        case .finish, .fail:
+            preconditionFailure("terminal actions end the cycle in the driver")
         }
-        let identity = ClientStore.Identity(
-            workerID: response.workerID, sessionToken: response.sessionToken,
-            expiresAt: configuration.environment.now().timeIntervalSince1970 + response.expiresIn, server: client.server
-        )
-        try store.saveIdentity(identity)
-        return identity
+        return nil
     }
 
-    /// Calls the coordinator with retries; when the session is refused, authenticates once more and repeats.
+    /// The current time in seconds since 1970, from the injected environment.
+    private var now: Double { configuration.environment.now().timeIntervalSince1970 }
+
+    /// Makes one attempt at a coordinator call and hands its answer, or its failure, to the machine. A call
+    /// made or failed while the task is cancelled counts as cancelled.
     private func call<T: Sendable>(
-        _ session: inout ClientStore.Identity,
-        _ operation: (any ClientTransport, String) async throws(OrchardClientError) -> T
-    ) async throws(OrchardClientError) -> T {
-        let transport = client.transport
-        let token = session.sessionToken
+        _ machine: inout JobCycleStateMachine, _ operation: () async throws(OrchardClientError) -> T,
+        then handle: (inout JobCycleStateMachine, T) -> [JobCycleStateMachine.Action]
+    ) async -> [JobCycleStateMachine.Action] {
         do throws(OrchardClientError) {
-            return try await retrying { _ throws(OrchardClientError) in try await operation(transport, token) }
-        } catch where error.code == .authenticationFailed {
-            logger.info("session refused; authenticating again")
-            try store.clearIdentity()
-            session = try await authenticate()
-            let renewed = session.sessionToken
-            return try await retrying { _ throws(OrchardClientError) in try await operation(transport, renewed) }
-        }
-    }
-
-    func retrying<T: Sendable>(_ operation: (Int) async throws(OrchardClientError) -> T) async throws(OrchardClientError) -> T {
-        try await configuration.retry.run(environment: configuration.environment, onRetry: { [self] error, attempt in
-            logger.debug("retrying", metadata: ["attempt": "\(attempt)", "error": "\(error)"])
-            emit(.retrying(attempt: attempt, error: error))
-        }, operation)
-    }
-
-    // MARK: Report
-
-    /// Uploads the report on disk. Returns its receipt; nil when the coordinator can never accept it (its cycle
-    /// closed, or it was issued to another worker), in which case it is deleted. Keeps it on transient failure.
-    private func uploadPendingReport(session: inout ClientStore.Identity, fromEarlierWindow: Bool, cycle: Int?) async throws(OrchardClientError) -> ReportReceipt? {
-        guard let body = try store.pendingReport() else { return nil }
-        do throws(OrchardClientError) {
-            let response = try await call(&session) { transport, token throws(OrchardClientError) in
-                try await transport.report(body, session: token)
-            }
-            try store.clearPendingReport()
-            logger.info("report accepted", metadata: ["cycle": "\(response.cycle)", "reports": "\(response.reportsReceived)"])
-            return ReportReceipt(cycle: response.cycle, reportsReceived: response.reportsReceived, retryAfter: response.retryAfter, fromEarlierWindow: fromEarlierWindow)
-        } catch where error.serverCode == .reportAlreadyReceived {
-            // An earlier upload was committed but its answer was lost: the report already counts once.
-            try store.clearPendingReport()
-            logger.info("report had already been received")
-            guard let cycle else { return nil }
-            return ReportReceipt(cycle: cycle, reportsReceived: nil, retryAfter: nil, fromEarlierWindow: fromEarlierWindow)
-        } catch where error.code == .serverError && !error.isTransient {
-            try store.clearPendingReport()
-            logger.warning("report discarded: the coordinator cannot accept it", metadata: ["error": "\(error)"])
-            if fromEarlierWindow { return nil }
-            throw error
+            try checkCancellation()
+            let answer = try await operation()
+            return handle(&machine, answer)
+        } catch {
+            return machine.requestFailed(Task.isCancelled && error.code != .cancelled ? cancelledError() : error)
         }
     }
 
     // MARK: Model download
 
-    /// The model's weights: from the cache, by resuming a partial download, or downloaded afresh; checked
-    /// against the plan's parameter shapes.
-    private func downloadModel(_ assignment: CycleAssignment, shapes: [String: [Int]], session: inout ClientStore.Identity) async throws(OrchardClientError) -> [TensorRecord] {
-        if let cached = try store.model(assignment.modelID), let weights = try? Self.verify(cached, shapes: shapes) {
-            emit(.downloaded(bytes: cached.count, of: cached.count))
-            return weights
-        }
-        var restartedAfterCorruption = false
-        while true {
-            let partial = try store.partialModel(assignment.modelID)
-            let request = ModelRequest(modelID: assignment.modelID, requestKey: assignment.requestKey, offset: partial?.length ?? 0, etag: partial?.info.etag)
-            do throws(OrchardClientError) {
-                try await fetch(request, session: &session)
-            } catch where error.serverCode == .rangeNotSatisfiable {
-                try store.clearPartialModel()
-                continue
-            }
-            guard let info = try store.partialModel(assignment.modelID) else {
-                throw OrchardClientError(.storage, "the downloaded model is missing from \(directory.path)")
-            }
-            let bytes = try store.partialModelBytes()
-            do throws(OrchardClientError) {
-                if let total = info.info.totalLength, total != bytes.count {
-                    throw OrchardClientError(.incompatibleModel, "the model download holds \(bytes.count) bytes, the server announced \(total)")
-                }
-                let weights = try Self.verify(bytes, shapes: shapes)
-                try store.saveModel(bytes, info: info.info)
-                return weights
-            } catch {
-                try store.clearPartialModel()
-                guard !restartedAfterCorruption else { throw error }
-                logger.warning("model download failed its integrity check; downloading it again", metadata: ["error": "\(error)"])
-                restartedAfterCorruption = true
-            }
-        }
-    }
-
-    /// Downloads into the partial file, retrying transient failures from where the bytes stopped.
-    private func fetch(_ first: ModelRequest, session: inout ClientStore.Identity) async throws(OrchardClientError) {
-        let store = self.store
-        let modelID = first.modelID
-        let _: Bool = try await call(&session) { transport, token throws(OrchardClientError) in
-            let partial = try store.partialModel(modelID)
-            var request = first
-            request.offset = partial?.length ?? 0
-            request.etag = partial?.info.etag
-            let sink = store.partialSink(modelID: modelID)
-            defer { sink.close() }
-            do throws(OrchardClientError) {
-                try await transport.downloadModel(request, session: token, into: sink)
-            } catch {
-                self.emit(.downloaded(bytes: request.offset + sink.bytesReceived, of: partial?.info.totalLength))
-                throw error
-            }
-            let total = try store.partialModel(modelID)?.info.totalLength
-            self.emit(.downloaded(bytes: request.offset + sink.bytesReceived, of: total))
-            return true
-        }
-    }
-
-    /// Decodes model bytes and checks every tensor against the architecture.
-    static func verify(_ bytes: [UInt8], shapes: [String: [Int]]) throws(OrchardClientError) -> [TensorRecord] {
-        do throws(FormatError) {
-            let archive = try Safetensors.decode(bytes)
-            try archive.validate(against: shapes)
-            for tensor in archive.tensors where !tensor.values.allSatisfy(\.isFinite) {
-                throw FormatError(.invalidHeader, "tensor '\(tensor.name)' holds NaN or infinity")
-            }
-            return archive.tensors
+    /// Downloads into the partial file from where its bytes stop (with the entity tag they belong to).
+    private func fetch(_ first: ModelRequest, session: String) async throws(OrchardClientError) {
+        let partial = try store.partialModel(first.modelID)
+        var request = first
+        request.offset = partial?.length ?? 0
+        request.etag = partial?.info.etag
+        let sink = store.partialSink(modelID: first.modelID)
+        defer { sink.close() }
+        do throws(OrchardClientError) {
+            try await client.transport.downloadModel(request, session: session, into: sink)
         } catch {
-            throw OrchardClientError(.incompatibleModel, "the downloaded model does not fit the plan: \(error.message)")
+            emit(.downloaded(bytes: request.offset + sink.bytesReceived, of: partial?.info.totalLength))
+            throw error
         }
+        let total = try store.partialModel(first.modelID)?.info.totalLength
+        emit(.downloaded(bytes: request.offset + sink.bytesReceived, of: total))
     }
 }
 

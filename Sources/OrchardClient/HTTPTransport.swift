@@ -9,7 +9,8 @@ import Synchronization
 /// platforms and Linux devices.
 ///
 /// Every call has a timeout; model downloads stream into their sink as bytes arrive, send `Range` and
-/// `If-Range` when resuming, and report where the served bytes start.
+/// `If-Range` when resuming, and report where the served bytes start and the whole file's SHA-256 (RFC 9530
+/// `Repr-Digest: sha-256=:<base64>:`).
 public struct HTTPTransport: ClientTransport {
     /// The coordinator's base URL.
     public let baseURL: URL
@@ -182,18 +183,19 @@ private final class DownloadDelegate: NSObject, URLSessionDataDelegate, @uncheck
         }
         state.withLock { $0.status = http.statusCode }
         let etag = http.value(forHTTPHeaderField: "ETag")
+        let digest = http.value(forHTTPHeaderField: ModelIntegrity.digestHeader).flatMap { ModelIntegrity.parseSHA256(fieldValue: $0) }
         let length = http.expectedContentLength >= 0 ? Int(http.expectedContentLength) : nil
         let head: DownloadHead
         switch http.statusCode {
         case 200:
-            head = DownloadHead(start: 0, totalLength: length, etag: etag)
+            head = DownloadHead(start: 0, totalLength: length, etag: etag, sha256: digest)
         case 206:
             guard let range = http.value(forHTTPHeaderField: "Content-Range"), let parsed = Self.parseContentRange(range) else {
                 fail(OrchardClientError(.serverError, "206 answer without a valid Content-Range", httpStatus: 206), task: dataTask)
                 completionHandler(.cancel)
                 return
             }
-            head = DownloadHead(start: parsed.start, totalLength: parsed.total, etag: etag)
+            head = DownloadHead(start: parsed.start, totalLength: parsed.total, etag: etag, sha256: digest)
         default:
             completionHandler(.allow)
             return

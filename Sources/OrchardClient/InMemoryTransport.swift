@@ -47,7 +47,9 @@ public struct InMemoryTransport: ClientTransport {
             throw OrchardClientError(.serverError, "range starting at \(request.offset) cannot be served from \(bytes.count) bytes", httpStatus: 416, serverCode: .rangeNotSatisfiable)
         }
         let start = resumes ? request.offset : 0
-        try sink.begin(DownloadHead(start: start, totalLength: bytes.count, etag: etag))
+        // The digest HTTP sends as `Repr-Digest`; here the bytes never leave memory, so it guards the partial
+        // file on disk.
+        try sink.begin(DownloadHead(start: start, totalLength: bytes.count, etag: etag, sha256: ModelIntegrity.sha256(bytes)))
         try sink.append(Array(bytes[start...]))
     }
 

@@ -69,38 +69,6 @@ public struct ClientEnvironment: Sendable {
     }
 }
 
-extension RequestRetryPolicy {
-    /// Runs `operation`, repeating it after a backoff while it fails transiently and attempts remain.
-    /// - Parameters:
-    ///   - environment: Sleep and randomness for the backoff.
-    ///   - onRetry: Called before each wait with the error and the retry number.
-    ///   - operation: The call; it receives the attempt number (from 1).
-    func run<T: Sendable>(
-        environment: ClientEnvironment, onRetry: (OrchardClientError, Int) -> Void = { _, _ in },
-        _ operation: (Int) async throws(OrchardClientError) -> T
-    ) async throws(OrchardClientError) -> T {
-        var attempt = 1
-        while true {
-            do {
-                try checkCancellation()
-                return try await operation(attempt)
-            } catch {
-                guard error.isTransient, attempt < maximumAttempts, !Task.isCancelled else {
-                    if Task.isCancelled, error.code != .cancelled { throw cancelledError() }
-                    throw error
-                }
-                onRetry(error, attempt)
-                do {
-                    try await environment.sleep(delay(beforeRetry: attempt, random: environment.random()))
-                } catch {
-                    throw cancelledError()
-                }
-                attempt += 1
-            }
-        }
-    }
-}
-
 /// Throws ``OrchardClientError/Code/cancelled`` when the current task is cancelled.
 func checkCancellation() throws(OrchardClientError) {
     if Task.isCancelled { throw cancelledError() }

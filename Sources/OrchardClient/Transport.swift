@@ -45,12 +45,15 @@ public struct DownloadHead: Sendable, Hashable {
     public var totalLength: Int?
     /// The file's entity tag, when sent.
     public var etag: String?
+    /// The SHA-256 of the whole file (not only of the bytes that follow), when sent (HTTP: `Repr-Digest`).
+    public var sha256: [UInt8]?
 
     /// Creates a head.
-    public init(start: Int, totalLength: Int?, etag: String?) {
+    public init(start: Int, totalLength: Int?, etag: String?, sha256: [UInt8]? = nil) {
         self.start = start
         self.totalLength = totalLength
         self.etag = etag
+        self.sha256 = sha256
     }
 }
 

@@ -1,3 +1,4 @@
+import Crypto
 import Foundation
 public import Hummingbird
 import HTTPTypes
@@ -6,6 +7,7 @@ import NIOCore
 import OrchardProtocol
 public import Prometheus
 public import ServiceLifecycle
+import Synchronization
 
 /// The coordinator's HTTP API (Hummingbird 2): thin routes over ``Coordinator``.
 public enum CoordinatorServer {
@@ -17,6 +19,7 @@ public enum CoordinatorServer {
         let router = Router(context: BasicRequestContext.self)
         router.add(middleware: ErrorMiddleware(logger: Logger(label: "orchard.http")))
         let limits = coordinator.configuration
+        let digests = RepresentationDigests()
 
         router.get(RouterPath(stringLiteral: Endpoint.health)) { _, _ in try json(["status": "ok"]) }
         router.get(RouterPath(stringLiteral: Endpoint.metrics)) { _, _ in
@@ -45,7 +48,9 @@ public enum CoordinatorServer {
             let key = try requestKey(request)
             let modelID = context.parameters.get("model") ?? ""
             let download = try await coordinator.model(modelID, requestKey: key, sessionWorker: worker)
-            return try ranged(download.bytes, etag: download.etag, request: request)
+            var response = try ranged(download.bytes, etag: download.etag, request: request)
+            response.headers[RepresentationDigests.field] = digests.value(of: download.bytes, etag: download.etag)
+            return response
         }
         router.get("/v1/device/plans/:plan") { request, context in
             let worker = try await sessionWorker(request, coordinator)
@@ -235,6 +240,26 @@ public enum CoordinatorServer {
         }
         headers[.contentRange] = "bytes \(range.lowerBound)-\(range.upperBound - 1)/\(total)"
         return Response(status: .partialContent, headers: headers, body: ResponseBody(byteBuffer: ByteBuffer(bytes: bytes[range])))
+    }
+}
+
+/// The RFC 9530 `Repr-Digest` of served models (`sha-256=:<base64>:`, over the whole representation, also on
+/// 206), computed once per entity tag: a model's bytes never change under its tag.
+final class RepresentationDigests: Sendable {
+    static let field = HTTPField.Name("Repr-Digest")!
+    /// Tags remembered; models of a few recent checkpoints are served at once.
+    private static let capacity = 8
+    private let values = Mutex<[(etag: String, value: String)]>([])
+
+    func value(of bytes: [UInt8], etag: String) -> String {
+        if let known = values.withLock({ $0.first { $0.etag == etag }?.value }) { return known }
+        let value = "sha-256=:\(Data(SHA256.hash(data: bytes)).base64EncodedString()):"
+        values.withLock { entries in
+            entries.removeAll { $0.etag == etag }
+            entries.append((etag, value))
+            if entries.count > Self.capacity { entries.removeFirst() }
+        }
+        return value
     }
 }
 

@@ -4,6 +4,7 @@ import Logging
 import OrchardClient
 import OrchardScheduler
 import ServiceLifecycle
+import Synchronization
 import UnixSignals
 
 /// `orchard agent`: the device daemon — the background scheduler trains whenever the device's conditions hold.
@@ -13,8 +14,15 @@ struct AgentCommand: AsyncParsableCommand {
         abstract: "Run as a device daemon: train a cycle whenever power and network conditions allow.",
         discussion: """
         Conditions are read from sysfs and procfs (power supplies, network interfaces, CPU idleness, thermal \
-        zones). A window that closes mid-training (conditions lost, time limit, SIGTERM) saves a checkpoint that \
-        the next window resumes. Stops gracefully on SIGINT or SIGTERM.
+        zones); --sysfs-root and --procfs-root point at other copies (a container that mounts the host's /sys \
+        and /proc elsewhere). A window that closes mid-training (conditions lost, time limit, SIGTERM) saves a \
+        checkpoint that the next window resumes. Stops gracefully on SIGINT or SIGTERM.
+
+        Status goes to standard output as JSON lines: {"event":"started"}, one {"event":"conditions",...} per \
+        check (with "met" and the "unmet" constraints), {"event":"phase","phase":...} as a cycle advances, \
+        {"event":"resumed_training"} when training continues from a checkpoint, {"event":"cycle",...} per \
+        finished cycle, {"event":"error",...} per failed one and {"event":"stopped"} at the end. Logs go to \
+        standard error.
         """
     )
 
@@ -35,34 +43,183 @@ struct AgentCommand: AsyncParsableCommand {
     @Option(help: "Seconds between cycles when the coordinator gives no retry-after.")
     var interval: Int = 3600
 
+    @Option(help: "Seconds between checks of the device's conditions while waiting for them.")
+    var pollInterval: Double = 60
+
+    @Option(help: "Where sysfs is mounted (power supplies, network interfaces, thermal zones).")
+    var sysfsRoot = "/sys"
+
+    @Option(help: "Where procfs is mounted (routes, CPU counters).")
+    var procfsRoot = "/proc"
+
+    @Option(help: "Seconds a cycle in flight at shutdown may take to stop at a batch boundary and save its checkpoint.")
+    var shutdownGrace: Double = 30
+
+    @Option(help: "Log level: trace, debug, info, notice, warning, error, critical.")
+    var logLevel = "info"
+
     func validate() throws {
         guard window > 0 else { throw ValidationError("--window must be positive") }
         guard interval > 0 else { throw ValidationError("--interval must be positive") }
+        guard pollInterval > 0, pollInterval.isFinite else { throw ValidationError("--poll-interval must be a positive number of seconds") }
+        guard shutdownGrace >= 0, shutdownGrace.isFinite else { throw ValidationError("--shutdown-grace must be a non-negative number of seconds") }
+        guard Logger.Level(rawValue: logLevel) != nil else { throw ValidationError("--log-level '\(logLevel)' is not a log level") }
+        for (option, path) in [("--sysfs-root", sysfsRoot), ("--procfs-root", procfsRoot)] {
+            var isDirectory: ObjCBool = false
+            guard FileManager.default.fileExists(atPath: path, isDirectory: &isDirectory), isDirectory.boolValue else {
+                throw ValidationError("\(option) \(path) is not a directory")
+            }
+        }
     }
 
     func run() async throws {
+        let level = Logger.Level(rawValue: logLevel) ?? .info
+        LoggingSystem.bootstrap { label in
+            var handler = StreamLogHandler.standardError(label: label)
+            handler.logLevel = level
+            return handler
+        }
         let logger = Logger(label: "orchard.agent")
-        let conditions = LinuxConditionsProvider(configuration: .init(meteredInterfaces: Set(meteredInterface)))
+        let constraints = TaskConstraints(requiresExternalPower: requiresPower, requiresNetworkConnectivity: true, requiresUnmeteredNetwork: requiresUnmetered)
+        let linux = LinuxConditionsProvider(configuration: .init(sysfsRoot: sysfsRoot, procfsRoot: procfsRoot, meteredInterfaces: Set(meteredInterface)))
+        let conditions = ReportedConditions(inner: linux, constraints: constraints)
         let job = try device.makeJob(logger: logger, conditions: conditions)
         let identifier = "dev.orchard.train.\(device.model)"
         let scheduler = try BackgroundScheduler(
-            configuration: SchedulerConfiguration(permittedIdentifiers: [identifier], processingBudget: .seconds(window)),
+            configuration: SchedulerConfiguration(
+                permittedIdentifiers: [identifier], processingBudget: .seconds(window), idlePollInterval: .milliseconds(Int64(pollInterval * 1000))
+            ),
             startDate: Date(), conditions: conditions, logger: logger
         )
-        let options = BackgroundTrainingOptions(
-            identifier: identifier,
-            constraints: TaskConstraints(requiresExternalPower: requiresPower, requiresNetworkConnectivity: true, requiresUnmeteredNetwork: requiresUnmetered),
-            defaultInterval: .seconds(interval)
-        )
+        let options = BackgroundTrainingOptions(identifier: identifier, constraints: constraints, defaultInterval: .seconds(interval))
         let device = self.device
+        let tracker = CycleTracker()
+        let events = Task {
+            for await event in job.events() {
+                tracker.observe(event)
+                switch event {
+                case .phase(let phase) where phase != .finished: AgentStatus(event: "phase", phase: "\(phase)").print()
+                case .resumedTraining: AgentStatus(event: "resumed_training").print()
+                default: break
+                }
+            }
+        }
+        defer { events.cancel() }
         try await job.scheduleBackgroundTraining(on: scheduler, options: options, data: { try device.loadDataset() }) { result in
             switch result {
-            case .success(let outcome): logger.info("cycle finished", metadata: ["outcome": "\(ClientCommand.describe(outcome))"])
-            case .failure(let error): logger.warning("cycle failed", metadata: ["error": "\(error)"])
+            case .success(let outcome):
+                logger.info("cycle finished", metadata: ["outcome": "\(ClientCommand.describe(outcome))"])
+                AgentStatus.cycle(outcome).print()
+            case .failure(let error):
+                logger.warning("cycle failed", metadata: ["error": "\(error)"])
+                AgentStatus.error(error).print()
             }
         }
         logger.info("agent started", metadata: ["server": "\(device.server)", "model": "\(device.model)", "version": "\(device.version)"])
+        AgentStatus.started.print()
         let group = ServiceGroup(services: [scheduler], gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
-        try await group.run()
+        do {
+            try await group.run()
+        } catch is CancellationError {
+            // The scheduler ends its loop by cancellation when asked to shut down gracefully.
+        }
+        // The scheduler cancelled the window in flight; let its cycle reach a batch boundary and save its checkpoint.
+        if await !tracker.waitUntilIdle(grace: .milliseconds(Int64(shutdownGrace * 1000))) {
+            logger.warning("a cycle was still running after the shutdown grace period; exiting without its checkpoint")
+        }
+        logger.info("agent stopped")
+        AgentStatus.stopped.print()
+    }
+}
+
+/// Follows the job's cycles through its events, so shutdown can wait for the one in flight to save its checkpoint.
+private final class CycleTracker: Sendable {
+    private let busy = Mutex(false)
+    private let idle: AsyncStream<Void>
+    private let idleContinuation: AsyncStream<Void>.Continuation
+
+    init() {
+        (idle, idleContinuation) = AsyncStream<Void>.makeStream(bufferingPolicy: .bufferingNewest(1))
+    }
+
+    func observe(_ event: JobEvent) {
+        guard case .phase(let phase) = event else { return }
+        let finished = phase == .finished
+        busy.withLock { $0 = !finished }
+        if finished { idleContinuation.yield() }
+    }
+
+    /// Waits until no cycle is in flight; false when `grace` passed first. Call once.
+    func waitUntilIdle(grace: Duration) async -> Bool {
+        await withTaskGroup(of: Bool.self) { group in
+            group.addTask { [self] in
+                if !busy.withLock({ $0 }) { return true }
+                for await _ in idle where !busy.withLock({ $0 }) { return true }
+                return false
+            }
+            group.addTask {
+                try? await Task.sleep(for: grace)
+                return false
+            }
+            let first = await group.next() ?? false
+            group.cancelAll()
+            return first
+        }
+    }
+}
+
+/// The conditions provider the agent's scheduler reads, reporting each reading as a status line.
+private struct ReportedConditions: DeviceConditionsProvider {
+    let inner: LinuxConditionsProvider
+    let constraints: TaskConstraints
+    let rules = ConditionRules()
+
+    func currentConditions() async -> DeviceConditions {
+        let conditions = await inner.currentConditions()
+        AgentStatus.conditions(unmet: rules.unmet(constraints, kind: .processing, in: conditions).map(\.description)).print()
+        return conditions
+    }
+}
+
+/// One JSON line of the agent's status on standard output.
+private struct AgentStatus: Encodable {
+    var event: String
+    var phase: String?
+    var met: Bool?
+    var unmet: [String]?
+    var outcome: String?
+    var cycle: Int?
+    var retryAfter: Double?
+    var code: String?
+    var message: String?
+
+    static let started = AgentStatus(event: "started")
+    static let stopped = AgentStatus(event: "stopped")
+
+    static func conditions(unmet: [String]) -> AgentStatus {
+        AgentStatus(event: "conditions", met: unmet.isEmpty, unmet: unmet)
+    }
+
+    static func cycle(_ outcome: CycleOutcome) -> AgentStatus {
+        switch outcome {
+        case .reported(let receipt):
+            AgentStatus(event: "cycle", outcome: "reported", cycle: receipt.cycle, retryAfter: receipt.retryAfter)
+        case .rejected(let retryAfter, let reason):
+            AgentStatus(event: "cycle", outcome: "rejected", retryAfter: retryAfter, message: reason)
+        case .conditionsNotMet(let unmet):
+            AgentStatus(event: "cycle", met: false, unmet: unmet, outcome: "conditions_not_met")
+        }
+    }
+
+    static func error(_ error: OrchardClientError) -> AgentStatus {
+        AgentStatus(event: "error", code: "\(error.code)", message: error.message)
+    }
+
+    func print() {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
+        encoder.keyEncodingStrategy = .convertToSnakeCase
+        guard let data = try? encoder.encode(self) else { return }
+        FileHandle.standardOutput.write(data + Data("\n".utf8))
     }
 }

@@ -111,6 +111,18 @@ enum Fixture {
 
     /// `count` samples of y = Σ wᵢxᵢ + noise, from a seeded generator.
     static func dataset(count: Int = 96, seed: UInt64 = 3) throws -> TensorDataset {
+        let (x, y) = samples(count: count, seed: seed)
+        return try TensorDataset(inputs: ["x": Tensor(shape: [count, 4], scalars: x)], targets: Tensor(shape: [count, 1], scalars: y))
+    }
+
+    /// The dataset as the `--data` file of `orchard client` and `orchard agent`: tensors `x` and `target`.
+    static func dataFile(count: Int = 96, seed: UInt64 = 3) -> [UInt8] {
+        let (x, y) = samples(count: count, seed: seed)
+        return Safetensors.encode([TensorRecord(name: "x", shape: [count, 4], values: x), TensorRecord(name: "target", shape: [count, 1], values: y)])
+    }
+
+    /// The inputs (row-major `[count, 4]`) and targets of ``dataset(count:seed:)``.
+    static func samples(count: Int, seed: UInt64) -> (x: [Float], y: [Float]) {
         var state = seed
         func next() -> Float {
             state = state &* 6364136223846793005 &+ 1442695040888963407
@@ -123,7 +135,7 @@ enum Fixture {
             x += row
             y.append(0.5 * row[0] - 0.25 * row[1] + row[2] * row[3] + 0.05 * next())
         }
-        return try TensorDataset(inputs: ["x": Tensor(shape: [count, 4], scalars: x)], targets: Tensor(shape: [count, 1], scalars: y))
+        return (x, y)
     }
 
     static func host(name: String = "regressor", goal: Int = 5, overSelection: Double = 1.3, authentication: AuthenticationConfig = .open, clientConfig: ClientConfig = ClientConfig(batchSize: 8, learningRate: 0.05, localEpochs: 3)) throws -> HostProcessRequest {

@@ -4,6 +4,7 @@ import Glibc
 #endif
 import OrchardFormats
 import OrchardProtocol
+import OrchardTesting
 import Testing
 
 /// Runs `orchard serve` as a child process on a free port.
@@ -11,26 +12,8 @@ private final class ServerProcess: @unchecked Sendable {
     let process = Process()
     let port: Int
 
-    /// The `orchard` executable built next to this test bundle.
-    static func executable() throws -> URL {
-        var candidates: [URL] = []
-        let argument0 = URL(fileURLWithPath: CommandLine.arguments[0]).resolvingSymlinksInPath()
-        var directory = argument0.deletingLastPathComponent()
-        for _ in 0..<4 {
-            candidates.append(directory.appendingPathComponent("orchard"))
-            directory = directory.deletingLastPathComponent()
-        }
-        if let exe = try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe") {
-            candidates.append(URL(fileURLWithPath: exe).deletingLastPathComponent().appendingPathComponent("orchard"))
-        }
-        guard let found = candidates.first(where: { FileManager.default.isExecutableFile(atPath: $0.path) && !$0.hasDirectoryPath }) else {
-            throw HarnessError(description: "the orchard executable was not found next to the test bundle (looked at \(candidates.map(\.path)))")
-        }
-        return found
-    }
-
     init(database: String, foldInterval: Int) throws {
-        process.executableURL = try Self.executable()
+        process.executableURL = try OrchardExecutable.url()
         process.arguments = [
             "serve", "--port", "0", "--database", database, "--admin-token", Harness.adminToken,
             "--fold-interval", "\(foldInterval)", "--log-level", "warning",

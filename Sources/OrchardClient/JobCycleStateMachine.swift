@@ -1,0 +1,447 @@
+import Foundation
+import Logging
+import OrchardFormats
+import OrchardProtocol
+import OrchardScheduler
+
+/// One job cycle as a pure state machine: check conditions → upload a report kept from an earlier window →
+/// authenticate → request a cycle → download plan and model (resumable, verified) → train (resuming a
+/// checkpoint of the same cycle) → keep the report on disk → upload it.
+///
+/// Every `mutating func` takes what happened and returns the actions to perform, in order. Effects (emit an
+/// event, write or delete a file, log) need no answer; the last action of a batch is either a request, whose
+/// result the driver feeds back through the matching handler, or a terminal ``Action/finish(_:)`` /
+/// ``Action/fail(_:)``. The machine performs no I/O, reads no clock and draws no random numbers: the driver
+/// (``FederatedJob``) passes time in and computes backoff delays.
+struct JobCycleStateMachine {
+    /// What the machine needs to know about the job.
+    struct Setup: Sendable {
+        /// The coordinator's name; a saved session is reused only with the same one.
+        var server: String
+        /// The device's credential.
+        var authToken: String?
+        /// The FL process's name.
+        var processName: String
+        /// The FL process's version.
+        var version: SemanticVersion
+        /// How often transient failures are retried.
+        var retry: RequestRetryPolicy
+        /// Thresholds for constraints.
+        var conditionRules: ConditionRules
+        /// The base seed of local training.
+        var trainingSeed: UInt64
+    }
+
+    /// What a saved session must still have left to be reused, in seconds.
+    static let sessionMargin: Double = 60
+
+    /// The durable state the cycle starts from.
+    struct Stored: Sendable {
+        /// The saved session, if any.
+        var session: ClientStore.Identity?
+        /// Whether a report from an earlier window waits for upload.
+        var hasPendingReport: Bool
+        /// The saved local-training checkpoint, if any.
+        var checkpoint: (key: ClientStore.CheckpointKey, state: [UInt8])?
+    }
+
+    /// Everything the training step needs.
+    struct TrainingInput: Sendable {
+        var assignment: CycleAssignment
+        var plan: OrchardProtocol.TrainingPlan
+        var model: CycleModel
+        /// The checkpoint of an interrupted run of this same cycle.
+        var resumeState: [UInt8]?
+        var seed: UInt64
+        /// What a checkpoint saved during this run belongs to.
+        var checkpointKey: ClientStore.CheckpointKey
+    }
+
+    /// What the driver does next.
+    enum Action: Sendable {
+        // Effects: performed in order, no answer.
+        /// Publishes an event to the job's observers.
+        case emit(JobEvent)
+        /// Writes a log line.
+        case log(Logger.Level, String)
+        /// Persists the session.
+        case saveSession(ClientStore.Identity)
+        /// Deletes the saved session.
+        case clearSession
+        /// Writes a report body to disk before its upload.
+        case savePendingReport([UInt8])
+        /// Deletes the report on disk.
+        case clearPendingReport
+        /// Saves local-training state.
+        case saveCheckpoint([UInt8], ClientStore.CheckpointKey)
+        /// Deletes the saved local-training state.
+        case discardCheckpoint
+        /// Deletes the partial model download, so the next download starts from byte zero.
+        case discardPartialModel
+        /// Keeps verified model bytes and drops the partial download.
+        case keepModel([UInt8], ClientStore.ModelInfo)
+
+        // Requests: the driver answers each through the named handler, or ``requestFailed(_:)``.
+        /// Read the device's conditions → ``conditionsRead(_:)``.
+        case readConditions
+        /// Read the job's durable state → ``stateLoaded(_:now:)``.
+        case loadState
+        /// Authenticate → ``authenticated(_:now:)``.
+        case authenticate(AuthenticateRequest)
+        /// Upload the report on disk → ``reportAnswered(_:)``.
+        case uploadReport(session: String)
+        /// Ask for a cycle → ``cycleAnswered(_:)``.
+        case requestCycle(CycleRequest, session: String)
+        /// Download the plan → ``planDownloaded(_:shapes:)``.
+        case downloadPlan(planID: String, requestKey: String, session: String)
+        /// Read the completely downloaded model of this id, if kept → ``cachedModelLoaded(_:info:)``.
+        case loadCachedModel(modelID: String)
+        /// Download the model, resuming the partial file when there is one → ``modelDownloaded(_:info:)``.
+        case downloadModel(modelID: String, requestKey: String, session: String)
+        /// Wait the backoff before retry number `retry` → ``backoffElapsed()``.
+        case backoff(retry: Int)
+        /// Train → ``trainingEnded(_:)`` or ``trainingFailed(_:)``.
+        case train(TrainingInput)
+
+        // Terminal.
+        /// The cycle ended with an outcome.
+        case finish(CycleOutcome)
+        /// The cycle failed.
+        case fail(OrchardClientError)
+    }
+
+    /// A coordinator call, repeated after a backoff or a renewed session.
+    enum Call: Sendable, Hashable {
+        case authenticate
+        case uploadReport(fromEarlierWindow: Bool)
+        case requestCycle
+        case downloadPlan
+        case downloadModel
+    }
+
+    /// Where the cycle is.
+    enum Phase: Sendable, Hashable {
+        case idle, checkingConditions, loading, calling(Call), backingOff(Call), training, done
+    }
+
+    let setup: Setup
+    private(set) var phase: Phase = .idle
+    private var constraints: TaskConstraints = .none
+    private var session: ClientStore.Identity?
+    private var hasPendingReport = false
+    private var savedCheckpoint: (key: ClientStore.CheckpointKey, state: [UInt8])?
+    private var assignment: CycleAssignment?
+    private var plan: OrchardProtocol.TrainingPlan?
+    private var shapes: [String: [Int]] = [:]
+    private var resumeState: [UInt8]?
+    /// The attempt number of the current call, from 1.
+    private var attempt = 1
+    /// Whether the current call already renewed a refused session.
+    private var renewedSession = false
+    /// The call to repeat once authentication (after a refused session) succeeds.
+    private var callAfterAuthentication: Call?
+    /// Whether a download that failed its integrity check was restarted from byte zero.
+    private var restartedAfterCorruption = false
+    /// Whether a download whose range the server could not serve was restarted from byte zero.
+    private var restartedAfterBadRange = false
+
+    init(setup: Setup) { self.setup = setup }
+
+    // MARK: Handlers
+
+    /// Begins a cycle that needs `constraints`.
+    mutating func start(constraints: TaskConstraints) -> [Action] {
+        precondition(phase == .idle, "a cycle state machine runs one cycle")
+        self.constraints = constraints
+        if constraints.isEmpty { return load() }
+        phase = .checkingConditions
+        return [.emit(.phase(.checkingConditions)), .readConditions]
+    }
+
+    /// The device's conditions were read.
+    mutating func conditionsRead(_ conditions: DeviceConditions) -> [Action] {
+        expect(.checkingConditions)
+        let unmet = setup.conditionRules.unmet(constraints, kind: .processing, in: conditions)
+        if !unmet.isEmpty { return finish(.conditionsNotMet(unmet.map(\.description))) }
+        return load()
+    }
+
+    /// The job's durable state was read, at `now` (seconds since 1970).
+    mutating func stateLoaded(_ stored: Stored, now: Double) -> [Action] {
+        expect(.loading)
+        hasPendingReport = stored.hasPendingReport
+        savedCheckpoint = stored.checkpoint
+        if let saved = stored.session, saved.server == setup.server, saved.expiresAt > now + Self.sessionMargin {
+            session = saved
+            return afterSession()
+        }
+        return issue(.authenticate)
+    }
+
+    /// The coordinator authenticated the device at `now` (seconds since 1970).
+    mutating func authenticated(_ response: AuthenticateResponse, now: Double) -> [Action] {
+        expect(.calling(.authenticate))
+        guard WireProtocol.isCompatible(response.protocolVersion) else {
+            return fail(OrchardClientError(.incompatibleModel, "the coordinator speaks protocol \(response.protocolVersion); this client speaks \(WireProtocol.version)"))
+        }
+        let identity = ClientStore.Identity(
+            workerID: response.workerID, sessionToken: response.sessionToken, expiresAt: now + response.expiresIn, server: setup.server
+        )
+        session = identity
+        var actions: [Action] = [.saveSession(identity)]
+        if let repeated = callAfterAuthentication {
+            callAfterAuthentication = nil
+            actions += issue(repeated, renewed: true)
+        } else {
+            actions += afterSession()
+        }
+        return actions
+    }
+
+    /// The coordinator accepted the report on disk.
+    mutating func reportAnswered(_ response: ReportResponse) -> [Action] {
+        guard case .calling(.uploadReport(let fromEarlierWindow)) = phase else { unexpected("a report answer") }
+        let receipt = ReportReceipt(cycle: response.cycle, reportsReceived: response.reportsReceived, retryAfter: response.retryAfter, fromEarlierWindow: fromEarlierWindow)
+        return [.clearPendingReport, .log(.info, "report accepted: cycle \(response.cycle), \(response.reportsReceived) reports")] + finish(.reported(receipt))
+    }
+
+    /// The coordinator answered the cycle request.
+    mutating func cycleAnswered(_ response: CycleResponse) -> [Action] {
+        expect(.calling(.requestCycle))
+        switch response {
+        case .rejected(let rejection):
+            return [.log(.info, "cycle request rejected (\(rejection.reason)); retry after \(rejection.retryAfter) s")]
+                + finish(.rejected(retryAfter: rejection.retryAfter, reason: rejection.reason))
+        case .accepted(let accepted):
+            assignment = accepted
+            var actions: [Action] = []
+            if let saved = savedCheckpoint {
+                if saved.key.requestKey == accepted.requestKey && saved.key.modelID == accepted.modelID {
+                    resumeState = saved.state
+                } else {
+                    actions += [.log(.info, "discarding the training checkpoint of closed cycle \(saved.key.cycle)"), .discardCheckpoint]
+                }
+                savedCheckpoint = nil
+            }
+            return actions + [.emit(.phase(.downloadingPlan))] + issue(.downloadPlan)
+        }
+    }
+
+    /// The plan arrived; `shapes` are its parameter shapes as the local trainer builds them.
+    mutating func planDownloaded(_ plan: OrchardProtocol.TrainingPlan, shapes: [String: [Int]]) -> [Action] {
+        expect(.calling(.downloadPlan))
+        guard let assignment else { unexpected("a plan without an assignment") }
+        do throws(FormatError) {
+            try plan.model.validate()
+        } catch {
+            return fail(OrchardClientError(.incompatibleModel, "the plan's model cannot be used: \(error.message)"))
+        }
+        if let failure = assignment.clientConfig.validationFailure() {
+            return fail(OrchardClientError(.incompatibleModel, "the coordinator's client configuration is invalid: \(failure)"))
+        }
+        self.plan = plan
+        self.shapes = shapes
+        phase = .loading
+        return [.emit(.phase(.downloadingModel)), .loadCachedModel(modelID: assignment.modelID)]
+    }
+
+    /// The complete model kept from an earlier download, if there is one for this model id.
+    mutating func cachedModelLoaded(_ bytes: [UInt8]?, info: ClientStore.ModelInfo?) -> [Action] {
+        expect(.loading)
+        if let bytes, let info,
+           let weights = try? ModelIntegrity.verify(bytes, sha256: info.sha256.map { [UInt8]($0) }, totalLength: info.totalLength, shapes: shapes) {
+            return [.emit(.downloaded(bytes: bytes.count, of: bytes.count))] + beginTraining(weights)
+        }
+        return issue(.downloadModel)
+    }
+
+    /// The model download finished; `bytes` is the whole file (resumed parts included), `info` what the
+    /// coordinator announced for it.
+    mutating func modelDownloaded(_ bytes: [UInt8], info: ClientStore.ModelInfo) -> [Action] {
+        expect(.calling(.downloadModel))
+        do throws(OrchardClientError) {
+            let weights = try ModelIntegrity.verify(bytes, sha256: info.sha256.map { [UInt8]($0) }, totalLength: info.totalLength, shapes: shapes)
+            return [.keepModel(bytes, info)] + beginTraining(weights)
+        } catch {
+            guard !restartedAfterCorruption else { return [.discardPartialModel] + fail(error) }
+            restartedAfterCorruption = true
+            return [.log(.warning, "model download failed its integrity check; downloading it again from byte zero: \(error)"), .discardPartialModel]
+                + issue(.downloadModel)
+        }
+    }
+
+    /// Local training ended: with an update, or interrupted by cancellation with its state.
+    mutating func trainingEnded(_ outcome: LocalTrainingOutcome) -> [Action] {
+        expect(.training)
+        guard let assignment, let session else { unexpected("training without an assignment") }
+        switch outcome {
+        case .interrupted(let state):
+            let key = Self.checkpointKey(assignment)
+            return [.saveCheckpoint(state, key), .log(.info, "training interrupted; checkpoint saved for cycle \(assignment.cycle)")]
+                + fail(OrchardClientError(.cancelled, "the task was cancelled; training stopped at a batch boundary and its checkpoint was saved"))
+        case .completed(let update):
+            if let problem = Self.problem(with: update, shapes: shapes) {
+                return fail(OrchardClientError(.training, problem))
+            }
+            let metadata = ReportMetadata(workerID: session.workerID, requestKey: assignment.requestKey, sampleCount: update.sampleCount, metrics: update.metrics)
+            hasPendingReport = true
+            return [.emit(.phase(.reporting)), .savePendingReport(ReportEnvelope.encode(diff: update.diff, metadata: metadata)), .discardCheckpoint]
+                + issue(.uploadReport(fromEarlierWindow: false))
+        }
+    }
+
+    /// Local training failed (cancellation included, after the caller's code saved what it wanted).
+    mutating func trainingFailed(_ error: OrchardClientError) -> [Action] {
+        expect(.training)
+        return fail(error)
+    }
+
+    /// The backoff before a retry elapsed.
+    mutating func backoffElapsed() -> [Action] {
+        guard case .backingOff(let call) = phase else { unexpected("the end of a backoff") }
+        return issue(call, fresh: false)
+    }
+
+    /// The last request failed with `error` (cancellation included).
+    mutating func requestFailed(_ error: OrchardClientError) -> [Action] {
+        let call: Call
+        switch phase {
+        case .calling(let current): call = current
+        case .backingOff, .checkingConditions, .loading, .training: return fail(error)
+        case .idle, .done: unexpected("a failure")
+        }
+        if error.code == .cancelled { return fail(error) }
+
+        switch call {
+        case .uploadReport(let fromEarlierWindow):
+            if error.serverCode == .reportAlreadyReceived {
+                // An earlier upload was committed but its answer was lost: the report already counts once.
+                let actions: [Action] = [.clearPendingReport, .log(.info, "report had already been received")]
+                guard !fromEarlierWindow, let assignment else { return actions + afterPendingReport() }
+                return actions + finish(.reported(ReportReceipt(cycle: assignment.cycle, reportsReceived: nil, retryAfter: nil, fromEarlierWindow: false)))
+            }
+            if error.code == .serverError && !error.isTransient {
+                let actions: [Action] = [.clearPendingReport, .log(.warning, "report discarded: the coordinator cannot accept it: \(error)")]
+                return fromEarlierWindow ? actions + afterPendingReport() : actions + fail(error)
+            }
+        case .downloadModel where error.serverCode == .rangeNotSatisfiable && !restartedAfterBadRange:
+            restartedAfterBadRange = true
+            return [.log(.info, "the coordinator cannot serve the rest of the partial model; downloading it from byte zero"), .discardPartialModel]
+                + issue(.downloadModel)
+        default:
+            break
+        }
+
+        if error.code == .authenticationFailed && call != .authenticate && !renewedSession {
+            callAfterAuthentication = call
+            return [.log(.info, "session refused; authenticating again"), .clearSession] + issue(.authenticate)
+        }
+        if error.isTransient && attempt < setup.retry.maximumAttempts {
+            let retry = attempt
+            attempt += 1
+            phase = .backingOff(call)
+            return [.log(.debug, "retry \(retry) after \(error)"), .emit(.retrying(attempt: retry, error: error)), .backoff(retry: retry)]
+        }
+        return fail(error)
+    }
+
+    // MARK: Steps
+
+    private mutating func load() -> [Action] {
+        phase = .loading
+        return [.loadState]
+    }
+
+    /// With a session: the kept report first, otherwise the cycle request.
+    private mutating func afterSession() -> [Action] {
+        if hasPendingReport {
+            return [.emit(.phase(.uploadingPendingReport))] + issue(.uploadReport(fromEarlierWindow: true))
+        }
+        return afterPendingReport()
+    }
+
+    private mutating func afterPendingReport() -> [Action] {
+        hasPendingReport = false
+        return [.emit(.phase(.requestingCycle))] + issue(.requestCycle)
+    }
+
+    private mutating func beginTraining(_ weights: [TensorRecord]) -> [Action] {
+        guard let assignment, let plan else { unexpected("training without a plan") }
+        phase = .training
+        let input = TrainingInput(
+            assignment: assignment, plan: plan, model: CycleModel(spec: plan.model, weights: weights), resumeState: resumeState,
+            seed: setup.trainingSeed &+ UInt64(truncatingIfNeeded: assignment.cycle), checkpointKey: Self.checkpointKey(assignment)
+        )
+        return [.emit(.phase(.training))] + (resumeState != nil ? [.emit(.resumedTraining)] : []) + [.train(input)]
+    }
+
+    /// The request action of `call`. A fresh call starts its attempts from 1; `renewed` marks a call repeated
+    /// with a renewed session (refused again, it fails).
+    private mutating func issue(_ call: Call, fresh: Bool = true, renewed: Bool = false) -> [Action] {
+        if fresh {
+            attempt = 1
+            renewedSession = renewed
+        }
+        phase = .calling(call)
+        var actions: [Action] = []
+        if call == .authenticate && fresh { actions.append(.emit(.phase(.authenticating))) }
+        guard call == .authenticate || session != nil else { unexpected("a coordinator call without a session") }
+        let token = session?.sessionToken ?? ""
+        switch call {
+        case .authenticate:
+            actions.append(.authenticate(AuthenticateRequest(authToken: setup.authToken, processName: setup.processName, processVersion: setup.version)))
+        case .uploadReport:
+            actions.append(.uploadReport(session: token))
+        case .requestCycle:
+            let request = CycleRequest(workerID: session?.workerID ?? "", processName: setup.processName, processVersion: setup.version)
+            actions.append(.requestCycle(request, session: token))
+        case .downloadPlan:
+            guard let assignment else { unexpected("a plan download without an assignment") }
+            actions.append(.downloadPlan(planID: assignment.planID, requestKey: assignment.requestKey, session: token))
+        case .downloadModel:
+            guard let assignment else { unexpected("a model download without an assignment") }
+            actions.append(.downloadModel(modelID: assignment.modelID, requestKey: assignment.requestKey, session: token))
+        }
+        return actions
+    }
+
+    private mutating func finish(_ outcome: CycleOutcome) -> [Action] {
+        phase = .done
+        return [.finish(outcome)]
+    }
+
+    private mutating func fail(_ error: OrchardClientError) -> [Action] {
+        phase = .done
+        return [.fail(error)]
+    }
+
+    private func expect(_ expected: Phase) {
+        guard phase == expected else { unexpected("an event for \(expected)") }
+    }
+
+    private func unexpected(_ what: String) -> Never {
+        preconditionFailure("job cycle state machine: \(what) arrived in phase \(phase)")
+    }
+
+    // MARK: Pure checks
+
+    static func checkpointKey(_ assignment: CycleAssignment) -> ClientStore.CheckpointKey {
+        ClientStore.CheckpointKey(requestKey: assignment.requestKey, modelID: assignment.modelID, cycle: assignment.cycle)
+    }
+
+    /// What is wrong with a caller's update, or nil when it can be written and sent.
+    static func problem(with update: LocalUpdate, shapes: [String: [Int]]) -> String? {
+        guard update.sampleCount >= 1 else { return "the update's sample count must be at least 1, not \(update.sampleCount)" }
+        let names = Set(update.diff.map(\.name))
+        guard names == Set(shapes.keys), names.count == update.diff.count else {
+            return "the diff's tensors \(update.diff.map(\.name).sorted()) are not the model's \(shapes.keys.sorted())"
+        }
+        for tensor in update.diff {
+            guard tensor.shape == shapes[tensor.name] else {
+                return "diff tensor '\(tensor.name)' has shape \(tensor.shape), the model's is \(shapes[tensor.name] ?? [])"
+            }
+            guard tensor.values.allSatisfy(\.isFinite) else { return "diff tensor '\(tensor.name)' holds NaN or infinity" }
+        }
+        return nil
+    }
+}
