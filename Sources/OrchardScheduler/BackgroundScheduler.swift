@@ -492,7 +492,7 @@ public actor BackgroundScheduler<C: Clock>: BackgroundTaskScheduling, Service wh
                 return completion
             case .cancelled:
                 run.expire(.shutdown)
-                return run.task.completion ?? TaskCompletion(success: false, expiredBy: .shutdown)
+                return await finishOnShutdown(run, expiredAt: clock.now)
             case .timer:
                 if clock.now >= deadline {
                     run.expire(.timeLimit)
@@ -512,8 +512,20 @@ public actor BackgroundScheduler<C: Clock>: BackgroundTaskScheduling, Service wh
         switch await race(run, until: expiredAt.advanced(by: configuration.overrunGrace)) {
         case .completed(let completion): return completion
         case .timer: return nil
-        case .cancelled: return run.task.completion ?? TaskCompletion(success: false, expiredBy: .shutdown)
+        case .cancelled: return await finishOnShutdown(run, expiredAt: clock.now)
         }
+    }
+
+    /// The scheduler is shutting down (its own task is cancelled) and has expired the run: the handler still
+    /// gets the grace period to save its work and call `setTaskCompleted`, as at any expiry, so a daemon does
+    /// not exit under a task that is writing its checkpoint. The wait runs in a task of its own, which the
+    /// shutdown's cancellation does not reach.
+    private func finishOnShutdown(_ run: TaskRun, expiredAt: C.Instant) async -> TaskCompletion {
+        let deadline = expiredAt.advanced(by: configuration.overrunGrace)
+        let wake = await Task { await self.race(run, until: deadline) }.value
+        if case .completed(let completion) = wake { return completion }
+        logger.warning("task did not finish within the grace period after shutdown", metadata: ["identifier": "\(run.task.identifier)"])
+        return run.task.completion ?? TaskCompletion(success: false, expiredBy: .shutdown)
     }
 
     private nonisolated func race(_ run: TaskRun, until deadline: C.Instant) async -> Wake {

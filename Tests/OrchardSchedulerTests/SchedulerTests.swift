@@ -494,4 +494,41 @@ struct SchedulerTests {
         #expect(await scheduler.history(for: "refresh")?.lastOutcome == .succeeded)
         #expect(await scheduler.history(for: "refresh")?.lastRunStart == startDate.addingTimeInterval(45))
     }
+
+    @Test func shutdownGivesTheRunningTaskItsGracePeriodToSaveItsWork() async throws {
+        let clock = TestClock<Duration>()
+        let scheduler = try makeScheduler(clock: clock, permitted: ["train"])
+        let started = Signal()
+        let expired = Signal()
+        let saving = Gate()
+        let saved = Counter()
+        try await scheduler.register(identifier: "train") { task in
+            task.expirationHandler = { expired.raise() }
+            started.raise()
+            try? await waitForCancellation()
+            // Saving a checkpoint takes a while, and is not cut short by the cancellation that expired us.
+            await saving.wait()
+            saved.increment()
+            task.setTaskCompleted(success: false)
+        }
+        try await scheduler.submit(.processing("train"))
+        let service = Task { try await scheduler.run() }
+        await started.wait()
+        service.cancel()
+        await expired.wait()
+        let serviceDone = Counter()
+        let finished = Task { () -> Int in
+            _ = try? await service.value
+            serviceDone.increment()
+            return saved.value
+        }
+        // Ample opportunity for a scheduler that does not wait to return while the handler is still saving.
+        for _ in 0..<1000 { await Task.yield() }
+        #expect(serviceDone.value == 0)
+        saving.open()
+        // The service returns only once the handler has saved (within the grace period, which the test clock
+        // never reaches).
+        #expect(await finished.value == 1)
+        #expect(await scheduler.history(for: "train")?.lastOutcome == .stopped)
+    }
 }
