@@ -56,19 +56,97 @@ final class BenchConnection: Sendable {
         let handler = self.handler
         let channel = self.channel
         channel.eventLoop.execute {
-            handler.value.start(promise, keepBody: keepBody)
-            var head = head
-            if !body.isEmpty { head.headers.replaceOrAdd(name: "Content-Length", value: "\(body.reduce(0) { $0 + $1.readableBytes })") }
-            channel.write(HTTPClientRequestPart.head(head), promise: nil)
-            for part in body { channel.write(HTTPClientRequestPart.body(.byteBuffer(part)), promise: nil) }
-            channel.writeAndFlush(HTTPClientRequestPart.end(nil)).whenFailure { promise.fail($0) }
+            Self.send(head, body: body, on: channel, through: handler.value, keepBody: keepBody, answer: promise)
         }
         return try await promise.futureResult.get()
+    }
+
+    /// Sends the same request `count` times, one after the other, and returns each answer's latency in
+    /// milliseconds — all on the connection's event loop, so the load generator costs no task switch or timer of
+    /// Swift concurrency per request.
+    ///
+    /// With `schedule`, request k is sent at `schedule[k]`, or as soon as answer k − 1 arrived if that is later
+    /// (open loop), and its latency counts from `schedule[k]`, so time spent waiting behind a slow server shows;
+    /// without, each request is sent as soon as the previous answer arrived and counts from its sending.
+    func repeatedly(_ head: HTTPRequestHead, body: [ByteBuffer], count: Int, schedule: [NIODeadline]? = nil) async throws -> [Double] {
+        precondition(schedule == nil || schedule?.count == count, "one scheduled time per request")
+        let done = channel.eventLoop.makePromise(of: [Double].self)
+        let handler = self.handler
+        let channel = self.channel
+        channel.eventLoop.execute {
+            RepeatedRequests(channel: channel, handler: handler.value, head: head, body: body, count: count, schedule: schedule, done: done).next()
+        }
+        return try await done.futureResult.get()
+    }
+
+    /// Writes one request on the channel's event loop; `answer` completes with its response.
+    fileprivate static func send(
+        _ head: HTTPRequestHead, body: [ByteBuffer], on channel: any Channel, through handler: ExchangeHandler, keepBody: Bool,
+        answer: EventLoopPromise<Response>
+    ) {
+        handler.start(answer, keepBody: keepBody)
+        var head = head
+        if !body.isEmpty { head.headers.replaceOrAdd(name: "Content-Length", value: "\(body.reduce(0) { $0 + $1.readableBytes })") }
+        channel.write(HTTPClientRequestPart.head(head), promise: nil)
+        for part in body { channel.write(HTTPClientRequestPart.body(.byteBuffer(part)), promise: nil) }
+        channel.writeAndFlush(HTTPClientRequestPart.end(nil)).whenFailure { answer.fail($0) }
     }
 
     /// Closes the connection.
     func close() async {
         try? await channel.close()
+    }
+}
+
+/// The loop behind ``BenchConnection/repeatedly(_:body:count:schedule:)``; lives on the channel's event loop.
+private final class RepeatedRequests {
+    let channel: any Channel
+    let handler: ExchangeHandler
+    let head: HTTPRequestHead
+    let body: [ByteBuffer]
+    let count: Int
+    let schedule: [NIODeadline]?
+    let done: EventLoopPromise<[Double]>
+    var latencies: [Double] = []
+
+    init(channel: any Channel, handler: ExchangeHandler, head: HTTPRequestHead, body: [ByteBuffer], count: Int, schedule: [NIODeadline]?, done: EventLoopPromise<[Double]>) {
+        self.channel = channel
+        self.handler = handler
+        self.head = head
+        self.body = body
+        self.count = count
+        self.schedule = schedule
+        self.done = done
+        latencies.reserveCapacity(count)
+    }
+
+    func next() {
+        let index = latencies.count
+        guard index < count else {
+            done.succeed(latencies)
+            return
+        }
+        if let due = schedule?[index], NIODeadline.now() < due {
+            channel.eventLoop.assumeIsolated().scheduleTask(deadline: due) { self.send(from: due) }
+        } else {
+            send(from: schedule?[index] ?? .now())
+        }
+    }
+
+    private func send(from reference: NIODeadline) {
+        let answer = channel.eventLoop.makePromise(of: BenchConnection.Response.self)
+        BenchConnection.send(head, body: body, on: channel, through: handler, keepBody: false, answer: answer)
+        answer.futureResult.assumeIsolated().whenComplete { result in
+            switch result {
+            case .success(let response) where (200..<300).contains(response.status):
+                self.latencies.append(Double((NIODeadline.now() - reference).nanoseconds) / 1e6)
+                self.next()
+            case .success(let response):
+                self.done.fail(BenchConnection.Failure(description: "\(self.head.method) \(self.head.uri): HTTP \(response.status)"))
+            case .failure(let error):
+                self.done.fail(error)
+            }
+        }
     }
 }
 

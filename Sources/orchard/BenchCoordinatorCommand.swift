@@ -133,27 +133,21 @@ struct BenchCoordinator: AsyncParsableCommand {
         // Check-in phase: `devices` concurrent loops, `checkins` cycle requests in total.
         let perDevice = checkins / devices
         let remainder = checkins % devices
-        let checkinStart = ContinuousClock.now + .milliseconds(100)
         let rate = self.rate
+        let lead = TimeAmount.seconds(1)
+        let scheduleStart = NIODeadline.now() + lead
+        let checkinStart = ContinuousClock.now + .nanoseconds(lead.nanoseconds)
         let checkinLatencies = try await withThrowingTaskGroup(of: [Double].self) { group in
             for index in sessions.indices {
                 let count = perDevice + (index < remainder ? 1 : 0)
                 let connection = connections[index]
                 let request = checkinRequests[index]
+                // Open loop: device `index` sends its k-th request at (index + k × devices) / rate.
+                let schedule = rate > 0
+                    ? (0..<count).map { k in scheduleStart + .nanoseconds(Int64(Double(index + k * devices) / rate * 1e9)) }
+                    : nil
                 group.addTask {
-                    var latencies: [Double] = []
-                    latencies.reserveCapacity(count)
-                    for k in 0..<count {
-                        var start = ContinuousClock.now
-                        if rate > 0 {
-                            start = checkinStart + .seconds(Double(index + k * devices) / rate)
-                            try await Task.sleep(until: start, clock: .continuous)
-                        }
-                        let response = try await connection.exchange(request.head, body: [request.body])
-                        guard response.status == 200 else { throw LoadGenerator.Failure(description: "cycle request: HTTP \(response.status)") }
-                        latencies.append(Self.milliseconds(ContinuousClock.now - start))
-                    }
-                    return latencies
+                    try await connection.repeatedly(request.head, body: [request.body], count: count, schedule: schedule)
                 }
             }
             return try await group.reduce(into: [Double]()) { $0.append(contentsOf: $1) }
