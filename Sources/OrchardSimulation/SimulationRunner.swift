@@ -37,7 +37,12 @@ public enum SimulationRunner {
             let spec = configuration.model == .cnn
                 ? ModelZoo.cnn(imageShape: train.inputSpecs[0].shape, learningRate: configuration.learningRate)
                 : ModelZoo.mlp2nn(imageShape: train.inputSpecs[0].shape, learningRate: configuration.learningRate)
-            let model = try engine { () throws(EngineError) in try Model(spec: spec, seed: configuration.seed) }
+            // Same initial distribution as the PyTorch frameworks FedAvg baselines come from (see ModelZoo).
+            let model = try engine { () throws(EngineError) in
+                var model = try Model(spec: spec, seed: configuration.seed)
+                try ModelZoo.initializeAsPyTorch(&model, seed: configuration.seed)
+                return model
+            }
             let slices = try partition(train, configuration: configuration)
             let training = TrainingConfiguration(
                 loss: .crossEntropy, optimizer: .sgd(learningRate: configuration.learningRate), epochs: configuration.localEpochs,
