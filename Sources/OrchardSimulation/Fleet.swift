@@ -109,14 +109,20 @@ public struct FleetSimulation: Sendable {
     public var rounds: Int
     /// Most devices training at the same time (defaults to the number of cores).
     public var parallelism: Int
+    /// The global model is evaluated after every `evaluateEvery`-th round and after the last one.
+    public var evaluateEvery: Int
 
     /// Creates a simulation.
-    public init(devices: Int, conditions: FleetConditions = FleetConditions(), seed: UInt64 = 0, rounds: Int = 10, parallelism: Int = ProcessInfo.processInfo.activeProcessorCount) {
+    public init(
+        devices: Int, conditions: FleetConditions = FleetConditions(), seed: UInt64 = 0, rounds: Int = 10,
+        parallelism: Int = ProcessInfo.processInfo.activeProcessorCount, evaluateEvery: Int = 1
+    ) {
         self.devices = devices
         self.conditions = conditions
         self.seed = seed
         self.rounds = rounds
         self.parallelism = max(1, parallelism)
+        self.evaluateEvery = max(1, evaluateEvery)
     }
 
     /// Runs every round.
@@ -198,7 +204,7 @@ public struct FleetSimulation: Sendable {
                 }
             }
             let aggregated = closed ? true : try await server.expireCycle(at: deadline)
-            let evaluation = try await workload.evaluate(model: server.currentModel())
+            let evaluation = round % evaluateEvery == 0 || round == rounds ? try await workload.evaluate(model: server.currentModel()) : nil
             let bytesDown = assignmentByDevice.values.reduce(0) { $0 + $1.model.count }
             let dropouts = schedules.count { schedule in
                 if case .dropsOut(let time) = schedule.outcome { return time <= end }
@@ -212,7 +218,7 @@ public struct FleetSimulation: Sendable {
                 expirations: schedules.reduce(0) { $0 + $1.expirations.count { $0 <= end } },
                 resumed: schedules.reduce(0) { $0 + $1.resumptions.count { $0 <= end } },
                 bytesUp: bytesUp, bytesDown: bytesDown, aggregated: aggregated,
-                testLoss: evaluation.loss, testAccuracy: evaluation.accuracy, testRMSE: evaluation.rmse
+                testLoss: evaluation?.loss, testAccuracy: evaluation?.accuracy, testRMSE: evaluation?.rmse
             )
             records.append(record)
             onRound(record)

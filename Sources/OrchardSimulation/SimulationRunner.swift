@@ -90,7 +90,7 @@ public enum SimulationRunner {
                 paceSteeringWindow: 60, checkpointRetention: 3, aggregator: configuration.aggregator
             )
         )
-        let fleet = FleetSimulation(devices: configuration.clients, conditions: configuration.conditions, seed: configuration.seed, rounds: configuration.rounds)
+        let fleet = FleetSimulation(devices: configuration.clients, conditions: configuration.conditions, seed: configuration.seed, rounds: configuration.rounds, evaluateEvery: configuration.evaluateEvery)
         let setupSeconds = now() - setupStart
         let outcome: (initial: Evaluation, rounds: [RoundMetrics])
         var appendFailure: SimulationError?
