@@ -92,12 +92,12 @@ public protocol FleetWorkload: Sendable {
 ///
 /// Per round, a discrete-event loop on the virtual clock: eligible devices check in (spread over a few virtual
 /// seconds; the coordinator assigns the first ones up to its capacity); each assigned device's round is planned
-/// at check-in (``DeviceSchedule``: dropouts, expired background windows, resumptions, missed deadlines); when a
-/// report falls due, the devices whose reports come next train for real, in parallel on all cores, and reports are
-/// delivered one by one in virtual-time order (ties by device id), so aggregation sees the same sequence on every
-/// run whatever the thread scheduling. The round ends when the coordinator closes the cycle (goal met) or at its
-/// deadline. Devices still due after the close are counted late and skip the computation (the coordinator would
-/// refuse their reports).
+/// at check-in (``DeviceSchedule``: dropouts, expired background windows, resumptions, missed deadlines), and a
+/// device that will report starts training for real at check-in, in the background (at most `parallelism` at a
+/// time); reports are delivered one by one in virtual-time order (ties by device id), each waiting for its
+/// training, so aggregation sees the same sequence on every run whatever the thread scheduling. The round ends
+/// when the coordinator closes the cycle (goal met) or at its deadline. Devices still due after the close are
+/// counted late and their trainings are cancelled (the coordinator would refuse their reports).
 public struct FleetSimulation: Sendable {
     /// Number of devices.
     public var devices: Int
