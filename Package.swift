@@ -30,6 +30,7 @@ let package = Package(
         .library(name: "OrchardCoordinator", targets: ["OrchardCoordinator"]),
         .library(name: "OrchardClient", targets: ["OrchardClient"]),
         .library(name: "OrchardCoreML", targets: ["OrchardCoreML"]),
+        .library(name: "OrchardInProcess", targets: ["OrchardInProcess"]),
         .library(name: "OrchardSimulation", targets: ["OrchardSimulation"]),
         .library(name: "OrchardTesting", targets: ["OrchardTesting"]),
         .executable(name: "orchard", targets: ["orchard"]),
@@ -127,12 +128,14 @@ let package = Package(
             ],
             swiftSettings: swiftSettings
         ),
+        // The coordinator's core as the client's in-process coordinator (simulator, tests, single-process apps).
+        .target(name: "OrchardInProcess", dependencies: ["OrchardClient", "OrchardCoordinator", "OrchardProtocol"], swiftSettings: swiftSettings),
         // Fleet simulator.
         .target(
             name: "OrchardSimulation",
             dependencies: [
                 "OrchardML", "OrchardData", "OrchardExamples", "OrchardScheduler", "OrchardProtocol",
-                "OrchardCoordinator", "OrchardClient",
+                "OrchardCoordinator", "OrchardClient", "OrchardInProcess",
                 .product(name: "Logging", package: "swift-log"),
             ],
             swiftSettings: swiftSettings
@@ -185,7 +188,7 @@ let package = Package(
             dependencies: ["OrchardCoordinator", "OrchardProtocol", "OrchardTesting", .product(name: "JWTKit", package: "jwt-kit")],
             swiftSettings: swiftSettings
         ),
-        .testTarget(name: "OrchardClientTests", dependencies: ["OrchardClient", "OrchardCoordinator", "OrchardTesting"], swiftSettings: swiftSettings),
+        .testTarget(name: "OrchardClientTests", dependencies: ["OrchardClient", "OrchardCoordinator", "OrchardInProcess", "OrchardTesting"], swiftSettings: swiftSettings),
         .testTarget(name: "OrchardSimulationTests", dependencies: ["OrchardSimulation", "OrchardTesting"], swiftSettings: swiftSettings),
     ]
 )

@@ -1,4 +1,5 @@
-import Foundation
+public import Foundation
+import OrchardData
 public import OrchardFormats
 public import OrchardML
 import OrchardProtocol
@@ -20,6 +21,9 @@ public struct EngineWorkload<Slice: Dataset, TestSet: Dataset>: FleetWorkload, @
     public let training: TrainingConfiguration
     /// The simulation seed (each device and round derives its shuffle order from it).
     public let seed: UInt64
+    private let testTargets: [Float]
+    /// The test set cut into one contiguous part per core, evaluated concurrently.
+    private let testParts: [DatasetSlice<TestSet>]
 
     /// Creates a workload.
     /// - Parameters:
@@ -28,12 +32,21 @@ public struct EngineWorkload<Slice: Dataset, TestSet: Dataset>: FleetWorkload, @
     ///   - testSet: The evaluation data.
     ///   - training: Local training settings (`seed` and `maxUpdates` are set per device and window).
     ///   - seed: The simulation seed.
-    public init(model: Model, slices: [Slice], testSet: TestSet, training: TrainingConfiguration, seed: UInt64) {
+    ///   - evaluationParallelism: Parts of the test set evaluated at the same time (defaults to the number of cores).
+    public init(
+        model: Model, slices: [Slice], testSet: TestSet, training: TrainingConfiguration, seed: UInt64,
+        evaluationParallelism: Int = ProcessInfo.processInfo.activeProcessorCount
+    ) {
         self.model = model
         self.slices = slices
         self.testSet = testSet
         self.training = training
         self.seed = seed
+        testTargets = Self.targets(of: testSet)
+        let parts = max(1, min(evaluationParallelism, testSet.count))
+        testParts = (0..<parts).map { p in
+            DatasetSlice(testSet, indices: Array((p * testSet.count / parts)..<((p + 1) * testSet.count / parts)))
+        }
     }
 
     /// `epochs × ⌈samples / batch⌉`, or the configuration's update cap when smaller.
@@ -89,55 +102,79 @@ public struct EngineWorkload<Slice: Dataset, TestSet: Dataset>: FleetWorkload, @
     }
 
     /// Test loss and accuracy (classifiers: cross-entropy of the softmax output) or RMSE (regressors: MSE loss).
+    /// The parts of the test set are evaluated concurrently and their sums combined in a fixed order, so the result
+    /// does not depend on thread scheduling.
     public func evaluate(model weights: [UInt8]) async throws(SimulationError) -> Evaluation {
         do {
             var evaluated = model
             try evaluated.loadWeights(safetensors: weights)
-            return try Self.evaluate(evaluated, on: testSet, loss: training.loss)
+            let global = evaluated
+            let width = testSet.targetSpec.elementCount
+            let sums = try await withThrowingTaskGroup(of: (Int, EvaluationSums).self) { group in
+                for index in testParts.indices {
+                    group.addTask {
+                        let part = self.testParts[index]
+                        let start = (part.indices.first ?? 0) * width
+                        let targets = self.testTargets[start..<(start + part.count * width)]
+                        return (index, try Self.sums(global, on: part, targets: targets, loss: self.training.loss))
+                    }
+                }
+                var results = [EvaluationSums](repeating: EvaluationSums(), count: testParts.count)
+                for try await (index, sums) in group { results[index] = sums }
+                return results.reduce(EvaluationSums()) { $0.adding($1) }
+            }
+            return sums.evaluation(samples: testSet.count, targetValues: testTargets.count, loss: training.loss)
         } catch {
             throw SimulationError(.training, "cannot evaluate the global model: \(error)")
         }
     }
 
-    /// Evaluates a model on a dataset in batches.
-    static func evaluate(_ model: Model, on data: TestSet, loss: LossType) throws(EngineError) -> Evaluation {
-        let batch = 1000
-        let targetWidth = data.targetSpec.elementCount
-        var lossSum = 0.0, hits = 0.0, squared = 0.0
-        var start = 0
-        while start < data.count {
-            let n = min(batch, data.count - start)
-            var feeds: [String: Tensor] = [:]
-            for (i, spec) in data.inputSpecs.enumerated() {
-                let width = spec.elementCount
-                var values = [Float](repeating: 0, count: n * width)
-                values.withUnsafeMutableBufferPointer { buffer in
-                    for j in 0..<n { data.copyInput(i, of: start + j, into: UnsafeMutableBufferPointer(rebasing: buffer[(j * width)..<((j + 1) * width)])) }
-                }
-                feeds[spec.name] = Tensor(shape: [n] + spec.shape, scalars: values)
-            }
-            var targets = [Float](repeating: 0, count: n * targetWidth)
-            targets.withUnsafeMutableBufferPointer { buffer in
-                for j in 0..<n { data.copyTarget(of: start + j, into: UnsafeMutableBufferPointer(rebasing: buffer[(j * targetWidth)..<((j + 1) * targetWidth)])) }
-            }
-            let output = try model(feeds)
-            if loss == .crossEntropy {
-                let classes = output.count / n
-                for j in 0..<n {
-                    let row = output.scalars[(j * classes)..<((j + 1) * classes)]
-                    let label = Int(targets[j])
-                    lossSum -= Foundation.log(Double(max(row[row.startIndex + label], 1e-12)))
-                    if let best = row.indices.max(by: { row[$0] < row[$1] }), best - row.startIndex == label { hits += 1 }
-                }
-            } else {
-                for (p, t) in zip(output.scalars, targets) { squared += Double((p - t) * (p - t)) }
-            }
-            start += n
+    /// Every target of a dataset, in order (read once; the test set is evaluated after every round).
+    static func targets(of data: TestSet) -> [Float] {
+        let width = data.targetSpec.elementCount
+        var values = [Float](repeating: 0, count: data.count * width)
+        values.withUnsafeMutableBufferPointer { buffer in
+            for j in 0..<data.count { data.copyTarget(of: j, into: UnsafeMutableBufferPointer(rebasing: buffer[(j * width)..<((j + 1) * width)])) }
         }
+        return values
+    }
+
+    /// Loss and hit sums of a model over part of the test set, through the engine's compiled inference plan
+    /// (``OrchardML/Model/predict(_:batchSize:)``); `targets` are that part's targets.
+    static func sums(_ model: Model, on data: DatasetSlice<TestSet>, targets: ArraySlice<Float>, loss: LossType) throws(EngineError) -> EvaluationSums {
+        let output = try model.predict(data, batchSize: 1000).scalars
+        let n = data.count
+        var sums = EvaluationSums()
         if loss == .crossEntropy {
-            return Evaluation(loss: lossSum / Double(data.count), accuracy: hits / Double(data.count))
+            let classes = output.count / n
+            output.withUnsafeBufferPointer { p in
+                for j in 0..<n {
+                    let row = UnsafeBufferPointer(rebasing: p[(j * classes)..<((j + 1) * classes)])
+                    let label = Int(targets[targets.startIndex + j])
+                    sums.loss -= Foundation.log(Double(max(row[label], 1e-12)))
+                    var best = 0
+                    for k in 1..<classes where row[k] > row[best] { best = k }
+                    if best == label { sums.hits += 1 }
+                }
+            }
+        } else {
+            for (p, t) in zip(output, targets) { sums.loss += Double((p - t) * (p - t)) }
         }
-        let mse = squared / Double(data.count * targetWidth)
+        return sums
+    }
+}
+
+/// Per-part evaluation sums: the summed loss (cross-entropy per sample, or squared error per target value) and hits.
+struct EvaluationSums: Sendable {
+    var loss = 0.0
+    var hits = 0
+
+    func adding(_ other: EvaluationSums) -> EvaluationSums { EvaluationSums(loss: loss + other.loss, hits: hits + other.hits) }
+
+    /// Mean loss and accuracy (classifiers) or MSE and RMSE (regressors).
+    func evaluation(samples: Int, targetValues: Int, loss type: LossType) -> Evaluation {
+        if type == .crossEntropy { return Evaluation(loss: loss / Double(samples), accuracy: Double(hits) / Double(samples)) }
+        let mse = loss / Double(targetValues)
         return Evaluation(loss: mse, rmse: mse.squareRoot())
     }
 }

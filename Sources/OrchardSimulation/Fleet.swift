@@ -92,12 +92,12 @@ public protocol FleetWorkload: Sendable {
 ///
 /// Per round, a discrete-event loop on the virtual clock: eligible devices check in (spread over a few virtual
 /// seconds; the coordinator assigns the first ones up to its capacity); each assigned device's round is planned
-/// at check-in (``DeviceSchedule``: dropouts, expired background windows, resumptions, missed deadlines); when a
-/// report falls due, the devices whose reports come next train for real, in parallel on all cores, and reports are
-/// delivered one by one in virtual-time order (ties by device id), so aggregation sees the same sequence on every
-/// run whatever the thread scheduling. The round ends when the coordinator closes the cycle (goal met) or at its
-/// deadline. Devices still due after the close are counted late and skip the computation (the coordinator would
-/// refuse their reports).
+/// at check-in (``DeviceSchedule``: dropouts, expired background windows, resumptions, missed deadlines), and a
+/// device that will report starts training for real at check-in, in the background (at most `parallelism` at a
+/// time); reports are delivered one by one in virtual-time order (ties by device id), each waiting for its
+/// training, so aggregation sees the same sequence on every run whatever the thread scheduling. The round ends
+/// when the coordinator closes the cycle (goal met) or at its deadline. Devices still due after the close are
+/// counted late and their trainings are cancelled (the coordinator would refuse their reports).
 public struct FleetSimulation: Sendable {
     /// Number of devices.
     public var devices: Int
@@ -109,14 +109,20 @@ public struct FleetSimulation: Sendable {
     public var rounds: Int
     /// Most devices training at the same time (defaults to the number of cores).
     public var parallelism: Int
+    /// The global model is evaluated after every `evaluateEvery`-th round and after the last one.
+    public var evaluateEvery: Int
 
     /// Creates a simulation.
-    public init(devices: Int, conditions: FleetConditions = FleetConditions(), seed: UInt64 = 0, rounds: Int = 10, parallelism: Int = ProcessInfo.processInfo.activeProcessorCount) {
+    public init(
+        devices: Int, conditions: FleetConditions = FleetConditions(), seed: UInt64 = 0, rounds: Int = 10,
+        parallelism: Int = ProcessInfo.processInfo.activeProcessorCount, evaluateEvery: Int = 1
+    ) {
         self.devices = devices
         self.conditions = conditions
         self.seed = seed
         self.rounds = rounds
         self.parallelism = max(1, parallelism)
+        self.evaluateEvery = max(1, evaluateEvery)
     }
 
     /// Runs every round.
@@ -132,6 +138,7 @@ public struct FleetSimulation: Sendable {
     ) async throws(SimulationError) -> (initial: Evaluation, rounds: [RoundMetrics]) {
         let profiles = (0..<devices).map { DeviceProfile.sample(device: $0, seed: seed, medianSecondsPerUpdate: conditions.medianSecondsPerUpdate, spread: conditions.speedSpread) }
         let initial = try await workload.evaluate(model: server.currentModel())
+        let slots = TrainingSlots(parallelism)
         var records: [RoundMetrics] = []
         var clock = 0.0
         for round in 1...max(rounds, 1) where rounds > 0 {
@@ -149,11 +156,13 @@ public struct FleetSimulation: Sendable {
             }
             checkIns.sort { ($0.time, $0.device) < ($1.time, $1.device) }
             // The round as a discrete-event loop: check-ins and report deliveries in virtual-time order (reports
-            // first on ties, then by device). Training runs lazily, in parallel batches, when a report falls due.
+            // first on ties, then by device). A device's training starts (in the background, at most `parallelism`
+            // at a time) as soon as it checks in, since it depends only on its assignment; its report waits for it.
             var schedules: [DeviceSchedule] = []
             var assignmentByDevice: [Int: FleetAssignment] = [:]
             var reportsDue: [(time: Double, device: Int)] = []
-            var updates: [Int: DeviceUpdate] = [:]
+            var trainings: [Int: Task<DeviceUpdate, any Error>] = [:]
+            defer { for training in trainings.values { training.cancel() } }
             var nextCheckIn = 0
             var end = deadline
             var accepted = 0
@@ -165,15 +174,7 @@ public struct FleetSimulation: Sendable {
                 if let report, checkIn.map({ report.time <= $0.time }) ?? true {
                     guard report.time <= deadline else { break }
                     reportsDue.removeAll { $0.device == report.device }
-                    if updates[report.device] == nil {
-                        // Train the devices whose reports come next, as many as the goal still needs.
-                        let needed = max(1, server.goal - accepted)
-                        let batch = ([report] + reportsDue.sorted { ($0.time, $0.device) < ($1.time, $1.device) })
-                            .filter { updates[$0.device] == nil }.prefix(needed)
-                            .map { due in (assignmentByDevice[due.device]!, schedules.first { $0.device == due.device }!) }
-                        for (device, update) in try await train(batch, workload: workload, round: round) { updates[device] = update }
-                    }
-                    let update = updates[report.device]!
+                    let update = try await Self.result(of: trainings.removeValue(forKey: report.device)!)
                     let receipt = try await server.report(update, for: assignmentByDevice[report.device]!, at: report.time)
                     bytesUp += update.diff.count
                     if receipt.accepted { accepted += 1 }
@@ -192,13 +193,23 @@ public struct FleetSimulation: Sendable {
                     )
                     schedules.append(schedule)
                     assignmentByDevice[checkIn.device] = assignment
-                    if case .reports(let time) = schedule.outcome { reportsDue.append((time, checkIn.device)) }
+                    if case .reports(let time) = schedule.outcome {
+                        reportsDue.append((time, checkIn.device))
+                        let windows = schedule.updatesPerWindow
+                        trainings[checkIn.device] = Task {
+                            try await slots.run { try await workload.train(assignment, updatesPerWindow: windows, round: round) }
+                        }
+                    }
                 } else {
                     break
                 }
             }
+            // Devices still due after the close are late: their trainings stop at the next batch boundary.
+            for training in trainings.values { training.cancel() }
+            for training in trainings.values { _ = try? await training.value }
+            trainings = [:]
             let aggregated = closed ? true : try await server.expireCycle(at: deadline)
-            let evaluation = try await workload.evaluate(model: server.currentModel())
+            let evaluation = round % evaluateEvery == 0 || round == rounds ? try await workload.evaluate(model: server.currentModel()) : nil
             let bytesDown = assignmentByDevice.values.reduce(0) { $0 + $1.model.count }
             let dropouts = schedules.count { schedule in
                 if case .dropsOut(let time) = schedule.outcome { return time <= end }
@@ -212,7 +223,7 @@ public struct FleetSimulation: Sendable {
                 expirations: schedules.reduce(0) { $0 + $1.expirations.count { $0 <= end } },
                 resumed: schedules.reduce(0) { $0 + $1.resumptions.count { $0 <= end } },
                 bytesUp: bytesUp, bytesDown: bytesDown, aggregated: aggregated,
-                testLoss: evaluation.loss, testAccuracy: evaluation.accuracy, testRMSE: evaluation.rmse
+                testLoss: evaluation?.loss, testAccuracy: evaluation?.accuracy, testRMSE: evaluation?.rmse
             )
             records.append(record)
             onRound(record)
@@ -233,31 +244,39 @@ public struct FleetSimulation: Sendable {
         return time
     }
 
-    /// Trains the devices in parallel, at most `parallelism` at a time; results keyed by device.
-    private func train(
-        _ entries: [(FleetAssignment, DeviceSchedule)], workload: some FleetWorkload, round: Int
-    ) async throws(SimulationError) -> [Int: DeviceUpdate] {
+    /// The update a background training produced, its failure as a ``SimulationError``.
+    private static func result(of training: Task<DeviceUpdate, any Error>) async throws(SimulationError) -> DeviceUpdate {
         do {
-            return try await withThrowingTaskGroup(of: DeviceUpdate.self) { group in
-                var results: [Int: DeviceUpdate] = [:]
-                var next = entries.startIndex
-                func launch() {
-                    let entry = entries[next]
-                    next += 1
-                    group.addTask { try await workload.train(entry.0, updatesPerWindow: entry.1.updatesPerWindow, round: round) }
-                }
-                while next < entries.endIndex && next < parallelism { launch() }
-                while let update = try await group.next() {
-                    results[update.device] = update
-                    if next < entries.endIndex { launch() }
-                }
-                return results
-            }
+            return try await training.value
         } catch let error as SimulationError {
             throw error
         } catch {
             throw SimulationError(.training, "device training failed: \(error)")
         }
+    }
+}
+
+/// At most `count` trainings at the same time, admitted in arrival order; a training cancelled while it waits
+/// does not run.
+actor TrainingSlots {
+    private var free: Int
+    private var waiting: [CheckedContinuation<Void, Never>] = []
+
+    init(_ count: Int) { free = max(1, count) }
+
+    func run<T: Sendable>(_ body: @Sendable () async throws -> T) async throws -> T {
+        if free > 0 {
+            free -= 1
+        } else {
+            await withCheckedContinuation { waiting.append($0) }
+        }
+        defer { release() }
+        try Task.checkCancellation()
+        return try await body()
+    }
+
+    private func release() {
+        if waiting.isEmpty { free += 1 } else { waiting.removeFirst().resume() }
     }
 }
 

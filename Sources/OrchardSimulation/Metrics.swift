@@ -28,8 +28,8 @@ public struct RoundMetrics: Sendable, Hashable, Codable {
     public var bytesDown: Int
     /// Whether the cycle produced a new checkpoint (false: abandoned for too few reports).
     public var aggregated: Bool
-    /// Test loss of the global model after the round.
-    public var testLoss: Double
+    /// Test loss of the global model after the round; nil when the round was not evaluated (`--eval-every`).
+    public var testLoss: Double?
     /// Test accuracy, for classifiers.
     public var testAccuracy: Double?
     /// Test root-mean-squared error, for regressors.
@@ -39,7 +39,7 @@ public struct RoundMetrics: Sendable, Hashable, Codable {
     public init(
         round: Int, wallSeconds: Double, virtualStart: Double, virtualEnd: Double, availableFraction: Double, selected: Int,
         participants: Int, dropouts: Int, late: Int, expirations: Int, resumed: Int, bytesUp: Int, bytesDown: Int,
-        aggregated: Bool, testLoss: Double, testAccuracy: Double?, testRMSE: Double?
+        aggregated: Bool, testLoss: Double?, testAccuracy: Double?, testRMSE: Double?
     ) {
         self.round = round
         self.wallSeconds = wallSeconds
@@ -117,7 +117,7 @@ public struct SimulationSummary: Sendable, Hashable, Codable {
     public var bytesDown: Int
     /// Evaluation of the initial global model (before round 1).
     public var initial: Evaluation
-    /// Evaluation after the last round.
+    /// Evaluation after the last round (the last round is always evaluated).
     public var final: Evaluation
     /// Best test accuracy over the rounds, for classifiers.
     public var bestAccuracy: Double?
@@ -141,7 +141,7 @@ public struct SimulationSummary: Sendable, Hashable, Codable {
         bytesUp = records.reduce(0) { $0 + $1.bytesUp }
         bytesDown = records.reduce(0) { $0 + $1.bytesDown }
         self.initial = initial
-        final = records.last.map { Evaluation(loss: $0.testLoss, accuracy: $0.testAccuracy, rmse: $0.testRMSE) } ?? initial
+        final = records.last(where: { $0.testLoss != nil }).map { Evaluation(loss: $0.testLoss ?? 0, accuracy: $0.testAccuracy, rmse: $0.testRMSE) } ?? initial
         bestAccuracy = records.compactMap(\.testAccuracy).max()
         bestRMSE = records.compactMap(\.testRMSE).min()
     }

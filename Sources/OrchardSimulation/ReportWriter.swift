@@ -103,7 +103,7 @@ public enum HTMLReport {
             ]))
         }
         charts.append(lineChart(title: "Test loss", xLabel: "round", series: [
-            Series(label: "loss", color: "#d62728", points: rounds.map { (Double($0.round), $0.testLoss) }),
+            Series(label: "loss", color: "#d62728", points: rounds.compactMap { r in r.testLoss.map { (Double(r.round), $0) } }),
         ]))
         charts.append(lineChart(title: "Participation per round", xLabel: "round", series: [
             Series(label: "selected", color: "#7f7f7f", points: rounds.map { (Double($0.round), Double($0.selected)) }),

@@ -164,6 +164,8 @@ public struct SimulationConfiguration: Sendable {
     public var learningRate: Double
     /// Rounds.
     public var rounds: Int
+    /// The global model is evaluated on the test set after every `evaluateEvery`-th round and after the last.
+    public var evaluateEvery: Int
     /// How samples are dealt to devices.
     public var partition: PartitionStrategy
     /// The server optimizer.
@@ -188,7 +190,7 @@ public struct SimulationConfiguration: Sendable {
     /// Creates a configuration (the housing scenario's values by default).
     public init(
         dataset: DatasetChoice = .housing, model: ModelChoice = .housing, clients: Int = 20, fraction: Double = 0.5,
-        overSelection: Double = 1.3, localEpochs: Int = 5, batchSize: Int = 8, learningRate: Double = 0.01, rounds: Int = 30,
+        overSelection: Double = 1.3, localEpochs: Int = 5, batchSize: Int = 8, learningRate: Double = 0.01, rounds: Int = 30, evaluateEvery: Int = 1,
         partition: PartitionStrategy = .iid, aggregator: AggregatorConfig = AggregatorConfig(), availability: Availability = .diurnal,
         dropout: Double = 0.08, windowSeconds: Double = 10, cycleSeconds: Double = 300, secondsPerUpdate: Double = 0.5,
         transport: TransportChoice = .http, seed: UInt64 = 1, output: URL? = nil
@@ -202,6 +204,7 @@ public struct SimulationConfiguration: Sendable {
         self.batchSize = batchSize
         self.learningRate = learningRate
         self.rounds = rounds
+        self.evaluateEvery = evaluateEvery
         self.partition = partition
         self.aggregator = aggregator
         self.availability = availability
@@ -241,6 +244,7 @@ public struct SimulationConfiguration: Sendable {
         if batchSize < 1 { throw fail("--batch-size must be at least 1, not \(batchSize)") }
         if !(learningRate > 0) || !learningRate.isFinite { throw fail("--lr must be a positive number, not \(learningRate)") }
         if rounds < 1 { throw fail("--rounds must be at least 1, not \(rounds)") }
+        if evaluateEvery < 1 { throw fail("--eval-every must be at least 1, not \(evaluateEvery)") }
         if !(0...1 ~= dropout) { throw fail("--dropout must be a probability in [0, 1], not \(dropout)") }
         if !(windowSeconds > 0) || !windowSeconds.isFinite { throw fail("--window-seconds must be a positive number, not \(windowSeconds)") }
         if !(cycleSeconds > 0) || !cycleSeconds.isFinite { throw fail("--cycle-seconds must be a positive number, not \(cycleSeconds)") }
@@ -256,7 +260,7 @@ public struct SimulationConfiguration: Sendable {
         [
             "dataset": dataset.description, "model": model.description, "clients": String(clients), "fraction": String(fraction),
             "goal": String(goal), "over_selection": String(overSelection), "local_epochs": String(localEpochs),
-            "batch_size": String(batchSize), "lr": String(learningRate), "rounds": String(rounds), "partition": partition.description,
+            "batch_size": String(batchSize), "lr": String(learningRate), "rounds": String(rounds), "eval_every": String(evaluateEvery), "partition": partition.description,
             "aggregator": aggregator.kind.description, "availability": availability.description, "dropout": String(dropout),
             "window_seconds": String(windowSeconds), "cycle_seconds": String(cycleSeconds),
             "seconds_per_update": String(secondsPerUpdate), "transport": transport.description, "seed": String(seed),

@@ -37,7 +37,12 @@ public enum SimulationRunner {
             let spec = configuration.model == .cnn
                 ? ModelZoo.cnn(imageShape: train.inputSpecs[0].shape, learningRate: configuration.learningRate)
                 : ModelZoo.mlp2nn(imageShape: train.inputSpecs[0].shape, learningRate: configuration.learningRate)
-            let model = try engine { () throws(EngineError) in try Model(spec: spec, seed: configuration.seed) }
+            // Same initial distribution as the PyTorch frameworks FedAvg baselines come from (see ModelZoo).
+            let model = try engine { () throws(EngineError) in
+                var model = try Model(spec: spec, seed: configuration.seed)
+                try ModelZoo.initializeAsPyTorch(&model, seed: configuration.seed)
+                return model
+            }
             let slices = try partition(train, configuration: configuration)
             let training = TrainingConfiguration(
                 loss: .crossEntropy, optimizer: .sgd(learningRate: configuration.learningRate), epochs: configuration.localEpochs,
@@ -85,7 +90,7 @@ public enum SimulationRunner {
                 paceSteeringWindow: 60, checkpointRetention: 3, aggregator: configuration.aggregator
             )
         )
-        let fleet = FleetSimulation(devices: configuration.clients, conditions: configuration.conditions, seed: configuration.seed, rounds: configuration.rounds)
+        let fleet = FleetSimulation(devices: configuration.clients, conditions: configuration.conditions, seed: configuration.seed, rounds: configuration.rounds, evaluateEvery: configuration.evaluateEvery)
         let setupSeconds = now() - setupStart
         let outcome: (initial: Evaluation, rounds: [RoundMetrics])
         var appendFailure: SimulationError?

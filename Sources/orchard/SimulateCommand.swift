@@ -36,6 +36,8 @@ struct SimulateCommand: AsyncParsableCommand {
     var learningRate: Double?
     @Option(help: "Rounds to run.")
     var rounds: Int?
+    @Option(name: .customLong("eval-every"), help: "Evaluate the global model on the test set after every N-th round (and the last).")
+    var evaluateEvery: Int?
     @Option(help: "iid, shards or dirichlet:α.")
     var partition: String?
     @Option(help: "fedavg, fedavgm, fedadam or fedyogi.")
@@ -72,6 +74,7 @@ struct SimulateCommand: AsyncParsableCommand {
         if let batchSize { c.batchSize = batchSize }
         if let learningRate { c.learningRate = learningRate }
         if let rounds { c.rounds = rounds }
+        if let evaluateEvery { c.evaluateEvery = evaluateEvery }
         if let partition { c.partition = try PartitionStrategy(parsing: partition) }
         if let aggregator { c.aggregator.kind = try AggregatorConfig.Kind(parsing: aggregator) }
         if let availability { c.availability = try Availability(parsing: availability) }

@@ -2,56 +2,10 @@ import Foundation
 import OrchardClient
 import OrchardCoordinator
 import OrchardFormats
+import OrchardInProcess
 import OrchardProtocol
 import Synchronization
 import Testing
-
-/// The coordinator's core as an ``InProcessCoordinator``: session tokens resolved by the core, its errors mapped
-/// to client errors exactly as the HTTP layer would send them.
-struct CoordinatorAdapter: InProcessCoordinator {
-    let coordinator: Coordinator
-
-    private func mapped<T>(_ body: () async throws(CoordinatorError) -> T) async throws(OrchardClientError) -> T {
-        do {
-            return try await body()
-        } catch {
-            throw OrchardClientError.server(status: error.status, body: error.body)
-        }
-    }
-
-    func authenticate(_ request: AuthenticateRequest) async throws(OrchardClientError) -> AuthenticateResponse {
-        try await mapped { () async throws(CoordinatorError) in try await coordinator.authenticate(request) }
-    }
-
-    func requestCycle(_ request: CycleRequest, session: String) async throws(OrchardClientError) -> CycleResponse {
-        try await mapped { () async throws(CoordinatorError) in
-            let worker = try await coordinator.worker(forSessionToken: session)
-            return try await coordinator.requestCycle(request, sessionWorker: worker)
-        }
-    }
-
-    func plan(_ planID: String, requestKey: String, session: String) async throws(OrchardClientError) -> OrchardProtocol.TrainingPlan {
-        try await mapped { () async throws(CoordinatorError) in
-            let worker = try await coordinator.worker(forSessionToken: session)
-            return try await coordinator.plan(planID, requestKey: requestKey, sessionWorker: worker)
-        }
-    }
-
-    func model(_ modelID: String, requestKey: String, session: String) async throws(OrchardClientError) -> (bytes: [UInt8], etag: String) {
-        try await mapped { () async throws(CoordinatorError) in
-            let worker = try await coordinator.worker(forSessionToken: session)
-            let download = try await coordinator.model(modelID, requestKey: requestKey, sessionWorker: worker)
-            return (download.bytes, download.etag)
-        }
-    }
-
-    func report(_ body: [UInt8], session: String) async throws(OrchardClientError) -> ReportResponse {
-        try await mapped { () async throws(CoordinatorError) in
-            let worker = try await coordinator.worker(forSessionToken: session)
-            return try await coordinator.report(body, sessionWorker: worker)
-        }
-    }
-}
 
 /// A coordinator on a real SQLite file, served on loopback HTTP, with a manual clock; plus client factories
 /// with per-device state directories and a recorded, instant backoff.

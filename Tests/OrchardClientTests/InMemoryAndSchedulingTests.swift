@@ -2,6 +2,7 @@ import Foundation
 import OrchardClient
 import OrchardCoordinator
 import OrchardFormats
+import OrchardInProcess
 import OrchardML
 import OrchardProtocol
 import OrchardScheduler
@@ -46,7 +47,7 @@ struct InMemoryAndSchedulingTests {
         try await withInProcessCoordinator { coordinator, clock, directory in
             let config = ClientConfig(batchSize: 8, learningRate: 0.05, localEpochs: 3)
             let process = try await coordinator.host(Fixture.host(clientConfig: config))
-            let transport = RecordingTransport(InMemoryTransport(coordinator: CoordinatorAdapter(coordinator: coordinator)))
+            let transport = RecordingTransport(InMemoryTransport(coordinator: InProcessCoordinatorAdapter(coordinator: coordinator)))
             let client = OrchardClient(transport: transport, server: "in-process", configuration: inMemoryConfiguration(directory, device: "a", clock: clock))
             let outcome = try await client.newJob(modelName: "regressor", version: "1.0").train(on: Fixture.dataset())
             guard case .reported(let receipt) = outcome else {
@@ -71,7 +72,7 @@ struct InMemoryAndSchedulingTests {
                 Issue.record("not admitted")
                 return
             }
-            let transport = InMemoryTransport(coordinator: CoordinatorAdapter(coordinator: coordinator))
+            let transport = InMemoryTransport(coordinator: InProcessCoordinatorAdapter(coordinator: coordinator))
             final class Collect: DownloadSink {
                 let heads = Mutex<[DownloadHead]>([])
                 let bytes = Mutex<[UInt8]>([])
@@ -101,7 +102,7 @@ struct InMemoryAndSchedulingTests {
             _ = try await coordinator.host(Fixture.host(goal: 1, overSelection: 1))
             let scheduler = RecordingScheduler()
             let outcomes = Mutex<[Result<CycleOutcome, OrchardClientError>]>([])
-            let adapter = CoordinatorAdapter(coordinator: coordinator)
+            let adapter = InProcessCoordinatorAdapter(coordinator: coordinator)
             let configuration = inMemoryConfiguration(directory, device: "a", clock: clock, trainer: InterruptingTrainer(cancelAfterUpdates: 4))
             let client = OrchardClient(transport: InMemoryTransport(coordinator: adapter), server: "in-process", configuration: configuration)
             let job = try client.newJob(modelName: "regressor", version: "1.0")

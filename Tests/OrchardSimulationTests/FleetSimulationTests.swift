@@ -19,8 +19,20 @@ import Testing
         let (initial, rounds) = try await fleet.run(server: server, workload: Self.workload(devices: 20), now: { 0 })
         #expect(rounds.count == 30)
         #expect(rounds.allSatisfy { $0.aggregated && $0.participants == 10 && $0.selected == 10 })
-        #expect(rounds.last!.testLoss < initial.loss / 20)
+        #expect(try #require(rounds.last!.testLoss) < initial.loss / 20)
         #expect(rounds.map(\.virtualStart) == rounds.map(\.virtualStart).sorted())
+    }
+
+    @Test func evaluatesEveryNthRoundAndTheLast() async throws {
+        let every = FleetSimulation(devices: 20, seed: 3, rounds: 7)
+        let sparse = FleetSimulation(devices: 20, seed: 3, rounds: 7, evaluateEvery: 3)
+        let (_, all) = try await every.run(server: FakeServer(weights: [0, 0, 0], goal: 10, capacity: 10), workload: Self.workload(devices: 20), now: { 0 })
+        let (_, some) = try await sparse.run(server: FakeServer(weights: [0, 0, 0], goal: 10, capacity: 10), workload: Self.workload(devices: 20), now: { 0 })
+        #expect(some.filter { $0.testLoss != nil }.map(\.round) == [3, 6, 7])
+        // Skipping evaluations changes nothing else: the evaluated rounds match the run that evaluates every round.
+        for round in [3, 6, 7] { #expect(some[round - 1] == all[round - 1]) }
+        let summary = SimulationSummary(settings: [:], initial: Evaluation(loss: 9), rounds: some, setupSeconds: 0)
+        #expect(summary.final.loss == all[6].testLoss)
     }
 
     @Test func traceDrivesExpirationsResumptionsAndLateDevices() async throws {
