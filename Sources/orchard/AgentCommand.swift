@@ -4,7 +4,6 @@ import Logging
 import OrchardClient
 import OrchardScheduler
 import ServiceLifecycle
-import Synchronization
 import UnixSignals
 
 /// `orchard agent`: the device daemon — the background scheduler trains whenever the device's conditions hold.
@@ -52,7 +51,7 @@ struct AgentCommand: AsyncParsableCommand {
     @Option(help: "Where procfs is mounted (routes, CPU counters).")
     var procfsRoot = "/proc"
 
-    @Option(help: "Seconds a cycle in flight at shutdown may take to stop at a batch boundary and save its checkpoint.")
+    @Option(help: "Seconds a cycle whose window expired, or that is in flight at shutdown, may take to stop at a batch boundary and save its checkpoint.")
     var shutdownGrace: Double = 30
 
     @Option(help: "Log level: trace, debug, info, notice, warning, error, critical.")
@@ -87,16 +86,15 @@ struct AgentCommand: AsyncParsableCommand {
         let identifier = "dev.orchard.train.\(device.model)"
         let scheduler = try BackgroundScheduler(
             configuration: SchedulerConfiguration(
-                permittedIdentifiers: [identifier], processingBudget: .seconds(window), idlePollInterval: .milliseconds(Int64(pollInterval * 1000))
+                permittedIdentifiers: [identifier], processingBudget: .seconds(window),
+                overrunGrace: .milliseconds(Int64(shutdownGrace * 1000)), idlePollInterval: .milliseconds(Int64(pollInterval * 1000))
             ),
             startDate: Date(), conditions: conditions, logger: logger
         )
         let options = BackgroundTrainingOptions(identifier: identifier, constraints: constraints, defaultInterval: .seconds(interval))
         let device = self.device
-        let tracker = CycleTracker()
         let events = Task {
             for await event in job.events() {
-                tracker.observe(event)
                 switch event {
                 case .phase(let phase) where phase != .finished: AgentStatus(event: "phase", phase: "\(phase)").print()
                 case .resumedTraining: AgentStatus(event: "resumed_training").print()
@@ -119,52 +117,14 @@ struct AgentCommand: AsyncParsableCommand {
         AgentStatus.started.print()
         let group = ServiceGroup(services: [scheduler], gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
         do {
+            // On SIGTERM the scheduler expires the window in flight and returns once its cycle has stopped at a
+            // batch boundary and saved its checkpoint (or `--shutdown-grace` passed).
             try await group.run()
         } catch is CancellationError {
             // The scheduler ends its loop by cancellation when asked to shut down gracefully.
         }
-        // The scheduler cancelled the window in flight; let its cycle reach a batch boundary and save its checkpoint.
-        if await !tracker.waitUntilIdle(grace: .milliseconds(Int64(shutdownGrace * 1000))) {
-            logger.warning("a cycle was still running after the shutdown grace period; exiting without its checkpoint")
-        }
         logger.info("agent stopped")
         AgentStatus.stopped.print()
-    }
-}
-
-/// Follows the job's cycles through its events, so shutdown can wait for the one in flight to save its checkpoint.
-private final class CycleTracker: Sendable {
-    private let busy = Mutex(false)
-    private let idle: AsyncStream<Void>
-    private let idleContinuation: AsyncStream<Void>.Continuation
-
-    init() {
-        (idle, idleContinuation) = AsyncStream<Void>.makeStream(bufferingPolicy: .bufferingNewest(1))
-    }
-
-    func observe(_ event: JobEvent) {
-        guard case .phase(let phase) = event else { return }
-        let finished = phase == .finished
-        busy.withLock { $0 = !finished }
-        if finished { idleContinuation.yield() }
-    }
-
-    /// Waits until no cycle is in flight; false when `grace` passed first. Call once.
-    func waitUntilIdle(grace: Duration) async -> Bool {
-        await withTaskGroup(of: Bool.self) { group in
-            group.addTask { [self] in
-                if !busy.withLock({ $0 }) { return true }
-                for await _ in idle where !busy.withLock({ $0 }) { return true }
-                return false
-            }
-            group.addTask {
-                try? await Task.sleep(for: grace)
-                return false
-            }
-            let first = await group.next() ?? false
-            group.cancelAll()
-            return first
-        }
     }
 }
 
