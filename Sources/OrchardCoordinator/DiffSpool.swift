@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 #if canImport(Glibc)
 import Glibc
 #elseif canImport(Darwin)
@@ -8,12 +9,14 @@ import Darwin
 /// The files holding committed diffs that are not yet folded into a stored running sum, one file per report
 /// under `<directory>/<process>/<cycle>/`. Names are relative paths, unique per write (a refused duplicate can
 /// never overwrite the file of the report it duplicates).
-struct DiffSpool: Sendable {
+final class DiffSpool: Sendable {
     /// The spool's root directory.
     let directory: URL
     /// Whether every file (and its directory entry) is synced to disk before ``write(_:process:cycle:key:)``
     /// returns.
     let sync: Bool
+    /// Cycle folders known to exist, so a report does not stat its folder again.
+    private let folders = Mutex<Set<String>>([])
 
     init(directory: URL, sync: Bool) throws {
         self.directory = directory
@@ -29,7 +32,10 @@ struct DiffSpool: Sendable {
         let folder = "\(process)/\(cycle)"
         let name = "\(folder)/\(key)-\(UUID().uuidString).f32"
         let folderURL = directory.appendingPathComponent(folder)
-        try FileManager.default.createDirectory(at: folderURL, withIntermediateDirectories: true)
+        if !folders.withLock({ $0.contains(folder) }) {
+            try FileManager.default.createDirectory(at: folderURL, withIntermediateDirectories: true)
+            folders.withLock { _ = $0.insert(folder) }
+        }
         let path = directory.appendingPathComponent(name).path
         let fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
         guard fd >= 0 else { throw Self.failure("create", path) }
@@ -83,12 +89,14 @@ struct DiffSpool: Sendable {
     /// Deletes a closed cycle's directory.
     func removeCycle(process: String, cycle: Int) {
         guard Self.isSafe(process) else { return }
+        folders.withLock { _ = $0.remove("\(process)/\(cycle)") }
         try? FileManager.default.removeItem(at: directory.appendingPathComponent("\(process)/\(cycle)"))
     }
 
     /// Deletes everything of a deleted process.
     func removeProcess(_ process: String) {
         guard Self.isSafe(process) else { return }
+        folders.withLock { $0 = $0.filter { !$0.hasPrefix(process + "/") } }
         try? FileManager.default.removeItem(at: directory.appendingPathComponent(process))
     }
 

@@ -128,18 +128,21 @@ public final class SQLiteStore: CoordinatorStore {
     }
 
     public func processes() async throws -> [StoredProcess] {
-        let rows = try await pool.read { db in try Row.fetchAll(db, sql: "SELECT * FROM processes ORDER BY created_at, id") }
-        return try rows.map { row in
-            let versionText: String = row["version"]
-            guard let version = SemanticVersion(versionText) else { throw StoreError(.corrupt, "stored version '\(versionText)' is invalid") }
-            return StoredProcess(
-                id: row["id"], name: row["name"], version: version,
-                model: try Self.decode(ModelSpec.self, row["model"], "model"),
-                clientConfig: try Self.decode(ClientConfig.self, row["client_config"], "client config"),
-                serverConfig: try Self.decode(ServerConfig.self, row["server_config"], "server config"),
-                createdAt: Date(timeIntervalSince1970: row["created_at"]), completed: row["completed"],
-                latestCheckpoint: row["latest_checkpoint"], cyclesCompleted: row["cycles_completed"], cyclesAbandoned: row["cycles_abandoned"]
-            )
+        // Rows are decoded inside the read: `Row` is not Sendable, and returning rows would pick GRDB's
+        // blocking `read` instead of the asynchronous one.
+        try await pool.read { db in
+            try Row.fetchAll(db, sql: "SELECT * FROM processes ORDER BY created_at, id").map { row in
+                let versionText: String = row["version"]
+                guard let version = SemanticVersion(versionText) else { throw StoreError(.corrupt, "stored version '\(versionText)' is invalid") }
+                return StoredProcess(
+                    id: row["id"], name: row["name"], version: version,
+                    model: try Self.decode(ModelSpec.self, row["model"], "model"),
+                    clientConfig: try Self.decode(ClientConfig.self, row["client_config"], "client config"),
+                    serverConfig: try Self.decode(ServerConfig.self, row["server_config"], "server config"),
+                    createdAt: Date(timeIntervalSince1970: row["created_at"]), completed: row["completed"],
+                    latestCheckpoint: row["latest_checkpoint"], cyclesCompleted: row["cycles_completed"], cyclesAbandoned: row["cycles_abandoned"]
+                )
+            }
         }
     }
 

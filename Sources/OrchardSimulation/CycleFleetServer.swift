@@ -1,6 +1,6 @@
-public import Foundation
-public import OrchardCoordinator
-public import OrchardFormats
+import Foundation
+import OrchardCoordinator
+import OrchardFormats
 public import OrchardProtocol
 
 /// The coordinator's cycle logic and aggregation, driven in-process on the virtual clock: admission,

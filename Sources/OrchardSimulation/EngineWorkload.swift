@@ -1,6 +1,6 @@
 public import Foundation
 import OrchardData
-public import OrchardFormats
+import OrchardFormats
 public import OrchardML
 import OrchardProtocol
 
