@@ -189,6 +189,6 @@ let package = Package(
             swiftSettings: swiftSettings
         ),
         .testTarget(name: "OrchardClientTests", dependencies: ["OrchardClient", "OrchardCoordinator", "OrchardInProcess", "OrchardTesting"], swiftSettings: swiftSettings),
-        .testTarget(name: "OrchardSimulationTests", dependencies: ["OrchardSimulation", "OrchardTesting"], swiftSettings: swiftSettings),
+        .testTarget(name: "OrchardSimulationTests", dependencies: ["OrchardSimulation", "OrchardTesting", "OrchardCoordinator", "OrchardClient", "OrchardInProcess", "OrchardProtocol", "OrchardFormats"], swiftSettings: swiftSettings),
     ]
 )

@@ -35,8 +35,12 @@ struct ClientStore: Sendable {
     }
 
     let directory: URL
+    let durability: StorageDurability
 
-    init(directory: URL) { self.directory = directory }
+    init(directory: URL, durability: StorageDurability = .synced) {
+        self.directory = directory
+        self.durability = durability
+    }
 
     private var identityURL: URL { directory.appendingPathComponent("session.json") }
     private var pendingReportURL: URL { directory.appendingPathComponent("pending-report.safetensors") }
@@ -68,7 +72,16 @@ struct ClientStore: Sendable {
 
     private func write(_ data: Data, to url: URL) throws(OrchardClientError) {
         do {
-            try data.write(to: url, options: .atomic)
+            if durability == .synced {
+                try data.write(to: url, options: .atomic)
+            } else {
+                // Still atomic (a reader sees the old file or the new one), without forcing the bytes to disk.
+                let temporary = url.deletingLastPathComponent().appendingPathComponent(".\(url.lastPathComponent).writing")
+                try data.write(to: temporary)
+                if rename(temporary.path, url.path) != 0 {
+                    throw CocoaError(.fileWriteUnknown, userInfo: [NSFilePathErrorKey: url.path, NSUnderlyingErrorKey: POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO)])
+                }
+            }
         } catch {
             throw OrchardClientError(.storage, "cannot write \(url.path): \(error.localizedDescription)")
         }

@@ -54,7 +54,7 @@ public final class FederatedJob: Sendable {
         self.modelName = modelName
         self.version = version
         self.directory = directory
-        store = ClientStore(directory: directory)
+        store = ClientStore(directory: directory, durability: client.configuration.durability)
     }
 
     private var configuration: ClientConfiguration { client.configuration }

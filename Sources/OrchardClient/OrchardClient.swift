@@ -24,14 +24,18 @@ public struct ClientConfiguration: Sendable {
     public var conditionRules: ConditionRules
     /// Logs.
     public var logger: Logger
+    /// Whether the job's files are forced to disk when written (``StorageDurability/synced``, the default).
+    public var durability: StorageDurability
 
     /// Creates a configuration.
     public init(
         storageDirectory: URL = ClientConfiguration.defaultStorageDirectory, requestTimeout: Double = 30,
         retry: RequestRetryPolicy = RequestRetryPolicy(), environment: ClientEnvironment = .system, trainingSeed: UInt64 = 0,
         trainer: any LocalTrainer = EngineLocalTrainer(), conditions: (any DeviceConditionsProvider)? = nil,
-        conditionRules: ConditionRules = ConditionRules(), logger: Logger = Logger(label: "orchard.client")
+        conditionRules: ConditionRules = ConditionRules(), logger: Logger = Logger(label: "orchard.client"),
+        durability: StorageDurability = .synced
     ) {
+        self.durability = durability
         self.conditions = conditions
         self.conditionRules = conditionRules
         self.storageDirectory = storageDirectory
@@ -49,6 +53,22 @@ public struct ClientConfiguration: Sendable {
             ?? URL(fileURLWithPath: NSTemporaryDirectory())
         return base.appendingPathComponent("Orchard", isDirectory: true)
     }
+}
+
+/// How the job's state files are written. Every write is atomic (a reader sees the old file or the new one);
+/// `synced` also forces it to disk before returning, so a report or checkpoint survives power loss.
+public struct StorageDurability: Sendable, Hashable, CustomStringConvertible {
+    private enum Kind: String, Sendable, Hashable { case synced, unsynced }
+    private let kind: Kind
+    private init(_ kind: Kind) { self.kind = kind }
+
+    /// Atomic and forced to disk (fsync): for devices.
+    public static let synced = StorageDurability(.synced)
+    /// Atomic, left to the operating system to write back: for simulated fleets and tests, where thousands of
+    /// virtual devices share one disk and none of them loses power.
+    public static let unsynced = StorageDurability(.unsynced)
+
+    public var description: String { kind.rawValue }
 }
 
 /// A device's connection to one coordinator: creates jobs for the FL processes it takes part in.

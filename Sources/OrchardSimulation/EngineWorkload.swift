@@ -1,8 +1,7 @@
 public import Foundation
 import OrchardData
-import OrchardFormats
+public import OrchardFormats
 public import OrchardML
-import OrchardProtocol
 
 /// Real local training with the Orchard engine: each device trains its own data slice from the downloaded
 /// global model, writing a training-state checkpoint whenever its background window expires and resuming from
@@ -19,8 +18,6 @@ public struct EngineWorkload<Slice: Dataset, TestSet: Dataset>: FleetWorkload, @
     public let testSet: TestSet
     /// Loss, optimizer, local epochs and batch size.
     public let training: TrainingConfiguration
-    /// The simulation seed (each device and round derives its shuffle order from it).
-    public let seed: UInt64
     private let testTargets: [Float]
     /// The test set cut into one contiguous part per core, evaluated concurrently.
     private let testParts: [DatasetSlice<TestSet>]
@@ -31,17 +28,15 @@ public struct EngineWorkload<Slice: Dataset, TestSet: Dataset>: FleetWorkload, @
     ///   - slices: One dataset per device.
     ///   - testSet: The evaluation data.
     ///   - training: Local training settings (`seed` and `maxUpdates` are set per device and window).
-    ///   - seed: The simulation seed.
     ///   - evaluationParallelism: Parts of the test set evaluated at the same time (defaults to the number of cores).
     public init(
-        model: Model, slices: [Slice], testSet: TestSet, training: TrainingConfiguration, seed: UInt64,
+        model: Model, slices: [Slice], testSet: TestSet, training: TrainingConfiguration,
         evaluationParallelism: Int = ProcessInfo.processInfo.activeProcessorCount
     ) {
         self.model = model
         self.slices = slices
         self.testSet = testSet
         self.training = training
-        self.seed = seed
         testTargets = Self.targets(of: testSet)
         let parts = max(1, min(evaluationParallelism, testSet.count))
         testParts = (0..<parts).map { p in
@@ -56,48 +51,37 @@ public struct EngineWorkload<Slice: Dataset, TestSet: Dataset>: FleetWorkload, @
         return training.maxUpdates.map { min($0, full) } ?? full
     }
 
-    /// Trains one device across its background windows.
-    public func train(_ assignment: FleetAssignment, updatesPerWindow: [Int], round: Int) async throws(SimulationError) -> DeviceUpdate {
-        let data = slices[assignment.device]
+    /// The size of `device`'s data slice.
+    public func sampleCount(device: Int) -> Int { slices[device].count }
+
+    /// Trains `device` from the cycle's weights up to `updates` updates, with the engine's complete training
+    /// state as the checkpoint between stretches (a resumed run equals an uninterrupted one bit for bit).
+    public func train(device: Int, weights: [TensorRecord], seed: UInt64, resumingFrom checkpoint: [UInt8]?, until updates: Int) throws(SimulationError) -> LocalTrainingStretch {
         do {
             var start = model
-            try start.loadWeights(safetensors: assignment.model)
+            try start.loadWeights(from: SafetensorsArchive(tensors: weights))
             var configuration = training
-            var deviceRandom = OrchardRandom.derived(seed: seed, stream: UInt64(assignment.device) << 32 | UInt64(round))
-            configuration.seed = deviceRandom.next()
-            var checkpoint: [UInt8]?
-            var restored = 0
-            var completed = 0
-            var outcome: TrainingOutcome?
-            for (index, stretch) in updatesPerWindow.enumerated() {
-                completed += stretch
-                let last = index == updatesPerWindow.count - 1
-                configuration.maxUpdates = last ? training.maxUpdates : completed
-                let trainer = try Trainer(model: start, configuration: configuration)
-                var resume: TrainingState?
-                if let checkpoint {
-                    resume = try TrainingState(checkpoint: checkpoint, model: start)
-                    restored += 1
-                }
-                let result = try trainer.train(on: data, resumingFrom: resume)
-                // The background window expires here: persist everything the next window needs.
-                if !last { checkpoint = result.state.checkpoint() }
-                outcome = result
-            }
-            guard let outcome else { throw SimulationError(.training, "device \(assignment.device) was given no training to do") }
-            let trained = outcome.model
-            let diff = try Model.diff(original: start, trained: trained)
+            configuration.seed = seed
+            let full = updatesPerRound(device: device)
+            let pauses = updates < full
+            if pauses { configuration.maxUpdates = updates }
+            let trainer = try Trainer(model: start, configuration: configuration)
+            let resume = try checkpoint.map { bytes throws(EngineError) in try TrainingState(checkpoint: bytes, model: start) }
+            let outcome = try trainer.train(on: slices[device], resumingFrom: resume)
+            if pauses { return .paused(checkpoint: outcome.state.checkpoint()) }
+            let diff = try Model.diff(original: start, trained: outcome.model)
             var loss = 0.0
             if case .completed(let report) = outcome, let lastEpoch = report.epochs.last { loss = lastEpoch.loss }
-            let body = ReportEnvelope.encode(
-                diff: diff.records,
-                metadata: ReportMetadata(workerID: assignment.worker, requestKey: assignment.handle, sampleCount: data.count, metrics: ["loss": loss])
-            )
-            return DeviceUpdate(device: assignment.device, diff: body, sampleCount: data.count, trainingLoss: loss, checkpointsRestored: restored)
-        } catch let error as SimulationError {
-            throw error
+            return .finished(diff: diff.records, loss: loss)
         } catch {
-            throw SimulationError(.training, "device \(assignment.device) failed to train: \(error)")
+            throw SimulationError(.training, "device \(device) failed to train: \(error)")
+        }
+    }
+
+    /// The update count recorded in a training-state checkpoint.
+    public func updatesDone(device: Int, in checkpoint: [UInt8]) throws(SimulationError) -> Int {
+        do { return try TrainingState(checkpoint: checkpoint, model: model).position.updates } catch {
+            throw SimulationError(.training, "device \(device)'s checkpoint is unreadable: \(error)")
         }
     }
 

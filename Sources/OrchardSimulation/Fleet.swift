@@ -1,103 +1,52 @@
 public import Foundation
+public import OrchardClient
+public import OrchardFormats
+import OrchardProtocol
 
-/// A device's assignment to a round, as the coordinator handed it out.
-public struct FleetAssignment: Sendable, Hashable {
-    /// The device.
-    public var device: Int
-    /// The worker id the coordinator knows the device by.
-    public var worker: String
-    /// The coordinator's cycle number.
-    public var cycle: Int
-    /// The global model the device starts from (safetensors bytes).
-    public var model: [UInt8]
-    /// An opaque handle the server adapter needs to accept the report (e.g. a request key).
-    public var handle: String
-
-    /// Creates an assignment.
-    public init(device: Int, worker: String, cycle: Int, model: [UInt8], handle: String) {
-        self.device = device
-        self.worker = worker
-        self.cycle = cycle
-        self.model = model
-        self.handle = handle
-    }
-}
-
-/// A device's finished local training.
-public struct DeviceUpdate: Sendable, Hashable {
-    /// The device.
-    public var device: Int
-    /// The report body the device uploads (the weight diff, safetensors bytes).
-    public var diff: [UInt8]
-    /// Training samples behind the update (the aggregation weight).
-    public var sampleCount: Int
-    /// Mean training loss over the local run.
-    public var trainingLoss: Double
-    /// Checkpoints written when a window expired and read back to resume.
-    public var checkpointsRestored: Int
-
-    /// Creates an update.
-    public init(device: Int, diff: [UInt8], sampleCount: Int, trainingLoss: Double, checkpointsRestored: Int) {
-        self.device = device
-        self.diff = diff
-        self.sampleCount = sampleCount
-        self.trainingLoss = trainingLoss
-        self.checkpointsRestored = checkpointsRestored
-    }
-}
-
-/// What the coordinator answered to a report.
-public struct ReportReceipt: Sendable, Hashable {
-    /// Whether the update was accepted into the cycle.
-    public var accepted: Bool
-    /// Whether the cycle closed (and aggregated) with this report.
-    public var closedCycle: Bool
-
-    /// Creates a receipt.
-    public init(accepted: Bool, closedCycle: Bool) {
-        self.accepted = accepted
-        self.closedCycle = closedCycle
-    }
-}
-
-/// The coordinator, as the simulated fleet talks to it. Every call carries the virtual time at which it
-/// happens; the adapter moves the coordinator's clock there first.
-public protocol FleetServer: Sendable {
-    /// Reports the cycle needs before it closes.
-    var goal: Int { get }
-    /// Makes sure a cycle is open at virtual time `time` (closing a stale one) and returns its deadline.
-    func openRound(at time: Double) async throws(SimulationError) -> Double
-    /// The current global model (safetensors bytes).
-    func currentModel() async throws(SimulationError) -> [UInt8]
-    /// A device asks for work; nil when the coordinator turns it away (cycle full, or closed).
-    func checkIn(device: Int, at time: Double) async throws(SimulationError) -> FleetAssignment?
-    /// A device uploads its update.
-    func report(_ update: DeviceUpdate, for assignment: FleetAssignment, at time: Double) async throws(SimulationError) -> ReportReceipt
-    /// Moves the clock to the cycle's deadline and lets the coordinator close it; true when it aggregated.
-    func expireCycle(at time: Double) async throws(SimulationError) -> Bool
+/// How a stretch of a device's local training ended.
+public enum LocalTrainingStretch: Sendable {
+    /// Training is complete: the diff (`trained − received`) and the mean loss of its last epoch.
+    case finished(diff: [TensorRecord], loss: Double)
+    /// The update count was reached first: the complete training state, to resume from.
+    case paused(checkpoint: [UInt8])
 }
 
 /// The devices' computation: local training and the evaluation of a global model.
 public protocol FleetWorkload: Sendable {
     /// Optimizer updates `device`'s local training takes in one round.
     func updatesPerRound(device: Int) -> Int
-    /// Trains `device` from `assignment.model`, checkpointing and resuming between the given stretches
-    /// (`updatesPerWindow`, in order; their sum is the whole local run).
-    func train(_ assignment: FleetAssignment, updatesPerWindow: [Int], round: Int) async throws(SimulationError) -> DeviceUpdate
+    /// Samples `device` trains on (its weight in the average).
+    func sampleCount(device: Int) -> Int
+    /// Trains `device` from the cycle's `weights` until `updates` updates in all are done (or training ends),
+    /// resuming from a checkpoint of an earlier stretch of the same cycle.
+    /// - Parameters:
+    ///   - device: The device.
+    ///   - weights: The cycle's global weights, as downloaded.
+    ///   - seed: The cycle's training seed (shuffle order).
+    ///   - checkpoint: State from an earlier ``LocalTrainingStretch/paused(checkpoint:)``.
+    ///   - updates: Stop when this many updates are done in all.
+    func train(device: Int, weights: [TensorRecord], seed: UInt64, resumingFrom checkpoint: [UInt8]?, until updates: Int) throws(SimulationError) -> LocalTrainingStretch
+    /// The updates a checkpoint of `device`'s training has done.
+    func updatesDone(device: Int, in checkpoint: [UInt8]) throws(SimulationError) -> Int
     /// Evaluates a global model on the held-out test set.
     func evaluate(model: [UInt8]) async throws(SimulationError) -> Evaluation
 }
 
-/// Runs a fleet of virtual devices against a coordinator, round by round, on a virtual clock.
+/// Runs a fleet of virtual devices against a coordinator, round by round, on virtual time.
 ///
-/// Per round, a discrete-event loop on the virtual clock: eligible devices check in (spread over a few virtual
-/// seconds; the coordinator assigns the first ones up to its capacity); each assigned device's round is planned
-/// at check-in (``DeviceSchedule``: dropouts, expired background windows, resumptions, missed deadlines), and a
-/// device that will report starts training for real at check-in, in the background (at most `parallelism` at a
-/// time); reports are delivered one by one in virtual-time order (ties by device id), each waiting for its
-/// training, so aggregation sees the same sequence on every run whatever the thread scheduling. The round ends
-/// when the coordinator closes the cycle (goal met) or at its deadline. Devices still due after the close are
-/// counted late and their trainings are cancelled (the coordinator would refuse their reports).
+/// Every device is a ``VirtualDevice``: its own clock, its own ``OrchardScheduler/BackgroundScheduler`` (power
+/// and network scripted from the availability trace), its own ``OrchardClient/FederatedJob`` with its state on
+/// disk, its own link speeds and data slice. The simulation plays the OS: each round, eligible devices are
+/// granted a background window at their check-in time (spread over a few virtual seconds); the device's
+/// scheduler launches the training task, whose job asks the coordinator for the cycle, downloads the model,
+/// trains, and reports. Training that outlasts the window is expired by the scheduler and checkpointed by the
+/// job; the OS grants the next window after a delay while the device is still eligible, and the job resumes the
+/// same cycle. A device that drops out is killed at a seeded point of its work.
+///
+/// Devices run in parallel (at most `parallelism` trainings at a time); their calls to the coordinator are put
+/// in virtual-time order by a ``FleetTimeline``, so the coordinator sees the same sequence on every run whatever
+/// the thread scheduling. The round ends when the coordinator closes the cycle or at its deadline; a device's
+/// calls after that are refused and it stops (its late work stays in its job's state, as on a phone).
 public struct FleetSimulation: Sendable {
     /// Number of devices.
     public var devices: Int
@@ -127,107 +76,100 @@ public struct FleetSimulation: Sendable {
 
     /// Runs every round.
     /// - Parameters:
-    ///   - server: The coordinator.
+    ///   - coordinator: The coordinator, with the process hosted.
+    ///   - transport: How devices reach it (in-process calls, or HTTP on loopback).
     ///   - workload: The devices' computation.
+    ///   - directory: Where the devices keep their job state (one subdirectory each).
     ///   - now: Real time, for the wall-seconds figures (injected).
     ///   - onRound: Called after each round with its record.
     /// - Returns: The initial evaluation and one record per round.
     public func run(
-        server: some FleetServer, workload: some FleetWorkload, now: @Sendable () -> Double,
-        onRound: (RoundMetrics) -> Void = { _ in }
+        coordinator: FleetCoordinator, transport: any ClientTransport, workload: some FleetWorkload, directory: URL,
+        now: @Sendable () -> Double, onRound: (RoundMetrics) -> Void = { _ in }
     ) async throws(SimulationError) -> (initial: Evaluation, rounds: [RoundMetrics]) {
-        let profiles = (0..<devices).map { DeviceProfile.sample(device: $0, seed: seed, medianSecondsPerUpdate: conditions.medianSecondsPerUpdate, spread: conditions.speedSpread) }
-        let initial = try await workload.evaluate(model: server.currentModel())
+        let timeline = FleetTimeline()
         let slots = TrainingSlots(parallelism)
+        var fleet: [VirtualDevice] = []
+        for device in 0..<devices {
+            let profile = DeviceProfile.sample(device: device, seed: seed, medianSecondsPerUpdate: conditions.medianSecondsPerUpdate, spread: conditions.speedSpread)
+            fleet.append(try await VirtualDevice(
+                index: device, profile: profile, directory: directory.appendingPathComponent("device-\(device)", isDirectory: true),
+                transport: transport, processName: coordinator.processName, processVersion: coordinator.processVersion.description,
+                workload: workload, availability: conditions.availability, windowSeconds: conditions.windowSeconds, seed: seed,
+                timeline: timeline, coordinator: coordinator, slots: slots
+            ))
+        }
+        let initialModel = try await coordinator.currentModel()
+        let initial = try await workload.evaluate(model: initialModel)
         var records: [RoundMetrics] = []
         var clock = 0.0
         for round in 1...max(rounds, 1) where rounds > 0 {
             let wallStart = now()
-            let start = openingTime(after: clock, goal: server.goal)
-            let deadline = try await server.openRound(at: start)
-            // Check-ins, in virtual-time order.
+            let start = openingTime(after: clock, goal: coordinator.goal)
+            let deadline = try await coordinator.openRound(at: start)
+            let modelBytes = try await coordinator.currentModel().count
+            // Check-ins, in virtual-time order: each eligible device is granted a window a seeded moment after the opening.
             var checkIns: [(time: Double, device: Int)] = []
             for device in 0..<devices {
                 guard let window = conditions.availability.window(for: device, atOrAfter: start, seed: seed) else { continue }
                 var jitter = OrchardRandomAccess.uniform(seed: seed, a: UInt64(device), b: UInt64(round), salt: 0xC4EC_C1)
                 jitter *= conditions.checkInSpread
                 let time = max(start, window.start) + jitter
-                if time < deadline && time < window.end { checkIns.append((time, device)) }
+                if time < deadline && time < window.end && fleet[device].clock.seconds < deadline { checkIns.append((time, device)) }
             }
-            checkIns.sort { ($0.time, $0.device) < ($1.time, $1.device) }
-            // The round as a discrete-event loop: check-ins and report deliveries in virtual-time order (reports
-            // first on ties, then by device). A device's training starts (in the background, at most `parallelism`
-            // at a time) as soon as it checks in, since it depends only on its assignment; its report waits for it.
-            var schedules: [DeviceSchedule] = []
-            var assignmentByDevice: [Int: FleetAssignment] = [:]
-            var reportsDue: [(time: Double, device: Int)] = []
-            var trainings: [Int: Task<DeviceUpdate, any Error>] = [:]
-            defer { for training in trainings.values { training.cancel() } }
-            var nextCheckIn = 0
-            var end = deadline
-            var accepted = 0
-            var bytesUp = 0
-            var closed = false
-            while !closed {
-                let report = reportsDue.min { ($0.time, $0.device) < ($1.time, $1.device) }
-                let checkIn = nextCheckIn < checkIns.count ? checkIns[nextCheckIn] : nil
-                if let report, checkIn.map({ report.time <= $0.time }) ?? true {
-                    guard report.time <= deadline else { break }
-                    reportsDue.removeAll { $0.device == report.device }
-                    let update = try await Self.result(of: trainings.removeValue(forKey: report.device)!)
-                    let receipt = try await server.report(update, for: assignmentByDevice[report.device]!, at: report.time)
-                    bytesUp += update.diff.count
-                    if receipt.accepted { accepted += 1 }
-                    if receipt.closedCycle {
-                        closed = true
-                        end = report.time
-                    }
-                } else if let checkIn {
-                    nextCheckIn += 1
-                    guard checkIn.time < deadline else { continue }
-                    guard let assignment = try await server.checkIn(device: checkIn.device, at: checkIn.time) else { continue }
-                    let schedule = DeviceSchedule.plan(
-                        device: checkIn.device, checkIn: checkIn.time, updates: workload.updatesPerRound(device: checkIn.device),
-                        downloadBytes: assignment.model.count, uploadBytes: assignment.model.count, deadline: deadline, round: round,
-                        profile: profiles[checkIn.device], conditions: conditions, seed: seed
-                    )
-                    schedules.append(schedule)
-                    assignmentByDevice[checkIn.device] = assignment
-                    if case .reports(let time) = schedule.outcome {
-                        reportsDue.append((time, checkIn.device))
-                        let windows = schedule.updatesPerWindow
-                        trainings[checkIn.device] = Task {
-                            try await slots.run { try await workload.train(assignment, updatesPerWindow: windows, round: round) }
+            for checkIn in checkIns { fleet[checkIn.device].clock.advance(to: checkIn.time) }
+            await timeline.begin(deadline: deadline, devices: checkIns.map { ($0.device, fleet[$0.device].clock) })
+            let results = await withTaskGroup(of: Result<DeviceRoundRecord, SimulationError>.self) { group in
+                for checkIn in checkIns {
+                    let device = fleet[checkIn.device]
+                    let conditions = self.conditions, seed = self.seed
+                    let updates = workload.updatesPerRound(device: checkIn.device)
+                    group.addTask {
+                        let result: Result<DeviceRoundRecord, SimulationError>
+                        do throws(SimulationError) {
+                            result = .success(try await device.runRound(
+                                round: round, deadline: deadline, updates: updates, modelBytes: modelBytes, conditions: conditions,
+                                seed: seed, timeline: timeline
+                            ))
+                        } catch {
+                            result = .failure(error)
                         }
+                        await timeline.leave(device.index)
+                        return result
                     }
-                } else {
-                    break
+                }
+                var results: [Result<DeviceRoundRecord, SimulationError>] = []
+                for await result in group { results.append(result) }
+                return results
+            }
+            var deviceRecords: [DeviceRoundRecord] = []
+            for result in results {
+                switch result {
+                case .success(let record): deviceRecords.append(record)
+                case .failure(let error): throw error
                 }
             }
-            // Devices still due after the close are late: their trainings stop at the next batch boundary.
-            for training in trainings.values { training.cancel() }
-            for training in trainings.values { _ = try? await training.value }
-            trainings = [:]
-            let aggregated = closed ? true : try await server.expireCycle(at: deadline)
-            let evaluation = round % evaluateEvery == 0 || round == rounds ? try await workload.evaluate(model: server.currentModel()) : nil
-            let bytesDown = assignmentByDevice.values.reduce(0) { $0 + $1.model.count }
-            let dropouts = schedules.count { schedule in
-                if case .dropsOut(let time) = schedule.outcome { return time <= end }
-                return false
-            }
+            let end = await timeline.waitForEnd()
+            let aggregated = end.closed ? true : try await coordinator.expireCycle(at: deadline)
+            let evaluation = round % evaluateEvery == 0 || round == rounds ? try await workload.evaluate(model: coordinator.currentModel()) : nil
+            let selected = deviceRecords.filter { $0.assignedAt != nil }
+            let accepted = selected.count { ($0.reportedAt ?? .infinity) <= end.time }
+            let dropouts = selected.count { ($0.droppedAt ?? .infinity) <= end.time }
             let record = RoundMetrics(
-                round: round, wallSeconds: now() - wallStart, virtualStart: start, virtualEnd: end,
+                round: round, wallSeconds: now() - wallStart, virtualStart: start, virtualEnd: end.time,
                 availableFraction: conditions.availability.availableFraction(devices: devices, at: start, seed: seed),
-                selected: schedules.count, participants: aggregated ? accepted : 0, dropouts: dropouts,
-                late: schedules.count - accepted - dropouts,
-                expirations: schedules.reduce(0) { $0 + $1.expirations.count { $0 <= end } },
-                resumed: schedules.reduce(0) { $0 + $1.resumptions.count { $0 <= end } },
-                bytesUp: bytesUp, bytesDown: bytesDown, aggregated: aggregated,
+                selected: selected.count, participants: aggregated ? accepted : 0, dropouts: dropouts,
+                late: selected.count - accepted - dropouts,
+                expirations: deviceRecords.reduce(0) { $0 + $1.expirations.count { $0 <= end.time } },
+                resumed: deviceRecords.reduce(0) { $0 + $1.resumptions.count { $0 <= end.time } },
+                bytesUp: deviceRecords.reduce(0) { $0 + $1.uploads.filter { $0.time <= end.time }.reduce(0) { $0 + $1.bytes } },
+                bytesDown: deviceRecords.reduce(0) { $0 + $1.downloads.filter { $0.time <= end.time }.reduce(0) { $0 + $1.bytes } },
+                aggregated: aggregated,
                 testLoss: evaluation?.loss, testAccuracy: evaluation?.accuracy, testRMSE: evaluation?.rmse
             )
             records.append(record)
             onRound(record)
-            clock = end
+            clock = end.time
         }
         return (initial, records)
     }
@@ -242,17 +184,6 @@ public struct FleetSimulation: Sendable {
             candidate += 300
         }
         return time
-    }
-
-    /// The update a background training produced, its failure as a ``SimulationError``.
-    private static func result(of training: Task<DeviceUpdate, any Error>) async throws(SimulationError) -> DeviceUpdate {
-        do {
-            return try await training.value
-        } catch let error as SimulationError {
-            throw error
-        } catch {
-            throw SimulationError(.training, "device training failed: \(error)")
-        }
     }
 }
 

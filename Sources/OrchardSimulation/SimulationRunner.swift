@@ -5,6 +5,9 @@ import OrchardFormats
 import OrchardML
 import OrchardProtocol
 import OrchardCoordinator
+import OrchardClient
+import OrchardInProcess
+import Logging
 
 /// What a finished run produced.
 public struct SimulationResult: Sendable {
@@ -48,7 +51,7 @@ public enum SimulationRunner {
                 loss: .crossEntropy, optimizer: .sgd(learningRate: configuration.learningRate), epochs: configuration.localEpochs,
                 batchSize: configuration.batchSize
             )
-            let workload = EngineWorkload(model: model, slices: slices, testSet: test, training: training, seed: configuration.seed)
+            let workload = EngineWorkload(model: model, slices: slices, testSet: test, training: training)
             progress.note("\(configuration.dataset): \(train.count) training and \(test.count) test images over \(configuration.clients) devices; \(configuration.model) with \(model.parameterCount) parameters")
             return try await runFleet(configuration, model: model, workload: workload, writer: writer, progress: progress, now: now, setupStart: setupStart)
         }
@@ -72,7 +75,7 @@ public enum SimulationRunner {
             loss: .meanSquaredError, optimizer: .adam(learningRate: configuration.learningRate), epochs: configuration.localEpochs,
             batchSize: configuration.batchSize
         )
-        let workload = EngineWorkload(model: device, slices: slices, testSet: data.test, training: training, seed: configuration.seed)
+        let workload = EngineWorkload(model: device, slices: slices, testSet: data.test, training: training)
         return try await runFleet(configuration, model: device, workload: workload, writer: writer, progress: progress, now: now, setupStart: setupStart)
     }
 
@@ -98,47 +101,57 @@ public enum SimulationRunner {
             do throws(SimulationError) { try writer.append(metrics) } catch { appendFailure = appendFailure ?? error }
             progress.update(metrics, total: configuration.rounds)
         }
-        if configuration.transport == .memory {
-            let fleetServer = try CycleFleetServer(process: process, seed: configuration.seed)
-            outcome = try await fleet.run(server: fleetServer, workload: workload, now: now, onRound: record)
-        } else {
-            outcome = try await runOverHTTP(process, fleet: fleet, workload: workload, seed: configuration.seed, now: now, onRound: record)
-        }
+        outcome = try await runAgainstCoordinator(process, fleet: fleet, transport: configuration.transport, workload: workload, seed: configuration.seed, now: now, onRound: record)
         if let appendFailure { throw appendFailure }
         let summary = SimulationSummary(settings: configuration.settings, initial: outcome.initial, rounds: outcome.rounds, setupSeconds: setupSeconds)
         try writer.finish(summary: summary, rounds: outcome.rounds, title: "Orchard fleet simulation — \(configuration.dataset), \(configuration.model)")
         return SimulationResult(directory: writer.directory, summary: summary, rounds: outcome.rounds)
     }
 
-    /// Runs the fleet against a real coordinator: its HTTP server on a loopback port, its SQLite store in a
-    /// temporary directory (removed afterwards), its wall clock driven by the simulation's virtual time.
-    private static func runOverHTTP(
-        _ process: HostProcessRequest, fleet: FleetSimulation, workload: some FleetWorkload, seed: UInt64,
-        now: @Sendable () -> Double, onRound: (RoundMetrics) -> Void
+    /// Runs the fleet against a real coordinator with its SQLite store in a temporary directory (removed
+    /// afterwards) and its wall clock driven by the simulation's virtual time: devices reach it over HTTP on a
+    /// loopback port (`http`) or through in-process calls (`memory`). The devices' job directories live beside it.
+    private static func runAgainstCoordinator(
+        _ process: HostProcessRequest, fleet: FleetSimulation, transport choice: TransportChoice, workload: some FleetWorkload,
+        seed: UInt64, now: @Sendable () -> Double, onRound: (RoundMetrics) -> Void
     ) async throws(SimulationError) -> (initial: Evaluation, rounds: [RoundMetrics]) {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("orchard-simulate-\(UUID().uuidString)", isDirectory: true)
         defer { try? FileManager.default.removeItem(at: directory) }
         let clock = ManualWallClock()
         let instance: CoordinatorInstance
-        let server: RunningServer
         do {
             try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
             instance = try await CoordinatorInstance.open(
-                database: directory.appendingPathComponent("coordinator.sqlite").path, clock: .manual(clock), random: SplitMix64(seed: seed)
+                database: directory.appendingPathComponent("coordinator.sqlite").path, clock: .manual(clock),
+                random: SplitMix64(seed: seed), logger: Logger(label: "orchard.simulation.coordinator") { _ in SwiftLogNoOpLogHandler() }
             )
-            server = try await instance.serve(port: 0)
         } catch {
-            throw SimulationError(.coordinator, "cannot start the coordinator on a loopback port: \(error)")
+            throw SimulationError(.coordinator, "cannot open the coordinator's store in \(directory.path): \(error)")
         }
-        do {
-            let fleetServer = try await CoordinatorFleetServer(
-                coordinator: instance.coordinator, clock: clock, process: process, link: HTTPLink(baseURL: server.baseURL)
+        var server: RunningServer?
+        do throws(SimulationError) {
+            let coordinator = try await FleetCoordinator(coordinator: instance.coordinator, clock: clock, process: process)
+            let transport: any ClientTransport
+            if choice == .memory {
+                transport = InMemoryTransport(coordinator: InProcessCoordinatorAdapter(coordinator: instance.coordinator))
+            } else {
+                let running: RunningServer
+                do { running = try await instance.serve(port: 0) } catch {
+                    throw SimulationError(.coordinator, "cannot start the coordinator on a loopback port: \(error)")
+                }
+                server = running
+                do { transport = try HTTPTransport(url: running.baseURL.absoluteString) } catch {
+                    throw SimulationError(.coordinator, "cannot reach the coordinator at \(running.baseURL): \(error)")
+                }
+            }
+            let outcome = try await fleet.run(
+                coordinator: coordinator, transport: transport, workload: workload,
+                directory: directory.appendingPathComponent("devices", isDirectory: true), now: now, onRound: onRound
             )
-            let outcome = try await fleet.run(server: fleetServer, workload: workload, now: now, onRound: onRound)
-            await server.stop()
+            await server?.stop()
             return outcome
         } catch {
-            await server.stop()
+            await server?.stop()
             throw error
         }
     }

@@ -67,56 +67,56 @@ import Testing
     }
 }
 
-@Suite struct DeviceScheduleTests {
-    let profile = DeviceProfile(secondsPerUpdate: 1, downloadBytesPerSecond: 1e9, uploadBytesPerSecond: 1e9)
-
-    @Test func finishesInsideOneWindow() {
-        let s = DeviceSchedule.plan(
-            device: 0, checkIn: 10, updates: 20, downloadBytes: 0, uploadBytes: 0, deadline: 1000, round: 1,
-            profile: profile, conditions: FleetConditions(windowSeconds: 60), seed: 1
+/// One device's round through its own scheduler and job, on its virtual clock: the window arithmetic, expiry and
+/// resumption, the deadline, and dropout.
+@Suite struct DeviceRoundTests {
+    static func conditions(_ availability: Availability = .always, windowSeconds: Double, resumeDelay: ClosedRange<Double> = 30...180, dropout: Double = 0) -> FleetConditions {
+        FleetConditions(
+            availability: availability, dropout: dropout, windowSeconds: windowSeconds, resumeDelay: resumeDelay, checkInSpread: 0,
+            medianSecondsPerUpdate: 1, speedSpread: 0
         )
-        #expect(s.updatesPerWindow == [20])
-        #expect(s.expirations.isEmpty && s.resumptions.isEmpty)
-        #expect(s.outcome == .reports(at: 30))
     }
 
-    @Test func expiresAndResumesAcrossBackgroundWindows() {
-        let conditions = FleetConditions(windowSeconds: 8, resumeDelay: 100...100)
-        let s = DeviceSchedule.plan(
-            device: 0, checkIn: 0, updates: 20, downloadBytes: 0, uploadBytes: 0, deadline: 1000, round: 1,
-            profile: profile, conditions: conditions, seed: 1
-        )
-        #expect(s.updatesPerWindow == [8, 8, 4])
-        #expect(s.expirations == [8, 116])
-        #expect(s.resumptions == [108, 216])
-        #expect(s.outcome == .reports(at: 220))
-        #expect(s.updatesPerWindow.reduce(0, +) == 20)
+    static func workload(devices: Int) -> FakeWorkload {
+        FakeWorkload(optima: Array(repeating: [1, 2, 3], count: devices), samples: Array(repeating: 10, count: devices), updates: 20, step: 0.1)
     }
 
-    @Test func missesTheDeadlineWhenWindowsRunOut() {
-        let trace = Availability.trace([AvailabilityWindow(device: 0, start: 0, end: 5)])
-        let s = DeviceSchedule.plan(
-            device: 0, checkIn: 0, updates: 20, downloadBytes: 0, uploadBytes: 0, deadline: 1000, round: 1,
-            profile: profile, conditions: FleetConditions(availability: trace, windowSeconds: 60), seed: 1
-        )
-        #expect(s.outcome == .missesDeadline)
-        #expect(s.expirations == [5])
-        #expect(s.resumptions.isEmpty)
+    @Test func finishesInsideOneWindow() async throws {
+        let fleet = FleetSimulation(devices: 1, conditions: Self.conditions(windowSeconds: 60), seed: 1, rounds: 1)
+        let r = try #require(try await FleetHarness.run(fleet, workload: Self.workload(devices: 1), goal: 1).rounds.first)
+        #expect(r.selected == 1 && r.participants == 1 && r.expirations == 0 && r.resumed == 0)
+        // 20 updates of one virtual second, plus the transfers of a 3-number model.
+        #expect(r.virtualEnd > 20 && r.virtualEnd < 20.01)
     }
 
-    @Test func dropoutRateFollowsProbability() {
-        let conditions = FleetConditions(dropout: 0.3)
-        var drops = 0
-        for device in 0..<2000 {
-            let s = DeviceSchedule.plan(
-                device: device, checkIn: 0, updates: 10, downloadBytes: 0, uploadBytes: 0, deadline: 1000, round: 3,
-                profile: profile, conditions: conditions, seed: 9
-            )
-            if case .dropsOut(let at) = s.outcome {
-                drops += 1
-                #expect(at >= 0 && at <= 10)
-            }
-        }
-        #expect(abs(Double(drops) / 2000 - 0.3) < 0.04)
+    @Test func expiresAndResumesAcrossBackgroundWindows() async throws {
+        let fleet = FleetSimulation(devices: 1, conditions: Self.conditions(windowSeconds: 8, resumeDelay: 100...100), seed: 1, rounds: 1)
+        let r = try #require(try await FleetHarness.run(fleet, workload: Self.workload(devices: 1), goal: 1).rounds.first)
+        // The download takes a sliver of the first window, so 7 updates fit; the window expires at 8, the next opens
+        // at 108 (the cycle request returns the same assignment, the model is cached) and runs 8 more to 116, the
+        // third opens at 216 and runs the last 5: the report arrives just after 221.
+        #expect(r.selected == 1 && r.participants == 1)
+        #expect(r.expirations == 2 && r.resumed == 2)
+        #expect(r.virtualEnd > 221 && r.virtualEnd < 221.01)
+        #expect(r.bytesDown > 0 && r.bytesUp > 0)
+    }
+
+    @Test func missesTheDeadlineWhenWindowsRunOut() async throws {
+        let trace = Availability.trace([AvailabilityWindow(device: 0, start: 0, end: 15)])
+        let fleet = FleetSimulation(devices: 1, conditions: Self.conditions(trace, windowSeconds: 60), seed: 1, rounds: 1)
+        let r = try #require(try await FleetHarness.run(fleet, workload: Self.workload(devices: 1), goal: 1, cycleSeconds: 300).rounds.first)
+        #expect(r.selected == 1 && r.participants == 0 && r.late == 1)
+        #expect(r.expirations == 1 && r.resumed == 0)
+        #expect(r.virtualEnd == 300 && !r.aggregated)
+    }
+
+    @Test func dropoutRateFollowsProbability() async throws {
+        let devices = 150
+        let fleet = FleetSimulation(devices: devices, conditions: Self.conditions(windowSeconds: 60, dropout: 0.3), seed: 9, rounds: 1)
+        let r = try #require(try await FleetHarness.run(fleet, workload: Self.workload(devices: devices), goal: devices).rounds.first)
+        #expect(r.selected == devices)
+        #expect(abs(Double(r.dropouts) / Double(devices) - 0.3) < 0.1)
+        #expect(r.participants == 0 || r.participants == devices - r.dropouts)
+        #expect(r.late == 0)
     }
 }

@@ -1,0 +1,67 @@
+import Foundation
+import OrchardML
+
+/// A device's hardware and network, drawn once per device from the simulation seed.
+public struct DeviceProfile: Sendable, Hashable, Codable {
+    /// Virtual seconds one optimizer update takes in a background window (phones throttle background work).
+    public var secondsPerUpdate: Double
+    /// Download speed in bytes per virtual second.
+    public var downloadBytesPerSecond: Double
+    /// Upload speed in bytes per virtual second.
+    public var uploadBytesPerSecond: Double
+
+    /// Creates a profile.
+    public init(secondsPerUpdate: Double, downloadBytesPerSecond: Double, uploadBytesPerSecond: Double) {
+        self.secondsPerUpdate = secondsPerUpdate
+        self.downloadBytesPerSecond = downloadBytesPerSecond
+        self.uploadBytesPerSecond = uploadBytesPerSecond
+    }
+
+    /// A seeded profile: update time log-normal around `medianSecondsPerUpdate` (log-σ `spread`), links of
+    /// 2–40 Mbit/s down and a quarter of that up.
+    public static func sample(device: Int, seed: UInt64, medianSecondsPerUpdate: Double, spread: Double = 0.5) -> DeviceProfile {
+        var random = OrchardRandom.derived(seed: seed ^ 0x5EED_DE71CE, stream: UInt64(device))
+        // Box–Muller for one standard normal draw.
+        let u1 = max(random.nextDouble(), 1e-12), u2 = random.nextDouble()
+        let normal = (-2 * log(u1)).squareRoot() * cos(2 * Double.pi * u2)
+        let mbps = 2 + random.nextDouble() * 38
+        return DeviceProfile(
+            secondsPerUpdate: medianSecondsPerUpdate * exp(spread * normal),
+            downloadBytesPerSecond: mbps * 125_000, uploadBytesPerSecond: mbps * 125_000 / 4
+        )
+    }
+}
+
+/// How the fleet behaves around the training itself.
+public struct FleetConditions: Sendable, Hashable {
+    /// When devices are eligible.
+    public var availability: Availability
+    /// Probability that an assigned device goes away (app killed, network lost) before it reports.
+    public var dropout: Double
+    /// The background budget: virtual seconds the OS grants one background task before expiring it.
+    public var windowSeconds: Double
+    /// Virtual seconds between an expired background task and the next one the OS grants (uniform in the range),
+    /// for a device that stays eligible.
+    public var resumeDelay: ClosedRange<Double>
+    /// Virtual seconds over which eligible devices' check-ins are spread at the start of a round.
+    public var checkInSpread: Double
+    /// Median virtual seconds per optimizer update on a device.
+    public var medianSecondsPerUpdate: Double
+    /// Log-normal σ of the update time across devices (0: every device equally fast).
+    public var speedSpread: Double
+
+    /// Creates conditions; every field has a default.
+    public init(
+        availability: Availability = .always, dropout: Double = 0, windowSeconds: Double = 30,
+        resumeDelay: ClosedRange<Double> = 30...180, checkInSpread: Double = 20, medianSecondsPerUpdate: Double = 0.5,
+        speedSpread: Double = 0.5
+    ) {
+        self.availability = availability
+        self.dropout = dropout
+        self.windowSeconds = windowSeconds
+        self.resumeDelay = resumeDelay
+        self.checkInSpread = checkInSpread
+        self.medianSecondsPerUpdate = medianSecondsPerUpdate
+        self.speedSpread = speedSpread
+    }
+}

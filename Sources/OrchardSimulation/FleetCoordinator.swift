@@ -1,0 +1,85 @@
+import Foundation
+public import OrchardCoordinator
+public import OrchardProtocol
+
+/// The coordinator a fleet runs against, as the simulation drives it: a real
+/// ``OrchardCoordinator/Coordinator`` hosting the process, its manual clock following the simulation's virtual
+/// time (virtual time 0 is the clock's time when the process is hosted). The round's cycle is the coordinator's
+/// own: admission, over-selection, deadline, aggregation and its store. Devices reach it through their own
+/// transports; this type opens rounds, moves the clock to each call's virtual time, and expires cycles.
+public actor FleetCoordinator {
+    /// Reports that close a cycle.
+    public nonisolated let goal: Int
+    /// The hosted process's name.
+    public nonisolated let processName: String
+    /// The hosted process's version.
+    public nonisolated let processVersion: SemanticVersion
+    private let coordinator: Coordinator
+    private let clock: ManualWallClock
+    private let epoch: Date
+    private let processID: String
+    private var cycle = 0
+
+    /// Hosts the process on the coordinator.
+    /// - Parameters:
+    ///   - coordinator: A started coordinator whose clock is `clock`.
+    ///   - clock: The coordinator's clock.
+    ///   - process: The process to host (model, initial weights, client and server configuration).
+    public init(coordinator: Coordinator, clock: ManualWallClock, process: HostProcessRequest) async throws(SimulationError) {
+        self.coordinator = coordinator
+        self.clock = clock
+        epoch = clock.now
+        goal = process.serverConfig.goalCount
+        processName = process.name
+        processVersion = process.version
+        do { processID = try await coordinator.host(process).processID } catch {
+            throw SimulationError(.coordinator, "the coordinator refused the process: \(error)")
+        }
+    }
+
+    /// Moves the coordinator's clock to virtual time `time` (never back).
+    public func move(to time: Double) {
+        let target = epoch.addingTimeInterval(time)
+        if target > clock.now { clock.set(target) }
+    }
+
+    private func status() async throws(SimulationError) -> ProcessStatus {
+        do { return try await coordinator.status(processID: processID) } catch {
+            throw SimulationError(.coordinator, "cannot read the process status: \(error)")
+        }
+    }
+
+    /// Lets the coordinator's timer run at `time` (closing a stale cycle) and returns the open cycle's deadline.
+    public func openRound(at time: Double) async throws(SimulationError) -> Double {
+        move(to: time)
+        await coordinator.tick()
+        guard let current = try await status().currentCycle else {
+            throw SimulationError(.coordinator, "the coordinator has no open cycle for the process")
+        }
+        cycle = current.number
+        return current.deadline - epoch.timeIntervalSince1970
+    }
+
+    /// The latest checkpoint's safetensors bytes.
+    public func currentModel() async throws(SimulationError) -> [UInt8] {
+        do { return try await coordinator.checkpoint(processID: processID, number: nil).bytes } catch {
+            throw SimulationError(.coordinator, "cannot read the latest checkpoint: \(error)")
+        }
+    }
+
+    /// Whether the round's cycle has closed (a report met the goal).
+    public func cycleClosed() async throws(SimulationError) -> Bool {
+        try await status().currentCycle?.number != cycle
+    }
+
+    /// Moves the clock to the cycle's deadline and lets the coordinator close it; true when it aggregated.
+    public func expireCycle(at time: Double) async throws(SimulationError) -> Bool {
+        let before = try await status()
+        // A millisecond past the deadline, so that the coordinator's `now >= deadline` holds whatever the rounding
+        // of the virtual-to-wall-clock conversion.
+        move(to: time + 0.001)
+        await coordinator.tick()
+        let after = try await status()
+        return after.cyclesCompleted > before.cyclesCompleted
+    }
+}

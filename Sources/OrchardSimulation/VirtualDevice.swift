@@ -1,0 +1,460 @@
+import Foundation
+import Logging
+import OrchardClient
+import OrchardFormats
+import OrchardML
+import OrchardProtocol
+import OrchardScheduler
+import Synchronization
+
+/// A byte transfer on a device's link, at the virtual time it ended.
+struct Transfer: Sendable, Hashable {
+    var time: Double
+    var bytes: Int
+}
+
+/// What one device did in one round, on its virtual clock (the fleet keeps what happened before the round ended).
+struct DeviceRoundRecord: Sendable {
+    var device: Int
+    /// When the coordinator first admitted it to the round's cycle.
+    var assignedAt: Double?
+    /// When its report was accepted.
+    var reportedAt: Double?
+    /// When it went away (app killed, network gone) for the rest of the round.
+    var droppedAt: Double?
+    /// When the OS expired its background task with training unfinished.
+    var expirations: [Double] = []
+    /// When training resumed from a checkpoint in a later window.
+    var resumptions: [Double] = []
+    var downloads: [Transfer] = []
+    var uploads: [Transfer] = []
+}
+
+/// The OS side of a device's round: the window it is in and the moment it will be killed, if it will.
+struct DeviceRoundState: Sendable {
+    var windowEnd = Double.infinity
+    var killAt: Double?
+    var record: DeviceRoundRecord
+}
+
+/// One virtual device: its own clock, scheduler (BGTaskScheduler's contract, with power and network read from the
+/// availability trace at the device's virtual time), Orchard client with its job directory on disk, link speeds
+/// and data slice. The simulator plays the OS: it grants background windows when the device is eligible and kills
+/// the app when the device drops out; everything else is the SDK's own behaviour.
+final class VirtualDevice: Sendable {
+    static let taskIdentifier = "dev.orchard.simulation.train"
+
+    let index: Int
+    let clock: VirtualClock
+    let profile: DeviceProfile
+    let scheduler: BackgroundScheduler<VirtualClock>
+    let job: FederatedJob
+    private let link: DeviceLink
+    private let failure = FirstError<OrchardClientError>()
+
+    /// Sets up the device: its client and job in `directory`, its scheduler with the training task registered.
+    init(
+        index: Int, profile: DeviceProfile, directory: URL, transport: any ClientTransport, processName: String,
+        processVersion: String, workload: some FleetWorkload, availability: Availability, windowSeconds: Double, seed: UInt64,
+        timeline: FleetTimeline, coordinator: FleetCoordinator, slots: TrainingSlots
+    ) async throws(SimulationError) {
+        self.index = index
+        self.profile = profile
+        let clock = VirtualClock()
+        self.clock = clock
+        let link = DeviceLink(device: index, clock: clock, profile: profile, timeline: timeline, coordinator: coordinator)
+        self.link = link
+        let silent = Logger(label: "orchard.simulation.device") { _ in SwiftLogNoOpLogHandler() }
+        let conditions = AvailabilityConditions(device: index, availability: availability, seed: seed, clock: clock)
+        let epoch = Date(timeIntervalSince1970: 1_700_000_000)
+        let environment = ClientEnvironment.seeded(
+            seed ^ 0xC11E_57 &+ UInt64(index), now: { epoch.addingTimeInterval(clock.seconds) },
+            sleep: { duration in
+                // A retry's backoff passes on the device's clock, and ends with the window like any other wait.
+                do { try await link.spend(duration.virtualSeconds) } catch { throw CancellationError() }
+            }
+        )
+        var random = OrchardRandom.derived(seed: seed ^ 0x7EA1_7123, stream: UInt64(index))
+        let client = OrchardClient(
+            transport: VirtualTransport(inner: transport, link: link), server: "orchard-simulation",
+            configuration: ClientConfiguration(
+                storageDirectory: directory, environment: environment, trainingSeed: random.next(), conditions: conditions,
+                logger: silent, durability: .unsynced
+            )
+        )
+        do {
+            job = try client.newJob(modelName: processName, version: processVersion)
+            scheduler = try BackgroundScheduler(
+                configuration: SchedulerConfiguration(
+                    permittedIdentifiers: [Self.taskIdentifier], processingBudget: .seconds(windowSeconds),
+                    conditionPollInterval: .seconds(Int64.max / 8)
+                ),
+                clock: clock, startDate: epoch, conditions: conditions, logger: silent
+            )
+        } catch {
+            throw SimulationError(.training, "device \(index) cannot be set up: \(error)")
+        }
+        let job = self.job
+        let trainer = DeviceTrainer(device: index, workload: workload, link: link, slots: slots)
+        let failure = self.failure
+        do {
+            try await scheduler.register(identifier: Self.taskIdentifier) { task in
+                do throws(OrchardClientError) {
+                    _ = try await job.run { context in try await trainer.train(context) }
+                    task.setTaskCompleted(success: true)
+                } catch where error.code == .cancelled {
+                    // The window expired (checkpoint saved), the device went away, or the round ended.
+                    task.setTaskCompleted(success: false)
+                } catch {
+                    failure.record(error)
+                    task.setTaskCompleted(success: false)
+                }
+            }
+        } catch {
+            throw SimulationError(.training, "device \(index) cannot register its background task: \(error)")
+        }
+    }
+
+    /// Runs the device's round: background windows from its check-in until it reports, is turned away, drops
+    /// out, or the round ends.
+    /// - Parameters:
+    ///   - round: The round number (the dropout and resume-delay draws depend on it).
+    ///   - deadline: The cycle's deadline.
+    ///   - updates: Optimizer updates its local training takes (for the dropout point).
+    ///   - conditions: Fleet behaviour.
+    ///   - seed: The simulation seed.
+    /// The clock must already be at the check-in time and the device in the timeline.
+    func runRound(round: Int, deadline: Double, updates: Int, modelBytes: Int, conditions: FleetConditions, seed: UInt64, timeline: FleetTimeline) async throws(SimulationError) -> DeviceRoundRecord {
+        let checkIn = clock.seconds
+        var random = OrchardRandom.derived(seed: seed ^ 0xD0_0D1E, stream: UInt64(index) << 32 | UInt64(UInt32(truncatingIfNeeded: round)))
+        var state = DeviceRoundState(record: DeviceRoundRecord(device: index))
+        if random.nextDouble() < conditions.dropout {
+            // It goes away somewhere between check-in and the moment its work would be done without interruptions.
+            let span = Double(modelBytes) / profile.downloadBytesPerSecond + Double(updates) * profile.secondsPerUpdate
+                + Double(modelBytes) / profile.uploadBytesPerSecond
+            state.killAt = checkIn + random.nextDouble() * span
+        } else {
+            _ = random.nextDouble()
+        }
+        defer { Task { await timeline.leave(index) } }
+        guard var window = conditions.availability.window(for: index, atOrAfter: checkIn, seed: seed), window.start <= checkIn else {
+            return state.record
+        }
+        var windowEnd = min(checkIn + conditions.windowSeconds, window.end)
+        link.begin(state)
+        do {
+            try await scheduler.submit(.processing(Self.taskIdentifier, constraints: .powerAndNetwork))
+        } catch {
+            throw SimulationError(.training, "device \(index) cannot submit its background task: \(error)")
+        }
+        while true {
+            link.setWindowEnd(windowEnd)
+            let report: WindowReport
+            do {
+                report = try await scheduler.runWindow(budget: .seconds(max(0, windowEnd - clock.seconds)), kinds: [.processing])
+            } catch {
+                throw SimulationError(.training, "device \(index)'s scheduler failed: \(error)")
+            }
+            if let error = failure.value {
+                throw SimulationError(.training, "device \(index)'s job failed: \(error)")
+            }
+            if let error = link.failure { throw error }
+            guard let run = report.runs.last, run.outcome == .expired, !link.isStopped else { break }
+            link.noteExpiration(at: windowEnd)
+            // The next background task: after the OS's delay, inside an eligibility window, before the deadline.
+            let delay = conditions.resumeDelay.lowerBound + random.nextDouble() * (conditions.resumeDelay.upperBound - conditions.resumeDelay.lowerBound)
+            guard let next = conditions.availability.window(for: index, atOrAfter: windowEnd + delay, seed: seed) else { break }
+            window = next
+            let start = max(windowEnd + delay, window.start)
+            guard start < deadline else { break }
+            clock.advance(to: start)
+            await timeline.moved()
+            windowEnd = min(start + conditions.windowSeconds, window.end)
+        }
+        return link.end()
+    }
+}
+
+/// The device's link and the OS's limits on it: moves the device's clock for transfers and training, cuts them
+/// at the window's end (and waits for the OS to expire the task) or at the moment the device goes away, and puts
+/// its coordinator calls in the fleet's virtual-time order.
+final class DeviceLink: Sendable {
+    /// Why a stretch of work stopped short.
+    enum Interruption: Error {
+        /// The background window ended; the OS has expired the task (its Swift task is cancelled).
+        case expired
+        /// The device went away.
+        case killed
+        /// The round ended before the call.
+        case roundOver
+    }
+
+    let device: Int
+    let clock: VirtualClock
+    let profile: DeviceProfile
+    private let timeline: FleetTimeline
+    private let coordinator: FleetCoordinator
+    private let state: Mutex<(round: DeviceRoundState, stopped: Bool)>
+    private let failed = FirstError<SimulationError>()
+
+    init(device: Int, clock: VirtualClock, profile: DeviceProfile, timeline: FleetTimeline, coordinator: FleetCoordinator) {
+        self.device = device
+        self.clock = clock
+        self.profile = profile
+        self.timeline = timeline
+        self.coordinator = coordinator
+        state = Mutex((DeviceRoundState(record: DeviceRoundRecord(device: device)), false))
+    }
+
+    func begin(_ round: DeviceRoundState) { state.withLock { $0 = (round, false) } }
+    /// A failure of the simulation itself (not of the device) met during a call.
+    var failure: SimulationError? { failed.value }
+    func end() -> DeviceRoundRecord { state.withLock { $0.round.record } }
+    func setWindowEnd(_ time: Double) { state.withLock { $0.round.windowEnd = time } }
+    /// Whether the device went away or the round ended: no more windows this round.
+    var isStopped: Bool { state.withLock { $0.stopped } }
+    func noteExpiration(at time: Double) { state.withLock { $0.round.record.expirations.append(time) } }
+    func noteResumption() {
+        let now = clock.seconds
+        state.withLock { $0.round.record.resumptions.append(now) }
+    }
+
+    /// The next boundary of the device's work: the window's end or the moment it goes away.
+    var boundary: Double {
+        state.withLock { min($0.round.windowEnd, $0.round.killAt ?? .infinity) }
+    }
+
+    /// Spends `seconds` of the device's time, or stops at the window's end or when the device goes away.
+    func spend(_ seconds: Double) async throws(Interruption) {
+        let now = clock.seconds
+        let target = now + seconds
+        let (windowEnd, killAt) = state.withLock { ($0.round.windowEnd, $0.round.killAt) }
+        if let killAt, killAt <= windowEnd, target >= killAt {
+            clock.advance(to: killAt)
+            state.withLock {
+                $0.round.record.droppedAt = killAt
+                $0.stopped = true
+            }
+            await timeline.moved()
+            throw .killed
+        }
+        if target > windowEnd {
+            // The scheduler's timer fires at the window's end and expires the task, cancelling this one (a
+            // microsecond past the end, so its deadline is reached whatever the rounding of its arithmetic).
+            clock.advance(to: windowEnd + 1e-6)
+            await timeline.moved()
+            try? await clock.sleepUntilCancelled()
+            throw .expired
+        }
+        clock.advance(to: target)
+        await timeline.moved()
+    }
+
+    /// Makes one coordinator call at the device's current virtual time, in the fleet's order.
+    func call<T: Sendable>(report: Bool = false, _ body: () async throws(OrchardClientError) -> T) async throws(Interruption) -> Result<T, OrchardClientError> {
+        let time = clock.seconds
+        if let killAt = state.withLock({ $0.round.killAt }), time >= killAt {
+            state.withLock {
+                $0.round.record.droppedAt = killAt
+                $0.stopped = true
+            }
+            throw .killed
+        }
+        do {
+            try await timeline.acquire(device, at: time)
+        } catch {
+            state.withLock { $0.stopped = true }
+            throw .roundOver
+        }
+        await coordinator.move(to: time)
+        let result: Result<T, OrchardClientError>
+        do throws(OrchardClientError) { result = .success(try await body()) } catch { result = .failure(error) }
+        var closed = false
+        if report, case .success = result {
+            do throws(SimulationError) { closed = try await coordinator.cycleClosed() } catch {
+                failed.record(error)
+            }
+        }
+        await timeline.release(closedCycleAt: closed ? time : nil)
+        return result
+    }
+
+    func noteAssigned() {
+        let now = clock.seconds
+        state.withLock { if $0.round.record.assignedAt == nil { $0.round.record.assignedAt = now } }
+    }
+
+    func noteReported() {
+        let now = clock.seconds
+        state.withLock { $0.round.record.reportedAt = now }
+    }
+
+    func noteDownload(_ bytes: Int) {
+        let now = clock.seconds
+        state.withLock { $0.round.record.downloads.append(Transfer(time: now, bytes: bytes)) }
+    }
+
+    func noteUpload(_ bytes: Int) {
+        let now = clock.seconds
+        state.withLock { $0.round.record.uploads.append(Transfer(time: now, bytes: bytes)) }
+    }
+}
+
+/// The device's transport: the real one (HTTP on loopback, or in-process calls), with its calls ordered on the
+/// fleet's virtual time line and its transfers taking the device's link time.
+struct VirtualTransport: ClientTransport {
+    let inner: any ClientTransport
+    let link: DeviceLink
+
+    private func interrupted(_ reason: DeviceLink.Interruption) -> OrchardClientError {
+        switch reason {
+        case .expired: OrchardClientError(.cancelled, "the background window expired during a transfer")
+        case .killed: OrchardClientError(.cancelled, "the device went away")
+        case .roundOver: OrchardClientError(.cancelled, "the round ended before the call")
+        }
+    }
+
+    private func call<T: Sendable>(report: Bool = false, _ body: () async throws(OrchardClientError) -> T) async throws(OrchardClientError) -> T {
+        do {
+            return try await link.call(report: report, body).get()
+        } catch let error as DeviceLink.Interruption {
+            throw interrupted(error)
+        } catch let error as OrchardClientError {
+            throw error
+        } catch {
+            throw OrchardClientError(.network, "\(error)")
+        }
+    }
+
+    func authenticate(_ request: AuthenticateRequest) async throws(OrchardClientError) -> AuthenticateResponse {
+        try await call { () async throws(OrchardClientError) in try await inner.authenticate(request) }
+    }
+
+    func requestCycle(_ request: CycleRequest, session: String) async throws(OrchardClientError) -> CycleResponse {
+        let response = try await call { () async throws(OrchardClientError) in try await inner.requestCycle(request, session: session) }
+        if case .accepted = response { link.noteAssigned() }
+        return response
+    }
+
+    func plan(_ planID: String, requestKey: String, session: String) async throws(OrchardClientError) -> OrchardProtocol.TrainingPlan {
+        try await call { () async throws(OrchardClientError) in try await inner.plan(planID, requestKey: requestKey, session: session) }
+    }
+
+    func downloadModel(_ request: ModelRequest, session: String, into sink: any DownloadSink) async throws(OrchardClientError) {
+        let buffer = BufferedDownload()
+        try await call { () async throws(OrchardClientError) in try await inner.downloadModel(request, session: session, into: buffer) }
+        let (head, bytes) = buffer.contents
+        // The bytes arrive over the link's time; a window's end or the device going away cuts the transfer.
+        let start = link.clock.seconds
+        let seconds = Double(bytes.count) / link.profile.downloadBytesPerSecond
+        var arrived = bytes.count
+        var interruption: DeviceLink.Interruption?
+        do { try await link.spend(seconds) } catch {
+            interruption = error
+            arrived = seconds > 0 ? min(bytes.count, Int(Double(bytes.count) * (link.clock.seconds - start) / seconds)) : 0
+        }
+        if let head {
+            try sink.begin(head)
+            if arrived > 0 { try sink.append(arrived == bytes.count ? bytes : Array(bytes[..<arrived])) }
+        }
+        link.noteDownload(arrived)
+        if let interruption { throw interrupted(interruption) }
+    }
+
+    func report(_ body: [UInt8], session: String) async throws(OrchardClientError) -> ReportResponse {
+        do { try await link.spend(Double(body.count) / link.profile.uploadBytesPerSecond) } catch { throw interrupted(error) }
+        let response = try await call(report: true) { () async throws(OrchardClientError) in try await inner.report(body, session: session) }
+        link.noteUpload(body.count)
+        link.noteReported()
+        return response
+    }
+}
+
+/// Holds a download until its link time has passed.
+final class BufferedDownload: DownloadSink {
+    private let state = Mutex<(head: DownloadHead?, bytes: [UInt8])>((nil, []))
+
+    var contents: (DownloadHead?, [UInt8]) { state.withLock { ($0.head, $0.bytes) } }
+
+    func begin(_ head: DownloadHead) throws(OrchardClientError) { state.withLock { $0.head = head } }
+    func append(_ bytes: [UInt8]) throws(OrchardClientError) { state.withLock { $0.bytes += bytes } }
+}
+
+/// The device's local training inside the job's cycle: stretches of real training that fit the current window
+/// (each update costs the device's `secondsPerUpdate` of virtual time), a checkpoint saved through the SDK when
+/// the window ends first, and the resumed run in a later window continuing from it.
+struct DeviceTrainer: Sendable {
+    let device: Int
+    let workload: any FleetWorkload
+    let link: DeviceLink
+    let slots: TrainingSlots
+
+    func train(_ context: CycleContext) async throws -> LocalUpdate {
+        let total = workload.updatesPerRound(device: device)
+        let cost = link.profile.secondsPerUpdate
+        var checkpoint = context.savedCheckpoint
+        var done = 0
+        if let checkpoint {
+            link.noteResumption()
+            done = try workload.updatesDone(device: device, in: checkpoint)
+        }
+        let weights = context.model.weights
+        let seed = context.seed
+        while true {
+            let fit = max(0, Int(((link.boundary - link.clock.seconds) / cost).rounded(.down)))
+            let stretch = min(total - done, fit)
+            if stretch > 0 {
+                // The stretch's virtual time passes first, so the rest of the fleet need not wait for the computation.
+                do { try await link.spend(Double(stretch) * cost) } catch { throw CancellationError() }
+                let until = done + stretch
+                let from = checkpoint
+                let result = try await slots.run { () async throws -> LocalTrainingStretch in
+                    try workload.train(device: device, weights: weights, seed: seed, resumingFrom: from, until: until)
+                }
+                switch result {
+                case .finished(let diff, let loss):
+                    return LocalUpdate(diff: diff, sampleCount: workload.sampleCount(device: device), metrics: ["loss": loss])
+                case .paused(let state):
+                    checkpoint = state
+                    done = until
+                }
+            }
+            do {
+                try await link.spend(cost)
+            } catch .expired {
+                // Expired by the OS: persist everything the next window needs through the SDK, then stop.
+                if let checkpoint { try context.saveCheckpoint(checkpoint) }
+                throw CancellationError()
+            } catch {
+                throw CancellationError()
+            }
+        }
+    }
+}
+
+/// Power and network as the availability trace says at the device's virtual time: charging on Wi-Fi while
+/// eligible, on battery without network otherwise.
+struct AvailabilityConditions: DeviceConditionsProvider {
+    let device: Int
+    let availability: Availability
+    let seed: UInt64
+    let clock: VirtualClock
+
+    func currentConditions() async -> DeviceConditions {
+        let eligible = availability.isAvailable(device, at: clock.seconds, seed: seed)
+        return DeviceConditions(
+            onExternalPower: eligible, hasBattery: true, batteryLevel: eligible ? 0.9 : 0.5, batteryCharging: eligible,
+            networkConnected: eligible, networkInterface: eligible ? "wlan0" : nil, networkInterfaceKind: eligible ? .wifi : nil,
+            networkMetered: eligible ? false : nil, cpuIdleFraction: 0.9
+        )
+    }
+}
+
+/// The first error recorded by concurrent work.
+final class FirstError<E: Error & Sendable>: Sendable {
+    private let first = Mutex<E?>(nil)
+
+    var value: E? { first.withLock { $0 } }
+
+    func record(_ error: E) { first.withLock { $0 = $0 ?? error } }
+}
