@@ -17,14 +17,16 @@ public struct DeviceProfile: Sendable, Hashable, Codable {
         self.uploadBytesPerSecond = uploadBytesPerSecond
     }
 
-    /// A seeded profile: update time log-normal around `medianSecondsPerUpdate` (log-σ `spread`), links of
-    /// 2–40 Mbit/s down and a quarter of that up.
-    public static func sample(device: Int, seed: UInt64, medianSecondsPerUpdate: Double, spread: Double = 0.5) -> DeviceProfile {
+    /// A seeded profile: update time log-normal around `medianSecondsPerUpdate` (log-σ `spread`), a download
+    /// speed uniform in `megabitsPerSecond` and a quarter of that up.
+    public static func sample(
+        device: Int, seed: UInt64, medianSecondsPerUpdate: Double, spread: Double = 0.5, megabitsPerSecond: ClosedRange<Double> = 2...40
+    ) -> DeviceProfile {
         var random = OrchardRandom.derived(seed: seed ^ 0x5EED_DE71CE, stream: UInt64(device))
         // Box–Muller for one standard normal draw.
         let u1 = max(random.nextDouble(), 1e-12), u2 = random.nextDouble()
         let normal = (-2 * log(u1)).squareRoot() * cos(2 * Double.pi * u2)
-        let mbps = 2 + random.nextDouble() * 38
+        let mbps = megabitsPerSecond.lowerBound + random.nextDouble() * (megabitsPerSecond.upperBound - megabitsPerSecond.lowerBound)
         return DeviceProfile(
             secondsPerUpdate: medianSecondsPerUpdate * exp(spread * normal),
             downloadBytesPerSecond: mbps * 125_000, uploadBytesPerSecond: mbps * 125_000 / 4
@@ -49,13 +51,16 @@ public struct FleetConditions: Sendable, Hashable {
     public var medianSecondsPerUpdate: Double
     /// Log-normal σ of the update time across devices (0: every device equally fast).
     public var speedSpread: Double
+    /// Download speeds across devices, in Mbit/s (uniform in the range; uploads are a quarter of the download).
+    public var megabitsPerSecond: ClosedRange<Double>
 
     /// Creates conditions; every field has a default.
     public init(
         availability: Availability = .always, dropout: Double = 0, windowSeconds: Double = 30,
         resumeDelay: ClosedRange<Double> = 30...180, checkInSpread: Double = 20, medianSecondsPerUpdate: Double = 0.5,
-        speedSpread: Double = 0.5
+        speedSpread: Double = 0.5, megabitsPerSecond: ClosedRange<Double> = 2...40
     ) {
+        self.megabitsPerSecond = megabitsPerSecond
         self.availability = availability
         self.dropout = dropout
         self.windowSeconds = windowSeconds

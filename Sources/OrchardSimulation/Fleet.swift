@@ -91,7 +91,9 @@ public struct FleetSimulation: Sendable {
         let slots = TrainingSlots(parallelism)
         var fleet: [VirtualDevice] = []
         for device in 0..<devices {
-            let profile = DeviceProfile.sample(device: device, seed: seed, medianSecondsPerUpdate: conditions.medianSecondsPerUpdate, spread: conditions.speedSpread)
+            let profile = DeviceProfile.sample(device: device, seed: seed, medianSecondsPerUpdate: conditions.medianSecondsPerUpdate, spread: conditions.speedSpread,
+                megabitsPerSecond: conditions.megabitsPerSecond
+            )
             fleet.append(try await VirtualDevice(
                 index: device, profile: profile, directory: directory.appendingPathComponent("device-\(device)", isDirectory: true),
                 transport: transport, processName: coordinator.processName, processVersion: coordinator.processVersion.description,

@@ -43,6 +43,8 @@ struct DeviceRoundState: Sendable {
 /// the app when the device drops out; everything else is the SDK's own behaviour.
 final class VirtualDevice: Sendable {
     static let taskIdentifier = "dev.orchard.simulation.train"
+    /// The wall-clock date of virtual time zero on every device.
+    static let epoch = Date(timeIntervalSince1970: 1_700_000_000)
 
     let index: Int
     let clock: VirtualClock
@@ -66,7 +68,7 @@ final class VirtualDevice: Sendable {
         self.link = link
         let silent = Logger(label: "orchard.simulation.device") { _ in SwiftLogNoOpLogHandler() }
         let conditions = AvailabilityConditions(device: index, availability: availability, seed: seed, clock: clock)
-        let epoch = Date(timeIntervalSince1970: 1_700_000_000)
+        let epoch = Self.epoch
         let environment = ClientEnvironment.seeded(
             seed ^ 0xC11E_57 &+ UInt64(index), now: { epoch.addingTimeInterval(clock.seconds) },
             sleep: { duration in
@@ -161,11 +163,14 @@ final class VirtualDevice: Sendable {
             if let error = link.failure { throw error }
             guard let run = report.runs.last, run.outcome == .expired, !link.isStopped else { break }
             link.noteExpiration(at: windowEnd)
-            // The next background task: after the OS's delay, inside an eligibility window, before the deadline.
+            // The next background task: after the OS's delay and once the scheduler's retry of the expired task is
+            // due, inside an eligibility window, before the deadline.
             let delay = conditions.resumeDelay.lowerBound + random.nextDouble() * (conditions.resumeDelay.upperBound - conditions.resumeDelay.lowerBound)
-            guard let next = conditions.availability.window(for: index, atOrAfter: windowEnd + delay, seed: seed) else { break }
+            guard let due = await scheduler.effectiveBeginDate(of: Self.taskIdentifier) else { break }
+            let earliest = max(windowEnd + delay, due.timeIntervalSince(Self.epoch))
+            guard let next = conditions.availability.window(for: index, atOrAfter: earliest, seed: seed) else { break }
             window = next
-            let start = max(windowEnd + delay, window.start)
+            let start = max(earliest, window.start)
             guard start < deadline else { break }
             clock.advance(to: start)
             await timeline.moved()

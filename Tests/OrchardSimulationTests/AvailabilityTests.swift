@@ -101,6 +101,23 @@ import Testing
         #expect(r.bytesDown > 0 && r.bytesUp > 0)
     }
 
+    @Test func aDownloadCutByTheWindowResumesFromItsLastByte() async throws {
+        // 0.001 Mbit/s is 125 bytes a second down and a quarter of that up: the coordinator's checkpoint of the fake
+        // model (a safetensors file of over 124 bytes) takes longer than two 0.5-second windows to download, so the
+        // windows cut it and each later one (once the scheduler's retry of the expired task is due) continues from
+        // the last byte received. The report then never fits a window: the device is late.
+        var conditions = Self.conditions(windowSeconds: 0.5, resumeDelay: 1...1)
+        conditions.megabitsPerSecond = 0.001...0.001
+        conditions.medianSecondsPerUpdate = 0.01
+        let fleet = FleetSimulation(devices: 1, conditions: conditions, seed: 1, rounds: 1)
+        var model = 0
+        let r = try #require(try await FleetHarness.run(fleet, workload: Self.workload(devices: 1), goal: 1, cycleSeconds: 3600) { model = $0 }.rounds.first)
+        #expect(model > 2 * 62)
+        // Every byte came down exactly once, across the windows (a restarted download would count bytes again).
+        #expect(r.bytesDown == model)
+        #expect(r.bytesUp == 0 && r.late == 1 && r.expirations >= 3)
+    }
+
     @Test func missesTheDeadlineWhenWindowsRunOut() async throws {
         let trace = Availability.trace([AvailabilityWindow(device: 0, start: 0, end: 15)])
         let fleet = FleetSimulation(devices: 1, conditions: Self.conditions(trace, windowSeconds: 60), seed: 1, rounds: 1)

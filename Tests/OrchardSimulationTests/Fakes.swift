@@ -92,7 +92,7 @@ enum FakeModel {
 enum FleetHarness {
     static func run(
         _ fleet: FleetSimulation, workload: FakeWorkload, goal: Int, overSelection: Double = 1, cycleSeconds: Double = 300,
-        minimumReports: Int = 1, http: Bool = false
+        minimumReports: Int = 1, http: Bool = false, modelBytes: ((Int) -> Void)? = nil
     ) async throws -> (initial: Evaluation, rounds: [RoundMetrics]) {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("orchard-fleet-test-\(UUID().uuidString)")
         defer { try? FileManager.default.removeItem(at: directory) }
@@ -106,6 +106,7 @@ enum FleetHarness {
             coordinator: instance.coordinator, clock: clock,
             process: FakeModel.process(goal: goal, overSelection: overSelection, cycleSeconds: cycleSeconds, minimumReports: minimumReports)
         )
+        modelBytes?(try await coordinator.currentModel().count)
         if http {
             let server = try await instance.serve(port: 0)
             do {
