@@ -61,6 +61,27 @@ struct InMemoryAndSchedulingTests {
         }
     }
 
+    @Test("unsynced storage writes the same state, atomically, and leaves no temporary files", arguments: [StorageDurability.synced, .unsynced])
+    func storageDurability(_ durability: StorageDurability) async throws {
+        try await withInProcessCoordinator { coordinator, clock, directory in
+            let config = ClientConfig(batchSize: 8, learningRate: 0.05, localEpochs: 1)
+            _ = try await coordinator.host(Fixture.host(clientConfig: config))
+            var configuration = inMemoryConfiguration(directory, device: "d", clock: clock)
+            configuration.durability = durability
+            let client = OrchardClient(transport: InMemoryTransport(coordinator: InProcessCoordinatorAdapter(coordinator: coordinator)), server: "in-process", configuration: configuration)
+            let job = try client.newJob(modelName: "regressor", version: "1.0")
+            guard case .reported = try await job.train(on: Fixture.dataset()) else {
+                Issue.record("expected a report")
+                return
+            }
+            let files = try FileManager.default.contentsOfDirectory(atPath: job.directory.path).sorted()
+            // The session and the verified model are kept for the next cycle; the report is gone once accepted.
+            #expect(files.contains("session.json") && files.contains("model.safetensors") && files.contains("model.json"))
+            #expect(!files.contains("pending-report.safetensors"))
+            #expect(files.allSatisfy { !$0.hasPrefix(".") }, "temporary files left behind: \(files)")
+        }
+    }
+
     @Test("in-memory downloads honour ranges only for the same entity")
     func inMemoryRanges() async throws {
         try await withInProcessCoordinator { coordinator, _, _ in
