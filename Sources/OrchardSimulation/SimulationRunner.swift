@@ -20,7 +20,7 @@ public struct SimulationResult: Sendable {
 }
 
 /// Runs a whole scenario: loads the data, prepares the model (for housing, central pretraining of the
-/// embeddings first), hosts the process on the coordinator's cycle logic, runs the fleet, and writes the report.
+/// embeddings first), hosts the process on a real coordinator, runs the fleet of virtual devices against it, and writes the report.
 public enum SimulationRunner {
     /// Runs `configuration`.
     /// - Parameters:
