@@ -103,11 +103,4 @@ actor FleetTimeline {
             waiting.continuation.resume(throwing: RoundOver())
         }
     }
-
-    /// Clears the finished round (every device has left).
-    func reset() {
-        precondition(entries.isEmpty, "devices still in the round")
-        calling = false
-        end = nil
-    }
 }

@@ -123,9 +123,11 @@ final class VirtualDevice: Sendable {
     ///   - round: The round number (the dropout and resume-delay draws depend on it).
     ///   - deadline: The cycle's deadline.
     ///   - updates: Optimizer updates its local training takes (for the dropout point).
+    ///   - modelBytes: Size of the model it downloads (for the dropout point).
     ///   - conditions: Fleet behaviour.
     ///   - seed: The simulation seed.
-    /// The clock must already be at the check-in time and the device in the timeline.
+    ///   - timeline: The round's timeline (the device's clock must already be at its check-in time, and the device
+    ///     in the timeline).
     func runRound(round: Int, deadline: Double, updates: Int, modelBytes: Int, conditions: FleetConditions, seed: UInt64, timeline: FleetTimeline) async throws(SimulationError) -> DeviceRoundRecord {
         let checkIn = clock.seconds
         var random = OrchardRandom.derived(seed: seed ^ 0xD0_0D1E, stream: UInt64(index) << 32 | UInt64(UInt32(truncatingIfNeeded: round)))
