@@ -271,9 +271,14 @@ public struct IDXImageDataset: Dataset, Sendable {
     public func copyInput(_ input: Int, of index: Int, into destination: UnsafeMutableBufferPointer<Float>) {
         let start = index * pixelsPerImage
         pixels.withUnsafeBufferPointer { p in
-            for j in 0..<pixelsPerImage { destination[j] = Float(p[start + j]) / 255 }
+            Self.scaledPixels.withUnsafeBufferPointer { scaled in
+                for j in 0..<pixelsPerImage { destination[j] = scaled[Int(p[start + j])] }
+            }
         }
     }
+
+    /// `Float(v) / 255` for every byte value: a look-up instead of a division per pixel, with the same results.
+    private static let scaledPixels: [Float] = (0...255).map { Float($0) / 255 }
 
     public func copyTarget(of index: Int, into destination: UnsafeMutableBufferPointer<Float>) {
         destination[0] = Float(labels[index])

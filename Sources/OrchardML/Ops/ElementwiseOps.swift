@@ -27,18 +27,32 @@ enum Ops {
         if let bias { addRowVector(rows: batch, width: outSize, vector: bias, into: y) }
     }
 
-    /// Weight, bias and input gradients of a dense layer; pass nil for the ones not needed.
+    /// Weight, bias and input gradients of a dense layer; pass nil for the ones not needed. With `descentRate`,
+    /// the weight and bias gradients are not stored: the parameters take the plain SGD step
+    /// `w -= descentRate · g` at once (after the input gradient has used the old weights), which saves writing the
+    /// weight gradient and reading it back in the optimizer.
     static func denseBackward(
-        batch: Int, inSize: Int, outSize: Int, x: CPtr, weight: CPtr, dy: CPtr,
-        dWeight: Ptr?, dBias: Ptr?, dx: Ptr?, accumulateDx: Bool
+        batch: Int, inSize: Int, outSize: Int, x: CPtr, weight: Ptr, bias: Ptr?, dy: CPtr,
+        dWeight: Ptr?, dBias: Ptr?, dx: Ptr?, accumulateDx: Bool, descentRate: Float? = nil
     ) {
+        if let dx {
+            GEMM.multiply(m: batch, n: inSize, k: outSize, a: dy, lda: outSize, b: weight, ldb: inSize, beta: accumulateDx ? 1 : 0, c: dx, ldc: inSize)
+        }
+        if let rate = descentRate, dWeight != nil {
+            GEMM.multiply(transposeA: true, m: outSize, n: inSize, k: batch, alpha: -rate, a: dy, lda: outSize, b: x, ldb: inSize, beta: 1, c: weight, ldc: inSize)
+            if let bias, dBias != nil {
+                for j in 0..<outSize {
+                    var sum: Float = 0
+                    for r in 0..<batch { sum += dy[r * outSize + j] }
+                    bias[j] -= rate * sum
+                }
+            }
+            return
+        }
         if let dWeight {
             GEMM.multiply(transposeA: true, m: outSize, n: inSize, k: batch, a: dy, lda: outSize, b: x, ldb: inSize, c: dWeight, ldc: inSize)
         }
         if let dBias { sumRows(rows: batch, width: outSize, source: dy, into: dBias) }
-        if let dx {
-            GEMM.multiply(m: batch, n: inSize, k: outSize, a: dy, lda: outSize, b: weight, ldb: inSize, beta: accumulateDx ? 1 : 0, c: dx, ldc: inSize)
-        }
     }
 
     /// Adds `vector` (length `width`) to every row.
