@@ -52,7 +52,7 @@ static void scale_c(long m, long n, float beta, float *c, long ldc) {
 
 // MARK: A · Bᵀ — dot products of rows
 
-enum { DOT_ROWS = 5, DOT_COLS = 2, DOT_DEPTH = 256 };
+enum { DOT_ROWS = 5, DOT_COLS = 2, DOT_DEPTH = 1024 };
 
 /// One R × S tile of C from the dot products of R rows of A with S rows of B over k values. `first` tells
 /// whether this is the first slice of the depth (apply beta) or a later one (add).
@@ -109,8 +109,10 @@ void orchard_avx2_sgemm_nt(long m, long n, long k, float alpha, const float *a, 
         scale_c(m, n, beta, c, ldc);
         return;
     }
-    // The depth goes in equal slices of at most DOT_DEPTH values (multiples of 8), so that the slice of B the
-    // rows of A sweep stays in the core's L2 cache.
+    // Very deep products go in equal slices of at most DOT_DEPTH values (multiples of 8), so that the slice of B
+    // the rows of A sweep stays in the core's L2 cache. Shallower ones are not sliced: on the development VM's
+    // EPYC, a 784-deep product ran about 12 % faster whole (the reductions and the stores to C of each tile
+    // cost as much as the L2 misses saved) than in slices of 256.
     long slices = (k + DOT_DEPTH - 1) / DOT_DEPTH;
     long depth = ((k + slices - 1) / slices + 7) & ~7L;
     for (long p0 = 0; p0 < k; p0 += depth) {
