@@ -55,8 +55,10 @@ let package = Package(
     targets: [
         // Level 0: file formats shared by every layer (safetensors, architecture JSON).
         .target(name: "OrchardFormats", swiftSettings: swiftSettings),
-        // Level 1: the training engine.
-        .target(name: "OrchardML", dependencies: ["OrchardFormats"], swiftSettings: swiftSettings),
+        // Level 1: the training engine, and its AVX2/FMA matrix kernels (C: compiled per function for those
+        // instructions with target attributes, chosen at run time, so no unsafe flags).
+        .target(name: "COrchardKernels"),
+        .target(name: "OrchardML", dependencies: ["OrchardFormats", "COrchardKernels"], swiftSettings: swiftSettings),
         // Level 2: data pipeline and federated partitions.
         .target(
             name: "OrchardData",

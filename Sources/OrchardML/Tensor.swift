@@ -102,7 +102,17 @@ public struct Tensor: Sendable, Hashable, CustomStringConvertible {
     /// Element-wise combination of two tensors of equal shape.
     public func zipWith(_ other: Tensor, _ combine: (Float, Float) -> Float) -> Tensor {
         precondition(shape == other.shape, "shapes differ: \(shape) and \(other.shape)")
-        return Tensor(shape: shape, scalars: zip(scalars, other.scalars).map(combine))
+        // An indexed loop over the buffers: `zip(_:_:).map` grows its result element by element.
+        let count = scalars.count
+        let values = [Float](unsafeUninitializedCapacity: count) { out, initialized in
+            scalars.withUnsafeBufferPointer { a in
+                other.scalars.withUnsafeBufferPointer { b in
+                    for i in 0..<count { out[i] = combine(a[i], b[i]) }
+                }
+            }
+            initialized = count
+        }
+        return Tensor(shape: shape, scalars: values)
     }
 
     /// Element-wise sum.

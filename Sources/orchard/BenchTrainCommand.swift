@@ -29,7 +29,7 @@ struct BenchTrain: AsyncParsableCommand {
     @Option(help: "Timed epochs after the warm-up epoch; the median is reported.")
     var repeats: Int = 3
 
-    @Option(help: "Matrix-multiply backend: blas or portable (default: blas when available).")
+    @Option(help: "Matrix-multiply backend: automatic, avx2, blas or portable (default: automatic, the fastest per shape).")
     var backend: String?
 
     @Option(help: "Seed for data, initialisation and shuffling.")
@@ -40,14 +40,17 @@ struct BenchTrain: AsyncParsableCommand {
         guard batch > 0, samples > 0, threads > 0, repeats > 0 else {
             throw ValidationError("--batch, --samples, --threads and --repeats must be positive")
         }
-        if let backend, !["blas", "portable"].contains(backend) {
-            throw ValidationError("--backend must be blas or portable")
+        if let backend, Self.backends[backend] == nil {
+            throw ValidationError("--backend must be automatic, avx2, blas or portable")
         }
     }
 
+    /// The backends by name.
+    static let backends: [String: MatrixBackend] = ["automatic": .automatic, "avx2": .avx2, "blas": .blas, "portable": .portable]
+
     func run() async throws {
         GEMM.setThreads(threads)
-        if let backend { try GEMM.setBackend(backend == "blas" ? .blas : .portable) }
+        if let backend, let chosen = Self.backends[backend] { try GEMM.setBackend(chosen) }
 
         let dataset = try SyntheticClassification(count: samples, features: 784, classes: 10, seed: seed)
         let network = try Model(name: "mlp2nn", inputShape: [784], seed: seed) {

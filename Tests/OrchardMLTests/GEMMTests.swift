@@ -23,7 +23,7 @@ import Testing
     }
 
     static var backends: [MatrixBackend] {
-        GEMM.isBLASAvailable ? [.portable, .blas] : [.portable]
+        [.portable, .automatic] + (GEMM.isAVX2Available ? [.avx2] : []) + (GEMM.isBLASAvailable ? [.blas] : [])
     }
 
     struct Case: Sendable, CustomTestStringConvertible {

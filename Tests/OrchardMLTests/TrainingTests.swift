@@ -173,3 +173,67 @@ enum Fixtures {
         #expect(error?.message.contains("chasEmbedding") == true)
     }
 }
+
+/// Plain SGD steps the dense layers inside back-propagation (``TrainingPlan/backward(batch:descentRate:)``);
+/// a run must end where storing every gradient and stepping afterwards ends.
+@Suite struct PlainSGDStepTests {
+    /// A model with trained and frozen embeddings, a frozen dense layer, dense layers with and without bias.
+    static func model(frozenEmbeddings: Bool) throws -> Model {
+        try Model(
+            name: "mixed",
+            inputs: [InputSpec(name: "numeric", shape: [10]), InputSpec(name: "rad", shape: [1], categorical: true)],
+            seed: 4
+        ) {
+            Embedding(vocabularySize: 9, embeddingSize: 5, name: "radEmbedding", inputs: ["rad"], frozen: frozenEmbeddings)
+            Dense(units: 7, name: "frozenDense", inputs: ["numeric"], frozen: true)
+            Concat(name: "features", inputs: ["frozenDense", "radEmbedding"])
+            Dense(units: 19)
+            ReLU()
+            Dense(units: 9, useBias: false)
+            Tanh()
+            Dense(units: 1)
+        }
+    }
+
+    @Test(arguments: [false, true])
+    func matchesGradientsThenUpdate(frozenEmbeddings: Bool) throws {
+        let model = try Self.model(frozenEmbeddings: frozenEmbeddings)
+        let data = try Fixtures.housingData(count: 44)
+        let batch = 8, rate: Float = 0.05
+        let trainer = try Trainer(model: model, configuration: TrainingConfiguration(
+            loss: .meanSquaredError, optimizer: .sgd(learningRate: Double(rate)), epochs: 2, batchSize: batch, shuffle: false
+        ))
+        let trained = try trainer.train(on: data).model.flatParameters()
+
+        let plan = try TrainingPlan(model: model, batchCapacity: batch, loss: .meanSquaredError)
+        var weights = plan.flatParameters()
+        for _ in 0..<2 {
+            for start in stride(from: 0, to: data.count, by: batch) {
+                let samples = Array(start..<min(start + batch, data.count))
+                var inputs: [String: Tensor] = [:]
+                for (i, spec) in data.inputSpecs.enumerated() {
+                    var values = [Float](repeating: 0, count: samples.count * spec.elementCount)
+                    values.withUnsafeMutableBufferPointer { buffer in
+                        for (row, sample) in samples.enumerated() {
+                            data.copyInput(i, of: sample, into: UnsafeMutableBufferPointer(rebasing: buffer[(row * spec.elementCount)..<((row + 1) * spec.elementCount)]))
+                        }
+                    }
+                    inputs[spec.name] = Tensor(shape: [samples.count] + spec.shape, scalars: values)
+                }
+                var targets = [Float](repeating: 0, count: samples.count)
+                targets.withUnsafeMutableBufferPointer { buffer in
+                    for (row, sample) in samples.enumerated() { data.copyTarget(of: sample, into: UnsafeMutableBufferPointer(rebasing: buffer[row..<(row + 1)])) }
+                }
+                try plan.setFlatParameters(weights)
+                _ = try plan.computeGradients(inputs: inputs, targets: Tensor(shape: [samples.count, 1], scalars: targets))
+                for (i, g) in plan.flatGradients().enumerated() { weights[i] -= rate * g }
+            }
+        }
+        let worst = zip(trained, weights).map { abs($0 - $1) }.max() ?? 0
+        #expect(worst < 1e-6)
+        // The frozen layer did not move; the trained ones did.
+        let offset = plan.parameterOffsets["frozenDense.weight"]!
+        #expect(trained[offset] == model.flatParameters()[offset])
+        #expect(trained != model.flatParameters())
+    }
+}

@@ -7,12 +7,19 @@ import Synchronization
 
 /// Which implementation runs matrix multiplies.
 public struct MatrixBackend: Sendable, Hashable, CustomStringConvertible {
-    private enum Kind: String, Sendable, Hashable { case portable, blas }
+    private enum Kind: String, Sendable, Hashable { case automatic, portable, avx2, blas }
     private let kind: Kind
     private init(_ kind: Kind) { self.kind = kind }
 
-    /// Orchard's own blocked SIMD kernel; always available.
+    /// Per product, the fastest available one (see ``GEMM/backend(transposeA:transposeB:m:n:k:)``): the AVX2
+    /// kernels for thin products (the training and inference shapes of dense layers), the system BLAS for large
+    /// square-ish ones, the portable kernel when neither is available.
+    public static let automatic = MatrixBackend(.automatic)
+    /// Orchard's own blocked SIMD kernel in Swift, built for the baseline instruction set; always available.
     public static let portable = MatrixBackend(.portable)
+    /// Orchard's own kernels for x86-64 CPUs with AVX2 and FMA (C, compiled per function for those
+    /// instructions and chosen at run time). Products with both operands transposed run on the portable kernel.
+    public static let avx2 = MatrixBackend(.avx2)
     /// The system BLAS (OpenBLAS on Linux, Accelerate on Apple), loaded at run time when present.
     public static let blas = MatrixBackend(.blas)
 
@@ -21,33 +28,40 @@ public struct MatrixBackend: Sendable, Hashable, CustomStringConvertible {
 
 /// Single-precision general matrix multiply, row-major: `C = alpha · op(A) · op(B) + beta · C`.
 ///
-/// The system BLAS is used when it can be loaded (nothing is linked at build time, so a machine without it
-/// still builds and runs); Orchard's portable kernel runs otherwise, or when `ORCHARD_BLAS=off` is set or
-/// ``GEMM/setBackend(_:)`` selects it. ``GEMM/backend`` always tells which one is active.
+/// By default (``MatrixBackend/automatic``) each product runs where it is fastest: thin products — at most 32
+/// rows, a depth of at most 32 (rank-k updates such as a weight gradient), or `A · Bᵀ` with at most 256 columns
+/// (a dense layer's forward pass at any batch size) — on Orchard's AVX2 kernels when the CPU has AVX2 and FMA;
+/// other products on the system BLAS when it can be loaded (nothing is linked at build time, so a machine
+/// without it still builds and runs), otherwise on the AVX2 kernels, otherwise on the portable kernel.
+/// `ORCHARD_BLAS=off` keeps the BLAS from being loaded at all. ``GEMM/setBackend(_:)`` pins one backend, and
+/// ``GEMM/backend(transposeA:transposeB:m:n:k:)`` tells which one a product runs on.
 public enum GEMM {
     private struct Settings: Sendable {
         var backend: MatrixBackend
         var threads: Int
     }
 
-    private static let settings: Mutex<Settings> = Mutex(Settings(
-        backend: BLASLibrary.shared != nil ? .blas : .portable,
-        threads: 1
-    ))
+    private static let settings: Mutex<Settings> = Mutex(Settings(backend: .automatic, threads: 1))
 
-    /// The backend that runs the next multiply.
+    /// The configured backend (``MatrixBackend/automatic`` unless ``setBackend(_:)`` pinned one).
     public static var backend: MatrixBackend { settings.withLock { $0.backend } }
 
     /// Whether a system BLAS was found and loaded.
     public static var isBLASAvailable: Bool { BLASLibrary.shared != nil }
 
+    /// Whether the CPU can run the AVX2 kernels.
+    public static var isAVX2Available: Bool { AVX2GEMM.isAvailable }
+
     /// Number of threads a multiply may use.
     public static var threads: Int { settings.withLock { $0.threads } }
 
-    /// Selects the backend; selecting `.blas` when no BLAS was found is an error.
+    /// Selects the backend; selecting `.blas` or `.avx2` when it is not available is an error.
     public static func setBackend(_ backend: MatrixBackend) throws(EngineError) {
         if backend == .blas && BLASLibrary.shared == nil {
-            throw EngineError(.unavailable, "no system BLAS could be loaded (looked for \(BLASLibrary.candidates.joined(separator: ", ")))")
+            throw EngineError(.unavailable, "no system BLAS could be loaded (looked for \(BLASLibrary.candidates.joined(separator: ", ")); ORCHARD_BLAS=off also disables it)")
+        }
+        if backend == .avx2 && !AVX2GEMM.isAvailable {
+            throw EngineError(.unavailable, "the AVX2 kernels need an x86-64 CPU with AVX2 and FMA")
         }
         settings.withLock { $0.backend = backend }
     }
@@ -57,6 +71,26 @@ public enum GEMM {
         let n = max(1, count)
         settings.withLock { $0.threads = n }
         BLASLibrary.shared?.setThreads(n)
+    }
+
+    /// The backend a product of this shape runs on under the configured backend.
+    public static func backend(transposeA: Bool = false, transposeB: Bool = false, m: Int, n: Int, k: Int) -> MatrixBackend {
+        resolve(backend, transposeA: transposeA, transposeB: transposeB, m: m, n: n, k: k)
+    }
+
+    /// The concrete backend `chosen` means for a product of this shape.
+    static func resolve(_ chosen: MatrixBackend, transposeA: Bool, transposeB: Bool, m: Int, n: Int, k: Int) -> MatrixBackend {
+        let avx2 = AVX2GEMM.isAvailable && !(transposeA && transposeB)
+        switch chosen {
+        case .blas: return BLASLibrary.shared != nil ? .blas : .portable
+        case .avx2: return avx2 ? .avx2 : .portable
+        case .portable: return .portable
+        default:
+            let thin = m <= 32 || k <= 32 || (transposeB && !transposeA && n <= 256)
+            if avx2 && thin { return .avx2 }
+            if BLASLibrary.shared != nil { return .blas }
+            return avx2 ? .avx2 : .portable
+        }
     }
 
     /// Computes `C = alpha · op(A) · op(B) + beta · C` for row-major matrices.
@@ -69,8 +103,8 @@ public enum GEMM {
     ///   - lda: Row stride of A as stored.
     ///   - ldb: Row stride of B as stored.
     ///   - ldc: Row stride of C.
-    ///   - chosen: Run on this backend instead of the configured one (`.blas` needs ``isBLASAvailable``).
-    @inlinable
+    ///   - chosen: Run on this backend instead of the configured one (an unavailable one falls back as
+    ///     ``resolve(_:transposeA:transposeB:m:n:k:)`` says: `.blas` and `.avx2` to `.portable`).
     public static func multiply(
         transposeA: Bool = false, transposeB: Bool = false,
         m: Int, n: Int, k: Int, alpha: Float = 1,
@@ -81,26 +115,25 @@ public enum GEMM {
         using chosen: MatrixBackend? = nil
     ) {
         guard m > 0, n > 0 else { return }
-        let (current, threads) = currentSettings()
-        let backend = chosen ?? current
-        if backend == .blas, let blas = BLASLibrary.shared {
-            blas.sgemm(transposeA, transposeB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
-            return
+        let (current, threads) = settings.withLock { ($0.backend, $0.threads) }
+        switch resolve(chosen ?? current, transposeA: transposeA, transposeB: transposeB, m: m, n: n, k: k) {
+        case .blas:
+            BLASLibrary.shared!.sgemm(transposeA, transposeB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
+        case .avx2:
+            AVX2GEMM.multiply(
+                transposeA: transposeA, transposeB: transposeB, m: m, n: n, k: k, alpha: alpha,
+                a: a, lda: lda, b: b, ldb: ldb, beta: beta, c: c, ldc: ldc, threads: threads
+            )
+        default:
+            PortableGEMM.multiply(
+                transposeA: transposeA, transposeB: transposeB, m: m, n: n, k: k, alpha: alpha,
+                a: a, lda: lda, b: b, ldb: ldb, beta: beta, c: c, ldc: ldc, threads: threads
+            )
         }
-        PortableGEMM.multiply(
-            transposeA: transposeA, transposeB: transposeB, m: m, n: n, k: k, alpha: alpha,
-            a: a, lda: lda, b: b, ldb: ldb, beta: beta, c: c, ldc: ldc, threads: threads
-        )
-    }
-
-    @usableFromInline
-    static func currentSettings() -> (MatrixBackend, Int) {
-        settings.withLock { ($0.backend, $0.threads) }
     }
 }
 
 /// The system BLAS, opened with `dlopen` so that nothing is linked at build time.
-@usableFromInline
 final class BLASLibrary: Sendable {
     typealias SgemmFunction = @convention(c) (
         Int32, Int32, Int32, Int32, Int32, Int32, Float,
@@ -116,7 +149,6 @@ final class BLASLibrary: Sendable {
         #endif
     }()
 
-    @usableFromInline
     static let shared: BLASLibrary? = {
         if let setting = getenv("ORCHARD_BLAS").map({ String(cString: $0) }), ["off", "0", "no", "false"].contains(setting.lowercased()) {
             return nil
@@ -146,7 +178,6 @@ final class BLASLibrary: Sendable {
 
     func setThreads(_ n: Int) { setThreadsFunction?(Int32(n)) }
 
-    @usableFromInline
     func sgemm(
         _ transposeA: Bool, _ transposeB: Bool, _ m: Int, _ n: Int, _ k: Int, _ alpha: Float,
         _ a: UnsafePointer<Float>, _ lda: Int, _ b: UnsafePointer<Float>, _ ldb: Int,

@@ -72,6 +72,12 @@ final class Optimizer {
         for s in slots { s.deallocate() }
     }
 
+    /// The learning rate when the update is plain SGD (`w -= lr · g`: no momentum, no weight decay), which dense
+    /// layers can apply during back-propagation (``TrainingPlan/backward(batch:descentRate:)``); nil otherwise.
+    var plainDescentRate: Float? {
+        spec.type == "sgd" && spec.momentum == 0 && spec.weightDecay == 0 ? Float(spec.learningRate) : nil
+    }
+
     /// Applies one update (PyTorch's semantics for SGD with momentum and for Adam with L2 weight decay).
     func update(parameters w: UnsafeMutablePointer<Float>, gradients g: UnsafePointer<Float>, ranges: [Range<Int>]) {
         let lr = Float(spec.learningRate)

@@ -78,6 +78,12 @@ final class PlanNode {
         }
     }
 
+    /// Whether a plain SGD step can be applied during back-propagation: a trained dense layer.
+    var updatesParametersInBackward: Bool {
+        if case .dense = kind { return weightGradient != nil }
+        return false
+    }
+
     func forward(batch: Int, training: Bool, random: inout OrchardRandom) throws(EngineError) {
         let x = inputs[0]
         let count = batch * outputCount
@@ -109,7 +115,9 @@ final class PlanNode {
         }
     }
 
-    func backward(batch: Int) {
+    /// Back-propagates through the layer. With `descentRate`, a dense layer applies the plain SGD step to its
+    /// own parameters instead of storing their gradients (see ``updatesParametersInBackward``).
+    func backward(batch: Int, descentRate: Float? = nil) {
         guard let dy = outputGradient else { return }
         let count = batch * outputCount
         let dx = inputGradients[0]
@@ -117,8 +125,8 @@ final class PlanNode {
         switch kind {
         case .dense(let inSize, let outSize):
             Ops.denseBackward(
-                batch: batch, inSize: inSize, outSize: outSize, x: inputs[0], weight: weight!, dy: dy,
-                dWeight: weightGradient, dBias: biasGradient, dx: dx, accumulateDx: acc
+                batch: batch, inSize: inSize, outSize: outSize, x: inputs[0], weight: weight!, bias: bias, dy: dy,
+                dWeight: weightGradient, dBias: biasGradient, dx: dx, accumulateDx: acc, descentRate: descentRate
             )
         case .embedding(let n, let vocabulary, let dim):
             if let dTable = weightGradient {

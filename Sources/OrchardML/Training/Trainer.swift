@@ -215,8 +215,13 @@ public final class Trainer {
                 loadBatch(dataset, routes: routes, start: start, count: b)
                 try plan.forward(batch: b, training: true)
                 let lossSum = try plan.lossAndGradient(batch: b)
-                plan.backward(batch: b)
-                optimizer.update(parameters: plan.parameters, gradients: plan.gradients, ranges: plan.trainableRanges)
+                // Plain SGD steps the dense layers inside back-propagation; the optimizer does the rest.
+                let descentRate = optimizer.plainDescentRate
+                plan.backward(batch: b, descentRate: descentRate)
+                optimizer.update(
+                    parameters: plan.parameters, gradients: plan.gradients,
+                    ranges: descentRate == nil ? plan.trainableRanges : plan.rangesNotUpdatedInBackward
+                )
                 position.batch += 1
                 position.updates += 1
                 position.epochUpdates += 1

@@ -31,6 +31,9 @@ public final class TrainingPlan {
     let gradients: Ptr
     /// Trainable stretches of the flat vector.
     let trainableRanges: [Range<Int>]
+    /// Trainable stretches whose update the optimizer still applies when
+    /// ``backward(batch:descentRate:)`` takes the plain SGD step inside the dense layers.
+    let rangesNotUpdatedInBackward: [Range<Int>]
     /// One buffer per model input, `batchCapacity × perSample`.
     let inputBuffers: [Ptr]
     /// Per-sample element count of each input.
@@ -75,20 +78,15 @@ public final class TrainingPlan {
         let trainableNames = Set(model.trainableParameterNames)
         var offsets: [String: Int] = [:]
         var total = 0
-        var ranges: [Range<Int>] = []
         for name in names {
             offsets[name] = total
-            let n = named[name]!.count
-            if trainableNames.contains(name) {
-                if let last = ranges.last, last.upperBound == total { ranges[ranges.count - 1] = last.lowerBound..<(total + n) } else { ranges.append(total..<(total + n)) }
-            }
-            total += n
+            total += named[name]!.count
         }
         parameterNames = names
         parameterOffsets = offsets
         parameterCount = total
         parameterTrainable = names.map { trainableNames.contains($0) }
-        trainableRanges = ranges
+        trainableRanges = Self.ranges(of: names.filter(trainableNames.contains), offsets: offsets, sizes: named.mapValues(\.count))
 
         var allocations: [UnsafeMutableRawPointer] = []
         func allocate(_ count: Int) -> Ptr {
@@ -166,6 +164,9 @@ public final class TrainingPlan {
             nodes.append(node)
         }
         self.nodes = nodes
+        let updatedInBackward = Set(nodes.filter(\.updatesParametersInBackward).flatMap { ["\($0.name).weight", "\($0.name).bias"] })
+        rangesNotUpdatedInBackward = Self.ranges(
+            of: names.filter { trainableNames.contains($0) && !updatedInBackward.contains($0) }, offsets: offsets, sizes: named.mapValues(\.count))
         self.outputNode = nodes.last { $0.name == model.output }!
         self.fusedSoftmax = fused
         outputCount = model.outputShape.reduce(1, *)
@@ -190,6 +191,16 @@ public final class TrainingPlan {
 
     deinit {
         for p in allocations { p.deallocate() }
+    }
+
+    /// The stretches of the flat vector the named parameters (in flat order) cover, adjacent ones merged.
+    private static func ranges(of names: [String], offsets: [String: Int], sizes: [String: Int]) -> [Range<Int>] {
+        var ranges: [Range<Int>] = []
+        for name in names {
+            let start = offsets[name]!, end = start + sizes[name]!
+            if let last = ranges.last, last.upperBound == start { ranges[ranges.count - 1] = last.lowerBound..<end } else { ranges.append(start..<end) }
+        }
+        return ranges
     }
 
     /// Runs the layers on the first `batch` samples of the input buffers.
@@ -254,10 +265,15 @@ public final class TrainingPlan {
     }
 
     /// Back-propagates the output gradient written by ``lossAndGradient(batch:)``.
-    func backward(batch: Int) {
+    ///
+    /// With `descentRate`, every trained dense layer takes the plain SGD step `w -= descentRate · g` on its weight
+    /// and bias as soon as its input gradient is computed, and does not store those gradients; the optimizer then
+    /// updates only ``rangesNotUpdatedInBackward``. The result is the same as storing the gradients and
+    /// stepping afterwards, with less memory traffic.
+    func backward(batch: Int, descentRate: Float? = nil) {
         for node in nodes.reversed() where node.doesBackward {
             if fusedSoftmax && node === outputNode { continue }
-            node.backward(batch: batch)
+            node.backward(batch: batch, descentRate: descentRate)
         }
     }
 
@@ -299,7 +315,9 @@ public final class TrainingPlan {
         values.withUnsafeBufferPointer { parameters.update(from: $0.baseAddress!, count: parameterCount) }
     }
 
-    /// The gradients of the last backward pass as one flat vector (name order; zero for frozen parameters).
+    /// The gradients of the last backward pass as one flat vector (name order; zero for frozen parameters). A
+    /// ``Trainer`` with plain SGD steps dense layers during back-propagation without storing their gradients, so
+    /// after its training those entries hold whatever ``computeGradients(inputs:targets:)`` last wrote.
     public func flatGradients() -> [Float] { Array(UnsafeBufferPointer(start: gradients, count: parameterCount)) }
 
     /// Copies inputs and targets for `batch` samples into the plan's buffers, runs forward, loss and backward,

@@ -1,0 +1,34 @@
+#ifndef ORCHARD_KERNELS_H
+#define ORCHARD_KERNELS_H
+
+#include <stdbool.h>
+
+/// Single-precision matrix-multiply kernels for x86-64 CPUs with AVX2 and FMA, compiled per function for that
+/// instruction set (no build flags needed) and called only after `orchard_avx2_available()` said yes.
+/// Matrices are row-major; every kernel computes `C = alpha · op(A) · op(B) + beta · C` and never reads C when
+/// `beta` is 0. On other architectures the kernels are absent and `orchard_avx2_available()` returns false.
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/// Whether this build has the AVX2 kernels and the CPU (and operating system) can run them.
+bool orchard_avx2_available(void);
+
+/// `C[m × n] = alpha · A · Bᵀ + beta · C`, A stored `m × k` (row stride `lda`), B stored `n × k` (row stride
+/// `ldb`): every entry is a dot product of two contiguous rows.
+void orchard_avx2_sgemm_nt(long m, long n, long k, float alpha,
+                           const float *a, long lda, const float *b, long ldb,
+                           float beta, float *c, long ldc);
+
+/// `C[m × n] = alpha · op(A) · B + beta · C` with B stored `k × n` (row stride `ldb`); op(A) is A stored `m × k`,
+/// or Aᵀ with A stored `k × m` when `transpose_a` is true (row stride `lda` either way).
+void orchard_avx2_sgemm_xn(bool transpose_a, long m, long n, long k, float alpha,
+                           const float *a, long lda, const float *b, long ldb,
+                           float beta, float *c, long ldc);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

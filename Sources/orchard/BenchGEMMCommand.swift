@@ -1,0 +1,92 @@
+import ArgumentParser
+import Foundation
+import OrchardML
+
+/// `orchard bench gemm`: GFLOP/s of one matrix-multiply shape on every available backend.
+struct BenchGEMM: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "gemm",
+        abstract: "Time C = op(A)·op(B) for one shape on every available backend; print GFLOP/s as one JSON line.",
+        discussion: """
+        Operands are seeded uniform values; each backend runs the product repeatedly for about --seconds, and the \
+        best of --repeats such runs is reported. 'automatic' is the backend the engine picks for the shape.
+        """
+    )
+
+    @Option(help: "Rows of op(A) and C.")
+    var m: Int = 10
+
+    @Option(help: "Columns of op(B) and C.")
+    var n: Int = 200
+
+    @Option(help: "Depth: columns of op(A), rows of op(B).")
+    var k: Int = 784
+
+    @Flag(help: "Use Aᵀ (A stored k × m).")
+    var transposeA = false
+
+    @Flag(help: "Use Bᵀ (B stored n × k), as a dense layer's forward pass does.")
+    var transposeB = false
+
+    @Option(help: "Threads a multiply may use.")
+    var threads: Int = 1
+
+    @Option(help: "Timed runs per backend; the best is reported.")
+    var repeats: Int = 5
+
+    @Option(help: "Approximate seconds per timed run.")
+    var seconds: Double = 0.2
+
+    func validate() throws {
+        guard m > 0, n > 0, k > 0, threads > 0, repeats > 0, seconds > 0 else {
+            throw ValidationError("--m, --n, --k, --threads, --repeats and --seconds must be positive")
+        }
+    }
+
+    func run() async throws {
+        GEMM.setThreads(threads)
+        var random = OrchardRandom(seed: 1)
+        let a = (0..<(m * k)).map { _ in random.nextFloat() - 0.5 }
+        let b = (0..<(k * n)).map { _ in random.nextFloat() - 0.5 }
+        var c = [Float](repeating: 0, count: m * n)
+        let lda = transposeA ? m : k, ldb = transposeB ? k : n
+        var backends: [MatrixBackend] = [.automatic, .portable]
+        if GEMM.isAVX2Available { backends.append(.avx2) }
+        if GEMM.isBLASAvailable { backends.append(.blas) }
+
+        let flops = 2.0 * Double(m) * Double(n) * Double(k)
+        let iterations = max(1, Int(seconds * 20e9 / flops))
+        let clock = ContinuousClock()
+        var gflops: [String: Double] = [:]
+        for backend in backends {
+            var best = Double.infinity
+            for _ in 0..<repeats {
+                let start = clock.now
+                a.withUnsafeBufferPointer { pa in
+                    b.withUnsafeBufferPointer { pb in
+                        c.withUnsafeMutableBufferPointer { pc in
+                            for _ in 0..<iterations {
+                                GEMM.multiply(
+                                    transposeA: transposeA, transposeB: transposeB, m: m, n: n, k: k,
+                                    a: pa.baseAddress!, lda: lda, b: pb.baseAddress!, ldb: ldb,
+                                    c: pc.baseAddress!, ldc: n, using: backend
+                                )
+                            }
+                        }
+                    }
+                }
+                let elapsed = clock.now - start
+                best = min(best, Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) * 1e-18)
+            }
+            gflops[backend.description] = (flops * Double(iterations) / best / 1e8).rounded() / 10
+        }
+        let report: [String: Any] = [
+            "m": m, "n": n, "k": k, "transpose_a": transposeA, "transpose_b": transposeB, "threads": threads,
+            "gflops": gflops,
+            "automatic_runs_on": GEMM.backend(transposeA: transposeA, transposeB: transposeB, m: m, n: n, k: k).description,
+            "engine": "orchard",
+        ]
+        let json = try JSONSerialization.data(withJSONObject: report, options: [.sortedKeys])
+        print(String(decoding: json, as: UTF8.self))
+    }
+}

@@ -1,0 +1,132 @@
+@testable import OrchardML
+import Testing
+
+/// The AVX2 kernels and the portable kernel they stand in for, over every tile shape and edge of the kernels:
+/// `A · Bᵀ` row tiles of 1…5 rows and 1…2 columns, depths with and without a vector tail and with several depth
+/// slices; `op(A) · B` row tiles of 1…6 rows, column strips of 16, 9…15 and 1…8; alpha and beta; padding.
+@Suite struct AVX2GEMMTests {
+    struct Shape: Sendable, CustomTestStringConvertible {
+        var m: Int, n: Int, k: Int, ta: Bool, tb: Bool
+        var testDescription: String { "\(m)x\(n)x\(k) tA=\(ta) tB=\(tb)" }
+    }
+
+    /// Every shape class of both kernels.
+    static let shapes: [Shape] = {
+        var s: [Shape] = []
+        // A · Bᵀ: rows 1…11 cover every row tile (5, then 1…4), odd columns a one-column tile, depths a tail
+        // (k % 8 ≠ 0), a vector-only depth, k = 1, and several depth slices (k > 256).
+        for m in [1, 2, 3, 4, 5, 6, 9, 11] {
+            for (n, k) in [(1, 1), (3, 7), (10, 8), (7, 200), (5, 257), (4, 784), (3, 1031)] {
+                s.append(Shape(m: m, n: n, k: k, ta: false, tb: true))
+            }
+        }
+        // op(A) · B: rows 1…13 cover every row tile (6, then 1…5), columns every strip width, depths 1 and more.
+        for ta in [false, true] {
+            for m in [1, 2, 3, 4, 5, 6, 7, 13] {
+                for (n, k) in [(1, 1), (5, 3), (8, 10), (9, 2), (15, 17), (16, 1), (33, 9), (200, 10)] {
+                    s.append(Shape(m: m, n: n, k: k, ta: ta, tb: false))
+                }
+            }
+        }
+        // The 2NN's training and evaluation shapes.
+        s.append(Shape(m: 10, n: 200, k: 784, ta: false, tb: true))
+        s.append(Shape(m: 200, n: 784, k: 10, ta: true, tb: false))
+        s.append(Shape(m: 10, n: 784, k: 200, ta: false, tb: false))
+        s.append(Shape(m: 130, n: 10, k: 200, ta: false, tb: true))
+        return s
+    }()
+
+    static let scalings: [(alpha: Float, beta: Float)] = [(1, 0), (0.5, 1), (-1.5, 0.25)]
+
+    /// Runs a product on `backend` for each scaling with padded strides and checks it against the reference;
+    /// padding must stay untouched and, with beta 0, C's old contents (NaN here) must never be read.
+    static func check(_ t: Shape, backend: MatrixBackend, threads: Int) {
+        var rng = SplitMix64(state: UInt64(t.m * 1_000_003 + t.n * 1009 + t.k * 7 + (t.ta ? 1 : 0)))
+        for (alpha, beta) in scalings {
+            let pad = 3
+            let rowsA = t.ta ? t.k : t.m, colsA = t.ta ? t.m : t.k
+            let rowsB = t.tb ? t.n : t.k, colsB = t.tb ? t.k : t.n
+            let lda = colsA + pad, ldb = colsB + pad, ldc = t.n + pad
+            let a = (0..<(rowsA * lda)).map { _ in rng.nextFloat() }
+            let b = (0..<(rowsB * ldb)).map { _ in rng.nextFloat() }
+            let c0 = (0..<(t.m * ldc)).map { index in beta == 0 && index % ldc < t.n ? Float.nan : rng.nextFloat() }
+            let expected = GEMMTests.reference(
+                transposeA: t.ta, transposeB: t.tb, m: t.m, n: t.n, k: t.k, alpha: alpha,
+                a: a, lda: lda, b: b, ldb: ldb, beta: beta, c: c0.map { $0.isNaN ? 0 : $0 }, ldc: ldc)
+            var c = c0
+            a.withUnsafeBufferPointer { pa in
+                b.withUnsafeBufferPointer { pb in
+                    c.withUnsafeMutableBufferPointer { pc in
+                        if backend == .avx2 {
+                            AVX2GEMM.multiply(
+                                transposeA: t.ta, transposeB: t.tb, m: t.m, n: t.n, k: t.k, alpha: alpha,
+                                a: pa.baseAddress!, lda: lda, b: pb.baseAddress!, ldb: ldb, beta: beta,
+                                c: pc.baseAddress!, ldc: ldc, threads: threads)
+                        } else {
+                            PortableGEMM.multiply(
+                                transposeA: t.ta, transposeB: t.tb, m: t.m, n: t.n, k: t.k, alpha: alpha,
+                                a: pa.baseAddress!, lda: lda, b: pb.baseAddress!, ldb: ldb, beta: beta,
+                                c: pc.baseAddress!, ldc: ldc, threads: threads)
+                        }
+                    }
+                }
+            }
+            var worst: Float = 0
+            for i in 0..<t.m {
+                for j in 0..<t.n {
+                    let e = expected[i * ldc + j]
+                    worst = max(worst, c[i * ldc + j].isNaN ? .infinity : abs(c[i * ldc + j] - e) / max(1, abs(e)))
+                }
+                for j in t.n..<ldc { #expect(c[i * ldc + j] == c0[i * ldc + j], "padding of row \(i) was written") }
+            }
+            #expect(worst < 1e-4, "\(backend) α=\(alpha) β=\(beta): relative error \(worst)")
+        }
+    }
+
+    @Test(.enabled(if: AVX2GEMM.isAvailable), arguments: shapes)
+    func avx2MatchesReference(_ t: Shape) {
+        Self.check(t, backend: .avx2, threads: 1)
+    }
+
+    @Test(arguments: shapes)
+    func portableMatchesReference(_ t: Shape) {
+        Self.check(t, backend: .portable, threads: 1)
+    }
+
+    /// Rows split between threads give the same products.
+    @Test(.enabled(if: AVX2GEMM.isAvailable), arguments: [
+        Shape(m: 1000, n: 200, k: 100, ta: false, tb: true), Shape(m: 200, n: 40, k: 10, ta: true, tb: false),
+        Shape(m: 131, n: 17, k: 9, ta: false, tb: false),
+    ])
+    func avx2SplitsRowsBetweenThreads(_ t: Shape) {
+        Self.check(t, backend: .avx2, threads: 2)
+    }
+
+    /// With k = 0 or alpha = 0 the product is `beta · C`.
+    @Test(.enabled(if: AVX2GEMM.isAvailable), arguments: [false, true])
+    func emptyDepthScalesC(_ transposeB: Bool) {
+        let a: [Float] = [1, 2, 3, 4], b: [Float] = [5, 6, 7, 8]
+        for (k, alpha) in [(0, Float(1)), (2, Float(0))] {
+            var c: [Float] = [1, 2, 3, 4]
+            AVX2GEMM.multiply(transposeA: false, transposeB: transposeB, m: 2, n: 2, k: k, alpha: alpha,
+                              a: a, lda: 2, b: b, ldb: 2, beta: 0.5, c: &c, ldc: 2, threads: 1)
+            #expect(c == [0.5, 1, 1.5, 2])
+        }
+    }
+
+    /// The automatic backend sends thin products to the AVX2 kernels and never sends a doubly transposed one there.
+    @Test func automaticRouting() {
+        let thin = GEMM.resolve(.automatic, transposeA: false, transposeB: true, m: 1000, n: 200, k: 784)
+        let dW = GEMM.resolve(.automatic, transposeA: true, transposeB: false, m: 200, n: 784, k: 10)
+        let both = GEMM.resolve(.automatic, transposeA: true, transposeB: true, m: 10, n: 10, k: 10)
+        let square = GEMM.resolve(.automatic, transposeA: false, transposeB: false, m: 512, n: 512, k: 512)
+        if AVX2GEMM.isAvailable {
+            #expect(thin == .avx2 && dW == .avx2)
+            #expect(square == (GEMM.isBLASAvailable ? .blas : .avx2))
+        } else {
+            #expect(thin != .avx2 && dW != .avx2 && square != .avx2)
+        }
+        #expect(both != .avx2)
+        #expect(GEMM.resolve(.portable, transposeA: false, transposeB: true, m: 10, n: 200, k: 784) == .portable)
+    }
+}
