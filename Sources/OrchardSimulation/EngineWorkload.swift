@@ -100,7 +100,8 @@ public struct EngineWorkload<Slice: Dataset, TestSet: Dataset>: FleetWorkload, @
                         let part = self.testParts[index]
                         let start = (part.indices.first ?? 0) * width
                         let targets = self.testTargets[start..<(start + part.count * width)]
-                        return (index, try Self.sums(global, on: part, targets: targets, loss: self.training.loss))
+                        let loss = self.training.loss
+                        return (index, try await offCooperativePool { try Self.sums(global, on: part, targets: targets, loss: loss) })
                     }
                 }
                 var results = [EvaluationSums](repeating: EvaluationSums(), count: testParts.count)

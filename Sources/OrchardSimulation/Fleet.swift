@@ -104,6 +104,7 @@ public struct FleetSimulation: Sendable {
         let initialModel = try await coordinator.currentModel()
         let initial = try await workload.evaluate(model: initialModel)
         var records: [RoundMetrics] = []
+        var pending: (record: RoundMetrics, evaluation: Task<Evaluation?, any Error>)?
         var clock = 0.0
         for round in 1...max(rounds, 1) where rounds > 0 {
             let wallStart = now()
@@ -153,7 +154,13 @@ public struct FleetSimulation: Sendable {
             }
             let end = await timeline.waitForEnd()
             let aggregated = end.closed ? true : try await coordinator.expireCycle(at: deadline)
-            let evaluation = round % evaluateEvery == 0 || round == rounds ? try await workload.evaluate(model: coordinator.currentModel()) : nil
+            // The global model is evaluated while the next round runs (it uses the cores the round leaves idle); the
+            // round's record is published once its evaluation is in.
+            let model = round % evaluateEvery == 0 || round == rounds ? try await coordinator.currentModel() : nil
+            let evaluation = Task { () async throws -> Evaluation? in
+                guard let model else { return nil }
+                return try await workload.evaluate(model: model)
+            }
             let selected = deviceRecords.filter { $0.assignedAt != nil }
             let accepted = selected.count { ($0.reportedAt ?? .infinity) <= end.time }
             let dropouts = selected.count { ($0.droppedAt ?? .infinity) <= end.time }
@@ -166,14 +173,32 @@ public struct FleetSimulation: Sendable {
                 resumed: deviceRecords.reduce(0) { $0 + $1.resumptions.count { $0 <= end.time } },
                 bytesUp: deviceRecords.reduce(0) { $0 + $1.uploads.filter { $0.time <= end.time }.reduce(0) { $0 + $1.bytes } },
                 bytesDown: deviceRecords.reduce(0) { $0 + $1.downloads.filter { $0.time <= end.time }.reduce(0) { $0 + $1.bytes } },
-                aggregated: aggregated,
-                testLoss: evaluation?.loss, testAccuracy: evaluation?.accuracy, testRMSE: evaluation?.rmse
+                aggregated: aggregated, testLoss: nil, testAccuracy: nil, testRMSE: nil
             )
-            records.append(record)
-            onRound(record)
+            if let previous = pending { records.append(try await Self.publish(previous, onRound)) }
+            pending = (record, evaluation)
             clock = end.time
         }
+        if let last = pending { records.append(try await Self.publish(last, onRound)) }
         return (initial, records)
+    }
+
+    /// Completes a round's record with its evaluation and publishes it.
+    private static func publish(
+        _ round: (record: RoundMetrics, evaluation: Task<Evaluation?, any Error>), _ onRound: (RoundMetrics) -> Void
+    ) async throws(SimulationError) -> RoundMetrics {
+        var record = round.record
+        let result: Evaluation?
+        do { result = try await round.evaluation.value } catch let error as SimulationError { throw error } catch {
+            throw SimulationError(.training, "cannot evaluate the global model: \(error)")
+        }
+        if let evaluation = result {
+            record.testLoss = evaluation.loss
+            record.testAccuracy = evaluation.accuracy
+            record.testRMSE = evaluation.rmse
+        }
+        onRound(record)
+        return record
     }
 
     /// The first time at or after `time` when at least `goal` devices are eligible (the coordinator's pace
@@ -191,13 +216,17 @@ public struct FleetSimulation: Sendable {
 
 /// At most `count` trainings at the same time, admitted in arrival order; a training cancelled while it waits
 /// does not run.
+///
+/// A training is a long synchronous computation, so it runs on a Dispatch worker thread rather than on Swift's
+/// cooperative pool (as wide as the cores): there it would hold a pool thread for its whole length, and the devices'
+/// check-ins, transfers and coordinator calls — the fleet's critical path — would wait for it.
 actor TrainingSlots {
     private var free: Int
     private var waiting: [CheckedContinuation<Void, Never>] = []
 
     init(_ count: Int) { free = max(1, count) }
 
-    func run<T: Sendable>(_ body: @Sendable () async throws -> T) async throws -> T {
+    func run<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
         if free > 0 {
             free -= 1
         } else {
@@ -205,11 +234,22 @@ actor TrainingSlots {
         }
         defer { release() }
         try Task.checkCancellation()
-        return try await body()
+        return try await offCooperativePool(body)
     }
 
     private func release() {
         if waiting.isEmpty { free += 1 } else { waiting.removeFirst().resume() }
+    }
+}
+
+/// Runs a long synchronous computation (training, evaluation) on a Dispatch worker thread and waits for it, so
+/// that it does not hold one of the Swift cooperative pool's threads (there are only as many as cores) while the
+/// devices' event handling waits behind it.
+func offCooperativePool<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
+    try await withCheckedThrowingContinuation { continuation in
+        DispatchQueue.global(qos: .userInitiated).async {
+            continuation.resume(with: Result { try body() })
+        }
     }
 }
 

@@ -2,7 +2,8 @@
 public struct RoundMetrics: Sendable, Hashable, Codable {
     /// The round (1-based).
     public var round: Int
-    /// Real seconds the round took on this machine (training, aggregation, evaluation).
+    /// Real seconds the round took on this machine, from its opening to its aggregation (its test evaluation runs
+    /// while the next round does).
     public var wallSeconds: Double
     /// Virtual time the round opened.
     public var virtualStart: Double

@@ -415,7 +415,7 @@ struct DeviceTrainer: Sendable {
                 do { try await link.spend(Double(stretch) * cost) } catch { throw CancellationError() }
                 let until = done + stretch
                 let from = checkpoint
-                let result = try await slots.run { () async throws -> LocalTrainingStretch in
+                let result = try await slots.run { () throws -> LocalTrainingStretch in
                     try workload.train(device: device, weights: weights, seed: seed, resumingFrom: from, until: until)
                 }
                 switch result {
