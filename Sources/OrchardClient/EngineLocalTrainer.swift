@@ -1,6 +1,7 @@
 public import OrchardFormats
 public import OrchardML
 import OrchardProtocol
+import Synchronization
 
 /// Local training with the Orchard engine: builds the model from its architecture, loads the cycle's weights,
 /// trains under the coordinator's client configuration (batch size, learning rate, epochs, update cap) with the
@@ -22,8 +23,18 @@ public struct EngineLocalTrainer: LocalTrainer {
     }
 
     public func parameterShapes(of spec: ModelSpec) throws(OrchardClientError) -> [String: [Int]] {
-        try build(spec).parameterShapes
+        // Building the model initialises its weights; a device asks for the same architecture every cycle.
+        if let known = Self.shapes.withLock({ $0[spec] }) { return known }
+        let shapes = try build(spec).parameterShapes
+        Self.shapes.withLock { cache in
+            if cache.count >= 16 { cache.removeAll() }
+            cache[spec] = shapes
+        }
+        return shapes
     }
+
+    /// Parameter shapes of recently seen architectures.
+    private static let shapes = Mutex<[ModelSpec: [String: [Int]]]>([:])
 
     public func train(
         _ task: LocalTrainingTask, on dataset: any Dataset, resumingFrom checkpoint: [UInt8]?,

@@ -15,8 +15,8 @@ public actor FleetCoordinator {
     /// The hosted process's version.
     public nonisolated let processVersion: SemanticVersion
     private let coordinator: Coordinator
-    private let clock: ManualWallClock
-    private let epoch: Date
+    private nonisolated let clock: ManualWallClock
+    private nonisolated let epoch: Date
     private let processID: String
     private var cycle = 0
 
@@ -38,7 +38,7 @@ public actor FleetCoordinator {
     }
 
     /// Moves the coordinator's clock to virtual time `time` (never back).
-    public func move(to time: Double) {
+    public nonisolated func move(to time: Double) {
         let target = epoch.addingTimeInterval(time)
         if target > clock.now { clock.set(target) }
     }

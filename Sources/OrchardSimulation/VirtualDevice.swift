@@ -273,7 +273,7 @@ final class DeviceLink: Sendable {
             state.withLock { $0.stopped = true }
             throw .roundOver
         }
-        await coordinator.move(to: time)
+        coordinator.move(to: time)
         let result: Result<T, OrchardClientError>
         do throws(OrchardClientError) { result = .success(try await body()) } catch { result = .failure(error) }
         var closed = false
