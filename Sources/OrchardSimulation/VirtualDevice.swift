@@ -146,6 +146,9 @@ final class VirtualDevice: Sendable {
         }
         var windowEnd = min(checkIn + conditions.windowSeconds, window.end)
         link.begin(state)
+        // The app submits its training task when the round opens (the round-based simulation's stand-in for the
+        // coordinator's pace steering: FedAvg draws from every eligible device each round), rather than at the
+        // `retry_after` of its last report.
         do {
             try await scheduler.submit(.processing(Self.taskIdentifier, constraints: .powerAndNetwork))
         } catch {
