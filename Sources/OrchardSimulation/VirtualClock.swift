@@ -85,11 +85,6 @@ public final class VirtualClock: Clock, Sendable {
         }
         for sleeper in due { sleeper.continuation.resume() }
     }
-
-    /// Moves the clock forward by `seconds`.
-    public func advance(by seconds: Double) {
-        advance(to: self.seconds + seconds)
-    }
 }
 
 extension Duration {

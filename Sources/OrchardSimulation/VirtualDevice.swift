@@ -45,6 +45,10 @@ final class VirtualDevice: Sendable {
     static let taskIdentifier = "dev.orchard.simulation.train"
     /// The wall-clock date of virtual time zero on every device.
     static let epoch = Date(timeIntervalSince1970: 1_700_000_000)
+    /// How far past the window's end the scheduler's deadline lies: work that ends exactly at the end stays inside
+    /// the window, and a device that runs out of window moves its clock past the deadline (``DeviceLink/spend(_:)``)
+    /// so the scheduler's expiry, not thread timing, decides.
+    static let expiryMargin = 5e-7
 
     let index: Int
     let clock: VirtualClock
@@ -88,7 +92,7 @@ final class VirtualDevice: Sendable {
             job = try client.newJob(modelName: processName, version: processVersion)
             scheduler = try BackgroundScheduler(
                 configuration: SchedulerConfiguration(
-                    permittedIdentifiers: [Self.taskIdentifier], processingBudget: .seconds(windowSeconds),
+                    permittedIdentifiers: [Self.taskIdentifier], processingBudget: .seconds(windowSeconds + Self.expiryMargin),
                     conditionPollInterval: .seconds(Int64.max / 8)
                 ),
                 clock: clock, startDate: epoch, conditions: conditions, logger: silent
@@ -140,7 +144,6 @@ final class VirtualDevice: Sendable {
         } else {
             _ = random.nextDouble()
         }
-        defer { Task { await timeline.leave(index) } }
         guard var window = conditions.availability.window(for: index, atOrAfter: checkIn, seed: seed), window.start <= checkIn else {
             return state.record
         }
@@ -150,7 +153,12 @@ final class VirtualDevice: Sendable {
         // coordinator's pace steering: FedAvg draws from every eligible device each round), rather than at the
         // `retry_after` of its last report.
         do {
-            try await scheduler.submit(.processing(Self.taskIdentifier, constraints: .powerAndNetwork))
+            // An expired run may run again as soon as the OS grants a window (the OS's delay is the fleet's
+            // `resumeDelay`), not after an exponential backoff that would grow over the rounds.
+            try await scheduler.submit(TaskRequest(
+                identifier: Self.taskIdentifier, kind: .processing, constraints: .powerAndNetwork,
+                retry: RetryPolicy(base: .zero, multiplier: 1, cap: .zero)
+            ))
         } catch {
             throw SimulationError(.training, "device \(index) cannot submit its background task: \(error)")
         }
@@ -158,7 +166,7 @@ final class VirtualDevice: Sendable {
             link.setWindowEnd(windowEnd)
             let report: WindowReport
             do {
-                report = try await scheduler.runWindow(budget: .seconds(max(0, windowEnd - clock.seconds)), kinds: [.processing])
+                report = try await scheduler.runWindow(budget: .seconds(max(0, windowEnd + Self.expiryMargin - clock.seconds)), kinds: [.processing])
             } catch {
                 throw SimulationError(.training, "device \(index)'s scheduler failed: \(error)")
             }
@@ -173,10 +181,12 @@ final class VirtualDevice: Sendable {
             let delay = conditions.resumeDelay.lowerBound + random.nextDouble() * (conditions.resumeDelay.upperBound - conditions.resumeDelay.lowerBound)
             guard let due = await scheduler.effectiveBeginDate(of: Self.taskIdentifier) else { break }
             let earliest = max(windowEnd + delay, due.timeIntervalSince(Self.epoch))
-            guard let next = conditions.availability.window(for: index, atOrAfter: earliest, seed: seed) else { break }
+            let next = conditions.availability.window(for: index, atOrAfter: earliest, seed: seed)
+            let start = next.map { max(earliest, $0.start) } ?? .infinity
+            // Between windows the app is not running; a device that goes away before the next one drops out there.
+            if link.dropIfGone(before: min(start, deadline)) { break }
+            guard let next, start < deadline else { break }
             window = next
-            let start = max(earliest, window.start)
-            guard start < deadline else { break }
             clock.advance(to: start)
             await timeline.moved()
             windowEnd = min(start + conditions.windowSeconds, window.end)
@@ -287,6 +297,16 @@ final class DeviceLink: Sendable {
         }
         await timeline.release(closedCycleAt: closed ? time : nil)
         return result
+    }
+
+    /// Records the device as gone if it goes away before `time`; true when it did.
+    func dropIfGone(before time: Double) -> Bool {
+        state.withLock { state in
+            guard let killAt = state.round.killAt, killAt < time else { return false }
+            state.round.record.droppedAt = killAt
+            state.stopped = true
+            return true
+        }
     }
 
     func noteAssigned() {
@@ -415,7 +435,15 @@ struct DeviceTrainer: Sendable {
             let stretch = min(total - done, fit)
             if stretch > 0 {
                 // The stretch's virtual time passes first, so the rest of the fleet need not wait for the computation.
-                do { try await link.spend(Double(stretch) * cost) } catch { throw CancellationError() }
+                do {
+                    try await link.spend(Double(stretch) * cost)
+                } catch .expired {
+                    // Rounding put the stretch a hair past the window's end: stop as at any expiry.
+                    if let checkpoint { try context.saveCheckpoint(checkpoint) }
+                    throw CancellationError()
+                } catch {
+                    throw CancellationError()
+                }
                 let until = done + stretch
                 let from = checkpoint
                 let result = try await slots.run { () throws -> LocalTrainingStretch in
