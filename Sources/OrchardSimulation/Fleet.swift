@@ -152,7 +152,7 @@ public struct FleetSimulation: Sendable {
                 case .failure(let error): throw error
                 }
             }
-            let end = await timeline.waitForEnd()
+            let end = await timeline.roundEnd()
             let aggregated = end.closed ? true : try await coordinator.expireCycle(at: deadline)
             // The global model is evaluated while the next round runs (it uses the cores the round leaves idle); the
             // round's record is published once its evaluation is in.

@@ -23,7 +23,6 @@ actor FleetTimeline {
     private var calling = false
     private var deadline = Double.infinity
     private var end: (time: Double, closed: Bool)?
-    private var endWaiters: [CheckedContinuation<(time: Double, closed: Bool), Never>] = []
 
     /// Starts a round with its devices (their clocks already at their check-in times) and the cycle's deadline.
     func begin(deadline: Double, devices: [(device: Int, clock: VirtualClock)]) {
@@ -65,17 +64,15 @@ actor FleetTimeline {
         dispatch()
     }
 
-    /// Waits for the end of the round: its virtual time, and whether the coordinator closed the cycle.
-    func waitForEnd() async -> (time: Double, closed: Bool) {
-        if let end { return end }
-        return await withCheckedContinuation { endWaiters.append($0) }
+    /// The end of the round: its virtual time, and whether the coordinator closed the cycle. Read once every
+    /// device has left, when the round has necessarily ended.
+    func roundEnd() -> (time: Double, closed: Bool) {
+        guard let end else { preconditionFailure("the round's end was read while devices were still in it") }
+        return end
     }
 
     private func finish(at time: Double, closed: Bool) {
-        guard end == nil else { return }
-        end = (time, closed)
-        for waiter in endWaiters { waiter.resume(returning: (time, closed)) }
-        endWaiters = []
+        if end == nil { end = (time, closed) }
     }
 
     private func dispatch() {

@@ -52,7 +52,6 @@ final class VirtualDevice: Sendable {
 
     let index: Int
     let clock: VirtualClock
-    let profile: DeviceProfile
     let scheduler: BackgroundScheduler<VirtualClock>
     let job: FederatedJob
     private let link: DeviceLink
@@ -65,7 +64,6 @@ final class VirtualDevice: Sendable {
         timeline: FleetTimeline, coordinator: FleetCoordinator, slots: TrainingSlots
     ) async throws(SimulationError) {
         self.index = index
-        self.profile = profile
         let clock = VirtualClock()
         self.clock = clock
         let link = DeviceLink(device: index, clock: clock, profile: profile, timeline: timeline, coordinator: coordinator)
@@ -138,6 +136,7 @@ final class VirtualDevice: Sendable {
         var state = DeviceRoundState(record: DeviceRoundRecord(device: index))
         if random.nextDouble() < conditions.dropout {
             // It goes away somewhere between check-in and the moment its work would be done without interruptions.
+            let profile = link.profile
             let span = Double(modelBytes) / profile.downloadBytesPerSecond + Double(updates) * profile.secondsPerUpdate
                 + Double(modelBytes) / profile.uploadBytesPerSecond
             state.killAt = checkIn + random.nextDouble() * span
