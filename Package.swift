@@ -20,6 +20,7 @@ let package = Package(
     name: "Orchard",
     platforms: [.macOS(.v14), .iOS(.v17)],
     products: [
+        .library(name: "OrchardSupport", targets: ["OrchardSupport"]),
         .library(name: "OrchardFormats", targets: ["OrchardFormats"]),
         .library(name: "OrchardML", targets: ["OrchardML"]),
         .library(name: "OrchardData", targets: ["OrchardData"]),
@@ -53,17 +54,20 @@ let package = Package(
         .package(url: "https://github.com/vapor/jwt-kit.git", from: "5.0.0"),
     ],
     targets: [
+        // Level 0: the primitives every layer shares (seeded random generators, the wall clock, Duration helpers,
+        // the error shape, an async semaphore).
+        .target(name: "OrchardSupport", swiftSettings: swiftSettings),
         // Level 0: file formats shared by every layer (safetensors, architecture JSON).
-        .target(name: "OrchardFormats", swiftSettings: swiftSettings),
+        .target(name: "OrchardFormats", dependencies: ["OrchardSupport"], swiftSettings: swiftSettings),
         // Level 1: the training engine, and its AVX2/FMA matrix kernels (C: compiled per function for those
         // instructions with target attributes, chosen at run time, so no unsafe flags).
         .target(name: "COrchardKernels"),
-        .target(name: "OrchardML", dependencies: ["OrchardFormats", "COrchardKernels"], swiftSettings: swiftSettings),
+        .target(name: "OrchardML", dependencies: ["OrchardSupport", "OrchardFormats", "COrchardKernels"], swiftSettings: swiftSettings),
         // Level 2: data pipeline and federated partitions.
         .target(
             name: "OrchardData",
             dependencies: [
-                "OrchardML",
+                "OrchardSupport", "OrchardML",
                 .product(name: "CompressNIO", package: "compress-nio"),
                 .product(name: "NIOCore", package: "swift-nio"),
             ],
@@ -79,13 +83,14 @@ let package = Package(
         // Core ML interop (protobuf generated once and committed).
         .target(
             name: "OrchardCoreML",
-            dependencies: ["OrchardFormats", .product(name: "SwiftProtobuf", package: "swift-protobuf")],
+            dependencies: ["OrchardSupport", "OrchardFormats", .product(name: "SwiftProtobuf", package: "swift-protobuf")],
             swiftSettings: swiftSettings
         ),
         // Background scheduling: the contract, the policy, device conditions, persistence.
         .target(
             name: "OrchardScheduler",
             dependencies: [
+                "OrchardSupport",
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
@@ -97,18 +102,18 @@ let package = Package(
         .target(
             name: "OrchardSchedulerApple",
             dependencies: [
-                "OrchardScheduler",
+                "OrchardSupport", "OrchardScheduler",
                 .target(name: "BackgroundTasksShim", condition: .when(platforms: [.linux, .macOS])),
             ],
             swiftSettings: swiftSettings
         ),
         // Wire types shared by device and server.
-        .target(name: "OrchardProtocol", dependencies: ["OrchardFormats"], resources: [.copy("openapi.json")], swiftSettings: swiftSettings),
+        .target(name: "OrchardProtocol", dependencies: ["OrchardSupport", "OrchardFormats"], resources: [.copy("openapi.json")], swiftSettings: swiftSettings),
         // The federated-learning server.
         .target(
             name: "OrchardCoordinator",
             dependencies: [
-                "OrchardFormats", "OrchardProtocol",
+                "OrchardSupport", "OrchardFormats", "OrchardProtocol",
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "Crypto", package: "swift-crypto"),
@@ -124,19 +129,23 @@ let package = Package(
         .target(
             name: "OrchardClient",
             dependencies: [
-                "OrchardFormats", "OrchardML", "OrchardProtocol", "OrchardScheduler",
+                "OrchardSupport", "OrchardFormats", "OrchardML", "OrchardProtocol", "OrchardScheduler",
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "Logging", package: "swift-log"),
             ],
             swiftSettings: swiftSettings
         ),
         // The coordinator's core as the client's in-process coordinator (simulator, tests, single-process apps).
-        .target(name: "OrchardInProcess", dependencies: ["OrchardClient", "OrchardCoordinator", "OrchardProtocol"], swiftSettings: swiftSettings),
+        .target(
+            name: "OrchardInProcess",
+            dependencies: ["OrchardClient", "OrchardCoordinator", "OrchardProtocol", .product(name: "Crypto", package: "swift-crypto")],
+            swiftSettings: swiftSettings
+        ),
         // Fleet simulator.
         .target(
             name: "OrchardSimulation",
             dependencies: [
-                "OrchardML", "OrchardData", "OrchardExamples", "OrchardScheduler", "OrchardProtocol",
+                "OrchardSupport", "OrchardML", "OrchardData", "OrchardExamples", "OrchardScheduler", "OrchardProtocol",
                 "OrchardCoordinator", "OrchardClient", "OrchardInProcess",
                 .product(name: "Logging", package: "swift-log"),
             ],
@@ -146,7 +155,7 @@ let package = Package(
         .target(
             name: "OrchardTesting",
             dependencies: [
-                "OrchardFormats", "OrchardML",
+                "OrchardSupport", "OrchardFormats", "OrchardML",
                 .product(name: "Clocks", package: "swift-clocks"),
             ],
             swiftSettings: swiftSettings
@@ -154,7 +163,7 @@ let package = Package(
         .executableTarget(
             name: "orchard",
             dependencies: [
-                "OrchardFormats", "OrchardML", "OrchardData", "OrchardExamples", "OrchardCoreML",
+                "OrchardSupport", "OrchardFormats", "OrchardML", "OrchardData", "OrchardExamples", "OrchardCoreML",
                 "OrchardScheduler", "OrchardProtocol", "OrchardCoordinator", "OrchardClient", "OrchardSimulation",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
@@ -167,6 +176,7 @@ let package = Package(
             ],
             swiftSettings: swiftSettings
         ),
+        .testTarget(name: "OrchardSupportTests", dependencies: ["OrchardSupport"], swiftSettings: swiftSettings),
         .testTarget(name: "OrchardFormatsTests", dependencies: ["OrchardFormats", "OrchardTesting"], swiftSettings: swiftSettings),
         .testTarget(name: "OrchardMLTests", dependencies: ["OrchardML", "OrchardTesting"], swiftSettings: swiftSettings),
         .testTarget(name: "OrchardDataTests", dependencies: ["OrchardData", "OrchardExamples", "OrchardTesting"], swiftSettings: swiftSettings),
@@ -190,7 +200,7 @@ let package = Package(
             dependencies: ["OrchardCoordinator", "OrchardProtocol", "OrchardTesting", .product(name: "JWTKit", package: "jwt-kit")],
             swiftSettings: swiftSettings
         ),
-        .testTarget(name: "OrchardClientTests", dependencies: ["OrchardClient", "OrchardCoordinator", "OrchardInProcess", "OrchardTesting"], swiftSettings: swiftSettings),
+        .testTarget(name: "OrchardClientTests", dependencies: ["OrchardClient", "OrchardCoordinator", "OrchardInProcess", "OrchardTesting", .product(name: "Crypto", package: "swift-crypto")], swiftSettings: swiftSettings),
         .testTarget(name: "OrchardSimulationTests", dependencies: ["OrchardSimulation", "OrchardTesting", "OrchardCoordinator", "OrchardClient", "OrchardInProcess", "OrchardProtocol", "OrchardFormats"], swiftSettings: swiftSettings),
     ]
 )

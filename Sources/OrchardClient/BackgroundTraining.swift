@@ -1,3 +1,4 @@
+import OrchardSupport
 import Foundation
 import Logging
 public import OrchardML
@@ -51,7 +52,7 @@ extension FederatedJob {
     }
 
     private func request(_ options: BackgroundTrainingOptions, after delay: Double?) -> TaskRequest {
-        let begin = delay.map { client.configuration.environment.now().addingTimeInterval($0) }
+        let begin = delay.map { client.configuration.environment.clock.date.addingTimeInterval($0) }
         return .processing(options.identifier, earliestBeginDate: begin, constraints: options.constraints, priority: options.priority)
     }
 

@@ -5,7 +5,7 @@ import Synchronization
 
 /// The handlers registered through the SwiftSyft-style API.
 struct Callbacks: Sendable {
-    var onReady: (@Sendable (CycleModel, OrchardProtocol.TrainingPlan, ClientConfig, ReportHandle) -> Void)?
+    var onReady: (@Sendable (CycleModel, TrainingPlan, ClientConfig, ReportHandle) -> Void)?
     var onError: (@Sendable (OrchardClientError) -> Void)?
     var onRejected: (@Sendable (Double) -> Void)?
     var onReported: (@Sendable (ReportReceipt) -> Void)?
@@ -26,7 +26,7 @@ public struct ReportHandle: Sendable {
 
 extension FederatedJob {
     /// Called once per started cycle when the model and plan are ready: train, then call `report` once.
-    public func onReady(_ handler: @escaping @Sendable (_ model: CycleModel, _ plan: OrchardProtocol.TrainingPlan, _ clientConfig: ClientConfig, _ report: ReportHandle) -> Void) {
+    public func onReady(_ handler: @escaping @Sendable (_ model: CycleModel, _ plan: TrainingPlan, _ clientConfig: ClientConfig, _ report: ReportHandle) -> Void) {
         callbacks.withLock { $0.onReady = handler }
     }
 

@@ -4,23 +4,14 @@ import OrchardProtocol
 import Synchronization
 
 /// Local training with the Orchard engine: builds the model from its architecture, loads the cycle's weights,
-/// trains under the coordinator's client configuration (batch size, learning rate, epochs, update cap) with the
-/// loss and optimizer of the architecture's training section, and returns the diff.
+/// trains with the task's resolved settings (``OrchardML/TrainingConfiguration/resolved(architecture:clientConfig:seed:)``)
+/// and returns the diff.
 ///
 /// An interrupted run returns the engine's complete training state (weights, optimizer, position, dropout
 /// stream), so the resumed run's diff is bit-identical to an uninterrupted one.
 public struct EngineLocalTrainer: LocalTrainer {
-    /// The loss used when the architecture has no training section.
-    public var defaultLoss: LossType
-    /// The optimizer used when the architecture has no training section (its learning rate is replaced by the
-    /// client configuration's).
-    public var defaultOptimizer: OptimizerSpec
-
     /// Creates a trainer.
-    public init(defaultLoss: LossType = .meanSquaredError, defaultOptimizer: OptimizerSpec = .sgd()) {
-        self.defaultLoss = defaultLoss
-        self.defaultOptimizer = defaultOptimizer
-    }
+    public init() {}
 
     public func parameterShapes(of spec: ModelSpec) throws(OrchardClientError) -> [String: [Int]] {
         // Building the model initialises its weights; a device asks for the same architecture every cycle.
@@ -46,13 +37,11 @@ public struct EngineLocalTrainer: LocalTrainer {
         } catch {
             throw OrchardClientError(.incompatibleModel, "the cycle's weights do not fit the model: \(error.message)")
         }
-        let config = task.clientConfig
-        var optimizer = task.model.spec.training?.optimizer ?? defaultOptimizer
-        optimizer.learningRate = config.learningRate
-        let configuration = TrainingConfiguration(
-            loss: task.model.spec.training?.loss ?? defaultLoss, optimizer: optimizer, epochs: config.localEpochs,
-            batchSize: config.batchSize, maxUpdates: config.maxUpdates, seed: task.seed
-        )
+        var configuration = task.training
+        let full = configuration.plannedUpdates(samples: dataset.count)
+        // A pause point short of the end: the engine stops there, and the state is returned to resume from.
+        let pauses = task.pauseAfterUpdates.map { $0 < full } ?? false
+        if pauses, let pause = task.pauseAfterUpdates { configuration.maxUpdates = max(0, pause) }
         let outcome: TrainingOutcome
         do {
             let trainer = try Trainer(model: original, configuration: configuration)
@@ -65,6 +54,7 @@ public struct EngineLocalTrainer: LocalTrainer {
         } catch {
             throw OrchardClientError(.training, "local training failed: \(error)")
         }
+        if pauses { return .interrupted(checkpoint: outcome.state.checkpoint()) }
         switch outcome {
         case .interrupted(let state):
             return .interrupted(checkpoint: state.checkpoint())
@@ -78,6 +68,14 @@ public struct EngineLocalTrainer: LocalTrainer {
             var metrics: [String: Double] = ["updates": Double(report.updates)]
             if let last = report.epochs.last { metrics["loss"] = last.loss }
             return .completed(LocalUpdate(diff: diff.records, sampleCount: dataset.count, metrics: metrics))
+        }
+    }
+
+    public func completedUpdates(in checkpoint: [UInt8], of task: LocalTrainingTask) throws(OrchardClientError) -> Int {
+        do {
+            return try TrainingState(checkpoint: checkpoint, model: build(task.model.spec)).position.updates
+        } catch {
+            throw OrchardClientError(.training, "the saved training state is unreadable: \(error)")
         }
     }
 

@@ -4,6 +4,7 @@ import OrchardFormats
 public import OrchardML
 public import OrchardProtocol
 public import OrchardScheduler
+import OrchardSupport
 import Synchronization
 
 /// What ``FederatedJob/run(_:)`` hands the caller's training code: the assignment, the plan and the model.
@@ -11,18 +12,22 @@ public struct CycleContext: Sendable {
     /// The assignment (request key, cycle, checkpoint, deadline).
     public let assignment: CycleAssignment
     /// The architecture and training configuration.
-    public let plan: OrchardProtocol.TrainingPlan
+    public let plan: TrainingPlan
     /// The model with the cycle's weights.
     public let model: CycleModel
     /// State saved by an earlier, interrupted run of this same cycle, if any.
     public let savedCheckpoint: [UInt8]?
-    /// The seed to train with (fixed per cycle).
-    public let seed: UInt64
+    /// How to train: the plan's settings resolved over the architecture's
+    /// (``OrchardML/TrainingConfiguration/resolved(architecture:clientConfig:seed:)``), with the cycle's seed.
+    public let training: TrainingConfiguration
     let saver: @Sendable ([UInt8]) throws(OrchardClientError) -> Void
     let reporter: @Sendable (TrainingStep) -> Void
 
-    /// How to train: batch size, learning rate, epochs, update cap.
-    public var clientConfig: ClientConfig { assignment.clientConfig }
+    /// The process's client config as the plan sent it (``training`` is what it resolves to).
+    public var clientConfig: ClientConfig { plan.clientConfig }
+
+    /// The seed to train with (fixed per cycle).
+    public var seed: UInt64 { training.seed }
 
     /// Saves local-training state so the next run of this cycle can resume from it (see ``savedCheckpoint``).
     public func saveCheckpoint(_ state: [UInt8]) throws(OrchardClientError) { try saver(state) }
@@ -37,7 +42,7 @@ public struct CycleContext: Sendable {
 /// Only one cycle runs at a time per job; a second concurrent call waits for the first.
 public final class FederatedJob: Sendable {
     /// The process's name.
-    public let modelName: String
+    public let processName: String
     /// The process's version.
     public let version: SemanticVersion
     /// The directory holding this job's durable state.
@@ -47,11 +52,12 @@ public final class FederatedJob: Sendable {
     private let observers = Mutex<[UInt64: AsyncStream<JobEvent>.Continuation]>([:])
     private let nextObserver = Mutex<UInt64>(0)
     let callbacks = Mutex(Callbacks())
-    private let gate = CycleGate()
+    /// One cycle at a time, in arrival order.
+    private let gate = AsyncSemaphore(permits: 1)
 
-    init(client: OrchardClient, modelName: String, version: SemanticVersion, directory: URL) {
+    init(client: OrchardClient, processName: String, version: SemanticVersion, directory: URL) {
         self.client = client
-        self.modelName = modelName
+        self.processName = processName
         self.version = version
         self.directory = directory
         store = ClientStore(directory: directory, durability: client.configuration.durability)
@@ -107,7 +113,7 @@ public final class FederatedJob: Sendable {
     public func train(on dataset: some Dataset, constraints: TaskConstraints = .none) async throws(OrchardClientError) -> CycleOutcome {
         let trainer = configuration.trainer
         return try await exclusiveCycle(constraints: constraints) { context in
-            let task = LocalTrainingTask(model: context.model, clientConfig: context.clientConfig, seed: context.seed)
+            let task = LocalTrainingTask(model: context.model, training: context.training)
             // An interruption's checkpoint is saved by the state machine (`trainingEnded(.interrupted)`).
             return try trainer.train(task, on: dataset, resumingFrom: context.savedCheckpoint, progress: { context.report(progress: $0) })
         }
@@ -115,7 +121,7 @@ public final class FederatedJob: Sendable {
 
     /// Runs one cycle at a time and publishes its end to observers.
     private func exclusiveCycle(constraints: TaskConstraints, _ body: @Sendable (CycleContext) async throws -> LocalTrainingOutcome) async throws(OrchardClientError) -> CycleOutcome {
-        try await gate.exclusive { () async throws(OrchardClientError) -> CycleOutcome in
+        try await gate.withPermit { () async throws(OrchardClientError) -> CycleOutcome in
             let outcome: CycleOutcome
             do throws(OrchardClientError) {
                 outcome = try await cycle(constraints: constraints, body)
@@ -133,7 +139,7 @@ public final class FederatedJob: Sendable {
     /// and feeds each result back, until it finishes or fails.
     private func cycle(constraints: TaskConstraints, _ body: @Sendable (CycleContext) async throws -> LocalTrainingOutcome) async throws(OrchardClientError) -> CycleOutcome {
         var machine = JobCycleStateMachine(setup: JobCycleStateMachine.Setup(
-            server: client.server, authToken: client.authToken, processName: modelName, version: version,
+            server: client.server, authToken: client.authToken, processName: processName, version: version,
             retry: configuration.retry, conditionRules: configuration.conditionRules, trainingSeed: configuration.trainingSeed
         ))
         var actions = machine.start(constraints: constraints)
@@ -181,7 +187,7 @@ public final class FederatedJob: Sendable {
             return machine.cachedModelLoaded(cached?.bytes, info: cached?.info)
         case .backoff(let retry):
             do {
-                try await configuration.environment.sleep(configuration.retry.delay(beforeRetry: retry, random: configuration.environment.random()))
+                try await configuration.environment.clock.sleep(for: configuration.retry.delay(beforeRetry: retry, random: configuration.environment.random()))
             } catch {
                 return machine.requestFailed(cancelledError())
             }
@@ -222,7 +228,7 @@ public final class FederatedJob: Sendable {
             let store = self.store
             let key = input.checkpointKey
             let context = CycleContext(
-                assignment: input.assignment, plan: input.plan, model: input.model, savedCheckpoint: input.resumeState, seed: input.seed,
+                assignment: input.assignment, plan: input.plan, model: input.model, savedCheckpoint: input.resumeState, training: input.training,
                 saver: { state throws(OrchardClientError) in try store.saveCheckpoint(state, key: key) },
                 reporter: { [weak self] step in self?.emit(.trained(step)) }
             )
@@ -242,7 +248,7 @@ public final class FederatedJob: Sendable {
     }
 
     /// The current time in seconds since 1970, from the injected environment.
-    private var now: Double { configuration.environment.now().timeIntervalSince1970 }
+    private var now: Double { configuration.environment.clock.date.timeIntervalSince1970 }
 
     /// Makes one attempt at a coordinator call and hands its answer, or its failure, to the machine. A call
     /// made or failed while the task is cancelled counts as cancelled.
@@ -277,41 +283,5 @@ public final class FederatedJob: Sendable {
         }
         let total = try store.partialModel(first.modelID)?.info.totalLength
         emit(.downloaded(bytes: request.offset + sink.bytesReceived, of: total))
-    }
-}
-
-/// Serialises a job's cycles: one at a time, in arrival order.
-final class CycleGate: Sendable {
-    private let state = Mutex<(busy: Bool, waiters: [CheckedContinuation<Void, Never>])>((false, []))
-
-    func exclusive<T: Sendable>(_ body: () async throws(OrchardClientError) -> T) async throws(OrchardClientError) -> T {
-        await acquire()
-        defer { release() }
-        return try await body()
-    }
-
-    private func acquire() async {
-        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
-            let proceed = state.withLock { state -> Bool in
-                if state.busy {
-                    state.waiters.append(continuation)
-                    return false
-                }
-                state.busy = true
-                return true
-            }
-            if proceed { continuation.resume() }
-        }
-    }
-
-    private func release() {
-        let next = state.withLock { state -> CheckedContinuation<Void, Never>? in
-            if state.waiters.isEmpty {
-                state.busy = false
-                return nil
-            }
-            return state.waiters.removeFirst()
-        }
-        next?.resume()
     }
 }

@@ -1,6 +1,7 @@
 import Foundation
 import Logging
 import OrchardFormats
+import OrchardML
 import OrchardProtocol
 import OrchardScheduler
 
@@ -48,11 +49,12 @@ struct JobCycleStateMachine {
     /// Everything the training step needs.
     struct TrainingInput: Sendable {
         var assignment: CycleAssignment
-        var plan: OrchardProtocol.TrainingPlan
+        var plan: TrainingPlan
         var model: CycleModel
         /// The checkpoint of an interrupted run of this same cycle.
         var resumeState: [UInt8]?
-        var seed: UInt64
+        /// The settings resolved from the plan, with the cycle's seed.
+        var training: TrainingConfiguration
         /// What a checkpoint saved during this run belongs to.
         var checkpointKey: ClientStore.CheckpointKey
     }
@@ -131,7 +133,8 @@ struct JobCycleStateMachine {
     private var hasPendingReport = false
     private var savedCheckpoint: (key: ClientStore.CheckpointKey, state: [UInt8])?
     private var assignment: CycleAssignment?
-    private var plan: OrchardProtocol.TrainingPlan?
+    private var plan: TrainingPlan?
+    private var training: TrainingConfiguration?
     private var shapes: [String: [Int]] = [:]
     private var resumeState: [UInt8]?
     /// The attempt number of the current call, from 1.
@@ -228,7 +231,7 @@ struct JobCycleStateMachine {
     }
 
     /// The plan arrived; `shapes` are its parameter shapes as the local trainer builds them.
-    mutating func planDownloaded(_ plan: OrchardProtocol.TrainingPlan, shapes: [String: [Int]]) -> [Action] {
+    mutating func planDownloaded(_ plan: TrainingPlan, shapes: [String: [Int]]) -> [Action] {
         expect(.calling(.downloadPlan))
         guard let assignment else { unexpected("a plan without an assignment") }
         do throws(FormatError) {
@@ -236,8 +239,12 @@ struct JobCycleStateMachine {
         } catch {
             return fail(OrchardClientError(.incompatibleModel, "the plan's model cannot be used: \(error.message)"))
         }
-        if let failure = assignment.clientConfig.validationFailure() {
-            return fail(OrchardClientError(.incompatibleModel, "the coordinator's client configuration is invalid: \(failure)"))
+        do throws(OrchardClientError) {
+            training = try TrainingConfiguration.resolved(
+                architecture: plan.model, clientConfig: plan.clientConfig, seed: setup.trainingSeed &+ UInt64(truncatingIfNeeded: assignment.cycle)
+            )
+        } catch {
+            return fail(error)
         }
         self.plan = plan
         self.shapes = shapes
@@ -366,11 +373,11 @@ struct JobCycleStateMachine {
     }
 
     private mutating func beginTraining(_ weights: [TensorRecord]) -> [Action] {
-        guard let assignment, let plan else { unexpected("training without a plan") }
+        guard let assignment, let plan, let training else { unexpected("training without a plan") }
         phase = .training
         let input = TrainingInput(
             assignment: assignment, plan: plan, model: CycleModel(spec: plan.model, weights: weights), resumeState: resumeState,
-            seed: setup.trainingSeed &+ UInt64(truncatingIfNeeded: assignment.cycle), checkpointKey: Self.checkpointKey(assignment)
+            training: training, checkpointKey: Self.checkpointKey(assignment)
         )
         return [.emit(.phase(.training))] + (resumeState != nil ? [.emit(.resumedTraining)] : []) + [.train(input)]
     }

@@ -57,20 +57,23 @@ public struct TrainingStep: Sendable, Hashable {
     }
 }
 
-/// A cycle's local training: the model, the configuration the coordinator sent, and the seed.
+/// A cycle's local training: the model and the settings resolved from its plan
+/// (``OrchardML/TrainingConfiguration/resolved(architecture:clientConfig:seed:)``).
 public struct LocalTrainingTask: Sendable {
     /// The model to train from.
     public var model: CycleModel
-    /// Batch size, learning rate, epochs and update cap from the coordinator.
-    public var clientConfig: ClientConfig
-    /// The seed of the shuffle order and dropout (fixed per cycle, so a resumed run equals an uninterrupted one).
-    public var seed: UInt64
+    /// Loss, optimizer, epochs, batch size, update cap and the cycle's seed (fixed per cycle, so a resumed run
+    /// equals an uninterrupted one).
+    public var training: TrainingConfiguration
+    /// Stop once this many updates in all are done and return the state as
+    /// ``LocalTrainingOutcome/interrupted(checkpoint:)`` (a run budgeted to a background window); nil trains to the end.
+    public var pauseAfterUpdates: Int?
 
     /// Creates a task.
-    public init(model: CycleModel, clientConfig: ClientConfig, seed: UInt64) {
+    public init(model: CycleModel, training: TrainingConfiguration, pauseAfterUpdates: Int? = nil) {
         self.model = model
-        self.clientConfig = clientConfig
-        self.seed = seed
+        self.training = training
+        self.pauseAfterUpdates = pauseAfterUpdates
     }
 }
 
@@ -97,4 +100,6 @@ public protocol LocalTrainer: Sendable {
         _ task: LocalTrainingTask, on dataset: any Dataset, resumingFrom checkpoint: [UInt8]?,
         progress: @escaping @Sendable (TrainingStep) -> Void
     ) throws(OrchardClientError) -> LocalTrainingOutcome
+    /// The updates a checkpoint of `task` (from ``LocalTrainingOutcome/interrupted(checkpoint:)``) has done.
+    func completedUpdates(in checkpoint: [UInt8], of task: LocalTrainingTask) throws(OrchardClientError) -> Int
 }

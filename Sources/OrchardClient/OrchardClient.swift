@@ -75,7 +75,7 @@ public struct StorageDurability: Sendable, Hashable, CustomStringConvertible {
 ///
 /// ```swift
 /// let client = try OrchardClient(url: "https://fl.example.com", authToken: jwt)
-/// let job = try client.newJob(modelName: "mnist", version: "1.0")
+/// let job = try client.newJob(processName: "mnist", version: "1.0")
 /// let outcome = try await job.train(on: localData)
 /// ```
 public struct OrchardClient: Sendable {
@@ -97,7 +97,7 @@ public struct OrchardClient: Sendable {
         self.init(transport: transport, server: transport.baseURL.absoluteString, authToken: authToken, configuration: configuration)
     }
 
-    /// Creates a client over any transport (e.g. ``InMemoryTransport``).
+    /// Creates a client over any transport (e.g. `OrchardInProcess`'s in-process transport).
     /// - Parameters:
     ///   - transport: How to reach the coordinator.
     ///   - server: A name for the coordinator; a saved session is reused only with the same name.
@@ -112,16 +112,16 @@ public struct OrchardClient: Sendable {
 
     /// A job for one FL process, with its state in its own subdirectory of the storage directory.
     /// - Parameters:
-    ///   - modelName: The process's name.
+    ///   - processName: The process's name.
     ///   - version: Its version, such as "1.0" (the same as "1.0.0").
     /// - Throws: ``OrchardClientError/Code/invalidConfiguration`` for an empty name or a malformed version.
-    public func newJob(modelName: String, version: String) throws(OrchardClientError) -> FederatedJob {
-        guard !modelName.isEmpty else { throw OrchardClientError(.invalidConfiguration, "the model name is empty") }
+    public func newJob(processName: String, version: String) throws(OrchardClientError) -> FederatedJob {
+        guard !processName.isEmpty else { throw OrchardClientError(.invalidConfiguration, "the process name is empty") }
         guard let parsed = SemanticVersion(version) else {
             throw OrchardClientError(.invalidConfiguration, "'\(version)' is not a version such as 1.0 or 1.0.0")
         }
-        let safeName = String(modelName.map { $0.isLetter || $0.isNumber || $0 == "-" || $0 == "_" || $0 == "." ? $0 : "_" })
+        let safeName = String(processName.map { $0.isLetter || $0.isNumber || $0 == "-" || $0 == "_" || $0 == "." ? $0 : "_" })
         let directory = configuration.storageDirectory.appendingPathComponent("\(safeName)@\(parsed)", isDirectory: true)
-        return FederatedJob(client: self, modelName: modelName, version: parsed, directory: directory)
+        return FederatedJob(client: self, processName: processName, version: parsed, directory: directory)
     }
 }

@@ -1,11 +1,12 @@
+public import OrchardSupport
 public import OrchardProtocol
 
 /// The one error the device SDK throws: a category, a message naming the problem, and the server's details
 /// when the coordinator answered with an error.
-public struct OrchardClientError: Error, Sendable, Hashable, CustomStringConvertible {
+public struct OrchardClientError: OrchardError, Hashable {
     /// A machine-readable category of client error.
     public struct Code: Sendable, Hashable, CustomStringConvertible {
-        private enum Kind: String, Sendable, Hashable {
+        private enum Kind: String, ErrorCodeKind {
             case invalidConfiguration, authenticationFailed, rejected, conditionsNotMet, network, serverError
             case incompatibleModel, cancelled, storage, training
         }
@@ -32,12 +33,8 @@ public struct OrchardClientError: Error, Sendable, Hashable, CustomStringConvert
         public static let storage = Code(.storage)
         /// Local training failed (e.g. the dataset does not fit the model).
         public static let training = Code(.training)
-
-        public var description: String {
-            kind.rawValue.reduce(into: "") { out, ch in
-                if ch.isUppercase { out += "_" + ch.lowercased() } else { out.append(ch) }
-            }
-        }
+        /// The code in snake case, e.g. `shape_mismatch`.
+        public var description: String { kind.snakeCased }
     }
 
     /// What went wrong, as a category.

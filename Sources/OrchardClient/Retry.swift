@@ -1,3 +1,4 @@
+public import OrchardSupport
 public import Foundation
 import OrchardML
 import Synchronization
@@ -28,44 +29,35 @@ public struct RequestRetryPolicy: Sendable, Hashable {
     /// The wait before retry number `retry` (1 for the first retry), given a uniform random number in 0..<1.
     public func delay(beforeRetry retry: Int, random: Double) -> Duration {
         let exponent = min(max(retry - 1, 0), 30)
-        let base = min(Self.seconds(initialDelay) * Double(1 << exponent), Self.seconds(maximumDelay))
+        let base = min(initialDelay.inSeconds * Double(1 << exponent), maximumDelay.inSeconds)
         let fraction = min(max(jitter, 0), 1)
         let seconds = base * (1 - fraction) + base * fraction * random
         return .nanoseconds(Int64(seconds * 1e9))
     }
 
-    private static func seconds(_ duration: Duration) -> Double {
-        Double(duration.components.seconds) + Double(duration.components.attoseconds) * 1e-18
-    }
 }
 
 /// Time and randomness as the client sees them, injected so tests and the simulator control both.
 public struct ClientEnvironment: Sendable {
-    /// The current wall-clock time.
-    public var now: @Sendable () -> Date
-    /// Waits for a duration; throws `CancellationError` when the task is cancelled.
-    public var sleep: @Sendable (Duration) async throws -> Void
+    /// The wall clock: dates of earliest begins and checkpoints, and the waits between retries.
+    public var clock: any WallClock
     /// A uniform random number in 0..<1 (backoff jitter).
     public var random: @Sendable () -> Double
 
     /// Creates an environment.
-    public init(now: @escaping @Sendable () -> Date, sleep: @escaping @Sendable (Duration) async throws -> Void, random: @escaping @Sendable () -> Double) {
-        self.now = now
-        self.sleep = sleep
+    public init(clock: any WallClock, random: @escaping @Sendable () -> Double) {
+        self.clock = clock
         self.random = random
     }
 
-    /// The system clock, `Task.sleep` and the system random number generator.
-    public static let system = ClientEnvironment(
-        now: { Date() },
-        sleep: { try await Task.sleep(for: $0) },
-        random: { Double.random(in: 0..<1) }
-    )
+    /// The system clock and the system random number generator.
+    public static let system = ClientEnvironment(clock: SystemClock(), random: { Double.random(in: 0..<1) })
 
-    /// The system clock and sleep, with a seeded random stream (the engine's xoshiro256**) for reproducible jitter.
-    public static func seeded(_ seed: UInt64, now: @escaping @Sendable () -> Date = { Date() }, sleep: @escaping @Sendable (Duration) async throws -> Void = { try await Task.sleep(for: $0) }) -> ClientEnvironment {
+    /// A clock (the system's by default) with a seeded random stream (the engine's xoshiro256**) for
+    /// reproducible jitter.
+    public static func seeded(_ seed: UInt64, clock: any WallClock = SystemClock()) -> ClientEnvironment {
         let generator = Mutex(OrchardRandom(seed: seed))
-        return ClientEnvironment(now: now, sleep: sleep, random: { generator.withLock { $0.nextDouble() } })
+        return ClientEnvironment(clock: clock, random: { generator.withLock { $0.nextDouble() } })
     }
 }
 

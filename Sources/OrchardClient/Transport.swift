@@ -2,7 +2,7 @@ public import OrchardProtocol
 
 /// How a device talks to a coordinator: the five device calls of the wire protocol.
 ///
-/// ``HTTPTransport`` speaks HTTP; ``InMemoryTransport`` calls a coordinator in the same process (simulator,
+/// ``HTTPTransport`` speaks HTTP; `OrchardInProcess`'s `InProcessTransport` calls a coordinator in the same process (simulator,
 /// tests). Transports make one attempt per call; the client adds retries, backoff and resumption.
 public protocol ClientTransport: Sendable {
     /// Proves the device's identity and joins a process.

@@ -33,13 +33,13 @@ public struct ModelLayout: Sendable, Hashable {
         for tensor in weights.sorted(by: { $0.name < $1.name }) {
             let layerName = String(tensor.name.split(separator: ".", maxSplits: 1).first ?? "")
             guard let layer = layers[layerName] else {
-                throw .badRequest(.invalidConfiguration, "weight '\(tensor.name)' does not belong to a layer of model '\(model.name)'")
+                throw CoordinatorError(.invalidConfiguration, "weight '\(tensor.name)' does not belong to a layer of model '\(model.name)'")
             }
             entries.append(Entry(name: tensor.name, shape: tensor.shape, offset: offset, count: tensor.values.count, frozen: layer.frozen))
             offset += tensor.values.count
         }
         guard !entries.isEmpty else {
-            throw .badRequest(.invalidConfiguration, "the initial weights hold no tensors")
+            throw CoordinatorError(.invalidConfiguration, "the initial weights hold no tensors")
         }
         self.entries = entries
         self.totalCount = offset
@@ -51,18 +51,18 @@ public struct ModelLayout: Sendable, Hashable {
         guard tensors.count == entries.count else {
             let names = Set(tensors.map(\.name))
             if let missing = entries.first(where: { !names.contains($0.name) }) {
-                throw .unprocessable(.tensorMismatch, "tensor '\(missing.name)' is missing")
+                throw CoordinatorError(.tensorMismatch, "tensor '\(missing.name)' is missing")
             }
-            throw .unprocessable(.tensorMismatch, "\(tensors.count) tensors given; the model has \(entries.count)")
+            throw CoordinatorError(.tensorMismatch, "\(tensors.count) tensors given; the model has \(entries.count)")
         }
         var flat = [Float](repeating: 0, count: totalCount)
         for tensor in tensors {
             guard let position = index[tensor.name] else {
-                throw .unprocessable(.tensorMismatch, "tensor '\(tensor.name)' is not part of the model")
+                throw CoordinatorError(.tensorMismatch, "tensor '\(tensor.name)' is not part of the model")
             }
             let entry = entries[position]
             guard tensor.shape == entry.shape else {
-                throw .unprocessable(.shapeMismatch, "tensor '\(tensor.name)' has shape \(tensor.shape); the model's is \(entry.shape)")
+                throw CoordinatorError(.shapeMismatch, "tensor '\(tensor.name)' has shape \(tensor.shape); the model's is \(entry.shape)")
             }
             flat.withUnsafeMutableBufferPointer { destination in
                 tensor.values.withUnsafeBufferPointer { source in
@@ -82,21 +82,21 @@ public struct ModelLayout: Sendable, Hashable {
         guard index.entries.count == entries.count else {
             let names = Set(index.entries.map(\.name))
             if let missing = entries.first(where: { !names.contains($0.name) }) {
-                throw .unprocessable(.tensorMismatch, "tensor '\(missing.name)' is missing")
+                throw CoordinatorError(.tensorMismatch, "tensor '\(missing.name)' is missing")
             }
-            throw .unprocessable(.tensorMismatch, "\(index.entries.count) tensors given; the model has \(entries.count)")
+            throw CoordinatorError(.tensorMismatch, "\(index.entries.count) tensors given; the model has \(entries.count)")
         }
         var flat = [UInt8](repeating: 0, count: totalCount * 4)
         for tensor in index.entries {
             guard let position = self.index[tensor.name] else {
-                throw .unprocessable(.tensorMismatch, "tensor '\(tensor.name)' is not part of the model")
+                throw CoordinatorError(.tensorMismatch, "tensor '\(tensor.name)' is not part of the model")
             }
             let entry = entries[position]
             guard tensor.dtype == .float32 else {
-                throw .unprocessable(.dtypeMismatch, "tensor '\(tensor.name)' is \(tensor.dtype.rawValue); diffs are F32")
+                throw CoordinatorError(.dtypeMismatch, "tensor '\(tensor.name)' is \(tensor.dtype.rawValue); diffs are F32")
             }
             guard tensor.shape == entry.shape else {
-                throw .unprocessable(.shapeMismatch, "tensor '\(tensor.name)' has shape \(tensor.shape); the model's is \(entry.shape)")
+                throw CoordinatorError(.shapeMismatch, "tensor '\(tensor.name)' has shape \(tensor.shape); the model's is \(entry.shape)")
             }
             flat.withUnsafeMutableBytes { destination in
                 body.withUnsafeBytes { source in
@@ -133,11 +133,11 @@ public struct ModelLayout: Sendable, Hashable {
         for value in flat { largest = max(largest, value.bitPattern & 0x7F80_0000) }
         if largest == 0x7F80_0000 {
             let entry = entries.first { entry in flat[entry.offset..<(entry.offset + entry.count)].contains { !$0.isFinite } }
-            return .unprocessable(.nonFiniteValues, "tensor '\(entry?.name ?? "?")' holds NaN or infinity")
+            return CoordinatorError(.nonFiniteValues, "tensor '\(entry?.name ?? "?")' holds NaN or infinity")
         }
         for entry in entries where entry.frozen {
             if flat[entry.offset..<(entry.offset + entry.count)].contains(where: { $0 != 0 }) {
-                return .unprocessable(.frozenTensorChanged, "tensor '\(entry.name)' belongs to a frozen layer; its diff must be all zeros")
+                return CoordinatorError(.frozenTensorChanged, "tensor '\(entry.name)' belongs to a frozen layer; its diff must be all zeros")
             }
         }
         return nil
@@ -220,7 +220,7 @@ public struct RunningSum: Sendable, Hashable {
 }
 
 /// The server optimizer's state, durable between cycles (empty for FedAvg).
-public struct OptimizerState: Sendable, Hashable {
+public struct ServerOptimizerState: Sendable, Hashable {
     /// First moment (FedAvgM's momentum buffer, FedAdam/FedYogi's m).
     public var m: [Float]
     /// Second moment (FedAdam/FedYogi's v).
@@ -271,7 +271,7 @@ public enum ServerOptimizer {
     ///   - state: The optimizer's moments, updated in place.
     ///   - config: The aggregator configuration.
     ///   - layout: The layout (for frozen tensors).
-    public static func step(weights: inout [Float], delta: [Float], state: inout OptimizerState, config: AggregatorConfig, layout: ModelLayout) {
+    public static func step(weights: inout [Float], delta: [Float], state: inout ServerOptimizerState, config: AggregatorConfig, layout: ModelLayout) {
         precondition(weights.count == delta.count && weights.count == layout.totalCount, "weights, delta and layout disagree")
         let n = weights.count
         let eta = Float(config.serverLearningRate)

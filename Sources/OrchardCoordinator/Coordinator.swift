@@ -1,3 +1,4 @@
+public import OrchardSupport
 import CoreMetrics
 import Foundation
 public import Logging
@@ -21,7 +22,7 @@ public actor Coordinator {
         var sum: RunningSum
         var unfolded: [String]
         var checkpointBytes: [UInt8]
-        var optimizer: OptimizerState
+        var optimizer: ServerOptimizerState
         var authenticator: DeviceAuthenticator
         var currentKeys: Set<String>
         var previousKeys: Set<String>
@@ -30,7 +31,7 @@ public actor Coordinator {
 
         init(
             process: StoredProcess, machine: CycleStateMachine, layout: ModelLayout, sum: RunningSum, unfolded: [String],
-            checkpointBytes: [UInt8], optimizer: OptimizerState, authenticator: DeviceAuthenticator, currentKeys: Set<String>,
+            checkpointBytes: [UInt8], optimizer: ServerOptimizerState, authenticator: DeviceAuthenticator, currentKeys: Set<String>,
             previousKeys: Set<String>
         ) {
             self.process = process
@@ -71,7 +72,7 @@ public actor Coordinator {
     public nonisolated let store: any CoordinatorStore
     /// The instance settings.
     public nonisolated let configuration: CoordinatorConfiguration
-    private let clock: WallClock
+    private let clock: any WallClock
     private var random: ErasedRandom
     private let metrics: CoordinatorMetrics
     private let logger: Logger
@@ -92,7 +93,7 @@ public actor Coordinator {
     ///   - logger: Structured logs.
     public init(
         store: any CoordinatorStore, configuration: CoordinatorConfiguration = CoordinatorConfiguration(),
-        clock: WallClock = .system, random: any RandomNumberGenerator & Sendable = SystemRandomNumberGenerator(),
+        clock: any WallClock = SystemClock(), random: any RandomNumberGenerator & Sendable = SystemRandomNumberGenerator(),
         metrics: CoordinatorMetrics = .discarding, logger: Logger = Logger(label: "orchard.coordinator")
     ) {
         self.store = store
@@ -129,7 +130,7 @@ public actor Coordinator {
         }
         let archive = try Safetensors.decode(weights)
         let layout = try ModelLayout(weights: archive.tensors, model: process.model)
-        let optimizer = try await store.optimizerState(processID: process.id).map { try OptimizerState(bytes: $0) } ?? OptimizerState()
+        let optimizer = try await store.optimizerState(processID: process.id).map { try ServerOptimizerState(bytes: $0) } ?? ServerOptimizerState()
         let config = CycleStateMachine.Configuration(process.serverConfig)
         var machine: CycleStateMachine
         var sum = RunningSum(count: layout.totalCount)
@@ -198,14 +199,14 @@ public actor Coordinator {
     /// Authenticates a device for a process and issues its session token.
     public func authenticate(_ request: AuthenticateRequest) async throws(CoordinatorError) -> AuthenticateResponse {
         guard WireProtocol.isCompatible(request.protocolVersion) else {
-            throw .badRequest(.unsupportedVersion, "protocol version \(request.protocolVersion) is not compatible with \(WireProtocol.version)")
+            throw CoordinatorError(.unsupportedVersion, "protocol version \(request.protocolVersion) is not compatible with \(WireProtocol.version)")
         }
         guard let processID = processByName[NameVersion(name: request.processName, version: request.processVersion)],
               let runtime = runtimes[processID]
         else {
-            throw .notFound(.unknownProcess, "no process '\(request.processName)' version \(request.processVersion)")
+            throw CoordinatorError(.unknownProcess, "no process '\(request.processName)' version \(request.processVersion)")
         }
-        let now = clock.now()
+        let now = clock.date
         let subject = try await runtime.authenticator.subject(of: request.authToken, now: now)
         let workerID: String
         do {
@@ -231,7 +232,7 @@ public actor Coordinator {
     /// The worker id a session token belongs to.
     public nonisolated func worker(forSessionToken token: String) async throws(CoordinatorError) -> String {
         guard let sessions = sessionIssuer.withLock({ $0 }) else { throw .internalError("coordinator not started") }
-        return try await sessions.workerID(from: token, now: clock.now())
+        return try await sessions.workerID(from: token, now: clock.date)
     }
 
     private func requireKnownWorker(_ workerID: String) async throws(CoordinatorError) {
@@ -242,7 +243,7 @@ public actor Coordinator {
         } catch {
             throw storeFailure(error, "look up the worker")
         }
-        guard exists else { throw .notFound(.unknownWorker, "worker '\(workerID)' is not registered") }
+        guard exists else { throw CoordinatorError(.unknownWorker, "worker '\(workerID)' is not registered") }
         knownWorkers.insert(workerID)
     }
 
@@ -252,20 +253,20 @@ public actor Coordinator {
     ///   - sessionWorker: The worker id proven by the session token.
     public func requestCycle(_ request: CycleRequest, sessionWorker: String) async throws(CoordinatorError) -> CycleResponse {
         guard request.workerID == sessionWorker else {
-            throw .forbidden(.forbidden, "the session token belongs to another worker")
+            throw CoordinatorError(.forbidden, "the session token belongs to another worker")
         }
         try await requireKnownWorker(request.workerID)
         guard let processID = processByName[NameVersion(name: request.processName, version: request.processVersion)],
               let runtime = runtimes[processID]
         else {
-            throw .notFound(.unknownProcess, "no process '\(request.processName)' version \(request.processVersion)")
+            throw CoordinatorError(.unknownProcess, "no process '\(request.processName)' version \(request.processVersion)")
         }
         let server = runtime.process.serverConfig
-        let now = clock.now()
+        let now = clock.date
         let jitter = Double.random(in: 0...1, using: &random)
         if let minimum = server.minimumDownloadMbps {
             guard let measured = request.downloadMbps else {
-                throw .badRequest(.invalidRequest, "this process requires download_mbps from a speed test")
+                throw CoordinatorError(.invalidRequest, "this process requires download_mbps from a speed test")
             }
             if measured < minimum {
                 metrics.checkinsRejected.increment()
@@ -274,7 +275,7 @@ public actor Coordinator {
         }
         if let minimum = server.minimumUploadMbps {
             guard let measured = request.uploadMbps else {
-                throw .badRequest(.invalidRequest, "this process requires upload_mbps from a speed test")
+                throw CoordinatorError(.invalidRequest, "this process requires upload_mbps from a speed test")
             }
             if measured < minimum {
                 metrics.checkinsRejected.increment()
@@ -308,7 +309,7 @@ public actor Coordinator {
             metrics.checkinsAccepted.increment()
             return .accepted(CycleAssignment(
                 requestKey: assignment.requestKey, processID: processID, cycle: cycle, checkpoint: checkpoint,
-                modelID: "\(processID).\(checkpoint)", planID: processID, clientConfig: runtime.process.clientConfig,
+                modelID: "\(processID).\(checkpoint)", planID: processID,
                 reportWithin: reportWithin
             ))
         }
@@ -318,7 +319,7 @@ public actor Coordinator {
         guard let processID = processForKey[requestKey], let runtime = runtimes[processID],
               runtime.machine.assignments[workerID]?.requestKey == requestKey
         else {
-            throw .forbidden(.invalidRequestKey, "request key is not one issued to this worker for an open cycle")
+            throw CoordinatorError(.invalidRequestKey, "request key is not one issued to this worker for an open cycle")
         }
         return runtime
     }
@@ -328,7 +329,7 @@ public actor Coordinator {
         let runtime = try assignedRuntime(requestKey: requestKey, workerID: sessionWorker)
         let expected = "\(runtime.process.id).\(runtime.machine.checkpoint)"
         guard modelID == expected else {
-            throw .notFound(.unknownCheckpoint, "model '\(modelID)' is not the one assigned (\(expected))")
+            throw CoordinatorError(.unknownCheckpoint, "model '\(modelID)' is not the one assigned (\(expected))")
         }
         return ModelDownload(bytes: runtime.checkpointBytes, etag: "\"\(expected)\"")
     }
@@ -337,7 +338,7 @@ public actor Coordinator {
     public func plan(_ planID: String, requestKey: String, sessionWorker: String) throws(CoordinatorError) -> TrainingPlan {
         let runtime = try assignedRuntime(requestKey: requestKey, workerID: sessionWorker)
         guard planID == runtime.process.id else {
-            throw .notFound(.notFound, "plan '\(planID)' is not the one assigned (\(runtime.process.id))")
+            throw CoordinatorError(.notFound, "plan '\(planID)' is not the one assigned (\(runtime.process.id))")
         }
         return TrainingPlan(planID: planID, model: runtime.process.model, clientConfig: runtime.process.clientConfig)
     }
@@ -353,26 +354,26 @@ public actor Coordinator {
         } catch {
             await refused()
             if error.code == .dtypeMismatch || error.code == .unsupportedDType {
-                throw .unprocessable(.dtypeMismatch, error.message)
+                throw CoordinatorError(.dtypeMismatch, error.message)
             }
-            throw .badRequest(.malformedSafetensors, error.message)
+            throw CoordinatorError(.malformedSafetensors, error.message)
         }
         let metadata: ReportMetadata
         do throws(FormatError) {
             metadata = try ReportEnvelope.metadata(in: index.metadata)
         } catch {
             await refused()
-            throw .badRequest(.invalidRequest, error.message)
+            throw CoordinatorError(.invalidRequest, error.message)
         }
         guard metadata.workerID == sessionWorker else {
             await refused()
-            throw .forbidden(.forbidden, "the session token belongs to another worker")
+            throw CoordinatorError(.forbidden, "the session token belongs to another worker")
         }
         let ticket = try await beginReport(metadata)
         let flat: [UInt8]
         do throws(CoordinatorError) {
             guard (1...ticket.maximumSampleCount).contains(metadata.sampleCount) else {
-                throw CoordinatorError.unprocessable(.invalidSampleCount, "sample_count \(metadata.sampleCount) is not in 1...\(ticket.maximumSampleCount)")
+                throw CoordinatorError(.invalidSampleCount, "sample_count \(metadata.sampleCount) is not in 1...\(ticket.maximumSampleCount)")
             }
             flat = try ticket.layout.flattenBytes(index, in: body)
             try ticket.layout.checkDiff(bytes: flat)
@@ -391,14 +392,14 @@ public actor Coordinator {
         } catch {
             await abortReport(ticket, workerID: metadata.workerID)
             if let storeError = error as? StoreError, storeError.code == .cycleClosed {
-                throw .conflict(.deadlinePassed, "cycle \(ticket.cycle) closed before the report was committed")
+                throw CoordinatorError(.deadlinePassed, "cycle \(ticket.cycle) closed before the report was committed")
             }
             if let storeError = error as? StoreError, storeError.code == .duplicate {
-                throw .conflict(.reportAlreadyReceived, storeError.message)
+                throw CoordinatorError(.reportAlreadyReceived, storeError.message)
             }
             throw await storeFailure(error, "commit the report")
         }
-        metrics.reportCommitSeconds.recordNanoseconds((ContinuousClock.now - started).nanoseconds)
+        metrics.reportCommitSeconds.recordNanoseconds((ContinuousClock.now - started).inNanoseconds)
         metrics.reportBytes.increment(by: body.count)
         return await commitReport(ticket, workerID: metadata.workerID, sampleCount: metadata.sampleCount, diff: flat)
     }
@@ -409,14 +410,14 @@ public actor Coordinator {
         try await requireKnownWorker(metadata.workerID)
         guard let processID = processForKey[metadata.requestKey], let runtime = runtimes[processID] else {
             metrics.reportsRefused.increment()
-            throw .forbidden(.invalidRequestKey, "request key is not one issued for an open cycle")
+            throw CoordinatorError(.invalidRequestKey, "request key is not one issued for an open cycle")
         }
-        switch runtime.machine.beginReport(workerID: metadata.workerID, requestKey: metadata.requestKey, now: clock.now()) {
+        switch runtime.machine.beginReport(workerID: metadata.workerID, requestKey: metadata.requestKey, now: clock.date) {
         case .refused(let code, let message):
             metrics.reportsRefused.increment()
             switch code {
-            case .invalidRequestKey: throw .forbidden(code, message)
-            default: throw .conflict(code, message)
+            case .invalidRequestKey: throw CoordinatorError(code, message)
+            default: throw CoordinatorError(code, message)
             }
         case .proceed(let cycle):
             return ReportTicket(processID: processID, cycle: cycle, layout: runtime.layout, maximumSampleCount: runtime.process.serverConfig.maximumSampleCount)
@@ -440,7 +441,7 @@ public actor Coordinator {
         runtime.unfolded.append(workerID)
         let action = runtime.machine.commitReport(workerID: workerID)
         let received = runtime.machine.reported
-        let retryAfter = max(0, runtime.machine.deadline.timeIntervalSince(clock.now())).rounded(.up)
+        let retryAfter = max(0, runtime.machine.deadline.timeIntervalSince(clock.date)).rounded(.up)
         metrics.openCycleReported.record(received)
         let fold: (sum: [UInt8], weight: Double, reports: Int, workers: [String])?
         if action == nil && !runtime.folding && runtime.unfolded.count >= configuration.foldInterval {
@@ -449,8 +450,11 @@ public actor Coordinator {
         } else {
             fold = nil
         }
+        var closed = false
         if let action {
             await perform(action, processID: ticket.processID)
+            // Closed when the transition went through: the process moved past the report's cycle (or finished).
+            closed = runtimes[ticket.processID].map { $0.machine.cycle != ticket.cycle } ?? true
         } else if let fold {
             do {
                 try await store.foldReports(processID: ticket.processID, cycle: ticket.cycle, sum: fold.sum, weight: fold.weight, reports: fold.reports, workers: fold.workers)
@@ -465,14 +469,14 @@ public actor Coordinator {
                 logger.warning("could not write the running sum", metadata: ["process": "\(ticket.processID)", "error": "\(error)"])
             }
         }
-        return ReportResponse(cycle: ticket.cycle, reportsReceived: received, retryAfter: retryAfter)
+        return ReportResponse(cycle: ticket.cycle, reportsReceived: received, retryAfter: retryAfter, cycleClosed: closed)
     }
 
     // MARK: Timer and transitions
 
     /// Advances every process's cycle to the current time: closes cycles whose deadline passed.
     public func tick() async {
-        let now = clock.now()
+        let now = clock.date
         for processID in runtimes.keys.sorted() {
             guard let runtime = runtimes[processID] else { continue }
             let action = runtime.machine.timerFired(now: now)
@@ -482,7 +486,7 @@ public actor Coordinator {
 
     private func perform(_ action: CycleStateMachine.CycleAction, processID: String) async {
         guard let runtime = runtimes[processID] else { return }
-        let now = clock.now()
+        let now = clock.date
         let transition = runtime.machine.plan(action, now: now)
         let started = ContinuousClock.now
         var closure = CycleClosure(
@@ -535,7 +539,7 @@ public actor Coordinator {
             metrics.cyclesAbandoned.increment()
         }
         current.process.completed = transition.nextCycle == nil
-        metrics.aggregationSeconds.recordNanoseconds((ContinuousClock.now - started).nanoseconds)
+        metrics.aggregationSeconds.recordNanoseconds((ContinuousClock.now - started).inNanoseconds)
         metrics.openCycleAssigned.record(0)
         metrics.openCycleReported.record(0)
         switch action {
@@ -551,29 +555,29 @@ public actor Coordinator {
     /// Hosts a new FL process: validates the model, weights and configurations, stores checkpoint 0, opens cycle 1.
     public func host(_ request: HostProcessRequest) async throws(CoordinatorError) -> ProcessStatus {
         guard !request.name.isEmpty, request.name.count <= 200 else {
-            throw .badRequest(.invalidConfiguration, "name must be 1 to 200 characters")
+            throw CoordinatorError(.invalidConfiguration, "name must be 1 to 200 characters")
         }
         do throws(FormatError) {
             try request.model.validate()
         } catch {
-            throw .badRequest(.invalidConfiguration, error.message)
+            throw CoordinatorError(.invalidConfiguration, error.message)
         }
         if let failure = request.clientConfig.validationFailure() ?? request.serverConfig.validationFailure() {
-            throw .badRequest(.invalidConfiguration, failure)
+            throw CoordinatorError(.invalidConfiguration, failure)
         }
         let archive: SafetensorsArchive
         do throws(FormatError) {
             archive = try Safetensors.decode(request.initialWeights)
         } catch {
-            throw .badRequest(.malformedSafetensors, "initial_weights: \(error.message)")
+            throw CoordinatorError(.malformedSafetensors, "initial_weights: \(error.message)")
         }
         let layout = try ModelLayout(weights: archive.tensors, model: request.model)
         let flat = try layout.flatten(archive.tensors)
         if flat.contains(where: { !$0.isFinite }) {
-            throw .badRequest(.invalidConfiguration, "initial_weights hold NaN or infinity")
+            throw CoordinatorError(.invalidConfiguration, "initial_weights hold NaN or infinity")
         }
         _ = try await DeviceAuthenticator(request.serverConfig.authentication)
-        let now = clock.now()
+        let now = clock.date
         let process = StoredProcess(
             id: "p_" + randomHex(8), name: request.name, version: request.version, model: request.model,
             clientConfig: request.clientConfig, serverConfig: request.serverConfig, createdAt: now
@@ -582,7 +586,7 @@ public actor Coordinator {
         do {
             try await store.createProcess(process, initialWeights: weights, firstCycle: StoredCycle(number: 1, checkpoint: 0, openedAt: now))
         } catch let error as StoreError where error.code == .duplicate {
-            throw .conflict(.processExists, error.message)
+            throw CoordinatorError(.processExists, error.message)
         } catch {
             throw storeFailure(error, "store the process")
         }
@@ -606,14 +610,14 @@ public actor Coordinator {
 
     /// The status of one process and its open cycle.
     public func status(processID: String) async throws(CoordinatorError) -> ProcessStatus {
-        guard let runtime = runtimes[processID] else { throw .notFound(.unknownProcess, "no process '\(processID)'") }
+        guard let runtime = runtimes[processID] else { throw CoordinatorError(.unknownProcess, "no process '\(processID)'") }
         let numbers: [Int]
         do {
             numbers = try await store.checkpointNumbers(processID: processID)
         } catch {
             throw storeFailure(error, "list checkpoints")
         }
-        guard let current = runtimes[processID] else { throw .notFound(.unknownProcess, "no process '\(processID)'") }
+        guard let current = runtimes[processID] else { throw CoordinatorError(.unknownProcess, "no process '\(processID)'") }
         let machine = current.machine
         let cycle: CycleStatus? = machine.phase == .completed ? nil : CycleStatus(
             number: machine.cycle, checkpoint: machine.checkpoint, openedAt: machine.openedAt.timeIntervalSince1970,
@@ -632,7 +636,7 @@ public actor Coordinator {
 
     /// A stored checkpoint's safetensors bytes; `number` nil means the latest.
     public func checkpoint(processID: String, number: Int?) async throws(CoordinatorError) -> (number: Int, bytes: [UInt8]) {
-        guard let runtime = runtimes[processID] else { throw .notFound(.unknownProcess, "no process '\(processID)'") }
+        guard let runtime = runtimes[processID] else { throw CoordinatorError(.unknownProcess, "no process '\(processID)'") }
         let wanted = number ?? runtime.process.latestCheckpoint
         if wanted == runtime.process.latestCheckpoint { return (wanted, runtime.checkpointBytes) }
         let bytes: [UInt8]?
@@ -641,13 +645,13 @@ public actor Coordinator {
         } catch {
             throw storeFailure(error, "read the checkpoint")
         }
-        guard let bytes else { throw .notFound(.unknownCheckpoint, "process '\(processID)' has no checkpoint \(wanted) (pruned or not yet written)") }
+        guard let bytes else { throw CoordinatorError(.unknownCheckpoint, "process '\(processID)' has no checkpoint \(wanted) (pruned or not yet written)") }
         return (wanted, bytes)
     }
 
     /// Deletes a process and everything stored for it.
     public func delete(processID: String) async throws(CoordinatorError) {
-        guard let runtime = runtimes[processID] else { throw .notFound(.unknownProcess, "no process '\(processID)'") }
+        guard let runtime = runtimes[processID] else { throw CoordinatorError(.unknownProcess, "no process '\(processID)'") }
         do {
             try await store.deleteProcess(id: processID)
         } catch {
@@ -692,9 +696,4 @@ private final class RecoveryAccumulator: Sendable {
     var result: (RunningSum, [String]) { state.withLock { ($0.sum, $0.workers) } }
 }
 
-extension Duration {
-    var nanoseconds: Int64 {
-        let (seconds, attoseconds) = components
-        return seconds * 1_000_000_000 + attoseconds / 1_000_000_000
-    }
-}
+

@@ -1,3 +1,4 @@
+public import OrchardSupport
 public import Foundation
 public import Hummingbird
 public import Logging
@@ -24,7 +25,7 @@ public struct CoordinatorInstance: Sendable {
     ///   - logger: Structured logs.
     public static func open(
         database path: String, durability: SQLiteStore.Durability = .normal,
-        configuration: CoordinatorConfiguration = CoordinatorConfiguration(), clock: WallClock = .system,
+        configuration: CoordinatorConfiguration = CoordinatorConfiguration(), clock: any WallClock = SystemClock(),
         random: any RandomNumberGenerator & Sendable = SystemRandomNumberGenerator(),
         logger: Logger = Logger(label: "orchard.coordinator")
     ) async throws -> CoordinatorInstance {

@@ -1,12 +1,13 @@
+public import OrchardSupport
 public import Foundation
 public import OrchardFormats
 public import OrchardProtocol
 
 /// An error from a ``CoordinatorStore``.
-public struct StoreError: Error, Sendable, Hashable, CustomStringConvertible {
+public struct StoreError: OrchardError, Hashable {
     /// The kind of store failure.
     public struct Code: Sendable, Hashable, CustomStringConvertible {
-        private enum Kind: String, Sendable, Hashable { case duplicate, cycleClosed, notFound, corrupt, io }
+        private enum Kind: String, ErrorCodeKind { case duplicate, cycleClosed, notFound, corrupt, io }
         private let kind: Kind
         private init(_ kind: Kind) { self.kind = kind }
         /// A row with that identity already exists (a process, an accepted report).
@@ -19,7 +20,8 @@ public struct StoreError: Error, Sendable, Hashable, CustomStringConvertible {
         public static let corrupt = Code(.corrupt)
         /// The storage medium failed: a file could not be written, synced or read.
         public static let io = Code(.io)
-        public var description: String { kind.rawValue }
+        /// The code in snake case, e.g. `cycle_closed`.
+        public var description: String { kind.snakeCased }
     }
 
     /// The kind.
@@ -32,8 +34,6 @@ public struct StoreError: Error, Sendable, Hashable, CustomStringConvertible {
         self.code = code
         self.message = message
     }
-
-    public var description: String { "\(code): \(message)" }
 }
 
 /// A hosted FL process as stored.

@@ -1,8 +1,10 @@
+public import OrchardSupport
+
 /// An error exporting, importing or inspecting a Core ML model.
-public struct CoreMLError: Error, Sendable, Hashable, CustomStringConvertible {
+public struct CoreMLError: OrchardError, Hashable {
     /// A machine-readable category of a Core ML error.
     public struct Code: Sendable, Hashable, CustomStringConvertible {
-        private enum Kind: String, Sendable, Hashable {
+        private enum Kind: String, ErrorCodeKind {
             case invalidModel, unsupportedLayer, unsupportedFeature, weightMismatch, updateRules, malformedFile
         }
         private let kind: Kind
@@ -20,13 +22,8 @@ public struct CoreMLError: Error, Sendable, Hashable, CustomStringConvertible {
         public static let updateRules = Code(.updateRules)
         /// The bytes are not a Core ML protobuf model.
         public static let malformedFile = Code(.malformedFile)
-
-        /// The code as a snake-case string, e.g. `update_rules`.
-        public var description: String {
-            kind.rawValue.reduce(into: "") { out, ch in
-                if ch.isUppercase { out += "_" + ch.lowercased() } else { out.append(ch) }
-            }
-        }
+        /// The code in snake case, e.g. `shape_mismatch`.
+        public var description: String { kind.snakeCased }
     }
 
     /// What went wrong, as a category.

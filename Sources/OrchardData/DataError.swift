@@ -1,8 +1,10 @@
+public import OrchardSupport
+
 /// An error reading, transforming or partitioning data.
-public struct DataError: Error, Sendable, Hashable, CustomStringConvertible {
+public struct DataError: OrchardError, Hashable {
     /// A machine-readable category of a data error.
     public struct Code: Sendable, Hashable, CustomStringConvertible {
-        private enum Kind: String, Sendable, Hashable {
+        private enum Kind: String, ErrorCodeKind {
             case malformedValue, fieldCount, missingHeader, unknownColumn, emptyData, unknownCategory
             case invalidIdx, sizeMismatch, unreadable, invalidArgument, tooFewSamples
         }
@@ -31,13 +33,8 @@ public struct DataError: Error, Sendable, Hashable, CustomStringConvertible {
         public static let invalidArgument = Code(.invalidArgument)
         /// There are too few samples for the operation (e.g. a standard deviation of one value).
         public static let tooFewSamples = Code(.tooFewSamples)
-
-        /// The code as a snake-case string, e.g. `malformed_value`.
-        public var description: String {
-            kind.rawValue.reduce(into: "") { out, ch in
-                if ch.isUppercase { out += "_" + ch.lowercased() } else { out.append(ch) }
-            }
-        }
+        /// The code in snake case, e.g. `shape_mismatch`.
+        public var description: String { kind.snakeCased }
     }
 
     /// What went wrong, as a category.

@@ -1,3 +1,4 @@
+public import OrchardSupport
 import Foundation
 public import OrchardML
 

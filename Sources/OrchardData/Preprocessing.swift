@@ -1,3 +1,4 @@
+public import OrchardSupport
 public import Foundation
 public import OrchardML
 

@@ -1,4 +1,5 @@
 public import Foundation
+import OrchardSupport
 public import OrchardData
 public import OrchardFormats
 public import OrchardML
@@ -123,7 +124,7 @@ public enum HousingExample {
             testRMSE: try trained.rootMeanSquaredError(on: data.test), testMAE: try trained.meanAbsoluteError(on: data.test),
             epochs: report.epochs.count, finalLoss: report.epochs.last?.loss ?? .nan,
             trainableParameters: trained.trainableParameterNames.reduce(0) { $0 + (trained.parameter($1)?.count ?? 0) },
-            seconds: Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) * 1e-18
+            seconds: elapsed.inSeconds
         )
         return TrainedHousingModel(model: trained, metrics: metrics)
     }

@@ -1,8 +1,10 @@
+public import OrchardSupport
+
 /// An error reading or validating one of Orchard's file formats.
-public struct FormatError: Error, Sendable, Hashable, CustomStringConvertible {
+public struct FormatError: OrchardError, Hashable {
     /// A machine-readable category of a format error.
     public struct Code: Sendable, Hashable, CustomStringConvertible {
-        private enum Kind: String, Sendable, Hashable {
+        private enum Kind: String, ErrorCodeKind {
             case truncated, invalidHeader, unsupportedDType, shapeMismatch, missingTensor, unexpectedTensor
             case invalidOffsets, invalidSpec, dtypeMismatch
         }
@@ -27,13 +29,8 @@ public struct FormatError: Error, Sendable, Hashable, CustomStringConvertible {
         public static let invalidOffsets = Code(.invalidOffsets)
         /// A model architecture is not valid.
         public static let invalidSpec = Code(.invalidSpec)
-
-        /// The code as a snake-case string, e.g. `shape_mismatch`.
-        public var description: String {
-            kind.rawValue.reduce(into: "") { out, ch in
-                if ch.isUppercase { out += "_" + ch.lowercased() } else { out.append(ch) }
-            }
-        }
+        /// The code in snake case, e.g. `shape_mismatch`.
+        public var description: String { kind.snakeCased }
     }
 
     /// What went wrong, as a category.
@@ -47,5 +44,4 @@ public struct FormatError: Error, Sendable, Hashable, CustomStringConvertible {
         self.message = message
     }
 
-    public var description: String { "\(code): \(message)" }
 }

@@ -1,8 +1,10 @@
+public import OrchardSupport
+
 /// An error raised by the training engine: bad shapes, bad configuration, unavailable resources.
-public struct EngineError: Error, Sendable, Hashable, CustomStringConvertible {
+public struct EngineError: OrchardError, Hashable {
     /// A machine-readable category of an engine error.
     public struct Code: Sendable, Hashable, CustomStringConvertible {
-        private enum Kind: String, Sendable, Hashable {
+        private enum Kind: String, ErrorCodeKind {
             case shapeMismatch, invalidArgument, invalidModel, unavailable, incompatibleCheckpoint, cancelled
         }
         private let kind: Kind
@@ -20,12 +22,8 @@ public struct EngineError: Error, Sendable, Hashable, CustomStringConvertible {
         public static let incompatibleCheckpoint = Code(.incompatibleCheckpoint)
         /// Work stopped because its task was cancelled.
         public static let cancelled = Code(.cancelled)
-
-        public var description: String {
-            kind.rawValue.reduce(into: "") { out, ch in
-                if ch.isUppercase { out += "_" + ch.lowercased() } else { out.append(ch) }
-            }
-        }
+        /// The code in snake case, e.g. `shape_mismatch`.
+        public var description: String { kind.snakeCased }
     }
 
     /// What went wrong, as a category.
@@ -39,5 +37,4 @@ public struct EngineError: Error, Sendable, Hashable, CustomStringConvertible {
         self.message = message
     }
 
-    public var description: String { "\(code): \(message)" }
 }

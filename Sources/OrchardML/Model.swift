@@ -1,3 +1,4 @@
+import OrchardSupport
 public import OrchardFormats
 
 /// A model: named inputs, a list of layers each reading earlier layers or inputs, and an output layer.

@@ -1,21 +1,23 @@
-/// What a device uses to train: sent with every accepted cycle request and in the ``TrainingPlan``.
+/// How the process's devices train, as the operator set it: sent once per cycle, in the ``TrainingPlan``.
 ///
+/// Every field is optional: a field left out falls back to the model architecture's `training` section, then to
+/// Orchard's built-in default (the device SDK resolves the three layers in one place, `TrainingConfiguration.resolved`).
 /// Known keys are `batch_size`, `learning_rate`, `local_epochs` and `max_updates`; any other key is kept in
-/// ``extra`` and sent back unchanged.
+/// ``extra`` and sent to the device unchanged.
 public struct ClientConfig: Sendable, Hashable, Codable {
     /// Samples per local update.
-    public var batchSize: Int
+    public var batchSize: Int?
     /// The device optimizer's learning rate.
-    public var learningRate: Double
+    public var learningRate: Double?
     /// Passes over the local data per cycle.
-    public var localEpochs: Int
-    /// Stop after this many local updates, if set.
+    public var localEpochs: Int?
+    /// Stop after this many local updates.
     public var maxUpdates: Int?
     /// Free-form keys passed through to the device.
     public var extra: [String: JSONValue]
 
-    /// Creates a client configuration.
-    public init(batchSize: Int = 32, learningRate: Double = 0.01, localEpochs: Int = 1, maxUpdates: Int? = nil, extra: [String: JSONValue] = [:]) {
+    /// Creates a client configuration; nil fields defer to the architecture.
+    public init(batchSize: Int? = nil, learningRate: Double? = nil, localEpochs: Int? = nil, maxUpdates: Int? = nil, extra: [String: JSONValue] = [:]) {
         self.batchSize = batchSize
         self.learningRate = learningRate
         self.localEpochs = localEpochs
@@ -27,10 +29,9 @@ public struct ClientConfig: Sendable, Hashable, Codable {
 
     public init(from decoder: any Decoder) throws {
         let container = try decoder.container(keyedBy: AnyKey.self)
-        let defaults = ClientConfig()
-        batchSize = try container.decodeIfPresent(Int.self, forKey: AnyKey("batch_size")) ?? defaults.batchSize
-        learningRate = try container.decodeIfPresent(Double.self, forKey: AnyKey("learning_rate")) ?? defaults.learningRate
-        localEpochs = try container.decodeIfPresent(Int.self, forKey: AnyKey("local_epochs")) ?? defaults.localEpochs
+        batchSize = try container.decodeIfPresent(Int.self, forKey: AnyKey("batch_size"))
+        learningRate = try container.decodeIfPresent(Double.self, forKey: AnyKey("learning_rate"))
+        localEpochs = try container.decodeIfPresent(Int.self, forKey: AnyKey("local_epochs"))
         maxUpdates = try container.decodeIfPresent(Int.self, forKey: AnyKey("max_updates"))
         var extra: [String: JSONValue] = [:]
         for key in container.allKeys where !Self.knownKeys.contains(key.stringValue) {
@@ -44,17 +45,17 @@ public struct ClientConfig: Sendable, Hashable, Codable {
         for (key, value) in extra where !Self.knownKeys.contains(key) {
             try container.encode(value, forKey: AnyKey(key))
         }
-        try container.encode(batchSize, forKey: AnyKey("batch_size"))
-        try container.encode(learningRate, forKey: AnyKey("learning_rate"))
-        try container.encode(localEpochs, forKey: AnyKey("local_epochs"))
+        try container.encodeIfPresent(batchSize, forKey: AnyKey("batch_size"))
+        try container.encodeIfPresent(learningRate, forKey: AnyKey("learning_rate"))
+        try container.encodeIfPresent(localEpochs, forKey: AnyKey("local_epochs"))
         try container.encodeIfPresent(maxUpdates, forKey: AnyKey("max_updates"))
     }
 
-    /// Describes the first invalid field, or nil when the configuration is usable.
+    /// Describes the first invalid field, or nil when every field that is set is usable.
     public func validationFailure() -> String? {
-        if batchSize < 1 { return "client_config.batch_size must be at least 1" }
-        if !(learningRate > 0) || !learningRate.isFinite { return "client_config.learning_rate must be a positive number" }
-        if localEpochs < 1 { return "client_config.local_epochs must be at least 1" }
+        if let batchSize, batchSize < 1 { return "client_config.batch_size must be at least 1" }
+        if let learningRate, !(learningRate > 0) || !learningRate.isFinite { return "client_config.learning_rate must be a positive number" }
+        if let localEpochs, localEpochs < 1 { return "client_config.local_epochs must be at least 1" }
         if let maxUpdates, maxUpdates < 1 { return "client_config.max_updates must be at least 1 when set" }
         return nil
     }

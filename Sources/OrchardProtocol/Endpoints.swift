@@ -33,6 +33,18 @@ public enum Endpoint {
         "/v1/admin/processes/\(processID)/checkpoints/\(number)"
     }
 
+    /// The names of the path parameters in the server's routes (e.g. `model(":\(Parameter.model)")`).
+    public enum Parameter {
+        /// The model id of ``Endpoint/model(_:)``.
+        public static let model = "model"
+        /// The plan id of ``Endpoint/plan(_:)``.
+        public static let plan = "plan"
+        /// The process id of ``Endpoint/process(_:)`` and ``Endpoint/checkpoint(_:_:)``.
+        public static let process = "process"
+        /// The checkpoint number (or `latest`) of ``Endpoint/checkpoint(_:_:)``.
+        public static let checkpoint = "checkpoint"
+    }
+
     /// The query parameter carrying the request key on model and plan downloads.
     public static let requestKeyQuery = "request_key"
     /// The query parameter carrying the byte count of a speed-test download.

@@ -104,8 +104,6 @@ public struct CycleAssignment: Sendable, Hashable, Codable {
     public var modelID: String
     /// The id to download the plan with (``Endpoint/plan(_:)``).
     public var planID: String
-    /// How to train.
-    public var clientConfig: ClientConfig
     /// Seconds from now until the report deadline.
     public var reportWithin: Double
 
@@ -115,19 +113,17 @@ public struct CycleAssignment: Sendable, Hashable, Codable {
         case cycle, checkpoint
         case modelID = "model_id"
         case planID = "plan_id"
-        case clientConfig = "client_config"
         case reportWithin = "report_within"
     }
 
     /// Creates an assignment.
-    public init(requestKey: String, processID: String, cycle: Int, checkpoint: Int, modelID: String, planID: String, clientConfig: ClientConfig, reportWithin: Double) {
+    public init(requestKey: String, processID: String, cycle: Int, checkpoint: Int, modelID: String, planID: String, reportWithin: Double) {
         self.requestKey = requestKey
         self.processID = processID
         self.cycle = cycle
         self.checkpoint = checkpoint
         self.modelID = modelID
         self.planID = planID
-        self.clientConfig = clientConfig
         self.reportWithin = reportWithin
     }
 }
@@ -184,13 +180,13 @@ public enum CycleResponse: Sendable, Hashable, Codable {
     }
 }
 
-/// What a device needs to train: the architecture and the training configuration.
+/// What a device needs to train: the architecture and the process's client configuration (sent only here).
 public struct TrainingPlan: Sendable, Hashable, Codable {
     /// The plan's id.
     public var planID: String
     /// The model architecture.
     public var model: ModelSpec
-    /// The training configuration.
+    /// How to train, as the process sets it (fields left out defer to the architecture's `training` section).
     public var clientConfig: ClientConfig
 
     enum CodingKeys: String, CodingKey {
@@ -215,18 +211,22 @@ public struct ReportResponse: Sendable, Hashable, Codable {
     public var reportsReceived: Int
     /// Seconds until the device should ask for its next cycle.
     public var retryAfter: Double
+    /// Whether this report closed the cycle (its goal was reached and the new checkpoint is published).
+    public var cycleClosed: Bool
 
     enum CodingKeys: String, CodingKey {
         case cycle
         case reportsReceived = "reports_received"
         case retryAfter = "retry_after"
+        case cycleClosed = "cycle_closed"
     }
 
     /// Creates a response.
-    public init(cycle: Int, reportsReceived: Int, retryAfter: Double) {
+    public init(cycle: Int, reportsReceived: Int, retryAfter: Double, cycleClosed: Bool = false) {
         self.cycle = cycle
         self.reportsReceived = reportsReceived
         self.retryAfter = retryAfter
+        self.cycleClosed = cycleClosed
     }
 }
 

@@ -1,4 +1,5 @@
 public import Foundation
+import OrchardSupport
 public import Logging
 public import ServiceLifecycle
 
@@ -223,10 +224,10 @@ public actor BackgroundScheduler<C: Clock>: BackgroundTaskScheduling, Service wh
     public nonisolated var now: Date { date(of: clock.now) }
 
     /// The date `delay` from now: handy for `earliestBeginDate` (e.g. a server's `retry_after`).
-    public nonisolated func date(after delay: Duration) -> Date { now.addingTimeInterval(delay.seconds) }
+    public nonisolated func date(after delay: Duration) -> Date { now.addingTimeInterval(delay.inSeconds) }
 
     private nonisolated func date(of instant: C.Instant) -> Date {
-        epochDate.addingTimeInterval(epochInstant.duration(to: instant).seconds)
+        epochDate.addingTimeInterval(epochInstant.duration(to: instant).inSeconds)
     }
 
     private nonisolated func instant(of date: Date) -> C.Instant {
@@ -429,7 +430,7 @@ public actor BackgroundScheduler<C: Clock>: BackgroundTaskScheduling, Service wh
             history.consecutiveFailures += 1
             if outcome == .overran {
                 history.consecutiveOverruns += 1
-                let until = endDate.addingTimeInterval(configuration.throttle.delay(afterFailures: history.consecutiveOverruns).seconds)
+                let until = endDate.addingTimeInterval(configuration.throttle.delay(afterFailures: history.consecutiveOverruns).inSeconds)
                 history.throttledUntil = until
                 throttledUntil = until
                 logger.warning("task overran its time limit; throttled", metadata: ["identifier": "\(id)", "until": "\(until)"])
@@ -445,14 +446,14 @@ public actor BackgroundScheduler<C: Clock>: BackgroundTaskScheduling, Service wh
             if outcome == .succeeded {
                 if let interval = request.repeatInterval {
                     var repeated = request
-                    repeated.earliestBeginDate = endDate.addingTimeInterval(interval.seconds)
+                    repeated.earliestBeginDate = endDate.addingTimeInterval(interval.inSeconds)
                     next = PendingTask(request: repeated, submittedAt: endDate)
                 }
             } else if outcome == .stopped {
                 next = task
             } else if request.retry.allowsRetry(afterFailures: history.consecutiveFailures) {
                 var retried = request
-                retried.earliestBeginDate = endDate.addingTimeInterval(request.retry.delay(afterFailures: history.consecutiveFailures).seconds)
+                retried.earliestBeginDate = endDate.addingTimeInterval(request.retry.delay(afterFailures: history.consecutiveFailures).inSeconds)
                 next = PendingTask(request: retried, submittedAt: task.submittedAt)
             }
             if let next {

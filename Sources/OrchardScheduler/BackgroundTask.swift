@@ -1,3 +1,4 @@
+import Synchronization
 import Foundation
 
 /// The work run when a registered task launches; it may throw, which counts as a failed run.
@@ -77,7 +78,7 @@ public final class BackgroundTask: Sendable {
         var nextWaiter: UInt64 = 0
         var observers: [@Sendable (TaskCompletion) -> Void] = []
     }
-    private let state = Locked(State())
+    private let state = Mutex(State())
 
     /// Creates a task object; schedulers and adapters create these, handlers only receive them.
     public init(identifier: String, kind: TaskKind, timeLimit: Duration, previousFailures: Int = 0) {

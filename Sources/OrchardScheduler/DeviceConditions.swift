@@ -1,3 +1,4 @@
+import Synchronization
 import Foundation
 
 /// The kind of network interface carrying the default route.
@@ -240,11 +241,11 @@ public protocol DeviceConditionsProvider: Sendable {
 
 /// Conditions set by code: for tests and for the simulator's virtual devices.
 public final class ScriptedConditionsProvider: DeviceConditionsProvider {
-    private let state: Locked<(conditions: DeviceConditions, reads: Int)>
+    private let state: Mutex<(conditions: DeviceConditions, reads: Int)>
 
     /// Creates a provider reporting `conditions` until changed.
     public init(_ conditions: DeviceConditions = .ideal) {
-        state = Locked((conditions, 0))
+        state = Mutex((conditions, 0))
     }
 
     /// Replaces the conditions.

@@ -1,3 +1,4 @@
+import Synchronization
 import Foundation
 
 /// Reads device conditions from a Linux machine's sysfs and procfs; every missing file means "unknown".
@@ -38,7 +39,7 @@ public final class LinuxConditionsProvider: DeviceConditionsProvider {
 
     /// Where this provider reads.
     public let configuration: Configuration
-    private let previousCPU = Locked<CPUSample?>(nil)
+    private let previousCPU = Mutex<CPUSample?>(nil)
 
     /// Creates a provider.
     public init(configuration: Configuration = Configuration()) {

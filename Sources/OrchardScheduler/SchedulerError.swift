@@ -1,8 +1,10 @@
+public import OrchardSupport
+
 /// An error from the background task scheduler, its store, or its adapters.
-public struct SchedulerError: Error, Sendable, Hashable, CustomStringConvertible {
+public struct SchedulerError: OrchardError, Hashable {
     /// A machine-readable category of a scheduler error.
     public struct Code: Sendable, Hashable, CustomStringConvertible {
-        private enum Kind: String, Sendable, Hashable {
+        private enum Kind: String, ErrorCodeKind {
             case notPermitted, alreadyRegistered, registrationClosed, tooManyPendingRequests, invalidRequest
             case windowInProgress, unsupported, storeFailure, unavailable
         }
@@ -27,13 +29,8 @@ public struct SchedulerError: Error, Sendable, Hashable, CustomStringConvertible
         public static let storeFailure = Code(.storeFailure)
         /// The platform scheduler is unavailable (iOS: background refresh disabled, or a simulator).
         public static let unavailable = Code(.unavailable)
-
-        /// The code as a snake-case string, e.g. `too_many_pending_requests`.
-        public var description: String {
-            kind.rawValue.reduce(into: "") { out, ch in
-                if ch.isUppercase { out += "_" + ch.lowercased() } else { out.append(ch) }
-            }
-        }
+        /// The code in snake case, e.g. `shape_mismatch`.
+        public var description: String { kind.snakeCased }
     }
 
     /// What went wrong, as a category.
@@ -47,5 +44,4 @@ public struct SchedulerError: Error, Sendable, Hashable, CustomStringConvertible
         self.message = message
     }
 
-    public var description: String { "\(code): \(message)" }
 }

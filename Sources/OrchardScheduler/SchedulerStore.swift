@@ -1,3 +1,4 @@
+import Synchronization
 public import Foundation
 import GRDB
 
@@ -63,11 +64,11 @@ public protocol SchedulerStore: Sendable {
 
 /// A store in memory: cheap, for the simulator's many virtual devices and for tests.
 public final class InMemorySchedulerStore: SchedulerStore {
-    private let state: Locked<SchedulerSnapshot>
+    private let state: Mutex<SchedulerSnapshot>
 
     /// Creates an empty store, or one holding `snapshot`.
     public init(_ snapshot: SchedulerSnapshot = SchedulerSnapshot()) {
-        state = Locked(snapshot)
+        state = Mutex(snapshot)
     }
 
     public func load() throws(SchedulerError) -> SchedulerSnapshot { state.withLock { $0 } }

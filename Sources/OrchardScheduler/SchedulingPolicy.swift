@@ -1,4 +1,5 @@
 public import Foundation
+import OrchardSupport
 
 /// How a run ended, from the scheduler's side.
 public struct RunOutcome: Sendable, Hashable, Codable, CustomStringConvertible {
@@ -92,7 +93,7 @@ public struct TaskHistory: Sendable, Hashable, Codable {
     public func encode(to encoder: any Encoder) throws {
         var c = encoder.container(keyedBy: CodingKeys.self)
         try c.encode(identifier, forKey: .identifier)
-        try c.encode(recentRunTimes.map(\.seconds), forKey: .recentRunTimesSeconds)
+        try c.encode(recentRunTimes.map(\.inSeconds), forKey: .recentRunTimesSeconds)
         try c.encodeIfPresent(lastRunStart, forKey: .lastRunStart)
         try c.encodeIfPresent(lastRunEnd, forKey: .lastRunEnd)
         try c.encodeIfPresent(lastOutcome, forKey: .lastOutcome)
@@ -190,7 +191,7 @@ public struct SchedulingPolicy: Sendable, Hashable {
     /// The candidate's score at `now`.
     public func score(_ candidate: Candidate, now: Date) -> Double {
         let waited = max(0, now.timeIntervalSince(candidate.eligibleSince))
-        let aging = min(waited, agingCap.seconds) / agingAnchor.seconds
+        let aging = min(waited, agingCap.inSeconds) / agingAnchor.inSeconds
         return Double(candidate.priority.rawValue) / 5 * (1 + aging)
     }
 
@@ -199,9 +200,9 @@ public struct SchedulingPolicy: Sendable, Hashable {
         let base: Duration
         if let history = candidate.history, !history.recentRunTimes.isEmpty {
             let recent = history.recentRunTimes.suffix(historyLength)
-            let mean = recent.reduce(0.0) { $0 + $1.seconds } / Double(recent.count)
+            let mean = recent.reduce(0.0) { $0 + $1.inSeconds } / Double(recent.count)
             let idle = history.lastRunEnd.map { max(0, now.timeIntervalSince($0)) } ?? 0
-            base = .seconds(mean * pow(0.5, idle / estimateHalfLife.seconds))
+            base = .seconds(mean * pow(0.5, idle / estimateHalfLife.inSeconds))
         } else {
             base = candidate.expectedDuration ?? defaultEstimate
         }

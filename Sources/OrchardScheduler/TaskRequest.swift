@@ -1,4 +1,5 @@
 public import Foundation
+import OrchardSupport
 
 /// The kind of background window a request asks for, mirroring `BGAppRefreshTaskRequest` and `BGProcessingTaskRequest`.
 public struct TaskKind: Sendable, Hashable, Codable, CustomStringConvertible {
@@ -95,8 +96,8 @@ public struct RetryPolicy: Sendable, Hashable, Codable {
     /// The delay before the retry that follows the `failures`-th consecutive failure (1-based).
     public func delay(afterFailures failures: Int) -> Duration {
         guard failures > 0 else { return .zero }
-        let seconds = base.seconds * pow(multiplier, Double(failures - 1))
-        guard seconds.isFinite, seconds < cap.seconds else { return cap }
+        let seconds = base.inSeconds * pow(multiplier, Double(failures - 1))
+        guard seconds.isFinite, seconds < cap.inSeconds else { return cap }
         return .seconds(seconds)
     }
 
@@ -118,9 +119,9 @@ public struct RetryPolicy: Sendable, Hashable, Codable {
 
     public func encode(to encoder: any Encoder) throws {
         var c = encoder.container(keyedBy: CodingKeys.self)
-        try c.encode(base.seconds, forKey: .baseSeconds)
+        try c.encode(base.inSeconds, forKey: .baseSeconds)
         try c.encode(multiplier, forKey: .multiplier)
-        try c.encode(cap.seconds, forKey: .capSeconds)
+        try c.encode(cap.inSeconds, forKey: .capSeconds)
         try c.encodeIfPresent(maxAttempts, forKey: .maxAttempts)
     }
 }
@@ -254,9 +255,9 @@ public struct TaskRequest: Sendable, Hashable, Codable {
         try c.encodeIfPresent(earliestBeginDate, forKey: .earliestBeginDate)
         try c.encode(constraints, forKey: .constraints)
         try c.encode(priority, forKey: .priority)
-        try c.encodeIfPresent(expectedDuration?.seconds, forKey: .expectedDurationSeconds)
-        try c.encodeIfPresent(timeout?.seconds, forKey: .timeoutSeconds)
-        try c.encodeIfPresent(repeatInterval?.seconds, forKey: .repeatIntervalSeconds)
+        try c.encodeIfPresent(expectedDuration?.inSeconds, forKey: .expectedDurationSeconds)
+        try c.encodeIfPresent(timeout?.inSeconds, forKey: .timeoutSeconds)
+        try c.encodeIfPresent(repeatInterval?.inSeconds, forKey: .repeatIntervalSeconds)
         try c.encode(retry, forKey: .retry)
     }
 }

@@ -4,6 +4,7 @@
 @preconcurrency public import BackgroundTasks
 #else
 public import BackgroundTasksShim
+public import OrchardSupport
 #endif
 public import Foundation
 public import OrchardScheduler
@@ -18,7 +19,7 @@ public import OrchardScheduler
 /// not forwarded: iOS chooses. Failure counts for backoff live in memory only.
 public final class AppleBackgroundScheduler: BackgroundTaskScheduling, @unchecked Sendable {
     private let scheduler: BGTaskScheduler
-    private let now: @Sendable () -> Date
+    private let clock: any WallClock
     private let processingTimeLimit: Duration
     private let lock = NSLock()
     private var requests: [String: TaskRequest] = [:]
@@ -28,11 +29,11 @@ public final class AppleBackgroundScheduler: BackgroundTaskScheduling, @unchecke
     /// - Parameters:
     ///   - scheduler: the system scheduler (`BGTaskScheduler.shared`).
     ///   - processingTimeLimit: the time limit reported to processing handlers (iOS grants minutes; refresh: 30 s).
-    ///   - now: the wall clock used to date re-submissions.
-    public init(scheduler: BGTaskScheduler = .shared, processingTimeLimit: Duration = .seconds(300), now: @escaping @Sendable () -> Date) {
+    ///   - clock: the wall clock used to date re-submissions.
+    public init(scheduler: BGTaskScheduler = .shared, processingTimeLimit: Duration = .seconds(300), clock: any WallClock = SystemClock()) {
         self.scheduler = scheduler
         self.processingTimeLimit = processingTimeLimit
-        self.now = now
+        self.clock = clock
     }
 
     public func register(identifier: String, handler: @escaping BackgroundTaskHandler) async throws(SchedulerError) {
@@ -67,20 +68,16 @@ public final class AppleBackgroundScheduler: BackgroundTaskScheduling, @unchecke
             if completion.success {
                 failures[identifier] = 0
                 guard let interval = request.repeatInterval else { return nil }
-                request.earliestBeginDate = now().addingTimeInterval(Self.seconds(interval))
+                request.earliestBeginDate = clock.date.addingTimeInterval(interval.inSeconds)
                 return request
             }
             let count = (failures[identifier] ?? 0) + 1
             failures[identifier] = count
             guard request.retry.allowsRetry(afterFailures: count) else { return nil }
-            request.earliestBeginDate = now().addingTimeInterval(Self.seconds(request.retry.delay(afterFailures: count)))
+            request.earliestBeginDate = clock.date.addingTimeInterval(request.retry.delay(afterFailures: count).inSeconds)
             return request
         }
         if let next { try? submitToSystem(next) }
-    }
-
-    private static func seconds(_ duration: Duration) -> TimeInterval {
-        Double(duration.components.seconds) + Double(duration.components.attoseconds) / 1e18
     }
 
     public func submit(_ request: TaskRequest) async throws(SchedulerError) {

@@ -1,3 +1,4 @@
+import OrchardSupport
 public import Foundation
 import OrchardML
 

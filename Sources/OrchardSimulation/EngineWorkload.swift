@@ -2,10 +2,12 @@ public import Foundation
 import OrchardData
 public import OrchardFormats
 public import OrchardML
+public import OrchardClient
 
-/// Real local training with the Orchard engine: each device trains its own data slice from the downloaded
-/// global model, writing a training-state checkpoint whenever its background window expires and resuming from
-/// that checkpoint in the next window; the global model is evaluated on a held-out test set.
+/// Real local training through the device SDK's own trainer (``OrchardClient/EngineLocalTrainer``): each device
+/// trains its own data slice from the downloaded global model under the settings the coordinator sent, pausing
+/// with a training-state checkpoint when its background window ends and resuming from it in the next; the global
+/// model is evaluated on a held-out test set.
 ///
 /// The datasets are immutable values that the devices only read, so the workload is shared between the
 /// concurrent trainings (`@unchecked` because the engine's dataset types do not declare `Sendable`).
@@ -16,8 +18,10 @@ public struct EngineWorkload<Slice: Dataset, TestSet: Dataset>: FleetWorkload, @
     public let slices: [Slice]
     /// The held-out test set.
     public let testSet: TestSet
-    /// Loss, optimizer, local epochs and batch size.
-    public let training: TrainingConfiguration
+    /// The loss the test set is evaluated with (the architecture's).
+    public let evaluationLoss: LossType
+    /// The SDK trainer the devices train with.
+    private let trainer = EngineLocalTrainer()
     private let testTargets: [Float]
     /// The test set cut into one contiguous part per core, evaluated concurrently.
     private let testParts: [DatasetSlice<TestSet>]
@@ -27,16 +31,15 @@ public struct EngineWorkload<Slice: Dataset, TestSet: Dataset>: FleetWorkload, @
     ///   - model: The architecture (its weights are replaced by each download).
     ///   - slices: One dataset per device.
     ///   - testSet: The evaluation data.
-    ///   - training: Local training settings (`seed` and `maxUpdates` are set per device and window).
     ///   - evaluationParallelism: Parts of the test set evaluated at the same time (defaults to the number of cores).
     public init(
-        model: Model, slices: [Slice], testSet: TestSet, training: TrainingConfiguration,
+        model: Model, slices: [Slice], testSet: TestSet,
         evaluationParallelism: Int = ProcessInfo.processInfo.activeProcessorCount
     ) {
         self.model = model
         self.slices = slices
         self.testSet = testSet
-        self.training = training
+        evaluationLoss = model.spec.training?.loss ?? TrainingConfiguration().loss
         testTargets = Self.targets(of: testSet)
         let parts = max(1, min(evaluationParallelism, testSet.count))
         testParts = (0..<parts).map { p in
@@ -44,45 +47,18 @@ public struct EngineWorkload<Slice: Dataset, TestSet: Dataset>: FleetWorkload, @
         }
     }
 
-    /// `epochs × ⌈samples / batch⌉`, or the configuration's update cap when smaller.
-    public func updatesPerRound(device: Int) -> Int {
-        let batches = (slices[device].count + training.batchSize - 1) / training.batchSize
-        let full = training.epochs * batches
-        return training.maxUpdates.map { min($0, full) } ?? full
-    }
-
     /// The size of `device`'s data slice.
     public func sampleCount(device: Int) -> Int { slices[device].count }
 
-    /// Trains `device` from the cycle's weights up to `updates` updates, with the engine's complete training
-    /// state as the checkpoint between stretches (a resumed run equals an uninterrupted one bit for bit).
-    public func train(device: Int, weights: [TensorRecord], seed: UInt64, resumingFrom checkpoint: [UInt8]?, until updates: Int) throws(SimulationError) -> LocalTrainingStretch {
-        do {
-            var start = model
-            try start.loadWeights(from: SafetensorsArchive(tensors: weights))
-            var configuration = training
-            configuration.seed = seed
-            let full = updatesPerRound(device: device)
-            let pauses = updates < full
-            if pauses { configuration.maxUpdates = updates }
-            let trainer = try Trainer(model: start, configuration: configuration)
-            let resume = try checkpoint.map { bytes throws(EngineError) in try TrainingState(checkpoint: bytes, model: start) }
-            let outcome = try trainer.train(on: slices[device], resumingFrom: resume)
-            if pauses { return .paused(checkpoint: outcome.state.checkpoint()) }
-            let diff = try Model.diff(original: start, trained: outcome.model)
-            var loss = 0.0
-            if case .completed(let report) = outcome, let lastEpoch = report.epochs.last { loss = lastEpoch.loss }
-            return .finished(diff: diff.records, loss: loss)
-        } catch {
-            throw SimulationError(.training, "device \(device) failed to train: \(error)")
-        }
+    /// Trains `device`'s slice with the SDK's trainer (the engine's complete training state is the checkpoint
+    /// between stretches, so a resumed run equals an uninterrupted one bit for bit).
+    public func train(device: Int, _ task: LocalTrainingTask, resumingFrom checkpoint: [UInt8]?) throws(OrchardClientError) -> LocalTrainingOutcome {
+        try trainer.train(task, on: slices[device], resumingFrom: checkpoint, progress: { _ in })
     }
 
     /// The update count recorded in a training-state checkpoint.
-    public func updatesDone(device: Int, in checkpoint: [UInt8]) throws(SimulationError) -> Int {
-        do { return try TrainingState(checkpoint: checkpoint, model: model).position.updates } catch {
-            throw SimulationError(.training, "device \(device)'s checkpoint is unreadable: \(error)")
-        }
+    public func completedUpdates(device: Int, in checkpoint: [UInt8], of task: LocalTrainingTask) throws(OrchardClientError) -> Int {
+        try trainer.completedUpdates(in: checkpoint, of: task)
     }
 
     /// Test loss and accuracy (classifiers: cross-entropy of the softmax output) or RMSE (regressors: MSE loss).
@@ -100,7 +76,7 @@ public struct EngineWorkload<Slice: Dataset, TestSet: Dataset>: FleetWorkload, @
                         let part = self.testParts[index]
                         let start = (part.indices.first ?? 0) * width
                         let targets = self.testTargets[start..<(start + part.count * width)]
-                        let loss = self.training.loss
+                        let loss = self.evaluationLoss
                         return (index, try await offCooperativePool { try Self.sums(global, on: part, targets: targets, loss: loss) })
                     }
                 }
@@ -108,7 +84,7 @@ public struct EngineWorkload<Slice: Dataset, TestSet: Dataset>: FleetWorkload, @
                 for try await (index, sums) in group { results[index] = sums }
                 return results.reduce(EvaluationSums()) { $0.adding($1) }
             }
-            return sums.evaluation(samples: testSet.count, targetValues: testTargets.count, loss: training.loss)
+            return sums.evaluation(samples: testSet.count, targetValues: testTargets.count, loss: evaluationLoss)
         } catch {
             throw SimulationError(.training, "cannot evaluate the global model: \(error)")
         }

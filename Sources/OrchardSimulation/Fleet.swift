@@ -1,33 +1,20 @@
 public import Foundation
 public import OrchardClient
 public import OrchardFormats
+public import OrchardSupport
 import OrchardProtocol
-
-/// How a stretch of a device's local training ended.
-public enum LocalTrainingStretch: Sendable {
-    /// Training is complete: the diff (`trained − received`) and the mean loss of its last epoch.
-    case finished(diff: [TensorRecord], loss: Double)
-    /// The update count was reached first: the complete training state, to resume from.
-    case paused(checkpoint: [UInt8])
-}
+import OrchardML
 
 /// The devices' computation: local training and the evaluation of a global model.
 public protocol FleetWorkload: Sendable {
-    /// Optimizer updates `device`'s local training takes in one round.
-    func updatesPerRound(device: Int) -> Int
     /// Samples `device` trains on (its weight in the average).
     func sampleCount(device: Int) -> Int
-    /// Trains `device` from the cycle's `weights` until `updates` updates in all are done (or training ends),
-    /// resuming from a checkpoint of an earlier stretch of the same cycle.
-    /// - Parameters:
-    ///   - device: The device.
-    ///   - weights: The cycle's global weights, as downloaded.
-    ///   - seed: The cycle's training seed (shuffle order).
-    ///   - checkpoint: State from an earlier ``LocalTrainingStretch/paused(checkpoint:)``.
-    ///   - updates: Stop when this many updates are done in all.
-    func train(device: Int, weights: [TensorRecord], seed: UInt64, resumingFrom checkpoint: [UInt8]?, until updates: Int) throws(SimulationError) -> LocalTrainingStretch
-    /// The updates a checkpoint of `device`'s training has done.
-    func updatesDone(device: Int, in checkpoint: [UInt8]) throws(SimulationError) -> Int
+    /// Runs the device SDK's trainer on `device`'s data for `task`, whose settings are what the coordinator sent
+    /// as the SDK resolved them; resumes from a checkpoint of an earlier stretch of the same cycle, and pauses at
+    /// ``OrchardClient/LocalTrainingTask/pauseAfterUpdates``.
+    func train(device: Int, _ task: LocalTrainingTask, resumingFrom checkpoint: [UInt8]?) throws(OrchardClientError) -> LocalTrainingOutcome
+    /// The updates a checkpoint of `device`'s `task` has done.
+    func completedUpdates(device: Int, in checkpoint: [UInt8], of task: LocalTrainingTask) throws(OrchardClientError) -> Int
     /// Evaluates a global model on the held-out test set.
     func evaluate(model: [UInt8]) async throws(SimulationError) -> Evaluation
 }
@@ -80,15 +67,15 @@ public struct FleetSimulation: Sendable {
     ///   - transport: How devices reach it (in-process calls, or HTTP on loopback).
     ///   - workload: The devices' computation.
     ///   - directory: Where the devices keep their job state (one subdirectory each).
-    ///   - now: Real time, for the wall-seconds figures (injected).
+    ///   - wallClock: Real time, for the wall-seconds figures (injected).
     ///   - onRound: Called after each round with its record.
     /// - Returns: The initial evaluation and one record per round.
     public func run(
         coordinator: FleetCoordinator, transport: any ClientTransport, workload: some FleetWorkload, directory: URL,
-        now: @Sendable () -> Double, onRound: (RoundMetrics) -> Void = { _ in }
+        wallClock: any WallClock, onRound: (RoundMetrics) -> Void = { _ in }
     ) async throws(SimulationError) -> (initial: Evaluation, rounds: [RoundMetrics]) {
         let timeline = FleetTimeline()
-        let slots = TrainingSlots(parallelism)
+        let slots = AsyncSemaphore(permits: max(1, parallelism))
         var fleet: [VirtualDevice] = []
         for device in 0..<devices {
             let profile = DeviceProfile.sample(device: device, seed: seed, medianSecondsPerUpdate: conditions.medianSecondsPerUpdate, spread: conditions.speedSpread,
@@ -107,7 +94,7 @@ public struct FleetSimulation: Sendable {
         var pending: (record: RoundMetrics, evaluation: Task<Evaluation?, any Error>)?
         var clock = 0.0
         for round in 1...max(rounds, 1) where rounds > 0 {
-            let wallStart = now()
+            let wallStart = wallClock.now
             let start = openingTime(after: clock, goal: coordinator.goal)
             let deadline = try await coordinator.openRound(at: start)
             let modelBytes = try await coordinator.currentModel().count
@@ -126,7 +113,7 @@ public struct FleetSimulation: Sendable {
                 for checkIn in checkIns {
                     let device = fleet[checkIn.device]
                     let conditions = self.conditions, seed = self.seed
-                    let updates = workload.updatesPerRound(device: checkIn.device)
+                    let updates = coordinator.training.plannedUpdates(samples: workload.sampleCount(device: checkIn.device))
                     group.addTask {
                         let result: Result<DeviceRoundRecord, SimulationError>
                         do throws(SimulationError) {
@@ -165,7 +152,7 @@ public struct FleetSimulation: Sendable {
             let accepted = selected.count { ($0.reportedAt ?? .infinity) <= end.time }
             let dropouts = selected.count { ($0.droppedAt ?? .infinity) <= end.time }
             let record = RoundMetrics(
-                round: round, wallSeconds: now() - wallStart, virtualStart: start, virtualEnd: end.time,
+                round: round, wallSeconds: wallStart.duration(to: wallClock.now).inSeconds, virtualStart: start, virtualEnd: end.time,
                 availableFraction: conditions.availability.availableFraction(devices: devices, at: start, seed: seed),
                 selected: selected.count, participants: aggregated ? accepted : 0, dropouts: dropouts,
                 late: selected.count - accepted - dropouts,
@@ -214,31 +201,18 @@ public struct FleetSimulation: Sendable {
     }
 }
 
-/// At most `count` trainings at the same time, admitted in arrival order; a training cancelled while it waits
+/// At most `permits` trainings at the same time, admitted in arrival order; a training cancelled while it waits
 /// does not run.
 ///
 /// A training is a long synchronous computation, so it runs on a Dispatch worker thread rather than on Swift's
 /// cooperative pool (as wide as the cores): there it would hold a pool thread for its whole length, and the devices'
 /// check-ins, transfers and coordinator calls — the fleet's critical path — would wait for it.
-actor TrainingSlots {
-    private var free: Int
-    private var waiting: [CheckedContinuation<Void, Never>] = []
-
-    init(_ count: Int) { free = max(1, count) }
-
-    func run<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
-        if free > 0 {
-            free -= 1
-        } else {
-            await withCheckedContinuation { waiting.append($0) }
-        }
-        defer { release() }
+extension AsyncSemaphore {
+    func runTraining<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
+        await wait()
+        defer { signal() }
         try Task.checkCancellation()
         return try await offCooperativePool(body)
-    }
-
-    private func release() {
-        if waiting.isEmpty { free += 1 } else { waiting.removeFirst().resume() }
     }
 }
 
@@ -256,13 +230,8 @@ func offCooperativePool<T: Sendable>(_ body: @escaping @Sendable () throws -> T)
 /// Random-access draws: a uniform number in [0, 1) from (seed, a, b), independent of any other draw.
 enum OrchardRandomAccess {
     static func uniform(seed: UInt64, a: UInt64, b: UInt64, salt: UInt64) -> Double {
-        var z = seed ^ salt &* 0x9E37_79B9_7F4A_7C15
-        for word in [a, b] {
-            z = (z ^ word) &+ 0x9E37_79B9_7F4A_7C15
-            z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-            z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-            z ^= z >> 31
-        }
+        var z = seed ^ salt &* SplitMix64.increment
+        for word in [a, b] { z = SplitMix64.mix((z ^ word) &+ SplitMix64.increment) }
         return Double(z >> 11) * 0x1.0p-53
     }
 }

@@ -1,6 +1,9 @@
 import Foundation
+public import OrchardSupport
 public import OrchardCoordinator
 public import OrchardProtocol
+import OrchardClient
+public import OrchardML
 
 /// The coordinator a fleet runs against, as the simulation drives it: a real
 /// ``OrchardCoordinator/Coordinator`` hosting the process, its manual clock following the simulation's virtual
@@ -14,9 +17,12 @@ public actor FleetCoordinator {
     public nonisolated let processName: String
     /// The hosted process's version.
     public nonisolated let processVersion: SemanticVersion
+    /// How the process's devices train, resolved by the SDK from what the coordinator sends (the architecture's
+    /// training section under the process's client config); the seed is each device's own.
+    public nonisolated let training: TrainingConfiguration
     private let coordinator: Coordinator
-    private nonisolated let clock: ManualWallClock
-    private nonisolated let epoch: Date
+    private nonisolated let clock: ManualClock
+    private nonisolated let epoch: WallInstant
     private let processID: String
     private var cycle = 0
 
@@ -25,13 +31,18 @@ public actor FleetCoordinator {
     ///   - coordinator: A started coordinator whose clock is `clock`.
     ///   - clock: The coordinator's clock.
     ///   - process: The process to host (model, initial weights, client and server configuration).
-    public init(coordinator: Coordinator, clock: ManualWallClock, process: HostProcessRequest) async throws(SimulationError) {
+    public init(coordinator: Coordinator, clock: ManualClock, process: HostProcessRequest) async throws(SimulationError) {
         self.coordinator = coordinator
         self.clock = clock
         epoch = clock.now
         goal = process.serverConfig.goalCount
         processName = process.name
         processVersion = process.version
+        do throws(OrchardClientError) {
+            training = try TrainingConfiguration.resolved(architecture: process.model, clientConfig: process.clientConfig, seed: 0)
+        } catch {
+            throw SimulationError(.invalidOption, "the process's training settings are unusable: \(error.message)")
+        }
         do { processID = try await coordinator.host(process).processID } catch {
             throw SimulationError(.coordinator, "the coordinator refused the process: \(error)")
         }
@@ -39,8 +50,7 @@ public actor FleetCoordinator {
 
     /// Moves the coordinator's clock to virtual time `time` (never back).
     public nonisolated func move(to time: Double) {
-        let target = epoch.addingTimeInterval(time)
-        if target > clock.now { clock.set(target) }
+        clock.advance(to: epoch.advanced(by: .seconds(time)))
     }
 
     private func status() async throws(SimulationError) -> ProcessStatus {
@@ -57,7 +67,7 @@ public actor FleetCoordinator {
             throw SimulationError(.coordinator, "the coordinator has no open cycle for the process")
         }
         cycle = current.number
-        return current.deadline - epoch.timeIntervalSince1970
+        return current.deadline - epoch.date.timeIntervalSince1970
     }
 
     /// The latest checkpoint's safetensors bytes.
@@ -65,11 +75,6 @@ public actor FleetCoordinator {
         do { return try await coordinator.checkpoint(processID: processID, number: nil).bytes } catch {
             throw SimulationError(.coordinator, "cannot read the latest checkpoint: \(error)")
         }
-    }
-
-    /// Whether the round's cycle has closed (a report met the goal).
-    public func cycleClosed() async throws(SimulationError) -> Bool {
-        try await status().currentCycle?.number != cycle
     }
 
     /// Moves the clock to the cycle's deadline and lets the coordinator close it; true when it aggregated.

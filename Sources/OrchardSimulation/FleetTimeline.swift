@@ -1,6 +1,7 @@
+import OrchardSupport
 /// Puts the fleet's calls to the coordinator in virtual-time order.
 ///
-/// Every device of a round runs concurrently on its own ``VirtualClock``; its computation never waits for the
+/// Every device of a round runs concurrently on its own ``OrchardSupport/ManualClock``; its computation never waits for the
 /// others. Only its calls to the coordinator do: a call at virtual time `t` goes through when no device of the
 /// round could still make an earlier one — every other device is either waiting with a later call (ties by
 /// device id) or busy with its clock past `t`, since a device's clock only moves forward. Calls go one at a
@@ -15,7 +16,7 @@ actor FleetTimeline {
     struct RoundOver: Error {}
 
     private struct Entry {
-        let clock: VirtualClock
+        let clock: ManualClock
         var waiting: (time: Double, continuation: CheckedContinuation<Void, any Error>)?
     }
 
@@ -25,7 +26,7 @@ actor FleetTimeline {
     private var end: (time: Double, closed: Bool)?
 
     /// Starts a round with its devices (their clocks already at their check-in times) and the cycle's deadline.
-    func begin(deadline: Double, devices: [(device: Int, clock: VirtualClock)]) {
+    func begin(deadline: Double, devices: [(device: Int, clock: ManualClock)]) {
         precondition(entries.isEmpty && !calling, "a round began before the previous one wound down")
         self.deadline = deadline
         end = nil

@@ -1,4 +1,5 @@
 public import Foundation
+import OrchardSupport
 
 /// Writes a run's results into a directory: `metrics.jsonl` (one record a round, appended as the run goes, so a
 /// crash keeps every finished round), `summary.json` and a self-contained `report.html`.

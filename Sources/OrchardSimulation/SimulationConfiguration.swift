@@ -156,11 +156,11 @@ public struct SimulationConfiguration: Sendable {
     public var fraction: Double
     /// Devices admitted per round as a multiple of the goal.
     public var overSelection: Double
-    /// Local epochs per round.
+    /// Local epochs per round (the hosted process's `client_config.local_epochs`).
     public var localEpochs: Int
-    /// Local batch size.
+    /// Local batch size (the hosted process's `client_config.batch_size`).
     public var batchSize: Int
-    /// Local SGD learning rate.
+    /// Local learning rate (the hosted process's `client_config.learning_rate`).
     public var learningRate: Double
     /// Rounds.
     public var rounds: Int
@@ -233,6 +233,12 @@ public struct SimulationConfiguration: Sendable {
 
     /// Reports that close a round.
     public var goal: Int { max(1, Int((fraction * Double(clients) - 1e-9).rounded(.up))) }
+
+    /// The client config of the process the simulator hosts: what the coordinator sends its devices, which they
+    /// resolve over the architecture's training section like any device.
+    public var clientConfig: ClientConfig {
+        ClientConfig(batchSize: batchSize, learningRate: learningRate, localEpochs: localEpochs)
+    }
 
     /// Describes the first invalid or inconsistent field.
     public func validate() throws(SimulationError) {

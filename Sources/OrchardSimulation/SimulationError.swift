@@ -1,8 +1,10 @@
+public import OrchardSupport
+
 /// An error configuring or running a fleet simulation.
-public struct SimulationError: Error, Sendable, Hashable, CustomStringConvertible {
+public struct SimulationError: OrchardError, Hashable {
     /// A machine-readable category of a simulation error.
     public struct Code: Sendable, Hashable, CustomStringConvertible {
-        private enum Kind: String, Sendable, Hashable {
+        private enum Kind: String, ErrorCodeKind {
             case invalidOption, invalidTrace, unreadable, unwritable, incompatible, coordinator, training
         }
         private let kind: Kind
@@ -22,13 +24,8 @@ public struct SimulationError: Error, Sendable, Hashable, CustomStringConvertibl
         public static let coordinator = Code(.coordinator)
         /// Training on a device failed.
         public static let training = Code(.training)
-
-        /// The code as a snake-case string, e.g. `invalid_option`.
-        public var description: String {
-            kind.rawValue.reduce(into: "") { out, ch in
-                if ch.isUppercase { out += "_" + ch.lowercased() } else { out.append(ch) }
-            }
-        }
+        /// The code in snake case, e.g. `shape_mismatch`.
+        public var description: String { kind.snakeCased }
     }
 
     /// The category.
@@ -41,7 +38,4 @@ public struct SimulationError: Error, Sendable, Hashable, CustomStringConvertibl
         self.code = code
         self.message = message
     }
-
-    /// `code: message`.
-    public var description: String { "\(code): \(message)" }
 }

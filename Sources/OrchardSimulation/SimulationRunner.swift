@@ -1,4 +1,5 @@
 public import Foundation
+public import OrchardSupport
 import OrchardData
 import OrchardExamples
 import OrchardFormats
@@ -26,12 +27,12 @@ public enum SimulationRunner {
     /// - Parameters:
     ///   - configuration: The scenario.
     ///   - progress: Where progress goes.
-    ///   - now: Real seconds from an arbitrary origin (injected; the CLI passes a monotonic clock).
+    ///   - clock: Real time, for the wall-seconds figures (injected; the CLI passes the system clock).
     public static func run(
-        _ configuration: SimulationConfiguration, progress: ProgressDisplay, now: @escaping @Sendable () -> Double
+        _ configuration: SimulationConfiguration, progress: ProgressDisplay, clock: any WallClock
     ) async throws(SimulationError) -> SimulationResult {
         try configuration.validate()
-        let setupStart = now()
+        let setupStart = clock.now
         let directory = configuration.output ?? FileManager.default.temporaryDirectory
             .appendingPathComponent("orchard-simulation-\(configuration.seed)-\(UUID().uuidString.prefix(8))")
         let writer = try ReportWriter(directory: directory)
@@ -47,13 +48,9 @@ public enum SimulationRunner {
                 return model
             }
             let slices = try partition(train, configuration: configuration)
-            let training = TrainingConfiguration(
-                loss: .crossEntropy, optimizer: .sgd(learningRate: configuration.learningRate), epochs: configuration.localEpochs,
-                batchSize: configuration.batchSize
-            )
-            let workload = EngineWorkload(model: model, slices: slices, testSet: test, training: training)
+            let workload = EngineWorkload(model: model, slices: slices, testSet: test)
             progress.note("\(configuration.dataset): \(train.count) training and \(test.count) test images over \(configuration.clients) devices; \(configuration.model) with \(model.parameterCount) parameters")
-            return try await runFleet(configuration, model: model, workload: workload, writer: writer, progress: progress, now: now, setupStart: setupStart)
+            return try await runFleet(configuration, model: model, workload: workload, writer: writer, progress: progress, clock: clock, setupStart: setupStart)
         }
         // Housing: central pretraining, then the device model with the embeddings imported frozen.
         let housing = HousingConfiguration(seed: configuration.seed)
@@ -71,22 +68,18 @@ public enum SimulationRunner {
         }
         progress.note(String(format: "central pretraining: test RMSE %.3f after %d epochs (%.2f s); embeddings frozen for the fleet", central.metrics.testRMSE, central.metrics.epochs, central.metrics.seconds))
         let slices = try partition(data.train, configuration: configuration)
-        let training = TrainingConfiguration(
-            loss: .meanSquaredError, optimizer: .adam(learningRate: configuration.learningRate), epochs: configuration.localEpochs,
-            batchSize: configuration.batchSize
-        )
-        let workload = EngineWorkload(model: device, slices: slices, testSet: data.test, training: training)
-        return try await runFleet(configuration, model: device, workload: workload, writer: writer, progress: progress, now: now, setupStart: setupStart)
+        let workload = EngineWorkload(model: device, slices: slices, testSet: data.test)
+        return try await runFleet(configuration, model: device, workload: workload, writer: writer, progress: progress, clock: clock, setupStart: setupStart)
     }
 
     private static func runFleet<S: Dataset, T: Dataset>(
         _ configuration: SimulationConfiguration, model: Model, workload: EngineWorkload<S, T>, writer: ReportWriter,
-        progress: ProgressDisplay, now: @escaping @Sendable () -> Double, setupStart: Double
+        progress: ProgressDisplay, clock: any WallClock, setupStart: WallInstant
     ) async throws(SimulationError) -> SimulationResult {
         let process = HostProcessRequest(
             name: "simulation-\(configuration.model)", version: SemanticVersion(1, 0, 0), model: model.spec,
             initialWeights: model.weightsSafetensors(),
-            clientConfig: ClientConfig(batchSize: configuration.batchSize, learningRate: configuration.learningRate, localEpochs: configuration.localEpochs),
+            clientConfig: configuration.clientConfig,
             serverConfig: ServerConfig(
                 cycleLength: configuration.cycleSeconds, cycles: 0, goalCount: configuration.goal,
                 overSelection: configuration.overSelection, minimumReports: max(1, configuration.goal / 2),
@@ -94,14 +87,14 @@ public enum SimulationRunner {
             )
         )
         let fleet = FleetSimulation(devices: configuration.clients, conditions: configuration.conditions, seed: configuration.seed, rounds: configuration.rounds, evaluateEvery: configuration.evaluateEvery)
-        let setupSeconds = now() - setupStart
+        let setupSeconds = setupStart.duration(to: clock.now).inSeconds
         let outcome: (initial: Evaluation, rounds: [RoundMetrics])
         var appendFailure: SimulationError?
         func record(_ metrics: RoundMetrics) {
             do throws(SimulationError) { try writer.append(metrics) } catch { appendFailure = appendFailure ?? error }
             progress.update(metrics, total: configuration.rounds)
         }
-        outcome = try await runAgainstCoordinator(process, fleet: fleet, transport: configuration.transport, workload: workload, seed: configuration.seed, now: now, onRound: record)
+        outcome = try await runAgainstCoordinator(process, fleet: fleet, transport: configuration.transport, workload: workload, seed: configuration.seed, clock: clock, onRound: record)
         if let appendFailure { throw appendFailure }
         let summary = SimulationSummary(settings: configuration.settings, initial: outcome.initial, rounds: outcome.rounds, setupSeconds: setupSeconds)
         try writer.finish(summary: summary, rounds: outcome.rounds, title: "Orchard fleet simulation — \(configuration.dataset), \(configuration.model)")
@@ -113,16 +106,16 @@ public enum SimulationRunner {
     /// loopback port (`http`) or through in-process calls (`memory`). The devices' job directories live beside it.
     private static func runAgainstCoordinator(
         _ process: HostProcessRequest, fleet: FleetSimulation, transport choice: TransportChoice, workload: some FleetWorkload,
-        seed: UInt64, now: @Sendable () -> Double, onRound: (RoundMetrics) -> Void
+        seed: UInt64, clock: any WallClock, onRound: (RoundMetrics) -> Void
     ) async throws(SimulationError) -> (initial: Evaluation, rounds: [RoundMetrics]) {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("orchard-simulate-\(UUID().uuidString)", isDirectory: true)
         defer { try? FileManager.default.removeItem(at: directory) }
-        let clock = ManualWallClock()
+        let clock = ManualClock()
         let instance: CoordinatorInstance
         do {
             try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
             instance = try await CoordinatorInstance.open(
-                database: directory.appendingPathComponent("coordinator.sqlite").path, clock: .manual(clock),
+                database: directory.appendingPathComponent("coordinator.sqlite").path, clock: clock,
                 random: SplitMix64(seed: seed), logger: Logger(label: "orchard.simulation.coordinator") { _ in SwiftLogNoOpLogHandler() }
             )
         } catch {
@@ -133,7 +126,7 @@ public enum SimulationRunner {
             let coordinator = try await FleetCoordinator(coordinator: instance.coordinator, clock: clock, process: process)
             let transport: any ClientTransport
             if choice == .memory {
-                transport = InMemoryTransport(coordinator: InProcessCoordinatorAdapter(coordinator: instance.coordinator))
+                transport = InProcessTransport(coordinator: instance.coordinator)
             } else {
                 let running: RunningServer
                 do { running = try await instance.serve(port: 0) } catch {
@@ -146,7 +139,7 @@ public enum SimulationRunner {
             }
             let outcome = try await fleet.run(
                 coordinator: coordinator, transport: transport, workload: workload,
-                directory: directory.appendingPathComponent("devices", isDirectory: true), now: now, onRound: onRound
+                directory: directory.appendingPathComponent("devices", isDirectory: true), wallClock: clock, onRound: onRound
             )
             await server?.stop()
             return outcome

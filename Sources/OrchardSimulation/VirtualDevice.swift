@@ -1,4 +1,5 @@
 import Foundation
+import OrchardSupport
 import Logging
 import OrchardClient
 import OrchardFormats
@@ -44,15 +45,15 @@ struct DeviceRoundState: Sendable {
 final class VirtualDevice: Sendable {
     static let taskIdentifier = "dev.orchard.simulation.train"
     /// The wall-clock date of virtual time zero on every device.
-    static let epoch = Date(timeIntervalSince1970: 1_700_000_000)
+    static let epoch = ManualClock.simulationEpoch.date
     /// How far past the window's end the scheduler's deadline lies: work that ends exactly at the end stays inside
     /// the window, and a device that runs out of window moves its clock past the deadline (``DeviceLink/spend(_:)``)
     /// so the scheduler's expiry, not thread timing, decides.
     static let expiryMargin = 5e-7
 
     let index: Int
-    let clock: VirtualClock
-    let scheduler: BackgroundScheduler<VirtualClock>
+    let clock: ManualClock
+    let scheduler: BackgroundScheduler<ManualClock>
     let job: FederatedJob
     private let link: DeviceLink
     private let failure = FirstError<OrchardClientError>()
@@ -61,23 +62,18 @@ final class VirtualDevice: Sendable {
     init(
         index: Int, profile: DeviceProfile, directory: URL, transport: any ClientTransport, processName: String,
         processVersion: String, workload: some FleetWorkload, availability: Availability, windowSeconds: Double, seed: UInt64,
-        timeline: FleetTimeline, coordinator: FleetCoordinator, slots: TrainingSlots
+        timeline: FleetTimeline, coordinator: FleetCoordinator, slots: AsyncSemaphore
     ) async throws(SimulationError) {
         self.index = index
-        let clock = VirtualClock()
+        let clock = ManualClock.virtual()
         self.clock = clock
         let link = DeviceLink(device: index, clock: clock, profile: profile, timeline: timeline, coordinator: coordinator)
         self.link = link
         let silent = Logger(label: "orchard.simulation.device") { _ in SwiftLogNoOpLogHandler() }
         let conditions = AvailabilityConditions(device: index, availability: availability, seed: seed, clock: clock)
         let epoch = Self.epoch
-        let environment = ClientEnvironment.seeded(
-            seed ^ 0xC11E_57 &+ UInt64(index), now: { epoch.addingTimeInterval(clock.seconds) },
-            sleep: { duration in
-                // A retry's backoff passes on the device's clock, and ends with the window like any other wait.
-                do { try await link.spend(duration.virtualSeconds) } catch { throw CancellationError() }
-            }
-        )
+        // A retry's backoff passes on the device's clock, and ends with the window like any other wait.
+        let environment = ClientEnvironment.seeded(seed ^ 0xC11E_57 &+ UInt64(index), clock: DeviceClock(link: link))
         var random = OrchardRandom.derived(seed: seed ^ 0x7EA1_7123, stream: UInt64(index))
         let client = OrchardClient(
             transport: VirtualTransport(inner: transport, link: link), server: "orchard-simulation",
@@ -87,7 +83,7 @@ final class VirtualDevice: Sendable {
             )
         )
         do {
-            job = try client.newJob(modelName: processName, version: processVersion)
+            job = try client.newJob(processName: processName, version: processVersion)
             scheduler = try BackgroundScheduler(
                 configuration: SchedulerConfiguration(
                     permittedIdentifiers: [Self.taskIdentifier], processingBudget: .seconds(windowSeconds + Self.expiryMargin),
@@ -209,14 +205,14 @@ final class DeviceLink: Sendable {
     }
 
     let device: Int
-    let clock: VirtualClock
+    let clock: ManualClock
     let profile: DeviceProfile
     private let timeline: FleetTimeline
     private let coordinator: FleetCoordinator
     private let state: Mutex<(round: DeviceRoundState, stopped: Bool)>
     private let failed = FirstError<SimulationError>()
 
-    init(device: Int, clock: VirtualClock, profile: DeviceProfile, timeline: FleetTimeline, coordinator: FleetCoordinator) {
+    init(device: Int, clock: ManualClock, profile: DeviceProfile, timeline: FleetTimeline, coordinator: FleetCoordinator) {
         self.device = device
         self.clock = clock
         self.profile = profile
@@ -269,8 +265,9 @@ final class DeviceLink: Sendable {
         await timeline.moved()
     }
 
-    /// Makes one coordinator call at the device's current virtual time, in the fleet's order.
-    func call<T: Sendable>(report: Bool = false, _ body: () async throws(OrchardClientError) -> T) async throws(Interruption) -> Result<T, OrchardClientError> {
+    /// Makes one coordinator call at the device's current virtual time, in the fleet's order; `closes` tells from
+    /// the call's answer whether it closed the round's cycle (a report's ``OrchardProtocol/ReportResponse/cycleClosed``).
+    func call<T: Sendable>(closes: (T) -> Bool = { _ in false }, _ body: () async throws(OrchardClientError) -> T) async throws(Interruption) -> Result<T, OrchardClientError> {
         let time = clock.seconds
         if let killAt = state.withLock({ $0.round.killAt }), time >= killAt {
             state.withLock {
@@ -289,11 +286,7 @@ final class DeviceLink: Sendable {
         let result: Result<T, OrchardClientError>
         do throws(OrchardClientError) { result = .success(try await body()) } catch { result = .failure(error) }
         var closed = false
-        if report, case .success = result {
-            do throws(SimulationError) { closed = try await coordinator.cycleClosed() } catch {
-                failed.record(error)
-            }
-        }
+        if case .success(let value) = result { closed = closes(value) }
         await timeline.release(closedCycleAt: closed ? time : nil)
         return result
     }
@@ -343,9 +336,9 @@ struct VirtualTransport: ClientTransport {
         }
     }
 
-    private func call<T: Sendable>(report: Bool = false, _ body: () async throws(OrchardClientError) -> T) async throws(OrchardClientError) -> T {
+    private func call<T: Sendable>(closes: (T) -> Bool = { _ in false }, _ body: () async throws(OrchardClientError) -> T) async throws(OrchardClientError) -> T {
         do {
-            return try await link.call(report: report, body).get()
+            return try await link.call(closes: closes, body).get()
         } catch let error as DeviceLink.Interruption {
             throw interrupted(error)
         } catch let error as OrchardClientError {
@@ -365,7 +358,7 @@ struct VirtualTransport: ClientTransport {
         return response
     }
 
-    func plan(_ planID: String, requestKey: String, session: String) async throws(OrchardClientError) -> OrchardProtocol.TrainingPlan {
+    func plan(_ planID: String, requestKey: String, session: String) async throws(OrchardClientError) -> TrainingPlan {
         try await call { () async throws(OrchardClientError) in try await inner.plan(planID, requestKey: requestKey, session: session) }
     }
 
@@ -392,10 +385,23 @@ struct VirtualTransport: ClientTransport {
 
     func report(_ body: [UInt8], session: String) async throws(OrchardClientError) -> ReportResponse {
         do { try await link.spend(Double(body.count) / link.profile.uploadBytesPerSecond) } catch { throw interrupted(error) }
-        let response = try await call(report: true) { () async throws(OrchardClientError) in try await inner.report(body, session: session) }
+        let response = try await call(closes: \.cycleClosed) { () async throws(OrchardClientError) in try await inner.report(body, session: session) }
         link.noteUpload(body.count)
         link.noteReported()
         return response
+    }
+}
+
+/// The device's clock as its SDK sees it: the virtual clock, where a wait (a retry's backoff) is time the device
+/// spends, ended by the window's end or the device going away like any other wait.
+struct DeviceClock: WallClock {
+    let link: DeviceLink
+
+    var now: WallInstant { link.clock.now }
+    var minimumResolution: Duration { .zero }
+
+    func sleep(until deadline: WallInstant, tolerance: Duration? = nil) async throws {
+        do { try await link.spend(max(.zero, now.duration(to: deadline)).inSeconds) } catch { throw CancellationError() }
     }
 }
 
@@ -409,26 +415,26 @@ final class BufferedDownload: DownloadSink {
     func append(_ bytes: [UInt8]) throws(OrchardClientError) { state.withLock { $0.bytes += bytes } }
 }
 
-/// The device's local training inside the job's cycle: stretches of real training that fit the current window
-/// (each update costs the device's `secondsPerUpdate` of virtual time), a checkpoint saved through the SDK when
-/// the window ends first, and the resumed run in a later window continuing from it.
+/// The device's local training inside the job's cycle, through the SDK's trainer under the settings the
+/// coordinator sent (``OrchardClient/CycleContext/training``): stretches of real training that fit the current
+/// window (each update costs the device's `secondsPerUpdate` of virtual time), a checkpoint saved through the SDK
+/// when the window ends first, and the resumed run in a later window continuing from it.
 struct DeviceTrainer: Sendable {
     let device: Int
     let workload: any FleetWorkload
     let link: DeviceLink
-    let slots: TrainingSlots
+    let slots: AsyncSemaphore
 
     func train(_ context: CycleContext) async throws -> LocalUpdate {
-        let total = workload.updatesPerRound(device: device)
+        let task = LocalTrainingTask(model: context.model, training: context.training)
+        let total = context.training.plannedUpdates(samples: workload.sampleCount(device: device))
         let cost = link.profile.secondsPerUpdate
         var checkpoint = context.savedCheckpoint
         var done = 0
         if let checkpoint {
             link.noteResumption()
-            done = try workload.updatesDone(device: device, in: checkpoint)
+            done = try workload.completedUpdates(device: device, in: checkpoint, of: task)
         }
-        let weights = context.model.weights
-        let seed = context.seed
         while true {
             let fit = max(0, Int(((link.boundary - link.clock.seconds) / cost).rounded(.down)))
             let stretch = min(total - done, fit)
@@ -443,17 +449,19 @@ struct DeviceTrainer: Sendable {
                 } catch {
                     throw CancellationError()
                 }
-                let until = done + stretch
+                var paused = task
+                paused.pauseAfterUpdates = done + stretch
+                let stretchTask = paused
                 let from = checkpoint
-                let result = try await slots.run { () throws -> LocalTrainingStretch in
-                    try workload.train(device: device, weights: weights, seed: seed, resumingFrom: from, until: until)
+                let result = try await slots.runTraining { () throws -> LocalTrainingOutcome in
+                    try workload.train(device: device, stretchTask, resumingFrom: from)
                 }
                 switch result {
-                case .finished(let diff, let loss):
-                    return LocalUpdate(diff: diff, sampleCount: workload.sampleCount(device: device), metrics: ["loss": loss])
-                case .paused(let state):
+                case .completed(let update):
+                    return update
+                case .interrupted(let state):
                     checkpoint = state
-                    done = until
+                    done += stretch
                 }
             }
             do {
@@ -475,7 +483,7 @@ struct AvailabilityConditions: DeviceConditionsProvider {
     let device: Int
     let availability: Availability
     let seed: UInt64
-    let clock: VirtualClock
+    let clock: ManualClock
 
     func currentConditions() async -> DeviceConditions {
         let eligible = availability.isAvailable(device, at: clock.seconds, seed: seed)

@@ -1,3 +1,4 @@
+import OrchardSupport
 import ArgumentParser
 import AsyncHTTPClient
 import Foundation

@@ -1,4 +1,5 @@
 import ArgumentParser
+import OrchardSupport
 import Foundation
 import OrchardML
 
@@ -76,7 +77,7 @@ struct BenchGEMM: AsyncParsableCommand {
                     }
                 }
                 let elapsed = clock.now - start
-                best = min(best, Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) * 1e-18)
+                best = min(best, elapsed.inSeconds)
             }
             gflops[backend.description] = (flops * Double(iterations) / best / 1e8).rounded() / 10
         }

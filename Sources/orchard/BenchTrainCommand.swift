@@ -1,4 +1,5 @@
 import ArgumentParser
+import OrchardSupport
 import Foundation
 import OrchardFormats
 import OrchardML
@@ -73,7 +74,7 @@ struct BenchTrain: AsyncParsableCommand {
             guard progress.batch == progress.batchesPerEpoch - 1 else { return }
             let now = clock.now
             let elapsed = now - epochStart
-            if progress.epoch > 0 { seconds.append(Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) * 1e-18) }
+            if progress.epoch > 0 { seconds.append(elapsed.inSeconds) }
             epochStart = now
         }
         seconds.sort()

@@ -91,7 +91,7 @@ struct DeviceOptions: ParsableArguments {
         var configuration = ClientConfiguration(storageDirectory: URL(fileURLWithPath: state, isDirectory: true), requestTimeout: timeout, trainingSeed: seed, logger: logger)
         configuration.conditions = conditions
         let client = try OrchardClient(url: server, authToken: token, configuration: configuration)
-        return try client.newJob(modelName: model, version: version)
+        return try client.newJob(processName: model, version: version)
     }
 
     func loadDataset() throws -> TensorDataset {

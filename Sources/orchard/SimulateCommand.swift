@@ -1,4 +1,5 @@
 import ArgumentParser
+import OrchardSupport
 import Foundation
 import OrchardData
 import OrchardProtocol
@@ -92,11 +93,7 @@ struct SimulateCommand: AsyncParsableCommand {
         let configuration: SimulationConfiguration
         do { configuration = try makeConfiguration() } catch { throw ValidationError(error.message) }
         let progress = ProgressDisplay.standardError()
-        let origin = ContinuousClock.now
-        let result = try await SimulationRunner.run(configuration, progress: progress) {
-            let elapsed = origin.duration(to: ContinuousClock.now)
-            return Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) * 1e-18
-        }
+        let result = try await SimulationRunner.run(configuration, progress: progress, clock: SystemClock())
         print(Self.table(result.summary))
         print("report: \(result.directory.appendingPathComponent("report.html").path)")
         print("metrics: \(result.directory.appendingPathComponent("metrics.jsonl").path)")

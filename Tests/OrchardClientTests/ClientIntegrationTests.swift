@@ -1,3 +1,4 @@
+import OrchardSupport
 import Foundation
 import OrchardClient
 import OrchardCoordinator
@@ -29,7 +30,7 @@ struct ClientIntegrationTests {
         try await withHarness { harness in
             let process = try await harness.host(Fixture.host(clientConfig: Self.config))
             let (client, transport) = try harness.httpClient(device: "a")
-            let job = try client.newJob(modelName: "regressor", version: "1.0")
+            let job = try client.newJob(processName: "regressor", version: "1.0")
             let events = collectEvents(job)
             let outcome = try await job.train(on: Fixture.dataset())
 
@@ -82,7 +83,7 @@ struct ClientIntegrationTests {
             var configuration = harness.configuration(device: "b")
             configuration.conditions = ScriptedConditionsProvider(.ideal)
             let (client, transport) = try harness.httpClient(device: "b", configuration: configuration)
-            let job = try client.newJob(modelName: "regressor", version: "1.0")
+            let job = try client.newJob(processName: "regressor", version: "1.0")
             let counter = Counter()
             let retryAfter = Mutex<Double?>(nil)
             job.onReady { _, _, _, _ in counter.hit("ready") }
@@ -113,7 +114,7 @@ struct ClientIntegrationTests {
         try await withHarness { harness in
             _ = try await harness.host(Fixture.host(authentication: .hs256(secret: "device-secret-0123456789abcdef-0123456789")))
             let (client, _) = try harness.httpClient(device: "c", authToken: "not-a-valid-jwt")
-            let job = try client.newJob(modelName: "regressor", version: "1.0")
+            let job = try client.newJob(processName: "regressor", version: "1.0")
             let error = await #expect(throws: OrchardClientError.self) { try await job.train(on: Fixture.dataset()) }
             #expect(error?.code == .authenticationFailed)
             #expect(error?.httpStatus == 401)
@@ -123,7 +124,7 @@ struct ClientIntegrationTests {
             var configuration = harness.configuration(device: "c2")
             configuration.conditions = ScriptedConditionsProvider(.ideal)
             let (callbackClient, _) = try harness.httpClient(device: "c2", authToken: "not-a-valid-jwt", configuration: configuration)
-            let callbackJob = try callbackClient.newJob(modelName: "regressor", version: "1.0")
+            let callbackJob = try callbackClient.newJob(processName: "regressor", version: "1.0")
             callbackJob.onReady { _, _, _, _ in counter.hit("ready") }
             callbackJob.onError { error in
                 counter.hit("error")
@@ -146,7 +147,7 @@ struct ClientIntegrationTests {
                 onExternalPower: true, hasBattery: true, batteryLevel: 1, batteryCharging: false, networkConnected: true, networkMetered: false
             ))
             let (client, transport) = try harness.httpClient(device: "d", configuration: configuration)
-            let job = try client.newJob(modelName: "regressor", version: "1.0")
+            let job = try client.newJob(processName: "regressor", version: "1.0")
             let counter = Counter()
             let secondReport = Mutex<Bool?>(nil)
             job.onReady { model, plan, clientConfig, report in
@@ -186,7 +187,7 @@ struct ClientIntegrationTests {
                 onExternalPower: false, hasBattery: true, batteryLevel: 0.9, batteryCharging: false, networkConnected: true, networkMetered: true
             ))
             let (client, transport) = try harness.httpClient(device: "e", configuration: configuration)
-            let job = try client.newJob(modelName: "regressor", version: "1.0")
+            let job = try client.newJob(processName: "regressor", version: "1.0")
             let outcome = try await job.train(on: Fixture.dataset(), constraints: TaskConstraints(requiresExternalPower: true, requiresNetworkConnectivity: true, requiresUnmeteredNetwork: true))
             #expect(outcome == .conditionsNotMet(["externalPower", "unmeteredNetwork"]))
             #expect(transport.log.withLock { $0.cycleResponses.isEmpty })
@@ -206,7 +207,7 @@ struct ClientIntegrationTests {
             })
             let (client, transport) = try harness.httpClient(device: "f", configuration: configuration)
             transport.downloadFaults.withLock { $0 = [.cutDownload(after: 100)] }
-            let job = try client.newJob(modelName: "regressor", version: "1.0")
+            let job = try client.newJob(processName: "regressor", version: "1.0")
             let outcome = try await job.train(on: Fixture.dataset())
 
             guard case .reported = outcome else {
@@ -236,7 +237,7 @@ struct ClientIntegrationTests {
             // First window: the task is cancelled after 7 updates (the scheduler's expiry does the same).
             let interrupted = harness.configuration(device: "g", trainer: InterruptingTrainer(cancelAfterUpdates: 7))
             let (first, firstTransport) = try harness.httpClient(device: "g", configuration: interrupted)
-            let firstJob = try first.newJob(modelName: "regressor", version: "1.0")
+            let firstJob = try first.newJob(processName: "regressor", version: "1.0")
             let dataset = try Fixture.dataset()
             // The trainer cancels the task it runs in, so run the window in a task of its own.
             let window = Task { try await firstJob.train(on: dataset) }
@@ -248,7 +249,7 @@ struct ClientIntegrationTests {
 
             // Second window, a new process: resumes from the checkpoint.
             let (second, secondTransport) = try harness.httpClient(device: "g")
-            let secondJob = try second.newJob(modelName: "regressor", version: "1.0")
+            let secondJob = try second.newJob(processName: "regressor", version: "1.0")
             let events = collectEvents(secondJob)
             let outcome = try await secondJob.train(on: Fixture.dataset())
             guard case .reported = outcome else {
@@ -274,19 +275,19 @@ struct ClientIntegrationTests {
             _ = try await harness.host(Fixture.host(clientConfig: Self.config))
             let interrupted = harness.configuration(device: "h", trainer: InterruptingTrainer(cancelAfterUpdates: 5))
             let (first, _) = try harness.httpClient(device: "h", configuration: interrupted)
-            let firstJob = try first.newJob(modelName: "regressor", version: "1.0")
+            let firstJob = try first.newJob(processName: "regressor", version: "1.0")
             let dataset = try Fixture.dataset()
             let window = Task { try await firstJob.train(on: dataset) }
             await #expect(throws: OrchardClientError.self) { try await window.value }
             #expect(FileManager.default.fileExists(atPath: firstJob.directory.appendingPathComponent("training-checkpoint.bin").path))
 
             // The cycle's deadline passes; the coordinator closes it and opens the next.
-            harness.clock.advance(by: 3601)
+            harness.clock.advance(bySeconds: 3601)
             await harness.coordinator.tick()
             await harness.coordinator.tick()
 
             let (second, _) = try harness.httpClient(device: "h")
-            let secondJob = try second.newJob(modelName: "regressor", version: "1.0")
+            let secondJob = try second.newJob(processName: "regressor", version: "1.0")
             let events = collectEvents(secondJob)
             let outcome = try await secondJob.train(on: Fixture.dataset())
             let seen = await events.value
@@ -305,7 +306,7 @@ struct ClientIntegrationTests {
             let process = try await harness.host(Fixture.host())
             let (first, firstTransport) = try harness.httpClient(device: "i", configuration: harness.configuration(device: "i", retry: .none))
             firstTransport.reportFaults.withLock { $0 = [.dropAnswer] }
-            let firstJob = try first.newJob(modelName: "regressor", version: "1.0")
+            let firstJob = try first.newJob(processName: "regressor", version: "1.0")
             let error = await #expect(throws: OrchardClientError.self) { try await firstJob.train(on: Fixture.dataset()) }
             #expect(error?.code == .network)
             let pending = firstJob.directory.appendingPathComponent("pending-report.safetensors")
@@ -313,7 +314,7 @@ struct ClientIntegrationTests {
 
             // A new process: the kept report goes first; the coordinator already has it (idempotent by key).
             let (second, secondTransport) = try harness.httpClient(device: "i")
-            let secondJob = try second.newJob(modelName: "regressor", version: "1.0")
+            let secondJob = try second.newJob(processName: "regressor", version: "1.0")
             let outcome = try await secondJob.train(on: Fixture.dataset())
             #expect(secondTransport.log.withLock { $0.reportAttempts } == 1)
             #expect(!FileManager.default.fileExists(atPath: pending.path))
@@ -333,12 +334,12 @@ struct ClientIntegrationTests {
             let process = try await harness.host(Fixture.host())
             let (first, firstTransport) = try harness.httpClient(device: "j", configuration: harness.configuration(device: "j", retry: .none))
             firstTransport.reportFaults.withLock { $0 = [.dropRequest] }
-            let firstJob = try first.newJob(modelName: "regressor", version: "1.0")
+            let firstJob = try first.newJob(processName: "regressor", version: "1.0")
             await #expect(throws: OrchardClientError.self) { try await firstJob.train(on: Fixture.dataset()) }
             #expect(firstTransport.log.withLock { $0.reports.isEmpty })
 
             let (second, secondTransport) = try harness.httpClient(device: "j")
-            let secondJob = try second.newJob(modelName: "regressor", version: "1.0")
+            let secondJob = try second.newJob(processName: "regressor", version: "1.0")
             let events = collectEvents(secondJob)
             let outcome = try await secondJob.train(on: Fixture.dataset())
             guard case .reported(let receipt) = outcome else {

@@ -1,17 +1,19 @@
 import Foundation
+import OrchardSupport
 import OrchardClient
 import OrchardCoordinator
 import OrchardFormats
 import OrchardInProcess
 import OrchardProtocol
 import Synchronization
+import OrchardTesting
 import Testing
 
 /// A coordinator on a real SQLite file, served on loopback HTTP, with a manual clock; plus client factories
 /// with per-device state directories and a recorded, instant backoff.
 final class ClientHarness: @unchecked Sendable {
     let directory: URL
-    let clock: ManualWallClock
+    let clock: ManualClock
     private(set) var instance: CoordinatorInstance
     private(set) var server: RunningServer
     let sleeps = Mutex<[Duration]>([])
@@ -20,7 +22,7 @@ final class ClientHarness: @unchecked Sendable {
     var url: String { "http://127.0.0.1:\(server.port)" }
     var coordinator: Coordinator { instance.coordinator }
 
-    private init(directory: URL, clock: ManualWallClock, instance: CoordinatorInstance, server: RunningServer) {
+    private init(directory: URL, clock: ManualClock, instance: CoordinatorInstance, server: RunningServer) {
         self.directory = directory
         self.clock = clock
         self.instance = instance
@@ -30,9 +32,9 @@ final class ClientHarness: @unchecked Sendable {
     static func start() async throws -> ClientHarness {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("orchard-client-\(UUID().uuidString)")
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
-        let clock = ManualWallClock()
+        let clock = ManualClock()
         let instance = try await CoordinatorInstance.open(
-            database: directory.appendingPathComponent("coordinator.sqlite").path, clock: .manual(clock), random: SplitMix64(seed: 11)
+            database: directory.appendingPathComponent("coordinator.sqlite").path, clock: clock, random: SplitMix64(seed: 11)
         )
         let server = try await instance.serve()
         return ClientHarness(directory: directory, clock: clock, instance: instance, server: server)
@@ -42,7 +44,7 @@ final class ClientHarness: @unchecked Sendable {
     func restart() async throws {
         let port = server.port
         await server.stop()
-        instance = try await CoordinatorInstance.open(database: databasePath, clock: .manual(clock), random: SplitMix64(seed: 12))
+        instance = try await CoordinatorInstance.open(database: databasePath, clock: clock, random: SplitMix64(seed: 12))
         server = try await instance.serve(port: port)
     }
 
@@ -57,11 +59,10 @@ final class ClientHarness: @unchecked Sendable {
 
     /// A device's configuration: its own state directory, the harness clock, instant recorded backoff.
     func configuration(device: String, seed: UInt64 = 5, retry: RequestRetryPolicy = RequestRetryPolicy(maximumAttempts: 3), trainer: any LocalTrainer = EngineLocalTrainer(), onSleep: @escaping @Sendable () async throws -> Void = {}) -> ClientConfiguration {
-        let clock = self.clock
-        return ClientConfiguration(
+        ClientConfiguration(
             storageDirectory: directory.appendingPathComponent("device-\(device)", isDirectory: true),
             retry: retry,
-            environment: .seeded(seed, now: { clock.now }, sleep: { duration in
+            environment: .seeded(seed, clock: RecordingClock(base: clock) { duration in
                 self.sleeps.withLock { $0.append(duration) }
                 try await onSleep()
             }),

@@ -1,3 +1,4 @@
+import Crypto
 import Foundation
 import OrchardClient
 import OrchardFormats
@@ -5,11 +6,12 @@ import OrchardML
 import OrchardProtocol
 import OrchardScheduler
 import Synchronization
+import OrchardTesting
 import Testing
 
-/// A scripted coordinator for flow tests without a server: one open cycle, a fixed checkpoint, reports
+/// A scripted coordinator reached as a transport, for flow tests without a server: one open cycle, a fixed checkpoint, reports
 /// idempotent by request key, optional credential check.
-actor ScriptedCoordinator: InProcessCoordinator {
+actor ScriptedCoordinator: ClientTransport {
     let capacity: Int
     let requiredToken: String?
     let retryAfter: Double
@@ -35,7 +37,7 @@ actor ScriptedCoordinator: InProcessCoordinator {
     }
 
     private func assignment(_ key: String) -> CycleAssignment {
-        CycleAssignment(requestKey: key, processID: "p", cycle: 1, checkpoint: 0, modelID: "p.0", planID: "p", clientConfig: clientConfig, reportWithin: 600)
+        CycleAssignment(requestKey: key, processID: "p", cycle: 1, checkpoint: 0, modelID: "p.0", planID: "p", reportWithin: 600)
     }
 
     func authenticate(_ request: AuthenticateRequest) throws(OrchardClientError) -> AuthenticateResponse {
@@ -59,14 +61,18 @@ actor ScriptedCoordinator: InProcessCoordinator {
         return .accepted(assignment(key))
     }
 
-    func plan(_ planID: String, requestKey: String, session: String) throws(OrchardClientError) -> OrchardProtocol.TrainingPlan {
+    func plan(_ planID: String, requestKey: String, session: String) throws(OrchardClientError) -> TrainingPlan {
         _ = try worker(session)
-        return OrchardProtocol.TrainingPlan(planID: planID, model: Fixture.spec, clientConfig: clientConfig)
+        return TrainingPlan(planID: planID, model: Fixture.spec, clientConfig: clientConfig)
     }
 
-    func model(_ modelID: String, requestKey: String, session: String) throws(OrchardClientError) -> (bytes: [UInt8], etag: String) {
+    func downloadModel(_ request: ModelRequest, session: String, into sink: any DownloadSink) throws(OrchardClientError) {
         _ = try worker(session)
-        return (weights, "\"p.0\"")
+        let etag = "\"p.0\""
+        // The same selection as the coordinator's: resume only bytes of the same entity.
+        let start = request.offset > 0 && request.etag == etag && request.offset < weights.count ? request.offset : 0
+        try sink.begin(DownloadHead(start: start, totalLength: weights.count, etag: etag, sha256: Array(SHA256.hash(data: weights))))
+        try sink.append(Array(weights[start...]))
     }
 
     func report(_ body: [UInt8], session: String) throws(OrchardClientError) -> ReportResponse {
@@ -91,9 +97,9 @@ struct CycleFlowTests {
         let coordinator: ScriptedCoordinator
 
         func client(trainer: any LocalTrainer = EngineLocalTrainer(), retry: RequestRetryPolicy = RequestRetryPolicy(maximumAttempts: 3), token: String? = nil, conditions: (any DeviceConditionsProvider)? = nil) -> (OrchardClient, RecordingTransport) {
-            let transport = RecordingTransport(InMemoryTransport(coordinator: coordinator))
+            let transport = RecordingTransport(coordinator)
             let configuration = ClientConfiguration(
-                storageDirectory: directory, retry: retry, environment: .seeded(1, sleep: { _ in }), trainingSeed: 42,
+                storageDirectory: directory, retry: retry, environment: .seeded(1, clock: RecordingClock()), trainingSeed: 42,
                 trainer: trainer, conditions: conditions
             )
             return (OrchardClient(transport: transport, server: "scripted", authToken: token, configuration: configuration), transport)
@@ -110,7 +116,7 @@ struct CycleFlowTests {
     func fullCycle() async throws {
         try await withDevice { device in
             let (client, transport) = device.client()
-            let job = try client.newJob(modelName: "regressor", version: "1.0")
+            let job = try client.newJob(processName: "regressor", version: "1.0")
             let events = collectEvents(job)
             let outcome = try await job.train(on: Fixture.dataset())
             guard case .reported(let receipt) = outcome else {
@@ -133,7 +139,7 @@ struct CycleFlowTests {
         try await withDevice { device in
             let (client, transport) = device.client()
             transport.downloadFaults.withLock { $0 = [.cutDownload(after: 120)] }
-            let outcome = try await client.newJob(modelName: "regressor", version: "1.0").train(on: Fixture.dataset())
+            let outcome = try await client.newJob(processName: "regressor", version: "1.0").train(on: Fixture.dataset())
             guard case .reported = outcome else {
                 Issue.record("expected a report, got \(outcome)")
                 return
@@ -151,7 +157,7 @@ struct CycleFlowTests {
     func cancelAndResume(after updates: Int) async throws {
         try await withDevice { device in
             let (first, _) = device.client(trainer: InterruptingTrainer(cancelAfterUpdates: updates))
-            let firstJob = try first.newJob(modelName: "regressor", version: "1.0")
+            let firstJob = try first.newJob(processName: "regressor", version: "1.0")
             let dataset = try Fixture.dataset()
             let window = Task { try await firstJob.train(on: dataset) }
             let error = await #expect(throws: OrchardClientError.self) { try await window.value }
@@ -159,7 +165,7 @@ struct CycleFlowTests {
             #expect(FileManager.default.fileExists(atPath: firstJob.directory.appendingPathComponent("training-checkpoint.bin").path))
 
             let (second, transport) = device.client()
-            let job = try second.newJob(modelName: "regressor", version: "1.0")
+            let job = try second.newJob(processName: "regressor", version: "1.0")
             let events = collectEvents(job)
             _ = try await job.train(on: dataset)
             let seen = await events.value
@@ -177,11 +183,11 @@ struct CycleFlowTests {
             let (first, firstTransport) = device.client(retry: .none)
             firstTransport.reportFaults.withLock { $0 = [.dropAnswer] }
             let error = await #expect(throws: OrchardClientError.self) {
-                try await first.newJob(modelName: "regressor", version: "1.0").train(on: Fixture.dataset())
+                try await first.newJob(processName: "regressor", version: "1.0").train(on: Fixture.dataset())
             }
             #expect(error?.code == .network)
             let (second, secondTransport) = device.client()
-            let outcome = try await second.newJob(modelName: "regressor", version: "1.0").train(on: Fixture.dataset())
+            let outcome = try await second.newJob(processName: "regressor", version: "1.0").train(on: Fixture.dataset())
             #expect(outcome == .rejected(retryAfter: 42, reason: "already_reported"))
             #expect(secondTransport.log.withLock { $0.reportAttempts } == 1)
             #expect(await device.coordinator.reports.count == 1)
@@ -194,7 +200,7 @@ struct CycleFlowTests {
             let counter = Counter()
             let seconds = Mutex<Double?>(nil)
             let (client, _) = device.client(token: "good", conditions: ScriptedConditionsProvider(.ideal))
-            let job = try client.newJob(modelName: "regressor", version: "1.0")
+            let job = try client.newJob(processName: "regressor", version: "1.0")
             job.onReady { _, _, _, _ in counter.hit("ready") }
             job.onReported { _ in counter.hit("reported") }
             job.onError { _ in counter.hit("error") }
@@ -209,7 +215,7 @@ struct CycleFlowTests {
 
             let errors = Counter()
             let (badClient, _) = device.client(token: "bad", conditions: ScriptedConditionsProvider(.ideal))
-            let badJob = try badClient.newJob(modelName: "other", version: "1.0")
+            let badJob = try badClient.newJob(processName: "other", version: "1.0")
             badJob.onError { error in errors.hit(error.code == .authenticationFailed ? "auth" : "other") }
             badJob.onRejected { _ in errors.hit("rejected") }
             await badJob.start().value

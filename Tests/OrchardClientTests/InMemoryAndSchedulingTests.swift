@@ -1,4 +1,5 @@
 import Foundation
+import OrchardSupport
 import OrchardClient
 import OrchardCoordinator
 import OrchardFormats
@@ -7,22 +8,23 @@ import OrchardML
 import OrchardProtocol
 import OrchardScheduler
 import Synchronization
+import OrchardTesting
 import Testing
 
 /// A coordinator core without HTTP, on a real SQLite file, for the in-memory transport.
-func withInProcessCoordinator(_ body: (Coordinator, ManualWallClock, URL) async throws -> Void) async throws {
+func withInProcessCoordinator(_ body: (Coordinator, ManualClock, URL) async throws -> Void) async throws {
     let directory = FileManager.default.temporaryDirectory.appendingPathComponent("orchard-inmemory-\(UUID().uuidString)")
     try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
     defer { try? FileManager.default.removeItem(at: directory) }
-    let clock = ManualWallClock()
-    let instance = try await CoordinatorInstance.open(database: directory.appendingPathComponent("c.sqlite").path, clock: .manual(clock), random: SplitMix64(seed: 3))
+    let clock = ManualClock()
+    let instance = try await CoordinatorInstance.open(database: directory.appendingPathComponent("c.sqlite").path, clock: clock, random: SplitMix64(seed: 3))
     try await body(instance.coordinator, clock, directory)
 }
 
-func inMemoryConfiguration(_ directory: URL, device: String, clock: ManualWallClock, trainer: any LocalTrainer = EngineLocalTrainer()) -> ClientConfiguration {
+func inMemoryConfiguration(_ directory: URL, device: String, clock: ManualClock, trainer: any LocalTrainer = EngineLocalTrainer()) -> ClientConfiguration {
     ClientConfiguration(
         storageDirectory: directory.appendingPathComponent(device), retry: RequestRetryPolicy(maximumAttempts: 2),
-        environment: .seeded(1, now: { clock.now }, sleep: { _ in }), trainingSeed: 42, trainer: trainer
+        environment: .seeded(1, clock: RecordingClock(base: clock)), trainingSeed: 42, trainer: trainer
     )
 }
 
@@ -47,9 +49,9 @@ struct InMemoryAndSchedulingTests {
         try await withInProcessCoordinator { coordinator, clock, directory in
             let config = ClientConfig(batchSize: 8, learningRate: 0.05, localEpochs: 3)
             let process = try await coordinator.host(Fixture.host(clientConfig: config))
-            let transport = RecordingTransport(InMemoryTransport(coordinator: InProcessCoordinatorAdapter(coordinator: coordinator)))
+            let transport = RecordingTransport(InProcessTransport(coordinator: coordinator))
             let client = OrchardClient(transport: transport, server: "in-process", configuration: inMemoryConfiguration(directory, device: "a", clock: clock))
-            let outcome = try await client.newJob(modelName: "regressor", version: "1.0").train(on: Fixture.dataset())
+            let outcome = try await client.newJob(processName: "regressor", version: "1.0").train(on: Fixture.dataset())
             guard case .reported(let receipt) = outcome else {
                 Issue.record("expected a report, got \(outcome)")
                 return
@@ -68,8 +70,8 @@ struct InMemoryAndSchedulingTests {
             _ = try await coordinator.host(Fixture.host(clientConfig: config))
             var configuration = inMemoryConfiguration(directory, device: "d", clock: clock)
             configuration.durability = durability
-            let client = OrchardClient(transport: InMemoryTransport(coordinator: InProcessCoordinatorAdapter(coordinator: coordinator)), server: "in-process", configuration: configuration)
-            let job = try client.newJob(modelName: "regressor", version: "1.0")
+            let client = OrchardClient(transport: InProcessTransport(coordinator: coordinator), server: "in-process", configuration: configuration)
+            let job = try client.newJob(processName: "regressor", version: "1.0")
             guard case .reported = try await job.train(on: Fixture.dataset()) else {
                 Issue.record("expected a report")
                 return
@@ -93,7 +95,7 @@ struct InMemoryAndSchedulingTests {
                 Issue.record("not admitted")
                 return
             }
-            let transport = InMemoryTransport(coordinator: InProcessCoordinatorAdapter(coordinator: coordinator))
+            let transport = InProcessTransport(coordinator: coordinator)
             final class Collect: DownloadSink {
                 let heads = Mutex<[DownloadHead]>([])
                 let bytes = Mutex<[UInt8]>([])
@@ -123,10 +125,9 @@ struct InMemoryAndSchedulingTests {
             _ = try await coordinator.host(Fixture.host(goal: 1, overSelection: 1))
             let scheduler = RecordingScheduler()
             let outcomes = Mutex<[Result<CycleOutcome, OrchardClientError>]>([])
-            let adapter = InProcessCoordinatorAdapter(coordinator: coordinator)
             let configuration = inMemoryConfiguration(directory, device: "a", clock: clock, trainer: InterruptingTrainer(cancelAfterUpdates: 4))
-            let client = OrchardClient(transport: InMemoryTransport(coordinator: adapter), server: "in-process", configuration: configuration)
-            let job = try client.newJob(modelName: "regressor", version: "1.0")
+            let client = OrchardClient(transport: InProcessTransport(coordinator: coordinator), server: "in-process", configuration: configuration)
+            let job = try client.newJob(processName: "regressor", version: "1.0")
             let dataset = try Fixture.dataset()
             try await job.scheduleBackgroundTraining(on: scheduler, options: BackgroundTrainingOptions(identifier: "train"), data: { dataset }) { result in
                 outcomes.withLock { $0.append(result) }
@@ -151,7 +152,7 @@ struct InMemoryAndSchedulingTests {
 
             // Another device now holds the only place; this device's next run is rejected and rescheduled.
             let other = try await coordinator.authenticate(AuthenticateRequest(processName: "regressor", processVersion: SemanticVersion(1, 0)))
-            clock.advance(by: 3601)
+            clock.advance(bySeconds: 3601)
             await coordinator.tick()
             await coordinator.tick()
             _ = try await coordinator.requestCycle(CycleRequest(workerID: other.workerID, processName: "regressor", processVersion: SemanticVersion(1, 0)), sessionWorker: other.workerID)
@@ -164,7 +165,7 @@ struct InMemoryAndSchedulingTests {
             }
             let resubmitted = try #require(await scheduler.submitted.last)
             #expect(await scheduler.submitted.count == 2)
-            #expect(resubmitted.earliestBeginDate == clock.now.addingTimeInterval(retryAfter))
+            #expect(resubmitted.earliestBeginDate == clock.date.addingTimeInterval(retryAfter))
             #expect(resubmitted.constraints == .powerAndNetwork)
         }
     }

@@ -11,7 +11,7 @@ struct WrongDigestTransport: ClientTransport {
 
     func authenticate(_ request: AuthenticateRequest) async throws(OrchardClientError) -> AuthenticateResponse { try await inner.authenticate(request) }
     func requestCycle(_ request: CycleRequest, session: String) async throws(OrchardClientError) -> CycleResponse { try await inner.requestCycle(request, session: session) }
-    func plan(_ planID: String, requestKey: String, session: String) async throws(OrchardClientError) -> OrchardProtocol.TrainingPlan {
+    func plan(_ planID: String, requestKey: String, session: String) async throws(OrchardClientError) -> TrainingPlan {
         try await inner.plan(planID, requestKey: requestKey, session: session)
     }
     func report(_ body: [UInt8], session: String) async throws(OrchardClientError) -> ReportResponse { try await inner.report(body, session: session) }
@@ -41,7 +41,7 @@ struct IntegrityTests {
             _ = try await harness.host(Fixture.host(clientConfig: Self.config))
             let device = "corrupt"
             let (client, transport) = try harness.httpClient(device: device, configuration: harness.configuration(device: device, retry: .none))
-            let job = try client.newJob(modelName: "regressor", version: "1.0")
+            let job = try client.newJob(processName: "regressor", version: "1.0")
             let total = try Fixture.initialWeights().count
             let cut = total - 16
             transport.downloadFaults.withLock { $0 = [.cutDownload(after: cut)] }
@@ -77,7 +77,7 @@ struct IntegrityTests {
             _ = try await harness.host(Fixture.host(clientConfig: Self.config))
             let recording = RecordingTransport(WrongDigestTransport(inner: try HTTPTransport(url: harness.url)))
             let client = OrchardClient(transport: recording, server: harness.url, configuration: harness.configuration(device: "liar"))
-            let job = try client.newJob(modelName: "regressor", version: "1.0")
+            let job = try client.newJob(processName: "regressor", version: "1.0")
             let error = await #expect(throws: OrchardClientError.self) { try await job.train(on: Fixture.dataset()) }
             #expect(error?.code == .incompatibleModel)
             #expect(error?.message.contains("SHA-256") == true)

@@ -28,10 +28,10 @@ struct JobCycleStateMachineTests {
     }
 
     static func assignment(key: String = "k1", cycle: Int = 3, modelID: String = "p.2") -> CycleAssignment {
-        CycleAssignment(requestKey: key, processID: "p", cycle: cycle, checkpoint: 2, modelID: modelID, planID: "p", clientConfig: config, reportWithin: 600)
+        CycleAssignment(requestKey: key, processID: "p", cycle: cycle, checkpoint: 2, modelID: modelID, planID: "p", reportWithin: 600)
     }
 
-    static var plan: OrchardProtocol.TrainingPlan { OrchardProtocol.TrainingPlan(planID: "p", model: Fixture.spec, clientConfig: config) }
+    static var plan: TrainingPlan { TrainingPlan(planID: "p", model: Fixture.spec, clientConfig: config) }
     static func shapes() throws -> [String: [Int]] { try EngineLocalTrainer().parameterShapes(of: Fixture.spec) }
 
     static func info(for bytes: [UInt8], sha256: [UInt8]? = nil) -> ClientStore.ModelInfo {
@@ -137,7 +137,9 @@ struct JobCycleStateMachineTests {
         let trained = machine.modelDownloaded(bytes, info: Self.info(for: bytes))
         #expect(Self.names(trained) == ["keepModel", "phase:training", "train"])
         let input = try #require(Self.trainingInput(trained))
-        #expect(input.seed == 42 + 3)
+        #expect(input.training.seed == 42 + 3)
+        // The plan's client config over the architecture's training section, resolved once by the machine.
+        #expect(input.training == (try TrainingConfiguration.resolved(architecture: Fixture.spec, clientConfig: Self.config, seed: 45)))
         #expect(input.resumeState == nil)
         #expect(input.checkpointKey == ClientStore.CheckpointKey(requestKey: "k1", modelID: "p.2", cycle: 3))
         #expect(input.model.weights.map(\.name).sorted() == (try Self.shapes()).keys.sorted())
@@ -378,10 +380,10 @@ struct JobCycleStateMachineTests {
         var machine = Self.machine()
         _ = machine.start(constraints: .none)
         _ = machine.stateLoaded(Self.stored(), now: Self.now)
-        var assignment = Self.assignment()
-        assignment.clientConfig.batchSize = 0
-        _ = machine.cycleAnswered(.accepted(assignment))
-        #expect(Self.names(machine.planDownloaded(Self.plan, shapes: try Self.shapes())) == ["fail:incompatible_model"])
+        _ = machine.cycleAnswered(.accepted(Self.assignment()))
+        var plan = Self.plan
+        plan.clientConfig.batchSize = 0
+        #expect(Self.names(machine.planDownloaded(plan, shapes: try Self.shapes())) == ["fail:incompatible_model"])
     }
 
     // MARK: Retries

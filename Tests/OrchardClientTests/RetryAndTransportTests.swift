@@ -1,7 +1,9 @@
 import Foundation
+import OrchardSupport
 import OrchardClient
 import OrchardProtocol
 import Synchronization
+import OrchardTesting
 import Testing
 
 @Suite("Retries, errors and transports")
@@ -12,7 +14,7 @@ struct RetryAndTransportTests {
         let bases: [Double] = [1, 2, 4, 8, 8, 8]
         for (index, base) in bases.enumerated() {
             let delay = policy.delay(beforeRetry: index + 1, random: random)
-            let seconds = Double(delay.components.seconds) + Double(delay.components.attoseconds) * 1e-18
+            let seconds = delay.inSeconds
             #expect(seconds >= base * 0.5 - 1e-9)
             #expect(seconds <= base + 1e-9)
             #expect(abs(seconds - (base * 0.5 + base * 0.5 * random)) < 1e-6)
@@ -55,9 +57,9 @@ struct RetryAndTransportTests {
     @Test("malformed versions and empty names are refused when a job is created")
     func invalidJob() throws {
         let client = try OrchardClient(url: "http://127.0.0.1:9")
-        #expect(throws: OrchardClientError.self) { try client.newJob(modelName: "m", version: "1.x") }
-        #expect(throws: OrchardClientError.self) { try client.newJob(modelName: "", version: "1.0") }
-        let job = try client.newJob(modelName: "m/../x", version: "1.0")
+        #expect(throws: OrchardClientError.self) { try client.newJob(processName: "m", version: "1.x") }
+        #expect(throws: OrchardClientError.self) { try client.newJob(processName: "", version: "1.0") }
+        let job = try client.newJob(processName: "m/../x", version: "1.0")
         #expect(job.version == SemanticVersion(1, 0, 0))
         #expect(!job.directory.lastPathComponent.contains("/"))
         #expect(job.directory.lastPathComponent == "m_.._x@1.0.0")
@@ -71,18 +73,18 @@ struct RetryAndTransportTests {
         let configuration = ClientConfiguration(
             storageDirectory: directory, requestTimeout: 5,
             retry: RequestRetryPolicy(maximumAttempts: 4, initialDelay: .seconds(1), maximumDelay: .seconds(60), jitter: 0.5),
-            environment: .seeded(1, sleep: { duration in sleeps.withLock { $0.append(duration) } })
+            environment: .seeded(1, clock: RecordingClock { duration in sleeps.withLock { $0.append(duration) } })
         )
         // Port 9 (discard) on loopback is closed: connections are refused at once.
         let client = try OrchardClient(url: "http://127.0.0.1:9", configuration: configuration)
-        let job = try client.newJob(modelName: "m", version: "1")
+        let job = try client.newJob(processName: "m", version: "1")
         let error = await #expect(throws: OrchardClientError.self) { try await job.run { _ in LocalUpdate(diff: [], sampleCount: 1) } }
         #expect(error?.code == .network)
         let waits = sleeps.withLock { $0 }
         #expect(waits.count == 3)
         for (index, wait) in waits.enumerated() {
             let base = Double(1 << index)
-            let seconds = Double(wait.components.seconds) + Double(wait.components.attoseconds) * 1e-18
+            let seconds = wait.inSeconds
             #expect(seconds >= base * 0.5 && seconds <= base)
         }
     }

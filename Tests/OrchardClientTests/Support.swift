@@ -43,7 +43,7 @@ final class RecordingTransport: ClientTransport {
         return response
     }
 
-    func plan(_ planID: String, requestKey: String, session: String) async throws(OrchardClientError) -> OrchardProtocol.TrainingPlan {
+    func plan(_ planID: String, requestKey: String, session: String) async throws(OrchardClientError) -> TrainingPlan {
         try await inner.plan(planID, requestKey: requestKey, session: session)
     }
 
@@ -164,6 +164,10 @@ struct InterruptingTrainer: LocalTrainer {
             if step.updates == limit { withUnsafeCurrentTask { $0?.cancel() } }
         }
     }
+
+    func completedUpdates(in checkpoint: [UInt8], of task: LocalTrainingTask) throws(OrchardClientError) -> Int {
+        try inner.completedUpdates(in: checkpoint, of: task)
+    }
 }
 
 /// Counts calls, thread-safely.
@@ -181,7 +185,8 @@ func diffOf(_ body: [UInt8]) throws -> [String: [Float]] {
 /// The diff the engine computes directly for the fixture (what a device should report).
 func referenceDiff(clientConfig: ClientConfig, seed: UInt64) throws -> [String: [Float]] {
     let weights = try Safetensors.decode(Fixture.initialWeights()).tensors
-    let task = LocalTrainingTask(model: CycleModel(spec: Fixture.spec, weights: weights), clientConfig: clientConfig, seed: seed)
+    let training = try TrainingConfiguration.resolved(architecture: Fixture.spec, clientConfig: clientConfig, seed: seed)
+    let task = LocalTrainingTask(model: CycleModel(spec: Fixture.spec, weights: weights), training: training)
     guard case .completed(let update) = try EngineLocalTrainer().train(task, on: Fixture.dataset(), resumingFrom: nil, progress: { _ in }) else {
         throw OrchardClientError(.training, "reference run was interrupted")
     }

@@ -72,7 +72,7 @@ private let weights = [
     @Test func fedAvgAddsTheMeanScaledByTheServerLearningRate() throws {
         let layout = try ModelLayout(weights: weights, model: model)
         var w = try layout.flatten(weights)
-        var state = OptimizerState()
+        var state = ServerOptimizerState()
         let delta: [Float] = [0, 0, 0, 0, 0.2, 0.1, -0.1]
         ServerOptimizer.step(weights: &w, delta: delta, state: &state, config: AggregatorConfig(kind: .fedAvg, serverLearningRate: 0.5), layout: layout)
         #expect(w == [1, 0, 0, 1, 0.1 + 0.1, 0.5 + 0.05, -0.5 - 0.05])
@@ -82,7 +82,7 @@ private let weights = [
     @Test func fedAvgMAccumulatesMomentum() throws {
         let layout = try ModelLayout(weights: weights, model: model)
         var w = try layout.flatten(weights)
-        var state = OptimizerState()
+        var state = ServerOptimizerState()
         let config = AggregatorConfig(kind: .fedAvgM, serverLearningRate: 1, momentum: 0.5)
         let delta: [Float] = [0, 0, 0, 0, 1, 0, 0]
         ServerOptimizer.step(weights: &w, delta: delta, state: &state, config: config, layout: layout)
@@ -96,7 +96,7 @@ private let weights = [
     func adaptiveOptimizersFollowReddiEtAl(kind: AggregatorConfig.Kind) throws {
         let layout = try ModelLayout(weights: weights, model: model)
         var w = try layout.flatten(weights)
-        var state = OptimizerState()
+        var state = ServerOptimizerState()
         let config = AggregatorConfig(kind: kind, serverLearningRate: 0.1, beta1: 0.9, beta2: 0.99, tau: 0.01)
         let d: Float = 0.2
         let delta: [Float] = [0, 0, 0, 0, d, 0, 0]
@@ -109,7 +109,7 @@ private let weights = [
         #expect(abs(w[4] - expected) < 1e-6)
         #expect(w[0...3] == [1, 0, 0, 1]) // frozen untouched
         #expect(w[5] == 0.5) // zero delta: m = 0, no move
-        let restored = try OptimizerState(bytes: state.bytes)
+        let restored = try ServerOptimizerState(bytes: state.bytes)
         #expect(restored == state)
     }
 }

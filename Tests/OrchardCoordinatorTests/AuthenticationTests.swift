@@ -1,3 +1,4 @@
+import OrchardSupport
 import Foundation
 import JWTKit
 import OrchardCoordinator
@@ -60,7 +61,7 @@ private struct DeviceToken: JWTPayload {
         _ = try await harness.host(request)
         let keys = JWTKeyCollection()
         await keys.add(hmac: HMACKey(from: "device-secret-of-at-least-32-bytes!!"), digestAlgorithm: .sha256)
-        let later = harness.clock.now.addingTimeInterval(3600)
+        let later = harness.clock.date.addingTimeInterval(3600)
 
         let first = try await authenticate(harness, token: try await token(keys, subject: "device-42", expires: later, issuer: "orchard-tests")).decode(AuthenticateResponse.self)
         let second = try await authenticate(harness, token: try await token(keys, subject: "device-42", expires: later, issuer: "orchard-tests")).decode(AuthenticateResponse.self)
@@ -72,7 +73,7 @@ private struct DeviceToken: JWTPayload {
         #expect(crossed.status == 403)
 
         #expect(try await authenticate(harness, token: nil).status == 401)
-        #expect(try await authenticate(harness, token: try await token(keys, subject: "device-42", expires: harness.clock.now.addingTimeInterval(-1), issuer: "orchard-tests")).status == 401)
+        #expect(try await authenticate(harness, token: try await token(keys, subject: "device-42", expires: harness.clock.date.addingTimeInterval(-1), issuer: "orchard-tests")).status == 401)
         #expect(try await authenticate(harness, token: try await token(keys, subject: "device-42", expires: later, issuer: "someone-else")).status == 401)
         let wrongKeys = JWTKeyCollection()
         await wrongKeys.add(hmac: HMACKey(from: "other-secret-of-at-least-32-bytes!!!"), digestAlgorithm: .sha256)
@@ -99,7 +100,7 @@ private struct DeviceToken: JWTPayload {
         forged[forged.count - 2] = forged[forged.count - 2] == UInt8(ascii: "A") ? UInt8(ascii: "B") : UInt8(ascii: "A")
         #expect(try await harness.http.json("POST", Endpoint.cycleRequest, request, token: String(decoding: forged, as: UTF8.self)).status == 401)
         // ... and refused once the clock passes its expiry.
-        harness.clock.advance(by: 601)
+        harness.clock.advance(bySeconds: 601)
         let expired = try await harness.http.json("POST", Endpoint.cycleRequest, request, token: device.sessionToken)
         #expect(expired.status == 401)
         #expect(String(decoding: expired.body, as: UTF8.self).contains("expired"))
@@ -114,11 +115,11 @@ private struct DeviceToken: JWTPayload {
         _ = try await harness.host(request)
         let keys = JWTKeyCollection()
         await keys.add(rsa: privateKey, digestAlgorithm: .sha256)
-        let response = try await authenticate(harness, token: try await token(keys, subject: "phone-1", expires: harness.clock.now.addingTimeInterval(60)))
+        let response = try await authenticate(harness, token: try await token(keys, subject: "phone-1", expires: harness.clock.date.addingTimeInterval(60)))
         #expect(response.status == 200)
         let hmacKeys = JWTKeyCollection()
         await hmacKeys.add(hmac: HMACKey(from: "a-guessed-secret-of-at-least-32-bytes"), digestAlgorithm: .sha256)
-        #expect(try await authenticate(harness, token: try await token(hmacKeys, subject: "phone-1", expires: harness.clock.now.addingTimeInterval(60))).status == 401)
+        #expect(try await authenticate(harness, token: try await token(hmacKeys, subject: "phone-1", expires: harness.clock.date.addingTimeInterval(60))).status == 401)
     }
 
     @Test func badRSAKeyIsAConfigurationError() async throws {

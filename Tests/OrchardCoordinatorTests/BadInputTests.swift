@@ -1,3 +1,4 @@
+import OrchardSupport
 import Foundation
 import OrchardCoordinator
 import OrchardFormats
@@ -110,7 +111,7 @@ private func rawSafetensors(_ tensors: [(name: String, dtype: String, shape: [In
         // A good report is accepted once; resending it is refused; after the deadline the other is refused.
         #expect(try await report(envelope(Fixture.diff(0.1))).status == 200)
         expectError(try await report(envelope(Fixture.diff(0.1))), 409, "report_already_received", "reused key")
-        harness.clock.advance(by: 601)
+        harness.clock.advance(bySeconds: 601)
         expectError(try await report(envelope(Fixture.diff(0.1), worker: b.workerID, key: assignmentB.requestKey), token: b.sessionToken), 409, "deadline_passed", "after the deadline")
         await harness.coordinator.tick()
         status = try await harness.status(hosted.processID)

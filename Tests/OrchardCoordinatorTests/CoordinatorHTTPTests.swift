@@ -1,3 +1,4 @@
+import OrchardSupport
 import Foundation
 import OrchardCoordinator
 import OrchardFormats
@@ -19,7 +20,6 @@ import Testing
             assignments.append(try await harness.join(device))
         }
         #expect(Set(assignments.map(\.requestKey)).count == 4)
-        #expect(assignments[0].clientConfig.extra["note"] == .string("test"))
 
         // Over capacity: rejected with a numeric retry_after.
         let fifth = try await harness.device()
@@ -49,13 +49,17 @@ import Testing
         let plan = try await harness.http.send("GET", Endpoint.plan(assignments[0].planID) + "?request_key=\(assignments[0].requestKey)", token: devices[0].sessionToken).decode(TrainingPlan.self)
         #expect(plan.model == Fixture.model)
         #expect(plan.clientConfig.batchSize == 4)
+        #expect(plan.clientConfig.extra["note"] == .string("test"))
 
         // Three reports reach the goal and close the cycle.
         let reports: [(scale: Float, samples: Int)] = [(0.1, 10), (-0.2, 30), (0.4, 60)]
         for (index, report) in reports.enumerated() {
             let result = try await harness.report(devices[index], assignments[index], diff: Fixture.diff(report.scale), samples: report.samples)
             #expect(result.status == 200, "\(String(decoding: result.body, as: UTF8.self))")
-            #expect(try result.decode(ReportResponse.self).reportsReceived == index + 1)
+            let response = try result.decode(ReportResponse.self)
+            #expect(response.reportsReceived == index + 1)
+            // Only the report that reaches the goal closes the cycle, and says so.
+            #expect(response.cycleClosed == (index == reports.count - 1))
         }
         let status = try await harness.status(hosted.processID)
         #expect(status.latestCheckpoint == 1)
@@ -90,10 +94,10 @@ import Testing
             #expect(try await harness.report(device, assignment, diff: Fixture.diff(scale), samples: i + 1).status == 200)
             reports.append((scale, i + 1))
         }
-        harness.clock.advance(by: 59)
+        harness.clock.advance(bySeconds: 59)
         await harness.coordinator.tick()
         #expect(try await harness.status(hosted.processID).latestCheckpoint == 0)
-        harness.clock.advance(by: 1)
+        harness.clock.advance(bySeconds: 1)
         await harness.coordinator.tick()
         let status = try await harness.status(hosted.processID)
         #expect(status.latestCheckpoint == 1)
@@ -108,7 +112,7 @@ import Testing
         let device = try await harness.device()
         let assignment = try await harness.join(device)
         #expect(try await harness.report(device, assignment, diff: Fixture.diff(0.5), samples: 3).status == 200)
-        harness.clock.advance(by: 61)
+        harness.clock.advance(bySeconds: 61)
         await harness.coordinator.tick()
         let status = try await harness.status(hosted.processID)
         #expect(status.cyclesAbandoned == 1)

@@ -1,4 +1,5 @@
 import Foundation
+import OrchardSupport
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif
@@ -104,7 +105,7 @@ enum Fixture {
 final class Harness: @unchecked Sendable {
     static let adminToken = "test-admin-token"
     let directory: URL
-    let clock: ManualWallClock
+    let clock: ManualClock
     let configuration: CoordinatorConfiguration
     private(set) var instance: CoordinatorInstance
     private(set) var server: RunningServer
@@ -113,7 +114,7 @@ final class Harness: @unchecked Sendable {
     var databasePath: String { directory.appendingPathComponent("coordinator.sqlite").path }
     var coordinator: Coordinator { instance.coordinator }
 
-    private init(directory: URL, clock: ManualWallClock, configuration: CoordinatorConfiguration, instance: CoordinatorInstance, server: RunningServer) {
+    private init(directory: URL, clock: ManualClock, configuration: CoordinatorConfiguration, instance: CoordinatorInstance, server: RunningServer) {
         self.directory = directory
         self.clock = clock
         self.configuration = configuration
@@ -125,10 +126,10 @@ final class Harness: @unchecked Sendable {
     static func start(configuration: CoordinatorConfiguration = CoordinatorConfiguration(adminToken: adminToken), seed: UInt64 = 1) async throws -> Harness {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("orchard-coordinator-\(UUID().uuidString)")
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
-        let clock = ManualWallClock()
+        let clock = ManualClock()
         let instance = try await CoordinatorInstance.open(
             database: directory.appendingPathComponent("coordinator.sqlite").path, configuration: configuration,
-            clock: .manual(clock), random: SplitMix64(seed: seed)
+            clock: clock, random: SplitMix64(seed: seed)
         )
         let server = try await instance.serve()
         return Harness(directory: directory, clock: clock, configuration: configuration, instance: instance, server: server)
@@ -137,7 +138,7 @@ final class Harness: @unchecked Sendable {
     /// Stops the server and opens a fresh coordinator on the same database (an orderly restart).
     func restart(seed: UInt64 = 99) async throws {
         await server.stop()
-        instance = try await CoordinatorInstance.open(database: databasePath, configuration: configuration, clock: .manual(clock), random: SplitMix64(seed: seed))
+        instance = try await CoordinatorInstance.open(database: databasePath, configuration: configuration, clock: clock, random: SplitMix64(seed: seed))
         server = try await instance.serve()
         http = HTTP(base: server.baseURL)
     }

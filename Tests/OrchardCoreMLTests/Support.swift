@@ -1,4 +1,5 @@
 import Foundation
+import OrchardSupport
 import OrchardFormats
 import OrchardTesting
 
@@ -70,7 +71,7 @@ enum Models {
 
     /// Seeded random weights for every parameter of `spec`.
     static func weights(for spec: ModelSpec, seed: UInt64 = 42) -> [TensorRecord] {
-        var rng = SeededGenerator(seed: seed)
+        var rng = SplitMix64(seed: seed)
         return parameterShapes(spec).map { name, shape in
             TensorRecord(name: name, shape: shape, values: (0..<shape.reduce(1, *)).map { _ in Float.random(in: -1...1, using: &rng) })
         }

@@ -1,3 +1,4 @@
+import OrchardSupport
 import OrchardData
 import OrchardML
 import Testing

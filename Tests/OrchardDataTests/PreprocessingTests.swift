@@ -1,3 +1,4 @@
+import OrchardSupport
 import Foundation
 import OrchardData
 import OrchardML

@@ -1,3 +1,4 @@
+import OrchardSupport
 import OrchardFormats
 @testable import OrchardML
 import Testing
@@ -64,7 +65,7 @@ import Testing
             let n = model.outputShape.reduce(1, *)
             targets = Tensor(shape: [batch] + model.outputShape, scalars: (0..<(batch * n)).map { _ in random.nextFloat(symmetric: 1) })
         }
-        let plan = try TrainingPlan(model: model, batchCapacity: batch, loss: testCase.loss)
+        let plan = try CompiledModel(model: model, batchCapacity: batch, loss: testCase.loss)
         let dropoutStart = plan.dropoutRandom
         func loss(_ parameters: [Float]) throws -> Double {
             try plan.setFlatParameters(parameters)

@@ -1,3 +1,4 @@
+import OrchardSupport
 @testable import OrchardML
 import Testing
 

@@ -1,3 +1,4 @@
+import OrchardSupport
 import Foundation
 import OrchardFormats
 import OrchardML
@@ -174,7 +175,7 @@ enum Fixtures {
     }
 }
 
-/// Plain SGD steps the dense layers inside back-propagation (``TrainingPlan/backward(batch:descentRate:)``);
+/// Plain SGD steps the dense layers inside back-propagation (``CompiledModel/backward(batch:descentRate:)``);
 /// a run must end where storing every gradient and stepping afterwards ends.
 @Suite struct PlainSGDStepTests {
     /// A model with trained and frozen embeddings, a frozen dense layer, dense layers with and without bias.
@@ -205,7 +206,7 @@ enum Fixtures {
         ))
         let trained = try trainer.train(on: data).model.flatParameters()
 
-        let plan = try TrainingPlan(model: model, batchCapacity: batch, loss: .meanSquaredError)
+        let plan = try CompiledModel(model: model, batchCapacity: batch, loss: .meanSquaredError)
         var weights = plan.flatParameters()
         for _ in 0..<2 {
             for start in stride(from: 0, to: data.count, by: batch) {

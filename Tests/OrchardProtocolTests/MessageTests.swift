@@ -23,13 +23,13 @@ private func roundTrip<T: Codable & Equatable>(_ value: T) throws -> T {
 
     @Test func acceptedResponseIsFlatAndRoundTrips() throws {
         let assignment = CycleAssignment(
-            requestKey: "k1", processID: "p1", cycle: 3, checkpoint: 2, modelID: "p1.2", planID: "p1",
-            clientConfig: ClientConfig(batchSize: 16, learningRate: 0.1, localEpochs: 2, maxUpdates: 50), reportWithin: 120
+            requestKey: "k1", processID: "p1", cycle: 3, checkpoint: 2, modelID: "p1.2", planID: "p1", reportWithin: 120
         )
         let object = try json(CycleResponse.accepted(assignment))
         #expect(object["status"] as? String == "accepted")
         #expect(object["request_key"] as? String == "k1")
-        #expect((object["client_config"] as? [String: Any])?["batch_size"] as? Int == 16)
+        // The client config travels once, in the plan.
+        #expect(object["client_config"] == nil)
         #expect(try roundTrip(CycleResponse.accepted(assignment)) == .accepted(assignment))
     }
 
@@ -48,6 +48,7 @@ private func roundTrip<T: Codable & Equatable>(_ value: T) throws -> T {
         #expect(config.extra["schedule"] == .object(["warmup": .array([.number(1), .number(2)])]))
         #expect(config.extra["flag"] == .bool(true))
         #expect(config.extra["none"] == JSONValue.null)
+        #expect(config.localEpochs == 3)
         let object = try json(config)
         #expect(object["optimizer"] as? String == "adam")
         #expect(try roundTrip(config) == config)
@@ -127,5 +128,26 @@ private func roundTrip<T: Codable & Equatable>(_ value: T) throws -> T {
         for path in [Endpoint.authenticate, Endpoint.cycleRequest, Endpoint.report, Endpoint.processes, Endpoint.health] {
             #expect(paths[path] != nil, "\(path)")
         }
+    }
+}
+
+@Suite struct ClientConfigLayersTests {
+    @Test func keysLeftOutStayUnsetAndAreNotSent() throws {
+        let config = try WireCoding.decoder().decode(ClientConfig.self, from: Data(#"{"learning_rate":0.2}"#.utf8))
+        #expect(config == ClientConfig(learningRate: 0.2))
+        #expect(config.batchSize == nil && config.localEpochs == nil && config.maxUpdates == nil)
+        let encoded = try JSONSerialization.jsonObject(with: WireCoding.encoder().encode(config)) as? [String: Any]
+        #expect(encoded?.keys.sorted() == ["learning_rate"])
+        #expect(ClientConfig().validationFailure() == nil)
+        #expect(ClientConfig(batchSize: 0).validationFailure() != nil)
+        #expect(ClientConfig(learningRate: .nan).validationFailure() != nil)
+        #expect(ClientConfig(localEpochs: 0).validationFailure() != nil)
+    }
+
+    @Test func aReportResponseSaysWhetherItClosedTheCycle() throws {
+        let closing = ReportResponse(cycle: 4, reportsReceived: 10, retryAfter: 0, cycleClosed: true)
+        let object = try JSONSerialization.jsonObject(with: WireCoding.encoder().encode(closing)) as? [String: Any]
+        #expect(object?["cycle_closed"] as? Bool == true)
+        #expect(try WireCoding.decoder().decode(ReportResponse.self, from: WireCoding.encoder().encode(closing)) == closing)
     }
 }

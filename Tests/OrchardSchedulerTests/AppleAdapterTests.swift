@@ -1,6 +1,7 @@
 // Runs where the adapter is built against the shim (Linux, macOS); on iOS the adapter uses the real framework.
 #if !canImport(BackgroundTasks)
 import BackgroundTasksShim
+import OrchardSupport
 import Foundation
 import OrchardScheduler
 import OrchardSchedulerApple
@@ -11,8 +12,7 @@ struct AppleAdapterTests {
     let now = Date(timeIntervalSince1970: 1_700_000_000)
 
     func adapter(_ system: BGTaskScheduler) -> AppleBackgroundScheduler {
-        let now = self.now
-        return AppleBackgroundScheduler(scheduler: system, now: { now })
+        AppleBackgroundScheduler(scheduler: system, clock: ManualClock(date: now))
     }
 
     @Test func requestsMapToBGTaskRequests() throws {

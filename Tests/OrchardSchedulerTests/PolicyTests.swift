@@ -1,4 +1,5 @@
 import Foundation
+import OrchardSupport
 import OrchardScheduler
 import Testing
 
@@ -112,7 +113,7 @@ struct PolicyTests {
         // After one half-life the estimate is 10 s: it fits a 10 s window.
         let plan = policy.plan([big(6 * 3600)], budget: .seconds(10), now: now)
         #expect(plan.selected.map(\.identifier) == ["big"])
-        #expect(abs(plan.selected[0].estimate.seconds - 10) < 1e-6)
+        #expect(abs(plan.selected[0].estimate.inSeconds - 10) < 1e-6)
     }
 
     @Test func tiesBreakByIdentifier() {
@@ -128,8 +129,4 @@ struct PolicyTests {
         #expect(!RetryPolicy(maxAttempts: 2).allowsRetry(afterFailures: 2))
         #expect(!RetryPolicy.never.allowsRetry(afterFailures: 1))
     }
-}
-
-extension Duration {
-    var seconds: Double { Double(components.seconds) + Double(components.attoseconds) / 1e18 }
 }

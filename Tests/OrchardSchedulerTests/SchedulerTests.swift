@@ -1,4 +1,5 @@
 import Clocks
+import OrchardSupport
 import Foundation
 import OrchardScheduler
 import Testing

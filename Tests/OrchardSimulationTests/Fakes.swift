@@ -1,26 +1,35 @@
 import Foundation
+import OrchardSupport
 import Logging
 import OrchardClient
 import OrchardCoordinator
 import OrchardFormats
 import OrchardInProcess
 import OrchardProtocol
+import OrchardML
+import Synchronization
 @testable import OrchardSimulation
 
-/// A workload whose "training" pulls a three-number weight toward the device's own optimum, a fraction per
-/// update; its checkpoint is the weight reached and the updates done.
+/// A workload whose "training" pulls a three-number weight toward the device's own optimum by the learning rate
+/// per update, for as many updates as the settings the coordinator sent plan (resolved by the SDK, as a device
+/// does); its checkpoint is the weight reached and the updates done. Every setting a device trained with is recorded.
 struct FakeWorkload: FleetWorkload {
     let optima: [[Float]]
     let samples: [Int]
+    /// The updates a round takes under the fake process's default client config (``FakeModel/clientConfig(updates:step:)``).
     let updates: Int
+    /// The learning rate of that client config.
     let step: Float
-
-    func updatesPerRound(device: Int) -> Int { updates }
+    let seen = SeenSettings()
 
     func sampleCount(device: Int) -> Int { samples[device] }
 
-    func train(device: Int, weights: [TensorRecord], seed: UInt64, resumingFrom checkpoint: [UInt8]?, until target: Int) throws(SimulationError) -> LocalTrainingStretch {
-        let start = try FakeModel.values(weights)
+    func train(device: Int, _ task: LocalTrainingTask, resumingFrom checkpoint: [UInt8]?) throws(OrchardClientError) -> LocalTrainingOutcome {
+        seen.record(task.training)
+        let total = task.training.plannedUpdates(samples: samples[device])
+        let target = min(task.pauseAfterUpdates ?? total, total)
+        let rate = Float(task.training.optimizer.learningRate)
+        let start = try FakeModel.values(task.model.weights)
         var w = start
         var done = 0
         if let checkpoint {
@@ -28,25 +37,26 @@ struct FakeWorkload: FleetWorkload {
             w = try FakeModel.values(archive.tensors)
             done = Int(archive.metadata["updates"] ?? "") ?? -1
         }
-        while done < min(target, updates) {
-            for i in w.indices { w[i] += step * (optima[device][i] - w[i]) }
+        while done < target {
+            for i in w.indices { w[i] += rate * (optima[device][i] - w[i]) }
             done += 1
         }
-        if done < updates {
-            return .paused(checkpoint: Safetensors.encode(FakeModel.records(w), metadata: ["updates": String(done)]))
+        if done < total {
+            return .interrupted(checkpoint: Safetensors.encode(FakeModel.records(w), metadata: ["updates": String(done)]))
         }
-        return .finished(diff: FakeModel.records(zip(w, start).map { $0 - $1 }), loss: 0)
+        return .completed(LocalUpdate(diff: FakeModel.records(zip(w, start).map { $0 - $1 }), sampleCount: samples[device], metrics: ["loss": 0]))
     }
 
-    func updatesDone(device: Int, in checkpoint: [UInt8]) throws(SimulationError) -> Int {
+    func completedUpdates(device: Int, in checkpoint: [UInt8], of task: LocalTrainingTask) throws(OrchardClientError) -> Int {
         guard let done = Int(try FakeModel.archive(checkpoint).metadata["updates"] ?? "") else {
-            throw SimulationError(.training, "the fake checkpoint has no update count")
+            throw OrchardClientError(.training, "the fake checkpoint has no update count")
         }
         return done
     }
 
     func evaluate(model: [UInt8]) async throws(SimulationError) -> Evaluation {
-        let w = try FakeModel.values(FakeModel.archive(model).tensors)
+        let w: [Float]
+        do { w = try FakeModel.values(FakeModel.archive(model).tensors) } catch { throw SimulationError(.training, error.message) }
         let total = Float(samples.reduce(0, +))
         var loss = 0.0
         for i in w.indices {
@@ -66,19 +76,26 @@ enum FakeModel {
 
     static func records(_ values: [Float]) -> [TensorRecord] { [TensorRecord(name: "w.weight", shape: [3, 1], values: values)] }
 
-    static func archive(_ bytes: [UInt8]) throws(SimulationError) -> SafetensorsArchive {
-        do { return try Safetensors.decode(bytes) } catch { throw SimulationError(.training, "bad fake model: \(error)") }
+    static func archive(_ bytes: [UInt8]) throws(OrchardClientError) -> SafetensorsArchive {
+        do { return try Safetensors.decode(bytes) } catch { throw OrchardClientError(.training, "bad fake model: \(error)") }
     }
 
-    static func values(_ tensors: [TensorRecord]) throws(SimulationError) -> [Float] {
-        guard let w = tensors.first(where: { $0.name == "w.weight" }) else { throw SimulationError(.training, "no w.weight") }
+    static func values(_ tensors: [TensorRecord]) throws(OrchardClientError) -> [Float] {
+        guard let w = tensors.first(where: { $0.name == "w.weight" }) else { throw OrchardClientError(.training, "no w.weight") }
         return w.values
     }
 
-    static func process(goal: Int, overSelection: Double, cycleSeconds: Double, minimumReports: Int) -> HostProcessRequest {
-        HostProcessRequest(
-            name: "fake", version: SemanticVersion(1, 0), model: spec, initialWeights: Safetensors.encode(records([0, 0, 0])),
-            clientConfig: ClientConfig(batchSize: 1, learningRate: 0.1, localEpochs: 1),
+    /// The fake process's client config: `updates` single-sample updates at learning rate `step`.
+    static func clientConfig(updates: Int, step: Float) -> ClientConfig {
+        ClientConfig(batchSize: 1, learningRate: Double(step), localEpochs: updates, maxUpdates: updates)
+    }
+
+    static func process(goal: Int, overSelection: Double, cycleSeconds: Double, minimumReports: Int, clientConfig: ClientConfig, training: TrainingSpec? = nil) -> HostProcessRequest {
+        var model = spec
+        model.training = training
+        return HostProcessRequest(
+            name: "fake", version: SemanticVersion(1, 0), model: model, initialWeights: Safetensors.encode(records([0, 0, 0])),
+            clientConfig: clientConfig,
             serverConfig: ServerConfig(
                 cycleLength: cycleSeconds, cycles: 0, goalCount: goal, overSelection: overSelection, minimumReports: minimumReports,
                 paceSteeringWindow: 20, checkpointRetention: 2
@@ -92,19 +109,22 @@ enum FakeModel {
 enum FleetHarness {
     static func run(
         _ fleet: FleetSimulation, workload: FakeWorkload, goal: Int, overSelection: Double = 1, cycleSeconds: Double = 300,
-        minimumReports: Int = 1, http: Bool = false, modelBytes: ((Int) -> Void)? = nil
+        minimumReports: Int = 1, http: Bool = false, clientConfig: ClientConfig? = nil, architectureTraining: TrainingSpec? = nil, modelBytes: ((Int) -> Void)? = nil
     ) async throws -> (initial: Evaluation, rounds: [RoundMetrics]) {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("orchard-fleet-test-\(UUID().uuidString)")
         defer { try? FileManager.default.removeItem(at: directory) }
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
-        let clock = ManualWallClock()
+        let clock = ManualClock()
         let instance = try await CoordinatorInstance.open(
-            database: directory.appendingPathComponent("c.sqlite").path, clock: .manual(clock), random: SplitMix64(seed: 1),
+            database: directory.appendingPathComponent("c.sqlite").path, clock: clock, random: SplitMix64(seed: 1),
             logger: Logger(label: "test") { _ in SwiftLogNoOpLogHandler() }
         )
         let coordinator = try await FleetCoordinator(
             coordinator: instance.coordinator, clock: clock,
-            process: FakeModel.process(goal: goal, overSelection: overSelection, cycleSeconds: cycleSeconds, minimumReports: minimumReports)
+            process: FakeModel.process(
+                goal: goal, overSelection: overSelection, cycleSeconds: cycleSeconds, minimumReports: minimumReports,
+                clientConfig: clientConfig ?? FakeModel.clientConfig(updates: workload.updates, step: workload.step), training: architectureTraining
+            )
         )
         modelBytes?(try await coordinator.currentModel().count)
         if http {
@@ -112,7 +132,7 @@ enum FleetHarness {
             do {
                 let outcome = try await fleet.run(
                     coordinator: coordinator, transport: try HTTPTransport(url: server.baseURL.absoluteString), workload: workload,
-                    directory: directory.appendingPathComponent("devices"), now: { 0 }
+                    directory: directory.appendingPathComponent("devices"), wallClock: ManualClock()
                 )
                 await server.stop()
                 return outcome
@@ -121,7 +141,31 @@ enum FleetHarness {
                 throw error
             }
         }
-        let transport = InMemoryTransport(coordinator: InProcessCoordinatorAdapter(coordinator: instance.coordinator))
-        return try await fleet.run(coordinator: coordinator, transport: transport, workload: workload, directory: directory.appendingPathComponent("devices"), now: { 0 })
+        let transport = InProcessTransport(coordinator: instance.coordinator)
+        return try await fleet.run(coordinator: coordinator, transport: transport, workload: workload, directory: directory.appendingPathComponent("devices"), wallClock: ManualClock())
     }
+}
+
+/// The training settings the fake workload's devices trained with.
+final class SeenSettings: Sendable {
+    private let settings = Mutex<Set<TrainingConfigurationKey>>([])
+
+    /// A training configuration without its per-device seed.
+    struct TrainingConfigurationKey: Hashable, Sendable {
+        var batchSize: Int
+        var learningRate: Double
+        var epochs: Int
+        var maxUpdates: Int?
+        var loss: LossType
+    }
+
+    func record(_ training: TrainingConfiguration) {
+        let key = TrainingConfigurationKey(
+            batchSize: training.batchSize, learningRate: training.optimizer.learningRate, epochs: training.epochs,
+            maxUpdates: training.maxUpdates, loss: training.loss
+        )
+        settings.withLock { _ = $0.insert(key) }
+    }
+
+    var all: Set<TrainingConfigurationKey> { settings.withLock { $0 } }
 }

@@ -2,6 +2,8 @@ import Foundation
 #if canImport(FoundationXML)
 import FoundationXML
 #endif
+import OrchardFormats
+import OrchardProtocol
 import Testing
 @testable import OrchardSimulation
 
@@ -164,5 +166,28 @@ import Testing
         #expect(sink.text.contains("\r\u{1B}[2K"))
         #expect(sink.text.contains(String(repeating: "█", count: 30)))
         #expect(sink.text.hasSuffix("\n"))
+    }
+}
+
+@Suite struct FleetTrainingSettingsTests {
+    @Test("devices train with the hosted process's client config, not the simulator's defaults")
+    func devicesTrainWithWhatTheCoordinatorSends() async throws {
+        let workload = FleetSimulationTests.workload(devices: 6)
+        let fleet = FleetSimulation(devices: 6, conditions: FleetConditions(), seed: 5, rounds: 2)
+        // The simulator's defaults would be 20 single-sample updates at 0.1; the process says otherwise.
+        let sent = ClientConfig(batchSize: 3, learningRate: 0.25, localEpochs: 2, maxUpdates: 5)
+        let (_, rounds) = try await FleetHarness.run(fleet, workload: workload, goal: 6, clientConfig: sent)
+        #expect(rounds.allSatisfy { $0.aggregated })
+        let seen = workload.seen.all
+        #expect(seen == [SeenSettings.TrainingConfigurationKey(batchSize: 3, learningRate: 0.25, epochs: 2, maxUpdates: 5, loss: .meanSquaredError)])
+    }
+
+    @Test("fields the client config leaves out come from the architecture's training section")
+    func unsetFieldsFallBackToTheArchitecture() async throws {
+        let workload = FleetSimulationTests.workload(devices: 3)
+        let fleet = FleetSimulation(devices: 3, conditions: FleetConditions(), seed: 5, rounds: 1)
+        let (_, rounds) = try await FleetHarness.run(fleet, workload: workload, goal: 3, clientConfig: ClientConfig(learningRate: 0.5), architectureTraining: TrainingSpec(loss: .crossEntropy, optimizer: .sgd(learningRate: 0.01), epochs: 3, batchSize: 4, maxUpdates: 7))
+        #expect(rounds.allSatisfy { $0.aggregated })
+        #expect(workload.seen.all == [SeenSettings.TrainingConfigurationKey(batchSize: 4, learningRate: 0.5, epochs: 3, maxUpdates: 7, loss: .crossEntropy)])
     }
 }

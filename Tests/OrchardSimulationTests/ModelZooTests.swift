@@ -1,3 +1,4 @@
+import OrchardSupport
 import Foundation
 import OrchardFormats
 import OrchardML
@@ -55,8 +56,7 @@ import Testing
     func evaluationInPartsMatchesTheEngine(parts: Int) async throws {
         let test = try Self.data(seed: 5)
         let model = try Model(spec: ModelZoo.mlp2nn(imageShape: [1, 4, 4]), seed: 2)
-        let training = TrainingConfiguration(loss: .crossEntropy, optimizer: .sgd(learningRate: 0.05), epochs: 1, batchSize: 10)
-        let workload = EngineWorkload(model: model, slices: [test], testSet: test, training: training, evaluationParallelism: parts)
+        let workload = EngineWorkload(model: model, slices: [test], testSet: test, evaluationParallelism: parts)
         let evaluation = try await workload.evaluate(model: model.weightsSafetensors())
         #expect(evaluation.accuracy == (try model.accuracy(on: test)))
         // Cross-entropy from the engine's own probabilities, one sample at a time.

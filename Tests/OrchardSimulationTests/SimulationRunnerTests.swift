@@ -1,4 +1,5 @@
 import Foundation
+import OrchardSupport
 import Testing
 @testable import OrchardSimulation
 
@@ -24,7 +25,7 @@ import Testing
     @Test func housingFleetImprovesTheModelAndWritesTheReport() async throws {
         let dir = Self.temporaryDirectory()
         defer { try? FileManager.default.removeItem(at: dir) }
-        let result = try await SimulationRunner.run(Self.configuration(transport: .memory, directory: dir), progress: Self.quiet, now: { 0 })
+        let result = try await SimulationRunner.run(Self.configuration(transport: .memory, directory: dir), progress: Self.quiet, clock: ManualClock())
         let summary = result.summary
         // The device model starts from freshly initialised dense layers on frozen embeddings: federated rounds
         // must bring its test RMSE (in $1000s) well below the initial one.
@@ -45,8 +46,8 @@ import Testing
             try? FileManager.default.removeItem(at: a)
             try? FileManager.default.removeItem(at: b)
         }
-        let first = try await SimulationRunner.run(Self.configuration(transport: .memory, directory: a), progress: Self.quiet, now: { 0 })
-        let second = try await SimulationRunner.run(Self.configuration(transport: .memory, directory: b), progress: Self.quiet, now: { 0 })
+        let first = try await SimulationRunner.run(Self.configuration(transport: .memory, directory: a), progress: Self.quiet, clock: ManualClock())
+        let second = try await SimulationRunner.run(Self.configuration(transport: .memory, directory: b), progress: Self.quiet, clock: ManualClock())
         #expect(first.rounds.map(\.withoutTiming) == second.rounds.map(\.withoutTiming))
         #expect(first.rounds.map(\.testRMSE) == second.rounds.map(\.testRMSE))
     }
@@ -56,7 +57,7 @@ import Testing
     @Test func housingFleetOverLoopbackHTTPAggregatesThroughTheRealCoordinator() async throws {
         let dir = Self.temporaryDirectory()
         defer { try? FileManager.default.removeItem(at: dir) }
-        let result = try await SimulationRunner.run(Self.configuration(transport: .http, directory: dir), progress: Self.quiet, now: { 0 })
+        let result = try await SimulationRunner.run(Self.configuration(transport: .http, directory: dir), progress: Self.quiet, clock: ManualClock())
         let summary = result.summary
         let initial = try #require(summary.initial.rmse), final = try #require(summary.final.rmse)
         #expect(final < 0.6 * initial)

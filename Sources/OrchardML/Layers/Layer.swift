@@ -1,9 +1,10 @@
+public import OrchardSupport
 public import OrchardFormats
 
 /// A model layer: a value describing one step of a model, with its parameters, callable for inference.
 ///
 /// Shapes a layer talks about are per sample (no batch dimension); tensors passed to ``callAsFunction(_:)`` carry
-/// the batch as their first dimension. Training does not call layers one by one: ``TrainingPlan`` compiles a
+/// the batch as their first dimension. Training does not call layers one by one: ``CompiledModel`` compiles a
 /// model into preallocated buffers and runs the same pointer kernels.
 public protocol Layer: Sendable {
     /// The layer's unique name; empty until a model assigns one.

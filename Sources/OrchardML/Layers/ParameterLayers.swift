@@ -1,3 +1,4 @@
+public import OrchardSupport
 public import OrchardFormats
 
 /// Checks a replacement parameter's shape.

@@ -1,3 +1,4 @@
+public import OrchardSupport
 public import OrchardFormats
 
 /// A layer without parameters: building only checks the input shapes.

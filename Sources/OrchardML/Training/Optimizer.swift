@@ -73,7 +73,7 @@ final class Optimizer {
     }
 
     /// The learning rate when the update is plain SGD (`w -= lr · g`: no momentum, no weight decay), which dense
-    /// layers can apply during back-propagation (``TrainingPlan/backward(batch:descentRate:)``); nil otherwise.
+    /// layers can apply during back-propagation (``CompiledModel/backward(batch:descentRate:)``); nil otherwise.
     var plainDescentRate: Float? {
         spec.type == "sgd" && spec.momentum == 0 && spec.weightDecay == 0 ? Float(spec.learningRate) : nil
     }

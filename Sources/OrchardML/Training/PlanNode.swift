@@ -1,4 +1,5 @@
-/// One layer inside a ``TrainingPlan``: pointers to its inputs, output, gradients, parameters and scratch.
+import OrchardSupport
+/// One layer inside a ``CompiledModel``: pointers to its inputs, output, gradients, parameters and scratch.
 final class PlanNode {
     typealias Ptr = UnsafeMutablePointer<Float>
 

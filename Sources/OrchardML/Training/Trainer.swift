@@ -1,3 +1,4 @@
+import OrchardSupport
 public import OrchardFormats
 
 /// How to train: loss, optimizer, epochs, batch size, update cap and seed. Every field has a default.
@@ -34,6 +35,14 @@ public struct TrainingConfiguration: Sendable, Hashable {
     /// Creates a configuration from a model spec's training section.
     public init(_ spec: TrainingSpec, seed: UInt64 = 0) {
         self.init(loss: spec.loss, optimizer: spec.optimizer, epochs: spec.epochs, batchSize: spec.batchSize, maxUpdates: spec.maxUpdates, seed: seed)
+    }
+
+    /// The updates a whole run over `samples` samples applies: `epochs × ⌈samples / batchSize⌉`, or the update
+    /// cap when smaller.
+    public func plannedUpdates(samples: Int) -> Int {
+        let batches = (max(0, samples) + max(1, batchSize) - 1) / max(1, batchSize)
+        let full = epochs * batches
+        return maxUpdates.map { min($0, full) } ?? full
     }
 }
 
@@ -135,7 +144,7 @@ public struct TrainingProgress: Sendable, Hashable {
     public var loss: Float
 }
 
-/// Trains a model on a ``Dataset`` with a compiled ``TrainingPlan``.
+/// Trains a model on a ``Dataset`` with a compiled ``CompiledModel``.
 ///
 /// Steady-state training allocates nothing per batch: the plan's buffers, the optimizer slots and the shuffle
 /// order are allocated once. Cancellation of the calling task is checked at every batch boundary; the run then
@@ -145,7 +154,7 @@ public final class Trainer {
     /// The configuration.
     public let configuration: TrainingConfiguration
     /// The compiled model.
-    public let plan: TrainingPlan
+    public let plan: CompiledModel
     let optimizer: Optimizer
     private var order: [Int] = []
     private var position = TrainingPosition.start
@@ -158,7 +167,7 @@ public final class Trainer {
             throw EngineError(.invalidArgument, "maxUpdates must be ≥ 0, not \(cap)")
         }
         self.configuration = configuration
-        plan = try TrainingPlan(model: model, batchCapacity: configuration.batchSize, loss: configuration.loss, dropoutSeed: configuration.seed)
+        plan = try CompiledModel(model: model, batchCapacity: configuration.batchSize, loss: configuration.loss, dropoutSeed: configuration.seed)
         optimizer = try Optimizer(spec: configuration.optimizer, parameterCount: plan.parameterCount)
     }
 
@@ -180,7 +189,10 @@ public final class Trainer {
         }
         try plan.loadParameters(from: state.model)
         try optimizer.restore(state.optimizer)
-        plan.dropoutRandom = try OrchardRandom(state: state.dropoutRandom)
+        guard let dropoutRandom = OrchardRandom(state: state.dropoutRandom) else {
+            throw EngineError(.invalidArgument, "a random generator state is four words, not all zero (got \(state.dropoutRandom))")
+        }
+        plan.dropoutRandom = dropoutRandom
         position = state.position
         completedEpochs = state.completedEpochs
     }
@@ -281,7 +293,7 @@ public final class Trainer {
     }
 }
 
-extension TrainingPlan {
+extension CompiledModel {
     /// For each model input, the position of the dataset input with the same name.
     func inputRoutes(for dataset: some Dataset, checkTargets: Bool) throws(EngineError) -> [Int] {
         var routes: [Int] = []

@@ -16,12 +16,10 @@ public struct OrchardRandom: RandomNumberGenerator, Sendable, Hashable {
         state = (mixer.next(), mixer.next(), mixer.next(), mixer.next())
     }
 
-    /// Restores a generator from state words previously read from ``stateWords``.
-    /// - Throws: `EngineError.invalidArgument` when all four words are zero (xoshiro's one forbidden state).
-    public init(state: [UInt64]) throws(EngineError) {
-        guard state.count == 4, state.contains(where: { $0 != 0 }) else {
-            throw EngineError(.invalidArgument, "a random generator state is four words, not all zero (got \(state))")
-        }
+    /// Restores a generator from state words previously read from ``stateWords``; nil unless there are four
+    /// words, not all zero (xoshiro's one forbidden state).
+    public init?(state: [UInt64]) {
+        guard state.count == 4, state.contains(where: { $0 != 0 }) else { return nil }
         self.state = (state[0], state[1], state[2], state[3])
     }
 
@@ -99,18 +97,31 @@ public struct OrchardRandom: RandomNumberGenerator, Sendable, Hashable {
     public func hash(into hasher: inout Hasher) { hasher.combine(stateWords) }
 }
 
-/// SplitMix64 (Steele, Lea & Flood 2014): expands one seed word into well-mixed state words.
+/// SplitMix64 (Steele, Lea & Flood 2014): expands one seed word into well-mixed state words; also the small
+/// seeded generator of tests and simulations (production randomness is `SystemRandomNumberGenerator`).
 public struct SplitMix64: RandomNumberGenerator, Sendable, Hashable {
     /// The generator's single state word.
     public var state: UInt64
 
-    /// Creates a generator from a seed.
+    /// Creates a generator whose first output is fixed by `state`.
     public init(state: UInt64) { self.state = state }
+
+    /// Creates a generator from a seed (the same stream as `init(state:)`).
+    public init(seed: UInt64) { self.state = seed }
 
     /// The next 64 random bits.
     public mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
+        state &+= Self.increment
+        return Self.mix(state)
+    }
+
+    /// The golden-ratio increment added to the state before each output.
+    public static let increment: UInt64 = 0x9E37_79B9_7F4A_7C15
+
+    /// SplitMix64's output function (a bijective 64-bit finaliser), for hashing words into uniform bits.
+    @inlinable
+    public static func mix(_ word: UInt64) -> UInt64 {
+        var z = word
         z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
         z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
         return z ^ (z >> 31)

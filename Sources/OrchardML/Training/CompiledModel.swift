@@ -1,3 +1,4 @@
+import OrchardSupport
 public import OrchardFormats
 
 /// A model compiled for a batch size: every activation, gradient, parameter and scratch buffer allocated once.
@@ -7,7 +8,7 @@ public import OrchardFormats
 /// ``backward(batch:)`` allocate nothing. Frozen layers compute no weight gradients, and no layer computes an
 /// input gradient that no trainable parameter needs, so layers before the first trainable one do no backward
 /// work at all. Not thread-safe: one plan belongs to one training run.
-public final class TrainingPlan {
+public final class CompiledModel {
     typealias Ptr = UnsafeMutablePointer<Float>
 
     /// The model the plan was compiled from (its parameters are not kept current; see ``exportModel()``).

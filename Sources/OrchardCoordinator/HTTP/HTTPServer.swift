@@ -43,19 +43,19 @@ public enum CoordinatorServer {
             let message = try await decode(CycleRequest.self, request, limit: limits.maximumMessageBytes)
             return try json(await coordinator.requestCycle(message, sessionWorker: worker))
         }
-        router.get("/v1/device/models/:model") { request, context in
+        router.get(RouterPath(stringLiteral: Endpoint.model(":\(Endpoint.Parameter.model)"))) { request, context in
             let worker = try await sessionWorker(request, coordinator)
             let key = try requestKey(request)
-            let modelID = context.parameters.get("model") ?? ""
+            let modelID = context.parameters.get(Endpoint.Parameter.model) ?? ""
             let download = try await coordinator.model(modelID, requestKey: key, sessionWorker: worker)
             var response = try ranged(download.bytes, etag: download.etag, request: request)
             response.headers[RepresentationDigests.field] = digests.value(of: download.bytes, etag: download.etag)
             return response
         }
-        router.get("/v1/device/plans/:plan") { request, context in
+        router.get(RouterPath(stringLiteral: Endpoint.plan(":\(Endpoint.Parameter.plan)"))) { request, context in
             let worker = try await sessionWorker(request, coordinator)
             let key = try requestKey(request)
-            return try json(await coordinator.plan(context.parameters.get("plan") ?? "", requestKey: key, sessionWorker: worker))
+            return try json(await coordinator.plan(context.parameters.get(Endpoint.Parameter.plan) ?? "", requestKey: key, sessionWorker: worker))
         }
         router.post(RouterPath(stringLiteral: Endpoint.report)) { request, _ in
             let worker = try await sessionWorker(request, coordinator)
@@ -65,7 +65,7 @@ public enum CoordinatorServer {
         router.get(RouterPath(stringLiteral: Endpoint.speedTest)) { request, _ in
             let text = request.uri.queryParameters.get(Endpoint.bytesQuery).map({ String($0) }) ?? "\(SpeedTest.maximumBytes)"
             guard let count = Int(text), (1...SpeedTest.maximumBytes).contains(count) else {
-                throw CoordinatorError.badRequest(.invalidRequest, "bytes must be an integer in 1...\(SpeedTest.maximumBytes)")
+                throw CoordinatorError(.invalidRequest, "bytes must be an integer in 1...\(SpeedTest.maximumBytes)")
             }
             var headers = HTTPFields()
             headers[.contentType] = "application/octet-stream"
@@ -87,27 +87,27 @@ public enum CoordinatorServer {
             try requireAdmin(request, coordinator)
             return try json(await coordinator.processList())
         }
-        router.get("/v1/admin/processes/:process") { request, context in
+        router.get(RouterPath(stringLiteral: Endpoint.process(":\(Endpoint.Parameter.process)"))) { request, context in
             try requireAdmin(request, coordinator)
-            return try json(await coordinator.status(processID: context.parameters.get("process") ?? ""))
+            return try json(await coordinator.status(processID: context.parameters.get(Endpoint.Parameter.process) ?? ""))
         }
-        router.delete("/v1/admin/processes/:process") { request, context in
+        router.delete(RouterPath(stringLiteral: Endpoint.process(":\(Endpoint.Parameter.process)"))) { request, context in
             try requireAdmin(request, coordinator)
-            try await coordinator.delete(processID: context.parameters.get("process") ?? "")
+            try await coordinator.delete(processID: context.parameters.get(Endpoint.Parameter.process) ?? "")
             return Response(status: .noContent)
         }
-        router.get("/v1/admin/processes/:process/checkpoints/:number") { request, context in
+        router.get(RouterPath(stringLiteral: Endpoint.checkpoint(":\(Endpoint.Parameter.process)", ":\(Endpoint.Parameter.checkpoint)"))) { request, context in
             try requireAdmin(request, coordinator)
-            let text = context.parameters.get("number") ?? ""
+            let text = context.parameters.get(Endpoint.Parameter.checkpoint) ?? ""
             let number: Int?
             if text == "latest" {
                 number = nil
             } else if let value = Int(text), value >= 0 {
                 number = value
             } else {
-                throw CoordinatorError.badRequest(.invalidRequest, "checkpoint must be a non-negative integer or 'latest'")
+                throw CoordinatorError(.invalidRequest, "checkpoint must be a non-negative integer or 'latest'")
             }
-            let processID = context.parameters.get("process") ?? ""
+            let processID = context.parameters.get(Endpoint.Parameter.process) ?? ""
             let checkpoint = try await coordinator.checkpoint(processID: processID, number: number)
             var response = try ranged(checkpoint.bytes, etag: "\"\(processID).\(checkpoint.number)\"", request: request)
             response.headers[HTTPField.Name("Orchard-Checkpoint")!] = "\(checkpoint.number)"
@@ -136,7 +136,7 @@ public enum CoordinatorServer {
 
     private static func collect(_ request: Request, limit: Int) async throws -> [UInt8] {
         if let length = request.headers[.contentLength].flatMap({ Int($0) }), length > limit {
-            throw CoordinatorError(.payloadTooLarge, status: 413, "body of \(length) bytes exceeds the limit of \(limit)")
+            throw CoordinatorError(.payloadTooLarge, "body of \(length) bytes exceeds the limit of \(limit)")
         }
         // Chunks go straight into one array sized from Content-Length (collecting into a ByteBuffer first
         // would copy every report body twice).
@@ -144,7 +144,7 @@ public enum CoordinatorServer {
         bytes.reserveCapacity(min(limit, request.headers[.contentLength].flatMap { Int($0) } ?? 0))
         for try await chunk in request.body {
             guard bytes.count + chunk.readableBytes <= limit else {
-                throw CoordinatorError(.payloadTooLarge, status: 413, "body exceeds the limit of \(limit) bytes")
+                throw CoordinatorError(.payloadTooLarge, "body exceeds the limit of \(limit) bytes")
             }
             bytes.append(contentsOf: chunk.readableBytesView)
         }
@@ -156,7 +156,7 @@ public enum CoordinatorServer {
         do {
             return try WireCoding.decoder().decode(T.self, from: Data(body))
         } catch {
-            throw CoordinatorError.badRequest(.malformedJSON, "body is not a valid \(T.self): \(describe(error))")
+            throw CoordinatorError(.malformedJSON, "body is not a valid \(T.self): \(describe(error))")
         }
     }
 
@@ -207,7 +207,7 @@ public enum CoordinatorServer {
 
     private static func requestKey(_ request: Request) throws -> String {
         guard let key = request.uri.queryParameters.get(Endpoint.requestKeyQuery), !key.isEmpty else {
-            throw CoordinatorError.badRequest(.invalidRequest, "query parameter \(Endpoint.requestKeyQuery) is required")
+            throw CoordinatorError(.invalidRequest, "query parameter \(Endpoint.requestKeyQuery) is required")
         }
         return String(key)
     }
@@ -219,123 +219,25 @@ public enum CoordinatorServer {
         return Response(status: status, headers: headers, body: ResponseBody(byteBuffer: ByteBuffer(bytes: data)))
     }
 
-    /// Serves immutable bytes with a strong ETag, `If-None-Match` (304) and a single `Range` (206/416).
+    /// Serves immutable bytes with a strong ETag, `If-None-Match` (304) and a single `Range` (206/416), by the
+    /// rules of ``DownloadSelection``.
     private static func ranged(_ bytes: [UInt8], etag: String, request: Request) throws -> Response {
         var headers = HTTPFields()
         headers[.eTag] = etag
         headers[.acceptRanges] = "bytes"
         headers[.contentType] = MediaType.safetensors
-        if let match = request.headers[.ifNoneMatch], match.split(separator: ",").contains(where: { $0.trimmingCharacters(in: .whitespaces) == etag || $0.trimmingCharacters(in: .whitespaces) == "*" }) {
+        let selection = try DownloadSelection.select(
+            total: bytes.count, etag: etag, range: request.headers[.range], ifRange: request.headers[.ifRange],
+            ifNoneMatch: request.headers[.ifNoneMatch]
+        )
+        switch selection {
+        case .notModified:
             return Response(status: .notModified, headers: headers)
-        }
-        let total = bytes.count
-        guard let rangeHeader = request.headers[.range] else {
+        case .whole:
             return Response(status: .ok, headers: headers, body: ResponseBody(byteBuffer: ByteBuffer(bytes: bytes)))
-        }
-        if let ifRange = request.headers[.ifRange], ifRange != etag {
-            return Response(status: .ok, headers: headers, body: ResponseBody(byteBuffer: ByteBuffer(bytes: bytes)))
-        }
-        guard let range = ByteRange.parse(rangeHeader, total: total) else {
-            throw CoordinatorError(.rangeNotSatisfiable, status: 416, "range '\(rangeHeader)' cannot be served from \(total) bytes")
-        }
-        headers[.contentRange] = "bytes \(range.lowerBound)-\(range.upperBound - 1)/\(total)"
-        return Response(status: .partialContent, headers: headers, body: ResponseBody(byteBuffer: ByteBuffer(bytes: bytes[range])))
-    }
-}
-
-/// The RFC 9530 `Repr-Digest` of served models (`sha-256=:<base64>:`, over the whole representation, also on
-/// 206), computed once per entity tag: a model's bytes never change under its tag.
-final class RepresentationDigests: Sendable {
-    static let field = HTTPField.Name("Repr-Digest")!
-    /// Tags remembered; models of a few recent checkpoints are served at once.
-    private static let capacity = 8
-    private let values = Mutex<[(etag: String, value: String)]>([])
-
-    func value(of bytes: [UInt8], etag: String) -> String {
-        if let known = values.withLock({ $0.first { $0.etag == etag }?.value }) { return known }
-        let value = "sha-256=:\(Data(SHA256.hash(data: bytes)).base64EncodedString()):"
-        values.withLock { entries in
-            entries.removeAll { $0.etag == etag }
-            entries.append((etag, value))
-            if entries.count > Self.capacity { entries.removeFirst() }
-        }
-        return value
-    }
-}
-
-/// One `bytes=` range of an HTTP Range header, resolved against a length (RFC 9110 §14.1.2).
-struct ByteRange {
-    /// Parses `bytes=a-b`, `bytes=a-` or `bytes=-n`; nil when unsatisfiable, malformed or multi-range.
-    static func parse(_ header: String, total: Int) -> Range<Int>? {
-        guard header.hasPrefix("bytes="), total > 0 else { return nil }
-        let spec = header.dropFirst(6)
-        guard !spec.contains(","), let dash = spec.firstIndex(of: "-") else { return nil }
-        let first = spec[..<dash].trimmingCharacters(in: .whitespaces)
-        let last = spec[spec.index(after: dash)...].trimmingCharacters(in: .whitespaces)
-        if first.isEmpty {
-            guard let suffix = Int(last), suffix > 0 else { return nil }
-            return max(0, total - suffix)..<total
-        }
-        guard let start = Int(first), start >= 0, start < total else { return nil }
-        if last.isEmpty { return start..<total }
-        guard let end = Int(last), end >= start else { return nil }
-        return start..<(min(end, total - 1) + 1)
-    }
-}
-
-/// Turns every error into `{"error":{"code","message"}}`: coordinator errors keep their status, Hummingbird's
-/// (e.g. no route) map to their status, anything else is a logged 500.
-struct ErrorMiddleware<Context: RequestContext>: RouterMiddleware {
-    let logger: Logger
-
-    func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {
-        do {
-            return try await next(request, context)
-        } catch let error as CoordinatorError {
-            return errorResponse(error)
-        } catch let error as HTTPError {
-            let code: WireErrorCode = switch error.status.code {
-            case 404: .notFound
-            case 405: .methodNotAllowed
-            case 413: .payloadTooLarge
-            case 400: .invalidRequest
-            default: .internalError
-            }
-            return errorResponse(CoordinatorError(code, status: error.status.code, error.body ?? error.status.reasonPhrase))
-        } catch {
-            logger.error("unhandled error", metadata: ["path": "\(request.uri.path)", "error": "\(error)"])
-            return errorResponse(.internalError("unexpected failure"))
-        }
-    }
-
-    private func errorResponse(_ error: CoordinatorError) -> Response {
-        var response = (try? CoordinatorServer.json(error.body, status: HTTPResponse.Status(code: error.status))) ?? Response(status: .internalServerError)
-        if error.code == .rangeNotSatisfiable { response.headers[.contentRange] = "bytes */*" }
-        return response
-    }
-}
-
-/// A service that drives every process's cycle timer: it ticks the coordinator at a fixed interval until
-/// graceful shutdown.
-public struct CycleTimerService: Service {
-    private let coordinator: Coordinator
-    private let interval: Duration
-
-    /// Creates the service.
-    /// - Parameters:
-    ///   - coordinator: The coordinator to tick.
-    ///   - interval: Time between ticks.
-    public init(coordinator: Coordinator, interval: Duration = .milliseconds(250)) {
-        self.coordinator = coordinator
-        self.interval = interval
-    }
-
-    public func run() async throws {
-        await cancelWhenGracefulShutdown {
-            while !Task.isCancelled {
-                await coordinator.tick()
-                try? await Task.sleep(for: interval)
-            }
+        case .partial(let range):
+            headers[.contentRange] = "bytes \(range.lowerBound)-\(range.upperBound - 1)/\(bytes.count)"
+            return Response(status: .partialContent, headers: headers, body: ResponseBody(byteBuffer: ByteBuffer(bytes: bytes[range])))
         }
     }
 }

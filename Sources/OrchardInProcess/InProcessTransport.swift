@@ -1,0 +1,68 @@
+import Crypto
+public import OrchardClient
+public import OrchardCoordinator
+public import OrchardProtocol
+
+/// The device transport to a coordinator in the same process (simulator, tests, single-process apps): calls the
+/// coordinator's core directly, with no sockets and no serialisation of control messages, and the same semantics
+/// as HTTP — session tokens resolved by the core, ranges and entity tags by ``OrchardCoordinator/DownloadSelection``,
+/// errors mapped to client errors with the status the HTTP edge sends.
+public struct InProcessTransport: ClientTransport {
+    /// The coordinator called.
+    public let coordinator: Coordinator
+
+    /// Creates a transport to `coordinator`.
+    public init(coordinator: Coordinator) { self.coordinator = coordinator }
+
+    private func mapped<T>(_ body: () async throws(CoordinatorError) -> T) async throws(OrchardClientError) -> T {
+        do {
+            return try await body()
+        } catch {
+            throw OrchardClientError.server(status: error.httpStatus, body: error.body)
+        }
+    }
+
+    public func authenticate(_ request: AuthenticateRequest) async throws(OrchardClientError) -> AuthenticateResponse {
+        try await mapped { () async throws(CoordinatorError) in try await coordinator.authenticate(request) }
+    }
+
+    public func requestCycle(_ request: CycleRequest, session: String) async throws(OrchardClientError) -> CycleResponse {
+        try await mapped { () async throws(CoordinatorError) in
+            let worker = try await coordinator.worker(forSessionToken: session)
+            return try await coordinator.requestCycle(request, sessionWorker: worker)
+        }
+    }
+
+    public func plan(_ planID: String, requestKey: String, session: String) async throws(OrchardClientError) -> TrainingPlan {
+        try await mapped { () async throws(CoordinatorError) in
+            let worker = try await coordinator.worker(forSessionToken: session)
+            return try await coordinator.plan(planID, requestKey: requestKey, sessionWorker: worker)
+        }
+    }
+
+    public func downloadModel(_ request: ModelRequest, session: String, into sink: any DownloadSink) async throws(OrchardClientError) {
+        let (bytes, etag, selection) = try await mapped { () async throws(CoordinatorError) in
+            let worker = try await coordinator.worker(forSessionToken: session)
+            let download = try await coordinator.model(request.modelID, requestKey: request.requestKey, sessionWorker: worker)
+            // What the HTTP transport asks for: the rest of the held bytes, if they are of the same entity.
+            let range = request.offset > 0 && request.etag != nil ? "bytes=\(request.offset)-" : nil
+            let selection = try DownloadSelection.select(total: download.bytes.count, etag: download.etag, range: range, ifRange: request.etag, ifNoneMatch: nil)
+            return (download.bytes, download.etag, selection)
+        }
+        let start: Int
+        switch selection {
+        case .partial(let range): start = range.lowerBound
+        case .whole, .notModified: start = 0
+        }
+        // The digest HTTP sends as `Repr-Digest`; here the bytes never leave memory, so it guards the partial file on disk.
+        try sink.begin(DownloadHead(start: start, totalLength: bytes.count, etag: etag, sha256: Array(SHA256.hash(data: bytes))))
+        try sink.append(Array(bytes[start...]))
+    }
+
+    public func report(_ body: [UInt8], session: String) async throws(OrchardClientError) -> ReportResponse {
+        try await mapped { () async throws(CoordinatorError) in
+            let worker = try await coordinator.worker(forSessionToken: session)
+            return try await coordinator.report(body, sessionWorker: worker)
+        }
+    }
+}
