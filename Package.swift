@@ -211,6 +211,8 @@ let package = Package(
             ],
             swiftSettings: swiftSettings
         ),
+        // The `orchard` executable run as a child process: option parsing, help, one-line outputs.
+        .testTarget(name: "OrchardCLITests", dependencies: ["OrchardTesting"], swiftSettings: swiftSettings),
         .testTarget(name: "OrchardSimulationTests", dependencies: ["OrchardSimulation", "OrchardTesting", "OrchardCoordinator", "OrchardClient", "OrchardInProcess", "OrchardProtocol", "OrchardFormats"], swiftSettings: swiftSettings),
     ]
 )
