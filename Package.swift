@@ -34,6 +34,7 @@ let package = Package(
         .library(name: "OrchardInProcess", targets: ["OrchardInProcess"]),
         .library(name: "OrchardSimulation", targets: ["OrchardSimulation"]),
         .library(name: "OrchardTesting", targets: ["OrchardTesting"]),
+        .library(name: "OrchardBenchmarks", targets: ["OrchardBenchmarks"]),
         .executable(name: "orchard", targets: ["orchard"]),
     ],
     dependencies: [
@@ -160,16 +161,25 @@ let package = Package(
             ],
             swiftSettings: swiftSettings
         ),
+        // Benchmarks the CLI runs: the coordinator load generator (raw NIO connections), peak RSS, JSON lines.
+        .target(
+            name: "OrchardBenchmarks",
+            dependencies: [
+                "OrchardSupport", "OrchardCoordinator", "OrchardProtocol", "OrchardFormats",
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+            ],
+            swiftSettings: swiftSettings
+        ),
         .executableTarget(
             name: "orchard",
             dependencies: [
                 "OrchardSupport", "OrchardFormats", "OrchardML", "OrchardData", "OrchardExamples", "OrchardCoreML",
                 "OrchardScheduler", "OrchardProtocol", "OrchardCoordinator", "OrchardClient", "OrchardSimulation",
+                "OrchardBenchmarks",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
-                .product(name: "AsyncHTTPClient", package: "async-http-client"),
-                .product(name: "NIOCore", package: "swift-nio"),
-                .product(name: "NIOPosix", package: "swift-nio"),
-                .product(name: "NIOHTTP1", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "UnixSignals", package: "swift-service-lifecycle"),
@@ -201,6 +211,18 @@ let package = Package(
             swiftSettings: swiftSettings
         ),
         .testTarget(name: "OrchardClientTests", dependencies: ["OrchardClient", "OrchardCoordinator", "OrchardInProcess", "OrchardTesting", .product(name: "Crypto", package: "swift-crypto")], swiftSettings: swiftSettings),
+        .testTarget(
+            name: "OrchardBenchmarksTests",
+            dependencies: [
+                "OrchardBenchmarks", "OrchardCoordinator", "OrchardProtocol", "OrchardFormats",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+            ],
+            swiftSettings: swiftSettings
+        ),
+        // The `orchard` executable run as a child process: option parsing, help, one-line outputs.
+        .testTarget(name: "OrchardCLITests", dependencies: ["OrchardTesting"], swiftSettings: swiftSettings),
         .testTarget(name: "OrchardSimulationTests", dependencies: ["OrchardSimulation", "OrchardTesting", "OrchardCoordinator", "OrchardClient", "OrchardInProcess", "OrchardProtocol", "OrchardFormats"], swiftSettings: swiftSettings),
     ]
 )

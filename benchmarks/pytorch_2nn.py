@@ -12,7 +12,8 @@ import numpy as np
 import torch
 
 
-def peak_rss_mb():
+def peak_rss_mib():
+    """Peak resident set size in MiB (VmHWM is in KiB), as `orchard bench` reports it."""
     try:
         with open("/proc/self/status") as f:
             for line in f:
@@ -40,7 +41,7 @@ def main():
     rng = np.random.default_rng(args.seed)
     x = torch.from_numpy(rng.random((args.samples, 784), dtype=np.float32))
     y = torch.from_numpy(rng.integers(0, 10, size=args.samples)).long()
-    dataset_mb = (x.numel() * 4 + args.samples * 4) / 1048576
+    dataset_mib = (x.numel() * 4 + args.samples * 4) / 1048576
 
     model = torch.nn.Sequential(
         torch.nn.Linear(784, 200), torch.nn.ReLU(),
@@ -67,7 +68,7 @@ def main():
             seconds.append(time.perf_counter() - start)
 
     median = statistics.median(seconds)
-    peak = peak_rss_mb()
+    peak = peak_rss_mib()
     print(json.dumps({
         "model": args.model,
         "samples_per_second": round(args.samples / median),
@@ -77,9 +78,9 @@ def main():
         "epochs": args.repeats,
         "steps_per_epoch": (args.samples + args.batch - 1) // args.batch,
         "backend": "torch " + torch.__version__,
-        "peak_rss_mb": round(peak, 1),
-        "dataset_mb": round(dataset_mb, 1),
-        "peak_rss_minus_dataset_mb": round(peak - dataset_mb, 1),
+        "peak_rss_mib": round(peak, 1),
+        "dataset_mib": round(dataset_mib, 1),
+        "peak_rss_minus_dataset_mib": round(peak - dataset_mib, 1),
         "epoch_seconds": [round(s, 4) for s in seconds],
         "final_loss": last_loss,
         "engine": "pytorch",

@@ -26,7 +26,7 @@ public struct DatasetChoice: Sendable, Hashable, CustomStringConvertible {
         case "fashion-mnist", "fashionmnist": self = .fashionMNIST
         default:
             guard text.hasPrefix("idx:"), text.count > 4 else {
-                throw SimulationError(.invalidOption, "--dataset must be housing, fashion-mnist or idx:PATH, not '\(text)'")
+                throw SimulationError(.invalidOption, "dataset must be housing, fashion-mnist or idx:PATH, not '\(text)'")
             }
             self = .idx(String(text.dropFirst(4)))
         }
@@ -67,7 +67,7 @@ public struct ModelChoice: Sendable, Hashable, CustomStringConvertible {
     /// Parses `housing`, `mlp2nn` or `cnn`.
     public init(parsing text: String) throws(SimulationError) {
         guard let kind = Kind(rawValue: text.lowercased()) else {
-            throw SimulationError(.invalidOption, "--model must be housing, mlp2nn or cnn, not '\(text)'")
+            throw SimulationError(.invalidOption, "model must be housing, mlp2nn or cnn, not '\(text)'")
         }
         self.kind = kind
     }
@@ -90,7 +90,7 @@ public struct TransportChoice: Sendable, Hashable, CustomStringConvertible {
     /// Parses `http` or `memory`.
     public init(parsing text: String) throws(SimulationError) {
         guard let kind = Kind(rawValue: text.lowercased()) else {
-            throw SimulationError(.invalidOption, "--transport must be http or memory, not '\(text)'")
+            throw SimulationError(.invalidOption, "transport must be http or memory, not '\(text)'")
         }
         self.kind = kind
     }
@@ -107,7 +107,7 @@ extension Availability {
         case "diurnal": self = .diurnal
         default:
             guard text.hasPrefix("trace:"), text.count > 6 else {
-                throw SimulationError(.invalidOption, "--availability must be always, diurnal or trace:FILE, not '\(text)'")
+                throw SimulationError(.invalidOption, "availability must be always, diurnal or trace:FILE, not '\(text)'")
             }
             self = .trace(try AvailabilityTrace.read(contentsOf: URL(fileURLWithPath: String(text.dropFirst(6)))))
         }
@@ -125,7 +125,7 @@ extension PartitionStrategy {
         } else if lower.hasPrefix("dirichlet:"), let alpha = Double(lower.dropFirst(10)), alpha > 0, alpha.isFinite {
             self = .dirichlet(alpha: alpha)
         } else {
-            throw SimulationError(.invalidOption, "--partition must be iid, shards or dirichlet:α with α > 0, not '\(text)'")
+            throw SimulationError(.invalidOption, "partition must be iid, shards or dirichlet:α with α > 0, not '\(text)'")
         }
     }
 }
@@ -138,7 +138,7 @@ extension AggregatorConfig.Kind {
         case "fedavgm": self = .fedAvgM
         case "fedadam": self = .fedAdam
         case "fedyogi": self = .fedYogi
-        default: throw SimulationError(.invalidOption, "--aggregator must be fedavg, fedavgm, fedadam or fedyogi, not '\(text)'")
+        default: throw SimulationError(.invalidOption, "aggregator must be fedavg, fedavgm, fedadam or fedyogi, not '\(text)'")
         }
     }
 }
@@ -240,24 +240,24 @@ public struct SimulationConfiguration: Sendable {
         ClientConfig(batchSize: batchSize, learningRate: learningRate, localEpochs: localEpochs)
     }
 
-    /// Describes the first invalid or inconsistent field.
+    /// Throws an error whose message starts with the first invalid or inconsistent field's property name.
     public func validate() throws(SimulationError) {
         func fail(_ message: String) -> SimulationError { SimulationError(.invalidOption, message) }
-        if clients < 1 { throw fail("--clients must be at least 1, not \(clients)") }
-        if !(fraction > 0 && fraction <= 1) { throw fail("--fraction must be in (0, 1], not \(fraction)") }
-        if !(overSelection >= 1) || !overSelection.isFinite { throw fail("--over-selection must be at least 1, not \(overSelection)") }
-        if localEpochs < 1 { throw fail("--local-epochs must be at least 1, not \(localEpochs)") }
-        if batchSize < 1 { throw fail("--batch-size must be at least 1, not \(batchSize)") }
-        if !(learningRate > 0) || !learningRate.isFinite { throw fail("--lr must be a positive number, not \(learningRate)") }
-        if rounds < 1 { throw fail("--rounds must be at least 1, not \(rounds)") }
-        if evaluateEvery < 1 { throw fail("--eval-every must be at least 1, not \(evaluateEvery)") }
-        if !(0...1 ~= dropout) { throw fail("--dropout must be a probability in [0, 1], not \(dropout)") }
-        if !(windowSeconds > 0) || !windowSeconds.isFinite { throw fail("--window-seconds must be a positive number, not \(windowSeconds)") }
-        if !(cycleSeconds > 0) || !cycleSeconds.isFinite { throw fail("--cycle-seconds must be a positive number, not \(cycleSeconds)") }
-        if !(secondsPerUpdate > 0) || !secondsPerUpdate.isFinite { throw fail("--seconds-per-update must be a positive number, not \(secondsPerUpdate)") }
+        if clients < 1 { throw fail("clients must be at least 1, not \(clients)") }
+        if !(fraction > 0 && fraction <= 1) { throw fail("fraction must be in (0, 1], not \(fraction)") }
+        if !(overSelection >= 1) || !overSelection.isFinite { throw fail("overSelection must be at least 1, not \(overSelection)") }
+        if localEpochs < 1 { throw fail("localEpochs must be at least 1, not \(localEpochs)") }
+        if batchSize < 1 { throw fail("batchSize must be at least 1, not \(batchSize)") }
+        if !(learningRate > 0) || !learningRate.isFinite { throw fail("learningRate must be a positive number, not \(learningRate)") }
+        if rounds < 1 { throw fail("rounds must be at least 1, not \(rounds)") }
+        if evaluateEvery < 1 { throw fail("evaluateEvery must be at least 1, not \(evaluateEvery)") }
+        if !(0...1 ~= dropout) { throw fail("dropout must be a probability in [0, 1], not \(dropout)") }
+        if !(windowSeconds > 0) || !windowSeconds.isFinite { throw fail("windowSeconds must be a positive number, not \(windowSeconds)") }
+        if !(cycleSeconds > 0) || !cycleSeconds.isFinite { throw fail("cycleSeconds must be a positive number, not \(cycleSeconds)") }
+        if !(secondsPerUpdate > 0) || !secondsPerUpdate.isFinite { throw fail("secondsPerUpdate must be a positive number, not \(secondsPerUpdate)") }
         let isHousing = dataset == .housing
         if isHousing != (model == .housing) {
-            throw SimulationError(.incompatible, "--model \(model) does not fit --dataset \(dataset): housing data goes with the housing model, images with mlp2nn or cnn")
+            throw SimulationError(.incompatible, "model \(model) does not fit dataset \(dataset): housing data goes with the housing model, images with mlp2nn or cnn")
         }
     }
 

@@ -161,7 +161,7 @@ public enum SimulationRunner {
     private static func partition<D: Dataset>(_ data: D, configuration: SimulationConfiguration) throws(SimulationError) -> [DatasetSlice<D>] {
         var random = OrchardRandom.derived(seed: configuration.seed, stream: 0x9A27)
         do { return try data.partitioned(into: configuration.clients, strategy: configuration.partition, using: &random) } catch {
-            throw SimulationError(.invalidOption, "cannot partition \(data.count) samples over \(configuration.clients) devices with --partition \(configuration.partition): \(error)")
+            throw SimulationError(.invalidOption, "cannot partition \(data.count) samples over \(configuration.clients) devices with partition \(configuration.partition): \(error)")
         }
     }
 

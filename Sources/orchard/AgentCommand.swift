@@ -1,6 +1,7 @@
 import ArgumentParser
 import Foundation
 import Logging
+import OrchardBenchmarks
 import OrchardClient
 import OrchardScheduler
 import ServiceLifecycle
@@ -54,15 +55,14 @@ struct AgentCommand: AsyncParsableCommand {
     @Option(help: "Seconds a cycle whose window expired, or that is in flight at shutdown, may take to stop at a batch boundary and save its checkpoint.")
     var shutdownGrace: Double = 30
 
-    @Option(help: "Log level: trace, debug, info, notice, warning, error, critical.")
-    var logLevel = "info"
+    @Option(help: "The lowest level logged (to standard error).")
+    var logLevel: Logger.Level = .info
 
     func validate() throws {
         guard window > 0 else { throw ValidationError("--window must be positive") }
         guard interval > 0 else { throw ValidationError("--interval must be positive") }
         guard pollInterval > 0, pollInterval.isFinite else { throw ValidationError("--poll-interval must be a positive number of seconds") }
         guard shutdownGrace >= 0, shutdownGrace.isFinite else { throw ValidationError("--shutdown-grace must be a non-negative number of seconds") }
-        guard Logger.Level(rawValue: logLevel) != nil else { throw ValidationError("--log-level '\(logLevel)' is not a log level") }
         for (option, path) in [("--sysfs-root", sysfsRoot), ("--procfs-root", procfsRoot)] {
             var isDirectory: ObjCBool = false
             guard FileManager.default.fileExists(atPath: path, isDirectory: &isDirectory), isDirectory.boolValue else {
@@ -72,7 +72,7 @@ struct AgentCommand: AsyncParsableCommand {
     }
 
     func run() async throws {
-        let level = Logger.Level(rawValue: logLevel) ?? .info
+        let level = logLevel
         LoggingSystem.bootstrap { label in
             var handler = StreamLogHandler.standardError(label: label)
             handler.logLevel = level
@@ -176,10 +176,6 @@ private struct AgentStatus: Encodable {
     }
 
     func print() {
-        let encoder = JSONEncoder()
-        encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
-        encoder.keyEncodingStrategy = .convertToSnakeCase
-        guard let data = try? encoder.encode(self) else { return }
-        FileHandle.standardOutput.write(data + Data("\n".utf8))
+        try? JSONLine.write(self)
     }
 }

@@ -1,6 +1,7 @@
 import ArgumentParser
-import OrchardSupport
 import Foundation
+import OrchardBenchmarks
+import OrchardSupport
 import OrchardML
 
 /// `orchard bench gemm`: GFLOP/s of one matrix-multiply shape on every available backend.
@@ -81,13 +82,22 @@ struct BenchGEMM: AsyncParsableCommand {
             }
             gflops[backend.description] = (flops * Double(iterations) / best / 1e8).rounded() / 10
         }
-        let report: [String: Any] = [
-            "m": m, "n": n, "k": k, "transpose_a": transposeA, "transpose_b": transposeB, "threads": threads,
-            "gflops": gflops,
-            "automatic_runs_on": GEMM.backend(transposeA: transposeA, transposeB: transposeB, m: m, n: n, k: k).description,
-            "engine": "orchard",
-        ]
-        let json = try JSONSerialization.data(withJSONObject: report, options: [.sortedKeys])
-        print(String(decoding: json, as: UTF8.self))
+        try JSONLine.write(Result(
+            m: m, n: n, k: k, transposeA: transposeA, transposeB: transposeB, threads: threads, gflops: gflops,
+            automaticRunsOn: GEMM.backend(transposeA: transposeA, transposeB: transposeB, m: m, n: n, k: k).description
+        ))
+    }
+
+    /// The JSON line `orchard bench gemm` prints: GFLOP/s by backend name.
+    struct Result: Encodable {
+        var m: Int
+        var n: Int
+        var k: Int
+        var transposeA: Bool
+        var transposeB: Bool
+        var threads: Int
+        var gflops: [String: Double]
+        var automaticRunsOn: String
+        var engine = "orchard"
     }
 }

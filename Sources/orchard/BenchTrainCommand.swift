@@ -1,6 +1,7 @@
 import ArgumentParser
 import OrchardSupport
 import Foundation
+import OrchardBenchmarks
 import OrchardFormats
 import OrchardML
 
@@ -8,15 +9,20 @@ import OrchardML
 struct BenchTrain: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "train",
-        abstract: "Train a reference model on synthetic data; print samples/s, peak RSS and settings as one JSON line.",
+        abstract: "Train a reference model on synthetic data; print samples/s, peak RSS (MiB) and settings as one JSON line.",
         discussion: """
         The model 'mlp2nn' is McMahan et al.'s 2NN: 784-200-200-10 with ReLU, softmax cross-entropy and plain SGD. \
         The first epoch warms up; the reported figure is the median over the following --repeats epochs.
         """
     )
 
-    @Option(help: "The model to train (mlp2nn).")
-    var model: String = "mlp2nn"
+    /// `--model`: the reference models.
+    enum ReferenceModel: String, CaseIterable, ExpressibleByArgument {
+        case mlp2nn
+    }
+
+    @Option(help: "The model to train.")
+    var model: ReferenceModel = .mlp2nn
 
     @Option(help: "Samples per update.")
     var batch: Int = 10
@@ -30,28 +36,21 @@ struct BenchTrain: AsyncParsableCommand {
     @Option(help: "Timed epochs after the warm-up epoch; the median is reported.")
     var repeats: Int = 3
 
-    @Option(help: "Matrix-multiply backend: automatic, avx2, blas or portable (default: automatic, the fastest per shape).")
-    var backend: String?
+    @Option(help: "Matrix-multiply backend (default: automatic, the fastest per shape).")
+    var backend: MatrixBackend?
 
     @Option(help: "Seed for data, initialisation and shuffling.")
     var seed: UInt64 = 1
 
     func validate() throws {
-        guard model == "mlp2nn" else { throw ValidationError("unknown model '\(model)' (available: mlp2nn)") }
         guard batch > 0, samples > 0, threads > 0, repeats > 0 else {
             throw ValidationError("--batch, --samples, --threads and --repeats must be positive")
         }
-        if let backend, Self.backends[backend] == nil {
-            throw ValidationError("--backend must be automatic, avx2, blas or portable")
-        }
     }
-
-    /// The backends by name.
-    static let backends: [String: MatrixBackend] = ["automatic": .automatic, "avx2": .avx2, "blas": .blas, "portable": .portable]
 
     func run() async throws {
         GEMM.setThreads(threads)
-        if let backend, let chosen = Self.backends[backend] { try GEMM.setBackend(chosen) }
+        if let backend { try GEMM.setBackend(backend) }
 
         let dataset = try SyntheticClassification(count: samples, features: 784, classes: 10, seed: seed)
         let network = try Model(name: "mlp2nn", inputShape: [784], seed: seed) {
@@ -79,42 +78,50 @@ struct BenchTrain: AsyncParsableCommand {
         }
         seconds.sort()
         let median = seconds[seconds.count / 2]
-        let datasetMB = Double(dataset.byteCount) / 1_048_576
-        let peak = peakResidentMegabytes()
-        let report: [String: Any] = [
-            "model": model,
-            "samples_per_second": (Double(samples) / median).rounded(),
-            "batch": batch,
-            "threads": threads,
-            "samples": samples,
-            "epochs": repeats,
-            "steps_per_epoch": (samples + batch - 1) / batch,
-            "backend": GEMM.backend.description,
-            "peak_rss_mb": peak.map { ($0 * 10).rounded() / 10 } ?? -1,
-            "dataset_mb": (datasetMB * 10).rounded() / 10,
-            "peak_rss_minus_dataset_mb": peak.map { (($0 - datasetMB) * 10).rounded() / 10 } ?? -1,
-            "epoch_seconds": seconds.map { ($0 * 1e4).rounded() / 1e4 },
-            "final_loss": Double(lastLoss),
-            "engine": "orchard",
-        ]
-        let json = try JSONSerialization.data(withJSONObject: report, options: [.sortedKeys])
-        print(String(decoding: json, as: UTF8.self))
+        let datasetMiB = Double(dataset.byteCount) / PeakMemory.bytesPerMiB
+        let peak = PeakMemory.residentMiB()
+        try JSONLine.write(Result(
+            model: model.rawValue,
+            samplesPerSecond: (Double(samples) / median).rounded(),
+            batch: batch,
+            threads: threads,
+            samples: samples,
+            epochs: repeats,
+            stepsPerEpoch: (samples + batch - 1) / batch,
+            backend: GEMM.backend.description,
+            peakRSSMiB: peak.map { ($0 * 10).rounded() / 10 },
+            datasetMiB: (datasetMiB * 10).rounded() / 10,
+            peakRSSMinusDatasetMiB: peak.map { (($0 - datasetMiB) * 10).rounded() / 10 },
+            epochSeconds: seconds.map { ($0 * 1e4).rounded() / 1e4 },
+            finalLoss: Double(lastLoss),
+            engine: "orchard"
+        ))
     }
 
-    /// Peak resident set size in MiB: `VmHWM` from `/proc/self/status` on Linux, `ru_maxrss` elsewhere.
-    private func peakResidentMegabytes() -> Double? {
-        #if os(Linux)
-        guard let status = try? String(contentsOfFile: "/proc/self/status", encoding: .utf8) else { return nil }
-        for line in status.split(separator: "\n") where line.hasPrefix("VmHWM:") {
-            let kb = line.split(separator: " ").compactMap { Double($0) }.first
-            return kb.map { $0 / 1024 }
+    /// The JSON line `orchard bench train` prints; `benchmarks/pytorch_2nn.py` prints the same keys.
+    struct Result: Encodable {
+        var model: String
+        var samplesPerSecond: Double
+        var batch: Int
+        var threads: Int
+        var samples: Int
+        var epochs: Int
+        var stepsPerEpoch: Int
+        var backend: String
+        /// Peak resident set size in MiB; nil (left out) when unreadable.
+        var peakRSSMiB: Double?
+        /// The synthetic dataset's size in MiB.
+        var datasetMiB: Double
+        var peakRSSMinusDatasetMiB: Double?
+        var epochSeconds: [Double]
+        var finalLoss: Double
+        var engine: String
+
+        private enum CodingKeys: String, CodingKey {
+            case model, samplesPerSecond = "samples_per_second", batch, threads, samples, epochs, stepsPerEpoch = "steps_per_epoch"
+            case backend, peakRSSMiB = "peak_rss_mib", datasetMiB = "dataset_mib", peakRSSMinusDatasetMiB = "peak_rss_minus_dataset_mib"
+            case epochSeconds = "epoch_seconds", finalLoss = "final_loss", engine
         }
-        return nil
-        #else
-        var usage = rusage()
-        guard getrusage(RUSAGE_SELF, &usage) == 0 else { return nil }
-        return Double(usage.ru_maxrss) / 1_048_576
-        #endif
     }
 }
 

@@ -29,8 +29,8 @@ struct CoreMLCommand: ParsableCommand {
         @Flag(help: "Write a prediction-only model (no loss, optimizer or updatable layers).")
         var predictionOnly = false
 
-        @Option(help: "Element type of multi-array features: double or float32.")
-        var arrayType = "double"
+        @Option(help: "Element type of multi-array features.")
+        var arrayType: CoreMLArrayDataType = .double
 
         @Flag(help: "Leave dropout layers out instead of refusing to export them.")
         var omitDropout = false
@@ -50,14 +50,8 @@ struct CoreMLCommand: ParsableCommand {
         func run() throws {
             let spec = try ModelSpec.decode(json: Data(contentsOf: URL(fileURLWithPath: model)))
             let archive = try Safetensors.decode(try Data(contentsOf: URL(fileURLWithPath: weights)))
-            let dataType: CoreMLArrayDataType
-            switch arrayType {
-            case "double": dataType = .double
-            case "float32": dataType = .float32
-            default: throw ValidationError("--array-type must be double or float32, not '\(arrayType)'")
-            }
             let options = CoreMLExportOptions(
-                updatable: !predictionOnly, arrayDataType: dataType, dropout: omitDropout ? .omit : .reject,
+                updatable: !predictionOnly, arrayDataType: arrayType, dropout: omitDropout ? .omit : .reject,
                 dropsUnrepresentableTrainingSettings: dropUnrepresentable,
                 metadata: CoreMLMetadata(shortDescription: shortDescription, author: author, license: license)
             )

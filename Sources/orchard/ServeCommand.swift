@@ -1,6 +1,7 @@
 import ArgumentParser
 import Foundation
 import Logging
+import OrchardBenchmarks
 import OrchardCoordinator
 
 /// `orchard serve`: runs the federated-learning coordinator.
@@ -26,7 +27,7 @@ struct Serve: AsyncParsableCommand {
     var database = "orchard.sqlite"
 
     @Option(help: "SQLite durability: normal (survives kill -9) or full (fsync every commit, survives power loss).")
-    var durability = "normal"
+    var durability: SQLiteStore.Durability = .normal
 
     @Option(help: "The admin API's bearer token.")
     var adminToken: String?
@@ -37,13 +38,11 @@ struct Serve: AsyncParsableCommand {
     @Option(help: "Reports folded in memory before the running sum is written back.")
     var foldInterval = 32
 
-    @Option(help: "Log level: trace, debug, info, notice, warning, error, critical.")
-    var logLevel = "info"
+    @Option(help: "The lowest level logged (to standard error).")
+    var logLevel: Logger.Level = .info
 
     func validate() throws {
         guard (0...65_535).contains(port) else { throw ValidationError("--port must be in 0...65535") }
-        guard SQLiteStoreDurability(durability) != nil else { throw ValidationError("--durability must be normal or full") }
-        guard Logger.Level(rawValue: logLevel) != nil else { throw ValidationError("--log-level '\(logLevel)' is not a log level") }
         guard maxReportBytes > 0, foldInterval > 0 else { throw ValidationError("--max-report-bytes and --fold-interval must be positive") }
         _ = try databasePath()
     }
@@ -62,7 +61,7 @@ struct Serve: AsyncParsableCommand {
     }
 
     func run() async throws {
-        let level = Logger.Level(rawValue: logLevel) ?? .info
+        let level = logLevel
         LoggingSystem.bootstrap { label in
             var handler = StreamLogHandler.standardError(label: label)
             handler.logLevel = level
@@ -73,21 +72,21 @@ struct Serve: AsyncParsableCommand {
         var rng = SystemRandomNumberGenerator()
         let token = adminToken ?? environmentToken ?? (0..<24).map { _ in String(format: "%02x", UInt8.random(in: 0...255, using: &rng)) }.joined()
         let instance = try await CoordinatorInstance.open(
-            database: try databasePath(), durability: SQLiteStoreDurability(durability) ?? .normal,
+            database: try databasePath(), durability: durability,
             configuration: CoordinatorConfiguration(adminToken: token, maximumReportBytes: maxReportBytes, foldInterval: foldInterval),
             logger: Logger(label: "orchard.coordinator")
         )
         let host = self.host
         try await instance.run(host: host, port: port, logger: Logger(label: "orchard.http")) { boundPort in
-            var line: [String: String] = ["event": "listening", "host": host, "port": "\(boundPort)"]
-            if generated { line["admin_token"] = token }
-            let fields = line.sorted { $0.key < $1.key }.map { key, value in
-                key == "port" ? "\"\(key)\":\(value)" : "\"\(key)\":\"\(value)\""
-            }
-            FileHandle.standardOutput.write(Data(("{" + fields.joined(separator: ",") + "}\n").utf8))
+            try? JSONLine.write(Listening(host: host, port: boundPort, adminToken: generated ? token : nil))
         }
     }
-}
 
-/// The SQLite durability type, named for the CLI.
-typealias SQLiteStoreDurability = SQLiteStore.Durability
+    /// The line `orchard serve` prints once it listens.
+    struct Listening: Encodable {
+        var event = "listening"
+        var host: String
+        var port: Int
+        var adminToken: String?
+    }
+}

@@ -19,10 +19,10 @@ struct SimulateCommand: AsyncParsableCommand {
         """
     )
 
-    @Option(help: "housing, fashion-mnist or idx:PATH (an MNIST-layout directory).")
-    var dataset: String = "housing"
-    @Option(help: "housing, mlp2nn or cnn (default: housing for housing data, mlp2nn for images).")
-    var model: String?
+    @Option(help: "The data; idx:PATH is an MNIST-layout directory.")
+    var dataset: DatasetChoice = .housing
+    @Option(help: "The model (default: housing for housing data, mlp2nn for images).")
+    var model: ModelChoice?
     @Option(help: "Number of virtual devices.")
     var clients: Int?
     @Option(help: "Reports that close a round, as a fraction of the devices.")
@@ -39,35 +39,36 @@ struct SimulateCommand: AsyncParsableCommand {
     var rounds: Int?
     @Option(name: .customLong("eval-every"), help: "Evaluate the global model on the test set after every N-th round (and the last).")
     var evaluateEvery: Int?
-    @Option(help: "iid, shards or dirichlet:α.")
-    var partition: String?
-    @Option(help: "fedavg, fedavgm, fedadam or fedyogi.")
-    var aggregator: String?
-    @Option(help: "always, diurnal or trace:FILE.")
-    var availability: String?
+    @Option(help: "How samples are dealt to devices: iid, two label shards per device, or Dirichlet(α) label skew.")
+    var partition: PartitionStrategy?
+    @Option(help: "The server optimizer.")
+    var aggregator: AggregatorConfig.Kind?
+    @Option(help: "When devices are eligible; trace:FILE reads windows from a CSV or JSON Lines file.")
+    var availability: AvailabilityArgument?
     @Option(help: "Probability that an assigned device goes away before reporting.")
     var dropout: Double?
     @Option(name: .customLong("window-seconds"), help: "Background budget per task, in virtual seconds.")
     var windowSeconds: Double?
     @Option(name: .customLong("cycle-seconds"), help: "Virtual seconds a round stays open.")
     var cycleSeconds: Double?
-    @Option(help: "http (loopback port) or memory (direct calls; deterministic for a seed).")
-    var transport: String?
+    @Option(help: "How devices reach the coordinator: http (loopback port) or memory (direct calls; deterministic for a seed).")
+    var transport: TransportChoice?
     @Option(help: "Seed of every random choice.")
     var seed: UInt64?
     @Option(help: "Directory for metrics.jsonl, summary.json and report.html (default: a new temporary directory).")
     var output: String?
 
+    /// The option behind each configuration field.
+    static let flags = [
+        "dataset": "--dataset", "model": "--model", "clients": "--clients", "fraction": "--fraction", "overSelection": "--over-selection",
+        "localEpochs": "--local-epochs", "batchSize": "--batch-size", "learningRate": "--lr", "rounds": "--rounds",
+        "evaluateEvery": "--eval-every", "dropout": "--dropout", "windowSeconds": "--window-seconds", "cycleSeconds": "--cycle-seconds",
+    ]
+
     /// The scenario the options describe: the dataset's defaults with every given option applied.
     func makeConfiguration() throws(SimulationError) -> SimulationConfiguration {
-        let data = try DatasetChoice(parsing: dataset)
-        var c: SimulationConfiguration
-        if data.imageDirectory == nil {
-            c = .housing
-        } else {
-            c = .images(data)
-        }
-        if let model { c.model = try ModelChoice(parsing: model) }
+        var c: SimulationConfiguration = dataset.imageDirectory == nil ? .housing : .images(dataset)
+        if let model { c.model = model }
         if let clients { c.clients = clients }
         if let fraction { c.fraction = fraction }
         if let overSelection { c.overSelection = overSelection }
@@ -76,13 +77,13 @@ struct SimulateCommand: AsyncParsableCommand {
         if let learningRate { c.learningRate = learningRate }
         if let rounds { c.rounds = rounds }
         if let evaluateEvery { c.evaluateEvery = evaluateEvery }
-        if let partition { c.partition = try PartitionStrategy(parsing: partition) }
-        if let aggregator { c.aggregator.kind = try AggregatorConfig.Kind(parsing: aggregator) }
-        if let availability { c.availability = try Availability(parsing: availability) }
+        if let partition { c.partition = partition }
+        if let aggregator { c.aggregator.kind = aggregator }
+        if let availability { c.availability = try availability.availability() }
         if let dropout { c.dropout = dropout }
         if let windowSeconds { c.windowSeconds = windowSeconds }
         if let cycleSeconds { c.cycleSeconds = cycleSeconds }
-        if let transport { c.transport = try TransportChoice(parsing: transport) }
+        if let transport { c.transport = transport }
         if let seed { c.seed = seed }
         if let output { c.output = URL(fileURLWithPath: output) }
         try c.validate()
@@ -91,7 +92,7 @@ struct SimulateCommand: AsyncParsableCommand {
 
     func run() async throws {
         let configuration: SimulationConfiguration
-        do { configuration = try makeConfiguration() } catch { throw ValidationError(error.message) }
+        do { configuration = try makeConfiguration() } catch { throw ValidationError(namingOption(error.message, Self.flags)) }
         let progress = ProgressDisplay.standardError()
         let result = try await SimulationRunner.run(configuration, progress: progress, clock: SystemClock())
         print(Self.table(result.summary))

@@ -35,8 +35,13 @@ struct TrainHousing: ParsableCommand {
     @Option(help: "Optimizer step size.")
     var learningRate: Double = HousingConfiguration().optimizer.learningRate
 
-    @Option(help: "Optimizer: adam or sgd.")
-    var optimizer: String = HousingConfiguration().optimizer.type
+    /// `--optimizer`.
+    enum Optimizer: String, CaseIterable, ExpressibleByArgument {
+        case adam, sgd
+    }
+
+    @Option(help: "The optimizer.")
+    var optimizer: Optimizer = Optimizer(rawValue: HousingConfiguration().optimizer.type) ?? .adam
 
     @Option(help: "SGD momentum (ignored by adam).")
     var momentum: Double = 0.9
@@ -59,15 +64,15 @@ struct TrainHousing: ParsableCommand {
         guard epochs >= 1 else { throw ValidationError("--epochs must be at least 1") }
         guard batchSize >= 1 else { throw ValidationError("--batch-size must be at least 1") }
         guard learningRate > 0, learningRate.isFinite else { throw ValidationError("--learning-rate must be positive") }
-        guard ["adam", "sgd"].contains(optimizer) else { throw ValidationError("--optimizer must be adam or sgd, not '\(optimizer)'") }
         guard testFraction > 0, testFraction < 1 else { throw ValidationError("--test-fraction must be in (0, 1)") }
     }
 
     func run() throws {
         var configuration = HousingConfiguration(seed: seed, testFraction: testFraction, epochs: epochs, batchSize: batchSize)
-        configuration.optimizer = optimizer == "adam"
-            ? .adam(learningRate: learningRate)
-            : .sgd(learningRate: learningRate, momentum: momentum)
+        switch optimizer {
+        case .adam: configuration.optimizer = .adam(learningRate: learningRate)
+        case .sgd: configuration.optimizer = .sgd(learningRate: learningRate, momentum: momentum)
+        }
         let run = try HousingExample.run(configuration)
         if let output {
             let directory = URL(fileURLWithPath: output, isDirectory: true)
@@ -78,7 +83,7 @@ struct TrainHousing: ParsableCommand {
         }
         let output = HousingOutput(
             trainSamples: run.data.train.count, testSamples: run.data.test.count, seed: seed,
-            optimizer: optimizer, learningRate: learningRate, batchSize: batchSize, models: run.metrics
+            optimizer: optimizer.rawValue, learningRate: learningRate, batchSize: batchSize, models: run.metrics
         )
         if json {
             let encoder = JSONEncoder()

@@ -33,7 +33,7 @@ import Testing
         #expect(throws: SimulationError.self) { try Availability(parsing: "trace:/nonexistent/trace.csv") }
     }
 
-    @Test func validationNamesTheOption() {
+    @Test func validationNamesTheFieldNotACommandLineOption() {
         func message(_ change: (inout SimulationConfiguration) -> Void) -> String? {
             var c = SimulationConfiguration.housing
             change(&c)
@@ -41,11 +41,27 @@ import Testing
             return nil
         }
         #expect(message { _ in } == nil)
-        #expect(message { $0.clients = 0 }?.contains("--clients") == true)
-        #expect(message { $0.fraction = 1.5 }?.contains("--fraction") == true)
-        #expect(message { $0.dropout = -0.1 }?.contains("--dropout") == true)
-        #expect(message { $0.windowSeconds = 0 }?.contains("--window-seconds") == true)
+        #expect(message { $0.clients = 0 }?.hasPrefix("clients ") == true)
+        #expect(message { $0.fraction = 1.5 }?.hasPrefix("fraction ") == true)
+        #expect(message { $0.dropout = -0.1 }?.hasPrefix("dropout ") == true)
+        #expect(message { $0.windowSeconds = 0 }?.hasPrefix("windowSeconds ") == true)
+        #expect(message { $0.secondsPerUpdate = 0 }?.hasPrefix("secondsPerUpdate ") == true)
+        #expect(message { $0.learningRate = .nan }?.hasPrefix("learningRate ") == true)
         #expect(message { $0.model = .cnn }?.contains("does not fit") == true)
+        let parseErrors: [SimulationError?] = [
+            Self.error { () throws(SimulationError) in _ = try DatasetChoice(parsing: "csv") }, Self.error { () throws(SimulationError) in _ = try ModelChoice(parsing: "gpt") },
+            Self.error { () throws(SimulationError) in _ = try TransportChoice(parsing: "udp") }, Self.error { () throws(SimulationError) in _ = try PartitionStrategy(parsing: "noniid") },
+            Self.error { () throws(SimulationError) in _ = try AggregatorConfig.Kind(parsing: "sgd") }, Self.error { () throws(SimulationError) in _ = try Availability(parsing: "weekly") },
+        ]
+        for error in parseErrors {
+            #expect(error?.code == .invalidOption)
+            #expect(error?.message.contains("--") == false, "\(String(describing: error))")
+        }
+    }
+
+    private static func error(_ body: () throws(SimulationError) -> Void) -> SimulationError? {
+        do { try body() } catch { return error }
+        return nil
     }
 
     @Test func goalRoundsUp() {

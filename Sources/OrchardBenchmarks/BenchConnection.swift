@@ -1,5 +1,5 @@
-import NIOCore
-import NIOHTTP1
+public import NIOCore
+public import NIOHTTP1
 import NIOPosix
 
 /// One keep-alive HTTP/1.1 connection of the coordinator benchmark's load generator: a request at a time,
@@ -8,16 +8,15 @@ import NIOPosix
 /// The benchmark measures the server, and the generator shares the machine's cores with it, so the generator
 /// does as little as an HTTP client can: no pool, no redirects, no decompression, no per-request allocation of
 /// headers beyond NIO's encoder.
-final class BenchConnection: Sendable {
+public final class BenchConnection: Sendable {
     /// A finished exchange.
-    struct Response: Sendable {
-        var status: Int
-        var bodyBytes: Int
-        var body: ByteBuffer?
-    }
-
-    struct Failure: Error, CustomStringConvertible {
-        var description: String
+    public struct Response: Sendable {
+        /// The HTTP status code.
+        public var status: Int
+        /// The body's size in bytes.
+        public var bodyBytes: Int
+        /// The body, when the exchange asked to keep it.
+        public var body: ByteBuffer?
     }
 
     private let channel: any Channel
@@ -29,7 +28,7 @@ final class BenchConnection: Sendable {
     }
 
     /// Connects to `host:port` on `group`.
-    static func connect(host: String, port: Int, group: any EventLoopGroup) async throws -> BenchConnection {
+    public static func connect(host: String, port: Int, group: any EventLoopGroup) async throws -> BenchConnection {
         let eventLoop = group.next()
         let channel = try await ClientBootstrap(group: eventLoop)
             .channelOption(.socketOption(.tcp_nodelay), value: 1)
@@ -51,7 +50,7 @@ final class BenchConnection: Sendable {
     ///   - head: The request line and headers (`Content-Length` is added for a body).
     ///   - body: The body's parts, written one after the other (none for no body).
     ///   - keepBody: Whether the response body is returned (otherwise only counted).
-    func exchange(_ head: HTTPRequestHead, body: [ByteBuffer] = [], keepBody: Bool = false) async throws -> Response {
+    public func exchange(_ head: HTTPRequestHead, body: [ByteBuffer] = [], keepBody: Bool = false) async throws -> Response {
         let promise = channel.eventLoop.makePromise(of: Response.self)
         let handler = self.handler
         let channel = self.channel
@@ -67,9 +66,10 @@ final class BenchConnection: Sendable {
     ///
     /// With `schedule`, request k is sent at `schedule[k]`, or as soon as answer k − 1 arrived if that is later
     /// (open loop), and its latency counts from `schedule[k]`, so time spent waiting behind a slow server shows;
-    /// without, each request is sent as soon as the previous answer arrived and counts from its sending.
-    func repeatedly(_ head: HTTPRequestHead, body: [ByteBuffer], count: Int, schedule: [NIODeadline]? = nil) async throws -> [Double] {
-        precondition(schedule == nil || schedule?.count == count, "one scheduled time per request")
+    /// without, each request is sent as soon as the previous answer arrived and counts from its sending. An answer
+    /// outside 2xx fails the whole series with ``BenchmarkError/Code/unexpectedResponse``.
+    public func repeatedly(_ head: HTTPRequestHead, body: [ByteBuffer], count: Int, schedule: [NIODeadline]? = nil) async throws -> [Double] {
+        precondition(count >= 0 && (schedule == nil || schedule?.count == count), "a non-negative count and one scheduled time per request")
         let done = channel.eventLoop.makePromise(of: [Double].self)
         let handler = self.handler
         let channel = self.channel
@@ -93,7 +93,7 @@ final class BenchConnection: Sendable {
     }
 
     /// Closes the connection.
-    func close() async {
+    public func close() async {
         try? await channel.close()
     }
 }
@@ -142,7 +142,10 @@ private final class RepeatedRequests {
                 self.latencies.append(Double((NIODeadline.now() - reference).nanoseconds) / 1e6)
                 self.next()
             case .success(let response):
-                self.done.fail(BenchConnection.Failure(description: "\(self.head.method) \(self.head.uri): HTTP \(response.status)"))
+                let request = "\(self.head.method) \(self.head.uri)"
+                self.done.fail(BenchmarkError(
+                    .unexpectedResponse, "\(request): HTTP \(response.status)", context: ["request": request, "status": "\(response.status)"]
+                ))
             case .failure(let error):
                 self.done.fail(error)
             }
@@ -192,7 +195,7 @@ private final class ExchangeHandler: ChannelInboundHandler, RemovableChannelHand
     }
 
     func channelInactive(context: ChannelHandlerContext) {
-        fail(BenchConnection.Failure(description: "the server closed the connection"))
+        fail(BenchmarkError(.connectionClosed, "the server closed the connection"))
         context.fireChannelInactive()
     }
 

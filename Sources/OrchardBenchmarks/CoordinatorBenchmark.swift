@@ -1,0 +1,338 @@
+import AsyncHTTPClient
+import Foundation
+import NIOCore
+import NIOHTTP1
+import NIOPosix
+public import OrchardCoordinator
+import OrchardSupport
+import OrchardFormats
+import OrchardProtocol
+
+/// The coordinator benchmark: a coordinator in this process on a free loopback port with a temporary SQLite file,
+/// driven over its real HTTP API.
+///
+/// It hosts a dense model of ``Configuration/parameters`` parameters with goal count ``Configuration/devices``,
+/// then: every device authenticates; the devices, each on its own keep-alive connection, send
+/// ``Configuration/checkins`` cycle requests in total at ``Configuration/rate`` per second (open loop: latency
+/// counts from each request's scheduled time, so a server that falls behind shows it); then for
+/// ``Configuration/rounds`` cycles every device is admitted to the new cycle on a fresh connection, one downloads
+/// the model, and every device reports a diff (uploads timed, ``Configuration/reportConcurrency`` in flight).
+/// The timed requests are prepared bytes written on raw NIO connections (``BenchConnection``), so as much of the
+/// machine as possible is left to the server. Peak RSS covers the server and the load generator together.
+public enum CoordinatorBenchmark {
+    /// What to run.
+    public struct Configuration: Sendable, Hashable {
+        /// Concurrent devices, each with its own connection; also the cycle's goal count.
+        public var devices: Int
+        /// Model parameters (rounded down to a multiple of 10: the model is one dense layer with 10 outputs).
+        public var parameters: Int
+        /// Cycle requests sent in the check-in phase, across all devices.
+        public var checkins: Int
+        /// Check-ins per second offered in the check-in phase (open loop, spread over the devices); 0 sends each
+        /// device's next request as soon as its previous answer arrived.
+        public var rate: Double
+        /// Cycles in the report phase; every device reports once per cycle.
+        public var rounds: Int
+        /// Report uploads in flight at once.
+        public var reportConcurrency: Int
+        /// The coordinator's SQLite durability.
+        public var durability: SQLiteStore.Durability
+
+        /// Creates a configuration; the defaults are the README's measured setup.
+        public init(
+            devices: Int = 1000, parameters: Int = 100_000, checkins: Int = 50_000, rate: Double = 5000, rounds: Int = 1,
+            reportConcurrency: Int = 32, durability: SQLiteStore.Durability = .normal
+        ) {
+            self.devices = devices
+            self.parameters = parameters
+            self.checkins = checkins
+            self.rate = rate
+            self.rounds = rounds
+            self.reportConcurrency = reportConcurrency
+            self.durability = durability
+        }
+
+        /// Throws ``BenchmarkError/Code/invalidConfiguration`` naming the first field out of range.
+        public func validate() throws(BenchmarkError) {
+            if devices < 1 { throw BenchmarkError.invalid("devices", "at least 1", not: devices) }
+            if parameters < 10 { throw BenchmarkError.invalid("parameters", "at least 10", not: parameters) }
+            if checkins < 0 { throw BenchmarkError.invalid("checkins", "at least 0", not: checkins) }
+            if !(rate >= 0) || !rate.isFinite { throw BenchmarkError.invalid("rate", "a finite number of check-ins per second ≥ 0", not: rate) }
+            if rounds < 0 { throw BenchmarkError.invalid("rounds", "at least 0", not: rounds) }
+            if reportConcurrency < 1 { throw BenchmarkError.invalid("reportConcurrency", "at least 1", not: reportConcurrency) }
+        }
+
+        /// The model's parameter count: ``parameters`` rounded down to a multiple of 10.
+        public var modelParameters: Int { parameters / 10 * 10 }
+    }
+
+    /// What a run measured. Latencies are in milliseconds.
+    public struct Result: Sendable, Hashable, Encodable {
+        /// Concurrent devices.
+        public var devices: Int
+        /// The hosted model's parameters.
+        public var parameters: Int
+        /// Cycle requests answered in the check-in phase.
+        public var checkins: Int
+        /// The offered check-in rate per second (0: closed loop).
+        public var offeredRate: Double
+        /// Check-ins answered per second over the check-in phase.
+        public var checkinsPerSecond: Double
+        /// Median check-in latency (0 without check-ins).
+        public var checkinP50Milliseconds: Double
+        /// 99th-percentile check-in latency (0 without check-ins).
+        public var checkinP99Milliseconds: Double
+        /// 99th-percentile latency of each device's first cycle request, the admission that writes its assignment.
+        public var admissionP99Milliseconds: Double
+        /// Reports the coordinator accepted (devices × rounds).
+        public var reports: Int
+        /// Report bytes uploaded (headers and diffs).
+        public var reportBytes: Int
+        /// Report upload throughput in MB (10⁶ bytes) per second over the report phases.
+        public var reportMegabytesPerSecond: Double
+        /// Median report upload latency (0 without reports).
+        public var reportP50Milliseconds: Double
+        /// 99th-percentile report upload latency (0 without reports).
+        public var reportP99Milliseconds: Double
+        /// The process's peak resident set size in MiB at the end of the run (server and load generator), nil when
+        /// unreadable.
+        public var peakRSSMiB: Double?
+
+        private enum CodingKeys: String, CodingKey {
+            case benchmark, devices, parameters = "params", checkins, offeredRate = "offered_rate"
+            case checkinsPerSecond = "checkins_per_second", checkinP50Milliseconds = "checkin_p50_ms"
+            case checkinP99Milliseconds = "checkin_p99_ms", admissionP99Milliseconds = "admission_p99_ms", reports
+            case reportBytes = "report_bytes", reportMegabytesPerSecond = "report_mb_per_second"
+            case reportP50Milliseconds = "report_p50_ms", reportP99Milliseconds = "report_p99_ms", peakRSSMiB = "peak_rss_mib"
+        }
+
+        /// The JSON-line form: `"benchmark":"coordinator"` and every figure, rates and latencies to 0.01, peak RSS
+        /// to 0.1 MiB.
+        public func encode(to encoder: any Encoder) throws {
+            func hundredths(_ value: Double) -> Double { (value * 100).rounded() / 100 }
+            var container = encoder.container(keyedBy: CodingKeys.self)
+            try container.encode("coordinator", forKey: .benchmark)
+            try container.encode(devices, forKey: .devices)
+            try container.encode(parameters, forKey: .parameters)
+            try container.encode(checkins, forKey: .checkins)
+            try container.encode(hundredths(offeredRate), forKey: .offeredRate)
+            try container.encode(hundredths(checkinsPerSecond), forKey: .checkinsPerSecond)
+            try container.encode(hundredths(checkinP50Milliseconds), forKey: .checkinP50Milliseconds)
+            try container.encode(hundredths(checkinP99Milliseconds), forKey: .checkinP99Milliseconds)
+            try container.encode(hundredths(admissionP99Milliseconds), forKey: .admissionP99Milliseconds)
+            try container.encode(reports, forKey: .reports)
+            try container.encode(reportBytes, forKey: .reportBytes)
+            try container.encode(hundredths(reportMegabytesPerSecond), forKey: .reportMegabytesPerSecond)
+            try container.encode(hundredths(reportP50Milliseconds), forKey: .reportP50Milliseconds)
+            try container.encode(hundredths(reportP99Milliseconds), forKey: .reportP99Milliseconds)
+            try container.encodeIfPresent(peakRSSMiB.map { ($0 * 10).rounded() / 10 }, forKey: .peakRSSMiB)
+        }
+    }
+
+    /// Runs the benchmark: validates `configuration`, starts the coordinator, drives it, stops it.
+    public static func run(_ configuration: Configuration) async throws -> Result {
+        try configuration.validate()
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("orchard-bench-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let adminToken = "bench-admin"
+        let instance = try await CoordinatorInstance.open(
+            database: directory.appendingPathComponent("bench.sqlite").path, durability: configuration.durability,
+            configuration: CoordinatorConfiguration(adminToken: adminToken, maximumReportBytes: configuration.parameters * 4 + (1 << 20))
+        )
+        let server = try await instance.serve(host: "127.0.0.1", port: 0, timerInterval: .milliseconds(250))
+
+        var pool = HTTPClient.Configuration.ConnectionPool()
+        pool.concurrentHTTP1ConnectionsPerHostSoftLimit = configuration.devices
+        let client = HTTPClient(
+            eventLoopGroupProvider: .singleton,
+            configuration: HTTPClient.Configuration(timeout: .init(connect: .seconds(10), read: .seconds(120)), connectionPool: pool)
+        )
+        let load = LoadGenerator(client: client, port: server.port, adminToken: adminToken)
+        let result: Result
+        do {
+            result = try await measure(configuration, load)
+        } catch {
+            try? await client.shutdown()
+            await server.stop()
+            throw error
+        }
+        try await client.shutdown()
+        await server.stop()
+        return result
+    }
+
+    private static func measure(_ configuration: Configuration, _ load: LoadGenerator) async throws -> Result {
+        let devices = configuration.devices
+        let inputSize = configuration.parameters / 10
+        let parameterCount = configuration.modelParameters
+        let model = ModelSpec(name: "bench", inputs: [InputSpec(name: "x", shape: [inputSize])], layers: [
+            LayerSpec(name: "dense", type: .dense, inputs: ["x"], units: 10, inputSize: inputSize, useBias: false),
+        ])
+        let weights = Safetensors.encode([TensorRecord(name: "dense.weight", shape: [10, inputSize], values: [Float](repeating: 0.01, count: parameterCount))])
+        let serverConfig = ServerConfig(cycleLength: 3600, goalCount: devices, overSelection: 1, minimumReports: 1, paceSteeringWindow: 30)
+        let host = HostProcessRequest(name: "bench", version: SemanticVersion(1), model: model, initialWeights: weights, serverConfig: serverConfig)
+        _ = try await load.send(.POST, Endpoint.processes, json: host, admin: true)
+
+        // Authenticate every device (not timed).
+        let sessions = try await withThrowingTaskGroup(of: AuthenticateResponse.self) { group in
+            for _ in 0..<devices {
+                group.addTask {
+                    let request = AuthenticateRequest(processName: "bench", processVersion: SemanticVersion(1))
+                    return try await load.decode(AuthenticateResponse.self, load.send(.POST, Endpoint.authenticate, json: request))
+                }
+            }
+            return try await group.reduce(into: []) { $0.append($1) }
+        }
+
+        // One keep-alive connection per device for the check-in phase, and fresh ones for every report round
+        // (rounds are minutes apart in a real fleet; a connection does not live from one to the next).
+        @Sendable func connectAll() async throws -> [BenchConnection] {
+            try await withThrowingTaskGroup(of: (Int, BenchConnection).self) { group in
+                for index in sessions.indices {
+                    group.addTask { (index, try await BenchConnection.connect(host: "127.0.0.1", port: load.port, group: MultiThreadedEventLoopGroup.singleton)) }
+                }
+                var connections = [BenchConnection?](repeating: nil, count: sessions.count)
+                for try await (index, connection) in group { connections[index] = connection }
+                return connections.compactMap { $0 }
+            }
+        }
+        @Sendable func closeAll(_ connections: [BenchConnection]) async {
+            await withTaskGroup(of: Void.self) { group in
+                for connection in connections { group.addTask { await connection.close() } }
+            }
+        }
+        var connections = try await connectAll()
+        let checkinRequests = try sessions.map { session in
+            let body = try WireCoding.encoder().encode(CycleRequest(workerID: session.workerID, processName: "bench", processVersion: SemanticVersion(1)))
+            return (head: load.head(.POST, Endpoint.cycleRequest, session: session.sessionToken, contentType: MediaType.json), body: ByteBuffer(bytes: body))
+        }
+
+        // Check-in phase: `devices` concurrent loops, `checkins` cycle requests in total.
+        let perDevice = configuration.checkins / devices
+        let remainder = configuration.checkins % devices
+        let rate = configuration.rate
+        // Open loop starts after a lead that lets the server finish setting up 1,000 fresh connections.
+        let lead = rate > 0 ? TimeAmount.seconds(1) : .zero
+        let scheduleStart = NIODeadline.now() + lead
+        let checkinStart = ContinuousClock.now + .nanoseconds(lead.nanoseconds)
+        let perDeviceLatencies = try await withThrowingTaskGroup(of: [Double].self) { group in
+            for index in sessions.indices {
+                let count = perDevice + (index < remainder ? 1 : 0)
+                let connection = connections[index]
+                let request = checkinRequests[index]
+                // Open loop: device `index` sends its k-th request at (index + k × devices) / rate.
+                let schedule = rate > 0
+                    ? (0..<count).map { k in scheduleStart + .nanoseconds(Int64(Double(index + k * devices) / rate * 1e9)) }
+                    : nil
+                group.addTask {
+                    try await connection.repeatedly(request.head, body: [request.body], count: count, schedule: schedule)
+                }
+            }
+            return try await group.reduce(into: [[Double]]()) { $0.append($1) }
+        }
+        let checkinLatencies = perDeviceLatencies.flatMap { $0 }
+        // A device's first cycle request of a cycle is its admission (a store write); the rest are answered from memory.
+        let admissionLatencies = perDeviceLatencies.compactMap(\.first)
+        let checkinSeconds = (ContinuousClock.now - checkinStart).inSeconds
+
+        // Report phase.
+        var reportLatencies: [Double] = []
+        var reportBytes = 0
+        var reportSeconds = 0.0
+        for _ in 0..<configuration.rounds {
+            await closeAll(connections)
+            connections = try await connectAll()
+            let assignments = try await withThrowingTaskGroup(of: (Int, CycleAssignment).self) { group in
+                for index in sessions.indices {
+                    let connection = connections[index]
+                    let request = checkinRequests[index]
+                    let worker = sessions[index].workerID
+                    group.addTask {
+                        let response = try await connection.exchange(request.head, body: [request.body], keepBody: true)
+                        let decoded = try load.decode(CycleResponse.self, response.body.map { Array($0.readableBytesView) } ?? [])
+                        guard case .accepted(let assignment) = decoded else {
+                            let name = "POST \(Endpoint.cycleRequest)"
+                            throw BenchmarkError(.unexpectedResponse, "device \(worker) was not admitted: \(decoded)", context: ["request": name])
+                        }
+                        return (index, assignment)
+                    }
+                }
+                var assignments = [CycleAssignment?](repeating: nil, count: sessions.count)
+                for try await (index, assignment) in group { assignments[index] = assignment }
+                return assignments.compactMap { $0 }
+            }
+            let first = assignments[0]
+            let modelBytes = try await load.send(
+                .GET, Endpoint.model(first.modelID) + "?\(Endpoint.requestKeyQuery)=\(first.requestKey)", session: sessions[0].sessionToken
+            )
+            let modelArchive = try Safetensors.decode(modelBytes)
+            // Seven distinct diffs, so the server really averages different updates; each report sends its own
+            // header and one of these shared data sections (safetensors data follows the header, tensors in name
+            // order), so the generator copies no diff per report.
+            let shapes = modelArchive.tensors.map { TensorRecord(name: $0.name, shape: $0.shape, values: [Float](repeating: 0, count: $0.values.count)) }
+            let variants = (0..<7).map { variant in
+                let data = Safetensors.encode(modelArchive.tensors.map {
+                    TensorRecord(name: $0.name, shape: $0.shape, values: [Float](repeating: Float(variant) * 1e-4, count: $0.values.count))
+                })
+                let headerLength = data[0..<8].enumerated().reduce(0) { $0 | Int($1.element) << (8 * $1.offset) }
+                return ByteBuffer(bytes: data[(8 + headerLength)...])
+            }
+            let start = ContinuousClock.now
+            let (latencies, bytes) = try await withThrowingTaskGroup(of: (Double, Int).self) { group in
+                var latencies: [Double] = []
+                var bytes = 0
+                var next = 0
+                func submit(_ index: Int) {
+                    let session = sessions[index]
+                    let assignment = assignments[index]
+                    let connection = connections[index]
+                    let head = load.head(.POST, Endpoint.report, session: session.sessionToken, contentType: MediaType.safetensors)
+                    group.addTask {
+                        let metadata = ReportMetadata(workerID: session.workerID, requestKey: assignment.requestKey, sampleCount: 1 + index % 50)
+                        let header = ByteBuffer(bytes: ReportEnvelope.encodeHeader(diff: shapes, metadata: metadata))
+                        let data = variants[index % 7]
+                        let sent = ContinuousClock.now
+                        let response = try await connection.exchange(head, body: [header, data])
+                        guard response.status == 200 else {
+                            let name = "POST \(Endpoint.report)"
+                            throw BenchmarkError(
+                                .unexpectedResponse, "\(name): HTTP \(response.status)", context: ["request": name, "status": "\(response.status)"]
+                            )
+                        }
+                        return ((ContinuousClock.now - sent).inSeconds * 1000, header.readableBytes + data.readableBytes)
+                    }
+                }
+                while next < min(configuration.reportConcurrency, assignments.count) {
+                    submit(next)
+                    next += 1
+                }
+                while let (latency, size) = try await group.next() {
+                    latencies.append(latency)
+                    bytes += size
+                    if next < assignments.count {
+                        submit(next)
+                        next += 1
+                    }
+                }
+                return (latencies, bytes)
+            }
+            reportSeconds += (ContinuousClock.now - start).inSeconds
+            reportLatencies += latencies
+            reportBytes += bytes
+        }
+        await closeAll(connections)
+        return Result(
+            devices: devices, parameters: parameterCount, checkins: checkinLatencies.count, offeredRate: rate,
+            checkinsPerSecond: checkinLatencies.isEmpty ? 0 : Double(checkinLatencies.count) / max(checkinSeconds, 1e-9),
+            checkinP50Milliseconds: Percentile.nearestRank(0.5, of: checkinLatencies) ?? 0,
+            checkinP99Milliseconds: Percentile.nearestRank(0.99, of: checkinLatencies) ?? 0,
+            admissionP99Milliseconds: Percentile.nearestRank(0.99, of: admissionLatencies) ?? 0,
+            reports: reportLatencies.count, reportBytes: reportBytes,
+            reportMegabytesPerSecond: reportBytes == 0 ? 0 : Double(reportBytes) / 1e6 / max(reportSeconds, 1e-9),
+            reportP50Milliseconds: Percentile.nearestRank(0.5, of: reportLatencies) ?? 0,
+            reportP99Milliseconds: Percentile.nearestRank(0.99, of: reportLatencies) ?? 0,
+            peakRSSMiB: PeakMemory.residentMiB()
+        )
+    }
+}

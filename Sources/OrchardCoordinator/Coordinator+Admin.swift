@@ -1,0 +1,133 @@
+public import OrchardSupport
+import CoreMetrics
+import Foundation
+public import Logging
+import OrchardFormats
+public import OrchardProtocol
+import Synchronization
+
+// The admin API: hosting, listing, inspecting and deleting processes, and their checkpoints.
+extension Coordinator {
+    // MARK: Admin API
+
+    /// Hosts a new FL process: validates the model, weights and configurations, stores checkpoint 0, opens cycle 1.
+    public func host(_ request: HostProcessRequest) async throws(CoordinatorError) -> ProcessStatus {
+        guard !request.name.isEmpty, request.name.count <= 200 else {
+            throw CoordinatorError(.invalidConfiguration, "name must be 1 to 200 characters")
+        }
+        do throws(FormatError) {
+            try request.model.validate()
+        } catch {
+            throw CoordinatorError(.invalidConfiguration, error.message)
+        }
+        if let failure = request.clientConfig.validationFailure() ?? request.serverConfig.validationFailure() {
+            throw CoordinatorError(.invalidConfiguration, failure)
+        }
+        let archive: SafetensorsArchive
+        do throws(FormatError) {
+            archive = try Safetensors.decode(request.initialWeights)
+        } catch {
+            throw CoordinatorError(.malformedSafetensors, "initial_weights: \(error.message)")
+        }
+        let layout = try ModelLayout(weights: archive.tensors, model: request.model)
+        let flat = try layout.flatten(archive.tensors)
+        if flat.contains(where: { !$0.isFinite }) {
+            throw CoordinatorError(.invalidConfiguration, "initial_weights hold NaN or infinity")
+        }
+        _ = try await DeviceAuthenticator(request.serverConfig.authentication)
+        let now = clock.date
+        let process = StoredProcess(
+            id: "p_" + randomHex(8), name: request.name, version: request.version, model: request.model,
+            clientConfig: request.clientConfig, serverConfig: request.serverConfig, createdAt: now
+        )
+        let weights = Safetensors.encode(layout.records(flat), metadata: ["orchard.process": process.id, "orchard.checkpoint": "0"])
+        do {
+            try await store.createProcess(process, initialWeights: weights, firstCycle: StoredCycle(number: 1, checkpoint: 0, openedAt: now))
+        } catch let error as StoreError where error.code == .duplicate {
+            throw CoordinatorError(.processExists, error.message)
+        } catch {
+            throw storeFailure(error, "store the process")
+        }
+        do {
+            try await load(process)
+        } catch {
+            throw storeFailure(error, "load the new process")
+        }
+        logger.info("process hosted", metadata: ["process": "\(process.id)", "name": "\(process.name)", "version": "\(process.version)"])
+        return try await status(processID: process.id)
+    }
+
+    /// Every hosted process.
+    public func processList() async throws(CoordinatorError) -> ProcessList {
+        var statuses: [ProcessStatus] = []
+        for id in runtimes.keys.sorted() {
+            statuses.append(try await status(processID: id))
+        }
+        return ProcessList(processes: statuses)
+    }
+
+    /// The status of one process and its open cycle.
+    public func status(processID: String) async throws(CoordinatorError) -> ProcessStatus {
+        guard let runtime = runtimes[processID] else { throw CoordinatorError(.unknownProcess, "no process '\(processID)'") }
+        let numbers: [Int]
+        do {
+            numbers = try await store.checkpointNumbers(processID: processID)
+        } catch {
+            throw storeFailure(error, "list checkpoints")
+        }
+        guard let current = runtimes[processID] else { throw CoordinatorError(.unknownProcess, "no process '\(processID)'") }
+        let machine = current.machine
+        let cycle: CycleStatus? = machine.phase == .completed ? nil : CycleStatus(
+            number: machine.cycle, checkpoint: machine.checkpoint, openedAt: machine.openedAt.timeIntervalSince1970,
+            deadline: machine.deadline.timeIntervalSince1970, assigned: machine.assignments.count, reported: machine.reported,
+            goal: machine.configuration.goalCount, capacity: machine.configuration.capacity
+        )
+        var server = runtime.process.serverConfig
+        server.authentication.secret = server.authentication.secret == nil ? nil : "<redacted>"
+        return ProcessStatus(
+            processID: processID, name: current.process.name, version: current.process.version,
+            state: machine.phase == .completed ? "completed" : "running", latestCheckpoint: current.process.latestCheckpoint,
+            checkpoints: numbers, cyclesCompleted: machine.completedCycles, cyclesAbandoned: machine.abandonedCycles,
+            currentCycle: cycle, clientConfig: current.process.clientConfig, serverConfig: server
+        )
+    }
+
+    /// A stored checkpoint's safetensors bytes; `number` nil means the latest.
+    public func checkpoint(processID: String, number: Int?) async throws(CoordinatorError) -> (number: Int, bytes: [UInt8]) {
+        guard let runtime = runtimes[processID] else { throw CoordinatorError(.unknownProcess, "no process '\(processID)'") }
+        let wanted = number ?? runtime.process.latestCheckpoint
+        if wanted == runtime.process.latestCheckpoint { return (wanted, runtime.checkpointBytes) }
+        let bytes: [UInt8]?
+        do {
+            bytes = try await store.checkpoint(processID: processID, number: wanted)
+        } catch {
+            throw storeFailure(error, "read the checkpoint")
+        }
+        guard let bytes else { throw CoordinatorError(.unknownCheckpoint, "process '\(processID)' has no checkpoint \(wanted) (pruned or not yet written)") }
+        return (wanted, bytes)
+    }
+
+    /// Deletes a process and everything stored for it.
+    public func delete(processID: String) async throws(CoordinatorError) {
+        guard let runtime = runtimes[processID] else { throw CoordinatorError(.unknownProcess, "no process '\(processID)'") }
+        do {
+            try await store.deleteProcess(id: processID)
+        } catch {
+            throw storeFailure(error, "delete the process")
+        }
+        for key in runtime.currentKeys.union(runtime.previousKeys) { processForKey[key] = nil }
+        runtimes[processID] = nil
+        processByName[NameVersion(name: runtime.process.name, version: runtime.process.version)] = nil
+        logger.info("process deleted", metadata: ["process": "\(processID)"])
+    }
+
+    /// Whether an admin bearer token is valid (constant-time comparison).
+    public nonisolated func isAdmin(token: String?) -> Bool {
+        guard let expected = configuration.adminToken, let token else { return false }
+        let a = Array(expected.utf8), b = Array(token.utf8)
+        guard a.count == b.count else { return false }
+        var difference: UInt8 = 0
+        for i in 0..<a.count { difference |= a[i] ^ b[i] }
+        return difference == 0
+    }
+}

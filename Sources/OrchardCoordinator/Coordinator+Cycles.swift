@@ -1,0 +1,88 @@
+public import OrchardSupport
+import CoreMetrics
+import Foundation
+public import Logging
+import OrchardFormats
+public import OrchardProtocol
+import Synchronization
+
+// The cycle timer and the transitions the cycle state machine asks for (close, aggregate, publish, open).
+extension Coordinator {
+    // MARK: Timer and transitions
+
+    /// Advances every process's cycle to the current time: closes cycles whose deadline passed.
+    public func tick() async {
+        let now = clock.date
+        for processID in runtimes.keys.sorted() {
+            guard let runtime = runtimes[processID] else { continue }
+            let action = runtime.machine.timerFired(now: now)
+            if let action { await perform(action, processID: processID) }
+        }
+    }
+
+    func perform(_ action: CycleStateMachine.CycleAction, processID: String) async {
+        guard let runtime = runtimes[processID] else { return }
+        let now = clock.date
+        let transition = runtime.machine.plan(action, now: now)
+        let started = ContinuousClock.now
+        var closure = CycleClosure(
+            processID: processID, closedCycle: transition.closedCycle, checkpoint: nil, optimizerState: nil,
+            nextCycle: transition.nextCycle.map { StoredCycle(number: $0, checkpoint: transition.checkpoint, openedAt: transition.openedAt) },
+            retention: runtime.process.serverConfig.checkpointRetention
+        )
+        var newWeights: [UInt8]?
+        var newOptimizer = runtime.optimizer
+        if transition.aggregated {
+            do {
+                var weights = try runtime.layout.flatten(try Safetensors.decode(runtime.checkpointBytes).tensors)
+                ServerOptimizer.step(weights: &weights, delta: runtime.sum.mean(), state: &newOptimizer, config: runtime.process.serverConfig.aggregator, layout: runtime.layout)
+                let bytes = Safetensors.encode(runtime.layout.records(weights), metadata: [
+                    "orchard.process": processID, "orchard.checkpoint": "\(transition.checkpoint)",
+                ])
+                newWeights = bytes
+                closure.checkpoint = (transition.checkpoint, bytes)
+                closure.optimizerState = newOptimizer.bytes
+            } catch {
+                logger.error("aggregation failed", metadata: ["process": "\(processID)", "error": "\(error)"])
+                runtime.machine.transitionFailed()
+                return
+            }
+        }
+        do {
+            try await store.closeCycle(closure)
+        } catch {
+            logger.error("cycle transition not persisted; retrying on the next tick", metadata: ["process": "\(processID)", "error": "\(error)"])
+            if let current = runtimes[processID] {
+                current.machine.transitionFailed()
+            }
+            return
+        }
+        guard let current = runtimes[processID] else { return }
+        current.machine.apply(transition)
+        current.sum = RunningSum(count: current.layout.totalCount)
+        current.unfolded = []
+        for key in current.previousKeys { processForKey[key] = nil }
+        current.previousKeys = current.currentKeys
+        current.currentKeys = []
+        if let newWeights {
+            current.checkpointBytes = newWeights
+            current.optimizer = newOptimizer
+            current.process.latestCheckpoint = transition.checkpoint
+            current.process.cyclesCompleted += 1
+            metrics.cyclesAggregated.increment()
+        } else {
+            current.process.cyclesAbandoned += 1
+            metrics.cyclesAbandoned.increment()
+        }
+        current.process.completed = transition.nextCycle == nil
+        metrics.aggregationSeconds.recordNanoseconds((ContinuousClock.now - started).inNanoseconds)
+        metrics.openCycleAssigned.record(0)
+        metrics.openCycleReported.record(0)
+        switch action {
+        case .aggregate(let cycle, let reports):
+            logger.info("cycle aggregated", metadata: ["process": "\(processID)", "cycle": "\(cycle)", "reports": "\(reports)", "checkpoint": "\(transition.checkpoint)"])
+        case .abandon(let cycle, let reports):
+            logger.notice("cycle abandoned", metadata: ["process": "\(processID)", "cycle": "\(cycle)", "reports": "\(reports)"])
+        }
+    }
+}

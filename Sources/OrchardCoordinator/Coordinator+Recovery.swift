@@ -1,0 +1,116 @@
+public import OrchardSupport
+import CoreMetrics
+import Foundation
+public import Logging
+import OrchardFormats
+public import OrchardProtocol
+import Synchronization
+
+// Start-up: every stored process is loaded and its open cycle resumed.
+extension Coordinator {
+    // MARK: Start-up and recovery
+
+    /// Loads every process and resumes its open cycle: assignments, the stored running sum, and the diffs
+    /// committed since it was last written.
+    public func start() async throws {
+        var candidate: [UInt8] = []
+        for _ in 0..<32 { candidate.append(UInt8.random(in: .min ... .max, using: &random)) }
+        let fresh = candidate
+        let secret = try await store.secret(named: "session", make: { fresh })
+        let issuer = await SessionIssuer(secret: secret)
+        sessionIssuer.withLock { $0 = issuer }
+        runtimes = [:]
+        processByName = [:]
+        processForKey = [:]
+        for process in try await store.processes() {
+            try await load(process)
+        }
+        logger.info("coordinator started", metadata: ["processes": "\(runtimes.count)"])
+    }
+
+    func load(_ process: StoredProcess) async throws {
+        guard let weights = try await store.checkpoint(processID: process.id, number: process.latestCheckpoint) else {
+            throw StoreError(.corrupt, "process \(process.id) has no checkpoint \(process.latestCheckpoint)")
+        }
+        let archive = try Safetensors.decode(weights)
+        let layout = try ModelLayout(weights: archive.tensors, model: process.model)
+        let optimizer = try await store.optimizerState(processID: process.id).map { try ServerOptimizerState(bytes: $0) } ?? ServerOptimizerState()
+        let config = CycleStateMachine.Configuration(process.serverConfig)
+        var machine: CycleStateMachine
+        var sum = RunningSum(count: layout.totalCount)
+        var unfolded: [String] = []
+        var keys: Set<String> = []
+        if !process.completed, let open = try await store.openCycle(processID: process.id) {
+            let assignments = open.assignments.map {
+                CycleStateMachine.Assignment(workerID: $0.workerID, requestKey: $0.requestKey, state: $0.reported ? .reported : .assigned)
+            }
+            machine = CycleStateMachine(
+                configuration: config, cycle: open.cycle.number, checkpoint: open.cycle.checkpoint, openedAt: open.cycle.openedAt,
+                completedCycles: process.cyclesCompleted, abandonedCycles: process.cyclesAbandoned, assignments: assignments
+            )
+            if let stored = open.sum {
+                sum = try RunningSum(bytes: stored.bytes, weight: stored.weight, reports: stored.reports, count: layout.totalCount)
+            }
+            let accumulator = RecoveryAccumulator(sum: sum)
+            let count = layout.totalCount
+            try await store.forEachPendingDiff(processID: process.id, cycle: open.cycle.number) { pending in
+                guard pending.diff.count == count * 4 else {
+                    throw StoreError(.corrupt, "stored diff of worker \(pending.workerID) has \(pending.diff.count) bytes")
+                }
+                accumulator.add(pending.diff, weight: Double(pending.sampleCount), worker: pending.workerID)
+            }
+            (sum, unfolded) = accumulator.result
+            keys = Set(open.assignments.map(\.requestKey))
+            for key in keys { processForKey[key] = process.id }
+        } else {
+            machine = CycleStateMachine(
+                configuration: config, cycle: process.cyclesCompleted + process.cyclesAbandoned, checkpoint: process.latestCheckpoint,
+                openedAt: process.createdAt, completedCycles: process.cyclesCompleted, abandonedCycles: process.cyclesAbandoned, completed: true
+            )
+        }
+        let authenticator = try await DeviceAuthenticator(process.serverConfig.authentication)
+        runtimes[process.id] = Runtime(
+            process: process, machine: machine, layout: layout, sum: sum, unfolded: unfolded, checkpointBytes: weights,
+            optimizer: optimizer, authenticator: authenticator, currentKeys: keys, previousKeys: []
+        )
+        processByName[NameVersion(name: process.name, version: process.version)] = process.id
+        if !unfolded.isEmpty {
+            logger.info("resumed cycle with unfolded reports", metadata: ["process": "\(process.id)", "cycle": "\(machine.cycle)", "reports": "\(unfolded.count)"])
+        }
+    }
+
+    func randomHex(_ bytes: Int) -> String {
+        let digits = Array("0123456789abcdef".utf8)
+        var out = [UInt8]()
+        out.reserveCapacity(bytes * 2)
+        var word: UInt64 = 0
+        for index in 0..<bytes {
+            if index % 8 == 0 { word = random.next() }
+            let byte = UInt8(truncatingIfNeeded: word >> (8 * UInt64(index % 8)))
+            out.append(digits[Int(byte >> 4)])
+            out.append(digits[Int(byte & 0xF)])
+        }
+        return String(decoding: out, as: UTF8.self)
+    }
+
+    func storeFailure(_ error: any Error, _ what: String) -> CoordinatorError {
+        logger.error("store failure", metadata: ["operation": "\(what)", "error": "\(error)"])
+        return .internalError("the coordinator could not \(what); try again")
+    }
+}
+
+/// Folds stored diffs during recovery (called serially by the store's cursor).
+final class RecoveryAccumulator: Sendable {
+    private let state: Mutex<(sum: RunningSum, workers: [String])>
+
+    init(sum: RunningSum) { state = Mutex((sum, [])) }
+
+    func add(_ diff: [UInt8], weight: Double, worker: String) {
+        state.withLock { state in
+            state.sum.add(bytes: diff, weight: weight)
+            state.workers.append(worker)
+        }
+    }
+
+    var result: (RunningSum, [String]) { state.withLock { ($0.sum, $0.workers) } }
+}

@@ -1,0 +1,77 @@
+import Foundation
+import OrchardBenchmarks
+import OrchardCoordinator
+import Testing
+
+@Suite struct CoordinatorBenchmarkTests {
+    @Test func aTinyRunCountsEveryCheckInAndReport() async throws {
+        let configuration = CoordinatorBenchmark.Configuration(
+            devices: 3, parameters: 105, checkins: 10, rate: 0, rounds: 2, reportConcurrency: 2, durability: .full
+        )
+        let result = try await CoordinatorBenchmark.run(configuration)
+
+        #expect(result.devices == 3)
+        #expect(result.parameters == 100)  // one dense layer with 10 outputs
+        #expect(result.checkins == 10)
+        #expect(result.offeredRate == 0)
+        #expect(result.reports == 3 * 2)
+        // Each report carries the 100 parameters as Float32 after its safetensors header.
+        #expect(result.reportBytes > result.reports * 100 * 4)
+        #expect(result.reportBytes < result.reports * (100 * 4 + 4096))
+        #expect(result.checkinsPerSecond > 0)
+        #expect(result.reportMegabytesPerSecond > 0)
+        #expect(0 < result.checkinP50Milliseconds && result.checkinP50Milliseconds <= result.checkinP99Milliseconds)
+        #expect(0 < result.admissionP99Milliseconds && result.admissionP99Milliseconds <= result.checkinP99Milliseconds)
+        #expect(0 < result.reportP50Milliseconds && result.reportP50Milliseconds <= result.reportP99Milliseconds)
+        #if os(Linux)
+        #expect(try #require(result.peakRSSMiB) > 1)
+        #endif
+
+        let line = try JSONLine.encode(result)
+        let object = try #require(try JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any])
+        #expect(Set(object.keys) == [
+            "benchmark", "devices", "params", "checkins", "offered_rate", "checkins_per_second", "checkin_p50_ms", "checkin_p99_ms",
+            "admission_p99_ms", "reports", "report_bytes", "report_mb_per_second", "report_p50_ms", "report_p99_ms", "peak_rss_mib",
+        ])
+        #expect(object["benchmark"] as? String == "coordinator")
+        #expect((object["reports"] as? NSNumber)?.intValue == 6)
+        #expect(!line.contains("\n"))
+    }
+
+    @Test func anOpenLoopRunWithoutRoundsReportsNothing() async throws {
+        let result = try await CoordinatorBenchmark.run(
+            CoordinatorBenchmark.Configuration(devices: 2, parameters: 10, checkins: 5, rate: 1000, rounds: 0)
+        )
+        #expect(result.checkins == 5)
+        #expect(result.offeredRate == 1000)
+        #expect(result.reports == 0 && result.reportBytes == 0)
+        #expect(result.reportMegabytesPerSecond == 0 && result.reportP50Milliseconds == 0 && result.reportP99Milliseconds == 0)
+        #expect(result.checkinP50Milliseconds <= result.checkinP99Milliseconds)
+    }
+
+    @Test(arguments: [
+        (CoordinatorBenchmark.Configuration(devices: 0), "devices"),
+        (CoordinatorBenchmark.Configuration(parameters: 9), "parameters"),
+        (CoordinatorBenchmark.Configuration(checkins: -1), "checkins"),
+        (CoordinatorBenchmark.Configuration(rate: -5), "rate"),
+        (CoordinatorBenchmark.Configuration(rate: .infinity), "rate"),
+        (CoordinatorBenchmark.Configuration(rate: .nan), "rate"),
+        (CoordinatorBenchmark.Configuration(rounds: -1), "rounds"),
+        (CoordinatorBenchmark.Configuration(reportConcurrency: 0), "reportConcurrency"),
+    ])
+    func aBadConfigurationIsRefusedNamingItsField(_ configuration: CoordinatorBenchmark.Configuration, _ field: String) async {
+        let error = await #expect(throws: BenchmarkError.self) { try await CoordinatorBenchmark.run(configuration) }
+        #expect(error?.code == .invalidConfiguration)
+        #expect(error?.context["field"] == field)
+        #expect(error?.message.hasPrefix(field + " must be") == true)
+        #expect(error?.message.contains("--") == false)
+        #expect(error?.description.hasPrefix("invalid_configuration: ") == true)
+    }
+
+    @Test func theDefaultsAreValid() throws {
+        let defaults = CoordinatorBenchmark.Configuration()
+        try defaults.validate()
+        #expect(defaults.devices == 1000 && defaults.parameters == 100_000 && defaults.checkins == 50_000)
+        #expect(defaults.rate == 5000 && defaults.rounds == 1 && defaults.reportConcurrency == 32 && defaults.durability == .normal)
+    }
+}

@@ -1,0 +1,165 @@
+import Foundation
+import OrchardTesting
+import Testing
+
+/// One finished run of the `orchard` executable.
+struct Run: Sendable {
+    var status: Int32
+    var output: String
+    var error: String
+
+    /// Standard error with every run of whitespace (the help's line wrapping) as one space.
+    var flatError: String { error.split(whereSeparator: \.isWhitespace).joined(separator: " ") }
+    /// Standard output, likewise.
+    var flatOutput: String { output.split(whereSeparator: \.isWhitespace).joined(separator: " ") }
+
+    /// Runs `orchard arguments…` to its end, standard output and error captured in temporary files.
+    static func orchard(_ arguments: [String]) async throws -> Run {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("orchard-cli-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let outURL = directory.appendingPathComponent("stdout"), errURL = directory.appendingPathComponent("stderr")
+        _ = FileManager.default.createFile(atPath: outURL.path, contents: nil)
+        _ = FileManager.default.createFile(atPath: errURL.path, contents: nil)
+        let process = Process()
+        process.executableURL = try OrchardExecutable.url()
+        process.arguments = arguments
+        process.currentDirectoryURL = directory
+        process.standardOutput = try FileHandle(forWritingTo: outURL)
+        process.standardError = try FileHandle(forWritingTo: errURL)
+        let status = try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Int32, any Error>) in
+            process.terminationHandler = { continuation.resume(returning: $0.terminationStatus) }
+            do { try process.run() } catch {
+                process.terminationHandler = nil
+                continuation.resume(throwing: error)
+            }
+        }
+        return Run(
+            status: status, output: try String(contentsOf: outURL, encoding: .utf8), error: try String(contentsOf: errURL, encoding: .utf8)
+        )
+    }
+}
+
+/// `EX_USAGE`, ArgumentParser's exit status for a parse or validation error.
+let usageError: Int32 = 64
+
+@Suite struct EnumeratedOptionTests {
+    /// A wrong value for each option with a fixed set of values, and one listed value.
+    static let wrongValues: [(arguments: [String], option: String, listed: String)] = [
+        (["serve", "--durability", "sometimes"], "--durability", "'normal' and 'full'"),
+        (["serve", "--log-level", "loud"], "--log-level", "- critical"),
+        (["agent", "--server", "http://127.0.0.1:1", "--model", "m", "--version", "1", "--data", "d", "--log-level", "loud"], "--log-level", "- warning"),
+        (["bench", "coordinator", "--durability", "fsync"], "--durability", "'normal' and 'full'"),
+        (["bench", "train", "--backend", "gpu"], "--backend", "'automatic', 'avx2', 'blas' or 'portable'"),
+        (["bench", "train", "--model", "resnet"], "--model", "'mlp2nn'"),
+        (["train", "housing", "--optimizer", "rmsprop"], "--optimizer", "'adam' and 'sgd'"),
+        (["coreml", "export", "m.json", "w.safetensors", "-o", "out.mlmodel", "--array-type", "int8"], "--array-type", "'double' and 'float32'"),
+        (["simulate", "--aggregator", "fedsgd"], "--aggregator", "'fedavg', 'fedavgm', 'fedadam' or 'fedyogi'"),
+        (["simulate", "--transport", "udp"], "--transport", "'http' and 'memory'"),
+        (["simulate", "--model", "gpt"], "--model", "'housing', 'mlp2nn' or 'cnn'"),
+        (["simulate", "--availability", "weekly"], "--availability", "'always', 'diurnal' or 'trace:FILE'"),
+        (["simulate", "--dataset", "csv"], "--dataset", "'housing', 'fashion-mnist' or 'idx:PATH'"),
+        (["simulate", "--partition", "dirichlet:-1"], "--partition", "'iid', 'shards' or 'dirichlet:α'"),
+    ]
+
+    @Test(arguments: wrongValues)
+    func theParserRefusesAWrongValueAndListsTheValues(_ arguments: [String], _ option: String, _ listed: String) async throws {
+        let run = try await Run.orchard(arguments)
+        #expect(run.status == usageError)
+        let value = arguments[arguments.firstIndex(of: option)! + 1]
+        #expect(run.flatError.contains("The value '\(value)' is invalid for '\(option) <"), "\(run.error)")
+        #expect(run.flatError.contains(listed), "\(run.error)")
+        #expect(run.output.isEmpty)
+    }
+
+    static let helpLines: [(arguments: [String], listing: String)] = [
+        (["serve", "--help"], "(values: normal, full; default: normal)"),
+        (["serve", "--help"], "(values: trace, debug, info, notice, warning, error, critical; default: info)"),
+        (["agent", "--help"], "(values: trace, debug, info, notice, warning, error, critical; default: info)"),
+        (["bench", "coordinator", "--help"], "(values: normal, full; default: normal)"),
+        (["bench", "train", "--help"], "(values: automatic, avx2, blas, portable)"),
+        (["bench", "train", "--help"], "(values: mlp2nn; default: mlp2nn)"),
+        (["train", "housing", "--help"], "(values: adam, sgd; default: adam)"),
+        (["coreml", "export", "--help"], "(values: double, float32; default: double)"),
+        (["simulate", "--help"], "(values: housing, fashion-mnist, idx:PATH; default: housing)"),
+        (["simulate", "--help"], "(values: housing, mlp2nn, cnn)"),
+        (["simulate", "--help"], "(values: iid, shards, dirichlet:α)"),
+        (["simulate", "--help"], "(values: fedavg, fedavgm, fedadam, fedyogi)"),
+        (["simulate", "--help"], "(values: always, diurnal, trace:FILE)"),
+        (["simulate", "--help"], "(values: http, memory)"),
+    ]
+
+    @Test(arguments: helpLines)
+    func helpListsTheValues(_ arguments: [String], _ listing: String) async throws {
+        let run = try await Run.orchard(arguments)
+        #expect(run.status == 0)
+        #expect(run.flatOutput.contains(listing), "\(run.output)")
+    }
+
+    @Test func aListedValueIsAccepted() async throws {
+        // A valid enumerated value gets past the parser: the missing trace file is reported with its reason.
+        let run = try await Run.orchard(["simulate", "--availability", "trace:/nonexistent/trace.csv", "--transport", "memory", "--rounds", "1"])
+        #expect(run.status == usageError)
+        #expect(run.error.contains("/nonexistent/trace.csv"))
+        #expect(!run.error.contains("is invalid for"))
+    }
+}
+
+@Suite struct ConfigurationErrorTests {
+    @Test(arguments: [
+        (["bench", "coordinator", "--devices", "0"], "--devices must be at least 1"),
+        (["bench", "coordinator", "--params", "5"], "--params must be at least 10"),
+        (["bench", "coordinator", "--report-concurrency", "0"], "--report-concurrency must be at least 1"),
+        (["simulate", "--clients", "0"], "--clients must be at least 1"),
+        (["simulate", "--lr", "0"], "--lr must be a positive number"),
+        (["simulate", "--over-selection", "0.5"], "--over-selection must be at least 1"),
+    ])
+    func libraryErrorsAreShownWithTheOptionThatSetsTheField(_ arguments: [String], _ message: String) async throws {
+        let run = try await Run.orchard(arguments)
+        #expect(run.status == usageError)
+        #expect(run.error.contains(message), "\(run.error)")
+    }
+}
+
+@Suite struct BenchmarkLineTests {
+    /// The one line a benchmark printed, as a JSON object.
+    func object(_ run: Run) throws -> [String: Any] {
+        #expect(run.status == 0, "\(run.error)")
+        let lines = run.output.split(separator: "\n")
+        try #require(lines.count == 1, "\(run.output)")
+        return try #require(try JSONSerialization.jsonObject(with: Data(lines[0].utf8)) as? [String: Any])
+    }
+
+    @Test func benchCoordinatorPrintsPeakRSSInMiB() async throws {
+        let line = try object(try await Run.orchard([
+            "bench", "coordinator", "--devices", "2", "--params", "20", "--checkins", "4", "--rate", "0", "--rounds", "1", "--durability", "full",
+        ]))
+        #expect(line["benchmark"] as? String == "coordinator")
+        #expect((line["reports"] as? NSNumber)?.intValue == 2)
+        #expect((line["checkins"] as? NSNumber)?.intValue == 4)
+        #expect(((line["peak_rss_mib"] as? NSNumber)?.doubleValue ?? 0) > 1)
+        #expect(line["peak_rss_mb"] == nil)
+    }
+
+    @Test func benchTrainPrintsPeakRSSInMiB() async throws {
+        let line = try object(try await Run.orchard(["bench", "train", "--samples", "40", "--batch", "10", "--repeats", "1", "--backend", "portable"]))
+        #expect(line["model"] as? String == "mlp2nn")
+        #expect(line["backend"] as? String == "portable")
+        #expect((line["steps_per_epoch"] as? NSNumber)?.intValue == 4)
+        let peak = try #require((line["peak_rss_mib"] as? NSNumber)?.doubleValue)
+        let dataset = try #require((line["dataset_mib"] as? NSNumber)?.doubleValue)
+        let rest = try #require((line["peak_rss_minus_dataset_mib"] as? NSNumber)?.doubleValue)
+        #expect(peak > 1)
+        #expect(dataset == 0.1)  // 40 × (784 + 1) Float32 = 0.12 MiB, to 0.1 MiB
+        #expect(abs(peak - dataset - rest) <= 0.11)
+        #expect(!line.keys.contains { $0.hasSuffix("_mb") })
+    }
+
+    @Test func benchGEMMPrintsEveryBackend() async throws {
+        let line = try object(try await Run.orchard(["bench", "gemm", "--m", "4", "--n", "4", "--k", "4", "--repeats", "1", "--seconds", "0.0001"]))
+        let gflops = try #require(line["gflops"] as? [String: Any])
+        #expect(gflops["automatic"] != nil && gflops["portable"] != nil)
+        #expect(line["automatic_runs_on"] is String)
+        #expect(line["transpose_a"] as? Bool == false)
+    }
+}
