@@ -83,7 +83,7 @@ public enum HousingExample {
             previous = "relu\(i + 1)"
         }
         layers.append(LayerSpec(name: "output", type: .dense, inputs: [previous], units: 1))
-        return ModelSpec(name: frozenEmbeddings ? "housing-device" : "housing-central", inputs: inputs, layers: layers, training: configuration.trainingSpec)
+        return ModelSpec(name: frozenEmbeddings ? "housing-device" : "housing-central", inputs: inputs, layers: layers, training: configuration.training)
     }
 
     /// Step 1: trains the central model, embeddings included, from a fresh initialisation seeded by
@@ -147,12 +147,9 @@ public struct HousingConfiguration: Sendable, Hashable {
     public var seed: UInt64
     /// Share of rows held out for testing.
     public var testFraction: Double
-    /// Passes over the training rows, for each model.
-    public var epochs: Int
-    /// Samples per update.
-    public var batchSize: Int
-    /// The optimizer and its hyper-parameters.
-    public var optimizer: OptimizerSpec
+    /// How both models train (mean squared error; the optimizer, epochs and batch size), saved as the models'
+    /// training section: a device trains with it unless the process's client config says otherwise.
+    public var training: TrainingSpec
     /// Widths of the Dense+ReLU layers after the concatenation.
     public var hiddenUnits: [Int]
     /// Embedding width per categorical feature; features not listed use 4.
@@ -162,15 +159,14 @@ public struct HousingConfiguration: Sendable, Hashable {
 
     /// Creates a configuration.
     public init(
-        seed: UInt64 = 7, testFraction: Double = 0.2, epochs: Int = 150, batchSize: Int = 32,
-        optimizer: OptimizerSpec = .adam(learningRate: 0.003), hiddenUnits: [Int] = [64, 32],
+        seed: UInt64 = 7, testFraction: Double = 0.2,
+        training: TrainingSpec = TrainingSpec(loss: .meanSquaredError, optimizer: .adam(learningRate: 0.003), epochs: 150, batchSize: 32),
+        hiddenUnits: [Int] = [64, 32],
         embeddingSizes: [String: Int] = ["CHAS": 2, "RAD": 5], unknownCategories: UnknownCategoryPolicy = .reservedIndex
     ) {
         self.seed = seed
         self.testFraction = testFraction
-        self.epochs = epochs
-        self.batchSize = batchSize
-        self.optimizer = optimizer
+        self.training = training
         self.hiddenUnits = hiddenUnits
         self.embeddingSizes = embeddingSizes
         self.unknownCategories = unknownCategories
@@ -179,14 +175,9 @@ public struct HousingConfiguration: Sendable, Hashable {
     /// The embedding width of a categorical feature.
     public func embeddingSize(for feature: String) -> Int { embeddingSizes[feature] ?? 4 }
 
-    /// The training section of the model spec.
-    public var trainingSpec: TrainingSpec {
-        TrainingSpec(loss: .meanSquaredError, optimizer: optimizer, epochs: epochs, batchSize: batchSize)
-    }
-
-    /// The engine's training configuration.
+    /// The engine's training configuration: ``training`` with the seed.
     public var trainingConfiguration: TrainingConfiguration {
-        TrainingConfiguration(trainingSpec, seed: seed)
+        TrainingConfiguration(training, seed: seed)
     }
 }
 

@@ -27,13 +27,13 @@ struct TrainHousing: ParsableCommand {
     )
 
     @Option(help: "Passes over the training rows, for each model.")
-    var epochs: Int = HousingConfiguration().epochs
+    var epochs: Int = HousingConfiguration().training.epochs
 
     @Option(help: "Samples per update.")
-    var batchSize: Int = HousingConfiguration().batchSize
+    var batchSize: Int = HousingConfiguration().training.batchSize
 
     @Option(help: "Optimizer step size.")
-    var learningRate: Double = HousingConfiguration().optimizer.learningRate
+    var learningRate: Double = HousingConfiguration().training.optimizer.learningRate
 
     /// `--optimizer`.
     enum Optimizer: String, CaseIterable, ExpressibleByArgument {
@@ -41,7 +41,7 @@ struct TrainHousing: ParsableCommand {
     }
 
     @Option(help: "The optimizer.")
-    var optimizer: Optimizer = Optimizer(rawValue: HousingConfiguration().optimizer.type) ?? .adam
+    var optimizer: Optimizer = Optimizer(rawValue: HousingConfiguration().training.optimizer.type) ?? .adam
 
     @Option(help: "SGD momentum (ignored by adam).")
     var momentum: Double = 0.9
@@ -68,11 +68,14 @@ struct TrainHousing: ParsableCommand {
     }
 
     func run() throws {
-        var configuration = HousingConfiguration(seed: seed, testFraction: testFraction, epochs: epochs, batchSize: batchSize)
-        switch optimizer {
-        case .adam: configuration.optimizer = .adam(learningRate: learningRate)
-        case .sgd: configuration.optimizer = .sgd(learningRate: learningRate, momentum: momentum)
+        let optimizerSpec: OptimizerSpec = switch optimizer {
+        case .adam: .adam(learningRate: learningRate)
+        case .sgd: .sgd(learningRate: learningRate, momentum: momentum)
         }
+        let configuration = HousingConfiguration(
+            seed: seed, testFraction: testFraction,
+            training: TrainingSpec(loss: .meanSquaredError, optimizer: optimizerSpec, epochs: epochs, batchSize: batchSize)
+        )
         let run = try HousingExample.run(configuration)
         if let output {
             let directory = URL(fileURLWithPath: output, isDirectory: true)
