@@ -25,8 +25,8 @@ import Testing
         #expect(!PythonModules.isRequired(in: ["ORCHARD_REQUIRE_PYTHON": "0"]))
         // The failure names the module: an issue is recorded and the test stops with `Unavailable`.
         var thrown: PythonModules.Unavailable?
-        withKnownIssue {
-            do { try PythonModules.require([Self.absent]) } catch {
+        try withKnownIssue {
+            do throws(PythonModules.Unavailable) { try PythonModules.require([Self.absent]) } catch {
                 thrown = error
                 throw error
             }

@@ -4,14 +4,14 @@ import OrchardML
 import OrchardTesting
 import Testing
 
+/// The Python packages ``PythonSafetensorsTests`` import.
+let pythonSafetensorsModules = ["numpy", "safetensors"]
+
 /// Checkpoints checked against Python's reference `safetensors` package. Skipped, with the install command as the
 /// reason, when `numpy` or `safetensors` is missing; CI sets `ORCHARD_REQUIRE_PYTHON=1`, under which they run and
 /// a missing package fails them.
-@Suite(PythonModules.requirement(PythonSafetensorsTests.modules))
+@Suite(PythonModules.requirement(pythonSafetensorsModules))
 struct PythonSafetensorsTests {
-    /// The Python packages these tests import.
-    static let modules = ["numpy", "safetensors"]
-
     /// Runs a Python script with arguments; fails the test with a clear message when Python or a package is missing.
     static func python(_ script: String, _ arguments: [String]) throws -> String {
         let process = Process()
@@ -37,7 +37,7 @@ struct PythonSafetensorsTests {
     }
 
     @Test func pythonReadsOrchardWeightsAndTrainingState() async throws {
-        try PythonModules.require(Self.modules)
+        try PythonModules.require(pythonSafetensorsModules)
         let model = try Fixtures.housingModel(seed: 31)
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("orchard-py-\(UUID().uuidString)")
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
@@ -83,7 +83,7 @@ struct PythonSafetensorsTests {
     }
 
     @Test func orchardReadsWeightsWrittenByPython() throws {
-        try PythonModules.require(Self.modules)
+        try PythonModules.require(pythonSafetensorsModules)
         var model = try Fixtures.housingModel()
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("orchard-py-\(UUID().uuidString)")
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
