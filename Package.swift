@@ -190,7 +190,11 @@ let package = Package(
             dependencies: ["OrchardCoordinator", "OrchardProtocol", "OrchardTesting", .product(name: "JWTKit", package: "jwt-kit")],
             swiftSettings: swiftSettings
         ),
-        .testTarget(name: "OrchardClientTests", dependencies: ["OrchardClient", "OrchardCoordinator", "OrchardInProcess", "OrchardTesting"], swiftSettings: swiftSettings),
+        .testTarget(
+            name: "OrchardClientTests",
+            dependencies: ["OrchardClient", "OrchardCoordinator", "OrchardInProcess", "OrchardTesting", .product(name: "Clocks", package: "swift-clocks")],
+            swiftSettings: swiftSettings
+        ),
         .testTarget(name: "OrchardSimulationTests", dependencies: ["OrchardSimulation", "OrchardTesting", "OrchardCoordinator", "OrchardClient", "OrchardInProcess", "OrchardProtocol", "OrchardFormats"], swiftSettings: swiftSettings),
     ]
 )

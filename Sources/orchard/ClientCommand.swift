@@ -14,7 +14,7 @@ struct ClientCommand: AsyncParsableCommand {
         discussion: """
         The data file is safetensors holding one batch-first tensor per model input (named as the input) and the \
         targets as a tensor named 'target'. State (session, training checkpoint, pending report, model download) \
-        lives in --state, so an interrupted run resumes where it stopped.
+        lives in --state-directory, so an interrupted run resumes where it stopped.
         """
     )
 
@@ -75,8 +75,23 @@ struct DeviceOptions: ParsableArguments {
     @Option(help: "The local training data (safetensors: one tensor per model input, plus 'target').")
     var data: String
 
-    @Option(help: "The directory for the device's durable state.")
-    var state: String = FileManager.default.currentDirectoryPath + "/.orchard-device"
+    @Option(
+        name: [.customLong("state-directory"), .customLong("state")],
+        help: ArgumentHelp(
+            "The directory for the device's durable state: session, checkpoint, pending report, model download, and the agent's scheduler queue (--state is the older spelling).",
+            valueName: "directory"
+        )
+    )
+    var state: String = DeviceOptions.defaultStateDirectory
+
+    /// `$XDG_STATE_HOME/orchard`, else `~/.local/state/orchard` (the XDG base directory for state that should
+    /// survive restarts), else `.orchard-device` in the working directory when there is no home.
+    static var defaultStateDirectory: String {
+        let environment = ProcessInfo.processInfo.environment
+        if let state = environment["XDG_STATE_HOME"], state.hasPrefix("/") { return state + "/orchard" }
+        if let home = environment["HOME"], home.hasPrefix("/") { return home + "/.local/state/orchard" }
+        return FileManager.default.currentDirectoryPath + "/.orchard-device"
+    }
 
     @Option(help: "The device's JWT (omit for coordinators in open mode).")
     var token: String?
