@@ -56,4 +56,13 @@ public struct InMemoryTransport: ClientTransport {
     public func report(_ body: [UInt8], session: String) async throws(OrchardClientError) -> ReportResponse {
         try await coordinator.report(body, session: session)
     }
+
+    /// There is no link in memory: the coordinator's limits and error apply, and every byte asked for arrives.
+    public func speedTest(_ direction: SpeedTestDirection, bytes: Int) async throws(OrchardClientError) -> Int {
+        guard (1...SpeedTest.maximumBytes).contains(bytes) else {
+            let body = ErrorBody(code: .invalidRequest, message: "bytes must be an integer in 1...\(SpeedTest.maximumBytes)")
+            throw OrchardClientError.server(status: 400, body: body)
+        }
+        return bytes
+    }
 }
