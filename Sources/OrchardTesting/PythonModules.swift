@@ -73,15 +73,12 @@ public enum PythonModules {
         return .enabled(if: runs, Comment(rawValue: comment))
     }
 
-    /// Records an issue naming each missing module and throws ``Unavailable`` when any of `modules` cannot be
-    /// imported; call it first in a test guarded by ``requirement(_:environment:)``.
-    public static func require(_ modules: [String], sourceLocation: SourceLocation = #_sourceLocation) throws(Unavailable) {
+    /// Throws ``Unavailable``, naming each missing module and the install command, when any of `modules` cannot
+    /// be imported; Swift Testing records it as the test's issue. Call it first in a test guarded by
+    /// ``requirement(_:environment:)``.
+    public static func require(_ modules: [String]) throws(Unavailable) {
         let missing = missing(modules)
-        guard missing.isEmpty else {
-            let error = Unavailable(missing: missing)
-            Issue.record(Comment(rawValue: error.description), sourceLocation: sourceLocation)
-            throw error
-        }
+        guard missing.isEmpty else { throw Unavailable(missing: missing) }
     }
 
     /// Tries `python3 -c "import <module>"`; nil when it imports.
