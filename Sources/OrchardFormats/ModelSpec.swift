@@ -10,9 +10,14 @@ public import Foundation
 /// - `conv2d`: weight `[filters, inChannels, kernelH, kernelW]`, bias `[filters]`.
 /// - A classifier ends with a `softmax` layer; with the `crossEntropy` loss the engine fuses the two (stable),
 ///   and the targets are class indices stored as Float, shape `[1]`.
+///
+/// JSON keys are snake_case (`format_version`, `input_size`, `learning_rate`, …) since format version 2; version
+/// 1 files, whose keys were camelCase (`formatVersion`, `inputSize`, …), are still read and come back as version 2.
 public struct ModelSpec: Sendable, Hashable, Codable {
-    /// The version of this JSON layout.
-    public static let currentFormatVersion = 1
+    /// The version of this JSON layout: 2 (snake_case keys).
+    public static let currentFormatVersion = 2
+    /// The oldest layout still read: 1 (camelCase keys).
+    public static let oldestReadableFormatVersion = 1
 
     /// The version of the JSON layout this spec was written with.
     public var formatVersion: Int
@@ -61,7 +66,7 @@ public struct ModelSpec: Sendable, Hashable, Codable {
     /// Checks structural rules: known format version, unique names, inputs defined before use, a defined output.
     public func validate() throws(FormatError) {
         guard formatVersion == Self.currentFormatVersion else {
-            throw FormatError(.invalidSpec, "model format version \(formatVersion) is not supported (expected \(Self.currentFormatVersion))")
+            throw FormatError(.invalidSpec, "model format version \(formatVersion) is not supported (this reader writes \(Self.currentFormatVersion) and reads \(Self.oldestReadableFormatVersion)...\(Self.currentFormatVersion))")
         }
         var known = Set<String>()
         for input in inputs {
@@ -90,6 +95,39 @@ public struct ModelSpec: Sendable, Hashable, Codable {
         guard layers.contains(where: { $0.name == output }) else {
             throw FormatError(.invalidSpec, "output '\(output)' is not a layer")
         }
+    }
+
+    public init(from decoder: any Decoder) throws {
+        let c = try decoder.container(keyedBy: SpecKey.self)
+        let snake = try c.decodeIfPresent(Int.self, forKey: SpecKey("format_version"))
+        let camel = try c.decodeIfPresent(Int.self, forKey: SpecKey("formatVersion"))
+        guard let version = snake ?? camel else {
+            throw DecodingError.keyNotFound(SpecKey("format_version"), .init(codingPath: decoder.codingPath, debugDescription: "the model JSON has no format_version"))
+        }
+        // Version 1 spelled its keys in camelCase, version 2 in snake_case; a version in the other spelling is refused.
+        let expected = camel != nil && snake == nil ? Self.oldestReadableFormatVersion : Self.currentFormatVersion
+        guard version == expected, (Self.oldestReadableFormatVersion...Self.currentFormatVersion).contains(version) else {
+            throw DecodingError.dataCorrupted(.init(
+                codingPath: decoder.codingPath + [SpecKey(snake != nil ? "format_version" : "formatVersion")],
+                debugDescription: "model format version \(version) is not supported (this reader reads version \(Self.currentFormatVersion) with snake_case keys and version \(Self.oldestReadableFormatVersion) with camelCase keys)"
+            ))
+        }
+        formatVersion = Self.currentFormatVersion
+        name = try c.required(String.self, "name")
+        inputs = try c.required([InputSpec].self, "inputs")
+        layers = try c.required([LayerSpec].self, "layers")
+        output = try c.required(String.self, "output")
+        training = try c.optional(TrainingSpec.self, "training")
+    }
+
+    public func encode(to encoder: any Encoder) throws {
+        var c = encoder.container(keyedBy: SpecKey.self)
+        try c.encode(formatVersion, forKey: SpecKey("format_version"))
+        try c.encode(name, forKey: SpecKey("name"))
+        try c.encode(inputs, forKey: SpecKey("inputs"))
+        try c.encode(layers, forKey: SpecKey("layers"))
+        try c.encode(output, forKey: SpecKey("output"))
+        try c.encodeIfPresent(training, forKey: SpecKey("training"))
     }
 
     private static func describe(_ error: DecodingError) -> String {
@@ -291,21 +329,39 @@ public struct LayerSpec: Sendable, Hashable, Codable {
     }
 
     public init(from decoder: any Decoder) throws {
-        let c = try decoder.container(keyedBy: CodingKeys.self)
-        name = try c.decode(String.self, forKey: .name)
-        type = try c.decode(LayerType.self, forKey: .type)
-        inputs = try c.decode([String].self, forKey: .inputs)
-        frozen = try c.decodeIfPresent(Bool.self, forKey: .frozen) ?? false
-        units = try c.decodeIfPresent(Int.self, forKey: .units)
-        inputSize = try c.decodeIfPresent(Int.self, forKey: .inputSize)
-        useBias = try c.decodeIfPresent(Bool.self, forKey: .useBias)
-        vocabularySize = try c.decodeIfPresent(Int.self, forKey: .vocabularySize)
-        embeddingSize = try c.decodeIfPresent(Int.self, forKey: .embeddingSize)
-        kernelSize = try c.decodeIfPresent([Int].self, forKey: .kernelSize)
-        strides = try c.decodeIfPresent([Int].self, forKey: .strides)
-        padding = try c.decodeIfPresent(Padding.self, forKey: .padding)
-        inChannels = try c.decodeIfPresent(Int.self, forKey: .inChannels)
-        rate = try c.decodeIfPresent(Double.self, forKey: .rate)
+        let c = try decoder.container(keyedBy: SpecKey.self)
+        name = try c.required(String.self, "name")
+        type = try c.required(LayerType.self, "type")
+        inputs = try c.required([String].self, "inputs")
+        frozen = try c.optional(Bool.self, "frozen") ?? false
+        units = try c.optional(Int.self, "units")
+        inputSize = try c.optional(Int.self, "input_size")
+        useBias = try c.optional(Bool.self, "use_bias")
+        vocabularySize = try c.optional(Int.self, "vocabulary_size")
+        embeddingSize = try c.optional(Int.self, "embedding_size")
+        kernelSize = try c.optional([Int].self, "kernel_size")
+        strides = try c.optional([Int].self, "strides")
+        padding = try c.optional(Padding.self, "padding")
+        inChannels = try c.optional(Int.self, "in_channels")
+        rate = try c.optional(Double.self, "rate")
+    }
+
+    public func encode(to encoder: any Encoder) throws {
+        var c = encoder.container(keyedBy: SpecKey.self)
+        try c.encode(name, forKey: SpecKey("name"))
+        try c.encode(type, forKey: SpecKey("type"))
+        try c.encode(inputs, forKey: SpecKey("inputs"))
+        try c.encode(frozen, forKey: SpecKey("frozen"))
+        try c.encodeIfPresent(units, forKey: SpecKey("units"))
+        try c.encodeIfPresent(inputSize, forKey: SpecKey("input_size"))
+        try c.encodeIfPresent(useBias, forKey: SpecKey("use_bias"))
+        try c.encodeIfPresent(vocabularySize, forKey: SpecKey("vocabulary_size"))
+        try c.encodeIfPresent(embeddingSize, forKey: SpecKey("embedding_size"))
+        try c.encodeIfPresent(kernelSize, forKey: SpecKey("kernel_size"))
+        try c.encodeIfPresent(strides, forKey: SpecKey("strides"))
+        try c.encodeIfPresent(padding, forKey: SpecKey("padding"))
+        try c.encodeIfPresent(inChannels, forKey: SpecKey("in_channels"))
+        try c.encodeIfPresent(rate, forKey: SpecKey("rate"))
     }
 }
 
@@ -359,14 +415,25 @@ public struct OptimizerSpec: Sendable, Hashable, Codable {
     }
 
     public init(from decoder: any Decoder) throws {
-        let c = try decoder.container(keyedBy: CodingKeys.self)
-        type = try c.decode(String.self, forKey: .type)
-        learningRate = try c.decode(Double.self, forKey: .learningRate)
-        momentum = try c.decodeIfPresent(Double.self, forKey: .momentum) ?? 0
-        weightDecay = try c.decodeIfPresent(Double.self, forKey: .weightDecay) ?? 0
-        beta1 = try c.decodeIfPresent(Double.self, forKey: .beta1) ?? 0.9
-        beta2 = try c.decodeIfPresent(Double.self, forKey: .beta2) ?? 0.999
-        epsilon = try c.decodeIfPresent(Double.self, forKey: .epsilon) ?? 1e-8
+        let c = try decoder.container(keyedBy: SpecKey.self)
+        type = try c.required(String.self, "type")
+        learningRate = try c.required(Double.self, "learning_rate")
+        momentum = try c.optional(Double.self, "momentum") ?? 0
+        weightDecay = try c.optional(Double.self, "weight_decay") ?? 0
+        beta1 = try c.optional(Double.self, "beta1") ?? 0.9
+        beta2 = try c.optional(Double.self, "beta2") ?? 0.999
+        epsilon = try c.optional(Double.self, "epsilon") ?? 1e-8
+    }
+
+    public func encode(to encoder: any Encoder) throws {
+        var c = encoder.container(keyedBy: SpecKey.self)
+        try c.encode(type, forKey: SpecKey("type"))
+        try c.encode(learningRate, forKey: SpecKey("learning_rate"))
+        try c.encode(momentum, forKey: SpecKey("momentum"))
+        try c.encode(weightDecay, forKey: SpecKey("weight_decay"))
+        try c.encode(beta1, forKey: SpecKey("beta1"))
+        try c.encode(beta2, forKey: SpecKey("beta2"))
+        try c.encode(epsilon, forKey: SpecKey("epsilon"))
     }
 }
 
@@ -390,5 +457,56 @@ public struct TrainingSpec: Sendable, Hashable, Codable {
         self.epochs = epochs
         self.batchSize = batchSize
         self.maxUpdates = maxUpdates
+    }
+
+    public init(from decoder: any Decoder) throws {
+        let c = try decoder.container(keyedBy: SpecKey.self)
+        loss = try c.required(LossType.self, "loss")
+        optimizer = try c.required(OptimizerSpec.self, "optimizer")
+        epochs = try c.required(Int.self, "epochs")
+        batchSize = try c.required(Int.self, "batch_size")
+        maxUpdates = try c.optional(Int.self, "max_updates")
+    }
+
+    public func encode(to encoder: any Encoder) throws {
+        var c = encoder.container(keyedBy: SpecKey.self)
+        try c.encode(loss, forKey: SpecKey("loss"))
+        try c.encode(optimizer, forKey: SpecKey("optimizer"))
+        try c.encode(epochs, forKey: SpecKey("epochs"))
+        try c.encode(batchSize, forKey: SpecKey("batch_size"))
+        try c.encodeIfPresent(maxUpdates, forKey: SpecKey("max_updates"))
+    }
+}
+
+/// A key of the architecture JSON, written in snake_case; reading also accepts the camelCase spelling of format
+/// version 1 (`input_size` or `inputSize`).
+struct SpecKey: CodingKey {
+    let stringValue: String
+    var intValue: Int? { nil }
+    init(_ name: String) { stringValue = name }
+    init?(stringValue: String) { self.stringValue = stringValue }
+    init?(intValue: Int) { nil }
+
+    /// The format-1 spelling: `input_size` → `inputSize`.
+    var camelCase: SpecKey {
+        let parts = stringValue.split(separator: "_")
+        return SpecKey(parts.prefix(1).joined() + parts.dropFirst().map { $0.prefix(1).uppercased() + $0.dropFirst() }.joined())
+    }
+}
+
+extension KeyedDecodingContainer where Key == SpecKey {
+    /// The value under `name` in snake_case, or in the camelCase of format 1; nil when neither is present.
+    func optional<T: Decodable>(_ type: T.Type, _ name: String) throws -> T? {
+        let key = SpecKey(name)
+        if contains(key) { return try decode(T.self, forKey: key) }
+        return try decodeIfPresent(T.self, forKey: key.camelCase)
+    }
+
+    /// The value under `name` (snake_case, or format 1's camelCase); a missing key is named in snake_case.
+    func required<T: Decodable>(_ type: T.Type, _ name: String) throws -> T {
+        guard let value = try optional(T.self, name) else {
+            throw DecodingError.keyNotFound(SpecKey(name), .init(codingPath: codingPath, debugDescription: "missing key '\(name)'"))
+        }
+        return value
     }
 }

@@ -65,4 +65,14 @@ public struct InProcessTransport: ClientTransport {
             return try await coordinator.report(body, sessionWorker: worker)
         }
     }
+
+    /// There is no link in the same process: the coordinator's size limit and error apply, and every byte asked for
+    /// arrives at once.
+    public func speedTest(_ direction: SpeedTestDirection, bytes: Int) async throws(OrchardClientError) -> Int {
+        guard (1...SpeedTest.maximumBytes).contains(bytes) else {
+            let error = CoordinatorError(.invalidRequest, "bytes must be an integer in 1...\(SpeedTest.maximumBytes)")
+            throw OrchardClientError.server(status: error.httpStatus, body: error.body)
+        }
+        return bytes
+    }
 }

@@ -28,6 +28,50 @@ import Testing
         #expect(try decoded.jsonData() == json)
     }
 
+    @Test func jsonKeysAreSnakeCaseInFormatVersion2() throws {
+        let text = String(decoding: try Self.housing.jsonData(), as: UTF8.self)
+        #expect(ModelSpec.currentFormatVersion == 2)
+        for key in ["\"format_version\" : 2", "\"vocabulary_size\"", "\"embedding_size\"", "\"learning_rate\"", "\"weight_decay\"", "\"batch_size\""] {
+            #expect(text.contains(key), "\(key) missing from \(text)")
+        }
+        // No key of the written JSON has an upper-case letter (values such as layer names may).
+        let object = try JSONSerialization.jsonObject(with: try Self.housing.jsonData())
+        func keys(_ any: Any) -> [String] {
+            if let dictionary = any as? [String: Any] { return dictionary.keys.map { $0 } + dictionary.values.flatMap(keys) }
+            if let array = any as? [Any] { return array.flatMap(keys) }
+            return []
+        }
+        let camel = keys(object).filter { $0.contains { $0.isUppercase } }
+        #expect(camel.isEmpty, "camelCase keys: \(camel)")
+    }
+
+    @Test func formatVersion1WithCamelCaseKeysIsStillRead() throws {
+        let json = String(decoding: try Self.housing.jsonData(), as: UTF8.self)
+        var version1 = json.replacingOccurrences(of: "\"format_version\" : 2", with: "\"formatVersion\" : 1")
+        for (snake, camel) in [("vocabulary_size", "vocabularySize"), ("embedding_size", "embeddingSize"), ("learning_rate", "learningRate"),
+                               ("weight_decay", "weightDecay"), ("batch_size", "batchSize")] {
+            version1 = version1.replacingOccurrences(of: "\"\(snake)\"", with: "\"\(camel)\"")
+        }
+        #expect(version1 != json)
+        let decoded = try ModelSpec.decode(json: Data(version1.utf8))
+        #expect(decoded == Self.housing)
+        #expect(decoded.formatVersion == 2)
+        #expect(try decoded.jsonData() == Self.housing.jsonData())
+    }
+
+    @Test(arguments: [
+        (#"{"format_version":3,"name":"x","inputs":[],"layers":[],"output":"a"}"#, "format version 3 is not supported"),
+        (#"{"format_version":1,"name":"x","inputs":[],"layers":[],"output":"a"}"#, "format version 1 is not supported"),
+        (#"{"formatVersion":2,"name":"x","inputs":[],"layers":[],"output":"a"}"#, "format version 2 is not supported"),
+        (#"{"name":"x","inputs":[],"layers":[],"output":"a"}"#, "format_version"),
+        (#"{"format_version":2,"name":"x","inputs":[{"name":"i","shape":[1],"categorical":false}],"layers":[{"name":"d","type":"dense","inputs":["i"],"units":1}],"output":"d","training":{"loss":"mse","optimizer":{"type":"sgd"},"epochs":1,"batch_size":1}}"#, "learning_rate"),
+    ])
+    func unreadableVersionsAndMissingKeysAreNamed(json: String, expected: String) {
+        let error = #expect(throws: FormatError.self) { try ModelSpec.decode(json: Data(json.utf8)) }
+        #expect(error?.code == .invalidSpec)
+        #expect(error?.message.contains(expected) == true, "\(error?.message ?? "no error")")
+    }
+
     @Test func paddingCodesAsStringOrPair() throws {
         let values: [Padding] = [.valid, .same, .explicit(height: 1, width: 2)]
         let data = try JSONEncoder().encode(values)
