@@ -237,7 +237,7 @@ struct AgentProcessTests {
             // Another device holds the cycle's only place: the agent's request is rejected with a retry-after.
             let other = try await harness.coordinator.authenticate(AuthenticateRequest(processName: "regressor", processVersion: SemanticVersion(1, 0)))
             _ = try await harness.coordinator.requestCycle(
-                CycleRequest(workerID: other.workerID, processName: "regressor", processVersion: SemanticVersion(1, 0)), sessionWorker: other.workerID
+                CycleRequest(workerID: other.workerID, processName: "regressor", processVersion: SemanticVersion(1, 0)), session: try await harness.coordinator.session(forToken: other.sessionToken)
             )
             let device = try Device(harness: harness, onMains: true)
             let first = try device.launch(harness)

@@ -20,7 +20,7 @@ struct PersistentSchedulingTests {
             // Another device holds the cycle's only place, so this device's request is turned away with a retry-after.
             let other = try await coordinator.authenticate(AuthenticateRequest(processName: "regressor", processVersion: SemanticVersion(1, 0)))
             _ = try await coordinator.requestCycle(
-                CycleRequest(workerID: other.workerID, processName: "regressor", processVersion: SemanticVersion(1, 0)), sessionWorker: other.workerID
+                CycleRequest(workerID: other.workerID, processName: "regressor", processVersion: SemanticVersion(1, 0)), session: try await coordinator.session(forToken: other.sessionToken)
             )
             let storePath = directory.appendingPathComponent("agent-scheduler.sqlite").path
             let dataset = try Fixture.dataset()
