@@ -110,12 +110,13 @@ public enum SimulationRunner {
     ) async throws(SimulationError) -> (initial: Evaluation, rounds: [RoundMetrics]) {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("orchard-simulate-\(UUID().uuidString)", isDirectory: true)
         defer { try? FileManager.default.removeItem(at: directory) }
-        let clock = ManualClock()
+        // The coordinator's wall clock follows the simulation's virtual time (the `clock` parameter is real time).
+        let coordinatorClock = ManualClock()
         let instance: CoordinatorInstance
         do {
             try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
             instance = try await CoordinatorInstance.open(
-                database: directory.appendingPathComponent("coordinator.sqlite").path, clock: clock,
+                database: directory.appendingPathComponent("coordinator.sqlite").path, clock: coordinatorClock,
                 random: SplitMix64(seed: seed), logger: Logger(label: "orchard.simulation.coordinator") { _ in SwiftLogNoOpLogHandler() }
             )
         } catch {
@@ -123,7 +124,7 @@ public enum SimulationRunner {
         }
         var server: RunningServer?
         do throws(SimulationError) {
-            let coordinator = try await FleetCoordinator(coordinator: instance.coordinator, clock: clock, process: process)
+            let coordinator = try await FleetCoordinator(coordinator: instance.coordinator, clock: coordinatorClock, process: process)
             let transport: any ClientTransport
             if choice == .memory {
                 transport = InProcessTransport(coordinator: instance.coordinator)

@@ -34,6 +34,9 @@ import Testing
         #expect(final < 9)
         #expect(summary.aggregatedRounds >= 4)
         #expect(summary.expirations > 0 && summary.resumed > 0)
+        // Wall seconds come from the injected real-time clock (here one that never moves), not from the
+        // coordinator's clock, which follows virtual time.
+        #expect(result.rounds.allSatisfy { $0.wallSeconds == 0 })
         #expect(try ReportWriter.readMetrics(dir.appendingPathComponent("metrics.jsonl")) == result.rounds)
         #expect(try JSONDecoder().decode(SimulationSummary.self, from: Data(contentsOf: dir.appendingPathComponent("summary.json"))) == summary)
         let html = try String(contentsOf: dir.appendingPathComponent("report.html"), encoding: .utf8)
