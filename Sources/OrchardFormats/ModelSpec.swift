@@ -27,6 +27,10 @@ public struct ModelSpec: Sendable, Hashable, Codable {
     /// How the model is trained, when the spec carries it.
     public var training: TrainingSpec?
 
+    enum CodingKeys: String, CodingKey, CaseIterable {
+        case formatVersion, name, inputs, layers, output, training
+    }
+
     /// Creates a spec; call ``validate()`` to check it.
     public init(name: String, inputs: [InputSpec], layers: [LayerSpec], output: String? = nil, training: TrainingSpec? = nil) {
         self.formatVersion = Self.currentFormatVersion
@@ -35,6 +39,18 @@ public struct ModelSpec: Sendable, Hashable, Codable {
         self.layers = layers
         self.output = output ?? layers.last?.name ?? ""
         self.training = training
+    }
+
+    /// Decodes a spec, refusing keys it does not know (a misspelt attribute would otherwise be ignored).
+    public init(from decoder: any Decoder) throws {
+        try rejectUnknownKeys(decoder, CodingKeys.self, in: "model")
+        let c = try decoder.container(keyedBy: CodingKeys.self)
+        formatVersion = try c.decode(Int.self, forKey: .formatVersion)
+        name = try c.decode(String.self, forKey: .name)
+        inputs = try c.decode([InputSpec].self, forKey: .inputs)
+        layers = try c.decode([LayerSpec].self, forKey: .layers)
+        output = try c.decode(String.self, forKey: .output)
+        training = try c.decodeIfPresent(TrainingSpec.self, forKey: .training)
     }
 
     /// Encodes the spec as stable, pretty-printed JSON with sorted keys.
@@ -83,6 +99,10 @@ public struct ModelSpec: Sendable, Hashable, Codable {
             for source in layer.inputs where !known.contains(source) || source == layer.name {
                 throw FormatError(.invalidSpec, "layer '\(layer.name)' reads '\(source)', which is not an earlier layer or an input")
             }
+            guard LayerType.known.contains(layer.type) else {
+                let known = LayerType.known.map(\.rawValue).sorted().joined(separator: ", ")
+                throw FormatError(.invalidSpec, "layer '\(layer.name)' has unknown type '\(layer.type)' (known: \(known))")
+            }
             if layer.type != .concat && layer.inputs.count != 1 {
                 throw FormatError(.invalidSpec, "layer '\(layer.name)' of type \(layer.type) takes exactly one input, not \(layer.inputs.count)")
             }
@@ -122,6 +142,19 @@ public struct InputSpec: Sendable, Hashable, Codable {
         self.shape = shape
         self.categorical = categorical
     }
+
+    enum CodingKeys: String, CodingKey, CaseIterable {
+        case name, shape, categorical
+    }
+
+    /// Decodes an input, refusing keys it does not know.
+    public init(from decoder: any Decoder) throws {
+        let c = try decoder.container(keyedBy: CodingKeys.self)
+        name = try c.decode(String.self, forKey: .name)
+        try rejectUnknownKeys(decoder, CodingKeys.self, in: "input '\(name)'")
+        shape = try c.decode([Int].self, forKey: .shape)
+        categorical = try c.decode(Bool.self, forKey: .categorical)
+    }
 }
 
 /// The kind of a layer, as its JSON `type` string.
@@ -152,6 +185,9 @@ public struct LayerType: RawRepresentable, Sendable, Hashable, Codable, CustomSt
     public static let maxPool2d = LayerType(rawValue: "maxPool2d")
     /// Inverted dropout (active in training only).
     public static let dropout = LayerType(rawValue: "dropout")
+
+    /// Every type a model may use.
+    public static let known: Set<LayerType> = [.dense, .embedding, .relu, .sigmoid, .tanh, .softmax, .flatten, .concat, .conv2d, .maxPool2d, .dropout]
 }
 
 /// How a convolution or pooling layer pads its input.
@@ -290,9 +326,16 @@ public struct LayerSpec: Sendable, Hashable, Codable {
         self.rate = rate
     }
 
+    enum CodingKeys: String, CodingKey, CaseIterable {
+        case name, type, inputs, frozen, units, inputSize, useBias, vocabularySize, embeddingSize, kernelSize, strides, padding
+        case inChannels, rate
+    }
+
+    /// Decodes a layer, refusing keys it does not know (naming the key and the layer).
     public init(from decoder: any Decoder) throws {
         let c = try decoder.container(keyedBy: CodingKeys.self)
         name = try c.decode(String.self, forKey: .name)
+        try rejectUnknownKeys(decoder, CodingKeys.self, in: "layer '\(name)'")
         type = try c.decode(LayerType.self, forKey: .type)
         inputs = try c.decode([String].self, forKey: .inputs)
         frozen = try c.decodeIfPresent(Bool.self, forKey: .frozen) ?? false
@@ -358,7 +401,13 @@ public struct OptimizerSpec: Sendable, Hashable, Codable {
         self.epsilon = epsilon
     }
 
+    enum CodingKeys: String, CodingKey, CaseIterable {
+        case type, learningRate, momentum, weightDecay, beta1, beta2, epsilon
+    }
+
+    /// Decodes an optimizer, refusing keys it does not know.
     public init(from decoder: any Decoder) throws {
+        try rejectUnknownKeys(decoder, CodingKeys.self, in: "training.optimizer")
         let c = try decoder.container(keyedBy: CodingKeys.self)
         type = try c.decode(String.self, forKey: .type)
         learningRate = try c.decode(Double.self, forKey: .learningRate)
@@ -391,4 +440,40 @@ public struct TrainingSpec: Sendable, Hashable, Codable {
         self.batchSize = batchSize
         self.maxUpdates = maxUpdates
     }
+
+    enum CodingKeys: String, CodingKey, CaseIterable {
+        case loss, optimizer, epochs, batchSize, maxUpdates
+    }
+
+    /// Decodes a training spec, refusing keys it does not know.
+    public init(from decoder: any Decoder) throws {
+        try rejectUnknownKeys(decoder, CodingKeys.self, in: "training")
+        let c = try decoder.container(keyedBy: CodingKeys.self)
+        loss = try c.decode(LossType.self, forKey: .loss)
+        optimizer = try c.decode(OptimizerSpec.self, forKey: .optimizer)
+        epochs = try c.decode(Int.self, forKey: .epochs)
+        batchSize = try c.decode(Int.self, forKey: .batchSize)
+        maxUpdates = try c.decodeIfPresent(Int.self, forKey: .maxUpdates)
+    }
+}
+
+/// A coding key for any string, to list the keys an object holds.
+struct SpecKey: CodingKey {
+    var stringValue: String
+    var intValue: Int? { nil }
+    init(_ string: String) { stringValue = string }
+    init?(stringValue: String) { self.stringValue = stringValue }
+    init?(intValue: Int) { nil }
+}
+
+/// Throws a `DecodingError` naming the first key of the object being decoded that `Keys` does not list, and
+/// `owner` (e.g. `layer 'dense1'`).
+func rejectUnknownKeys<Keys: CodingKey & CaseIterable>(_ decoder: any Decoder, _ keys: Keys.Type, in owner: @autoclosure () -> String) throws {
+    let container = try decoder.container(keyedBy: SpecKey.self)
+    let known = Set(Keys.allCases.map(\.stringValue))
+    guard let unknown = container.allKeys.map(\.stringValue).sorted().first(where: { !known.contains($0) }) else { return }
+    let listed = Keys.allCases.map(\.stringValue).joined(separator: ", ")
+    throw DecodingError.dataCorruptedError(
+        forKey: SpecKey(unknown), in: container, debugDescription: "\(owner()) has unknown key '\(unknown)' (known keys: \(listed))"
+    )
 }

@@ -70,4 +70,44 @@ import Testing
             #expect(error.message.contains("type"))
         }
     }
+
+    @Test func unknownKeysAreRefusedNamingTheKeyAndTheLayer() throws {
+        let json = #"{"formatVersion":1,"name":"x","inputs":[{"name":"in","shape":[3],"categorical":false}],"layers":[{"name":"d","type":"dense","inputs":["in"],"unit":64}],"output":"d"}"#
+        #expect { try ModelSpec.decode(json: Data(json.utf8)) } throws: { error in
+            let message = (error as? FormatError)?.message ?? ""
+            return message.contains("layer 'd'") && message.contains("'unit'") && message.contains("units")
+        }
+        let topLevel = json.replacingOccurrences(of: #""output":"d""#, with: #""output":"d","outputs":"d""#)
+        #expect { try ModelSpec.decode(json: Data(topLevel.utf8)) } throws: { ($0 as? FormatError)?.message.contains("'outputs'") == true }
+        let training = json.replacingOccurrences(of: #","unit":64"#, with: #","units":64"#)
+            .replacingOccurrences(of: #""output":"d""#, with: #""output":"d","training":{"loss":"mse","optimizer":{"type":"sgd","learningRate":0.1,"lr":1},"epochs":1,"batchSize":4}"#)
+        #expect { try ModelSpec.decode(json: Data(training.utf8)) } throws: { ($0 as? FormatError)?.message.contains("'lr'") == true }
+        // Without the stray keys, the same JSON decodes.
+        #expect(try ModelSpec.decode(json: Data(json.replacingOccurrences(of: #""unit""#, with: #""units""#).utf8)).layers[0].units == 64)
+    }
+
+    @Test func unknownLayerTypesFailValidation() throws {
+        var spec = Self.housing
+        spec.layers[4].type = LayerType(rawValue: "gelu")
+        #expect { try spec.validate() } throws: { ($0 as? FormatError)?.message.contains("layer 'relu1' has unknown type 'gelu'") == true }
+    }
+
+    @Test func parametersAreDerivedFromTheArchitecture() throws {
+        let parameters = try Self.housing.parameters()
+        #expect(parameters.map(\.name) == ["chasEmbedding.weight", "dense1.bias", "dense1.weight", "out.bias", "out.weight", "radEmbedding.weight"])
+        #expect(Dictionary(uniqueKeysWithValues: parameters.map { ($0.name, $0.shape) }) == [
+            "chasEmbedding.weight": [2, 2], "radEmbedding.weight": [9, 5], "dense1.weight": [64, 18], "dense1.bias": [64],
+            "out.weight": [1, 64], "out.bias": [1],
+        ])
+        var shapes = Dictionary(uniqueKeysWithValues: parameters.map { ($0.name, $0.shape) })
+        try Self.housing.checkWeights(shapes)
+        shapes["dense1.weight"] = [65, 18]
+        #expect { try Self.housing.checkWeights(shapes) } throws: { error in
+            let error = error as? FormatError
+            return error?.code == .shapeMismatch && error?.message.contains("dimension 0 is the layer's 'units', 64, not 65") == true
+        }
+        var wide = Self.housing
+        wide.layers[3].inputSize = 20
+        #expect { try wide.parameters() } throws: { ($0 as? FormatError)?.message.contains("'inputSize' is 20, but its input 'joined' has width 18") == true }
+    }
 }

@@ -27,6 +27,28 @@ import Testing
     }
     """
 
+    @Test func architectureParameterShapesMatchTheBuiltModel() throws {
+        let convolutional = ModelSpec(
+            name: "digits", inputs: [InputSpec(name: "image", shape: [1, 12, 12])],
+            layers: [
+                LayerSpec(name: "conv1", type: .conv2d, inputs: ["image"], units: 4, kernelSize: [3, 3], strides: [2, 2], padding: .same),
+                LayerSpec(name: "act1", type: .relu, inputs: ["conv1"]),
+                LayerSpec(name: "conv2", type: .conv2d, inputs: ["act1"], units: 6, useBias: false, kernelSize: [3, 3], padding: .explicit(height: 1, width: 1)),
+                LayerSpec(name: "pool", type: .maxPool2d, inputs: ["conv2"], kernelSize: [2, 2]),
+                LayerSpec(name: "drop", type: .dropout, inputs: ["pool"], rate: 0.25),
+                LayerSpec(name: "flat", type: .flatten, inputs: ["drop"]),
+                LayerSpec(name: "fc", type: .dense, inputs: ["flat"], units: 3),
+                LayerSpec(name: "probs", type: .softmax, inputs: ["fc"]),
+            ]
+        )
+        for spec in [try ModelSpec.decode(json: Data(Self.housingJSON.utf8)), convolutional] {
+            let derived = try spec.parameters()
+            let built = try Model(spec: spec, seed: 1).parameterShapes
+            #expect(Dictionary(uniqueKeysWithValues: derived.map { ($0.name, $0.shape) }) == built, "\(spec.name)")
+            try spec.checkWeights(built)
+        }
+    }
+
     @Test func housingModelBuildsFromJSONWithDocumentedLayouts() throws {
         let spec = try ModelSpec.decode(json: Data(Self.housingJSON.utf8))
         let model = try Model(spec: spec, seed: 3)
