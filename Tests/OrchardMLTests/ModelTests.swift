@@ -103,13 +103,21 @@ import Testing
         ("{\"formatVersion\":1,\"name\":\"m\",\"inputs\":[{\"name\":\"x\",\"shape\":[4],\"categorical\":false}],\"layers\":[{\"name\":\"e\",\"type\":\"embedding\",\"inputs\":[\"x\"],\"vocabularySize\":3,\"embeddingSize\":2}],\"output\":\"e\"}", "not categorical"),
         ("{\"formatVersion\":1,\"name\":\"m\",\"inputs\":[{\"name\":\"x\",\"shape\":[2,3],\"categorical\":false}],\"layers\":[{\"name\":\"d\",\"type\":\"dense\",\"inputs\":[\"x\"],\"units\":2}],\"output\":\"d\"}", "flatten"),
         ("{\"formatVersion\":1,\"name\":\"m\",\"inputs\":[{\"name\":\"x\",\"shape\":[1,4,4],\"categorical\":false}],\"layers\":[{\"name\":\"c\",\"type\":\"conv2d\",\"inputs\":[\"x\"],\"units\":2,\"kernelSize\":[5,5]}],\"output\":\"c\"}", "does not fit"),
-        ("{\"formatVersion\":1,\"name\":\"m\",\"inputs\":[{\"name\":\"x\",\"shape\":[4],\"categorical\":false}],\"layers\":[{\"name\":\"q\",\"type\":\"quantum\",\"inputs\":[\"x\"]}],\"output\":\"q\"}", "unknown type"),
     ])
     func invalidArchitecturesFailWithAClearMessage(json: String, fragment: String) throws {
         let spec = try ModelSpec.decode(json: Data(json.utf8))
         let error = #expect(throws: EngineError.self) { try Model(spec: spec) }
         #expect(error?.code == .invalidModel)
         #expect(error?.message.contains(fragment) == true, "\(error?.message ?? "")")
+    }
+
+    @Test func unknownLayerTypesAreRefusedByTheSpecAndTheEngine() throws {
+        let json = "{\"formatVersion\":1,\"name\":\"m\",\"inputs\":[{\"name\":\"x\",\"shape\":[4],\"categorical\":false}],\"layers\":[{\"name\":\"q\",\"type\":\"quantum\",\"inputs\":[\"x\"]}],\"output\":\"q\"}"
+        let decodeError = #expect(throws: FormatError.self) { try ModelSpec.decode(json: Data(json.utf8)) }
+        #expect(decodeError?.message.contains("layer 'q' has unknown type 'quantum'") == true)
+        let spec = ModelSpec(name: "m", inputs: [InputSpec(name: "x", shape: [4])], layers: [LayerSpec(name: "q", type: LayerType(rawValue: "quantum"), inputs: ["x"])])
+        let engineError = #expect(throws: EngineError.self) { try Model(spec: spec) }
+        #expect(engineError?.message.contains("unknown type") == true)
     }
 
     @Test func parametersAreAddressableByNameAndAsAFlatVector() throws {
