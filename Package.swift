@@ -210,7 +210,7 @@ let package = Package(
             dependencies: ["OrchardCoordinator", "OrchardProtocol", "OrchardTesting", .product(name: "JWTKit", package: "jwt-kit")],
             swiftSettings: swiftSettings
         ),
-        .testTarget(name: "OrchardClientTests", dependencies: ["OrchardClient", "OrchardCoordinator", "OrchardInProcess", "OrchardTesting", .product(name: "Crypto", package: "swift-crypto")], swiftSettings: swiftSettings),
+        .testTarget(name: "OrchardClientTests", dependencies: ["OrchardClient", "OrchardCoordinator", "OrchardInProcess", "OrchardTesting", .product(name: "Crypto", package: "swift-crypto"), .product(name: "Clocks", package: "swift-clocks")], swiftSettings: swiftSettings),
         .testTarget(
             name: "OrchardBenchmarksTests",
             dependencies: [

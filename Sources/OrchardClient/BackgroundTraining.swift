@@ -25,7 +25,11 @@ public struct BackgroundTrainingOptions: Sendable {
 }
 
 extension FederatedJob {
-    /// Registers this job as a background processing task and submits its first request.
+    /// Registers this job as a background processing task and submits its first request, unless the scheduler
+    /// already holds one for this identifier (a persistent scheduler restarted with the job's request in its
+    /// store): that request is kept, with its earliest begin date (the coordinator's `retry_after`), so a restart
+    /// does not ask the coordinator again at once. Kept requests whose constraints or priority differ from
+    /// `options` are resubmitted with the same earliest begin date.
     ///
     /// Each launch trains one cycle on the dataset `data` returns. Expiry of the window cancels the Swift task,
     /// which stops training at the next batch boundary and saves a checkpoint; the task then completes as
@@ -45,15 +49,27 @@ extension FederatedJob {
             try await scheduler.register(identifier: options.identifier) { [self] task in
                 try await backgroundRun(task, scheduler: scheduler, options: options, data: data, onOutcome: onOutcome)
             }
-            try await scheduler.submit(request(options, after: nil))
+            let kept = await scheduler.pendingRequests().first { $0.identifier == options.identifier }
+            let wanted = request(options, begin: kept?.earliestBeginDate)
+            if let kept {
+                client.configuration.logger.info("keeping the background request pending in the scheduler's store", metadata: [
+                    "task": "\(options.identifier)", "earliest_begin": "\(kept.earliestBeginDate.map { "\($0)" } ?? "as soon as possible")",
+                ])
+                // The same request: leave it as it is (its submission date, which ages it, included).
+                if kept.kind == wanted.kind && kept.constraints == wanted.constraints && kept.priority == wanted.priority { return }
+            }
+            try await scheduler.submit(wanted)
         } catch {
             throw OrchardClientError(.invalidConfiguration, "cannot schedule background training: \(error)")
         }
     }
 
-    private func request(_ options: BackgroundTrainingOptions, after delay: Double?) -> TaskRequest {
-        let begin = delay.map { client.configuration.environment.clock.date.addingTimeInterval($0) }
-        return .processing(options.identifier, earliestBeginDate: begin, constraints: options.constraints, priority: options.priority)
+    private func request(_ options: BackgroundTrainingOptions, after delay: Double) -> TaskRequest {
+        request(options, begin: client.configuration.environment.clock.date.addingTimeInterval(delay))
+    }
+
+    private func request(_ options: BackgroundTrainingOptions, begin: Date?) -> TaskRequest {
+        .processing(options.identifier, earliestBeginDate: begin, constraints: options.constraints, priority: options.priority)
     }
 
     private func backgroundRun(

@@ -16,6 +16,9 @@ struct ClientStore: Sendable {
         var expiresAt: Double
         /// The server the session belongs to.
         var server: String
+        /// Whether the process asks for link speeds with each cycle request; nil in sessions saved before the
+        /// client knew (those are not reused: authenticating again tells).
+        var requiresSpeedTest: Bool?
     }
 
     /// What a saved training checkpoint belongs to.

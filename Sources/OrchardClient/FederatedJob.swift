@@ -205,6 +205,11 @@ public final class FederatedJob: Sendable {
                 }
                 return try await transport.report(body, session: session)
             }) { machine, response in machine.reportAnswered(response) }
+        case .measureLinkSpeed:
+            let test = configuration.linkSpeedTest
+            return await call(&machine, { () async throws(OrchardClientError) in try await test.measure(over: transport) }) { machine, speed in
+                machine.linkSpeedMeasured(speed)
+            }
         case .requestCycle(let request, let session):
             return await call(&machine, { () async throws(OrchardClientError) in try await transport.requestCycle(request, session: session) }) { machine, response in
                 machine.cycleAnswered(response)

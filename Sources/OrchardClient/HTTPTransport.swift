@@ -86,6 +86,22 @@ public struct HTTPTransport: ClientTransport {
         try outcome.get()
     }
 
+    public func speedTest(_ direction: SpeedTestDirection, bytes: Int) async throws(OrchardClientError) -> Int {
+        if direction == .download {
+            let request = try makeRequest("GET", Endpoint.speedTest, query: [Endpoint.bytesQuery: String(bytes)], session: nil)
+            let (data, status) = try await send(request)
+            guard (200..<300).contains(status) else {
+                throw OrchardClientError.server(status: status, body: try? WireCoding.decoder().decode(ErrorBody.self, from: data))
+            }
+            return data.count
+        }
+        var request = try makeRequest("POST", Endpoint.speedTest, session: nil)
+        request.setValue("application/octet-stream", forHTTPHeaderField: "Content-Type")
+        request.httpBody = Data(repeating: 0x5A, count: max(bytes, 0))
+        let (data, status) = try await send(request)
+        return try decodeAnswer(SpeedTestUploadResponse.self, data: data, status: status).bytes
+    }
+
     // MARK: Helpers
 
     private func makeRequest(_ method: String, _ path: String, query: [String: String] = [:], session: String?) throws(OrchardClientError) -> URLRequest {

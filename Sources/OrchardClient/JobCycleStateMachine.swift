@@ -6,8 +6,9 @@ import OrchardProtocol
 import OrchardScheduler
 
 /// One job cycle as a pure state machine: check conditions → upload a report kept from an earlier window →
-/// authenticate → request a cycle → download plan and model (resumable, verified) → train (resuming a
-/// checkpoint of the same cycle) → keep the report on disk → upload it.
+/// authenticate → measure the link when the process asks for link speeds → request a cycle → download plan and
+/// model (resumable, verified) → train (resuming a checkpoint of the same cycle) → keep the report on disk →
+/// upload it.
 ///
 /// Every `mutating func` takes what happened and returns the actions to perform, in order. Effects (emit an
 /// event, write or delete a file, log) need no answer; the last action of a batch is either a request, whose
@@ -92,6 +93,9 @@ struct JobCycleStateMachine {
         case authenticate(AuthenticateRequest)
         /// Upload the report on disk → ``reportAnswered(_:)``.
         case uploadReport(session: String)
+        /// Time a download and an upload against the coordinator's speed-test endpoint; answer with
+        /// ``JobCycleStateMachine/linkSpeedMeasured(_:)``.
+        case measureLinkSpeed
         /// Ask for a cycle → ``cycleAnswered(_:)``.
         case requestCycle(CycleRequest, session: String)
         /// Download the plan → ``planDownloaded(_:shapes:)``.
@@ -116,6 +120,7 @@ struct JobCycleStateMachine {
     enum Call: Sendable, Hashable {
         case authenticate
         case uploadReport(fromEarlierWindow: Bool)
+        case measureLinkSpeed
         case requestCycle
         case downloadPlan
         case downloadModel
@@ -147,6 +152,10 @@ struct JobCycleStateMachine {
     private var restartedAfterCorruption = false
     /// Whether a download whose range the server could not serve was restarted from byte zero.
     private var restartedAfterBadRange = false
+    /// The link speeds measured for this cycle's request, when the process asks for them.
+    private var linkSpeed: LinkSpeed?
+    /// Whether the cycle request after the current measurement repeats one refused for its session.
+    private var requestRepeatsRefused = false
 
     init(setup: Setup) { self.setup = setup }
 
@@ -174,7 +183,7 @@ struct JobCycleStateMachine {
         expect(.loading)
         hasPendingReport = stored.hasPendingReport
         savedCheckpoint = stored.checkpoint
-        if let saved = stored.session, saved.server == setup.server, saved.expiresAt > now + Self.sessionMargin {
+        if let saved = stored.session, saved.server == setup.server, saved.expiresAt > now + Self.sessionMargin, saved.requiresSpeedTest != nil {
             session = saved
             return afterSession()
         }
@@ -188,13 +197,20 @@ struct JobCycleStateMachine {
             return fail(OrchardClientError(.incompatibleModel, "the coordinator speaks protocol \(response.protocolVersion); this client speaks \(WireProtocol.version)"))
         }
         let identity = ClientStore.Identity(
-            workerID: response.workerID, sessionToken: response.sessionToken, expiresAt: now + response.expiresIn, server: setup.server
+            workerID: response.workerID, sessionToken: response.sessionToken, expiresAt: now + response.expiresIn, server: setup.server,
+            requiresSpeedTest: response.requiresSpeedTest
         )
         session = identity
         var actions: [Action] = [.saveSession(identity)]
         if let repeated = callAfterAuthentication {
             callAfterAuthentication = nil
-            actions += issue(repeated, renewed: true)
+            // A renewed session may be the first to say the process wants link speeds.
+            if repeated == .requestCycle && needsLinkSpeed {
+                requestRepeatsRefused = true
+                actions += measureOrRequestCycle()
+            } else {
+                actions += issue(repeated, renewed: true)
+            }
         } else {
             actions += afterSession()
         }
@@ -206,6 +222,13 @@ struct JobCycleStateMachine {
         guard case .calling(.uploadReport(let fromEarlierWindow)) = phase else { unexpected("a report answer") }
         let receipt = ReportReceipt(cycle: response.cycle, reportsReceived: response.reportsReceived, retryAfter: response.retryAfter, fromEarlierWindow: fromEarlierWindow)
         return [.clearPendingReport, .log(.info, "report accepted: cycle \(response.cycle), \(response.reportsReceived) reports")] + finish(.reported(receipt))
+    }
+
+    /// The link was measured for the cycle request.
+    mutating func linkSpeedMeasured(_ speed: LinkSpeed) -> [Action] {
+        expect(.calling(.measureLinkSpeed))
+        linkSpeed = speed
+        return [.log(.info, "link speed: \(speed)"), .emit(.phase(.requestingCycle))] + issue(.requestCycle, renewed: requestRepeatsRefused)
     }
 
     /// The coordinator answered the cycle request.
@@ -369,6 +392,15 @@ struct JobCycleStateMachine {
 
     private mutating func afterPendingReport() -> [Action] {
         hasPendingReport = false
+        return measureOrRequestCycle()
+    }
+
+    /// Whether the process asks for link speeds and none were measured for this cycle yet.
+    private var needsLinkSpeed: Bool { session?.requiresSpeedTest == true && linkSpeed == nil }
+
+    /// The cycle request, after measuring the link when the process asks for link speeds.
+    private mutating func measureOrRequestCycle() -> [Action] {
+        if needsLinkSpeed { return [.emit(.phase(.measuringLinkSpeed))] + issue(.measureLinkSpeed) }
         return [.emit(.phase(.requestingCycle))] + issue(.requestCycle)
     }
 
@@ -399,8 +431,13 @@ struct JobCycleStateMachine {
             actions.append(.authenticate(AuthenticateRequest(authToken: setup.authToken, processName: setup.processName, processVersion: setup.version)))
         case .uploadReport:
             actions.append(.uploadReport(session: token))
+        case .measureLinkSpeed:
+            actions.append(.measureLinkSpeed)
         case .requestCycle:
-            let request = CycleRequest(workerID: session?.workerID ?? "", processName: setup.processName, processVersion: setup.version)
+            let request = CycleRequest(
+                workerID: session?.workerID ?? "", processName: setup.processName, processVersion: setup.version,
+                downloadMbps: linkSpeed?.downloadMbps, uploadMbps: linkSpeed?.uploadMbps
+            )
             actions.append(.requestCycle(request, session: token))
         case .downloadPlan:
             guard let assignment else { unexpected("a plan download without an assignment") }

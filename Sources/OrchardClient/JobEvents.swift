@@ -2,7 +2,7 @@
 /// A stage of a job's cycle.
 public struct JobPhase: Sendable, Hashable, CustomStringConvertible {
     private enum Kind: String, Sendable, Hashable {
-        case checkingConditions, authenticating, uploadingPendingReport, requestingCycle, downloadingPlan
+        case checkingConditions, authenticating, uploadingPendingReport, measuringLinkSpeed, requestingCycle, downloadingPlan
         case downloadingModel, training, reporting, finished
     }
     private let kind: Kind
@@ -14,6 +14,8 @@ public struct JobPhase: Sendable, Hashable, CustomStringConvertible {
     public static let authenticating = JobPhase(.authenticating)
     /// Uploading a report an earlier window could not deliver.
     public static let uploadingPendingReport = JobPhase(.uploadingPendingReport)
+    /// Timing a download and an upload against the coordinator, for a process that gates cycles on link speed.
+    public static let measuringLinkSpeed = JobPhase(.measuringLinkSpeed)
     /// Asking to join the current cycle.
     public static let requestingCycle = JobPhase(.requestingCycle)
     /// Fetching the training plan.

@@ -26,6 +26,8 @@ public struct ClientConfiguration: Sendable {
     public var logger: Logger
     /// Whether the job's files are forced to disk when written (``StorageDurability/synced``, the default).
     public var durability: StorageDurability
+    /// How link speed is measured when a process asks for it before a cycle request.
+    public var linkSpeedTest: LinkSpeedTest
 
     /// Creates a configuration.
     public init(
@@ -33,9 +35,10 @@ public struct ClientConfiguration: Sendable {
         retry: RequestRetryPolicy = RequestRetryPolicy(), environment: ClientEnvironment = .system, trainingSeed: UInt64 = 0,
         trainer: any LocalTrainer = EngineLocalTrainer(), conditions: (any DeviceConditionsProvider)? = nil,
         conditionRules: ConditionRules = ConditionRules(), logger: Logger = Logger(label: "orchard.client"),
-        durability: StorageDurability = .synced
+        durability: StorageDurability = .synced, linkSpeedTest: LinkSpeedTest = LinkSpeedTest()
     ) {
         self.durability = durability
+        self.linkSpeedTest = linkSpeedTest
         self.conditions = conditions
         self.conditionRules = conditionRules
         self.storageDirectory = storageDirectory

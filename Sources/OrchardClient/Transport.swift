@@ -15,6 +15,17 @@ public protocol ClientTransport: Sendable {
     func downloadModel(_ request: ModelRequest, session: String, into sink: any DownloadSink) async throws(OrchardClientError)
     /// Uploads a report (a ``OrchardProtocol/ReportEnvelope``).
     func report(_ body: [UInt8], session: String) async throws(OrchardClientError) -> ReportResponse
+    /// Moves `bytes` bytes through the coordinator's speed-test endpoint (``OrchardProtocol/Endpoint/speedTest``),
+    /// `direction` from the device's side; returns the bytes moved. The client times it (``LinkSpeedTest``).
+    func speedTest(_ direction: SpeedTestDirection, bytes: Int) async throws(OrchardClientError) -> Int
+}
+
+extension ClientTransport {
+    /// Transports with no link of their own (wrappers that only forward the five cycle calls) cannot take part
+    /// in a process that asks for link speeds: they fail the measurement with this error, naming themselves.
+    public func speedTest(_ direction: SpeedTestDirection, bytes: Int) async throws(OrchardClientError) -> Int {
+        throw OrchardClientError(.invalidConfiguration, "\(Self.self) cannot run the coordinator's speed test, which this process requires; implement speedTest(_:bytes:) to forward it")
+    }
 }
 
 /// A model download, possibly resuming an earlier partial one.

@@ -1,6 +1,6 @@
 import Foundation
 import JWTKit
-import OrchardProtocol
+public import OrchardProtocol
 import Synchronization
 
 /// Claims of a device's JWT: `sub` names the device; `exp`, `iss` and `aud` are checked when present or required.
@@ -14,10 +14,20 @@ struct DeviceClaims: JWTPayload {
     func verify(using algorithm: some JWTAlgorithm) async throws {}
 }
 
-/// Claims of a coordinator-issued session token: `sub` is the worker id.
+/// Claims of a coordinator-issued session token: `sub` is the worker id, `process_id` the process it was issued for.
 struct SessionClaims: JWTPayload {
     var sub: SubjectClaim
     var exp: ExpirationClaim
+    var processID: String
+    var processName: String
+    var processVersion: String
+
+    enum CodingKeys: String, CodingKey {
+        case sub, exp
+        case processID = "process_id"
+        case processName = "process_name"
+        case processVersion = "process_version"
+    }
 
     func verify(using algorithm: some JWTAlgorithm) async throws {}
 }
@@ -49,8 +59,14 @@ struct DeviceAuthenticator: Sendable {
         }
     }
 
-    /// The device's subject, or nil in open mode.
-    func subject(of token: String?, now: Date) async throws(CoordinatorError) -> String? {
+    /// A verified device identity: the token's subject and the issuer it was verified under.
+    struct Identity: Sendable, Hashable {
+        var issuer: String
+        var subject: String
+    }
+
+    /// The device's identity, or nil in open mode.
+    func identity(of token: String?, now: Date) async throws(CoordinatorError) -> Identity? {
         guard let keys else { return nil }
         guard let token, !token.isEmpty else { throw .unauthorized("auth_token is required for \(config.mode) authentication") }
         let claims: DeviceClaims
@@ -65,7 +81,7 @@ struct DeviceAuthenticator: Sendable {
             throw .unauthorized("auth_token audience does not include '\(audience)'")
         }
         guard !claims.sub.value.isEmpty else { throw .unauthorized("auth_token has an empty subject") }
-        return claims.sub.value
+        return Identity(issuer: config.issuer ?? claims.iss?.value ?? "", subject: claims.sub.value)
     }
 }
 
@@ -76,7 +92,7 @@ struct DeviceAuthenticator: Sendable {
 /// JSON decode; the expiry is still checked against the clock every time.
 final class SessionIssuer: Sendable {
     let keys: JWTKeyCollection
-    private let verified: Mutex<[String: (workerID: String, expires: Date)]>
+    private let verified: Mutex<[String: (session: DeviceSession, expires: Date)]>
     private let cacheCapacity: Int
 
     init(secret: [UInt8], cacheCapacity: Int = 100_000) async {
@@ -86,18 +102,24 @@ final class SessionIssuer: Sendable {
         self.cacheCapacity = cacheCapacity
     }
 
-    func issue(workerID: String, expires: Date) async throws(CoordinatorError) -> String {
+    /// A token for `session`, valid until `expires`.
+    func issue(_ session: DeviceSession, expires: Date) async throws(CoordinatorError) -> String {
+        let claims = SessionClaims(
+            sub: SubjectClaim(value: session.workerID), exp: ExpirationClaim(value: expires),
+            processID: session.processID, processName: session.processName, processVersion: session.processVersion.description
+        )
         do {
-            return try await keys.sign(SessionClaims(sub: SubjectClaim(value: workerID), exp: ExpirationClaim(value: expires)))
+            return try await keys.sign(claims)
         } catch {
             throw .internalError("cannot sign a session token: \(error)")
         }
     }
 
-    func workerID(from token: String, now: Date) async throws(CoordinatorError) -> String {
+    /// The session a token proves (tokens from before sessions named their process are invalid).
+    func session(from token: String, now: Date) async throws(CoordinatorError) -> DeviceSession {
         if let known = verified.withLock({ $0[token] }) {
             guard known.expires > now else { throw .unauthorized("session token expired; authenticate again") }
-            return known.workerID
+            return known.session
         }
         let claims: SessionClaims
         do {
@@ -106,11 +128,36 @@ final class SessionIssuer: Sendable {
             throw .unauthorized("session token is invalid; authenticate again")
         }
         guard claims.exp.value > now else { throw .unauthorized("session token expired; authenticate again") }
+        guard let version = SemanticVersion(claims.processVersion) else { throw .unauthorized("session token is invalid; authenticate again") }
+        let session = DeviceSession(workerID: claims.sub.value, processID: claims.processID, processName: claims.processName, processVersion: version)
         let capacity = cacheCapacity
         verified.withLock { cache in
             if cache.count >= capacity { cache.removeAll(keepingCapacity: true) }
-            cache[token] = (claims.sub.value, claims.exp.value)
+            cache[token] = (session, claims.exp.value)
         }
-        return claims.sub.value
+        return session
     }
+}
+
+/// What a session token proves: the worker and the one process (id, name and version) it was issued for.
+public struct DeviceSession: Sendable, Hashable {
+    /// The worker id.
+    public var workerID: String
+    /// The id of the process the session was issued for.
+    public var processID: String
+    /// That process's name.
+    public var processName: String
+    /// That process's version.
+    public var processVersion: SemanticVersion
+
+    /// Creates a session.
+    public init(workerID: String, processID: String, processName: String, processVersion: SemanticVersion) {
+        self.workerID = workerID
+        self.processID = processID
+        self.processName = processName
+        self.processVersion = processVersion
+    }
+
+    /// `process 'name' version v`, for messages.
+    var processDescription: String { "process '\(processName)' version \(processVersion)" }
 }

@@ -21,14 +21,16 @@ extension Coordinator {
             throw CoordinatorError(.unknownProcess, "no process '\(request.processName)' version \(request.processVersion)")
         }
         let now = clock.date
-        let subject = try await runtime.authenticator.subject(of: request.authToken, now: now)
+        let identity = try await runtime.authenticator.identity(of: request.authToken, now: now)
         let workerID: String
         do {
-            if let subject, let existing = try await store.workerID(forSubject: subject) {
+            // A device identity is scoped to the process and the issuer that vouched for it: the same `sub` in
+            // another process, or from another issuer, is another worker.
+            if let identity, let existing = try await store.workerID(processID: processID, issuer: identity.issuer, subject: identity.subject) {
                 workerID = existing
             } else {
                 let id = "w_" + randomHex(12)
-                try await store.registerWorker(id: id, subject: subject, at: now)
+                try await store.registerWorker(id: id, processID: processID, issuer: identity?.issuer, subject: identity?.subject, at: now)
                 workerID = id
             }
         } catch {
@@ -36,17 +38,40 @@ extension Coordinator {
         }
         knownWorkers.insert(workerID)
         guard let sessions = sessionIssuer.withLock({ $0 }) else { throw .internalError("coordinator not started") }
-        let token = try await sessions.issue(workerID: workerID, expires: now.addingTimeInterval(configuration.sessionLifetime))
+        let session = DeviceSession(workerID: workerID, processID: processID, processName: runtime.process.name, processVersion: runtime.process.version)
+        let token = try await sessions.issue(session, expires: now.addingTimeInterval(configuration.sessionLifetime))
         return AuthenticateResponse(
             workerID: workerID, sessionToken: token, expiresIn: configuration.sessionLifetime,
             requiresSpeedTest: runtime.process.serverConfig.requiresSpeedTest
         )
     }
 
-    /// The worker id a session token belongs to.
-    public nonisolated func worker(forSessionToken token: String) async throws(CoordinatorError) -> String {
+    /// The session (worker and process) a session token proves.
+    public nonisolated func session(forToken token: String) async throws(CoordinatorError) -> DeviceSession {
         guard let sessions = sessionIssuer.withLock({ $0 }) else { throw .internalError("coordinator not started") }
-        return try await sessions.workerID(from: token, now: clock.date)
+        return try await sessions.session(from: token, now: clock.date)
+    }
+
+    /// Refuses a session used for a process other than the one it was issued for.
+    func requireSessionProcess(_ session: DeviceSession, _ processID: String, _ runtime: Runtime) throws(CoordinatorError) {
+        guard session.processID == processID else {
+            throw CoordinatorError(
+                .sessionProcessMismatch,
+                "the session token was issued for \(session.processDescription), not for process '\(runtime.process.name)' version \(runtime.process.version); authenticate for that process"
+            )
+        }
+    }
+
+    /// The process a request key was issued by, refusing keys of another process's session or another worker.
+    func keyedRuntime(requestKey: String, session: DeviceSession) throws(CoordinatorError) -> (processID: String, runtime: Runtime) {
+        guard let processID = processForKey[requestKey], let runtime = runtimes[processID] else {
+            throw CoordinatorError(.invalidRequestKey, "request key is not one issued for an open cycle")
+        }
+        try requireSessionProcess(session, processID, runtime)
+        if let owner = runtime.machine.owner(ofRequestKey: requestKey), owner != session.workerID {
+            throw CoordinatorError(.invalidRequestKey, "request key was issued to another worker")
+        }
+        return (processID, runtime)
     }
 
     func requireKnownWorker(_ workerID: String) async throws(CoordinatorError) {
@@ -64,9 +89,9 @@ extension Coordinator {
     /// A device asks to join the current cycle.
     /// - Parameters:
     ///   - request: The request.
-    ///   - sessionWorker: The worker id proven by the session token.
-    public func requestCycle(_ request: CycleRequest, sessionWorker: String) async throws(CoordinatorError) -> CycleResponse {
-        guard request.workerID == sessionWorker else {
+    ///   - session: What the session token proves.
+    public func requestCycle(_ request: CycleRequest, session: DeviceSession) async throws(CoordinatorError) -> CycleResponse {
+        guard request.workerID == session.workerID else {
             throw CoordinatorError(.forbidden, "the session token belongs to another worker")
         }
         try await requireKnownWorker(request.workerID)
@@ -75,6 +100,7 @@ extension Coordinator {
         else {
             throw CoordinatorError(.unknownProcess, "no process '\(request.processName)' version \(request.processVersion)")
         }
+        try requireSessionProcess(session, processID, runtime)
         let server = runtime.process.serverConfig
         let now = clock.date
         let jitter = Double.random(in: 0...1, using: &random)
@@ -129,18 +155,17 @@ extension Coordinator {
         }
     }
 
-    func assignedRuntime(requestKey: String, workerID: String) throws(CoordinatorError) -> Runtime {
-        guard let processID = processForKey[requestKey], let runtime = runtimes[processID],
-              runtime.machine.assignments[workerID]?.requestKey == requestKey
-        else {
+    func assignedRuntime(requestKey: String, session: DeviceSession) throws(CoordinatorError) -> Runtime {
+        let runtime = try keyedRuntime(requestKey: requestKey, session: session).runtime
+        guard runtime.machine.assignments[session.workerID]?.requestKey == requestKey else {
             throw CoordinatorError(.invalidRequestKey, "request key is not one issued to this worker for an open cycle")
         }
         return runtime
     }
 
     /// The model a device was assigned, for download.
-    public func model(_ modelID: String, requestKey: String, sessionWorker: String) throws(CoordinatorError) -> ModelDownload {
-        let runtime = try assignedRuntime(requestKey: requestKey, workerID: sessionWorker)
+    public func model(_ modelID: String, requestKey: String, session: DeviceSession) throws(CoordinatorError) -> ModelDownload {
+        let runtime = try assignedRuntime(requestKey: requestKey, session: session)
         let expected = "\(runtime.process.id).\(runtime.machine.checkpoint)"
         guard modelID == expected else {
             throw CoordinatorError(.unknownCheckpoint, "model '\(modelID)' is not the one assigned (\(expected))")
@@ -149,8 +174,8 @@ extension Coordinator {
     }
 
     /// The training plan a device was assigned.
-    public func plan(_ planID: String, requestKey: String, sessionWorker: String) throws(CoordinatorError) -> TrainingPlan {
-        let runtime = try assignedRuntime(requestKey: requestKey, workerID: sessionWorker)
+    public func plan(_ planID: String, requestKey: String, session: DeviceSession) throws(CoordinatorError) -> TrainingPlan {
+        let runtime = try assignedRuntime(requestKey: requestKey, session: session)
         guard planID == runtime.process.id else {
             throw CoordinatorError(.notFound, "plan '\(planID)' is not the one assigned (\(runtime.process.id))")
         }

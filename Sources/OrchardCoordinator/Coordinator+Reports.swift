@@ -11,8 +11,8 @@ extension Coordinator {
     /// Accepts a report (a ``ReportEnvelope``); returns only after its contribution is committed.
     /// - Parameters:
     ///   - body: The safetensors body.
-    ///   - sessionWorker: The worker id proven by the session token.
-    public nonisolated func report(_ body: [UInt8], sessionWorker: String) async throws(CoordinatorError) -> ReportResponse {
+    ///   - session: What the session token proves.
+    public nonisolated func report(_ body: [UInt8], session: DeviceSession) async throws(CoordinatorError) -> ReportResponse {
         let index: SafetensorsIndex
         do throws(FormatError) {
             index = try Safetensors.index(body)
@@ -30,11 +30,11 @@ extension Coordinator {
             await refused()
             throw CoordinatorError(.invalidRequest, error.message)
         }
-        guard metadata.workerID == sessionWorker else {
+        guard metadata.workerID == session.workerID else {
             await refused()
             throw CoordinatorError(.forbidden, "the session token belongs to another worker")
         }
-        let ticket = try await beginReport(metadata)
+        let ticket = try await beginReport(metadata, session: session)
         var flat: [UInt8]
         do throws(CoordinatorError) {
             guard (1...ticket.maximumSampleCount).contains(metadata.sampleCount) else {
@@ -87,11 +87,14 @@ extension Coordinator {
         }
     }
 
-    func beginReport(_ metadata: ReportMetadata) async throws(CoordinatorError) -> ReportTicket {
+    func beginReport(_ metadata: ReportMetadata, session: DeviceSession) async throws(CoordinatorError) -> ReportTicket {
         try await requireKnownWorker(metadata.workerID)
-        guard let processID = processForKey[metadata.requestKey], let runtime = runtimes[processID] else {
+        let processID: String, runtime: Runtime
+        do throws(CoordinatorError) {
+            (processID, runtime) = try keyedRuntime(requestKey: metadata.requestKey, session: session)
+        } catch {
             metrics.reportsRefused.increment()
-            throw CoordinatorError(.invalidRequestKey, "request key is not one issued for an open cycle")
+            throw error
         }
         switch runtime.machine.beginReport(workerID: metadata.workerID, requestKey: metadata.requestKey, now: clock.date) {
         case .refused(let code, let message):

@@ -14,8 +14,11 @@ public struct CoordinatorInstance: Sendable {
     public let coordinator: Coordinator
     /// The metrics registry served at `/metrics`.
     public let registry: PrometheusCollectorRegistry
+    /// The exclusive lock on the database, held until ``close()`` or until the instance is gone.
+    let lock: DatabaseLock
 
-    /// Opens the SQLite database at `path` (created if absent), resumes every open cycle, and returns the instance.
+    /// Locks and opens the SQLite database at `path` (created if absent), resumes every open cycle, and returns the
+    /// instance; throws ``StoreError`` with code `locked` while another coordinator holds the database.
     /// - Parameters:
     ///   - path: The SQLite file.
     ///   - durability: SQLite's synchronous mode.
@@ -29,12 +32,19 @@ public struct CoordinatorInstance: Sendable {
         random: any RandomNumberGenerator & Sendable = SystemRandomNumberGenerator(),
         logger: Logger = Logger(label: "orchard.coordinator")
     ) async throws -> CoordinatorInstance {
+        let lock = try DatabaseLock(database: path)
         let store = try SQLiteStore(path: path, durability: durability)
         let registry = PrometheusCollectorRegistry()
         let metrics = CoordinatorMetrics(factory: PrometheusMetricsFactory(registry: registry))
         let coordinator = Coordinator(store: store, configuration: configuration, clock: clock, random: random, metrics: metrics, logger: logger)
         try await coordinator.start()
-        return CoordinatorInstance(coordinator: coordinator, registry: registry)
+        return CoordinatorInstance(coordinator: coordinator, registry: registry, lock: lock)
+    }
+
+    /// Releases the database lock so another coordinator may open the database: call it after stopping the
+    /// server, and do not use the instance afterwards (an orderly restart in one process).
+    public func close() {
+        lock.release()
     }
 
     /// The HTTP application, with the cycle timer when `timerInterval` is set (tests and simulations with an

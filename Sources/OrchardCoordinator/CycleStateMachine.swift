@@ -229,6 +229,9 @@ public struct CycleStateMachine: Sendable, Hashable {
         return .assigned(assignment, reportWithin: remaining, isNew: true)
     }
 
+    /// The worker a request key of the current cycle was issued to.
+    public func owner(ofRequestKey key: String) -> String? { workerForKey[key] }
+
     /// Withdraws a new assignment whose persistence failed.
     public mutating func revokeAssignment(workerID: String) {
         guard let assignment = assignments[workerID], assignment.state == .assigned else { return }

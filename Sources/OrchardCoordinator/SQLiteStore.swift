@@ -91,6 +91,18 @@ public final class SQLiteStore: CoordinatorStore {
         migrator.registerMigration("v2-diff-spool") { db in
             try db.execute(sql: "ALTER TABLE assignments ADD COLUMN diff_file TEXT")
         }
+        // Workers belong to one process and one issuer: the same subject elsewhere is another worker. Rows from
+        // before this version keep their ids (process and issuer NULL) but no device identity maps to them again.
+        migrator.registerMigration("v3-worker-scope") { db in
+            try db.execute(sql: """
+                CREATE TABLE workers_scoped (
+                    id TEXT PRIMARY KEY, process_id TEXT, issuer TEXT, subject TEXT, created_at REAL NOT NULL,
+                    UNIQUE (process_id, issuer, subject));
+                INSERT INTO workers_scoped (id, subject, created_at) SELECT id, subject, created_at FROM workers;
+                DROP TABLE workers;
+                ALTER TABLE workers_scoped RENAME TO workers;
+                """)
+        }
         return migrator
     }
 
@@ -211,14 +223,17 @@ public final class SQLiteStore: CoordinatorStore {
         }
     }
 
-    public func registerWorker(id: String, subject: String?, at date: Date) async throws {
+    public func registerWorker(id: String, processID: String, issuer: String?, subject: String?, at date: Date) async throws {
         try await pool.write { db in
-            try db.execute(sql: "INSERT INTO workers (id, subject, created_at) VALUES (?, ?, ?)", arguments: [id, subject, date.timeIntervalSince1970])
+            try db.execute(sql: "INSERT INTO workers (id, process_id, issuer, subject, created_at) VALUES (?, ?, ?, ?, ?)",
+                arguments: [id, processID, issuer, subject, date.timeIntervalSince1970])
         }
     }
 
-    public func workerID(forSubject subject: String) async throws -> String? {
-        try await pool.read { db in try String.fetchOne(db, sql: "SELECT id FROM workers WHERE subject = ?", arguments: [subject]) }
+    public func workerID(processID: String, issuer: String, subject: String) async throws -> String? {
+        try await pool.read { db in
+            try String.fetchOne(db, sql: "SELECT id FROM workers WHERE process_id = ? AND issuer = ? AND subject = ?", arguments: [processID, issuer, subject])
+        }
     }
 
     public func workerExists(id: String) async throws -> Bool {

@@ -7,7 +7,7 @@ public import OrchardProtocol
 public struct StoreError: OrchardError, Hashable {
     /// The kind of store failure.
     public struct Code: Sendable, Hashable, CustomStringConvertible {
-        private enum Kind: String, ErrorCodeKind { case duplicate, cycleClosed, notFound, corrupt, io }
+        private enum Kind: String, ErrorCodeKind { case duplicate, cycleClosed, notFound, corrupt, io, locked }
         private let kind: Kind
         private init(_ kind: Kind) { self.kind = kind }
         /// A row with that identity already exists (a process, an accepted report).
@@ -20,6 +20,8 @@ public struct StoreError: OrchardError, Hashable {
         public static let corrupt = Code(.corrupt)
         /// The storage medium failed: a file could not be written, synced or read.
         public static let io = Code(.io)
+        /// Another coordinator holds the database's lock.
+        public static let locked = Code(.locked)
         /// The code in snake case, e.g. `cycle_closed`.
         public var description: String { kind.snakeCased }
     }
@@ -207,10 +209,10 @@ public protocol CoordinatorStore: Sendable {
     func openCycle(processID: String) async throws -> RecoveredCycle?
     /// Calls `body` for every committed report of a cycle whose diff is not folded into the stored sum.
     func forEachPendingDiff(processID: String, cycle: Int, _ body: @Sendable (PendingDiff) throws -> Void) async throws
-    /// Registers a worker; `subject` ties it to a device identity (unique when present).
-    func registerWorker(id: String, subject: String?, at date: Date) async throws
-    /// The worker id registered for a subject.
-    func workerID(forSubject subject: String) async throws -> String?
+    /// Registers a worker of a process; `issuer` and `subject` tie it to a device identity (unique per process and issuer when present).
+    func registerWorker(id: String, processID: String, issuer: String?, subject: String?, at date: Date) async throws
+    /// The worker id registered in a process for an issuer's subject.
+    func workerID(processID: String, issuer: String, subject: String) async throws -> String?
     /// Whether a worker id is registered.
     func workerExists(id: String) async throws -> Bool
     /// The coordinator's signing secret, created with `make` on first use.

@@ -58,7 +58,7 @@ extension ModelSpec {
         for name in shapes.keys.sorted() where byName[name] == nil {
             let layerName = String(name.split(separator: ".", maxSplits: 1).first ?? "")
             if let layer = layers.first(where: { $0.name == layerName }) {
-                let why = layer.useBias == false && name == "\(layerName).bias" ? " (its 'useBias' is false)" : ""
+                let why = layer.useBias == false && name == "\(layerName).bias" ? " (its 'use_bias' is false)" : ""
                 throw FormatError(.unexpectedTensor, "weight '\(name)' is not a parameter of layer '\(layerName)' (\(layer.type))\(why)")
             }
             throw FormatError(.unexpectedTensor, "weight '\(name)' does not belong to a layer of model '\(self.name)'")
@@ -86,16 +86,16 @@ extension ModelSpec {
             guard input.count == 1 else { throw fail("needs a rank-1 input per sample, not \(input); add a flatten layer") }
             let units = try positive(layer.units, "units")
             if let size = layer.inputSize, size != input[0] {
-                throw fail("'inputSize' is \(size), but its input '\(layer.inputs[0])' has width \(input[0])")
+                throw fail("'input_size' is \(size), but its input '\(layer.inputs[0])' has width \(input[0])")
             }
-            var implied = [parameter("weight", [units, input[0]], ["units", "inputSize"])]
+            var implied = [parameter("weight", [units, input[0]], ["units", "input_size"])]
             if layer.useBias ?? true { implied.append(parameter("bias", [units], ["units"])) }
             return ([units], implied)
         case .embedding:
             guard input.count == 1 else { throw fail("needs a rank-1 input of indices, not \(input)") }
-            let vocabulary = try positive(layer.vocabularySize, "vocabularySize")
-            let width = try positive(layer.embeddingSize, "embeddingSize")
-            return ([input[0] * width], [parameter("weight", [vocabulary, width], ["vocabularySize", "embeddingSize"])])
+            let vocabulary = try positive(layer.vocabularySize, "vocabulary_size")
+            let width = try positive(layer.embeddingSize, "embedding_size")
+            return ([input[0] * width], [parameter("weight", [vocabulary, width], ["vocabulary_size", "embedding_size"])])
         case .relu, .sigmoid, .tanh, .softmax:
             return (input, [])
         case .dropout:
@@ -113,19 +113,19 @@ extension ModelSpec {
             return (Array(leading) + [inputShapes.map { $0.last ?? 0 }.reduce(0, +)], [])
         case .conv2d, .maxPool2d:
             guard input.count == 3 else { throw fail("needs a [C, H, W] input, not \(input)") }
-            guard let kernel = try pair(layer.kernelSize, "kernelSize") else { throw fail("'kernelSize' is required") }
+            guard let kernel = try pair(layer.kernelSize, "kernel_size") else { throw fail("'kernel_size' is required") }
             let convolution = layer.type == .conv2d
             let strides = try pair(layer.strides, "strides") ?? (convolution ? [1, 1] : kernel)
             let padding = layer.padding ?? .valid
             let height = padding.resolve(input: input[1], kernel: kernel[0], stride: strides[0], axis: 0).output
             let width = padding.resolve(input: input[2], kernel: kernel[1], stride: strides[1], axis: 1).output
-            guard height > 0 && width > 0 else { throw fail("'kernelSize' \(kernel) does not fit input \(input) with padding \(padding)") }
+            guard height > 0 && width > 0 else { throw fail("'kernel_size' \(kernel) does not fit input \(input) with padding \(padding)") }
             guard convolution else { return ([input[0], height, width], []) }
             let filters = try positive(layer.units, "units")
             if let channels = layer.inChannels, channels != input[0] {
-                throw fail("'inChannels' is \(channels), but its input '\(layer.inputs[0])' has \(input[0]) channels")
+                throw fail("'in_channels' is \(channels), but its input '\(layer.inputs[0])' has \(input[0]) channels")
             }
-            var implied = [parameter("weight", [filters, input[0], kernel[0], kernel[1]], ["units", "inChannels", "kernelSize[0]", "kernelSize[1]"])]
+            var implied = [parameter("weight", [filters, input[0], kernel[0], kernel[1]], ["units", "in_channels", "kernel_size[0]", "kernel_size[1]"])]
             if layer.useBias ?? true { implied.append(parameter("bias", [filters], ["units"])) }
             return ([filters, height, width], implied)
         default:

@@ -10,9 +10,14 @@ public import Foundation
 /// - `conv2d`: weight `[filters, inChannels, kernelH, kernelW]`, bias `[filters]`.
 /// - A classifier ends with a `softmax` layer; with the `crossEntropy` loss the engine fuses the two (stable),
 ///   and the targets are class indices stored as Float, shape `[1]`.
+///
+/// JSON keys are snake_case (`format_version`, `input_size`, `learning_rate`, …) since format version 2; version
+/// 1 files, whose keys were camelCase (`formatVersion`, `inputSize`, …), are still read and come back as version 2.
 public struct ModelSpec: Sendable, Hashable, Codable {
-    /// The version of this JSON layout.
-    public static let currentFormatVersion = 1
+    /// The version of this JSON layout: 2 (snake_case keys).
+    public static let currentFormatVersion = 2
+    /// The oldest layout still read: 1 (camelCase keys).
+    public static let oldestReadableFormatVersion = 1
 
     /// The version of the JSON layout this spec was written with.
     public var formatVersion: Int
@@ -27,10 +32,6 @@ public struct ModelSpec: Sendable, Hashable, Codable {
     /// How the model is trained, when the spec carries it.
     public var training: TrainingSpec?
 
-    enum CodingKeys: String, CodingKey, CaseIterable {
-        case formatVersion, name, inputs, layers, output, training
-    }
-
     /// Creates a spec; call ``validate()`` to check it.
     public init(name: String, inputs: [InputSpec], layers: [LayerSpec], output: String? = nil, training: TrainingSpec? = nil) {
         self.formatVersion = Self.currentFormatVersion
@@ -39,18 +40,6 @@ public struct ModelSpec: Sendable, Hashable, Codable {
         self.layers = layers
         self.output = output ?? layers.last?.name ?? ""
         self.training = training
-    }
-
-    /// Decodes a spec, refusing keys it does not know (a misspelt attribute would otherwise be ignored).
-    public init(from decoder: any Decoder) throws {
-        try rejectUnknownKeys(decoder, CodingKeys.self, in: "model")
-        let c = try decoder.container(keyedBy: CodingKeys.self)
-        formatVersion = try c.decode(Int.self, forKey: .formatVersion)
-        name = try c.decode(String.self, forKey: .name)
-        inputs = try c.decode([InputSpec].self, forKey: .inputs)
-        layers = try c.decode([LayerSpec].self, forKey: .layers)
-        output = try c.decode(String.self, forKey: .output)
-        training = try c.decodeIfPresent(TrainingSpec.self, forKey: .training)
     }
 
     /// Encodes the spec as stable, pretty-printed JSON with sorted keys.
@@ -77,7 +66,7 @@ public struct ModelSpec: Sendable, Hashable, Codable {
     /// Checks structural rules: known format version, unique names, inputs defined before use, a defined output.
     public func validate() throws(FormatError) {
         guard formatVersion == Self.currentFormatVersion else {
-            throw FormatError(.invalidSpec, "model format version \(formatVersion) is not supported (expected \(Self.currentFormatVersion))")
+            throw FormatError(.invalidSpec, "model format version \(formatVersion) is not supported (this reader writes \(Self.currentFormatVersion) and reads \(Self.oldestReadableFormatVersion)...\(Self.currentFormatVersion))")
         }
         var known = Set<String>()
         for input in inputs {
@@ -112,6 +101,41 @@ public struct ModelSpec: Sendable, Hashable, Codable {
         }
     }
 
+    /// Decodes a spec, refusing keys it does not know (a misspelt attribute would otherwise be ignored).
+    public init(from decoder: any Decoder) throws {
+        let c = try decoder.container(keyedBy: SpecKey.self)
+        try c.rejectUnknown(["format_version", "name", "inputs", "layers", "output", "training"], in: "model")
+        let snake = try c.decodeIfPresent(Int.self, forKey: SpecKey("format_version"))
+        let camel = try c.decodeIfPresent(Int.self, forKey: SpecKey("formatVersion"))
+        guard let version = snake ?? camel else {
+            throw DecodingError.keyNotFound(SpecKey("format_version"), .init(codingPath: decoder.codingPath, debugDescription: "the model JSON has no format_version"))
+        }
+        // Version 1 spelled its keys in camelCase, version 2 in snake_case; a version in the other spelling is refused.
+        let expected = camel != nil && snake == nil ? Self.oldestReadableFormatVersion : Self.currentFormatVersion
+        guard version == expected, (Self.oldestReadableFormatVersion...Self.currentFormatVersion).contains(version) else {
+            throw DecodingError.dataCorrupted(.init(
+                codingPath: decoder.codingPath + [SpecKey(snake != nil ? "format_version" : "formatVersion")],
+                debugDescription: "model format version \(version) is not supported (this reader reads version \(Self.currentFormatVersion) with snake_case keys and version \(Self.oldestReadableFormatVersion) with camelCase keys)"
+            ))
+        }
+        formatVersion = Self.currentFormatVersion
+        name = try c.required(String.self, "name")
+        inputs = try c.required([InputSpec].self, "inputs")
+        layers = try c.required([LayerSpec].self, "layers")
+        output = try c.required(String.self, "output")
+        training = try c.optional(TrainingSpec.self, "training")
+    }
+
+    public func encode(to encoder: any Encoder) throws {
+        var c = encoder.container(keyedBy: SpecKey.self)
+        try c.encode(formatVersion, forKey: SpecKey("format_version"))
+        try c.encode(name, forKey: SpecKey("name"))
+        try c.encode(inputs, forKey: SpecKey("inputs"))
+        try c.encode(layers, forKey: SpecKey("layers"))
+        try c.encode(output, forKey: SpecKey("output"))
+        try c.encodeIfPresent(training, forKey: SpecKey("training"))
+    }
+
     private static func describe(_ error: DecodingError) -> String {
         func path(_ context: DecodingError.Context) -> String {
             let p = context.codingPath.map { $0.intValue.map { "[\($0)]" } ?? $0.stringValue }.joined(separator: ".")
@@ -143,17 +167,13 @@ public struct InputSpec: Sendable, Hashable, Codable {
         self.categorical = categorical
     }
 
-    enum CodingKeys: String, CodingKey, CaseIterable {
-        case name, shape, categorical
-    }
-
     /// Decodes an input, refusing keys it does not know.
     public init(from decoder: any Decoder) throws {
-        let c = try decoder.container(keyedBy: CodingKeys.self)
-        name = try c.decode(String.self, forKey: .name)
-        try rejectUnknownKeys(decoder, CodingKeys.self, in: "input '\(name)'")
-        shape = try c.decode([Int].self, forKey: .shape)
-        categorical = try c.decode(Bool.self, forKey: .categorical)
+        let c = try decoder.container(keyedBy: SpecKey.self)
+        name = try c.required(String.self, "name")
+        try c.rejectUnknown(["name", "shape", "categorical"], in: "input '\(name)'")
+        shape = try c.required([Int].self, "shape")
+        categorical = try c.required(Bool.self, "categorical")
     }
 }
 
@@ -326,29 +346,45 @@ public struct LayerSpec: Sendable, Hashable, Codable {
         self.rate = rate
     }
 
-    enum CodingKeys: String, CodingKey, CaseIterable {
-        case name, type, inputs, frozen, units, inputSize, useBias, vocabularySize, embeddingSize, kernelSize, strides, padding
-        case inChannels, rate
-    }
-
     /// Decodes a layer, refusing keys it does not know (naming the key and the layer).
     public init(from decoder: any Decoder) throws {
-        let c = try decoder.container(keyedBy: CodingKeys.self)
-        name = try c.decode(String.self, forKey: .name)
-        try rejectUnknownKeys(decoder, CodingKeys.self, in: "layer '\(name)'")
-        type = try c.decode(LayerType.self, forKey: .type)
-        inputs = try c.decode([String].self, forKey: .inputs)
-        frozen = try c.decodeIfPresent(Bool.self, forKey: .frozen) ?? false
-        units = try c.decodeIfPresent(Int.self, forKey: .units)
-        inputSize = try c.decodeIfPresent(Int.self, forKey: .inputSize)
-        useBias = try c.decodeIfPresent(Bool.self, forKey: .useBias)
-        vocabularySize = try c.decodeIfPresent(Int.self, forKey: .vocabularySize)
-        embeddingSize = try c.decodeIfPresent(Int.self, forKey: .embeddingSize)
-        kernelSize = try c.decodeIfPresent([Int].self, forKey: .kernelSize)
-        strides = try c.decodeIfPresent([Int].self, forKey: .strides)
-        padding = try c.decodeIfPresent(Padding.self, forKey: .padding)
-        inChannels = try c.decodeIfPresent(Int.self, forKey: .inChannels)
-        rate = try c.decodeIfPresent(Double.self, forKey: .rate)
+        let c = try decoder.container(keyedBy: SpecKey.self)
+        name = try c.required(String.self, "name")
+        try c.rejectUnknown([
+            "name", "type", "inputs", "frozen", "units", "input_size", "use_bias", "vocabulary_size", "embedding_size",
+            "kernel_size", "strides", "padding", "in_channels", "rate",
+        ], in: "layer '\(name)'")
+        type = try c.required(LayerType.self, "type")
+        inputs = try c.required([String].self, "inputs")
+        frozen = try c.optional(Bool.self, "frozen") ?? false
+        units = try c.optional(Int.self, "units")
+        inputSize = try c.optional(Int.self, "input_size")
+        useBias = try c.optional(Bool.self, "use_bias")
+        vocabularySize = try c.optional(Int.self, "vocabulary_size")
+        embeddingSize = try c.optional(Int.self, "embedding_size")
+        kernelSize = try c.optional([Int].self, "kernel_size")
+        strides = try c.optional([Int].self, "strides")
+        padding = try c.optional(Padding.self, "padding")
+        inChannels = try c.optional(Int.self, "in_channels")
+        rate = try c.optional(Double.self, "rate")
+    }
+
+    public func encode(to encoder: any Encoder) throws {
+        var c = encoder.container(keyedBy: SpecKey.self)
+        try c.encode(name, forKey: SpecKey("name"))
+        try c.encode(type, forKey: SpecKey("type"))
+        try c.encode(inputs, forKey: SpecKey("inputs"))
+        try c.encode(frozen, forKey: SpecKey("frozen"))
+        try c.encodeIfPresent(units, forKey: SpecKey("units"))
+        try c.encodeIfPresent(inputSize, forKey: SpecKey("input_size"))
+        try c.encodeIfPresent(useBias, forKey: SpecKey("use_bias"))
+        try c.encodeIfPresent(vocabularySize, forKey: SpecKey("vocabulary_size"))
+        try c.encodeIfPresent(embeddingSize, forKey: SpecKey("embedding_size"))
+        try c.encodeIfPresent(kernelSize, forKey: SpecKey("kernel_size"))
+        try c.encodeIfPresent(strides, forKey: SpecKey("strides"))
+        try c.encodeIfPresent(padding, forKey: SpecKey("padding"))
+        try c.encodeIfPresent(inChannels, forKey: SpecKey("in_channels"))
+        try c.encodeIfPresent(rate, forKey: SpecKey("rate"))
     }
 }
 
@@ -401,21 +437,28 @@ public struct OptimizerSpec: Sendable, Hashable, Codable {
         self.epsilon = epsilon
     }
 
-    enum CodingKeys: String, CodingKey, CaseIterable {
-        case type, learningRate, momentum, weightDecay, beta1, beta2, epsilon
-    }
-
     /// Decodes an optimizer, refusing keys it does not know.
     public init(from decoder: any Decoder) throws {
-        try rejectUnknownKeys(decoder, CodingKeys.self, in: "training.optimizer")
-        let c = try decoder.container(keyedBy: CodingKeys.self)
-        type = try c.decode(String.self, forKey: .type)
-        learningRate = try c.decode(Double.self, forKey: .learningRate)
-        momentum = try c.decodeIfPresent(Double.self, forKey: .momentum) ?? 0
-        weightDecay = try c.decodeIfPresent(Double.self, forKey: .weightDecay) ?? 0
-        beta1 = try c.decodeIfPresent(Double.self, forKey: .beta1) ?? 0.9
-        beta2 = try c.decodeIfPresent(Double.self, forKey: .beta2) ?? 0.999
-        epsilon = try c.decodeIfPresent(Double.self, forKey: .epsilon) ?? 1e-8
+        let c = try decoder.container(keyedBy: SpecKey.self)
+        try c.rejectUnknown(["type", "learning_rate", "momentum", "weight_decay", "beta1", "beta2", "epsilon"], in: "training.optimizer")
+        type = try c.required(String.self, "type")
+        learningRate = try c.required(Double.self, "learning_rate")
+        momentum = try c.optional(Double.self, "momentum") ?? 0
+        weightDecay = try c.optional(Double.self, "weight_decay") ?? 0
+        beta1 = try c.optional(Double.self, "beta1") ?? 0.9
+        beta2 = try c.optional(Double.self, "beta2") ?? 0.999
+        epsilon = try c.optional(Double.self, "epsilon") ?? 1e-8
+    }
+
+    public func encode(to encoder: any Encoder) throws {
+        var c = encoder.container(keyedBy: SpecKey.self)
+        try c.encode(type, forKey: SpecKey("type"))
+        try c.encode(learningRate, forKey: SpecKey("learning_rate"))
+        try c.encode(momentum, forKey: SpecKey("momentum"))
+        try c.encode(weightDecay, forKey: SpecKey("weight_decay"))
+        try c.encode(beta1, forKey: SpecKey("beta1"))
+        try c.encode(beta2, forKey: SpecKey("beta2"))
+        try c.encode(epsilon, forKey: SpecKey("epsilon"))
     }
 }
 
@@ -441,39 +484,68 @@ public struct TrainingSpec: Sendable, Hashable, Codable {
         self.maxUpdates = maxUpdates
     }
 
-    enum CodingKeys: String, CodingKey, CaseIterable {
-        case loss, optimizer, epochs, batchSize, maxUpdates
-    }
-
     /// Decodes a training spec, refusing keys it does not know.
     public init(from decoder: any Decoder) throws {
-        try rejectUnknownKeys(decoder, CodingKeys.self, in: "training")
-        let c = try decoder.container(keyedBy: CodingKeys.self)
-        loss = try c.decode(LossType.self, forKey: .loss)
-        optimizer = try c.decode(OptimizerSpec.self, forKey: .optimizer)
-        epochs = try c.decode(Int.self, forKey: .epochs)
-        batchSize = try c.decode(Int.self, forKey: .batchSize)
-        maxUpdates = try c.decodeIfPresent(Int.self, forKey: .maxUpdates)
+        let c = try decoder.container(keyedBy: SpecKey.self)
+        try c.rejectUnknown(["loss", "optimizer", "epochs", "batch_size", "max_updates"], in: "training")
+        loss = try c.required(LossType.self, "loss")
+        optimizer = try c.required(OptimizerSpec.self, "optimizer")
+        epochs = try c.required(Int.self, "epochs")
+        batchSize = try c.required(Int.self, "batch_size")
+        maxUpdates = try c.optional(Int.self, "max_updates")
+    }
+
+    public func encode(to encoder: any Encoder) throws {
+        var c = encoder.container(keyedBy: SpecKey.self)
+        try c.encode(loss, forKey: SpecKey("loss"))
+        try c.encode(optimizer, forKey: SpecKey("optimizer"))
+        try c.encode(epochs, forKey: SpecKey("epochs"))
+        try c.encode(batchSize, forKey: SpecKey("batch_size"))
+        try c.encodeIfPresent(maxUpdates, forKey: SpecKey("max_updates"))
     }
 }
 
-/// A coding key for any string, to list the keys an object holds.
+/// A key of the architecture JSON, written in snake_case; reading also accepts the camelCase spelling of format
+/// version 1 (`input_size` or `inputSize`).
 struct SpecKey: CodingKey {
-    var stringValue: String
+    let stringValue: String
     var intValue: Int? { nil }
-    init(_ string: String) { stringValue = string }
+    init(_ name: String) { stringValue = name }
     init?(stringValue: String) { self.stringValue = stringValue }
     init?(intValue: Int) { nil }
+
+    /// The format-1 spelling: `input_size` → `inputSize`.
+    var camelCase: SpecKey {
+        let parts = stringValue.split(separator: "_")
+        return SpecKey(parts.prefix(1).joined() + parts.dropFirst().map { $0.prefix(1).uppercased() + $0.dropFirst() }.joined())
+    }
 }
 
-/// Throws a `DecodingError` naming the first key of the object being decoded that `Keys` does not list, and
-/// `owner` (e.g. `layer 'dense1'`).
-func rejectUnknownKeys<Keys: CodingKey & CaseIterable>(_ decoder: any Decoder, _ keys: Keys.Type, in owner: @autoclosure () -> String) throws {
-    let container = try decoder.container(keyedBy: SpecKey.self)
-    let known = Set(Keys.allCases.map(\.stringValue))
-    guard let unknown = container.allKeys.map(\.stringValue).sorted().first(where: { !known.contains($0) }) else { return }
-    let listed = Keys.allCases.map(\.stringValue).joined(separator: ", ")
-    throw DecodingError.dataCorruptedError(
-        forKey: SpecKey(unknown), in: container, debugDescription: "\(owner()) has unknown key '\(unknown)' (known keys: \(listed))"
-    )
+extension KeyedDecodingContainer where Key == SpecKey {
+    /// The value under `name` in snake_case, or in the camelCase of format 1; nil when neither is present.
+    func optional<T: Decodable>(_ type: T.Type, _ name: String) throws -> T? {
+        let key = SpecKey(name)
+        if contains(key) { return try decode(T.self, forKey: key) }
+        return try decodeIfPresent(T.self, forKey: key.camelCase)
+    }
+
+    /// The value under `name` (snake_case, or format 1's camelCase); a missing key is named in snake_case.
+    func required<T: Decodable>(_ type: T.Type, _ name: String) throws -> T {
+        guard let value = try optional(T.self, name) else {
+            throw DecodingError.keyNotFound(SpecKey(name), .init(codingPath: codingPath, debugDescription: "missing key '\(name)'"))
+        }
+        return value
+    }
+
+    /// Throws a `DecodingError` naming the first key of this object that is neither one of `known` (snake_case) nor
+    /// its format-1 camelCase spelling, and `owner` (e.g. `layer 'dense1'`); the message lists the snake_case keys.
+    func rejectUnknown(_ known: [String], in owner: @autoclosure () -> String) throws {
+        var accepted = Set(known)
+        for name in known { accepted.insert(SpecKey(name).camelCase.stringValue) }
+        guard let unknown = allKeys.map(\.stringValue).sorted().first(where: { !accepted.contains($0) }) else { return }
+        throw DecodingError.dataCorruptedError(
+            forKey: SpecKey(unknown), in: self,
+            debugDescription: "\(owner()) has unknown key '\(unknown)' (known keys: \(known.joined(separator: ", ")))"
+        )
+    }
 }

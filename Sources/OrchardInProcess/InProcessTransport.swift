@@ -28,22 +28,22 @@ public struct InProcessTransport: ClientTransport {
 
     public func requestCycle(_ request: CycleRequest, session: String) async throws(OrchardClientError) -> CycleResponse {
         try await mapped { () async throws(CoordinatorError) in
-            let worker = try await coordinator.worker(forSessionToken: session)
-            return try await coordinator.requestCycle(request, sessionWorker: worker)
+            let proven = try await coordinator.session(forToken: session)
+            return try await coordinator.requestCycle(request, session: proven)
         }
     }
 
     public func plan(_ planID: String, requestKey: String, session: String) async throws(OrchardClientError) -> TrainingPlan {
         try await mapped { () async throws(CoordinatorError) in
-            let worker = try await coordinator.worker(forSessionToken: session)
-            return try await coordinator.plan(planID, requestKey: requestKey, sessionWorker: worker)
+            let proven = try await coordinator.session(forToken: session)
+            return try await coordinator.plan(planID, requestKey: requestKey, session: proven)
         }
     }
 
     public func downloadModel(_ request: ModelRequest, session: String, into sink: any DownloadSink) async throws(OrchardClientError) {
         let (bytes, etag, selection) = try await mapped { () async throws(CoordinatorError) in
-            let worker = try await coordinator.worker(forSessionToken: session)
-            let download = try await coordinator.model(request.modelID, requestKey: request.requestKey, sessionWorker: worker)
+            let proven = try await coordinator.session(forToken: session)
+            let download = try await coordinator.model(request.modelID, requestKey: request.requestKey, session: proven)
             // What the HTTP transport asks for: the rest of the held bytes, if they are of the same entity.
             let range = request.offset > 0 && request.etag != nil ? "bytes=\(request.offset)-" : nil
             let selection = try DownloadSelection.select(total: download.bytes.count, etag: download.etag, range: range, ifRange: request.etag, ifNoneMatch: nil)
@@ -61,8 +61,18 @@ public struct InProcessTransport: ClientTransport {
 
     public func report(_ body: [UInt8], session: String) async throws(OrchardClientError) -> ReportResponse {
         try await mapped { () async throws(CoordinatorError) in
-            let worker = try await coordinator.worker(forSessionToken: session)
-            return try await coordinator.report(body, sessionWorker: worker)
+            let proven = try await coordinator.session(forToken: session)
+            return try await coordinator.report(body, session: proven)
         }
+    }
+
+    /// There is no link in the same process: the coordinator's size limit and error apply, and every byte asked for
+    /// arrives at once.
+    public func speedTest(_ direction: SpeedTestDirection, bytes: Int) async throws(OrchardClientError) -> Int {
+        guard (1...SpeedTest.maximumBytes).contains(bytes) else {
+            let error = CoordinatorError(.invalidRequest, "bytes must be an integer in 1...\(SpeedTest.maximumBytes)")
+            throw OrchardClientError.server(status: error.httpStatus, body: error.body)
+        }
+        return bytes
     }
 }

@@ -31,6 +31,8 @@ public struct WireErrorCode: RawRepresentable, Sendable, Hashable, Codable, Cust
     public static let unauthorized = WireErrorCode("unauthorized")
     /// The session token belongs to another worker (403).
     public static let forbidden = WireErrorCode("forbidden")
+    /// The session token was issued for another process (name and version) than the one the request is for (403).
+    public static let sessionProcessMismatch = WireErrorCode("session_process_mismatch")
     /// The worker id is not known to the coordinator (404).
     public static let unknownWorker = WireErrorCode("unknown_worker")
     /// No process with that id, or name and version (404).
@@ -39,7 +41,7 @@ public struct WireErrorCode: RawRepresentable, Sendable, Hashable, Codable, Cust
     public static let unknownCheckpoint = WireErrorCode("unknown_checkpoint")
     /// No such route (404).
     public static let notFound = WireErrorCode("not_found")
-    /// The request key is not the one issued to this worker for the current cycle (403).
+    /// The request key is not the one issued to this worker for the current cycle, e.g. another worker's (403).
     public static let invalidRequestKey = WireErrorCode("invalid_request_key")
     /// A report for this request key was already accepted (409).
     public static let reportAlreadyReceived = WireErrorCode("report_already_received")

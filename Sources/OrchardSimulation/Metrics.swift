@@ -1,4 +1,4 @@
-/// What one round of the simulation did.
+/// What one round of the simulation did: one line of `metrics.jsonl`, keys in snake_case.
 public struct RoundMetrics: Sendable, Hashable, Codable {
     /// The round (1-based).
     public var round: Int
@@ -61,6 +61,13 @@ public struct RoundMetrics: Sendable, Hashable, Codable {
         self.testRMSE = testRMSE
     }
 
+    private enum CodingKeys: String, CodingKey {
+        case round, selected, participants, dropouts, late, expirations, resumed, aggregated
+        case wallSeconds = "wall_seconds", virtualStart = "virtual_start", virtualEnd = "virtual_end"
+        case availableFraction = "available_fraction", bytesUp = "bytes_up", bytesDown = "bytes_down"
+        case testLoss = "test_loss", testAccuracy = "test_accuracy", testRMSE = "test_rmse"
+    }
+
     /// The same record without its wall time (the part that is deterministic for a seed).
     public var withoutTiming: RoundMetrics {
         var copy = self
@@ -86,7 +93,7 @@ public struct Evaluation: Sendable, Hashable, Codable {
     }
 }
 
-/// The whole run, as written to `summary.json`.
+/// The whole run, as written to `summary.json` (keys in snake_case).
 public struct SimulationSummary: Sendable, Hashable, Codable {
     /// The scenario's settings, as strings (what the command line said, defaults filled in).
     public var settings: [String: String]
@@ -124,6 +131,13 @@ public struct SimulationSummary: Sendable, Hashable, Codable {
     public var bestAccuracy: Double?
     /// Best test RMSE over the rounds, for regressors.
     public var bestRMSE: Double?
+
+    private enum CodingKeys: String, CodingKey {
+        case settings, rounds, selected, participants, dropouts, late, expirations, resumed, initial, `final`
+        case aggregatedRounds = "aggregated_rounds", wallSeconds = "wall_seconds", setupSeconds = "setup_seconds"
+        case virtualSeconds = "virtual_seconds", bytesUp = "bytes_up", bytesDown = "bytes_down"
+        case bestAccuracy = "best_accuracy", bestRMSE = "best_rmse"
+    }
 
     /// Summarises round records.
     public init(settings: [String: String], initial: Evaluation, rounds records: [RoundMetrics], setupSeconds: Double) {

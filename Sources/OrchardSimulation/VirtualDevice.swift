@@ -328,7 +328,7 @@ struct VirtualTransport: ClientTransport {
     let inner: any ClientTransport
     let link: DeviceLink
 
-    private func interrupted(_ reason: DeviceLink.Interruption) -> OrchardClientError {
+    func interrupted(_ reason: DeviceLink.Interruption) -> OrchardClientError {
         switch reason {
         case .expired: OrchardClientError(.cancelled, "the background window expired during a transfer")
         case .killed: OrchardClientError(.cancelled, "the device went away")
@@ -336,7 +336,7 @@ struct VirtualTransport: ClientTransport {
         }
     }
 
-    private func call<T: Sendable>(closes: (T) -> Bool = { _ in false }, _ body: () async throws(OrchardClientError) -> T) async throws(OrchardClientError) -> T {
+    func call<T: Sendable>(closes: (T) -> Bool = { _ in false }, _ body: () async throws(OrchardClientError) -> T) async throws(OrchardClientError) -> T {
         do {
             return try await link.call(closes: closes, body).get()
         } catch let error as DeviceLink.Interruption {
@@ -389,6 +389,16 @@ struct VirtualTransport: ClientTransport {
         link.noteUpload(body.count)
         link.noteReported()
         return response
+    }
+}
+
+extension VirtualTransport {
+    /// The speed test's bytes take the device's link time, so the SDK measures the device's profile.
+    func speedTest(_ direction: SpeedTestDirection, bytes: Int) async throws(OrchardClientError) -> Int {
+        let moved = try await call { () async throws(OrchardClientError) in try await inner.speedTest(direction, bytes: bytes) }
+        let rate = direction == .download ? link.profile.downloadBytesPerSecond : link.profile.uploadBytesPerSecond
+        do { try await link.spend(Double(moved) / rate) } catch { throw interrupted(error) }
+        return moved
     }
 }
 

@@ -18,8 +18,14 @@ struct AgentCommand: AsyncParsableCommand {
         and /proc elsewhere). A window that closes mid-training (conditions lost, time limit, SIGTERM) saves a \
         checkpoint that the next window resumes. Stops gracefully on SIGINT or SIGTERM.
 
+        The scheduler's queue is kept in --state-directory (agent-scheduler-<process>.sqlite, next to the job's \
+        state): after a restart a pending request keeps its earliest begin (the coordinator's retry_after), so \
+        the agent waits for it instead of asking the coordinator again at once.
+
         Status goes to standard output as JSON lines: {"event":"started"}, one {"event":"conditions",...} per \
-        check (with "met" and the "unmet" constraints), {"event":"phase","phase":...} as a cycle advances, \
+        check (with "met" and the "unmet" constraints), {"event":"scheduled",...} once the request is queued (with \
+        "restored" when it came from the store and "earliest_begin" in seconds since 1970 when it waits for a \
+        date), {"event":"phase","phase":...} as a cycle advances, \
         {"event":"resumed_training"} when training continues from a checkpoint, {"event":"cycle",...} per \
         finished cycle, {"event":"error",...} per failed one and {"event":"stopped"} at the end. Logs go to \
         standard error.
@@ -71,6 +77,28 @@ struct AgentCommand: AsyncParsableCommand {
         }
     }
 
+    /// The scheduler's store in the state directory (created if needed), one file per process so agents of several
+    /// models may share a state directory. An unreadable file is moved aside (and logged) and a fresh one used.
+    private func openSchedulerStore() throws -> SQLiteSchedulerStore {
+        let directory = URL(fileURLWithPath: device.state, isDirectory: true)
+        do {
+            try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        } catch {
+            throw ValidationError("cannot create --state-directory \(device.state): \(error.localizedDescription)")
+        }
+        let safeName = String(device.process.map { $0.isLetter || $0.isNumber || $0 == "-" || $0 == "_" || $0 == "." ? $0 : "_" })
+        let path = directory.appendingPathComponent("agent-scheduler-\(safeName).sqlite").path
+        do throws(SchedulerError) {
+            let store = try SQLiteSchedulerStore(path: path)
+            if let recovery = store.recovery {
+                AgentStatus(event: "error", code: "scheduler_store_recovered", message: recovery.description).print()
+            }
+            return store
+        } catch {
+            throw ValidationError("cannot open the scheduler store \(path): \(error.message)")
+        }
+    }
+
     func run() async throws {
         let level = logLevel
         LoggingSystem.bootstrap { label in
@@ -83,14 +111,16 @@ struct AgentCommand: AsyncParsableCommand {
         let linux = LinuxConditionsProvider(configuration: .init(sysfsRoot: sysfsRoot, procfsRoot: procfsRoot, meteredInterfaces: Set(meteredInterface)))
         let conditions = ReportedConditions(inner: linux, constraints: constraints)
         let job = try device.makeJob(logger: logger, conditions: conditions)
-        let identifier = "dev.orchard.train.\(device.model)"
+        let identifier = "dev.orchard.train.\(device.process)"
+        let store = try openSchedulerStore()
         let scheduler = try BackgroundScheduler(
             configuration: SchedulerConfiguration(
                 permittedIdentifiers: [identifier], processingBudget: .seconds(window),
                 overrunGrace: .milliseconds(Int64(shutdownGrace * 1000)), idlePollInterval: .milliseconds(Int64(pollInterval * 1000))
             ),
-            startDate: Date(), conditions: conditions, logger: logger
+            startDate: Date(), conditions: conditions, store: store, logger: logger
         )
+        let restored = await scheduler.pendingRequests().contains { $0.identifier == identifier }
         let options = BackgroundTrainingOptions(identifier: identifier, constraints: constraints, defaultInterval: .seconds(interval))
         let device = self.device
         let events = Task {
@@ -113,8 +143,10 @@ struct AgentCommand: AsyncParsableCommand {
                 AgentStatus.error(error).print()
             }
         }
-        logger.info("agent started", metadata: ["server": "\(device.server)", "model": "\(device.model)", "version": "\(device.version)"])
+        logger.info("agent started", metadata: ["server": "\(device.server)", "process": "\(device.process)", "version": "\(device.version)", "scheduler_store": "\(store.path)"])
         AgentStatus.started.print()
+        let begin = await scheduler.effectiveBeginDate(of: identifier)
+        AgentStatus(event: "scheduled", restored: restored, earliestBegin: begin.flatMap { $0 > Date() ? $0.timeIntervalSince1970 : nil }).print()
         let group = ServiceGroup(services: [scheduler], gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
         do {
             // On SIGTERM the scheduler expires the window in flight and returns once its cycle has stopped at a
@@ -152,6 +184,8 @@ private struct AgentStatus: Encodable {
     var retryAfter: Double?
     var code: String?
     var message: String?
+    var restored: Bool?
+    var earliestBegin: Double?
 
     static let started = AgentStatus(event: "started")
     static let stopped = AgentStatus(event: "stopped")

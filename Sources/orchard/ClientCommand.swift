@@ -14,7 +14,7 @@ struct ClientCommand: AsyncParsableCommand {
         discussion: """
         The data file is safetensors holding one batch-first tensor per model input (named as the input) and the \
         targets as a tensor named 'target'. State (session, training checkpoint, pending report, model download) \
-        lives in --state, so an interrupted run resumes where it stopped.
+        lives in --state-directory, so an interrupted run resumes where it stopped.
         """
     )
 
@@ -66,8 +66,8 @@ struct DeviceOptions: ParsableArguments {
     @Option(help: "The coordinator's base URL, e.g. http://127.0.0.1:8080.")
     var server: String
 
-    @Option(help: "The FL process's name.")
-    var model: String
+    @Option(help: "The FL process's name (as hosted on the coordinator).")
+    var process: String
 
     @Option(help: "The FL process's version, e.g. 1.0.")
     var version: String
@@ -75,8 +75,23 @@ struct DeviceOptions: ParsableArguments {
     @Option(help: "The local training data (safetensors: one tensor per model input, plus 'target').")
     var data: String
 
-    @Option(help: "The directory for the device's durable state.")
-    var state: String = FileManager.default.currentDirectoryPath + "/.orchard-device"
+    @Option(
+        name: [.customLong("state-directory"), .customLong("state")],
+        help: ArgumentHelp(
+            "The directory for the device's durable state: session, checkpoint, pending report, model download, and the agent's scheduler queue (--state is the older spelling).",
+            valueName: "directory"
+        )
+    )
+    var state: String = DeviceOptions.defaultStateDirectory
+
+    /// `$XDG_STATE_HOME/orchard`, else `~/.local/state/orchard` (the XDG base directory for state that should
+    /// survive restarts), else `.orchard-device` in the working directory when there is no home.
+    static var defaultStateDirectory: String {
+        let environment = ProcessInfo.processInfo.environment
+        if let state = environment["XDG_STATE_HOME"], state.hasPrefix("/") { return state + "/orchard" }
+        if let home = environment["HOME"], home.hasPrefix("/") { return home + "/.local/state/orchard" }
+        return FileManager.default.currentDirectoryPath + "/.orchard-device"
+    }
 
     @Option(help: "The device's JWT (omit for coordinators in open mode).")
     var token: String?
@@ -91,7 +106,7 @@ struct DeviceOptions: ParsableArguments {
         var configuration = ClientConfiguration(storageDirectory: URL(fileURLWithPath: state, isDirectory: true), requestTimeout: timeout, trainingSeed: seed, logger: logger)
         configuration.conditions = conditions
         let client = try OrchardClient(url: server, authToken: token, configuration: configuration)
-        return try client.newJob(processName: model, version: version)
+        return try client.newJob(processName: process, version: version)
     }
 
     func loadDataset() throws -> TensorDataset {

@@ -3,6 +3,7 @@ import Foundation
 import Logging
 import OrchardBenchmarks
 import OrchardCoordinator
+import OrchardSupport
 
 /// `orchard serve`: runs the federated-learning coordinator.
 struct Serve: AsyncParsableCommand {
@@ -11,9 +12,11 @@ struct Serve: AsyncParsableCommand {
         abstract: "Run the federated-learning coordinator (HTTP API, cycle timer, SQLite store).",
         discussion: """
             Prints one JSON line to standard output once listening: {"event":"listening","host":…,"port":…}.
-            With --port 0 the system picks a free port. The admin token comes from --admin-token or the
-            ORCHARD_ADMIN_TOKEN environment variable; without either, a random one is generated and printed in
-            that line (development only).
+            With --port 0 the system picks a free port. The admin token comes from --admin-token-file (a file
+            holding it) or the ORCHARD_ADMIN_TOKEN environment variable, never both; without either, a random one
+            is generated and printed in that line (development only). --admin-token still works but is deprecated:
+            a token on the command line is visible to every local user. A second coordinator on the same database
+            is refused (the lock file <database>.lock is held while one runs).
             """
     )
 
@@ -29,7 +32,10 @@ struct Serve: AsyncParsableCommand {
     @Option(help: "SQLite durability: normal (survives kill -9) or full (fsync every commit, survives power loss).")
     var durability: SQLiteStore.Durability = .normal
 
-    @Option(help: "The admin API's bearer token.")
+    @Option(help: "A file holding the admin API's bearer token (surrounding whitespace is ignored).")
+    var adminTokenFile: String?
+
+    @Option(help: "Deprecated: the admin token on the command line, where every local user can read it; use --admin-token-file or ORCHARD_ADMIN_TOKEN.")
     var adminToken: String?
 
     @Option(help: "The largest report body accepted, in bytes.")
@@ -67,10 +73,14 @@ struct Serve: AsyncParsableCommand {
             handler.logLevel = level
             return handler
         }
-        let environmentToken = ProcessInfo.processInfo.environment["ORCHARD_ADMIN_TOKEN"]
-        let generated = adminToken == nil && environmentToken == nil
+        let resolved = try AdminTokenSource.resolve(
+            file: adminTokenFile, environment: ProcessInfo.processInfo.environment[AdminTokenSource.environmentVariable], argument: adminToken
+        )
+        let logger = Logger(label: "orchard.serve")
+        for warning in resolved.warnings { logger.warning("\(warning)") }
         var rng = SystemRandomNumberGenerator()
-        let token = adminToken ?? environmentToken ?? (0..<24).map { _ in String(format: "%02x", UInt8.random(in: 0...255, using: &rng)) }.joined()
+        let generated = resolved.token == nil
+        let token = resolved.token ?? (0..<24).map { _ in String(format: "%02x", UInt8.random(in: 0...255, using: &rng)) }.joined()
         let instance = try await CoordinatorInstance.open(
             database: try databasePath(), durability: durability,
             configuration: CoordinatorConfiguration(adminToken: token, maximumReportBytes: maxReportBytes, foldInterval: foldInterval),
@@ -82,11 +92,95 @@ struct Serve: AsyncParsableCommand {
         }
     }
 
-    /// The line `orchard serve` prints once it listens.
+    /// The line `orchard serve` prints once it listens (the admin token only when it was generated).
     struct Listening: Encodable {
         var event = "listening"
         var host: String
         var port: Int
         var adminToken: String?
+    }
+}
+
+/// Why `orchard serve` cannot take its admin token.
+struct AdminTokenError: OrchardError, Hashable {
+    /// The kind of failure.
+    struct Code: Sendable, Hashable, CustomStringConvertible {
+        private enum Kind: String, ErrorCodeKind { case conflictingSources, unreadableFile, emptyToken, malformedToken }
+        private let kind: Kind
+        private init(_ kind: Kind) { self.kind = kind }
+        /// The token was given more than one way.
+        static let conflictingSources = Code(.conflictingSources)
+        /// The token file cannot be read.
+        static let unreadableFile = Code(.unreadableFile)
+        /// The token is empty (or only whitespace).
+        static let emptyToken = Code(.emptyToken)
+        /// The token holds whitespace or control characters, so no `Authorization` header can carry it.
+        static let malformedToken = Code(.malformedToken)
+        var description: String { kind.snakeCased }
+    }
+
+    /// The kind.
+    var code: Code
+    /// What went wrong, naming the source (never the token).
+    var message: String
+
+    init(_ code: Code, _ message: String) {
+        self.code = code
+        self.message = message
+    }
+}
+
+/// Where `orchard serve` takes its admin token from: `--admin-token-file`, `ORCHARD_ADMIN_TOKEN`, or (deprecated) `--admin-token`.
+enum AdminTokenSource {
+    /// The environment variable holding the token.
+    static let environmentVariable = "ORCHARD_ADMIN_TOKEN"
+
+    /// The token (nil when none was given) and the warnings to log about how it was given.
+    static func resolve(file: String?, environment: String?, argument: String?) throws(AdminTokenError) -> (token: String?, warnings: [String]) {
+        let given = [file.map { _ in "--admin-token-file" }, environment.map { _ in environmentVariable }, argument.map { _ in "--admin-token" }].compactMap { $0 }
+        guard given.count <= 1 else {
+            throw AdminTokenError(.conflictingSources, "the admin token is given \(given.count) ways (\(given.joined(separator: ", "))); give it one way")
+        }
+        if let file {
+            let text = try read(file)
+            let warnings = isPrivate(file) ? [] : ["--admin-token-file '\(file)' can be read by other users; restrict it (chmod 600)"]
+            return (try checked(text, source: "--admin-token-file '\(file)'"), warnings)
+        }
+        if let environment {
+            return (try checked(environment, source: environmentVariable), [])
+        }
+        if let argument {
+            let warning = "--admin-token is deprecated and will be removed: a token on the command line can be read by every local user (ps, /proc); use --admin-token-file or \(environmentVariable)"
+            return (try checked(argument, source: "--admin-token"), [warning])
+        }
+        return (nil, [])
+    }
+
+    private static func read(_ path: String) throws(AdminTokenError) -> String {
+        var isDirectory: ObjCBool = false
+        guard FileManager.default.fileExists(atPath: path, isDirectory: &isDirectory) else {
+            throw AdminTokenError(.unreadableFile, "--admin-token-file '\(path)' does not exist")
+        }
+        guard !isDirectory.boolValue else { throw AdminTokenError(.unreadableFile, "--admin-token-file '\(path)' is a directory, not a file") }
+        do {
+            return try String(contentsOfFile: path, encoding: .utf8)
+        } catch {
+            let readable = FileManager.default.isReadableFile(atPath: path)
+            throw AdminTokenError(.unreadableFile, "--admin-token-file '\(path)' cannot be read (\(readable ? "not UTF-8 text" : "permission denied"))")
+        }
+    }
+
+    private static func checked(_ text: String, source: String) throws(AdminTokenError) -> String {
+        let token = text.trimmingCharacters(in: .whitespacesAndNewlines)
+        guard !token.isEmpty else { throw AdminTokenError(.emptyToken, "\(source) holds an empty admin token") }
+        guard token.unicodeScalars.allSatisfy({ $0.value > 0x20 && $0.value != 0x7F }) else {
+            throw AdminTokenError(.malformedToken, "\(source) holds an admin token with spaces or control characters inside; no Authorization header can carry it")
+        }
+        return token
+    }
+
+    private static func isPrivate(_ path: String) -> Bool {
+        guard let permissions = (try? FileManager.default.attributesOfItem(atPath: path))?[.posixPermissions] as? NSNumber else { return true }
+        return permissions.intValue & 0o077 == 0
     }
 }

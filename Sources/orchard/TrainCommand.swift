@@ -91,6 +91,8 @@ struct TrainHousing: ParsableCommand {
         if json {
             let encoder = JSONEncoder()
             encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
+            // snake_case like the wire API and the simulator's files: `train_rmse`, `trainable_parameters`, ….
+            encoder.keyEncodingStrategy = .convertToSnakeCase
             print(String(decoding: try encoder.encode(output), as: UTF8.self))
         } else {
             print(output.table)

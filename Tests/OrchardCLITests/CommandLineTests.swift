@@ -48,7 +48,7 @@ let usageError: Int32 = 64
     static let wrongValues: [(arguments: [String], option: String, listed: String)] = [
         (["serve", "--durability", "sometimes"], "--durability", "'normal' and 'full'"),
         (["serve", "--log-level", "loud"], "--log-level", "- critical"),
-        (["agent", "--server", "http://127.0.0.1:1", "--model", "m", "--version", "1", "--data", "d", "--log-level", "loud"], "--log-level", "- warning"),
+        (["agent", "--server", "http://127.0.0.1:1", "--process", "m", "--version", "1", "--data", "d", "--log-level", "loud"], "--log-level", "- warning"),
         (["bench", "coordinator", "--durability", "fsync"], "--durability", "'normal' and 'full'"),
         (["bench", "train", "--backend", "gpu"], "--backend", "'automatic', 'avx2', 'blas' or 'portable'"),
         (["bench", "train", "--model", "resnet"], "--model", "'mlp2nn'"),

@@ -3,6 +3,7 @@ import OrchardClient
 import OrchardCoordinator
 import OrchardFormats
 import OrchardProtocol
+import OrchardScheduler
 import OrchardTesting
 import Synchronization
 import Testing
@@ -50,6 +51,20 @@ struct StatusLine: Decodable, Sendable {
     var phase: String?
     var outcome: String?
     var cycle: Int?
+    var restored: Bool?
+    var earliestBegin: Double?
+
+    enum CodingKeys: String, CodingKey {
+        case event, met, unmet, phase, outcome, cycle, restored
+        case earliestBegin = "earliest_begin"
+    }
+}
+
+/// Status lines a predicate set aside while waiting for others.
+final class SeenLines: Sendable {
+    private let lines = Mutex<[StatusLine]>([])
+    func add(_ line: StatusLine) { lines.withLock { $0.append(line) } }
+    var all: [StatusLine] { lines.withLock { $0 } }
 }
 
 /// `orchard agent` as a child process, with its status lines (JSON on standard output) as they arrive.
@@ -164,7 +179,7 @@ struct AgentProcessTests {
 
         func launch(_ harness: ClientHarness) throws -> AgentProcess {
             try AgentProcess(arguments: [
-                "--server", harness.url, "--model", "regressor", "--version", "1.0", "--data", data.path, "--state", state.path,
+                "--server", harness.url, "--process", "regressor", "--version", "1.0", "--data", data.path, "--state", state.path,
                 "--sysfs-root", root.sysfs.path, "--procfs-root", root.procfs.path, "--poll-interval", "0.05", "--window", "600",
                 "--log-level", "warning",
             ])
@@ -212,6 +227,50 @@ struct AgentProcessTests {
             #expect(reason == .exit)
             #expect(status == 0)
             try await agent.waitForLine("the stop line", within: 10) { $0.event == "stopped" }
+        }
+    }
+
+    @Test("the scheduler's queue survives a restart: a request waiting for the coordinator's retry-after is kept, not sent again at once")
+    func queueSurvivesRestart() async throws {
+        try await withAgentHarness { harness, agentSlot in
+            let hosted = try await harness.host(Fixture.host(goal: 1, overSelection: 1))
+            // Another device holds the cycle's only place: the agent's request is rejected with a retry-after.
+            let other = try await harness.coordinator.authenticate(AuthenticateRequest(processName: "regressor", processVersion: SemanticVersion(1, 0)))
+            _ = try await harness.coordinator.requestCycle(
+                CycleRequest(workerID: other.workerID, processName: "regressor", processVersion: SemanticVersion(1, 0)), session: try await harness.coordinator.session(forToken: other.sessionToken)
+            )
+            let device = try Device(harness: harness, onMains: true)
+            let first = try device.launch(harness)
+            agentSlot = first
+            try await first.waitForLine("a fresh request", within: 60) { $0.event == "scheduled" && $0.restored == false }
+            try await first.waitForLine("the rejection", within: 120) { $0.event == "cycle" && $0.outcome == "rejected" }
+            // The next check of the conditions comes after the run ended (and the job resubmitted itself).
+            try await first.waitForLine("a check after the run", within: 60) { $0.event == "conditions" }
+            let (status, reason) = try await first.terminate(within: 60)
+            #expect(reason == .exit && status == 0)
+
+            let storePath = device.state.appendingPathComponent("agent-scheduler-regressor.sqlite").path
+            let pending = try #require(try SQLiteSchedulerStore(path: storePath).load().pending["dev.orchard.train.regressor"])
+            let begin = try #require(pending.request.earliestBeginDate)
+            #expect(begin > Date())
+
+            let second = try device.launch(harness)
+            agentSlot = second
+            let expected = begin.timeIntervalSince1970
+            try await second.waitForLine("the restored request with its begin date", within: 60) { line in
+                line.event == "scheduled" && line.restored == true && line.earliestBegin.map { abs($0 - expected) < 0.001 } == true
+            }
+            // Three checks of the conditions (which hold) and no cycle started: the request waits for its begin date.
+            let seen = SeenLines()
+            try await second.waitForLine("three checks", count: 3, within: 60) { line in
+                if line.event != "conditions" { seen.add(line) }
+                return line.event == "conditions"
+            }
+            #expect(seen.all.map(\.event).isEmpty)
+            let cycle = try await harness.coordinator.status(processID: hosted.processID).currentCycle
+            #expect(cycle?.assigned == 1)
+            let (secondStatus, _) = try await second.terminate(within: 60)
+            #expect(secondStatus == 0)
         }
     }
 

@@ -77,7 +77,7 @@ struct ClientIntegrationTests {
             // Another device takes the only place in the cycle.
             let other = try await harness.coordinator.authenticate(AuthenticateRequest(processName: "regressor", processVersion: SemanticVersion(1, 0)))
             _ = try await harness.coordinator.requestCycle(
-                CycleRequest(workerID: other.workerID, processName: "regressor", processVersion: SemanticVersion(1, 0)), sessionWorker: other.workerID
+                CycleRequest(workerID: other.workerID, processName: "regressor", processVersion: SemanticVersion(1, 0)), session: await harness.coordinator.session(forToken: other.sessionToken)
             )
 
             var configuration = harness.configuration(device: "b")

@@ -44,6 +44,7 @@ final class ClientHarness: @unchecked Sendable {
     func restart() async throws {
         let port = server.port
         await server.stop()
+        instance.close()
         instance = try await CoordinatorInstance.open(database: databasePath, clock: clock, random: SplitMix64(seed: 12))
         server = try await instance.serve(port: port)
     }

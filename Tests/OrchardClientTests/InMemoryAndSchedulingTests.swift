@@ -90,7 +90,7 @@ struct InMemoryAndSchedulingTests {
             _ = try await coordinator.host(Fixture.host())
             let device = try await coordinator.authenticate(AuthenticateRequest(processName: "regressor", processVersion: SemanticVersion(1, 0)))
             guard case .accepted(let assignment) = try await coordinator.requestCycle(
-                CycleRequest(workerID: device.workerID, processName: "regressor", processVersion: SemanticVersion(1, 0)), sessionWorker: device.workerID
+                CycleRequest(workerID: device.workerID, processName: "regressor", processVersion: SemanticVersion(1, 0)), session: await coordinator.session(forToken: device.sessionToken)
             ) else {
                 Issue.record("not admitted")
                 return
@@ -155,7 +155,7 @@ struct InMemoryAndSchedulingTests {
             clock.advance(bySeconds: 3601)
             await coordinator.tick()
             await coordinator.tick()
-            _ = try await coordinator.requestCycle(CycleRequest(workerID: other.workerID, processName: "regressor", processVersion: SemanticVersion(1, 0)), sessionWorker: other.workerID)
+            _ = try await coordinator.requestCycle(CycleRequest(workerID: other.workerID, processName: "regressor", processVersion: SemanticVersion(1, 0)), session: await coordinator.session(forToken: other.sessionToken))
             let second = TaskRun(task: BackgroundTask(identifier: "train", kind: .processing, timeLimit: .seconds(60)), handler: handler)
             let secondCompletion = try #require(await second.waitForCompletion())
             #expect(secondCompletion.success)

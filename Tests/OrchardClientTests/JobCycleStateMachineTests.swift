@@ -23,8 +23,8 @@ struct JobCycleStateMachineTests {
         ))
     }
 
-    static func session(expiresAt: Double = now + 3600, server: String = server) -> ClientStore.Identity {
-        ClientStore.Identity(workerID: "w1", sessionToken: "t1", expiresAt: expiresAt, server: server)
+    static func session(expiresAt: Double = now + 3600, server: String = server, requiresSpeedTest: Bool? = false) -> ClientStore.Identity {
+        ClientStore.Identity(workerID: "w1", sessionToken: "t1", expiresAt: expiresAt, server: server, requiresSpeedTest: requiresSpeedTest)
     }
 
     static func assignment(key: String = "k1", cycle: Int = 3, modelID: String = "p.2") -> CycleAssignment {
@@ -64,6 +64,7 @@ struct JobCycleStateMachineTests {
             case .loadState: "loadState"
             case .authenticate: "authenticate"
             case .uploadReport: "uploadReport"
+            case .measureLinkSpeed: "measureLinkSpeed"
             case .requestCycle: "requestCycle"
             case .downloadPlan: "downloadPlan"
             case .loadCachedModel: "loadCachedModel"
@@ -125,7 +126,7 @@ struct JobCycleStateMachineTests {
         let afterAuth = machine.authenticated(response, now: Self.now)
         #expect(Self.names(afterAuth) == ["saveSession", "phase:requestingCycle", "requestCycle"])
         if case .saveSession(let identity) = afterAuth.first {
-            #expect(identity == ClientStore.Identity(workerID: "w9", sessionToken: "t9", expiresAt: Self.now + 3600, server: Self.server))
+            #expect(identity == ClientStore.Identity(workerID: "w9", sessionToken: "t9", expiresAt: Self.now + 3600, server: Self.server, requiresSpeedTest: false))
         }
         if case .requestCycle(let request, let token) = afterAuth.last {
             #expect(request.workerID == "w9" && request.processName == "regressor" && token == "t9")
@@ -216,6 +217,61 @@ struct JobCycleStateMachineTests {
         let renewed = machine.authenticated(AuthenticateResponse(workerID: "w1", sessionToken: "t2", expiresIn: 3600, requiresSpeedTest: false), now: Self.now)
         #expect(Self.names(renewed) == ["saveSession", "requestCycle"])
         if case .requestCycle(_, let token) = renewed.last { #expect(token == "t2") }
+        #expect(Self.names(machine.requestFailed(refused)) == ["fail:authentication_failed"])
+    }
+
+    // MARK: Link speed
+
+    @Test("a process that asks for link speeds gets them measured before the cycle request, and sent in it")
+    func linkSpeedBeforeCycleRequest() {
+        var machine = Self.machine()
+        _ = machine.start(constraints: .none)
+        _ = machine.stateLoaded(Self.stored(session: nil), now: Self.now)
+        let response = AuthenticateResponse(workerID: "w9", sessionToken: "t9", expiresIn: 3600, requiresSpeedTest: true)
+        let afterAuth = machine.authenticated(response, now: Self.now)
+        #expect(Self.names(afterAuth) == ["saveSession", "phase:measuringLinkSpeed", "measureLinkSpeed"])
+        if case .saveSession(let identity) = afterAuth.first { #expect(identity.requiresSpeedTest == true) }
+        let measured = machine.linkSpeedMeasured(LinkSpeed(downloadMbps: 12.5, uploadMbps: 3))
+        #expect(Self.names(measured) == ["phase:requestingCycle", "requestCycle"])
+        guard case .requestCycle(let request, _) = measured.last else {
+            Issue.record("expected a cycle request, got \(Self.names(measured))")
+            return
+        }
+        #expect(request.downloadMbps == 12.5)
+        #expect(request.uploadMbps == 3)
+    }
+
+    @Test("a saved session remembers the process wants link speeds; one saved before the client knew is not reused")
+    func linkSpeedWithSavedSession() {
+        var gated = Self.machine(maximumAttempts: 2)
+        _ = gated.start(constraints: .none)
+        #expect(Self.names(gated.stateLoaded(Self.stored(session: Self.session(requiresSpeedTest: true)), now: Self.now)) == ["phase:measuringLinkSpeed", "measureLinkSpeed"])
+        // A failed measurement is retried like any call, then fails the cycle.
+        let broken = OrchardClientError(.network, "connection reset")
+        #expect(Self.names(gated.requestFailed(broken)) == ["retrying:1", "backoff:1"])
+        #expect(Self.names(gated.backoffElapsed()) == ["measureLinkSpeed"])
+        #expect(Self.names(gated.requestFailed(broken)) == ["fail:network"])
+
+        var open = Self.machine()
+        _ = open.start(constraints: .none)
+        #expect(Self.names(open.stateLoaded(Self.stored(), now: Self.now)) == ["phase:requestingCycle", "requestCycle"])
+
+        var old = Self.machine()
+        _ = old.start(constraints: .none)
+        #expect(Self.names(old.stateLoaded(Self.stored(session: Self.session(requiresSpeedTest: nil)), now: Self.now)) == ["phase:authenticating", "authenticate"])
+    }
+
+    @Test("a session renewed after a refused cycle request measures the link first when the process now asks for it")
+    func linkSpeedAfterRenewal() {
+        var machine = Self.machine()
+        _ = machine.start(constraints: .none)
+        _ = machine.stateLoaded(Self.stored(), now: Self.now)
+        let refused = OrchardClientError.server(status: 401, body: ErrorBody(code: .unauthorized, message: "session expired"))
+        #expect(Self.names(machine.requestFailed(refused)) == ["clearSession", "phase:authenticating", "authenticate"])
+        let renewed = machine.authenticated(AuthenticateResponse(workerID: "w1", sessionToken: "t2", expiresIn: 3600, requiresSpeedTest: true), now: Self.now)
+        #expect(Self.names(renewed) == ["saveSession", "phase:measuringLinkSpeed", "measureLinkSpeed"])
+        #expect(Self.names(machine.linkSpeedMeasured(LinkSpeed(downloadMbps: 1, uploadMbps: 1))) == ["phase:requestingCycle", "requestCycle"])
+        // Refused again with the renewed session: the cycle fails instead of renewing forever.
         #expect(Self.names(machine.requestFailed(refused)) == ["fail:authentication_failed"])
     }
 

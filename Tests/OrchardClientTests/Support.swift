@@ -9,7 +9,9 @@ import Testing
 /// A transport decorator that records calls and can inject failures, for tests.
 final class RecordingTransport: ClientTransport {
     struct Log {
+        var cycleRequests: [CycleRequest] = []
         var cycleResponses: [CycleResponse] = []
+        var speedTests: [(direction: SpeedTestDirection, bytes: Int)] = []
         var modelRequests: [ModelRequest] = []
         var downloadHeads: [DownloadHead] = []
         var reports: [[UInt8]] = []
@@ -38,9 +40,15 @@ final class RecordingTransport: ClientTransport {
     }
 
     func requestCycle(_ request: CycleRequest, session: String) async throws(OrchardClientError) -> CycleResponse {
+        log.withLock { $0.cycleRequests.append(request) }
         let response = try await inner.requestCycle(request, session: session)
         log.withLock { $0.cycleResponses.append(response) }
         return response
+    }
+
+    func speedTest(_ direction: SpeedTestDirection, bytes: Int) async throws(OrchardClientError) -> Int {
+        log.withLock { $0.speedTests.append((direction, bytes)) }
+        return try await inner.speedTest(direction, bytes: bytes)
     }
 
     func plan(_ planID: String, requestKey: String, session: String) async throws(OrchardClientError) -> TrainingPlan {

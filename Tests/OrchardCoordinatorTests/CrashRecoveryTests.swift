@@ -15,9 +15,9 @@ private final class ServerProcess: @unchecked Sendable {
     init(database: String, foldInterval: Int) throws {
         process.executableURL = try OrchardExecutable.url()
         process.arguments = [
-            "serve", "--port", "0", "--database", database, "--admin-token", Harness.adminToken,
-            "--fold-interval", "\(foldInterval)", "--log-level", "warning",
+            "serve", "--port", "0", "--database", database, "--fold-interval", "\(foldInterval)", "--log-level", "warning",
         ]
+        process.environment = ProcessInfo.processInfo.environment.merging(["ORCHARD_ADMIN_TOKEN": Harness.adminToken]) { $1 }
         let output = Pipe()
         process.standardOutput = output
         try process.run()

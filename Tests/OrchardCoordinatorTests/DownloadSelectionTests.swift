@@ -36,7 +36,7 @@ import Testing
     @Test func everyWireCodeHasItsStatusAtTheEdge() {
         let expected: [(WireErrorCode, Int)] = [
             (.malformedJSON, 400), (.malformedSafetensors, 400), (.invalidRequest, 400), (.invalidConfiguration, 400),
-            (.unsupportedVersion, 400), (.unauthorized, 401), (.forbidden, 403), (.invalidRequestKey, 403),
+            (.unsupportedVersion, 400), (.unauthorized, 401), (.forbidden, 403), (.sessionProcessMismatch, 403), (.invalidRequestKey, 403),
             (.unknownWorker, 404), (.unknownProcess, 404), (.unknownCheckpoint, 404), (.notFound, 404),
             (.methodNotAllowed, 405), (.reportAlreadyReceived, 409), (.deadlinePassed, 409), (.processExists, 409),
             (.payloadTooLarge, 413), (.rangeNotSatisfiable, 416), (.tensorMismatch, 422), (.shapeMismatch, 422),

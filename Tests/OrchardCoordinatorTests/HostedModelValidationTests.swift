@@ -33,9 +33,9 @@ import Testing
         try expectRefused(try await host(harness) { $0[1]["type"] = "densee" }, ["'out'", "densee"], "unknown layer type")
         try expectRefused(try await host(harness) { $0[1]["unit"] = 2 }, ["'out'", "'unit'"], "misspelt key")
         try expectRefused(try await host(harness) { $0[1]["units"] = 3 }, ["layer 'out'", "'units', 3, not 2"], "units against the weights")
-        try expectRefused(try await host(harness) { $0[0]["inputSize"] = 4 }, ["'embed'", "'inputSize'"], "inputSize against the input")
+        try expectRefused(try await host(harness) { $0[0]["input_size"] = 4 }, ["'embed'", "'input_size'"], "input_size against the input")
         try expectRefused(try await host(harness) { $0[1]["units"] = nil }, ["'out'", "'units'", "required"], "missing units")
-        try expectRefused(try await host(harness) { $0[1]["useBias"] = false }, ["'out.bias'", "useBias"], "bias given, useBias false")
+        try expectRefused(try await host(harness) { $0[1]["use_bias"] = false }, ["'out.bias'", "use_bias"], "bias given, use_bias false")
         try expectRefused(try await host(harness, editLayers: { _ in }, weights: Array(Fixture.weights.dropLast())), ["'out.bias'", "missing"], "missing bias")
         try expectRefused(
             try await host(harness, editLayers: { _ in }, weights: Fixture.weights + [TensorRecord(name: "ghost.weight", shape: [1], values: [0])]),

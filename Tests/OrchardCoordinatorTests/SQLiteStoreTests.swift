@@ -25,7 +25,7 @@ import Testing
         )
         try await store.createProcess(process, initialWeights: host.initialWeights, firstCycle: StoredCycle(number: 1, checkpoint: 0, openedAt: Date(timeIntervalSince1970: 0)))
         for i in 0..<workers {
-            try await store.registerWorker(id: "w\(i)", subject: nil, at: Date(timeIntervalSince1970: 0))
+            try await store.registerWorker(id: "w\(i)", processID: "p", issuer: nil, subject: nil, at: Date(timeIntervalSince1970: 0))
             try await store.recordAssignment(processID: "p", cycle: 1, workerID: "w\(i)", requestKey: "k\(i)", at: Date(timeIntervalSince1970: 0))
         }
         return store

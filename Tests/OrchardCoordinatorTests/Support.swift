@@ -138,6 +138,7 @@ final class Harness: @unchecked Sendable {
     /// Stops the server and opens a fresh coordinator on the same database (an orderly restart).
     func restart(seed: UInt64 = 99) async throws {
         await server.stop()
+        instance.close()
         instance = try await CoordinatorInstance.open(database: databasePath, configuration: configuration, clock: clock, random: SplitMix64(seed: seed))
         server = try await instance.serve()
         http = HTTP(base: server.baseURL)

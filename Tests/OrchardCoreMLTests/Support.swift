@@ -78,9 +78,13 @@ enum Models {
     }
 }
 
-/// Runs the Python helper scripts next to this file. Fails loudly when Python or its packages are missing: these
-/// cross-checks are the proof that the files are Apple's format, so they must not pass silently.
+/// Runs the Python helper scripts next to this file. Their tests are skipped when the packages are missing (see
+/// ``OrchardTesting/PythonModules``) and fail loudly under `ORCHARD_REQUIRE_PYTHON=1`: these cross-checks are the
+/// proof that the files are Apple's format, so CI must not pass without them.
 enum Python {
+    /// The Python packages the scripts import.
+    static let modules = ["coremltools", "numpy", "safetensors"]
+
     struct Failure: Error, CustomStringConvertible {
         var description: String
     }

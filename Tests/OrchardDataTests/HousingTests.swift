@@ -4,6 +4,7 @@ import OrchardData
 import OrchardExamples
 import OrchardFormats
 import OrchardML
+import OrchardTesting
 import Testing
 
 @Suite("Housing example")
@@ -98,5 +99,32 @@ struct TabularModelFileTests {
         try reloaded.loadWeights(from: archive)
         #expect(reloaded.namedParameters == model.namedParameters)
         #expect(throws: DataError.self) { try TabularPreprocessor(safetensorsMetadata: [:]) }
+    }
+}
+
+/// `orchard train housing --json`, run as a child process.
+@Suite("orchard train --json")
+struct TrainCommandJSONTests {
+    @Test("the JSON a person or a pandas script reads uses snake_case keys")
+    func snakeCaseKeys() throws {
+        let process = Process()
+        process.executableURL = try OrchardExecutable.url()
+        process.arguments = ["train", "housing", "--epochs", "1", "--json"]
+        let output = Pipe()
+        process.standardOutput = output
+        process.standardError = FileHandle.nullDevice
+        try process.run()
+        let data = output.fileHandleForReading.readDataToEndOfFile()
+        process.waitUntilExit()
+        #expect(process.terminationStatus == 0)
+        let object = try #require(try JSONSerialization.jsonObject(with: data) as? [String: Any])
+        #expect(Set(object.keys) == ["train_samples", "test_samples", "seed", "optimizer", "learning_rate", "batch_size", "models"])
+        let models = try #require(object["models"] as? [[String: Any]])
+        #expect(models.count == 2)
+        for model in models {
+            #expect(Set(model.keys) == [
+                "model", "train_rmse", "train_mae", "test_rmse", "test_mae", "epochs", "final_loss", "trainable_parameters", "seconds",
+            ])
+        }
     }
 }

@@ -28,6 +28,50 @@ import Testing
         #expect(try decoded.jsonData() == json)
     }
 
+    @Test func jsonKeysAreSnakeCaseInFormatVersion2() throws {
+        let text = String(decoding: try Self.housing.jsonData(), as: UTF8.self)
+        #expect(ModelSpec.currentFormatVersion == 2)
+        for key in ["\"format_version\" : 2", "\"vocabulary_size\"", "\"embedding_size\"", "\"learning_rate\"", "\"weight_decay\"", "\"batch_size\""] {
+            #expect(text.contains(key), "\(key) missing from \(text)")
+        }
+        // No key of the written JSON has an upper-case letter (values such as layer names may).
+        let object = try JSONSerialization.jsonObject(with: try Self.housing.jsonData())
+        func keys(_ any: Any) -> [String] {
+            if let dictionary = any as? [String: Any] { return dictionary.keys.map { $0 } + dictionary.values.flatMap(keys) }
+            if let array = any as? [Any] { return array.flatMap(keys) }
+            return []
+        }
+        let camel = keys(object).filter { $0.contains { $0.isUppercase } }
+        #expect(camel.isEmpty, "camelCase keys: \(camel)")
+    }
+
+    @Test func formatVersion1WithCamelCaseKeysIsStillRead() throws {
+        let json = String(decoding: try Self.housing.jsonData(), as: UTF8.self)
+        var version1 = json.replacingOccurrences(of: "\"format_version\" : 2", with: "\"formatVersion\" : 1")
+        for (snake, camel) in [("vocabulary_size", "vocabularySize"), ("embedding_size", "embeddingSize"), ("learning_rate", "learningRate"),
+                               ("weight_decay", "weightDecay"), ("batch_size", "batchSize")] {
+            version1 = version1.replacingOccurrences(of: "\"\(snake)\"", with: "\"\(camel)\"")
+        }
+        #expect(version1 != json)
+        let decoded = try ModelSpec.decode(json: Data(version1.utf8))
+        #expect(decoded == Self.housing)
+        #expect(decoded.formatVersion == 2)
+        #expect(try decoded.jsonData() == Self.housing.jsonData())
+    }
+
+    @Test(arguments: [
+        (#"{"format_version":3,"name":"x","inputs":[],"layers":[],"output":"a"}"#, "format version 3 is not supported"),
+        (#"{"format_version":1,"name":"x","inputs":[],"layers":[],"output":"a"}"#, "format version 1 is not supported"),
+        (#"{"formatVersion":2,"name":"x","inputs":[],"layers":[],"output":"a"}"#, "format version 2 is not supported"),
+        (#"{"name":"x","inputs":[],"layers":[],"output":"a"}"#, "format_version"),
+        (#"{"format_version":2,"name":"x","inputs":[{"name":"i","shape":[1],"categorical":false}],"layers":[{"name":"d","type":"dense","inputs":["i"],"units":1}],"output":"d","training":{"loss":"mse","optimizer":{"type":"sgd"},"epochs":1,"batch_size":1}}"#, "learning_rate"),
+    ])
+    func unreadableVersionsAndMissingKeysAreNamed(json: String, expected: String) {
+        let error = #expect(throws: FormatError.self) { try ModelSpec.decode(json: Data(json.utf8)) }
+        #expect(error?.code == .invalidSpec)
+        #expect(error?.message.contains(expected) == true, "\(error?.message ?? "no error")")
+    }
+
     @Test func paddingCodesAsStringOrPair() throws {
         let values: [Padding] = [.valid, .same, .explicit(height: 1, width: 2)]
         let data = try JSONEncoder().encode(values)
@@ -72,18 +116,34 @@ import Testing
     }
 
     @Test func unknownKeysAreRefusedNamingTheKeyAndTheLayer() throws {
-        let json = #"{"formatVersion":1,"name":"x","inputs":[{"name":"in","shape":[3],"categorical":false}],"layers":[{"name":"d","type":"dense","inputs":["in"],"unit":64}],"output":"d"}"#
+        let json = #"{"format_version":2,"name":"x","inputs":[{"name":"in","shape":[3],"categorical":false}],"layers":[{"name":"d","type":"dense","inputs":["in"],"unit":64}],"output":"d"}"#
         #expect { try ModelSpec.decode(json: Data(json.utf8)) } throws: { error in
             let message = (error as? FormatError)?.message ?? ""
-            return message.contains("layer 'd'") && message.contains("'unit'") && message.contains("units")
+            return message.contains("layer 'd'") && message.contains("'unit'") && message.contains("units") && message.contains("input_size")
         }
         let topLevel = json.replacingOccurrences(of: #""output":"d""#, with: #""output":"d","outputs":"d""#)
         #expect { try ModelSpec.decode(json: Data(topLevel.utf8)) } throws: { ($0 as? FormatError)?.message.contains("'outputs'") == true }
         let training = json.replacingOccurrences(of: #","unit":64"#, with: #","units":64"#)
-            .replacingOccurrences(of: #""output":"d""#, with: #""output":"d","training":{"loss":"mse","optimizer":{"type":"sgd","learningRate":0.1,"lr":1},"epochs":1,"batchSize":4}"#)
-        #expect { try ModelSpec.decode(json: Data(training.utf8)) } throws: { ($0 as? FormatError)?.message.contains("'lr'") == true }
+            .replacingOccurrences(of: #""output":"d""#, with: #""output":"d","training":{"loss":"mse","optimizer":{"type":"sgd","learning_rate":0.1,"lr":1},"epochs":1,"batch_size":4}"#)
+        #expect { try ModelSpec.decode(json: Data(training.utf8)) } throws: { error in
+            let message = (error as? FormatError)?.message ?? ""
+            return message.contains("'lr'") && message.contains("learning_rate") && !message.contains("learningRate")
+        }
         // Without the stray keys, the same JSON decodes.
         #expect(try ModelSpec.decode(json: Data(json.replacingOccurrences(of: #""unit""#, with: #""units""#).utf8)).layers[0].units == 64)
+        #expect(try ModelSpec.decode(json: Data(training.replacingOccurrences(of: #","lr":1"#, with: "").utf8)).training?.batchSize == 4)
+    }
+
+    @Test func unknownKeysAreRefusedInFormatVersion1ButItsCamelCaseKeysAreKnown() throws {
+        let json = #"{"formatVersion":1,"name":"x","inputs":[{"name":"in","shape":[3],"categorical":false}],"layers":[{"name":"d","type":"dense","inputs":["in"],"units":64,"inputSize":3,"useBias":true,"unit":64}],"output":"d","training":{"loss":"mse","optimizer":{"type":"sgd","learningRate":0.1,"weightDecay":0},"epochs":1,"batchSize":4,"maxUpdates":2}}"#
+        #expect { try ModelSpec.decode(json: Data(json.utf8)) } throws: { error in
+            let message = (error as? FormatError)?.message ?? ""
+            return message.contains("layer 'd'") && message.contains("'unit'") && message.contains("input_size")
+        }
+        let spec = try ModelSpec.decode(json: Data(json.replacingOccurrences(of: #","unit":64"#, with: "").utf8))
+        #expect(spec.layers[0].inputSize == 3)
+        #expect(spec.training?.optimizer.learningRate == 0.1)
+        #expect(spec.training?.maxUpdates == 2)
     }
 
     @Test func unknownLayerTypesFailValidation() throws {
@@ -108,6 +168,6 @@ import Testing
         }
         var wide = Self.housing
         wide.layers[3].inputSize = 20
-        #expect { try wide.parameters() } throws: { ($0 as? FormatError)?.message.contains("'inputSize' is 20, but its input 'joined' has width 18") == true }
+        #expect { try wide.parameters() } throws: { ($0 as? FormatError)?.message.contains("'input_size' is 20, but its input 'joined' has width 18") == true }
     }
 }

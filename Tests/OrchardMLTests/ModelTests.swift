@@ -7,15 +7,15 @@ import Testing
     /// The housing model written as architecture JSON, the way a server ships it.
     static let housingJSON = """
     {
-      "formatVersion": 1, "name": "housing", "output": "out",
+      "format_version": 2, "name": "housing", "output": "out",
       "inputs": [
         {"name": "numeric", "shape": [10], "categorical": false},
         {"name": "chas", "shape": [1], "categorical": true},
         {"name": "rad", "shape": [1], "categorical": true}
       ],
       "layers": [
-        {"name": "chasEmbedding", "type": "embedding", "inputs": ["chas"], "frozen": true, "vocabularySize": 2, "embeddingSize": 2},
-        {"name": "radEmbedding", "type": "embedding", "inputs": ["rad"], "frozen": true, "vocabularySize": 9, "embeddingSize": 5},
+        {"name": "chasEmbedding", "type": "embedding", "inputs": ["chas"], "frozen": true, "vocabulary_size": 2, "embedding_size": 2},
+        {"name": "radEmbedding", "type": "embedding", "inputs": ["rad"], "frozen": true, "vocabulary_size": 9, "embedding_size": 5},
         {"name": "features", "type": "concat", "inputs": ["numeric", "chasEmbedding", "radEmbedding"]},
         {"name": "dense1", "type": "dense", "inputs": ["features"], "units": 64},
         {"name": "relu1", "type": "relu", "inputs": ["dense1"]},
@@ -23,7 +23,7 @@ import Testing
         {"name": "relu2", "type": "relu", "inputs": ["dense2"]},
         {"name": "out", "type": "dense", "inputs": ["relu2"], "units": 1}
       ],
-      "training": {"loss": "mse", "optimizer": {"type": "sgd", "learningRate": 0.01}, "epochs": 5, "batchSize": 16}
+      "training": {"loss": "mse", "optimizer": {"type": "sgd", "learning_rate": 0.01}, "epochs": 5, "batch_size": 16}
     }
     """
 
@@ -99,10 +99,10 @@ import Testing
     }
 
     @Test(arguments: [
-        ("{\"formatVersion\":1,\"name\":\"m\",\"inputs\":[{\"name\":\"x\",\"shape\":[4],\"categorical\":false}],\"layers\":[{\"name\":\"d\",\"type\":\"dense\",\"inputs\":[\"x\"]}],\"output\":\"d\"}", "needs 'units'"),
-        ("{\"formatVersion\":1,\"name\":\"m\",\"inputs\":[{\"name\":\"x\",\"shape\":[4],\"categorical\":false}],\"layers\":[{\"name\":\"e\",\"type\":\"embedding\",\"inputs\":[\"x\"],\"vocabularySize\":3,\"embeddingSize\":2}],\"output\":\"e\"}", "not categorical"),
-        ("{\"formatVersion\":1,\"name\":\"m\",\"inputs\":[{\"name\":\"x\",\"shape\":[2,3],\"categorical\":false}],\"layers\":[{\"name\":\"d\",\"type\":\"dense\",\"inputs\":[\"x\"],\"units\":2}],\"output\":\"d\"}", "flatten"),
-        ("{\"formatVersion\":1,\"name\":\"m\",\"inputs\":[{\"name\":\"x\",\"shape\":[1,4,4],\"categorical\":false}],\"layers\":[{\"name\":\"c\",\"type\":\"conv2d\",\"inputs\":[\"x\"],\"units\":2,\"kernelSize\":[5,5]}],\"output\":\"c\"}", "does not fit"),
+        ("{\"format_version\":2,\"name\":\"m\",\"inputs\":[{\"name\":\"x\",\"shape\":[4],\"categorical\":false}],\"layers\":[{\"name\":\"d\",\"type\":\"dense\",\"inputs\":[\"x\"]}],\"output\":\"d\"}", "needs 'units'"),
+        ("{\"format_version\":2,\"name\":\"m\",\"inputs\":[{\"name\":\"x\",\"shape\":[4],\"categorical\":false}],\"layers\":[{\"name\":\"e\",\"type\":\"embedding\",\"inputs\":[\"x\"],\"vocabulary_size\":3,\"embedding_size\":2}],\"output\":\"e\"}", "not categorical"),
+        ("{\"format_version\":2,\"name\":\"m\",\"inputs\":[{\"name\":\"x\",\"shape\":[2,3],\"categorical\":false}],\"layers\":[{\"name\":\"d\",\"type\":\"dense\",\"inputs\":[\"x\"],\"units\":2}],\"output\":\"d\"}", "flatten"),
+        ("{\"format_version\":2,\"name\":\"m\",\"inputs\":[{\"name\":\"x\",\"shape\":[1,4,4],\"categorical\":false}],\"layers\":[{\"name\":\"c\",\"type\":\"conv2d\",\"inputs\":[\"x\"],\"units\":2,\"kernel_size\":[5,5]}],\"output\":\"c\"}", "does not fit"),
     ])
     func invalidArchitecturesFailWithAClearMessage(json: String, fragment: String) throws {
         let spec = try ModelSpec.decode(json: Data(json.utf8))
@@ -112,7 +112,7 @@ import Testing
     }
 
     @Test func unknownLayerTypesAreRefusedByTheSpecAndTheEngine() throws {
-        let json = "{\"formatVersion\":1,\"name\":\"m\",\"inputs\":[{\"name\":\"x\",\"shape\":[4],\"categorical\":false}],\"layers\":[{\"name\":\"q\",\"type\":\"quantum\",\"inputs\":[\"x\"]}],\"output\":\"q\"}"
+        let json = "{\"format_version\":2,\"name\":\"m\",\"inputs\":[{\"name\":\"x\",\"shape\":[4],\"categorical\":false}],\"layers\":[{\"name\":\"q\",\"type\":\"quantum\",\"inputs\":[\"x\"]}],\"output\":\"q\"}"
         let decodeError = #expect(throws: FormatError.self) { try ModelSpec.decode(json: Data(json.utf8)) }
         #expect(decodeError?.message.contains("layer 'q' has unknown type 'quantum'") == true)
         let spec = ModelSpec(name: "m", inputs: [InputSpec(name: "x", shape: [4])], layers: [LayerSpec(name: "q", type: LayerType(rawValue: "quantum"), inputs: ["x"])])

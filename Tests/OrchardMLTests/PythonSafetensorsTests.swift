@@ -1,10 +1,17 @@
 import Foundation
 import OrchardFormats
 import OrchardML
+import OrchardTesting
 import Testing
 
-/// Checkpoints checked against Python's reference `safetensors` package (CI installs `safetensors` and `numpy`).
-@Suite struct PythonSafetensorsTests {
+/// The Python packages ``PythonSafetensorsTests`` import.
+let pythonSafetensorsModules = ["numpy", "safetensors"]
+
+/// Checkpoints checked against Python's reference `safetensors` package. Skipped, with the install command as the
+/// reason, when `numpy` or `safetensors` is missing; CI sets `ORCHARD_REQUIRE_PYTHON=1`, under which they run and
+/// a missing package fails them.
+@Suite(PythonModules.requirement(pythonSafetensorsModules))
+struct PythonSafetensorsTests {
     /// Runs a Python script with arguments; fails the test with a clear message when Python or a package is missing.
     static func python(_ script: String, _ arguments: [String]) throws -> String {
         let process = Process()
@@ -30,6 +37,7 @@ import Testing
     }
 
     @Test func pythonReadsOrchardWeightsAndTrainingState() async throws {
+        try PythonModules.require(pythonSafetensorsModules)
         let model = try Fixtures.housingModel(seed: 31)
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("orchard-py-\(UUID().uuidString)")
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
@@ -75,6 +83,7 @@ import Testing
     }
 
     @Test func orchardReadsWeightsWrittenByPython() throws {
+        try PythonModules.require(pythonSafetensorsModules)
         var model = try Fixtures.housingModel()
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("orchard-py-\(UUID().uuidString)")
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)

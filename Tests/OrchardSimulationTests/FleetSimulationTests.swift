@@ -130,6 +130,18 @@ import Testing
         #expect(decoded == summary)
         #expect(decoded.dropouts == 3 && decoded.expirations == 15 && decoded.participants == 50)
         #expect(decoded.bestAccuracy == 0.75)
+        // What a person or a pandas script reads uses snake_case keys.
+        let firstLine = try #require(try String(contentsOf: writer.metricsURL, encoding: .utf8).split(separator: "\n").first)
+        let record = try #require(try JSONSerialization.jsonObject(with: Data(firstLine.utf8)) as? [String: Any])
+        #expect(Set(record.keys) == [
+            "round", "wall_seconds", "virtual_start", "virtual_end", "available_fraction", "selected", "participants", "dropouts",
+            "late", "expirations", "resumed", "bytes_up", "bytes_down", "aggregated", "test_loss", "test_accuracy",
+        ])
+        let summaryObject = try #require(try JSONSerialization.jsonObject(with: Data(contentsOf: writer.summaryURL)) as? [String: Any])
+        for key in ["aggregated_rounds", "wall_seconds", "setup_seconds", "virtual_seconds", "bytes_up", "bytes_down", "best_accuracy", "final", "initial"] {
+            #expect(summaryObject[key] != nil, "summary.json lacks \(key)")
+        }
+        #expect(summaryObject.keys.filter { $0.contains { $0.isUppercase } }.isEmpty)
 
         let html = try String(contentsOf: writer.reportURL, encoding: .utf8)
         #expect(html.hasPrefix("<!DOCTYPE html>"))

@@ -13,7 +13,7 @@ extension CoordinatorError {
         switch code {
         case .malformedJSON, .malformedSafetensors, .invalidRequest, .invalidConfiguration, .unsupportedVersion: 400
         case .unauthorized: 401
-        case .forbidden, .invalidRequestKey: 403
+        case .forbidden, .sessionProcessMismatch, .invalidRequestKey: 403
         case .unknownWorker, .unknownProcess, .unknownCheckpoint, .notFound: 404
         case .methodNotAllowed: 405
         case .reportAlreadyReceived, .deadlinePassed, .processExists: 409

@@ -39,28 +39,28 @@ public enum CoordinatorServer {
             return try json(await coordinator.authenticate(message))
         }
         router.post(RouterPath(stringLiteral: Endpoint.cycleRequest)) { request, _ in
-            let worker = try await sessionWorker(request, coordinator)
+            let session = try await deviceSession(request, coordinator)
             let message = try await decode(CycleRequest.self, request, limit: limits.maximumMessageBytes)
-            return try json(await coordinator.requestCycle(message, sessionWorker: worker))
+            return try json(await coordinator.requestCycle(message, session: session))
         }
         router.get(RouterPath(stringLiteral: Endpoint.model(":\(Endpoint.Parameter.model)"))) { request, context in
-            let worker = try await sessionWorker(request, coordinator)
+            let session = try await deviceSession(request, coordinator)
             let key = try requestKey(request)
             let modelID = context.parameters.get(Endpoint.Parameter.model) ?? ""
-            let download = try await coordinator.model(modelID, requestKey: key, sessionWorker: worker)
+            let download = try await coordinator.model(modelID, requestKey: key, session: session)
             var response = try ranged(download.bytes, etag: download.etag, request: request)
             response.headers[RepresentationDigests.field] = digests.value(of: download.bytes, etag: download.etag)
             return response
         }
         router.get(RouterPath(stringLiteral: Endpoint.plan(":\(Endpoint.Parameter.plan)"))) { request, context in
-            let worker = try await sessionWorker(request, coordinator)
+            let session = try await deviceSession(request, coordinator)
             let key = try requestKey(request)
-            return try json(await coordinator.plan(context.parameters.get(Endpoint.Parameter.plan) ?? "", requestKey: key, sessionWorker: worker))
+            return try json(await coordinator.plan(context.parameters.get(Endpoint.Parameter.plan) ?? "", requestKey: key, session: session))
         }
         router.post(RouterPath(stringLiteral: Endpoint.report)) { request, _ in
-            let worker = try await sessionWorker(request, coordinator)
+            let session = try await deviceSession(request, coordinator)
             let body = try await collect(request, limit: limits.maximumReportBytes)
-            return try json(await coordinator.report(body, sessionWorker: worker))
+            return try json(await coordinator.report(body, session: session))
         }
         router.get(RouterPath(stringLiteral: Endpoint.speedTest)) { request, _ in
             let text = request.uri.queryParameters.get(Endpoint.bytesQuery).map({ String($0) }) ?? "\(SpeedTest.maximumBytes)"
@@ -198,11 +198,11 @@ public enum CoordinatorServer {
         return String(value[index..<end])
     }
 
-    private static func sessionWorker(_ request: Request, _ coordinator: Coordinator) async throws -> String {
+    private static func deviceSession(_ request: Request, _ coordinator: Coordinator) async throws -> DeviceSession {
         guard let token = bearer(request) else {
             throw CoordinatorError.unauthorized("Authorization: Bearer <session token> is required")
         }
-        return try await coordinator.worker(forSessionToken: token)
+        return try await coordinator.session(forToken: token)
     }
 
     private static func requireAdmin(_ request: Request, _ coordinator: Coordinator) throws {
