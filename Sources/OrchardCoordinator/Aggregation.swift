@@ -143,6 +143,32 @@ public struct ModelLayout: Sendable, Hashable {
         return nil
     }
 
+    /// The L2 norm of a flat diff held as little-endian Float32 bytes, accumulated in Double (no overflow for
+    /// finite Float values).
+    public func l2Norm(bytes: [UInt8]) -> Double {
+        precondition(bytes.count == totalCount * 4, "flat diff has \(bytes.count) bytes; the layout needs \(totalCount * 4)")
+        var sum = 0.0
+        bytes.withUnsafeBytes { raw in
+            for i in 0..<totalCount {
+                let value = Double(Float(bitPattern: UInt32(littleEndian: raw.loadUnaligned(fromByteOffset: i * 4, as: UInt32.self))))
+                sum += value * value
+            }
+        }
+        return sum.squareRoot()
+    }
+
+    /// Multiplies every value of a flat diff held as little-endian Float32 bytes by `factor`, in place.
+    public func scale(bytes: inout [UInt8], by factor: Double) {
+        precondition(bytes.count == totalCount * 4, "flat diff has \(bytes.count) bytes; the layout needs \(totalCount * 4)")
+        bytes.withUnsafeMutableBytes { raw in
+            for i in 0..<totalCount {
+                let value = Float(bitPattern: UInt32(littleEndian: raw.loadUnaligned(fromByteOffset: i * 4, as: UInt32.self)))
+                let scaled = Float(Double(value) * factor)
+                raw.storeBytes(of: scaled.bitPattern.littleEndian, toByteOffset: i * 4, as: UInt32.self)
+            }
+        }
+    }
+
     /// Splits a flat array back into named tensors.
     public func records(_ flat: [Float]) -> [TensorRecord] {
         precondition(flat.count == totalCount, "flat array has \(flat.count) values; the layout has \(totalCount)")
@@ -221,6 +247,9 @@ public struct RunningSum: Sendable, Hashable {
 
 /// The server optimizer's state, durable between cycles (empty for FedAvg).
 public struct ServerOptimizerState: Sendable, Hashable {
+    /// Whether every moment is finite (a state that is not is never persisted).
+    public var isFinite: Bool { m.allSatisfy(\.isFinite) && v.allSatisfy(\.isFinite) }
+
     /// First moment (FedAvgM's momentum buffer, FedAdam/FedYogi's m).
     public var m: [Float]
     /// Second moment (FedAdam/FedYogi's v).

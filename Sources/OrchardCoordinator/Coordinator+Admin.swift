@@ -29,6 +29,12 @@ extension Coordinator {
         } catch {
             throw CoordinatorError(.malformedSafetensors, "initial_weights: \(error.message)")
         }
+        // The weights must build against the architecture here, not fail later on every device.
+        do throws(FormatError) {
+            try request.model.checkWeights(Dictionary(archive.tensors.map { ($0.name, $0.shape) }, uniquingKeysWith: { first, _ in first }))
+        } catch {
+            throw CoordinatorError(.invalidConfiguration, "\(error.code == .invalidSpec ? "model" : "initial_weights"): \(error.message)")
+        }
         let layout = try ModelLayout(weights: archive.tensors, model: request.model)
         let flat = try layout.flatten(archive.tensors)
         if flat.contains(where: { !$0.isFinite }) {

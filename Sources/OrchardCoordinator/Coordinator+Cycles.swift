@@ -23,30 +23,50 @@ extension Coordinator {
     func perform(_ action: CycleStateMachine.CycleAction, processID: String) async {
         guard let runtime = runtimes[processID] else { return }
         let now = clock.date
-        let transition = runtime.machine.plan(action, now: now)
+        var transition = runtime.machine.plan(action, now: now)
         let started = ContinuousClock.now
-        var closure = CycleClosure(
-            processID: processID, closedCycle: transition.closedCycle, checkpoint: nil, optimizerState: nil,
-            nextCycle: transition.nextCycle.map { StoredCycle(number: $0, checkpoint: transition.checkpoint, openedAt: transition.openedAt) },
-            retention: runtime.process.serverConfig.checkpointRetention
-        )
         var newWeights: [UInt8]?
         var newOptimizer = runtime.optimizer
+        var nonFinite = false
         if transition.aggregated {
             do {
                 var weights = try runtime.layout.flatten(try Safetensors.decode(runtime.checkpointBytes).tensors)
                 ServerOptimizer.step(weights: &weights, delta: runtime.sum.mean(), state: &newOptimizer, config: runtime.process.serverConfig.aggregator, layout: runtime.layout)
-                let bytes = Safetensors.encode(runtime.layout.records(weights), metadata: [
-                    "orchard.process": processID, "orchard.checkpoint": "\(transition.checkpoint)",
-                ])
-                newWeights = bytes
-                closure.checkpoint = (transition.checkpoint, bytes)
-                closure.optimizerState = newOptimizer.bytes
+                if let entry = runtime.layout.entries.first(where: { entry in weights[entry.offset..<(entry.offset + entry.count)].contains { !$0.isFinite } }) {
+                    nonFinite = true
+                    logger.error("aggregate is not finite; cycle abandoned, the previous checkpoint stays published", metadata: [
+                        "process": "\(processID)", "cycle": "\(transition.closedCycle)", "tensor": "\(entry.name)",
+                        "aggregator": "\(runtime.process.serverConfig.aggregator.kind)",
+                    ])
+                } else if !newOptimizer.isFinite {
+                    nonFinite = true
+                    logger.error("server optimizer state is not finite; cycle abandoned, the previous checkpoint and state are kept", metadata: [
+                        "process": "\(processID)", "cycle": "\(transition.closedCycle)", "aggregator": "\(runtime.process.serverConfig.aggregator.kind)",
+                    ])
+                } else {
+                    newWeights = Safetensors.encode(runtime.layout.records(weights), metadata: [
+                        "orchard.process": processID, "orchard.checkpoint": "\(transition.checkpoint)",
+                    ])
+                }
             } catch {
                 logger.error("aggregation failed", metadata: ["process": "\(processID)", "error": "\(error)"])
                 runtime.machine.transitionFailed()
                 return
             }
+        }
+        if nonFinite {
+            // Nothing non-finite is published: the cycle is abandoned and the next one opens from the same checkpoint.
+            transition = runtime.machine.plan(.abandon(cycle: transition.closedCycle, reports: runtime.machine.reported), now: now)
+            newOptimizer = runtime.optimizer
+        }
+        var closure = CycleClosure(
+            processID: processID, closedCycle: transition.closedCycle, checkpoint: nil, optimizerState: nil,
+            nextCycle: transition.nextCycle.map { StoredCycle(number: $0, checkpoint: transition.checkpoint, openedAt: transition.openedAt) },
+            retention: runtime.process.serverConfig.checkpointRetention
+        )
+        if let newWeights {
+            closure.checkpoint = (transition.checkpoint, newWeights)
+            closure.optimizerState = newOptimizer.bytes
         }
         do {
             try await store.closeCycle(closure)
@@ -73,12 +93,15 @@ extension Coordinator {
         } else {
             current.process.cyclesAbandoned += 1
             metrics.cyclesAbandoned.increment()
+            if nonFinite { metrics.cyclesAbandonedNonFinite.increment() }
         }
         current.process.completed = transition.nextCycle == nil
         metrics.aggregationSeconds.recordNanoseconds((ContinuousClock.now - started).inNanoseconds)
         metrics.openCycleAssigned.record(0)
         metrics.openCycleReported.record(0)
         switch action {
+        case .aggregate(let cycle, let reports) where nonFinite:
+            logger.notice("cycle abandoned", metadata: ["process": "\(processID)", "cycle": "\(cycle)", "reports": "\(reports)", "reason": "non_finite"])
         case .aggregate(let cycle, let reports):
             logger.info("cycle aggregated", metadata: ["process": "\(processID)", "cycle": "\(cycle)", "reports": "\(reports)", "checkpoint": "\(transition.checkpoint)"])
         case .abandon(let cycle, let reports):

@@ -35,13 +35,14 @@ extension Coordinator {
             throw CoordinatorError(.forbidden, "the session token belongs to another worker")
         }
         let ticket = try await beginReport(metadata, session: session)
-        let flat: [UInt8]
+        var flat: [UInt8]
         do throws(CoordinatorError) {
             guard (1...ticket.maximumSampleCount).contains(metadata.sampleCount) else {
                 throw CoordinatorError(.invalidSampleCount, "sample_count \(metadata.sampleCount) is not in 1...\(ticket.maximumSampleCount)")
             }
             flat = try ticket.layout.flattenBytes(index, in: body)
             try ticket.layout.checkDiff(bytes: flat)
+            try Self.boundNorm(of: &flat, ticket: ticket, metrics: metrics)
         } catch {
             await abortReport(ticket, workerID: metadata.workerID)
             throw error
@@ -71,6 +72,21 @@ extension Coordinator {
 
     func refused() { metrics.reportsRefused.increment() }
 
+    /// Applies the process's update norm bound to a checked flat diff: nothing when no bound is set or the diff is
+    /// within it; otherwise scales the diff down to the bound (`clip`) or refuses it (`reject`).
+    static func boundNorm(of flat: inout [UInt8], ticket: ReportTicket, metrics: CoordinatorMetrics) throws(CoordinatorError) {
+        guard let bound = ticket.updateNormBound else { return }
+        let norm = ticket.layout.l2Norm(bytes: flat)
+        guard norm > bound else { return }
+        switch ticket.updateNormPolicy {
+        case .reject:
+            throw CoordinatorError(.updateNormExceeded, "the diff's L2 norm \(norm) exceeds server_config.update_norm_bound \(bound)")
+        default:
+            ticket.layout.scale(bytes: &flat, by: bound / norm)
+            metrics.reportsClipped.increment()
+        }
+    }
+
     func beginReport(_ metadata: ReportMetadata, session: DeviceSession) async throws(CoordinatorError) -> ReportTicket {
         try await requireKnownWorker(metadata.workerID)
         let processID: String, runtime: Runtime
@@ -88,7 +104,11 @@ extension Coordinator {
             default: throw CoordinatorError(code, message)
             }
         case .proceed(let cycle):
-            return ReportTicket(processID: processID, cycle: cycle, layout: runtime.layout, maximumSampleCount: runtime.process.serverConfig.maximumSampleCount)
+            let server = runtime.process.serverConfig
+            return ReportTicket(
+                processID: processID, cycle: cycle, layout: runtime.layout, maximumSampleCount: server.maximumSampleCount,
+                updateNormBound: server.updateNormBound, updateNormPolicy: server.updateNormPolicy
+            )
         }
     }
 

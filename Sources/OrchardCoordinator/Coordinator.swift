@@ -58,6 +58,8 @@ public actor Coordinator {
         var cycle: Int
         var layout: ModelLayout
         var maximumSampleCount: Int
+        var updateNormBound: Double?
+        var updateNormPolicy: UpdateNormPolicy
     }
 
     /// A model download.

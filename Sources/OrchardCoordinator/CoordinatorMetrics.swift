@@ -7,6 +7,8 @@ public struct CoordinatorMetrics: Sendable {
     let reportsAccepted: Counter
     let reportsRefused: Counter
     let reportBytes: Counter
+    let reportsClipped: Counter
+    let cyclesAbandonedNonFinite: Counter
     let cyclesAggregated: Counter
     let cyclesAbandoned: Counter
     let aggregationSeconds: Timer
@@ -21,6 +23,8 @@ public struct CoordinatorMetrics: Sendable {
         reportsAccepted = Counter(label: "orchard_reports_total", dimensions: [("result", "accepted")], factory: factory)
         reportsRefused = Counter(label: "orchard_reports_total", dimensions: [("result", "refused")], factory: factory)
         reportBytes = Counter(label: "orchard_report_bytes_total", factory: factory)
+        reportsClipped = Counter(label: "orchard_reports_clipped_total", factory: factory)
+        cyclesAbandonedNonFinite = Counter(label: "orchard_cycles_abandoned_total", dimensions: [("reason", "non_finite")], factory: factory)
         cyclesAggregated = Counter(label: "orchard_cycles_total", dimensions: [("outcome", "aggregated")], factory: factory)
         cyclesAbandoned = Counter(label: "orchard_cycles_total", dimensions: [("outcome", "abandoned")], factory: factory)
         aggregationSeconds = Timer(label: "orchard_aggregation_duration_seconds", factory: factory)

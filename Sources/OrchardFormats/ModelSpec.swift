@@ -88,6 +88,10 @@ public struct ModelSpec: Sendable, Hashable, Codable {
             for source in layer.inputs where !known.contains(source) || source == layer.name {
                 throw FormatError(.invalidSpec, "layer '\(layer.name)' reads '\(source)', which is not an earlier layer or an input")
             }
+            guard LayerType.known.contains(layer.type) else {
+                let known = LayerType.known.map(\.rawValue).sorted().joined(separator: ", ")
+                throw FormatError(.invalidSpec, "layer '\(layer.name)' has unknown type '\(layer.type)' (known: \(known))")
+            }
             if layer.type != .concat && layer.inputs.count != 1 {
                 throw FormatError(.invalidSpec, "layer '\(layer.name)' of type \(layer.type) takes exactly one input, not \(layer.inputs.count)")
             }
@@ -97,8 +101,10 @@ public struct ModelSpec: Sendable, Hashable, Codable {
         }
     }
 
+    /// Decodes a spec, refusing keys it does not know (a misspelt attribute would otherwise be ignored).
     public init(from decoder: any Decoder) throws {
         let c = try decoder.container(keyedBy: SpecKey.self)
+        try c.rejectUnknown(["format_version", "name", "inputs", "layers", "output", "training"], in: "model")
         let snake = try c.decodeIfPresent(Int.self, forKey: SpecKey("format_version"))
         let camel = try c.decodeIfPresent(Int.self, forKey: SpecKey("formatVersion"))
         guard let version = snake ?? camel else {
@@ -160,6 +166,15 @@ public struct InputSpec: Sendable, Hashable, Codable {
         self.shape = shape
         self.categorical = categorical
     }
+
+    /// Decodes an input, refusing keys it does not know.
+    public init(from decoder: any Decoder) throws {
+        let c = try decoder.container(keyedBy: SpecKey.self)
+        name = try c.required(String.self, "name")
+        try c.rejectUnknown(["name", "shape", "categorical"], in: "input '\(name)'")
+        shape = try c.required([Int].self, "shape")
+        categorical = try c.required(Bool.self, "categorical")
+    }
 }
 
 /// The kind of a layer, as its JSON `type` string.
@@ -190,6 +205,9 @@ public struct LayerType: RawRepresentable, Sendable, Hashable, Codable, CustomSt
     public static let maxPool2d = LayerType(rawValue: "maxPool2d")
     /// Inverted dropout (active in training only).
     public static let dropout = LayerType(rawValue: "dropout")
+
+    /// Every type a model may use.
+    public static let known: Set<LayerType> = [.dense, .embedding, .relu, .sigmoid, .tanh, .softmax, .flatten, .concat, .conv2d, .maxPool2d, .dropout]
 }
 
 /// How a convolution or pooling layer pads its input.
@@ -328,9 +346,14 @@ public struct LayerSpec: Sendable, Hashable, Codable {
         self.rate = rate
     }
 
+    /// Decodes a layer, refusing keys it does not know (naming the key and the layer).
     public init(from decoder: any Decoder) throws {
         let c = try decoder.container(keyedBy: SpecKey.self)
         name = try c.required(String.self, "name")
+        try c.rejectUnknown([
+            "name", "type", "inputs", "frozen", "units", "input_size", "use_bias", "vocabulary_size", "embedding_size",
+            "kernel_size", "strides", "padding", "in_channels", "rate",
+        ], in: "layer '\(name)'")
         type = try c.required(LayerType.self, "type")
         inputs = try c.required([String].self, "inputs")
         frozen = try c.optional(Bool.self, "frozen") ?? false
@@ -414,8 +437,10 @@ public struct OptimizerSpec: Sendable, Hashable, Codable {
         self.epsilon = epsilon
     }
 
+    /// Decodes an optimizer, refusing keys it does not know.
     public init(from decoder: any Decoder) throws {
         let c = try decoder.container(keyedBy: SpecKey.self)
+        try c.rejectUnknown(["type", "learning_rate", "momentum", "weight_decay", "beta1", "beta2", "epsilon"], in: "training.optimizer")
         type = try c.required(String.self, "type")
         learningRate = try c.required(Double.self, "learning_rate")
         momentum = try c.optional(Double.self, "momentum") ?? 0
@@ -459,8 +484,10 @@ public struct TrainingSpec: Sendable, Hashable, Codable {
         self.maxUpdates = maxUpdates
     }
 
+    /// Decodes a training spec, refusing keys it does not know.
     public init(from decoder: any Decoder) throws {
         let c = try decoder.container(keyedBy: SpecKey.self)
+        try c.rejectUnknown(["loss", "optimizer", "epochs", "batch_size", "max_updates"], in: "training")
         loss = try c.required(LossType.self, "loss")
         optimizer = try c.required(OptimizerSpec.self, "optimizer")
         epochs = try c.required(Int.self, "epochs")
@@ -508,5 +535,17 @@ extension KeyedDecodingContainer where Key == SpecKey {
             throw DecodingError.keyNotFound(SpecKey(name), .init(codingPath: codingPath, debugDescription: "missing key '\(name)'"))
         }
         return value
+    }
+
+    /// Throws a `DecodingError` naming the first key of this object that is neither one of `known` (snake_case) nor
+    /// its format-1 camelCase spelling, and `owner` (e.g. `layer 'dense1'`); the message lists the snake_case keys.
+    func rejectUnknown(_ known: [String], in owner: @autoclosure () -> String) throws {
+        var accepted = Set(known)
+        for name in known { accepted.insert(SpecKey(name).camelCase.stringValue) }
+        guard let unknown = allKeys.map(\.stringValue).sorted().first(where: { !accepted.contains($0) }) else { return }
+        throw DecodingError.dataCorruptedError(
+            forKey: SpecKey(unknown), in: self,
+            debugDescription: "\(owner()) has unknown key '\(unknown)' (known keys: \(known.joined(separator: ", ")))"
+        )
     }
 }

@@ -213,6 +213,34 @@ public struct AggregatorConfig: Sendable, Hashable, Codable {
     }
 }
 
+/// What the coordinator does with a report whose diff's L2 norm exceeds ``ServerConfig/updateNormBound``.
+public struct UpdateNormPolicy: Sendable, Hashable, Codable, CustomStringConvertible {
+    private enum Value: String, Sendable, Hashable { case clip, reject }
+    private let value: Value
+    private init(_ value: Value) { self.value = value }
+
+    /// The diff is scaled down to the bound before it is folded into the running sum (the default).
+    public static let clip = UpdateNormPolicy(.clip)
+    /// The report is refused with `update_norm_exceeded` (422).
+    public static let reject = UpdateNormPolicy(.reject)
+
+    public var description: String { value.rawValue }
+
+    public init(from decoder: any Decoder) throws {
+        let container = try decoder.singleValueContainer()
+        let raw = try container.decode(String.self)
+        guard let value = Value(rawValue: raw) else {
+            throw DecodingError.dataCorruptedError(in: container, debugDescription: "update_norm_policy '\(raw)' is not one of clip, reject")
+        }
+        self.value = value
+    }
+
+    public func encode(to encoder: any Encoder) throws {
+        var container = encoder.singleValueContainer()
+        try container.encode(value.rawValue)
+    }
+}
+
 /// How the coordinator runs a process's cycles.
 public struct ServerConfig: Sendable, Hashable, Codable {
     /// Seconds from a cycle's opening to its reporting deadline.
@@ -239,9 +267,15 @@ public struct ServerConfig: Sendable, Hashable, Codable {
     public var authentication: AuthenticationConfig
     /// The server optimizer.
     public var aggregator: AggregatorConfig
+    /// The largest L2 norm (over the whole diff) one report may carry, if set; see ``updateNormPolicy``.
+    public var updateNormBound: Double?
+    /// What happens to a report over ``updateNormBound``: clipped to it (default) or refused.
+    public var updateNormPolicy: UpdateNormPolicy
 
     enum CodingKeys: String, CodingKey {
         case cycles, authentication, aggregator
+        case updateNormBound = "update_norm_bound"
+        case updateNormPolicy = "update_norm_policy"
         case cycleLength = "cycle_length"
         case goalCount = "goal_count"
         case overSelection = "over_selection"
@@ -258,7 +292,8 @@ public struct ServerConfig: Sendable, Hashable, Codable {
         cycleLength: Double = 600, cycles: Int = 0, goalCount: Int = 100, overSelection: Double = 1.3,
         minimumReports: Int = 1, paceSteeringWindow: Double = 60, minimumDownloadMbps: Double? = nil,
         minimumUploadMbps: Double? = nil, maximumSampleCount: Int = 1_000_000, checkpointRetention: Int = 5,
-        authentication: AuthenticationConfig = .open, aggregator: AggregatorConfig = AggregatorConfig()
+        authentication: AuthenticationConfig = .open, aggregator: AggregatorConfig = AggregatorConfig(),
+        updateNormBound: Double? = nil, updateNormPolicy: UpdateNormPolicy = .clip
     ) {
         self.cycleLength = cycleLength
         self.cycles = cycles
@@ -272,6 +307,8 @@ public struct ServerConfig: Sendable, Hashable, Codable {
         self.checkpointRetention = checkpointRetention
         self.authentication = authentication
         self.aggregator = aggregator
+        self.updateNormBound = updateNormBound
+        self.updateNormPolicy = updateNormPolicy
     }
 
     public init(from decoder: any Decoder) throws {
@@ -289,6 +326,8 @@ public struct ServerConfig: Sendable, Hashable, Codable {
         checkpointRetention = try c.decodeIfPresent(Int.self, forKey: .checkpointRetention) ?? d.checkpointRetention
         authentication = try c.decodeIfPresent(AuthenticationConfig.self, forKey: .authentication) ?? d.authentication
         aggregator = try c.decodeIfPresent(AggregatorConfig.self, forKey: .aggregator) ?? d.aggregator
+        updateNormBound = try c.decodeIfPresent(Double.self, forKey: .updateNormBound)
+        updateNormPolicy = try c.decodeIfPresent(UpdateNormPolicy.self, forKey: .updateNormPolicy) ?? d.updateNormPolicy
     }
 
     /// Devices admitted per cycle: ⌈goal × over-selection⌉.
@@ -308,6 +347,9 @@ public struct ServerConfig: Sendable, Hashable, Codable {
         if let v = minimumUploadMbps, !(v >= 0) { return "server_config.minimum_upload_mbps must be non-negative" }
         if maximumSampleCount < 1 { return "server_config.maximum_sample_count must be at least 1" }
         if checkpointRetention < 1 { return "server_config.checkpoint_retention must be at least 1" }
+        if let bound = updateNormBound, !(bound > 0) || !bound.isFinite {
+            return "server_config.update_norm_bound must be a positive finite number when set, not \(bound)"
+        }
         switch authentication.mode {
         case .hs256 where (authentication.secret ?? "").utf8.count < 32:
             return "server_config.authentication.secret of at least 32 bytes is required for hs256"

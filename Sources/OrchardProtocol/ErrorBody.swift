@@ -59,6 +59,8 @@ public struct WireErrorCode: RawRepresentable, Sendable, Hashable, Codable, Cust
     public static let nonFiniteValues = WireErrorCode("non_finite_values")
     /// A diff changes a tensor of a frozen layer (422).
     public static let frozenTensorChanged = WireErrorCode("frozen_tensor_changed")
+    /// A diff's L2 norm exceeds the process's `update_norm_bound` under the `reject` policy (422).
+    public static let updateNormExceeded = WireErrorCode("update_norm_exceeded")
     /// The sample count is not in 1…`max_sample_count` (422).
     public static let invalidSampleCount = WireErrorCode("invalid_sample_count")
     /// The body exceeds the coordinator's limit (413).

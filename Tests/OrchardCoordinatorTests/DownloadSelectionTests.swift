@@ -41,6 +41,7 @@ import Testing
             (.methodNotAllowed, 405), (.reportAlreadyReceived, 409), (.deadlinePassed, 409), (.processExists, 409),
             (.payloadTooLarge, 413), (.rangeNotSatisfiable, 416), (.tensorMismatch, 422), (.shapeMismatch, 422),
             (.dtypeMismatch, 422), (.nonFiniteValues, 422), (.frozenTensorChanged, 422), (.invalidSampleCount, 422),
+            (.updateNormExceeded, 422),
             (.internalError, 500), (WireErrorCode("something_new"), 500),
         ]
         for (code, status) in expected {

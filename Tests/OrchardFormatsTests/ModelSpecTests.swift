@@ -114,4 +114,60 @@ import Testing
             #expect(error.message.contains("type"))
         }
     }
+
+    @Test func unknownKeysAreRefusedNamingTheKeyAndTheLayer() throws {
+        let json = #"{"format_version":2,"name":"x","inputs":[{"name":"in","shape":[3],"categorical":false}],"layers":[{"name":"d","type":"dense","inputs":["in"],"unit":64}],"output":"d"}"#
+        #expect { try ModelSpec.decode(json: Data(json.utf8)) } throws: { error in
+            let message = (error as? FormatError)?.message ?? ""
+            return message.contains("layer 'd'") && message.contains("'unit'") && message.contains("units") && message.contains("input_size")
+        }
+        let topLevel = json.replacingOccurrences(of: #""output":"d""#, with: #""output":"d","outputs":"d""#)
+        #expect { try ModelSpec.decode(json: Data(topLevel.utf8)) } throws: { ($0 as? FormatError)?.message.contains("'outputs'") == true }
+        let training = json.replacingOccurrences(of: #","unit":64"#, with: #","units":64"#)
+            .replacingOccurrences(of: #""output":"d""#, with: #""output":"d","training":{"loss":"mse","optimizer":{"type":"sgd","learning_rate":0.1,"lr":1},"epochs":1,"batch_size":4}"#)
+        #expect { try ModelSpec.decode(json: Data(training.utf8)) } throws: { error in
+            let message = (error as? FormatError)?.message ?? ""
+            return message.contains("'lr'") && message.contains("learning_rate") && !message.contains("learningRate")
+        }
+        // Without the stray keys, the same JSON decodes.
+        #expect(try ModelSpec.decode(json: Data(json.replacingOccurrences(of: #""unit""#, with: #""units""#).utf8)).layers[0].units == 64)
+        #expect(try ModelSpec.decode(json: Data(training.replacingOccurrences(of: #","lr":1"#, with: "").utf8)).training?.batchSize == 4)
+    }
+
+    @Test func unknownKeysAreRefusedInFormatVersion1ButItsCamelCaseKeysAreKnown() throws {
+        let json = #"{"formatVersion":1,"name":"x","inputs":[{"name":"in","shape":[3],"categorical":false}],"layers":[{"name":"d","type":"dense","inputs":["in"],"units":64,"inputSize":3,"useBias":true,"unit":64}],"output":"d","training":{"loss":"mse","optimizer":{"type":"sgd","learningRate":0.1,"weightDecay":0},"epochs":1,"batchSize":4,"maxUpdates":2}}"#
+        #expect { try ModelSpec.decode(json: Data(json.utf8)) } throws: { error in
+            let message = (error as? FormatError)?.message ?? ""
+            return message.contains("layer 'd'") && message.contains("'unit'") && message.contains("input_size")
+        }
+        let spec = try ModelSpec.decode(json: Data(json.replacingOccurrences(of: #","unit":64"#, with: "").utf8))
+        #expect(spec.layers[0].inputSize == 3)
+        #expect(spec.training?.optimizer.learningRate == 0.1)
+        #expect(spec.training?.maxUpdates == 2)
+    }
+
+    @Test func unknownLayerTypesFailValidation() throws {
+        var spec = Self.housing
+        spec.layers[4].type = LayerType(rawValue: "gelu")
+        #expect { try spec.validate() } throws: { ($0 as? FormatError)?.message.contains("layer 'relu1' has unknown type 'gelu'") == true }
+    }
+
+    @Test func parametersAreDerivedFromTheArchitecture() throws {
+        let parameters = try Self.housing.parameters()
+        #expect(parameters.map(\.name) == ["chasEmbedding.weight", "dense1.bias", "dense1.weight", "out.bias", "out.weight", "radEmbedding.weight"])
+        #expect(Dictionary(uniqueKeysWithValues: parameters.map { ($0.name, $0.shape) }) == [
+            "chasEmbedding.weight": [2, 2], "radEmbedding.weight": [9, 5], "dense1.weight": [64, 18], "dense1.bias": [64],
+            "out.weight": [1, 64], "out.bias": [1],
+        ])
+        var shapes = Dictionary(uniqueKeysWithValues: parameters.map { ($0.name, $0.shape) })
+        try Self.housing.checkWeights(shapes)
+        shapes["dense1.weight"] = [65, 18]
+        #expect { try Self.housing.checkWeights(shapes) } throws: { error in
+            let error = error as? FormatError
+            return error?.code == .shapeMismatch && error?.message.contains("dimension 0 is the layer's 'units', 64, not 65") == true
+        }
+        var wide = Self.housing
+        wide.layers[3].inputSize = 20
+        #expect { try wide.parameters() } throws: { ($0 as? FormatError)?.message.contains("'input_size' is 20, but its input 'joined' has width 18") == true }
+    }
 }

@@ -27,6 +27,28 @@ import Testing
     }
     """
 
+    @Test func architectureParameterShapesMatchTheBuiltModel() throws {
+        let convolutional = ModelSpec(
+            name: "digits", inputs: [InputSpec(name: "image", shape: [1, 12, 12])],
+            layers: [
+                LayerSpec(name: "conv1", type: .conv2d, inputs: ["image"], units: 4, kernelSize: [3, 3], strides: [2, 2], padding: .same),
+                LayerSpec(name: "act1", type: .relu, inputs: ["conv1"]),
+                LayerSpec(name: "conv2", type: .conv2d, inputs: ["act1"], units: 6, useBias: false, kernelSize: [3, 3], padding: .explicit(height: 1, width: 1)),
+                LayerSpec(name: "pool", type: .maxPool2d, inputs: ["conv2"], kernelSize: [2, 2]),
+                LayerSpec(name: "drop", type: .dropout, inputs: ["pool"], rate: 0.25),
+                LayerSpec(name: "flat", type: .flatten, inputs: ["drop"]),
+                LayerSpec(name: "fc", type: .dense, inputs: ["flat"], units: 3),
+                LayerSpec(name: "probs", type: .softmax, inputs: ["fc"]),
+            ]
+        )
+        for spec in [try ModelSpec.decode(json: Data(Self.housingJSON.utf8)), convolutional] {
+            let derived = try spec.parameters()
+            let built = try Model(spec: spec, seed: 1).parameterShapes
+            #expect(Dictionary(uniqueKeysWithValues: derived.map { ($0.name, $0.shape) }) == built, "\(spec.name)")
+            try spec.checkWeights(built)
+        }
+    }
+
     @Test func housingModelBuildsFromJSONWithDocumentedLayouts() throws {
         let spec = try ModelSpec.decode(json: Data(Self.housingJSON.utf8))
         let model = try Model(spec: spec, seed: 3)
@@ -81,13 +103,21 @@ import Testing
         ("{\"format_version\":2,\"name\":\"m\",\"inputs\":[{\"name\":\"x\",\"shape\":[4],\"categorical\":false}],\"layers\":[{\"name\":\"e\",\"type\":\"embedding\",\"inputs\":[\"x\"],\"vocabulary_size\":3,\"embedding_size\":2}],\"output\":\"e\"}", "not categorical"),
         ("{\"format_version\":2,\"name\":\"m\",\"inputs\":[{\"name\":\"x\",\"shape\":[2,3],\"categorical\":false}],\"layers\":[{\"name\":\"d\",\"type\":\"dense\",\"inputs\":[\"x\"],\"units\":2}],\"output\":\"d\"}", "flatten"),
         ("{\"format_version\":2,\"name\":\"m\",\"inputs\":[{\"name\":\"x\",\"shape\":[1,4,4],\"categorical\":false}],\"layers\":[{\"name\":\"c\",\"type\":\"conv2d\",\"inputs\":[\"x\"],\"units\":2,\"kernel_size\":[5,5]}],\"output\":\"c\"}", "does not fit"),
-        ("{\"format_version\":2,\"name\":\"m\",\"inputs\":[{\"name\":\"x\",\"shape\":[4],\"categorical\":false}],\"layers\":[{\"name\":\"q\",\"type\":\"quantum\",\"inputs\":[\"x\"]}],\"output\":\"q\"}", "unknown type"),
     ])
     func invalidArchitecturesFailWithAClearMessage(json: String, fragment: String) throws {
         let spec = try ModelSpec.decode(json: Data(json.utf8))
         let error = #expect(throws: EngineError.self) { try Model(spec: spec) }
         #expect(error?.code == .invalidModel)
         #expect(error?.message.contains(fragment) == true, "\(error?.message ?? "")")
+    }
+
+    @Test func unknownLayerTypesAreRefusedByTheSpecAndTheEngine() throws {
+        let json = "{\"format_version\":2,\"name\":\"m\",\"inputs\":[{\"name\":\"x\",\"shape\":[4],\"categorical\":false}],\"layers\":[{\"name\":\"q\",\"type\":\"quantum\",\"inputs\":[\"x\"]}],\"output\":\"q\"}"
+        let decodeError = #expect(throws: FormatError.self) { try ModelSpec.decode(json: Data(json.utf8)) }
+        #expect(decodeError?.message.contains("layer 'q' has unknown type 'quantum'") == true)
+        let spec = ModelSpec(name: "m", inputs: [InputSpec(name: "x", shape: [4])], layers: [LayerSpec(name: "q", type: LayerType(rawValue: "quantum"), inputs: ["x"])])
+        let engineError = #expect(throws: EngineError.self) { try Model(spec: spec) }
+        #expect(engineError?.message.contains("unknown type") == true)
     }
 
     @Test func parametersAreAddressableByNameAndAsAFlatVector() throws {

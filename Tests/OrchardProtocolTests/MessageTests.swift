@@ -131,6 +131,27 @@ private func roundTrip<T: Codable & Equatable>(_ value: T) throws -> T {
     }
 }
 
+@Suite struct UpdateNormConfigTests {
+    @Test func theBoundAndPolicyAreSnakeCaseWithClipByDefault() throws {
+        let defaults = try WireCoding.decoder().decode(ServerConfig.self, from: Data("{}".utf8))
+        #expect(defaults.updateNormBound == nil && defaults.updateNormPolicy == .clip)
+        let set = try WireCoding.decoder().decode(ServerConfig.self, from: Data(#"{"update_norm_bound":2.5,"update_norm_policy":"reject"}"#.utf8))
+        #expect(set.updateNormBound == 2.5 && set.updateNormPolicy == .reject)
+        let object = try JSONSerialization.jsonObject(with: WireCoding.encoder().encode(set)) as? [String: Any]
+        #expect(object?["update_norm_bound"] as? Double == 2.5 && object?["update_norm_policy"] as? String == "reject")
+        #expect(throws: DecodingError.self) { try WireCoding.decoder().decode(ServerConfig.self, from: Data(#"{"update_norm_policy":"Clip"}"#.utf8)) }
+    }
+
+    @Test func theOpenAPIDocumentStatesTheNewFieldsAndCode() throws {
+        let object = try #require(try JSONSerialization.jsonObject(with: Data(OpenAPI.document)) as? [String: Any])
+        let schemas = try #require((object["components"] as? [String: Any])?["schemas"] as? [String: Any])
+        let server = try #require((schemas["ServerConfig"] as? [String: Any])?["properties"] as? [String: Any])
+        #expect(server["update_norm_bound"] != nil)
+        #expect((server["update_norm_policy"] as? [String: Any])?["enum"] as? [String] == ["clip", "reject"])
+        #expect(String(decoding: OpenAPI.document, as: UTF8.self).contains("\"\(WireErrorCode.updateNormExceeded.rawValue)\""))
+    }
+}
+
 @Suite struct ClientConfigLayersTests {
     @Test func keysLeftOutStayUnsetAndAreNotSent() throws {
         let config = try WireCoding.decoder().decode(ClientConfig.self, from: Data(#"{"learning_rate":0.2}"#.utf8))

@@ -19,7 +19,7 @@ extension CoordinatorError {
         case .reportAlreadyReceived, .deadlinePassed, .processExists: 409
         case .payloadTooLarge: 413
         case .rangeNotSatisfiable: 416
-        case .tensorMismatch, .shapeMismatch, .dtypeMismatch, .nonFiniteValues, .frozenTensorChanged, .invalidSampleCount: 422
+        case .tensorMismatch, .shapeMismatch, .dtypeMismatch, .nonFiniteValues, .frozenTensorChanged, .invalidSampleCount, .updateNormExceeded: 422
         default: 500
         }
     }

@@ -156,6 +156,12 @@ public enum CoordinatorServer {
         do {
             return try WireCoding.decoder().decode(T.self, from: Data(body))
         } catch {
+            // A process whose model or configurations do not decode (an unknown key, an unknown enum value) is an
+            // invalid configuration, not malformed JSON.
+            if T.self == HostProcessRequest.self, let error = error as? DecodingError, let context = error.context,
+               let first = context.codingPath.first?.stringValue, ["model", "client_config", "server_config"].contains(first) {
+                throw CoordinatorError(.invalidConfiguration, "\(describe(error))")
+            }
             throw CoordinatorError(.malformedJSON, "body is not a valid \(T.self): \(describe(error))")
         }
     }
@@ -238,6 +244,16 @@ public enum CoordinatorServer {
         case .partial(let range):
             headers[.contentRange] = "bytes \(range.lowerBound)-\(range.upperBound - 1)/\(bytes.count)"
             return Response(status: .partialContent, headers: headers, body: ResponseBody(byteBuffer: ByteBuffer(bytes: bytes[range])))
+        }
+    }
+}
+
+extension DecodingError {
+    /// The context of whichever case this is.
+    fileprivate var context: Context? {
+        switch self {
+        case .keyNotFound(_, let context), .typeMismatch(_, let context), .valueNotFound(_, let context), .dataCorrupted(let context): context
+        @unknown default: nil
         }
     }
 }
