@@ -228,6 +228,15 @@ public struct ReportResponse: Sendable, Hashable, Codable {
         self.retryAfter = retryAfter
         self.cycleClosed = cycleClosed
     }
+
+    /// Decodes a response; a missing `cycle_closed` reads as false.
+    public init(from decoder: any Decoder) throws {
+        let c = try decoder.container(keyedBy: CodingKeys.self)
+        cycle = try c.decode(Int.self, forKey: .cycle)
+        reportsReceived = try c.decode(Int.self, forKey: .reportsReceived)
+        retryAfter = try c.decode(Double.self, forKey: .retryAfter)
+        cycleClosed = try c.decodeIfPresent(Bool.self, forKey: .cycleClosed) ?? false
+    }
 }
 
 /// The answer to a speed-test upload.

@@ -70,8 +70,11 @@ public struct SemanticVersion: Sendable, Hashable, Comparable, Codable, CustomSt
 
 /// The version of the wire protocol and the rule for which peers can talk to each other.
 public enum WireProtocol {
-    /// The protocol version this build speaks.
-    public static let version = SemanticVersion(1, 0, 0)
+    /// The protocol version this build speaks. 2.0: the client config travels only in the plan (no longer in the
+    /// assignment), sessions are bound to the process they were issued for, and a report's answer says whether
+    /// it closed the cycle; a 1.x device is refused at authentication (`unsupported_version`) rather than failing
+    /// to decode an assignment.
+    public static let version = SemanticVersion(2, 0, 0)
     /// The HTTP header carrying the sender's protocol version.
     public static let versionHeader = "Orchard-Protocol-Version"
     /// The path prefix of every versioned endpoint.

@@ -53,6 +53,10 @@ struct TrainingSettingsTests {
         #expect(TrainingConfiguration(epochs: 2, batchSize: 10).plannedUpdates(samples: 25) == 6)
         #expect(TrainingConfiguration(epochs: 2, batchSize: 10, maxUpdates: 4).plannedUpdates(samples: 25) == 4)
         #expect(TrainingConfiguration(epochs: 3, batchSize: 8).plannedUpdates(samples: 0) == 0)
+        // A huge epoch count from a client config saturates instead of trapping the device.
+        #expect(TrainingConfiguration(epochs: Int.max, batchSize: 1).plannedUpdates(samples: 3) == Int.max)
+        #expect(TrainingConfiguration(epochs: Int.max, batchSize: 1, maxUpdates: 9).plannedUpdates(samples: 3) == 9)
+        #expect(TrainingConfiguration(epochs: 1, batchSize: Int.max).plannedUpdates(samples: Int.max) == 1)
     }
 
     @Test("a paused run resumes to the same diff as an uninterrupted one, and its checkpoint says how far it got")

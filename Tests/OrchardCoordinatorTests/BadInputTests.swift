@@ -93,7 +93,7 @@ private func rawSafetensors(_ tensors: [(name: String, dtype: String, shape: [In
         expectError(try await http.send("POST", Endpoint.authenticate, body: Array("{\"process_name\":".utf8)), 400, "malformed_json", "truncated JSON")
         expectError(try await http.send("POST", Endpoint.authenticate, body: Array("{\"process_name\":\"tiny\"}".utf8)), 400, "malformed_json", "missing field")
         expectError(try await http.send("POST", Endpoint.authenticate, body: Array("{\"process_name\":\"tiny\",\"process_version\":\"one\",\"protocol_version\":\"1\"}".utf8)), 400, "malformed_json", "bad version")
-        expectError(try await http.json("POST", Endpoint.authenticate, AuthenticateRequest(processName: "tiny", processVersion: SemanticVersion(1), protocolVersion: SemanticVersion(2))), 400, "unsupported_version", "protocol 2")
+        expectError(try await http.json("POST", Endpoint.authenticate, AuthenticateRequest(processName: "tiny", processVersion: SemanticVersion(1), protocolVersion: SemanticVersion(1))), 400, "unsupported_version", "protocol 1")
         expectError(try await http.send("POST", Endpoint.authenticate, body: [UInt8](repeating: 32, count: 5000)), 413, "payload_too_large", "oversized JSON")
         expectError(try await http.send("GET", "/v1/nothing"), 404, "not_found", "unknown route")
         var badProcess = Fixture.host(name: "bad")

@@ -170,5 +170,7 @@ private func roundTrip<T: Codable & Equatable>(_ value: T) throws -> T {
         let object = try JSONSerialization.jsonObject(with: WireCoding.encoder().encode(closing)) as? [String: Any]
         #expect(object?["cycle_closed"] as? Bool == true)
         #expect(try WireCoding.decoder().decode(ReportResponse.self, from: WireCoding.encoder().encode(closing)) == closing)
+        let withoutFlag = try WireCoding.decoder().decode(ReportResponse.self, from: Data(#"{"cycle":2,"reports_received":1,"retry_after":5}"#.utf8))
+        #expect(withoutFlag == ReportResponse(cycle: 2, reportsReceived: 1, retryAfter: 5, cycleClosed: false))
     }
 }

@@ -33,9 +33,10 @@ import OrchardProtocol
     }
 
     @Test func compatibilityFollowsTheMajorVersion() throws {
-        #expect(WireProtocol.isCompatible(try #require(SemanticVersion("1.4"))))
-        #expect(WireProtocol.isCompatible(try #require(SemanticVersion("1"))))
-        #expect(!WireProtocol.isCompatible(try #require(SemanticVersion("2.0"))))
-        #expect(!WireProtocol.isCompatible(try #require(SemanticVersion("0.9"))))
+        #expect(WireProtocol.isCompatible(try #require(SemanticVersion("2.4"))))
+        #expect(WireProtocol.isCompatible(try #require(SemanticVersion("2"))))
+        #expect(!WireProtocol.isCompatible(try #require(SemanticVersion("3.0"))))
+        // 1.x devices expect the client config in the assignment: refused at authentication.
+        #expect(!WireProtocol.isCompatible(try #require(SemanticVersion("1.0"))))
     }
 }

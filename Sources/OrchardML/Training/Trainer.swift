@@ -39,9 +39,12 @@ public struct TrainingConfiguration: Sendable, Hashable {
 
     /// The updates a whole run over `samples` samples applies: `epochs × ⌈samples / batchSize⌉`, or the update
     /// cap when smaller.
+    /// Saturates at `Int.max` rather than overflowing (a client config may set any positive epoch count).
     public func plannedUpdates(samples: Int) -> Int {
-        let batches = (max(0, samples) + max(1, batchSize) - 1) / max(1, batchSize)
-        let full = epochs * batches
+        let batchSize = max(1, batchSize)
+        let batches = max(0, samples) / batchSize + (max(0, samples) % batchSize == 0 ? 0 : 1)
+        let (product, overflow) = max(0, epochs).multipliedReportingOverflow(by: batches)
+        let full = overflow ? Int.max : product
         return maxUpdates.map { min($0, full) } ?? full
     }
 }
