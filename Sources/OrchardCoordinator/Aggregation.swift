@@ -73,52 +73,8 @@ public struct ModelLayout: Sendable, Hashable {
         return flat
     }
 
-    /// Gathers a report's tensors, straight from the bytes they arrived in, into the layout's flat order as
-    /// little-endian Float32 bytes (one copy; nothing decoded in between).
-    /// - Parameters:
-    ///   - index: The checked header of `body`.
-    ///   - body: The safetensors bytes.
-    public func flattenBytes(_ index: SafetensorsIndex, in body: [UInt8]) throws(CoordinatorError) -> [UInt8] {
-        guard index.entries.count == entries.count else {
-            let names = Set(index.entries.map(\.name))
-            if let missing = entries.first(where: { !names.contains($0.name) }) {
-                throw CoordinatorError(.tensorMismatch, "tensor '\(missing.name)' is missing")
-            }
-            throw CoordinatorError(.tensorMismatch, "\(index.entries.count) tensors given; the model has \(entries.count)")
-        }
-        var flat = [UInt8](repeating: 0, count: totalCount * 4)
-        for tensor in index.entries {
-            guard let position = self.index[tensor.name] else {
-                throw CoordinatorError(.tensorMismatch, "tensor '\(tensor.name)' is not part of the model")
-            }
-            let entry = entries[position]
-            guard tensor.dtype == .float32 else {
-                throw CoordinatorError(.dtypeMismatch, "tensor '\(tensor.name)' is \(tensor.dtype.rawValue); diffs are F32")
-            }
-            guard tensor.shape == entry.shape else {
-                throw CoordinatorError(.shapeMismatch, "tensor '\(tensor.name)' has shape \(tensor.shape); the model's is \(entry.shape)")
-            }
-            flat.withUnsafeMutableBytes { destination in
-                body.withUnsafeBytes { source in
-                    UnsafeMutableRawBufferPointer(rebasing: destination[(entry.offset * 4)..<((entry.offset + entry.count) * 4)])
-                        .copyMemory(from: UnsafeRawBufferPointer(rebasing: source[tensor.byteRange]))
-                }
-            }
-        }
-        return flat
-    }
-
-    /// Checks a flat diff held as little-endian Float32 bytes (see ``flattenBytes(_:in:)``).
-    public func checkDiff(bytes: [UInt8]) throws(CoordinatorError) {
-        precondition(bytes.count == totalCount * 4, "flat diff has \(bytes.count) bytes; the layout needs \(totalCount * 4)")
-        #if _endian(little)
-        let failure = bytes.withUnsafeBytes { problem(in: $0.bindMemory(to: Float.self)) }
-        #else
-        let floats = bytes.withUnsafeBytes { raw in (0..<totalCount).map { Float(bitPattern: UInt32(littleEndian: raw.loadUnaligned(fromByteOffset: $0 * 4, as: UInt32.self))) } }
-        let failure = floats.withUnsafeBufferPointer { problem(in: $0) }
-        #endif
-        if let failure { throw failure }
-    }
+    /// The entry of the tensor called `name`, if the model has one.
+    public func entry(named name: String) -> Entry? { index[name].map { entries[$0] } }
 
     /// Checks a flat diff: finite values, and zeros in frozen tensors.
     public func checkDiff(_ flat: [Float]) throws(CoordinatorError) {
@@ -141,32 +97,6 @@ public struct ModelLayout: Sendable, Hashable {
             }
         }
         return nil
-    }
-
-    /// The L2 norm of a flat diff held as little-endian Float32 bytes, accumulated in Double (no overflow for
-    /// finite Float values).
-    public func l2Norm(bytes: [UInt8]) -> Double {
-        precondition(bytes.count == totalCount * 4, "flat diff has \(bytes.count) bytes; the layout needs \(totalCount * 4)")
-        var sum = 0.0
-        bytes.withUnsafeBytes { raw in
-            for i in 0..<totalCount {
-                let value = Double(Float(bitPattern: UInt32(littleEndian: raw.loadUnaligned(fromByteOffset: i * 4, as: UInt32.self))))
-                sum += value * value
-            }
-        }
-        return sum.squareRoot()
-    }
-
-    /// Multiplies every value of a flat diff held as little-endian Float32 bytes by `factor`, in place.
-    public func scale(bytes: inout [UInt8], by factor: Double) {
-        precondition(bytes.count == totalCount * 4, "flat diff has \(bytes.count) bytes; the layout needs \(totalCount * 4)")
-        bytes.withUnsafeMutableBytes { raw in
-            for i in 0..<totalCount {
-                let value = Float(bitPattern: UInt32(littleEndian: raw.loadUnaligned(fromByteOffset: i * 4, as: UInt32.self)))
-                let scaled = Float(Double(value) * factor)
-                raw.storeBytes(of: scaled.bitPattern.littleEndian, toByteOffset: i * 4, as: UInt32.self)
-            }
-        }
     }
 
     /// Splits a flat array back into named tensors.
@@ -225,6 +155,27 @@ public struct RunningSum: Sendable, Hashable {
         let floats = bytes.withUnsafeBytes { raw in (0..<(raw.count / 4)).map { Float(bitPattern: UInt32(littleEndian: raw.loadUnaligned(fromByteOffset: $0 * 4, as: UInt32.self))) } }
         floats.withUnsafeBufferPointer { add($0, weight: weight) }
         #endif
+    }
+
+    /// Adds `weight × diff` for a staged diff (read in blocks of 1 MiB, so memory stays O(block)).
+    public mutating func add(_ diff: any StagedDiff, weight: Double) throws(StoreError) {
+        let block = 1 << 18
+        let buffer = UnsafeMutableBufferPointer<Float>.allocate(capacity: max(1, min(block, sum.count)))
+        defer { buffer.deallocate() }
+        var start = 0
+        while start < sum.count {
+            let count = min(block, sum.count - start)
+            try diff.read(into: UnsafeMutableRawBufferPointer(rebasing: UnsafeMutableRawBufferPointer(buffer)[0..<(count * 4)]), at: start * 4)
+            #if _endian(big)
+            for i in 0..<count { buffer[i] = Float(bitPattern: UInt32(littleEndian: buffer[i].bitPattern)) }
+            #endif
+            sum.withUnsafeMutableBufferPointer { total in
+                for i in 0..<count { total[start + i] += weight * Double(buffer[i]) }
+            }
+            start += count
+        }
+        self.weight += weight
+        reports += 1
     }
 
     /// The stored form of the sum (little-endian Float64).

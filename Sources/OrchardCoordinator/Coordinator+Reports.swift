@@ -8,84 +8,52 @@ import Synchronization
 
 // The report pipeline: checks in the actor, validation and the durable commit outside it, the fold into the running sum.
 extension Coordinator {
-    /// Accepts a report (a ``ReportEnvelope``); returns only after its contribution is committed.
+    /// Accepts a report held whole in memory (a ``ReportEnvelope``); returns only after its contribution is
+    /// committed. The same path as an upload (``beginUpload(session:)``) fed one chunk.
     /// - Parameters:
     ///   - body: The safetensors body.
     ///   - session: What the session token proves.
     public nonisolated func report(_ body: [UInt8], session: DeviceSession) async throws(CoordinatorError) -> ReportResponse {
-        let index: SafetensorsIndex
-        do throws(FormatError) {
-            index = try Safetensors.index(body)
+        let upload = try beginUpload(session: session)
+        do {
+            try await upload.consume(body)
+            return try await upload.finish()
         } catch {
-            await refused()
-            if error.code == .dtypeMismatch || error.code == .unsupportedDType {
-                throw CoordinatorError(.dtypeMismatch, error.message)
-            }
-            throw CoordinatorError(.malformedSafetensors, error.message)
-        }
-        let metadata: ReportMetadata
-        do throws(FormatError) {
-            metadata = try ReportEnvelope.metadata(in: index.metadata)
-        } catch {
-            await refused()
-            throw CoordinatorError(.invalidRequest, error.message)
-        }
-        guard metadata.workerID == session.workerID else {
-            await refused()
-            throw CoordinatorError(.forbidden, "the session token belongs to another worker")
-        }
-        let ticket = try await beginReport(metadata, session: session)
-        var flat: [UInt8]
-        do throws(CoordinatorError) {
-            guard (1...ticket.maximumSampleCount).contains(metadata.sampleCount) else {
-                throw CoordinatorError(.invalidSampleCount, "sample_count \(metadata.sampleCount) is not in 1...\(ticket.maximumSampleCount)")
-            }
-            flat = try ticket.layout.flattenBytes(index, in: body)
-            try ticket.layout.checkDiff(bytes: flat)
-            try Self.boundNorm(of: &flat, ticket: ticket, metrics: metrics)
-        } catch {
-            await abortReport(ticket, workerID: metadata.workerID)
+            await upload.abandon()
             throw error
         }
-        let metricsJSON = (try? WireCoding.encoder().encode(metadata.metrics)).map { String(decoding: $0, as: UTF8.self) } ?? "{}"
-        let record = ReportRecord(
-            processID: ticket.processID, cycle: ticket.cycle, workerID: metadata.workerID, requestKey: metadata.requestKey,
-            sampleCount: metadata.sampleCount, metricsJSON: metricsJSON, diff: flat
-        )
-        let started = ContinuousClock.now
-        do {
-            try await store.recordReport(record)
-        } catch {
-            await abortReport(ticket, workerID: metadata.workerID)
-            if let storeError = error as? StoreError, storeError.code == .cycleClosed {
-                throw CoordinatorError(.deadlinePassed, "cycle \(ticket.cycle) closed before the report was committed")
-            }
-            if let storeError = error as? StoreError, storeError.code == .duplicate {
-                throw CoordinatorError(.reportAlreadyReceived, storeError.message)
-            }
-            throw await storeFailure(error, "commit the report")
-        }
-        metrics.reportCommitSeconds.recordNanoseconds((ContinuousClock.now - started).inNanoseconds)
-        metrics.reportBytes.increment(by: body.count)
-        return await commitReport(ticket, workerID: metadata.workerID, sampleCount: metadata.sampleCount, diff: flat)
     }
 
-    func refused() { metrics.reportsRefused.increment() }
+    /// Starts receiving a report as it arrives (``ReportUpload``), taking one of the coordinator's
+    /// ``CoordinatorConfiguration/maximumUploadsInFlight`` places.
+    /// - Throws: `too_many_uploads` with ``CoordinatorConfiguration/uploadRetryAfter`` when every place is taken.
+    public nonisolated func beginUpload(session: DeviceSession) throws(CoordinatorError) -> ReportUpload {
+        let limit = configuration.maximumUploadsInFlight
+        let admitted = uploadPlaces.withLock { count -> Bool in
+            guard count < limit else { return false }
+            count += 1
+            metrics.uploadsInFlight.record(count)
+            return true
+        }
+        guard admitted else {
+            metrics.uploadsRefusedBusy.increment()
+            throw CoordinatorError(
+                .tooManyUploads, "the coordinator is receiving \(limit) reports already; retry in \(configuration.uploadRetryAfter) s",
+                retryAfterSeconds: configuration.uploadRetryAfter
+            )
+        }
+        return ReportUpload(coordinator: self, session: session)
+    }
 
-    /// Applies the process's update norm bound to a checked flat diff: nothing when no bound is set or the diff is
-    /// within it; otherwise scales the diff down to the bound (`clip`) or refuses it (`reject`).
-    static func boundNorm(of flat: inout [UInt8], ticket: ReportTicket, metrics: CoordinatorMetrics) throws(CoordinatorError) {
-        guard let bound = ticket.updateNormBound else { return }
-        let norm = ticket.layout.l2Norm(bytes: flat)
-        guard norm > bound else { return }
-        switch ticket.updateNormPolicy {
-        case .reject:
-            throw CoordinatorError(.updateNormExceeded, "the diff's L2 norm \(norm) exceeds server_config.update_norm_bound \(bound)")
-        default:
-            ticket.layout.scale(bytes: &flat, by: bound / norm)
-            metrics.reportsClipped.increment()
+    /// Gives back an upload's place.
+    nonisolated func endUpload() {
+        uploadPlaces.withLock { count in
+            count -= 1
+            metrics.uploadsInFlight.record(count)
         }
     }
+
+    nonisolated func refused() { metrics.reportsRefused.increment() }
 
     func beginReport(_ metadata: ReportMetadata, session: DeviceSession) async throws(CoordinatorError) -> ReportTicket {
         try await requireKnownWorker(metadata.workerID)
@@ -112,6 +80,16 @@ extension Coordinator {
         }
     }
 
+    /// Reloads a process from the store after its in-memory state could not be kept in step with it.
+    func reload(processID: String) async {
+        do {
+            guard let process = try await store.processes().first(where: { $0.id == processID }) else { return }
+            try await load(process)
+        } catch {
+            logger.error("could not reload a process from the store", metadata: ["process": "\(processID)", "error": "\(error)"])
+        }
+    }
+
     func abortReport(_ ticket: ReportTicket, workerID: String) async {
         metrics.reportsRefused.increment()
         guard let runtime = runtimes[ticket.processID], runtime.machine.cycle == ticket.cycle else { return }
@@ -119,13 +97,22 @@ extension Coordinator {
         if let action { await perform(action, processID: ticket.processID) }
     }
 
-    func commitReport(_ ticket: ReportTicket, workerID: String, sampleCount: Int, diff: [UInt8]) async -> ReportResponse {
+    func commitReport(_ ticket: ReportTicket, workerID: String, sampleCount: Int, diff: any StagedDiff) async -> ReportResponse {
         metrics.reportsAccepted.increment()
         guard let runtime = runtimes[ticket.processID], runtime.machine.cycle == ticket.cycle else {
             // The process was deleted while the report was committed; it was still acknowledged by the store.
             return ReportResponse(cycle: ticket.cycle, reportsReceived: 0, retryAfter: 0)
         }
-        runtime.sum.add(bytes: diff, weight: Double(sampleCount))
+        do throws(StoreError) {
+            try runtime.sum.add(diff, weight: Double(sampleCount))
+        } catch {
+            // The report is committed in the store but could not be read back into the running sum: reload the
+            // process from the store, which folds every committed diff again.
+            logger.error("could not read a committed diff back", metadata: ["process": "\(ticket.processID)", "error": "\(error)"])
+            await reload(processID: ticket.processID)
+            let received = runtimes[ticket.processID]?.machine.reported ?? 0
+            return ReportResponse(cycle: ticket.cycle, reportsReceived: received, retryAfter: 0)
+        }
         runtime.unfolded.append(workerID)
         let action = runtime.machine.commitReport(workerID: workerID)
         let received = runtime.machine.reported

@@ -84,6 +84,10 @@ public actor Coordinator {
     var knownWorkers: Set<String> = []
     /// Session tokens are checked outside the actor (every device request carries one).
     nonisolated let sessionIssuer = Mutex<SessionIssuer?>(nil)
+    /// Report uploads being received (``beginUpload(session:)``).
+    nonisolated let uploadPlaces = Mutex(0)
+    /// Report uploads being received now.
+    public nonisolated var uploadsInFlight: Int { uploadPlaces.withLock { $0 } }
 
     /// Creates a coordinator; call ``start()`` before use.
     /// - Parameters:

@@ -9,11 +9,14 @@ public struct CoordinatorError: OrchardError, Hashable {
     public var code: WireErrorCode
     /// A human-readable explanation.
     public var message: String
+    /// Seconds after which the same request may succeed (sent as `Retry-After`), for refusals of a busy server.
+    public var retryAfterSeconds: Int?
 
     /// Creates an error.
-    public init(_ code: WireErrorCode, _ message: String) {
+    public init(_ code: WireErrorCode, _ message: String, retryAfterSeconds: Int? = nil) {
         self.code = code
         self.message = message
+        self.retryAfterSeconds = retryAfterSeconds
     }
 
     /// The wire body for this error.

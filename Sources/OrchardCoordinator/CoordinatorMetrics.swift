@@ -8,6 +8,8 @@ public struct CoordinatorMetrics: Sendable {
     let reportsRefused: Counter
     let reportBytes: Counter
     let reportsClipped: Counter
+    let uploadsRefusedBusy: Counter
+    let uploadsInFlight: Gauge
     let cyclesAbandonedNonFinite: Counter
     let cyclesAggregated: Counter
     let cyclesAbandoned: Counter
@@ -24,6 +26,8 @@ public struct CoordinatorMetrics: Sendable {
         reportsRefused = Counter(label: "orchard_reports_total", dimensions: [("result", "refused")], factory: factory)
         reportBytes = Counter(label: "orchard_report_bytes_total", factory: factory)
         reportsClipped = Counter(label: "orchard_reports_clipped_total", factory: factory)
+        uploadsRefusedBusy = Counter(label: "orchard_reports_total", dimensions: [("result", "busy")], factory: factory)
+        uploadsInFlight = Gauge(label: "orchard_uploads_in_flight", factory: factory)
         cyclesAbandonedNonFinite = Counter(label: "orchard_cycles_abandoned_total", dimensions: [("reason", "non_finite")], factory: factory)
         cyclesAggregated = Counter(label: "orchard_cycles_total", dimensions: [("outcome", "aggregated")], factory: factory)
         cyclesAbandoned = Counter(label: "orchard_cycles_total", dimensions: [("outcome", "abandoned")], factory: factory)

@@ -12,8 +12,7 @@ import Darwin
 final class DiffSpool: Sendable {
     /// The spool's root directory.
     let directory: URL
-    /// Whether every file (and its directory entry) is synced to disk before ``write(_:process:cycle:key:)``
-    /// returns.
+    /// Whether every file (and its directory entry) is synced to disk before its report's row commits.
     let sync: Bool
     /// Cycle folders known to exist, so a report does not stat its folder again.
     private let folders = Mutex<Set<String>>([])
@@ -24,8 +23,8 @@ final class DiffSpool: Sendable {
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
     }
 
-    /// Writes `bytes` to a new file for a report and returns its relative name.
-    func write(_ bytes: [UInt8], process: String, cycle: Int, key: String) throws -> String {
+    /// Creates a new, empty file for a report whose diff is written as it arrives (``SpooledDiff``).
+    func stage(process: String, cycle: Int, key: String) throws(StoreError) -> SpooledDiff {
         guard Self.isSafe(process), Self.isSafe(key) else {
             throw StoreError(.io, "process id '\(process)' or request key '\(key)' cannot name a spool file")
         }
@@ -33,46 +32,20 @@ final class DiffSpool: Sendable {
         let name = "\(folder)/\(key)-\(UUID().uuidString).f32"
         let folderURL = directory.appendingPathComponent(folder)
         if !folders.withLock({ $0.contains(folder) }) {
-            try FileManager.default.createDirectory(at: folderURL, withIntermediateDirectories: true)
+            do {
+                try FileManager.default.createDirectory(at: folderURL, withIntermediateDirectories: true)
+            } catch {
+                throw StoreError(.io, "cannot create spool folder \(folderURL.path): \(error)")
+            }
             folders.withLock { _ = $0.insert(folder) }
         }
         let path = directory.appendingPathComponent(name).path
-        let fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
+        let fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
         guard fd >= 0 else { throw Self.failure("create", path) }
-        var ok = bytes.withUnsafeBytes { raw -> Bool in
-            var offset = 0
-            while offset < raw.count {
-                let written = systemWrite(fd, raw.baseAddress! + offset, raw.count - offset)
-                if written < 0 {
-                    if errno == EINTR { continue }
-                    return false
-                }
-                offset += written
-            }
-            return true
-        }
-        if ok && sync { ok = fdatasync(fd) == 0 }
-        let error = Self.failure("write", path)
-        close(fd)
-        guard ok else {
-            unlink(path)
-            throw error
-        }
-        if sync {
-            let dir = open(folderURL.path, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
-            if dir >= 0 {
-                let synced = fsync(dir) == 0
-                close(dir)
-                if !synced {
-                    unlink(path)
-                    throw Self.failure("sync the directory of", path)
-                }
-            }
-        }
-        return name
+        return SpooledDiff(name: name, path: path, folder: folderURL.path, descriptor: fd)
     }
 
-    /// The bytes of a file written by ``write(_:process:cycle:key:)``.
+    /// The bytes of a spooled file.
     func read(_ name: String) throws -> [UInt8] {
         let url = directory.appendingPathComponent(name)
         guard let data = FileManager.default.contents(atPath: url.path) else {
@@ -130,13 +103,72 @@ final class DiffSpool: Sendable {
         }
     }
 
-    private static func failure(_ action: String, _ path: String) -> StoreError {
+    static func failure(_ action: String, _ path: String) -> StoreError {
         StoreError(.io, "cannot \(action) spool file \(path): \(String(cString: strerror(errno)))")
     }
 }
 
-#if canImport(Glibc)
-private func systemWrite(_ fd: Int32, _ buffer: UnsafeRawPointer, _ count: Int) -> Int { Glibc.write(fd, buffer, count) }
-#elseif canImport(Darwin)
-private func systemWrite(_ fd: Int32, _ buffer: UnsafeRawPointer, _ count: Int) -> Int { Darwin.write(fd, buffer, count) }
-#endif
+
+/// A spool file written while its report arrives: positioned writes and reads of the flat diff, a sync before the
+/// report's row commits, and deletion if the report is refused or abandoned. The descriptor closes with the object.
+final class SpooledDiff: StagedDiff, @unchecked Sendable {
+    /// The file's name relative to the spool directory (what the database row stores).
+    let name: String
+    private let path: String
+    private let folder: String
+    private let descriptor: Int32
+    /// Set once the file is deleted; guarded by `lock`.
+    private var discarded = false
+    private let lock = Mutex<Void>(())
+
+    init(name: String, path: String, folder: String, descriptor: Int32) {
+        self.name = name
+        self.path = path
+        self.folder = folder
+        self.descriptor = descriptor
+    }
+
+    deinit { close(descriptor) }
+
+    func write(_ bytes: UnsafeRawBufferPointer, at offset: Int) throws(StoreError) {
+        var done = 0
+        while done < bytes.count {
+            let written = pwrite(descriptor, bytes.baseAddress! + done, bytes.count - done, off_t(offset + done))
+            if written < 0 {
+                if errno == EINTR { continue }
+                throw DiffSpool.failure("write", path)
+            }
+            done += written
+        }
+    }
+
+    func read(into buffer: UnsafeMutableRawBufferPointer, at offset: Int) throws(StoreError) {
+        var done = 0
+        while done < buffer.count {
+            let count = pread(descriptor, buffer.baseAddress! + done, buffer.count - done, off_t(offset + done))
+            if count < 0 {
+                if errno == EINTR { continue }
+                throw DiffSpool.failure("read", path)
+            }
+            if count == 0 { throw StoreError(.corrupt, "spool file \(path) ends at byte \(offset + done); \(offset + buffer.count) expected") }
+            done += count
+        }
+    }
+
+    /// Pushes the file's data and its directory entry to disk.
+    func sync() throws(StoreError) {
+        guard fdatasync(descriptor) == 0 else { throw DiffSpool.failure("sync", path) }
+        let directory = open(folder, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        guard directory >= 0 else { throw DiffSpool.failure("open the directory of", path) }
+        defer { close(directory) }
+        guard fsync(directory) == 0 else { throw DiffSpool.failure("sync the directory of", path) }
+    }
+
+    func discard() {
+        lock.withLock { _ in
+            guard !discarded else { return }
+            discarded = true
+            unlink(path)
+        }
+    }
+}

@@ -255,13 +255,21 @@ public final class SQLiteStore: CoordinatorStore {
         try await commits.submit(.assignment(processID: processID, cycle: cycle, workerID: workerID, requestKey: requestKey, at: date))
     }
 
-    public func recordReport(_ report: ReportRecord) async throws {
+    public func stageDiff(processID: String, cycle: Int, requestKey: String) throws(StoreError) -> any StagedDiff {
+        try spool.stage(process: processID, cycle: cycle, key: requestKey)
+    }
+
+    public func recordReport(_ report: ReportRecord, diff: any StagedDiff) async throws {
+        guard let file = diff as? SpooledDiff else {
+            diff.discard()
+            throw StoreError(.io, "the staged diff of report \(report.requestKey) was not staged by this store")
+        }
         // The diff is on disk before the row that names it commits; if the transaction fails, the file goes.
-        let file = try spool.write(report.diff, process: report.processID, cycle: report.cycle, key: report.requestKey)
         do {
-            try await commits.submit(.report(report, file: file))
+            if spool.sync { try file.sync() }
+            try await commits.submit(.report(report, file: file.name))
         } catch {
-            spool.remove(file)
+            file.discard()
             throw error
         }
     }

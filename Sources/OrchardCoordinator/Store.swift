@@ -147,19 +147,28 @@ public struct ReportRecord: Sendable {
     public var sampleCount: Int
     /// The device's metrics as JSON.
     public var metricsJSON: String
-    /// The flat diff as little-endian Float32 bytes.
-    public var diff: [UInt8]
 
     /// Creates a record.
-    public init(processID: String, cycle: Int, workerID: String, requestKey: String, sampleCount: Int, metricsJSON: String, diff: [UInt8]) {
+    public init(processID: String, cycle: Int, workerID: String, requestKey: String, sampleCount: Int, metricsJSON: String) {
         self.processID = processID
         self.cycle = cycle
         self.workerID = workerID
         self.requestKey = requestKey
         self.sampleCount = sampleCount
         self.metricsJSON = metricsJSON
-        self.diff = diff
     }
+}
+
+/// A report's diff written while the report arrives — the flat diff as little-endian Float32 bytes in the
+/// model's layout order — before the report is recorded (``CoordinatorStore/recordReport(_:diff:)``) or refused
+/// (``discard()``).
+public protocol StagedDiff: AnyObject, Sendable {
+    /// Writes `bytes` at byte `offset` of the flat diff.
+    func write(_ bytes: UnsafeRawBufferPointer, at offset: Int) throws(StoreError)
+    /// Fills `buffer` with the bytes at byte `offset` of the flat diff.
+    func read(into buffer: UnsafeMutableRawBufferPointer, at offset: Int) throws(StoreError)
+    /// Deletes the staged diff (a refused or abandoned report); calling it again does nothing.
+    func discard()
 }
 
 /// A cycle transition to persist in one transaction.
@@ -219,11 +228,29 @@ public protocol CoordinatorStore: Sendable {
     func secret(named name: String, make: @Sendable () -> [UInt8]) async throws -> [UInt8]
     /// Records an admission to a cycle.
     func recordAssignment(processID: String, cycle: Int, workerID: String, requestKey: String, at date: Date) async throws
-    /// Records an accepted report with its diff; throws ``StoreError/Code/duplicate`` if one was already
-    /// recorded for the key and ``StoreError/Code/cycleClosed`` if the cycle is not open.
-    func recordReport(_ report: ReportRecord) async throws
+    /// Starts the diff of a report that is arriving; nothing refers to it until ``recordReport(_:diff:)``.
+    func stageDiff(processID: String, cycle: Int, requestKey: String) throws(StoreError) -> any StagedDiff
+    /// Records an accepted report with its staged diff (made durable first); throws ``StoreError/Code/duplicate``
+    /// if one was already recorded for the key and ``StoreError/Code/cycleClosed`` if the cycle is not open. On
+    /// failure the staged diff is discarded.
+    func recordReport(_ report: ReportRecord, diff: any StagedDiff) async throws
     /// Stores the running sum and forgets the diffs of `workers` that it now includes.
     func foldReports(processID: String, cycle: Int, sum: [UInt8], weight: Double, reports: Int, workers: [String]) async throws
     /// Closes a cycle (aggregated or abandoned) and opens the next, in one transaction.
     func closeCycle(_ closure: CycleClosure) async throws
+}
+
+extension CoordinatorStore {
+    /// Records a report whose whole flat diff (little-endian Float32 bytes) is in memory: stages it, then
+    /// ``recordReport(_:diff:)``.
+    public func recordReport(_ report: ReportRecord, bytes: [UInt8]) async throws {
+        let staged = try stageDiff(processID: report.processID, cycle: report.cycle, requestKey: report.requestKey)
+        do {
+            try bytes.withUnsafeBytes { raw in try staged.write(raw, at: 0) }
+        } catch {
+            staged.discard()
+            throw error
+        }
+        try await recordReport(report, diff: staged)
+    }
 }

@@ -159,26 +159,63 @@ public enum Safetensors {
         guard data.count >= 8 else {
             throw FormatError(.truncated, "safetensors data is \(data.count) bytes; the 8-byte header length is missing")
         }
+        let headerLength = try self.headerLength(data[0..<8])
+        guard 8 + headerLength <= data.count else {
+            throw FormatError(.truncated, "safetensors header announces \(headerLength) bytes but only \(data.count - 8) follow")
+        }
+        let header = try self.header(data[8..<(8 + headerLength)])
+        let bufferSize = data.count - header.dataStart
+        if let last = header.index.entries.last, last.byteRange.upperBound - header.dataStart > bufferSize {
+            throw FormatError(.truncated, "tensor '\(last.name)' ends at byte \(last.byteRange.upperBound - header.dataStart) but the buffer holds \(bufferSize)")
+        }
+        guard header.dataSize == bufferSize else {
+            throw FormatError(.invalidOffsets, "safetensors buffer holds \(bufferSize) bytes but tensors cover \(header.dataSize)")
+        }
+        return header.index
+    }
+
+    /// The header length announced by a file's first 8 bytes (little-endian), checked against
+    /// ``maximumHeaderSize``.
+    /// - Parameter prefix: Exactly the first 8 bytes.
+    public static func headerLength(_ prefix: some Collection<UInt8>) throws(FormatError) -> Int {
+        guard prefix.count == 8 else {
+            throw FormatError(.truncated, "safetensors data is \(prefix.count) bytes; the 8-byte header length is missing")
+        }
         var headerLength: UInt64 = 0
-        for i in 0..<8 { headerLength |= UInt64(data[i]) << (8 * UInt64(i)) }
+        for (i, byte) in prefix.enumerated() { headerLength |= UInt64(byte) << (8 * UInt64(i)) }
         guard headerLength <= UInt64(maximumHeaderSize) else {
             throw FormatError(.invalidHeader, "safetensors header length \(headerLength) exceeds \(maximumHeaderSize) bytes")
         }
-        guard 8 + Int(headerLength) <= data.count else {
-            throw FormatError(.truncated, "safetensors header announces \(headerLength) bytes but only \(data.count - 8) follow")
-        }
-        let headerSlice = data[8..<(8 + Int(headerLength))]
-        let json: Any
+        return Int(headerLength)
+    }
+
+    /// A header read before its tensor data has arrived (streaming): the index (byte ranges as indices into the
+    /// whole file), where the data starts and how many data bytes the tensors cover.
+    public struct Header: Sendable, Hashable {
+        /// The tensors and metadata; each entry's byte range counts from the start of the file.
+        public var index: SafetensorsIndex
+        /// The file offset of the first data byte (8 + the header length).
+        public var dataStart: Int
+        /// Data bytes the tensors cover, contiguously from offset 0 of the data section.
+        public var dataSize: Int
+    }
+
+    /// Reads and checks a header's JSON (the bytes after the 8-byte length): names, dtypes, shapes and offsets,
+    /// contiguous from 0 with no gap or overlap. The data section's size is not known here; callers check it.
+    /// - Parameter json: The header bytes.
+    public static func header(_ json: ArraySlice<UInt8>) throws(FormatError) -> Header {
+        let object: [String: Any]
         do {
-            json = try JSONSerialization.jsonObject(with: Data(headerSlice))
+            guard let parsed = try JSONSerialization.jsonObject(with: Data(json)) as? [String: Any] else {
+                throw FormatError(.invalidHeader, "safetensors header is not a JSON object")
+            }
+            object = parsed
+        } catch let error as FormatError {
+            throw error
         } catch {
             throw FormatError(.invalidHeader, "safetensors header is not valid JSON")
         }
-        guard let object = json as? [String: Any] else {
-            throw FormatError(.invalidHeader, "safetensors header is not a JSON object")
-        }
-        let bufferStart = 8 + Int(headerLength)
-        let bufferSize = data.count - bufferStart
+        let bufferStart = 8 + json.count
         var metadata: [String: String] = [:]
         var entries: [(name: String, dtype: DType, shape: [Int], start: Int, end: Int)] = []
         for (key, value) in object {
@@ -211,7 +248,7 @@ public enum Safetensors {
                 return i
             }
             let offsets = try offsetsAny.map { (any: Any) throws(FormatError) -> Int in
-                guard let n = any as? NSNumber, let i = Int(exactly: n.doubleValue), i >= 0 else {
+                guard let n = any as? NSNumber, let i = Int(exactly: n.doubleValue), i >= 0, i <= Int(Int32.max) * 1024 else {
                     throw FormatError(.invalidOffsets, "tensor '\(key)' has an offset that is not a non-negative integer")
                 }
                 return i
@@ -235,19 +272,13 @@ public enum Safetensors {
             else {
                 throw FormatError(.invalidOffsets, "tensor '\(entry.name)' of shape \(entry.shape) and dtype \(entry.dtype.rawValue) does not match its \(entry.end - entry.start) bytes")
             }
-            guard entry.end <= bufferSize else {
-                throw FormatError(.truncated, "tensor '\(entry.name)' ends at byte \(entry.end) but the buffer holds \(bufferSize)")
-            }
             cursor = entry.end
             located.append(SafetensorsIndex.Entry(
                 name: entry.name, dtype: entry.dtype, shape: entry.shape, count: count,
                 byteRange: (bufferStart + entry.start)..<(bufferStart + entry.end)
             ))
         }
-        guard cursor == bufferSize else {
-            throw FormatError(.invalidOffsets, "safetensors buffer holds \(bufferSize) bytes but tensors cover \(cursor)")
-        }
-        return SafetensorsIndex(entries: located, metadata: metadata)
+        return Header(index: SafetensorsIndex(entries: located, metadata: metadata), dataStart: bufferStart, dataSize: cursor)
     }
 
     private static func halfToFloat(_ h: UInt16) -> Float {

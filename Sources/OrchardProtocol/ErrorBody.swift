@@ -67,6 +67,8 @@ public struct WireErrorCode: RawRepresentable, Sendable, Hashable, Codable, Cust
     public static let payloadTooLarge = WireErrorCode("payload_too_large")
     /// The requested byte range cannot be served (416).
     public static let rangeNotSatisfiable = WireErrorCode("range_not_satisfiable")
+    /// The coordinator is receiving as many reports as it allows at once; retry after `Retry-After` seconds (503).
+    public static let tooManyUploads = WireErrorCode("too_many_uploads")
     /// The method is not allowed on this path (405).
     public static let methodNotAllowed = WireErrorCode("method_not_allowed")
     /// The coordinator failed (500); never returned for bad input.

@@ -31,8 +31,8 @@ import Testing
         return store
     }
 
-    func report(_ i: Int, bytes: [UInt8]) -> ReportRecord {
-        ReportRecord(processID: "p", cycle: 1, workerID: "w\(i)", requestKey: "k\(i)", sampleCount: i + 1, metricsJSON: "{}", diff: bytes)
+    func report(_ i: Int) -> ReportRecord {
+        ReportRecord(processID: "p", cycle: 1, workerID: "w\(i)", requestKey: "k\(i)", sampleCount: i + 1, metricsJSON: "{}")
     }
 
     func spooledFiles() -> [String] {
@@ -49,7 +49,7 @@ import Testing
     @Test func diffsAreSpooledUntilFoldedAndTheCycleFolderGoesWhenItCloses() async throws {
         let store = try await openStore(workers: 3)
         let diffs = (0..<3).map { i in (0..<16).map { UInt8(truncatingIfNeeded: $0 * (i + 3)) } }
-        for i in 0..<3 { try await store.recordReport(report(i, bytes: diffs[i])) }
+        for i in 0..<3 { try await store.recordReport(report(i), bytes: diffs[i]) }
         #expect(spooledFiles().count == 3)
         #expect(try await pending(store) == ["w0": diffs[0], "w1": diffs[1], "w2": diffs[2]])
 
@@ -64,8 +64,8 @@ import Testing
     @Test func aRefusedDuplicateLeavesTheCommittedDiffInPlace() async throws {
         let store = try await openStore(workers: 1)
         let original: [UInt8] = [1, 2, 3, 4]
-        try await store.recordReport(report(0, bytes: original))
-        await #expect(throws: StoreError.self) { try await store.recordReport(report(0, bytes: [9, 9, 9, 9])) }
+        try await store.recordReport(report(0), bytes: original)
+        await #expect(throws: StoreError.self) { try await store.recordReport(report(0), bytes: [9, 9, 9, 9]) }
         #expect(spooledFiles().count == 1)
         #expect(try await pending(store) == ["w0": original])
     }
@@ -73,7 +73,7 @@ import Testing
     @Test func filesNoCommittedRowNamesAreSweptOnOpen() async throws {
         do {
             let store = try await openStore(workers: 1)
-            try await store.recordReport(report(0, bytes: [5, 6, 7, 8]))
+            try await store.recordReport(report(0), bytes: [5, 6, 7, 8])
         }
         // What a crash between a file's write and its row's commit leaves behind.
         let stray = spool.appendingPathComponent("p/1/k9-stray.f32")
@@ -90,7 +90,7 @@ import Testing
 
     @Test func aMissingSpooledDiffIsReportedAsCorrupt() async throws {
         let store = try await openStore(workers: 1)
-        try await store.recordReport(report(0, bytes: [1, 2, 3, 4]))
+        try await store.recordReport(report(0), bytes: [1, 2, 3, 4])
         for file in spooledFiles() { try FileManager.default.removeItem(at: spool.appendingPathComponent("p/1/\(file)")) }
         await #expect { try await pending(store) } throws: { error in
             (error as? StoreError)?.code == .corrupt

@@ -20,6 +20,7 @@ extension CoordinatorError {
         case .payloadTooLarge: 413
         case .rangeNotSatisfiable: 416
         case .tensorMismatch, .shapeMismatch, .dtypeMismatch, .nonFiniteValues, .frozenTensorChanged, .invalidSampleCount, .updateNormExceeded: 422
+        case .tooManyUploads: 503
         default: 500
         }
     }
@@ -29,10 +30,12 @@ extension CoordinatorError: HTTPResponseError {
     /// The status of the error's code.
     public var status: HTTPResponse.Status { HTTPResponse.Status(code: httpStatus) }
 
-    /// `{"error":{"code","message"}}` with the code's status (and `Content-Range: bytes */*` on a 416).
+    /// `{"error":{"code","message"}}` with the code's status (`Content-Range: bytes */*` on a 416, `Retry-After`
+    /// when the error names a delay).
     public func response(from request: Request, context: some RequestContext) throws -> Response {
         var response = try CoordinatorServer.json(body, status: status)
         if code == .rangeNotSatisfiable { response.headers[.contentRange] = "bytes */*" }
+        if let retryAfterSeconds { response.headers[.retryAfter] = "\(retryAfterSeconds)" }
         return response
     }
 }

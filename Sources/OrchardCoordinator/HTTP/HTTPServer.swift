@@ -59,8 +59,20 @@ public enum CoordinatorServer {
         }
         router.post(RouterPath(stringLiteral: Endpoint.report)) { request, _ in
             let session = try await deviceSession(request, coordinator)
-            let body = try await collect(request, limit: limits.maximumReportBytes)
-            return try json(await coordinator.report(body, session: session))
+            if let length = request.headers[.contentLength].flatMap({ Int($0) }), length > limits.maximumReportBytes {
+                throw CoordinatorError(.payloadTooLarge, "body of \(length) bytes exceeds the limit of \(limits.maximumReportBytes)")
+            }
+            // Streamed: each chunk is checked and spooled as it arrives, never the whole body in memory.
+            let upload = try coordinator.beginUpload(session: session)
+            do {
+                for try await chunk in request.body {
+                    try await upload.consume(chunk.readableBytesView)
+                }
+                return try json(await upload.finish())
+            } catch {
+                await upload.abandon()
+                throw error
+            }
         }
         router.get(RouterPath(stringLiteral: Endpoint.speedTest)) { request, _ in
             let text = request.uri.queryParameters.get(Endpoint.bytesQuery).map({ String($0) }) ?? "\(SpeedTest.maximumBytes)"

@@ -1,0 +1,229 @@
+import CoreMetrics
+import Foundation
+import OrchardSupport
+import OrchardFormats
+public import OrchardProtocol
+
+/// A report being received (``Coordinator/beginUpload(session:)``): fed the body's bytes as they arrive
+/// (``consume(_:)``), then ``finish()`` or, if the body never completes, ``abandon()``.
+///
+/// The header is checked and the report admitted (worker, request key, open cycle, sample count) as soon as the
+/// header is in, before any tensor data is read; each data byte is then checked and written straight to the store's
+/// staged diff, so memory per upload is O(header + chunk), whatever the model's size. The norm bound is applied
+/// and the report committed at ``finish()``. One task drives an upload; it is not shared.
+public final class ReportUpload {
+    private let coordinator: Coordinator
+    private let session: DeviceSession
+    private var stream: ReportStream
+    private var received = 0
+    private var metadata: ReportMetadata?
+    private var ticket: Coordinator.ReportTicket?
+    private var staged: (any StagedDiff)?
+    /// Whether the upload ended (finished, refused or abandoned) and gave back its place.
+    private var ended = false
+
+    init(coordinator: Coordinator, session: DeviceSession) {
+        self.coordinator = coordinator
+        self.session = session
+        // A report's header names each tensor once; it can never need more than the message limit plus 64 bytes
+        // per tensor, and never the whole report limit.
+        stream = ReportStream(maximumHeaderBytes: min(Safetensors.maximumHeaderSize, coordinator.configuration.maximumReportBytes))
+    }
+
+    deinit {
+        // A dropped upload (its task cancelled) still gives back its place and its file.
+        guard !ended else { return }
+        staged?.discard()
+        coordinator.endUpload()
+        if let ticket, let workerID = metadata?.workerID {
+            let coordinator = coordinator
+            Task { await coordinator.abortReport(ticket, workerID: workerID) }
+        }
+    }
+
+    /// Takes the next bytes of the body.
+    /// - Throws: The report's refusal (the upload is then over and cleaned up): `payload_too_large`,
+    ///   `malformed_safetensors`, `invalid_request`, `forbidden`, the admission's codes, `tensor_mismatch`,
+    ///   `shape_mismatch`, `dtype_mismatch`, `non_finite_values`, `frozen_tensor_changed`, `invalid_sample_count`.
+    public func consume(_ bytes: some Collection<UInt8>) async throws(CoordinatorError) {
+        precondition(!ended, "consume after the upload ended")
+        let limit = coordinator.configuration.maximumReportBytes
+        received += bytes.count
+        guard received <= limit else {
+            throw await fail(CoordinatorError(.payloadTooLarge, "body exceeds the limit of \(limit) bytes"))
+        }
+        let result: Result<Int, CoordinatorError>? = bytes.withContiguousStorageIfAvailable { buffer in
+            Result { () throws(CoordinatorError) in try self.take(UnsafeRawBufferPointer(buffer)) }
+        }
+        let consumed: Int
+        switch result ?? Array(bytes).withUnsafeBytes({ raw in Result { () throws(CoordinatorError) in try self.take(raw) } }) {
+        case .success(let count): consumed = count
+        case .failure(let error): throw await fail(error)
+        }
+        if stream.header != nil && ticket == nil {
+            // The header just completed: admit the report, then take the rest of the chunk as data.
+            try await admit()
+        }
+        guard consumed < bytes.count else { return }
+        let rest = bytes.dropFirst(consumed)
+        let data: Result<Int, CoordinatorError>? = rest.withContiguousStorageIfAvailable { buffer in
+            Result { () throws(CoordinatorError) in try self.take(UnsafeRawBufferPointer(buffer)) }
+        }
+        if case .failure(let error) = data ?? Array(rest).withUnsafeBytes({ raw in Result { () throws(CoordinatorError) in try self.take(raw) } }) {
+            throw await fail(error)
+        }
+    }
+
+    /// Completes the report: every tensor's bytes arrived, the norm bound holds (or the diff is clipped to it),
+    /// and the report is committed; returns only then.
+    public func finish() async throws(CoordinatorError) -> ReportResponse {
+        precondition(!ended, "finish after the upload ended")
+        if stream.header != nil && ticket == nil { try await admit() }
+        do throws(CoordinatorError) {
+            try stream.finish()
+        } catch {
+            throw await fail(error)
+        }
+        guard let ticket, let metadata, let staged else {
+            throw await fail(.internalError("a complete report was never admitted"))
+        }
+        let metrics = coordinator.metrics
+        if let bound = ticket.updateNormBound {
+            let norm = stream.sumOfSquares.squareRoot()
+            if norm > bound {
+                switch ticket.updateNormPolicy {
+                case .reject:
+                    throw await fail(CoordinatorError(.updateNormExceeded, "the diff's L2 norm \(norm) exceeds server_config.update_norm_bound \(bound)"))
+                default:
+                    do throws(StoreError) {
+                        try Self.scale(staged, count: ticket.layout.totalCount, by: bound / norm)
+                    } catch {
+                        throw await fail(.internalError("could not clip the diff: \(error.message)"))
+                    }
+                    metrics.reportsClipped.increment()
+                }
+            }
+        }
+        let metricsJSON = (try? WireCoding.encoder().encode(metadata.metrics)).map { String(decoding: $0, as: UTF8.self) } ?? "{}"
+        let record = ReportRecord(
+            processID: ticket.processID, cycle: ticket.cycle, workerID: metadata.workerID, requestKey: metadata.requestKey,
+            sampleCount: metadata.sampleCount, metricsJSON: metricsJSON
+        )
+        let started = ContinuousClock.now
+        do {
+            try await coordinator.store.recordReport(record, diff: staged)
+        } catch {
+            let refusal: CoordinatorError
+            if let storeError = error as? StoreError, storeError.code == .cycleClosed {
+                refusal = CoordinatorError(.deadlinePassed, "cycle \(ticket.cycle) closed before the report was committed")
+            } else if let storeError = error as? StoreError, storeError.code == .duplicate {
+                refusal = CoordinatorError(.reportAlreadyReceived, storeError.message)
+            } else {
+                refusal = await coordinator.storeFailure(error, "commit the report")
+            }
+            throw await fail(refusal)
+        }
+        metrics.reportCommitSeconds.recordNanoseconds((ContinuousClock.now - started).inNanoseconds)
+        metrics.reportBytes.increment(by: received)
+        ended = true
+        coordinator.endUpload()
+        return await coordinator.commitReport(ticket, workerID: metadata.workerID, sampleCount: metadata.sampleCount, diff: staged)
+    }
+
+    /// Ends an upload whose body will not complete (the device went away, or a refusal from outside): its staged
+    /// diff is deleted, its admission undone, its place given back. Does nothing if the upload already ended.
+    public func abandon() async {
+        guard !ended else { return }
+        _ = await fail(CoordinatorError(.invalidRequest, "the upload was abandoned"))
+    }
+
+    /// Takes bytes of the header, or of the data once admitted; returns how many were taken (fewer than given
+    /// only when the header completed inside them and the report is not yet admitted).
+    private func take(_ chunk: UnsafeRawBufferPointer) throws(CoordinatorError) -> Int {
+        if stream.header == nil {
+            var rest = chunk
+            do throws(FormatError) {
+                guard try stream.gatherHeader(&rest) != nil else { return chunk.count }
+            } catch {
+                coordinator.refused()
+                if error.code == .dtypeMismatch || error.code == .unsupportedDType {
+                    throw CoordinatorError(.dtypeMismatch, error.message)
+                }
+                throw CoordinatorError(.malformedSafetensors, error.message)
+            }
+            return chunk.count - rest.count
+        }
+        guard let staged else { return 0 }
+        try stream.consume(chunk) { bytes, offset throws(StoreError) in try staged.write(bytes, at: offset) }
+        return chunk.count
+    }
+
+    /// Checks the complete header's metadata and admits the report (the coordinator's checks, then the layout's),
+    /// staging its diff.
+    private func admit() async throws(CoordinatorError) {
+        guard let header = stream.header else { return }
+        let metadata: ReportMetadata
+        do throws(FormatError) {
+            metadata = try ReportEnvelope.metadata(in: header.index.metadata)
+        } catch {
+            coordinator.refused()
+            throw await fail(CoordinatorError(.invalidRequest, error.message))
+        }
+        guard metadata.workerID == session.workerID else {
+            coordinator.refused()
+            throw await fail(CoordinatorError(.forbidden, "the session token belongs to another worker"))
+        }
+        self.metadata = metadata
+        let ticket: Coordinator.ReportTicket
+        do throws(CoordinatorError) {
+            ticket = try await coordinator.beginReport(metadata, session: session)
+        } catch {
+            throw await fail(error)
+        }
+        self.ticket = ticket
+        do throws(CoordinatorError) {
+            guard (1...ticket.maximumSampleCount).contains(metadata.sampleCount) else {
+                throw CoordinatorError(.invalidSampleCount, "sample_count \(metadata.sampleCount) is not in 1...\(ticket.maximumSampleCount)")
+            }
+            try stream.place(header, in: ticket.layout)
+            do throws(StoreError) {
+                staged = try coordinator.store.stageDiff(processID: ticket.processID, cycle: ticket.cycle, requestKey: metadata.requestKey)
+            } catch {
+                throw await coordinator.storeFailure(error, "stage the report")
+            }
+        } catch {
+            throw await fail(error)
+        }
+    }
+
+    /// Ends the upload after a refusal: undoes the admission, deletes the staged diff, gives back the place.
+    private func fail(_ error: CoordinatorError) async -> CoordinatorError {
+        guard !ended else { return error }
+        ended = true
+        staged?.discard()
+        coordinator.endUpload()
+        if let ticket, let workerID = metadata?.workerID {
+            await coordinator.abortReport(ticket, workerID: workerID)
+        }
+        return error
+    }
+
+    /// Multiplies every value of a staged diff by `factor`, in blocks.
+    private static func scale(_ diff: any StagedDiff, count: Int, by factor: Double) throws(StoreError) {
+        let block = 1 << 18
+        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: max(4, min(block, count) * 4), alignment: 4)
+        defer { buffer.deallocate() }
+        var start = 0
+        while start < count {
+            let n = min(block, count - start)
+            let slice = UnsafeMutableRawBufferPointer(rebasing: buffer[0..<(n * 4)])
+            try diff.read(into: slice, at: start * 4)
+            for i in 0..<n {
+                let value = Float(bitPattern: UInt32(littleEndian: slice.load(fromByteOffset: i * 4, as: UInt32.self)))
+                slice.storeBytes(of: Float(Double(value) * factor).bitPattern.littleEndian, toByteOffset: i * 4, as: UInt32.self)
+            }
+            try diff.write(UnsafeRawBufferPointer(slice), at: start * 4)
+            start += n
+        }
+    }
+}

@@ -1,0 +1,91 @@
+import Foundation
+#if canImport(Glibc)
+import Glibc
+#endif
+import OrchardCoordinator
+import OrchardFormats
+import OrchardProtocol
+import Testing
+
+/// Reports streamed over real loopback HTTP: the cap on uploads in flight (503 with `Retry-After`), and an upload
+/// whose device goes away mid-body, which leaves nothing behind.
+@Suite struct UploadLimitTests {
+    @Test func uploadsBeyondTheCapAreTurnedAwayWithRetryAfter() async throws {
+        let harness = try await Harness.start(configuration: CoordinatorConfiguration(adminToken: Harness.adminToken, maximumUploadsInFlight: 1, uploadRetryAfter: 7))
+        defer { Task { await harness.stop() } }
+        _ = try await harness.host()
+        let first = try await harness.device()
+        let second = try await harness.device()
+        let firstAssignment = try await harness.join(first)
+        let secondAssignment = try await harness.join(second)
+
+        // The first device's upload holds the only place (started through the coordinator, its body not sent).
+        let held = try await harness.coordinator.beginUpload(session: harness.coordinator.session(forToken: first.sessionToken))
+        #expect(harness.coordinator.uploadsInFlight == 1)
+        let refused = try await harness.report(second, secondAssignment, diff: Fixture.diff(0.1), samples: 2)
+        #expect(refused.status == 503)
+        #expect(refused.errorCode == "too_many_uploads")
+        #expect(refused.header("Retry-After") == "7")
+
+        // A forged token is refused before it could take a place.
+        let forged = try await harness.http.send("POST", Endpoint.report, body: [0, 0], token: "forged", headers: ["Content-Type": MediaType.safetensors])
+        #expect(forged.status == 401)
+
+        await held.abandon()
+        #expect(harness.coordinator.uploadsInFlight == 0)
+        #expect(try await harness.report(second, secondAssignment, diff: Fixture.diff(0.1), samples: 2).status == 200)
+        #expect(try await harness.report(first, firstAssignment, diff: Fixture.diff(0.2), samples: 3).status == 200)
+        #expect(harness.coordinator.uploadsInFlight == 0)
+    }
+
+    /// A device that sends the header and half the data, then closes its connection: the server gives back the
+    /// place, deletes the staged diff and undoes the admission, so the device can send the report again.
+    @Test func anUploadCutOffMidBodyLeavesNothingBehind() async throws {
+        let harness = try await Harness.start()
+        defer { Task { await harness.stop() } }
+        _ = try await harness.host()
+        let device = try await harness.device()
+        let assignment = try await harness.join(device)
+        let body = ReportEnvelope.encode(diff: Fixture.diff(0.3), metadata: ReportMetadata(workerID: device.workerID, requestKey: assignment.requestKey, sampleCount: 4))
+
+        let head = "POST \(Endpoint.report) HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer \(device.sessionToken)\r\n"
+            + "Content-Type: \(MediaType.safetensors)\r\nContent-Length: \(body.count)\r\n\r\n"
+        let port = try #require(harness.server.baseURL.port)
+        try sendAndClose(port: port, bytes: Array(head.utf8) + body[0..<(body.count - 6)])
+
+        // The server notices the closed connection on its own schedule: wait (bounded) for the place to return.
+        var waited = 0
+        while harness.coordinator.uploadsInFlight != 0 && waited < 1000 {
+            try await Task.sleep(for: .milliseconds(10))
+            waited += 1
+        }
+        #expect(harness.coordinator.uploadsInFlight == 0)
+        let spool = URL(fileURLWithPath: harness.databasePath + "-spool")
+        let staged = FileManager.default.enumerator(atPath: spool.path)?.compactMap { $0 as? String }.filter { $0.hasSuffix(".f32") } ?? []
+        #expect(staged.isEmpty, "staged diffs left: \(staged)")
+
+        let resent = try await harness.report(device, assignment, diff: Fixture.diff(0.3), samples: 4)
+        #expect(resent.status == 200, "\(String(decoding: resent.body, as: UTF8.self))")
+    }
+
+    /// Writes `bytes` to a new loopback connection and closes it without reading an answer.
+    func sendAndClose(port: Int, bytes: [UInt8]) throws {
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        try #require(fd >= 0)
+        defer { close(fd) }
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_port = in_port_t(UInt16(port).bigEndian)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        let connected = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+        }
+        try #require(connected == 0)
+        var sent = 0
+        while sent < bytes.count {
+            let count = bytes[sent...].withUnsafeBytes { send(fd, $0.baseAddress, $0.count, 0) }
+            try #require(count > 0)
+            sent += count
+        }
+    }
+}
