@@ -44,12 +44,20 @@ struct Serve: AsyncParsableCommand {
     @Option(help: "Reports folded in memory before the running sum is written back.")
     var foldInterval = 32
 
+    @Option(help: "Report uploads received at once; one more gets 503 too_many_uploads with Retry-After.")
+    var maxUploadsInFlight = 64
+
+    @Option(help: "Seconds a device turned away by --max-uploads-in-flight is told to wait (Retry-After).")
+    var uploadRetryAfter = 2
+
     @Option(help: "The lowest level logged (to standard error).")
     var logLevel: Logger.Level = .info
 
     func validate() throws {
         guard (0...65_535).contains(port) else { throw ValidationError("--port must be in 0...65535") }
         guard maxReportBytes > 0, foldInterval > 0 else { throw ValidationError("--max-report-bytes and --fold-interval must be positive") }
+        guard maxUploadsInFlight > 0 else { throw ValidationError("--max-uploads-in-flight must be positive") }
+        guard (1...3600).contains(uploadRetryAfter) else { throw ValidationError("--upload-retry-after must be in 1...3600 seconds") }
         _ = try databasePath()
     }
 
@@ -83,7 +91,10 @@ struct Serve: AsyncParsableCommand {
         let token = resolved.token ?? (0..<24).map { _ in String(format: "%02x", UInt8.random(in: 0...255, using: &rng)) }.joined()
         let instance = try await CoordinatorInstance.open(
             database: try databasePath(), durability: durability,
-            configuration: CoordinatorConfiguration(adminToken: token, maximumReportBytes: maxReportBytes, foldInterval: foldInterval),
+            configuration: CoordinatorConfiguration(
+                adminToken: token, maximumReportBytes: maxReportBytes, foldInterval: foldInterval, maximumUploadsInFlight: maxUploadsInFlight,
+                uploadRetryAfter: uploadRetryAfter
+            ),
             logger: Logger(label: "orchard.coordinator")
         )
         let host = self.host
