@@ -27,6 +27,7 @@ let package = Package(
         .library(name: "OrchardExamples", targets: ["OrchardExamples"]),
         .library(name: "OrchardScheduler", targets: ["OrchardScheduler"]),
         .library(name: "OrchardSchedulerApple", targets: ["OrchardSchedulerApple"]),
+        .library(name: "OrchardPrivacy", targets: ["OrchardPrivacy"]),
         .library(name: "OrchardProtocol", targets: ["OrchardProtocol"]),
         .library(name: "OrchardCoordinator", targets: ["OrchardCoordinator"]),
         .library(name: "OrchardClient", targets: ["OrchardClient"]),
@@ -109,6 +110,9 @@ let package = Package(
             swiftSettings: swiftSettings
         ),
         // Wire types shared by device and server.
+        // Privacy math without I/O: the RDP accountant (and, with the privacy issues, clipping, noise and secure
+        // aggregation's stages).
+        .target(name: "OrchardPrivacy", dependencies: ["OrchardSupport"], swiftSettings: swiftSettings),
         .target(name: "OrchardProtocol", dependencies: ["OrchardSupport", "OrchardFormats"], resources: [.copy("openapi.json")], swiftSettings: swiftSettings),
         // The federated-learning server.
         .target(
@@ -178,7 +182,7 @@ let package = Package(
             dependencies: [
                 "OrchardSupport", "OrchardFormats", "OrchardML", "OrchardData", "OrchardExamples", "OrchardCoreML",
                 "OrchardScheduler", "OrchardProtocol", "OrchardCoordinator", "OrchardClient", "OrchardSimulation",
-                "OrchardBenchmarks",
+                "OrchardBenchmarks", "OrchardPrivacy",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
@@ -187,6 +191,7 @@ let package = Package(
             swiftSettings: swiftSettings
         ),
         .testTarget(name: "OrchardSupportTests", dependencies: ["OrchardSupport"], swiftSettings: swiftSettings),
+        .testTarget(name: "OrchardPrivacyTests", dependencies: ["OrchardPrivacy"], swiftSettings: swiftSettings),
         .testTarget(name: "OrchardFormatsTests", dependencies: ["OrchardFormats", "OrchardTesting"], swiftSettings: swiftSettings),
         .testTarget(name: "OrchardMLTests", dependencies: ["OrchardML", "OrchardTesting"], swiftSettings: swiftSettings),
         .testTarget(name: "OrchardDataTests", dependencies: ["OrchardData", "OrchardExamples", "OrchardTesting"], swiftSettings: swiftSettings),

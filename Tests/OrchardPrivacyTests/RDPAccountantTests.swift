@@ -1,0 +1,71 @@
+import OrchardPrivacy
+import Testing
+
+/// The accountant against Google's `dp-accounting` 0.6.0 (PyPI), `RdpAccountant` with the same orders (2…64, 80,
+/// 96, 128, 256, 512, 1024) composing `PoissonSampledDpEvent(q, GaussianDpEvent(z))` T times; values computed
+/// on 2026-11-24 with `get_epsilon_and_optimal_order(δ)`. Settings from the literature: Abadi et al. 2016
+/// (q = 0.01, z = 1.1, 10⁴ steps), McMahan et al. 2018 cross-device (q = 10⁻⁵), and small-noise extremes.
+@Suite struct RDPAccountantTests {
+    struct Reference: Sendable, CustomStringConvertible {
+        var q: Double, z: Double, steps: Int, delta: Double, epsilon: Double, order: Int
+        var description: String { "q=\(q) z=\(z) T=\(steps) δ=\(delta)" }
+    }
+
+    static let references: [Reference] = [
+        Reference(q: 0.01, z: 1.1, steps: 10000, delta: 1e-5, epsilon: 5.6543080001495145, order: 5),
+        Reference(q: 0.001, z: 1.0, steps: 100000, delta: 1e-6, epsilon: 2.004045592380869, order: 12),
+        Reference(q: 1e-5, z: 1.0, steps: 1000, delta: 1e-5, epsilon: 0.3366848058233395, order: 23),
+        Reference(q: 0.1, z: 0.7, steps: 100, delta: 1e-5, epsilon: 16.60881340145445, order: 2),
+        Reference(q: 0.01, z: 0.3, steps: 100, delta: 1e-5, epsilon: 214.13105601625546, order: 2),
+        Reference(q: 1.0, z: 1.0, steps: 1, delta: 1e-5, epsilon: 4.752728336819822, order: 5),
+        Reference(q: 0.1, z: 1.0, steps: 100, delta: 1e-5, epsilon: 7.972921510380539, order: 3),
+        Reference(q: 0.004, z: 4.0, steps: 10000, delta: 1e-5, epsilon: 0.383767042658125, order: 40),
+        Reference(q: 1e-5, z: 0.7, steps: 100, delta: 1e-5, epsilon: 0.8161988060088772, order: 11),
+        Reference(q: 1e-5, z: 0.3, steps: 100, delta: 1e-5, epsilon: 10.127300196562821, order: 2),
+    ]
+
+    @Test(arguments: references)
+    func epsilonAgreesWithDPAccounting(_ reference: Reference) throws {
+        let result = try PrivacyAccountant.epsilon(samplingRate: reference.q, noiseMultiplier: reference.z, steps: reference.steps, delta: reference.delta)
+        #expect(abs(result.epsilon - reference.epsilon) <= 0.01 * reference.epsilon)
+        #expect(result.order == reference.order)
+    }
+
+    @Test func composingStepByStepEqualsComposingAtOnce() throws {
+        var accountant = PrivacyAccountant()
+        for _ in 0..<100 { try accountant.spend(samplingRate: 0.1, noiseMultiplier: 1.0) }
+        #expect(accountant.steps == 100)
+        let once = try PrivacyAccountant.epsilon(samplingRate: 0.1, noiseMultiplier: 1.0, steps: 100, delta: 1e-5).epsilon
+        #expect(abs(try accountant.epsilon(delta: 1e-5) - once) < 1e-9 * once)
+        #expect(try PrivacyAccountant().epsilon(delta: 1e-5) == 0)
+    }
+
+    @Test func moreNoiseOrFewerStepsSpendLess() throws {
+        let base = try PrivacyAccountant.epsilon(samplingRate: 0.01, noiseMultiplier: 1.0, steps: 1000, delta: 1e-5).epsilon
+        #expect(try PrivacyAccountant.epsilon(samplingRate: 0.01, noiseMultiplier: 1.5, steps: 1000, delta: 1e-5).epsilon < base)
+        #expect(try PrivacyAccountant.epsilon(samplingRate: 0.01, noiseMultiplier: 1.0, steps: 500, delta: 1e-5).epsilon < base)
+        #expect(try PrivacyAccountant.epsilon(samplingRate: 0.005, noiseMultiplier: 1.0, steps: 1000, delta: 1e-5).epsilon < base)
+    }
+
+    @Test(arguments: [0.5, 1.0, 2.0, 8.0])
+    func calibratedNoiseReachesTheTargetAndNoLess(target: Double) throws {
+        let z = try PrivacyAccountant.noiseMultiplier(samplingRate: 0.01, steps: 1000, delta: 1e-5, targetEpsilon: target)
+        #expect(try PrivacyAccountant.epsilon(samplingRate: 0.01, noiseMultiplier: z, steps: 1000, delta: 1e-5).epsilon <= target)
+        #expect(try PrivacyAccountant.epsilon(samplingRate: 0.01, noiseMultiplier: z * 0.995, steps: 1000, delta: 1e-5).epsilon > target)
+    }
+
+    @Test func badInputsAreRefusedNamingTheValue() throws {
+        #expect(throws: PrivacyError.self) { try PrivacyAccountant.epsilon(samplingRate: 1.5, noiseMultiplier: 1, steps: 1, delta: 1e-5) }
+        #expect(throws: PrivacyError.self) { try PrivacyAccountant.epsilon(samplingRate: 0.1, noiseMultiplier: -1, steps: 1, delta: 1e-5) }
+        #expect(throws: PrivacyError.self) { try PrivacyAccountant.epsilon(samplingRate: 0.1, noiseMultiplier: .nan, steps: 1, delta: 1e-5) }
+        #expect(throws: PrivacyError.self) { try PrivacyAccountant.epsilon(samplingRate: 0.1, noiseMultiplier: 1, steps: -1, delta: 1e-5) }
+        #expect(throws: PrivacyError.self) { try PrivacyAccountant.epsilon(samplingRate: 0.1, noiseMultiplier: 1, steps: 1, delta: 0) }
+        #expect(throws: PrivacyError.self) { try PrivacyAccountant.noiseMultiplier(samplingRate: 0.1, steps: 10, delta: 1e-5, targetEpsilon: 0) }
+        #expect(throws: PrivacyError(.unreachableTarget, "no noise multiplier up to 10^4 keeps epsilon at or below 1e-09")) {
+            try PrivacyAccountant.noiseMultiplier(samplingRate: 1, steps: 1000, delta: 1e-5, targetEpsilon: 1e-9)
+        }
+        // No noise spends everything; no sampling spends nothing.
+        #expect(try PrivacyAccountant.epsilon(samplingRate: 0.1, noiseMultiplier: 0, steps: 1, delta: 1e-5).epsilon == Double.infinity)
+        #expect(try PrivacyAccountant.epsilon(samplingRate: 0, noiseMultiplier: 1, steps: 100, delta: 1e-5).epsilon == 0)
+    }
+}
