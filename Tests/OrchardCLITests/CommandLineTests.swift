@@ -163,3 +163,34 @@ let usageError: Int32 = 64
         #expect(line["transpose_a"] as? Bool == false)
     }
 }
+
+/// `orchard privacy`: the accountant's answers as JSON lines, and bad values refused naming the value.
+@Suite struct PrivacyCommandTests {
+    @Test func epsilonAndNoiseAnswerAsJSONLines() async throws {
+        let epsilon = try await Run.orchard(["privacy", "epsilon", "--sampling-rate", "0.01", "--noise-multiplier", "1.1", "--steps", "10000", "--delta", "1e-5", "--json"])
+        #expect(epsilon.status == 0, "\(epsilon.error)")
+        let line = try #require(try JSONSerialization.jsonObject(with: Data(epsilon.output.utf8)) as? [String: Any])
+        // dp-accounting 0.6.0 gives 5.6543 at the same orders (see RDPAccountantTests).
+        #expect(abs((line["epsilon"] as? Double ?? 0) - 5.6543) < 0.001)
+        #expect(line["optimal_order"] as? Int == 5)
+
+        let noise = try await Run.orchard(["privacy", "noise", "--sampling-rate", "0.01", "--steps", "10000", "--delta", "1e-5", "--target-epsilon", "2", "--json"])
+        #expect(noise.status == 0, "\(noise.error)")
+        let answer = try #require(try JSONSerialization.jsonObject(with: Data(noise.output.utf8)) as? [String: Any])
+        let z = try #require(answer["noise_multiplier"] as? Double)
+        #expect(z > 1.1 && z < 4)
+        #expect((answer["epsilon"] as? Double ?? 99) <= 2)
+    }
+
+    @Test(arguments: [
+        (["epsilon", "--sampling-rate", "1.5", "--noise-multiplier", "1", "--steps", "10", "--delta", "1e-5"], "sampling rate must be in 0...1"),
+        (["epsilon", "--sampling-rate", "0.1", "--noise-multiplier=-1", "--steps", "10", "--delta", "1e-5"], "noise multiplier must be"),
+        (["epsilon", "--sampling-rate", "0.1", "--noise-multiplier", "1", "--steps", "10", "--delta", "0"], "delta must be in (0, 1)"),
+        (["noise", "--sampling-rate", "1", "--steps", "1000", "--delta", "1e-5", "--target-epsilon", "1e-9"], "no noise multiplier up to 10^4"),
+    ])
+    func badValuesAreRefusedNamingThem(arguments: [String], message: String) async throws {
+        let run = try await Run.orchard(["privacy"] + arguments)
+        #expect(run.status != 0)
+        #expect(run.flatError.contains(message), "\(run.error)")
+    }
+}
