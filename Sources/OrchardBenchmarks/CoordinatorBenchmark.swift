@@ -138,7 +138,10 @@ public enum CoordinatorBenchmark {
         let adminToken = "bench-admin"
         let instance = try await CoordinatorInstance.open(
             database: directory.appendingPathComponent("bench.sqlite").path, durability: configuration.durability,
-            configuration: CoordinatorConfiguration(adminToken: adminToken, maximumReportBytes: configuration.parameters * 4 + (1 << 20))
+            // Every simulated device authenticates from loopback in open mode: the abuse limits would measure themselves.
+            configuration: CoordinatorConfiguration(
+                adminToken: adminToken, maximumReportBytes: configuration.parameters * 4 + (1 << 20), openAuthenticationRate: nil, maximumOpenWorkers: nil
+            )
         )
         let server = try await instance.serve(host: "127.0.0.1", port: 0, timerInterval: .milliseconds(250))
 
