@@ -175,7 +175,7 @@ public struct HTTPTransport: ClientTransport {
     public func speedTest(_ direction: SpeedTestDirection, bytes: Int, session: String) async throws(OrchardClientError) -> Int {
         if direction == .download {
             let request = try makeRequest(.GET, Endpoint.speedTest, query: [Endpoint.bytesQuery: String(bytes)], session: session)
-            let (data, head) = try await send(request, limit: max(bytes, 0) + 1)
+            let (data, head) = try await send(request)
             guard (200..<300).contains(head.status) else { throw serverError(status: head.status, bytes: data, headers: head.headers) }
             return data.count
         }
@@ -230,10 +230,10 @@ public struct HTTPTransport: ClientTransport {
         return try decodeAnswer(Answer.self, bytes: bytes, head: head)
     }
 
-    private func send(_ request: HTTPClientRequest, limit: Int = HTTPTransport.maximumAnswerBytes) async throws(OrchardClientError) -> ([UInt8], Head) {
+    private func send(_ request: HTTPClientRequest) async throws(OrchardClientError) -> ([UInt8], Head) {
         do {
             let response = try await connection.client.execute(request, deadline: .distantFuture)
-            let bytes = try await Self.collect(response.body, url: request.url, limit: limit)
+            let bytes = try await Self.collect(response.body, url: request.url)
             return (bytes, Head(status: Int(response.status.code), headers: response.headers))
         } catch let error as OrchardClientError {
             throw error

@@ -38,7 +38,8 @@ struct TLSTests {
         let coordinator = try await TLSCoordinator()
         defer { Task { await coordinator.stop() } }
         #expect(coordinator.server.baseURL.absoluteString == coordinator.httpsURL)
-        _ = try await coordinator.instance.coordinator.host(try Fixture.host(goal: 1, overSelection: 1, clientConfig: ClientIntegrationTests.config))
+        // Room for two devices: the bare transport's and the job's.
+        _ = try await coordinator.instance.coordinator.host(try Fixture.host(goal: 2, overSelection: 1, clientConfig: ClientIntegrationTests.config))
         let transport = try HTTPTransport(url: coordinator.httpsURL, timeout: 10, trustRoots: .certificates(pem: coordinator.certificates.caCertificatePEM))
         let session = try await transport.authenticate(AuthenticateRequest(processName: "regressor", processVersion: SemanticVersion(1)))
         let answer = try await transport.requestCycle(CycleRequest(workerID: session.workerID, processName: "regressor", processVersion: SemanticVersion(1)), session: session.sessionToken)
