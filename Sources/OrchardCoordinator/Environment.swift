@@ -1,4 +1,4 @@
-public import Foundation
+import Foundation
 
 /// Settings of a coordinator instance (per-process settings live in ``OrchardProtocol/ServerConfig``).
 public struct CoordinatorConfiguration: Sendable {

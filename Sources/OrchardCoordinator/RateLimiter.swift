@@ -1,4 +1,4 @@
-public import Foundation
+import Foundation
 
 /// A token-bucket limit: up to `burst` requests at once, refilled at `perSecond` requests per second.
 public struct RateLimit: Sendable, Hashable, CustomStringConvertible {
