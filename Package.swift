@@ -46,6 +46,9 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-collections.git", from: "1.1.0"),
         .package(url: "https://github.com/apple/swift-crypto.git", "4.0.0"..<"6.0.0"),
         .package(url: "https://github.com/apple/swift-nio.git", from: "2.40.0"),
+        .package(url: "https://github.com/apple/swift-nio-ssl.git", from: "2.27.0"),
+        .package(url: "https://github.com/apple/swift-certificates.git", from: "1.0.0"),
+        .package(url: "https://github.com/apple/swift-asn1.git", from: "1.0.0"),
         .package(url: "https://github.com/adam-fowler/compress-nio.git", from: "1.5.0"),
         .package(url: "https://github.com/groue/GRDB.swift.git", from: "7.0.0"),
         .package(url: "https://github.com/hummingbird-project/hummingbird.git", from: "2.5.0"),
@@ -120,6 +123,9 @@ let package = Package(
             dependencies: [
                 "OrchardSupport", "OrchardFormats", "OrchardProtocol",
                 .product(name: "Hummingbird", package: "hummingbird"),
+                .product(name: "HummingbirdTLS", package: "hummingbird"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOSSL", package: "swift-nio-ssl"),
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "JWTKit", package: "jwt-kit"),
@@ -130,13 +136,17 @@ let package = Package(
             ],
             swiftSettings: swiftSettings
         ),
-        // The device SDK.
+        // The device SDK (HTTP over AsyncHTTPClient, so a private CA can be trusted on every platform).
         .target(
             name: "OrchardClient",
             dependencies: [
                 "OrchardSupport", "OrchardFormats", "OrchardML", "OrchardProtocol", "OrchardScheduler",
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "Logging", package: "swift-log"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+                .product(name: "NIOSSL", package: "swift-nio-ssl"),
             ],
             swiftSettings: swiftSettings
         ),
@@ -156,12 +166,15 @@ let package = Package(
             ],
             swiftSettings: swiftSettings
         ),
-        // Test support shared by every test target.
+        // Test support shared by every test target (including a throwaway CA and server certificate for TLS tests).
         .target(
             name: "OrchardTesting",
             dependencies: [
                 "OrchardSupport", "OrchardFormats", "OrchardML",
                 .product(name: "Clocks", package: "swift-clocks"),
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "SwiftASN1", package: "swift-asn1"),
+                .product(name: "X509", package: "swift-certificates"),
             ],
             swiftSettings: swiftSettings
         ),

@@ -138,8 +138,9 @@ public enum CoordinatorBenchmark {
         let adminToken = "bench-admin"
         let instance = try await CoordinatorInstance.open(
             database: directory.appendingPathComponent("bench.sqlite").path, durability: configuration.durability,
+            // Every simulated device authenticates from loopback in open mode: the abuse limits would measure themselves.
             configuration: CoordinatorConfiguration(
-                adminToken: adminToken, maximumReportBytes: configuration.parameters * 4 + (1 << 20),
+                adminToken: adminToken, maximumReportBytes: configuration.parameters * 4 + (1 << 20), openAuthenticationRate: nil, maximumOpenWorkers: nil,
                 maximumUploadsInFlight: max(CoordinatorConfiguration().maximumUploadsInFlight, configuration.reportConcurrency)
             )
         )

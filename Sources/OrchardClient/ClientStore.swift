@@ -19,6 +19,9 @@ struct ClientStore: Sendable {
         /// Whether the process asks for link speeds with each cycle request; nil in sessions saved before the
         /// client knew (those are not reused: authenticating again tells).
         var requiresSpeedTest: Bool?
+        /// The speed-test sizes the coordinator announced (protocol 2.1 and later), bytes down and up.
+        var speedTestDownloadBytes: Int? = nil
+        var speedTestUploadBytes: Int? = nil
     }
 
     /// What a saved training checkpoint belongs to.

@@ -185,9 +185,10 @@ public final class FederatedJob: Sendable {
         case .loadCachedModel(let modelID):
             let cached = try store.model(modelID)
             return machine.cachedModelLoaded(cached?.bytes, info: cached?.info)
-        case .backoff(let retry):
+        case .backoff(let retry, let seconds):
+            let delay = seconds.map { Duration.nanoseconds(Int64($0 * 1e9)) } ?? configuration.retry.delay(beforeRetry: retry, random: configuration.environment.random())
             do {
-                try await configuration.environment.clock.sleep(for: configuration.retry.delay(beforeRetry: retry, random: configuration.environment.random()))
+                try await configuration.environment.clock.sleep(for: delay)
             } catch {
                 return machine.requestFailed(cancelledError())
             }
@@ -205,9 +206,11 @@ public final class FederatedJob: Sendable {
                 }
                 return try await transport.report(body, session: session)
             }) { machine, response in machine.reportAnswered(response) }
-        case .measureLinkSpeed:
-            let test = configuration.linkSpeedTest
-            return await call(&machine, { () async throws(OrchardClientError) in try await test.measure(over: transport) }) { machine, speed in
+        case .measureLinkSpeed(let session, let downloadBytes, let uploadBytes):
+            var test = configuration.linkSpeedTest
+            if let downloadBytes { test.downloadBytes = downloadBytes }
+            if let uploadBytes { test.uploadBytes = uploadBytes }
+            return await call(&machine, { () async throws(OrchardClientError) in try await test.measure(over: transport, session: session) }) { machine, speed in
                 machine.linkSpeedMeasured(speed)
             }
         case .requestCycle(let request, let session):

@@ -1,29 +1,94 @@
+import AsyncHTTPClient
 public import Foundation
-#if canImport(FoundationNetworking)
-import FoundationNetworking
-#endif
+import NIOCore
+import NIOHTTP1
+import NIOSSL
 public import OrchardProtocol
-import Synchronization
+public import OrchardSupport
 
-/// The coordinator's HTTP API over `URLSession` (FoundationNetworking on Linux), so the same code runs on Apple
-/// platforms and Linux devices.
+/// The certificate authorities an HTTPS transport trusts.
+public struct TrustRoots: Sendable, Hashable, CustomStringConvertible {
+    private enum Source: Sendable, Hashable {
+        case system
+        case pem([UInt8], origin: String)
+    }
+    private let source: Source
+
+    /// The platform's trust store.
+    public static let system = TrustRoots(source: .system)
+
+    /// Only the CA certificates in `pem` (one or more PEM certificates), e.g. a private CA's.
+    public static func certificates(pem: String) -> TrustRoots {
+        TrustRoots(source: .pem(Array(pem.utf8), origin: "the CA certificates given"))
+    }
+
+    /// Only the CA certificates in the PEM file at `path` (read when the transport is created).
+    /// - Throws: ``OrchardClientError/Code/invalidConfiguration`` when the file is missing or unreadable.
+    public static func certificateFile(_ path: String) throws(OrchardClientError) -> TrustRoots {
+        var isDirectory: ObjCBool = false
+        guard FileManager.default.fileExists(atPath: path, isDirectory: &isDirectory), !isDirectory.boolValue else {
+            throw OrchardClientError(.invalidConfiguration, "CA certificate file '\(path)' does not exist or is a directory")
+        }
+        guard let data = FileManager.default.contents(atPath: path) else {
+            throw OrchardClientError(.invalidConfiguration, "CA certificate file '\(path)' cannot be read (permission denied?)")
+        }
+        return TrustRoots(source: .pem([UInt8](data), origin: "CA certificate file '\(path)'"))
+    }
+
+    public var description: String {
+        switch source {
+        case .system: "the system's trust store"
+        case .pem(_, let origin): origin
+        }
+    }
+
+    /// The client TLS settings trusting these roots.
+    func tlsConfiguration() throws(OrchardClientError) -> TLSConfiguration {
+        var configuration = TLSConfiguration.makeClientConfiguration()
+        guard case .pem(let bytes, let origin) = source else { return configuration }
+        let certificates: [NIOSSLCertificate]
+        do {
+            certificates = try NIOSSLCertificate.fromPEMBytes(bytes)
+        } catch {
+            throw OrchardClientError(.invalidConfiguration, "\(origin) is not PEM (\(error))")
+        }
+        guard !certificates.isEmpty else {
+            throw OrchardClientError(.invalidConfiguration, "\(origin) holds no PEM certificate (-----BEGIN CERTIFICATE-----)")
+        }
+        configuration.trustRoots = .certificates(certificates)
+        return configuration
+    }
+}
+
+/// The coordinator's HTTP API over AsyncHTTPClient (SwiftNIO; Network.framework on Apple platforms), HTTPS with the
+/// system's or a private CA's trust roots.
 ///
-/// Every call has a timeout; model downloads stream into their sink as bytes arrive, send `Range` and
-/// `If-Range` when resuming, and report where the served bytes start and the whole file's SHA-256 (RFC 9530
-/// `Repr-Digest: sha-256=:<base64>:`).
+/// Every call has a timeout for connecting and for each wait for data; model downloads stream into their sink as
+/// bytes arrive, send `Range` and `If-Range` when resuming, and report where the served bytes start and the whole
+/// file's SHA-256 (RFC 9530 `Repr-Digest: sha-256=:<base64>:`). A 429 or 503 answer's `Retry-After` becomes the
+/// error's ``OrchardClientError/retryAfter``.
 public struct HTTPTransport: ClientTransport {
     /// The coordinator's base URL.
     public let baseURL: URL
-    /// Seconds a request may wait for data before it fails as a network error.
+    /// Seconds a request may wait to connect, and for each piece of data.
     public let timeout: Double
-    private let session: URLSession
+    /// The certificate authorities trusted for `https`.
+    public let trustRoots: TrustRoots
+    private let connection: Connection
+    private let clock: any WallClock
+
+    /// The largest JSON answer read (a plan with its model architecture included).
+    static let maximumAnswerBytes = 64 << 20
 
     /// Creates a transport.
     /// - Parameters:
     ///   - url: The coordinator's base URL, `http` or `https` with a host.
-    ///   - timeout: Seconds a request may wait for data.
-    /// - Throws: ``OrchardClientError/Code/invalidConfiguration`` when the URL is not an absolute HTTP(S) URL.
-    public init(url: String, timeout: Double = 30) throws(OrchardClientError) {
+    ///   - timeout: Seconds a request may wait to connect, and for each piece of data.
+    ///   - trustRoots: The certificate authorities trusted for `https` (the system's by default).
+    ///   - clock: The clock an HTTP-date `Retry-After` is read against.
+    /// - Throws: ``OrchardClientError/Code/invalidConfiguration`` when the URL is not an absolute HTTP(S) URL, the
+    ///   timeout is not positive, or the trust roots are not PEM certificates.
+    public init(url: String, timeout: Double = 30, trustRoots: TrustRoots = .system, clock: any WallClock = SystemClock()) throws(OrchardClientError) {
         guard let parsed = URL(string: url), let scheme = parsed.scheme?.lowercased(), scheme == "http" || scheme == "https",
               let host = parsed.host, !host.isEmpty
         else {
@@ -34,77 +99,108 @@ public struct HTTPTransport: ClientTransport {
         }
         baseURL = parsed
         self.timeout = timeout
-        let configuration = URLSessionConfiguration.ephemeral
-        configuration.timeoutIntervalForRequest = timeout
-        configuration.requestCachePolicy = .reloadIgnoringLocalCacheData
-        session = URLSession(configuration: configuration)
+        self.trustRoots = trustRoots
+        self.clock = clock
+        let wait = TimeAmount.nanoseconds(Int64(min(timeout, 86_400) * 1e9))
+        var pool = HTTPClient.Configuration.ConnectionPool()
+        // A failed connection (refused, TLS handshake) fails the call at once; the client's retry policy decides
+        // whether to try again.
+        pool.retryConnectionEstablishment = false
+        let configuration = HTTPClient.Configuration(
+            tlsConfiguration: try trustRoots.tlsConfiguration(), redirectConfiguration: .disallow,
+            timeout: HTTPClient.Configuration.Timeout(connect: wait, read: wait), connectionPool: pool
+        )
+        connection = Connection(HTTPClient(eventLoopGroup: HTTPClient.defaultEventLoopGroup, configuration: configuration))
     }
 
     public func authenticate(_ request: AuthenticateRequest) async throws(OrchardClientError) -> AuthenticateResponse {
-        try await exchange("POST", Endpoint.authenticate, body: request, session: nil)
+        try await exchange(.POST, Endpoint.authenticate, body: request, session: nil)
     }
 
     public func requestCycle(_ request: CycleRequest, session: String) async throws(OrchardClientError) -> CycleResponse {
-        try await exchange("POST", Endpoint.cycleRequest, body: request, session: session)
+        try await exchange(.POST, Endpoint.cycleRequest, body: request, session: session)
     }
 
     public func plan(_ planID: String, requestKey: String, session: String) async throws(OrchardClientError) -> TrainingPlan {
-        let request = try makeRequest("GET", Endpoint.plan(planID), query: [Endpoint.requestKeyQuery: requestKey], session: session)
-        let (data, status) = try await send(request)
-        return try decodeAnswer(TrainingPlan.self, data: data, status: status)
+        let request = try makeRequest(.GET, Endpoint.plan(planID), query: [Endpoint.requestKeyQuery: requestKey], session: session)
+        let (bytes, head) = try await send(request)
+        return try decodeAnswer(TrainingPlan.self, bytes: bytes, head: head)
     }
 
     public func report(_ body: [UInt8], session: String) async throws(OrchardClientError) -> ReportResponse {
-        var request = try makeRequest("POST", Endpoint.report, session: session)
-        request.setValue(MediaType.safetensors, forHTTPHeaderField: "Content-Type")
-        request.httpBody = Data(body)
-        let (data, status) = try await send(request)
-        return try decodeAnswer(ReportResponse.self, data: data, status: status)
+        var request = try makeRequest(.POST, Endpoint.report, session: session)
+        request.headers.replaceOrAdd(name: "Content-Type", value: MediaType.safetensors)
+        request.body = .bytes(ByteBuffer(bytes: body))
+        let (bytes, head) = try await send(request)
+        return try decodeAnswer(ReportResponse.self, bytes: bytes, head: head)
     }
 
     public func downloadModel(_ model: ModelRequest, session token: String, into sink: any DownloadSink) async throws(OrchardClientError) {
-        var request = try makeRequest("GET", Endpoint.model(model.modelID), query: [Endpoint.requestKeyQuery: model.requestKey], session: token)
+        var request = try makeRequest(.GET, Endpoint.model(model.modelID), query: [Endpoint.requestKeyQuery: model.requestKey], session: token)
         if model.offset > 0 {
-            request.setValue("bytes=\(model.offset)-", forHTTPHeaderField: "Range")
-            if let etag = model.etag { request.setValue(etag, forHTTPHeaderField: "If-Range") }
+            request.headers.replaceOrAdd(name: "Range", value: "bytes=\(model.offset)-")
+            if let etag = model.etag { request.headers.replaceOrAdd(name: "If-Range", value: etag) }
         }
-        let delegate = DownloadDelegate(sink: sink)
-        let configuration = URLSessionConfiguration.ephemeral
-        configuration.timeoutIntervalForRequest = timeout
-        configuration.requestCachePolicy = .reloadIgnoringLocalCacheData
-        let downloadSession = URLSession(configuration: configuration, delegate: delegate, delegateQueue: nil)
-        defer { downloadSession.finishTasksAndInvalidate() }
-        let task = downloadSession.dataTask(with: request)
-        let outcome: Result<Void, OrchardClientError> = await withTaskCancellationHandler {
-            await withCheckedContinuation { continuation in
-                delegate.start(continuation)
-                task.resume()
+        let url = request.url
+        do {
+            let response = try await connection.client.execute(request, deadline: .distantFuture)
+            let status = Int(response.status.code)
+            guard status == 200 || status == 206 else {
+                let bytes = try await Self.collect(response.body, url: url)
+                throw serverError(status: status, bytes: bytes, headers: response.headers)
             }
-        } onCancel: {
-            task.cancel()
+            let etag = response.headers.first(name: "ETag")
+            let digest = response.headers.first(name: ModelIntegrity.digestHeader).flatMap { ModelIntegrity.parseSHA256(fieldValue: $0) }
+            let head: DownloadHead
+            if status == 206 {
+                guard let range = response.headers.first(name: "Content-Range"), let parsed = Self.parseContentRange(range) else {
+                    throw OrchardClientError(.serverError, "206 answer without a valid Content-Range", httpStatus: 206)
+                }
+                head = DownloadHead(start: parsed.start, totalLength: parsed.total, etag: etag, sha256: digest)
+            } else {
+                head = DownloadHead(start: 0, totalLength: response.headers.first(name: "Content-Length").flatMap { Int($0) }, etag: etag, sha256: digest)
+            }
+            try sink.begin(head)
+            for try await chunk in response.body {
+                try checkCancellation()
+                try sink.append(Array(chunk.readableBytesView))
+            }
+        } catch let error as OrchardClientError {
+            throw error
+        } catch {
+            throw Self.networkError(error, url: url)
         }
-        try outcome.get()
     }
 
-    public func speedTest(_ direction: SpeedTestDirection, bytes: Int) async throws(OrchardClientError) -> Int {
+    public func speedTest(_ direction: SpeedTestDirection, bytes: Int, session: String) async throws(OrchardClientError) -> Int {
         if direction == .download {
-            let request = try makeRequest("GET", Endpoint.speedTest, query: [Endpoint.bytesQuery: String(bytes)], session: nil)
-            let (data, status) = try await send(request)
-            guard (200..<300).contains(status) else {
-                throw OrchardClientError.server(status: status, body: try? WireCoding.decoder().decode(ErrorBody.self, from: data))
-            }
+            let request = try makeRequest(.GET, Endpoint.speedTest, query: [Endpoint.bytesQuery: String(bytes)], session: session)
+            let (data, head) = try await send(request)
+            guard (200..<300).contains(head.status) else { throw serverError(status: head.status, bytes: data, headers: head.headers) }
             return data.count
         }
-        var request = try makeRequest("POST", Endpoint.speedTest, session: nil)
-        request.setValue("application/octet-stream", forHTTPHeaderField: "Content-Type")
-        request.httpBody = Data(repeating: 0x5A, count: max(bytes, 0))
-        let (data, status) = try await send(request)
-        return try decodeAnswer(SpeedTestUploadResponse.self, data: data, status: status).bytes
+        var request = try makeRequest(.POST, Endpoint.speedTest, session: session)
+        request.headers.replaceOrAdd(name: "Content-Type", value: "application/octet-stream")
+        request.body = .bytes(ByteBuffer(repeating: 0x5A, count: max(bytes, 0)))
+        let (data, head) = try await send(request)
+        return try decodeAnswer(SpeedTestUploadResponse.self, bytes: data, head: head).bytes
     }
 
     // MARK: Helpers
 
-    private func makeRequest(_ method: String, _ path: String, query: [String: String] = [:], session: String?) throws(OrchardClientError) -> URLRequest {
+    /// Owns the HTTP client and shuts it down when the last copy of the transport is gone.
+    private final class Connection: Sendable {
+        let client: HTTPClient
+        init(_ client: HTTPClient) { self.client = client }
+        deinit { client.shutdown { _ in } }
+    }
+
+    private struct Head {
+        var status: Int
+        var headers: HTTPHeaders
+    }
+
+    private func makeRequest(_ method: HTTPMethod, _ path: String, query: [String: String] = [:], session: String?) throws(OrchardClientError) -> HTTPClientRequest {
         guard var components = URLComponents(url: baseURL, resolvingAgainstBaseURL: false) else {
             throw OrchardClientError(.invalidConfiguration, "cannot build a request URL from \(baseURL)")
         }
@@ -114,33 +210,31 @@ public struct HTTPTransport: ClientTransport {
         guard let url = components.url else {
             throw OrchardClientError(.invalidConfiguration, "cannot build a request URL for \(path) from \(baseURL)")
         }
-        var request = URLRequest(url: url, timeoutInterval: timeout)
-        request.httpMethod = method
-        request.setValue(WireProtocol.version.description, forHTTPHeaderField: WireProtocol.versionHeader)
-        request.setValue(MediaType.json + ", " + MediaType.safetensors, forHTTPHeaderField: "Accept")
-        if let session { request.setValue("Bearer \(session)", forHTTPHeaderField: "Authorization") }
+        var request = HTTPClientRequest(url: url.absoluteString)
+        request.method = method
+        request.headers.add(name: WireProtocol.versionHeader, value: WireProtocol.version.description)
+        request.headers.add(name: "Accept", value: MediaType.json + ", " + MediaType.safetensors)
+        if let session { request.headers.add(name: "Authorization", value: "Bearer \(session)") }
         return request
     }
 
-    private func exchange<Body: Encodable, Answer: Decodable>(_ method: String, _ path: String, body: Body, session: String?) async throws(OrchardClientError) -> Answer {
+    private func exchange<Body: Encodable, Answer: Decodable>(_ method: HTTPMethod, _ path: String, body: Body, session: String?) async throws(OrchardClientError) -> Answer {
         var request = try makeRequest(method, path, session: session)
         do {
-            request.httpBody = try WireCoding.encoder().encode(body)
+            request.body = .bytes(ByteBuffer(bytes: try WireCoding.encoder().encode(body)))
         } catch {
             throw OrchardClientError(.invalidConfiguration, "cannot encode \(Body.self): \(error)")
         }
-        request.setValue(MediaType.json, forHTTPHeaderField: "Content-Type")
-        let (data, status) = try await send(request)
-        return try decodeAnswer(Answer.self, data: data, status: status)
+        request.headers.replaceOrAdd(name: "Content-Type", value: MediaType.json)
+        let (bytes, head) = try await send(request)
+        return try decodeAnswer(Answer.self, bytes: bytes, head: head)
     }
 
-    private func send(_ request: URLRequest) async throws(OrchardClientError) -> (Data, Int) {
+    private func send(_ request: HTTPClientRequest) async throws(OrchardClientError) -> ([UInt8], Head) {
         do {
-            let (data, response) = try await session.data(for: request)
-            guard let http = response as? HTTPURLResponse else {
-                throw OrchardClientError(.network, "the answer from \(baseURL) is not HTTP")
-            }
-            return (data, http.statusCode)
+            let response = try await connection.client.execute(request, deadline: .distantFuture)
+            let bytes = try await Self.collect(response.body, url: request.url)
+            return (bytes, Head(status: Int(response.status.code), headers: response.headers))
         } catch let error as OrchardClientError {
             throw error
         } catch {
@@ -148,120 +242,59 @@ public struct HTTPTransport: ClientTransport {
         }
     }
 
-    private func decodeAnswer<Answer: Decodable>(_ type: Answer.Type, data: Data, status: Int) throws(OrchardClientError) -> Answer {
-        guard (200..<300).contains(status) else {
-            throw OrchardClientError.server(status: status, body: try? WireCoding.decoder().decode(ErrorBody.self, from: data))
-        }
+    private static func collect(_ body: HTTPClientResponse.Body, url: String, limit: Int = HTTPTransport.maximumAnswerBytes) async throws -> [UInt8] {
         do {
-            return try WireCoding.decoder().decode(Answer.self, from: data)
+            var buffer = try await body.collect(upTo: limit)
+            return buffer.readBytes(length: buffer.readableBytes) ?? []
+        } catch is NIOTooManyBytesError {
+            throw OrchardClientError(.serverError, "the answer from \(url) exceeds \(limit) bytes")
+        }
+    }
+
+    private func decodeAnswer<Answer: Decodable>(_ type: Answer.Type, bytes: [UInt8], head: Head) throws(OrchardClientError) -> Answer {
+        guard (200..<300).contains(head.status) else { throw serverError(status: head.status, bytes: bytes, headers: head.headers) }
+        do {
+            return try WireCoding.decoder().decode(Answer.self, from: Data(bytes))
         } catch {
-            throw OrchardClientError(.serverError, "the coordinator's answer is not a valid \(Answer.self): \(error)", httpStatus: status)
+            throw OrchardClientError(.serverError, "the coordinator's answer is not a valid \(Answer.self): \(error)", httpStatus: head.status)
         }
     }
 
-    /// Maps a URL loading error to a client error.
-    static func networkError(_ error: any Error, url: URL?) -> OrchardClientError {
-        if let urlError = error as? URLError, urlError.code == .cancelled {
-            return cancelledError()
+    /// The error of a non-2xx answer, with the `Retry-After` of a 429 or 503.
+    private func serverError(status: Int, bytes: [UInt8], headers: HTTPHeaders) -> OrchardClientError {
+        let retryAfter = status == 429 || status == 503 ? headers.first(name: "Retry-After").flatMap { RetryAfter.seconds($0, now: clock.date) } : nil
+        return OrchardClientError.server(status: status, body: try? WireCoding.decoder().decode(ErrorBody.self, from: Data(bytes)), retryAfter: retryAfter)
+    }
+
+    /// Maps a connection failure to a client error: cancellation, a TLS failure (not retried: the certificate will
+    /// not change by itself), or a network error.
+    static func networkError(_ error: any Error, url: String) -> OrchardClientError {
+        if error is CancellationError || Task.isCancelled { return cancelledError() }
+        if let client = error as? HTTPClientError, client == .cancelled { return cancelledError() }
+        if let tls = tlsFailure(error) {
+            return OrchardClientError(
+                .tls, "TLS connection to \(url) failed: \(tls); if the coordinator's certificate comes from a private CA, trust it (TrustRoots, orchard --ca-cert)"
+            )
         }
-        if error is CancellationError { return cancelledError() }
-        return OrchardClientError(.network, "request to \(url?.absoluteString ?? "the coordinator") failed: \(error.localizedDescription)")
-    }
-}
-
-/// Streams one download's answer into a sink and reports its outcome once.
-private final class DownloadDelegate: NSObject, URLSessionDataDelegate, @unchecked Sendable {
-    private struct State {
-        var continuation: CheckedContinuation<Result<Void, OrchardClientError>, Never>?
-        var failure: OrchardClientError?
-        var status = 0
-        var errorBody = Data()
-        var finished = false
+        return OrchardClientError(.network, "request to \(url) failed: \(error)")
     }
 
-    private let sink: any DownloadSink
-    private let state = Mutex(State())
-
-    init(sink: any DownloadSink) { self.sink = sink }
-
-    func start(_ continuation: CheckedContinuation<Result<Void, OrchardClientError>, Never>) {
-        state.withLock { $0.continuation = continuation }
-    }
-
-    func urlSession(
-        _ session: URLSession, dataTask: URLSessionDataTask, didReceive response: URLResponse,
-        completionHandler: @escaping @Sendable (URLSession.ResponseDisposition) -> Void
-    ) {
-        guard let http = response as? HTTPURLResponse else {
-            fail(OrchardClientError(.network, "the model answer is not HTTP"), task: dataTask)
-            completionHandler(.cancel)
-            return
-        }
-        state.withLock { $0.status = http.statusCode }
-        let etag = http.value(forHTTPHeaderField: "ETag")
-        let digest = http.value(forHTTPHeaderField: ModelIntegrity.digestHeader).flatMap { ModelIntegrity.parseSHA256(fieldValue: $0) }
-        let length = http.expectedContentLength >= 0 ? Int(http.expectedContentLength) : nil
-        let head: DownloadHead
-        switch http.statusCode {
-        case 200:
-            head = DownloadHead(start: 0, totalLength: length, etag: etag, sha256: digest)
-        case 206:
-            guard let range = http.value(forHTTPHeaderField: "Content-Range"), let parsed = Self.parseContentRange(range) else {
-                fail(OrchardClientError(.serverError, "206 answer without a valid Content-Range", httpStatus: 206), task: dataTask)
-                completionHandler(.cancel)
-                return
+    /// What went wrong in a TLS handshake, or nil when `error` is not a TLS failure.
+    private static func tlsFailure(_ error: any Error) -> String? {
+        if let error = error as? NIOSSLError {
+            switch error {
+            case .handshakeFailed(let reasons):
+                let text = "\(reasons)"
+                return text.contains("CERTIFICATE_VERIFY_FAILED") ? "the server's certificate is not trusted (\(text))" : "the handshake failed (\(text))"
+            case .unableToValidateCertificate: return "the server's certificate cannot be validated"
+            default: return "\(error)"
             }
-            head = DownloadHead(start: parsed.start, totalLength: parsed.total, etag: etag, sha256: digest)
-        default:
-            completionHandler(.allow)
-            return
         }
-        do {
-            try sink.begin(head)
-            completionHandler(.allow)
-        } catch {
-            fail(error, task: dataTask)
-            completionHandler(.cancel)
+        if let error = error as? NIOSSLExtraError, error == .failedToValidateHostname {
+            return "the server's certificate is not for this host"
         }
-    }
-
-    func urlSession(_ session: URLSession, dataTask: URLSessionDataTask, didReceive data: Data) {
-        let status = state.withLock { $0.status }
-        guard status == 200 || status == 206 else {
-            state.withLock { $0.errorBody.append(data) }
-            return
-        }
-        do {
-            try sink.append([UInt8](data))
-        } catch {
-            fail(error, task: dataTask)
-        }
-    }
-
-    func urlSession(_ session: URLSession, task: URLSessionTask, didCompleteWithError error: (any Error)?) {
-        let (continuation, result) = state.withLock { state -> (CheckedContinuation<Result<Void, OrchardClientError>, Never>?, Result<Void, OrchardClientError>) in
-            let result: Result<Void, OrchardClientError>
-            if let failure = state.failure {
-                result = .failure(failure)
-            } else if let error {
-                result = .failure(HTTPTransport.networkError(error, url: task.originalRequest?.url))
-            } else if state.status == 200 || state.status == 206 {
-                result = .success(())
-            } else {
-                let body = try? WireCoding.decoder().decode(ErrorBody.self, from: state.errorBody)
-                result = .failure(OrchardClientError.server(status: state.status, body: body))
-            }
-            let continuation = state.continuation
-            state.continuation = nil
-            state.finished = true
-            return (continuation, result)
-        }
-        continuation?.resume(returning: result)
-    }
-
-    private func fail(_ error: OrchardClientError, task: URLSessionTask) {
-        state.withLock { if $0.failure == nil { $0.failure = error } }
-        task.cancel()
+        if let error = error as? BoringSSLError { return "\(error)" }
+        return nil
     }
 
     /// Parses `bytes a-b/total`.

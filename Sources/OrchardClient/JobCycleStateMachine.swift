@@ -4,6 +4,7 @@ import OrchardFormats
 import OrchardML
 import OrchardProtocol
 import OrchardScheduler
+import OrchardSupport
 
 /// One job cycle as a pure state machine: check conditions → upload a report kept from an earlier window →
 /// authenticate → measure the link when the process asks for link speeds → request a cycle → download plan and
@@ -93,9 +94,9 @@ struct JobCycleStateMachine {
         case authenticate(AuthenticateRequest)
         /// Upload the report on disk → ``reportAnswered(_:)``.
         case uploadReport(session: String)
-        /// Time a download and an upload against the coordinator's speed-test endpoint; answer with
-        /// ``JobCycleStateMachine/linkSpeedMeasured(_:)``.
-        case measureLinkSpeed
+        /// Time a download and an upload against the coordinator's speed-test endpoint, of the sizes the coordinator
+        /// announced (nil: the client's own); answer with ``JobCycleStateMachine/linkSpeedMeasured(_:)``.
+        case measureLinkSpeed(session: String, downloadBytes: Int?, uploadBytes: Int?)
         /// Ask for a cycle → ``cycleAnswered(_:)``.
         case requestCycle(CycleRequest, session: String)
         /// Download the plan → ``planDownloaded(_:shapes:)``.
@@ -104,8 +105,9 @@ struct JobCycleStateMachine {
         case loadCachedModel(modelID: String)
         /// Download the model, resuming the partial file when there is one → ``modelDownloaded(_:info:)``.
         case downloadModel(modelID: String, requestKey: String, session: String)
-        /// Wait the backoff before retry number `retry` → ``backoffElapsed()``.
-        case backoff(retry: Int)
+        /// Wait before retry number `retry` → ``backoffElapsed()``: `seconds` when the coordinator said how long
+        /// (`Retry-After`), else the retry policy's backoff.
+        case backoff(retry: Int, seconds: Double?)
         /// Train → ``trainingEnded(_:)`` or ``trainingFailed(_:)``.
         case train(TrainingInput)
 
@@ -198,7 +200,8 @@ struct JobCycleStateMachine {
         }
         let identity = ClientStore.Identity(
             workerID: response.workerID, sessionToken: response.sessionToken, expiresAt: now + response.expiresIn, server: setup.server,
-            requiresSpeedTest: response.requiresSpeedTest
+            requiresSpeedTest: response.requiresSpeedTest, speedTestDownloadBytes: response.speedTestDownloadBytes,
+            speedTestUploadBytes: response.speedTestUploadBytes
         )
         session = identity
         var actions: [Action] = [.saveSession(identity)]
@@ -366,11 +369,16 @@ struct JobCycleStateMachine {
             callAfterAuthentication = call
             return [.log(.info, "session refused; authenticating again"), .clearSession] + issue(.authenticate)
         }
+        if error.isTransient, let wait = error.retryAfter, wait > setup.retry.maximumDelay.inSeconds || attempt >= setup.retry.maximumAttempts {
+            // The coordinator asked for a longer wait than a retry within this cycle may take: ask again later.
+            let reason = error.serverCode?.rawValue ?? "http_\(error.httpStatus ?? 0)"
+            return [.log(.info, "the coordinator asked to wait \(wait) s (\(reason)): \(error.message)")] + finish(.rejected(retryAfter: wait, reason: reason))
+        }
         if error.isTransient && attempt < setup.retry.maximumAttempts {
             let retry = attempt
             attempt += 1
             phase = .backingOff(call)
-            return [.log(.debug, "retry \(retry) after \(error)"), .emit(.retrying(attempt: retry, error: error)), .backoff(retry: retry)]
+            return [.log(.debug, "retry \(retry) after \(error)"), .emit(.retrying(attempt: retry, error: error)), .backoff(retry: retry, seconds: error.retryAfter)]
         }
         return fail(error)
     }
@@ -432,7 +440,7 @@ struct JobCycleStateMachine {
         case .uploadReport:
             actions.append(.uploadReport(session: token))
         case .measureLinkSpeed:
-            actions.append(.measureLinkSpeed)
+            actions.append(.measureLinkSpeed(session: token, downloadBytes: session?.speedTestDownloadBytes, uploadBytes: session?.speedTestUploadBytes))
         case .requestCycle:
             let request = CycleRequest(
                 workerID: session?.workerID ?? "", processName: setup.processName, processVersion: setup.version,

@@ -31,40 +31,41 @@ public struct SpeedTestDirection: Sendable, Hashable, CustomStringConvertible {
 }
 
 /// How the client measures its link when a process asks for link speeds (``OrchardProtocol/AuthenticateResponse/requiresSpeedTest``):
-/// one timed download and one timed upload through the client's transport.
+/// one timed download and one timed upload through the client's transport, of the sizes the coordinator announced
+/// when it authenticated the device (these settings' sizes serve coordinators before protocol 2.1, which announce none).
 public struct LinkSpeedTest: Sendable {
-    /// Bytes downloaded, 1 to ``OrchardProtocol/SpeedTest/maximumBytes``.
+    /// Bytes downloaded, 1 to ``OrchardProtocol/SpeedTest/maximumBytes``, unless the coordinator announces a size.
     public var downloadBytes: Int
-    /// Bytes uploaded, 1 to ``OrchardProtocol/SpeedTest/maximumBytes``.
+    /// Bytes uploaded, 1 to ``OrchardProtocol/SpeedTest/maximumBytes``, unless the coordinator announces a size.
     public var uploadBytes: Int
     /// The clock the transfers are timed on.
     public var clock: any Clock<Duration>
 
     /// Creates a test; 256 KiB each way on the continuous clock by default.
-    public init(downloadBytes: Int = 1 << 18, uploadBytes: Int = 1 << 18, clock: any Clock<Duration> = ContinuousClock()) {
+    public init(downloadBytes: Int = SpeedTest.defaultBytes, uploadBytes: Int = SpeedTest.defaultBytes, clock: any Clock<Duration> = ContinuousClock()) {
         self.downloadBytes = downloadBytes
         self.uploadBytes = uploadBytes
         self.clock = clock
     }
 
-    /// Times a download and an upload of the configured sizes through `transport`.
+    /// Times a download and an upload of the configured sizes through `transport`, with the device's `session`.
     /// - Throws: ``OrchardClientError/Code/invalidConfiguration`` for sizes outside 1…``OrchardProtocol/SpeedTest/maximumBytes``;
     ///   ``OrchardClientError/Code/network`` when a transfer moved fewer bytes than asked; the transport's errors.
-    public func measure(over transport: any ClientTransport) async throws(OrchardClientError) -> LinkSpeed {
+    public func measure(over transport: any ClientTransport, session: String) async throws(OrchardClientError) -> LinkSpeed {
         for (name, bytes) in [("downloadBytes", downloadBytes), ("uploadBytes", uploadBytes)] where !(1...SpeedTest.maximumBytes).contains(bytes) {
             throw OrchardClientError(.invalidConfiguration, "link speed test: \(name) must be in 1...\(SpeedTest.maximumBytes), not \(bytes)")
         }
-        let download = try await Self.timed(clock, .download, downloadBytes, transport)
-        let upload = try await Self.timed(clock, .upload, uploadBytes, transport)
+        let download = try await Self.timed(clock, .download, downloadBytes, session, transport)
+        let upload = try await Self.timed(clock, .upload, uploadBytes, session, transport)
         return LinkSpeed(downloadMbps: download, uploadMbps: upload)
     }
 
     /// Moves `bytes` one way and returns the rate in Mbit/s.
     private static func timed(
-        _ clock: some Clock<Duration>, _ direction: SpeedTestDirection, _ bytes: Int, _ transport: any ClientTransport
+        _ clock: some Clock<Duration>, _ direction: SpeedTestDirection, _ bytes: Int, _ session: String, _ transport: any ClientTransport
     ) async throws(OrchardClientError) -> Double {
         let start = clock.now
-        let moved = try await transport.speedTest(direction, bytes: bytes)
+        let moved = try await transport.speedTest(direction, bytes: bytes, session: session)
         let elapsed = start.duration(to: clock.now)
         guard moved == bytes else {
             throw OrchardClientError(.network, "link speed test: the \(direction) moved \(moved) of \(bytes) bytes")

@@ -28,6 +28,9 @@ public struct ClientConfiguration: Sendable {
     public var durability: StorageDurability
     /// How link speed is measured when a process asks for it before a cycle request.
     public var linkSpeedTest: LinkSpeedTest
+    /// The certificate authorities the HTTP transport trusts for `https` (the system's by default; a private CA's
+    /// with ``TrustRoots/certificateFile(_:)``).
+    public var trustRoots: TrustRoots
 
     /// Creates a configuration.
     public init(
@@ -35,8 +38,9 @@ public struct ClientConfiguration: Sendable {
         retry: RequestRetryPolicy = RequestRetryPolicy(), environment: ClientEnvironment = .system, trainingSeed: UInt64 = 0,
         trainer: any LocalTrainer = EngineLocalTrainer(), conditions: (any DeviceConditionsProvider)? = nil,
         conditionRules: ConditionRules = ConditionRules(), logger: Logger = Logger(label: "orchard.client"),
-        durability: StorageDurability = .synced, linkSpeedTest: LinkSpeedTest = LinkSpeedTest()
+        durability: StorageDurability = .synced, linkSpeedTest: LinkSpeedTest = LinkSpeedTest(), trustRoots: TrustRoots = .system
     ) {
+        self.trustRoots = trustRoots
         self.durability = durability
         self.linkSpeedTest = linkSpeedTest
         self.conditions = conditions
@@ -94,9 +98,12 @@ public struct OrchardClient: Sendable {
     ///   - url: The coordinator's base URL, e.g. `https://fl.example.com`.
     ///   - authToken: The device's JWT, or nil in open mode.
     ///   - configuration: Settings.
-    /// - Throws: ``OrchardClientError/Code/invalidConfiguration`` for a URL that is not absolute HTTP(S).
+    /// - Throws: ``OrchardClientError/Code/invalidConfiguration`` for a URL that is not absolute HTTP(S), or trust roots
+    ///   that are not PEM certificates.
     public init(url: String, authToken: String? = nil, configuration: ClientConfiguration = ClientConfiguration()) throws(OrchardClientError) {
-        let transport = try HTTPTransport(url: url, timeout: configuration.requestTimeout)
+        let transport = try HTTPTransport(
+            url: url, timeout: configuration.requestTimeout, trustRoots: configuration.trustRoots, clock: configuration.environment.clock
+        )
         self.init(transport: transport, server: transport.baseURL.absoluteString, authToken: authToken, configuration: configuration)
     }
 

@@ -8,7 +8,7 @@ public struct OrchardClientError: OrchardError, Hashable {
     public struct Code: Sendable, Hashable, CustomStringConvertible {
         private enum Kind: String, ErrorCodeKind {
             case invalidConfiguration, authenticationFailed, rejected, conditionsNotMet, network, serverError
-            case incompatibleModel, cancelled, storage, training
+            case incompatibleModel, cancelled, storage, training, tls
         }
         private let kind: Kind
         private init(_ kind: Kind) { self.kind = kind }
@@ -33,6 +33,8 @@ public struct OrchardClientError: OrchardError, Hashable {
         public static let storage = Code(.storage)
         /// Local training failed (e.g. the dataset does not fit the model).
         public static let training = Code(.training)
+        /// The TLS connection failed, e.g. the coordinator's certificate is not trusted (not retried).
+        public static let tls = Code(.tls)
         /// The code in snake case, e.g. `shape_mismatch`.
         public var description: String { kind.snakeCased }
     }
@@ -45,7 +47,8 @@ public struct OrchardClientError: OrchardError, Hashable {
     public var httpStatus: Int?
     /// The coordinator's error code, when it answered with an ``OrchardProtocol/ErrorBody``.
     public var serverCode: WireErrorCode?
-    /// Seconds to wait before asking again, for ``Code/rejected``.
+    /// Seconds to wait before asking again: for ``Code/rejected``, and for a coordinator's 429 or 503 answer
+    /// that carried `Retry-After`.
     public var retryAfter: Double?
 
     /// Creates an error.
@@ -68,17 +71,18 @@ public struct OrchardClientError: OrchardError, Hashable {
     /// - Parameters:
     ///   - status: The HTTP status.
     ///   - body: The decoded error body, if the answer had one.
-    public static func server(status: Int, body: ErrorBody?) -> OrchardClientError {
+    ///   - retryAfter: Seconds the answer asked the client to wait (its `Retry-After`), if any.
+    public static func server(status: Int, body: ErrorBody?, retryAfter: Double? = nil) -> OrchardClientError {
         let code: WireErrorCode = body?.error.code ?? (status >= 500 ? .internalError : WireErrorCode("http_\(status)"))
         let message = body?.error.message ?? "the coordinator answered HTTP \(status)"
         if status == 401 || code == .unauthorized {
-            return OrchardClientError(.authenticationFailed, message, httpStatus: status, serverCode: code)
+            return OrchardClientError(.authenticationFailed, message, httpStatus: status, serverCode: code, retryAfter: retryAfter)
         }
-        return OrchardClientError(.serverError, message, httpStatus: status, serverCode: code)
+        return OrchardClientError(.serverError, message, httpStatus: status, serverCode: code, retryAfter: retryAfter)
     }
 
-    /// Whether repeating the same request may succeed: network failures and 5xx answers.
+    /// Whether repeating the same request may succeed: network failures, 5xx answers and 429 (too many requests).
     public var isTransient: Bool {
-        code == .network || (code == .serverError && (httpStatus ?? 0) >= 500)
+        code == .network || (code == .serverError && ((httpStatus ?? 0) >= 500 || httpStatus == 429))
     }
 }

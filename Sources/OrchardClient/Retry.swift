@@ -70,3 +70,27 @@ func checkCancellation() throws(OrchardClientError) {
 func cancelledError() -> OrchardClientError {
     OrchardClientError(.cancelled, "the task was cancelled")
 }
+
+/// The `Retry-After` field of a 429 or 503 answer (RFC 9110 §10.2.3).
+public enum RetryAfter {
+    /// The seconds from `now` that `value` asks to wait: delta-seconds (`120`), or an HTTP-date (`Sun, 06 Nov 1994
+    /// 08:49:37 GMT`, or the obsolete RFC 850 and asctime forms) where a date already past means 0; nil for anything
+    /// else.
+    public static func seconds(_ value: String, now: Date) -> Double? {
+        let text = value.trimmingCharacters(in: .whitespaces)
+        guard !text.isEmpty else { return nil }
+        if text.utf8.allSatisfy({ $0 >= 0x30 && $0 <= 0x39 }) {
+            return Double(text)
+        }
+        for format in ["EEE, dd MMM yyyy HH:mm:ss 'GMT'", "EEEE, dd-MMM-yy HH:mm:ss 'GMT'", "EEE MMM d HH:mm:ss yyyy"] {
+            let formatter = DateFormatter()
+            formatter.locale = Locale(identifier: "en_US_POSIX")
+            formatter.timeZone = TimeZone(identifier: "GMT")
+            formatter.dateFormat = format
+            if let date = formatter.date(from: text.replacingOccurrences(of: "  ", with: " ")) {
+                return max(0, date.timeIntervalSince(now))
+            }
+        }
+        return nil
+    }
+}

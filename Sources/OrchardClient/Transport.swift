@@ -16,15 +16,16 @@ public protocol ClientTransport: Sendable {
     /// Uploads a report (a ``OrchardProtocol/ReportEnvelope``).
     func report(_ body: [UInt8], session: String) async throws(OrchardClientError) -> ReportResponse
     /// Moves `bytes` bytes through the coordinator's speed-test endpoint (``OrchardProtocol/Endpoint/speedTest``),
-    /// `direction` from the device's side; returns the bytes moved. The client times it (``LinkSpeedTest``).
-    func speedTest(_ direction: SpeedTestDirection, bytes: Int) async throws(OrchardClientError) -> Int
+    /// `direction` from the device's side, with the device's session; returns the bytes moved. The client times it
+    /// (``LinkSpeedTest``).
+    func speedTest(_ direction: SpeedTestDirection, bytes: Int, session: String) async throws(OrchardClientError) -> Int
 }
 
 extension ClientTransport {
     /// Transports with no link of their own (wrappers that only forward the five cycle calls) cannot take part
     /// in a process that asks for link speeds: they fail the measurement with this error, naming themselves.
-    public func speedTest(_ direction: SpeedTestDirection, bytes: Int) async throws(OrchardClientError) -> Int {
-        throw OrchardClientError(.invalidConfiguration, "\(Self.self) cannot run the coordinator's speed test, which this process requires; implement speedTest(_:bytes:) to forward it")
+    public func speedTest(_ direction: SpeedTestDirection, bytes: Int, session: String) async throws(OrchardClientError) -> Int {
+        throw OrchardClientError(.invalidConfiguration, "\(Self.self) cannot run the coordinator's speed test, which this process requires; implement speedTest(_:bytes:session:) to forward it")
     }
 }
 

@@ -60,6 +60,7 @@ extension Coordinator {
             throw storeFailure(error, "load the new process")
         }
         logger.info("process hosted", metadata: ["process": "\(process.id)", "name": "\(process.name)", "version": "\(process.version)"])
+        if process.serverConfig.authentication.mode == .open { warnOpenAuthentication(process) }
         return try await status(processID: process.id)
     }
 

@@ -10,8 +10,9 @@ import Synchronization
 extension Coordinator {
     // MARK: Device API
 
-    /// Authenticates a device for a process and issues its session token.
-    public func authenticate(_ request: AuthenticateRequest) async throws(CoordinatorError) -> AuthenticateResponse {
+    /// Authenticates a device for a process and issues its session token; `address` is where the call came from (nil
+    /// in process), which open-mode processes limit per ``CoordinatorConfiguration/openAuthenticationRate``.
+    public func authenticate(_ request: AuthenticateRequest, from address: ClientAddress? = nil) async throws(CoordinatorError) -> AuthenticateResponse {
         guard WireProtocol.isCompatible(request.protocolVersion) else {
             throw CoordinatorError(.unsupportedVersion, "protocol version \(request.protocolVersion) is not compatible with \(WireProtocol.version)")
         }
@@ -22,6 +23,22 @@ extension Coordinator {
         }
         let now = clock.date
         let identity = try await runtime.authenticator.identity(of: request.authToken, now: now)
+        let isOpen = runtime.process.serverConfig.authentication.mode == .open
+        if isOpen {
+            // Every open-mode call registers a worker: limited per client address, and capped per process.
+            if let address, let wait = authenticationLimiter?.take(address, at: now) {
+                metrics.authenticationsLimited.increment()
+                throw .rateLimited("too many authentications from \(address) to open-mode processes", retryAfter: wait)
+            }
+            if let cap = configuration.maximumOpenWorkers, runtime.openWorkers >= cap {
+                throw CoordinatorError(
+                    .workerLimitReached,
+                    "process '\(runtime.process.name)' version \(runtime.process.version) uses open authentication and already has its limit of \(cap) workers"
+                )
+            }
+            // Reserved before the store call, so concurrent calls cannot pass the cap together.
+            runtime.openWorkers += 1
+        }
         let workerID: String
         do {
             // A device identity is scoped to the process and the issuer that vouched for it: the same `sub` in
@@ -34,16 +51,46 @@ extension Coordinator {
                 workerID = id
             }
         } catch {
+            if isOpen { runtime.openWorkers -= 1 }
             throw storeFailure(error, "register the worker")
         }
         knownWorkers.insert(workerID)
         guard let sessions = sessionIssuer.withLock({ $0 }) else { throw .internalError("coordinator not started") }
         let session = DeviceSession(workerID: workerID, processID: processID, processName: runtime.process.name, processVersion: runtime.process.version)
         let token = try await sessions.issue(session, expires: now.addingTimeInterval(configuration.sessionLifetime))
+        let server = runtime.process.serverConfig
         return AuthenticateResponse(
-            workerID: workerID, sessionToken: token, expiresIn: configuration.sessionLifetime,
-            requiresSpeedTest: runtime.process.serverConfig.requiresSpeedTest
+            workerID: workerID, sessionToken: token, expiresIn: configuration.sessionLifetime, requiresSpeedTest: server.requiresSpeedTest,
+            speedTestDownloadBytes: server.requiresSpeedTest ? server.speedTestDownloadBytes : nil,
+            speedTestUploadBytes: server.requiresSpeedTest ? server.speedTestUploadBytes : nil
         )
+    }
+
+    /// Admits one speed-test transfer of a session and returns the most bytes it may move: the session's process must
+    /// gate cycles on link speed, `requested` bytes (when known) must not exceed its size for `direction`, and the
+    /// worker may run one test per direction per ``CoordinatorConfiguration/speedTestInterval``.
+    /// - Throws: `forbidden` for a process without a speed test, `invalid_request` (download) or `payload_too_large`
+    ///   (upload) for more bytes than the process asks for, `rate_limited` with a wait when the worker tested too recently.
+    public func admitSpeedTest(_ direction: SpeedTestLeg, requested: Int?, session: DeviceSession) throws(CoordinatorError) -> Int {
+        guard let runtime = runtimes[session.processID] else {
+            throw CoordinatorError(.unknownProcess, "the session's \(session.processDescription) is no longer hosted")
+        }
+        let server = runtime.process.serverConfig
+        guard server.requiresSpeedTest else {
+            throw CoordinatorError(.forbidden, "\(session.processDescription) does not gate cycles on link speed, so it runs no speed test")
+        }
+        let allowed = direction == .download ? server.speedTestDownloadBytes : server.speedTestUploadBytes
+        if let requested, direction == .upload, requested > allowed {
+            throw CoordinatorError(.payloadTooLarge, "the speed-test upload of \(requested) bytes exceeds the \(allowed) bytes this process asks for")
+        }
+        if let requested, direction == .download, !(1...allowed).contains(requested) {
+            throw CoordinatorError(.invalidRequest, "bytes must be an integer in 1...\(allowed), the speed-test download size of this process")
+        }
+        if let wait = speedTestLimiter?.take(SpeedTestKey(workerID: session.workerID, direction: direction), at: clock.date) {
+            metrics.speedTestsLimited.increment()
+            throw .rateLimited("worker '\(session.workerID)' ran a speed-test \(direction) less than \(configuration.speedTestInterval) s ago", retryAfter: wait)
+        }
+        return allowed
     }
 
     /// The session (worker and process) a session token proves.
@@ -181,4 +228,14 @@ extension Coordinator {
         }
         return TrainingPlan(planID: planID, model: runtime.process.model, clientConfig: runtime.process.clientConfig)
     }
+}
+
+/// Which way a speed-test transfer goes, from the device's side.
+public enum SpeedTestLeg: String, Sendable, Hashable, CustomStringConvertible {
+    /// The coordinator sends bytes to the device.
+    case download
+    /// The device sends bytes to the coordinator.
+    case upload
+
+    public var description: String { rawValue }
 }

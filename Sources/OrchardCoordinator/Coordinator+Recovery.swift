@@ -13,6 +13,7 @@ extension Coordinator {
     /// Loads every process and resumes its open cycle: assignments, the stored running sum, and the diffs
     /// committed since it was last written.
     public func start() async throws {
+        if let failure = configuration.validationFailure() { throw CoordinatorError(.invalidConfiguration, failure) }
         var candidate: [UInt8] = []
         for _ in 0..<32 { candidate.append(UInt8.random(in: .min ... .max, using: &random)) }
         let fresh = candidate
@@ -26,6 +27,19 @@ extension Coordinator {
             try await load(process)
         }
         logger.info("coordinator started", metadata: ["processes": "\(runtimes.count)"])
+        for runtime in runtimes.values.sorted(by: { $0.process.id < $1.process.id }) where runtime.process.serverConfig.authentication.mode == .open {
+            warnOpenAuthentication(runtime.process)
+        }
+    }
+
+    /// Logs that `process` lets any client register workers: open authentication is for development.
+    func warnOpenAuthentication(_ process: StoredProcess) {
+        let cap = configuration.maximumOpenWorkers.map { "at most \($0) workers" } ?? "no cap on workers"
+        let rate = configuration.openAuthenticationRate.map { "authentications per client address limited to \($0)" } ?? "no rate limit"
+        logger.warning(
+            "process '\(process.name)' version \(process.version) uses open authentication: any client can register workers and report updates; use it for development only and hs256 or rs256 device tokens in production (\(cap), \(rate))",
+            metadata: ["process": "\(process.id)"]
+        )
     }
 
     func load(_ process: StoredProcess) async throws {
@@ -73,6 +87,9 @@ extension Coordinator {
             process: process, machine: machine, layout: layout, sum: sum, unfolded: unfolded, checkpointBytes: weights,
             optimizer: optimizer, authenticator: authenticator, currentKeys: keys, previousKeys: []
         )
+        if process.serverConfig.authentication.mode == .open {
+            runtimes[process.id]?.openWorkers = try await store.workerCount(processID: process.id)
+        }
         processByName[NameVersion(name: process.name, version: process.version)] = process.id
         if !unfolded.isEmpty {
             logger.info("resumed cycle with unfolded reports", metadata: ["process": "\(process.id)", "cycle": "\(machine.cycle)", "reports": "\(unfolded.count)"])

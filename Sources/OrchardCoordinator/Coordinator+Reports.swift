@@ -39,7 +39,7 @@ extension Coordinator {
             metrics.uploadsRefusedBusy.increment()
             throw CoordinatorError(
                 .tooManyUploads, "the coordinator is receiving \(limit) reports already; retry in \(configuration.uploadRetryAfter) s",
-                retryAfterSeconds: configuration.uploadRetryAfter
+                retryAfter: Double(configuration.uploadRetryAfter)
             )
         }
         return ReportUpload(coordinator: self, session: session)

@@ -26,6 +26,8 @@ public actor Coordinator {
         var authenticator: DeviceAuthenticator
         var currentKeys: Set<String>
         var previousKeys: Set<String>
+        /// Workers registered (and being registered) in an open-mode process, for its cap; 0 in other modes.
+        var openWorkers = 0
         /// Whether a write of the running sum is in flight (one at a time, so they commit in order).
         var folding = false
 
@@ -82,6 +84,10 @@ public actor Coordinator {
     var processByName: [NameVersion: String] = [:]
     var processForKey: [String: String] = [:]
     var knownWorkers: Set<String> = []
+    /// Open-mode authentications per client address (nil: unlimited).
+    var authenticationLimiter: RateLimiter<ClientAddress>?
+    /// Speed tests per worker and direction (nil: unlimited).
+    var speedTestLimiter: RateLimiter<SpeedTestKey>?
     /// Session tokens are checked outside the actor (every device request carries one).
     nonisolated let sessionIssuer = Mutex<SessionIssuer?>(nil)
     /// Report uploads being received (``beginUpload(session:)``).
@@ -108,7 +114,15 @@ public actor Coordinator {
         self.random = ErasedRandom(base: random)
         self.metrics = metrics
         self.logger = logger
+        authenticationLimiter = configuration.openAuthenticationRate.map { RateLimiter($0) }
+        speedTestLimiter = configuration.speedTestInterval > 0 ? RateLimiter(.once(per: configuration.speedTestInterval)) : nil
     }
+}
+
+/// One worker's speed tests in one direction, for the per-worker rate limit.
+struct SpeedTestKey: Hashable, Sendable {
+    var workerID: String
+    var direction: SpeedTestLeg
 }
 
 /// A type-erased generator, so the actor can pass it `inout` to the standard library's generic `random` calls.

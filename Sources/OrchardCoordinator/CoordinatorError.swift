@@ -9,14 +9,20 @@ public struct CoordinatorError: OrchardError, Hashable {
     public var code: WireErrorCode
     /// A human-readable explanation.
     public var message: String
-    /// Seconds after which the same request may succeed (sent as `Retry-After`), for refusals of a busy server.
-    public var retryAfterSeconds: Int?
+    /// Seconds the caller should wait before asking again, for a refusal that passes (``WireErrorCode/rateLimited``).
+    public var retryAfter: Double?
 
     /// Creates an error.
-    public init(_ code: WireErrorCode, _ message: String, retryAfterSeconds: Int? = nil) {
+    public init(_ code: WireErrorCode, _ message: String, retryAfter: Double? = nil) {
         self.code = code
         self.message = message
-        self.retryAfterSeconds = retryAfterSeconds
+        self.retryAfter = retryAfter
+    }
+
+    /// A rate-limit refusal: ask again after `seconds` (whole seconds, at least 1, as `Retry-After` carries them).
+    static func rateLimited(_ message: String, retryAfter seconds: Double) -> CoordinatorError {
+        let whole = max(1, seconds.rounded(.up))
+        return CoordinatorError(.rateLimited, "\(message); retry after \(Int(whole)) s", retryAfter: whole)
     }
 
     /// The wire body for this error.

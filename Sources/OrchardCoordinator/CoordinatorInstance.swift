@@ -52,16 +52,17 @@ public struct CoordinatorInstance: Sendable {
     /// - Parameters:
     ///   - host: The address to bind.
     ///   - port: The port; 0 picks a free one, reported to `onServerRunning`.
+    ///   - tls: The HTTPS identity, or nil for plain HTTP.
     ///   - timerInterval: Time between cycle-timer ticks, or nil for no timer.
     ///   - logger: The server's logger.
     ///   - onServerRunning: Called with the bound port once the server listens.
     public func application(
-        host: String = "127.0.0.1", port: Int = 8080, timerInterval: Duration? = .milliseconds(250),
+        host: String = "127.0.0.1", port: Int = 8080, tls: CoordinatorTLS? = nil, timerInterval: Duration? = .milliseconds(250),
         logger: Logger = Logger(label: "orchard.http"), onServerRunning: @escaping @Sendable (Int) async -> Void = { _ in }
-    ) -> some ApplicationProtocol {
+    ) throws -> some ApplicationProtocol {
         let services: [any Service] = timerInterval.map { [CycleTimerService(coordinator: coordinator, interval: $0)] } ?? []
-        return CoordinatorServer.application(
-            coordinator: coordinator, registry: registry, host: host, port: port, services: services, logger: logger,
+        return try CoordinatorServer.application(
+            coordinator: coordinator, registry: registry, host: host, port: port, tls: tls, services: services, logger: logger,
             onServerRunning: onServerRunning
         )
     }
@@ -69,10 +70,10 @@ public struct CoordinatorInstance: Sendable {
     /// Runs the HTTP server and the cycle timer until SIGTERM or SIGINT, then shuts down gracefully (in-flight
     /// requests finish; every acknowledged report is already committed).
     public func run(
-        host: String, port: Int, timerInterval: Duration = .milliseconds(250), logger: Logger = Logger(label: "orchard.http"),
+        host: String, port: Int, tls: CoordinatorTLS? = nil, timerInterval: Duration = .milliseconds(250), logger: Logger = Logger(label: "orchard.http"),
         onServerRunning: @escaping @Sendable (Int) async -> Void = { _ in }
     ) async throws {
-        let app = application(host: host, port: port, timerInterval: timerInterval, logger: logger, onServerRunning: onServerRunning)
+        let app = try application(host: host, port: port, tls: tls, timerInterval: timerInterval, logger: logger, onServerRunning: onServerRunning)
         let group = ServiceGroup(services: [app], gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
         try await group.run()
     }
@@ -82,10 +83,11 @@ public struct CoordinatorInstance: Sendable {
     /// - Parameters:
     ///   - host: The address to bind.
     ///   - port: The port; 0 (the default) picks a free one.
+    ///   - tls: The HTTPS identity, or nil for plain HTTP.
     ///   - timerInterval: Time between cycle-timer ticks, or nil to drive ``Coordinator/tick()`` yourself.
-    public func serve(host: String = "127.0.0.1", port: Int = 0, timerInterval: Duration? = nil) async throws -> RunningServer {
+    public func serve(host: String = "127.0.0.1", port: Int = 0, tls: CoordinatorTLS? = nil, timerInterval: Duration? = nil) async throws -> RunningServer {
         let (ports, continuation) = AsyncStream.makeStream(of: Int.self)
-        let app = application(host: host, port: port, timerInterval: timerInterval) { bound in
+        let app = try application(host: host, port: port, tls: tls, timerInterval: timerInterval) { bound in
             continuation.yield(bound)
             continuation.finish()
         }
@@ -101,7 +103,7 @@ public struct CoordinatorInstance: Sendable {
             if case .failure(let error) = await task.result { throw error }
             throw CoordinatorError.internalError("the HTTP server stopped before listening")
         }
-        return RunningServer(host: host, port: bound, group: group, task: task)
+        return RunningServer(host: host, port: bound, scheme: tls == nil ? "http" : "https", group: group, task: task)
     }
 }
 
@@ -111,18 +113,21 @@ public struct RunningServer: Sendable {
     public let host: String
     /// The bound port.
     public let port: Int
+    /// `https` when the server speaks TLS, else `http`.
+    public let scheme: String
     private let group: ServiceGroup
     private let task: Task<Void, any Error>
 
-    init(host: String, port: Int, group: ServiceGroup, task: Task<Void, any Error>) {
+    init(host: String, port: Int, scheme: String, group: ServiceGroup, task: Task<Void, any Error>) {
         self.host = host
         self.port = port
+        self.scheme = scheme
         self.group = group
         self.task = task
     }
 
-    /// The server's base URL, e.g. `http://127.0.0.1:53124`.
-    public var baseURL: URL { URL(string: "http://\(host):\(port)")! }
+    /// The server's base URL, e.g. `http://127.0.0.1:53124` (or `https://…` with TLS).
+    public var baseURL: URL { URL(string: "\(scheme)://\(host):\(port)")! }
 
     /// Stops the server gracefully (requests in flight are answered) and waits for it to finish.
     public func stop() async {

@@ -17,6 +17,8 @@ public struct CoordinatorMetrics: Sendable {
     let reportCommitSeconds: Timer
     let openCycleAssigned: Gauge
     let openCycleReported: Gauge
+    let authenticationsLimited: Counter
+    let speedTestsLimited: Counter
 
     /// Creates the metrics with `factory`.
     public init(factory: any MetricsFactory) {
@@ -35,6 +37,8 @@ public struct CoordinatorMetrics: Sendable {
         reportCommitSeconds = Timer(label: "orchard_report_commit_duration_seconds", factory: factory)
         openCycleAssigned = Gauge(label: "orchard_open_cycle_assigned", factory: factory)
         openCycleReported = Gauge(label: "orchard_open_cycle_reported", factory: factory)
+        authenticationsLimited = Counter(label: "orchard_rate_limited_total", dimensions: [("endpoint", "authenticate")], factory: factory)
+        speedTestsLimited = Counter(label: "orchard_rate_limited_total", dimensions: [("endpoint", "speed_test")], factory: factory)
     }
 
     /// Metrics that go nowhere.

@@ -1,4 +1,4 @@
-public import Foundation
+import Foundation
 
 /// Settings of a coordinator instance (per-process settings live in ``OrchardProtocol/ServerConfig``).
 public struct CoordinatorConfiguration: Sendable {
@@ -14,13 +14,28 @@ public struct CoordinatorConfiguration: Sendable {
     public var foldInterval: Int
     /// Seconds a session token stays valid.
     public var sessionLifetime: Double
+    /// How often one client address may authenticate to processes in open mode (where every call registers a
+    /// worker); nil for no limit. Calls from the in-process transport carry no address and are not limited.
+    public var openAuthenticationRate: RateLimit?
+    /// The most workers one process in open mode may register; nil for no limit.
+    public var maximumOpenWorkers: Int?
+    /// Seconds between two speed tests in the same direction by the same worker.
+    public var speedTestInterval: Double
     /// Report uploads received at once; one more is refused with `too_many_uploads` (503) and ``uploadRetryAfter``.
     public var maximumUploadsInFlight: Int
     /// Seconds a device refused for ``maximumUploadsInFlight`` is told to wait (`Retry-After`).
     public var uploadRetryAfter: Int
 
+    /// Open-mode authentication by default: 30 calls at once per client address, then one every 2 seconds.
+    public static let defaultOpenAuthenticationRate = RateLimit(burst: 30, perSecond: 0.5)
+    /// Workers one open-mode process may register by default.
+    public static let defaultMaximumOpenWorkers = 10_000
+
     /// Creates a configuration.
-    public init(adminToken: String? = nil, maximumReportBytes: Int = 256 << 20, maximumAdminBodyBytes: Int = 1 << 30, maximumMessageBytes: Int = 64 << 10, foldInterval: Int = 32, sessionLifetime: Double = 86_400,
+    public init(
+        adminToken: String? = nil, maximumReportBytes: Int = 256 << 20, maximumAdminBodyBytes: Int = 1 << 30, maximumMessageBytes: Int = 64 << 10,
+        foldInterval: Int = 32, sessionLifetime: Double = 86_400, openAuthenticationRate: RateLimit? = Self.defaultOpenAuthenticationRate,
+        maximumOpenWorkers: Int? = Self.defaultMaximumOpenWorkers, speedTestInterval: Double = 30,
         maximumUploadsInFlight: Int = 64, uploadRetryAfter: Int = 2
     ) {
         self.adminToken = adminToken
@@ -29,7 +44,22 @@ public struct CoordinatorConfiguration: Sendable {
         self.maximumMessageBytes = maximumMessageBytes
         self.foldInterval = foldInterval
         self.sessionLifetime = sessionLifetime
+        self.openAuthenticationRate = openAuthenticationRate
+        self.maximumOpenWorkers = maximumOpenWorkers
+        self.speedTestInterval = speedTestInterval
         self.maximumUploadsInFlight = maximumUploadsInFlight
         self.uploadRetryAfter = uploadRetryAfter
+    }
+
+    /// Describes the first unusable setting among the abuse limits, or nil when they are usable.
+    public func validationFailure() -> String? {
+        if let failure = openAuthenticationRate?.validationFailure() { return "openAuthenticationRate: \(failure)" }
+        if let cap = maximumOpenWorkers, cap < 1 { return "maximumOpenWorkers must be at least 1, not \(cap)" }
+        if !(speedTestInterval >= 0) || !speedTestInterval.isFinite {
+            return "speedTestInterval must be a non-negative number of seconds, not \(speedTestInterval)"
+        }
+        if maximumUploadsInFlight < 1 { return "maximumUploadsInFlight must be at least 1, not \(maximumUploadsInFlight)" }
+        if !(1...3600).contains(uploadRetryAfter) { return "uploadRetryAfter must be in 1...3600 seconds, not \(uploadRetryAfter)" }
+        return nil
     }
 }

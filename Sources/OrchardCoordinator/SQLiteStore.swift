@@ -240,6 +240,10 @@ public final class SQLiteStore: CoordinatorStore {
         try await pool.read { db in try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM workers WHERE id = ?", arguments: [id]) ?? 0 } > 0
     }
 
+    public func workerCount(processID: String) async throws -> Int {
+        try await pool.read { db in try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM workers WHERE process_id = ?", arguments: [processID]) ?? 0 }
+    }
+
     public func secret(named name: String, make: @Sendable () -> [UInt8]) async throws -> [UInt8] {
         try await pool.write { db in
             if let existing = try Data.fetchOne(db, sql: "SELECT value FROM secrets WHERE name = ?", arguments: [name]) {

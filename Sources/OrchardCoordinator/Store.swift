@@ -224,6 +224,8 @@ public protocol CoordinatorStore: Sendable {
     func workerID(processID: String, issuer: String, subject: String) async throws -> String?
     /// Whether a worker id is registered.
     func workerExists(id: String) async throws -> Bool
+    /// How many workers a process has registered.
+    func workerCount(processID: String) async throws -> Int
     /// The coordinator's signing secret, created with `make` on first use.
     func secret(named name: String, make: @Sendable () -> [UInt8]) async throws -> [UInt8]
     /// Records an admission to a cycle.

@@ -18,7 +18,7 @@ public struct InProcessTransport: ClientTransport {
         do {
             return try await body()
         } catch {
-            throw OrchardClientError.server(status: error.httpStatus, body: error.body)
+            throw OrchardClientError.server(status: error.httpStatus, body: error.body, retryAfter: error.retryAfter)
         }
     }
 
@@ -66,13 +66,14 @@ public struct InProcessTransport: ClientTransport {
         }
     }
 
-    /// There is no link in the same process: the coordinator's size limit and error apply, and every byte asked for
-    /// arrives at once.
-    public func speedTest(_ direction: SpeedTestDirection, bytes: Int) async throws(OrchardClientError) -> Int {
-        guard (1...SpeedTest.maximumBytes).contains(bytes) else {
-            let error = CoordinatorError(.invalidRequest, "bytes must be an integer in 1...\(SpeedTest.maximumBytes)")
-            throw OrchardClientError.server(status: error.httpStatus, body: error.body)
+    /// There is no link in the same process: the coordinator admits the transfer as over HTTP (session, the process's
+    /// sizes, the per-worker rate limit), and every byte asked for arrives at once.
+    public func speedTest(_ direction: SpeedTestDirection, bytes: Int, session: String) async throws(OrchardClientError) -> Int {
+        try await mapped { () async throws(CoordinatorError) in
+            let proven = try await coordinator.session(forToken: session)
+            guard bytes >= 1 else { throw CoordinatorError(.invalidRequest, "bytes must be a positive integer") }
+            _ = try await coordinator.admitSpeedTest(direction == .download ? .download : .upload, requested: bytes, session: proven)
+            return bytes
         }
-        return bytes
     }
 }

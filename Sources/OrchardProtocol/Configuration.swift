@@ -259,6 +259,10 @@ public struct ServerConfig: Sendable, Hashable, Codable {
     public var minimumDownloadMbps: Double?
     /// Minimum upload speed a device must report, in Mbit/s, if set.
     public var minimumUploadMbps: Double?
+    /// Bytes a device downloads to measure its link (1…``SpeedTest/maximumBytes``), when the process gates on speed.
+    public var speedTestDownloadBytes: Int
+    /// Bytes a device uploads to measure its link (1…``SpeedTest/maximumBytes``), when the process gates on speed.
+    public var speedTestUploadBytes: Int
     /// The largest sample count one report may claim.
     public var maximumSampleCount: Int
     /// Checkpoints kept; older ones are deleted when a new one is published (at least 1).
@@ -283,6 +287,8 @@ public struct ServerConfig: Sendable, Hashable, Codable {
         case paceSteeringWindow = "pace_steering_window"
         case minimumDownloadMbps = "minimum_download_mbps"
         case minimumUploadMbps = "minimum_upload_mbps"
+        case speedTestDownloadBytes = "speed_test_download_bytes"
+        case speedTestUploadBytes = "speed_test_upload_bytes"
         case maximumSampleCount = "maximum_sample_count"
         case checkpointRetention = "checkpoint_retention"
     }
@@ -291,7 +297,8 @@ public struct ServerConfig: Sendable, Hashable, Codable {
     public init(
         cycleLength: Double = 600, cycles: Int = 0, goalCount: Int = 100, overSelection: Double = 1.3,
         minimumReports: Int = 1, paceSteeringWindow: Double = 60, minimumDownloadMbps: Double? = nil,
-        minimumUploadMbps: Double? = nil, maximumSampleCount: Int = 1_000_000, checkpointRetention: Int = 5,
+        minimumUploadMbps: Double? = nil, speedTestDownloadBytes: Int = SpeedTest.defaultBytes, speedTestUploadBytes: Int = SpeedTest.defaultBytes,
+        maximumSampleCount: Int = 1_000_000, checkpointRetention: Int = 5,
         authentication: AuthenticationConfig = .open, aggregator: AggregatorConfig = AggregatorConfig(),
         updateNormBound: Double? = nil, updateNormPolicy: UpdateNormPolicy = .clip
     ) {
@@ -303,6 +310,8 @@ public struct ServerConfig: Sendable, Hashable, Codable {
         self.paceSteeringWindow = paceSteeringWindow
         self.minimumDownloadMbps = minimumDownloadMbps
         self.minimumUploadMbps = minimumUploadMbps
+        self.speedTestDownloadBytes = speedTestDownloadBytes
+        self.speedTestUploadBytes = speedTestUploadBytes
         self.maximumSampleCount = maximumSampleCount
         self.checkpointRetention = checkpointRetention
         self.authentication = authentication
@@ -322,6 +331,8 @@ public struct ServerConfig: Sendable, Hashable, Codable {
         paceSteeringWindow = try c.decodeIfPresent(Double.self, forKey: .paceSteeringWindow) ?? d.paceSteeringWindow
         minimumDownloadMbps = try c.decodeIfPresent(Double.self, forKey: .minimumDownloadMbps)
         minimumUploadMbps = try c.decodeIfPresent(Double.self, forKey: .minimumUploadMbps)
+        speedTestDownloadBytes = try c.decodeIfPresent(Int.self, forKey: .speedTestDownloadBytes) ?? d.speedTestDownloadBytes
+        speedTestUploadBytes = try c.decodeIfPresent(Int.self, forKey: .speedTestUploadBytes) ?? d.speedTestUploadBytes
         maximumSampleCount = try c.decodeIfPresent(Int.self, forKey: .maximumSampleCount) ?? d.maximumSampleCount
         checkpointRetention = try c.decodeIfPresent(Int.self, forKey: .checkpointRetention) ?? d.checkpointRetention
         authentication = try c.decodeIfPresent(AuthenticationConfig.self, forKey: .authentication) ?? d.authentication
@@ -345,6 +356,10 @@ public struct ServerConfig: Sendable, Hashable, Codable {
         if !(paceSteeringWindow >= 0) || !paceSteeringWindow.isFinite { return "server_config.pace_steering_window must be a non-negative number of seconds" }
         if let v = minimumDownloadMbps, !(v >= 0) { return "server_config.minimum_download_mbps must be non-negative" }
         if let v = minimumUploadMbps, !(v >= 0) { return "server_config.minimum_upload_mbps must be non-negative" }
+        for (key, bytes) in [("speed_test_download_bytes", speedTestDownloadBytes), ("speed_test_upload_bytes", speedTestUploadBytes)]
+        where !(1...SpeedTest.maximumBytes).contains(bytes) {
+            return "server_config.\(key) must be in 1...\(SpeedTest.maximumBytes), not \(bytes)"
+        }
         if maximumSampleCount < 1 { return "server_config.maximum_sample_count must be at least 1" }
         if checkpointRetention < 1 { return "server_config.checkpoint_retention must be at least 1" }
         if let bound = updateNormBound, !(bound > 0) || !bound.isFinite {

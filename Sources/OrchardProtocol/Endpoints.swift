@@ -1,6 +1,6 @@
 /// The HTTP endpoints of the coordinator, shared by the server's router and the client SDK.
 ///
-/// Device endpoints other than `authenticate` and the speed test take `Authorization: Bearer <session token>`
+/// Device endpoints other than `authenticate` take `Authorization: Bearer <session token>`
 /// (the token from ``AuthenticateResponse``); admin endpoints take `Authorization: Bearer <admin token>`.
 public enum Endpoint {
     /// `GET`: liveness, `{"status":"ok"}`.
@@ -20,8 +20,10 @@ public enum Endpoint {
     public static func plan(_ planID: String) -> String { "/v1/device/plans/\(planID)" }
     /// `POST` a report (safetensors diff with ``ReportMetadata``, see ``ReportEnvelope``) → ``ReportResponse``.
     public static let report = "/v1/device/report"
-    /// `GET ?bytes=N` downloads N bytes (at most ``SpeedTest/maximumBytes``); `POST` uploads up to that many
-    /// and answers ``SpeedTestUploadResponse``.
+    /// With a session of a process that gates cycles on link speed: `GET ?bytes=N` downloads N bytes (at most the
+    /// process's ``ServerConfig/speedTestDownloadBytes``, which it sends when N is omitted); `POST` uploads up to
+    /// ``ServerConfig/speedTestUploadBytes`` and answers ``SpeedTestUploadResponse``. Each direction is limited per
+    /// worker in time (429 `rate_limited` with `Retry-After`).
     public static let speedTest = "/v1/device/speed-test"
 
     /// `POST` ``HostProcessRequest`` → ``ProcessStatus`` (201); `GET` → ``ProcessList``.
@@ -53,8 +55,10 @@ public enum Endpoint {
 
 /// Limits of the optional speed test.
 public enum SpeedTest {
-    /// The largest download or upload the speed test moves: 1 MiB (PyGrid sent 64 MiB to every device).
+    /// The largest download or upload a process may ask for: 1 MiB (PyGrid sent 64 MiB to every device).
     public static let maximumBytes = 1 << 20
+    /// The bytes moved each way when a process does not say: 256 KiB.
+    public static let defaultBytes = 1 << 18
 }
 
 /// Media types used on the wire.

@@ -29,7 +29,7 @@ public struct WireErrorCode: RawRepresentable, Sendable, Hashable, Codable, Cust
     public static let unsupportedVersion = WireErrorCode("unsupported_version")
     /// Missing or invalid credentials (401).
     public static let unauthorized = WireErrorCode("unauthorized")
-    /// The session token belongs to another worker (403).
+    /// The session may not do this: its token belongs to another worker, or its process runs no speed test (403).
     public static let forbidden = WireErrorCode("forbidden")
     /// The session token was issued for another process (name and version) than the one the request is for (403).
     public static let sessionProcessMismatch = WireErrorCode("session_process_mismatch")
@@ -63,6 +63,10 @@ public struct WireErrorCode: RawRepresentable, Sendable, Hashable, Codable, Cust
     public static let updateNormExceeded = WireErrorCode("update_norm_exceeded")
     /// The sample count is not in 1…`max_sample_count` (422).
     public static let invalidSampleCount = WireErrorCode("invalid_sample_count")
+    /// An open-mode process already has as many workers as the coordinator lets one register (403).
+    public static let workerLimitReached = WireErrorCode("worker_limit_reached")
+    /// Too many requests from this client address or session; the answer's `Retry-After` says when to ask again (429).
+    public static let rateLimited = WireErrorCode("rate_limited")
     /// The body exceeds the coordinator's limit (413).
     public static let payloadTooLarge = WireErrorCode("payload_too_large")
     /// The requested byte range cannot be served (416).

@@ -38,6 +38,10 @@ public struct AuthenticateResponse: Sendable, Hashable, Codable {
     public var expiresIn: Double
     /// Whether cycle requests must carry measured link speeds (see ``Endpoint/speedTest``).
     public var requiresSpeedTest: Bool
+    /// Bytes to download for the speed test, when ``requiresSpeedTest`` (absent from coordinators before 2.1).
+    public var speedTestDownloadBytes: Int?
+    /// Bytes to upload for the speed test, when ``requiresSpeedTest`` (absent from coordinators before 2.1).
+    public var speedTestUploadBytes: Int?
     /// The protocol version the coordinator speaks.
     public var protocolVersion: SemanticVersion
 
@@ -46,15 +50,22 @@ public struct AuthenticateResponse: Sendable, Hashable, Codable {
         case sessionToken = "session_token"
         case expiresIn = "expires_in"
         case requiresSpeedTest = "requires_speed_test"
+        case speedTestDownloadBytes = "speed_test_download_bytes"
+        case speedTestUploadBytes = "speed_test_upload_bytes"
         case protocolVersion = "protocol_version"
     }
 
     /// Creates a response.
-    public init(workerID: String, sessionToken: String, expiresIn: Double, requiresSpeedTest: Bool, protocolVersion: SemanticVersion = WireProtocol.version) {
+    public init(
+        workerID: String, sessionToken: String, expiresIn: Double, requiresSpeedTest: Bool, speedTestDownloadBytes: Int? = nil,
+        speedTestUploadBytes: Int? = nil, protocolVersion: SemanticVersion = WireProtocol.version
+    ) {
         self.workerID = workerID
         self.sessionToken = sessionToken
         self.expiresIn = expiresIn
         self.requiresSpeedTest = requiresSpeedTest
+        self.speedTestDownloadBytes = speedTestDownloadBytes
+        self.speedTestUploadBytes = speedTestUploadBytes
         self.protocolVersion = protocolVersion
     }
 }

@@ -73,8 +73,10 @@ public enum WireProtocol {
     /// The protocol version this build speaks. 2.0: the client config travels only in the plan (no longer in the
     /// assignment), sessions are bound to the process they were issued for, and a report's answer says whether
     /// it closed the cycle; a 1.x device is refused at authentication (`unsupported_version`) rather than failing
-    /// to decode an assignment.
-    public static let version = SemanticVersion(2, 0, 0)
+    /// to decode an assignment. 2.1 (additive): the authenticate answer announces the speed-test sizes
+    /// (`speed_test_download_bytes`, `speed_test_upload_bytes`), the speed test takes the device's session, and
+    /// rate-limited calls answer 429 `rate_limited` with `Retry-After`.
+    public static let version = SemanticVersion(2, 1, 0)
     /// The HTTP header carrying the sender's protocol version.
     public static let versionHeader = "Orchard-Protocol-Version"
     /// The path prefix of every versioned endpoint.

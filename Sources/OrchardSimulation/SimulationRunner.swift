@@ -115,8 +115,11 @@ public enum SimulationRunner {
         let instance: CoordinatorInstance
         do {
             try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+            // A simulated fleet reaches the coordinator from one address, in far more workers than an open-mode
+            // process may register by default: those abuse limits are for exposed coordinators, not this one.
+            let configuration = CoordinatorConfiguration(openAuthenticationRate: nil, maximumOpenWorkers: nil)
             instance = try await CoordinatorInstance.open(
-                database: directory.appendingPathComponent("coordinator.sqlite").path, clock: coordinatorClock,
+                database: directory.appendingPathComponent("coordinator.sqlite").path, configuration: configuration, clock: coordinatorClock,
                 random: SplitMix64(seed: seed), logger: Logger(label: "orchard.simulation.coordinator") { _ in SwiftLogNoOpLogHandler() }
             )
         } catch {

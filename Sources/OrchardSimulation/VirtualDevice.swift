@@ -394,8 +394,8 @@ struct VirtualTransport: ClientTransport {
 
 extension VirtualTransport {
     /// The speed test's bytes take the device's link time, so the SDK measures the device's profile.
-    func speedTest(_ direction: SpeedTestDirection, bytes: Int) async throws(OrchardClientError) -> Int {
-        let moved = try await call { () async throws(OrchardClientError) in try await inner.speedTest(direction, bytes: bytes) }
+    func speedTest(_ direction: SpeedTestDirection, bytes: Int, session: String) async throws(OrchardClientError) -> Int {
+        let moved = try await call { () async throws(OrchardClientError) in try await inner.speedTest(direction, bytes: bytes, session: session) }
         let rate = direction == .download ? link.profile.downloadBytesPerSecond : link.profile.uploadBytesPerSecond
         do { try await link.spend(Double(moved) / rate) } catch { throw interrupted(error) }
         return moved

@@ -63,8 +63,11 @@ struct ClientCommand: AsyncParsableCommand {
 
 /// Options shared by `orchard client` and `orchard agent`.
 struct DeviceOptions: ParsableArguments {
-    @Option(help: "The coordinator's base URL, e.g. http://127.0.0.1:8080.")
+    @Option(help: "The coordinator's base URL, e.g. https://fl.example.com or http://127.0.0.1:8080.")
     var server: String
+
+    @Option(help: ArgumentHelp("Trust only the CA certificates in this PEM file for an https --server (a private CA); default: the system's.", valueName: "pem"))
+    var caCert: String?
 
     @Option(help: "The FL process's name (as hosted on the coordinator).")
     var process: String
@@ -105,7 +108,19 @@ struct DeviceOptions: ParsableArguments {
     func makeJob(logger: Logger, conditions: (any DeviceConditionsProvider)? = nil) throws -> FederatedJob {
         var configuration = ClientConfiguration(storageDirectory: URL(fileURLWithPath: state, isDirectory: true), requestTimeout: timeout, trainingSeed: seed, logger: logger)
         configuration.conditions = conditions
-        let client = try OrchardClient(url: server, authToken: token, configuration: configuration)
+        if let caCert {
+            do throws(OrchardClientError) {
+                configuration.trustRoots = try TrustRoots.certificateFile(caCert)
+            } catch {
+                throw ValidationError(namingOption(error.message, ["CA certificate file": "--ca-cert"]))
+            }
+        }
+        let client: OrchardClient
+        do throws(OrchardClientError) {
+            client = try OrchardClient(url: server, authToken: token, configuration: configuration)
+        } catch {
+            throw ValidationError(namingOption(error.message, ["CA certificate file": "--ca-cert"]))
+        }
         return try client.newJob(processName: process, version: version)
     }
 

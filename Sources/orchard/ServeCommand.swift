@@ -11,12 +11,19 @@ struct Serve: AsyncParsableCommand {
         commandName: "serve",
         abstract: "Run the federated-learning coordinator (HTTP API, cycle timer, SQLite store).",
         discussion: """
-            Prints one JSON line to standard output once listening: {"event":"listening","host":…,"port":…}.
-            With --port 0 the system picks a free port. The admin token comes from --admin-token-file (a file
+            Prints one JSON line to standard output once listening: {"event":"listening","scheme":…,"host":…,"port":…}.
+            With --port 0 the system picks a free port. With --tls-cert and --tls-key (PEM files: the certificate
+            chain, leaf first, and its unencrypted private key) it serves HTTPS only; devices trust a private CA with
+            --ca-cert. The admin token comes from --admin-token-file (a file
             holding it) or the ORCHARD_ADMIN_TOKEN environment variable, never both; without either, a random one
             is generated and printed in that line (development only). --admin-token still works but is deprecated:
             a token on the command line is visible to every local user. A second coordinator on the same database
             is refused (the lock file <database>.lock is held while one runs).
+
+            Processes in open authentication mode (development only: every call registers a worker) are limited
+            per client address (--open-auth-burst calls at once, then --open-auth-per-second; beyond it 429 with
+            Retry-After) and in workers (--max-open-workers; beyond it 403 worker_limit_reached). A device may run
+            one speed test per direction per --speed-test-interval seconds.
             """
     )
 
@@ -50,6 +57,24 @@ struct Serve: AsyncParsableCommand {
     @Option(help: "Seconds a device turned away by --max-uploads-in-flight is told to wait (Retry-After).")
     var uploadRetryAfter = 2
 
+    @Option(help: ArgumentHelp("The TLS certificate chain (PEM, leaf first); serves HTTPS. Needs --tls-key.", valueName: "pem"))
+    var tlsCert: String?
+
+    @Option(help: ArgumentHelp("The TLS certificate's private key (PEM, unencrypted). Needs --tls-cert.", valueName: "pem"))
+    var tlsKey: String?
+
+    @Option(help: "Authentications one client address may make at once to open-mode processes.")
+    var openAuthBurst = CoordinatorConfiguration.defaultOpenAuthenticationRate.burst
+
+    @Option(help: "Authentications per second one client address may make over time to open-mode processes (0: no limit).")
+    var openAuthPerSecond = CoordinatorConfiguration.defaultOpenAuthenticationRate.perSecond
+
+    @Option(help: "Workers one open-mode process may register (0: no cap).")
+    var maxOpenWorkers = CoordinatorConfiguration.defaultMaximumOpenWorkers
+
+    @Option(help: "Seconds between two speed tests in the same direction by one device (0: no limit).")
+    var speedTestInterval: Double = 30
+
     @Option(help: "The lowest level logged (to standard error).")
     var logLevel: Logger.Level = .info
 
@@ -58,6 +83,15 @@ struct Serve: AsyncParsableCommand {
         guard maxReportBytes > 0, foldInterval > 0 else { throw ValidationError("--max-report-bytes and --fold-interval must be positive") }
         guard maxUploadsInFlight > 0 else { throw ValidationError("--max-uploads-in-flight must be positive") }
         guard (1...3600).contains(uploadRetryAfter) else { throw ValidationError("--upload-retry-after must be in 1...3600 seconds") }
+        switch (tlsCert, tlsKey) {
+        case (nil, .some): throw ValidationError("--tls-key needs --tls-cert: give both to serve HTTPS, or neither for HTTP")
+        case (.some, nil): throw ValidationError("--tls-cert needs --tls-key: give both to serve HTTPS, or neither for HTTP")
+        default: break
+        }
+        guard openAuthBurst >= 1 else { throw ValidationError("--open-auth-burst must be at least 1") }
+        guard openAuthPerSecond >= 0, openAuthPerSecond.isFinite else { throw ValidationError("--open-auth-per-second must be a non-negative number") }
+        guard maxOpenWorkers >= 0 else { throw ValidationError("--max-open-workers must be non-negative (0: no cap)") }
+        guard speedTestInterval >= 0, speedTestInterval.isFinite else { throw ValidationError("--speed-test-interval must be a non-negative number of seconds") }
         _ = try databasePath()
     }
 
@@ -81,6 +115,17 @@ struct Serve: AsyncParsableCommand {
             handler.logLevel = level
             return handler
         }
+        // The key is read before anything else starts, so a bad file stops `orchard serve` with its reason.
+        let tls: CoordinatorTLS?
+        if let tlsCert, let tlsKey {
+            do throws(CoordinatorError) {
+                tls = try CoordinatorTLS.load(certificateFile: tlsCert, privateKeyFile: tlsKey)
+            } catch {
+                throw ValidationError(namingOption(error.message, ["TLS certificate file": "--tls-cert", "TLS private key file": "--tls-key"]))
+            }
+        } else {
+            tls = nil
+        }
         let resolved = try AdminTokenSource.resolve(
             file: adminTokenFile, environment: ProcessInfo.processInfo.environment[AdminTokenSource.environmentVariable], argument: adminToken
         )
@@ -92,20 +137,24 @@ struct Serve: AsyncParsableCommand {
         let instance = try await CoordinatorInstance.open(
             database: try databasePath(), durability: durability,
             configuration: CoordinatorConfiguration(
-                adminToken: token, maximumReportBytes: maxReportBytes, foldInterval: foldInterval, maximumUploadsInFlight: maxUploadsInFlight,
-                uploadRetryAfter: uploadRetryAfter
+                adminToken: token, maximumReportBytes: maxReportBytes, foldInterval: foldInterval,
+                openAuthenticationRate: openAuthPerSecond > 0 ? RateLimit(burst: openAuthBurst, perSecond: openAuthPerSecond) : nil,
+                maximumOpenWorkers: maxOpenWorkers > 0 ? maxOpenWorkers : nil, speedTestInterval: speedTestInterval,
+                maximumUploadsInFlight: maxUploadsInFlight, uploadRetryAfter: uploadRetryAfter
             ),
             logger: Logger(label: "orchard.coordinator")
         )
         let host = self.host
-        try await instance.run(host: host, port: port, logger: Logger(label: "orchard.http")) { boundPort in
-            try? JSONLine.write(Listening(host: host, port: boundPort, adminToken: generated ? token : nil))
+        let scheme = tls == nil ? "http" : "https"
+        try await instance.run(host: host, port: port, tls: tls, logger: Logger(label: "orchard.http")) { boundPort in
+            try? JSONLine.write(Listening(scheme: scheme, host: host, port: boundPort, adminToken: generated ? token : nil))
         }
     }
 
     /// The line `orchard serve` prints once it listens (the admin token only when it was generated).
     struct Listening: Encodable {
         var event = "listening"
+        var scheme: String
         var host: String
         var port: Int
         var adminToken: String?

@@ -113,6 +113,13 @@ let usageError: Int32 = 64
         (["simulate", "--clients", "0"], "--clients must be at least 1"),
         (["simulate", "--lr", "0"], "--lr must be a positive number"),
         (["simulate", "--over-selection", "0.5"], "--over-selection must be at least 1"),
+        (["serve", "--open-auth-burst", "0"], "--open-auth-burst must be at least 1"),
+        (["serve", "--open-auth-per-second=-1"], "--open-auth-per-second must be a non-negative number"),
+        (["serve", "--max-open-workers=-1"], "--max-open-workers must be non-negative"),
+        (["serve", "--speed-test-interval", "nan"], "--speed-test-interval must be a non-negative number of seconds"),
+        (["serve", "--tls-cert", "/nonexistent/server.pem"], "--tls-cert needs --tls-key"),
+        (["client", "--server", "https://127.0.0.1:1", "--process", "m", "--version", "1", "--data", "d", "--ca-cert", "/nonexistent/ca.pem"],
+         "--ca-cert '/nonexistent/ca.pem' does not exist"),
     ])
     func libraryErrorsAreShownWithTheOptionThatSetsTheField(_ arguments: [String], _ message: String) async throws {
         let run = try await Run.orchard(arguments)

@@ -69,7 +69,7 @@ struct JobCycleStateMachineTests {
             case .downloadPlan: "downloadPlan"
             case .loadCachedModel: "loadCachedModel"
             case .downloadModel: "downloadModel"
-            case .backoff(let retry): "backoff:\(retry)"
+            case .backoff(let retry, let seconds): seconds.map { "backoff:\(retry):\($0)s" } ?? "backoff:\(retry)"
             case .train: "train"
             case .finish: "finish"
             case .fail(let error): "fail:\(error.code)"
@@ -462,6 +462,44 @@ struct JobCycleStateMachineTests {
         #expect(Self.names(machine.requestFailed(error)) == ["retrying:2", "backoff:2"])
         #expect(Self.names(machine.backoffElapsed()) == ["requestCycle"])
         #expect(Self.names(machine.requestFailed(error)) == ["fail:\(error.code)"])
+    }
+
+    @Test("a 429 or 503 with Retry-After waits exactly that long; a wait longer than the policy's cap, or after the last attempt, ends the cycle as rejected with it")
+    func retryAfterIsTheBackoff() {
+        let limited = OrchardClientError.server(status: 429, body: ErrorBody(code: .rateLimited, message: "slow down"), retryAfter: 7)
+        var machine = Self.machine(maximumAttempts: 2)
+        _ = machine.start(constraints: .none)
+        _ = machine.stateLoaded(Self.stored(), now: Self.now)
+        #expect(Self.names(machine.requestFailed(limited)) == ["retrying:1", "backoff:1:7.0s"])
+        #expect(Self.names(machine.backoffElapsed()) == ["requestCycle"])
+        let last = machine.requestFailed(limited)
+        #expect(Self.outcome(last) == .rejected(retryAfter: 7, reason: "rate_limited"))
+
+        var patient = Self.machine(maximumAttempts: 5)
+        _ = patient.start(constraints: .none)
+        _ = patient.stateLoaded(Self.stored(), now: Self.now)
+        let busy = OrchardClientError.server(status: 503, body: nil, retryAfter: 3600)
+        #expect(Self.outcome(patient.requestFailed(busy)) == .rejected(retryAfter: 3600, reason: "internal_error"))
+
+        // Without Retry-After, the policy's backoff applies as before; a 429 is transient, a 400 is not.
+        var plain = Self.machine(maximumAttempts: 3)
+        _ = plain.start(constraints: .none)
+        _ = plain.stateLoaded(Self.stored(), now: Self.now)
+        #expect(Self.names(plain.requestFailed(OrchardClientError.server(status: 429, body: nil))) == ["retrying:1", "backoff:1"])
+    }
+
+    @Test("the link is measured with the sizes the coordinator announced, and the session's token")
+    func measuresAnnouncedSizes() {
+        var machine = Self.machine()
+        _ = machine.start(constraints: .none)
+        _ = machine.stateLoaded(Self.stored(session: nil), now: Self.now)
+        let response = AuthenticateResponse(workerID: "w2", sessionToken: "t2", expiresIn: 3600, requiresSpeedTest: true, speedTestDownloadBytes: 5000, speedTestUploadBytes: 700)
+        let actions = machine.authenticated(response, now: Self.now)
+        guard case .measureLinkSpeed(let session, let down, let up) = actions.last else {
+            Issue.record("expected a measurement, got \(Self.names(actions))")
+            return
+        }
+        #expect(session == "t2" && down == 5000 && up == 700)
     }
 
     @Test("each call gets its own attempts: a retried call that succeeds leaves the next call the full count")

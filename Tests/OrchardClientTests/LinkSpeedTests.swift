@@ -25,8 +25,8 @@ struct TimedLinkTransport: ClientTransport {
     }
     func report(_ body: [UInt8], session: String) async throws(OrchardClientError) -> ReportResponse { try await inner.report(body, session: session) }
 
-    func speedTest(_ direction: SpeedTestDirection, bytes: Int) async throws(OrchardClientError) -> Int {
-        let moved = try await inner.speedTest(direction, bytes: bytes)
+    func speedTest(_ direction: SpeedTestDirection, bytes: Int, session: String) async throws(OrchardClientError) -> Int {
+        let moved = try await inner.speedTest(direction, bytes: bytes, session: session)
         await clock.advance(by: direction == .download ? download : upload)
         return moved
     }
@@ -53,20 +53,23 @@ struct LinkSpeedTests {
     static let downloadBytes = 125_000
     static let uploadBytes = 62_500
 
-    /// A process that admits devices with at least 8 Mbit/s down and 2 Mbit/s up.
+    /// A process that admits devices with at least 8 Mbit/s down and 2 Mbit/s up, measured with the sizes above.
     static func gatedProcess() throws -> HostProcessRequest {
         var request = try Fixture.host(clientConfig: ClientIntegrationTests.config)
         request.serverConfig.minimumDownloadMbps = 8
         request.serverConfig.minimumUploadMbps = 2
+        request.serverConfig.speedTestDownloadBytes = downloadBytes
+        request.serverConfig.speedTestUploadBytes = uploadBytes
         return request
     }
 
-    /// A device over HTTP whose transfers take the given times on its own test clock.
+    /// A device over HTTP whose transfers take the given times on its own test clock; its own speed-test sizes
+    /// differ from the process's, which the coordinator announces and the client uses.
     static func device(_ harness: ClientHarness, _ name: String, download: Duration, upload: Duration) throws -> (FederatedJob, RecordingTransport) {
         let clock = TestClock<Duration>()
         let transport = RecordingTransport(TimedLinkTransport(inner: try HTTPTransport(url: harness.url), clock: clock, download: download, upload: upload))
         var configuration = harness.configuration(device: name)
-        configuration.linkSpeedTest = LinkSpeedTest(downloadBytes: downloadBytes, uploadBytes: uploadBytes, clock: clock)
+        configuration.linkSpeedTest = LinkSpeedTest(downloadBytes: 1000, uploadBytes: 1000, clock: clock)
         let client = OrchardClient(transport: transport, server: harness.url, configuration: configuration)
         return (try client.newJob(processName: "regressor", version: "1.0"), transport)
     }
@@ -140,27 +143,64 @@ struct LinkSpeedTests {
         }
     }
 
-    @Test("bad speed-test sizes are refused before anything is sent, and by the in-memory coordinator as over HTTP")
+    @Test("bad speed-test sizes are refused before anything is sent, and by the coordinator in process as over HTTP")
     func badSizes() async throws {
         try await withHarness { harness in
+            _ = try await harness.host(Self.gatedProcess())
             let http = try HTTPTransport(url: harness.url)
+            let device = try await http.authenticate(AuthenticateRequest(processName: "regressor", processVersion: SemanticVersion(1)))
+            #expect(device.speedTestDownloadBytes == Self.downloadBytes && device.speedTestUploadBytes == Self.uploadBytes)
             for bytes in [0, -1, SpeedTest.maximumBytes + 1] {
                 let test = LinkSpeedTest(downloadBytes: bytes, uploadBytes: 10)
-                let error = await #expect(throws: OrchardClientError.self) { try await test.measure(over: http) }
+                let error = await #expect(throws: OrchardClientError.self) { try await test.measure(over: http, session: device.sessionToken) }
                 #expect(error?.code == .invalidConfiguration)
-                let server = await #expect(throws: OrchardClientError.self) { try await http.speedTest(.download, bytes: bytes) }
+                let server = await #expect(throws: OrchardClientError.self) { try await http.speedTest(.download, bytes: bytes, session: device.sessionToken) }
                 #expect(server?.httpStatus == 400)
                 #expect(server?.serverCode == .invalidRequest)
             }
-            #expect(try await http.speedTest(.upload, bytes: SpeedTest.maximumBytes) == SpeedTest.maximumBytes)
+            // More than the process asks for is refused each way; the sizes it asks for pass once per interval.
+            let tooMuch = await #expect(throws: OrchardClientError.self) { try await http.speedTest(.upload, bytes: Self.uploadBytes + 1, session: device.sessionToken) }
+            #expect(tooMuch?.httpStatus == 413 && tooMuch?.serverCode == .payloadTooLarge)
+            #expect(try await http.speedTest(.upload, bytes: Self.uploadBytes, session: device.sessionToken) == Self.uploadBytes)
+            #expect(try await http.speedTest(.download, bytes: Self.downloadBytes, session: device.sessionToken) == Self.downloadBytes)
+            let again = await #expect(throws: OrchardClientError.self) { try await http.speedTest(.download, bytes: 1, session: device.sessionToken) }
+            #expect(again?.httpStatus == 429 && again?.serverCode == .rateLimited)
+            #expect(again?.retryAfter == 30)
+            #expect(again?.isTransient == true)
+            // Without a valid session there is no speed test.
+            let forged = await #expect(throws: OrchardClientError.self) { try await http.speedTest(.download, bytes: 1, session: "forged") }
+            #expect(forged?.code == .authenticationFailed && forged?.httpStatus == 401)
         }
         try await withInProcessCoordinator { coordinator, _, _ in
+            _ = try await coordinator.host(Self.gatedProcess())
             let memory = InProcessTransport(coordinator: coordinator)
-            let moved = try await memory.speedTest(.download, bytes: 1000)
-            #expect(moved == 1000)
-            let error = await #expect(throws: OrchardClientError.self) { try await memory.speedTest(.upload, bytes: 0) }
+            let device = try await memory.authenticate(AuthenticateRequest(processName: "regressor", processVersion: SemanticVersion(1)))
+            let error = await #expect(throws: OrchardClientError.self) { try await memory.speedTest(.upload, bytes: 0, session: device.sessionToken) }
             #expect(error?.httpStatus == 400)
             #expect(error?.serverCode == .invalidRequest)
+            let moved = try await memory.speedTest(.download, bytes: 1000, session: device.sessionToken)
+            #expect(moved == 1000)
+            let again = await #expect(throws: OrchardClientError.self) { try await memory.speedTest(.download, bytes: 1000, session: device.sessionToken) }
+            #expect(again?.serverCode == .rateLimited && again?.retryAfter == 30)
+        }
+    }
+
+    @Test("a rate-limited speed test is retried after the coordinator's Retry-After, then the cycle goes on")
+    func rateLimitedSpeedTestWaitsRetryAfter() async throws {
+        try await withHarness { harness in
+            _ = try await harness.host(Self.gatedProcess())
+            let (job, transport) = try Self.device(harness, "eager", download: .milliseconds(100), upload: .milliseconds(100))
+            // The first cycle measures and is admitted; the second, at the same coordinator time, finds its last speed
+            // test too recent: 429 with Retry-After 30, which the client waits (its clock moves the coordinator's)
+            // before measuring again, and then it asks for a cycle (where it has already reported).
+            guard case .reported = try await job.train(on: Fixture.dataset()) else {
+                Issue.record("the first cycle was not reported")
+                return
+            }
+            let second = try await job.train(on: Fixture.dataset())
+            #expect(harness.sleeps.withLock { $0 } == [.seconds(30)])
+            #expect(transport.log.withLock { $0.speedTests.map(\.direction) } == [.download, .upload, .download, .download, .upload])
+            #expect(second.rejectionReason == "already_reported")
         }
     }
 }

@@ -47,6 +47,24 @@ struct RetryAndTransportTests {
         #expect(server.description.contains("shape_mismatch"))
     }
 
+    @Test("Retry-After is read as delta-seconds or an HTTP-date in any of its three forms; anything else is ignored")
+    func retryAfterParsing() {
+        let date = Date(timeIntervalSince1970: 784_111_777)  // Sun, 06 Nov 1994 08:49:37 GMT
+        let now = date.addingTimeInterval(-90)
+        #expect(RetryAfter.seconds("120", now: now) == 120)
+        #expect(RetryAfter.seconds(" 0 ", now: now) == 0)
+        #expect(RetryAfter.seconds("Sun, 06 Nov 1994 08:49:37 GMT", now: now) == 90)
+        #expect(RetryAfter.seconds("Sunday, 06-Nov-94 08:49:37 GMT", now: now) == 90)
+        #expect(RetryAfter.seconds("Sun Nov  6 08:49:37 1994", now: now) == 90)
+        // A date already past asks for no wait.
+        #expect(RetryAfter.seconds("Sun, 06 Nov 1994 08:49:37 GMT", now: date.addingTimeInterval(5)) == 0)
+        for bad in ["", "-1", "1.5", "soon", "0x10", "Sun, 06 Nov 1994 08:49:37 PST", "Sun, 32 Nov 1994 08:49:37 GMT"] {
+            #expect(RetryAfter.seconds(bad, now: now) == nil, "\(bad)")
+        }
+        #expect(OrchardClientError.server(status: 429, body: nil).isTransient)
+        #expect(OrchardClientError.server(status: 429, body: nil, retryAfter: 4).retryAfter == 4)
+    }
+
     @Test("invalid coordinator URLs are a clear configuration error", arguments: ["", "not a url", "ftp://example.com", "http://", "/relative/path"])
     func invalidURL(url: String) {
         let error = #expect(throws: OrchardClientError.self) { try OrchardClient(url: url) }

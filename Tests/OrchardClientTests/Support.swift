@@ -46,9 +46,9 @@ final class RecordingTransport: ClientTransport {
         return response
     }
 
-    func speedTest(_ direction: SpeedTestDirection, bytes: Int) async throws(OrchardClientError) -> Int {
+    func speedTest(_ direction: SpeedTestDirection, bytes: Int, session: String) async throws(OrchardClientError) -> Int {
         log.withLock { $0.speedTests.append((direction, bytes)) }
-        return try await inner.speedTest(direction, bytes: bytes)
+        return try await inner.speedTest(direction, bytes: bytes, session: session)
     }
 
     func plan(_ planID: String, requestKey: String, session: String) async throws(OrchardClientError) -> TrainingPlan {

@@ -116,7 +116,9 @@ enum FleetHarness {
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
         let clock = ManualClock()
         let instance = try await CoordinatorInstance.open(
-            database: directory.appendingPathComponent("c.sqlite").path, clock: clock, random: SplitMix64(seed: 1),
+            // A fleet from one loopback address in open mode: the exposed coordinator's abuse limits do not apply.
+            database: directory.appendingPathComponent("c.sqlite").path,
+            configuration: CoordinatorConfiguration(openAuthenticationRate: nil, maximumOpenWorkers: nil), clock: clock, random: SplitMix64(seed: 1),
             logger: Logger(label: "test") { _ in SwiftLogNoOpLogHandler() }
         )
         let coordinator = try await FleetCoordinator(

@@ -13,12 +13,13 @@ extension CoordinatorError {
         switch code {
         case .malformedJSON, .malformedSafetensors, .invalidRequest, .invalidConfiguration, .unsupportedVersion: 400
         case .unauthorized: 401
-        case .forbidden, .sessionProcessMismatch, .invalidRequestKey: 403
+        case .forbidden, .sessionProcessMismatch, .invalidRequestKey, .workerLimitReached: 403
         case .unknownWorker, .unknownProcess, .unknownCheckpoint, .notFound: 404
         case .methodNotAllowed: 405
         case .reportAlreadyReceived, .deadlinePassed, .processExists: 409
         case .payloadTooLarge: 413
         case .rangeNotSatisfiable: 416
+        case .rateLimited: 429
         case .tensorMismatch, .shapeMismatch, .dtypeMismatch, .nonFiniteValues, .frozenTensorChanged, .invalidSampleCount, .updateNormExceeded: 422
         case .tooManyUploads: 503
         default: 500
@@ -30,12 +31,12 @@ extension CoordinatorError: HTTPResponseError {
     /// The status of the error's code.
     public var status: HTTPResponse.Status { HTTPResponse.Status(code: httpStatus) }
 
-    /// `{"error":{"code","message"}}` with the code's status (`Content-Range: bytes */*` on a 416, `Retry-After`
-    /// when the error names a delay).
+    /// `{"error":{"code","message"}}` with the code's status (and `Content-Range: bytes */*` on a 416, `Retry-After`
+    /// in whole seconds when the error says when to ask again).
     public func response(from request: Request, context: some RequestContext) throws -> Response {
         var response = try CoordinatorServer.json(body, status: status)
         if code == .rangeNotSatisfiable { response.headers[.contentRange] = "bytes */*" }
-        if let retryAfterSeconds { response.headers[.retryAfter] = "\(retryAfterSeconds)" }
+        if let retryAfter, retryAfter.isFinite { response.headers[.retryAfter] = "\(Int(max(1, retryAfter.rounded(.up))))" }
         return response
     }
 }

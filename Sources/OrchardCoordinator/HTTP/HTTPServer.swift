@@ -1,13 +1,31 @@
 import Crypto
 import Foundation
 public import Hummingbird
+import HummingbirdTLS
 import HTTPTypes
 public import Logging
-import NIOCore
+public import NIOCore
 import OrchardProtocol
 public import Prometheus
 public import ServiceLifecycle
 import Synchronization
+
+/// The request context of the coordinator's routes: Hummingbird's core context and the peer's address.
+public struct CoordinatorRequestContext: RequestContext, RemoteAddressRequestContext {
+    /// Hummingbird's core context.
+    public var coreContext: CoreRequestContextStorage
+    /// The connected peer's address.
+    public let remoteAddress: SocketAddress?
+
+    /// Creates the context of a request arriving on `source`'s channel.
+    public init(source: ApplicationRequestContextSource) {
+        coreContext = CoreRequestContextStorage(source: source)
+        remoteAddress = source.channel.remoteAddress
+    }
+
+    /// The peer's IP address (no port), as the domain's ``ClientAddress``; nil when unknown (e.g. a Unix socket).
+    var clientAddress: ClientAddress? { remoteAddress?.ipAddress.map(ClientAddress.init) }
+}
 
 /// The coordinator's HTTP API (Hummingbird 2): thin routes over ``Coordinator``.
 public enum CoordinatorServer {
@@ -15,8 +33,8 @@ public enum CoordinatorServer {
     /// - Parameters:
     ///   - coordinator: The started coordinator.
     ///   - registry: The Prometheus registry served at `/metrics`.
-    public static func router(coordinator: Coordinator, registry: PrometheusCollectorRegistry) -> Router<BasicRequestContext> {
-        let router = Router(context: BasicRequestContext.self)
+    public static func router(coordinator: Coordinator, registry: PrometheusCollectorRegistry) -> Router<CoordinatorRequestContext> {
+        let router = Router(context: CoordinatorRequestContext.self)
         router.add(middleware: ErrorMiddleware(logger: Logger(label: "orchard.http")))
         let limits = coordinator.configuration
         let digests = RepresentationDigests()
@@ -34,9 +52,9 @@ public enum CoordinatorServer {
         }
 
         // Device API.
-        router.post(RouterPath(stringLiteral: Endpoint.authenticate)) { request, _ in
+        router.post(RouterPath(stringLiteral: Endpoint.authenticate)) { request, context in
             let message = try await decode(AuthenticateRequest.self, request, limit: limits.maximumMessageBytes)
-            return try json(await coordinator.authenticate(message))
+            return try json(await coordinator.authenticate(message, from: context.clientAddress))
         }
         router.post(RouterPath(stringLiteral: Endpoint.cycleRequest)) { request, _ in
             let session = try await deviceSession(request, coordinator)
@@ -75,17 +93,23 @@ public enum CoordinatorServer {
             }
         }
         router.get(RouterPath(stringLiteral: Endpoint.speedTest)) { request, _ in
-            let text = request.uri.queryParameters.get(Endpoint.bytesQuery).map({ String($0) }) ?? "\(SpeedTest.maximumBytes)"
-            guard let count = Int(text), (1...SpeedTest.maximumBytes).contains(count) else {
-                throw CoordinatorError(.invalidRequest, "bytes must be an integer in 1...\(SpeedTest.maximumBytes)")
+            let session = try await deviceSession(request, coordinator)
+            var requested: Int?
+            if let text = request.uri.queryParameters.get(Endpoint.bytesQuery) {
+                guard let count = Int(text), count >= 1 else { throw CoordinatorError(.invalidRequest, "bytes must be a positive integer") }
+                requested = count
             }
+            let allowed = try await coordinator.admitSpeedTest(.download, requested: requested, session: session)
             var headers = HTTPFields()
             headers[.contentType] = "application/octet-stream"
             headers[.cacheControl] = "no-store"
-            return Response(status: .ok, headers: headers, body: ResponseBody(byteBuffer: ByteBuffer(repeating: 0x5A, count: count)))
+            return Response(status: .ok, headers: headers, body: ResponseBody(byteBuffer: ByteBuffer(repeating: 0x5A, count: requested ?? allowed)))
         }
         router.post(RouterPath(stringLiteral: Endpoint.speedTest)) { request, _ in
-            let body = try await collect(request, limit: SpeedTest.maximumBytes)
+            let session = try await deviceSession(request, coordinator)
+            let declared = request.headers[.contentLength].flatMap { Int($0) }
+            let allowed = try await coordinator.admitSpeedTest(.upload, requested: declared, session: session)
+            let body = try await collect(request, limit: allowed)
             return try json(SpeedTestUploadResponse(bytes: body.count))
         }
 
@@ -128,15 +152,16 @@ public enum CoordinatorServer {
         return router
     }
 
-    /// Builds the application: the router bound to `host:port`, with extra services (e.g. the cycle timer)
-    /// run alongside and shut down gracefully with it.
+    /// Builds the application: the router bound to `host:port` (HTTPS when `tls` is given), with extra services
+    /// (e.g. the cycle timer) run alongside and shut down gracefully with it.
     public static func application(
-        coordinator: Coordinator, registry: PrometheusCollectorRegistry, host: String = "127.0.0.1", port: Int = 8080,
+        coordinator: Coordinator, registry: PrometheusCollectorRegistry, host: String = "127.0.0.1", port: Int = 8080, tls: CoordinatorTLS? = nil,
         services: [any Service] = [], logger: Logger = Logger(label: "orchard.http"),
         onServerRunning: @escaping @Sendable (Int) async -> Void = { _ in }
-    ) -> some ApplicationProtocol {
+    ) throws -> some ApplicationProtocol {
         Application(
             router: router(coordinator: coordinator, registry: registry),
+            server: try tls.map { try .tls(.http1(), tlsConfiguration: $0.configuration) } ?? .http1(),
             configuration: ApplicationConfiguration(address: .hostname(host, port: port), serverName: "orchard", backlog: 4096),
             services: services,
             onServerRunning: { channel in await onServerRunning(channel.localAddress?.port ?? port) },
