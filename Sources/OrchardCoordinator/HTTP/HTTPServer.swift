@@ -166,7 +166,8 @@ public enum CoordinatorServer {
     ) throws -> some ApplicationProtocol {
         Application(
             router: router(coordinator: coordinator, registry: registry),
-            server: try tls.map { try .tls(.http1(), tlsConfiguration: $0.configuration) } ?? .http1(),
+            server: try tls.map { try .tls(.http1(additionalChannelHandlers: [ReceiveBufferLimit()]), tlsConfiguration: $0.configuration) }
+                ?? .http1(additionalChannelHandlers: [ReceiveBufferLimit()]),
             configuration: ApplicationConfiguration(address: .hostname(host, port: port), serverName: "orchard", backlog: 4096),
             services: services,
             onServerRunning: { channel in await onServerRunning(channel.localAddress?.port ?? port) },
@@ -297,5 +298,15 @@ extension DecodingError {
         case .keyNotFound(_, let context), .typeMismatch(_, let context), .valueNotFound(_, let context), .dataCorrupted(let context): context
         @unknown default: nil
         }
+    }
+}
+
+/// Keeps each connection's pool of receive buffers to one: NIO reads up to `maxMessagesPerRead` (4) times per
+/// wake-up and keeps a buffer per read, each grown up to 64 KiB by a large upload, for the connection's life —
+/// 256 KiB per idle keep-alive connection after a report, 250 MiB for a thousand devices. One read per wake-up
+/// keeps one buffer (64 KiB) and costs no measurable throughput (reports still stream at hundreds of MB/s).
+final class ReceiveBufferLimit: RemovableChannelHandler, Sendable {
+    func handlerAdded(context: ChannelHandlerContext) {
+        try? context.channel.syncOptions?.setOption(ChannelOptions.maxMessagesPerRead, value: 1)
     }
 }
