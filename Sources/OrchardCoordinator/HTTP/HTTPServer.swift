@@ -305,7 +305,10 @@ extension DecodingError {
 /// wake-up and keeps a buffer per read, each grown up to 64 KiB by a large upload, for the connection's life —
 /// 256 KiB per idle keep-alive connection after a report, 250 MiB for a thousand devices. One read per wake-up
 /// keeps one buffer (64 KiB) and costs no measurable throughput (reports still stream at hundreds of MB/s).
-final class ReceiveBufferLimit: RemovableChannelHandler, Sendable {
+final class ReceiveBufferLimit: ChannelInboundHandler, RemovableChannelHandler, Sendable {
+    // Everything passes through unchanged (the default `channelRead` forwards without unwrapping).
+    typealias InboundIn = ByteBuffer
+
     func handlerAdded(context: ChannelHandlerContext) {
         try? context.channel.syncOptions?.setOption(ChannelOptions.maxMessagesPerRead, value: 1)
     }
