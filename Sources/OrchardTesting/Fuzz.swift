@@ -7,7 +7,7 @@ public import OrchardProtocol
 public enum Fuzz {
     /// Numbers that sit on or just past the limits decoders and validators check.
     public static let edgeNumbers: [Double] = [
-        0, -0.0, 1, -1, 0.5, -0.5, 2, 3, 255, 256, 1 << 16, 65_537, 1 << 24, (1 << 24) + 1, 1 << 31, (1 << 31) + 1,
+        0, -0.0, 1, -1, 0.5, -0.5, 2, 3, 255, 256, 65_536, 65_537, 16_777_216, 16_777_217, 2_147_483_648, 2_147_483_649,
         1e9, 1e15, 9_007_199_254_740_993, 1e18, 9.3e18, 1e19, -1e19, 1e300, -1e300, 5e-324, 1e-300, 31_536_001,
     ]
 
@@ -107,7 +107,8 @@ public enum Fuzz {
     public static func json(_ value: JSONValue) -> [UInt8] {
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.sortedKeys]
-        return (try? encoder.encode(value)).map(Array.init) ?? Array("null".utf8)
+        guard let data = try? encoder.encode(value) else { return Array("null".utf8) }
+        return [UInt8](data)
     }
 
     /// Random bytes, at most `maximum` of them.

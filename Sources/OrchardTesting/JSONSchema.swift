@@ -88,7 +88,7 @@ public struct JSONSchemaValidator: Sendable {
         if let type = s["type"] {
             let allowed: [String] = switch type {
             case .string(let one): [one]
-            case .array(let many): many.compactMap { if case .string(let t) = $0 { t } else { nil } }
+            case .array(let many): many.compactMap(\.stringValue)
             default: []
             }
             if !allowed.contains(where: { Self.matches(instance, type: $0) }) {
@@ -96,7 +96,7 @@ public struct JSONSchemaValidator: Sendable {
             }
         }
         if case .array(let options)? = s["enum"], !options.contains(where: { Self.equal($0, instance) }) {
-            fail("\(Self.render(instance)) is not one of \(options.map(Self.render).joined(separator: ", "))")
+            fail("\(Self.render(instance)) is not one of \(options.map { Self.render($0) }.joined(separator: ", "))")
         }
 
         switch instance {
@@ -154,8 +154,8 @@ public struct JSONSchemaValidator: Sendable {
         if case .array(let all)? = s["allOf"] {
             for part in all { check(instance, part, path, &out, depth: depth + 1) }
         }
-        if case .array(let any)? = s["anyOf"] {
-            let failures = any.map { validate(instance, against: $0, depth: depth + 1, path: path) }
+        if case .array(let options)? = s["anyOf"] {
+            let failures = options.map { validate(instance, against: $0, depth: depth + 1, path: path) }
             if !failures.contains(where: \.isEmpty) {
                 fail("matches none of anyOf: " + failures.map { $0.map(\.description).joined(separator: "; ") }.joined(separator: " | "))
             }

@@ -127,12 +127,13 @@ public struct OpenAPIConformance: Sendable {
     /// Everything about `exchange` that the document does not allow (empty when it conforms).
     public func problems(with exchange: HTTPExchange) -> [String] {
         let label = "\(exchange.method) \(exchange.target) → \(exchange.status)"
-        guard let (operation, pathParameters) = match(method: exchange.method, path: exchange.path) else {
+        guard let matched = match(method: exchange.method, path: exchange.path) else {
             // No route: the router's 404 not_found (or 405) is the only answer.
             let code = (try? JSONValue.parse(exchange.responseBody))?["error"]?["code"]?.stringValue
             if (exchange.status == 404 && code == "not_found") || (exchange.status == 405 && code == "method_not_allowed") { return [] }
             return ["\(label): not a documented operation"]
         }
+        let (operation, pathParameters) = matched
         let pathItem = document["paths"]![operation.template]!
         let definition = pathItem[operation.method.lowercased()]!
         var problems: [String] = []

@@ -262,8 +262,8 @@ private struct DeviceClaims: JWTPayload {
         let exchanges = harness.log.exchanges
         var seen: [OpenAPIOperation: Set<String>] = [:]
         for exchange in exchanges {
-            if let (operation, _) = Conformance.document.match(method: exchange.method, path: exchange.path) {
-                seen[operation, default: []].insert(String(exchange.status))
+            if let matched = Conformance.document.match(method: exchange.method, path: exchange.path) {
+                seen[matched.operation, default: []].insert(String(exchange.status))
             }
         }
         let operations = Conformance.document.operations

@@ -103,8 +103,8 @@ import Testing
         }
         var before = try await state()
         var codes: [String: Int] = [:]
-        let plans = Generator<([SafetensorsMutation], UInt64), Shrink.None<([SafetensorsMutation], UInt64)>> { rng in
-            ((0..<Int.random(in: 1...3, using: &rng)).map { _ in SafetensorsMutation.allCases.randomElement(using: &rng)! }, UInt64.random(in: 0...UInt64.max, using: &rng))
+        let plans = fuzzed { rng in
+            ((0..<Int.random(in: 1...3, using: &rng)).map { _ in SafetensorsMutation.allCases.randomElement(using: &rng)! }, rng.next())
         }
         await propertyCheck(count: 250, input: plans) { plan in
             let (mutations, seed) = plan

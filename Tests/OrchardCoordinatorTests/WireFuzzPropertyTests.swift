@@ -12,7 +12,7 @@ import Testing
 /// `openapi.json`), and the hosted process's model and running state are unchanged afterwards.
 @Suite(.serialized) struct WireFuzzPropertyTests {
     static func arbitraryOrMutated(_ valid: JSONValue) -> Generator<[UInt8], Shrink.None<[UInt8]>> {
-        Generator { rng in
+        fuzzed { rng in
             switch Int.random(in: 0...5, using: &rng) {
             case 0: return Fuzz.bytes(maximum: 512, using: &rng)
             case 1: return Fuzz.json(Fuzz.value(depth: 4, using: &rng))
@@ -99,5 +99,13 @@ import Testing
             #expect(workers.count == 16)
             #expect(Set(workers).count == 1, "\(subject): \(Set(workers))")
         }
+    }
+}
+
+/// A property-based generator over a fuzz function of `OrchardTesting`, seeded from the property checker's generator.
+func fuzzed<T>(_ make: @escaping @Sendable (inout SplitMix64) -> T) -> Generator<T, Shrink.None<T>> {
+    Generator { rng in
+        var random = SplitMix64(state: rng.next())
+        return make(&random)
     }
 }

@@ -1,6 +1,7 @@
 import Foundation
 import OrchardFormats
 import OrchardProtocol
+import OrchardSupport
 import OrchardTesting
 import PropertyBased
 import Testing
@@ -8,10 +9,12 @@ import Testing
 /// Generators over the fuzz inputs of `OrchardTesting` (seeded by `propertyCheck`).
 enum FormatGen {
     /// Arbitrary bytes, at most 2 KiB.
-    static let bytes = Generator<[UInt8], Shrink.None<[UInt8]>> { rng in Fuzz.bytes(using: &rng) }
+    static let bytes = fuzzed { Fuzz.bytes(using: &$0) }
 
     /// Random tensors (unique names, shapes of rank 0–3, finite values) with random metadata.
-    static let archive = Generator<SafetensorsArchive, Shrink.None<SafetensorsArchive>> { rng in
+    static let archive = fuzzed { randomArchive(using: &$0) }
+
+    static func randomArchive(using rng: inout SplitMix64) -> SafetensorsArchive {
         var tensors: [TensorRecord] = []
         for index in 0..<Int.random(in: 0...4, using: &rng) {
             let shape = (0..<Int.random(in: 0...3, using: &rng)).map { _ in Int.random(in: 0...4, using: &rng) }
@@ -24,8 +27,8 @@ enum FormatGen {
     }
 
     /// A valid file with 1–3 mutations of every kind.
-    static let mutatedFile = Generator<[UInt8], Shrink.None<[UInt8]>> { rng in
-        let base = archive.run(using: &rng)
+    static let mutatedFile = fuzzed { rng in
+        let base = randomArchive(using: &rng)
         var bytes = base.encoded()
         for _ in 0..<Int.random(in: 1...3, using: &rng) {
             bytes = SafetensorsMutation.allCases.randomElement(using: &rng)!.apply(to: bytes, using: &rng)
@@ -67,7 +70,7 @@ private func expectConsistent(_ index: SafetensorsIndex, of bytes: [UInt8], sour
     @Test func mutatedFilesAreIndexedConsistentlyOrRefusedWithAFormatError() async {
         var codes: Set<String> = []
         await propertyCheck(count: 1000, input: FormatGen.mutatedFile) { bytes in
-            do {
+            do throws(FormatError) {
                 let index = try Safetensors.index(bytes)
                 expectConsistent(index, of: bytes)
                 let archive = try Safetensors.decode(bytes, allowConversion: true)
@@ -102,7 +105,7 @@ private func expectConsistent(_ index: SafetensorsIndex, of bytes: [UInt8], sour
 
     /// Decodes, validates, checks the limits and derives the parameters; any failure must be a `FormatError`.
     private func exercise(_ json: [UInt8]) -> FormatError? {
-        do {
+        do throws(FormatError) {
             let spec = try ModelSpec.decode(json: Data(json))
             try spec.validateLimits()
             let parameters = try spec.parameters()
@@ -119,14 +122,14 @@ private func expectConsistent(_ index: SafetensorsIndex, of bytes: [UInt8], sour
     }
 
     @Test func arbitraryJSONIsAFormatErrorNeverACrash() async {
-        await propertyCheck(count: 500, input: Generator<JSONValue, Shrink.None<JSONValue>> { rng in Fuzz.value(depth: 4, using: &rng) }) { value in
+        await propertyCheck(count: 500, input: fuzzed { Fuzz.value(depth: 4, using: &$0) }) { value in
             #expect(exercise(Fuzz.json(value))?.code == .invalidSpec)
         }
     }
 
     @Test func mutatedSpecsPassOrFailWithAFormatErrorNeverACrash() async {
         var outcomes: [String: Int] = [:]
-        await propertyCheck(count: 1000, input: Generator<JSONValue, Shrink.None<JSONValue>> { rng in Fuzz.mutate(Self.valid, edits: 3, using: &rng) }) { value in
+        await propertyCheck(count: 1000, input: fuzzed { Fuzz.mutate(Self.valid, edits: 3, using: &$0) }) { value in
             let error = exercise(Fuzz.json(value))
             outcomes[error.map { $0.code.description } ?? "ok", default: 0] += 1
         }
@@ -172,5 +175,13 @@ private func expectConsistent(_ index: SafetensorsIndex, of bytes: [UInt8], sour
         var good = base
         good.training = TrainingSpec(loss: .meanSquaredError, optimizer: .adam(), epochs: ModelSpec.maximumEpochs, batchSize: ModelSpec.maximumBatchSize, maxUpdates: 1)
         #expect(throws: Never.self) { try good.validateLimits() }
+    }
+}
+
+/// A property-based generator over a fuzz function of `OrchardTesting`, seeded from the property checker's generator.
+func fuzzed<T>(_ make: @escaping @Sendable (inout SplitMix64) -> T) -> Generator<T, Shrink.None<T>> {
+    Generator { rng in
+        var random = SplitMix64(state: rng.next())
+        return make(&random)
     }
 }

@@ -1,6 +1,7 @@
 import Foundation
 import OrchardFormats
 import OrchardProtocol
+import OrchardSupport
 import OrchardTesting
 import PropertyBased
 import Testing
@@ -24,11 +25,11 @@ import Testing
     }()
     static let metadata = try! JSONValue.parse(WireCoding.encoder().encode(ReportMetadata(workerID: "w_0123456789abcdef01234567", requestKey: "0123456789abcdef0123456789abcdef", sampleCount: 3, metrics: ["loss": 0.5])))
 
-    static func arbitrary() -> Generator<JSONValue, Shrink.None<JSONValue>> { Generator { rng in Fuzz.value(depth: 4, using: &rng) } }
-    static func mutated(_ valid: JSONValue) -> Generator<JSONValue, Shrink.None<JSONValue>> { Generator { rng in Fuzz.mutate(valid, edits: 3, using: &rng) } }
+    static func arbitrary() -> Generator<JSONValue, Shrink.None<JSONValue>> { fuzzed { Fuzz.value(depth: 4, using: &$0) } }
+    static func mutated(_ valid: JSONValue) -> Generator<JSONValue, Shrink.None<JSONValue>> { fuzzed { Fuzz.mutate(valid, edits: 3, using: &$0) } }
 
     /// Decodes `json` as `T` with `decoder`: nil for a `DecodingError`; any other error is an issue.
-    private func decode<T: Codable & Hashable>(_ type: T.Type, _ json: JSONValue, _ decoder: JSONDecoder = WireCoding.decoder(), sourceLocation: SourceLocation = #_sourceLocation) -> T? {
+    private func decode<T: Codable & Hashable>(_ messageType: T.Type, _ json: JSONValue, _ decoder: JSONDecoder = WireCoding.decoder(), sourceLocation: SourceLocation = #_sourceLocation) -> T? {
         do {
             let value = try decoder.decode(T.self, from: Data(Fuzz.json(json)))
             // What decodes re-encodes to something that decodes to the same value.
@@ -116,7 +117,7 @@ import Testing
     }
 
     @Test func arbitraryBytesAreNeverAMessage() async {
-        await propertyCheck(count: 300, input: Generator<[UInt8], Shrink.None<[UInt8]>> { rng in Fuzz.bytes(maximum: 256, using: &rng) }) { bytes in
+        await propertyCheck(count: 300, input: fuzzed { Fuzz.bytes(maximum: 256, using: &$0) }) { bytes in
             for decode in [
                 { try WireCoding.decoder().decode(AuthenticateRequest.self, from: Data(bytes)) as Any },
                 { try WireCoding.decoder().decode(CycleRequest.self, from: Data(bytes)) as Any },
@@ -125,5 +126,13 @@ import Testing
                 #expect(throws: DecodingError.self) { try decode() }
             }
         }
+    }
+}
+
+/// A property-based generator over a fuzz function of `OrchardTesting`, seeded from the property checker's generator.
+func fuzzed<T>(_ make: @escaping @Sendable (inout SplitMix64) -> T) -> Generator<T, Shrink.None<T>> {
+    Generator { rng in
+        var random = SplitMix64(state: rng.next())
+        return make(&random)
     }
 }
