@@ -182,7 +182,7 @@ public enum SafetensorsMutation: String, CaseIterable, Sendable {
                 guard let name, case .object(var tensor)? = header[name] else { break }
                 var shape: [JSONValue] = []
                 if case .array(let dimensions)? = tensor["shape"] { shape = dimensions }
-                switch Int.random(in: 0...4, using: &random) {
+                switch Int.random(in: 0...6, using: &random) {
                 case 0 where !shape.isEmpty:
                     shape[Int.random(in: shape.indices, using: &random)] = .number(Fuzz.edgeNumbers.randomElement(using: &random)!)
                     tensor["shape"] = .array(shape)
@@ -193,6 +193,10 @@ public enum SafetensorsMutation: String, CaseIterable, Sendable {
                 case 3 where !shape.isEmpty:
                     shape[0] = .number(-1)
                     tensor["shape"] = .array(shape)
+                case 4 where shape.count > 1, 5 where shape.count > 1:
+                    // Another shape of the same element count (the bytes still fit; only the shape is wrong).
+                    let count = shape.reduce(1.0) { $0 * ($1.numberValue ?? 1) }
+                    tensor["shape"] = Bool.random(using: &random) ? .array([.number(count)]) : .array(Array(shape.reversed()) + [.number(1)])
                 default:
                     tensor["shape"] = Fuzz.value(depth: 1, using: &random)
                 }
