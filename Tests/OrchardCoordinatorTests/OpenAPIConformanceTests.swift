@@ -92,6 +92,60 @@ private struct DeviceClaims: JWTPayload {
         #expect(conformance.problems(with: badQuery).isEmpty)
     }
 
+    /// Every numeric bound the document states for the client, server and aggregator configuration, read from the
+    /// document itself: a value on the bound is hosted (201), a value just past it is refused (400
+    /// invalid_configuration). So the document says no less and no more than the server enforces.
+    @Test func everyDocumentedConfigurationBoundIsTheServersBound() async throws {
+        let harness = try await Harness.start()
+        defer { Task { await harness.stop() } }
+        let schemas = try #require(Conformance.document.document["components"]?["schemas"]?.objectValue)
+        let base = try JSONValue.parse(WireCoding.encoder().encode(Fixture.host()))
+        var cases: [(path: [String], value: Double, accepted: Bool)] = []
+        for (schema, path) in [("ClientConfig", ["client_config"]), ("ServerConfig", ["server_config"]), ("AggregatorConfig", ["server_config", "aggregator"])] {
+            for (field, property) in schemas[schema]?["properties"]?.objectValue ?? [:] {
+                let integer = property["type"]?.stringValue == "integer"
+                let step = integer ? 1 : 1e-6
+                if let minimum = property["minimum"]?.numberValue {
+                    let exclusive = property["exclusiveMinimum"] == .bool(true)
+                    cases.append((path + [field], exclusive ? minimum + step : minimum, true))
+                    cases.append((path + [field], exclusive ? minimum : minimum - step, false))
+                }
+                if let maximum = property["maximum"]?.numberValue {
+                    let exclusive = property["exclusiveMaximum"] == .bool(true)
+                    cases.append((path + [field], exclusive ? maximum - step : maximum, true))
+                    cases.append((path + [field], exclusive ? maximum : maximum + step, false))
+                }
+            }
+        }
+        #expect(cases.count >= 40)
+        func setting(_ value: JSONValue, at path: ArraySlice<String>, in json: JSONValue) -> JSONValue {
+            guard case .object(var members) = json, let first = path.first else { return value }
+            members[first] = setting(value, at: path.dropFirst(), in: members[first] ?? .object([:]))
+            return .object(members)
+        }
+        for (index, bound) in cases.enumerated() {
+            var body = setting(.string("bound-\(index)"), at: ["name"], in: base)
+            body = setting(.number(bound.value), at: bound.path[...], in: body)
+            if bound.path.last == "goal_count" || bound.path.last == "minimum_reports" {
+                // minimum_reports may not exceed goal_count: move the other one out of the way.
+                let other = bound.path.last == "goal_count" ? "minimum_reports" : "goal_count"
+                body = setting(.number(bound.path.last == "goal_count" ? 1 : 1_000_000), at: ["server_config", other], in: body)
+            }
+            let result = try await harness.http.send("POST", Endpoint.processes, body: Fuzz.json(body), token: Harness.adminToken, headers: ["Content-Type": MediaType.json])
+            let label = "\(bound.path.joined(separator: ".")) = \(bound.value)"
+            if bound.accepted {
+                #expect(result.status == 201, "\(label): \(result.status) \(String(decoding: result.body, as: UTF8.self))")
+            } else {
+                #expect(result.status == 400 && result.errorCode == "invalid_configuration", "\(label): \(result.status) \(String(decoding: result.body, as: UTF8.self))")
+            }
+        }
+        // Names: 200 characters are a name, 201 or a control character are not.
+        for (name, accepted) in [(String(repeating: "é", count: 200), true), (String(repeating: "n", count: 201), false), ("tab\there", false), ("", false)] {
+            let result = try await harness.http.json("POST", Endpoint.processes, Fixture.host(name: name), token: Harness.adminToken)
+            #expect(result.status == (accepted ? 201 : 400), "\(name.prefix(8))…: \(result.status)")
+        }
+    }
+
     /// A session that exercises every documented operation and nearly every documented status; every exchange is
     /// checked by ``HTTP`` as it happens.
     @Test func aSessionOverEveryOperationConformsToTheDocument() async throws {
