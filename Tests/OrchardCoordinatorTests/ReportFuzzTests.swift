@@ -90,7 +90,7 @@ import Testing
     /// Property-based: 1–3 mutations of every kind composed on a valid report (the seed from `propertyCheck`). A
     /// refused report leaves the checkpoint's bytes and the cycle's counts exactly as they were; every answer is a
     /// 2xx or a 4xx with an error code.
-    @Test func composedMutationsAreRefusedWith4xxAndLeaveTheCheckpointBytesAlone() async throws {
+    @Test(.shrinking(false)) func composedMutationsAreRefusedWith4xxAndLeaveTheCheckpointBytesAlone() async throws {
         let harness = try await Harness.start()
         defer { Task { await harness.stop() } }
         let hosted = try await harness.host(Fixture.host(goal: 1, minimum: 1, overSelection: 1))

@@ -9,8 +9,10 @@ import Testing
 
 /// Arbitrary and mutated bodies for every JSON endpoint, through the real coordinator on loopback HTTP: every
 /// answer is a 2xx or a 4xx with an error code (never a 5xx; ``HTTP`` also checks each exchange against
-/// `openapi.json`), and the hosted process's model and running state are unchanged afterwards.
-@Suite(.serialized) struct WireFuzzPropertyTests {
+/// `openapi.json`), and the hosted process's model and running state are unchanged afterwards. The generators do not
+/// shrink, and the coordinator keeps state between inputs, so shrinking (which re-runs inputs with issues suppressed)
+/// is off: every issue is reported as it happens.
+@Suite(.serialized, .shrinking(false)) struct WireFuzzPropertyTests {
     static func arbitraryOrMutated(_ valid: JSONValue) -> Generator<[UInt8], Shrink.None<[UInt8]>> {
         fuzzed { rng in
             switch Int.random(in: 0...5, using: &rng) {

@@ -50,7 +50,8 @@ private func expectConsistent(_ index: SafetensorsIndex, of bytes: [UInt8], sour
     #expect(cursor == bytes.count, sourceLocation: sourceLocation)
 }
 
-@Suite struct SafetensorsPropertyTests {
+// The generators do not shrink; with shrinking off every issue is reported as it happens.
+@Suite(.shrinking(false)) struct SafetensorsPropertyTests {
     @Test func encodingThenDecodingGivesBackEveryTensorAndTheMetadata() async {
         await propertyCheck(count: 200, input: FormatGen.archive) { archive in
             let decoded = try Safetensors.decode(archive.encoded())
@@ -84,7 +85,7 @@ private func expectConsistent(_ index: SafetensorsIndex, of bytes: [UInt8], sour
     }
 }
 
-@Suite struct ModelSpecPropertyTests {
+@Suite(.shrinking(false)) struct ModelSpecPropertyTests {
     static let valid: JSONValue = {
         let spec = ModelSpec(
             name: "m", inputs: [InputSpec(name: "x", shape: [3]), InputSpec(name: "image", shape: [1, 4, 4])],

@@ -8,7 +8,7 @@ import Testing
 
 /// Arbitrary and mutated JSON through every wire message the coordinator decodes: a message decodes (and then
 /// survives an encode–decode round trip and its validation) or fails with a `DecodingError`, never anything else.
-@Suite struct WireDecoderPropertyTests {
+@Suite(.shrinking(false)) struct WireDecoderPropertyTests {
     static let authenticate = try! JSONValue.parse(WireCoding.encoder().encode(AuthenticateRequest(authToken: "a.b.c", processName: "tiny", processVersion: SemanticVersion(1))))
     static let cycle = try! JSONValue.parse(WireCoding.encoder().encode(CycleRequest(workerID: "w_0123456789abcdef01234567", processName: "tiny", processVersion: SemanticVersion(1, 2), downloadMbps: 10, uploadMbps: 2)))
     static let host: JSONValue = {
