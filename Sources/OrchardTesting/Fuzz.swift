@@ -155,7 +155,8 @@ public enum SafetensorsMutation: String, CaseIterable, Sendable {
             body[Int.random(in: body.indices, using: &random)] ^= UInt8.random(in: 1...255, using: &random)
             return body
         case .truncate:
-            body.removeLast(Int.random(in: 1...max(1, body.count), using: &random))
+            guard !body.isEmpty else { return body }
+            body.removeLast(Int.random(in: 1...body.count, using: &random))
             return body
         case .appendGarbage:
             return body + (0..<Int.random(in: 1...64, using: &random)).map { _ in UInt8.random(in: 0...255, using: &random) }
