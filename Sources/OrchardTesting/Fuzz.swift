@@ -8,7 +8,7 @@ public enum Fuzz {
     /// Numbers that sit on or just past the limits decoders and validators check.
     public static let edgeNumbers: [Double] = [
         0, -0.0, 1, -1, 0.5, -0.5, 2, 3, 255, 256, 65_536, 65_537, 16_777_216, 16_777_217, 2_147_483_648, 2_147_483_649,
-        1e9, 1e15, 9_007_199_254_740_993, 1e18, 9.3e18, 1e19, -1e19, 1e300, -1e300, 5e-324, 1e-300, 31_536_001,
+        1e9, 1e15, 9_007_199_254_740_992, 1e18, 9.3e18, 1e19, -1e19, 1e300, -1e300, Double.leastNonzeroMagnitude, 1e-300, 31_536_001,
     ]
 
     /// Strings that are empty, long, made of control or non-ASCII characters, or look like other types.

@@ -1,4 +1,4 @@
-public import Foundation
+import Foundation
 public import OrchardProtocol
 
 /// One way a JSON value breaks a schema: where (a JSON path such as `$.layers[0].units`) and what.
