@@ -1,4 +1,4 @@
-public import Foundation
+import Foundation
 public import OrchardProtocol
 
 /// Random inputs for decoders: arbitrary JSON values, and mutations of valid JSON and safetensors bodies. Every
