@@ -57,6 +57,8 @@ let package = Package(
         .package(url: "https://github.com/swift-server/swift-prometheus.git", from: "2.0.0"),
         .package(url: "https://github.com/swift-server/swift-service-lifecycle.git", from: "2.6.0"),
         .package(url: "https://github.com/vapor/jwt-kit.git", from: "5.0.0"),
+        // Test-only: property-based tests (Swift Testing).
+        .package(url: "https://github.com/x-sheep/swift-property-based.git", from: "2.0.0"),
     ],
     targets: [
         // Level 0: the primitives every layer shares (seeded random generators, the wall clock, Duration helpers,
@@ -170,7 +172,7 @@ let package = Package(
         .target(
             name: "OrchardTesting",
             dependencies: [
-                "OrchardSupport", "OrchardFormats", "OrchardML",
+                "OrchardSupport", "OrchardFormats", "OrchardML", "OrchardProtocol",
                 .product(name: "Clocks", package: "swift-clocks"),
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "SwiftASN1", package: "swift-asn1"),
@@ -205,7 +207,7 @@ let package = Package(
         ),
         .testTarget(name: "OrchardSupportTests", dependencies: ["OrchardSupport"], swiftSettings: swiftSettings),
         .testTarget(name: "OrchardPrivacyTests", dependencies: ["OrchardPrivacy"], swiftSettings: swiftSettings),
-        .testTarget(name: "OrchardFormatsTests", dependencies: ["OrchardFormats", "OrchardTesting"], swiftSettings: swiftSettings),
+        .testTarget(name: "OrchardFormatsTests", dependencies: ["OrchardFormats", "OrchardTesting", .product(name: "PropertyBased", package: "swift-property-based")], swiftSettings: swiftSettings),
         .testTarget(name: "OrchardMLTests", dependencies: ["OrchardML", "OrchardTesting"], swiftSettings: swiftSettings),
         .testTarget(name: "OrchardDataTests", dependencies: ["OrchardData", "OrchardExamples", "OrchardTesting"], swiftSettings: swiftSettings),
         .testTarget(
@@ -222,10 +224,13 @@ let package = Package(
             ],
             swiftSettings: swiftSettings
         ),
-        .testTarget(name: "OrchardProtocolTests", dependencies: ["OrchardProtocol", "OrchardFormats"], swiftSettings: swiftSettings),
+        .testTarget(name: "OrchardProtocolTests", dependencies: ["OrchardProtocol", "OrchardFormats", "OrchardTesting", .product(name: "PropertyBased", package: "swift-property-based")], swiftSettings: swiftSettings),
         .testTarget(
             name: "OrchardCoordinatorTests",
-            dependencies: ["OrchardCoordinator", "OrchardProtocol", "OrchardTesting", .product(name: "JWTKit", package: "jwt-kit")],
+            dependencies: [
+                "OrchardCoordinator", "OrchardProtocol", "OrchardTesting", .product(name: "JWTKit", package: "jwt-kit"),
+                .product(name: "PropertyBased", package: "swift-property-based"),
+            ],
             swiftSettings: swiftSettings
         ),
         .testTarget(name: "OrchardClientTests", dependencies: ["OrchardClient", "OrchardCoordinator", "OrchardInProcess", "OrchardTesting", .product(name: "Crypto", package: "swift-crypto"), .product(name: "Clocks", package: "swift-clocks")], swiftSettings: swiftSettings),

@@ -12,11 +12,12 @@ extension Coordinator {
 
     /// Hosts a new FL process: validates the model, weights and configurations, stores checkpoint 0, opens cycle 1.
     public func host(_ request: HostProcessRequest) async throws(CoordinatorError) -> ProcessStatus {
-        guard !request.name.isEmpty, request.name.count <= 200 else {
-            throw CoordinatorError(.invalidConfiguration, "name must be 1 to 200 characters")
+        if let failure = WireLimits.nameFailure(request.name, field: "name") {
+            throw CoordinatorError(.invalidConfiguration, failure)
         }
         do throws(FormatError) {
             try request.model.validate()
+            try request.model.validateLimits()
         } catch {
             throw CoordinatorError(.invalidConfiguration, error.message)
         }

@@ -16,6 +16,9 @@ extension Coordinator {
         guard WireProtocol.isCompatible(request.protocolVersion) else {
             throw CoordinatorError(.unsupportedVersion, "protocol version \(request.protocolVersion) is not compatible with \(WireProtocol.version)")
         }
+        if let failure = WireLimits.nameFailure(request.processName, field: "process_name") {
+            throw CoordinatorError(.invalidRequest, failure)
+        }
         guard let processID = processByName[NameVersion(name: request.processName, version: request.processVersion)],
               let runtime = runtimes[processID]
         else {
@@ -48,7 +51,16 @@ extension Coordinator {
             } else {
                 let id = "w_" + randomHex(12)
                 try await store.registerWorker(id: id, processID: processID, issuer: identity?.issuer, subject: identity?.subject, at: now)
-                workerID = id
+                if let identity {
+                    // Concurrent first authentications of one identity both get here; the store keeps the first
+                    // registration and ignores the others, so every caller reads back the same worker.
+                    guard let registered = try await store.workerID(processID: processID, issuer: identity.issuer, subject: identity.subject) else {
+                        throw StoreError(.notFound, "worker for '\(identity.subject)' was registered but cannot be read back")
+                    }
+                    workerID = registered
+                } else {
+                    workerID = id
+                }
             }
         } catch {
             if isOpen { runtime.openWorkers -= 1 }
@@ -140,6 +152,14 @@ extension Coordinator {
     public func requestCycle(_ request: CycleRequest, session: DeviceSession) async throws(CoordinatorError) -> CycleResponse {
         guard request.workerID == session.workerID else {
             throw CoordinatorError(.forbidden, "the session token belongs to another worker")
+        }
+        if let failure = WireLimits.nameFailure(request.processName, field: "process_name") {
+            throw CoordinatorError(.invalidRequest, failure)
+        }
+        for (field, value) in [("download_mbps", request.downloadMbps), ("upload_mbps", request.uploadMbps)] {
+            if let value, !(value >= 0 && value.isFinite) {
+                throw CoordinatorError(.invalidRequest, "\(field) must be a non-negative number of Mbit/s, not \(value)")
+            }
         }
         try await requireKnownWorker(request.workerID)
         guard let processID = processByName[NameVersion(name: request.processName, version: request.processVersion)],

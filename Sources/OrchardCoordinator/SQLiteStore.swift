@@ -225,7 +225,8 @@ public final class SQLiteStore: CoordinatorStore {
 
     public func registerWorker(id: String, processID: String, issuer: String?, subject: String?, at date: Date) async throws {
         try await pool.write { db in
-            try db.execute(sql: "INSERT INTO workers (id, process_id, issuer, subject, created_at) VALUES (?, ?, ?, ?, ?)",
+            // A second registration of the same identity (a concurrent first authentication) keeps the first.
+            try db.execute(sql: "INSERT INTO workers (id, process_id, issuer, subject, created_at) VALUES (?, ?, ?, ?, ?) ON CONFLICT (process_id, issuer, subject) DO NOTHING",
                 arguments: [id, processID, issuer, subject, date.timeIntervalSince1970])
         }
     }

@@ -218,7 +218,9 @@ public protocol CoordinatorStore: Sendable {
     func openCycle(processID: String) async throws -> RecoveredCycle?
     /// Calls `body` for every committed report of a cycle whose diff is not folded into the stored sum.
     func forEachPendingDiff(processID: String, cycle: Int, _ body: @Sendable (PendingDiff) throws -> Void) async throws
-    /// Registers a worker of a process; `issuer` and `subject` tie it to a device identity (unique per process and issuer when present).
+    /// Registers a worker of a process; `issuer` and `subject` tie it to a device identity (unique per process and issuer
+    /// when present). Registering an identity that already has a worker is not an error: the first worker stays, and
+    /// ``workerID(processID:issuer:subject:)`` names it.
     func registerWorker(id: String, processID: String, issuer: String?, subject: String?, at date: Date) async throws
     /// The worker id registered in a process for an issuer's subject.
     func workerID(processID: String, issuer: String, subject: String) async throws -> String?

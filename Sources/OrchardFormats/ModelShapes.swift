@@ -20,12 +20,21 @@ extension ModelSpec {
     ///   the one inferred.
     public func parameters() throws(FormatError) -> [ParameterSpec] {
         try validate()
+        try validateArchitectureLimits()
         var shapes: [String: [Int]] = [:]
-        for input in inputs { shapes[input.name] = input.shape }
+        for input in inputs {
+            guard Self.elementCount(input.shape) != nil else {
+                throw FormatError(.invalidSpec, "input '\(input.name)' of shape \(input.shape) has more than \(Self.maximumElementCount) elements")
+            }
+            shapes[input.name] = input.shape
+        }
         var parameters: [ParameterSpec] = []
         for layer in layers {
             let inputShapes = layer.inputs.map { shapes[$0] ?? [] }
             let (output, implied) = try Self.infer(layer, inputShapes: inputShapes)
+            for shape in [output] + implied.map(\.shape) where Self.elementCount(shape) == nil {
+                throw FormatError(.invalidSpec, "layer '\(layer.name)' (\(layer.type)): shape \(shape) has more than \(Self.maximumElementCount) elements")
+            }
             shapes[layer.name] = output
             parameters += implied
         }
@@ -65,6 +74,17 @@ extension ModelSpec {
         }
     }
 
+    /// The element count of a shape, or nil when it exceeds ``maximumElementCount`` (or overflows).
+    static func elementCount(_ shape: [Int]) -> Int? {
+        var count = 1
+        for dimension in shape {
+            let (product, overflow) = count.multipliedReportingOverflow(by: dimension)
+            guard !overflow, product <= maximumElementCount else { return nil }
+            count = product
+        }
+        return count
+    }
+
     private static func infer(_ layer: LayerSpec, inputShapes: [[Int]]) throws(FormatError) -> (output: [Int], parameters: [ParameterSpec]) {
         func fail(_ message: String) -> FormatError { FormatError(.invalidSpec, "layer '\(layer.name)' (\(layer.type)): \(message)") }
         func positive(_ value: Int?, _ field: String) throws(FormatError) -> Int {
@@ -95,7 +115,8 @@ extension ModelSpec {
             guard input.count == 1 else { throw fail("needs a rank-1 input of indices, not \(input)") }
             let vocabulary = try positive(layer.vocabularySize, "vocabulary_size")
             let width = try positive(layer.embeddingSize, "embedding_size")
-            return ([input[0] * width], [parameter("weight", [vocabulary, width], ["vocabulary_size", "embedding_size"])])
+            guard let outputWidth = elementCount([input[0], width]) else { throw fail("output width \(input[0]) × \(width) is too large") }
+            return ([outputWidth], [parameter("weight", [vocabulary, width], ["vocabulary_size", "embedding_size"])])
         case .relu, .sigmoid, .tanh, .softmax:
             return (input, [])
         case .dropout:
@@ -103,14 +124,16 @@ extension ModelSpec {
             guard rate >= 0 && rate < 1 else { throw fail("'rate' must be in [0, 1), not \(rate)") }
             return (input, [])
         case .flatten:
-            return ([input.reduce(1, *)], [])
+            guard let count = elementCount(input) else { throw fail("input \(input) has too many elements") }
+            return ([count], [])
         case .concat:
             guard !input.isEmpty else { throw fail("needs inputs of rank 1 or more") }
             let leading = input.dropLast()
             guard inputShapes.allSatisfy({ $0.count == input.count && $0.dropLast() == leading }) else {
                 throw fail("inputs differ in their leading dimensions: \(inputShapes)")
             }
-            return (Array(leading) + [inputShapes.map { $0.last ?? 0 }.reduce(0, +)], [])
+            guard let width = elementCount([inputShapes.reduce(0) { $0 + ($1.last ?? 0) }]) else { throw fail("joined width is too large") }
+            return (Array(leading) + [width], [])
         case .conv2d, .maxPool2d:
             guard input.count == 3 else { throw fail("needs a [C, H, W] input, not \(input)") }
             guard let kernel = try pair(layer.kernelSize, "kernel_size") else { throw fail("'kernel_size' is required") }

@@ -53,9 +53,13 @@ public struct ClientConfig: Sendable, Hashable, Codable {
 
     /// Describes the first invalid field, or nil when every field that is set is usable.
     public func validationFailure() -> String? {
-        if let batchSize, batchSize < 1 { return "client_config.batch_size must be at least 1" }
+        if let batchSize, !(1...WireLimits.maximumBatchSize).contains(batchSize) {
+            return "client_config.batch_size must be in 1...\(WireLimits.maximumBatchSize), not \(batchSize)"
+        }
         if let learningRate, !(learningRate > 0) || !learningRate.isFinite { return "client_config.learning_rate must be a positive number" }
-        if let localEpochs, localEpochs < 1 { return "client_config.local_epochs must be at least 1" }
+        if let localEpochs, !(1...WireLimits.maximumLocalEpochs).contains(localEpochs) {
+            return "client_config.local_epochs must be in 1...\(WireLimits.maximumLocalEpochs), not \(localEpochs)"
+        }
         if let maxUpdates, maxUpdates < 1 { return "client_config.max_updates must be at least 1 when set" }
         return nil
     }
@@ -113,9 +117,19 @@ public struct AuthenticationConfig: Sendable, Hashable, Codable {
     /// The required `aud` claim, if any.
     public var audience: String?
 
-    enum CodingKeys: String, CodingKey {
+    enum CodingKeys: String, CodingKey, CaseIterable {
         case mode, secret, issuer, audience
         case publicKeyPEM = "public_key_pem"
+    }
+
+    public init(from decoder: any Decoder) throws {
+        try decoder.refuseUnknownKeys(Set(CodingKeys.allCases.map(\.rawValue)), in: "server_config.authentication")
+        let c = try decoder.container(keyedBy: CodingKeys.self)
+        mode = try c.decode(Mode.self, forKey: .mode)
+        secret = try c.decodeIfPresent(String.self, forKey: .secret)
+        publicKeyPEM = try c.decodeIfPresent(String.self, forKey: .publicKeyPEM)
+        issuer = try c.decodeIfPresent(String.self, forKey: .issuer)
+        audience = try c.decodeIfPresent(String.self, forKey: .audience)
     }
 
     /// Creates an authentication configuration.
@@ -186,7 +200,7 @@ public struct AggregatorConfig: Sendable, Hashable, Codable {
     /// Adaptivity τ for FedAdam and FedYogi (added to √v; v starts at τ²).
     public var tau: Double
 
-    enum CodingKeys: String, CodingKey {
+    enum CodingKeys: String, CodingKey, CaseIterable {
         case kind, momentum, beta1, beta2, tau
         case serverLearningRate = "server_learning_rate"
     }
@@ -202,6 +216,7 @@ public struct AggregatorConfig: Sendable, Hashable, Codable {
     }
 
     public init(from decoder: any Decoder) throws {
+        try decoder.refuseUnknownKeys(Set(CodingKeys.allCases.map(\.rawValue)), in: "server_config.aggregator")
         let c = try decoder.container(keyedBy: CodingKeys.self)
         let d = AggregatorConfig()
         kind = try c.decodeIfPresent(Kind.self, forKey: .kind) ?? d.kind
@@ -276,7 +291,7 @@ public struct ServerConfig: Sendable, Hashable, Codable {
     /// What happens to a report over ``updateNormBound``: clipped to it (default) or refused.
     public var updateNormPolicy: UpdateNormPolicy
 
-    enum CodingKeys: String, CodingKey {
+    enum CodingKeys: String, CodingKey, CaseIterable {
         case cycles, authentication, aggregator
         case updateNormBound = "update_norm_bound"
         case updateNormPolicy = "update_norm_policy"
@@ -321,6 +336,7 @@ public struct ServerConfig: Sendable, Hashable, Codable {
     }
 
     public init(from decoder: any Decoder) throws {
+        try decoder.refuseUnknownKeys(Set(CodingKeys.allCases.map(\.rawValue)), in: "server_config")
         let c = try decoder.container(keyedBy: CodingKeys.self)
         let d = ServerConfig()
         cycleLength = try c.decodeIfPresent(Double.self, forKey: .cycleLength) ?? d.cycleLength
@@ -348,12 +364,21 @@ public struct ServerConfig: Sendable, Hashable, Codable {
 
     /// Describes the first invalid field, or nil when the configuration is usable.
     public func validationFailure() -> String? {
-        if !(cycleLength > 0) || !cycleLength.isFinite { return "server_config.cycle_length must be a positive number of seconds" }
+        let longest = WireLimits.maximumSeconds
+        if !(cycleLength > 0 && cycleLength <= longest) {
+            return "server_config.cycle_length must be a positive number of seconds, at most \(longest), not \(cycleLength)"
+        }
         if cycles < 0 { return "server_config.cycles must be 0 (unbounded) or positive" }
-        if goalCount < 1 { return "server_config.goal_count must be at least 1" }
-        if !(overSelection >= 1) || !overSelection.isFinite { return "server_config.over_selection must be at least 1" }
+        if !(1...WireLimits.maximumGoalCount).contains(goalCount) {
+            return "server_config.goal_count must be in 1...\(WireLimits.maximumGoalCount), not \(goalCount)"
+        }
+        if !(overSelection >= 1 && overSelection <= WireLimits.maximumOverSelection) {
+            return "server_config.over_selection must be in 1...\(WireLimits.maximumOverSelection), not \(overSelection)"
+        }
         if minimumReports < 1 || minimumReports > goalCount { return "server_config.minimum_reports must be in 1...goal_count" }
-        if !(paceSteeringWindow >= 0) || !paceSteeringWindow.isFinite { return "server_config.pace_steering_window must be a non-negative number of seconds" }
+        if !(paceSteeringWindow >= 0 && paceSteeringWindow <= longest) {
+            return "server_config.pace_steering_window must be a non-negative number of seconds, at most \(longest), not \(paceSteeringWindow)"
+        }
         if let v = minimumDownloadMbps, !(v >= 0) { return "server_config.minimum_download_mbps must be non-negative" }
         if let v = minimumUploadMbps, !(v >= 0) { return "server_config.minimum_upload_mbps must be non-negative" }
         for (key, bytes) in [("speed_test_download_bytes", speedTestDownloadBytes), ("speed_test_upload_bytes", speedTestUploadBytes)]

@@ -77,6 +77,15 @@ public struct WireErrorCode: RawRepresentable, Sendable, Hashable, Codable, Cust
     public static let methodNotAllowed = WireErrorCode("method_not_allowed")
     /// The coordinator failed (500); never returned for bad input.
     public static let internalError = WireErrorCode("internal_error")
+
+    /// Every code this build's coordinator sends (the `ErrorBody` schema of `openapi.json` lists the same).
+    public static let allKnown: [WireErrorCode] = [
+        .malformedJSON, .malformedSafetensors, .invalidRequest, .invalidConfiguration, .unsupportedVersion, .unauthorized,
+        .forbidden, .sessionProcessMismatch, .unknownWorker, .unknownProcess, .unknownCheckpoint, .notFound,
+        .invalidRequestKey, .reportAlreadyReceived, .deadlinePassed, .processExists, .tensorMismatch, .shapeMismatch,
+        .dtypeMismatch, .nonFiniteValues, .frozenTensorChanged, .updateNormExceeded, .invalidSampleCount,
+        .payloadTooLarge, .rangeNotSatisfiable, .workerLimitReached, .rateLimited, .tooManyUploads, .methodNotAllowed, .internalError,
+    ]
 }
 
 /// The body of every 4xx/5xx response: `{"error":{"code":…,"message":…}}`.

@@ -273,7 +273,7 @@ public struct HostProcessRequest: Sendable, Hashable, Codable {
     /// How the coordinator runs cycles.
     public var serverConfig: ServerConfig
 
-    enum CodingKeys: String, CodingKey {
+    enum CodingKeys: String, CodingKey, CaseIterable {
         case name, version, model
         case initialWeights = "initial_weights"
         case clientConfig = "client_config"
@@ -291,6 +291,7 @@ public struct HostProcessRequest: Sendable, Hashable, Codable {
     }
 
     public init(from decoder: any Decoder) throws {
+        try decoder.refuseUnknownKeys(Set(CodingKeys.allCases.map(\.rawValue)), in: "the request")
         let c = try decoder.container(keyedBy: CodingKeys.self)
         name = try c.decode(String.self, forKey: .name)
         version = try c.decode(SemanticVersion.self, forKey: .version)

@@ -95,4 +95,12 @@ public enum WireCoding {
 
     /// A JSON decoder.
     public static func decoder() -> JSONDecoder { JSONDecoder() }
+
+    /// A JSON decoder that refuses unknown keys where a message supports it (``HostProcessRequest`` and the server
+    /// configuration; see ``CodingUserInfoKey/orchardRejectUnknownKeys``).
+    public static func strictDecoder() -> JSONDecoder {
+        let decoder = JSONDecoder()
+        decoder.userInfo[.orchardRejectUnknownKeys] = true
+        return decoder
+    }
 }

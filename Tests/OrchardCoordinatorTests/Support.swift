@@ -6,6 +6,8 @@ import FoundationNetworking
 import OrchardCoordinator
 import OrchardFormats
 import OrchardProtocol
+import OrchardTesting
+import Synchronization
 import Testing
 
 /// An HTTP response as the tests see it.
@@ -25,13 +27,34 @@ struct HTTPResult {
     }
 }
 
-/// A minimal loopback HTTP client over URLSession.
+/// The coordinator's OpenAPI document, parsed once: every exchange of ``HTTP`` is checked against it.
+enum Conformance {
+    static let document: OpenAPIConformance = {
+        do {
+            return try OpenAPIConformance(document: OpenAPI.document)
+        } catch {
+            preconditionFailure("openapi.json does not parse: \(error)")
+        }
+    }()
+}
+
+/// The exchanges an ``HTTP`` client made, in order.
+final class ExchangeLog: Sendable {
+    private let entries = Mutex<[HTTPExchange]>([])
+    func append(_ exchange: HTTPExchange) { entries.withLock { $0.append(exchange) } }
+    var exchanges: [HTTPExchange] { entries.withLock { $0 } }
+}
+
+/// A minimal loopback HTTP client over URLSession. Every exchange is checked against `openapi.json` (an issue is
+/// recorded for each problem, see ``OpenAPIConformance``) and appended to `log` when one is given.
 struct HTTP: Sendable {
     let base: URL
     let session: URLSession
+    let log: ExchangeLog?
 
-    init(base: URL) {
+    init(base: URL, log: ExchangeLog? = nil) {
         self.base = base
+        self.log = log
         let configuration = URLSessionConfiguration.ephemeral
         configuration.requestCachePolicy = .reloadIgnoringLocalCacheData
         configuration.urlCache = nil
@@ -42,13 +65,20 @@ struct HTTP: Sendable {
         var request = URLRequest(url: URL(string: base.absoluteString + path)!)
         request.httpMethod = method
         if let body { request.httpBody = Data(body) }
-        if let token { request.setValue("Bearer \(token)", forHTTPHeaderField: "Authorization") }
-        for (name, value) in headers { request.setValue(value, forHTTPHeaderField: name) }
+        var sent = headers
+        if let token { sent["Authorization"] = "Bearer \(token)" }
+        for (name, value) in sent { request.setValue(value, forHTTPHeaderField: name) }
         let (data, response) = try await session.data(for: request)
         let http = try #require(response as? HTTPURLResponse)
         var fields: [String: String] = [:]
         for (key, value) in http.allHeaderFields { fields["\(key)"] = "\(value)" }
-        return HTTPResult(status: http.statusCode, headers: fields, body: [UInt8](data))
+        let result = HTTPResult(status: http.statusCode, headers: fields, body: [UInt8](data))
+        let exchange = HTTPExchange(method: method, target: path, requestHeaders: sent, requestBody: body, status: result.status, responseHeaders: fields, responseBody: result.body)
+        log?.append(exchange)
+        for problem in Conformance.document.problems(with: exchange) {
+            Issue.record("openapi.json: \(problem)")
+        }
+        return result
     }
 
     func json(_ method: String, _ path: String, _ value: some Encodable, token: String? = nil) async throws -> HTTPResult {
@@ -110,6 +140,8 @@ final class Harness: @unchecked Sendable {
     private(set) var instance: CoordinatorInstance
     private(set) var server: RunningServer
     private(set) var http: HTTP
+    /// Every exchange of ``http``, across restarts.
+    let log = ExchangeLog()
 
     var databasePath: String { directory.appendingPathComponent("coordinator.sqlite").path }
     var coordinator: Coordinator { instance.coordinator }
@@ -120,7 +152,7 @@ final class Harness: @unchecked Sendable {
         self.configuration = configuration
         self.instance = instance
         self.server = server
-        self.http = HTTP(base: server.baseURL)
+        self.http = HTTP(base: server.baseURL, log: log)
     }
 
     static func start(configuration: CoordinatorConfiguration = CoordinatorConfiguration(adminToken: adminToken), seed: UInt64 = 1) async throws -> Harness {
@@ -141,7 +173,7 @@ final class Harness: @unchecked Sendable {
         instance.close()
         instance = try await CoordinatorInstance.open(database: databasePath, configuration: configuration, clock: clock, random: SplitMix64(seed: seed))
         server = try await instance.serve()
-        http = HTTP(base: server.baseURL)
+        http = HTTP(base: server.baseURL, log: log)
     }
 
     func stop() async {

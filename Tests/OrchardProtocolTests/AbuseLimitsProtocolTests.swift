@@ -29,9 +29,10 @@ struct AbuseLimitsProtocolTests {
         #expect((object["info"] as? [String: Any])?["version"] as? String == WireProtocol.version.description)
         let components = try #require(object["components"] as? [String: Any])
         let schemas = try #require(components["schemas"] as? [String: Any])
-        let error = try #require(((((schemas["ErrorBody"] as? [String: Any])?["properties"] as? [String: Any])?["error"] as? [String: Any])?["properties"] as? [String: Any])?["code"] as? [String: Any])
-        let codes = try #require(error["enum"] as? [String])
+        // The error body's code is the ErrorCode enum (by reference).
+        let codes = try #require((schemas["ErrorCode"] as? [String: Any])?["enum"] as? [String])
         #expect(codes.contains(WireErrorCode.rateLimited.rawValue) && codes.contains(WireErrorCode.workerLimitReached.rawValue))
+        #expect(codes.contains(WireErrorCode.tooManyUploads.rawValue))
         for schema in ["AuthenticateResponse", "ServerConfig"] {
             let properties = try #require((schemas[schema] as? [String: Any])?["properties"] as? [String: Any])
             #expect(properties["speed_test_download_bytes"] != nil && properties["speed_test_upload_bytes"] != nil, "\(schema)")

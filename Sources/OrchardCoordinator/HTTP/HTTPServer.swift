@@ -197,7 +197,8 @@ public enum CoordinatorServer {
     private static func decode<T: Decodable>(_ type: T.Type, _ request: Request, limit: Int) async throws -> T {
         let body = try await collect(request, limit: limit)
         do {
-            return try WireCoding.decoder().decode(T.self, from: Data(body))
+            // Strict: an admin request's unknown keys (a misspelt server_config field) are refused, not ignored.
+            return try WireCoding.strictDecoder().decode(T.self, from: Data(body))
         } catch {
             // A process whose model or configurations do not decode (an unknown key, an unknown enum value) is an
             // invalid configuration, not malformed JSON.
