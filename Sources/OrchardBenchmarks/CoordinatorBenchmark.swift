@@ -20,6 +20,17 @@ import OrchardProtocol
 /// The timed requests are prepared bytes written on raw NIO connections (``BenchConnection``), so as much of the
 /// machine as possible is left to the server. Peak RSS covers the server and the load generator together.
 public enum CoordinatorBenchmark {
+    /// What the check-in phase requests.
+    public enum CheckinTarget: String, Sendable, Hashable, CaseIterable, CustomStringConvertible {
+        /// `POST /v1/device/cycle-request` with the device's session: the real check-in.
+        case cycleRequest = "cycle-request"
+        /// `GET /health`: a route that does nothing, through the same HTTP server and load generator — the bound
+        /// the framework and the in-process load generator set on this machine.
+        case health
+
+        public var description: String { rawValue }
+    }
+
     /// What to run.
     public struct Configuration: Sendable, Hashable {
         /// Concurrent devices, each with its own connection; also the cycle's goal count.
@@ -37,11 +48,13 @@ public enum CoordinatorBenchmark {
         public var reportConcurrency: Int
         /// The coordinator's SQLite durability.
         public var durability: SQLiteStore.Durability
+        /// What the check-in phase requests.
+        public var checkinTarget: CheckinTarget
 
         /// Creates a configuration; the defaults are the README's measured setup.
         public init(
             devices: Int = 1000, parameters: Int = 100_000, checkins: Int = 50_000, rate: Double = 5000, rounds: Int = 1,
-            reportConcurrency: Int = 32, durability: SQLiteStore.Durability = .normal
+            reportConcurrency: Int = 32, durability: SQLiteStore.Durability = .normal, checkinTarget: CheckinTarget = .cycleRequest
         ) {
             self.devices = devices
             self.parameters = parameters
@@ -50,6 +63,7 @@ public enum CoordinatorBenchmark {
             self.rounds = rounds
             self.reportConcurrency = reportConcurrency
             self.durability = durability
+            self.checkinTarget = checkinTarget
         }
 
         /// Throws ``BenchmarkError/Code/invalidConfiguration`` naming the first field out of range.
@@ -74,6 +88,8 @@ public enum CoordinatorBenchmark {
         public var parameters: Int
         /// Cycle requests answered in the check-in phase.
         public var checkins: Int
+        /// What the check-in phase requested.
+        public var checkinTarget: CheckinTarget = .cycleRequest
         /// The offered check-in rate per second (0: closed loop).
         public var offeredRate: Double
         /// Check-ins answered per second over the check-in phase.
@@ -99,7 +115,7 @@ public enum CoordinatorBenchmark {
         public var peakRSSMiB: Double?
 
         private enum CodingKeys: String, CodingKey {
-            case benchmark, devices, parameters = "params", checkins, offeredRate = "offered_rate"
+            case benchmark, devices, parameters = "params", checkins, checkinTarget = "checkin_target", offeredRate = "offered_rate"
             case checkinsPerSecond = "checkins_per_second", checkinP50Milliseconds = "checkin_p50_ms"
             case checkinP99Milliseconds = "checkin_p99_ms", admissionP99Milliseconds = "admission_p99_ms", reports
             case reportBytes = "report_bytes", reportMegabytesPerSecond = "report_mb_per_second"
@@ -115,6 +131,7 @@ public enum CoordinatorBenchmark {
             try container.encode(devices, forKey: .devices)
             try container.encode(parameters, forKey: .parameters)
             try container.encode(checkins, forKey: .checkins)
+            try container.encode(checkinTarget.rawValue, forKey: .checkinTarget)
             try container.encode(hundredths(offeredRate), forKey: .offeredRate)
             try container.encode(hundredths(checkinsPerSecond), forKey: .checkinsPerSecond)
             try container.encode(hundredths(checkinP50Milliseconds), forKey: .checkinP50Milliseconds)
@@ -211,6 +228,10 @@ public enum CoordinatorBenchmark {
             let body = try WireCoding.encoder().encode(CycleRequest(workerID: session.workerID, processName: "bench", processVersion: SemanticVersion(1)))
             return (head: load.head(.POST, Endpoint.cycleRequest, session: session.sessionToken, contentType: MediaType.json), body: ByteBuffer(bytes: body))
         }
+        let timedRequests: [(head: HTTPRequestHead, body: ByteBuffer)] = switch configuration.checkinTarget {
+        case .cycleRequest: checkinRequests
+        case .health: sessions.map { _ in (head: load.head(.GET, Endpoint.health), body: ByteBuffer()) }
+        }
 
         // Check-in phase: `devices` concurrent loops, `checkins` cycle requests in total.
         let perDevice = configuration.checkins / devices
@@ -224,7 +245,7 @@ public enum CoordinatorBenchmark {
             for index in sessions.indices {
                 let count = perDevice + (index < remainder ? 1 : 0)
                 let connection = connections[index]
-                let request = checkinRequests[index]
+                let request = timedRequests[index]
                 // Open loop: device `index` sends its k-th request at (index + k × devices) / rate.
                 let schedule = rate > 0
                     ? (0..<count).map { k in scheduleStart + .nanoseconds(Int64(Double(index + k * devices) / rate * 1e9)) }
@@ -327,7 +348,7 @@ public enum CoordinatorBenchmark {
         }
         await closeAll(connections)
         return Result(
-            devices: devices, parameters: parameterCount, checkins: checkinLatencies.count, offeredRate: rate,
+            devices: devices, parameters: parameterCount, checkins: checkinLatencies.count, checkinTarget: configuration.checkinTarget, offeredRate: rate,
             checkinsPerSecond: checkinLatencies.isEmpty ? 0 : Double(checkinLatencies.count) / max(checkinSeconds, 1e-9),
             checkinP50Milliseconds: Percentile.nearestRank(0.5, of: checkinLatencies) ?? 0,
             checkinP99Milliseconds: Percentile.nearestRank(0.99, of: checkinLatencies) ?? 0,

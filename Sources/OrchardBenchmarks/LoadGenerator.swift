@@ -14,6 +14,13 @@ struct LoadGenerator: Sendable {
     var base: String { "http://127.0.0.1:\(port)" }
 
     /// A request head for a ``BenchConnection``.
+    /// A request head without credentials or body.
+    func head(_ method: HTTPMethod, _ path: String) -> HTTPRequestHead {
+        var head = HTTPRequestHead(version: .http1_1, method: method, uri: path)
+        head.headers.add(name: "Host", value: "127.0.0.1:\(port)")
+        return head
+    }
+
     func head(_ method: HTTPMethod, _ path: String, session: String, contentType: String) -> HTTPRequestHead {
         var head = HTTPRequestHead(version: .http1_1, method: method, uri: path)
         head.headers.add(name: "Host", value: "127.0.0.1:\(port)")

@@ -2,6 +2,7 @@
 public import ArgumentParser
 import Foundation
 public import Logging
+public import OrchardBenchmarks
 public import OrchardCoordinator
 public import OrchardCoreML
 public import OrchardData
@@ -29,6 +30,8 @@ extension SQLiteStore.Durability: CaseIterable, ExpressibleByArgument {
 }
 
 extension Logger.Level: @retroactive ExpressibleByArgument {}
+
+extension CoordinatorBenchmark.CheckinTarget: ExpressibleByArgument {}
 
 extension MatrixBackend: CaseIterable, ExpressibleByArgument {
     public static var allCases: [Self] { [.automatic, .avx2, .blas, .portable] }

@@ -40,11 +40,14 @@ struct BenchCoordinator: AsyncParsableCommand {
     @Option(help: "SQLite durability.")
     var durability: SQLiteStore.Durability = .normal
 
+    @Option(help: "What the check-in phase requests: cycle-request (the real check-in) or health (a no-op route: the bound the HTTP server and the load generator set).")
+    var checkinTarget: CoordinatorBenchmark.CheckinTarget = .cycleRequest
+
     /// The library configuration these options describe.
     var benchmarkConfiguration: CoordinatorBenchmark.Configuration {
         CoordinatorBenchmark.Configuration(
             devices: devices, parameters: params, checkins: checkins, rate: rate, rounds: rounds,
-            reportConcurrency: reportConcurrency, durability: durability
+            reportConcurrency: reportConcurrency, durability: durability, checkinTarget: checkinTarget
         )
     }
 

@@ -30,12 +30,24 @@ import Testing
         let line = try JSONLine.encode(result)
         let object = try #require(try JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any])
         #expect(Set(object.keys) == [
-            "benchmark", "devices", "params", "checkins", "offered_rate", "checkins_per_second", "checkin_p50_ms", "checkin_p99_ms",
+            "benchmark", "devices", "params", "checkins", "checkin_target", "offered_rate", "checkins_per_second", "checkin_p50_ms", "checkin_p99_ms",
             "admission_p99_ms", "reports", "report_bytes", "report_mb_per_second", "report_p50_ms", "report_p99_ms", "peak_rss_mib",
         ])
         #expect(object["benchmark"] as? String == "coordinator")
+        #expect(object["checkin_target"] as? String == "cycle-request")
         #expect((object["reports"] as? NSNumber)?.intValue == 6)
         #expect(!line.contains("\n"))
+    }
+
+    /// The bound the HTTP server and load generator set: the check-in phase requests `GET /health` instead.
+    @Test func theHealthTargetTimesTheNoOpRoute() async throws {
+        let result = try await CoordinatorBenchmark.run(
+            CoordinatorBenchmark.Configuration(devices: 2, parameters: 10, checkins: 8, rate: 0, rounds: 0, checkinTarget: .health)
+        )
+        #expect(result.checkins == 8)
+        #expect(result.checkinTarget == .health)
+        #expect(result.checkinP99Milliseconds > 0)
+        #expect(try JSONLine.encode(result).contains(#""checkin_target":"health""#))
     }
 
     @Test func anOpenLoopRunWithoutRoundsReportsNothing() async throws {
