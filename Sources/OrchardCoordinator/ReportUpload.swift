@@ -25,8 +25,7 @@ public final class ReportUpload {
     init(coordinator: Coordinator, session: DeviceSession) {
         self.coordinator = coordinator
         self.session = session
-        // A report's header names each tensor once; it can never need more than the message limit plus 64 bytes
-        // per tensor, and never the whole report limit.
+        // The announced header length is refused before any of the header is read if it exceeds either limit.
         stream = ReportStream(maximumHeaderBytes: min(Safetensors.maximumHeaderSize, coordinator.configuration.maximumReportBytes))
     }
 
