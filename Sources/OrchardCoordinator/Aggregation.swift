@@ -157,25 +157,20 @@ public struct RunningSum: Sendable, Hashable {
         #endif
     }
 
-    /// Adds `weight × diff` for a staged diff (read in blocks of 1 MiB, so memory stays O(block)).
+    /// Adds `weight × diff` for a staged diff: read whole first, so that a failed read leaves the sum untouched.
     public mutating func add(_ diff: any StagedDiff, weight: Double) throws(StoreError) {
-        let block = 1 << 18
-        let buffer = UnsafeMutableBufferPointer<Float>.allocate(capacity: max(1, min(block, sum.count)))
-        defer { buffer.deallocate() }
-        var start = 0
-        while start < sum.count {
-            let count = min(block, sum.count - start)
-            try diff.read(into: UnsafeMutableRawBufferPointer(rebasing: UnsafeMutableRawBufferPointer(buffer)[0..<(count * 4)]), at: start * 4)
-            #if _endian(big)
-            for i in 0..<count { buffer[i] = Float(bitPattern: UInt32(littleEndian: buffer[i].bitPattern)) }
-            #endif
-            sum.withUnsafeMutableBufferPointer { total in
-                for i in 0..<count { total[start + i] += weight * Double(buffer[i]) }
-            }
-            start += count
+        var values = [Float](repeating: 0, count: sum.count)
+        do {
+            try values.withUnsafeMutableBytes { raw in try diff.read(into: raw, at: 0) }
+        } catch let error as StoreError {
+            throw error
+        } catch {
+            throw StoreError(.io, "could not read the staged diff: \(error)")
         }
-        self.weight += weight
-        reports += 1
+        #if _endian(big)
+        for i in values.indices { values[i] = Float(bitPattern: UInt32(littleEndian: values[i].bitPattern)) }
+        #endif
+        values.withUnsafeBufferPointer { add($0, weight: weight) }
     }
 
     /// The stored form of the sum (little-endian Float64).

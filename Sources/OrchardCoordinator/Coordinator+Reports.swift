@@ -80,13 +80,16 @@ extension Coordinator {
         }
     }
 
-    /// Reloads a process from the store after its in-memory state could not be kept in step with it.
-    func reload(processID: String) async {
+    /// Reloads a process from the store after its in-memory state could not be kept in step with it; returns
+    /// whether it was reloaded.
+    func reload(processID: String) async -> Bool {
         do {
-            guard let process = try await store.processes().first(where: { $0.id == processID }) else { return }
+            guard let process = try await store.processes().first(where: { $0.id == processID }) else { return false }
             try await load(process)
+            return true
         } catch {
             logger.error("could not reload a process from the store", metadata: ["process": "\(processID)", "error": "\(error)"])
+            return false
         }
     }
 
@@ -109,9 +112,13 @@ extension Coordinator {
             // The report is committed in the store but could not be read back into the running sum: reload the
             // process from the store, which folds every committed diff again.
             logger.error("could not read a committed diff back", metadata: ["process": "\(ticket.processID)", "error": "\(error)"])
-            await reload(processID: ticket.processID)
-            let received = runtimes[ticket.processID]?.machine.reported ?? 0
-            return ReportResponse(cycle: ticket.cycle, reportsReceived: received, retryAfter: 0)
+            if await reload(processID: ticket.processID) {
+                let received = runtimes[ticket.processID]?.machine.reported ?? 0
+                return ReportResponse(cycle: ticket.cycle, reportsReceived: received, retryAfter: 0)
+            }
+            // The store could not be read either: count the report as received so the cycle can still close; the
+            // running sum lacks it, which is logged.
+            logger.error("the running sum lacks a committed report", metadata: ["process": "\(ticket.processID)", "worker": "\(workerID)"])
         }
         runtime.unfolded.append(workerID)
         let action = runtime.machine.commitReport(workerID: workerID)

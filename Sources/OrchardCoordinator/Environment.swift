@@ -25,6 +25,12 @@ public struct CoordinatorConfiguration: Sendable {
     public var maximumUploadsInFlight: Int
     /// Seconds a device refused for ``maximumUploadsInFlight`` is told to wait (`Retry-After`).
     public var uploadRetryAfter: Int
+    /// The largest safetensors header a report may announce (its tensors' names, shapes and offsets and the report
+    /// metadata: about 100 bytes a tensor); more is refused with `payload_too_large` before it is read.
+    public var maximumReportHeaderBytes: Int
+    /// Seconds a connection may send nothing before it is closed: an idle keep-alive connection, or an upload that
+    /// stalled mid-body (which is then abandoned, so it cannot hold its cycle open or its upload place); nil never.
+    public var connectionIdleTimeout: Double?
 
     /// Open-mode authentication by default: 30 calls at once per client address, then one every 2 seconds.
     public static let defaultOpenAuthenticationRate = RateLimit(burst: 30, perSecond: 0.5)
@@ -36,7 +42,8 @@ public struct CoordinatorConfiguration: Sendable {
         adminToken: String? = nil, maximumReportBytes: Int = 256 << 20, maximumAdminBodyBytes: Int = 1 << 30, maximumMessageBytes: Int = 64 << 10,
         foldInterval: Int = 32, sessionLifetime: Double = 86_400, openAuthenticationRate: RateLimit? = Self.defaultOpenAuthenticationRate,
         maximumOpenWorkers: Int? = Self.defaultMaximumOpenWorkers, speedTestInterval: Double = 30,
-        maximumUploadsInFlight: Int = 64, uploadRetryAfter: Int = 2
+        maximumUploadsInFlight: Int = 64, uploadRetryAfter: Int = 2, maximumReportHeaderBytes: Int = 1 << 20,
+        connectionIdleTimeout: Double? = 30
     ) {
         self.adminToken = adminToken
         self.maximumReportBytes = maximumReportBytes
@@ -49,6 +56,8 @@ public struct CoordinatorConfiguration: Sendable {
         self.speedTestInterval = speedTestInterval
         self.maximumUploadsInFlight = maximumUploadsInFlight
         self.uploadRetryAfter = uploadRetryAfter
+        self.maximumReportHeaderBytes = maximumReportHeaderBytes
+        self.connectionIdleTimeout = connectionIdleTimeout
     }
 
     /// Describes the first unusable setting among the abuse limits, or nil when they are usable.
@@ -60,6 +69,8 @@ public struct CoordinatorConfiguration: Sendable {
         }
         if maximumUploadsInFlight < 1 { return "maximumUploadsInFlight must be at least 1, not \(maximumUploadsInFlight)" }
         if !(1...3600).contains(uploadRetryAfter) { return "uploadRetryAfter must be in 1...3600 seconds, not \(uploadRetryAfter)" }
+        if maximumReportHeaderBytes < 64 { return "maximumReportHeaderBytes must be at least 64, not \(maximumReportHeaderBytes)" }
+        if let idle = connectionIdleTimeout, !(idle > 0) || !idle.isFinite { return "connectionIdleTimeout must be a positive number of seconds, not \(idle)" }
         return nil
     }
 }

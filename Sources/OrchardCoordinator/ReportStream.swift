@@ -42,29 +42,39 @@ struct ReportStream {
 
     /// Takes header bytes from the front of `chunk` (advancing it past them); returns the header once it is
     /// complete (and nil before), after which the rest of the body is tensor data.
-    mutating func gatherHeader(_ chunk: inout UnsafeRawBufferPointer) throws(FormatError) -> Safetensors.Header? {
+    mutating func gatherHeader(_ chunk: inout UnsafeRawBufferPointer) throws(CoordinatorError) -> Safetensors.Header? {
         precondition(header == nil, "the header is already complete")
-        if headerLength == nil {
-            let take = min(8 - prefix.count, chunk.count)
-            prefix.append(contentsOf: chunk.prefix(take))
-            chunk = UnsafeRawBufferPointer(rebasing: chunk.dropFirst(take))
-            guard prefix.count == 8 else { return nil }
-            let length = try Safetensors.headerLength(prefix)
-            guard length <= maximumHeaderBytes else {
-                throw FormatError(.invalidHeader, "safetensors header length \(length) exceeds \(maximumHeaderBytes) bytes")
+        do throws(FormatError) {
+            if headerLength == nil {
+                let take = min(8 - prefix.count, chunk.count)
+                prefix.append(contentsOf: chunk.prefix(take))
+                chunk = UnsafeRawBufferPointer(rebasing: chunk.dropFirst(take))
+                guard prefix.count == 8 else { return nil }
+                let length = try Safetensors.headerLength(prefix)
+                guard length <= maximumHeaderBytes else {
+                    throw FormatError(.invalidHeader, "the report's safetensors header announces \(length) bytes, which exceeds the limit of \(maximumHeaderBytes)")
+                }
+                // Nothing is reserved on the announced length's word: the buffer grows only as header bytes arrive.
+                headerLength = length
             }
-            headerLength = length
-            headerBytes.reserveCapacity(length)
+            let length = headerLength!
+            let take = min(length - headerBytes.count, chunk.count)
+            headerBytes.append(contentsOf: chunk.prefix(take))
+            chunk = UnsafeRawBufferPointer(rebasing: chunk.dropFirst(take))
+            guard headerBytes.count == length else { return nil }
+            let parsed = try Safetensors.header(headerBytes[...])
+            header = parsed
+            headerBytes = []
+            return parsed
+        } catch {
+            if error.code == .dtypeMismatch || error.code == .unsupportedDType {
+                throw CoordinatorError(.dtypeMismatch, error.message)
+            }
+            if error.code == .invalidHeader && error.message.contains("exceeds") {
+                throw CoordinatorError(.payloadTooLarge, error.message)
+            }
+            throw CoordinatorError(.malformedSafetensors, error.message)
         }
-        let length = headerLength!
-        let take = min(length - headerBytes.count, chunk.count)
-        headerBytes.append(contentsOf: chunk.prefix(take))
-        chunk = UnsafeRawBufferPointer(rebasing: chunk.dropFirst(take))
-        guard headerBytes.count == length else { return nil }
-        let parsed = try Safetensors.header(headerBytes[...])
-        header = parsed
-        headerBytes = []
-        return parsed
     }
 
     /// Places the header's tensors in `layout`: the same names, F32, the model's shapes.

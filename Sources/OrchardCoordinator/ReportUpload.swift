@@ -26,7 +26,8 @@ public final class ReportUpload {
         self.coordinator = coordinator
         self.session = session
         // The announced header length is refused before any of the header is read if it exceeds either limit.
-        stream = ReportStream(maximumHeaderBytes: min(Safetensors.maximumHeaderSize, coordinator.configuration.maximumReportBytes))
+        let limits = coordinator.configuration
+        stream = ReportStream(maximumHeaderBytes: min(Safetensors.maximumHeaderSize, limits.maximumReportBytes, limits.maximumReportHeaderBytes))
     }
 
     deinit {
@@ -141,14 +142,11 @@ public final class ReportUpload {
     private func take(_ chunk: UnsafeRawBufferPointer) throws(CoordinatorError) -> Int {
         if stream.header == nil {
             var rest = chunk
-            do throws(FormatError) {
+            do throws(CoordinatorError) {
                 guard try stream.gatherHeader(&rest) != nil else { return chunk.count }
             } catch {
                 coordinator.refused()
-                if error.code == .dtypeMismatch || error.code == .unsupportedDType {
-                    throw CoordinatorError(.dtypeMismatch, error.message)
-                }
-                throw CoordinatorError(.malformedSafetensors, error.message)
+                throw error
             }
             return chunk.count - rest.count
         }

@@ -105,6 +105,7 @@ public struct PrivacyAccountant: Sendable, Hashable, Codable {
     ///   a negative step count.
     public mutating func spend(samplingRate q: Double, noiseMultiplier z: Double, steps count: Int = 1) throws(PrivacyError) {
         try Self.check(samplingRate: q, noiseMultiplier: z, steps: count)
+        guard count > 0 else { return }
         for index in orders.indices {
             rdp[index] += Double(count) * RenyiDP.stepRDP(samplingRate: q, noiseMultiplier: z, order: orders[index])
         }
@@ -122,6 +123,7 @@ public struct PrivacyAccountant: Sendable, Hashable, Codable {
     public static func epsilon(samplingRate q: Double, noiseMultiplier z: Double, steps: Int, delta: Double, orders: [Int] = RenyiDP.defaultOrders) throws(PrivacyError) -> (epsilon: Double, order: Int) {
         try check(samplingRate: q, noiseMultiplier: z, steps: steps)
         try check(delta: delta)
+        if steps == 0 { return (0, orders.first ?? 0) }
         let rdp = orders.map { Double(steps) * RenyiDP.stepRDP(samplingRate: q, noiseMultiplier: z, order: $0) }
         return RenyiDP.epsilon(rdp: rdp, orders: orders, delta: delta)
     }
@@ -138,8 +140,10 @@ public struct PrivacyAccountant: Sendable, Hashable, Codable {
         func spent(_ z: Double) throws(PrivacyError) -> Double { try epsilon(samplingRate: q, noiseMultiplier: z, steps: steps, delta: delta, orders: orders).epsilon }
         var high = 1.0
         while try spent(high) > targetEpsilon {
-            high *= 2
-            if high > 1e4 { throw PrivacyError(.unreachableTarget, "no noise multiplier up to 10^4 keeps epsilon at or below \(targetEpsilon)") }
+            guard high < 1e4 else {
+                throw PrivacyError(.unreachableTarget, "no noise multiplier up to 10^4 keeps epsilon at or below \(targetEpsilon)")
+            }
+            high = min(high * 2, 1e4)
         }
         var low = 0.0
         while high - low > 1e-3 * high {

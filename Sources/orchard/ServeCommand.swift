@@ -57,6 +57,9 @@ struct Serve: AsyncParsableCommand {
     @Option(help: "Seconds a device turned away by --max-uploads-in-flight is told to wait (Retry-After).")
     var uploadRetryAfter = 2
 
+    @Option(help: "Seconds a connection may send nothing before it is closed (an idle keep-alive, or an upload stalled mid-body, which is abandoned).")
+    var connectionIdleTimeout = 30.0
+
     @Option(help: ArgumentHelp("The TLS certificate chain (PEM, leaf first); serves HTTPS. Needs --tls-key.", valueName: "pem"))
     var tlsCert: String?
 
@@ -83,6 +86,7 @@ struct Serve: AsyncParsableCommand {
         guard maxReportBytes > 0, foldInterval > 0 else { throw ValidationError("--max-report-bytes and --fold-interval must be positive") }
         guard maxUploadsInFlight > 0 else { throw ValidationError("--max-uploads-in-flight must be positive") }
         guard (1...3600).contains(uploadRetryAfter) else { throw ValidationError("--upload-retry-after must be in 1...3600 seconds") }
+        guard connectionIdleTimeout > 0, connectionIdleTimeout.isFinite else { throw ValidationError("--connection-idle-timeout must be a positive number of seconds") }
         switch (tlsCert, tlsKey) {
         case (nil, .some): throw ValidationError("--tls-key needs --tls-cert: give both to serve HTTPS, or neither for HTTP")
         case (.some, nil): throw ValidationError("--tls-cert needs --tls-key: give both to serve HTTPS, or neither for HTTP")
@@ -140,7 +144,7 @@ struct Serve: AsyncParsableCommand {
                 adminToken: token, maximumReportBytes: maxReportBytes, foldInterval: foldInterval,
                 openAuthenticationRate: openAuthPerSecond > 0 ? RateLimit(burst: openAuthBurst, perSecond: openAuthPerSecond) : nil,
                 maximumOpenWorkers: maxOpenWorkers > 0 ? maxOpenWorkers : nil, speedTestInterval: speedTestInterval,
-                maximumUploadsInFlight: maxUploadsInFlight, uploadRetryAfter: uploadRetryAfter
+                maximumUploadsInFlight: maxUploadsInFlight, uploadRetryAfter: uploadRetryAfter, connectionIdleTimeout: connectionIdleTimeout
             ),
             logger: Logger(label: "orchard.coordinator")
         )

@@ -20,13 +20,7 @@ import Testing
             try chunk.withUnsafeBytes { raw in
                 var rest = raw
                 if stream.header == nil {
-                    let header: Safetensors.Header?
-                    do {
-                        header = try stream.gatherHeader(&rest)
-                    } catch let error as FormatError {
-                        throw CoordinatorError(.malformedSafetensors, error.message)
-                    }
-                    guard let header else { return }
+                    guard let header = try stream.gatherHeader(&rest) else { return }
                     try stream.place(header, in: layout)
                 }
                 try stream.consume(rest) { bytes, offset throws(StoreError) in
@@ -106,7 +100,7 @@ import Testing
     @Test func aHeaderAboveTheLimitIsRefusedBeforeItArrives() {
         let bytes = body(Fixture.diff(0.2))
         // Only the 8-byte length is fed: the refusal comes from the announced length, not from reading it.
-        #expect(performing: { try stream(Array(bytes[0..<8]), chunk: 8, maximumHeaderBytes: 64) }, throws: { ($0 as? CoordinatorError)?.code == .malformedSafetensors })
+        #expect(performing: { try stream(Array(bytes[0..<8]), chunk: 8, maximumHeaderBytes: 64) }, throws: { ($0 as? CoordinatorError)?.code == .payloadTooLarge })
     }
 
     @Test func tensorsThatDoNotMatchTheModelAreRefused() throws {

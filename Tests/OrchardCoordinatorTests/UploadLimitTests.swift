@@ -68,6 +68,66 @@ import Testing
         #expect(resent.status == 200, "\(String(decoding: resent.body, as: UTF8.self))")
     }
 
+    /// A device that sends the header and part of the data, then nothing while keeping its connection open: after
+    /// the idle timeout the connection is closed and the upload abandoned, so it holds neither its place nor its
+    /// cycle (which then closes on the goal of the other reports).
+    @Test func aStalledUploadIsAbandonedAfterTheIdleTimeout() async throws {
+        let harness = try await Harness.start(configuration: CoordinatorConfiguration(adminToken: Harness.adminToken, connectionIdleTimeout: 0.3))
+        defer { Task { await harness.stop() } }
+        let hosted = try await harness.host(Fixture.host(goal: 2, overSelection: 1))
+        let stalled = try await harness.device()
+        let other = try await harness.device()
+        let stalledAssignment = try await harness.join(stalled)
+        let otherAssignment = try await harness.join(other)
+        let body = ReportEnvelope.encode(diff: Fixture.diff(0.3), metadata: ReportMetadata(workerID: stalled.workerID, requestKey: stalledAssignment.requestKey, sampleCount: 4))
+        let head = "POST \(Endpoint.report) HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer \(stalled.sessionToken)\r\n"
+            + "Content-Type: \(MediaType.safetensors)\r\nContent-Length: \(body.count)\r\n\r\n"
+        let port = try #require(harness.server.baseURL.port)
+        let fd = try connectLoopback(port: port)
+        defer { close(fd) }
+        try transmit(fd, Array(head.utf8) + body[0..<(body.count - 6)])
+        var waited = 0
+        while harness.coordinator.uploadsInFlight == 0 && waited < 500 {
+            try await Task.sleep(for: .milliseconds(10))
+            waited += 1
+        }
+        #expect(harness.coordinator.uploadsInFlight == 1, "the stalled upload was admitted")
+        // The server closes the stalled connection on its own schedule: wait (bounded) for the place to return.
+        waited = 0
+        while harness.coordinator.uploadsInFlight != 0 && waited < 1000 {
+            try await Task.sleep(for: .milliseconds(10))
+            waited += 1
+        }
+        #expect(harness.coordinator.uploadsInFlight == 0)
+        #expect(try await harness.report(other, otherAssignment, diff: Fixture.diff(0.1), samples: 2).status == 200)
+        // The stalled device may still report in full, which closes the cycle on its goal of two.
+        #expect(try await harness.report(stalled, stalledAssignment, diff: Fixture.diff(0.3), samples: 4).status == 200)
+        #expect(try await harness.status(hosted.processID).cyclesCompleted == 1)
+    }
+
+    func connectLoopback(port: Int) throws -> Int32 {
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        try #require(fd >= 0)
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_port = in_port_t(UInt16(port).bigEndian)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        let connected = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+        }
+        try #require(connected == 0)
+        return fd
+    }
+
+    func transmit(_ fd: Int32, _ bytes: [UInt8]) throws {
+        var sent = 0
+        while sent < bytes.count {
+            let count = bytes[sent...].withUnsafeBytes { Glibc.send(fd, $0.baseAddress, $0.count, 0) }
+            try #require(count > 0)
+            sent += count
+        }
+    }
+
     /// Writes `bytes` to a new loopback connection and closes it without reading an answer.
     func sendAndClose(port: Int, bytes: [UInt8]) throws {
         let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)

@@ -38,6 +38,11 @@ import Testing
         let once = try PrivacyAccountant.epsilon(samplingRate: 0.1, noiseMultiplier: 1.0, steps: 100, delta: 1e-5).epsilon
         #expect(abs(try accountant.epsilon(delta: 1e-5) - once) < 1e-9 * once)
         #expect(try PrivacyAccountant().epsilon(delta: 1e-5) == 0)
+        // Zero steps spend nothing, even without noise (no 0 × ∞ poisoning the sums).
+        var idle = PrivacyAccountant()
+        try idle.spend(samplingRate: 0.5, noiseMultiplier: 0, steps: 0)
+        #expect(try idle.epsilon(delta: 1e-5) == 0)
+        #expect(idle.rdp.allSatisfy { $0 == 0 })
     }
 
     @Test func moreNoiseOrFewerStepsSpendLess() throws {

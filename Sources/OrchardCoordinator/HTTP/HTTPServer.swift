@@ -1,6 +1,7 @@
 import Crypto
 import Foundation
 public import Hummingbird
+import HummingbirdCore
 import HummingbirdTLS
 import HTTPTypes
 public import Logging
@@ -164,10 +165,11 @@ public enum CoordinatorServer {
         services: [any Service] = [], logger: Logger = Logger(label: "orchard.http"),
         onServerRunning: @escaping @Sendable (Int) async -> Void = { _ in }
     ) throws -> some ApplicationProtocol {
-        Application(
+        let idle = coordinator.configuration.connectionIdleTimeout.map { TimeAmount.nanoseconds(Int64($0 * 1e9)) }
+        let http1 = HTTP1Channel.Configuration(additionalChannelHandlers: [ReceiveBufferLimit()], idleTimeout: idle)
+        return Application(
             router: router(coordinator: coordinator, registry: registry),
-            server: try tls.map { try .tls(.http1(additionalChannelHandlers: [ReceiveBufferLimit()]), tlsConfiguration: $0.configuration) }
-                ?? .http1(additionalChannelHandlers: [ReceiveBufferLimit()]),
+            server: try tls.map { try .tls(.http1(configuration: http1), tlsConfiguration: $0.configuration) } ?? .http1(configuration: http1),
             configuration: ApplicationConfiguration(address: .hostname(host, port: port), serverName: "orchard", backlog: 4096),
             services: services,
             onServerRunning: { channel in await onServerRunning(channel.localAddress?.port ?? port) },
