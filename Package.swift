@@ -206,7 +206,7 @@ let package = Package(
             swiftSettings: swiftSettings
         ),
         .testTarget(name: "OrchardSupportTests", dependencies: ["OrchardSupport"], swiftSettings: swiftSettings),
-        .testTarget(name: "OrchardPrivacyTests", dependencies: ["OrchardPrivacy"], swiftSettings: swiftSettings),
+        .testTarget(name: "OrchardPrivacyTests", dependencies: ["OrchardPrivacy", "OrchardSupport"], swiftSettings: swiftSettings),
         .testTarget(name: "OrchardFormatsTests", dependencies: ["OrchardFormats", "OrchardTesting", .product(name: "PropertyBased", package: "swift-property-based")], swiftSettings: swiftSettings),
         .testTarget(name: "OrchardMLTests", dependencies: ["OrchardML", "OrchardTesting"], swiftSettings: swiftSettings),
         .testTarget(name: "OrchardDataTests", dependencies: ["OrchardData", "OrchardExamples", "OrchardTesting"], swiftSettings: swiftSettings),
