@@ -72,7 +72,7 @@ import Testing
     /// the idle timeout the connection is closed and the upload abandoned, so it holds neither its place nor its
     /// cycle (which then closes on the goal of the other reports).
     @Test func aStalledUploadIsAbandonedAfterTheIdleTimeout() async throws {
-        let harness = try await Harness.start(configuration: CoordinatorConfiguration(adminToken: Harness.adminToken, connectionIdleTimeout: 0.3))
+        let harness = try await Harness.start(configuration: CoordinatorConfiguration(adminToken: Harness.adminToken, connectionIdleTimeout: 1))
         defer { Task { await harness.stop() } }
         let hosted = try await harness.host(Fixture.host(goal: 2, overSelection: 1))
         let stalled = try await harness.device()
