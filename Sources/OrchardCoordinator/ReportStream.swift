@@ -44,34 +44,37 @@ struct ReportStream {
     /// complete (and nil before), after which the rest of the body is tensor data.
     mutating func gatherHeader(_ chunk: inout UnsafeRawBufferPointer) throws(CoordinatorError) -> Safetensors.Header? {
         precondition(header == nil, "the header is already complete")
-        do throws(FormatError) {
-            if headerLength == nil {
-                let take = min(8 - prefix.count, chunk.count)
-                prefix.append(contentsOf: chunk.prefix(take))
-                chunk = UnsafeRawBufferPointer(rebasing: chunk.dropFirst(take))
-                guard prefix.count == 8 else { return nil }
-                let length = try Safetensors.headerLength(prefix)
-                guard length <= maximumHeaderBytes else {
-                    throw FormatError(.invalidHeader, "the report's safetensors header announces \(length) bytes, which exceeds the limit of \(maximumHeaderBytes)")
-                }
-                // Nothing is reserved on the announced length's word: the buffer grows only as header bytes arrive.
-                headerLength = length
-            }
-            let length = headerLength!
-            let take = min(length - headerBytes.count, chunk.count)
-            headerBytes.append(contentsOf: chunk.prefix(take))
+        if headerLength == nil {
+            let take = min(8 - prefix.count, chunk.count)
+            prefix.append(contentsOf: chunk.prefix(take))
             chunk = UnsafeRawBufferPointer(rebasing: chunk.dropFirst(take))
-            guard headerBytes.count == length else { return nil }
-            let parsed = try Safetensors.header(headerBytes[...])
-            header = parsed
-            headerBytes = []
-            return parsed
+            guard prefix.count == 8 else { return nil }
+            // A size refusal (413), decided on the announced length alone; nothing is reserved on its word: the
+            // buffer grows only as header bytes arrive.
+            let announced = try Self.formatted { () throws(FormatError) in try Safetensors.announcedHeaderLength(prefix) }
+            guard announced <= UInt64(maximumHeaderBytes) else {
+                throw CoordinatorError(.payloadTooLarge, "the report's safetensors header announces \(announced) bytes; the limit is \(maximumHeaderBytes)")
+            }
+            headerLength = Int(announced)
+        }
+        let length = headerLength!
+        let take = min(length - headerBytes.count, chunk.count)
+        headerBytes.append(contentsOf: chunk.prefix(take))
+        chunk = UnsafeRawBufferPointer(rebasing: chunk.dropFirst(take))
+        guard headerBytes.count == length else { return nil }
+        let parsed = try Self.formatted { () throws(FormatError) in try Safetensors.header(headerBytes[...]) }
+        header = parsed
+        headerBytes = []
+        return parsed
+    }
+
+    /// Runs a safetensors step, its format errors as the report's refusals.
+    private static func formatted<T>(_ body: () throws(FormatError) -> T) throws(CoordinatorError) -> T {
+        do throws(FormatError) {
+            return try body()
         } catch {
             if error.code == .dtypeMismatch || error.code == .unsupportedDType {
                 throw CoordinatorError(.dtypeMismatch, error.message)
-            }
-            if error.code == .invalidHeader && error.message.contains("exceeds") {
-                throw CoordinatorError(.payloadTooLarge, error.message)
             }
             throw CoordinatorError(.malformedSafetensors, error.message)
         }

@@ -52,11 +52,8 @@ public final class ReportUpload {
         guard received <= limit else {
             throw await fail(CoordinatorError(.payloadTooLarge, "body exceeds the limit of \(limit) bytes"))
         }
-        let result: Result<Int, CoordinatorError>? = bytes.withContiguousStorageIfAvailable { buffer in
-            Result { () throws(CoordinatorError) in try self.take(UnsafeRawBufferPointer(buffer)) }
-        }
         let consumed: Int
-        switch result ?? Array(bytes).withUnsafeBytes({ raw in Result { () throws(CoordinatorError) in try self.take(raw) } }) {
+        switch takeBytes(bytes) {
         case .success(let count): consumed = count
         case .failure(let error): throw await fail(error)
         }
@@ -65,13 +62,15 @@ public final class ReportUpload {
             try await admit()
         }
         guard consumed < bytes.count else { return }
-        let rest = bytes.dropFirst(consumed)
-        let data: Result<Int, CoordinatorError>? = rest.withContiguousStorageIfAvailable { buffer in
-            Result { () throws(CoordinatorError) in try self.take(UnsafeRawBufferPointer(buffer)) }
-        }
-        if case .failure(let error) = data ?? Array(rest).withUnsafeBytes({ raw in Result { () throws(CoordinatorError) in try self.take(raw) } }) {
+        if case .failure(let error) = takeBytes(bytes.dropFirst(consumed)) {
             throw await fail(error)
         }
+    }
+
+    /// ``take(_:)`` over any collection of bytes (copied only if not contiguous).
+    private func takeBytes(_ bytes: some Collection<UInt8>) -> Result<Int, CoordinatorError> {
+        bytes.withContiguousStorageIfAvailable { buffer in Result { () throws(CoordinatorError) in try take(UnsafeRawBufferPointer(buffer)) } }
+            ?? Array(bytes).withUnsafeBytes { raw in Result { () throws(CoordinatorError) in try take(raw) } }
     }
 
     /// Completes the report: every tensor's bytes arrived, the norm bound holds (or the diff is clipped to it),

@@ -178,15 +178,22 @@ public enum Safetensors {
     /// ``maximumHeaderSize``.
     /// - Parameter prefix: Exactly the first 8 bytes.
     public static func headerLength(_ prefix: some Collection<UInt8>) throws(FormatError) -> Int {
+        let headerLength = try announcedHeaderLength(prefix)
+        guard headerLength <= UInt64(maximumHeaderSize) else {
+            throw FormatError(.invalidHeader, "safetensors header length \(headerLength) exceeds \(maximumHeaderSize) bytes")
+        }
+        return Int(headerLength)
+    }
+
+    /// The header length a file's first 8 bytes announce (little-endian), unchecked.
+    /// - Parameter prefix: Exactly the first 8 bytes.
+    public static func announcedHeaderLength(_ prefix: some Collection<UInt8>) throws(FormatError) -> UInt64 {
         guard prefix.count == 8 else {
             throw FormatError(.truncated, "safetensors data is \(prefix.count) bytes; the 8-byte header length is missing")
         }
         var headerLength: UInt64 = 0
         for (i, byte) in prefix.enumerated() { headerLength |= UInt64(byte) << (8 * UInt64(i)) }
-        guard headerLength <= UInt64(maximumHeaderSize) else {
-            throw FormatError(.invalidHeader, "safetensors header length \(headerLength) exceeds \(maximumHeaderSize) bytes")
-        }
-        return Int(headerLength)
+        return headerLength
     }
 
     /// A header read before its tensor data has arrived (streaming): the index (byte ranges as indices into the
