@@ -114,16 +114,24 @@ let package = Package(
             ],
             swiftSettings: swiftSettings
         ),
+        // Privacy math without I/O: the RDP accountant, clipping, noise, and secure aggregation's stages (keys,
+        // AEAD and stream ciphers from swift-crypto; the protocol logic is ours).
+        .target(
+            name: "OrchardPrivacy",
+            dependencies: [
+                "OrchardSupport",
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "CryptoExtras", package: "swift-crypto"),
+            ],
+            swiftSettings: swiftSettings
+        ),
         // Wire types shared by device and server.
-        // Privacy math without I/O: the RDP accountant (and, with the privacy issues, clipping, noise and secure
-        // aggregation's stages).
-        .target(name: "OrchardPrivacy", dependencies: ["OrchardSupport"], swiftSettings: swiftSettings),
         .target(name: "OrchardProtocol", dependencies: ["OrchardSupport", "OrchardFormats"], resources: [.copy("openapi.json")], swiftSettings: swiftSettings),
         // The federated-learning server.
         .target(
             name: "OrchardCoordinator",
             dependencies: [
-                "OrchardSupport", "OrchardFormats", "OrchardProtocol",
+                "OrchardSupport", "OrchardFormats", "OrchardProtocol", "OrchardPrivacy",
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "HummingbirdTLS", package: "hummingbird"),
                 .product(name: "NIOCore", package: "swift-nio"),
@@ -142,7 +150,7 @@ let package = Package(
         .target(
             name: "OrchardClient",
             dependencies: [
-                "OrchardSupport", "OrchardFormats", "OrchardML", "OrchardProtocol", "OrchardScheduler",
+                "OrchardSupport", "OrchardFormats", "OrchardML", "OrchardProtocol", "OrchardScheduler", "OrchardPrivacy",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "Logging", package: "swift-log"),
@@ -163,7 +171,7 @@ let package = Package(
             name: "OrchardSimulation",
             dependencies: [
                 "OrchardSupport", "OrchardML", "OrchardData", "OrchardExamples", "OrchardScheduler", "OrchardProtocol",
-                "OrchardCoordinator", "OrchardClient", "OrchardInProcess",
+                "OrchardCoordinator", "OrchardClient", "OrchardInProcess", "OrchardPrivacy",
                 .product(name: "Logging", package: "swift-log"),
             ],
             swiftSettings: swiftSettings
@@ -206,7 +214,11 @@ let package = Package(
             swiftSettings: swiftSettings
         ),
         .testTarget(name: "OrchardSupportTests", dependencies: ["OrchardSupport"], swiftSettings: swiftSettings),
-        .testTarget(name: "OrchardPrivacyTests", dependencies: ["OrchardPrivacy", "OrchardSupport"], swiftSettings: swiftSettings),
+        .testTarget(
+            name: "OrchardPrivacyTests",
+            dependencies: ["OrchardPrivacy", "OrchardSupport", .product(name: "Crypto", package: "swift-crypto")],
+            swiftSettings: swiftSettings
+        ),
         .testTarget(name: "OrchardFormatsTests", dependencies: ["OrchardFormats", "OrchardTesting", .product(name: "PropertyBased", package: "swift-property-based")], swiftSettings: swiftSettings),
         .testTarget(name: "OrchardMLTests", dependencies: ["OrchardML", "OrchardTesting"], swiftSettings: swiftSettings),
         .testTarget(name: "OrchardDataTests", dependencies: ["OrchardData", "OrchardExamples", "OrchardTesting"], swiftSettings: swiftSettings),

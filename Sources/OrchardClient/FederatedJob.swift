@@ -241,7 +241,12 @@ public final class FederatedJob: Sendable {
                 reporter: { [weak self] step in self?.emit(.trained(step)) }
             )
             do {
-                return machine.trainingEnded(try await body(context))
+                var outcome = try await body(context)
+                if case .completed(let update) = outcome, let privacy = input.plan.localPrivacy {
+                    var generator = configuration.environment.noiseGenerator
+                    outcome = .completed(try LocalDifferentialPrivacy.apply(privacy, to: update, using: &generator))
+                }
+                return machine.trainingEnded(outcome)
             } catch let error as OrchardClientError {
                 return machine.trainingFailed(error)
             } catch is CancellationError {

@@ -114,16 +114,19 @@ public struct RunningSum: Sendable, Hashable {
     public private(set) var weight: Double
     /// Reports folded in.
     public private(set) var reports: Int
+    /// Reports folded in whose norm was within the privacy clipping bound (adaptive clipping counts them).
+    public private(set) var unclipped: Int
 
     /// An empty sum over `count` elements.
     public init(count: Int) {
         sum = [Double](repeating: 0, count: count)
         weight = 0
         reports = 0
+        unclipped = 0
     }
 
     /// Restores a sum from its stored bytes (little-endian Float64).
-    public init(bytes: [UInt8], weight: Double, reports: Int, count: Int) throws(CoordinatorError) {
+    public init(bytes: [UInt8], weight: Double, reports: Int, unclipped: Int = 0, count: Int) throws(CoordinatorError) {
         guard bytes.count == count * 8 else {
             throw .internalError("stored running sum has \(bytes.count) bytes; expected \(count * 8)")
         }
@@ -135,30 +138,32 @@ public struct RunningSum: Sendable, Hashable {
         self.sum = sum
         self.weight = weight
         self.reports = reports
+        self.unclipped = unclipped
     }
 
-    /// Adds `weight × diff`.
-    public mutating func add(_ diff: UnsafeBufferPointer<Float>, weight: Double) {
+    /// Adds `weight × diff`; `unclipped` counts it as within the privacy clipping bound.
+    public mutating func add(_ diff: UnsafeBufferPointer<Float>, weight: Double, unclipped: Bool = false) {
         precondition(diff.count == sum.count, "diff has \(diff.count) values; the sum has \(sum.count)")
         sum.withUnsafeMutableBufferPointer { total in
             for i in 0..<total.count { total[i] += weight * Double(diff[i]) }
         }
         self.weight += weight
         reports += 1
+        if unclipped { self.unclipped += 1 }
     }
 
     /// Adds `weight × diff` for a diff held as little-endian Float32 bytes.
-    public mutating func add(bytes: [UInt8], weight: Double) {
+    public mutating func add(bytes: [UInt8], weight: Double, unclipped: Bool = false) {
         #if _endian(little)
-        bytes.withUnsafeBytes { add($0.bindMemory(to: Float.self), weight: weight) }
+        bytes.withUnsafeBytes { add($0.bindMemory(to: Float.self), weight: weight, unclipped: unclipped) }
         #else
         let floats = bytes.withUnsafeBytes { raw in (0..<(raw.count / 4)).map { Float(bitPattern: UInt32(littleEndian: raw.loadUnaligned(fromByteOffset: $0 * 4, as: UInt32.self))) } }
-        floats.withUnsafeBufferPointer { add($0, weight: weight) }
+        floats.withUnsafeBufferPointer { add($0, weight: weight, unclipped: unclipped) }
         #endif
     }
 
     /// Adds `weight × diff` for a staged diff: read whole first, so that a failed read leaves the sum untouched.
-    public mutating func add(_ diff: any StagedDiff, weight: Double) throws(StoreError) {
+    public mutating func add(_ diff: any StagedDiff, weight: Double, unclipped: Bool = false) throws(StoreError) {
         var values = [Float](repeating: 0, count: sum.count)
         do {
             try values.withUnsafeMutableBytes { raw in try diff.read(into: raw, at: 0) }
@@ -170,7 +175,7 @@ public struct RunningSum: Sendable, Hashable {
         #if _endian(big)
         for i in values.indices { values[i] = Float(bitPattern: UInt32(littleEndian: values[i].bitPattern)) }
         #endif
-        values.withUnsafeBufferPointer { add($0, weight: weight) }
+        values.withUnsafeBufferPointer { add($0, weight: weight, unclipped: unclipped) }
     }
 
     /// The stored form of the sum (little-endian Float64).

@@ -1,6 +1,7 @@
 public import OrchardSupport
 import CoreMetrics
 import Foundation
+import OrchardPrivacy
 public import Logging
 import OrchardFormats
 public import OrchardProtocol
@@ -23,6 +24,23 @@ extension Coordinator {
         }
         if let failure = request.clientConfig.validationFailure() ?? request.serverConfig.validationFailure() {
             throw CoordinatorError(.invalidConfiguration, failure)
+        }
+        if let privacy = request.serverConfig.privacy {
+            // A budget that one release already exceeds would host a process that can never aggregate.
+            let mechanism = PrivacyMechanism(config: privacy, server: request.serverConfig)
+            let allowed: Bool
+            do throws(PrivacyError) {
+                allowed = try mechanism.allowsRelease(after: mechanism.initialLedger)
+            } catch {
+                throw CoordinatorError(.invalidConfiguration, "server_config.privacy: \(error.message)")
+            }
+            if !allowed {
+                let first = (try? mechanism.epsilon(releases: 1)) ?? .infinity
+                throw CoordinatorError(
+                    .invalidConfiguration,
+                    "server_config.privacy.target_epsilon \(privacy.targetEpsilon ?? 0) is below the ε of a single aggregate (\(first)); raise it or the noise_multiplier"
+                )
+            }
         }
         let archive: SafetensorsArchive
         do throws(FormatError) {
@@ -96,7 +114,13 @@ extension Coordinator {
             processID: processID, name: current.process.name, version: current.process.version,
             state: machine.phase == .completed ? "completed" : "running", latestCheckpoint: current.process.latestCheckpoint,
             checkpoints: numbers, cyclesCompleted: machine.completedCycles, cyclesAbandoned: machine.abandonedCycles,
-            currentCycle: cycle, clientConfig: current.process.clientConfig, serverConfig: server
+            currentCycle: cycle, clientConfig: current.process.clientConfig, serverConfig: server,
+            privacy: current.privacy.map { mechanism, ledger in
+                PrivacyStatus(
+                    epsilon: ledger.epsilon, delta: mechanism.config.delta, releases: ledger.releases, samplingRate: mechanism.samplingRate,
+                    noiseMultiplier: mechanism.accountedNoiseMultiplier, clippingNorm: ledger.clippingNorm, targetEpsilon: mechanism.config.targetEpsilon
+                )
+            }
         )
     }
 

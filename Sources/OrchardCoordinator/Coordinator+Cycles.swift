@@ -28,10 +28,31 @@ extension Coordinator {
         var newWeights: [UInt8]?
         var newOptimizer = runtime.optimizer
         var nonFinite = false
+        var newLedger: PrivacyLedger?
         if transition.aggregated {
             do {
                 var weights = try runtime.layout.flatten(try Safetensors.decode(runtime.checkpointBytes).tensors)
-                ServerOptimizer.step(weights: &weights, delta: runtime.sum.mean(), state: &newOptimizer, config: runtime.process.serverConfig.aggregator, layout: runtime.layout)
+                let delta: [Float]
+                var metadata = ["orchard.process": processID, "orchard.checkpoint": "\(transition.checkpoint)"]
+                if let privacy = runtime.privacy {
+                    // DP-FedAvg: noise on the sum of clipped reports, divided by goal_count; the ledger records the
+                    // release, and the process completes when one more would pass target_epsilon.
+                    let released = try privacy.mechanism.release(sum: runtime.sum.sum, unclipped: runtime.sum.unclipped, ledger: privacy.ledger, using: &random)
+                    delta = released.mean
+                    newLedger = released.ledger
+                    metadata["orchard.epsilon"] = "\(released.ledger.epsilon)"
+                    metadata["orchard.delta"] = "\(privacy.mechanism.config.delta)"
+                    if transition.nextCycle != nil, try !privacy.mechanism.allowsRelease(after: released.ledger) {
+                        transition.nextCycle = nil
+                        logger.notice("privacy budget reached: the process completes", metadata: [
+                            "process": "\(processID)", "epsilon": "\(released.ledger.epsilon)",
+                            "target_epsilon": "\(privacy.mechanism.config.targetEpsilon ?? .infinity)",
+                        ])
+                    }
+                } else {
+                    delta = runtime.sum.mean()
+                }
+                ServerOptimizer.step(weights: &weights, delta: delta, state: &newOptimizer, config: runtime.process.serverConfig.aggregator, layout: runtime.layout)
                 if let entry = runtime.layout.entries.first(where: { entry in weights[entry.offset..<(entry.offset + entry.count)].contains { !$0.isFinite } }) {
                     nonFinite = true
                     logger.error("aggregate is not finite; cycle abandoned, the previous checkpoint stays published", metadata: [
@@ -44,9 +65,7 @@ extension Coordinator {
                         "process": "\(processID)", "cycle": "\(transition.closedCycle)", "aggregator": "\(runtime.process.serverConfig.aggregator.kind)",
                     ])
                 } else {
-                    newWeights = Safetensors.encode(runtime.layout.records(weights), metadata: [
-                        "orchard.process": processID, "orchard.checkpoint": "\(transition.checkpoint)",
-                    ])
+                    newWeights = Safetensors.encode(runtime.layout.records(weights), metadata: metadata)
                 }
             } catch {
                 logger.error("aggregation failed", metadata: ["process": "\(processID)", "error": "\(error)"])
@@ -58,6 +77,7 @@ extension Coordinator {
             // Nothing non-finite is published: the cycle is abandoned and the next one opens from the same checkpoint.
             transition = runtime.machine.plan(.abandon(cycle: transition.closedCycle, reports: runtime.machine.reported), now: now)
             newOptimizer = runtime.optimizer
+            newLedger = nil
         }
         var closure = CycleClosure(
             processID: processID, closedCycle: transition.closedCycle, checkpoint: nil, optimizerState: nil,
@@ -67,6 +87,15 @@ extension Coordinator {
         if let newWeights {
             closure.checkpoint = (transition.checkpoint, newWeights)
             closure.optimizerState = newOptimizer.bytes
+            if let newLedger {
+                do {
+                    closure.privacyState = [UInt8](try WireCoding.encoder().encode(newLedger))
+                } catch {
+                    logger.error("could not encode the privacy ledger", metadata: ["process": "\(processID)", "error": "\(error)"])
+                    runtime.machine.transitionFailed()
+                    return
+                }
+            }
         }
         do {
             try await store.closeCycle(closure)
@@ -87,6 +116,10 @@ extension Coordinator {
         if let newWeights {
             current.checkpointBytes = newWeights
             current.optimizer = newOptimizer
+            if let newLedger, let mechanism = current.privacy?.mechanism {
+                current.privacy = (mechanism, newLedger)
+                metrics.recordPrivacy(process: current.process, ledger: newLedger)
+            }
             current.process.latestCheckpoint = transition.checkpoint
             current.process.cyclesCompleted += 1
             metrics.cyclesAggregated.increment()

@@ -246,7 +246,10 @@ extension Coordinator {
         guard planID == runtime.process.id else {
             throw CoordinatorError(.notFound, "plan '\(planID)' is not the one assigned (\(runtime.process.id))")
         }
-        return TrainingPlan(planID: planID, model: runtime.process.model, clientConfig: runtime.process.clientConfig)
+        let local = runtime.process.serverConfig.privacy.flatMap { privacy in
+            privacy.mode == .local ? privacy.clippingNorm.map { LocalPrivacy(clippingNorm: $0, noiseMultiplier: privacy.noiseMultiplier) } : nil
+        }
+        return TrainingPlan(planID: planID, model: runtime.process.model, clientConfig: runtime.process.clientConfig, localPrivacy: local)
     }
 }
 

@@ -50,6 +50,20 @@ extension Coordinator {
         let layout = try ModelLayout(weights: archive.tensors, model: process.model)
         let optimizer = try await store.optimizerState(processID: process.id).map { try ServerOptimizerState(bytes: $0) } ?? ServerOptimizerState()
         let config = CycleStateMachine.Configuration(process.serverConfig)
+        var privacy: (mechanism: PrivacyMechanism, ledger: PrivacyLedger)?
+        if let privacyConfig = process.serverConfig.privacy {
+            let mechanism = PrivacyMechanism(config: privacyConfig, server: process.serverConfig)
+            var ledger = mechanism.initialLedger
+            if let stored = try await store.privacyState(processID: process.id) {
+                do {
+                    ledger = try WireCoding.decoder().decode(PrivacyLedger.self, from: Data(stored))
+                } catch {
+                    throw StoreError(.corrupt, "process \(process.id) has an unreadable privacy ledger: \(error)")
+                }
+            }
+            privacy = (mechanism, ledger)
+        }
+        let dpWeight = privacy != nil
         var machine: CycleStateMachine
         var sum = RunningSum(count: layout.totalCount)
         var unfolded: [String] = []
@@ -63,7 +77,7 @@ extension Coordinator {
                 completedCycles: process.cyclesCompleted, abandonedCycles: process.cyclesAbandoned, assignments: assignments
             )
             if let stored = open.sum {
-                sum = try RunningSum(bytes: stored.bytes, weight: stored.weight, reports: stored.reports, count: layout.totalCount)
+                sum = try RunningSum(bytes: stored.bytes, weight: stored.weight, reports: stored.reports, unclipped: stored.unclipped, count: layout.totalCount)
             }
             let accumulator = RecoveryAccumulator(sum: sum)
             let count = layout.totalCount
@@ -71,7 +85,7 @@ extension Coordinator {
                 guard pending.diff.count == count * 4 else {
                     throw StoreError(.corrupt, "stored diff of worker \(pending.workerID) has \(pending.diff.count) bytes")
                 }
-                accumulator.add(pending.diff, weight: Double(pending.sampleCount), worker: pending.workerID)
+                accumulator.add(pending.diff, weight: dpWeight ? 1 : Double(pending.sampleCount), unclipped: pending.unclipped, worker: pending.workerID)
             }
             (sum, unfolded) = accumulator.result
             keys = Set(open.assignments.map(\.requestKey))
@@ -87,6 +101,7 @@ extension Coordinator {
             process: process, machine: machine, layout: layout, sum: sum, unfolded: unfolded, checkpointBytes: weights,
             optimizer: optimizer, authenticator: authenticator, currentKeys: keys, previousKeys: []
         )
+        runtimes[process.id]?.privacy = privacy
         if process.serverConfig.authentication.mode == .open {
             runtimes[process.id]?.openWorkers = try await store.workerCount(processID: process.id)
         }
@@ -122,9 +137,9 @@ final class RecoveryAccumulator: Sendable {
 
     init(sum: RunningSum) { state = Mutex((sum, [])) }
 
-    func add(_ diff: [UInt8], weight: Double, worker: String) {
+    func add(_ diff: [UInt8], weight: Double, unclipped: Bool, worker: String) {
         state.withLock { state in
-            state.sum.add(bytes: diff, weight: weight)
+            state.sum.add(bytes: diff, weight: weight, unclipped: unclipped)
             state.workers.append(worker)
         }
     }

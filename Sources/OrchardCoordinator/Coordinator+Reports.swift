@@ -75,7 +75,8 @@ extension Coordinator {
             let server = runtime.process.serverConfig
             return ReportTicket(
                 processID: processID, cycle: cycle, layout: runtime.layout, maximumSampleCount: server.maximumSampleCount,
-                updateNormBound: server.updateNormBound, updateNormPolicy: server.updateNormPolicy
+                updateNormBound: server.updateNormBound, updateNormPolicy: server.updateNormPolicy,
+                privacyClippingNorm: runtime.privacy.flatMap { $0.mechanism.serverClippingNorm($0.ledger) }
             )
         }
     }
@@ -100,14 +101,14 @@ extension Coordinator {
         if let action { await perform(action, processID: ticket.processID) }
     }
 
-    func commitReport(_ ticket: ReportTicket, workerID: String, sampleCount: Int, diff: any StagedDiff) async -> ReportResponse {
+    func commitReport(_ ticket: ReportTicket, workerID: String, sampleCount: Int, unclipped: Bool, diff: any StagedDiff) async -> ReportResponse {
         metrics.reportsAccepted.increment()
         guard let runtime = runtimes[ticket.processID], runtime.machine.cycle == ticket.cycle else {
             // The process was deleted while the report was committed; it was still acknowledged by the store.
             return ReportResponse(cycle: ticket.cycle, reportsReceived: 0, retryAfter: 0)
         }
         do throws(StoreError) {
-            try runtime.sum.add(diff, weight: Double(sampleCount))
+            try runtime.sum.add(diff, weight: runtime.foldWeight(sampleCount: sampleCount), unclipped: unclipped)
         } catch {
             // The report is committed in the store but could not be read back into the running sum: reload the
             // process from the store, which folds every committed diff again.
@@ -125,10 +126,10 @@ extension Coordinator {
         let received = runtime.machine.reported
         let retryAfter = max(0, runtime.machine.deadline.timeIntervalSince(clock.date)).rounded(.up)
         metrics.openCycleReported.record(received)
-        let fold: (sum: [UInt8], weight: Double, reports: Int, workers: [String])?
+        let fold: (sum: [UInt8], weight: Double, reports: Int, unclipped: Int, workers: [String])?
         if action == nil && !runtime.folding && runtime.unfolded.count >= configuration.foldInterval {
             runtime.folding = true
-            fold = (runtime.sum.bytes, runtime.sum.weight, runtime.sum.reports, runtime.unfolded)
+            fold = (runtime.sum.bytes, runtime.sum.weight, runtime.sum.reports, runtime.sum.unclipped, runtime.unfolded)
         } else {
             fold = nil
         }
@@ -139,7 +140,9 @@ extension Coordinator {
             closed = runtimes[ticket.processID].map { $0.machine.cycle != ticket.cycle } ?? true
         } else if let fold {
             do {
-                try await store.foldReports(processID: ticket.processID, cycle: ticket.cycle, sum: fold.sum, weight: fold.weight, reports: fold.reports, workers: fold.workers)
+                try await store.foldReports(
+                    processID: ticket.processID, cycle: ticket.cycle, sum: fold.sum, weight: fold.weight, reports: fold.reports, unclipped: fold.unclipped, workers: fold.workers
+                )
                 if let current = runtimes[ticket.processID], current.machine.cycle == ticket.cycle {
                     let folded = Set(fold.workers)
                     current.unfolded.removeAll { folded.contains($0) }

@@ -30,6 +30,12 @@ public actor Coordinator {
         var openWorkers = 0
         /// Whether a write of the running sum is in flight (one at a time, so they commit in order).
         var folding = false
+        /// Differential privacy, when the process asks for it: the mechanism and what has been spent.
+        var privacy: (mechanism: PrivacyMechanism, ledger: PrivacyLedger)?
+
+        /// What a report adds to the running sum's weight: its sample count, or 1 under privacy (equal weights keep
+        /// one device's influence within the clipping bound).
+        func foldWeight(sampleCount: Int) -> Double { privacy == nil ? Double(sampleCount) : 1 }
 
         init(
             process: StoredProcess, machine: CycleStateMachine, layout: ModelLayout, sum: RunningSum, unfolded: [String],
@@ -62,6 +68,8 @@ public actor Coordinator {
         var maximumSampleCount: Int
         var updateNormBound: Double?
         var updateNormPolicy: UpdateNormPolicy
+        /// The privacy clipping bound the report is clipped to (central differential privacy), if any.
+        var privacyClippingNorm: Double?
     }
 
     /// A model download.

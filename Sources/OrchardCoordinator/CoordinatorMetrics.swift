@@ -1,4 +1,5 @@
 public import CoreMetrics
+import OrchardProtocol
 
 /// The coordinator's metrics, created through an injected swift-metrics factory (Prometheus in `orchard serve`).
 public struct CoordinatorMetrics: Sendable {
@@ -19,9 +20,11 @@ public struct CoordinatorMetrics: Sendable {
     let openCycleReported: Gauge
     let authenticationsLimited: Counter
     let speedTestsLimited: Counter
+    let factory: any MetricsFactory
 
     /// Creates the metrics with `factory`.
     public init(factory: any MetricsFactory) {
+        self.factory = factory
         checkinsAccepted = Counter(label: "orchard_checkins_total", dimensions: [("result", "accepted")], factory: factory)
         checkinsRejected = Counter(label: "orchard_checkins_total", dimensions: [("result", "rejected")], factory: factory)
         reportsAccepted = Counter(label: "orchard_reports_total", dimensions: [("result", "accepted")], factory: factory)
@@ -39,6 +42,15 @@ public struct CoordinatorMetrics: Sendable {
         openCycleReported = Gauge(label: "orchard_open_cycle_reported", factory: factory)
         authenticationsLimited = Counter(label: "orchard_rate_limited_total", dimensions: [("endpoint", "authenticate")], factory: factory)
         speedTestsLimited = Counter(label: "orchard_rate_limited_total", dimensions: [("endpoint", "speed_test")], factory: factory)
+    }
+
+    /// Publishes a process's privacy spend: `orchard_privacy_epsilon`, `orchard_privacy_releases` and
+    /// `orchard_privacy_clipping_norm`, labelled with the process's name and version.
+    func recordPrivacy(process: StoredProcess, ledger: PrivacyLedger) {
+        let dimensions = [("process", process.name), ("version", process.version.description)]
+        Gauge(label: "orchard_privacy_epsilon", dimensions: dimensions, factory: factory).record(ledger.epsilon)
+        Gauge(label: "orchard_privacy_releases", dimensions: dimensions, factory: factory).record(ledger.releases)
+        Gauge(label: "orchard_privacy_clipping_norm", dimensions: dimensions, factory: factory).record(ledger.clippingNorm)
     }
 
     /// Metrics that go nowhere.

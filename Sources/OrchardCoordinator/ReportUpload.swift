@@ -87,6 +87,21 @@ public final class ReportUpload {
             throw await fail(.internalError("a complete report was never admitted"))
         }
         let metrics = coordinator.metrics
+        // Under central differential privacy every report is clipped to the cycle's bound; whether it was already
+        // within it is counted for adaptive clipping.
+        var unclipped = false
+        if let bound = ticket.privacyClippingNorm {
+            let norm = stream.sumOfSquares.squareRoot()
+            unclipped = norm <= bound
+            if !unclipped {
+                do throws(StoreError) {
+                    try Self.scale(staged, count: ticket.layout.totalCount, by: bound / norm)
+                } catch {
+                    throw await fail(.internalError("could not clip the diff: \(error.message)"))
+                }
+                metrics.reportsClipped.increment()
+            }
+        }
         if let bound = ticket.updateNormBound {
             let norm = stream.sumOfSquares.squareRoot()
             if norm > bound {
@@ -106,7 +121,7 @@ public final class ReportUpload {
         let metricsJSON = (try? WireCoding.encoder().encode(metadata.metrics)).map { String(decoding: $0, as: UTF8.self) } ?? "{}"
         let record = ReportRecord(
             processID: ticket.processID, cycle: ticket.cycle, workerID: metadata.workerID, requestKey: metadata.requestKey,
-            sampleCount: metadata.sampleCount, metricsJSON: metricsJSON
+            sampleCount: metadata.sampleCount, metricsJSON: metricsJSON, unclipped: unclipped
         )
         let started = ContinuousClock.now
         do {
@@ -126,7 +141,7 @@ public final class ReportUpload {
         metrics.reportBytes.increment(by: received)
         ended = true
         coordinator.endUpload()
-        return await coordinator.commitReport(ticket, workerID: metadata.workerID, sampleCount: metadata.sampleCount, diff: staged)
+        return await coordinator.commitReport(ticket, workerID: metadata.workerID, sampleCount: metadata.sampleCount, unclipped: unclipped, diff: staged)
     }
 
     /// Ends an upload whose body will not complete (the device went away, or a refusal from outside): its staged

@@ -103,6 +103,15 @@ public final class SQLiteStore: CoordinatorStore {
                 ALTER TABLE workers_scoped RENAME TO workers;
                 """)
         }
+        // Differential privacy: the ledger of released aggregates, and which reports were within the adaptive
+        // clipping bound (counted across a crash like the running sum).
+        migrator.registerMigration("v4-privacy") { db in
+            try db.execute(sql: """
+                ALTER TABLE processes ADD COLUMN privacy_state BLOB;
+                ALTER TABLE cycles ADD COLUMN sum_unclipped INTEGER NOT NULL DEFAULT 0;
+                ALTER TABLE assignments ADD COLUMN unclipped INTEGER NOT NULL DEFAULT 0;
+                """)
+        }
         return migrator
     }
 
@@ -187,9 +196,16 @@ public final class SQLiteStore: CoordinatorStore {
         return data.map { [UInt8]($0) }
     }
 
+    public func privacyState(processID: String) async throws -> [UInt8]? {
+        let data = try await pool.read { db in
+            try Data.fetchOne(db, sql: "SELECT privacy_state FROM processes WHERE id = ?", arguments: [processID])
+        }
+        return data.map { [UInt8]($0) }
+    }
+
     public func openCycle(processID: String) async throws -> RecoveredCycle? {
         try await pool.read { db in
-            guard let row = try Row.fetchOne(db, sql: "SELECT number, checkpoint, opened_at, sum, sum_weight, sum_reports FROM cycles WHERE process_id = ? AND status = 'open'", arguments: [processID]) else {
+            guard let row = try Row.fetchOne(db, sql: "SELECT number, checkpoint, opened_at, sum, sum_weight, sum_reports, sum_unclipped FROM cycles WHERE process_id = ? AND status = 'open'", arguments: [processID]) else {
                 return nil
             }
             let number: Int = row["number"]
@@ -198,7 +214,7 @@ public final class SQLiteStore: CoordinatorStore {
                 StoredAssignment(workerID: $0["worker_id"], requestKey: $0["request_key"], reported: $0["reported"])
             }
             let sumData: Data? = row["sum"]
-            let sum = sumData.map { (bytes: [UInt8]($0), weight: row["sum_weight"] as Double, reports: row["sum_reports"] as Int) }
+            let sum = sumData.map { (bytes: [UInt8]($0), weight: row["sum_weight"] as Double, reports: row["sum_reports"] as Int, unclipped: row["sum_unclipped"] as Int) }
             return RecoveredCycle(cycle: cycle, assignments: assignments, sum: sum)
         }
     }
@@ -207,7 +223,7 @@ public final class SQLiteStore: CoordinatorStore {
         let spool = self.spool
         try await pool.read { db in
             let cursor = try Row.fetchCursor(db, sql: """
-                SELECT worker_id, sample_count, diff, diff_file FROM assignments
+                SELECT worker_id, sample_count, unclipped, diff, diff_file FROM assignments
                 WHERE process_id = ? AND cycle = ? AND reported = 1 AND (diff IS NOT NULL OR diff_file IS NOT NULL)
                 """, arguments: [processID, cycle])
             while let row = try cursor.next() {
@@ -218,7 +234,7 @@ public final class SQLiteStore: CoordinatorStore {
                     let diff: Data = row["diff"]
                     bytes = [UInt8](diff)
                 }
-                try body(PendingDiff(workerID: row["worker_id"], sampleCount: row["sample_count"], diff: bytes))
+                try body(PendingDiff(workerID: row["worker_id"], sampleCount: row["sample_count"], unclipped: row["unclipped"], diff: bytes))
             }
         }
     }
@@ -309,10 +325,10 @@ public final class SQLiteStore: CoordinatorStore {
                         guard open else { throw StoreError(.cycleClosed, "cycle \(report.cycle) is not open") }
                         try db.execute(
                             sql: """
-                                UPDATE assignments SET reported = 1, sample_count = ?, metrics = ?, diff_file = ?
+                                UPDATE assignments SET reported = 1, sample_count = ?, metrics = ?, diff_file = ?, unclipped = ?
                                 WHERE process_id = ? AND cycle = ? AND worker_id = ? AND request_key = ? AND reported = 0
                                 """,
-                            arguments: [report.sampleCount, report.metricsJSON, file, report.processID, report.cycle, report.workerID, report.requestKey]
+                            arguments: [report.sampleCount, report.metricsJSON, file, report.unclipped, report.processID, report.cycle, report.workerID, report.requestKey]
                         )
                         guard db.changesCount == 1 else {
                             throw StoreError(.duplicate, "no unreported assignment for this worker and request key in cycle \(report.cycle)")
@@ -323,11 +339,11 @@ public final class SQLiteStore: CoordinatorStore {
         }
     }
 
-    public func foldReports(processID: String, cycle: Int, sum: [UInt8], weight: Double, reports: Int, workers: [String]) async throws {
+    public func foldReports(processID: String, cycle: Int, sum: [UInt8], weight: Double, reports: Int, unclipped: Int, workers: [String]) async throws {
         let files = try await pool.write { db in
             try db.execute(
-                sql: "UPDATE cycles SET sum = ?, sum_weight = ?, sum_reports = ? WHERE process_id = ? AND number = ? AND status = 'open'",
-                arguments: [Data(sum), weight, reports, processID, cycle]
+                sql: "UPDATE cycles SET sum = ?, sum_weight = ?, sum_reports = ?, sum_unclipped = ? WHERE process_id = ? AND number = ? AND status = 'open'",
+                arguments: [Data(sum), weight, reports, unclipped, processID, cycle]
             )
             guard db.changesCount == 1 else { throw StoreError(.cycleClosed, "cycle \(cycle) is not open") }
             var files: [String] = []
@@ -358,8 +374,8 @@ public final class SQLiteStore: CoordinatorStore {
                     arguments: [closure.processID, checkpoint.number - max(1, closure.retention)]
                 )
                 try db.execute(
-                    sql: "UPDATE processes SET latest_checkpoint = ?, cycles_completed = cycles_completed + 1, optimizer_state = ? WHERE id = ?",
-                    arguments: [checkpoint.number, closure.optimizerState.map { Data($0) }, closure.processID]
+                    sql: "UPDATE processes SET latest_checkpoint = ?, cycles_completed = cycles_completed + 1, optimizer_state = ?, privacy_state = ? WHERE id = ?",
+                    arguments: [checkpoint.number, closure.optimizerState.map { Data($0) }, closure.privacyState.map { Data($0) }, closure.processID]
                 )
             } else {
                 try db.execute(sql: "UPDATE processes SET cycles_abandoned = cycles_abandoned + 1 WHERE id = ?", arguments: [closure.processID])

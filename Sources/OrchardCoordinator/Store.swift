@@ -119,8 +119,18 @@ public struct PendingDiff: Sendable {
     public var workerID: String
     /// Its sample count.
     public var sampleCount: Int
+    /// Whether its norm was within the privacy clipping bound (adaptive clipping counts these).
+    public var unclipped: Bool
     /// The flat diff as little-endian Float32 bytes.
     public var diff: [UInt8]
+
+    /// Creates a record.
+    public init(workerID: String, sampleCount: Int, unclipped: Bool = false, diff: [UInt8]) {
+        self.workerID = workerID
+        self.sampleCount = sampleCount
+        self.unclipped = unclipped
+        self.diff = diff
+    }
 }
 
 /// An open cycle, read back after a restart.
@@ -129,8 +139,9 @@ public struct RecoveredCycle: Sendable {
     public var cycle: StoredCycle
     /// Its assignments.
     public var assignments: [StoredAssignment]
-    /// The stored running sum (little-endian Float64), its weight and report count; nil when nothing was folded.
-    public var sum: (bytes: [UInt8], weight: Double, reports: Int)?
+    /// The stored running sum (little-endian Float64), its weight, report count and count of reports within the
+    /// privacy clipping bound; nil when nothing was folded.
+    public var sum: (bytes: [UInt8], weight: Double, reports: Int, unclipped: Int)?
 }
 
 /// An accepted report to persist.
@@ -147,15 +158,18 @@ public struct ReportRecord: Sendable {
     public var sampleCount: Int
     /// The device's metrics as JSON.
     public var metricsJSON: String
+    /// Whether the diff's norm was within the privacy clipping bound (adaptive clipping counts these).
+    public var unclipped: Bool
 
     /// Creates a record.
-    public init(processID: String, cycle: Int, workerID: String, requestKey: String, sampleCount: Int, metricsJSON: String) {
+    public init(processID: String, cycle: Int, workerID: String, requestKey: String, sampleCount: Int, metricsJSON: String, unclipped: Bool = false) {
         self.processID = processID
         self.cycle = cycle
         self.workerID = workerID
         self.requestKey = requestKey
         self.sampleCount = sampleCount
         self.metricsJSON = metricsJSON
+        self.unclipped = unclipped
     }
 }
 
@@ -181,17 +195,23 @@ public struct CycleClosure: Sendable {
     public var checkpoint: (number: Int, weights: [UInt8])?
     /// The server optimizer's state after the step, when aggregated.
     public var optimizerState: [UInt8]?
+    /// The privacy ledger after the step (JSON), when aggregated under differential privacy.
+    public var privacyState: [UInt8]?
     /// The next cycle to open, or nil when the process completes.
     public var nextCycle: StoredCycle?
     /// Checkpoints to keep.
     public var retention: Int
 
     /// Creates a closure.
-    public init(processID: String, closedCycle: Int, checkpoint: (number: Int, weights: [UInt8])?, optimizerState: [UInt8]?, nextCycle: StoredCycle?, retention: Int) {
+    public init(
+        processID: String, closedCycle: Int, checkpoint: (number: Int, weights: [UInt8])?, optimizerState: [UInt8]?, privacyState: [UInt8]? = nil,
+        nextCycle: StoredCycle?, retention: Int
+    ) {
         self.processID = processID
         self.closedCycle = closedCycle
         self.checkpoint = checkpoint
         self.optimizerState = optimizerState
+        self.privacyState = privacyState
         self.nextCycle = nextCycle
         self.retention = retention
     }
@@ -214,6 +234,8 @@ public protocol CoordinatorStore: Sendable {
     func checkpointNumbers(processID: String) async throws -> [Int]
     /// The server optimizer's stored state, if any.
     func optimizerState(processID: String) async throws -> [UInt8]?
+    /// The stored privacy ledger (JSON) of the latest aggregated cycle, if any.
+    func privacyState(processID: String) async throws -> [UInt8]?
     /// The open cycle of a process with its assignments and stored running sum.
     func openCycle(processID: String) async throws -> RecoveredCycle?
     /// Calls `body` for every committed report of a cycle whose diff is not folded into the stored sum.
@@ -238,13 +260,19 @@ public protocol CoordinatorStore: Sendable {
     /// if one was already recorded for the key and ``StoreError/Code/cycleClosed`` if the cycle is not open. On
     /// failure the staged diff is discarded.
     func recordReport(_ report: ReportRecord, diff: any StagedDiff) async throws
-    /// Stores the running sum and forgets the diffs of `workers` that it now includes.
-    func foldReports(processID: String, cycle: Int, sum: [UInt8], weight: Double, reports: Int, workers: [String]) async throws
+    /// Stores the running sum (with its count of reports within the privacy clipping bound) and forgets the diffs
+    /// of `workers` that it now includes.
+    func foldReports(processID: String, cycle: Int, sum: [UInt8], weight: Double, reports: Int, unclipped: Int, workers: [String]) async throws
     /// Closes a cycle (aggregated or abandoned) and opens the next, in one transaction.
     func closeCycle(_ closure: CycleClosure) async throws
 }
 
 extension CoordinatorStore {
+    /// ``foldReports(processID:cycle:sum:weight:reports:unclipped:workers:)`` for a process without adaptive clipping.
+    public func foldReports(processID: String, cycle: Int, sum: [UInt8], weight: Double, reports: Int, workers: [String]) async throws {
+        try await foldReports(processID: processID, cycle: cycle, sum: sum, weight: weight, reports: reports, unclipped: 0, workers: workers)
+    }
+
     /// Records a report whose whole flat diff (little-endian Float32 bytes) is in memory: stages it, then
     /// ``recordReport(_:diff:)``.
     public func recordReport(_ report: ReportRecord, bytes: [UInt8]) async throws {

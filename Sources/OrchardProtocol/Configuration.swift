@@ -290,9 +290,11 @@ public struct ServerConfig: Sendable, Hashable, Codable {
     public var updateNormBound: Double?
     /// What happens to a report over ``updateNormBound``: clipped to it (default) or refused.
     public var updateNormPolicy: UpdateNormPolicy
+    /// Differential privacy (clipping, noise, accounting), if set.
+    public var privacy: PrivacyConfig?
 
     enum CodingKeys: String, CodingKey, CaseIterable {
-        case cycles, authentication, aggregator
+        case cycles, authentication, aggregator, privacy
         case updateNormBound = "update_norm_bound"
         case updateNormPolicy = "update_norm_policy"
         case cycleLength = "cycle_length"
@@ -315,7 +317,7 @@ public struct ServerConfig: Sendable, Hashable, Codable {
         minimumUploadMbps: Double? = nil, speedTestDownloadBytes: Int = SpeedTest.defaultBytes, speedTestUploadBytes: Int = SpeedTest.defaultBytes,
         maximumSampleCount: Int = 1_000_000, checkpointRetention: Int = 5,
         authentication: AuthenticationConfig = .open, aggregator: AggregatorConfig = AggregatorConfig(),
-        updateNormBound: Double? = nil, updateNormPolicy: UpdateNormPolicy = .clip
+        updateNormBound: Double? = nil, updateNormPolicy: UpdateNormPolicy = .clip, privacy: PrivacyConfig? = nil
     ) {
         self.cycleLength = cycleLength
         self.cycles = cycles
@@ -333,6 +335,7 @@ public struct ServerConfig: Sendable, Hashable, Codable {
         self.aggregator = aggregator
         self.updateNormBound = updateNormBound
         self.updateNormPolicy = updateNormPolicy
+        self.privacy = privacy
     }
 
     public init(from decoder: any Decoder) throws {
@@ -355,6 +358,7 @@ public struct ServerConfig: Sendable, Hashable, Codable {
         aggregator = try c.decodeIfPresent(AggregatorConfig.self, forKey: .aggregator) ?? d.aggregator
         updateNormBound = try c.decodeIfPresent(Double.self, forKey: .updateNormBound)
         updateNormPolicy = try c.decodeIfPresent(UpdateNormPolicy.self, forKey: .updateNormPolicy) ?? d.updateNormPolicy
+        privacy = try c.decodeIfPresent(PrivacyConfig.self, forKey: .privacy)
     }
 
     /// Devices admitted per cycle: ⌈goal × over-selection⌉.
@@ -389,6 +393,12 @@ public struct ServerConfig: Sendable, Hashable, Codable {
         if checkpointRetention < 1 { return "server_config.checkpoint_retention must be at least 1" }
         if let bound = updateNormBound, !(bound > 0) || !bound.isFinite {
             return "server_config.update_norm_bound must be a positive finite number when set, not \(bound)"
+        }
+        if let privacy {
+            if let failure = privacy.validationFailure(goalCount: goalCount) { return failure }
+            if updateNormBound != nil {
+                return "server_config.update_norm_bound and server_config.privacy cannot both be set: privacy clips every report to its own bound"
+            }
         }
         switch authentication.mode {
         case .hs256 where (authentication.secret ?? "").utf8.count < 32:

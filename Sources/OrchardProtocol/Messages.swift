@@ -199,18 +199,49 @@ public struct TrainingPlan: Sendable, Hashable, Codable {
     public var model: ModelSpec
     /// How to train, as the process sets it (fields left out defer to the architecture's `training` section).
     public var clientConfig: ClientConfig
+    /// Local differential privacy the device applies to its update before it leaves, if the process asks for it.
+    public var localPrivacy: LocalPrivacy?
 
     enum CodingKeys: String, CodingKey {
         case planID = "plan_id"
         case model
         case clientConfig = "client_config"
+        case localPrivacy = "local_privacy"
     }
 
     /// Creates a plan.
-    public init(planID: String, model: ModelSpec, clientConfig: ClientConfig) {
+    public init(planID: String, model: ModelSpec, clientConfig: ClientConfig, localPrivacy: LocalPrivacy? = nil) {
         self.planID = planID
         self.model = model
         self.clientConfig = clientConfig
+        self.localPrivacy = localPrivacy
+    }
+}
+
+/// What a device does to its update under local differential privacy: clip it to an L2 bound C, then add
+/// N(0, (z·C)²) to every value, before it is sent.
+public struct LocalPrivacy: Sendable, Hashable, Codable {
+    /// C, the L2 bound the update is clipped to.
+    public var clippingNorm: Double
+    /// z, the noise's standard deviation as a multiple of C.
+    public var noiseMultiplier: Double
+
+    enum CodingKeys: String, CodingKey {
+        case clippingNorm = "clipping_norm"
+        case noiseMultiplier = "noise_multiplier"
+    }
+
+    /// Creates local privacy settings.
+    public init(clippingNorm: Double, noiseMultiplier: Double) {
+        self.clippingNorm = clippingNorm
+        self.noiseMultiplier = noiseMultiplier
+    }
+
+    /// Describes the first unusable field (a plan from a coordinator is checked before the device trusts it).
+    public func validationFailure() -> String? {
+        if !(clippingNorm > 0 && clippingNorm.isFinite) { return "local_privacy.clipping_norm must be a positive finite number, not \(clippingNorm)" }
+        if !(noiseMultiplier >= 0 && noiseMultiplier.isFinite) { return "local_privacy.noise_multiplier must be a finite number >= 0, not \(noiseMultiplier)" }
+        return nil
     }
 }
 
@@ -353,6 +384,43 @@ public struct CycleStatus: Sendable, Hashable, Codable {
     }
 }
 
+/// A process's privacy spend, in its status.
+public struct PrivacyStatus: Sendable, Hashable, Codable {
+    /// ε spent by the aggregates released so far, at ``delta``.
+    public var epsilon: Double
+    /// δ of the guarantee.
+    public var delta: Double
+    /// Aggregates released under privacy.
+    public var releases: Int
+    /// The sampling rate the accountant assumes (goal_count / population).
+    public var samplingRate: Double
+    /// The noise multiplier the accountant charges per release.
+    public var noiseMultiplier: Double
+    /// The clipping bound of the open cycle.
+    public var clippingNorm: Double
+    /// The budget, if set.
+    public var targetEpsilon: Double?
+
+    enum CodingKeys: String, CodingKey {
+        case epsilon, delta, releases
+        case samplingRate = "sampling_rate"
+        case noiseMultiplier = "noise_multiplier"
+        case clippingNorm = "clipping_norm"
+        case targetEpsilon = "target_epsilon"
+    }
+
+    /// Creates a privacy status.
+    public init(epsilon: Double, delta: Double, releases: Int, samplingRate: Double, noiseMultiplier: Double, clippingNorm: Double, targetEpsilon: Double?) {
+        self.epsilon = epsilon
+        self.delta = delta
+        self.releases = releases
+        self.samplingRate = samplingRate
+        self.noiseMultiplier = noiseMultiplier
+        self.clippingNorm = clippingNorm
+        self.targetEpsilon = targetEpsilon
+    }
+}
+
 /// Admin view of a process.
 public struct ProcessStatus: Sendable, Hashable, Codable {
     /// The process's id.
@@ -377,10 +445,12 @@ public struct ProcessStatus: Sendable, Hashable, Codable {
     public var clientConfig: ClientConfig
     /// The server configuration (secrets removed).
     public var serverConfig: ServerConfig
+    /// What differential privacy has spent, when the process uses it.
+    public var privacy: PrivacyStatus?
 
     enum CodingKeys: String, CodingKey {
         case processID = "process_id"
-        case name, version, state, checkpoints
+        case name, version, state, checkpoints, privacy
         case latestCheckpoint = "latest_checkpoint"
         case cyclesCompleted = "cycles_completed"
         case cyclesAbandoned = "cycles_abandoned"
@@ -390,7 +460,8 @@ public struct ProcessStatus: Sendable, Hashable, Codable {
     }
 
     /// Creates a status.
-    public init(processID: String, name: String, version: SemanticVersion, state: String, latestCheckpoint: Int, checkpoints: [Int], cyclesCompleted: Int, cyclesAbandoned: Int, currentCycle: CycleStatus?, clientConfig: ClientConfig, serverConfig: ServerConfig) {
+    public init(processID: String, name: String, version: SemanticVersion, state: String, latestCheckpoint: Int, checkpoints: [Int], cyclesCompleted: Int, cyclesAbandoned: Int, currentCycle: CycleStatus?, clientConfig: ClientConfig, serverConfig: ServerConfig, privacy: PrivacyStatus? = nil) {
+        self.privacy = privacy
         self.processID = processID
         self.name = name
         self.version = version

@@ -160,7 +160,7 @@ public struct FleetSimulation: Sendable {
                 resumed: deviceRecords.reduce(0) { $0 + $1.resumptions.count { $0 <= end.time } },
                 bytesUp: deviceRecords.reduce(0) { $0 + $1.uploads.filter { $0.time <= end.time }.reduce(0) { $0 + $1.bytes } },
                 bytesDown: deviceRecords.reduce(0) { $0 + $1.downloads.filter { $0.time <= end.time }.reduce(0) { $0 + $1.bytes } },
-                aggregated: aggregated, testLoss: nil, testAccuracy: nil, testRMSE: nil
+                aggregated: aggregated, testLoss: nil, testAccuracy: nil, testRMSE: nil, epsilon: try await coordinator.epsilon()
             )
             if let previous = pending { records.append(try await Self.publish(previous, onRound)) }
             pending = (record, evaluation)

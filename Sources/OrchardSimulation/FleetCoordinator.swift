@@ -70,6 +70,11 @@ public actor FleetCoordinator {
         return current.deadline - epoch.date.timeIntervalSince1970
     }
 
+    /// ε spent so far under the process's differential privacy, or nil without it.
+    public func epsilon() async throws(SimulationError) -> Double? {
+        try await status().privacy?.epsilon
+    }
+
     /// The latest checkpoint's safetensors bytes.
     public func currentModel() async throws(SimulationError) -> [UInt8] {
         do { return try await coordinator.checkpoint(processID: processID, number: nil).bytes } catch {

@@ -35,13 +35,16 @@ public struct RoundMetrics: Sendable, Hashable, Codable {
     public var testAccuracy: Double?
     /// Test root-mean-squared error, for regressors.
     public var testRMSE: Double?
+    /// ε spent after the round under differential privacy (at the process's δ), nil without it.
+    public var epsilon: Double?
 
     /// Creates a record.
     public init(
         round: Int, wallSeconds: Double, virtualStart: Double, virtualEnd: Double, availableFraction: Double, selected: Int,
         participants: Int, dropouts: Int, late: Int, expirations: Int, resumed: Int, bytesUp: Int, bytesDown: Int,
-        aggregated: Bool, testLoss: Double?, testAccuracy: Double?, testRMSE: Double?
+        aggregated: Bool, testLoss: Double?, testAccuracy: Double?, testRMSE: Double?, epsilon: Double? = nil
     ) {
+        self.epsilon = epsilon
         self.round = round
         self.wallSeconds = wallSeconds
         self.virtualStart = virtualStart
@@ -62,7 +65,7 @@ public struct RoundMetrics: Sendable, Hashable, Codable {
     }
 
     private enum CodingKeys: String, CodingKey {
-        case round, selected, participants, dropouts, late, expirations, resumed, aggregated
+        case round, selected, participants, dropouts, late, expirations, resumed, aggregated, epsilon
         case wallSeconds = "wall_seconds", virtualStart = "virtual_start", virtualEnd = "virtual_end"
         case availableFraction = "available_fraction", bytesUp = "bytes_up", bytesDown = "bytes_down"
         case testLoss = "test_loss", testAccuracy = "test_accuracy", testRMSE = "test_rmse"
@@ -131,9 +134,11 @@ public struct SimulationSummary: Sendable, Hashable, Codable {
     public var bestAccuracy: Double?
     /// Best test RMSE over the rounds, for regressors.
     public var bestRMSE: Double?
+    /// ε spent by the last round under differential privacy, nil without it.
+    public var epsilon: Double?
 
     private enum CodingKeys: String, CodingKey {
-        case settings, rounds, selected, participants, dropouts, late, expirations, resumed, initial, `final`
+        case settings, rounds, selected, participants, dropouts, late, expirations, resumed, initial, `final`, epsilon
         case aggregatedRounds = "aggregated_rounds", wallSeconds = "wall_seconds", setupSeconds = "setup_seconds"
         case virtualSeconds = "virtual_seconds", bytesUp = "bytes_up", bytesDown = "bytes_down"
         case bestAccuracy = "best_accuracy", bestRMSE = "best_rmse"
@@ -159,5 +164,6 @@ public struct SimulationSummary: Sendable, Hashable, Codable {
         final = records.last(where: { $0.testLoss != nil }).map { Evaluation(loss: $0.testLoss ?? 0, accuracy: $0.testAccuracy, rmse: $0.testRMSE) } ?? initial
         bestAccuracy = records.compactMap(\.testAccuracy).max()
         bestRMSE = records.compactMap(\.testRMSE).min()
+        epsilon = records.last(where: { $0.epsilon != nil })?.epsilon
     }
 }

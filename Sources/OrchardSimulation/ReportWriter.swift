@@ -98,6 +98,16 @@ public enum HTMLReport {
                 Series(label: "accuracy", color: "#1f77b4", points: rounds.compactMap { r in r.testAccuracy.map { (Double(r.round), $0) } }),
             ]))
         }
+        if rounds.contains(where: { $0.testAccuracy != nil && $0.epsilon != nil }) {
+            // Differential privacy: what each point of accuracy cost.
+            let delta = summary.settings["dp_delta"] ?? "?"
+            charts.append(lineChart(title: "Test accuracy vs privacy spent (ε at δ = \(delta))", xLabel: "ε", series: [
+                Series(label: "accuracy", color: "#9467bd", points: rounds.compactMap { r in
+                    guard let accuracy = r.testAccuracy, let epsilon = r.epsilon else { return nil }
+                    return (epsilon, accuracy)
+                }),
+            ]))
+        }
         if rounds.contains(where: { $0.testRMSE != nil }) {
             charts.append(lineChart(title: "Test RMSE", xLabel: "round", series: [
                 Series(label: "RMSE", color: "#1f77b4", points: rounds.compactMap { r in r.testRMSE.map { (Double(r.round), $0) } }),
@@ -130,6 +140,9 @@ public enum HTMLReport {
         ]
         if let a = summary.final.accuracy, let a0 = summary.initial.accuracy {
             totals.append(("test accuracy initial → final", String(format: "%.4f → %.4f", a0, a)))
+        }
+        if let epsilon = rounds.last(where: { $0.epsilon != nil })?.epsilon {
+            totals.append(("privacy spent", String(format: "ε = %.3f at δ = %@", epsilon, summary.settings["dp_delta"] ?? "?")))
         }
         if let r = summary.final.rmse, let r0 = summary.initial.rmse {
             totals.append(("test RMSE initial → final", String(format: "%.4f → %.4f", r0, r)))

@@ -186,6 +186,8 @@ public struct SimulationConfiguration: Sendable {
     public var seed: UInt64
     /// Where the report goes; nil writes into a new temporary directory.
     public var output: URL?
+    /// Differential privacy for the hosted process, if any (`--dp-*`, `--population`).
+    public var privacy: PrivacyConfig?
 
     /// Creates a configuration (the housing scenario's values by default).
     public init(
@@ -193,8 +195,9 @@ public struct SimulationConfiguration: Sendable {
         overSelection: Double = 1.3, localEpochs: Int = 5, batchSize: Int = 8, learningRate: Double = 0.01, rounds: Int = 30, evaluateEvery: Int = 1,
         partition: PartitionStrategy = .iid, aggregator: AggregatorConfig = AggregatorConfig(), availability: Availability = .diurnal,
         dropout: Double = 0.08, windowSeconds: Double = 10, cycleSeconds: Double = 300, secondsPerUpdate: Double = 0.5,
-        transport: TransportChoice = .http, seed: UInt64 = 1, output: URL? = nil
+        transport: TransportChoice = .http, seed: UInt64 = 1, output: URL? = nil, privacy: PrivacyConfig? = nil
     ) {
+        self.privacy = privacy
         self.dataset = dataset
         self.model = model
         self.clients = clients
@@ -255,6 +258,9 @@ public struct SimulationConfiguration: Sendable {
         if !(windowSeconds > 0) || !windowSeconds.isFinite { throw fail("windowSeconds must be a positive number, not \(windowSeconds)") }
         if !(cycleSeconds > 0) || !cycleSeconds.isFinite { throw fail("cycleSeconds must be a positive number, not \(cycleSeconds)") }
         if !(secondsPerUpdate > 0) || !secondsPerUpdate.isFinite { throw fail("secondsPerUpdate must be a positive number, not \(secondsPerUpdate)") }
+        if let privacy, let failure = privacy.validationFailure(goalCount: goal) {
+            throw fail("privacy: " + failure.replacingOccurrences(of: "server_config.privacy.", with: ""))
+        }
         let isHousing = dataset == .housing
         if isHousing != (model == .housing) {
             throw SimulationError(.incompatible, "model \(model) does not fit dataset \(dataset): housing data goes with the housing model, images with mlp2nn or cnn")
@@ -270,7 +276,21 @@ public struct SimulationConfiguration: Sendable {
             "aggregator": aggregator.kind.description, "availability": availability.description, "dropout": String(dropout),
             "window_seconds": String(windowSeconds), "cycle_seconds": String(cycleSeconds),
             "seconds_per_update": String(secondsPerUpdate), "transport": transport.description, "seed": String(seed),
+        ].merging(privacySettings, uniquingKeysWith: { first, _ in first })
+    }
+
+    private var privacySettings: [String: String] {
+        guard let privacy else { return [:] }
+        var settings = [
+            "dp_mode": privacy.mode.description, "dp_noise_multiplier": String(privacy.noiseMultiplier), "dp_delta": String(privacy.delta),
+            "population": String(privacy.population),
         ]
+        if let clip = privacy.clippingNorm { settings["dp_clip"] = String(clip) }
+        if let adaptive = privacy.adaptiveClipping {
+            settings["dp_adaptive_quantile"] = String(adaptive.targetQuantile)
+            settings["dp_clip_initial"] = String(adaptive.initialNorm)
+        }
+        return settings
     }
 
     /// The fleet conditions these settings imply.

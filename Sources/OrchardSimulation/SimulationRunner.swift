@@ -83,7 +83,7 @@ public enum SimulationRunner {
             serverConfig: ServerConfig(
                 cycleLength: configuration.cycleSeconds, cycles: 0, goalCount: configuration.goal,
                 overSelection: configuration.overSelection, minimumReports: max(1, configuration.goal / 2),
-                paceSteeringWindow: 60, checkpointRetention: 3, aggregator: configuration.aggregator
+                paceSteeringWindow: 60, checkpointRetention: 3, aggregator: configuration.aggregator, privacy: configuration.privacy
             )
         )
         let fleet = FleetSimulation(devices: configuration.clients, conditions: configuration.conditions, seed: configuration.seed, rounds: configuration.rounds, evaluateEvery: configuration.evaluateEvery)

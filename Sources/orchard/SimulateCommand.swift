@@ -53,6 +53,18 @@ struct SimulateCommand: AsyncParsableCommand {
     var cycleSeconds: Double?
     @Option(help: "How devices reach the coordinator: http (loopback port) or memory (direct calls; deterministic for a seed).")
     var transport: TransportChoice?
+    @Option(name: .customLong("dp-noise-multiplier"), help: "Differential privacy: the noise's standard deviation as a multiple of the clipping bound (turns DP-FedAvg on).")
+    var dpNoiseMultiplier: Double?
+    @Option(name: .customLong("dp-clip"), help: "Differential privacy: the L2 clipping bound C of each update (the initial bound with --dp-adaptive-quantile; default 1).")
+    var dpClip: Double?
+    @Option(name: .customLong("dp-adaptive-quantile"), help: "Differential privacy: let the clipping bound follow this quantile of the update norms (Andrew et al. 2021).")
+    var dpAdaptiveQuantile: Double?
+    @Option(name: .customLong("dp-mode"), help: "Differential privacy: central (the coordinator clips and noises) or local (each device does).")
+    var dpMode: PrivacyModeArgument?
+    @Option(name: .customLong("dp-delta"), help: "Differential privacy: δ of the (ε, δ) guarantee (default 1e-5).")
+    var dpDelta: Double?
+    @Option(help: "Differential privacy: the device population the sampling rate is computed from (default: --clients; e.g. 1000000 for the cross-device setting).")
+    var population: Int?
     @Option(help: "Seed of every random choice.")
     var seed: UInt64?
     @Option(help: "Directory for metrics.jsonl, summary.json and report.html (default: a new temporary directory).")
@@ -86,8 +98,28 @@ struct SimulateCommand: AsyncParsableCommand {
         if let transport { c.transport = transport }
         if let seed { c.seed = seed }
         if let output { c.output = URL(fileURLWithPath: output) }
+        c.privacy = try privacy(clients: c.clients)
         try c.validate()
         return c
+    }
+
+    /// The differential privacy the `--dp-*` options ask for; nil without `--dp-noise-multiplier`.
+    func privacy(clients: Int) throws(SimulationError) -> PrivacyConfig? {
+        guard let noise = dpNoiseMultiplier else {
+            let stray = [("--dp-clip", dpClip != nil), ("--dp-adaptive-quantile", dpAdaptiveQuantile != nil), ("--dp-mode", dpMode != nil),
+                         ("--dp-delta", dpDelta != nil), ("--population", population != nil)].first { $0.1 }
+            if let stray { throw SimulationError(.invalidOption, "\(stray.0) needs --dp-noise-multiplier (which turns differential privacy on)") }
+            return nil
+        }
+        var config = PrivacyConfig(
+            mode: dpMode?.mode ?? .central, clippingNorm: dpClip ?? 1, noiseMultiplier: noise, delta: dpDelta ?? 1e-5,
+            population: population ?? clients
+        )
+        if let quantile = dpAdaptiveQuantile {
+            config.clippingNorm = nil
+            config.adaptiveClipping = PrivacyConfig.AdaptiveClipping(targetQuantile: quantile, initialNorm: dpClip ?? 1)
+        }
+        return config
     }
 
     func run() async throws {
@@ -116,8 +148,16 @@ struct SimulateCommand: AsyncParsableCommand {
             ("test loss", "\(f(s.initial.loss)) → \(f(s.final.loss))"),
         ]
         if let a = s.final.accuracy { rows.append(("test accuracy", "\(f(s.initial.accuracy ?? 0)) → \(f(a)) (best \(f(s.bestAccuracy ?? a)))")) }
+        if let epsilon = s.epsilon { rows.append(("privacy spent", "ε = \(f(epsilon, 3)) at δ = \(s.settings["dp_delta"] ?? "?")")) }
         if let r = s.final.rmse { rows.append(("test RMSE", "\(f(s.initial.rmse ?? 0)) → \(f(r)) (best \(f(s.bestRMSE ?? r)))")) }
         let width = rows.map(\.0.count).max() ?? 0
         return rows.map { $0.0.padding(toLength: width, withPad: " ", startingAt: 0) + "  " + $0.1 }.joined(separator: "\n")
     }
+}
+
+/// `--dp-mode`: where differential privacy's noise is added.
+enum PrivacyModeArgument: String, ExpressibleByArgument, CaseIterable {
+    case central, local
+
+    var mode: PrivacyConfig.Mode { self == .central ? .central : .local }
 }

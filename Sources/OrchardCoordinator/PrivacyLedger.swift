@@ -1,0 +1,105 @@
+public import OrchardPrivacy
+public import OrchardProtocol
+import Foundation
+
+/// What a process's released aggregates have cost in privacy, and the clipping bound of its open cycle: stored
+/// with every aggregated cycle (JSON), so a restarted coordinator goes on from it.
+public struct PrivacyLedger: Sendable, Hashable, Codable {
+    /// Aggregates released (cycles aggregated under privacy).
+    public var releases: Int
+    /// ε spent by those releases at the process's δ.
+    public var epsilon: Double
+    /// The L2 bound reports of the open cycle are clipped to (moves with adaptive clipping).
+    public var clippingNorm: Double
+
+    enum CodingKeys: String, CodingKey {
+        case releases, epsilon
+        case clippingNorm = "clipping_norm"
+    }
+
+    /// Creates a ledger.
+    public init(releases: Int, epsilon: Double, clippingNorm: Double) {
+        self.releases = releases
+        self.epsilon = epsilon
+        self.clippingNorm = clippingNorm
+    }
+}
+
+/// DP-FedAvg for one process, without I/O: which bound a report is clipped to, what a release costs, and how a
+/// cycle's sum of clipped reports becomes the released mean (noise of σ = z·C, divided by the expected number of
+/// reports, `goal_count`). Randomness is the caller's (the coordinator's cryptographically secure generator).
+public struct PrivacyMechanism: Sendable, Hashable {
+    /// The process's privacy configuration.
+    public let config: PrivacyConfig
+    /// The expected reports per cycle (the fixed denominator and the accountant's q·population).
+    public let goalCount: Int
+    /// The sampling rate the accountant assumes.
+    public let samplingRate: Double
+    /// The noise multiplier the accountant charges per release (see ``PrivacyConfig/aggregateNoiseMultiplier(minimumReports:)``).
+    public let accountedNoiseMultiplier: Double
+    /// The noise multiplier of the update itself (larger than z when adaptive clipping takes a share).
+    public let updateNoiseMultiplier: Double
+
+    /// Prepares the mechanism of a validated configuration.
+    public init(config: PrivacyConfig, server: ServerConfig) {
+        self.config = config
+        goalCount = server.goalCount
+        samplingRate = config.samplingRate(goalCount: server.goalCount)
+        accountedNoiseMultiplier = config.aggregateNoiseMultiplier(minimumReports: server.minimumReports)
+        updateNoiseMultiplier = config.updateNoiseMultiplier(expectedReports: server.goalCount) ?? config.noiseMultiplier
+    }
+
+    /// The ledger before any release.
+    public var initialLedger: PrivacyLedger {
+        PrivacyLedger(releases: 0, epsilon: 0, clippingNorm: config.clippingNorm ?? config.adaptiveClipping?.initialNorm ?? 1)
+    }
+
+    /// ε after `releases` releases.
+    public func epsilon(releases: Int) throws(PrivacyError) -> Double {
+        try PrivacyAccountant.epsilon(samplingRate: samplingRate, noiseMultiplier: accountedNoiseMultiplier, steps: releases, delta: config.delta).epsilon
+    }
+
+    /// Whether one more release stays within `target_epsilon` (always, without a target).
+    public func allowsRelease(after ledger: PrivacyLedger) throws(PrivacyError) -> Bool {
+        guard let target = config.targetEpsilon else { return true }
+        return try epsilon(releases: ledger.releases + 1) <= target
+    }
+
+    /// The bound the coordinator clips a report to: the ledger's in central mode; none in local mode, where the
+    /// device clipped before adding its noise (clipping a noised update again would shrink the noise with it).
+    public func serverClippingNorm(_ ledger: PrivacyLedger) -> Double? {
+        config.mode == .central ? ledger.clippingNorm : nil
+    }
+
+    /// Turns a cycle's sum of clipped, equally weighted reports into the released mean diff and the next ledger.
+    /// Central mode adds N(0, (z_Δ·C)²) to every value of the sum; both modes divide by `goal_count`. With adaptive
+    /// clipping the count of unclipped reports is released with N(0, σ_b²) noise and moves the bound.
+    /// - Parameters:
+    ///   - sum: Σ of the clipped reports, per value.
+    ///   - unclipped: How many reports were within the bound.
+    ///   - ledger: The ledger before this release.
+    ///   - generator: The noise source.
+    public func release(sum: [Double], unclipped: Int, ledger: PrivacyLedger, using generator: inout some RandomNumberGenerator) throws(PrivacyError) -> (mean: [Float], ledger: PrivacyLedger) {
+        let denominator = Double(goalCount)
+        var mean = [Float](repeating: 0, count: sum.count)
+        if config.mode == .central {
+            let sigma = updateNoiseMultiplier * ledger.clippingNorm
+            for i in sum.indices {
+                mean[i] = Float((sum[i] + sigma * GaussianNoise.standardNormal(using: &generator)) / denominator)
+            }
+        } else {
+            for i in sum.indices { mean[i] = Float(sum[i] / denominator) }
+        }
+        var next = ledger
+        next.releases += 1
+        next.epsilon = try epsilon(releases: next.releases)
+        if let adaptive = config.adaptiveClipping {
+            let sigmaB = config.countStandardDeviation(expectedReports: goalCount)
+            let noisyFraction = (Double(unclipped) + sigmaB * GaussianNoise.standardNormal(using: &generator)) / denominator
+            var clipping = try AdaptiveClipping(initialNorm: ledger.clippingNorm, targetQuantile: adaptive.targetQuantile, learningRate: adaptive.learningRate)
+            clipping.update(unclippedFraction: noisyFraction)
+            next.clippingNorm = clipping.norm
+        }
+        return (mean, next)
+    }
+}
