@@ -1,0 +1,139 @@
+public import Foundation
+import Crypto
+import CryptoExtras
+
+/// The cryptography of secure aggregation, all from swift-crypto, behind byte-level signatures: X25519 key
+/// agreement, HKDF-SHA256 key derivation, ChaCha20-Poly1305 for the share channel and the ChaCha20 keystream for
+/// mask expansion.
+///
+/// Derived keys are bound to a label, both device indices (lower first) and the cycle's context string, so keys of
+/// different purposes, pairs or cycles never coincide.
+public enum SecureAggregationCrypto {
+    /// The length of private keys, public keys and seeds.
+    public static let keyByteCount = 32
+    static let salt = Data("orchard.secure-aggregation.v1".utf8)
+
+    /// A new X25519 private key (raw 32 bytes) drawn from `generator` (give it `SystemRandomNumberGenerator`).
+    public static func generatePrivateKey(using generator: inout some RandomNumberGenerator) -> Data {
+        randomBytes(keyByteCount, using: &generator)
+    }
+
+    /// The X25519 public key (raw 32 bytes) of a raw private key.
+    /// - Throws: `cryptography_failure` unless the key is 32 bytes.
+    public static func publicKey(ofPrivateKey privateKey: Data) throws(SecureAggregationError) -> Data {
+        try agreementKey(privateKey).publicKey.rawRepresentation
+    }
+
+    /// The 32-byte seed of the pairwise mask between `device` and `peer`: HKDF-SHA256 over the X25519 shared
+    /// secret of the s-keys, labelled `pairwise-mask` with both indices (sorted) and the context. Either side
+    /// computes it from its own private key and the other's public key.
+    /// - Throws: `cryptography_failure` for a malformed key or a degenerate (low-order) peer key.
+    public static func pairwiseMaskSeed(privateKey: Data, peerPublicKey: Data, device: Int, peer: Int, context: String) throws(SecureAggregationError) -> Data {
+        let key = try derivedKey(privateKey: privateKey, peerPublicKey: peerPublicKey, label: "pairwise-mask", device: device, peer: peer, context: context)
+        return key.withUnsafeBytes { Data($0) }
+    }
+
+    /// Encrypts `plaintext` from `sender` to `receiver` with ChaCha20-Poly1305 under a key HKDF-derived from the
+    /// c-keys' shared secret (label `share-channel`); the associated data binds sender, receiver and context. The
+    /// result is nonce ‖ ciphertext ‖ tag, the nonce drawn from `generator`.
+    /// - Throws: `cryptography_failure` for a malformed or degenerate key.
+    public static func seal(_ plaintext: Data, privateKey: Data, peerPublicKey: Data, sender: Int, receiver: Int, context: String, using generator: inout some RandomNumberGenerator) throws(SecureAggregationError) -> Data {
+        let key = try derivedKey(privateKey: privateKey, peerPublicKey: peerPublicKey, label: "share-channel", device: sender, peer: receiver, context: context)
+        do {
+            let nonce = try ChaChaPoly.Nonce(data: randomBytes(12, using: &generator))
+            return try ChaChaPoly.seal(plaintext, using: key, nonce: nonce, authenticating: associatedData(sender: sender, receiver: receiver, context: context)).combined
+        } catch {
+            throw SecureAggregationError(.cryptographyFailure, "sealing a share from device \(sender) to device \(receiver) failed: \(error)")
+        }
+    }
+
+    /// Decrypts and authenticates what ``seal(_:privateKey:peerPublicKey:sender:receiver:context:using:)`` produced.
+    /// - Throws: `cryptography_failure` when the ciphertext was altered, or was sealed for another pair or context.
+    public static func open(_ ciphertext: Data, privateKey: Data, peerPublicKey: Data, sender: Int, receiver: Int, context: String) throws(SecureAggregationError) -> Data {
+        let key = try derivedKey(privateKey: privateKey, peerPublicKey: peerPublicKey, label: "share-channel", device: sender, peer: receiver, context: context)
+        do {
+            let box = try ChaChaPoly.SealedBox(combined: ciphertext)
+            return try ChaChaPoly.open(box, using: key, authenticating: associatedData(sender: sender, receiver: receiver, context: context))
+        } catch {
+            throw SecureAggregationError(.cryptographyFailure, "the share from device \(sender) to device \(receiver) does not authenticate")
+        }
+    }
+
+    static func associatedData(sender: Int, receiver: Int, context: String) -> Data {
+        var data = Data("share".utf8)
+        data.appendLittleEndian(UInt64(bitPattern: Int64(sender)))
+        data.appendLittleEndian(UInt64(bitPattern: Int64(receiver)))
+        data.append(contentsOf: Array(context.utf8))
+        return data
+    }
+
+    static func derivedKey(privateKey: Data, peerPublicKey: Data, label: String, device: Int, peer: Int, context: String) throws(SecureAggregationError) -> SymmetricKey {
+        let own = try agreementKey(privateKey)
+        let secret: SharedSecret
+        do {
+            let other = try Curve25519.KeyAgreement.PublicKey(rawRepresentation: peerPublicKey)
+            secret = try own.sharedSecretFromKeyAgreement(with: other)
+        } catch {
+            throw SecureAggregationError(.cryptographyFailure, "key agreement between devices \(device) and \(peer) failed: \(error)")
+        }
+        var info = Data(label.utf8)
+        info.append(0)
+        info.appendLittleEndian(UInt64(bitPattern: Int64(min(device, peer))))
+        info.appendLittleEndian(UInt64(bitPattern: Int64(max(device, peer))))
+        info.append(contentsOf: Array(context.utf8))
+        return secret.hkdfDerivedSymmetricKey(using: SHA256.self, salt: salt, sharedInfo: info, outputByteCount: keyByteCount)
+    }
+
+    static func agreementKey(_ raw: Data) throws(SecureAggregationError) -> Curve25519.KeyAgreement.PrivateKey {
+        do {
+            return try Curve25519.KeyAgreement.PrivateKey(rawRepresentation: raw)
+        } catch {
+            throw SecureAggregationError(.cryptographyFailure, "an X25519 private key must be 32 bytes, not \(raw.count)")
+        }
+    }
+
+    static func randomBytes(_ count: Int, using generator: inout some RandomNumberGenerator) -> Data {
+        var data = Data(capacity: count + 8)
+        while data.count < count { data.appendLittleEndian(generator.next() as UInt64) }
+        return data.prefix(count)
+    }
+}
+
+/// Mask expansion: a 32-byte seed stretched into words modulo 2^bits by the ChaCha20 keystream (seed as key, zero
+/// nonce, counter from 0), read as little-endian UInt32s and reduced by masking (uniform, the modulus being a power of
+/// two). Each seed keys one stream: pairwise seeds differ per pair and cycle, self-mask seeds are fresh.
+public enum MaskExpansion {
+    /// `count` words modulo 2^`modulusBits` from `seed`; equal seeds give equal words.
+    /// - Throws: `cryptography_failure` unless the seed is 32 bytes.
+    public static func expand(seed: Data, count: Int, modulusBits: Int) throws(SecureAggregationError) -> [UInt32] {
+        guard seed.count == SecureAggregationCrypto.keyByteCount else {
+            throw SecureAggregationError(.cryptographyFailure, "a mask seed must be 32 bytes, not \(seed.count)")
+        }
+        guard count > 0 else { return [] }
+        let stream: Data
+        do {
+            stream = try Insecure.ChaCha20CTR.encrypt(Data(count: 4 * count), using: SymmetricKey(data: seed), nonce: Insecure.ChaCha20CTR.Nonce(data: Data(count: 12)))
+        } catch {
+            throw SecureAggregationError(.cryptographyFailure, "expanding a mask seed failed: \(error)")
+        }
+        let mask: UInt32 = modulusBits >= 32 ? .max : (UInt32(1) << UInt32(modulusBits)) &- 1
+        let bytes = [UInt8](stream)
+        var words = [UInt32](repeating: 0, count: count)
+        for i in 0..<count {
+            let b = 4 * i
+            words[i] = (UInt32(bytes[b]) | UInt32(bytes[b + 1]) << 8 | UInt32(bytes[b + 2]) << 16 | UInt32(bytes[b + 3]) << 24) & mask
+        }
+        return words
+    }
+
+    /// Adds (or subtracts) the expansion of `seed` to `words` modulo 2^`modulusBits`.
+    static func apply(seed: Data, to words: inout [UInt32], modulusBits: Int, subtracting: Bool) throws(SecureAggregationError) {
+        let mask: UInt32 = modulusBits >= 32 ? .max : (UInt32(1) << UInt32(modulusBits)) &- 1
+        let stream = try expand(seed: seed, count: words.count, modulusBits: modulusBits)
+        if subtracting {
+            for i in words.indices { words[i] = (words[i] &- stream[i]) & mask }
+        } else {
+            for i in words.indices { words[i] = (words[i] &+ stream[i]) & mask }
+        }
+    }
+}

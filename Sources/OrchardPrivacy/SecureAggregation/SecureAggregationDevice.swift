@@ -1,0 +1,241 @@
+public import Foundation
+
+/// The device side of secure aggregation as a pure state machine: each call takes the server's message for the
+/// stage and returns the device's answer, or throws and leaves the state unchanged.
+///
+/// Stages: ``advertiseKeys()`` → ``shareKeys(_:using:)`` → ``maskedInput(_:update:sampleCount:using:)`` →
+/// ``unmask(_:)`` (repeatable). The device never reveals both the self-mask share and the s-key share of one
+/// peer: it records every reveal and refuses a request that contradicts an earlier one.
+///
+/// The state is `Codable` so an app can persist it between stages; it holds private keys and shares, so store it
+/// only where the device's secrets may live.
+public struct SecureAggregationDevice: Sendable, Codable {
+    /// The device's index (≥ 1).
+    public let index: Int
+    /// The cycle's configuration.
+    public let configuration: SecureAggregationConfiguration
+    /// The cycle's context string (e.g. task and cycle id), bound into every derived key.
+    public let context: String
+    /// The largest sample count any device may weight its update with.
+    public let maximumSampleCount: Int
+    /// The model's length in coordinates.
+    public let modelLength: Int
+    /// The step the device expects next.
+    public private(set) var stage: SecureAggregationStage
+
+    var channelPrivateKey: Data
+    var maskPrivateKey: Data
+    var selfMaskSeed: Data
+    /// The roster's keys of the neighbours, by device.
+    var neighbourKeys: [Int: SecureAggregationAdvertisement] = [:]
+    /// Shares held for neighbours that completed share_keys, by owner.
+    var heldSelfMaskShares: [Int: ShamirShare] = [:]
+    var heldSecretKeyShares: [Int: ShamirShare] = [:]
+    /// Owners whose self-mask share (resp. s-key share) this device revealed.
+    var revealedSelfMask: Set<Int> = []
+    var revealedSecretKey: Set<Int> = []
+
+    enum CodingKeys: String, CodingKey {
+        case index, configuration, context, stage
+        case maximumSampleCount = "maximum_sample_count"
+        case modelLength = "model_length"
+        case channelPrivateKey = "channel_private_key"
+        case maskPrivateKey = "mask_private_key"
+        case selfMaskSeed = "self_mask_seed"
+        case neighbourKeys = "neighbour_keys"
+        case heldSelfMaskShares = "held_self_mask_shares"
+        case heldSecretKeyShares = "held_secret_key_shares"
+        case revealedSelfMask = "revealed_self_mask"
+        case revealedSecretKey = "revealed_secret_key"
+    }
+
+    /// A device with fresh keys and self-mask seed drawn from `generator` (give it `SystemRandomNumberGenerator`).
+    /// - Throws: `invalid_input` for an index below 1, a model length below 1 or a sample bound below 1.
+    public init(index: Int, configuration: SecureAggregationConfiguration, context: String, maximumSampleCount: Int, modelLength: Int, using generator: inout some RandomNumberGenerator) throws(SecureAggregationError) {
+        guard index >= 1 else { throw SecureAggregationError(.invalidInput, "device indices start at 1, not \(index)") }
+        guard modelLength >= 1, maximumSampleCount >= 1 else {
+            throw SecureAggregationError(.invalidInput, "model length (\(modelLength)) and maximum sample count (\(maximumSampleCount)) must be at least 1")
+        }
+        self.index = index
+        self.configuration = configuration
+        self.context = context
+        self.maximumSampleCount = maximumSampleCount
+        self.modelLength = modelLength
+        stage = .advertiseKeys
+        channelPrivateKey = SecureAggregationCrypto.generatePrivateKey(using: &generator)
+        maskPrivateKey = SecureAggregationCrypto.generatePrivateKey(using: &generator)
+        selfMaskSeed = SecureAggregationCrypto.randomBytes(SecureAggregationCrypto.keyByteCount, using: &generator)
+    }
+
+    /// The device's advertisement (its two public keys).
+    public var advertisement: SecureAggregationAdvertisement {
+        get throws(SecureAggregationError) {
+            SecureAggregationAdvertisement(
+                device: index,
+                channelPublicKey: try SecureAggregationCrypto.publicKey(ofPrivateKey: channelPrivateKey),
+                maskPublicKey: try SecureAggregationCrypto.publicKey(ofPrivateKey: maskPrivateKey))
+        }
+    }
+
+    /// Stage advertise_keys: the two public keys to send.
+    /// - Throws: `out_of_order` after this stage.
+    public mutating func advertiseKeys() throws(SecureAggregationError) -> SecureAggregationAdvertisement {
+        try expect(.advertiseKeys)
+        let message = try advertisement
+        stage = .shareKeys
+        return message
+    }
+
+    /// Stage share_keys: checks the roster and returns, for each neighbour, Shamir shares (threshold t) of the
+    /// self-mask seed and of the s private key, sealed for that neighbour.
+    /// - Throws: `out_of_order`; `invalid_message` unless the roster lists this device and exactly its neighbours in
+    ///   the graph of the participants and seed; `duplicate_key` for a device listed twice or a public key used
+    ///   twice; `invalid_message` when its own keys are missing or changed; `below_threshold` for fewer neighbours
+    ///   than the threshold; `invalid_configuration` when the configuration does not hold for the participants.
+    public mutating func shareKeys(_ roster: SecureAggregationRoster, using generator: inout some RandomNumberGenerator) throws(SecureAggregationError) -> SecureAggregationShareKeys {
+        try expect(.shareKeys)
+        try configuration.validate(devices: roster.participants.count, maximumSampleCount: maximumSampleCount, actualParticipants: true)
+        guard Set(roster.participants).count == roster.participants.count else {
+            throw SecureAggregationError(.duplicateKey, "the roster lists a participant twice")
+        }
+        guard roster.participants.contains(index) else {
+            throw SecureAggregationError(.invalidMessage, "the roster does not list device \(index) as a participant")
+        }
+        var byDevice: [Int: SecureAggregationAdvertisement] = [:]
+        var publicKeys = Set<Data>()
+        for key in roster.keys {
+            guard byDevice.updateValue(key, forKey: key.device) == nil else {
+                throw SecureAggregationError(.duplicateKey, "the roster lists device \(key.device) twice")
+            }
+            guard publicKeys.insert(key.channelPublicKey).inserted, publicKeys.insert(key.maskPublicKey).inserted else {
+                throw SecureAggregationError(.duplicateKey, "device \(key.device) advertises a public key another entry already uses")
+            }
+        }
+        guard byDevice.removeValue(forKey: index) == (try advertisement) else {
+            throw SecureAggregationError(.invalidMessage, "the roster's keys for device \(index) are missing or not the ones it advertised")
+        }
+        let graph = NeighbourGraph(participants: roster.participants, shares: configuration.shares, seed: roster.graphSeed)
+        let neighbours = graph.neighbours(of: index)
+        guard Set(neighbours) == Set(byDevice.keys) else {
+            throw SecureAggregationError(.invalidMessage, "the roster's keys (\(byDevice.keys.sorted())) are not device \(index)'s neighbours \(neighbours)")
+        }
+        guard neighbours.count >= configuration.threshold else {
+            throw SecureAggregationError(.belowThreshold, "device \(index) has \(neighbours.count) neighbours, fewer than the threshold \(configuration.threshold)")
+        }
+        let t = configuration.threshold
+        let seedShares = try ShamirSecretSharing.split(selfMaskSeed, threshold: t, indices: neighbours, using: &generator)
+        let keyShares = try ShamirSecretSharing.split(maskPrivateKey, threshold: t, indices: neighbours, using: &generator)
+        var sealed: [SecureAggregationEncryptedShare] = []
+        for (k, neighbour) in neighbours.enumerated() {
+            let bundle = ShareBundle(sender: index, receiver: neighbour, selfMaskShare: seedShares[k], secretKeyShare: keyShares[k])
+            let ciphertext = try SecureAggregationCrypto.seal(
+                bundle.encoded, privateKey: channelPrivateKey, peerPublicKey: byDevice[neighbour]!.channelPublicKey,
+                sender: index, receiver: neighbour, context: context, using: &generator)
+            sealed.append(SecureAggregationEncryptedShare(sender: index, receiver: neighbour, ciphertext: ciphertext))
+        }
+        neighbourKeys = byDevice
+        stage = .maskedInput
+        return SecureAggregationShareKeys(device: index, shares: sealed)
+    }
+
+    /// Stage masked_input: opens and stores the bundles addressed to this device, then masks the update:
+    /// n · q(update) ‖ n, plus the self mask, plus the pairwise mask with every neighbour that sent a bundle (added
+    /// toward a higher index, subtracted toward a lower one), modulo 2^modulus_bits.
+    /// - Throws: `out_of_order`; `invalid_message` for a bundle from a non-neighbour, twice from one sender, or
+    ///   addressed elsewhere; `cryptography_failure` for a bundle that does not authenticate; `below_threshold` for
+    ///   fewer bundles than the threshold; `invalid_input` for an update of the wrong length or with a NaN, or a
+    ///   sample count outside 1…maximumSampleCount.
+    public mutating func maskedInput(_ delivery: SecureAggregationShareDelivery, update: [Float], sampleCount: Int, using generator: inout some RandomNumberGenerator) throws(SecureAggregationError) -> SecureAggregationMaskedInput {
+        try expect(.maskedInput)
+        guard update.count == modelLength else {
+            throw SecureAggregationError(.invalidInput, "the update has \(update.count) coordinates, the model \(modelLength)")
+        }
+        guard (1...maximumSampleCount).contains(sampleCount) else {
+            throw SecureAggregationError(.invalidInput, "the sample count must be in 1...\(maximumSampleCount), not \(sampleCount)")
+        }
+        guard delivery.device == index else {
+            throw SecureAggregationError(.invalidMessage, "the delivery is addressed to device \(delivery.device), not \(index)")
+        }
+        var seedShares: [Int: ShamirShare] = [:], keyShares: [Int: ShamirShare] = [:]
+        for share in delivery.shares {
+            guard share.receiver == index, let keys = neighbourKeys[share.sender] else {
+                throw SecureAggregationError(.invalidMessage, "a bundle from device \(share.sender) to \(share.receiver) is not from a neighbour of device \(index) to it")
+            }
+            guard seedShares[share.sender] == nil else {
+                throw SecureAggregationError(.invalidMessage, "device \(share.sender) sent device \(index) two bundles")
+            }
+            let plaintext = try SecureAggregationCrypto.open(
+                share.ciphertext, privateKey: channelPrivateKey, peerPublicKey: keys.channelPublicKey,
+                sender: share.sender, receiver: index, context: context)
+            guard let bundle = ShareBundle(plaintext), bundle.sender == share.sender, bundle.receiver == index else {
+                throw SecureAggregationError(.invalidMessage, "the bundle from device \(share.sender) is malformed or names other devices")
+            }
+            seedShares[share.sender] = bundle.selfMaskShare
+            keyShares[share.sender] = bundle.secretKeyShare
+        }
+        guard seedShares.count >= configuration.threshold else {
+            throw SecureAggregationError(.belowThreshold, "device \(index) received \(seedShares.count) bundles, fewer than the threshold \(configuration.threshold)")
+        }
+        let mask = configuration.modulusMask
+        let quantized = try SecureAggregationQuantization.quantize(update, clippingRange: configuration.clippingRange, levels: configuration.quantizationRange, using: &generator)
+        let n = UInt64(sampleCount)
+        var words = quantized.map { UInt32(truncatingIfNeeded: UInt64($0) * n) & mask }
+        words.append(UInt32(truncatingIfNeeded: n) & mask)
+        try MaskExpansion.apply(seed: selfMaskSeed, to: &words, modulusBits: configuration.modulusBits, subtracting: false)
+        for peer in seedShares.keys.sorted() {
+            let seed = try SecureAggregationCrypto.pairwiseMaskSeed(
+                privateKey: maskPrivateKey, peerPublicKey: neighbourKeys[peer]!.maskPublicKey, device: index, peer: peer, context: context)
+            try MaskExpansion.apply(seed: seed, to: &words, modulusBits: configuration.modulusBits, subtracting: peer < index)
+        }
+        heldSelfMaskShares = seedShares
+        heldSecretKeyShares = keyShares
+        stage = .unmask
+        return SecureAggregationMaskedInput(device: index, words: words)
+    }
+
+    /// Stage unmask: the self-mask seed shares of `survivors` and the s-key shares of `dropped`. May be asked again;
+    /// a repeated or compatible request is answered, a contradicting one refused.
+    /// - Throws: `out_of_order`; `invalid_message` for lists that overlap, name this device as dropped, or name
+    ///   devices whose bundles it does not hold; `below_threshold` for fewer survivors than the threshold;
+    ///   `inconsistent_request` when a survivor's s-key share or a dropped device's self-mask share was revealed
+    ///   before (the server would learn that device's input).
+    public mutating func unmask(_ request: SecureAggregationUnmaskRequest) throws(SecureAggregationError) -> SecureAggregationUnmaskResponse {
+        try expect(.unmask)
+        guard request.device == index else {
+            throw SecureAggregationError(.invalidMessage, "the unmask request is addressed to device \(request.device), not \(index)")
+        }
+        let survivors = Set(request.survivors).subtracting([index]), dropped = Set(request.dropped)
+        guard survivors.count + (request.survivors.contains(index) ? 1 : 0) == request.survivors.count, dropped.count == request.dropped.count else {
+            throw SecureAggregationError(.invalidMessage, "the unmask request lists a device twice")
+        }
+        guard survivors.isDisjoint(with: dropped) else {
+            throw SecureAggregationError(.inconsistentRequest, "devices \(survivors.intersection(dropped).sorted()) are listed both as survivors and as dropped")
+        }
+        guard !dropped.contains(index) else {
+            throw SecureAggregationError(.invalidMessage, "device \(index) is asked to reveal shares as though it had dropped")
+        }
+        let unknown = survivors.union(dropped).filter { heldSelfMaskShares[$0] == nil }
+        guard unknown.isEmpty else {
+            throw SecureAggregationError(.invalidMessage, "devices \(unknown.sorted()) are not neighbours of device \(index) that completed share_keys")
+        }
+        guard survivors.count + 1 >= configuration.threshold else {
+            throw SecureAggregationError(.belowThreshold, "\(survivors.count + 1) survivors are fewer than the threshold \(configuration.threshold)")
+        }
+        let contradicting = survivors.intersection(revealedSecretKey).union(dropped.intersection(revealedSelfMask))
+        guard contradicting.isEmpty else {
+            throw SecureAggregationError(.inconsistentRequest, "device \(index) already revealed the other share of devices \(contradicting.sorted())")
+        }
+        revealedSelfMask.formUnion(survivors)
+        revealedSecretKey.formUnion(dropped)
+        return SecureAggregationUnmaskResponse(
+            device: index,
+            selfMaskShares: survivors.sorted().map { SecureAggregationRevealedShare(owner: $0, share: heldSelfMaskShares[$0]!) },
+            secretKeyShares: dropped.sorted().map { SecureAggregationRevealedShare(owner: $0, share: heldSecretKeyShares[$0]!) })
+    }
+
+    func expect(_ expected: SecureAggregationStage) throws(SecureAggregationError) {
+        guard stage == expected else {
+            throw SecureAggregationError(.outOfOrder, "device \(index) is at stage \(stage.rawValue), not \(expected.rawValue)")
+        }
+    }
+}

@@ -1,0 +1,238 @@
+public import Foundation
+
+/// The stages of a secure-aggregation cycle, in order; a server ends in `done` or `abandoned`.
+public enum SecureAggregationStage: String, Sendable, Hashable, Codable {
+    /// Devices advertise their two public keys.
+    case advertiseKeys = "advertise_keys"
+    /// Devices send encrypted shares of their secrets to their neighbours through the server.
+    case shareKeys = "share_keys"
+    /// Devices send their masked inputs.
+    case maskedInput = "masked_input"
+    /// Devices reveal the shares the server needs to remove the masks.
+    case unmask
+    /// The server has the aggregate.
+    case done
+    /// Too few devices remained; the cycle has no aggregate.
+    case abandoned
+}
+
+/// Device → server (stage advertise_keys): the device's two X25519 public keys, raw 32 bytes each.
+public struct SecureAggregationAdvertisement: Sendable, Hashable, Codable {
+    /// The device's index in the cycle (≥ 1; also its Shamir evaluation point).
+    public let device: Int
+    /// The c key, for the encrypted share channel.
+    public let channelPublicKey: Data
+    /// The s key, for pairwise mask seeds.
+    public let maskPublicKey: Data
+
+    enum CodingKeys: String, CodingKey {
+        case device
+        case channelPublicKey = "channel_public_key"
+        case maskPublicKey = "mask_public_key"
+    }
+
+    /// Creates an advertisement.
+    public init(device: Int, channelPublicKey: Data, maskPublicKey: Data) {
+        self.device = device
+        self.channelPublicKey = channelPublicKey
+        self.maskPublicKey = maskPublicKey
+    }
+}
+
+/// Server → device (after advertise_keys): who takes part, the public seed of the neighbour graph, and the
+/// advertisements of the device's neighbours and of the device itself.
+public struct SecureAggregationRoster: Sendable, Hashable, Codable {
+    /// Every device that advertised in time, ascending.
+    public let participants: [Int]
+    /// The public seed of the SecAgg+ neighbour ring.
+    public let graphSeed: Data
+    /// The advertisements of the receiver's neighbours and its own.
+    public let keys: [SecureAggregationAdvertisement]
+
+    enum CodingKeys: String, CodingKey {
+        case participants, keys
+        case graphSeed = "graph_seed"
+    }
+
+    /// Creates a roster.
+    public init(participants: [Int], graphSeed: Data, keys: [SecureAggregationAdvertisement]) {
+        self.participants = participants
+        self.graphSeed = graphSeed
+        self.keys = keys
+    }
+}
+
+/// One encrypted share bundle: the sender's Shamir shares of its self-mask seed and of its s private key, for the
+/// receiver, sealed with ChaCha20-Poly1305 (nonce ‖ ciphertext ‖ tag).
+public struct SecureAggregationEncryptedShare: Sendable, Hashable, Codable {
+    /// The device that made the shares.
+    public let sender: Int
+    /// The device that holds them.
+    public let receiver: Int
+    /// The sealed bundle.
+    public let ciphertext: Data
+
+    /// Creates an encrypted share.
+    public init(sender: Int, receiver: Int, ciphertext: Data) {
+        self.sender = sender
+        self.receiver = receiver
+        self.ciphertext = ciphertext
+    }
+}
+
+/// Device → server (stage share_keys): one encrypted share bundle per neighbour.
+public struct SecureAggregationShareKeys: Sendable, Hashable, Codable {
+    /// The sending device.
+    public let device: Int
+    /// One bundle per neighbour, ascending by receiver.
+    public let shares: [SecureAggregationEncryptedShare]
+
+    /// Creates the message.
+    public init(device: Int, shares: [SecureAggregationEncryptedShare]) {
+        self.device = device
+        self.shares = shares
+    }
+}
+
+/// Server → device (after share_keys): the bundles addressed to the device from neighbours that completed share_keys.
+public struct SecureAggregationShareDelivery: Sendable, Hashable, Codable {
+    /// The receiving device.
+    public let device: Int
+    /// The bundles, ascending by sender.
+    public let shares: [SecureAggregationEncryptedShare]
+
+    /// Creates a delivery.
+    public init(device: Int, shares: [SecureAggregationEncryptedShare]) {
+        self.device = device
+        self.shares = shares
+    }
+}
+
+/// Device → server (stage masked_input): the masked words, model length + 1 (the last one carries the sample
+/// count), each below 2^modulus_bits.
+public struct SecureAggregationMaskedInput: Sendable, Hashable, Codable {
+    /// The sending device.
+    public let device: Int
+    /// The masked words.
+    public let words: [UInt32]
+
+    /// Creates the message.
+    public init(device: Int, words: [UInt32]) {
+        self.device = device
+        self.words = words
+    }
+}
+
+/// Server → device (after masked_input): which of the device's neighbours sent their masked input (survivors) and
+/// which completed share_keys but did not (dropped).
+public struct SecureAggregationUnmaskRequest: Sendable, Hashable, Codable {
+    /// The device asked.
+    public let device: Int
+    /// Neighbours whose self-mask seed shares are wanted, ascending.
+    public let survivors: [Int]
+    /// Neighbours whose s-key shares are wanted, ascending.
+    public let dropped: [Int]
+
+    /// Creates a request.
+    public init(device: Int, survivors: [Int], dropped: [Int]) {
+        self.device = device
+        self.survivors = survivors
+        self.dropped = dropped
+    }
+}
+
+/// One revealed share: whose secret it belongs to, and the share (its index is the revealing device).
+public struct SecureAggregationRevealedShare: Sendable, Hashable, Codable {
+    /// The device whose secret was shared.
+    public let owner: Int
+    /// The share.
+    public let share: ShamirShare
+
+    /// Creates a revealed share.
+    public init(owner: Int, share: ShamirShare) {
+        self.owner = owner
+        self.share = share
+    }
+}
+
+/// Device → server (stage unmask): self-mask seed shares of survivors, s-key shares of dropped devices.
+public struct SecureAggregationUnmaskResponse: Sendable, Hashable, Codable {
+    /// The revealing device.
+    public let device: Int
+    /// Shares of survivors' self-mask seeds.
+    public let selfMaskShares: [SecureAggregationRevealedShare]
+    /// Shares of dropped devices' s private keys.
+    public let secretKeyShares: [SecureAggregationRevealedShare]
+
+    enum CodingKeys: String, CodingKey {
+        case device
+        case selfMaskShares = "self_mask_shares"
+        case secretKeyShares = "secret_key_shares"
+    }
+
+    /// Creates a response.
+    public init(device: Int, selfMaskShares: [SecureAggregationRevealedShare], secretKeyShares: [SecureAggregationRevealedShare]) {
+        self.device = device
+        self.selfMaskShares = selfMaskShares
+        self.secretKeyShares = secretKeyShares
+    }
+}
+
+/// The unmasked aggregate of a cycle.
+public struct SecureAggregationResult: Sendable, Hashable, Codable {
+    /// S = Σ n_i q_i per coordinate (mod 2^modulus_bits; validation keeps it from wrapping).
+    public let sum: [UInt32]
+    /// N = Σ n_i.
+    public let totalSampleCount: Int
+    /// The devices whose inputs are in the sum, ascending.
+    public let survivors: [Int]
+    /// The dequantised weighted mean Σ n_i x_i / N (within 2c/(Q − 1) of the clipped inputs' mean).
+    public let mean: [Float]
+
+    enum CodingKeys: String, CodingKey {
+        case sum, survivors, mean
+        case totalSampleCount = "total_sample_count"
+    }
+
+    /// Creates a result.
+    public init(sum: [UInt32], totalSampleCount: Int, survivors: [Int], mean: [Float]) {
+        self.sum = sum
+        self.totalSampleCount = totalSampleCount
+        self.survivors = survivors
+        self.mean = mean
+    }
+}
+
+/// The bundle a device seals for a neighbour: sender, receiver, and its two shares, as little-endian words.
+struct ShareBundle {
+    var sender: Int
+    var receiver: Int
+    var selfMaskShare: ShamirShare
+    var secretKeyShare: ShamirShare
+
+    static let chunks = ShamirSecretSharing.chunkCount(byteCount: SecureAggregationCrypto.keyByteCount)
+
+    var encoded: Data {
+        var data = Data()
+        data.appendLittleEndian(UInt64(bitPattern: Int64(sender)))
+        data.appendLittleEndian(UInt64(bitPattern: Int64(receiver)))
+        data.append(selfMaskShare.bytes)
+        data.append(secretKeyShare.bytes)
+        return data
+    }
+
+    init(sender: Int, receiver: Int, selfMaskShare: ShamirShare, secretKeyShare: ShamirShare) {
+        self.sender = sender
+        self.receiver = receiver
+        self.selfMaskShare = selfMaskShare
+        self.secretKeyShare = secretKeyShare
+    }
+
+    init?(_ data: Data) {
+        guard data.count == 16 + 16 * Self.chunks, let words = ShamirShare.values(from: data) else { return nil }
+        sender = Int(Int64(bitPattern: words[0]))
+        receiver = Int(Int64(bitPattern: words[1]))
+        selfMaskShare = ShamirShare(index: receiver, values: Array(words[2..<(2 + Self.chunks)]))
+        secretKeyShare = ShamirShare(index: receiver, values: Array(words[(2 + Self.chunks)...]))
+    }
+}

@@ -1,0 +1,356 @@
+public import Foundation
+
+/// What the server's driver must do after an event: send a stage's message to a device, or report the end.
+public enum SecureAggregationServerAction: Sendable, Hashable {
+    /// Send `roster` to `device` (after advertise_keys closes).
+    case sendRoster(device: Int, roster: SecureAggregationRoster)
+    /// Send `delivery` to `device` (after share_keys closes).
+    case deliverShares(device: Int, delivery: SecureAggregationShareDelivery)
+    /// Send `request` to `device` (after masked_input closes).
+    case requestUnmask(device: Int, request: SecureAggregationUnmaskRequest)
+    /// These devices missed the stage that just closed and are out of the cycle (their later messages are refused).
+    case dropped(devices: [Int], stage: SecureAggregationStage)
+    /// The cycle is done: the unmasked aggregate.
+    case finished(SecureAggregationResult)
+    /// The cycle cannot finish: too few devices remain at some stage.
+    case abandoned(reason: String)
+}
+
+/// An input to ``SecureAggregationServer/handle(_:using:)``.
+public enum SecureAggregationServerEvent: Sendable, Hashable {
+    /// A device's advertisement.
+    case advertisement(SecureAggregationAdvertisement)
+    /// A device's encrypted share bundles.
+    case shareKeys(SecureAggregationShareKeys)
+    /// A device's masked input.
+    case maskedInput(SecureAggregationMaskedInput)
+    /// A device's revealed shares.
+    case unmask(SecureAggregationUnmaskResponse)
+    /// The stage's deadline passed, or every expected message is in.
+    case closeStage
+}
+
+/// The server side of secure aggregation as a pure state machine: messages are checked and absorbed as they come;
+/// ``closeStage(using:)`` (called by the driver at the stage deadline, or when all devices are in) decides who goes
+/// on and returns what to send. Below the threshold at any stage the cycle is abandoned.
+///
+/// Threshold rule: every device still in must keep at least `threshold` neighbours still in, since those hold the
+/// shares that unmask it (for the complete graph: at least threshold + 1 devices).
+///
+/// Memory: the masked inputs are summed as they arrive (model length + 1 words); only the share bundles in transit
+/// (participants × neighbours) are kept besides. The state is `Codable`, to be persisted between stages.
+public struct SecureAggregationServer: Sendable, Codable {
+    /// The cycle's configuration.
+    public let configuration: SecureAggregationConfiguration
+    /// The cycle's context string, as the devices have it.
+    public let context: String
+    /// The most devices the cycle admits.
+    public let maximumDevices: Int
+    /// The largest sample count a device may use.
+    public let maximumSampleCount: Int
+    /// The model's length in coordinates.
+    public let modelLength: Int
+    /// The current stage.
+    public private(set) var stage: SecureAggregationStage = .advertiseKeys
+    /// The devices declared dropped so far, ascending.
+    public var dropped: [Int] { droppedDevices.sorted() }
+    /// The aggregate, once done.
+    public private(set) var result: SecureAggregationResult?
+    /// Why the cycle was abandoned, if it was.
+    public private(set) var abandonReason: String?
+
+    var advertisements: [Int: SecureAggregationAdvertisement] = [:]
+    var graph: NeighbourGraph?
+    /// Devices that sent their bundles (U2), then the bundles by receiver.
+    var sharers: Set<Int> = []
+    var bundles: [Int: [SecureAggregationEncryptedShare]] = [:]
+    /// Devices that sent masked inputs (U3), and their running sum.
+    var maskedSenders: Set<Int> = []
+    var maskedSum: [UInt32]
+    /// Revealed shares by owner, and the devices that revealed.
+    var selfMaskShares: [Int: [ShamirShare]] = [:]
+    var secretKeyShares: [Int: [ShamirShare]] = [:]
+    var responders: Set<Int> = []
+    var droppedDevices: Set<Int> = []
+
+    enum CodingKeys: String, CodingKey {
+        case configuration, context, stage, result, advertisements, graph, sharers, bundles, responders
+        case maximumDevices = "maximum_devices"
+        case maximumSampleCount = "maximum_sample_count"
+        case modelLength = "model_length"
+        case abandonReason = "abandon_reason"
+        case maskedSenders = "masked_senders"
+        case maskedSum = "masked_sum"
+        case selfMaskShares = "self_mask_shares"
+        case secretKeyShares = "secret_key_shares"
+        case droppedDevices = "dropped_devices"
+    }
+
+    /// A server for a cycle of at most `maximumDevices` devices.
+    /// - Throws: `invalid_configuration` from ``SecureAggregationConfiguration/validate(devices:maximumSampleCount:)``,
+    ///   or for a model length below 1.
+    public init(configuration: SecureAggregationConfiguration, context: String, maximumDevices: Int, maximumSampleCount: Int, modelLength: Int) throws(SecureAggregationError) {
+        try configuration.validate(devices: maximumDevices, maximumSampleCount: maximumSampleCount)
+        guard modelLength >= 1 else { throw SecureAggregationError(.invalidConfiguration, "the model length must be at least 1, not \(modelLength)") }
+        self.configuration = configuration
+        self.context = context
+        self.maximumDevices = maximumDevices
+        self.maximumSampleCount = maximumSampleCount
+        self.modelLength = modelLength
+        maskedSum = [UInt32](repeating: 0, count: modelLength + 1)
+    }
+
+    /// Handles one event: messages return no actions, ``SecureAggregationServerEvent/closeStage`` returns the stage's.
+    public mutating func handle(_ event: SecureAggregationServerEvent, using generator: inout some RandomNumberGenerator) throws(SecureAggregationError) -> [SecureAggregationServerAction] {
+        switch event {
+        case .advertisement(let message): try receiveAdvertisement(message)
+        case .shareKeys(let message): try receiveShareKeys(message)
+        case .maskedInput(let message): try addMaskedInput(device: message.device, words: message.words)
+        case .unmask(let message): try receiveUnmask(message)
+        case .closeStage: return try closeStage(using: &generator)
+        }
+        return []
+    }
+
+    // MARK: Messages
+
+    /// Stage advertise_keys: records a device's public keys.
+    /// - Throws: `out_of_order`; `invalid_message` for an index below 1 or keys that are not X25519 public keys;
+    ///   `duplicate_message` for a second advertisement of a device; `duplicate_key` for a key another device uses;
+    ///   `belowThreshold` never; `invalid_message` beyond ``maximumDevices``.
+    public mutating func receiveAdvertisement(_ message: SecureAggregationAdvertisement) throws(SecureAggregationError) {
+        try expect(.advertiseKeys, from: message.device)
+        guard message.device >= 1 else { throw SecureAggregationError(.invalidMessage, "device indices start at 1, not \(message.device)") }
+        guard advertisements[message.device] == nil else {
+            throw SecureAggregationError(.duplicateMessage, "device \(message.device) already advertised its keys")
+        }
+        guard advertisements.count < maximumDevices else {
+            throw SecureAggregationError(.invalidMessage, "the cycle admits at most \(maximumDevices) devices")
+        }
+        for key in [message.channelPublicKey, message.maskPublicKey] {
+            guard key.count == SecureAggregationCrypto.keyByteCount else {
+                throw SecureAggregationError(.invalidMessage, "device \(message.device) advertised a key of \(key.count) bytes, not 32")
+            }
+        }
+        guard message.channelPublicKey != message.maskPublicKey,
+              !advertisements.values.contains(where: { [$0.channelPublicKey, $0.maskPublicKey].contains(message.channelPublicKey) || [$0.channelPublicKey, $0.maskPublicKey].contains(message.maskPublicKey) })
+        else {
+            throw SecureAggregationError(.duplicateKey, "device \(message.device) advertised a public key already in use")
+        }
+        advertisements[message.device] = message
+    }
+
+    /// Stage share_keys: records a device's bundles, one per neighbour.
+    /// - Throws: `out_of_order`; `unknown_device` / `dropped_device` for a device not in the roster or dropped;
+    ///   `duplicate_message` for a second message; `invalid_message` unless the bundles come from the device and go
+    ///   to each of its neighbours exactly once.
+    public mutating func receiveShareKeys(_ message: SecureAggregationShareKeys) throws(SecureAggregationError) {
+        try expect(.shareKeys, from: message.device)
+        guard let graph, graph.contains(message.device) else { throw unknown(message.device) }
+        guard !sharers.contains(message.device) else {
+            throw SecureAggregationError(.duplicateMessage, "device \(message.device) already sent its shares")
+        }
+        let receivers = message.shares.map(\.receiver)
+        guard message.shares.allSatisfy({ $0.sender == message.device }), receivers.sorted() == graph.neighbours(of: message.device) else {
+            throw SecureAggregationError(.invalidMessage, "device \(message.device) must send one bundle to each of its neighbours \(graph.neighbours(of: message.device))")
+        }
+        for share in message.shares { bundles[share.receiver, default: []].append(share) }
+        sharers.insert(message.device)
+    }
+
+    /// Stage masked_input: adds a device's masked words to the running sum.
+    /// - Throws: `out_of_order`; `unknown_device` / `dropped_device`; `duplicate_message`; `invalid_message` for
+    ///   a length other than model length + 1 or a word at or above 2^modulus_bits.
+    public mutating func addMaskedInput(device: Int, words: [UInt32]) throws(SecureAggregationError) {
+        try expect(.maskedInput, from: device)
+        guard sharers.contains(device) else { throw unknown(device) }
+        guard !maskedSenders.contains(device) else {
+            throw SecureAggregationError(.duplicateMessage, "device \(device) already sent its masked input")
+        }
+        guard words.count == modelLength + 1 else {
+            throw SecureAggregationError(.invalidMessage, "device \(device) sent \(words.count) words, not \(modelLength + 1)")
+        }
+        let mask = configuration.modulusMask
+        guard words.allSatisfy({ $0 & ~mask == 0 }) else {
+            throw SecureAggregationError(.invalidMessage, "device \(device) sent a word at or above 2^\(configuration.modulusBits)")
+        }
+        for i in words.indices { maskedSum[i] = (maskedSum[i] &+ words[i]) & mask }
+        maskedSenders.insert(device)
+    }
+
+    /// Stage unmask: records a device's revealed shares.
+    /// - Throws: `out_of_order`; `unknown_device` / `dropped_device`; `duplicate_message`; `invalid_message`
+    ///   unless the shares are exactly those requested, each at the device's index.
+    public mutating func receiveUnmask(_ message: SecureAggregationUnmaskResponse) throws(SecureAggregationError) {
+        try expect(.unmask, from: message.device)
+        guard maskedSenders.contains(message.device) else { throw unknown(message.device) }
+        guard !responders.contains(message.device) else {
+            throw SecureAggregationError(.duplicateMessage, "device \(message.device) already revealed its shares")
+        }
+        let request = try unmaskRequest(for: message.device)
+        let chunks = ShamirSecretSharing.chunkCount(byteCount: SecureAggregationCrypto.keyByteCount)
+        let all = message.selfMaskShares + message.secretKeyShares
+        guard message.selfMaskShares.map(\.owner) == request.survivors, message.secretKeyShares.map(\.owner) == request.dropped,
+              all.allSatisfy({ $0.share.index == message.device && $0.share.values.count == chunks })
+        else {
+            throw SecureAggregationError(.invalidMessage, "device \(message.device) did not reveal exactly the requested shares")
+        }
+        for revealed in message.selfMaskShares { selfMaskShares[revealed.owner, default: []].append(revealed.share) }
+        for revealed in message.secretKeyShares { secretKeyShares[revealed.owner, default: []].append(revealed.share) }
+        responders.insert(message.device)
+    }
+
+    // MARK: Per-device messages (also for a driver that lets devices fetch them)
+
+    /// The roster for `device` (from share_keys on): all participants, the graph seed, its neighbours' and its own keys.
+    public func roster(for device: Int) throws(SecureAggregationError) -> SecureAggregationRoster {
+        guard let graph else { throw SecureAggregationError(.outOfOrder, "the roster exists once advertise_keys has closed") }
+        guard graph.contains(device) else { throw unknown(device) }
+        let keys = (graph.neighbours(of: device) + [device]).sorted().compactMap { advertisements[$0] }
+        return SecureAggregationRoster(participants: graph.participants, graphSeed: graph.seed, keys: keys)
+    }
+
+    /// The bundles for `device` (during masked_input): those from neighbours that completed share_keys.
+    public func delivery(for device: Int) throws(SecureAggregationError) -> SecureAggregationShareDelivery {
+        guard stage == .maskedInput else { throw SecureAggregationError(.outOfOrder, "deliveries exist during masked_input, not \(stage.rawValue)") }
+        guard sharers.contains(device) else { throw unknown(device) }
+        let shares = (bundles[device] ?? []).filter { sharers.contains($0.sender) }.sorted { $0.sender < $1.sender }
+        return SecureAggregationShareDelivery(device: device, shares: shares)
+    }
+
+    /// The unmask request for `device` (from unmask on): its surviving and its dropped neighbours among those that
+    /// completed share_keys.
+    public func unmaskRequest(for device: Int) throws(SecureAggregationError) -> SecureAggregationUnmaskRequest {
+        guard [.unmask, .done].contains(stage), let graph else { throw SecureAggregationError(.outOfOrder, "unmask requests exist once masked_input has closed") }
+        guard maskedSenders.contains(device) else { throw unknown(device) }
+        let neighbours = graph.neighbours(of: device).filter { sharers.contains($0) }
+        return SecureAggregationUnmaskRequest(
+            device: device, survivors: neighbours.filter { maskedSenders.contains($0) }, dropped: neighbours.filter { !maskedSenders.contains($0) })
+    }
+
+    // MARK: Closing stages
+
+    /// Closes the current stage: devices that did not send its message are dropped, the threshold is checked, and
+    /// the next stage's messages (or the aggregate) are returned.
+    /// - Throws: `out_of_order` once done or abandoned.
+    public mutating func closeStage(using generator: inout some RandomNumberGenerator) throws(SecureAggregationError) -> [SecureAggregationServerAction] {
+        switch stage {
+        case .advertiseKeys:
+            let participants = advertisements.keys.sorted()
+            let seed = SecureAggregationCrypto.randomBytes(SecureAggregationCrypto.keyByteCount, using: &generator)
+            let graph = NeighbourGraph(participants: participants, shares: configuration.shares, seed: seed)
+            self.graph = graph
+            if let reason = shortfall(among: Set(participants), of: participants, graph: graph, stage: "advertise_keys") { return abandon(reason) }
+            stage = .shareKeys
+            var actions: [SecureAggregationServerAction] = []
+            for device in participants { actions.append(.sendRoster(device: device, roster: try roster(for: device))) }
+            return actions
+        case .shareKeys:
+            guard let graph else { return abandon("no roster") }
+            let missing = graph.participants.filter { !sharers.contains($0) }
+            var actions = drop(missing, at: .shareKeys)
+            if let reason = shortfall(among: sharers, of: sharers.sorted(), graph: graph, stage: "share_keys") { return actions + abandon(reason) }
+            stage = .maskedInput
+            for device in sharers.sorted() { actions.append(.deliverShares(device: device, delivery: try delivery(for: device))) }
+            return actions
+        case .maskedInput:
+            guard let graph else { return abandon("no roster") }
+            bundles = [:]
+            var actions = drop(sharers.sorted().filter { !maskedSenders.contains($0) }, at: .maskedInput)
+            if let reason = shortfall(among: maskedSenders, of: sharers.sorted(), graph: graph, stage: "masked_input") { return actions + abandon(reason) }
+            stage = .unmask
+            for device in maskedSenders.sorted() { actions.append(.requestUnmask(device: device, request: try unmaskRequest(for: device))) }
+            return actions
+        case .unmask:
+            do {
+                let result = try unmaskedResult()
+                self.result = result
+                stage = .done
+                maskedSum = []
+                return [.finished(result)]
+            } catch {
+                return abandon(error.message)
+            }
+        case .done, .abandoned:
+            throw SecureAggregationError(.outOfOrder, "the cycle is \(stage.rawValue); no stage is open")
+        }
+    }
+
+    /// The reason to abandon when one of `devices` keeps fewer than `threshold` neighbours in `live`.
+    func shortfall(among live: Set<Int>, of devices: [Int], graph: NeighbourGraph, stage: String) -> String? {
+        guard live.count > configuration.threshold else {
+            return "after \(stage), \(live.count) devices remain, fewer than threshold + 1 = \(configuration.threshold + 1)"
+        }
+        for device in devices {
+            let count = graph.neighbours(of: device).filter { live.contains($0) }.count
+            if count < configuration.threshold {
+                return "after \(stage), device \(device) keeps \(count) of its neighbours, fewer than the threshold \(configuration.threshold) (\(live.count) devices remain)"
+            }
+        }
+        return nil
+    }
+
+    mutating func drop(_ devices: [Int], at stage: SecureAggregationStage) -> [SecureAggregationServerAction] {
+        guard !devices.isEmpty else { return [] }
+        droppedDevices.formUnion(devices)
+        return [.dropped(devices: devices, stage: stage)]
+    }
+
+    mutating func abandon(_ reason: String) -> [SecureAggregationServerAction] {
+        stage = .abandoned
+        abandonReason = reason
+        bundles = [:]
+        maskedSum = []
+        return [.abandoned(reason: reason)]
+    }
+
+    /// Removes the masks: each survivor's self mask (seed from its neighbours' shares), and each dropped device's
+    /// pairwise masks with its surviving neighbours (its s key from its neighbours' shares, checked against its
+    /// advertised public key).
+    func unmaskedResult() throws(SecureAggregationError) -> SecureAggregationResult {
+        guard let graph else { throw SecureAggregationError(.outOfOrder, "no roster") }
+        let t = configuration.threshold, bits = configuration.modulusBits
+        var sum = maskedSum
+        for device in maskedSenders.sorted() {
+            let shares = selfMaskShares[device] ?? []
+            guard shares.count >= t else {
+                throw SecureAggregationError(.belowThreshold, "only \(shares.count) shares of device \(device)'s self-mask seed were revealed, fewer than the threshold \(t)")
+            }
+            let seed = try ShamirSecretSharing.reconstruct(shares, threshold: t, byteCount: SecureAggregationCrypto.keyByteCount)
+            try MaskExpansion.apply(seed: Data(seed), to: &sum, modulusBits: bits, subtracting: true)
+        }
+        for device in sharers.sorted() where !maskedSenders.contains(device) {
+            let shares = secretKeyShares[device] ?? []
+            guard shares.count >= t else {
+                throw SecureAggregationError(.belowThreshold, "only \(shares.count) shares of dropped device \(device)'s key were revealed, fewer than the threshold \(t)")
+            }
+            let key = Data(try ShamirSecretSharing.reconstruct(shares, threshold: t, byteCount: SecureAggregationCrypto.keyByteCount))
+            guard let advertised = advertisements[device], try SecureAggregationCrypto.publicKey(ofPrivateKey: key) == advertised.maskPublicKey else {
+                throw SecureAggregationError(.reconstructionFailed, "the key reconstructed for dropped device \(device) does not match its advertised key")
+            }
+            for survivor in graph.neighbours(of: device) where maskedSenders.contains(survivor) {
+                guard let peerKey = advertisements[survivor]?.maskPublicKey else { continue }
+                let seed = try SecureAggregationCrypto.pairwiseMaskSeed(privateKey: key, peerPublicKey: peerKey, device: device, peer: survivor, context: context)
+                // The survivor added the mask toward a higher index and subtracted it toward a lower one: undo that.
+                try MaskExpansion.apply(seed: seed, to: &sum, modulusBits: bits, subtracting: survivor < device)
+            }
+        }
+        let total = Int(sum.removeLast())
+        let mean = SecureAggregationQuantization.mean(sum, totalSampleCount: total, clippingRange: configuration.clippingRange, levels: configuration.quantizationRange)
+        return SecureAggregationResult(sum: sum, totalSampleCount: total, survivors: maskedSenders.sorted(), mean: mean)
+    }
+
+    func expect(_ expected: SecureAggregationStage, from device: Int) throws(SecureAggregationError) {
+        guard !droppedDevices.contains(device) else {
+            throw SecureAggregationError(.droppedDevice, "device \(device) was dropped from this cycle")
+        }
+        guard stage == expected else {
+            throw SecureAggregationError(.outOfOrder, "the server is at stage \(stage.rawValue), not \(expected.rawValue)")
+        }
+    }
+
+    func unknown(_ device: Int) -> SecureAggregationError {
+        if droppedDevices.contains(device) { return SecureAggregationError(.droppedDevice, "device \(device) was dropped from this cycle") }
+        return SecureAggregationError(.unknownDevice, "device \(device) is not part of this stage of the cycle")
+    }
+}

@@ -1,0 +1,61 @@
+import Foundation
+import OrchardPrivacy
+import OrchardSupport
+import Testing
+
+/// Key agreement, the share channel and mask expansion.
+@Suite struct SecureAggregationCryptoTests {
+    @Test func maskExpansionIsDeterministicAndSeedDependent() throws {
+        let seedA = Data((0..<32).map { UInt8($0) }), seedB = Data((0..<32).map { UInt8($0 == 31 ? 0 : $0) })
+        let a1 = try MaskExpansion.expand(seed: seedA, count: 1000, modulusBits: 32)
+        let a2 = try MaskExpansion.expand(seed: seedA, count: 1000, modulusBits: 32)
+        let b = try MaskExpansion.expand(seed: seedB, count: 1000, modulusBits: 32)
+        #expect(a1 == a2)
+        #expect(zip(a1, b).filter { $0 == $1 }.count < 3)
+        // A prefix of a longer stream; narrower moduli are the low bits.
+        #expect(try MaskExpansion.expand(seed: seedA, count: 10, modulusBits: 32) == Array(a1.prefix(10)))
+        let narrow = try MaskExpansion.expand(seed: seedA, count: 1000, modulusBits: 20)
+        #expect(narrow == a1.map { $0 & 0xFFFFF })
+        // Roughly uniform: the mean of 1000 32-bit words is near 2^31.
+        let mean = a1.reduce(0.0) { $0 + Double($1) } / 1000
+        #expect(abs(mean / 2_147_483_648 - 1) < 0.06)
+        #expect(throws: SecureAggregationError.self) { try MaskExpansion.expand(seed: Data(count: 16), count: 4, modulusBits: 32) }
+    }
+
+    @Test func pairwiseSeedsAgreeAndDependOnPairAndContext() throws {
+        var generator = SplitMix64(seed: 5)
+        let a = SecureAggregationCrypto.generatePrivateKey(using: &generator), b = SecureAggregationCrypto.generatePrivateKey(using: &generator)
+        let c = SecureAggregationCrypto.generatePrivateKey(using: &generator)
+        let pa = try SecureAggregationCrypto.publicKey(ofPrivateKey: a), pb = try SecureAggregationCrypto.publicKey(ofPrivateKey: b)
+        let pc = try SecureAggregationCrypto.publicKey(ofPrivateKey: c)
+        let ab = try SecureAggregationCrypto.pairwiseMaskSeed(privateKey: a, peerPublicKey: pb, device: 3, peer: 8, context: "x")
+        let ba = try SecureAggregationCrypto.pairwiseMaskSeed(privateKey: b, peerPublicKey: pa, device: 8, peer: 3, context: "x")
+        #expect(ab == ba && ab.count == 32)
+        #expect(try SecureAggregationCrypto.pairwiseMaskSeed(privateKey: a, peerPublicKey: pb, device: 3, peer: 8, context: "y") != ab)
+        #expect(try SecureAggregationCrypto.pairwiseMaskSeed(privateKey: a, peerPublicKey: pb, device: 3, peer: 9, context: "x") != ab)
+        #expect(try SecureAggregationCrypto.pairwiseMaskSeed(privateKey: a, peerPublicKey: pc, device: 3, peer: 8, context: "x") != ab)
+    }
+
+    @Test func sealedSharesOpenOnlyForTheirPairAndContext() throws {
+        var generator = SplitMix64(seed: 6)
+        let a = SecureAggregationCrypto.generatePrivateKey(using: &generator), b = SecureAggregationCrypto.generatePrivateKey(using: &generator)
+        let c = SecureAggregationCrypto.generatePrivateKey(using: &generator)
+        let pa = try SecureAggregationCrypto.publicKey(ofPrivateKey: a), pb = try SecureAggregationCrypto.publicKey(ofPrivateKey: b)
+        let message = Data("the shares of device 1 for device 2".utf8)
+        let sealed = try SecureAggregationCrypto.seal(message, privateKey: a, peerPublicKey: pb, sender: 1, receiver: 2, context: "ctx", using: &generator)
+        #expect(sealed.count == message.count + 12 + 16)
+        #expect(try SecureAggregationCrypto.open(sealed, privateKey: b, peerPublicKey: pa, sender: 1, receiver: 2, context: "ctx") == message)
+        func fails(_ body: () throws -> Data) {
+            let error = #expect(throws: SecureAggregationError.self) { _ = try body() }
+            #expect(error?.code == .cryptographyFailure)
+        }
+        var tampered = sealed
+        tampered[tampered.startIndex + 20] ^= 1
+        fails { try SecureAggregationCrypto.open(tampered, privateKey: b, peerPublicKey: pa, sender: 1, receiver: 2, context: "ctx") }
+        // The receiver, the direction and the context are bound.
+        fails { try SecureAggregationCrypto.open(sealed, privateKey: c, peerPublicKey: pa, sender: 1, receiver: 2, context: "ctx") }
+        fails { try SecureAggregationCrypto.open(sealed, privateKey: b, peerPublicKey: pa, sender: 2, receiver: 1, context: "ctx") }
+        fails { try SecureAggregationCrypto.open(sealed, privateKey: b, peerPublicKey: pa, sender: 1, receiver: 2, context: "other") }
+        fails { try SecureAggregationCrypto.open(sealed.prefix(10), privateKey: b, peerPublicKey: pa, sender: 1, receiver: 2, context: "ctx") }
+    }
+}
