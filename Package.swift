@@ -240,12 +240,12 @@ let package = Package(
         .testTarget(
             name: "OrchardCoordinatorTests",
             dependencies: [
-                "OrchardCoordinator", "OrchardProtocol", "OrchardTesting", .product(name: "JWTKit", package: "jwt-kit"),
+                "OrchardCoordinator", "OrchardProtocol", "OrchardPrivacy", "OrchardSupport", "OrchardTesting", .product(name: "JWTKit", package: "jwt-kit"),
                 .product(name: "PropertyBased", package: "swift-property-based"),
             ],
             swiftSettings: swiftSettings
         ),
-        .testTarget(name: "OrchardClientTests", dependencies: ["OrchardClient", "OrchardCoordinator", "OrchardInProcess", "OrchardTesting", .product(name: "Crypto", package: "swift-crypto"), .product(name: "Clocks", package: "swift-clocks")], swiftSettings: swiftSettings),
+        .testTarget(name: "OrchardClientTests", dependencies: ["OrchardClient", "OrchardCoordinator", "OrchardSupport", "OrchardFormats", "OrchardInProcess", "OrchardTesting", .product(name: "Crypto", package: "swift-crypto"), .product(name: "Clocks", package: "swift-clocks")], swiftSettings: swiftSettings),
         .testTarget(
             name: "OrchardBenchmarksTests",
             dependencies: [
@@ -258,6 +258,6 @@ let package = Package(
         ),
         // The `orchard` executable run as a child process: option parsing, help, one-line outputs.
         .testTarget(name: "OrchardCLITests", dependencies: ["OrchardTesting"], swiftSettings: swiftSettings),
-        .testTarget(name: "OrchardSimulationTests", dependencies: ["OrchardSimulation", "OrchardTesting", "OrchardCoordinator", "OrchardClient", "OrchardInProcess", "OrchardProtocol", "OrchardFormats"], swiftSettings: swiftSettings),
+        .testTarget(name: "OrchardSimulationTests", dependencies: ["OrchardSimulation", "OrchardTesting", "OrchardPrivacy", "OrchardSupport", "OrchardCoordinator", "OrchardClient", "OrchardInProcess", "OrchardProtocol", "OrchardFormats"], swiftSettings: swiftSettings),
     ]
 )

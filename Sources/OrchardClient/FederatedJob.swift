@@ -244,7 +244,8 @@ public final class FederatedJob: Sendable {
                 var outcome = try await body(context)
                 if case .completed(let update) = outcome, let privacy = input.plan.localPrivacy {
                     var generator = configuration.environment.noiseGenerator
-                    outcome = .completed(try LocalDifferentialPrivacy.apply(privacy, to: update, using: &generator))
+                    let frozen = Set(input.plan.model.layers.filter(\.frozen).map(\.name))
+                    outcome = .completed(try LocalDifferentialPrivacy.apply(privacy, to: update, frozenLayers: frozen, using: &generator))
                 }
                 return machine.trainingEnded(outcome)
             } catch let error as OrchardClientError {

@@ -2,22 +2,29 @@ import OrchardFormats
 import OrchardPrivacy
 import OrchardProtocol
 
-/// Local differential privacy on the device: the whole update (every tensor, as one vector) is clipped to the
-/// plan's L2 bound C, then N(0, (z·C)²) is added to every value, before the report is written; the coordinator
-/// never sees the update without its noise.
+/// Local differential privacy on the device: the whole update (every trainable tensor, as one vector) is clipped to
+/// the plan's L2 bound C, then N(0, (z·C)²) is added to every value, before the report is written; the coordinator
+/// never sees the update without its noise. Tensors of frozen layers stay zero (they carry nothing to protect, and
+/// the coordinator refuses a change to them).
 enum LocalDifferentialPrivacy {
     /// The clipped and noised update.
     /// - Throws: `incompatible_model` when the plan's privacy settings are unusable.
-    static func apply(_ privacy: LocalPrivacy, to update: LocalUpdate, using generator: inout some RandomNumberGenerator) throws(OrchardClientError) -> LocalUpdate {
+    /// - Parameter frozenLayers: Names of the model's frozen layers (a tensor `layer.name` belongs to `layer`).
+    static func apply(
+        _ privacy: LocalPrivacy, to update: LocalUpdate, frozenLayers: Set<String> = [], using generator: inout some RandomNumberGenerator
+    ) throws(OrchardClientError) -> LocalUpdate {
         if let failure = privacy.validationFailure() { throw OrchardClientError(.incompatibleModel, "the plan's \(failure)") }
+        let trainable = update.diff.indices.filter { index in
+            !frozenLayers.contains(String(update.diff[index].name.split(separator: ".", maxSplits: 1).first ?? ""))
+        }
         var flat: [Float] = []
-        flat.reserveCapacity(update.diff.reduce(0) { $0 + $1.values.count })
-        for tensor in update.diff { flat.append(contentsOf: tensor.values) }
+        flat.reserveCapacity(trainable.reduce(0) { $0 + update.diff[$1].values.count })
+        for index in trainable { flat.append(contentsOf: update.diff[index].values) }
         Clipping.clip(&flat, to: privacy.clippingNorm)
         GaussianNoise.add(to: &flat, standardDeviation: privacy.noiseMultiplier * privacy.clippingNorm, using: &generator)
         var noised = update
         var offset = 0
-        for index in noised.diff.indices {
+        for index in trainable {
             let count = noised.diff[index].values.count
             noised.diff[index].values = Array(flat[offset..<(offset + count)])
             offset += count

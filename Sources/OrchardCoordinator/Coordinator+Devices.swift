@@ -24,6 +24,13 @@ extension Coordinator {
         else {
             throw CoordinatorError(.unknownProcess, "no process '\(request.processName)' version \(request.processVersion)")
         }
+        if runtime.process.serverConfig.privacy?.mode == .local && request.protocolVersion < WireProtocol.localPrivacyVersion {
+            // An older device would ignore the plan's local_privacy and send its update without noise.
+            throw CoordinatorError(
+                .unsupportedVersion,
+                "process '\(request.processName)' uses local differential privacy, which needs protocol \(WireProtocol.localPrivacyVersion) or later; this device speaks \(request.protocolVersion)"
+            )
+        }
         let now = clock.date
         let identity = try await runtime.authenticator.identity(of: request.authToken, now: now)
         let isOpen = runtime.process.serverConfig.authentication.mode == .open

@@ -75,8 +75,11 @@ public enum WireProtocol {
     /// it closed the cycle; a 1.x device is refused at authentication (`unsupported_version`) rather than failing
     /// to decode an assignment. 2.1 (additive): the authenticate answer announces the speed-test sizes
     /// (`speed_test_download_bytes`, `speed_test_upload_bytes`), the speed test takes the device's session, and
-    /// rate-limited calls answer 429 `rate_limited` with `Retry-After`.
-    public static let version = SemanticVersion(2, 1, 0)
+    /// rate-limited calls answer 429 `rate_limited` with `Retry-After`. 2.2 (additive): `server_config.privacy`,
+    /// the plan's `local_privacy` and the status's `privacy`.
+    public static let version = SemanticVersion(2, 2, 0)
+    /// The first version whose devices apply a plan's `local_privacy`; older ones are refused by local-DP processes.
+    public static let localPrivacyVersion = SemanticVersion(2, 2, 0)
     /// The HTTP header carrying the sender's protocol version.
     public static let versionHeader = "Orchard-Protocol-Version"
     /// The path prefix of every versioned endpoint.

@@ -77,6 +77,15 @@ struct SimulateCommand: AsyncParsableCommand {
         "evaluateEvery": "--eval-every", "dropout": "--dropout", "windowSeconds": "--window-seconds", "cycleSeconds": "--cycle-seconds",
     ]
 
+    /// The option behind each `server_config.privacy` field, longest names first.
+    static let privacyFlags = [
+        ("server_config.privacy.adaptive_clipping.target_quantile", "--dp-adaptive-quantile"),
+        ("server_config.privacy.adaptive_clipping.initial_norm", "--dp-clip"), ("server_config.privacy.clipping_norm", "--dp-clip"),
+        ("server_config.privacy.noise_multiplier", "--dp-noise-multiplier"), ("server_config.privacy.delta", "--dp-delta"),
+        ("server_config.privacy.population", "--population"), ("goal_count", "the goal (--fraction × --clients)"),
+        ("server_config.privacy.adaptive_clipping.count_stddev", "the count noise"),
+    ]
+
     /// The scenario the options describe: the dataset's defaults with every given option applied.
     func makeConfiguration() throws(SimulationError) -> SimulationConfiguration {
         var c: SimulationConfiguration = dataset.imageDirectory == nil ? .housing : .images(dataset)
@@ -99,6 +108,10 @@ struct SimulateCommand: AsyncParsableCommand {
         if let seed { c.seed = seed }
         if let output { c.output = URL(fileURLWithPath: output) }
         c.privacy = try privacy(clients: c.clients)
+        if let privacy = c.privacy, var failure = privacy.validationFailure(goalCount: c.goal) {
+            for (field, flag) in Self.privacyFlags { failure = failure.replacingOccurrences(of: field, with: flag) }
+            throw SimulationError(.invalidOption, failure)
+        }
         try c.validate()
         return c
     }

@@ -60,6 +60,7 @@ let usageError: Int32 = 64
         (["simulate", "--availability", "weekly"], "--availability", "'always', 'diurnal' or 'trace:FILE'"),
         (["simulate", "--dataset", "csv"], "--dataset", "'housing', 'fashion-mnist' or 'idx:PATH'"),
         (["simulate", "--partition", "dirichlet:-1"], "--partition", "'iid', 'shards' or 'dirichlet:α'"),
+        (["simulate", "--dp-noise-multiplier", "1", "--dp-mode", "distributed"], "--dp-mode", "'central' and 'local'"),
     ]
 
     @Test(arguments: wrongValues)
@@ -113,6 +114,13 @@ let usageError: Int32 = 64
         (["simulate", "--clients", "0"], "--clients must be at least 1"),
         (["simulate", "--lr", "0"], "--lr must be a positive number"),
         (["simulate", "--over-selection", "0.5"], "--over-selection must be at least 1"),
+        (["simulate", "--dp-clip", "1"], "--dp-clip needs --dp-noise-multiplier"),
+        (["simulate", "--population", "1000"], "--population needs --dp-noise-multiplier"),
+        (["simulate", "--dp-noise-multiplier", "0"], "--dp-noise-multiplier must be in (0, 1000]"),
+        (["simulate", "--dp-noise-multiplier", "1", "--dp-clip=-2"], "--dp-clip must be a positive finite number"),
+        (["simulate", "--dp-noise-multiplier", "1", "--dp-delta", "2"], "--dp-delta must be in (0, 1)"),
+        (["simulate", "--dp-noise-multiplier", "1", "--dp-adaptive-quantile", "1.5"], "--dp-adaptive-quantile must be in (0, 1)"),
+        (["simulate", "--dp-noise-multiplier", "1", "--population", "3"], "--population (3) must be at least the goal"),
         (["serve", "--open-auth-burst", "0"], "--open-auth-burst must be at least 1"),
         (["serve", "--open-auth-per-second=-1"], "--open-auth-per-second must be a non-negative number"),
         (["serve", "--max-open-workers=-1"], "--max-open-workers must be non-negative"),

@@ -1,4 +1,6 @@
 import Foundation
+import OrchardPrivacy
+import OrchardProtocol
 import OrchardSupport
 import Testing
 @testable import OrchardSimulation
@@ -67,5 +69,34 @@ import Testing
         #expect(summary.aggregatedRounds >= 4)
         #expect(result.rounds.allSatisfy { $0.bytesUp > 0 || !$0.aggregated })
         #expect(summary.expirations > 0 && summary.resumed > 0)
+    }
+
+    /// `--dp-noise-multiplier`: the coordinator releases noised aggregates and the report says what they cost.
+    @Test func aPrivateFleetReportsTheEpsilonOfEveryRound() async throws {
+        let dir = Self.temporaryDirectory()
+        defer { try? FileManager.default.removeItem(at: dir) }
+        var c = Self.configuration(transport: .memory, directory: dir)
+        c.privacy = PrivacyConfig(clippingNorm: 1, noiseMultiplier: 0.8, population: 1000)
+        let result = try await SimulationRunner.run(c, progress: Self.quiet, clock: ManualClock())
+        var releases = 0
+        for round in result.rounds {
+            if round.aggregated { releases += 1 }
+            let expected = try PrivacyAccountant.epsilon(samplingRate: Double(c.goal) / 1000, noiseMultiplier: 0.8, steps: releases, delta: 1e-5).epsilon
+            let epsilon = try #require(round.epsilon)
+            #expect(abs(epsilon - expected) <= 1e-9 * max(expected, 1), "round \(round.round)")
+        }
+        #expect(releases >= 4)
+        #expect(result.summary.epsilon == result.rounds.last?.epsilon)
+        #expect(result.summary.settings["dp_noise_multiplier"] == "0.8" && result.summary.settings["population"] == "1000")
+        let html = try String(contentsOf: dir.appendingPathComponent("report.html"), encoding: .utf8)
+        #expect(html.contains("privacy spent"))
+        // The same seed gives the same noise: the run is reproducible.
+        let again = try await SimulationRunner.run(c, progress: Self.quiet, clock: ManualClock())
+        #expect(again.rounds.map(\.testRMSE) == result.rounds.map(\.testRMSE))
+        // Local mode noises on the devices: a different model from the central run with the same seed.
+        c.privacy?.mode = .local
+        let local = try await SimulationRunner.run(c, progress: Self.quiet, clock: ManualClock())
+        #expect(local.rounds.map(\.testRMSE) != result.rounds.map(\.testRMSE))
+        #expect(local.rounds.allSatisfy { $0.epsilon != nil })
     }
 }
