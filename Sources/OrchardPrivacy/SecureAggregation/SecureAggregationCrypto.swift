@@ -29,6 +29,10 @@ public enum SecureAggregationCrypto {
     /// computes it from its own private key and the other's public key.
     /// - Throws: `cryptography_failure` for a malformed key or a degenerate (low-order) peer key.
     public static func pairwiseMaskSeed(privateKey: Data, peerPublicKey: Data, device: Int, peer: Int, context: String) throws(SecureAggregationError) -> Data {
+        try pairwiseMaskSeed(privateKey: try agreementKey(privateKey), peerPublicKey: peerPublicKey, device: device, peer: peer, context: context)
+    }
+
+    static func pairwiseMaskSeed(privateKey: Curve25519.KeyAgreement.PrivateKey, peerPublicKey: Data, device: Int, peer: Int, context: String) throws(SecureAggregationError) -> Data {
         let key = try derivedKey(privateKey: privateKey, peerPublicKey: peerPublicKey, label: "pairwise-mask", device: device, peer: peer, context: context)
         return key.withUnsafeBytes { Data($0) }
     }
@@ -38,7 +42,20 @@ public enum SecureAggregationCrypto {
     /// result is nonce ‖ ciphertext ‖ tag, the nonce drawn from `generator`.
     /// - Throws: `cryptography_failure` for a malformed or degenerate key.
     public static func seal(_ plaintext: Data, privateKey: Data, peerPublicKey: Data, sender: Int, receiver: Int, context: String, using generator: inout some RandomNumberGenerator) throws(SecureAggregationError) -> Data {
-        let key = try derivedKey(privateKey: privateKey, peerPublicKey: peerPublicKey, label: "share-channel", device: sender, peer: receiver, context: context)
+        try seal(plaintext, privateKey: try agreementKey(privateKey), peerPublicKey: peerPublicKey, sender: sender, receiver: receiver, context: context, using: &generator)
+    }
+
+    static func seal(_ plaintext: Data, privateKey: Curve25519.KeyAgreement.PrivateKey, peerPublicKey: Data, sender: Int, receiver: Int, context: String, using generator: inout some RandomNumberGenerator) throws(SecureAggregationError) -> Data {
+        let key = try channelKey(privateKey: privateKey, peerPublicKey: peerPublicKey, device: sender, peer: receiver, context: context)
+        return try seal(plaintext, key: key, sender: sender, receiver: receiver, context: context, using: &generator)
+    }
+
+    /// The share-channel key of a pair (the same from either side; the associated data tells the directions apart).
+    static func channelKey(privateKey: Curve25519.KeyAgreement.PrivateKey, peerPublicKey: Data, device: Int, peer: Int, context: String) throws(SecureAggregationError) -> SymmetricKey {
+        try derivedKey(privateKey: privateKey, peerPublicKey: peerPublicKey, label: "share-channel", device: device, peer: peer, context: context)
+    }
+
+    static func seal(_ plaintext: Data, key: SymmetricKey, sender: Int, receiver: Int, context: String, using generator: inout some RandomNumberGenerator) throws(SecureAggregationError) -> Data {
         do {
             let nonce = try ChaChaPoly.Nonce(data: randomBytes(12, using: &generator))
             return try ChaChaPoly.seal(plaintext, using: key, nonce: nonce, authenticating: associatedData(sender: sender, receiver: receiver, context: context)).combined
@@ -50,7 +67,15 @@ public enum SecureAggregationCrypto {
     /// Decrypts and authenticates what ``seal(_:privateKey:peerPublicKey:sender:receiver:context:using:)`` produced.
     /// - Throws: `cryptography_failure` when the ciphertext was altered, or was sealed for another pair or context.
     public static func open(_ ciphertext: Data, privateKey: Data, peerPublicKey: Data, sender: Int, receiver: Int, context: String) throws(SecureAggregationError) -> Data {
-        let key = try derivedKey(privateKey: privateKey, peerPublicKey: peerPublicKey, label: "share-channel", device: sender, peer: receiver, context: context)
+        try open(ciphertext, privateKey: try agreementKey(privateKey), peerPublicKey: peerPublicKey, sender: sender, receiver: receiver, context: context)
+    }
+
+    static func open(_ ciphertext: Data, privateKey: Curve25519.KeyAgreement.PrivateKey, peerPublicKey: Data, sender: Int, receiver: Int, context: String) throws(SecureAggregationError) -> Data {
+        let key = try channelKey(privateKey: privateKey, peerPublicKey: peerPublicKey, device: sender, peer: receiver, context: context)
+        return try open(ciphertext, key: key, sender: sender, receiver: receiver, context: context)
+    }
+
+    static func open(_ ciphertext: Data, key: SymmetricKey, sender: Int, receiver: Int, context: String) throws(SecureAggregationError) -> Data {
         do {
             let box = try ChaChaPoly.SealedBox(combined: ciphertext)
             return try ChaChaPoly.open(box, using: key, authenticating: associatedData(sender: sender, receiver: receiver, context: context))
@@ -67,8 +92,7 @@ public enum SecureAggregationCrypto {
         return data
     }
 
-    static func derivedKey(privateKey: Data, peerPublicKey: Data, label: String, device: Int, peer: Int, context: String) throws(SecureAggregationError) -> SymmetricKey {
-        let own = try agreementKey(privateKey)
+    static func derivedKey(privateKey own: Curve25519.KeyAgreement.PrivateKey, peerPublicKey: Data, label: String, device: Int, peer: Int, context: String) throws(SecureAggregationError) -> SymmetricKey {
         let secret: SharedSecret
         do {
             let other = try Curve25519.KeyAgreement.PublicKey(rawRepresentation: peerPublicKey)

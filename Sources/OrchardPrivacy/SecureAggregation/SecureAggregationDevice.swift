@@ -1,4 +1,5 @@
 public import Foundation
+import Crypto
 
 /// The device side of secure aggregation as a pure state machine: each call takes the server's message for the
 /// stage and returns the device's answer, or throws and leaves the state unchanged.
@@ -26,8 +27,12 @@ public struct SecureAggregationDevice: Sendable, Codable {
     var channelPrivateKey: Data
     var maskPrivateKey: Data
     var selfMaskSeed: Data
+    /// The public keys, computed once.
+    var ownAdvertisement: SecureAggregationAdvertisement
     /// The roster's keys of the neighbours, by device.
     var neighbourKeys: [Int: SecureAggregationAdvertisement] = [:]
+    /// The share-channel key with each neighbour (derived once, in share_keys).
+    var channelKeys: [Int: Data] = [:]
     /// Shares held for neighbours that completed share_keys, by owner.
     var heldSelfMaskShares: [Int: ShamirShare] = [:]
     var heldSecretKeyShares: [Int: ShamirShare] = [:]
@@ -42,7 +47,9 @@ public struct SecureAggregationDevice: Sendable, Codable {
         case channelPrivateKey = "channel_private_key"
         case maskPrivateKey = "mask_private_key"
         case selfMaskSeed = "self_mask_seed"
+        case ownAdvertisement = "advertisement"
         case neighbourKeys = "neighbour_keys"
+        case channelKeys = "channel_keys"
         case heldSelfMaskShares = "held_self_mask_shares"
         case heldSecretKeyShares = "held_secret_key_shares"
         case revealedSelfMask = "revealed_self_mask"
@@ -65,25 +72,21 @@ public struct SecureAggregationDevice: Sendable, Codable {
         channelPrivateKey = SecureAggregationCrypto.generatePrivateKey(using: &generator)
         maskPrivateKey = SecureAggregationCrypto.generatePrivateKey(using: &generator)
         selfMaskSeed = SecureAggregationCrypto.randomBytes(SecureAggregationCrypto.keyByteCount, using: &generator)
+        ownAdvertisement = SecureAggregationAdvertisement(
+            device: index,
+            channelPublicKey: try SecureAggregationCrypto.publicKey(ofPrivateKey: channelPrivateKey),
+            maskPublicKey: try SecureAggregationCrypto.publicKey(ofPrivateKey: maskPrivateKey))
     }
 
     /// The device's advertisement (its two public keys).
-    public var advertisement: SecureAggregationAdvertisement {
-        get throws(SecureAggregationError) {
-            SecureAggregationAdvertisement(
-                device: index,
-                channelPublicKey: try SecureAggregationCrypto.publicKey(ofPrivateKey: channelPrivateKey),
-                maskPublicKey: try SecureAggregationCrypto.publicKey(ofPrivateKey: maskPrivateKey))
-        }
-    }
+    public var advertisement: SecureAggregationAdvertisement { ownAdvertisement }
 
     /// Stage advertise_keys: the two public keys to send.
     /// - Throws: `out_of_order` after this stage.
     public mutating func advertiseKeys() throws(SecureAggregationError) -> SecureAggregationAdvertisement {
         try expect(.advertiseKeys)
-        let message = try advertisement
         stage = .shareKeys
-        return message
+        return ownAdvertisement
     }
 
     /// Stage share_keys: checks the roster and returns, for each neighbour, Shamir shares (threshold t) of the
@@ -111,7 +114,7 @@ public struct SecureAggregationDevice: Sendable, Codable {
                 throw SecureAggregationError(.duplicateKey, "device \(key.device) advertises a public key another entry already uses")
             }
         }
-        guard byDevice.removeValue(forKey: index) == (try advertisement) else {
+        guard byDevice.removeValue(forKey: index) == ownAdvertisement else {
             throw SecureAggregationError(.invalidMessage, "the roster's keys for device \(index) are missing or not the ones it advertised")
         }
         let graph = NeighbourGraph(participants: roster.participants, shares: configuration.shares, seed: roster.graphSeed)
@@ -125,15 +128,19 @@ public struct SecureAggregationDevice: Sendable, Codable {
         let t = configuration.threshold
         let seedShares = try ShamirSecretSharing.split(selfMaskSeed, threshold: t, indices: neighbours, using: &generator)
         let keyShares = try ShamirSecretSharing.split(maskPrivateKey, threshold: t, indices: neighbours, using: &generator)
+        let channelKey = try SecureAggregationCrypto.agreementKey(channelPrivateKey)
         var sealed: [SecureAggregationEncryptedShare] = []
+        var channelKeys: [Int: Data] = [:]
         for (k, neighbour) in neighbours.enumerated() {
             let bundle = ShareBundle(sender: index, receiver: neighbour, selfMaskShare: seedShares[k], secretKeyShare: keyShares[k])
-            let ciphertext = try SecureAggregationCrypto.seal(
-                bundle.encoded, privateKey: channelPrivateKey, peerPublicKey: byDevice[neighbour]!.channelPublicKey,
-                sender: index, receiver: neighbour, context: context, using: &generator)
+            let key = try SecureAggregationCrypto.channelKey(
+                privateKey: channelKey, peerPublicKey: byDevice[neighbour]!.channelPublicKey, device: index, peer: neighbour, context: context)
+            channelKeys[neighbour] = key.withUnsafeBytes { Data($0) }
+            let ciphertext = try SecureAggregationCrypto.seal(bundle.encoded, key: key, sender: index, receiver: neighbour, context: context, using: &generator)
             sealed.append(SecureAggregationEncryptedShare(sender: index, receiver: neighbour, ciphertext: ciphertext))
         }
         neighbourKeys = byDevice
+        self.channelKeys = channelKeys
         stage = .maskedInput
         return SecureAggregationShareKeys(device: index, shares: sealed)
     }
@@ -156,17 +163,16 @@ public struct SecureAggregationDevice: Sendable, Codable {
         guard delivery.device == index else {
             throw SecureAggregationError(.invalidMessage, "the delivery is addressed to device \(delivery.device), not \(index)")
         }
+        let maskKey = try SecureAggregationCrypto.agreementKey(maskPrivateKey)
         var seedShares: [Int: ShamirShare] = [:], keyShares: [Int: ShamirShare] = [:]
         for share in delivery.shares {
-            guard share.receiver == index, let keys = neighbourKeys[share.sender] else {
+            guard share.receiver == index, let key = channelKeys[share.sender] else {
                 throw SecureAggregationError(.invalidMessage, "a bundle from device \(share.sender) to \(share.receiver) is not from a neighbour of device \(index) to it")
             }
             guard seedShares[share.sender] == nil else {
                 throw SecureAggregationError(.invalidMessage, "device \(share.sender) sent device \(index) two bundles")
             }
-            let plaintext = try SecureAggregationCrypto.open(
-                share.ciphertext, privateKey: channelPrivateKey, peerPublicKey: keys.channelPublicKey,
-                sender: share.sender, receiver: index, context: context)
+            let plaintext = try SecureAggregationCrypto.open(share.ciphertext, key: SymmetricKey(data: key), sender: share.sender, receiver: index, context: context)
             guard let bundle = ShareBundle(plaintext), bundle.sender == share.sender, bundle.receiver == index else {
                 throw SecureAggregationError(.invalidMessage, "the bundle from device \(share.sender) is malformed or names other devices")
             }
@@ -184,7 +190,7 @@ public struct SecureAggregationDevice: Sendable, Codable {
         try MaskExpansion.apply(seed: selfMaskSeed, to: &words, modulusBits: configuration.modulusBits, subtracting: false)
         for peer in seedShares.keys.sorted() {
             let seed = try SecureAggregationCrypto.pairwiseMaskSeed(
-                privateKey: maskPrivateKey, peerPublicKey: neighbourKeys[peer]!.maskPublicKey, device: index, peer: peer, context: context)
+                privateKey: maskKey, peerPublicKey: neighbourKeys[peer]!.maskPublicKey, device: index, peer: peer, context: context)
             try MaskExpansion.apply(seed: seed, to: &words, modulusBits: configuration.modulusBits, subtracting: peer < index)
         }
         heldSelfMaskShares = seedShares

@@ -11,8 +11,11 @@ import Foundation
 /// true weighted mean of the clipped updates (plus Float rounding of the result); the error is zero in expectation.
 public enum SecureAggregationQuantization {
     /// The levels q ∈ [0, Q − 1] of `values`, clipped to ±`clippingRange` and stochastically rounded.
-    /// - Throws: `invalid_input` for a NaN.
+    /// - Throws: `invalid_input` for a NaN, fewer than 2 levels or a clipping range that is not a positive number.
     public static func quantize(_ values: [Float], clippingRange: Float, levels: UInt32, using generator: inout some RandomNumberGenerator) throws(SecureAggregationError) -> [UInt32] {
+        guard levels >= 2, clippingRange > 0, clippingRange.isFinite else {
+            throw SecureAggregationError(.invalidInput, "quantisation needs at least 2 levels (not \(levels)) and a positive clipping range (not \(clippingRange))")
+        }
         let c = Double(clippingRange), top = Double(levels - 1)
         var result = [UInt32](repeating: 0, count: values.count)
         for (i, value) in values.enumerated() {
@@ -29,7 +32,7 @@ public enum SecureAggregationQuantization {
 
     /// Σ n_i x_i per coordinate from the aggregate levels S and total weight N: S · Δ − c · N.
     public static func weightedSum(_ sum: [UInt32], totalSampleCount: Int, clippingRange: Float, levels: UInt32) -> [Double] {
-        let c = Double(clippingRange), step = 2 * c / Double(levels - 1), offset = c * Double(totalSampleCount)
+        let c = Double(clippingRange), step = 2 * c / Double(max(levels, 2) - 1), offset = c * Double(totalSampleCount)
         return sum.map { Double($0) * step - offset }
     }
 

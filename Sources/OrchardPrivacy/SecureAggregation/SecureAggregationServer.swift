@@ -1,4 +1,5 @@
 public import Foundation
+import Crypto
 
 /// What the server's driver must do after an event: send a stage's message to a device, or report the end.
 public enum SecureAggregationServerAction: Sendable, Hashable {
@@ -117,7 +118,7 @@ public struct SecureAggregationServer: Sendable, Codable {
     /// Stage advertise_keys: records a device's public keys.
     /// - Throws: `out_of_order`; `invalid_message` for an index below 1 or keys that are not X25519 public keys;
     ///   `duplicate_message` for a second advertisement of a device; `duplicate_key` for a key another device uses;
-    ///   `belowThreshold` never; `invalid_message` beyond ``maximumDevices``.
+    ///   `invalid_message` beyond ``maximumDevices``.
     public mutating func receiveAdvertisement(_ message: SecureAggregationAdvertisement) throws(SecureAggregationError) {
         try expect(.advertiseKeys, from: message.device)
         guard message.device >= 1 else { throw SecureAggregationError(.invalidMessage, "device indices start at 1, not \(message.device)") }
@@ -231,7 +232,8 @@ public struct SecureAggregationServer: Sendable, Codable {
     // MARK: Closing stages
 
     /// Closes the current stage: devices that did not send its message are dropped, the threshold is checked, and
-    /// the next stage's messages (or the aggregate) are returned.
+    /// the next stage's messages (or the aggregate) are returned. `generator` draws the public seed of the neighbour
+    /// ring when advertise_keys closes (give it `SystemRandomNumberGenerator`: devices must not be able to predict it).
     /// - Throws: `out_of_order` once done or abandoned.
     public mutating func closeStage(using generator: inout some RandomNumberGenerator) throws(SecureAggregationError) -> [SecureAggregationServerAction] {
         switch stage {
@@ -324,8 +326,8 @@ public struct SecureAggregationServer: Sendable, Codable {
             guard shares.count >= t else {
                 throw SecureAggregationError(.belowThreshold, "only \(shares.count) shares of dropped device \(device)'s key were revealed, fewer than the threshold \(t)")
             }
-            let key = Data(try ShamirSecretSharing.reconstruct(shares, threshold: t, byteCount: SecureAggregationCrypto.keyByteCount))
-            guard let advertised = advertisements[device], try SecureAggregationCrypto.publicKey(ofPrivateKey: key) == advertised.maskPublicKey else {
+            let key = try SecureAggregationCrypto.agreementKey(Data(try ShamirSecretSharing.reconstruct(shares, threshold: t, byteCount: SecureAggregationCrypto.keyByteCount)))
+            guard let advertised = advertisements[device], key.publicKey.rawRepresentation == advertised.maskPublicKey else {
                 throw SecureAggregationError(.reconstructionFailed, "the key reconstructed for dropped device \(device) does not match its advertised key")
             }
             for survivor in graph.neighbours(of: device) where maskedSenders.contains(survivor) {

@@ -56,17 +56,18 @@ import Testing
     }
 
     @Test func tooFewAtAnyStageAbandons() throws {
-        let inputs = SecAggFixture.inputs(devices: 10, length: 50, seed: 4)
+        let configuration = SecureAggregationConfiguration(threshold: 4, clippingRange: 1, quantizationRange: 1 << 16)
+        let inputs = SecAggFixture.inputs(devices: 7, length: 50, seed: 4)
         let plans: [(SecureAggregationRound.Dropouts, String)] = [
-            (.init(advertiseKeys: [1, 2, 3, 4]), "advertise_keys"),       // 6 left: threshold + 1 = 7
-            (.init(shareKeys: [1, 2, 3, 4]), "share_keys"),
-            (.init(shareKeys: [1], maskedInput: [2, 3, 4]), "masked_input"),
-            (.init(unmask: [1, 2, 3, 4, 5]), "shares"),                  // 5 responders < threshold 6
+            (.init(advertiseKeys: [1, 2, 3]), "advertise_keys"),        // 4 left: threshold + 1 = 5
+            (.init(shareKeys: [1, 2, 3]), "share_keys"),
+            (.init(shareKeys: [1], maskedInput: [2, 3]), "masked_input"),
+            (.init(unmask: [1, 2, 3, 4]), "shares"),                     // 3 responders < threshold 4
         ]
         for (plan, stage) in plans {
             var generator = SplitMix64(seed: 4)
             let outcome = try SecureAggregationRound.run(
-                configuration: Self.secAgg, context: SecAggFixture.context, inputs: inputs, maximumSampleCount: SecAggFixture.maximumSampleCount,
+                configuration: configuration, context: SecAggFixture.context, inputs: inputs, maximumSampleCount: SecAggFixture.maximumSampleCount,
                 dropouts: plan, using: &generator)
             guard case .abandoned(let reason) = outcome else {
                 Issue.record("\(plan) finished")
@@ -77,9 +78,9 @@ import Testing
         // Exactly threshold + 1 devices still finish.
         var generator = SplitMix64(seed: 5)
         let outcome = try SecureAggregationRound.run(
-            configuration: Self.secAgg, context: SecAggFixture.context, inputs: inputs, maximumSampleCount: SecAggFixture.maximumSampleCount,
-            dropouts: .init(shareKeys: [1], maskedInput: [2, 3]), using: &generator)
-        try Self.check(outcome, inputs: inputs, survivors: Array(4...10), configuration: Self.secAgg)
+            configuration: configuration, context: SecAggFixture.context, inputs: inputs, maximumSampleCount: SecAggFixture.maximumSampleCount,
+            dropouts: .init(shareKeys: [1], maskedInput: [2]), using: &generator)
+        try Self.check(outcome, inputs: inputs, survivors: Array(3...7), configuration: configuration)
     }
 
     /// The server's state, encoded to JSON and decoded after every stage, carries the cycle to the same result.

@@ -261,3 +261,35 @@ import Testing
         #expect(text.contains("\"self_mask_shares\"") && text.contains("\"secret_key_shares\""))
     }
 }
+
+/// What the server makes of shares that do not fit together.
+@Suite struct SecureAggregationReconstructionTests {
+    /// A dropped device's key rebuilt from a corrupted share does not match its advertised key: the server abandons
+    /// rather than publish a wrong aggregate.
+    @Test func corruptedKeyShareAbandons() throws {
+        var cycle = try SecureAggregationStageTests.Cycle()
+        try cycle.advertise()
+        try cycle.share()
+        _ = try cycle.mask(skipping: [6])
+        var requests: [Int: SecureAggregationUnmaskRequest] = [:]
+        for case .requestUnmask(let device, let request) in cycle.actions { requests[device] = request }
+        for device in requests.keys.sorted() {
+            var answer = try cycle.devices[device - 1].unmask(requests[device]!)
+            if device == 1 {
+                let share = answer.secretKeyShares[0].share
+                var values = share.values
+                values[2] = (values[2] + 1) % ShamirSecretSharing.prime
+                answer = .init(device: 1, selfMaskShares: answer.selfMaskShares, secretKeyShares: [.init(owner: 6, share: .init(index: 1, values: values))])
+            }
+            try cycle.server.receiveUnmask(answer)
+        }
+        let actions = try cycle.server.closeStage(using: &cycle.generator)
+        guard case .abandoned(let reason) = actions.first else {
+            Issue.record("not abandoned: \(actions)")
+            return
+        }
+        #expect(reason.contains("device 6"))
+        #expect(cycle.server.stage == .abandoned)
+        #expect(cycle.server.result == nil)
+    }
+}
