@@ -61,6 +61,8 @@ public struct SecureAggregationServer: Sendable, Codable {
     public private(set) var abandonReason: String?
 
     var advertisements: [Int: SecureAggregationAdvertisement] = [:]
+    /// Every advertised public key, to refuse a key used twice in O(1).
+    var publicKeys: Set<Data> = []
     var graph: NeighbourGraph?
     /// Devices that sent their bundles (U2), then the bundles by receiver.
     var sharers: Set<Int> = []
@@ -76,6 +78,7 @@ public struct SecureAggregationServer: Sendable, Codable {
 
     enum CodingKeys: String, CodingKey {
         case configuration, context, stage, result, advertisements, graph, sharers, bundles, responders
+        case publicKeys = "public_keys"
         case maximumDevices = "maximum_devices"
         case maximumSampleCount = "maximum_sample_count"
         case modelLength = "model_length"
@@ -133,12 +136,11 @@ public struct SecureAggregationServer: Sendable, Codable {
                 throw SecureAggregationError(.invalidMessage, "device \(message.device) advertised a key of \(key.count) bytes, not 32")
             }
         }
-        guard message.channelPublicKey != message.maskPublicKey,
-              !advertisements.values.contains(where: { [$0.channelPublicKey, $0.maskPublicKey].contains(message.channelPublicKey) || [$0.channelPublicKey, $0.maskPublicKey].contains(message.maskPublicKey) })
-        else {
+        guard message.channelPublicKey != message.maskPublicKey, !publicKeys.contains(message.channelPublicKey), !publicKeys.contains(message.maskPublicKey) else {
             throw SecureAggregationError(.duplicateKey, "device \(message.device) advertised a public key already in use")
         }
         advertisements[message.device] = message
+        publicKeys.formUnion([message.channelPublicKey, message.maskPublicKey])
     }
 
     /// Stage share_keys: records a device's bundles, one per neighbour.
@@ -284,7 +286,7 @@ public struct SecureAggregationServer: Sendable, Codable {
             return "after \(stage), \(live.count) devices remain, fewer than threshold + 1 = \(configuration.threshold + 1)"
         }
         for device in devices {
-            let count = graph.neighbours(of: device).filter { live.contains($0) }.count
+            let count = graph.isComplete ? live.count - (live.contains(device) ? 1 : 0) : graph.neighbours(of: device).filter { live.contains($0) }.count
             if count < configuration.threshold {
                 return "after \(stage), device \(device) keeps \(count) of its neighbours, fewer than the threshold \(configuration.threshold) (\(live.count) devices remain)"
             }
