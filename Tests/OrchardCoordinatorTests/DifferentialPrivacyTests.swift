@@ -41,6 +41,14 @@ func privateHostRequest(goal: Int = 2, minimum: Int? = nil, privacy: PrivacyConf
         let metadata = try Safetensors.decode(raw.body).metadata
         #expect(metadata["orchard.epsilon"].flatMap(Double.init) == spent.epsilon)
         #expect(metadata["orchard.delta"] == "1e-05")
+        // And /metrics publishes it, per process.
+        let metrics = String(decoding: try await harness.http.send("GET", Endpoint.metrics).body, as: UTF8.self)
+        let lines = metrics.split(separator: "\n").filter { $0.hasPrefix("orchard_privacy_") && $0.contains(#"process="tiny""#) }
+        #expect(lines.contains { $0.hasPrefix("orchard_privacy_releases{") && $0.hasSuffix(" 1.0") }, "\(metrics)")
+        #expect(lines.contains { $0.hasPrefix("orchard_privacy_clipping_norm{") && $0.hasSuffix(" 2.0") }, "\(metrics)")
+        let epsilonLine = try #require(lines.first { $0.hasPrefix("orchard_privacy_epsilon{") })
+        let published = try #require(epsilonLine.split(separator: " ").last.flatMap { Double($0) })
+        #expect(abs(published - spent.epsilon) <= 1e-6 * spent.epsilon, "\(epsilonLine)")
     }
 
     @Test func theProcessCompletesBeforeAReleaseWouldPassTheTargetEpsilon() async throws {
