@@ -1,4 +1,4 @@
-public import Foundation
+import Foundation
 import Crypto
 
 /// The device side of secure aggregation as a pure state machine: each call takes the server's message for the

@@ -1,4 +1,4 @@
-public import Foundation
+import Foundation
 
 /// An in-memory run of one secure-aggregation cycle: devices and server exchange messages directly, and chosen
 /// devices drop out at chosen stages. For tests and the simulator; a real deployment drives the same state machines

@@ -1,4 +1,4 @@
-public import Foundation
+import Foundation
 import Crypto
 
 /// What the server's driver must do after an event: send a stage's message to a device, or report the end.
