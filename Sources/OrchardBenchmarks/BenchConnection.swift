@@ -1,13 +1,15 @@
 public import NIOCore
 public import NIOHTTP1
 import NIOPosix
+import Foundation
 
 /// One keep-alive HTTP/1.1 connection of the coordinator benchmark's load generator: a request at a time,
 /// written from prepared bytes and answered with the status and body size only.
 ///
 /// The benchmark measures the server, and the generator shares the machine's cores with it, so the generator
-/// does as little as an HTTP client can: no pool, no redirects, no decompression, no per-request allocation of
-/// headers beyond NIO's encoder.
+/// does as little as an HTTP client can: no pool, no redirects, no decompression, and no HTTP codec — a request is
+/// written as bytes encoded once, and a response is read by ``ResponseParser`` (status line, `Content-Length` or
+/// chunked framing; header values other than those are not looked at).
 public final class BenchConnection: Sendable {
     /// A finished exchange.
     public struct Response: Sendable {
@@ -34,7 +36,6 @@ public final class BenchConnection: Sendable {
             .channelOption(.socketOption(.tcp_nodelay), value: 1)
             .channelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
-                    try channel.pipeline.syncOperations.addHTTPClientHandlers()
                     try channel.pipeline.syncOperations.addHandler(ExchangeHandler())
                 }
             }
@@ -54,8 +55,9 @@ public final class BenchConnection: Sendable {
         let promise = channel.eventLoop.makePromise(of: Response.self)
         let handler = self.handler
         let channel = self.channel
+        let request = Self.encode(head, body: body)
         channel.eventLoop.execute {
-            Self.send(head, body: body, on: channel, through: handler.value, keepBody: keepBody, answer: promise)
+            Self.send(request, on: channel, through: handler.value, keepBody: keepBody, answer: promise)
         }
         return try await promise.futureResult.get()
     }
@@ -73,23 +75,34 @@ public final class BenchConnection: Sendable {
         let done = channel.eventLoop.makePromise(of: [Double].self)
         let handler = self.handler
         let channel = self.channel
+        let request = Self.encode(head, body: body)
+        let name = "\(head.method) \(head.uri)"
         channel.eventLoop.execute {
-            RepeatedRequests(channel: channel, handler: handler.value, head: head, body: body, count: count, schedule: schedule, done: done).next()
+            RepeatedRequests(channel: channel, handler: handler.value, request: request, name: name, count: count, schedule: schedule, done: done).next()
         }
         return try await done.futureResult.get()
     }
 
-    /// Writes one request on the channel's event loop; `answer` completes with its response.
+    /// A request's bytes: the request line, the headers (`Content-Length` set for a body) and the body.
+    static func encode(_ head: HTTPRequestHead, body: [ByteBuffer]) -> ByteBuffer {
+        var headers = head.headers
+        let length = body.reduce(0) { $0 + $1.readableBytes }
+        if !body.isEmpty || head.method == .POST || head.method == .PUT { headers.replaceOrAdd(name: "Content-Length", value: "\(length)") }
+        var buffer = ByteBuffer()
+        buffer.reserveCapacity(256 + length)
+        buffer.writeString("\(head.method.rawValue) \(head.uri) HTTP/\(head.version.major).\(head.version.minor)\r\n")
+        for (name, value) in headers { buffer.writeString("\(name): \(value)\r\n") }
+        buffer.writeString("\r\n")
+        for var part in body { buffer.writeBuffer(&part) }
+        return buffer
+    }
+
+    /// Writes one encoded request on the channel's event loop; `answer` completes with its response.
     fileprivate static func send(
-        _ head: HTTPRequestHead, body: [ByteBuffer], on channel: any Channel, through handler: ExchangeHandler, keepBody: Bool,
-        answer: EventLoopPromise<Response>
+        _ request: ByteBuffer, on channel: any Channel, through handler: ExchangeHandler, keepBody: Bool, answer: EventLoopPromise<Response>
     ) {
         handler.start(answer, keepBody: keepBody)
-        var head = head
-        if !body.isEmpty { head.headers.replaceOrAdd(name: "Content-Length", value: "\(body.reduce(0) { $0 + $1.readableBytes })") }
-        channel.write(HTTPClientRequestPart.head(head), promise: nil)
-        for part in body { channel.write(HTTPClientRequestPart.body(.byteBuffer(part)), promise: nil) }
-        channel.writeAndFlush(HTTPClientRequestPart.end(nil)).whenFailure { answer.fail($0) }
+        channel.writeAndFlush(request).whenFailure { answer.fail($0) }
     }
 
     /// Closes the connection.
@@ -102,18 +115,18 @@ public final class BenchConnection: Sendable {
 private final class RepeatedRequests {
     let channel: any Channel
     let handler: ExchangeHandler
-    let head: HTTPRequestHead
-    let body: [ByteBuffer]
+    let request: ByteBuffer
+    let name: String
     let count: Int
     let schedule: [NIODeadline]?
     let done: EventLoopPromise<[Double]>
     var latencies: [Double] = []
 
-    init(channel: any Channel, handler: ExchangeHandler, head: HTTPRequestHead, body: [ByteBuffer], count: Int, schedule: [NIODeadline]?, done: EventLoopPromise<[Double]>) {
+    init(channel: any Channel, handler: ExchangeHandler, request: ByteBuffer, name: String, count: Int, schedule: [NIODeadline]?, done: EventLoopPromise<[Double]>) {
         self.channel = channel
         self.handler = handler
-        self.head = head
-        self.body = body
+        self.request = request
+        self.name = name
         self.count = count
         self.schedule = schedule
         self.done = done
@@ -135,14 +148,14 @@ private final class RepeatedRequests {
 
     private func send(from reference: NIODeadline) {
         let answer = channel.eventLoop.makePromise(of: BenchConnection.Response.self)
-        BenchConnection.send(head, body: body, on: channel, through: handler, keepBody: false, answer: answer)
+        BenchConnection.send(request, on: channel, through: handler, keepBody: false, answer: answer)
         answer.futureResult.assumeIsolated().whenComplete { result in
             switch result {
             case .success(let response) where (200..<300).contains(response.status):
                 self.latencies.append(Double((NIODeadline.now() - reference).nanoseconds) / 1e6)
                 self.next()
             case .success(let response):
-                let request = "\(self.head.method) \(self.head.uri)"
+                let request = self.name
                 self.done.fail(BenchmarkError(
                     .unexpectedResponse, "\(request): HTTP \(response.status)", context: ["request": request, "status": "\(response.status)"]
                 ))
@@ -153,39 +166,30 @@ private final class RepeatedRequests {
     }
 }
 
-/// Completes the pending exchange's promise when its response ends.
+/// Completes the pending exchange's promise when its response ends, reading the response bytes with
+/// ``ResponseParser``.
 private final class ExchangeHandler: ChannelInboundHandler, RemovableChannelHandler {
-    typealias InboundIn = HTTPClientResponsePart
+    typealias InboundIn = ByteBuffer
 
     private var promise: EventLoopPromise<BenchConnection.Response>?
-    private var status = 0
-    private var bodyBytes = 0
-    private var keepBody = false
-    private var body: ByteBuffer?
+    private var parser = ResponseParser()
 
     func start(_ promise: EventLoopPromise<BenchConnection.Response>, keepBody: Bool) {
         self.promise = promise
-        self.keepBody = keepBody
-        status = 0
-        bodyBytes = 0
-        body = nil
+        parser.reset(keepBody: keepBody)
     }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
-        switch unwrapInboundIn(data) {
-        case .head(let head):
-            status = Int(head.status.code)
-        case .body(var part):
-            bodyBytes += part.readableBytes
-            if keepBody {
-                if body == nil { body = part } else { body!.writeBuffer(&part) }
+        var bytes = unwrapInboundIn(data)
+        do {
+            if let response = try parser.feed(&bytes) {
+                let promise = self.promise
+                self.promise = nil
+                promise?.succeed(response)
             }
-        case .end:
-            let response = BenchConnection.Response(status: status, bodyBytes: bodyBytes, body: body)
-            let promise = self.promise
-            self.promise = nil
-            body = nil
-            promise?.succeed(response)
+        } catch {
+            fail(error)
+            context.close(promise: nil)
         }
     }
 
@@ -203,5 +207,137 @@ private final class ExchangeHandler: ChannelInboundHandler, RemovableChannelHand
         let promise = self.promise
         self.promise = nil
         promise?.fail(error)
+    }
+}
+
+/// The load generator's HTTP/1.1 response reader: the status code, then the body framed by `Content-Length` or
+/// chunked transfer coding, counted (and kept on request). One response at a time; bytes after it are an error,
+/// since the generator never pipelines.
+struct ResponseParser {
+    private enum State { case head, body(remaining: Int), chunkSize, chunk(remaining: Int), chunkEnd, trailer }
+    private var state = State.head
+    private var pending = ByteBuffer()
+    private var status = 0
+    private var bodyBytes = 0
+    private var keepBody = false
+    private var body: ByteBuffer?
+
+    /// The largest response head accepted.
+    static let maximumHeadBytes = 64 * 1024
+
+    /// Starts reading a new response.
+    mutating func reset(keepBody: Bool) {
+        state = .head
+        pending.clear()
+        status = 0
+        bodyBytes = 0
+        self.keepBody = keepBody
+        body = nil
+    }
+
+    /// Consumes `bytes`; returns the response once it is complete.
+    mutating func feed(_ bytes: inout ByteBuffer) throws -> BenchConnection.Response? {
+        pending.writeBuffer(&bytes)
+        while true {
+            switch state {
+            case .head:
+                guard let end = pending.readableBytesView.firstRange(of: Self.blankLine) else {
+                    guard pending.readableBytes <= Self.maximumHeadBytes else { throw malformed("a response head over 64 KiB") }
+                    return nil
+                }
+                let length = end.upperBound - pending.readerIndex
+                let head = pending.readString(length: length) ?? ""
+                try readHead(head)
+            case .body(let remaining):
+                let take = min(remaining, pending.readableBytes)
+                consumeBody(take)
+                if remaining - take > 0 {
+                    state = .body(remaining: remaining - take)
+                    return nil
+                }
+                return try finish()
+            case .chunkSize:
+                guard let line = readLine() else { return nil }
+                let hex = line.split(separator: ";", maxSplits: 1).first.map { $0.trimmingCharacters(in: .whitespaces) } ?? ""
+                guard let size = Int(hex, radix: 16), size >= 0 else { throw malformed("chunk size '\(line)'") }
+                state = size == 0 ? .trailer : .chunk(remaining: size)
+            case .chunk(let remaining):
+                let take = min(remaining, pending.readableBytes)
+                consumeBody(take)
+                if remaining - take > 0 {
+                    state = .chunk(remaining: remaining - take)
+                    return nil
+                }
+                state = .chunkEnd
+            case .chunkEnd:
+                guard let line = readLine() else { return nil }
+                guard line.isEmpty else { throw malformed("chunk not followed by CRLF") }
+                state = .chunkSize
+            case .trailer:
+                guard let line = readLine() else { return nil }
+                if line.isEmpty { return try finish() }
+            }
+        }
+    }
+
+    private static let blankLine = Array("\r\n\r\n".utf8)
+    private static let lineEnd = Array("\r\n".utf8)
+
+    private mutating func readHead(_ head: String) throws {
+        let lines = head.split(separator: "\r\n", omittingEmptySubsequences: true)
+        guard let statusLine = lines.first, statusLine.hasPrefix("HTTP/1."), statusLine.count >= 12,
+              let code = Int(statusLine.dropFirst(9).prefix(3))
+        else { throw malformed("status line '\(lines.first ?? "")'") }
+        status = code
+        var length: Int?
+        var chunked = false
+        for line in lines.dropFirst() {
+            guard let colon = line.firstIndex(of: ":") else { throw malformed("header line '\(line)'") }
+            let name = line[..<colon].lowercased()
+            let value = line[line.index(after: colon)...].trimmingCharacters(in: .whitespaces)
+            if name == "content-length" {
+                guard let parsed = Int(value), parsed >= 0 else { throw malformed("Content-Length '\(value)'") }
+                length = parsed
+            } else if name == "transfer-encoding" {
+                chunked = value.lowercased().contains("chunked")
+            }
+        }
+        if chunked {
+            state = .chunkSize
+        } else if let length, length > 0, !(100..<200).contains(code), code != 204, code != 304 {
+            state = .body(remaining: length)
+        } else {
+            state = .body(remaining: 0)
+        }
+    }
+
+    private mutating func readLine() -> String? {
+        guard let end = pending.readableBytesView.firstRange(of: Self.lineEnd) else { return nil }
+        let line = pending.readString(length: end.lowerBound - pending.readerIndex) ?? ""
+        pending.moveReaderIndex(forwardBy: 2)
+        return line
+    }
+
+    private mutating func consumeBody(_ count: Int) {
+        guard count > 0 else { return }
+        bodyBytes += count
+        if keepBody, var slice = pending.readSlice(length: count) {
+            if body == nil { body = slice } else { body!.writeBuffer(&slice) }
+        } else {
+            pending.moveReaderIndex(forwardBy: count)
+        }
+    }
+
+    private mutating func finish() throws -> BenchConnection.Response {
+        guard pending.readableBytes == 0 else { throw malformed("\(pending.readableBytes) bytes after the response") }
+        pending.discardReadBytes()
+        let response = BenchConnection.Response(status: status, bodyBytes: bodyBytes, body: body)
+        state = .head
+        body = nil
+        return response
+    }
+
+    private func malformed(_ what: String) -> BenchmarkError {
+        BenchmarkError(.unexpectedResponse, "malformed HTTP response: \(what)", context: ["detail": what])
     }
 }

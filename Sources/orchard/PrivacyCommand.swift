@@ -52,7 +52,7 @@ struct PrivacyEpsilon: AsyncParsableCommand {
         let result: (epsilon: Double, order: Int)
         do {
             result = try PrivacyAccountant.epsilon(samplingRate: schedule.samplingRate, noiseMultiplier: noiseMultiplier, steps: schedule.steps, delta: schedule.delta)
-        } catch let error as PrivacyError {
+        } catch {
             throw ValidationError(error.message)
         }
         if schedule.json {
@@ -93,7 +93,7 @@ struct PrivacyNoise: AsyncParsableCommand {
         do {
             z = try PrivacyAccountant.noiseMultiplier(samplingRate: schedule.samplingRate, steps: schedule.steps, delta: schedule.delta, targetEpsilon: targetEpsilon)
             spent = try PrivacyAccountant.epsilon(samplingRate: schedule.samplingRate, noiseMultiplier: z, steps: schedule.steps, delta: schedule.delta).epsilon
-        } catch let error as PrivacyError {
+        } catch {
             throw ValidationError(error.message)
         }
         if schedule.json {
