@@ -151,6 +151,7 @@ public struct FleetSimulation: Sendable {
             let selected = deviceRecords.filter { $0.assignedAt != nil }
             let accepted = selected.count { ($0.reportedAt ?? .infinity) <= end.time }
             let dropouts = selected.count { ($0.droppedAt ?? .infinity) <= end.time }
+            let privacy = try await coordinator.privacy()
             let record = RoundMetrics(
                 round: round, wallSeconds: wallStart.duration(to: wallClock.now).inSeconds, virtualStart: start, virtualEnd: end.time,
                 availableFraction: conditions.availability.availableFraction(devices: devices, at: start, seed: seed),
@@ -160,7 +161,7 @@ public struct FleetSimulation: Sendable {
                 resumed: deviceRecords.reduce(0) { $0 + $1.resumptions.count { $0 <= end.time } },
                 bytesUp: deviceRecords.reduce(0) { $0 + $1.uploads.filter { $0.time <= end.time }.reduce(0) { $0 + $1.bytes } },
                 bytesDown: deviceRecords.reduce(0) { $0 + $1.downloads.filter { $0.time <= end.time }.reduce(0) { $0 + $1.bytes } },
-                aggregated: aggregated, testLoss: nil, testAccuracy: nil, testRMSE: nil, epsilon: try await coordinator.epsilon()
+                aggregated: aggregated, testLoss: nil, testAccuracy: nil, testRMSE: nil, epsilon: privacy?.epsilon, clippingNorm: privacy?.clippingNorm
             )
             if let previous = pending { records.append(try await Self.publish(previous, onRound)) }
             pending = (record, evaluation)

@@ -70,9 +70,10 @@ public actor FleetCoordinator {
         return current.deadline - epoch.date.timeIntervalSince1970
     }
 
-    /// ε spent so far under the process's differential privacy, or nil without it.
-    public func epsilon() async throws(SimulationError) -> Double? {
-        try await status().privacy?.epsilon
+    /// ε spent so far under the process's differential privacy and the clipping bound of the open cycle, or nil
+    /// without privacy.
+    public func privacy() async throws(SimulationError) -> (epsilon: Double, clippingNorm: Double)? {
+        try await status().privacy.map { ($0.epsilon, $0.clippingNorm) }
     }
 
     /// The latest checkpoint's safetensors bytes.

@@ -37,14 +37,17 @@ public struct RoundMetrics: Sendable, Hashable, Codable {
     public var testRMSE: Double?
     /// ε spent after the round under differential privacy (at the process's δ), nil without it.
     public var epsilon: Double?
+    /// The privacy clipping bound of the next round (it moves with adaptive clipping), nil without privacy.
+    public var clippingNorm: Double?
 
     /// Creates a record.
     public init(
         round: Int, wallSeconds: Double, virtualStart: Double, virtualEnd: Double, availableFraction: Double, selected: Int,
         participants: Int, dropouts: Int, late: Int, expirations: Int, resumed: Int, bytesUp: Int, bytesDown: Int,
-        aggregated: Bool, testLoss: Double?, testAccuracy: Double?, testRMSE: Double?, epsilon: Double? = nil
+        aggregated: Bool, testLoss: Double?, testAccuracy: Double?, testRMSE: Double?, epsilon: Double? = nil, clippingNorm: Double? = nil
     ) {
         self.epsilon = epsilon
+        self.clippingNorm = clippingNorm
         self.round = round
         self.wallSeconds = wallSeconds
         self.virtualStart = virtualStart
@@ -66,6 +69,7 @@ public struct RoundMetrics: Sendable, Hashable, Codable {
 
     private enum CodingKeys: String, CodingKey {
         case round, selected, participants, dropouts, late, expirations, resumed, aggregated, epsilon
+        case clippingNorm = "clipping_norm"
         case wallSeconds = "wall_seconds", virtualStart = "virtual_start", virtualEnd = "virtual_end"
         case availableFraction = "available_fraction", bytesUp = "bytes_up", bytesDown = "bytes_down"
         case testLoss = "test_loss", testAccuracy = "test_accuracy", testRMSE = "test_rmse"

@@ -108,6 +108,11 @@ public enum HTMLReport {
                 }),
             ]))
         }
+        if rounds.contains(where: { $0.clippingNorm != nil }) {
+            charts.append(lineChart(title: "Privacy clipping bound", xLabel: "round", series: [
+                Series(label: "clipping norm", color: "#8c564b", points: rounds.compactMap { r in r.clippingNorm.map { (Double(r.round), $0) } }),
+            ]))
+        }
         if rounds.contains(where: { $0.testRMSE != nil }) {
             charts.append(lineChart(title: "Test RMSE", xLabel: "round", series: [
                 Series(label: "RMSE", color: "#1f77b4", points: rounds.compactMap { r in r.testRMSE.map { (Double(r.round), $0) } }),

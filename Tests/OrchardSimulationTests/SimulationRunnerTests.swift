@@ -86,6 +86,7 @@ import Testing
             #expect(abs(epsilon - expected) <= 1e-9 * max(expected, 1), "round \(round.round)")
         }
         #expect(releases >= 4)
+        #expect(result.rounds.allSatisfy { $0.clippingNorm == 1 })
         #expect(result.summary.epsilon == result.rounds.last?.epsilon)
         #expect(result.summary.settings["dp_noise_multiplier"] == "0.8" && result.summary.settings["population"] == "1000")
         let html = try String(contentsOf: dir.appendingPathComponent("report.html"), encoding: .utf8)
