@@ -237,17 +237,16 @@ struct ResponseParser {
 
     /// Consumes `bytes`; returns the response once it is complete.
     mutating func feed(_ bytes: inout ByteBuffer) throws -> BenchConnection.Response? {
-        pending.writeBuffer(&bytes)
+        if pending.readableBytes == 0 { pending = bytes } else { pending.writeBuffer(&bytes) }
         while true {
             switch state {
             case .head:
-                guard let end = pending.readableBytesView.firstRange(of: Self.blankLine) else {
+                guard let end = Self.headLength(pending) else {
                     guard pending.readableBytes <= Self.maximumHeadBytes else { throw malformed("a response head over 64 KiB") }
                     return nil
                 }
-                let length = end.upperBound - pending.readerIndex
-                let head = pending.readString(length: length) ?? ""
-                try readHead(head)
+                try pending.withUnsafeReadableBytes { raw in try readHead(UnsafeRawBufferPointer(rebasing: raw[..<end])) }
+                pending.moveReaderIndex(forwardBy: end)
             case .body(let remaining):
                 let take = min(remaining, pending.readableBytes)
                 consumeBody(take)
@@ -280,35 +279,71 @@ struct ResponseParser {
         }
     }
 
-    private static let blankLine = Array("\r\n\r\n".utf8)
     private static let lineEnd = Array("\r\n".utf8)
 
-    private mutating func readHead(_ head: String) throws {
-        let lines = head.split(separator: "\r\n", omittingEmptySubsequences: true)
-        guard let statusLine = lines.first, statusLine.hasPrefix("HTTP/1."), statusLine.count >= 12,
-              let code = Int(statusLine.dropFirst(9).prefix(3))
-        else { throw malformed("status line '\(lines.first ?? "")'") }
-        status = code
+    /// The length of the response head (through its blank line) at the start of `buffer`, if it is all there.
+    private static func headLength(_ buffer: ByteBuffer) -> Int? {
+        buffer.withUnsafeReadableBytes { raw -> Int? in
+            guard raw.count >= 4 else { return nil }
+            for i in 3..<raw.count where raw[i] == 10 && raw[i - 1] == 13 && raw[i - 2] == 10 && raw[i - 3] == 13 { return i + 1 }
+            return nil
+        }
+    }
+
+    /// Reads the status code and the body's framing from a response head's bytes (no String per response).
+    private mutating func readHead(_ head: UnsafeRawBufferPointer) throws {
+        let prefix: [UInt8] = Array("HTTP/1.".utf8)
+        func digit(_ i: Int) -> Int? { head[i] >= 48 && head[i] <= 57 ? Int(head[i] - 48) : nil }
+        guard head.count >= 12, prefix.indices.allSatisfy({ head[$0] == prefix[$0] }), head[8] == 32,
+              let d0 = digit(9), let d1 = digit(10), let d2 = digit(11)
+        else { throw malformed("status line '\(String(decoding: head.prefix(64), as: UTF8.self))'") }
+        status = d0 * 100 + d1 * 10 + d2
         var length: Int?
         var chunked = false
-        for line in lines.dropFirst() {
-            guard let colon = line.firstIndex(of: ":") else { throw malformed("header line '\(line)'") }
-            let name = line[..<colon].lowercased()
-            let value = line[line.index(after: colon)...].trimmingCharacters(in: .whitespaces)
-            if name == "content-length" {
-                guard let parsed = Int(value), parsed >= 0 else { throw malformed("Content-Length '\(value)'") }
+        // Header lines: from after the status line's CR LF to the blank line.
+        var start = 12
+        while start < head.count, head[start] != 10 { start += 1 }
+        start += 1
+        while start < head.count - 2 {
+            var end = start
+            while end < head.count - 1, !(head[end] == 13 && head[end + 1] == 10) { end += 1 }
+            let line = UnsafeRawBufferPointer(rebasing: head[start..<end])
+            guard let colon = line.firstIndex(of: 58) else { throw malformed("header line '\(String(decoding: line, as: UTF8.self))'") }
+            let name = UnsafeRawBufferPointer(rebasing: line[..<colon])
+            var valueStart = colon + 1
+            while valueStart < line.count, line[valueStart] == 32 || line[valueStart] == 9 { valueStart += 1 }
+            var valueEnd = line.count
+            while valueEnd > valueStart, line[valueEnd - 1] == 32 || line[valueEnd - 1] == 9 { valueEnd -= 1 }
+            let value = UnsafeRawBufferPointer(rebasing: line[valueStart..<valueEnd])
+            if Self.equalsIgnoringCase(name, Self.contentLength) {
+                var parsed = 0
+                guard !value.isEmpty, value.count <= 18 else { throw malformed("Content-Length '\(String(decoding: value, as: UTF8.self))'") }
+                for byte in value {
+                    guard byte >= 48 && byte <= 57 else { throw malformed("Content-Length '\(String(decoding: value, as: UTF8.self))'") }
+                    parsed = parsed * 10 + Int(byte - 48)
+                }
                 length = parsed
-            } else if name == "transfer-encoding" {
-                chunked = value.lowercased().contains("chunked")
+            } else if Self.equalsIgnoringCase(name, Self.transferEncoding) {
+                chunked = String(decoding: value, as: UTF8.self).lowercased().contains("chunked")
             }
+            start = end + 2
         }
         if chunked {
             state = .chunkSize
-        } else if let length, length > 0, !(100..<200).contains(code), code != 204, code != 304 {
+        } else if let length, length > 0, !(100..<200).contains(status), status != 204, status != 304 {
             state = .body(remaining: length)
         } else {
             state = .body(remaining: 0)
         }
+    }
+
+    private static let contentLength = Array("content-length".utf8)
+    private static let transferEncoding = Array("transfer-encoding".utf8)
+
+    private static func equalsIgnoringCase(_ bytes: UnsafeRawBufferPointer, _ lowercase: [UInt8]) -> Bool {
+        guard bytes.count == lowercase.count else { return false }
+        for i in 0..<bytes.count where bytes[i] | 0x20 != lowercase[i] && !(lowercase[i] == 45 && bytes[i] == 45) { return false }
+        return true
     }
 
     private mutating func readLine() -> String? {
