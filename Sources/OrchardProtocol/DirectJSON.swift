@@ -87,3 +87,117 @@ extension CycleResponse {
         return out
     }
 }
+
+extension CycleRequest {
+    /// Reads the check-in's body without `JSONDecoder` when it is plain: one object of the known keys, each once,
+    /// ASCII strings without escapes, the speeds as finite numbers. Anything else — escapes, `null`, an unknown or
+    /// repeated key, a missing one, a bad version, malformed JSON — returns nil, and the caller decodes with
+    /// ``WireCoding/strictDecoder()`` for the exact answer and error. Where it answers, it answers what that
+    /// decoder would (checked against it in the tests).
+    public static func directDecode(_ bytes: UnsafeRawBufferPointer) -> CycleRequest? {
+        var reader = DirectJSONReader(bytes)
+        var worker: String?, name: String?, version: SemanticVersion?, download: Double?, upload: Double?
+        guard reader.take(0x7B) else { return nil }
+        if !reader.take(0x7D) {
+            repeat {
+                guard let key = reader.string(), reader.take(0x3A) else { return nil }
+                switch key {
+                case "worker_id":
+                    guard worker == nil, let value = reader.string() else { return nil }
+                    worker = value
+                case "process_name":
+                    guard name == nil, let value = reader.string() else { return nil }
+                    name = value
+                case "process_version":
+                    guard version == nil, let value = reader.string(), let parsed = SemanticVersion(value) else { return nil }
+                    version = parsed
+                case "download_mbps":
+                    guard download == nil, let value = reader.number() else { return nil }
+                    download = value
+                case "upload_mbps":
+                    guard upload == nil, let value = reader.number() else { return nil }
+                    upload = value
+                default:
+                    return nil
+                }
+            } while reader.take(0x2C)
+            guard reader.take(0x7D) else { return nil }
+        }
+        guard reader.atEnd, let worker, let name, let version else { return nil }
+        return CycleRequest(workerID: worker, processName: name, processVersion: version, downloadMbps: download, uploadMbps: upload)
+    }
+}
+
+/// A cursor over JSON bytes for ``CycleRequest/directDecode(_:)``: whitespace skipped before each token.
+struct DirectJSONReader {
+    private let bytes: UnsafeRawBufferPointer
+    private var index = 0
+
+    init(_ bytes: UnsafeRawBufferPointer) { self.bytes = bytes }
+
+    private mutating func skipWhitespace() {
+        while index < bytes.count, bytes[index] == 0x20 || bytes[index] == 0x0A || bytes[index] == 0x0D || bytes[index] == 0x09 { index += 1 }
+    }
+
+    /// Whether only whitespace is left.
+    var atEnd: Bool {
+        mutating get {
+            skipWhitespace()
+            return index == bytes.count
+        }
+    }
+
+    /// Consumes `byte` if it is the next token.
+    mutating func take(_ byte: UInt8) -> Bool {
+        skipWhitespace()
+        guard index < bytes.count, bytes[index] == byte else { return false }
+        index += 1
+        return true
+    }
+
+    /// An ASCII string without escapes or control characters; nil otherwise (other strings take the full decoder,
+    /// which validates UTF-8 and unescapes).
+    mutating func string() -> String? {
+        guard take(0x22) else { return nil }
+        let start = index
+        while index < bytes.count {
+            let byte = bytes[index]
+            if byte == 0x22 {
+                let text = String(decoding: UnsafeRawBufferPointer(rebasing: bytes[start..<index]), as: UTF8.self)
+                index += 1
+                return text
+            }
+            if byte == 0x5C || byte < 0x20 || byte >= 0x80 { return nil }
+            index += 1
+        }
+        return nil
+    }
+
+    /// A number in JSON's grammar (`-? int frac? exp?`) whose value is finite; nil otherwise.
+    mutating func number() -> Double? {
+        skipWhitespace()
+        let start = index
+        func digits() -> Int {
+            let from = index
+            while index < bytes.count, bytes[index] >= 0x30, bytes[index] <= 0x39 { index += 1 }
+            return index - from
+        }
+        if index < bytes.count, bytes[index] == 0x2D { index += 1 }
+        let integerStart = index
+        let integerDigits = digits()
+        guard integerDigits > 0, !(integerDigits > 1 && bytes[integerStart] == 0x30) else { return nil }
+        if index < bytes.count, bytes[index] == 0x2E {
+            index += 1
+            guard digits() > 0 else { return nil }
+        }
+        if index < bytes.count, bytes[index] == 0x65 || bytes[index] == 0x45 {
+            index += 1
+            if index < bytes.count, bytes[index] == 0x2B || bytes[index] == 0x2D { index += 1 }
+            guard digits() > 0 else { return nil }
+        }
+        guard let value = Double(String(decoding: UnsafeRawBufferPointer(rebasing: bytes[start..<index]), as: UTF8.self)), value.isFinite else {
+            return nil
+        }
+        return value
+    }
+}

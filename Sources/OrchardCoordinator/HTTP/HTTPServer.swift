@@ -59,7 +59,9 @@ public enum CoordinatorServer {
         }
         router.post(RouterPath(stringLiteral: Endpoint.cycleRequest)) { request, _ in
             let session = try await deviceSession(request, coordinator)
-            let message = try await decode(CycleRequest.self, request, limit: limits.maximumMessageBytes)
+            // The hottest request is read directly when it is plain JSON; anything else takes the strict decoder.
+            let body = try await collect(request, limit: limits.maximumMessageBytes)
+            let message = try body.withUnsafeBytes { raw in try CycleRequest.directDecode(raw) ?? decode(CycleRequest.self, body: body) }
             let answer = try await coordinator.requestCycle(message, session: session)
             // The hottest answer is written directly (JSONEncoder would cost more than the rest of the request).
             guard let bytes = answer.directJSON() else { return try json(answer) }
@@ -197,7 +199,10 @@ public enum CoordinatorServer {
     }
 
     private static func decode<T: Decodable>(_ type: T.Type, _ request: Request, limit: Int) async throws -> T {
-        let body = try await collect(request, limit: limit)
+        try decode(type, body: try await collect(request, limit: limit))
+    }
+
+    private static func decode<T: Decodable>(_ type: T.Type, body: [UInt8]) throws -> T {
         do {
             // Strict: an admin request's unknown keys (a misspelt server_config field) are refused, not ignored.
             return try WireCoding.strictDecoder().decode(T.self, from: Data(body))
