@@ -5,7 +5,8 @@ import OrchardProtocol
 /// Local differential privacy on the device: the whole update (every trainable tensor, as one vector) is clipped to
 /// the plan's L2 bound C, then N(0, (z·C)²) is added to every value, before the report is written; the coordinator
 /// never sees the update without its noise. Tensors of frozen layers stay zero (they carry nothing to protect, and
-/// the coordinator refuses a change to them).
+/// the coordinator refuses a change to them). The report's sample count becomes 1 and its metrics are dropped: they
+/// describe the local data and are not noised (under privacy the coordinator weighs every report the same anyway).
 enum LocalDifferentialPrivacy {
     /// The clipped and noised update.
     /// - Throws: `incompatible_model` when the plan's privacy settings are unusable.
@@ -23,6 +24,8 @@ enum LocalDifferentialPrivacy {
         Clipping.clip(&flat, to: privacy.clippingNorm)
         GaussianNoise.add(to: &flat, standardDeviation: privacy.noiseMultiplier * privacy.clippingNorm, using: &generator)
         var noised = update
+        noised.sampleCount = 1
+        noised.metrics = [:]
         var offset = 0
         for index in trainable {
             let count = noised.diff[index].values.count

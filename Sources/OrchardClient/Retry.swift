@@ -70,9 +70,12 @@ public struct ClientEnvironment: Sendable {
     }
 
     /// A clock (the system's by default) with a seeded random stream (the engine's xoshiro256**) for
-    /// reproducible jitter.
-    public static func seeded(_ seed: UInt64, clock: any WallClock = SystemClock()) -> ClientEnvironment {
+    /// reproducible jitter. Local differential privacy's noise stays the system's cryptographically secure
+    /// generator unless `seedNoise` is set — for simulations and tests only: seeded noise can be subtracted by anyone
+    /// who knows the seed.
+    public static func seeded(_ seed: UInt64, clock: any WallClock = SystemClock(), seedNoise: Bool = false) -> ClientEnvironment {
         let generator = Mutex(OrchardRandom(seed: seed))
+        guard seedNoise else { return ClientEnvironment(clock: clock, random: { generator.withLock { $0.nextDouble() } }) }
         let noise = Mutex(OrchardRandom(seed: seed ^ 0x9E37_79B9_7F4A_7C15))
         return ClientEnvironment(clock: clock, random: { generator.withLock { $0.nextDouble() } }, noiseBits: { noise.withLock { $0.next() } })
     }

@@ -73,6 +73,9 @@ public struct ModelLayout: Sendable, Hashable {
         return flat
     }
 
+    /// Elements of the tensors that are not frozen.
+    public var trainableCount: Int { entries.reduce(0) { $0 + ($1.frozen ? 0 : $1.count) } }
+
     /// The entry of the tensor called `name`, if the model has one.
     public func entry(named name: String) -> Entry? { index[name].map { entries[$0] } }
 

@@ -37,7 +37,9 @@ extension Coordinator {
                 if let privacy = runtime.privacy {
                     // DP-FedAvg: noise on the sum of clipped reports, divided by goal_count; the ledger records the
                     // release, and the process completes when one more would pass target_epsilon.
-                    let released = try privacy.mechanism.release(sum: runtime.sum.sum, unclipped: runtime.sum.unclipped, ledger: privacy.ledger, using: &random)
+                    let released = try privacy.mechanism.release(
+                        sum: runtime.sum.sum, reports: runtime.sum.reports, unclipped: runtime.sum.unclipped, ledger: privacy.ledger, using: &random
+                    )
                     delta = released.mean
                     newLedger = released.ledger
                     metadata["orchard.epsilon"] = "\(released.ledger.epsilon)"

@@ -76,7 +76,8 @@ extension Coordinator {
             return ReportTicket(
                 processID: processID, cycle: cycle, layout: runtime.layout, maximumSampleCount: server.maximumSampleCount,
                 updateNormBound: server.updateNormBound, updateNormPolicy: server.updateNormPolicy,
-                privacyClippingNorm: runtime.privacy.flatMap { $0.mechanism.serverClippingNorm($0.ledger) }
+                privacyClippingNorm: runtime.privacy.flatMap { $0.mechanism.serverClippingNorm($0.ledger) },
+                localNormCeiling: runtime.privacy?.mechanism.localNormCeiling(dimension: runtime.layout.trainableCount)
             )
         }
     }

@@ -70,6 +70,8 @@ public actor Coordinator {
         var updateNormPolicy: UpdateNormPolicy
         /// The privacy clipping bound the report is clipped to (central differential privacy), if any.
         var privacyClippingNorm: Double?
+        /// The largest norm a locally noised report may have (local differential privacy), if any.
+        var localNormCeiling: Double?
     }
 
     /// A model download.

@@ -31,9 +31,10 @@ public struct PrivacyLedger: Sendable, Hashable, Codable {
 public struct PrivacyMechanism: Sendable, Hashable {
     /// The process's privacy configuration.
     public let config: PrivacyConfig
-    /// The expected reports per cycle (the fixed denominator and the accountant's q·population).
+    /// The expected reports per cycle (the fixed denominator).
     public let goalCount: Int
-    /// The sampling rate the accountant assumes.
+    /// The sampling rate the accountant assumes: the most devices a cycle admits (`goal_count × over_selection`,
+    /// all of whose reports may be summed) over the population.
     public let samplingRate: Double
     /// The noise multiplier the accountant charges per release (see ``PrivacyConfig/aggregateNoiseMultiplier(minimumReports:)``).
     public let accountedNoiseMultiplier: Double
@@ -44,7 +45,7 @@ public struct PrivacyMechanism: Sendable, Hashable {
     public init(config: PrivacyConfig, server: ServerConfig) {
         self.config = config
         goalCount = server.goalCount
-        samplingRate = config.samplingRate(goalCount: server.goalCount)
+        samplingRate = config.samplingRate(capacity: server.capacity)
         accountedNoiseMultiplier = config.aggregateNoiseMultiplier(minimumReports: server.minimumReports)
         updateNoiseMultiplier = config.updateNoiseMultiplier(expectedReports: server.goalCount) ?? config.noiseMultiplier
     }
@@ -71,15 +72,28 @@ public struct PrivacyMechanism: Sendable, Hashable {
         config.mode == .central ? ledger.clippingNorm : nil
     }
 
+    /// In local mode, the largest norm an honestly clipped and noised report of `dimension` trainable values has
+    /// but with probability below 10⁻⁸: C·(1 + z·(√d + 6)) (the norm of d standard normals exceeds √d + t with
+    /// probability at most e^(−t²/2)). A report above it was not noised as the plan says — refused, so that one device
+    /// cannot move the model further than an honest one. Nil in central mode.
+    public func localNormCeiling(dimension: Int) -> Double? {
+        guard config.mode == .local, let clip = config.clippingNorm else { return nil }
+        return clip * (1 + config.noiseMultiplier * (Double(dimension).squareRoot() + 6))
+    }
+
     /// Turns a cycle's sum of clipped, equally weighted reports into the released mean diff and the next ledger.
     /// Central mode adds N(0, (z_Δ·C)²) to every value of the sum; both modes divide by `goal_count`. With adaptive
-    /// clipping the count of unclipped reports is released with N(0, σ_b²) noise and moves the bound.
+    /// clipping the centred count Σ(bᵢ − ½) — one device moves it by at most ½, the sensitivity z_Δ's split assumes —
+    /// is released with N(0, σ_b²) noise, and b̃ = that/`goal_count` + ½ moves the bound (Andrew et al. 2021).
     /// - Parameters:
     ///   - sum: Σ of the clipped reports, per value.
-    ///   - unclipped: How many reports were within the bound.
+    ///   - reports: How many reports the sum holds.
+    ///   - unclipped: How many of them were within the bound.
     ///   - ledger: The ledger before this release.
     ///   - generator: The noise source.
-    public func release(sum: [Double], unclipped: Int, ledger: PrivacyLedger, using generator: inout some RandomNumberGenerator) throws(PrivacyError) -> (mean: [Float], ledger: PrivacyLedger) {
+    public func release(
+        sum: [Double], reports: Int, unclipped: Int, ledger: PrivacyLedger, using generator: inout some RandomNumberGenerator
+    ) throws(PrivacyError) -> (mean: [Float], ledger: PrivacyLedger) {
         let denominator = Double(goalCount)
         var mean = [Float](repeating: 0, count: sum.count)
         if config.mode == .central {
@@ -95,7 +109,8 @@ public struct PrivacyMechanism: Sendable, Hashable {
         next.epsilon = try epsilon(releases: next.releases)
         if let adaptive = config.adaptiveClipping {
             let sigmaB = config.countStandardDeviation(expectedReports: goalCount)
-            let noisyFraction = (Double(unclipped) + sigmaB * GaussianNoise.standardNormal(using: &generator)) / denominator
+            let centred = Double(unclipped) - Double(reports) / 2
+            let noisyFraction = (centred + sigmaB * GaussianNoise.standardNormal(using: &generator)) / denominator + 0.5
             var clipping = try AdaptiveClipping(initialNorm: ledger.clippingNorm, targetQuantile: adaptive.targetQuantile, learningRate: adaptive.learningRate)
             clipping.update(unclippedFraction: noisyFraction)
             next.clippingNorm = clipping.norm

@@ -102,6 +102,15 @@ public final class ReportUpload {
                 metrics.reportsClipped.increment()
             }
         }
+        if let ceiling = ticket.localNormCeiling {
+            let norm = stream.sumOfSquares.squareRoot()
+            if norm > ceiling {
+                throw await fail(CoordinatorError(
+                    .updateNormExceeded,
+                    "the diff's L2 norm \(norm) exceeds \(ceiling), more than a report clipped to server_config.privacy.clipping_norm and noised as the plan says can have"
+                ))
+            }
+        }
         if let bound = ticket.updateNormBound {
             let norm = stream.sumOfSquares.squareRoot()
             if norm > bound {

@@ -395,7 +395,7 @@ public struct ServerConfig: Sendable, Hashable, Codable {
             return "server_config.update_norm_bound must be a positive finite number when set, not \(bound)"
         }
         if let privacy {
-            if let failure = privacy.validationFailure(goalCount: goalCount) { return failure }
+            if let failure = privacy.validationFailure(goalCount: goalCount, capacity: capacity) { return failure }
             if updateNormBound != nil {
                 return "server_config.update_norm_bound and server_config.privacy cannot both be set: privacy clips every report to its own bound"
             }

@@ -240,7 +240,7 @@ public struct LocalPrivacy: Sendable, Hashable, Codable {
     /// Describes the first unusable field (a plan from a coordinator is checked before the device trusts it).
     public func validationFailure() -> String? {
         if !(clippingNorm > 0 && clippingNorm.isFinite) { return "local_privacy.clipping_norm must be a positive finite number, not \(clippingNorm)" }
-        if !(noiseMultiplier >= 0 && noiseMultiplier.isFinite) { return "local_privacy.noise_multiplier must be a finite number >= 0, not \(noiseMultiplier)" }
+        if !(noiseMultiplier > 0 && noiseMultiplier.isFinite) { return "local_privacy.noise_multiplier must be a positive finite number, not \(noiseMultiplier)" }
         return nil
     }
 }

@@ -83,7 +83,8 @@ public struct PrivacyConfig: Sendable, Hashable, Codable {
     public var delta: Double
     /// The process completes instead of opening a cycle whose aggregate would take ε past this, if set.
     public var targetEpsilon: Double?
-    /// The operator's estimate of the device population; the sampling rate is `goal_count / population`.
+    /// The operator's estimate of the device population; the sampling rate is the cycle's capacity
+    /// (`goal_count × over_selection`) over it.
     public var population: Int
 
     enum CodingKeys: String, CodingKey, CaseIterable {
@@ -120,8 +121,9 @@ public struct PrivacyConfig: Sendable, Hashable, Codable {
         population = try c.decode(Int.self, forKey: .population)
     }
 
-    /// The Poisson sampling rate the accountant assumes: `goal_count / population`.
-    public func samplingRate(goalCount: Int) -> Double { Double(goalCount) / Double(population) }
+    /// The Poisson sampling rate the accountant assumes: the most devices a cycle admits (all of whose reports may
+    /// be summed) over the population.
+    public func samplingRate(capacity: Int) -> Double { min(1, Double(capacity) / Double(population)) }
 
     /// σ_b, the standard deviation of the noise adaptive clipping adds to the count of unclipped reports:
     /// `count_stddev`, or max(m/20, z) for m expected reports (Andrew et al. use m/20).
@@ -147,7 +149,11 @@ public struct PrivacyConfig: Sendable, Hashable, Codable {
     }
 
     /// Describes the first invalid field, or nil when the configuration is usable.
-    public func validationFailure(goalCount: Int) -> String? {
+    /// - Parameters:
+    ///   - goalCount: The process's `goal_count`.
+    ///   - capacity: The devices a cycle admits (`goal_count × over_selection`); `goalCount` when nil.
+    public func validationFailure(goalCount: Int, capacity: Int? = nil) -> String? {
+        let capacity = capacity ?? goalCount
         if clippingNorm == nil && adaptiveClipping == nil {
             return "server_config.privacy needs clipping_norm or adaptive_clipping"
         }
@@ -179,7 +185,12 @@ public struct PrivacyConfig: Sendable, Hashable, Codable {
         if let target = targetEpsilon, !(target > 0 && target.isFinite) {
             return "server_config.privacy.target_epsilon must be a positive finite number, not \(target)"
         }
-        if population < goalCount { return "server_config.privacy.population (\(population)) must be at least goal_count (\(goalCount))" }
+        if population < capacity {
+            return "server_config.privacy.population (\(population)) must be at least the devices a cycle admits, goal_count × over_selection (\(capacity))"
+        }
+        if delta >= 1 / Double(population) {
+            return "server_config.privacy.delta \(delta) must be below 1/population (\(1 / Double(population))): a larger δ allows releasing a device's data outright"
+        }
         if updateNoiseMultiplier(expectedReports: goalCount) == nil {
             let sigmaB = countStandardDeviation(expectedReports: goalCount)
             return "server_config.privacy.adaptive_clipping.count_stddev \(sigmaB) leaves no noise for the update: noise_multiplier \(noiseMultiplier) must be below 2·count_stddev"

@@ -258,7 +258,7 @@ public struct SimulationConfiguration: Sendable {
         if !(windowSeconds > 0) || !windowSeconds.isFinite { throw fail("windowSeconds must be a positive number, not \(windowSeconds)") }
         if !(cycleSeconds > 0) || !cycleSeconds.isFinite { throw fail("cycleSeconds must be a positive number, not \(cycleSeconds)") }
         if !(secondsPerUpdate > 0) || !secondsPerUpdate.isFinite { throw fail("secondsPerUpdate must be a positive number, not \(secondsPerUpdate)") }
-        if let privacy, let failure = privacy.validationFailure(goalCount: goal) {
+        if let privacy, let failure = privacy.validationFailure(goalCount: goal, capacity: Int((Double(goal) * overSelection).rounded(.up))) {
             throw fail("privacy: " + failure.replacingOccurrences(of: "server_config.privacy.", with: ""))
         }
         let isHousing = dataset == .housing

@@ -73,7 +73,7 @@ final class VirtualDevice: Sendable {
         let conditions = AvailabilityConditions(device: index, availability: availability, seed: seed, clock: clock)
         let epoch = Self.epoch
         // A retry's backoff passes on the device's clock, and ends with the window like any other wait.
-        let environment = ClientEnvironment.seeded(seed ^ 0xC11E_57 &+ UInt64(index), clock: DeviceClock(link: link))
+        let environment = ClientEnvironment.seeded(seed ^ 0xC11E_57 &+ UInt64(index), clock: DeviceClock(link: link), seedNoise: true)
         var random = OrchardRandom.derived(seed: seed ^ 0x7EA1_7123, stream: UInt64(index))
         let client = OrchardClient(
             transport: VirtualTransport(inner: transport, link: link), server: "orchard-simulation",

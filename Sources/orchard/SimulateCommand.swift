@@ -82,7 +82,7 @@ struct SimulateCommand: AsyncParsableCommand {
         ("server_config.privacy.adaptive_clipping.target_quantile", "--dp-adaptive-quantile"),
         ("server_config.privacy.adaptive_clipping.initial_norm", "--dp-clip"), ("server_config.privacy.clipping_norm", "--dp-clip"),
         ("server_config.privacy.noise_multiplier", "--dp-noise-multiplier"), ("server_config.privacy.delta", "--dp-delta"),
-        ("server_config.privacy.population", "--population"), ("goal_count", "the goal (--fraction × --clients)"),
+        ("server_config.privacy.population", "--population"), ("goal_count × over_selection", "the goal (--fraction × --clients) × --over-selection"),
         ("server_config.privacy.adaptive_clipping.count_stddev", "the count noise"),
     ]
 
@@ -108,7 +108,7 @@ struct SimulateCommand: AsyncParsableCommand {
         if let seed { c.seed = seed }
         if let output { c.output = URL(fileURLWithPath: output) }
         c.privacy = try privacy(clients: c.clients)
-        if let privacy = c.privacy, var failure = privacy.validationFailure(goalCount: c.goal) {
+        if let privacy = c.privacy, var failure = privacy.validationFailure(goalCount: c.goal, capacity: Int((Double(c.goal) * c.overSelection).rounded(.up))) {
             for (field, flag) in Self.privacyFlags { failure = failure.replacingOccurrences(of: field, with: flag) }
             throw SimulationError(.invalidOption, failure)
         }

@@ -12,15 +12,16 @@ import Testing
     }
 
     @Test func theUpdateIsClippedAcrossEveryTensorBeforeNoise() throws {
-        // Norm 5 over two tensors (3, 4): clipped to 1 → (0.6, 0.8); no noise at z = 0.
+        // Norm 5 over two tensors (3, 4): clipped to 1 → (0.6, 0.8); noise of σ = 10⁻⁹ is invisible.
         var generator = SplitMix64(seed: 1)
-        let clipped = try LocalDifferentialPrivacy.apply(LocalPrivacy(clippingNorm: 1, noiseMultiplier: 0), to: update([[3], [4]]), using: &generator)
+        let clipped = try LocalDifferentialPrivacy.apply(LocalPrivacy(clippingNorm: 1, noiseMultiplier: 1e-9), to: update([[3], [4]]), using: &generator)
         #expect(abs(clipped.diff[0].values[0] - 0.6) < 1e-6 && abs(clipped.diff[1].values[0] - 0.8) < 1e-6)
-        #expect(clipped.sampleCount == 9 && clipped.metrics == ["loss": 1])
+        // The sample count and the metrics describe the local data without noise: they do not leave the device.
+        #expect(clipped.sampleCount == 1 && clipped.metrics.isEmpty)
         #expect(clipped.diff.map(\.name) == ["t0", "t1"] && clipped.diff.map(\.shape) == [[1], [1]])
         // Within the bound: unchanged.
-        let kept = try LocalDifferentialPrivacy.apply(LocalPrivacy(clippingNorm: 10, noiseMultiplier: 0), to: update([[3], [4]]), using: &generator)
-        #expect(kept.diff[0].values == [3] && kept.diff[1].values == [4])
+        let kept = try LocalDifferentialPrivacy.apply(LocalPrivacy(clippingNorm: 10, noiseMultiplier: 1e-9), to: update([[3], [4]]), using: &generator)
+        #expect(abs(kept.diff[0].values[0] - 3) < 1e-6 && abs(kept.diff[1].values[0] - 4) < 1e-6)
     }
 
     @Test func frozenLayersStayZeroAndDoNotCountTowardTheNorm() throws {
@@ -50,14 +51,20 @@ import Testing
 
     @Test func unusableSettingsFromAPlanAreRefused() {
         var generator = SplitMix64(seed: 3)
-        for privacy in [LocalPrivacy(clippingNorm: 0, noiseMultiplier: 1), LocalPrivacy(clippingNorm: 1, noiseMultiplier: -1), LocalPrivacy(clippingNorm: .nan, noiseMultiplier: 1)] {
+        // A coordinator cannot turn the noise off: z = 0 is refused like any unusable value.
+        for privacy in [LocalPrivacy(clippingNorm: 0, noiseMultiplier: 1), LocalPrivacy(clippingNorm: 1, noiseMultiplier: -1), LocalPrivacy(clippingNorm: .nan, noiseMultiplier: 1),
+                        LocalPrivacy(clippingNorm: 1, noiseMultiplier: 0)] {
             #expect(throws: OrchardClientError.self) { try LocalDifferentialPrivacy.apply(privacy, to: update([[1]]), using: &generator) }
         }
     }
 
-    @Test func theSeededEnvironmentSeedsTheNoiseAndTheSystemOneDoesNot() {
-        let a = ClientEnvironment.seeded(5), b = ClientEnvironment.seeded(5)
+    @Test func theNoiseIsSeededOnlyWhenAskedFor() {
+        let a = ClientEnvironment.seeded(5, seedNoise: true), b = ClientEnvironment.seeded(5, seedNoise: true)
         #expect((0..<4).map { _ in a.noiseBits() } == (0..<4).map { _ in b.noiseBits() })
+        // Seeded jitter alone keeps the system's generator for the noise.
+        let c = ClientEnvironment.seeded(5), d = ClientEnvironment.seeded(5)
+        #expect((0..<4).map { _ in c.noiseBits() } != (0..<4).map { _ in d.noiseBits() })
+        #expect(c.random() == d.random())
         let system = ClientEnvironment.system
         #expect(system.noiseBits() != system.noiseBits())
     }

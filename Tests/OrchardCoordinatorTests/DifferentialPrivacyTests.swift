@@ -49,6 +49,9 @@ func privateHostRequest(goal: Int = 2, minimum: Int? = nil, privacy: PrivacyConf
         let epsilonLine = try #require(lines.first { $0.hasPrefix("orchard_privacy_epsilon{") })
         let published = try #require(epsilonLine.split(separator: " ").last.flatMap { Double($0) })
         #expect(abs(published - spent.epsilon) <= 1e-6 * spent.epsilon, "\(epsilonLine)")
+        // A restart goes on from the stored ledger: nothing spent is forgotten.
+        try await harness.restart()
+        #expect(try await harness.status(hosted.processID).privacy == spent)
     }
 
     @Test func theProcessCompletesBeforeAReleaseWouldPassTheTargetEpsilon() async throws {
@@ -138,12 +141,17 @@ func privateHostRequest(goal: Int = 2, minimum: Int? = nil, privacy: PrivacyConf
         let assignment = try await harness.join(device)
         let plan = try await harness.http.send("GET", Endpoint.plan(assignment.planID) + "?request_key=\(assignment.requestKey)", token: device.sessionToken).decode(TrainingPlan.self)
         #expect(plan.localPrivacy == LocalPrivacy(clippingNorm: 1, noiseMultiplier: 0.5))
-        // A noised update is far above the bound; the coordinator must not shrink it (nor its noise).
-        #expect(try await harness.report(device, assignment, diff: Fixture.diff(1), samples: 7).status == 200)
+        // A report beyond what a clipped and noised one can reach, C·(1 + z(√6 + 6)) ≈ 5.22, is refused: one device
+        // cannot move the model further than an honest one.
+        let tooFar = try await harness.report(device, assignment, diff: Fixture.diff(1), samples: 7)
+        #expect(tooFar.status == 422)
+        #expect(tooFar.errorCode == "update_norm_exceeded")
+        // A noised update is above the bound (norm 2.96 > 1); the coordinator must not shrink it (nor its noise).
+        #expect(try await harness.report(device, assignment, diff: Fixture.diff(0.5), samples: 7).status == 200)
         let other = try await harness.device()
         let otherAssignment = try await harness.join(other)
         #expect(try await harness.report(other, otherAssignment, diff: Fixture.diff(0), samples: 1).status == 200)
-        expectClose(try await harness.checkpoint(hosted.processID), Fixture.expectedAfterFedAvg([(0.5, 1)]))
+        expectClose(try await harness.checkpoint(hosted.processID), Fixture.expectedAfterFedAvg([(0.25, 1)]))
     }
 
     @Test func unusablePrivacySettingsAreRefusedWhenHosted() async throws {
@@ -194,7 +202,7 @@ func privateHostRequest(goal: Int = 2, minimum: Int? = nil, privacy: PrivacyConf
         let mechanism = PrivacyMechanism(config: PrivacyConfig(clippingNorm: 2, noiseMultiplier: 1, population: 1000), server: server)
         var generator = SplitMix64(seed: 7)
         let count = 40_000
-        let released = try mechanism.release(sum: [Double](repeating: 8, count: count), unclipped: 0, ledger: mechanism.initialLedger, using: &generator)
+        let released = try mechanism.release(sum: [Double](repeating: 8, count: count), reports: 4, unclipped: 0, ledger: mechanism.initialLedger, using: &generator)
         let mean = released.mean.reduce(0.0) { $0 + Double($1) } / Double(count)
         let variance = released.mean.reduce(0.0) { $0 + (Double($1) - mean) * (Double($1) - mean) } / Double(count - 1)
         // Mean 8/4 = 2; σ = z·C/goal = 0.5 (σ² = 0.25; the sample variance's relative error is ~√(2/n) = 0.7 %).
@@ -214,15 +222,15 @@ func privateHostRequest(goal: Int = 2, minimum: Int? = nil, privacy: PrivacyConf
         var generator = SplitMix64(seed: 3)
         var ledger = mechanism.initialLedger
         // Every report unclipped → the bound shrinks; none → it grows.
-        ledger = try mechanism.release(sum: [0], unclipped: 100, ledger: ledger, using: &generator).ledger
+        ledger = try mechanism.release(sum: [0], reports: 100, unclipped: 100, ledger: ledger, using: &generator).ledger
         #expect(ledger.clippingNorm < 0.93 && ledger.clippingNorm > 0.88)
         var grown = mechanism.initialLedger
-        grown = try mechanism.release(sum: [0], unclipped: 0, ledger: grown, using: &generator).ledger
+        grown = try mechanism.release(sum: [0], reports: 100, unclipped: 0, ledger: grown, using: &generator).ledger
         #expect(grown.clippingNorm > 1.07 && grown.clippingNorm < 1.13)
     }
 
     @Test func theBudgetAllowsAReleaseOnlyWhileItStaysWithinTheTarget() throws {
-        let server = ServerConfig(goalCount: 10, minimumReports: 10)
+        let server = ServerConfig(goalCount: 10, overSelection: 1, minimumReports: 10)
         let first = try PrivacyAccountant.epsilon(samplingRate: 0.01, noiseMultiplier: 1, steps: 1, delta: 1e-5).epsilon
         let mechanism = PrivacyMechanism(config: PrivacyConfig(clippingNorm: 1, noiseMultiplier: 1, targetEpsilon: first, population: 1000), server: server)
         #expect(try mechanism.allowsRelease(after: mechanism.initialLedger))
@@ -233,5 +241,51 @@ func privateHostRequest(goal: Int = 2, minimum: Int? = nil, privacy: PrivacyConf
         let local = PrivacyMechanism(config: PrivacyConfig(mode: .local, clippingNorm: 1, noiseMultiplier: 0.5, population: 1000), server: server)
         #expect(abs(local.accountedNoiseMultiplier - 0.5 * 10.0.squareRoot()) < 1e-12)
         #expect(local.serverClippingNorm(local.initialLedger) == nil)
+    }
+
+    @Test func theReleasedFractionIsCentredAndItsNoiseMatchesTheSensitivityOfOneHalf() throws {
+        // σ_b = 5 on the centred count Σ(bᵢ − ½): b̃ = (Σ(bᵢ − ½) + N(0, 25))/100 + ½. With 60 of 100 unclipped,
+        // b̃ has mean 0.6 and standard deviation 0.05; the bound moves by exp(−η(b̃ − γ)).
+        let server = ServerConfig(goalCount: 100, minimumReports: 50)
+        let config = PrivacyConfig(adaptiveClipping: .init(targetQuantile: 0.5, learningRate: 1, initialNorm: 1, countStandardDeviation: 5), noiseMultiplier: 1, population: 10_000)
+        let mechanism = PrivacyMechanism(config: config, server: server)
+        var generator = SplitMix64(seed: 11)
+        let fractions = try (0..<4000).map { _ in
+            let next = try mechanism.release(sum: [0], reports: 100, unclipped: 60, ledger: mechanism.initialLedger, using: &generator).ledger
+            return 0.5 - log(next.clippingNorm)  // η = 1, γ = 0.5: log C' = −(b̃ − 0.5)
+        }
+        let mean = fractions.reduce(0, +) / Double(fractions.count)
+        let variance = fractions.reduce(0) { $0 + ($1 - mean) * ($1 - mean) } / Double(fractions.count - 1)
+        #expect(abs(mean - 0.6) < 0.003, "\(mean)")
+        #expect(abs(variance.squareRoot() - 0.05) < 0.003, "\(variance.squareRoot())")
+        // The two releases together cost what z alone would: z_Δ⁻² + (2σ_b)⁻² = z⁻².
+        let combined = 1 / (mechanism.updateNoiseMultiplier * mechanism.updateNoiseMultiplier) + 1 / (4 * 5.0 * 5.0)
+        #expect(abs(combined - 1) < 1e-12)
+    }
+
+    @Test func theSamplingRateCountsEveryDeviceACycleAdmits() {
+        // Over-selection admits ⌈10 × 1.3⌉ = 13 devices, all of whose reports may be summed.
+        let server = ServerConfig(goalCount: 10, overSelection: 1.3, minimumReports: 5)
+        let mechanism = PrivacyMechanism(config: PrivacyConfig(clippingNorm: 1, noiseMultiplier: 1, population: 1000), server: server)
+        #expect(mechanism.samplingRate == 0.013)
+        #expect(PrivacyConfig(clippingNorm: 1, noiseMultiplier: 1, population: 12).validationFailure(goalCount: 10, capacity: 13)?.contains("(13)") == true)
+        #expect(PrivacyConfig(clippingNorm: 1, noiseMultiplier: 1, delta: 1e-3, population: 1000).validationFailure(goalCount: 10)?.contains("1/population") == true)
+        #expect(PrivacyConfig(clippingNorm: 1, noiseMultiplier: 1, delta: 9e-4, population: 1000).validationFailure(goalCount: 10) == nil)
+    }
+
+    @Test func localModeBoundsAReportByWhatAnHonestNoisedOneCanReach() {
+        let server = ServerConfig(goalCount: 10, minimumReports: 10)
+        let local = PrivacyMechanism(config: PrivacyConfig(mode: .local, clippingNorm: 2, noiseMultiplier: 0.5, population: 1000), server: server)
+        let expected: Double = 2 * (1 + 0.5 * 106)
+        #expect(local.localNormCeiling(dimension: 10_000) == expected)
+        let central = PrivacyMechanism(config: PrivacyConfig(clippingNorm: 2, noiseMultiplier: 0.5, population: 1000), server: server)
+        #expect(central.localNormCeiling(dimension: 10_000) == nil)
+        // An honest report: clipped, then noised, stays below it.
+        var generator = SplitMix64(seed: 5)
+        var values = [Float](repeating: 1, count: 10_000)
+        Clipping.clip(&values, to: 2)
+        GaussianNoise.add(to: &values, standardDeviation: 1, using: &generator)
+        let norm = values.reduce(0.0) { $0 + Double($1) * Double($1) }.squareRoot()
+        #expect(norm < local.localNormCeiling(dimension: 10_000)!)
     }
 }

@@ -81,7 +81,9 @@ import Testing
         var releases = 0
         for round in result.rounds {
             if round.aggregated { releases += 1 }
-            let expected = try PrivacyAccountant.epsilon(samplingRate: Double(c.goal) / 1000, noiseMultiplier: 0.8, steps: releases, delta: 1e-5).epsilon
+            // Every device a round admits counts: q = ⌈goal × over-selection⌉ / population.
+            let capacity = (Double(c.goal) * c.overSelection).rounded(.up)
+            let expected = try PrivacyAccountant.epsilon(samplingRate: capacity / 1000, noiseMultiplier: 0.8, steps: releases, delta: 1e-5).epsilon
             let epsilon = try #require(round.epsilon)
             #expect(abs(epsilon - expected) <= 1e-9 * max(expected, 1), "round \(round.round)")
         }
