@@ -100,6 +100,9 @@ public enum CoordinatorBenchmark {
         public var checkinP99Milliseconds: Double
         /// 99th-percentile latency of each device's first cycle request, the admission that writes its assignment.
         public var admissionP99Milliseconds: Double
+        /// 99th-percentile check-in latency over the second half of each device's requests: the steady state, after
+        /// the admissions' burst of store writes and the backlog it leaves have passed.
+        public var steadyCheckinP99Milliseconds: Double = 0
         /// Reports the coordinator accepted (devices × rounds).
         public var reports: Int
         /// Report bytes uploaded (headers and diffs).
@@ -118,6 +121,7 @@ public enum CoordinatorBenchmark {
             case benchmark, devices, parameters = "params", checkins, checkinTarget = "checkin_target", offeredRate = "offered_rate"
             case checkinsPerSecond = "checkins_per_second", checkinP50Milliseconds = "checkin_p50_ms"
             case checkinP99Milliseconds = "checkin_p99_ms", admissionP99Milliseconds = "admission_p99_ms", reports
+            case steadyCheckinP99Milliseconds = "checkin_steady_p99_ms"
             case reportBytes = "report_bytes", reportMegabytesPerSecond = "report_mb_per_second"
             case reportP50Milliseconds = "report_p50_ms", reportP99Milliseconds = "report_p99_ms", peakRSSMiB = "peak_rss_mib"
         }
@@ -137,6 +141,7 @@ public enum CoordinatorBenchmark {
             try container.encode(hundredths(checkinP50Milliseconds), forKey: .checkinP50Milliseconds)
             try container.encode(hundredths(checkinP99Milliseconds), forKey: .checkinP99Milliseconds)
             try container.encode(hundredths(admissionP99Milliseconds), forKey: .admissionP99Milliseconds)
+            try container.encode(hundredths(steadyCheckinP99Milliseconds), forKey: .steadyCheckinP99Milliseconds)
             try container.encode(reports, forKey: .reports)
             try container.encode(reportBytes, forKey: .reportBytes)
             try container.encode(hundredths(reportMegabytesPerSecond), forKey: .reportMegabytesPerSecond)
@@ -259,6 +264,7 @@ public enum CoordinatorBenchmark {
         let checkinLatencies = perDeviceLatencies.flatMap { $0 }
         // A device's first cycle request of a cycle is its admission (a store write); the rest are answered from memory.
         let admissionLatencies = perDeviceLatencies.compactMap(\.first)
+        let steadyLatencies = perDeviceLatencies.flatMap { $0.dropFirst($0.count / 2) }
         let checkinSeconds = (ContinuousClock.now - checkinStart).inSeconds
 
         // Report phase.
@@ -347,7 +353,7 @@ public enum CoordinatorBenchmark {
             reportBytes += bytes
         }
         await closeAll(connections)
-        return Result(
+        var result = Result(
             devices: devices, parameters: parameterCount, checkins: checkinLatencies.count, checkinTarget: configuration.checkinTarget, offeredRate: rate,
             checkinsPerSecond: checkinLatencies.isEmpty ? 0 : Double(checkinLatencies.count) / max(checkinSeconds, 1e-9),
             checkinP50Milliseconds: Percentile.nearestRank(0.5, of: checkinLatencies) ?? 0,
@@ -359,5 +365,7 @@ public enum CoordinatorBenchmark {
             reportP99Milliseconds: Percentile.nearestRank(0.99, of: reportLatencies) ?? 0,
             peakRSSMiB: PeakMemory.residentMiB()
         )
+        result.steadyCheckinP99Milliseconds = Percentile.nearestRank(0.99, of: steadyLatencies) ?? 0
+        return result
     }
 }

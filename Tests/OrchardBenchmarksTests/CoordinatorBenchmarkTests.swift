@@ -22,6 +22,7 @@ import Testing
         #expect(result.reportMegabytesPerSecond > 0)
         #expect(0 < result.checkinP50Milliseconds && result.checkinP50Milliseconds <= result.checkinP99Milliseconds)
         #expect(0 < result.admissionP99Milliseconds && result.admissionP99Milliseconds <= result.checkinP99Milliseconds)
+        #expect(0 < result.steadyCheckinP99Milliseconds && result.steadyCheckinP99Milliseconds <= result.checkinP99Milliseconds)
         #expect(0 < result.reportP50Milliseconds && result.reportP50Milliseconds <= result.reportP99Milliseconds)
         #if os(Linux)
         #expect(try #require(result.peakRSSMiB) > 1)
@@ -31,7 +32,7 @@ import Testing
         let object = try #require(try JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any])
         #expect(Set(object.keys) == [
             "benchmark", "devices", "params", "checkins", "checkin_target", "offered_rate", "checkins_per_second", "checkin_p50_ms", "checkin_p99_ms",
-            "admission_p99_ms", "reports", "report_bytes", "report_mb_per_second", "report_p50_ms", "report_p99_ms", "peak_rss_mib",
+            "admission_p99_ms", "checkin_steady_p99_ms", "reports", "report_bytes", "report_mb_per_second", "report_p50_ms", "report_p99_ms", "peak_rss_mib",
         ])
         #expect(object["benchmark"] as? String == "coordinator")
         #expect(object["checkin_target"] as? String == "cycle-request")
