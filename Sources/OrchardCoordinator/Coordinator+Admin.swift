@@ -26,6 +26,7 @@ extension Coordinator {
             throw CoordinatorError(.invalidConfiguration, failure)
         }
         if let privacy = request.serverConfig.privacy {
+            if let caution = privacy.deltaCaution { logger.warning("\(caution)", metadata: ["process": "\(request.name)"]) }
             // A budget that one release already exceeds would host a process that can never aggregate.
             let mechanism = PrivacyMechanism(config: privacy, server: request.serverConfig)
             let allowed: Bool

@@ -148,6 +148,14 @@ public struct PrivacyConfig: Sendable, Hashable, Codable {
         mode == .local ? noiseMultiplier * Double(minimumReports).squareRoot() : noiseMultiplier
     }
 
+    /// A caution when δ is not below 1/population: an (ε, δ) guarantee then allows a mechanism that releases some
+    /// device's data outright with probability δ·population; nil otherwise. (Allowed: papers quote ε at δ = 10⁻⁵ for
+    /// populations of 10⁶, but the coordinator says so when a process is hosted.)
+    public var deltaCaution: String? {
+        guard delta >= 1 / Double(population) else { return nil }
+        return "server_config.privacy.delta \(delta) is not below 1/population (\(1 / Double(population))): the guarantee allows one device in \(Int((1 / delta).rounded())) to be exposed; consider delta <= 1/population"
+    }
+
     /// Describes the first invalid field, or nil when the configuration is usable.
     /// - Parameters:
     ///   - goalCount: The process's `goal_count`.
@@ -188,9 +196,7 @@ public struct PrivacyConfig: Sendable, Hashable, Codable {
         if population < capacity {
             return "server_config.privacy.population (\(population)) must be at least the devices a cycle admits, goal_count × over_selection (\(capacity))"
         }
-        if delta >= 1 / Double(population) {
-            return "server_config.privacy.delta \(delta) must be below 1/population (\(1 / Double(population))): a larger δ allows releasing a device's data outright"
-        }
+
         if updateNoiseMultiplier(expectedReports: goalCount) == nil {
             let sigmaB = countStandardDeviation(expectedReports: goalCount)
             return "server_config.privacy.adaptive_clipping.count_stddev \(sigmaB) leaves no noise for the update: noise_multiplier \(noiseMultiplier) must be below 2·count_stddev"
