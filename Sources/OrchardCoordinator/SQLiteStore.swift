@@ -309,10 +309,9 @@ public final class SQLiteStore: CoordinatorStore {
                 Result {
                     switch write {
                     case .assignment(let processID, let cycle, let workerID, let requestKey, let date):
-                        try db.execute(
-                            sql: "INSERT INTO assignments (process_id, cycle, worker_id, request_key, assigned_at) VALUES (?, ?, ?, ?, ?)",
-                            arguments: [processID, cycle, workerID, requestKey, date.timeIntervalSince1970]
-                        )
+                        // Cached: an admission burst runs this statement thousands of times a second.
+                        try db.cachedStatement(sql: "INSERT INTO assignments (process_id, cycle, worker_id, request_key, assigned_at) VALUES (?, ?, ?, ?, ?)")
+                            .execute(arguments: [processID, cycle, workerID, requestKey, date.timeIntervalSince1970])
                     case .report(let report, let file):
                         let key = "\(report.processID)/\(report.cycle)"
                         let open: Bool
@@ -323,13 +322,12 @@ public final class SQLiteStore: CoordinatorStore {
                             cycleOpen[key] = open
                         }
                         guard open else { throw StoreError(.cycleClosed, "cycle \(report.cycle) is not open") }
-                        try db.execute(
-                            sql: """
-                                UPDATE assignments SET reported = 1, sample_count = ?, metrics = ?, diff_file = ?, unclipped = ?
-                                WHERE process_id = ? AND cycle = ? AND worker_id = ? AND request_key = ? AND reported = 0
-                                """,
-                            arguments: [report.sampleCount, report.metricsJSON, file, report.unclipped, report.processID, report.cycle, report.workerID, report.requestKey]
-                        )
+                        try db.cachedStatement(sql: """
+                            UPDATE assignments SET reported = 1, sample_count = ?, metrics = ?, diff_file = ?, unclipped = ?
+                            WHERE process_id = ? AND cycle = ? AND worker_id = ? AND request_key = ? AND reported = 0
+                            """).execute(arguments: [
+                                report.sampleCount, report.metricsJSON, file, report.unclipped, report.processID, report.cycle, report.workerID, report.requestKey,
+                            ])
                         guard db.changesCount == 1 else {
                             throw StoreError(.duplicate, "no unreported assignment for this worker and request key in cycle \(report.cycle)")
                         }
