@@ -124,6 +124,31 @@ func privateHostRequest(goal: Int = 2, minimum: Int? = nil, privacy: PrivacyConf
         #expect(next.releases == 2)
     }
 
+    @Test func theFoldedCountOfUnclippedReportsSurvivesARestart() async throws {
+        // Every report is folded into the stored running sum at once (fold interval 1), so the count that survives
+        // the restart is the stored sum's, not the pending diffs'.
+        let harness = try await Harness.start(configuration: CoordinatorConfiguration(adminToken: Harness.adminToken, foldInterval: 1))
+        defer { Task { await harness.stop() } }
+        let privacy = PrivacyConfig(
+            adaptiveClipping: .init(targetQuantile: 0.5, learningRate: 0.2, initialNorm: 1, countStandardDeviation: 0.01),
+            noiseMultiplier: 0.001, population: 100
+        )
+        let hosted = try await harness.host(privateHostRequest(goal: 3, privacy: privacy))
+        var devices: [(AuthenticateResponse, CycleAssignment)] = []
+        for _ in 0..<3 {
+            let device = try await harness.device()
+            devices.append((device, try await harness.join(device)))
+        }
+        #expect(try await harness.report(devices[0].0, devices[0].1, diff: Fixture.diff(0.1), samples: 1).status == 200)
+        #expect(try await harness.report(devices[1].0, devices[1].1, diff: Fixture.diff(0.05), samples: 1).status == 200)
+        try await harness.restart()
+        #expect(try await harness.report(devices[2].0, devices[2].1, diff: Fixture.diff(1), samples: 1).status == 200)
+        // Two of three within the bound: b̃ = (2 − 3/2)/3 + ½ = ⅔ (± 0.0033), C = exp(−0.2 · (⅔ − ½)); had the
+        // folded count been lost, b̃ would be 0 and C = exp(0.1).
+        let bound = try #require(try await harness.status(hosted.processID).privacy?.clippingNorm)
+        #expect(abs(bound - exp(-0.2 / 6)) < 2e-3, "\(bound)")
+    }
+
     @Test func localPrivacyIsInThePlanTheCoordinatorDoesNotClipAndOldDevicesAreRefused() async throws {
         let harness = try await Harness.start()
         defer { Task { await harness.stop() } }
