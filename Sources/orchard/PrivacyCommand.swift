@@ -31,7 +31,7 @@ struct PrivacySchedule: ParsableArguments {
 struct PrivacyEpsilon: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "epsilon",
-        abstract: "ε spent by --steps cycles of the subsampled Gaussian mechanism (RDP accountant, integer orders 2…1024)."
+        abstract: "ε spent by --steps cycles of the subsampled Gaussian mechanism (RDP accountant, orders 1.1…1024)."
     )
 
     @OptionGroup var schedule: PrivacySchedule
@@ -45,11 +45,11 @@ struct PrivacyEpsilon: AsyncParsableCommand {
         var steps: Int
         var delta: Double
         var epsilon: Double
-        var optimalOrder: Int
+        var optimalOrder: Double
     }
 
     func run() async throws {
-        let result: (epsilon: Double, order: Int)
+        let result: (epsilon: Double, order: Double)
         do {
             result = try PrivacyAccountant.epsilon(samplingRate: schedule.samplingRate, noiseMultiplier: noiseMultiplier, steps: schedule.steps, delta: schedule.delta)
         } catch {
@@ -61,7 +61,7 @@ struct PrivacyEpsilon: AsyncParsableCommand {
                 epsilon: result.epsilon, optimalOrder: result.order
             ))
         } else {
-            print("ε = \(result.epsilon) at δ = \(schedule.delta) (optimal RDP order \(result.order))")
+            print("ε = \(result.epsilon) at δ = \(schedule.delta) (optimal RDP order \(String(format: "%g", result.order)))")
         }
     }
 }
