@@ -90,9 +90,9 @@ func privateHostRequest(goal: Int = 2, minimum: Int? = nil, privacy: PrivacyConf
     @Test func adaptiveClippingCountsUnclippedReportsAcrossARestartAndMovesTheBound() async throws {
         let harness = try await Harness.start()
         defer { Task { await harness.stop() } }
-        // count_stddev 0.01 makes the released fraction 1 ± 0.005, so the bound moves by exp(−0.2·(1 − 0.5)) ± 0.1 %.
+        // count_stddev 0.001 makes the released fraction 1 ± 0.0005, so the bound moves by exp(−0.2·(1 − 0.5)) ± 0.01 %.
         let privacy = PrivacyConfig(
-            adaptiveClipping: .init(targetQuantile: 0.5, learningRate: 0.2, initialNorm: 1, countStandardDeviation: 0.01),
+            adaptiveClipping: .init(targetQuantile: 0.5, learningRate: 0.2, initialNorm: 1, countStandardDeviation: 0.001),
             noiseMultiplier: 0.001, population: 100
         )
         let hosted = try await harness.host(privateHostRequest(privacy: privacy))
@@ -118,7 +118,7 @@ func privateHostRequest(goal: Int = 2, minimum: Int? = nil, privacy: PrivacyConf
             let start = try #require(before[name])
             for i in values.indices { #expect(abs(values[i] - start[i] - scale * Float(i + 1)) < 5e-3, "\(name)[\(i)]") }
         }
-        // Clipped: the bound follows the fraction 0.5 now and stays put (±0.1 %).
+        // Clipped: the bound follows the fraction 0.5 now and stays put (±0.01 %).
         let next = try #require(try await harness.status(hosted.processID).privacy)
         #expect(abs(next.clippingNorm - bound) < 2e-3 * bound, "\(next.clippingNorm)")
         #expect(next.releases == 2)
@@ -130,7 +130,7 @@ func privateHostRequest(goal: Int = 2, minimum: Int? = nil, privacy: PrivacyConf
         let harness = try await Harness.start(configuration: CoordinatorConfiguration(adminToken: Harness.adminToken, foldInterval: 1))
         defer { Task { await harness.stop() } }
         let privacy = PrivacyConfig(
-            adaptiveClipping: .init(targetQuantile: 0.5, learningRate: 0.2, initialNorm: 1, countStandardDeviation: 0.01),
+            adaptiveClipping: .init(targetQuantile: 0.5, learningRate: 0.2, initialNorm: 1, countStandardDeviation: 0.001),
             noiseMultiplier: 0.001, population: 100
         )
         let hosted = try await harness.host(privateHostRequest(goal: 3, privacy: privacy))
@@ -143,7 +143,7 @@ func privateHostRequest(goal: Int = 2, minimum: Int? = nil, privacy: PrivacyConf
         #expect(try await harness.report(devices[1].0, devices[1].1, diff: Fixture.diff(0.05), samples: 1).status == 200)
         try await harness.restart()
         #expect(try await harness.report(devices[2].0, devices[2].1, diff: Fixture.diff(1), samples: 1).status == 200)
-        // Two of three within the bound: b̃ = (2 − 3/2)/3 + ½ = ⅔ (± 0.0033), C = exp(−0.2 · (⅔ − ½)); had the
+        // Two of three within the bound: b̃ = (2 − 3/2)/3 + ½ = ⅔ (± 0.0003), C = exp(−0.2 · (⅔ − ½)); had the
         // folded count been lost, b̃ would be 0 and C = exp(0.1).
         let bound = try #require(try await harness.status(hosted.processID).privacy?.clippingNorm)
         #expect(abs(bound - exp(-0.2 / 6)) < 2e-3, "\(bound)")
