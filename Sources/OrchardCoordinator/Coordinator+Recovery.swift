@@ -63,7 +63,7 @@ extension Coordinator {
             }
             privacy = (mechanism, ledger)
         }
-        let dpWeight = privacy != nil
+        let isPrivate = privacy != nil
         var machine: CycleStateMachine
         var sum = RunningSum(count: layout.totalCount)
         var unfolded: [String] = []
@@ -85,7 +85,10 @@ extension Coordinator {
                 guard pending.diff.count == count * 4 else {
                     throw StoreError(.corrupt, "stored diff of worker \(pending.workerID) has \(pending.diff.count) bytes")
                 }
-                accumulator.add(pending.diff, weight: dpWeight ? 1 : Double(pending.sampleCount), unclipped: pending.unclipped, worker: pending.workerID)
+                accumulator.add(
+                    pending.diff, weight: Runtime.foldWeight(sampleCount: pending.sampleCount, private: isPrivate), unclipped: pending.unclipped,
+                    worker: pending.workerID
+                )
             }
             (sum, unfolded) = accumulator.result
             keys = Set(open.assignments.map(\.requestKey))

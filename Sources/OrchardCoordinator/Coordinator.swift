@@ -35,7 +35,10 @@ public actor Coordinator {
 
         /// What a report adds to the running sum's weight: its sample count, or 1 under privacy (equal weights keep
         /// one device's influence within the clipping bound).
-        func foldWeight(sampleCount: Int) -> Double { privacy == nil ? Double(sampleCount) : 1 }
+        func foldWeight(sampleCount: Int) -> Double { Self.foldWeight(sampleCount: sampleCount, private: privacy != nil) }
+
+        /// ``foldWeight(sampleCount:)`` before a runtime exists (recovery).
+        static func foldWeight(sampleCount: Int, private isPrivate: Bool) -> Double { isPrivate ? 1 : Double(sampleCount) }
 
         init(
             process: StoredProcess, machine: CycleStateMachine, layout: ModelLayout, sum: RunningSum, unfolded: [String],

@@ -40,6 +40,8 @@ public struct PrivacyMechanism: Sendable, Hashable {
     public let accountedNoiseMultiplier: Double
     /// The noise multiplier of the update itself (larger than z when adaptive clipping takes a share).
     public let updateNoiseMultiplier: Double
+    /// One release's RDP at each of ``RenyiDP/defaultOrders`` (fixed for the process; T releases cost T times it).
+    private let stepRDP: [Double]
 
     /// Prepares the mechanism of a validated configuration.
     public init(config: PrivacyConfig, server: ServerConfig) {
@@ -48,6 +50,9 @@ public struct PrivacyMechanism: Sendable, Hashable {
         samplingRate = config.samplingRate(capacity: server.capacity)
         accountedNoiseMultiplier = config.aggregateNoiseMultiplier(minimumReports: server.minimumReports)
         updateNoiseMultiplier = config.updateNoiseMultiplier(expectedReports: server.goalCount) ?? config.noiseMultiplier
+        stepRDP = RenyiDP.defaultOrders.map { [samplingRate, accountedNoiseMultiplier] in
+            RenyiDP.stepRDP(samplingRate: samplingRate, noiseMultiplier: accountedNoiseMultiplier, order: $0)
+        }
     }
 
     /// The ledger before any release.
@@ -57,7 +62,10 @@ public struct PrivacyMechanism: Sendable, Hashable {
 
     /// ε after `releases` releases.
     public func epsilon(releases: Int) throws(PrivacyError) -> Double {
-        try PrivacyAccountant.epsilon(samplingRate: samplingRate, noiseMultiplier: accountedNoiseMultiplier, steps: releases, delta: config.delta).epsilon
+        guard releases >= 0 else { throw PrivacyError(.invalidParameter, "releases must be >= 0, not \(releases)") }
+        guard config.delta > 0, config.delta < 1 else { throw PrivacyError(.invalidParameter, "delta must be in (0, 1), not \(config.delta)") }
+        guard releases > 0 else { return 0 }
+        return RenyiDP.epsilon(rdp: stepRDP.map { Double(releases) * $0 }, orders: RenyiDP.defaultOrders, delta: config.delta).epsilon
     }
 
     /// Whether one more release stays within `target_epsilon` (always, without a target).

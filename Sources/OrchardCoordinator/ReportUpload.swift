@@ -87,44 +87,35 @@ public final class ReportUpload {
             throw await fail(.internalError("a complete report was never admitted"))
         }
         let metrics = coordinator.metrics
+        let norm = stream.sumOfSquares.squareRoot()
+        /// Scales the staged diff down to `bound`.
+        func clip(to bound: Double) async throws(CoordinatorError) {
+            do throws(StoreError) {
+                try Self.scale(staged, count: ticket.layout.totalCount, by: bound / norm)
+            } catch {
+                throw await fail(.internalError("could not clip the diff: \(error.message)"))
+            }
+            metrics.reportsClipped.increment()
+        }
         // Under central differential privacy every report is clipped to the cycle's bound; whether it was already
         // within it is counted for adaptive clipping.
         var unclipped = false
         if let bound = ticket.privacyClippingNorm {
-            let norm = stream.sumOfSquares.squareRoot()
             unclipped = norm <= bound
-            if !unclipped {
-                do throws(StoreError) {
-                    try Self.scale(staged, count: ticket.layout.totalCount, by: bound / norm)
-                } catch {
-                    throw await fail(.internalError("could not clip the diff: \(error.message)"))
-                }
-                metrics.reportsClipped.increment()
-            }
+            if !unclipped { try await clip(to: bound) }
         }
-        if let ceiling = ticket.localNormCeiling {
-            let norm = stream.sumOfSquares.squareRoot()
-            if norm > ceiling {
-                throw await fail(CoordinatorError(
-                    .updateNormExceeded,
-                    "the diff's L2 norm \(norm) exceeds \(ceiling), more than a report clipped to server_config.privacy.clipping_norm and noised as the plan says can have"
-                ))
-            }
+        if let ceiling = ticket.localNormCeiling, norm > ceiling {
+            throw await fail(CoordinatorError(
+                .updateNormExceeded,
+                "the diff's L2 norm \(norm) exceeds \(ceiling), more than a report clipped to server_config.privacy.clipping_norm and noised as the plan says can have"
+            ))
         }
-        if let bound = ticket.updateNormBound {
-            let norm = stream.sumOfSquares.squareRoot()
-            if norm > bound {
-                switch ticket.updateNormPolicy {
-                case .reject:
-                    throw await fail(CoordinatorError(.updateNormExceeded, "the diff's L2 norm \(norm) exceeds server_config.update_norm_bound \(bound)"))
-                default:
-                    do throws(StoreError) {
-                        try Self.scale(staged, count: ticket.layout.totalCount, by: bound / norm)
-                    } catch {
-                        throw await fail(.internalError("could not clip the diff: \(error.message)"))
-                    }
-                    metrics.reportsClipped.increment()
-                }
+        if let bound = ticket.updateNormBound, norm > bound {
+            switch ticket.updateNormPolicy {
+            case .reject:
+                throw await fail(CoordinatorError(.updateNormExceeded, "the diff's L2 norm \(norm) exceeds server_config.update_norm_bound \(bound)"))
+            default:
+                try await clip(to: bound)
             }
         }
         let metricsJSON = (try? WireCoding.encoder().encode(metadata.metrics)).map { String(decoding: $0, as: UTF8.self) } ?? "{}"
