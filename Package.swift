@@ -126,7 +126,7 @@ let package = Package(
             swiftSettings: swiftSettings
         ),
         // Wire types shared by device and server.
-        .target(name: "OrchardProtocol", dependencies: ["OrchardSupport", "OrchardFormats"], resources: [.copy("openapi.json")], swiftSettings: swiftSettings),
+        .target(name: "OrchardProtocol", dependencies: ["OrchardSupport", "OrchardFormats", "OrchardPrivacy"], resources: [.copy("openapi.json")], swiftSettings: swiftSettings),
         // The federated-learning server.
         .target(
             name: "OrchardCoordinator",

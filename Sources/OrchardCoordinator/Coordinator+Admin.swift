@@ -107,7 +107,8 @@ extension Coordinator {
         let cycle: CycleStatus? = machine.phase == .completed ? nil : CycleStatus(
             number: machine.cycle, checkpoint: machine.checkpoint, openedAt: machine.openedAt.timeIntervalSince1970,
             deadline: machine.deadline.timeIntervalSince1970, assigned: machine.assignments.count, reported: machine.reported,
-            goal: machine.configuration.goalCount, capacity: machine.configuration.capacity
+            goal: machine.configuration.goalCount, capacity: machine.configuration.capacity,
+            secureAggregation: current.secure?.status(cycleDeadline: machine.deadline)
         )
         var server = runtime.process.serverConfig
         server.authentication.secret = server.authentication.secret == nil ? nil : "<redacted>"
@@ -150,6 +151,7 @@ extension Coordinator {
         }
         for key in runtime.currentKeys.union(runtime.previousKeys) { processForKey[key] = nil }
         runtimes[processID] = nil
+        secureLocks[processID] = nil
         processByName[NameVersion(name: runtime.process.name, version: runtime.process.version)] = nil
         logger.info("process deleted", metadata: ["process": "\(processID)"])
     }

@@ -3,6 +3,7 @@ import CoreMetrics
 import Foundation
 public import Logging
 import OrchardFormats
+import OrchardPrivacy
 public import OrchardProtocol
 import Synchronization
 
@@ -15,6 +16,10 @@ extension Coordinator {
         let now = clock.date
         for processID in runtimes.keys.sorted() {
             guard let runtime = runtimes[processID] else { continue }
+            if runtime.secure != nil {
+                await tickSecure(processID: processID, now: now)
+                continue
+            }
             let action = runtime.machine.timerFired(now: now)
             if let action { await perform(action, processID: processID) }
         }
@@ -22,6 +27,26 @@ extension Coordinator {
 
     func perform(_ action: CycleStateMachine.CycleAction, processID: String) async {
         guard let runtime = runtimes[processID] else { return }
+        var action = action
+        var secureMean: [Float]?
+        if let secure = runtime.secure, case .aggregate(let cycle, let reports) = action {
+            // Under secure aggregation the cycle's end of admission opens the protocol's later stages; the transition
+            // comes when the protocol has ended (with the process's lock held by the caller).
+            switch secure.stage {
+            case .advertiseKeys:
+                await closeSecureAdvertisements(processID: processID)
+                return
+            case .shareKeys, .maskedInput, .unmask:
+                return
+            case .done:
+                guard let result = secure.server.result else { return }
+                secureMean = result.mean
+                action = .aggregate(cycle: cycle, reports: result.survivors.count)
+            case .abandoned:
+                logger.notice("secure aggregation abandoned", metadata: ["process": "\(processID)", "cycle": "\(cycle)", "reason": "\(secure.server.abandonReason ?? "")"])
+                action = .abandon(cycle: cycle, reports: reports)
+            }
+        }
         let now = clock.date
         var transition = runtime.machine.plan(action, now: now)
         let started = ContinuousClock.now
@@ -51,6 +76,14 @@ extension Coordinator {
                             "target_epsilon": "\(privacy.mechanism.config.targetEpsilon ?? .infinity)",
                         ])
                     }
+                } else if var mean = secureMean {
+                    // The unmasked weighted mean: frozen tensors are not trained, and their quantised zeros would
+                    // otherwise move them by the rounding noise.
+                    for entry in runtime.layout.entries where entry.frozen {
+                        for i in entry.offset..<(entry.offset + entry.count) { mean[i] = 0 }
+                    }
+                    delta = mean
+                    metadata["orchard.secure_aggregation_survivors"] = "\(runtime.secure?.server.result?.survivors.count ?? 0)"
                 } else {
                     delta = runtime.sum.mean()
                 }
@@ -115,6 +148,7 @@ extension Coordinator {
         for key in current.previousKeys { processForKey[key] = nil }
         current.previousKeys = current.currentKeys
         current.currentKeys = []
+        current.secure = freshSecureCycle(current)
         if let newWeights {
             current.checkpointBytes = newWeights
             current.optimizer = newOptimizer

@@ -31,6 +31,13 @@ extension Coordinator {
                 "process '\(request.processName)' uses local differential privacy, which needs protocol \(WireProtocol.localPrivacyVersion) or later; this device speaks \(request.protocolVersion)"
             )
         }
+        if runtime.process.serverConfig.secureAggregation != nil && request.protocolVersion < WireProtocol.secureAggregationVersion {
+            // An older device would upload its update in the clear.
+            throw CoordinatorError(
+                .unsupportedVersion,
+                "process '\(request.processName)' uses secure aggregation, which needs protocol \(WireProtocol.secureAggregationVersion) or later; this device speaks \(request.protocolVersion)"
+            )
+        }
         let now = clock.date
         let identity = try await runtime.authenticator.identity(of: request.authToken, now: now)
         let isOpen = runtime.process.serverConfig.authentication.mode == .open
@@ -256,7 +263,11 @@ extension Coordinator {
         let local = runtime.process.serverConfig.privacy.flatMap { privacy in
             privacy.mode == .local ? privacy.clippingNorm.map { LocalPrivacy(clippingNorm: $0, noiseMultiplier: privacy.noiseMultiplier) } : nil
         }
-        return TrainingPlan(planID: planID, model: runtime.process.model, clientConfig: runtime.process.clientConfig, localPrivacy: local)
+        let server = runtime.process.serverConfig
+        return TrainingPlan(
+            planID: planID, model: runtime.process.model, clientConfig: runtime.process.clientConfig, localPrivacy: local,
+            secureAggregation: server.secureAggregation.map { SecureAggregationPlan(parameters: $0.parameters, maximumSampleCount: server.maximumSampleCount) }
+        )
     }
 }
 

@@ -110,6 +110,7 @@ extension Coordinator {
             runtimes[process.id]?.openWorkers = try await store.workerCount(processID: process.id)
         }
         processByName[NameVersion(name: process.name, version: process.version)] = process.id
+        try await recoverSecureCycle(processID: process.id)
         if !unfolded.isEmpty {
             logger.info("resumed cycle with unfolded reports", metadata: ["process": "\(process.id)", "cycle": "\(machine.cycle)", "reports": "\(unfolded.count)"])
         }

@@ -60,6 +60,12 @@ extension Coordinator {
         let processID: String, runtime: Runtime
         do throws(CoordinatorError) {
             (processID, runtime) = try keyedRuntime(requestKey: metadata.requestKey, session: session)
+            if runtime.process.serverConfig.secureAggregation != nil {
+                throw CoordinatorError(
+                    .aggregationModeMismatch,
+                    "process '\(runtime.process.name)' version \(runtime.process.version) uses secure aggregation: devices send masked updates to \(Endpoint.secureAggregation), never a plain report"
+                )
+            }
         } catch {
             metrics.reportsRefused.increment()
             throw error

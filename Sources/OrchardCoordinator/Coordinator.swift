@@ -32,6 +32,8 @@ public actor Coordinator {
         var folding = false
         /// Differential privacy, when the process asks for it: the mechanism and what has been spent.
         var privacy: (mechanism: PrivacyMechanism, ledger: PrivacyLedger)?
+        /// The open cycle's secure aggregation, when the process uses it.
+        var secure: SecureCycle?
 
         /// What a report adds to the running sum's weight: its sample count, or 1 under privacy (equal weights keep
         /// one device's influence within the clipping bound).
@@ -97,6 +99,9 @@ public actor Coordinator {
     var processByName: [NameVersion: String] = [:]
     var processForKey: [String: String] = [:]
     var knownWorkers: Set<String> = []
+    /// One secure-aggregation step at a time per process (check, persist, apply), so the event log's order is the
+    /// order the steps were applied in.
+    var secureLocks: [String: AsyncSemaphore] = [:]
     /// Open-mode authentications per client address (nil: unlimited).
     var authenticationLimiter: RateLimiter<ClientAddress>?
     /// Speed tests per worker and direction (nil: unlimited).

@@ -294,6 +294,13 @@ public struct CycleStateMachine: Sendable, Hashable {
         return closeIfReady()
     }
 
+    /// Stops admitting devices and accepting reports now, as though the goal were reached (secure aggregation
+    /// resumed past its first stage); closes the cycle when no report is being committed.
+    public mutating func closeAdmission() -> CycleAction? {
+        if phase == .open { phase = .closing }
+        return closeIfReady()
+    }
+
     private mutating func closeIfReady() -> CycleAction? {
         guard phase == .closing, reporting == 0 else { return nil }
         phase = .transitioning

@@ -112,6 +112,15 @@ public final class SQLiteStore: CoordinatorStore {
                 ALTER TABLE assignments ADD COLUMN unclipped INTEGER NOT NULL DEFAULT 0;
                 """)
         }
+        // Secure aggregation: each cycle's protocol steps, replayed after a restart.
+        migrator.registerMigration("v5-secure-aggregation") { db in
+            try db.execute(sql: """
+                CREATE TABLE secure_aggregation_events (
+                    process_id TEXT NOT NULL, cycle INTEGER NOT NULL, sequence INTEGER NOT NULL, body BLOB NOT NULL, words BLOB,
+                    PRIMARY KEY (process_id, cycle, sequence),
+                    FOREIGN KEY (process_id, cycle) REFERENCES cycles(process_id, number) ON DELETE CASCADE);
+                """)
+        }
         return migrator
     }
 
@@ -365,6 +374,7 @@ public final class SQLiteStore: CoordinatorStore {
             )
             guard db.changesCount == 1 else { throw StoreError(.cycleClosed, "cycle \(closure.closedCycle) is not open") }
             try db.execute(sql: "DELETE FROM assignments WHERE process_id = ? AND cycle = ?", arguments: [closure.processID, closure.closedCycle])
+            try db.execute(sql: "DELETE FROM secure_aggregation_events WHERE process_id = ? AND cycle = ?", arguments: [closure.processID, closure.closedCycle])
             if let checkpoint = closure.checkpoint {
                 try db.execute(sql: "INSERT INTO checkpoints (process_id, number, weights) VALUES (?, ?, ?)", arguments: [closure.processID, checkpoint.number, Data(checkpoint.weights)])
                 try db.execute(
@@ -388,5 +398,39 @@ public final class SQLiteStore: CoordinatorStore {
             }
         }
         spool.removeCycle(process: closure.processID, cycle: closure.closedCycle)
+    }
+
+    public func appendSecureAggregationEvent(_ event: StoredSecureAggregationEvent, processID: String, cycle: Int, reportedWorker: String?) async throws {
+        try await pool.write { db in
+            let status = try String.fetchOne(db, sql: "SELECT status FROM cycles WHERE process_id = ? AND number = ?", arguments: [processID, cycle])
+            guard status == "open" else { throw StoreError(.cycleClosed, "cycle \(cycle) of process \(processID) is not open") }
+            do {
+                try db.execute(
+                    sql: "INSERT INTO secure_aggregation_events (process_id, cycle, sequence, body, words) VALUES (?, ?, ?, ?, ?)",
+                    arguments: [processID, cycle, event.sequence, Data(event.body), event.words.map { Data($0) }]
+                )
+            } catch let error as DatabaseError where error.resultCode == .SQLITE_CONSTRAINT {
+                throw StoreError(.duplicate, "secure-aggregation event \(event.sequence) of cycle \(cycle) exists")
+            }
+            if let reportedWorker {
+                try db.execute(
+                    sql: "UPDATE assignments SET reported = 1 WHERE process_id = ? AND cycle = ? AND worker_id = ?",
+                    arguments: [processID, cycle, reportedWorker]
+                )
+                guard db.changesCount == 1 else { throw StoreError(.notFound, "worker \(reportedWorker) holds no assignment in cycle \(cycle)") }
+            }
+        }
+    }
+
+    public func secureAggregationEvents(processID: String, cycle: Int) async throws -> [StoredSecureAggregationEvent] {
+        try await pool.read { db in
+            try Row.fetchAll(
+                db, sql: "SELECT sequence, body, words FROM secure_aggregation_events WHERE process_id = ? AND cycle = ? ORDER BY sequence",
+                arguments: [processID, cycle]
+            ).map { row in
+                let words: Data? = row["words"]
+                return StoredSecureAggregationEvent(sequence: row["sequence"], body: [UInt8](row["body"] as Data), words: words.map { [UInt8]($0) })
+            }
+        }
     }
 }

@@ -263,8 +263,33 @@ public protocol CoordinatorStore: Sendable {
     /// Stores the running sum (with its count of reports within the privacy clipping bound) and forgets the diffs
     /// of `workers` that it now includes.
     func foldReports(processID: String, cycle: Int, sum: [UInt8], weight: Double, reports: Int, unclipped: Int, workers: [String]) async throws
-    /// Closes a cycle (aggregated or abandoned) and opens the next, in one transaction.
+    /// Closes a cycle (aggregated or abandoned) and opens the next, in one transaction; the cycle's secure-aggregation
+    /// events are deleted with it.
     func closeCycle(_ closure: CycleClosure) async throws
+    /// Appends a step of an open cycle's secure aggregation (made durable before it returns); with `reportedWorker`,
+    /// marks that worker's assignment as reported in the same transaction (an advertisement counts toward the goal).
+    /// Throws ``StoreError/Code/cycleClosed`` if the cycle is not open and ``StoreError/Code/duplicate`` for a sequence
+    /// number already used.
+    func appendSecureAggregationEvent(_ event: StoredSecureAggregationEvent, processID: String, cycle: Int, reportedWorker: String?) async throws
+    /// A cycle's secure-aggregation events, by ascending sequence number.
+    func secureAggregationEvents(processID: String, cycle: Int) async throws -> [StoredSecureAggregationEvent]
+}
+
+/// One persisted step of a cycle's secure aggregation.
+public struct StoredSecureAggregationEvent: Sendable, Hashable {
+    /// Its place in the cycle's order (0, 1, 2, …).
+    public var sequence: Int
+    /// The event (JSON).
+    public var body: [UInt8]
+    /// A masked input's words, little-endian.
+    public var words: [UInt8]?
+
+    /// Creates an event.
+    public init(sequence: Int, body: [UInt8], words: [UInt8]? = nil) {
+        self.sequence = sequence
+        self.body = body
+        self.words = words
+    }
 }
 
 extension CoordinatorStore {

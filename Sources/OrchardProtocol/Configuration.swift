@@ -1,3 +1,4 @@
+import OrchardPrivacy
 /// How the process's devices train, as the operator set it: sent once per cycle, in the ``TrainingPlan``.
 ///
 /// Every field is optional: a field left out falls back to the model architecture's `training` section, then to
@@ -292,9 +293,12 @@ public struct ServerConfig: Sendable, Hashable, Codable {
     public var updateNormPolicy: UpdateNormPolicy
     /// Differential privacy (clipping, noise, accounting), if set.
     public var privacy: PrivacyConfig?
+    /// Secure aggregation (the coordinator sees only the sum of a cycle's updates), if set.
+    public var secureAggregation: SecureAggregationConfig?
 
     enum CodingKeys: String, CodingKey, CaseIterable {
         case cycles, authentication, aggregator, privacy
+        case secureAggregation = "secure_aggregation"
         case updateNormBound = "update_norm_bound"
         case updateNormPolicy = "update_norm_policy"
         case cycleLength = "cycle_length"
@@ -317,7 +321,8 @@ public struct ServerConfig: Sendable, Hashable, Codable {
         minimumUploadMbps: Double? = nil, speedTestDownloadBytes: Int = SpeedTest.defaultBytes, speedTestUploadBytes: Int = SpeedTest.defaultBytes,
         maximumSampleCount: Int = 1_000_000, checkpointRetention: Int = 5,
         authentication: AuthenticationConfig = .open, aggregator: AggregatorConfig = AggregatorConfig(),
-        updateNormBound: Double? = nil, updateNormPolicy: UpdateNormPolicy = .clip, privacy: PrivacyConfig? = nil
+        updateNormBound: Double? = nil, updateNormPolicy: UpdateNormPolicy = .clip, privacy: PrivacyConfig? = nil,
+        secureAggregation: SecureAggregationConfig? = nil
     ) {
         self.cycleLength = cycleLength
         self.cycles = cycles
@@ -336,6 +341,7 @@ public struct ServerConfig: Sendable, Hashable, Codable {
         self.updateNormBound = updateNormBound
         self.updateNormPolicy = updateNormPolicy
         self.privacy = privacy
+        self.secureAggregation = secureAggregation
     }
 
     public init(from decoder: any Decoder) throws {
@@ -359,6 +365,7 @@ public struct ServerConfig: Sendable, Hashable, Codable {
         updateNormBound = try c.decodeIfPresent(Double.self, forKey: .updateNormBound)
         updateNormPolicy = try c.decodeIfPresent(UpdateNormPolicy.self, forKey: .updateNormPolicy) ?? d.updateNormPolicy
         privacy = try c.decodeIfPresent(PrivacyConfig.self, forKey: .privacy)
+        secureAggregation = try c.decodeIfPresent(SecureAggregationConfig.self, forKey: .secureAggregation)
     }
 
     /// Devices admitted per cycle: ⌈goal × over-selection⌉.
@@ -398,6 +405,18 @@ public struct ServerConfig: Sendable, Hashable, Codable {
             if let failure = privacy.validationFailure(goalCount: goalCount, capacity: capacity) { return failure }
             if updateNormBound != nil {
                 return "server_config.update_norm_bound and server_config.privacy cannot both be set: privacy clips every report to its own bound"
+            }
+        }
+        if let secureAggregation {
+            if let failure = secureAggregation.validationFailure(capacity: capacity, maximumSampleCount: maximumSampleCount) { return failure }
+            if updateNormBound != nil {
+                return "server_config.update_norm_bound and server_config.secure_aggregation cannot both be set: the coordinator never sees a single update's norm; secure_aggregation.clipping_range bounds every coordinate on the device"
+            }
+            if privacy != nil {
+                return "server_config.privacy and server_config.secure_aggregation cannot both be set yet: the devices' share of the noise under secure aggregation is not built"
+            }
+            if minimumReports <= secureAggregation.parameters.threshold {
+                return "server_config.minimum_reports must exceed server_config.secure_aggregation.threshold (\(secureAggregation.parameters.threshold)): fewer advertisements cannot be unmasked, not \(minimumReports)"
             }
         }
         switch authentication.mode {

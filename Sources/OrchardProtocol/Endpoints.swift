@@ -20,6 +20,9 @@ public enum Endpoint {
     public static func plan(_ planID: String) -> String { "/v1/device/plans/\(planID)" }
     /// `POST` a report (safetensors diff with ``ReportMetadata``, see ``ReportEnvelope``) → ``ReportResponse``.
     public static let report = "/v1/device/report"
+    /// `POST` ``SecureAggregationRequest`` → ``SecureAggregationReply``: a device's step in its cycle's secure
+    /// aggregation (processes with ``ServerConfig/secureAggregation``).
+    public static let secureAggregation = "/v1/device/secure-aggregation"
     /// With a session of a process that gates cycles on link speed: `GET ?bytes=N` downloads N bytes (at most the
     /// process's ``ServerConfig/speedTestDownloadBytes``, which it sends when N is omitted); `POST` uploads up to
     /// ``ServerConfig/speedTestUploadBytes`` and answers ``SpeedTestUploadResponse``. Each direction is limited per

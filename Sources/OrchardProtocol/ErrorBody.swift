@@ -75,6 +75,18 @@ public struct WireErrorCode: RawRepresentable, Sendable, Hashable, Codable, Cust
     public static let tooManyUploads = WireErrorCode("too_many_uploads")
     /// The method is not allowed on this path (405).
     public static let methodNotAllowed = WireErrorCode("method_not_allowed")
+    /// A plain report was sent to a process that uses secure aggregation, or a secure-aggregation message to one that
+    /// does not (409).
+    public static let aggregationModeMismatch = WireErrorCode("aggregation_mode_mismatch")
+    /// A secure-aggregation message for a stage that is not open, or for a cycle whose secure aggregation ended (409).
+    public static let stageClosed = WireErrorCode("stage_closed")
+    /// The device was declared dropped from this cycle's secure aggregation; it cannot come back into it (409).
+    public static let droppedDevice = WireErrorCode("dropped_device")
+    /// The device already sent this stage's message (409).
+    public static let duplicateMessage = WireErrorCode("duplicate_message")
+    /// A secure-aggregation message is malformed or does not fit the cycle: wrong lengths, senders or receivers, a
+    /// public key already in use (422).
+    public static let invalidSecureAggregationMessage = WireErrorCode("invalid_secure_aggregation_message")
     /// The coordinator failed (500); never returned for bad input.
     public static let internalError = WireErrorCode("internal_error")
 
@@ -84,7 +96,8 @@ public struct WireErrorCode: RawRepresentable, Sendable, Hashable, Codable, Cust
         .forbidden, .sessionProcessMismatch, .unknownWorker, .unknownProcess, .unknownCheckpoint, .notFound,
         .invalidRequestKey, .reportAlreadyReceived, .deadlinePassed, .processExists, .tensorMismatch, .shapeMismatch,
         .dtypeMismatch, .nonFiniteValues, .frozenTensorChanged, .updateNormExceeded, .invalidSampleCount,
-        .payloadTooLarge, .rangeNotSatisfiable, .workerLimitReached, .rateLimited, .tooManyUploads, .methodNotAllowed, .internalError,
+        .payloadTooLarge, .rangeNotSatisfiable, .workerLimitReached, .rateLimited, .tooManyUploads, .methodNotAllowed,
+        .aggregationModeMismatch, .stageClosed, .droppedDevice, .duplicateMessage, .invalidSecureAggregationMessage, .internalError,
     ]
 }
 

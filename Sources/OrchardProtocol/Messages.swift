@@ -1,3 +1,4 @@
+public import OrchardPrivacy
 public import OrchardFormats
 import Foundation
 
@@ -201,21 +202,48 @@ public struct TrainingPlan: Sendable, Hashable, Codable {
     public var clientConfig: ClientConfig
     /// Local differential privacy the device applies to its update before it leaves, if the process asks for it.
     public var localPrivacy: LocalPrivacy?
+    /// Secure aggregation, when the process uses it: the device sends its update masked, through
+    /// ``Endpoint/secureAggregation``, instead of a report.
+    public var secureAggregation: SecureAggregationPlan?
 
     enum CodingKeys: String, CodingKey {
         case planID = "plan_id"
         case model
         case clientConfig = "client_config"
         case localPrivacy = "local_privacy"
+        case secureAggregation = "secure_aggregation"
     }
 
     /// Creates a plan.
-    public init(planID: String, model: ModelSpec, clientConfig: ClientConfig, localPrivacy: LocalPrivacy? = nil) {
+    public init(planID: String, model: ModelSpec, clientConfig: ClientConfig, localPrivacy: LocalPrivacy? = nil, secureAggregation: SecureAggregationPlan? = nil) {
         self.planID = planID
         self.model = model
         self.clientConfig = clientConfig
         self.localPrivacy = localPrivacy
+        self.secureAggregation = secureAggregation
     }
+}
+
+/// What a device needs to take part in a process's secure aggregation.
+public struct SecureAggregationPlan: Sendable, Hashable, Codable {
+    /// The protocol's parameters.
+    public var parameters: SecureAggregationConfiguration
+    /// The largest sample count a device may weight its update with.
+    public var maximumSampleCount: Int
+
+    enum CodingKeys: String, CodingKey {
+        case parameters
+        case maximumSampleCount = "maximum_sample_count"
+    }
+
+    /// Creates a plan.
+    public init(parameters: SecureAggregationConfiguration, maximumSampleCount: Int) {
+        self.parameters = parameters
+        self.maximumSampleCount = maximumSampleCount
+    }
+
+    /// The context string both sides bind into every derived key of a cycle: the process and the cycle.
+    public static func context(processID: String, cycle: Int) -> String { "orchard/secure-aggregation/\(processID)/\(cycle)" }
 }
 
 /// What a device does to its update under local differential privacy: clip it to an L2 bound C, then add
@@ -365,14 +393,21 @@ public struct CycleStatus: Sendable, Hashable, Codable {
     public var goal: Int
     /// Devices the cycle admits.
     public var capacity: Int
+    /// Under secure aggregation: the stage and the devices at each step (`reported` counts advertisements).
+    public var secureAggregation: SecureAggregationStatus?
 
     enum CodingKeys: String, CodingKey {
         case number, checkpoint, deadline, assigned, reported, goal, capacity
         case openedAt = "opened_at"
+        case secureAggregation = "secure_aggregation"
     }
 
     /// Creates a status.
-    public init(number: Int, checkpoint: Int, openedAt: Double, deadline: Double, assigned: Int, reported: Int, goal: Int, capacity: Int) {
+    public init(
+        number: Int, checkpoint: Int, openedAt: Double, deadline: Double, assigned: Int, reported: Int, goal: Int, capacity: Int,
+        secureAggregation: SecureAggregationStatus? = nil
+    ) {
+        self.secureAggregation = secureAggregation
         self.number = number
         self.checkpoint = checkpoint
         self.openedAt = openedAt

@@ -76,10 +76,13 @@ public enum WireProtocol {
     /// to decode an assignment. 2.1 (additive): the authenticate answer announces the speed-test sizes
     /// (`speed_test_download_bytes`, `speed_test_upload_bytes`), the speed test takes the device's session, and
     /// rate-limited calls answer 429 `rate_limited` with `Retry-After`. 2.2 (additive): `server_config.privacy`,
-    /// the plan's `local_privacy` and the status's `privacy`.
-    public static let version = SemanticVersion(2, 2, 0)
+    /// the plan's `local_privacy` and the status's `privacy`. 2.3 (additive): `server_config.secure_aggregation`, the
+    /// plan's `secure_aggregation`, the secure-aggregation endpoint and the cycle status's `secure_aggregation`.
+    public static let version = SemanticVersion(2, 3, 0)
     /// The first version whose devices apply a plan's `local_privacy`; older ones are refused by local-DP processes.
     public static let localPrivacyVersion = SemanticVersion(2, 2, 0)
+    /// The first version whose devices take part in secure aggregation (older ones would upload plain reports).
+    public static let secureAggregationVersion = SemanticVersion(2, 3, 0)
     /// The HTTP header carrying the sender's protocol version.
     public static let versionHeader = "Orchard-Protocol-Version"
     /// The path prefix of every versioned endpoint.

@@ -16,11 +16,12 @@ extension CoordinatorError {
         case .forbidden, .sessionProcessMismatch, .invalidRequestKey, .workerLimitReached: 403
         case .unknownWorker, .unknownProcess, .unknownCheckpoint, .notFound: 404
         case .methodNotAllowed: 405
-        case .reportAlreadyReceived, .deadlinePassed, .processExists: 409
+        case .reportAlreadyReceived, .deadlinePassed, .processExists, .aggregationModeMismatch, .stageClosed, .droppedDevice, .duplicateMessage: 409
         case .payloadTooLarge: 413
         case .rangeNotSatisfiable: 416
         case .rateLimited: 429
-        case .tensorMismatch, .shapeMismatch, .dtypeMismatch, .nonFiniteValues, .frozenTensorChanged, .invalidSampleCount, .updateNormExceeded: 422
+        case .tensorMismatch, .shapeMismatch, .dtypeMismatch, .nonFiniteValues, .frozenTensorChanged, .invalidSampleCount, .updateNormExceeded,
+             .invalidSecureAggregationMessage: 422
         case .tooManyUploads: 503
         default: 500
         }

@@ -100,6 +100,12 @@ public enum CoordinatorServer {
                 throw error
             }
         }
+        router.post(RouterPath(stringLiteral: Endpoint.secureAggregation)) { request, _ in
+            let session = try await deviceSession(request, coordinator)
+            // A masked input is the model's words in base64 (a third more than a report's raw floats).
+            let message = try await decode(SecureAggregationRequest.self, request, limit: limits.maximumReportBytes / 3 * 4 + limits.maximumMessageBytes)
+            return try json(await coordinator.secureAggregation(message, session: session))
+        }
         router.get(RouterPath(stringLiteral: Endpoint.speedTest)) { request, _ in
             let session = try await deviceSession(request, coordinator)
             var requested: Int?

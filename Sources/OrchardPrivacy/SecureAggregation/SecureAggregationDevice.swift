@@ -1,4 +1,4 @@
-import Foundation
+public import Foundation
 import Crypto
 
 /// The device side of secure aggregation as a pure state machine: each call takes the server's message for the
@@ -59,6 +59,14 @@ public struct SecureAggregationDevice: Sendable, Codable {
     /// A device with fresh keys and self-mask seed drawn from `generator` (give it `SystemRandomNumberGenerator`).
     /// - Throws: `invalid_input` for an index below 1, a model length below 1 or a sample bound below 1.
     public init(index: Int, configuration: SecureAggregationConfiguration, context: String, maximumSampleCount: Int, modelLength: Int, using generator: inout some RandomNumberGenerator) throws(SecureAggregationError) {
+        try self.init(
+            index: index, configuration: configuration, context: context, maximumSampleCount: maximumSampleCount, modelLength: modelLength,
+            secrets: SecureAggregationSecrets(using: &generator))
+    }
+
+    /// A device with secrets made earlier (a device that advertises its public keys before it learns its index).
+    /// - Throws: `invalid_input` for an index below 1, a model length below 1 or a sample bound below 1.
+    public init(index: Int, configuration: SecureAggregationConfiguration, context: String, maximumSampleCount: Int, modelLength: Int, secrets: SecureAggregationSecrets) throws(SecureAggregationError) {
         guard index >= 1 else { throw SecureAggregationError(.invalidInput, "device indices start at 1, not \(index)") }
         guard modelLength >= 1, maximumSampleCount >= 1 else {
             throw SecureAggregationError(.invalidInput, "model length (\(modelLength)) and maximum sample count (\(maximumSampleCount)) must be at least 1")
@@ -69,13 +77,11 @@ public struct SecureAggregationDevice: Sendable, Codable {
         self.maximumSampleCount = maximumSampleCount
         self.modelLength = modelLength
         stage = .advertiseKeys
-        channelPrivateKey = SecureAggregationCrypto.generatePrivateKey(using: &generator)
-        maskPrivateKey = SecureAggregationCrypto.generatePrivateKey(using: &generator)
-        selfMaskSeed = SecureAggregationCrypto.randomBytes(SecureAggregationCrypto.keyByteCount, using: &generator)
-        ownAdvertisement = SecureAggregationAdvertisement(
-            device: index,
-            channelPublicKey: try SecureAggregationCrypto.publicKey(ofPrivateKey: channelPrivateKey),
-            maskPublicKey: try SecureAggregationCrypto.publicKey(ofPrivateKey: maskPrivateKey))
+        channelPrivateKey = secrets.channelPrivateKey
+        maskPrivateKey = secrets.maskPrivateKey
+        selfMaskSeed = secrets.selfMaskSeed
+        let keys = try secrets.publicKeys()
+        ownAdvertisement = SecureAggregationAdvertisement(device: index, channelPublicKey: keys.channel, maskPublicKey: keys.mask)
     }
 
     /// The device's advertisement (its two public keys).
@@ -243,5 +249,31 @@ public struct SecureAggregationDevice: Sendable, Codable {
         guard stage == expected else {
             throw SecureAggregationError(.outOfOrder, "device \(index) is at stage \(stage.rawValue), not \(expected.rawValue)")
         }
+    }
+}
+
+/// A device's secrets for one cycle: its two X25519 private keys and its self-mask seed. Never sent; held only as long
+/// as the cycle lasts.
+public struct SecureAggregationSecrets: Sendable, Codable {
+    let channelPrivateKey: Data
+    let maskPrivateKey: Data
+    let selfMaskSeed: Data
+
+    enum CodingKeys: String, CodingKey {
+        case channelPrivateKey = "channel_private_key"
+        case maskPrivateKey = "mask_private_key"
+        case selfMaskSeed = "self_mask_seed"
+    }
+
+    /// Fresh secrets drawn from `generator` (give it `SystemRandomNumberGenerator`).
+    public init(using generator: inout some RandomNumberGenerator) {
+        channelPrivateKey = SecureAggregationCrypto.generatePrivateKey(using: &generator)
+        maskPrivateKey = SecureAggregationCrypto.generatePrivateKey(using: &generator)
+        selfMaskSeed = SecureAggregationCrypto.randomBytes(SecureAggregationCrypto.keyByteCount, using: &generator)
+    }
+
+    /// The public keys to advertise: the share-channel key and the mask key, raw 32 bytes each.
+    public func publicKeys() throws(SecureAggregationError) -> (channel: Data, mask: Data) {
+        (try SecureAggregationCrypto.publicKey(ofPrivateKey: channelPrivateKey), try SecureAggregationCrypto.publicKey(ofPrivateKey: maskPrivateKey))
     }
 }

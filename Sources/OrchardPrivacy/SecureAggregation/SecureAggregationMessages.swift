@@ -116,10 +116,46 @@ public struct SecureAggregationMaskedInput: Sendable, Hashable, Codable {
     /// The masked words.
     public let words: [UInt32]
 
+    enum CodingKeys: String, CodingKey { case device, words }
+
     /// Creates the message.
     public init(device: Int, words: [UInt32]) {
         self.device = device
         self.words = words
+    }
+
+    /// Decodes `words` from base64 of little-endian 32-bit words (4 bytes per word, a third more in base64, rather
+    /// than up to 11 characters per word as a JSON array).
+    public init(from decoder: any Decoder) throws {
+        let c = try decoder.container(keyedBy: CodingKeys.self)
+        device = try c.decode(Int.self, forKey: .device)
+        let text = try c.decode(String.self, forKey: .words)
+        guard let bytes = Data(base64Encoded: text), bytes.count % 4 == 0 else {
+            throw DecodingError.dataCorruptedError(forKey: .words, in: c, debugDescription: "words must be base64 of little-endian 32-bit words")
+        }
+        words = Self.words(fromLittleEndian: bytes)
+    }
+
+    public func encode(to encoder: any Encoder) throws {
+        var c = encoder.container(keyedBy: CodingKeys.self)
+        try c.encode(device, forKey: .device)
+        try c.encode(Self.littleEndianBytes(words).base64EncodedString(), forKey: .words)
+    }
+
+    /// The words as little-endian bytes.
+    public static func littleEndianBytes(_ words: [UInt32]) -> Data {
+        var data = Data(count: words.count * 4)
+        data.withUnsafeMutableBytes { raw in
+            for (i, word) in words.enumerated() { raw.storeBytes(of: word.littleEndian, toByteOffset: i * 4, as: UInt32.self) }
+        }
+        return data
+    }
+
+    /// Words from little-endian bytes (a multiple of 4).
+    public static func words(fromLittleEndian bytes: Data) -> [UInt32] {
+        bytes.withUnsafeBytes { raw in
+            (0..<(raw.count / 4)).map { UInt32(littleEndian: raw.loadUnaligned(fromByteOffset: $0 * 4, as: UInt32.self)) }
+        }
     }
 }
 

@@ -1,4 +1,4 @@
-import Foundation
+public import Foundation
 import Crypto
 
 /// What the server's driver must do after an event: send a stage's message to a device, or report the end.
@@ -55,6 +55,9 @@ public struct SecureAggregationServer: Sendable, Codable {
     public private(set) var stage: SecureAggregationStage = .advertiseKeys
     /// The devices declared dropped so far, ascending.
     public var dropped: [Int] { droppedDevices.sorted() }
+    /// Whether a device may advertise again during advertise_keys, replacing its keys (nothing has been shared with
+    /// them yet): a device that lost its secrets, e.g. when its background window ended, can still take part.
+    public var replacingAdvertisements = false
     /// The aggregate, once done.
     public private(set) var result: SecureAggregationResult?
     /// Why the cycle was abandoned, if it was.
@@ -78,6 +81,7 @@ public struct SecureAggregationServer: Sendable, Codable {
 
     enum CodingKeys: String, CodingKey {
         case configuration, context, stage, result, advertisements, graph, sharers, bundles, responders
+        case replacingAdvertisements = "replacing_advertisements"
         case publicKeys = "public_keys"
         case maximumDevices = "maximum_devices"
         case maximumSampleCount = "maximum_sample_count"
@@ -116,6 +120,28 @@ public struct SecureAggregationServer: Sendable, Codable {
         return []
     }
 
+    /// The devices that advertised their keys, ascending.
+    public var advertisedDevices: [Int] { advertisements.keys.sorted() }
+    /// The devices of the roster (those that advertised when advertise_keys closed), ascending.
+    public var participants: [Int] { graph?.participants ?? [] }
+    /// The devices that sent their shares.
+    public var sharedDevices: Set<Int> { sharers }
+    /// The devices that sent their masked input.
+    public var maskedDevices: Set<Int> { maskedSenders }
+    /// The devices that revealed their shares.
+    public var unmaskedDevices: Set<Int> { responders }
+
+    /// The devices whose message the current stage (after advertise_keys) still waits for, ascending: when none
+    /// remain the stage can close early.
+    public var awaitedDevices: [Int] {
+        switch stage {
+        case .shareKeys: participants.filter { !sharers.contains($0) }
+        case .maskedInput: sharers.sorted().filter { !maskedSenders.contains($0) }
+        case .unmask: maskedSenders.sorted().filter { !responders.contains($0) }
+        case .advertiseKeys, .done, .abandoned: []
+        }
+    }
+
     // MARK: Messages
 
     /// Stage advertise_keys: records a device's public keys.
@@ -125,10 +151,11 @@ public struct SecureAggregationServer: Sendable, Codable {
     public mutating func receiveAdvertisement(_ message: SecureAggregationAdvertisement) throws(SecureAggregationError) {
         try expect(.advertiseKeys, from: message.device)
         guard message.device >= 1 else { throw SecureAggregationError(.invalidMessage, "device indices start at 1, not \(message.device)") }
-        guard advertisements[message.device] == nil else {
+        let previous = advertisements[message.device]
+        guard previous == nil || replacingAdvertisements else {
             throw SecureAggregationError(.duplicateMessage, "device \(message.device) already advertised its keys")
         }
-        guard advertisements.count < maximumDevices else {
+        guard previous != nil || advertisements.count < maximumDevices else {
             throw SecureAggregationError(.invalidMessage, "the cycle admits at most \(maximumDevices) devices")
         }
         for key in [message.channelPublicKey, message.maskPublicKey] {
@@ -136,9 +163,12 @@ public struct SecureAggregationServer: Sendable, Codable {
                 throw SecureAggregationError(.invalidMessage, "device \(message.device) advertised a key of \(key.count) bytes, not 32")
             }
         }
-        guard message.channelPublicKey != message.maskPublicKey, !publicKeys.contains(message.channelPublicKey), !publicKeys.contains(message.maskPublicKey) else {
+        var inUse = publicKeys
+        if let previous { inUse.subtract([previous.channelPublicKey, previous.maskPublicKey]) }
+        guard message.channelPublicKey != message.maskPublicKey, !inUse.contains(message.channelPublicKey), !inUse.contains(message.maskPublicKey) else {
             throw SecureAggregationError(.duplicateKey, "device \(message.device) advertised a public key already in use")
         }
+        if let previous { publicKeys.subtract([previous.channelPublicKey, previous.maskPublicKey]) }
         advertisements[message.device] = message
         publicKeys.formUnion([message.channelPublicKey, message.maskPublicKey])
     }
@@ -240,15 +270,41 @@ public struct SecureAggregationServer: Sendable, Codable {
     public mutating func closeStage(using generator: inout some RandomNumberGenerator) throws(SecureAggregationError) -> [SecureAggregationServerAction] {
         switch stage {
         case .advertiseKeys:
-            let participants = advertisements.keys.sorted()
-            let seed = SecureAggregationCrypto.randomBytes(SecureAggregationCrypto.keyByteCount, using: &generator)
-            let graph = NeighbourGraph(participants: participants, shares: configuration.shares, seed: seed)
-            self.graph = graph
-            if let reason = shortfall(among: Set(participants), of: participants, graph: graph, stage: "advertise_keys") { return abandon(reason) }
-            stage = .shareKeys
-            var actions: [SecureAggregationServerAction] = []
-            for device in participants { actions.append(.sendRoster(device: device, roster: try roster(for: device))) }
-            return actions
+            return try closeAdvertisements(graphSeed: Self.drawGraphSeed(using: &generator))
+        default:
+            return try closeLaterStage()
+        }
+    }
+
+    /// The public seed ``closeStage(using:)`` would draw for the neighbour ring, drawn by the caller (who records it,
+    /// so that replaying a persisted cycle builds the same ring).
+    public static func drawGraphSeed(using generator: inout some RandomNumberGenerator) -> Data {
+        SecureAggregationCrypto.randomBytes(SecureAggregationCrypto.keyByteCount, using: &generator)
+    }
+
+    /// Closes advertise_keys with the given public seed of the neighbour ring (32 bytes).
+    /// - Throws: `out_of_order` in any other stage; `invalid_input` for a seed of another length.
+    public mutating func closeAdvertisements(graphSeed seed: Data) throws(SecureAggregationError) -> [SecureAggregationServerAction] {
+        guard stage == .advertiseKeys else { throw SecureAggregationError(.outOfOrder, "advertise_keys is closed; the server is at \(stage.rawValue)") }
+        guard seed.count == SecureAggregationCrypto.keyByteCount else {
+            throw SecureAggregationError(.invalidInput, "the graph seed has \(seed.count) bytes, not \(SecureAggregationCrypto.keyByteCount)")
+        }
+        let participants = advertisements.keys.sorted()
+        let graph = NeighbourGraph(participants: participants, shares: configuration.shares, seed: seed)
+        self.graph = graph
+        if let reason = shortfall(among: Set(participants), of: participants, graph: graph, stage: "advertise_keys") { return abandon(reason) }
+        stage = .shareKeys
+        var actions: [SecureAggregationServerAction] = []
+        for device in participants { actions.append(.sendRoster(device: device, roster: try roster(for: device))) }
+        return actions
+    }
+
+    /// Closes share_keys, masked_input or unmask (advertise_keys closes with ``closeAdvertisements(graphSeed:)``).
+    /// - Throws: `out_of_order` at advertise_keys, once done or abandoned.
+    public mutating func closeLaterStage() throws(SecureAggregationError) -> [SecureAggregationServerAction] {
+        switch stage {
+        case .advertiseKeys:
+            throw SecureAggregationError(.outOfOrder, "advertise_keys closes with a graph seed")
         case .shareKeys:
             guard let graph else { return abandon("no roster") }
             let missing = graph.participants.filter { !sharers.contains($0) }

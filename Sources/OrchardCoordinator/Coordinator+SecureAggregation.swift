@@ -1,0 +1,268 @@
+import CoreMetrics
+import Foundation
+import Logging
+import OrchardPrivacy
+public import OrchardProtocol
+import OrchardSupport
+
+// The secure-aggregation exchanges of devices in a process's cycle, its stage timers, and its recovery.
+//
+// Every step (a device's message, a stage closing) is checked on a copy of the cycle's state, persisted as an event,
+// then kept — one step at a time per process (`secureLocks`), so the event log's order is the order of application
+// and replaying it after a crash rebuilds exactly what was acknowledged.
+extension Coordinator {
+    /// A device's step in its cycle's secure aggregation: absorbs the stage message the request carries (if any) and
+    /// answers what the device does next.
+    /// - Throws: `forbidden` for another worker's session or another device's index; `aggregation_mode_mismatch` for
+    ///   a process without secure aggregation; `stage_closed` for a stage that is not open; `dropped_device`;
+    ///   `duplicate_message`; `invalid_secure_aggregation_message`; the request-key and session errors of reports.
+    public func secureAggregation(_ request: SecureAggregationRequest, session: DeviceSession) async throws(CoordinatorError) -> SecureAggregationReply {
+        guard request.workerID == session.workerID else {
+            throw CoordinatorError(.forbidden, "the session token belongs to another worker")
+        }
+        guard request.messageCount <= 1 else {
+            throw CoordinatorError(.invalidRequest, "a secure-aggregation request carries at most one stage message, not \(request.messageCount)")
+        }
+        try await requireKnownWorker(request.workerID)
+        let (processID, runtime) = try keyedRuntime(requestKey: request.requestKey, session: session)
+        guard runtime.process.serverConfig.secureAggregation != nil else {
+            throw CoordinatorError(
+                .aggregationModeMismatch, "process '\(runtime.process.name)' version \(runtime.process.version) does not use secure aggregation; send a report to \(Endpoint.report)"
+            )
+        }
+        let lock = secureLock(processID)
+        await lock.wait()
+        defer { lock.signal() }
+        return try await secureStep(request, processID: processID)
+    }
+
+    /// The lock that serialises a process's secure-aggregation steps.
+    func secureLock(_ processID: String) -> AsyncSemaphore {
+        if let lock = secureLocks[processID] { return lock }
+        let lock = AsyncSemaphore(permits: 1)
+        secureLocks[processID] = lock
+        return lock
+    }
+
+    /// Seconds a waiting device is told to wait: a twelfth of the stage timeout, within 1…10 s.
+    static func securePollInterval(_ settings: SecureAggregationConfig) -> Double {
+        min(10, max(1, (settings.stageTimeout / 12).rounded(.up)))
+    }
+
+    /// The step itself, with the process's lock held.
+    private func secureStep(_ request: SecureAggregationRequest, processID: String) async throws(CoordinatorError) -> SecureAggregationReply {
+        let now = clock.date
+        await advanceSecure(processID: processID, now: now)
+        guard let runtime = runtimes[processID], let secure = runtime.secure else {
+            throw CoordinatorError(.stageClosed, "process \(processID) has no open cycle")
+        }
+        let cycle = runtime.machine.cycle
+        let completedBefore = runtime.machine.completedCycles
+        let worker = request.workerID
+        guard runtime.machine.owner(ofRequestKey: request.requestKey) == worker else {
+            throw CoordinatorError(.stageClosed, "the request key's cycle has closed; the process is at cycle \(cycle)")
+        }
+        var device = secure.indexOf[worker]
+        if let keys = request.advertiseKeys {
+            device = try await secureAdvertise(keys, worker: worker, requestKey: request.requestKey, processID: processID, now: now)
+        } else if request.messageCount == 1 {
+            guard let index = device else {
+                throw CoordinatorError(.stageClosed, "worker \(worker) has not advertised its keys in cycle \(cycle)")
+            }
+            let event: SecureCycleEvent
+            var words: [UInt32]?
+            let sender: Int
+            if let message = request.shareKeys {
+                (event, sender) = (.shareKeys(message), message.device)
+            } else if let message = request.maskedInput {
+                (event, sender, words) = (.maskedInput(device: message.device), message.device, message.words)
+            } else if let message = request.unmask {
+                (event, sender) = (.unmask(message), message.device)
+            } else {
+                throw CoordinatorError(.invalidRequest, "the request carries no known stage message")
+            }
+            guard sender == index else {
+                throw CoordinatorError(.forbidden, "worker \(worker) is device \(index) in cycle \(cycle), not device \(sender)")
+            }
+            _ = try await commitSecure(event, words: words, processID: processID)
+            if runtimes[processID]?.secure?.stageComplete == true {
+                await closeSecureStage(processID: processID, at: clock.date)
+            }
+        }
+        guard let index = device else {
+            throw CoordinatorError(.stageClosed, "worker \(worker) has not advertised its keys in cycle \(cycle)")
+        }
+        guard let current = runtimes[processID], current.machine.cycle == cycle, current.machine.phase != .completed, let state = current.secure else {
+            // This step closed the cycle: its aggregate was published, or it was abandoned.
+            let aggregated = (runtimes[processID]?.machine.completedCycles ?? completedBefore) > completedBefore
+            return SecureAggregationReply(cycle: cycle, device: index, stage: aggregated ? .done : .abandoned, next: .done, cycleClosed: true)
+        }
+        var reply = try state.reply(device: index, cycle: cycle, pollInterval: Self.securePollInterval(state.settings))
+        if reply.next == .wait, let wait = reply.retryAfter {
+            // Not past the moment the stage closes at the latest: the device comes back when it has closed.
+            let closes = state.stageDeadline ?? current.machine.deadline
+            reply.retryAfter = max(0.001, min(wait, closes.timeIntervalSince(now) + 0.001))
+        }
+        return reply
+    }
+
+    /// advertise_keys: records the worker's keys (replacing them when it advertised before in this stage) and counts
+    /// a first advertisement toward the cycle's goal; returns the worker's index.
+    private func secureAdvertise(_ keys: SecureAggregationPublicKeys, worker: String, requestKey: String, processID: String, now: Date) async throws(CoordinatorError) -> Int {
+        guard let runtime = runtimes[processID], let secure = runtime.secure else {
+            throw CoordinatorError(.stageClosed, "process \(processID) has no open cycle")
+        }
+        guard secure.stage == .advertiseKeys else {
+            throw CoordinatorError(.stageClosed, "advertise_keys of cycle \(runtime.machine.cycle) has closed; the cycle is at \(secure.stage.rawValue)")
+        }
+        let event = secure.advertisement(worker: worker, keys: keys)
+        guard case .advertise(_, let index, _) = event else { preconditionFailure("an advertisement event") }
+        let isNew = secure.indexOf[worker] == nil
+        if isNew {
+            switch runtime.machine.beginReport(workerID: worker, requestKey: requestKey, now: now) {
+            case .refused(let code, let message):
+                throw CoordinatorError(code == .deadlinePassed ? .stageClosed : code, message)
+            case .proceed:
+                break
+            }
+        }
+        do {
+            _ = try await commitSecure(event, processID: processID, reportedWorker: isNew ? worker : nil)
+        } catch {
+            if isNew, let action = runtimes[processID]?.machine.abortReport(workerID: worker) { await perform(action, processID: processID) }
+            throw error
+        }
+        if isNew, let current = runtimes[processID] {
+            let action = current.machine.commitReport(workerID: worker)
+            metrics.openCycleReported.record(current.machine.reported)
+            if let action { await perform(action, processID: processID) }
+        }
+        return index
+    }
+
+    /// Checks `event` on a copy of the cycle's state, persists it, then keeps the copy; returns the protocol's
+    /// actions. The caller holds the process's lock.
+    @discardableResult
+    func commitSecure(_ event: SecureCycleEvent, words: [UInt32]? = nil, processID: String, reportedWorker: String? = nil) async throws(CoordinatorError) -> [SecureAggregationServerAction] {
+        guard let runtime = runtimes[processID], var trial = runtime.secure else {
+            throw CoordinatorError(.stageClosed, "process \(processID) has no open cycle")
+        }
+        let cycle = runtime.machine.cycle
+        let sequence = trial.sequence
+        let actions: [SecureAggregationServerAction]
+        do throws(SecureAggregationError) {
+            actions = try trial.apply(event, words: words)
+        } catch {
+            throw CoordinatorError(error)
+        }
+        let body: Data
+        do {
+            body = try WireCoding.encoder().encode(event)
+        } catch {
+            throw .internalError("could not encode a secure-aggregation step: \(error)")
+        }
+        let stored = StoredSecureAggregationEvent(sequence: sequence, body: [UInt8](body), words: words.map { [UInt8](SecureAggregationMaskedInput.littleEndianBytes($0)) })
+        do {
+            try await store.appendSecureAggregationEvent(stored, processID: processID, cycle: cycle, reportedWorker: reportedWorker)
+        } catch {
+            throw storeFailure(error, "record the secure-aggregation step")
+        }
+        guard let current = runtimes[processID], current.machine.cycle == cycle else { return actions }
+        current.secure = trial
+        for case .dropped(let devices, let stage) in actions {
+            logger.info("devices dropped from secure aggregation", metadata: ["process": "\(processID)", "cycle": "\(cycle)", "stage": "\(stage.rawValue)", "devices": "\(devices.count)"])
+        }
+        return actions
+    }
+
+    /// Closes advertise_keys with a fresh public seed for the neighbour ring; the caller holds the process's lock.
+    /// On a store failure the cycle's transition is retried at the next tick.
+    func closeSecureAdvertisements(processID: String) async {
+        let seed = SecureAggregationServer.drawGraphSeed(using: &random)
+        do {
+            try await commitSecure(.closeAdvertisements(graphSeed: seed, at: clock.date), processID: processID)
+        } catch {
+            logger.error("could not close advertise_keys; retrying on the next tick", metadata: ["process": "\(processID)", "error": "\(error)"])
+            runtimes[processID]?.machine.transitionFailed()
+            return
+        }
+        await finishSecureIfEnded(processID: processID)
+    }
+
+    /// Closes the current later stage as of `date`; the caller holds the process's lock.
+    func closeSecureStage(processID: String, at date: Date) async {
+        do {
+            try await commitSecure(.closeStage(at: date), processID: processID)
+        } catch {
+            logger.error("could not close a secure-aggregation stage; retrying on the next tick", metadata: ["process": "\(processID)", "error": "\(error)"])
+            return
+        }
+        await finishSecureIfEnded(processID: processID)
+    }
+
+    /// Publishes the aggregate (or abandons the cycle) once the protocol has ended.
+    private func finishSecureIfEnded(processID: String) async {
+        guard let runtime = runtimes[processID], let secure = runtime.secure, [.done, .abandoned].contains(secure.stage) else { return }
+        await perform(.aggregate(cycle: runtime.machine.cycle, reports: runtime.machine.reported), processID: processID)
+    }
+
+    /// Closes every later stage whose deadline has passed by `now`, each at its own deadline (so a stage opened by a
+    /// late close gets its whole timeout); the caller holds the process's lock.
+    func advanceSecure(processID: String, now: Date) async {
+        while let secure = runtimes[processID]?.secure, let deadline = secure.stageDeadline, now >= deadline {
+            let before = secure.sequence
+            await closeSecureStage(processID: processID, at: deadline)
+            guard let after = runtimes[processID]?.secure, after.sequence != before || after.stageDeadline != deadline else { break }
+        }
+    }
+
+    /// The timer's work for a process under secure aggregation, with its lock held.
+    func tickSecure(processID: String, now: Date) async {
+        let lock = secureLock(processID)
+        await lock.wait()
+        defer { lock.signal() }
+        if let action = runtimes[processID]?.machine.timerFired(now: now) { await perform(action, processID: processID) }
+        await advanceSecure(processID: processID, now: now)
+    }
+
+    /// A fresh secure aggregation for the runtime's open cycle, or nil when the process does not use it or has
+    /// completed.
+    func freshSecureCycle(_ runtime: Runtime) -> SecureCycle? {
+        guard let settings = runtime.process.serverConfig.secureAggregation, runtime.machine.phase != .completed else { return nil }
+        do {
+            return try SecureCycle(
+                settings: settings, context: SecureAggregationPlan.context(processID: runtime.process.id, cycle: runtime.machine.cycle),
+                capacity: runtime.machine.configuration.capacity, maximumSampleCount: runtime.process.serverConfig.maximumSampleCount,
+                modelLength: runtime.layout.totalCount
+            )
+        } catch {
+            logger.error("secure aggregation cannot run for the process", metadata: ["process": "\(runtime.process.id)", "error": "\(error)"])
+            return nil
+        }
+    }
+
+    /// Rebuilds the open cycle's secure aggregation from its stored events (recovery); when advertise_keys had
+    /// closed, admission stays closed and the stages go on.
+    func recoverSecureCycle(processID: String) async throws {
+        guard let runtime = runtimes[processID], var secure = freshSecureCycle(runtime) else { return }
+        let cycle = runtime.machine.cycle
+        for stored in try await store.secureAggregationEvents(processID: processID, cycle: cycle) {
+            guard stored.sequence == secure.sequence else {
+                throw StoreError(.corrupt, "secure-aggregation events of cycle \(cycle) skip from \(secure.sequence) to \(stored.sequence)")
+            }
+            do {
+                let event = try WireCoding.decoder().decode(SecureCycleEvent.self, from: Data(stored.body))
+                _ = try secure.apply(event, words: stored.words.map { SecureAggregationMaskedInput.words(fromLittleEndian: Data($0)) })
+            } catch {
+                throw StoreError(.corrupt, "secure-aggregation event \(stored.sequence) of cycle \(cycle) cannot be replayed: \(error)")
+            }
+        }
+        runtime.secure = secure
+        if secure.sequence > 0 {
+            logger.info("resumed secure aggregation", metadata: ["process": "\(processID)", "cycle": "\(cycle)", "stage": "\(secure.stage.rawValue)", "steps": "\(secure.sequence)"])
+        }
+        if secure.stage != .advertiseKeys, let action = runtime.machine.closeAdmission() {
+            await perform(action, processID: processID)
+        }
+    }
+}

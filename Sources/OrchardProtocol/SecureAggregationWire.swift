@@ -1,0 +1,230 @@
+public import Foundation
+public import OrchardPrivacy
+
+/// Secure aggregation for a process (`server_config.secure_aggregation`): the coordinator learns only the sum of a
+/// cycle's updates (Bonawitz et al. 2017; SecAgg+ of Bell et al. 2020 when `shares` is set).
+///
+/// A device trains as in a plain cycle, then, instead of uploading its update, goes through four short exchanges
+/// (``SecureAggregationRequest``): advertise its public keys, send encrypted shares of its secrets to its
+/// neighbours, send its masked input, and reveal the shares that remove the masks. The first stage closes like a
+/// plain cycle (at `goal_count` advertisements or at the cycle's deadline); each later stage closes when every
+/// device still in has answered, or `stage_timeout` seconds after it opened.
+public struct SecureAggregationConfig: Sendable, Hashable, Codable {
+    /// The protocol's parameters: `shares`, `threshold`, `clipping_range`, `quantization_range`, `modulus_bits`.
+    public var parameters: SecureAggregationConfiguration
+    /// Seconds each stage after advertise_keys stays open at most.
+    public var stageTimeout: Double
+
+    enum CodingKeys: String, CodingKey, CaseIterable {
+        case shares, threshold
+        case clippingRange = "clipping_range"
+        case quantizationRange = "quantization_range"
+        case modulusBits = "modulus_bits"
+        case stageTimeout = "stage_timeout"
+    }
+
+    /// The default ``stageTimeout``.
+    public static let defaultStageTimeout: Double = 60
+
+    /// Creates a configuration.
+    public init(parameters: SecureAggregationConfiguration, stageTimeout: Double = Self.defaultStageTimeout) {
+        self.parameters = parameters
+        self.stageTimeout = stageTimeout
+    }
+
+    public init(from decoder: any Decoder) throws {
+        try decoder.refuseUnknownKeys(Set(CodingKeys.allCases.map(\.rawValue)), in: "server_config.secure_aggregation")
+        let c = try decoder.container(keyedBy: CodingKeys.self)
+        let d = SecureAggregationConfiguration(threshold: 2)
+        parameters = SecureAggregationConfiguration(
+            shares: try c.decodeIfPresent(Int.self, forKey: .shares),
+            threshold: try c.decode(Int.self, forKey: .threshold),
+            clippingRange: try c.decodeIfPresent(Float.self, forKey: .clippingRange) ?? d.clippingRange,
+            quantizationRange: try c.decodeIfPresent(UInt32.self, forKey: .quantizationRange) ?? d.quantizationRange,
+            modulusBits: try c.decodeIfPresent(Int.self, forKey: .modulusBits) ?? d.modulusBits
+        )
+        stageTimeout = try c.decodeIfPresent(Double.self, forKey: .stageTimeout) ?? Self.defaultStageTimeout
+    }
+
+    public func encode(to encoder: any Encoder) throws {
+        var c = encoder.container(keyedBy: CodingKeys.self)
+        try c.encodeIfPresent(parameters.shares, forKey: .shares)
+        try c.encode(parameters.threshold, forKey: .threshold)
+        try c.encode(parameters.clippingRange, forKey: .clippingRange)
+        try c.encode(parameters.quantizationRange, forKey: .quantizationRange)
+        try c.encode(parameters.modulusBits, forKey: .modulusBits)
+        try c.encode(stageTimeout, forKey: .stageTimeout)
+    }
+
+    /// The first problem with the configuration for a process admitting `capacity` devices per cycle with sample
+    /// counts up to `maximumSampleCount`, or nil.
+    public func validationFailure(capacity: Int, maximumSampleCount: Int) -> String? {
+        if !(stageTimeout > 0 && stageTimeout <= WireLimits.maximumSeconds) {
+            return "server_config.secure_aggregation.stage_timeout must be a positive number of seconds, at most \(WireLimits.maximumSeconds), not \(stageTimeout)"
+        }
+        do {
+            try parameters.validate(devices: capacity, maximumSampleCount: maximumSampleCount)
+        } catch {
+            return "server_config.secure_aggregation: \(error.message) (capacity = ceil(goal_count * over_selection) = \(capacity), maximum_sample_count = \(maximumSampleCount))"
+        }
+        return nil
+    }
+}
+
+/// Device → coordinator (``Endpoint/secureAggregation``): one step of a device in its cycle's secure aggregation.
+/// At most one of the stage messages is set; with none, the request asks what the device should do next (a poll).
+public struct SecureAggregationRequest: Sendable, Hashable, Codable {
+    /// The worker.
+    public var workerID: String
+    /// The request key of the worker's assignment in the cycle.
+    public var requestKey: String
+    /// advertise_keys: the device's two public keys (its index is assigned by the coordinator).
+    public var advertiseKeys: SecureAggregationPublicKeys?
+    /// share_keys: one encrypted bundle per neighbour.
+    public var shareKeys: SecureAggregationShareKeys?
+    /// masked_input: the masked words.
+    public var maskedInput: SecureAggregationMaskedInput?
+    /// unmask: the revealed shares.
+    public var unmask: SecureAggregationUnmaskResponse?
+
+    enum CodingKeys: String, CodingKey {
+        case unmask
+        case workerID = "worker_id"
+        case requestKey = "request_key"
+        case advertiseKeys = "advertise_keys"
+        case shareKeys = "share_keys"
+        case maskedInput = "masked_input"
+    }
+
+    /// Creates a request.
+    public init(
+        workerID: String, requestKey: String, advertiseKeys: SecureAggregationPublicKeys? = nil, shareKeys: SecureAggregationShareKeys? = nil,
+        maskedInput: SecureAggregationMaskedInput? = nil, unmask: SecureAggregationUnmaskResponse? = nil
+    ) {
+        self.workerID = workerID
+        self.requestKey = requestKey
+        self.advertiseKeys = advertiseKeys
+        self.shareKeys = shareKeys
+        self.maskedInput = maskedInput
+        self.unmask = unmask
+    }
+
+    /// How many stage messages the request carries (a valid request carries at most one).
+    public var messageCount: Int {
+        [advertiseKeys != nil, shareKeys != nil, maskedInput != nil, unmask != nil].count { $0 }
+    }
+}
+
+/// A device's two X25519 public keys, raw 32 bytes each (base64 in JSON).
+public struct SecureAggregationPublicKeys: Sendable, Hashable, Codable {
+    /// The key of the encrypted share channel.
+    public var channelPublicKey: Data
+    /// The key of the pairwise masks.
+    public var maskPublicKey: Data
+
+    enum CodingKeys: String, CodingKey {
+        case channelPublicKey = "channel_public_key"
+        case maskPublicKey = "mask_public_key"
+    }
+
+    /// Creates the keys.
+    public init(channelPublicKey: Data, maskPublicKey: Data) {
+        self.channelPublicKey = channelPublicKey
+        self.maskPublicKey = maskPublicKey
+    }
+}
+
+/// Coordinator → device: where the device stands in its cycle's secure aggregation, and the input of its next step
+/// when that step's stage is open.
+public struct SecureAggregationReply: Sendable, Hashable, Codable {
+    /// The cycle.
+    public var cycle: Int
+    /// The device's index in the cycle (≥ 1).
+    public var device: Int
+    /// The stage the coordinator is at.
+    public var stage: SecureAggregationStage
+    /// What the device must do next.
+    public var next: SecureAggregationNextStep
+    /// For ``SecureAggregationNextStep/wait``: seconds before asking again.
+    public var retryAfter: Double?
+    /// For ``SecureAggregationNextStep/shareKeys``: the participants and the neighbours' keys.
+    public var roster: SecureAggregationRoster?
+    /// For ``SecureAggregationNextStep/maskedInput``: the bundles addressed to the device.
+    public var delivery: SecureAggregationShareDelivery?
+    /// For ``SecureAggregationNextStep/unmask``: which shares to reveal.
+    public var unmaskRequest: SecureAggregationUnmaskRequest?
+    /// Whether this request closed the cycle (the aggregate was published or the cycle abandoned).
+    public var cycleClosed: Bool
+
+    enum CodingKeys: String, CodingKey {
+        case cycle, device, stage, next, roster, delivery
+        case retryAfter = "retry_after"
+        case unmaskRequest = "unmask_request"
+        case cycleClosed = "cycle_closed"
+    }
+
+    /// Creates a reply.
+    public init(
+        cycle: Int, device: Int, stage: SecureAggregationStage, next: SecureAggregationNextStep, retryAfter: Double? = nil,
+        roster: SecureAggregationRoster? = nil, delivery: SecureAggregationShareDelivery? = nil, unmaskRequest: SecureAggregationUnmaskRequest? = nil,
+        cycleClosed: Bool = false
+    ) {
+        self.cycle = cycle
+        self.device = device
+        self.stage = stage
+        self.next = next
+        self.retryAfter = retryAfter
+        self.roster = roster
+        self.delivery = delivery
+        self.unmaskRequest = unmaskRequest
+        self.cycleClosed = cycleClosed
+    }
+}
+
+/// What a device does after a ``SecureAggregationReply``.
+public enum SecureAggregationNextStep: String, Sendable, Hashable, Codable {
+    /// Ask again after `retry_after` seconds: the current stage waits for other devices.
+    case wait
+    /// Send share_keys for the reply's roster.
+    case shareKeys = "share_keys"
+    /// Send the masked input for the reply's delivery.
+    case maskedInput = "masked_input"
+    /// Send the shares the reply's unmask request asks for.
+    case unmask
+    /// Nothing more: the device's part in the cycle is over.
+    case done
+}
+
+/// The secure-aggregation part of a process's status: the open cycle's stage and how many devices are at each step.
+public struct SecureAggregationStatus: Sendable, Hashable, Codable {
+    /// The stage the open cycle is at.
+    public var stage: SecureAggregationStage
+    /// When the stage closes at the latest, in seconds since 1970 (advertise_keys: the cycle's deadline).
+    public var stageDeadline: Double
+    /// Devices that advertised their keys.
+    public var advertised: Int
+    /// Devices that sent their shares.
+    public var shared: Int
+    /// Devices that sent their masked input.
+    public var masked: Int
+    /// Devices that revealed their shares.
+    public var unmasked: Int
+    /// Devices declared dropped in this cycle.
+    public var dropped: Int
+
+    enum CodingKeys: String, CodingKey {
+        case stage, advertised, shared, masked, unmasked, dropped
+        case stageDeadline = "stage_deadline"
+    }
+
+    /// Creates a status.
+    public init(stage: SecureAggregationStage, stageDeadline: Double, advertised: Int, shared: Int, masked: Int, unmasked: Int, dropped: Int) {
+        self.stage = stage
+        self.stageDeadline = stageDeadline
+        self.advertised = advertised
+        self.shared = shared
+        self.masked = masked
+        self.unmasked = unmasked
+        self.dropped = dropped
+    }
+}
