@@ -2,6 +2,7 @@ import Foundation
 import JWTKit
 import OrchardCoordinator
 import OrchardFormats
+import OrchardPrivacy
 import OrchardProtocol
 import OrchardSupport
 import OrchardTesting
@@ -35,7 +36,7 @@ private struct DeviceClaims: JWTPayload {
         let endpoints: Set<String> = [
             Endpoint.health, Endpoint.metrics, Endpoint.openAPI, Endpoint.authenticate, Endpoint.cycleRequest,
             Endpoint.model("{model_id}"), Endpoint.plan("{plan_id}"), Endpoint.report, Endpoint.speedTest, Endpoint.processes,
-            Endpoint.process("{process_id}"), Endpoint.checkpoint("{process_id}", "{checkpoint}"),
+            Endpoint.process("{process_id}"), Endpoint.checkpoint("{process_id}", "{checkpoint}"), Endpoint.secureAggregation,
         ]
         #expect(Set((conformance.document["paths"]?.objectValue ?? [:]).keys) == endpoints)
 
@@ -314,6 +315,40 @@ private struct DeviceClaims: JWTPayload {
         expectStatus(try await report(gatedReport, token: gatedDevice.sessionToken), 200, nil, "gated report")
         expectStatus(try await report(gatedReport, token: gatedDevice.sessionToken), 409, "report_already_received", "gated report again")
 
+        // Secure aggregation: a process of three devices through its four stages, and each kind of refusal.
+        var secureProcess = SecureFixture.host(goal: 3, minimum: 3)
+        secureProcess.name = "secure"
+        _ = try await harness.host(secureProcess)
+        var secureDevices: [SecureTestDevice] = []
+        for i in 0..<3 {
+            let auth = try await harness.device(name: "secure")
+            guard case .accepted(let secureAssignment) = try await harness.requestCycle(auth, name: "secure") else {
+                Issue.record("secure device not accepted")
+                return
+            }
+            secureDevices.append(SecureTestDevice(auth: auth, assignment: secureAssignment, scale: Float(i) * 0.1, samples: i + 1, seed: UInt64(i)))
+        }
+        for i in secureDevices.indices { _ = try await secureDevices[i].advertise(on: http) }
+        let first = secureDevices[0]
+        let keys = try first.secrets.publicKeys()
+        let advertise = SecureAggregationPublicKeys(channelPublicKey: keys.channel, maskPublicKey: keys.mask)
+        let emptyUnmask = SecureAggregationUnmaskResponse(device: 1, selfMaskShares: [], secretKeyShares: [])
+        expectStatus(try await first.send(first.request(advertise: advertise, unmask: emptyUnmask), on: http), 400, "invalid_request", "two stage messages")
+        expectStatus(try await http.json("POST", Endpoint.secureAggregation, first.request()), 401, "unauthorized", "secure aggregation without a session")
+        var forgedWorker = first.request()
+        forgedWorker.workerID = secureDevices[1].auth.workerID
+        expectStatus(try await first.send(forgedWorker, on: http), 403, "forbidden", "another worker's step")
+        expectStatus(try await first.send(first.request(advertise: advertise), on: http), 409, "stage_closed", "advertising after advertise_keys closed")
+        let roster = try await first.send(first.request(), on: http).decode(SecureAggregationReply.self)
+        #expect(roster.next == .shareKeys)
+        let lonely = SecureAggregationShareKeys(device: 1, shares: [])
+        expectStatus(try await first.send(first.request(shareKeys: lonely), on: http), 422, "invalid_secure_aggregation_message", "no bundles")
+        let oversized = Array(repeating: UInt8(ascii: " "), count: (64 << 10) / 3 * 4 + 4097)
+        expectStatus(try await http.send("POST", Endpoint.secureAggregation, body: oversized, token: first.auth.sessionToken, headers: ["Content-Type": MediaType.json]), 413, "payload_too_large", "oversized step")
+        for _ in 0..<3 {
+            for i in secureDevices.indices { _ = try await secureDevices[i].step(on: http) }
+        }
+
         // Deletion.
         expectStatus(try await http.send("DELETE", Endpoint.process(signedStatus.processID)), 401, "unauthorized", "delete without token")
         expectStatus(try await http.send("DELETE", Endpoint.process(signedStatus.processID), token: admin), 204, nil, "delete")
@@ -330,18 +365,19 @@ private struct DeviceClaims: JWTPayload {
             }
         }
         let operations = Conformance.document.operations
-        #expect(operations.count == 15)
+        #expect(operations.count == 16)
         for operation in operations {
             #expect(seen[operation] != nil, "\(operation) was never exercised")
         }
-        // Not provoked here: the coordinator's own failures (500), and the report's 404 unknown_worker (a worker that
-        // vanished under a live session; no API removes a worker).
+        // Not provoked here: the coordinator's own failures (500), and the report's and secure aggregation's 404
+        // unknown_worker (a worker that vanished under a live session; no API removes a worker).
         // Also provoked elsewhere, through the same document-checking client: authenticate's 403 worker_limit_reached
         // and 429 rate_limited (OpenModeLimitTests), the report's 503 too_many_uploads (UploadLimitTests); and not
         // at all, the speed test's 404 (a gated process deleted under a live session).
         let notExercised: Set<String> = [
             "POST /v1/device/report 404", "POST /v1/device/authenticate 403", "POST /v1/device/authenticate 429",
             "POST /v1/device/report 503", "GET /v1/device/speed-test 404", "POST /v1/device/speed-test 404",
+            "POST /v1/device/secure-aggregation 404",
         ]
         var documented: Set<String> = []
         var missing: Set<String> = []

@@ -1,0 +1,316 @@
+import Foundation
+import OrchardCoordinator
+import OrchardFormats
+import OrchardPrivacy
+import OrchardProtocol
+import OrchardSupport
+import OrchardTesting
+import Testing
+
+/// Secure aggregation settings for the tiny fixture: threshold 2 of a complete graph, the default quantisation.
+enum SecureFixture {
+    static let settings = SecureAggregationConfig(parameters: SecureAggregationConfiguration(threshold: 2), stageTimeout: 30)
+
+    /// The fixture's process under secure aggregation: goal `goal`, no over-selection.
+    static func host(goal: Int, minimum: Int, settings: SecureAggregationConfig = settings) -> HostProcessRequest {
+        var request = Fixture.host(goal: goal, minimum: minimum, overSelection: 1)
+        request.serverConfig.maximumSampleCount = 100
+        request.serverConfig.secureAggregation = settings
+        return request
+    }
+
+    /// A diff's values in the coordinator's flat order (tensors by name).
+    static func flat(_ diff: [TensorRecord]) -> [Float] {
+        diff.sorted { $0.name < $1.name }.flatMap(\.values)
+    }
+
+    /// The quantisation step 2c/(Q − 1) of the default settings: the aggregate's error bound per coordinate.
+    static var step: Float { Float(settings.parameters.quantizationStep) }
+}
+
+/// A device driven by hand over HTTP with the protocol's device state machine.
+struct SecureTestDevice {
+    let auth: AuthenticateResponse
+    let assignment: CycleAssignment
+    let update: [Float]
+    let samples: Int
+    let parameters: SecureAggregationConfiguration
+    var secrets: SecureAggregationSecrets
+    var machine: SecureAggregationDevice?
+    var generator: SplitMix64
+    var index: Int?
+
+    init(auth: AuthenticateResponse, assignment: CycleAssignment, scale: Float, samples: Int, seed: UInt64, parameters: SecureAggregationConfiguration = SecureFixture.settings.parameters) {
+        self.parameters = parameters
+        self.auth = auth
+        self.assignment = assignment
+        update = SecureFixture.flat(Fixture.diff(scale))
+        self.samples = samples
+        generator = SplitMix64(seed: seed)
+        secrets = SecureAggregationSecrets(using: &generator)
+    }
+
+    func request(
+        advertise: SecureAggregationPublicKeys? = nil, shareKeys: SecureAggregationShareKeys? = nil, masked: SecureAggregationMaskedInput? = nil,
+        unmask: SecureAggregationUnmaskResponse? = nil
+    ) -> SecureAggregationRequest {
+        SecureAggregationRequest(workerID: auth.workerID, requestKey: assignment.requestKey, advertiseKeys: advertise, shareKeys: shareKeys, maskedInput: masked, unmask: unmask)
+    }
+
+    func send(_ request: SecureAggregationRequest, on http: HTTP) async throws -> HTTPResult {
+        try await http.json("POST", Endpoint.secureAggregation, request, token: auth.sessionToken)
+    }
+
+    /// Advertises the device's keys; keeps its index.
+    mutating func advertise(on http: HTTP) async throws -> SecureAggregationReply {
+        let keys = try secrets.publicKeys()
+        let result = try await send(request(advertise: SecureAggregationPublicKeys(channelPublicKey: keys.channel, maskPublicKey: keys.mask)), on: http)
+        #expect(result.status == 200, "\(String(decoding: result.body, as: UTF8.self))")
+        let reply = try result.decode(SecureAggregationReply.self)
+        index = reply.device
+        machine = try SecureAggregationDevice(
+            index: reply.device, configuration: parameters,
+            context: SecureAggregationPlan.context(processID: assignment.processID, cycle: assignment.cycle), maximumSampleCount: 100,
+            modelLength: update.count, secrets: secrets)
+        _ = try machine!.advertiseKeys()
+        return reply
+    }
+
+    /// The message answering `reply`'s next step, or nil when it says wait or done.
+    mutating func answer(_ reply: SecureAggregationReply) throws -> SecureAggregationRequest? {
+        switch reply.next {
+        case .shareKeys: return request(shareKeys: try machine!.shareKeys(try #require(reply.roster), using: &generator))
+        case .maskedInput:
+            return request(masked: try machine!.maskedInput(try #require(reply.delivery), update: update, sampleCount: samples, using: &generator))
+        case .unmask: return request(unmask: try machine!.unmask(try #require(reply.unmaskRequest)))
+        case .wait, .done: return nil
+        }
+    }
+
+    /// Polls, and sends the answer to what the poll says; returns the reply to the answer (or to the poll).
+    mutating func step(on http: HTTP) async throws -> SecureAggregationReply {
+        let polled = try await send(request(), on: http)
+        #expect(polled.status == 200, "\(String(decoding: polled.body, as: UTF8.self))")
+        let reply = try polled.decode(SecureAggregationReply.self)
+        guard let message = try answer(reply) else { return reply }
+        let answered = try await send(message, on: http)
+        #expect(answered.status == 200, "\(String(decoding: answered.body, as: UTF8.self))")
+        return try answered.decode(SecureAggregationReply.self)
+    }
+}
+
+@Suite(.serialized) struct SecureAggregationCoordinatorTests {
+    static let inputs: [(scale: Float, samples: Int)] = [(0.1, 3), (-0.3, 1), (0.2, 7), (0.5, 2), (-0.4, 4), (0.3, 5)]
+
+    /// Hosts, authenticates and admits `count` devices with the fixture's inputs.
+    static func fleet(_ harness: Harness, count: Int, goal: Int, minimum: Int, threshold: Int = 2) async throws -> (ProcessStatus, [SecureTestDevice]) {
+        var settings = SecureFixture.settings
+        settings.parameters.threshold = threshold
+        let hosted = try await harness.host(SecureFixture.host(goal: goal, minimum: minimum, settings: settings))
+        var devices: [SecureTestDevice] = []
+        for i in 0..<count {
+            let auth = try await harness.device()
+            let assignment = try await harness.join(auth)
+            devices.append(SecureTestDevice(auth: auth, assignment: assignment, scale: inputs[i].scale, samples: inputs[i].samples, seed: UInt64(100 + i), parameters: settings.parameters))
+        }
+        return (hosted, devices)
+    }
+
+    @Test func theCheckpointIsTheWeightedMeanWithinOneQuantisationStep() async throws {
+        let harness = try await Harness.start()
+        defer { Task { await harness.stop() } }
+        var (hosted, devices) = try await Self.fleet(harness, count: 4, goal: 4, minimum: 3)
+        for i in devices.indices {
+            let reply = try await devices[i].advertise(on: harness.http)
+            #expect(reply.device == i + 1)
+            #expect(reply.next == (i < 3 ? .wait : .shareKeys), "the fourth advertisement reaches the goal and closes advertise_keys")
+        }
+        // A device not admitted to the cycle cannot join it now.
+        let late = try await harness.requestCycle(try await harness.device())
+        guard case .rejected = late else { Issue.record("admitted after advertise_keys closed: \(late)"); return }
+        var status = try await harness.status(hosted.processID)
+        #expect(status.currentCycle?.secureAggregation?.stage == .shareKeys)
+        #expect(status.currentCycle?.secureAggregation?.advertised == 4)
+        // share_keys, masked_input, unmask: each closes as the last device answers.
+        for stage in [SecureAggregationStage.shareKeys, .maskedInput, .unmask] {
+            for i in devices.indices {
+                let reply = try await devices[i].step(on: harness.http)
+                let last = i == devices.count - 1
+                if stage == .unmask {
+                    #expect(reply.next == .done)
+                    #expect(reply.cycleClosed == last)
+                } else {
+                    #expect(reply.next == (last ? (stage == .shareKeys ? .maskedInput : .unmask) : .wait))
+                }
+            }
+        }
+        status = try await harness.status(hosted.processID)
+        #expect(status.latestCheckpoint == 1)
+        #expect(status.currentCycle?.number == 2)
+        #expect(status.currentCycle?.secureAggregation?.stage == .advertiseKeys)
+        let checkpoint = try await harness.checkpoint(hosted.processID)
+        let expected = Fixture.expectedAfterFedAvg(Array(Self.inputs.prefix(4)))
+        expectClose(checkpoint, expected, tolerance: SecureFixture.step)
+        #expect(checkpoint["embed.weight"] == expected["embed.weight"], "the frozen layer does not move by the rounding noise")
+    }
+
+    @Test func dropoutsAtEachStageAreToleratedAndNeverComeBack() async throws {
+        let harness = try await Harness.start()
+        defer { Task { await harness.stop() } }
+        // Threshold 3 of 5 neighbours: one dropout at share_keys and one at masked_input leave every survivor 3.
+        var (hosted, devices) = try await Self.fleet(harness, count: 6, goal: 6, minimum: 4, threshold: 3)
+        for i in devices.indices { _ = try await devices[i].advertise(on: harness.http) }
+        // Device 6 never shares; share_keys closes at its timeout.
+        for i in 0..<5 { _ = try await devices[i].step(on: harness.http) }
+        harness.clock.advance(by: .seconds(31))
+        await harness.coordinator.tick()
+        var status = try await harness.status(hosted.processID)
+        #expect(status.currentCycle?.secureAggregation?.stage == .maskedInput)
+        #expect(status.currentCycle?.secureAggregation?.dropped == 1)
+        let back = try await devices[5].send(devices[5].request(), on: harness.http)
+        #expect(back.status == 409)
+        #expect(back.errorCode == "dropped_device")
+        // Device 5 sends no masked input: the others' inputs are unmasked with its key reconstructed.
+        for i in 0..<4 { _ = try await devices[i].step(on: harness.http) }
+        harness.clock.advance(by: .seconds(31))
+        await harness.coordinator.tick()
+        status = try await harness.status(hosted.processID)
+        #expect(status.currentCycle?.secureAggregation?.stage == .unmask)
+        for i in 0..<4 {
+            let reply = try await devices[i].step(on: harness.http)
+            #expect(reply.next == .done)
+        }
+        status = try await harness.status(hosted.processID)
+        #expect(status.latestCheckpoint == 1)
+        expectClose(try await harness.checkpoint(hosted.processID), Fixture.expectedAfterFedAvg(Array(Self.inputs.prefix(4))), tolerance: SecureFixture.step)
+    }
+
+    @Test func belowTheThresholdTheCycleIsAbandonedAndTheNextOpens() async throws {
+        let harness = try await Harness.start()
+        defer { Task { await harness.stop() } }
+        var (hosted, devices) = try await Self.fleet(harness, count: 3, goal: 3, minimum: 3)
+        for i in devices.indices { _ = try await devices[i].advertise(on: harness.http) }
+        // Only device 1 shares: 1 device cannot be unmasked with threshold 2.
+        _ = try await devices[0].step(on: harness.http)
+        harness.clock.advance(by: .seconds(31))
+        await harness.coordinator.tick()
+        let status = try await harness.status(hosted.processID)
+        #expect(status.cyclesAbandoned == 1)
+        #expect(status.latestCheckpoint == 0)
+        #expect(status.currentCycle?.number == 2)
+        let stale = try await devices[0].send(devices[0].request(), on: harness.http)
+        #expect(stale.status == 409)
+        #expect(stale.errorCode == "stage_closed")
+    }
+
+    @Test func aRestartBetweenStagesLosesNothingAcknowledgedAndCountsNothingTwice() async throws {
+        let harness = try await Harness.start()
+        defer { Task { await harness.stop() } }
+        var (hosted, devices) = try await Self.fleet(harness, count: 4, goal: 4, minimum: 3)
+        for i in devices.indices { _ = try await devices[i].advertise(on: harness.http) }
+        for i in devices.indices { _ = try await devices[i].step(on: harness.http) }
+        // Two masked inputs acknowledged, then the coordinator restarts.
+        var acknowledged: [SecureAggregationRequest] = []
+        for i in 0..<2 {
+            let polled = try await devices[i].send(devices[i].request(), on: harness.http).decode(SecureAggregationReply.self)
+            let message = try #require(try devices[i].answer(polled))
+            #expect(try await devices[i].send(message, on: harness.http).status == 200)
+            acknowledged.append(message)
+        }
+        try await harness.restart()
+        let resumed = try await harness.status(hosted.processID)
+        #expect(resumed.currentCycle?.secureAggregation?.stage == .maskedInput)
+        #expect(resumed.currentCycle?.secureAggregation?.masked == 2)
+        // The same masked input again is refused: it is in the sum once.
+        let again = try await devices[0].send(acknowledged[0], on: harness.http)
+        #expect(again.status == 409)
+        #expect(again.errorCode == "duplicate_message")
+        for i in 2..<4 { _ = try await devices[i].step(on: harness.http) }
+        for i in devices.indices { _ = try await devices[i].step(on: harness.http) }
+        #expect(try await harness.status(hosted.processID).latestCheckpoint == 1)
+        expectClose(try await harness.checkpoint(hosted.processID), Fixture.expectedAfterFedAvg(Array(Self.inputs.prefix(4))), tolerance: SecureFixture.step)
+    }
+
+    @Test func badRequestsAreRefusedWithClearCodes() async throws {
+        let harness = try await Harness.start()
+        defer { Task { await harness.stop() } }
+        var (_, devices) = try await Self.fleet(harness, count: 3, goal: 3, minimum: 3)
+        // A plain report to a secure-aggregation process.
+        let plain = try await harness.report(devices[0].auth, devices[0].assignment, diff: Fixture.diff(0.1), samples: 3)
+        #expect(plain.status == 409)
+        #expect(plain.errorCode == "aggregation_mode_mismatch")
+        // A stage message before advertising.
+        let early = try await devices[0].send(devices[0].request(unmask: SecureAggregationUnmaskResponse(device: 1, selfMaskShares: [], secretKeyShares: [])), on: harness.http)
+        #expect(early.status == 409)
+        #expect(early.errorCode == "stage_closed")
+        for i in devices.indices { _ = try await devices[i].advertise(on: harness.http) }
+        // Two messages in one request.
+        let keys = try devices[0].secrets.publicKeys()
+        let advertise = SecureAggregationPublicKeys(channelPublicKey: keys.channel, maskPublicKey: keys.mask)
+        let two = try await devices[0].send(devices[0].request(advertise: advertise, unmask: SecureAggregationUnmaskResponse(device: 1, selfMaskShares: [], secretKeyShares: [])), on: harness.http)
+        #expect(two.status == 400)
+        // Advertising after advertise_keys closed.
+        let late = try await devices[0].send(devices[0].request(advertise: advertise), on: harness.http)
+        #expect(late.status == 409)
+        #expect(late.errorCode == "stage_closed")
+        // Another worker's session, and another device's index.
+        var forged = devices[0].request()
+        forged.workerID = devices[1].auth.workerID
+        #expect(try await devices[0].send(forged, on: harness.http).status == 403)
+        let polled = try await devices[0].send(devices[0].request(), on: harness.http).decode(SecureAggregationReply.self)
+        var message = try #require(try devices[0].answer(polled)).shareKeys!
+        let impostor = SecureAggregationShareKeys(device: 2, shares: message.shares)
+        let posed = try await devices[0].send(devices[0].request(shareKeys: impostor), on: harness.http)
+        #expect(posed.status == 403)
+        // Bundles that do not go to the device's neighbours.
+        message = SecureAggregationShareKeys(device: 1, shares: Array(message.shares.prefix(1)))
+        let short = try await devices[0].send(devices[0].request(shareKeys: message), on: harness.http)
+        #expect(short.status == 422)
+        #expect(short.errorCode == "invalid_secure_aggregation_message")
+        // Malformed JSON and base64.
+        let garbage = try await harness.http.send("POST", Endpoint.secureAggregation, body: Array(#"{"worker_id": 3}"#.utf8), token: devices[0].auth.sessionToken)
+        #expect(garbage.status == 400)
+        let words = #"{"worker_id":"\#(devices[0].auth.workerID)","request_key":"\#(devices[0].assignment.requestKey)","masked_input":{"device":1,"words":"!!"}}"#
+        let badWords = try await harness.http.send("POST", Endpoint.secureAggregation, body: Array(words.utf8), token: devices[0].auth.sessionToken)
+        #expect(badWords.status == 400)
+        // No session.
+        #expect(try await harness.http.json("POST", Endpoint.secureAggregation, devices[0].request()).status == 401)
+    }
+
+    @Test func aPlainProcessRefusesSecureAggregationAndBadSettingsAreRefusedAtHosting() async throws {
+        let harness = try await Harness.start()
+        defer { Task { await harness.stop() } }
+        _ = try await harness.host()
+        let auth = try await harness.device()
+        let assignment = try await harness.join(auth)
+        let device = SecureTestDevice(auth: auth, assignment: assignment, scale: 0.1, samples: 1, seed: 1)
+        let refused = try await device.send(device.request(), on: harness.http)
+        #expect(refused.status == 409)
+        #expect(refused.errorCode == "aggregation_mode_mismatch")
+
+        func hostingFailure(_ change: (inout HostProcessRequest) -> Void) async throws -> String {
+            var request = SecureFixture.host(goal: 4, minimum: 3)
+            request.name = "secure"
+            change(&request)
+            let result = try await harness.http.json("POST", Endpoint.processes, request, token: Harness.adminToken)
+            #expect(result.status == 400)
+            return (try? result.decode(ErrorBody.self))?.error.message ?? ""
+        }
+        #expect(try await hostingFailure { $0.serverConfig.maximumSampleCount = 1_000_000 }.contains("wrap"))
+        #expect(try await hostingFailure { $0.serverConfig.secureAggregation?.parameters.threshold = 4 }.contains("threshold"))
+        #expect(try await hostingFailure { $0.serverConfig.updateNormBound = 1 }.contains("update_norm_bound"))
+        #expect(try await hostingFailure { $0.serverConfig.minimumReports = 2 }.contains("minimum_reports"))
+        #expect(try await hostingFailure { $0.serverConfig.secureAggregation?.stageTimeout = 0 }.contains("stage_timeout"))
+        #expect(try await hostingFailure { $0.serverConfig.secureAggregation?.parameters.shares = 5 }.contains("shares"))
+
+        // A device of protocol 2.2 would send its update in the clear.
+        var secure = SecureFixture.host(goal: 4, minimum: 3)
+        secure.name = "secure"
+        _ = try await harness.host(secure)
+        var old = AuthenticateRequest(processName: "secure", processVersion: SemanticVersion(1))
+        old.protocolVersion = SemanticVersion(2, 2, 0)
+        let outdated = try await harness.http.json("POST", Endpoint.authenticate, old)
+        #expect(outdated.status == 400)
+        #expect(outdated.errorCode == "unsupported_version")
+    }
+}
