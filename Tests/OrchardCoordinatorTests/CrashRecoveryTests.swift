@@ -3,6 +3,7 @@ import Foundation
 import Glibc
 #endif
 import OrchardFormats
+import OrchardPrivacy
 import OrchardProtocol
 import OrchardTesting
 import Testing
@@ -109,5 +110,60 @@ private final class ServerProcess: @unchecked Sendable {
         #expect(final.latestCheckpoint == 1)
         let checkpoint = try await http.send("GET", Endpoint.checkpoint(hosted.processID, "latest"), token: Harness.adminToken)
         expectClose(try Safetensors.decode(checkpoint.body).byName.mapValues(\.values), Fixture.expectedAfterFedAvg(reports))
+    }
+}
+
+@Suite(.serialized) struct SecureAggregationCrashTests {
+    /// Four devices of a secure-aggregation process; the coordinator is SIGKILLed after two masked inputs were
+    /// acknowledged (and a third races the kill), then restarted on the same database.
+    @Test func killDashNineBetweenStagesLosesNothingAcknowledgedAndCountsNothingTwice() async throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("orchard-secure-crash-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let database = directory.appendingPathComponent("coordinator.sqlite").path
+
+        var server = try ServerProcess(database: database, foldInterval: 2)
+        defer { server.terminate() }
+        var http = server.http
+        let hosted = try await http.json("POST", Endpoint.processes, SecureFixture.host(goal: 4, minimum: 3), token: Harness.adminToken).decode(ProcessStatus.self)
+        let inputs: [(scale: Float, samples: Int)] = [(0.1, 3), (-0.3, 1), (0.2, 7), (0.5, 2)]
+        var devices: [SecureTestDevice] = []
+        for (i, input) in inputs.enumerated() {
+            let auth = try await http.json("POST", Endpoint.authenticate, AuthenticateRequest(processName: "tiny", processVersion: SemanticVersion(1))).decode(AuthenticateResponse.self)
+            let response = try await http.json("POST", Endpoint.cycleRequest, CycleRequest(workerID: auth.workerID, processName: "tiny", processVersion: SemanticVersion(1)), token: auth.sessionToken).decode(CycleResponse.self)
+            guard case .accepted(let assignment) = response else { throw HarnessError(description: "device rejected: \(response)") }
+            devices.append(SecureTestDevice(auth: auth, assignment: assignment, scale: input.scale, samples: input.samples, seed: UInt64(7 + i)))
+        }
+        for i in devices.indices { _ = try await devices[i].advertise(on: http) }
+        for i in devices.indices { _ = try await devices[i].step(on: http) }
+        var masked: [SecureAggregationRequest] = []
+        for i in devices.indices {
+            let polled = try await devices[i].send(devices[i].request(), on: http).decode(SecureAggregationReply.self)
+            masked.append(try #require(try devices[i].answer(polled)))
+        }
+        for i in 0..<2 { #expect(try await devices[i].send(masked[i], on: http).status == 200) }
+        let racing = Task { [http, device = devices[2], message = masked[2]] in try? await device.send(message, on: http) }
+        server.kill9()
+        _ = await racing.value
+
+        server = try ServerProcess(database: database, foldInterval: 2)
+        http = server.http
+        let status = try await http.send("GET", Endpoint.process(hosted.processID), token: Harness.adminToken).decode(ProcessStatus.self)
+        let secure = try #require(status.currentCycle?.secureAggregation)
+        #expect(secure.stage == .maskedInput)
+        #expect(secure.masked == 2 || secure.masked == 3)
+        // An acknowledged masked input sent again is refused: it is in the sum once.
+        let again = try await devices[0].send(masked[0], on: http)
+        #expect(again.status == 409)
+        #expect(again.errorCode == "duplicate_message")
+        // The racing one is accepted now unless it was committed before the kill.
+        #expect(try await devices[2].send(masked[2], on: http).status == (secure.masked == 3 ? 409 : 200))
+        #expect(try await devices[3].send(masked[3], on: http).status == 200)
+        for i in devices.indices { _ = try await devices[i].step(on: http) }
+
+        let final = try await http.send("GET", Endpoint.process(hosted.processID), token: Harness.adminToken).decode(ProcessStatus.self)
+        #expect(final.latestCheckpoint == 1)
+        let checkpoint = try await http.send("GET", Endpoint.checkpoint(hosted.processID, "latest"), token: Harness.adminToken)
+        expectClose(try Safetensors.decode(checkpoint.body).byName.mapValues(\.values), Fixture.expectedAfterFedAvg(inputs), tolerance: SecureFixture.step)
     }
 }
