@@ -94,7 +94,9 @@ public final class FederatedJob: Sendable {
     /// reports its update.
     ///
     /// The report is written to disk before its upload; if the upload fails, the next run uploads it first,
-    /// exactly once (the request key makes a repeated upload harmless).
+    /// exactly once (the request key makes a repeated upload harmless). A process that uses secure aggregation gets
+    /// no report: the update (after the plan's local privacy, if any) goes out masked through a
+    /// ``SecureAggregationExchange`` whose secrets stay in memory, so a cycle cut short there cannot be resumed.
     /// - Parameters:
     ///   - constraints: Device conditions the cycle needs (read from the configured provider); none by default.
     ///   - body: Trains and returns the update; cancellation should stop it and throw.
@@ -140,7 +142,8 @@ public final class FederatedJob: Sendable {
     private func cycle(constraints: TaskConstraints, _ body: @Sendable (CycleContext) async throws -> LocalTrainingOutcome) async throws(OrchardClientError) -> CycleOutcome {
         var machine = JobCycleStateMachine(setup: JobCycleStateMachine.Setup(
             server: client.server, authToken: client.authToken, processName: processName, version: version,
-            retry: configuration.retry, conditionRules: configuration.conditionRules, trainingSeed: configuration.trainingSeed
+            retry: configuration.retry, conditionRules: configuration.conditionRules, trainingSeed: configuration.trainingSeed,
+            secureAggregationWait: configuration.secureAggregationWait
         ))
         var actions = machine.start(constraints: constraints)
         while true {
@@ -255,10 +258,68 @@ public final class FederatedJob: Sendable {
             } catch {
                 return machine.trainingFailed(Task.isCancelled ? cancelledError() : OrchardClientError(.training, "local training failed: \(error)"))
             }
+        case .secureAggregate(let input):
+            do throws(OrchardClientError) {
+                return machine.secureAggregationEnded(try await secureAggregate(input))
+            } catch {
+                return machine.secureAggregationFailed(error)
+            }
         case .finish, .fail:
             preconditionFailure("terminal actions end the cycle in the driver")
         }
         return nil
+    }
+
+    /// Drives a ``SecureAggregationExchange``: its requests through the transport, its waits on the environment's
+    /// clock, its randomness from the environment's noise generator (cryptographically secure unless seeded for a
+    /// simulation). Cancellation during a call or a wait ends it as cancelled; the secrets are never written.
+    private func secureAggregate(_ input: JobCycleStateMachine.SecureAggregationInput) async throws(OrchardClientError) -> CycleOutcome {
+        let transport = client.transport
+        let environment = configuration.environment
+        var generator = environment.noiseGenerator
+        var exchange = try SecureAggregationExchange(
+            plan: input.plan, processID: input.assignment.processID, cycle: input.assignment.cycle, workerID: input.workerID,
+            requestKey: input.assignment.requestKey, update: input.update, sampleCount: input.sampleCount, retry: configuration.retry,
+            waitLimit: input.waitLimit, using: &generator
+        )
+        var action = exchange.start()
+        while true {
+            switch action {
+            case .send(let request):
+                do throws(OrchardClientError) {
+                    try checkCancellation()
+                    let reply = try await transport.secureAggregation(request, session: input.session)
+                    try checkCancellation()
+                    action = exchange.replied(reply, using: &generator)
+                } catch {
+                    if Task.isCancelled || error.code == .cancelled { throw cancelledError() }
+                    action = exchange.requestFailed(error, random: environment.random())
+                }
+            case .wait(let seconds):
+                try await pause(seconds, clock: environment.clock)
+                action = exchange.waitElapsed()
+            case .backoff(let retry, let seconds, let error):
+                logger.debug("secure aggregation: retry \(retry) after \(error)")
+                emit(.retrying(attempt: retry, error: error))
+                try await pause(seconds, clock: environment.clock)
+                action = exchange.waitElapsed()
+            case .finished(let outcome):
+                return outcome
+            case .failed(let error):
+                logger.warning("secure aggregation failed in cycle \(input.assignment.cycle): \(error)")
+                throw error
+            }
+        }
+    }
+
+    /// Sleeps on the injected clock; cancellation ends the sleep as ``OrchardClientError/Code/cancelled``.
+    private func pause(_ seconds: Double, clock: any WallClock) async throws(OrchardClientError) {
+        do {
+            try await clock.sleep(for: .nanoseconds(Int64(min(max(seconds, 0), 1e9) * 1e9)))
+        } catch {
+            throw cancelledError()
+        }
+        try checkCancellation()
     }
 
     /// The current time in seconds since 1970, from the injected environment.

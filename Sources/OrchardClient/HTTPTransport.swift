@@ -121,6 +121,10 @@ public struct HTTPTransport: ClientTransport {
         try await exchange(.POST, Endpoint.cycleRequest, body: request, session: session)
     }
 
+    public func secureAggregation(_ request: SecureAggregationRequest, session: String) async throws(OrchardClientError) -> SecureAggregationReply {
+        try await exchange(.POST, Endpoint.secureAggregation, body: request, session: session)
+    }
+
     public func plan(_ planID: String, requestKey: String, session: String) async throws(OrchardClientError) -> TrainingPlan {
         let request = try makeRequest(.GET, Endpoint.plan(planID), query: [Endpoint.requestKeyQuery: requestKey], session: session)
         let (bytes, head) = try await send(request)

@@ -9,7 +9,8 @@ import OrchardSupport
 /// One job cycle as a pure state machine: check conditions → upload a report kept from an earlier window →
 /// authenticate → measure the link when the process asks for link speeds → request a cycle → download plan and
 /// model (resumable, verified) → train (resuming a checkpoint of the same cycle) → keep the report on disk →
-/// upload it.
+/// upload it. Under secure aggregation (``OrchardProtocol/TrainingPlan/secureAggregation``) the update is neither kept
+/// on disk nor uploaded: the driver runs a ``SecureAggregationExchange`` instead, whose secrets live only in memory.
 ///
 /// Every `mutating func` takes what happened and returns the actions to perform, in order. Effects (emit an
 /// event, write or delete a file, log) need no answer; the last action of a batch is either a request, whose
@@ -33,6 +34,8 @@ struct JobCycleStateMachine {
         var conditionRules: ConditionRules
         /// The base seed of local training.
         var trainingSeed: UInt64
+        /// How long a secure-aggregation exchange waits for the other devices at most.
+        var secureAggregationWait = SecureAggregationWaitLimit()
     }
 
     /// What a saved session must still have left to be reused, in seconds.
@@ -59,6 +62,20 @@ struct JobCycleStateMachine {
         var training: TrainingConfiguration
         /// What a checkpoint saved during this run belongs to.
         var checkpointKey: ClientStore.CheckpointKey
+    }
+
+    /// Everything a secure-aggregation exchange needs (``SecureAggregationExchange``).
+    struct SecureAggregationInput: Sendable {
+        var assignment: CycleAssignment
+        var plan: SecureAggregationPlan
+        /// The worker and its session token.
+        var workerID: String
+        var session: String
+        /// The update flattened in the coordinator's layout order (``SecureAggregationExchange/flatten(_:)``).
+        var update: [Float]
+        var sampleCount: Int
+        /// The most seconds the exchange waits in all.
+        var waitLimit: Double
     }
 
     /// What the driver does next.
@@ -110,6 +127,8 @@ struct JobCycleStateMachine {
         case backoff(retry: Int, seconds: Double?)
         /// Train → ``trainingEnded(_:)`` or ``trainingFailed(_:)``.
         case train(TrainingInput)
+        /// Run the secure-aggregation exchange → ``secureAggregationEnded(_:)`` or ``secureAggregationFailed(_:)``.
+        case secureAggregate(SecureAggregationInput)
 
         // Terminal.
         /// The cycle ended with an outcome.
@@ -130,7 +149,7 @@ struct JobCycleStateMachine {
 
     /// Where the cycle is.
     enum Phase: Sendable, Hashable {
-        case idle, checkingConditions, loading, calling(Call), backingOff(Call), training, done
+        case idle, checkingConditions, loading, calling(Call), backingOff(Call), training, secureAggregating, done
     }
 
     let setup: Setup
@@ -316,6 +335,18 @@ struct JobCycleStateMachine {
             if let problem = Self.problem(with: update, shapes: shapes) {
                 return fail(OrchardClientError(.training, problem))
             }
+            if let secure = plan?.secureAggregation {
+                let flat = SecureAggregationExchange.flatten(update.diff)
+                if let failure = SecureAggregationExchange.validationFailure(plan: secure, update: flat, sampleCount: update.sampleCount) {
+                    return fail(failure)
+                }
+                phase = .secureAggregating
+                let input = SecureAggregationInput(
+                    assignment: assignment, plan: secure, workerID: session.workerID, session: session.sessionToken, update: flat,
+                    sampleCount: update.sampleCount, waitLimit: setup.secureAggregationWait.seconds(reportWithin: assignment.reportWithin)
+                )
+                return [.emit(.phase(.secureAggregation)), .discardCheckpoint, .secureAggregate(input)]
+            }
             let metadata = ReportMetadata(workerID: session.workerID, requestKey: assignment.requestKey, sampleCount: update.sampleCount, metrics: update.metrics)
             hasPendingReport = true
             return [.emit(.phase(.reporting)), .savePendingReport(ReportEnvelope.encode(diff: update.diff, metadata: metadata)), .discardCheckpoint]
@@ -326,6 +357,24 @@ struct JobCycleStateMachine {
     /// Local training failed (cancellation included, after the caller's code saved what it wanted).
     mutating func trainingFailed(_ error: OrchardClientError) -> [Action] {
         expect(.training)
+        return fail(error)
+    }
+
+    /// The secure-aggregation exchange ended: reported, or the device is out of the cycle (rejected).
+    mutating func secureAggregationEnded(_ outcome: CycleOutcome) -> [Action] {
+        expect(.secureAggregating)
+        let line: String
+        switch outcome {
+        case .reported(let receipt): line = "secure aggregation: masked update sent for cycle \(receipt.cycle)"
+        case .rejected(let retryAfter, let reason): line = "secure aggregation: out of the cycle (\(reason)); retry after \(retryAfter) s"
+        case .conditionsNotMet(let unmet): line = "secure aggregation: conditions not met (\(unmet))"
+        }
+        return [.log(.info, line)] + finish(outcome)
+    }
+
+    /// The secure-aggregation exchange failed (cancellation included); the device's secrets are gone with it.
+    mutating func secureAggregationFailed(_ error: OrchardClientError) -> [Action] {
+        expect(.secureAggregating)
         return fail(error)
     }
 
@@ -340,7 +389,7 @@ struct JobCycleStateMachine {
         let call: Call
         switch phase {
         case .calling(let current): call = current
-        case .backingOff, .checkingConditions, .loading, .training: return fail(error)
+        case .backingOff, .checkingConditions, .loading, .training, .secureAggregating: return fail(error)
         case .idle, .done: unexpected("a failure")
         }
         if error.code == .cancelled { return fail(error) }

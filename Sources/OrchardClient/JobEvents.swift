@@ -3,7 +3,7 @@
 public struct JobPhase: Sendable, Hashable, CustomStringConvertible {
     private enum Kind: String, Sendable, Hashable {
         case checkingConditions, authenticating, uploadingPendingReport, measuringLinkSpeed, requestingCycle, downloadingPlan
-        case downloadingModel, training, reporting, finished
+        case downloadingModel, training, reporting, secureAggregation, finished
     }
     private let kind: Kind
     private init(_ kind: Kind) { self.kind = kind }
@@ -26,6 +26,8 @@ public struct JobPhase: Sendable, Hashable, CustomStringConvertible {
     public static let training = JobPhase(.training)
     /// Uploading the diff.
     public static let reporting = JobPhase(.reporting)
+    /// Sending the diff masked, through the cycle's secure aggregation (processes that use it), instead of a report.
+    public static let secureAggregation = JobPhase(.secureAggregation)
     /// The cycle ended (see ``JobEvent/finished(_:)``).
     public static let finished = JobPhase(.finished)
 

@@ -31,6 +31,8 @@ public struct ClientConfiguration: Sendable {
     /// The certificate authorities the HTTP transport trusts for `https` (the system's by default; a private CA's
     /// with ``TrustRoots/certificateFile(_:)``).
     public var trustRoots: TrustRoots
+    /// How long a device waits for the other devices of a secure-aggregation cycle before it gives up.
+    public var secureAggregationWait: SecureAggregationWaitLimit
 
     /// Creates a configuration.
     public init(
@@ -38,8 +40,10 @@ public struct ClientConfiguration: Sendable {
         retry: RequestRetryPolicy = RequestRetryPolicy(), environment: ClientEnvironment = .system, trainingSeed: UInt64 = 0,
         trainer: any LocalTrainer = EngineLocalTrainer(), conditions: (any DeviceConditionsProvider)? = nil,
         conditionRules: ConditionRules = ConditionRules(), logger: Logger = Logger(label: "orchard.client"),
-        durability: StorageDurability = .synced, linkSpeedTest: LinkSpeedTest = LinkSpeedTest(), trustRoots: TrustRoots = .system
+        durability: StorageDurability = .synced, linkSpeedTest: LinkSpeedTest = LinkSpeedTest(), trustRoots: TrustRoots = .system,
+        secureAggregationWait: SecureAggregationWaitLimit = SecureAggregationWaitLimit()
     ) {
+        self.secureAggregationWait = secureAggregationWait
         self.trustRoots = trustRoots
         self.durability = durability
         self.linkSpeedTest = linkSpeedTest

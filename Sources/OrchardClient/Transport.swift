@@ -1,6 +1,6 @@
 public import OrchardProtocol
 
-/// How a device talks to a coordinator: the five device calls of the wire protocol.
+/// How a device talks to a coordinator: the device calls of the wire protocol.
 ///
 /// ``HTTPTransport`` speaks HTTP; `OrchardInProcess`'s `InProcessTransport` calls a coordinator in the same process (simulator,
 /// tests). Transports make one attempt per call; the client adds retries, backoff and resumption.
@@ -19,6 +19,9 @@ public protocol ClientTransport: Sendable {
     /// `direction` from the device's side, with the device's session; returns the bytes moved. The client times it
     /// (``LinkSpeedTest``).
     func speedTest(_ direction: SpeedTestDirection, bytes: Int, session: String) async throws(OrchardClientError) -> Int
+    /// Sends one step of the device's secure aggregation (``OrchardProtocol/Endpoint/secureAggregation``) with the
+    /// device's session; returns what the device does next.
+    func secureAggregation(_ request: SecureAggregationRequest, session: String) async throws(OrchardClientError) -> SecureAggregationReply
 }
 
 extension ClientTransport {
@@ -26,6 +29,12 @@ extension ClientTransport {
     /// in a process that asks for link speeds: they fail the measurement with this error, naming themselves.
     public func speedTest(_ direction: SpeedTestDirection, bytes: Int, session: String) async throws(OrchardClientError) -> Int {
         throw OrchardClientError(.invalidConfiguration, "\(Self.self) cannot run the coordinator's speed test, which this process requires; implement speedTest(_:bytes:session:) to forward it")
+    }
+
+    /// Transports that only forward the five cycle calls cannot take part in a process that uses secure
+    /// aggregation: they fail its first step with this error, naming themselves.
+    public func secureAggregation(_ request: SecureAggregationRequest, session: String) async throws(OrchardClientError) -> SecureAggregationReply {
+        throw OrchardClientError(.invalidConfiguration, "\(Self.self) cannot send secure-aggregation messages, which this process requires; implement secureAggregation(_:session:) to forward them")
     }
 }
 

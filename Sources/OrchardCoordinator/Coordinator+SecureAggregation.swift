@@ -115,8 +115,8 @@ extension Coordinator {
         guard secure.stage == .advertiseKeys else {
             throw CoordinatorError(.stageClosed, "advertise_keys of cycle \(runtime.machine.cycle) has closed; the cycle is at \(secure.stage.rawValue)")
         }
-        let event = secure.advertisement(worker: worker, keys: keys)
-        guard case .advertise(_, let index, _) = event else { preconditionFailure("an advertisement event") }
+        let event = secure.advertisement(worker: worker, keys: keys, at: now)
+        guard case .advertise(_, let index, _, _) = event else { preconditionFailure("an advertisement event") }
         let isNew = secure.indexOf[worker] == nil
         if isNew {
             switch runtime.machine.beginReport(workerID: worker, requestKey: requestKey, now: now) {
@@ -175,12 +175,15 @@ extension Coordinator {
         return actions
     }
 
-    /// Closes advertise_keys with a fresh public seed for the neighbour ring; the caller holds the process's lock.
-    /// On a store failure the cycle's transition is retried at the next tick.
+    /// Closes advertise_keys with a fresh public seed for the neighbour ring, as of its deadline when that has passed
+    /// (now otherwise); the caller holds the process's lock. On a store failure the cycle's transition is retried at
+    /// the next tick.
     func closeSecureAdvertisements(processID: String) async {
         let seed = SecureAggregationServer.drawGraphSeed(using: &random)
+        let now = clock.date
+        let date = min(now, runtimes[processID]?.secure?.stageDeadline ?? now)
         do {
-            try await commitSecure(.closeAdvertisements(graphSeed: seed, at: clock.date), processID: processID)
+            try await commitSecure(.closeAdvertisements(graphSeed: seed, at: date), processID: processID)
         } catch {
             logger.error("could not close advertise_keys; retrying on the next tick", metadata: ["process": "\(processID)", "error": "\(error)"])
             runtimes[processID]?.machine.transitionFailed()
@@ -209,7 +212,15 @@ extension Coordinator {
     /// Closes every later stage whose deadline has passed by `now`, each at its own deadline (so a stage opened by a
     /// late close gets its whole timeout); the caller holds the process's lock.
     func advanceSecure(processID: String, now: Date) async {
-        while let secure = runtimes[processID]?.secure, let deadline = secure.stageDeadline, now >= deadline {
+        if let runtime = runtimes[processID], let secure = runtime.secure, secure.stage == .advertiseKeys {
+            // Admission's own deadline, and advertise_keys' once the minimum has advertised.
+            if let action = runtime.machine.timerFired(now: now) {
+                await perform(action, processID: processID)
+            } else if let deadline = secure.stageDeadline, now >= deadline, let action = runtime.machine.closeAdmission() {
+                await perform(action, processID: processID)
+            }
+        }
+        while let secure = runtimes[processID]?.secure, secure.stage != .advertiseKeys, let deadline = secure.stageDeadline, now >= deadline {
             let before = secure.sequence
             await closeSecureStage(processID: processID, at: deadline)
             guard let after = runtimes[processID]?.secure, after.sequence != before || after.stageDeadline != deadline else { break }
@@ -221,7 +232,6 @@ extension Coordinator {
         let lock = secureLock(processID)
         await lock.wait()
         defer { lock.signal() }
-        if let action = runtimes[processID]?.machine.timerFired(now: now) { await perform(action, processID: processID) }
         await advanceSecure(processID: processID, now: now)
     }
 
@@ -232,7 +242,8 @@ extension Coordinator {
         do {
             return try SecureCycle(
                 settings: settings, context: SecureAggregationPlan.context(processID: runtime.process.id, cycle: runtime.machine.cycle),
-                capacity: runtime.machine.configuration.capacity, maximumSampleCount: runtime.process.serverConfig.maximumSampleCount,
+                capacity: runtime.machine.configuration.capacity, minimumAdvertisements: runtime.machine.configuration.minimumReports,
+                maximumSampleCount: runtime.process.serverConfig.maximumSampleCount,
                 modelLength: runtime.layout.totalCount
             )
         } catch {

@@ -6,8 +6,8 @@ public import OrchardProtocol
 /// into a fresh ``SecureCycle`` rebuilds the state the coordinator had acknowledged, so a crash loses nothing a
 /// device was told was received and counts nothing twice.
 public enum SecureCycleEvent: Sendable, Hashable, Codable {
-    /// A worker advertised its keys and was given (or kept, when replacing them during advertise_keys) an index.
-    case advertise(worker: String, device: Int, keys: SecureAggregationPublicKeys)
+    /// A worker advertised its keys at `at` and was given (or kept, when replacing them during advertise_keys) an index.
+    case advertise(worker: String, device: Int, keys: SecureAggregationPublicKeys, at: Date)
     /// advertise_keys closed with this public seed of the neighbour ring.
     case closeAdvertisements(graphSeed: Data, at: Date)
     /// A device's encrypted share bundles.
@@ -32,13 +32,18 @@ struct SecureCycle: Sendable {
     private(set) var indexOf: [String: Int] = [:]
     /// When the current stage after advertise_keys opened.
     private(set) var stageOpenedAt: Date?
+    /// Advertisements after which advertise_keys closes `stageTimeout` later rather than at the goal (the process's
+    /// minimum reports), and when that many had advertised.
+    let minimumAdvertisements: Int
+    private(set) var minimumReachedAt: Date?
     /// Events applied so far (the next event's sequence number).
     private(set) var sequence = 0
 
     /// A fresh cycle's secure aggregation.
     /// - Throws: `invalid_configuration` when the settings do not hold for `capacity` devices.
-    init(settings: SecureAggregationConfig, context: String, capacity: Int, maximumSampleCount: Int, modelLength: Int) throws(SecureAggregationError) {
+    init(settings: SecureAggregationConfig, context: String, capacity: Int, minimumAdvertisements: Int, maximumSampleCount: Int, modelLength: Int) throws(SecureAggregationError) {
         self.settings = settings
+        self.minimumAdvertisements = minimumAdvertisements
         server = try SecureAggregationServer(
             configuration: settings.parameters, context: context, maximumDevices: capacity, maximumSampleCount: maximumSampleCount, modelLength: modelLength)
         server.replacingAdvertisements = true
@@ -47,11 +52,15 @@ struct SecureCycle: Sendable {
     /// The stage the protocol is at.
     var stage: SecureAggregationStage { server.stage }
 
-    /// When the current later stage closes at the latest (nil during advertise_keys, which the cycle's own deadline
-    /// and goal close, and once done or abandoned).
+    /// When the current stage closes at the latest: a later stage `stageTimeout` after it opened; advertise_keys
+    /// `stageTimeout` after the minimum number of devices advertised (nil before: the cycle's goal and deadline
+    /// close it); nil once done or abandoned.
     var stageDeadline: Date? {
-        guard [.shareKeys, .maskedInput, .unmask].contains(stage), let stageOpenedAt else { return nil }
-        return stageOpenedAt.addingTimeInterval(settings.stageTimeout)
+        switch stage {
+        case .advertiseKeys: minimumReachedAt?.addingTimeInterval(settings.stageTimeout)
+        case .shareKeys, .maskedInput, .unmask: stageOpenedAt?.addingTimeInterval(settings.stageTimeout)
+        case .done, .abandoned: nil
+        }
     }
 
     /// Whether every device the current later stage waits for has answered.
@@ -59,8 +68,8 @@ struct SecureCycle: Sendable {
 
     /// The event for `worker` advertising `keys`: its index is kept when it advertised before (its keys are
     /// replaced: nothing was shared with them yet), otherwise it is the next free one.
-    func advertisement(worker: String, keys: SecureAggregationPublicKeys) -> SecureCycleEvent {
-        .advertise(worker: worker, device: indexOf[worker] ?? (indexOf.count + 1), keys: keys)
+    func advertisement(worker: String, keys: SecureAggregationPublicKeys, at date: Date) -> SecureCycleEvent {
+        .advertise(worker: worker, device: indexOf[worker] ?? (indexOf.count + 1), keys: keys, at: date)
     }
 
     /// Applies an event; `words` carries a masked input's words. Returns the protocol's actions for a close.
@@ -68,12 +77,13 @@ struct SecureCycle: Sendable {
     mutating func apply(_ event: SecureCycleEvent, words: [UInt32]? = nil) throws(SecureAggregationError) -> [SecureAggregationServerAction] {
         var actions: [SecureAggregationServerAction] = []
         switch event {
-        case .advertise(let worker, let device, let keys):
+        case .advertise(let worker, let device, let keys, let date):
             if let existing = indexOf[worker], existing != device {
                 throw SecureAggregationError(.invalidMessage, "worker \(worker) holds index \(existing), not \(device)")
             }
             try server.receiveAdvertisement(SecureAggregationAdvertisement(device: device, channelPublicKey: keys.channelPublicKey, maskPublicKey: keys.maskPublicKey))
             indexOf[worker] = device
+            if minimumReachedAt == nil && indexOf.count >= minimumAdvertisements { minimumReachedAt = date }
         case .closeAdvertisements(let seed, let date):
             actions = try server.closeAdvertisements(graphSeed: seed)
             stageOpenedAt = date
@@ -95,7 +105,7 @@ struct SecureCycle: Sendable {
     /// The status shown in the process's cycle.
     func status(cycleDeadline: Date) -> SecureAggregationStatus {
         SecureAggregationStatus(
-            stage: stage, stageDeadline: (stageDeadline ?? cycleDeadline).timeIntervalSince1970, advertised: server.advertisedDevices.count,
+            stage: stage, stageDeadline: (stage == .advertiseKeys ? min(stageDeadline ?? cycleDeadline, cycleDeadline) : stageDeadline ?? cycleDeadline).timeIntervalSince1970, advertised: server.advertisedDevices.count,
             shared: server.sharedDevices.count, masked: server.maskedDevices.count, unmasked: server.unmaskedDevices.count, dropped: server.dropped.count
         )
     }

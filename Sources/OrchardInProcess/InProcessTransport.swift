@@ -33,6 +33,13 @@ public struct InProcessTransport: ClientTransport {
         }
     }
 
+    public func secureAggregation(_ request: SecureAggregationRequest, session: String) async throws(OrchardClientError) -> SecureAggregationReply {
+        try await mapped { () async throws(CoordinatorError) in
+            let proven = try await coordinator.session(forToken: session)
+            return try await coordinator.secureAggregation(request, session: proven)
+        }
+    }
+
     public func plan(_ planID: String, requestKey: String, session: String) async throws(OrchardClientError) -> TrainingPlan {
         try await mapped { () async throws(CoordinatorError) in
             let proven = try await coordinator.session(forToken: session)

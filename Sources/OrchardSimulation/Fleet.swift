@@ -4,6 +4,7 @@ public import OrchardFormats
 public import OrchardSupport
 import OrchardProtocol
 import OrchardML
+import OrchardPrivacy
 
 /// The devices' computation: local training and the evaluation of a global model.
 public protocol FleetWorkload: Sendable {
@@ -96,7 +97,9 @@ public struct FleetSimulation: Sendable {
         for round in 1...max(rounds, 1) where rounds > 0 {
             let wallStart = wallClock.now
             let start = openingTime(after: clock, goal: coordinator.goal)
-            let deadline = try await coordinator.openRound(at: start)
+            let cycleDeadline = try await coordinator.openRound(at: start)
+            // Under secure aggregation the round goes on past the cycle's deadline for at most three stage timeouts.
+            let deadline = cycleDeadline + 3 * (coordinator.secureStageTimeout ?? 0)
             let modelBytes = try await coordinator.currentModel().count
             // Check-ins, in virtual-time order: each eligible device is granted a window a seeded moment after the opening.
             var checkIns: [(time: Double, device: Int)] = []
@@ -105,7 +108,7 @@ public struct FleetSimulation: Sendable {
                 var jitter = OrchardRandomAccess.uniform(seed: seed, a: UInt64(device), b: UInt64(round), salt: 0xC4EC_C1)
                 jitter *= conditions.checkInSpread
                 let time = max(start, window.start) + jitter
-                if time < deadline && time < window.end && fleet[device].clock.seconds < deadline { checkIns.append((time, device)) }
+                if time < cycleDeadline && time < window.end && fleet[device].clock.seconds < cycleDeadline { checkIns.append((time, device)) }
             }
             for checkIn in checkIns { fleet[checkIn.device].clock.advance(to: checkIn.time) }
             await timeline.begin(deadline: deadline, devices: checkIns.map { ($0.device, fleet[$0.device].clock) })
@@ -140,7 +143,7 @@ public struct FleetSimulation: Sendable {
                 }
             }
             let end = await timeline.roundEnd()
-            let aggregated = end.closed ? true : try await coordinator.expireCycle(at: deadline)
+            let aggregated = end.closed ? true : try await coordinator.expireCycle(at: max(cycleDeadline, end.time))
             // The global model is evaluated while the next round runs (it uses the cores the round leaves idle); the
             // round's record is published once its evaluation is in.
             let model = round % evaluateEvery == 0 || round == rounds ? try await coordinator.currentModel() : nil
@@ -152,7 +155,7 @@ public struct FleetSimulation: Sendable {
             let accepted = selected.count { ($0.reportedAt ?? .infinity) <= end.time }
             let dropouts = selected.count { ($0.droppedAt ?? .infinity) <= end.time }
             let privacy = try await coordinator.privacy()
-            let record = RoundMetrics(
+            var record = RoundMetrics(
                 round: round, wallSeconds: wallStart.duration(to: wallClock.now).inSeconds, virtualStart: start, virtualEnd: end.time,
                 availableFraction: conditions.availability.availableFraction(devices: devices, at: start, seed: seed),
                 selected: selected.count, participants: aggregated ? accepted : 0, dropouts: dropouts,
@@ -163,9 +166,13 @@ public struct FleetSimulation: Sendable {
                 bytesDown: deviceRecords.reduce(0) { $0 + $1.downloads.filter { $0.time <= end.time }.reduce(0) { $0 + $1.bytes } },
                 aggregated: aggregated, testLoss: nil, testAccuracy: nil, testRMSE: nil, epsilon: privacy?.epsilon, clippingNorm: privacy?.clippingNorm
             )
+            if coordinator.secureStageTimeout != nil {
+                func count(_ stage: SecureAggregationStage) -> Int { selected.count { $0.secureSteps.contains(stage) } }
+                record.secureAggregation = SecureStageCounts(advertised: count(.advertiseKeys), shared: count(.shareKeys), masked: count(.maskedInput), unmasked: count(.unmask))
+            }
             if let previous = pending { records.append(try await Self.publish(previous, onRound)) }
             pending = (record, evaluation)
-            clock = end.time
+            clock = max(end.time, coordinator.now)
         }
         if let last = pending { records.append(try await Self.publish(last, onRound)) }
         return (initial, records)

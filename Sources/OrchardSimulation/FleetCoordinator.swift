@@ -2,6 +2,7 @@ import Foundation
 public import OrchardSupport
 public import OrchardCoordinator
 public import OrchardProtocol
+import OrchardPrivacy
 import OrchardClient
 public import OrchardML
 
@@ -25,6 +26,8 @@ public actor FleetCoordinator {
     private nonisolated let epoch: WallInstant
     private let processID: String
     private var cycle = 0
+    /// Seconds each later stage of secure aggregation stays open at most, when the process uses it.
+    public nonisolated let secureStageTimeout: Double?
 
     /// Hosts the process on the coordinator.
     /// - Parameters:
@@ -36,6 +39,7 @@ public actor FleetCoordinator {
         self.clock = clock
         epoch = clock.now
         goal = process.serverConfig.goalCount
+        secureStageTimeout = process.serverConfig.secureAggregation?.stageTimeout
         processName = process.name
         processVersion = process.version
         do throws(OrchardClientError) {
@@ -83,14 +87,26 @@ public actor FleetCoordinator {
         }
     }
 
-    /// Moves the clock to the cycle's deadline and lets the coordinator close it; true when it aggregated.
+    /// The coordinator's virtual time (it may be past the round's last call when secure-aggregation stages timed out).
+    public nonisolated var now: Double { epoch.duration(to: clock.now).inSeconds }
+
+    /// Moves the clock to the cycle's deadline and lets the coordinator close it; true when it aggregated. Under
+    /// secure aggregation, the stages still open then close at their own deadlines.
     public func expireCycle(at time: Double) async throws(SimulationError) -> Bool {
         let before = try await status()
         // A millisecond past the deadline, so that the coordinator's `now >= deadline` holds whatever the rounding
         // of the virtual-to-wall-clock conversion.
         move(to: time + 0.001)
         await coordinator.tick()
-        let after = try await status()
+        var after = try await status()
+        var closes = 0
+        while let secure = after.currentCycle?.secureAggregation, after.currentCycle?.number == before.currentCycle?.number,
+              secure.stage != .advertiseKeys, closes < 8 {
+            move(to: secure.stageDeadline - epoch.date.timeIntervalSince1970 + 0.001)
+            await coordinator.tick()
+            after = try await status()
+            closes += 1
+        }
         return after.cyclesCompleted > before.cyclesCompleted
     }
 }

@@ -39,6 +39,8 @@ public struct RoundMetrics: Sendable, Hashable, Codable {
     public var epsilon: Double?
     /// The privacy clipping bound of the next round (it moves with adaptive clipping), nil without privacy.
     public var clippingNorm: Double?
+    /// Under secure aggregation: how many devices completed each stage, nil without it.
+    public var secureAggregation: SecureStageCounts?
 
     /// Creates a record.
     public init(
@@ -70,6 +72,7 @@ public struct RoundMetrics: Sendable, Hashable, Codable {
     private enum CodingKeys: String, CodingKey {
         case round, selected, participants, dropouts, late, expirations, resumed, aggregated, epsilon
         case clippingNorm = "clipping_norm"
+        case secureAggregation = "secure_aggregation"
         case wallSeconds = "wall_seconds", virtualStart = "virtual_start", virtualEnd = "virtual_end"
         case availableFraction = "available_fraction", bytesUp = "bytes_up", bytesDown = "bytes_down"
         case testLoss = "test_loss", testAccuracy = "test_accuracy", testRMSE = "test_rmse"
@@ -80,6 +83,27 @@ public struct RoundMetrics: Sendable, Hashable, Codable {
         var copy = self
         copy.wallSeconds = 0
         return copy
+    }
+}
+
+/// Devices that completed each stage of a round's secure aggregation (a device that went away or whose window ended
+/// before a stage's message does not count in it or the later ones).
+public struct SecureStageCounts: Sendable, Hashable, Codable {
+    /// Devices that advertised their keys.
+    public var advertised: Int
+    /// Devices that sent their shares.
+    public var shared: Int
+    /// Devices that sent their masked input (their update is in the aggregate when the round aggregated).
+    public var masked: Int
+    /// Devices that revealed their shares.
+    public var unmasked: Int
+
+    /// Creates counts.
+    public init(advertised: Int, shared: Int, masked: Int, unmasked: Int) {
+        self.advertised = advertised
+        self.shared = shared
+        self.masked = masked
+        self.unmasked = unmasked
     }
 }
 
@@ -140,9 +164,12 @@ public struct SimulationSummary: Sendable, Hashable, Codable {
     public var bestRMSE: Double?
     /// ε spent by the last round under differential privacy, nil without it.
     public var epsilon: Double?
+    /// Under secure aggregation: the devices at each stage, summed over the rounds.
+    public var secureAggregation: SecureStageCounts?
 
     private enum CodingKeys: String, CodingKey {
         case settings, rounds, selected, participants, dropouts, late, expirations, resumed, initial, `final`, epsilon
+        case secureAggregation = "secure_aggregation"
         case aggregatedRounds = "aggregated_rounds", wallSeconds = "wall_seconds", setupSeconds = "setup_seconds"
         case virtualSeconds = "virtual_seconds", bytesUp = "bytes_up", bytesDown = "bytes_down"
         case bestAccuracy = "best_accuracy", bestRMSE = "best_rmse"
@@ -169,5 +196,9 @@ public struct SimulationSummary: Sendable, Hashable, Codable {
         bestAccuracy = records.compactMap(\.testAccuracy).max()
         bestRMSE = records.compactMap(\.testRMSE).min()
         epsilon = records.last(where: { $0.epsilon != nil })?.epsilon
+        let steps = records.compactMap(\.secureAggregation)
+        secureAggregation = steps.isEmpty ? nil : SecureStageCounts(
+            advertised: steps.reduce(0) { $0 + $1.advertised }, shared: steps.reduce(0) { $0 + $1.shared },
+            masked: steps.reduce(0) { $0 + $1.masked }, unmasked: steps.reduce(0) { $0 + $1.unmasked })
     }
 }

@@ -1,6 +1,7 @@
 public import Foundation
 public import OrchardData
 public import OrchardProtocol
+import OrchardPrivacy
 
 /// Which data the fleet trains on.
 public struct DatasetChoice: Sendable, Hashable, CustomStringConvertible {
@@ -188,6 +189,9 @@ public struct SimulationConfiguration: Sendable {
     public var output: URL?
     /// Differential privacy for the hosted process, if any (`--dp-*`, `--population`).
     public var privacy: PrivacyConfig?
+    /// Secure aggregation for the hosted process, if any (`--secure-aggregation`, `--sa-*`); `dropout` then also
+    /// applies at each of its stages.
+    public var secureAggregation: SecureAggregationConfig?
 
     /// Creates a configuration (the housing scenario's values by default).
     public init(
@@ -258,6 +262,9 @@ public struct SimulationConfiguration: Sendable {
         if !(windowSeconds > 0) || !windowSeconds.isFinite { throw fail("windowSeconds must be a positive number, not \(windowSeconds)") }
         if !(cycleSeconds > 0) || !cycleSeconds.isFinite { throw fail("cycleSeconds must be a positive number, not \(cycleSeconds)") }
         if !(secondsPerUpdate > 0) || !secondsPerUpdate.isFinite { throw fail("secondsPerUpdate must be a positive number, not \(secondsPerUpdate)") }
+        if privacy != nil && secureAggregation != nil {
+            throw fail("privacy and secureAggregation cannot both be set yet: the devices' share of the noise under secure aggregation is not built")
+        }
         if let privacy, let failure = privacy.validationFailure(goalCount: goal, capacity: Int((Double(goal) * overSelection).rounded(.up))) {
             throw fail("privacy: " + failure.replacingOccurrences(of: "server_config.privacy.", with: ""))
         }
@@ -276,7 +283,23 @@ public struct SimulationConfiguration: Sendable {
             "aggregator": aggregator.kind.description, "availability": availability.description, "dropout": String(dropout),
             "window_seconds": String(windowSeconds), "cycle_seconds": String(cycleSeconds),
             "seconds_per_update": String(secondsPerUpdate), "transport": transport.description, "seed": String(seed),
-        ].merging(privacySettings, uniquingKeysWith: { first, _ in first })
+        ].merging(privacySettings, uniquingKeysWith: { first, _ in first }).merging(secureSettings, uniquingKeysWith: { first, _ in first })
+    }
+
+    private var secureSettings: [String: String] {
+        guard let secure = secureAggregation else { return [:] }
+        var settings = [
+            "secure_aggregation": secure.parameters.shares == nil ? "secagg" : "secagg+", "sa_threshold": String(secure.parameters.threshold),
+            "sa_clipping_range": String(secure.parameters.clippingRange), "sa_quantization_range": String(secure.parameters.quantizationRange),
+            "sa_stage_timeout": String(secure.stageTimeout),
+        ]
+        if let shares = secure.parameters.shares { settings["sa_shares"] = String(shares) }
+        return settings
+    }
+
+    /// The minimum reports of the hosted process: half the goal, and above the secure-aggregation threshold.
+    public var minimumReports: Int {
+        max(1, goal / 2, (secureAggregation?.parameters.threshold ?? 0) + 1)
     }
 
     private var privacySettings: [String: String] {

@@ -76,15 +76,22 @@ public enum SimulationRunner {
         _ configuration: SimulationConfiguration, model: Model, workload: EngineWorkload<S, T>, writer: ReportWriter,
         progress: ProgressDisplay, clock: any WallClock, setupStart: WallInstant
     ) async throws(SimulationError) -> SimulationResult {
+        var server = ServerConfig(
+            cycleLength: configuration.cycleSeconds, cycles: 0, goalCount: configuration.goal,
+            overSelection: configuration.overSelection, minimumReports: configuration.minimumReports,
+            paceSteeringWindow: 60, checkpointRetention: 3, aggregator: configuration.aggregator, privacy: configuration.privacy,
+            secureAggregation: configuration.secureAggregation
+        )
+        if configuration.secureAggregation != nil {
+            // The bound the masked sum is sized for: the largest slice a device trains on.
+            server.maximumSampleCount = (0..<configuration.clients).map { workload.sampleCount(device: $0) }.max() ?? 1
+        }
+        if let failure = server.validationFailure() {
+            throw SimulationError(.invalidOption, failure.replacingOccurrences(of: "server_config.", with: ""))
+        }
         let process = HostProcessRequest(
             name: "simulation-\(configuration.model)", version: SemanticVersion(1, 0, 0), model: model.spec,
-            initialWeights: model.weightsSafetensors(),
-            clientConfig: configuration.clientConfig,
-            serverConfig: ServerConfig(
-                cycleLength: configuration.cycleSeconds, cycles: 0, goalCount: configuration.goal,
-                overSelection: configuration.overSelection, minimumReports: max(1, configuration.goal / 2),
-                paceSteeringWindow: 60, checkpointRetention: 3, aggregator: configuration.aggregator, privacy: configuration.privacy
-            )
+            initialWeights: model.weightsSafetensors(), clientConfig: configuration.clientConfig, serverConfig: server
         )
         let fleet = FleetSimulation(devices: configuration.clients, conditions: configuration.conditions, seed: configuration.seed, rounds: configuration.rounds, evaluateEvery: configuration.evaluateEvery)
         let setupSeconds = setupStart.duration(to: clock.now).inSeconds

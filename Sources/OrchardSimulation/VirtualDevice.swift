@@ -4,6 +4,7 @@ import Logging
 import OrchardClient
 import OrchardFormats
 import OrchardML
+import OrchardPrivacy
 import OrchardProtocol
 import OrchardScheduler
 import Synchronization
@@ -29,6 +30,8 @@ struct DeviceRoundRecord: Sendable {
     var resumptions: [Double] = []
     var downloads: [Transfer] = []
     var uploads: [Transfer] = []
+    /// The secure-aggregation stages whose message the coordinator accepted.
+    var secureSteps: Set<SecureAggregationStage> = []
 }
 
 /// The OS side of a device's round: the window it is in and the moment it will be killed, if it will.
@@ -36,6 +39,10 @@ struct DeviceRoundState: Sendable {
     var windowEnd = Double.infinity
     var killAt: Double?
     var record: DeviceRoundRecord
+    /// The probability of going away before each secure-aggregation stage's message, and the draws' seed and round.
+    var stageDropout = 0.0
+    var seed: UInt64 = 0
+    var round = 0
 }
 
 /// One virtual device: its own clock, scheduler (BGTaskScheduler's contract, with power and network read from the
@@ -129,7 +136,7 @@ final class VirtualDevice: Sendable {
     func runRound(round: Int, deadline: Double, updates: Int, modelBytes: Int, conditions: FleetConditions, seed: UInt64, timeline: FleetTimeline) async throws(SimulationError) -> DeviceRoundRecord {
         let checkIn = clock.seconds
         var random = OrchardRandom.derived(seed: seed ^ 0xD0_0D1E, stream: UInt64(index) << 32 | UInt64(UInt32(truncatingIfNeeded: round)))
-        var state = DeviceRoundState(record: DeviceRoundRecord(device: index))
+        var state = DeviceRoundState(record: DeviceRoundRecord(device: index), stageDropout: conditions.dropout, seed: seed, round: round)
         if random.nextDouble() < conditions.dropout {
             // It goes away somewhere between check-in and the moment its work would be done without interruptions.
             let profile = link.profile
@@ -316,6 +323,37 @@ final class DeviceLink: Sendable {
         state.withLock { $0.round.record.downloads.append(Transfer(time: now, bytes: bytes)) }
     }
 
+    /// Whether the device goes away before sending `stage`'s message (a draw of its own per device, round and stage);
+    /// if so it is recorded as gone now.
+    func dropsBefore(_ stage: SecureAggregationStage) async -> Bool {
+        let salt: UInt64 = switch stage {
+        case .advertiseKeys: 1
+        case .shareKeys: 2
+        case .maskedInput: 3
+        default: 4
+        }
+        let now = clock.seconds
+        let dropped = state.withLock { state in
+            let round = state.round
+            let draw = OrchardRandomAccess.uniform(seed: round.seed, a: UInt64(device), b: UInt64(round.round) << 3 | salt, salt: 0x5EC_A66)
+            guard draw < round.stageDropout else { return false }
+            state.round.record.droppedAt = now
+            state.stopped = true
+            return true
+        }
+        if dropped { await timeline.moved() }
+        return dropped
+    }
+
+    /// The coordinator accepted the device's message of `stage`.
+    func noteSecureStep(_ stage: SecureAggregationStage) {
+        let now = clock.seconds
+        state.withLock {
+            $0.round.record.secureSteps.insert(stage)
+            if stage == .maskedInput { $0.round.record.reportedAt = now }
+        }
+    }
+
     func noteUpload(_ bytes: Int) {
         let now = clock.seconds
         state.withLock { $0.round.record.uploads.append(Transfer(time: now, bytes: bytes)) }
@@ -393,6 +431,23 @@ struct VirtualTransport: ClientTransport {
 }
 
 extension VirtualTransport {
+    /// A secure-aggregation step: the device may go away before a stage's message (the fleet's dropout, drawn per
+    /// stage); the request's and the answer's bytes take the device's link time.
+    func secureAggregation(_ request: SecureAggregationRequest, session: String) async throws(OrchardClientError) -> SecureAggregationReply {
+        let stage: SecureAggregationStage? = request.advertiseKeys != nil ? .advertiseKeys : request.shareKeys != nil ? .shareKeys
+            : request.maskedInput != nil ? .maskedInput : request.unmask != nil ? .unmask : nil
+        if let stage, await link.dropsBefore(stage) { throw interrupted(.killed) }
+        let up = (try? WireCoding.encoder().encode(request).count) ?? 0
+        do { try await link.spend(Double(up) / link.profile.uploadBytesPerSecond) } catch { throw interrupted(error) }
+        let reply = try await call(closes: \.cycleClosed) { () async throws(OrchardClientError) in try await inner.secureAggregation(request, session: session) }
+        let down = (try? WireCoding.encoder().encode(reply).count) ?? 0
+        link.noteUpload(up)
+        if let stage { link.noteSecureStep(stage) }
+        do { try await link.spend(Double(down) / link.profile.downloadBytesPerSecond) } catch { throw interrupted(error) }
+        link.noteDownload(down)
+        return reply
+    }
+
     /// The speed test's bytes take the device's link time, so the SDK measures the device's profile.
     func speedTest(_ direction: SpeedTestDirection, bytes: Int, session: String) async throws(OrchardClientError) -> Int {
         let moved = try await call { () async throws(OrchardClientError) in try await inner.speedTest(direction, bytes: bytes, session: session) }

@@ -2,6 +2,7 @@ import ArgumentParser
 import OrchardSupport
 import Foundation
 import OrchardData
+import OrchardPrivacy
 import OrchardProtocol
 import OrchardSimulation
 
@@ -65,6 +66,18 @@ struct SimulateCommand: AsyncParsableCommand {
     var dpDelta: Double?
     @Option(help: "Differential privacy: the device population the sampling rate is computed from (default: --clients; e.g. 1000000 for the cross-device setting).")
     var population: Int?
+    @Flag(name: .customLong("secure-aggregation"), help: "Secure aggregation: the coordinator learns only each round's sum (the --dropout also applies at each of its stages).")
+    var secureAggregation = false
+    @Option(name: .customLong("sa-shares"), help: "Secure aggregation: neighbours per device, even (SecAgg+); default every other device (SecAgg).")
+    var saShares: Int?
+    @Option(name: .customLong("sa-threshold"), help: "Secure aggregation: shares needed to unmask (default: just above half the neighbours).")
+    var saThreshold: Int?
+    @Option(name: .customLong("sa-clipping-range"), help: "Secure aggregation: each coordinate of an update is clipped to ± this (default 8).")
+    var saClippingRange: Float?
+    @Option(name: .customLong("sa-quantization-range"), help: "Secure aggregation: quantisation levels (default 65536).")
+    var saQuantizationRange: UInt32?
+    @Option(name: .customLong("sa-stage-timeout"), help: "Secure aggregation: virtual seconds a stage waits for late devices (default: a sixth of --window-seconds).")
+    var saStageTimeout: Double?
     @Option(help: "Seed of every random choice.")
     var seed: UInt64?
     @Option(help: "Directory for metrics.jsonl, summary.json and report.html (default: a new temporary directory).")
@@ -108,12 +121,29 @@ struct SimulateCommand: AsyncParsableCommand {
         if let seed { c.seed = seed }
         if let output { c.output = URL(fileURLWithPath: output) }
         c.privacy = try privacy(clients: c.clients)
+        c.secureAggregation = try secure(goal: c.goal, overSelection: c.overSelection, windowSeconds: c.windowSeconds)
         if let privacy = c.privacy, var failure = privacy.validationFailure(goalCount: c.goal, capacity: Int((Double(c.goal) * c.overSelection).rounded(.up))) {
             for (field, flag) in Self.privacyFlags { failure = failure.replacingOccurrences(of: field, with: flag) }
             throw SimulationError(.invalidOption, failure)
         }
         try c.validate()
         return c
+    }
+
+    /// The secure aggregation the `--sa-*` options ask for; nil without `--secure-aggregation`.
+    func secure(goal: Int, overSelection: Double, windowSeconds: Double) throws(SimulationError) -> SecureAggregationConfig? {
+        guard secureAggregation else {
+            let stray = [("--sa-shares", saShares != nil), ("--sa-threshold", saThreshold != nil), ("--sa-clipping-range", saClippingRange != nil),
+                         ("--sa-quantization-range", saQuantizationRange != nil), ("--sa-stage-timeout", saStageTimeout != nil)].first { $0.1 }
+            if let stray { throw SimulationError(.invalidOption, "\(stray.0) needs --secure-aggregation") }
+            return nil
+        }
+        let capacity = Int((Double(goal) * overSelection).rounded(.up))
+        let neighbours = min(saShares ?? (capacity - 1), capacity - 1)
+        var parameters = SecureAggregationConfiguration(shares: saShares, threshold: saThreshold ?? max(2, neighbours / 2 + 1))
+        if let saClippingRange { parameters.clippingRange = saClippingRange }
+        if let saQuantizationRange { parameters.quantizationRange = saQuantizationRange }
+        return SecureAggregationConfig(parameters: parameters, stageTimeout: saStageTimeout ?? windowSeconds / 6)
     }
 
     /// The differential privacy the `--dp-*` options ask for; nil without `--dp-noise-multiplier`.
@@ -161,6 +191,9 @@ struct SimulateCommand: AsyncParsableCommand {
             ("test loss", "\(f(s.initial.loss)) → \(f(s.final.loss))"),
         ]
         if let a = s.final.accuracy { rows.append(("test accuracy", "\(f(s.initial.accuracy ?? 0)) → \(f(a)) (best \(f(s.bestAccuracy ?? a)))")) }
+        if let steps = s.secureAggregation {
+            rows.append(("secure aggregation steps", "advertised \(steps.advertised), shared \(steps.shared), masked \(steps.masked), unmasked \(steps.unmasked)"))
+        }
         if let epsilon = s.epsilon { rows.append(("privacy spent", "ε = \(f(epsilon, 3)) at δ = \(s.settings["dp_delta"] ?? "?")")) }
         if let r = s.final.rmse { rows.append(("test RMSE", "\(f(s.initial.rmse ?? 0)) → \(f(r)) (best \(f(s.bestRMSE ?? r)))")) }
         let width = rows.map(\.0.count).max() ?? 0

@@ -71,6 +71,7 @@ struct JobCycleStateMachineTests {
             case .downloadModel: "downloadModel"
             case .backoff(let retry, let seconds): seconds.map { "backoff:\(retry):\($0)s" } ?? "backoff:\(retry)"
             case .train: "train"
+            case .secureAggregate: "secureAggregate"
             case .finish: "finish"
             case .fail(let error): "fail:\(error.code)"
             }

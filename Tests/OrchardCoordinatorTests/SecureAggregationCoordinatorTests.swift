@@ -185,6 +185,33 @@ struct SecureTestDevice {
         expectClose(try await harness.checkpoint(hosted.processID), Fixture.expectedAfterFedAvg(Array(Self.inputs.prefix(4))), tolerance: SecureFixture.step)
     }
 
+    @Test func advertiseKeysClosesAStageTimeoutAfterTheMinimumAdvertised() async throws {
+        let harness = try await Harness.start()
+        defer { Task { await harness.stop() } }
+        var (hosted, devices) = try await Self.fleet(harness, count: 4, goal: 4, minimum: 3)
+        for i in 0..<2 { _ = try await devices[i].advertise(on: harness.http) }
+        harness.clock.advance(by: .seconds(31))
+        await harness.coordinator.tick()
+        #expect(try await harness.status(hosted.processID).currentCycle?.secureAggregation?.stage == .advertiseKeys, "below the minimum, the goal or the cycle's deadline closes it")
+        let third = try await devices[2].advertise(on: harness.http)
+        #expect(third.next == .wait)
+        #expect(third.retryAfter ?? 0 <= 30)
+        harness.clock.advance(by: .seconds(30))
+        await harness.coordinator.tick()
+        let status = try await harness.status(hosted.processID)
+        #expect(status.currentCycle?.secureAggregation?.stage == .shareKeys)
+        #expect(status.currentCycle?.secureAggregation?.advertised == 3)
+        let late = try await devices[3].send(devices[3].request(advertise: SecureAggregationPublicKeys(channelPublicKey: Data(repeating: 9, count: 32), maskPublicKey: Data(repeating: 8, count: 32))), on: harness.http)
+        #expect(late.status == 409)
+        #expect(late.errorCode == "stage_closed")
+        for stage in 0..<3 {
+            for i in 0..<3 { _ = try await devices[i].step(on: harness.http) }
+            _ = stage
+        }
+        #expect(try await harness.status(hosted.processID).latestCheckpoint == 1)
+        expectClose(try await harness.checkpoint(hosted.processID), Fixture.expectedAfterFedAvg(Array(Self.inputs.prefix(3))), tolerance: SecureFixture.step)
+    }
+
     @Test func belowTheThresholdTheCycleIsAbandonedAndTheNextOpens() async throws {
         let harness = try await Harness.start()
         defer { Task { await harness.stop() } }
