@@ -190,7 +190,8 @@ public struct SimulationConfiguration: Sendable {
     /// Differential privacy for the hosted process, if any (`--dp-*`, `--population`).
     public var privacy: PrivacyConfig?
     /// Secure aggregation for the hosted process, if any (`--secure-aggregation`, `--sa-*`); `dropout` then also
-    /// applies at each of its stages.
+    /// applies before each stage after advertise_keys (going away before advertising is the usual dropout during the
+    /// download and training).
     public var secureAggregation: SecureAggregationConfig?
 
     /// Creates a configuration (the housing scenario's values by default).

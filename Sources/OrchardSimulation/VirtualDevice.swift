@@ -431,12 +431,13 @@ struct VirtualTransport: ClientTransport {
 }
 
 extension VirtualTransport {
-    /// A secure-aggregation step: the device may go away before a stage's message (the fleet's dropout, drawn per
-    /// stage); the request's and the answer's bytes take the device's link time.
+    /// A secure-aggregation step: the device may go away before the message of share_keys, masked_input or unmask
+    /// (the fleet's dropout, drawn per stage; going away before advertise_keys is the dropout during its download and
+    /// training); the request's and the answer's bytes take the device's link time.
     func secureAggregation(_ request: SecureAggregationRequest, session: String) async throws(OrchardClientError) -> SecureAggregationReply {
         let stage: SecureAggregationStage? = request.advertiseKeys != nil ? .advertiseKeys : request.shareKeys != nil ? .shareKeys
             : request.maskedInput != nil ? .maskedInput : request.unmask != nil ? .unmask : nil
-        if let stage, await link.dropsBefore(stage) { throw interrupted(.killed) }
+        if let stage, stage != .advertiseKeys, await link.dropsBefore(stage) { throw interrupted(.killed) }
         let up = (try? WireCoding.encoder().encode(request).count) ?? 0
         do { try await link.spend(Double(up) / link.profile.uploadBytesPerSecond) } catch { throw interrupted(error) }
         let reply = try await call(closes: \.cycleClosed) { () async throws(OrchardClientError) in try await inner.secureAggregation(request, session: session) }

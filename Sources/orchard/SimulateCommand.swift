@@ -66,7 +66,7 @@ struct SimulateCommand: AsyncParsableCommand {
     var dpDelta: Double?
     @Option(help: "Differential privacy: the device population the sampling rate is computed from (default: --clients; e.g. 1000000 for the cross-device setting).")
     var population: Int?
-    @Flag(name: .customLong("secure-aggregation"), help: "Secure aggregation: the coordinator learns only each round's sum (the --dropout also applies at each of its stages).")
+    @Flag(name: .customLong("secure-aggregation"), help: "Secure aggregation: the coordinator learns only each round's sum (--dropout then also applies before each of its later stages: share_keys, masked_input, unmask).")
     var secureAggregation = false
     @Option(name: .customLong("sa-shares"), help: "Secure aggregation: neighbours per device, even (SecAgg+); default every other device (SecAgg).")
     var saShares: Int?

@@ -102,4 +102,33 @@ import Testing
         #expect(local.rounds.map(\.testRMSE) != result.rounds.map(\.testRMSE))
         #expect(local.rounds.allSatisfy { $0.epsilon != nil })
     }
+
+    /// `--secure-aggregation`: every round's sum is unmasked by the coordinator, devices drop out at each stage (the
+    /// fleet's dropout, drawn per stage), the counts say how many reached each one, and the run is reproducible.
+    @Test func aSecureFleetAggregatesMaskedUpdatesDespiteDropoutsAtEachStage() async throws {
+        let dir = Self.temporaryDirectory()
+        defer { try? FileManager.default.removeItem(at: dir) }
+        var c = Self.configuration(transport: .memory, directory: dir)
+        c.clients = 20
+        c.availability = .always
+        c.windowSeconds = 120
+        c.dropout = 0.05
+        c.overSelection = 1
+        // Ten devices a round: threshold 5 of 9 neighbours.
+        c.secureAggregation = SecureAggregationConfig(parameters: SecureAggregationConfiguration(threshold: 5), stageTimeout: 10)
+        let result = try await SimulationRunner.run(c, progress: Self.quiet, clock: ManualClock())
+        let initial = try #require(result.summary.initial.rmse), final = try #require(result.summary.final.rmse)
+        #expect(final < 0.7 * initial)
+        #expect(result.summary.aggregatedRounds >= 3)
+        for round in result.rounds {
+            let steps = try #require(round.secureAggregation)
+            #expect(steps.advertised >= steps.shared && steps.shared >= steps.masked && steps.masked >= steps.unmasked, "round \(round.round): \(steps)")
+            if round.aggregated { #expect(round.participants == steps.masked && steps.masked > c.secureAggregation!.parameters.threshold) }
+        }
+        let total = try #require(result.summary.secureAggregation)
+        #expect(total.unmasked < total.advertised, "dropouts at some stage")
+        #expect(result.summary.settings["secure_aggregation"] == "secagg")
+        let again = try await SimulationRunner.run(c, progress: Self.quiet, clock: ManualClock())
+        #expect(again.rounds.map(\.withoutTiming) == result.rounds.map(\.withoutTiming))
+    }
 }
