@@ -192,7 +192,7 @@ let package = Package(
         .target(
             name: "OrchardBenchmarks",
             dependencies: [
-                "OrchardSupport", "OrchardCoordinator", "OrchardProtocol", "OrchardFormats",
+                "OrchardSupport", "OrchardCoordinator", "OrchardProtocol", "OrchardFormats", "OrchardPrivacy",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
