@@ -153,7 +153,9 @@ public struct FleetSimulation: Sendable {
             }
             let selected = deviceRecords.filter { $0.assignedAt != nil }
             let accepted = selected.count { ($0.reportedAt ?? .infinity) <= end.time }
-            let dropouts = selected.count { ($0.droppedAt ?? .infinity) <= end.time }
+            // A device that went away after its input was in (a secure-aggregation stage after masked_input) counts once, as
+            // accepted.
+            let dropouts = selected.count { ($0.droppedAt ?? .infinity) <= end.time && ($0.reportedAt ?? .infinity) > end.time }
             let privacy = try await coordinator.privacy()
             var record = RoundMetrics(
                 round: round, wallSeconds: wallStart.duration(to: wallClock.now).inSeconds, virtualStart: start, virtualEnd: end.time,
