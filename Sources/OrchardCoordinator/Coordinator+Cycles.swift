@@ -40,8 +40,18 @@ extension Coordinator {
                 return
             case .done:
                 guard let result = secure.server.result else { return }
-                secureMean = result.mean
-                action = .aggregate(cycle: cycle, reports: result.survivors.count)
+                let minimum = runtime.process.serverConfig.minimumReports
+                if runtime.privacy != nil && result.totalSampleCount < minimum {
+                    // Distributed DP: fewer noise shares than the guarantee counts on; nothing is published.
+                    logger.notice("secure aggregation abandoned", metadata: [
+                        "process": "\(processID)", "cycle": "\(cycle)",
+                        "reason": "\(result.totalSampleCount) masked updates carry less noise than minimum_reports \(minimum) of them",
+                    ])
+                    action = .abandon(cycle: cycle, reports: reports)
+                } else {
+                    secureMean = result.mean
+                    action = .aggregate(cycle: cycle, reports: result.survivors.count)
+                }
             case .abandoned:
                 logger.notice("secure aggregation abandoned", metadata: ["process": "\(processID)", "cycle": "\(cycle)", "reason": "\(secure.server.abandonReason ?? "")"])
                 action = .abandon(cycle: cycle, reports: reports)
@@ -59,7 +69,25 @@ extension Coordinator {
                 var weights = try runtime.layout.flatten(try Safetensors.decode(runtime.checkpointBytes).tensors)
                 let delta: [Float]
                 var metadata = ["orchard.process": processID, "orchard.checkpoint": "\(transition.checkpoint)"]
-                if let privacy = runtime.privacy {
+                if let privacy = runtime.privacy, let mean = secureMean {
+                    // Distributed DP: the unmasked sum already carries the devices' noise shares, which add up to
+                    // z·C only over at least minimum_reports of them; each device weighs 1 (its sample count is 1).
+                    let survivors = runtime.secure?.server.result?.totalSampleCount ?? 0
+                    var sum = mean.map { Double($0) * Double(survivors) }
+                    for entry in runtime.layout.entries where entry.frozen {
+                        for i in entry.offset..<(entry.offset + entry.count) { sum[i] = 0 }
+                    }
+                    let released = try privacy.mechanism.release(sum: sum, reports: survivors, unclipped: 0, ledger: privacy.ledger, using: &random)
+                    delta = released.mean
+                    newLedger = released.ledger
+                    metadata["orchard.epsilon"] = "\(released.ledger.epsilon)"
+                    metadata["orchard.delta"] = "\(privacy.mechanism.config.delta)"
+                    metadata["orchard.secure_aggregation_survivors"] = "\(survivors)"
+                    if transition.nextCycle != nil, try !privacy.mechanism.allowsRelease(after: released.ledger) {
+                        transition.nextCycle = nil
+                        logger.notice("privacy budget reached: the process completes", metadata: ["process": "\(processID)", "epsilon": "\(released.ledger.epsilon)"])
+                    }
+                } else if let privacy = runtime.privacy {
                     // DP-FedAvg: noise on the sum of clipped reports, divided by goal_count; the ledger records the
                     // release, and the process completes when one more would pass target_epsilon.
                     let released = try privacy.mechanism.release(

@@ -24,7 +24,7 @@ extension Coordinator {
         else {
             throw CoordinatorError(.unknownProcess, "no process '\(request.processName)' version \(request.processVersion)")
         }
-        if runtime.process.serverConfig.privacy?.mode == .local && request.protocolVersion < WireProtocol.localPrivacyVersion {
+        if [.local, .distributed].contains(runtime.process.serverConfig.privacy?.mode) && request.protocolVersion < WireProtocol.localPrivacyVersion {
             // An older device would ignore the plan's local_privacy and send its update without noise.
             throw CoordinatorError(
                 .unsupportedVersion,
@@ -260,9 +260,7 @@ extension Coordinator {
         guard planID == runtime.process.id else {
             throw CoordinatorError(.notFound, "plan '\(planID)' is not the one assigned (\(runtime.process.id))")
         }
-        let local = runtime.process.serverConfig.privacy.flatMap { privacy in
-            privacy.mode == .local ? privacy.clippingNorm.map { LocalPrivacy(clippingNorm: $0, noiseMultiplier: privacy.noiseMultiplier) } : nil
-        }
+        let local = runtime.process.serverConfig.privacy?.devicePrivacy(minimumReports: runtime.process.serverConfig.minimumReports)
         let server = runtime.process.serverConfig
         return TrainingPlan(
             planID: planID, model: runtime.process.model, clientConfig: runtime.process.clientConfig, localPrivacy: local,

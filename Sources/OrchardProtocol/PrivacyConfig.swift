@@ -7,7 +7,7 @@
 public struct PrivacyConfig: Sendable, Hashable, Codable {
     /// Where the noise is added.
     public struct Mode: Sendable, Hashable, Codable, CustomStringConvertible {
-        private enum Value: String, Sendable, Hashable { case central, local }
+        private enum Value: String, Sendable, Hashable { case central, local, distributed }
         private let value: Value
         private init(_ value: Value) { self.value = value }
 
@@ -15,6 +15,10 @@ public struct PrivacyConfig: Sendable, Hashable, Codable {
         public static let central = Mode(.central)
         /// Each device clips its update and adds N(0, (z·C)²) to it before it leaves the device (trusts no server).
         public static let local = Mode(.local)
+        /// Under secure aggregation: each device clips its update and adds its share of the noise, N(0, (z·C)²/m)
+        /// with m = `minimum_reports`, so that the sum of at least m masked updates carries N(0, (z·C)²); the
+        /// coordinator, which sees only that sum, publishes no cycle with fewer survivors.
+        public static let distributed = Mode(.distributed)
 
         public var description: String { value.rawValue }
 
@@ -22,7 +26,7 @@ public struct PrivacyConfig: Sendable, Hashable, Codable {
             let container = try decoder.singleValueContainer()
             let raw = try container.decode(String.self)
             guard let value = Value(rawValue: raw) else {
-                throw DecodingError.dataCorruptedError(in: container, debugDescription: "server_config.privacy.mode '\(raw)' is not one of central, local")
+                throw DecodingError.dataCorruptedError(in: container, debugDescription: "server_config.privacy.mode '\(raw)' is not one of central, local, distributed")
             }
             self.value = value
         }
@@ -143,9 +147,19 @@ public struct PrivacyConfig: Sendable, Hashable, Codable {
     }
 
     /// The noise multiplier of the aggregate the accountant charges: z for central mode; for local mode the sum of
-    /// `minimumReports` independently noised reports, z·√minimumReports (fewer reports cannot close a cycle).
+    /// `minimumReports` independently noised reports, z·√minimumReports (fewer reports cannot close a cycle); z for
+    /// distributed mode, whose shares add up to z·C over at least `minimumReports` survivors.
     public func aggregateNoiseMultiplier(minimumReports: Int) -> Double {
         mode == .local ? noiseMultiplier * Double(minimumReports).squareRoot() : noiseMultiplier
+    }
+
+    /// What a device adds under local or distributed mode: clipping to C and noise of z·C (local) or z·C/√m with
+    /// m = `minimumReports` (distributed: its share); nil in central mode or without a fixed clipping norm.
+    public func devicePrivacy(minimumReports: Int) -> LocalPrivacy? {
+        guard let clip = clippingNorm else { return nil }
+        if mode == .local { return LocalPrivacy(clippingNorm: clip, noiseMultiplier: noiseMultiplier) }
+        if mode == .distributed { return LocalPrivacy(clippingNorm: clip, noiseMultiplier: noiseMultiplier / Double(max(1, minimumReports)).squareRoot()) }
+        return nil
     }
 
     /// A caution when δ is not below 1/population: an (ε, δ) guarantee then allows a mechanism that releases some
@@ -172,7 +186,7 @@ public struct PrivacyConfig: Sendable, Hashable, Codable {
             return "server_config.privacy.clipping_norm must be a positive finite number, not \(norm)"
         }
         if let adaptive = adaptiveClipping {
-            if mode == .local { return "server_config.privacy.adaptive_clipping needs mode central (local devices clip to a fixed clipping_norm)" }
+            if mode != .central { return "server_config.privacy.adaptive_clipping needs mode central (devices that noise their own updates clip to a fixed clipping_norm)" }
             if !(adaptive.targetQuantile > 0 && adaptive.targetQuantile < 1) {
                 return "server_config.privacy.adaptive_clipping.target_quantile must be in (0, 1), not \(adaptive.targetQuantile)"
             }

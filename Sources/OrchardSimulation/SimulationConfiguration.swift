@@ -263,8 +263,11 @@ public struct SimulationConfiguration: Sendable {
         if !(windowSeconds > 0) || !windowSeconds.isFinite { throw fail("windowSeconds must be a positive number, not \(windowSeconds)") }
         if !(cycleSeconds > 0) || !cycleSeconds.isFinite { throw fail("cycleSeconds must be a positive number, not \(cycleSeconds)") }
         if !(secondsPerUpdate > 0) || !secondsPerUpdate.isFinite { throw fail("secondsPerUpdate must be a positive number, not \(secondsPerUpdate)") }
-        if privacy != nil && secureAggregation != nil {
-            throw fail("privacy and secureAggregation cannot both be set yet: the devices' share of the noise under secure aggregation is not built")
+        if let privacy, secureAggregation != nil, privacy.mode == .central {
+            throw fail("privacy.mode central cannot be used with secureAggregation: the coordinator never sees an update; use distributed or local")
+        }
+        if let privacy, secureAggregation == nil, privacy.mode == .distributed {
+            throw fail("privacy.mode distributed needs secureAggregation")
         }
         if let privacy, let failure = privacy.validationFailure(goalCount: goal, capacity: Int((Double(goal) * overSelection).rounded(.up))) {
             throw fail("privacy: " + failure.replacingOccurrences(of: "server_config.privacy.", with: ""))

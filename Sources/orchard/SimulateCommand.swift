@@ -60,7 +60,7 @@ struct SimulateCommand: AsyncParsableCommand {
     var dpClip: Double?
     @Option(name: .customLong("dp-adaptive-quantile"), help: "Differential privacy: let the clipping bound follow this quantile of the update norms (Andrew et al. 2021).")
     var dpAdaptiveQuantile: Double?
-    @Option(name: .customLong("dp-mode"), help: "Differential privacy: central (the coordinator clips and noises) or local (each device does).")
+    @Option(name: .customLong("dp-mode"), help: "Differential privacy: central (the coordinator clips and noises), local (each device does), or distributed (with --secure-aggregation: each device clips and adds its share of the noise).")
     var dpMode: PrivacyModeArgument?
     @Option(name: .customLong("dp-delta"), help: "Differential privacy: δ of the (ε, δ) guarantee (default 1e-5).")
     var dpDelta: Double?
@@ -203,7 +203,13 @@ struct SimulateCommand: AsyncParsableCommand {
 
 /// `--dp-mode`: where differential privacy's noise is added.
 enum PrivacyModeArgument: String, ExpressibleByArgument, CaseIterable {
-    case central, local
+    case central, local, distributed
 
-    var mode: PrivacyConfig.Mode { self == .central ? .central : .local }
+    var mode: PrivacyConfig.Mode {
+        switch self {
+        case .central: .central
+        case .local: .local
+        case .distributed: .distributed
+        }
+    }
 }

@@ -340,4 +340,96 @@ struct SecureTestDevice {
         #expect(outdated.status == 400)
         #expect(outdated.errorCode == "unsupported_version")
     }
+
+    /// Distributed differential privacy: the plan tells each device its share of the noise, the coordinator releases
+    /// the unmasked sum over goal_count (fixed denominator) and charges the accountant, and a cycle with fewer
+    /// survivors than minimum_reports (too little noise) is not published.
+    /// Five devices, all needed to publish (minimum_reports 5), threshold 3 of 4 neighbours.
+    static func distributedHost() -> HostProcessRequest {
+        var settings = SecureFixture.settings
+        settings.parameters.threshold = 3
+        return SecureFixture.host(goal: 5, minimum: 5, settings: settings)
+    }
+
+    @Test func distributedPrivacyReleasesTheNoisedSumAndRefusesTooFewSurvivors() async throws {
+        let harness = try await Harness.start()
+        defer { Task { await harness.stop() } }
+        var request = Self.distributedHost()
+        request.serverConfig.privacy = PrivacyConfig(mode: .distributed, clippingNorm: 1, noiseMultiplier: 1, population: 1000)
+        let hosted = try await harness.host(request)
+        let parameters = try #require(request.serverConfig.secureAggregation?.parameters)
+        var devices: [SecureTestDevice] = []
+        for i in 0..<5 {
+            let auth = try await harness.device()
+            let assignment = try await harness.join(auth)
+            // Under privacy every device weighs 1 (the SDK sets the sample count of a noised update to 1).
+            devices.append(SecureTestDevice(auth: auth, assignment: assignment, scale: Self.inputs[i].scale, samples: 1, seed: UInt64(40 + i), parameters: parameters))
+        }
+        let planResult = try await harness.http.send("GET", Endpoint.plan(devices[0].assignment.planID) + "?request_key=\(devices[0].assignment.requestKey)", token: devices[0].auth.sessionToken)
+        let plan = try planResult.decode(TrainingPlan.self)
+        #expect(plan.localPrivacy?.clippingNorm == 1)
+        #expect(abs((plan.localPrivacy?.noiseMultiplier ?? 0) - 1 / 5.0.squareRoot()) < 1e-12, "z / sqrt(minimum_reports)")
+        #expect(plan.secureAggregation != nil)
+
+        for i in devices.indices { _ = try await devices[i].advertise(on: harness.http) }
+        for stage in 0..<3 {
+            for i in devices.indices { _ = try await devices[i].step(on: harness.http) }
+            _ = stage
+        }
+        let status = try await harness.status(hosted.processID)
+        #expect(status.latestCheckpoint == 1)
+        let privacy = try #require(status.privacy)
+        let expected = try PrivacyAccountant.epsilon(samplingRate: 5.0 / 1000, noiseMultiplier: 1, steps: 1, delta: 1e-5).epsilon
+        #expect(privacy.releases == 1 && abs(privacy.epsilon - expected) < 1e-9)
+        // initial + Σ x_i / goal_count for the trainable tensors.
+        let checkpoint = try await harness.checkpoint(hosted.processID)
+        let diffs = (0..<5).map { Fixture.diff(Self.inputs[$0].scale) }
+        for tensor in Fixture.weights where !tensor.name.hasPrefix("embed.") {
+            let got = try #require(checkpoint[tensor.name])
+            for j in tensor.values.indices {
+                let sum = diffs.reduce(Float(0)) { $0 + $1.first { $0.name == tensor.name }!.values[j] }
+                #expect(abs(got[j] - (tensor.values[j] + sum / 5)) <= SecureFixture.step, "\(tensor.name)[\(j)]")
+            }
+        }
+        #expect(checkpoint["embed.weight"] == Fixture.weights[0].values)
+
+        // Cycle 2: four of five masked updates arrive (enough to unmask with threshold 3), fewer than minimum_reports:
+        // nothing is published.
+        var next: [SecureTestDevice] = []
+        for i in 0..<5 {
+            let assignment = try await harness.join(devices[i].auth)
+            next.append(SecureTestDevice(auth: devices[i].auth, assignment: assignment, scale: 0.1, samples: 1, seed: UInt64(60 + i), parameters: parameters))
+        }
+        for i in next.indices { _ = try await next[i].advertise(on: harness.http) }
+        for i in next.indices { _ = try await next[i].step(on: harness.http) }
+        for i in 0..<4 { _ = try await next[i].step(on: harness.http) }
+        harness.clock.advance(by: .seconds(31))
+        await harness.coordinator.tick()
+        #expect(try await harness.status(hosted.processID).currentCycle?.secureAggregation?.stage == .unmask)
+        for i in 0..<4 { _ = try await next[i].step(on: harness.http) }
+        let after = try await harness.status(hosted.processID)
+        #expect(after.cyclesAbandoned == 1)
+        #expect(after.latestCheckpoint == 1)
+        #expect(after.privacy?.releases == 1, "an unpublished cycle costs nothing")
+    }
+
+    @Test func privacyModesAreCheckedAgainstSecureAggregationAtHosting() async throws {
+        let harness = try await Harness.start()
+        defer { Task { await harness.stop() } }
+        func failure(_ change: (inout HostProcessRequest) -> Void) async throws -> String {
+            var request = Self.distributedHost()
+            request.serverConfig.privacy = PrivacyConfig(mode: .distributed, clippingNorm: 1, noiseMultiplier: 1, population: 1000)
+            change(&request)
+            let result = try await harness.http.json("POST", Endpoint.processes, request, token: Harness.adminToken)
+            #expect(result.status == 400)
+            return (try? result.decode(ErrorBody.self))?.error.message ?? ""
+        }
+        #expect(try await failure { $0.serverConfig.privacy?.mode = .central }.contains("mode central"))
+        #expect(try await failure { $0.serverConfig.secureAggregation = nil }.contains("needs server_config.secure_aggregation"))
+        #expect(try await failure { $0.serverConfig.secureAggregation?.parameters.clippingRange = 2 }.contains("clipping_range"))
+        #expect(try await failure {
+            $0.serverConfig.privacy?.clippingNorm = nil
+            $0.serverConfig.privacy?.adaptiveClipping = PrivacyConfig.AdaptiveClipping()
+        }.contains("adaptive_clipping"))
+    }
 }
