@@ -438,7 +438,11 @@ extension VirtualTransport {
         let stage: SecureAggregationStage? = request.advertiseKeys != nil ? .advertiseKeys : request.shareKeys != nil ? .shareKeys
             : request.maskedInput != nil ? .maskedInput : request.unmask != nil ? .unmask : nil
         if let stage, stage != .advertiseKeys, await link.dropsBefore(stage) { throw interrupted(.killed) }
-        let up = (try? WireCoding.encoder().encode(request).count) ?? 0
+        // The bytes the request takes on the wire; a masked input's words are counted, not encoded twice.
+        var light = request
+        light.maskedInput?.words = []
+        let wordBytes = 4 * (request.maskedInput?.words.count ?? 0)
+        let up = ((try? WireCoding.encoder().encode(light).count) ?? 0) + (wordBytes + 2) / 3 * 4
         do { try await link.spend(Double(up) / link.profile.uploadBytesPerSecond) } catch { throw interrupted(error) }
         let reply = try await call(closes: \.cycleClosed) { () async throws(OrchardClientError) in try await inner.secureAggregation(request, session: session) }
         let down = (try? WireCoding.encoder().encode(reply).count) ?? 0

@@ -130,34 +130,39 @@ public enum MaskExpansion {
     /// `count` words modulo 2^`modulusBits` from `seed`; equal seeds give equal words.
     /// - Throws: `cryptography_failure` unless the seed is 32 bytes.
     public static func expand(seed: Data, count: Int, modulusBits: Int) throws(SecureAggregationError) -> [UInt32] {
-        guard seed.count == SecureAggregationCrypto.keyByteCount else {
-            throw SecureAggregationError(.cryptographyFailure, "a mask seed must be 32 bytes, not \(seed.count)")
-        }
-        guard count > 0 else { return [] }
-        let stream: Data
-        do {
-            stream = try Insecure.ChaCha20CTR.encrypt(Data(count: 4 * count), using: SymmetricKey(data: seed), nonce: Insecure.ChaCha20CTR.Nonce(data: Data(count: 12)))
-        } catch {
-            throw SecureAggregationError(.cryptographyFailure, "expanding a mask seed failed: \(error)")
-        }
-        let mask: UInt32 = modulusBits >= 32 ? .max : (UInt32(1) << UInt32(modulusBits)) &- 1
-        let bytes = [UInt8](stream)
         var words = [UInt32](repeating: 0, count: count)
-        for i in 0..<count {
-            let b = 4 * i
-            words[i] = (UInt32(bytes[b]) | UInt32(bytes[b + 1]) << 8 | UInt32(bytes[b + 2]) << 16 | UInt32(bytes[b + 3]) << 24) & mask
-        }
+        try apply(seed: seed, to: &words, modulusBits: modulusBits, subtracting: false)
         return words
     }
 
-    /// Adds (or subtracts) the expansion of `seed` to `words` modulo 2^`modulusBits`.
+    /// The ChaCha20 keystream of `seed`, `byteCount` bytes.
+    static func keystream(seed: Data, byteCount: Int) throws(SecureAggregationError) -> Data {
+        guard seed.count == SecureAggregationCrypto.keyByteCount else {
+            throw SecureAggregationError(.cryptographyFailure, "a mask seed must be 32 bytes, not \(seed.count)")
+        }
+        do {
+            return try Insecure.ChaCha20CTR.encrypt(Data(count: byteCount), using: SymmetricKey(data: seed), nonce: Insecure.ChaCha20CTR.Nonce(data: Data(count: 12)))
+        } catch {
+            throw SecureAggregationError(.cryptographyFailure, "expanding a mask seed failed: \(error)")
+        }
+    }
+
+    /// Adds (or subtracts) the expansion of `seed` to `words` modulo 2^`modulusBits`, reading the keystream in place.
     static func apply(seed: Data, to words: inout [UInt32], modulusBits: Int, subtracting: Bool) throws(SecureAggregationError) {
+        guard !words.isEmpty else {
+            _ = try keystream(seed: seed, byteCount: 0)
+            return
+        }
         let mask: UInt32 = modulusBits >= 32 ? .max : (UInt32(1) << UInt32(modulusBits)) &- 1
-        let stream = try expand(seed: seed, count: words.count, modulusBits: modulusBits)
-        if subtracting {
-            for i in words.indices { words[i] = (words[i] &- stream[i]) & mask }
-        } else {
-            for i in words.indices { words[i] = (words[i] &+ stream[i]) & mask }
+        let stream = try keystream(seed: seed, byteCount: 4 * words.count)
+        stream.withUnsafeBytes { raw in
+            words.withUnsafeMutableBufferPointer { out in
+                if subtracting {
+                    for i in 0..<out.count { out[i] = (out[i] &- UInt32(littleEndian: raw.loadUnaligned(fromByteOffset: 4 * i, as: UInt32.self))) & mask }
+                } else {
+                    for i in 0..<out.count { out[i] = (out[i] &+ UInt32(littleEndian: raw.loadUnaligned(fromByteOffset: 4 * i, as: UInt32.self))) & mask }
+                }
+            }
         }
     }
 }

@@ -114,7 +114,7 @@ public struct SecureAggregationMaskedInput: Sendable, Hashable, Codable {
     /// The sending device.
     public let device: Int
     /// The masked words.
-    public let words: [UInt32]
+    public var words: [UInt32]
 
     enum CodingKeys: String, CodingKey { case device, words }
 
