@@ -130,5 +130,14 @@ import Testing
         #expect(result.summary.settings["secure_aggregation"] == "secagg")
         let again = try await SimulationRunner.run(c, progress: Self.quiet, clock: ManualClock())
         #expect(again.rounds.map(\.withoutTiming) == result.rounds.map(\.withoutTiming))
+
+        // Distributed differential privacy on top: the devices add the noise shares, the report carries ε.
+        c.privacy = PrivacyConfig(mode: .distributed, clippingNorm: 1, noiseMultiplier: 0.5, population: 1000)
+        let noised = try await SimulationRunner.run(c, progress: Self.quiet, clock: ManualClock())
+        #expect(noised.rounds.map(\.testRMSE) != result.rounds.map(\.testRMSE))
+        let released = noised.rounds.filter(\.aggregated).count
+        #expect(released >= 1)
+        let expected = try PrivacyAccountant.epsilon(samplingRate: 10.0 / 1000, noiseMultiplier: 0.5, steps: released, delta: 1e-5).epsilon
+        #expect(abs((noised.summary.epsilon ?? 0) - expected) <= 1e-9 * expected)
     }
 }

@@ -1,5 +1,6 @@
 public import Foundation
 import Crypto
+import OrchardSupport
 
 /// The device side of secure aggregation as a pure state machine: each call takes the server's message for the
 /// stage and returns the device's answer, or throws and leaves the state unchanged.
@@ -189,7 +190,10 @@ public struct SecureAggregationDevice: Sendable, Codable {
             throw SecureAggregationError(.belowThreshold, "device \(index) received \(seedShares.count) bundles, fewer than the threshold \(configuration.threshold)")
         }
         let mask = configuration.modulusMask
-        let quantized = try SecureAggregationQuantization.quantize(update, clippingRange: configuration.clippingRange, levels: configuration.quantizationRange, using: &generator)
+        // The rounding's coin flips need no secrecy (the rounded update is masked): a fast generator seeded once from
+        // the caller's, rather than one draw of the caller's (possibly locked, system) generator per two coordinates.
+        var rounding = OrchardRandom(seed: generator.next())
+        let quantized = try SecureAggregationQuantization.quantize(update, clippingRange: configuration.clippingRange, levels: configuration.quantizationRange, using: &rounding)
         let n = UInt64(sampleCount)
         var words = quantized.map { UInt32(truncatingIfNeeded: UInt64($0) * n) & mask }
         words.append(UInt32(truncatingIfNeeded: n) & mask)

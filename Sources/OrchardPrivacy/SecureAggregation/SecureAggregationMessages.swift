@@ -144,11 +144,15 @@ public struct SecureAggregationMaskedInput: Sendable, Hashable, Codable {
 
     /// The words as little-endian bytes.
     public static func littleEndianBytes(_ words: [UInt32]) -> Data {
+        #if _endian(little)
+        return words.withUnsafeBytes { Data($0) }
+        #else
         var data = Data(count: words.count * 4)
         data.withUnsafeMutableBytes { raw in
             for (i, word) in words.enumerated() { raw.storeBytes(of: word.littleEndian, toByteOffset: i * 4, as: UInt32.self) }
         }
         return data
+        #endif
     }
 
     /// Words from little-endian bytes (a multiple of 4).
