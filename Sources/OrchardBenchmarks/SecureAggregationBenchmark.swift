@@ -35,7 +35,8 @@ public enum SecureAggregationBenchmark {
         }
     }
 
-    /// One JSON line of results; every `ratio` is secure / plain.
+    /// One JSON line of results; every `ratio` is secure / plain; the secure client figures are per device that sent
+    /// its masked input.
     public struct Result: Sendable, Encodable {
         public var devices: Int
         public var parameters: Int
@@ -46,8 +47,10 @@ public enum SecureAggregationBenchmark {
         public var survivors: Int
         /// Whether the secure cycle produced its aggregate (false: abandoned below the threshold).
         public var finished: Bool
-        /// The largest difference between the secure and the plain weighted mean (within 2c/(Q − 1) when finished).
-        public var maximumError: Double
+        /// The largest difference between the secure and the plain weighted mean (within 2c/(Q − 1)); nil when abandoned.
+        public var maximumError: Double?
+        /// The stage at which the cycle was abandoned, if it was.
+        public var abandonedAt: String?
         public var plainClientMs: Double
         public var secureClientMs: Double
         public var clientRatio: Double
@@ -121,7 +124,19 @@ public enum SecureAggregationBenchmark {
             try exchange(index, advertisement, reply: Optional<SecureAggregationReply>.none) { try server.receiveAdvertisement($0) }
         }
         var actions: [SecureAggregationServerAction] = []
-        serverTime += try clock.measure { actions = try server.closeStage(using: &crypto) }
+        func close() throws -> Bool {
+            guard server.stage != .abandoned else { return false }
+            serverTime += try clock.measure { actions = try server.closeStage(using: &crypto) }
+            return server.stage != .abandoned
+        }
+        var abandonedAt: String?
+        func proceed() throws -> Bool {
+            let stage = server.stage
+            if try close() { return true }
+            abandonedAt = stage.rawValue
+            return false
+        }
+        var open = try proceed()
         func drop() {
             for device in live.sorted() where random.nextDouble() < options.dropout { live.remove(device) }
         }
@@ -131,7 +146,7 @@ public enum SecureAggregationBenchmark {
             client[index - 1] += try clock.measure { message = try devices[index - 1]!.shareKeys(roster, using: &crypto) }
             try exchange(index, message!, reply: roster) { try server.receiveShareKeys($0) }
         }
-        serverTime += try clock.measure { actions = try server.closeStage(using: &crypto) }
+        if open { open = try proceed() }
         drop()
         for case .deliverShares(let index, let delivery) in actions where live.contains(index) {
             var message: SecureAggregationMaskedInput?
@@ -140,16 +155,16 @@ public enum SecureAggregationBenchmark {
             }
             try exchange(index, message!, reply: delivery) { try server.addMaskedInput(device: $0.device, words: $0.words) }
         }
-        serverTime += try clock.measure { actions = try server.closeStage(using: &crypto) }
+        if open { open = try proceed() }
         drop()
         for case .requestUnmask(let index, let request) in actions where live.contains(index) {
             var message: SecureAggregationUnmaskResponse?
             client[index - 1] += try clock.measure { message = try devices[index - 1]!.unmask(request) }
             try exchange(index, message!, reply: request) { try server.receiveUnmask($0) }
         }
-        serverTime += try clock.measure { actions = try server.closeStage(using: &crypto) }
+        if open { _ = try proceed() }
 
-        var maximumError = Double.infinity
+        var maximumError: Double?
         if let result = server.result {
             // The plain mean of the survivors, to compare with.
             var sum = [Double](repeating: 0, count: d)
@@ -161,12 +176,15 @@ public enum SecureAggregationBenchmark {
             maximumError = zip(result.mean, sum).map { abs(Double($0) - $1 / weight) }.max() ?? 0
         }
         func ms(_ duration: Duration) -> Double { Double(duration.components.seconds) * 1e3 + Double(duration.components.attoseconds) * 1e-15 }
-        let secureClient = client.map(ms).reduce(0, +) / Double(n)
+        // Per device that went through every stage it was asked to (sent its masked input), as a plain device reports.
+        let complete = server.maskedDevices.isEmpty ? Array(1...n) : server.maskedDevices.sorted()
+        let m = Double(complete.count)
+        let secureClient = complete.map { ms(client[$0 - 1]) }.reduce(0, +) / m
         let plainClientMs = ms(plainClient) / Double(n), plainServerMs = ms(plainServer)
-        let secureUp = Double(up.reduce(0, +)) / Double(n), secureDown = Double(down.reduce(0, +)) / Double(n)
+        let secureUp = Double(complete.map { up[$0 - 1] }.reduce(0, +)) / m, secureDown = Double(complete.map { down[$0 - 1] }.reduce(0, +)) / m
         return Result(
             devices: n, parameters: d, neighbours: neighbours, threshold: parameters.threshold, dropout: options.dropout,
-            survivors: server.result?.survivors.count ?? 0, finished: server.result != nil, maximumError: maximumError,
+            survivors: server.result?.survivors.count ?? 0, finished: server.result != nil, maximumError: maximumError, abandonedAt: abandonedAt,
             plainClientMs: plainClientMs, secureClientMs: secureClient, clientRatio: secureClient / plainClientMs,
             plainServerMs: plainServerMs, secureServerMs: ms(serverTime), serverRatio: ms(serverTime) / plainServerMs,
             plainBytesUp: Double(plainUp) / Double(n), secureBytesUp: secureUp, bytesUpRatio: secureUp / (Double(plainUp) / Double(n)),
