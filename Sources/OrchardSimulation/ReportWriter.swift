@@ -129,6 +129,16 @@ public enum HTMLReport {
             Series(label: "expired windows", color: "#ff7f0e", points: rounds.map { (Double($0.round), Double($0.expirations)) }),
             Series(label: "resumed", color: "#17becf", points: rounds.map { (Double($0.round), Double($0.resumed)) }),
         ]))
+        if rounds.contains(where: { $0.secureAggregation != nil }) {
+            // Secure aggregation: how many devices each stage kept.
+            func series(_ label: String, _ color: String, _ count: @escaping (SecureStageCounts) -> Int) -> Series {
+                Series(label: label, color: color, points: rounds.compactMap { r in r.secureAggregation.map { (Double(r.round), Double(count($0))) } })
+            }
+            charts.append(lineChart(title: "Secure aggregation: devices per stage", xLabel: "round", series: [
+                series("advertised", "#1f77b4", \.advertised), series("shared", "#ff7f0e", \.shared),
+                series("masked input", "#2ca02c", \.masked), series("unmasked", "#d62728", \.unmasked),
+            ]))
+        }
         charts.append(lineChart(title: "Fleet eligible at round start (virtual hours)", xLabel: "virtual hours", series: [
             Series(label: "eligible fraction", color: "#8c564b", points: rounds.map { ($0.virtualStart / 3600, $0.availableFraction) }),
         ]))
@@ -148,6 +158,9 @@ public enum HTMLReport {
         }
         if let epsilon = rounds.last(where: { $0.epsilon != nil })?.epsilon {
             totals.append(("privacy spent", String(format: "ε = %.3f at δ = %@", epsilon, summary.settings["dp_delta"] ?? "?")))
+        }
+        if let steps = summary.secureAggregation {
+            totals.append(("secure aggregation: advertised / shared / masked / unmasked", "\(steps.advertised) / \(steps.shared) / \(steps.masked) / \(steps.unmasked)"))
         }
         if let r = summary.final.rmse, let r0 = summary.initial.rmse {
             totals.append(("test RMSE initial → final", String(format: "%.4f → %.4f", r0, r)))

@@ -60,7 +60,7 @@ let usageError: Int32 = 64
         (["simulate", "--availability", "weekly"], "--availability", "'always', 'diurnal' or 'trace:FILE'"),
         (["simulate", "--dataset", "csv"], "--dataset", "'housing', 'fashion-mnist' or 'idx:PATH'"),
         (["simulate", "--partition", "dirichlet:-1"], "--partition", "'iid', 'shards' or 'dirichlet:α'"),
-        (["simulate", "--dp-noise-multiplier", "1", "--dp-mode", "distributed"], "--dp-mode", "'central' and 'local'"),
+        (["simulate", "--dp-noise-multiplier", "1", "--dp-mode", "hybrid"], "--dp-mode", "'central', 'local' or 'distributed'"),
     ]
 
     @Test(arguments: wrongValues)

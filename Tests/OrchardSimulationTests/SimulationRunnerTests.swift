@@ -128,6 +128,8 @@ import Testing
         let total = try #require(result.summary.secureAggregation)
         #expect(total.unmasked < total.advertised, "dropouts at some stage")
         #expect(result.summary.settings["secure_aggregation"] == "secagg")
+        let html = try String(contentsOf: dir.appendingPathComponent("report.html"), encoding: .utf8)
+        #expect(html.contains("Secure aggregation: devices per stage"))
         let again = try await SimulationRunner.run(c, progress: Self.quiet, clock: ManualClock())
         #expect(again.rounds.map(\.withoutTiming) == result.rounds.map(\.withoutTiming))
 
