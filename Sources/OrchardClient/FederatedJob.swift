@@ -1,6 +1,7 @@
 public import Foundation
 import Logging
 import OrchardFormats
+import OrchardPrivacy
 public import OrchardML
 public import OrchardProtocol
 public import OrchardScheduler
@@ -283,13 +284,21 @@ public final class FederatedJob: Sendable {
             waitLimit: input.waitLimit, using: &generator
         )
         var action = exchange.start()
+        // The masks are expanded off the critical path once the shares are sent, while the device waits for the
+        // masked_input stage (the largest computation of the protocol); cancelled if the exchange ends first.
+        var masks: Task<SecureAggregationPrecomputedMask?, Never>?
+        defer { masks?.cancel() }
         while true {
+            if masks == nil, let plan = exchange.maskPlan {
+                masks = Task.detached(priority: .utility) { try? plan.compute() }
+            }
             switch action {
             case .send(let request):
                 do throws(OrchardClientError) {
                     try checkCancellation()
                     let reply = try await transport.secureAggregation(request, session: input.session)
                     try checkCancellation()
+                    if reply.next == .maskedInput, let pending = masks, let mask = await pending.value { exchange.provide(mask) }
                     action = exchange.replied(reply, using: &generator)
                 } catch {
                     if Task.isCancelled || error.code == .cancelled { throw cancelledError() }

@@ -1,6 +1,6 @@
 import Foundation
 public import OrchardFormats
-import OrchardPrivacy
+public import OrchardPrivacy
 public import OrchardProtocol
 import OrchardSupport
 
@@ -170,6 +170,21 @@ public struct SecureAggregationExchange: Sendable {
     // MARK: Events
 
     /// The first action: advertise the device's public keys.
+    /// The device's masks summed while it waited, if the driver computed them (``maskPlan``).
+    private var precomputedMask: SecureAggregationPrecomputedMask?
+
+    /// Once share_keys is sent, the seeds of the device's masks, for the driver to expand while it waits (the masked
+    /// input then only adds them); nil before, and after the masked input.
+    public var maskPlan: SecureAggregationMaskPlan? {
+        guard let device, device.stage == .maskedInput else { return nil }
+        return try? device.maskPlan()
+    }
+
+    /// Hands over the masks computed from ``maskPlan``; they are used for the masked input if they still fit.
+    public mutating func provide(_ mask: SecureAggregationPrecomputedMask) {
+        precomputedMask = mask
+    }
+
     public mutating func start() -> Action {
         if let terminal { return terminal }
         precondition(phase == .ready, "secure aggregation exchange: start() called twice")
@@ -220,7 +235,8 @@ public struct SecureAggregationExchange: Sendable {
         case .maskedInput:
             guard let delivery = reply.delivery else { return fail(Self.invalidReply("asks for masked_input but carries no delivery")) }
             do throws(SecureAggregationError) {
-                let message = try device.maskedInput(delivery, update: update, sampleCount: sampleCount, using: &generator)
+                let message = try device.maskedInput(delivery, update: update, sampleCount: sampleCount, precomputed: precomputedMask, using: &generator)
+                precomputedMask = nil
                 return send(SecureAggregationRequest(workerID: workerID, requestKey: requestKey, maskedInput: message), fresh: true)
             } catch {
                 return fail(Self.refused(error, at: "masked_input"))

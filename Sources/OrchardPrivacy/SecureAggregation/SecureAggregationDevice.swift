@@ -159,7 +159,10 @@ public struct SecureAggregationDevice: Sendable, Codable {
     ///   addressed elsewhere; `cryptography_failure` for a bundle that does not authenticate; `below_threshold` for
     ///   fewer bundles than the threshold; `invalid_input` for an update of the wrong length or with a NaN, or a
     ///   sample count outside 1…maximumSampleCount.
-    public mutating func maskedInput(_ delivery: SecureAggregationShareDelivery, update: [Float], sampleCount: Int, using generator: inout some RandomNumberGenerator) throws(SecureAggregationError) -> SecureAggregationMaskedInput {
+    public mutating func maskedInput(
+        _ delivery: SecureAggregationShareDelivery, update: [Float], sampleCount: Int, precomputed: SecureAggregationPrecomputedMask? = nil,
+        using generator: inout some RandomNumberGenerator
+    ) throws(SecureAggregationError) -> SecureAggregationMaskedInput {
         try expect(.maskedInput)
         guard update.count == modelLength else {
             throw SecureAggregationError(.invalidInput, "the update has \(update.count) coordinates, the model \(modelLength)")
@@ -197,16 +200,41 @@ public struct SecureAggregationDevice: Sendable, Codable {
         let n = UInt64(sampleCount)
         var words = quantized.map { UInt32(truncatingIfNeeded: UInt64($0) * n) & mask }
         words.append(UInt32(truncatingIfNeeded: n) & mask)
-        try MaskExpansion.apply(seed: selfMaskSeed, to: &words, modulusBits: configuration.modulusBits, subtracting: false)
-        for peer in seedShares.keys.sorted() {
-            let seed = try SecureAggregationCrypto.pairwiseMaskSeed(
-                privateKey: maskKey, peerPublicKey: neighbourKeys[peer]!.maskPublicKey, device: index, peer: peer, context: context)
-            try MaskExpansion.apply(seed: seed, to: &words, modulusBits: configuration.modulusBits, subtracting: peer < index)
+        if let precomputed, precomputed.device == index, precomputed.peers == Set(neighbourKeys.keys), precomputed.words.count == words.count {
+            // The masks computed while the device waited: all of them, less the pairwise masks of neighbours whose
+            // bundles did not arrive (they dropped at share_keys).
+            for i in words.indices { words[i] = (words[i] &+ precomputed.words[i]) & mask }
+            for peer in precomputed.peers.subtracting(seedShares.keys).sorted() {
+                let seed = try SecureAggregationCrypto.pairwiseMaskSeed(
+                    privateKey: maskKey, peerPublicKey: neighbourKeys[peer]!.maskPublicKey, device: index, peer: peer, context: context)
+                try MaskExpansion.apply(seed: seed, to: &words, modulusBits: configuration.modulusBits, subtracting: !(peer < index))
+            }
+        } else {
+            try MaskExpansion.apply(seed: selfMaskSeed, to: &words, modulusBits: configuration.modulusBits, subtracting: false)
+            for peer in seedShares.keys.sorted() {
+                let seed = try SecureAggregationCrypto.pairwiseMaskSeed(
+                    privateKey: maskKey, peerPublicKey: neighbourKeys[peer]!.maskPublicKey, device: index, peer: peer, context: context)
+                try MaskExpansion.apply(seed: seed, to: &words, modulusBits: configuration.modulusBits, subtracting: peer < index)
+            }
         }
         heldSelfMaskShares = seedShares
         heldSecretKeyShares = keyShares
         stage = .unmask
         return SecureAggregationMaskedInput(device: index, words: words)
+    }
+
+    /// Once the shares are sent (stage masked_input), what it takes to compute all of the device's masks ahead of
+    /// its delivery — off the critical path, while it waits for the other devices; nil in any other stage.
+    public func maskPlan() throws(SecureAggregationError) -> SecureAggregationMaskPlan? {
+        guard stage == .maskedInput else { return nil }
+        let maskKey = try SecureAggregationCrypto.agreementKey(maskPrivateKey)
+        var streams = [SecureAggregationMaskPlan.Stream(seed: selfMaskSeed, subtracting: false)]
+        for peer in neighbourKeys.keys.sorted() {
+            let seed = try SecureAggregationCrypto.pairwiseMaskSeed(
+                privateKey: maskKey, peerPublicKey: neighbourKeys[peer]!.maskPublicKey, device: index, peer: peer, context: context)
+            streams.append(.init(seed: seed, subtracting: peer < index))
+        }
+        return SecureAggregationMaskPlan(device: index, peers: Set(neighbourKeys.keys), streams: streams, length: modelLength + 1, modulusBits: configuration.modulusBits)
     }
 
     /// Stage unmask: the self-mask seed shares of `survivors` and the s-key shares of `dropped`. May be asked again;
@@ -280,4 +308,35 @@ public struct SecureAggregationSecrets: Sendable, Codable {
     public func publicKeys() throws(SecureAggregationError) -> (channel: Data, mask: Data) {
         (try SecureAggregationCrypto.publicKey(ofPrivateKey: channelPrivateKey), try SecureAggregationCrypto.publicKey(ofPrivateKey: maskPrivateKey))
     }
+}
+
+/// The seeds of all of a device's masks (its self mask and one pairwise mask per neighbour), to expand before its
+/// delivery arrives; holds secrets, so keep it in memory only.
+public struct SecureAggregationMaskPlan: Sendable {
+    struct Stream: Sendable {
+        var seed: Data
+        var subtracting: Bool
+    }
+
+    let device: Int
+    let peers: Set<Int>
+    let streams: [Stream]
+    let length: Int
+    let modulusBits: Int
+
+    /// Expands and sums every mask (a model's worth of keystream per neighbour, plus one).
+    public func compute() throws(SecureAggregationError) -> SecureAggregationPrecomputedMask {
+        var words = [UInt32](repeating: 0, count: length)
+        for stream in streams {
+            try MaskExpansion.apply(seed: stream.seed, to: &words, modulusBits: modulusBits, subtracting: stream.subtracting)
+        }
+        return SecureAggregationPrecomputedMask(device: device, peers: peers, words: words)
+    }
+}
+
+/// A device's masks summed ahead of its delivery (``SecureAggregationMaskPlan/compute()``).
+public struct SecureAggregationPrecomputedMask: Sendable {
+    let device: Int
+    let peers: Set<Int>
+    let words: [UInt32]
 }
