@@ -28,6 +28,14 @@ extension Coordinator {
     /// ``CoordinatorConfiguration/maximumUploadsInFlight`` places.
     /// - Throws: `too_many_uploads` with ``CoordinatorConfiguration/uploadRetryAfter`` when every place is taken.
     public nonisolated func beginUpload(session: DeviceSession) throws(CoordinatorError) -> ReportUpload {
+        try takeUploadPlace()
+        return ReportUpload(coordinator: self, session: session)
+    }
+
+    /// Takes one of the ``CoordinatorConfiguration/maximumUploadsInFlight`` places (a report, or a large
+    /// secure-aggregation step such as a masked input); give it back with ``endUpload()``.
+    /// - Throws: `too_many_uploads` with ``CoordinatorConfiguration/uploadRetryAfter`` when every place is taken.
+    public nonisolated func takeUploadPlace() throws(CoordinatorError) {
         let limit = configuration.maximumUploadsInFlight
         let admitted = uploadPlaces.withLock { count -> Bool in
             guard count < limit else { return false }
@@ -42,11 +50,10 @@ extension Coordinator {
                 retryAfter: Double(configuration.uploadRetryAfter)
             )
         }
-        return ReportUpload(coordinator: self, session: session)
     }
 
     /// Gives back an upload's place.
-    nonisolated func endUpload() {
+    public nonisolated func endUpload() {
         uploadPlaces.withLock { count in
             count -= 1
             metrics.uploadsInFlight.record(count)

@@ -370,14 +370,15 @@ private struct DeviceClaims: JWTPayload {
             #expect(seen[operation] != nil, "\(operation) was never exercised")
         }
         // Not provoked here: the coordinator's own failures (500), and the report's and secure aggregation's 404
-        // unknown_worker (a worker that vanished under a live session; no API removes a worker).
+        // unknown_worker (a worker that vanished under a live session; no API removes a worker). Secure aggregation's 503
+        // too_many_uploads is provoked in SecureAggregationCoordinatorTests.
         // Also provoked elsewhere, through the same document-checking client: authenticate's 403 worker_limit_reached
         // and 429 rate_limited (OpenModeLimitTests), the report's 503 too_many_uploads (UploadLimitTests); and not
         // at all, the speed test's 404 (a gated process deleted under a live session).
         let notExercised: Set<String> = [
             "POST /v1/device/report 404", "POST /v1/device/authenticate 403", "POST /v1/device/authenticate 429",
             "POST /v1/device/report 503", "GET /v1/device/speed-test 404", "POST /v1/device/speed-test 404",
-            "POST /v1/device/secure-aggregation 404",
+            "POST /v1/device/secure-aggregation 404", "POST /v1/device/secure-aggregation 503",
         ]
         var documented: Set<String> = []
         var missing: Set<String> = []

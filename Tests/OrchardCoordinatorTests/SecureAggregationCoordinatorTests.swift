@@ -302,6 +302,18 @@ struct SecureTestDevice {
         #expect(badWords.status == 400)
         // No session.
         #expect(try await harness.http.json("POST", Endpoint.secureAggregation, devices[0].request()).status == 401)
+        // A body larger than a message needs an upload place: with every place taken, 503 and nothing read.
+        var padded = Array(try WireCoding.encoder().encode(devices[0].request()))
+        padded += Array(repeating: UInt8(ascii: " "), count: harness.configuration.maximumMessageBytes)
+        let places = harness.configuration.maximumUploadsInFlight
+        for _ in 0..<places { try harness.coordinator.takeUploadPlace() }
+        let busy = try await harness.http.send("POST", Endpoint.secureAggregation, body: padded, token: devices[0].auth.sessionToken, headers: ["Content-Type": MediaType.json])
+        #expect(busy.status == 503)
+        #expect(busy.errorCode == "too_many_uploads")
+        for _ in 0..<places { harness.coordinator.endUpload() }
+        let served = try await harness.http.send("POST", Endpoint.secureAggregation, body: padded, token: devices[0].auth.sessionToken, headers: ["Content-Type": MediaType.json])
+        #expect(served.status == 200, "\(String(decoding: served.body, as: UTF8.self))")
+        #expect(harness.coordinator.uploadsInFlight == 0)
     }
 
     @Test func aPlainProcessRefusesSecureAggregationAndBadSettingsAreRefusedAtHosting() async throws {

@@ -102,7 +102,12 @@ public enum CoordinatorServer {
         }
         router.post(RouterPath(stringLiteral: Endpoint.secureAggregation)) { request, _ in
             let session = try await deviceSession(request, coordinator)
-            // A masked input is the model's words in base64 (a third more than a report's raw floats).
+            // A masked input is the model's words in base64 (a third more than a report's raw floats); a body larger
+            // than a message takes one of the upload places, so that large bodies held at once stay bounded.
+            let length = request.headers[.contentLength].flatMap { Int($0) } ?? Int.max
+            let large = length > limits.maximumMessageBytes
+            if large { try coordinator.takeUploadPlace() }
+            defer { if large { coordinator.endUpload() } }
             let message = try await decode(SecureAggregationRequest.self, request, limit: limits.maximumReportBytes / 3 * 4 + limits.maximumMessageBytes)
             return try json(await coordinator.secureAggregation(message, session: session))
         }
