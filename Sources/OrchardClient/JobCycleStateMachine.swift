@@ -343,7 +343,7 @@ struct JobCycleStateMachine {
                 phase = .secureAggregating
                 let input = SecureAggregationInput(
                     assignment: assignment, plan: secure, workerID: session.workerID, session: session.sessionToken, update: flat,
-                    sampleCount: update.sampleCount, waitLimit: setup.secureAggregationWait.seconds(reportWithin: assignment.reportWithin)
+                    sampleCount: update.sampleCount, waitLimit: setup.secureAggregationWait.seconds(reportWithin: assignment.reportWithin, stageTimeout: secure.stageTimeout)
                 )
                 return [.emit(.phase(.secureAggregation)), .discardCheckpoint, .secureAggregate(input)]
             }

@@ -27,9 +27,13 @@ public struct SecureAggregationWaitLimit: Sendable, Hashable {
         self.maximum = maximum
     }
 
-    /// The limit in seconds for an assignment that gave `reportWithin` seconds.
-    public func seconds(reportWithin: Double) -> Double {
-        let derived = max(reportWithin.isFinite ? reportWithin : 0, 0) + max(margin.isFinite ? margin : 0, 0)
+    /// The limit in seconds for an assignment that gave `reportWithin` seconds, in a process whose stages stay open
+    /// `stageTimeout` seconds at most (when its plan says so): the margin is then at least three stage timeouts plus a
+    /// minute, so a process with long stages is not given up on early.
+    public func seconds(reportWithin: Double, stageTimeout: Double? = nil) -> Double {
+        var margin = self.margin.isFinite ? self.margin : 0
+        if let stageTimeout, stageTimeout.isFinite, stageTimeout > 0 { margin = max(margin, 3 * stageTimeout + 60) }
+        let derived = max(reportWithin.isFinite ? reportWithin : 0, 0) + max(margin, 0)
         guard let maximum else { return derived }
         return max(min(derived, maximum), 0)
     }

@@ -264,7 +264,7 @@ extension Coordinator {
         let server = runtime.process.serverConfig
         return TrainingPlan(
             planID: planID, model: runtime.process.model, clientConfig: runtime.process.clientConfig, localPrivacy: local,
-            secureAggregation: server.secureAggregation.map { SecureAggregationPlan(parameters: $0.parameters, maximumSampleCount: server.maximumSampleCount) }
+            secureAggregation: server.secureAggregation.map { SecureAggregationPlan(parameters: $0.parameters, maximumSampleCount: server.maximumSampleCount, stageTimeout: $0.stageTimeout) }
         )
     }
 }

@@ -230,16 +230,20 @@ public struct SecureAggregationPlan: Sendable, Hashable, Codable {
     public var parameters: SecureAggregationConfiguration
     /// The largest sample count a device may weight its update with.
     public var maximumSampleCount: Int
+    /// Seconds each stage after advertise_keys stays open at most (the device waits that long for the others).
+    public var stageTimeout: Double?
 
     enum CodingKeys: String, CodingKey {
         case parameters
         case maximumSampleCount = "maximum_sample_count"
+        case stageTimeout = "stage_timeout"
     }
 
     /// Creates a plan.
-    public init(parameters: SecureAggregationConfiguration, maximumSampleCount: Int) {
+    public init(parameters: SecureAggregationConfiguration, maximumSampleCount: Int, stageTimeout: Double? = nil) {
         self.parameters = parameters
         self.maximumSampleCount = maximumSampleCount
+        self.stageTimeout = stageTimeout
     }
 
     /// The context string both sides bind into every derived key of a cycle: the process and the cycle.

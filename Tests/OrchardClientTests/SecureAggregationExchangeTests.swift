@@ -288,6 +288,10 @@ struct SecureAggregationExchangeTests {
         #expect(SecureAggregationWaitLimit(margin: 30).seconds(reportWithin: 100) == 130)
         #expect(SecureAggregationWaitLimit(margin: 30, maximum: 50).seconds(reportWithin: 100) == 50)
         #expect(SecureAggregationWaitLimit(margin: 30).seconds(reportWithin: -5) == 30)
+        // A process with long stages gets three of them plus a minute; a short stage timeout keeps the configured margin.
+        #expect(SecureAggregationWaitLimit(margin: 30).seconds(reportWithin: 100, stageTimeout: 300) == 100 + 3 * 300 + 60)
+        #expect(SecureAggregationWaitLimit(margin: 300).seconds(reportWithin: 100, stageTimeout: 10) == 400)
+        #expect(SecureAggregationWaitLimit(margin: 30, maximum: 500).seconds(reportWithin: 100, stageTimeout: 300) == 500)
     }
 
     @Test("transient failures are retried with the policy's backoff or the coordinator's Retry-After, then fail")

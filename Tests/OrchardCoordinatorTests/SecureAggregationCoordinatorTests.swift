@@ -381,7 +381,7 @@ struct SecureTestDevice {
         let plan = try planResult.decode(TrainingPlan.self)
         #expect(plan.localPrivacy?.clippingNorm == 1)
         #expect(abs((plan.localPrivacy?.noiseMultiplier ?? 0) - 1 / 5.0.squareRoot()) < 1e-12, "z / sqrt(minimum_reports)")
-        #expect(plan.secureAggregation != nil)
+        #expect(plan.secureAggregation?.stageTimeout == 30, "the device waits as long as the process's stages")
 
         for i in devices.indices { _ = try await devices[i].advertise(on: harness.http) }
         for stage in 0..<3 {
