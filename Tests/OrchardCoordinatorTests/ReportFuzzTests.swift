@@ -106,8 +106,7 @@ import Testing
         let plans = fuzzed { rng in
             ((0..<Int.random(in: 1...3, using: &rng)).map { _ in SafetensorsMutation.allCases.randomElement(using: &rng)! }, rng.next())
         }
-        await propertyCheck(count: 250, input: plans) { plan in
-            let (mutations, seed) = plan
+        func check(_ mutations: [SafetensorsMutation], _ seed: UInt64) async throws {
             var random = SplitMix64(state: seed)
             var body = ReportEnvelope.encode(diff: Fixture.diff(0.01), metadata: ReportMetadata(workerID: device.workerID, requestKey: assignment.requestKey, sampleCount: 5, metrics: ["loss": 0.5]))
             for mutation in mutations { body = mutation.apply(to: body, metadataKey: ReportEnvelope.metadataKey, using: &random) }
@@ -122,6 +121,11 @@ import Testing
                 #expect(after.checkpoint == before.checkpoint, "\(mutations) changed the checkpoint")
                 #expect(after.status == before.status, "\(mutations) changed the cycle")
             }
+        }
+        await propertyCheck(count: 250, input: plans) { plan in try await check(plan.0, plan.1) }
+        // Every mutation alone, with fixed seeds, so that the codes below are reached whatever the random plans were.
+        for mutation in SafetensorsMutation.allCases {
+            for seed in UInt64(0)..<4 { try await check([mutation], seed) }
         }
         // The refusals come from the checks behind the parser too, not only from it.
         #expect(Set(codes.keys).isSuperset(of: ["400 malformed_safetensors", "400 invalid_request", "422 dtype_mismatch", "422 shape_mismatch", "422 tensor_mismatch"]), "\(codes)")
