@@ -73,6 +73,15 @@ public struct ModelLayout: Sendable, Hashable {
         return flat
     }
 
+    /// `values` (one per element, in layout order) with the elements of frozen tensors set to zero.
+    public func zeroingFrozen(_ values: [Float]) -> [Float] {
+        var values = values
+        for entry in entries where entry.frozen {
+            for i in entry.offset..<(entry.offset + entry.count) { values[i] = 0 }
+        }
+        return values
+    }
+
     /// Elements of the tensors that are not frozen.
     public var trainableCount: Int { entries.reduce(0) { $0 + ($1.frozen ? 0 : $1.count) } }
 

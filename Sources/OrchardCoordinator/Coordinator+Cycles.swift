@@ -69,29 +69,20 @@ extension Coordinator {
                 var weights = try runtime.layout.flatten(try Safetensors.decode(runtime.checkpointBytes).tensors)
                 let delta: [Float]
                 var metadata = ["orchard.process": processID, "orchard.checkpoint": "\(transition.checkpoint)"]
-                if let privacy = runtime.privacy, let mean = secureMean {
-                    // Distributed DP: the unmasked sum already carries the devices' noise shares, which add up to
-                    // z·C only over at least minimum_reports of them; each device weighs 1 (its sample count is 1).
-                    let survivors = runtime.secure?.server.result?.totalSampleCount ?? 0
-                    var sum = mean.map { Double($0) * Double(survivors) }
-                    for entry in runtime.layout.entries where entry.frozen {
-                        for i in entry.offset..<(entry.offset + entry.count) { sum[i] = 0 }
-                    }
-                    let released = try privacy.mechanism.release(sum: sum, reports: survivors, unclipped: 0, ledger: privacy.ledger, using: &random)
-                    delta = released.mean
-                    newLedger = released.ledger
-                    metadata["orchard.epsilon"] = "\(released.ledger.epsilon)"
-                    metadata["orchard.delta"] = "\(privacy.mechanism.config.delta)"
-                    metadata["orchard.secure_aggregation_survivors"] = "\(survivors)"
-                    if transition.nextCycle != nil, try !privacy.mechanism.allowsRelease(after: released.ledger) {
-                        transition.nextCycle = nil
-                        logger.notice("privacy budget reached: the process completes", metadata: ["process": "\(processID)", "epsilon": "\(released.ledger.epsilon)"])
-                    }
-                } else if let privacy = runtime.privacy {
-                    // DP-FedAvg: noise on the sum of clipped reports, divided by goal_count; the ledger records the
-                    // release, and the process completes when one more would pass target_epsilon.
+                // Under secure aggregation: the unmasked weighted mean (each device weighs 1 under privacy), with frozen
+                // tensors reset to zero (their quantised zeros would move them by the rounding noise).
+                let secure = secureMean.map { mean -> (mean: [Float], survivors: Int) in
+                    (runtime.layout.zeroingFrozen(mean), runtime.secure?.server.result?.totalSampleCount ?? 0)
+                }
+                if let secure { metadata["orchard.secure_aggregation_survivors"] = "\(runtime.secure?.server.result?.survivors.count ?? 0)" }
+                if let privacy = runtime.privacy {
+                    // DP-FedAvg: the sum of clipped reports (central mode: noised here; distributed mode: already carrying
+                    // the devices' noise shares) divided by goal_count; the ledger records the release, and the process
+                    // completes when one more would pass target_epsilon.
                     let released = try privacy.mechanism.release(
-                        sum: runtime.sum.sum, reports: runtime.sum.reports, unclipped: runtime.sum.unclipped, ledger: privacy.ledger, using: &random
+                        sum: secure.map { s in s.mean.map { Double($0) * Double(s.survivors) } } ?? runtime.sum.sum,
+                        reports: secure?.survivors ?? runtime.sum.reports, unclipped: secure == nil ? runtime.sum.unclipped : 0,
+                        ledger: privacy.ledger, using: &random
                     )
                     delta = released.mean
                     newLedger = released.ledger
@@ -104,14 +95,8 @@ extension Coordinator {
                             "target_epsilon": "\(privacy.mechanism.config.targetEpsilon ?? .infinity)",
                         ])
                     }
-                } else if var mean = secureMean {
-                    // The unmasked weighted mean: frozen tensors are not trained, and their quantised zeros would
-                    // otherwise move them by the rounding noise.
-                    for entry in runtime.layout.entries where entry.frozen {
-                        for i in entry.offset..<(entry.offset + entry.count) { mean[i] = 0 }
-                    }
-                    delta = mean
-                    metadata["orchard.secure_aggregation_survivors"] = "\(runtime.secure?.server.result?.survivors.count ?? 0)"
+                } else if let secure {
+                    delta = secure.mean
                 } else {
                     delta = runtime.sum.mean()
                 }

@@ -55,10 +55,16 @@ private final class ServerProcess: @unchecked Sendable {
     }
 }
 
+/// A fresh directory for a coordinator's database; the caller removes it.
+private func temporaryDirectory(_ prefix: String) throws -> URL {
+    let directory = FileManager.default.temporaryDirectory.appendingPathComponent("\(prefix)\(UUID().uuidString)")
+    try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+    return directory
+}
+
 @Suite(.serialized) struct CrashRecoveryTests {
     @Test func killDashNineMidCycleLosesNothingAcknowledgedAndCountsNothingTwice() async throws {
-        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("orchard-crash-\(UUID().uuidString)")
-        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        let directory = try temporaryDirectory("orchard-crash-")
         defer { try? FileManager.default.removeItem(at: directory) }
         let database = directory.appendingPathComponent("coordinator.sqlite").path
 
@@ -117,8 +123,7 @@ private final class ServerProcess: @unchecked Sendable {
     /// Four devices of a secure-aggregation process; the coordinator is SIGKILLed after two masked inputs were
     /// acknowledged (and a third races the kill), then restarted on the same database.
     @Test func killDashNineBetweenStagesLosesNothingAcknowledgedAndCountsNothingTwice() async throws {
-        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("orchard-secure-crash-\(UUID().uuidString)")
-        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        let directory = try temporaryDirectory("orchard-secure-crash-")
         defer { try? FileManager.default.removeItem(at: directory) }
         let database = directory.appendingPathComponent("coordinator.sqlite").path
 

@@ -300,8 +300,17 @@ struct SecureTestDevice {
         let words = #"{"worker_id":"\#(devices[0].auth.workerID)","request_key":"\#(devices[0].assignment.requestKey)","masked_input":{"device":1,"words":"!!"}}"#
         let badWords = try await harness.http.send("POST", Endpoint.secureAggregation, body: Array(words.utf8), token: devices[0].auth.sessionToken)
         #expect(badWords.status == 400)
-        // No session.
+        // No session; a session of another process with this cycle's request key; a forged token.
         #expect(try await harness.http.json("POST", Endpoint.secureAggregation, devices[0].request()).status == 401)
+        _ = try await harness.host(Fixture.host(name: "other"))
+        let stranger = try await harness.device(name: "other")
+        var crossed = devices[0].request()
+        crossed.workerID = stranger.workerID
+        let cross = try await harness.http.json("POST", Endpoint.secureAggregation, crossed, token: stranger.sessionToken)
+        #expect(cross.status == 403)
+        #expect(cross.errorCode == "session_process_mismatch")
+        let forgedToken = try await harness.http.json("POST", Endpoint.secureAggregation, devices[0].request(), token: devices[0].auth.sessionToken + "x")
+        #expect(forgedToken.status == 401)
         // A body larger than a message needs an upload place: with every place taken, 503 and nothing read.
         var padded = Array(try WireCoding.encoder().encode(devices[0].request()))
         padded += Array(repeating: UInt8(ascii: " "), count: harness.configuration.maximumMessageBytes)
