@@ -30,6 +30,7 @@ let package = Package(
         .library(name: "OrchardPrivacy", targets: ["OrchardPrivacy"]),
         .library(name: "OrchardProtocol", targets: ["OrchardProtocol"]),
         .library(name: "OrchardCoordinator", targets: ["OrchardCoordinator"]),
+        .library(name: "OrchardCoordinatorPostgres", targets: ["OrchardCoordinatorPostgres"]),
         .library(name: "OrchardClient", targets: ["OrchardClient"]),
         .library(name: "OrchardCoreML", targets: ["OrchardCoreML"]),
         .library(name: "OrchardInProcess", targets: ["OrchardInProcess"]),
@@ -57,6 +58,7 @@ let package = Package(
         .package(url: "https://github.com/swift-server/swift-prometheus.git", from: "2.0.0"),
         .package(url: "https://github.com/swift-server/swift-service-lifecycle.git", from: "2.6.0"),
         .package(url: "https://github.com/vapor/jwt-kit.git", from: "5.0.0"),
+        .package(url: "https://github.com/vapor/postgres-nio.git", from: "1.21.0"),
         // Test-only: property-based tests (Swift Testing).
         .package(url: "https://github.com/x-sheep/swift-property-based.git", from: "2.0.0"),
     ],
@@ -146,6 +148,19 @@ let package = Package(
             ],
             swiftSettings: swiftSettings
         ),
+        // The coordinator's store in PostgreSQL, shared by several coordinator instances (the only target that
+        // imports postgres-nio).
+        .target(
+            name: "OrchardCoordinatorPostgres",
+            dependencies: [
+                "OrchardCoordinator", "OrchardProtocol", "OrchardFormats", "OrchardSupport",
+                .product(name: "PostgresNIO", package: "postgres-nio"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOSSL", package: "swift-nio-ssl"),
+            ],
+            swiftSettings: swiftSettings
+        ),
         // The device SDK (HTTP over AsyncHTTPClient, so a private CA can be trusted on every platform).
         .target(
             name: "OrchardClient",
@@ -192,7 +207,7 @@ let package = Package(
         .target(
             name: "OrchardBenchmarks",
             dependencies: [
-                "OrchardSupport", "OrchardCoordinator", "OrchardProtocol", "OrchardFormats", "OrchardPrivacy",
+                "OrchardSupport", "OrchardCoordinator", "OrchardCoordinatorPostgres", "OrchardProtocol", "OrchardFormats", "OrchardPrivacy",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
@@ -205,7 +220,7 @@ let package = Package(
             dependencies: [
                 "OrchardSupport", "OrchardFormats", "OrchardML", "OrchardData", "OrchardExamples", "OrchardCoreML",
                 "OrchardScheduler", "OrchardProtocol", "OrchardCoordinator", "OrchardClient", "OrchardSimulation",
-                "OrchardBenchmarks", "OrchardPrivacy",
+                "OrchardBenchmarks", "OrchardPrivacy", "OrchardCoordinatorPostgres",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
@@ -242,6 +257,15 @@ let package = Package(
             dependencies: [
                 "OrchardCoordinator", "OrchardProtocol", "OrchardPrivacy", "OrchardSupport", "OrchardTesting", .product(name: "JWTKit", package: "jwt-kit"),
                 .product(name: "PropertyBased", package: "swift-property-based"),
+            ],
+            swiftSettings: swiftSettings
+        ),
+        // One contract suite run against both stores (the PostgreSQL cases need ORCHARD_POSTGRES_URL).
+        .testTarget(
+            name: "OrchardCoordinatorPostgresTests",
+            dependencies: [
+                "OrchardCoordinator", "OrchardCoordinatorPostgres", "OrchardPrivacy", "OrchardProtocol", "OrchardFormats", "OrchardSupport", "OrchardTesting",
+                .product(name: "Logging", package: "swift-log"),
             ],
             swiftSettings: swiftSettings
         ),

@@ -153,6 +153,15 @@ public struct RunningSum: Sendable, Hashable {
         self.unclipped = unclipped
     }
 
+    /// Adds another running sum (another instance's partial sum of the same cycle).
+    public mutating func add(_ other: RunningSum) {
+        precondition(other.sum.count == sum.count, "the partial sum has \(other.sum.count) values; the sum has \(sum.count)")
+        for i in sum.indices { sum[i] += other.sum[i] }
+        weight += other.weight
+        reports += other.reports
+        unclipped += other.unclipped
+    }
+
     /// Adds `weight × diff`; `unclipped` counts it as within the privacy clipping bound.
     public mutating func add(_ diff: UnsafeBufferPointer<Float>, weight: Double, unclipped: Bool = false) {
         precondition(diff.count == sum.count, "diff has \(diff.count) values; the sum has \(sum.count)")

@@ -25,6 +25,12 @@ extension Coordinator {
         if let failure = request.clientConfig.validationFailure() ?? request.serverConfig.validationFailure() {
             throw CoordinatorError(.invalidConfiguration, failure)
         }
+        if store.isShared && request.serverConfig.secureAggregation != nil {
+            throw CoordinatorError(
+                .invalidConfiguration,
+                "server_config.secure_aggregation needs a coordinator with a store of its own (SQLite): over a store shared by several instances (PostgreSQL) the protocol's stages are not yet coordinated across instances"
+            )
+        }
         if let privacy = request.serverConfig.privacy {
             if let caution = privacy.deltaCaution { logger.warning("\(caution)", metadata: ["process": "\(request.name)"]) }
             // A budget that one release already exceeds would host a process that can never aggregate.
@@ -86,6 +92,7 @@ extension Coordinator {
 
     /// Every hosted process.
     public func processList() async throws(CoordinatorError) -> ProcessList {
+        if store.isShared { await refreshProcesses() }
         var statuses: [ProcessStatus] = []
         for id in runtimes.keys.sorted() {
             statuses.append(try await status(processID: id))
@@ -95,6 +102,7 @@ extension Coordinator {
 
     /// The status of one process and its open cycle.
     public func status(processID: String) async throws(CoordinatorError) -> ProcessStatus {
+        await catchUpShared(processID: processID)
         guard let runtime = runtimes[processID] else { throw CoordinatorError(.unknownProcess, "no process '\(processID)'") }
         let numbers: [Int]
         do {
@@ -128,6 +136,7 @@ extension Coordinator {
 
     /// A stored checkpoint's safetensors bytes; `number` nil means the latest.
     public func checkpoint(processID: String, number: Int?) async throws(CoordinatorError) -> (number: Int, bytes: [UInt8]) {
+        await catchUpShared(processID: processID)
         guard let runtime = runtimes[processID] else { throw CoordinatorError(.unknownProcess, "no process '\(processID)'") }
         let wanted = number ?? runtime.process.latestCheckpoint
         if wanted == runtime.process.latestCheckpoint { return (wanted, runtime.checkpointBytes) }
@@ -143,16 +152,14 @@ extension Coordinator {
 
     /// Deletes a process and everything stored for it.
     public func delete(processID: String) async throws(CoordinatorError) {
-        guard let runtime = runtimes[processID] else { throw CoordinatorError(.unknownProcess, "no process '\(processID)'") }
+        if store.isShared && runtimes[processID] == nil { await refreshProcesses() }
+        guard runtimes[processID] != nil else { throw CoordinatorError(.unknownProcess, "no process '\(processID)'") }
         do {
             try await store.deleteProcess(id: processID)
         } catch {
             throw storeFailure(error, "delete the process")
         }
-        for key in runtime.currentKeys.union(runtime.previousKeys) { processForKey[key] = nil }
-        runtimes[processID] = nil
-        secureLocks[processID] = nil
-        processByName[NameVersion(name: runtime.process.name, version: runtime.process.version)] = nil
+        forget(processID: processID)
         logger.info("process deleted", metadata: ["process": "\(processID)"])
     }
 

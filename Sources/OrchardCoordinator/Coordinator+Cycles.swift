@@ -14,8 +14,13 @@ extension Coordinator {
     /// Advances every process's cycle to the current time: closes cycles whose deadline passed.
     public func tick() async {
         let now = clock.date
+        if store.isShared { await refreshProcesses() }
         for processID in runtimes.keys.sorted() {
             guard let runtime = runtimes[processID] else { continue }
+            if store.isShared {
+                await tickShared(processID: processID, now: now)
+                continue
+            }
             if runtime.secure != nil {
                 await tickSecure(processID: processID, now: now)
                 continue
@@ -25,9 +30,17 @@ extension Coordinator {
         }
     }
 
-    func perform(_ action: CycleStateMachine.CycleAction, processID: String) async {
-        guard let runtime = runtimes[processID] else { return }
+    /// Carries out a cycle transition; over a shared store the cycle is first sealed and every instance's contribution
+    /// combined (``combineShared(processID:takeover:)``), unless `combined` says that was done.
+    func perform(_ action: CycleStateMachine.CycleAction, processID: String, combined: Bool = false) async {
         var action = action
+        transitioning.insert(processID)
+        defer { transitioning.remove(processID) }
+        if store.isShared && !combined && runtimes[processID]?.secure == nil {
+            guard let resolved = await combineShared(processID: processID, takeover: false) else { return }
+            action = resolved
+        }
+        guard let runtime = runtimes[processID] else { return }
         var secureMean: [Float]?
         if let secure = runtime.secure, case .aggregate(let cycle, let reports) = action {
             // Under secure aggregation the cycle's end of admission opens the protocol's later stages; the transition
@@ -154,7 +167,8 @@ extension Coordinator {
             }
             return
         }
-        guard let current = runtimes[processID] else { return }
+        // The runtime may have been replaced meanwhile (reloaded from the store), which then already reflects the transition.
+        guard let current = runtimes[processID], current === runtime else { return }
         current.machine.apply(transition)
         current.sum = RunningSum(count: current.layout.totalCount)
         current.unfolded = []

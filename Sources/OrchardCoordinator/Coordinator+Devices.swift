@@ -19,6 +19,10 @@ extension Coordinator {
         if let failure = WireLimits.nameFailure(request.processName, field: "process_name") {
             throw CoordinatorError(.invalidRequest, failure)
         }
+        if store.isShared && processByName[NameVersion(name: request.processName, version: request.processVersion)] == nil {
+            // Perhaps hosted through another instance since the last tick.
+            await refreshProcesses()
+        }
         guard let processID = processByName[NameVersion(name: request.processName, version: request.processVersion)],
               let runtime = runtimes[processID]
         else {
@@ -164,6 +168,12 @@ extension Coordinator {
     ///   - request: The request.
     ///   - session: What the session token proves.
     public func requestCycle(_ request: CycleRequest, session: DeviceSession) async throws(CoordinatorError) -> CycleResponse {
+        try await requestCycle(request, session: session, catchingUp: true)
+    }
+
+    /// ``requestCycle(_:session:)``; with `catchingUp`, a cycle another instance closed meanwhile is taken up and the
+    /// request decided again, once.
+    func requestCycle(_ request: CycleRequest, session: DeviceSession, catchingUp: Bool) async throws(CoordinatorError) -> CycleResponse {
         guard request.workerID == session.workerID else {
             throw CoordinatorError(.forbidden, "the session token belongs to another worker")
         }
@@ -207,12 +217,38 @@ extension Coordinator {
         let decision = runtime.machine.requestCycle(workerID: request.workerID, now: now, newRequestKey: key, jitter: jitter)
         switch decision {
         case .rejected(let retryAfter, let reason):
+            if store.isShared && catchingUp && reason == "cycle_closing" {
+                // Perhaps closed by another instance since the last tick: take the store's cycle up and decide again.
+                let cycle = runtime.machine.cycle
+                await catchUpShared(processID: processID)
+                if let current = runtimes[processID], current.machine.cycle != cycle {
+                    return try await requestCycle(request, session: session, catchingUp: false)
+                }
+            }
             metrics.checkinsRejected.increment()
             return .rejected(CycleRejection(retryAfter: retryAfter, reason: reason))
-        case .assigned(let assignment, let reportWithin, let isNew):
+        case .assigned(var assignment, let reportWithin, let isNew):
             let cycle = runtime.machine.cycle
             let checkpoint = runtime.machine.checkpoint
-            if isNew {
+            if isNew && store.isShared {
+                runtime.currentKeys.insert(assignment.requestKey)
+                processForKey[assignment.requestKey] = processID
+                switch try await admitShared(processID: processID, cycle: cycle, workerID: request.workerID, assignment: assignment, now: now, jitter: jitter) {
+                case .assigned(let admitted):
+                    assignment = admitted
+                case .rejected(let rejection):
+                    if catchingUp && rejection.reason == "cycle_closing" {
+                        // Perhaps closed by another instance: take the store's cycle up and decide again.
+                        await catchUpShared(processID: processID)
+                        if let current = runtimes[processID], current.machine.cycle != cycle {
+                            return try await requestCycle(request, session: session, catchingUp: false)
+                        }
+                    }
+                    metrics.checkinsRejected.increment()
+                    return .rejected(rejection)
+                }
+                metrics.openCycleAssigned.record(runtimes[processID]?.machine.assignments.count ?? 0)
+            } else if isNew {
                 runtime.currentKeys.insert(assignment.requestKey)
                 processForKey[assignment.requestKey] = processID
                 do {
@@ -245,7 +281,8 @@ extension Coordinator {
     }
 
     /// The model a device was assigned, for download.
-    public func model(_ modelID: String, requestKey: String, session: DeviceSession) throws(CoordinatorError) -> ModelDownload {
+    public func model(_ modelID: String, requestKey: String, session: DeviceSession) async throws(CoordinatorError) -> ModelDownload {
+        try await adoptSharedKey(requestKey)
         let runtime = try assignedRuntime(requestKey: requestKey, session: session)
         let expected = "\(runtime.process.id).\(runtime.machine.checkpoint)"
         guard modelID == expected else {
@@ -255,7 +292,8 @@ extension Coordinator {
     }
 
     /// The training plan a device was assigned.
-    public func plan(_ planID: String, requestKey: String, session: DeviceSession) throws(CoordinatorError) -> TrainingPlan {
+    public func plan(_ planID: String, requestKey: String, session: DeviceSession) async throws(CoordinatorError) -> TrainingPlan {
+        try await adoptSharedKey(requestKey)
         let runtime = try assignedRuntime(requestKey: requestKey, session: session)
         guard planID == runtime.process.id else {
             throw CoordinatorError(.notFound, "plan '\(planID)' is not the one assigned (\(runtime.process.id))")

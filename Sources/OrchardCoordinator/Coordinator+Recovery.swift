@@ -76,12 +76,17 @@ extension Coordinator {
                 configuration: config, cycle: open.cycle.number, checkpoint: open.cycle.checkpoint, openedAt: open.cycle.openedAt,
                 completedCycles: process.cyclesCompleted, abandonedCycles: process.cyclesAbandoned, assignments: assignments
             )
-            if let stored = open.sum {
-                sum = try RunningSum(bytes: stored.bytes, weight: stored.weight, reports: stored.reports, unclipped: stored.unclipped, count: layout.totalCount)
+            // This instance's share: over a shared store its own partial sum and the diffs it accepted but has not folded
+            // (the others' are combined when the cycle closes); alone, everything stored.
+            let shared = store.isShared
+            let instance = foldInstance
+            for (name, stored) in open.partialSums.sorted(by: { $0.key < $1.key }) where !shared || name == instance {
+                sum.add(try RunningSum(bytes: stored.bytes, weight: stored.weight, reports: stored.reports, unclipped: stored.unclipped, count: layout.totalCount))
             }
             let accumulator = RecoveryAccumulator(sum: sum)
             let count = layout.totalCount
             try await store.forEachPendingDiff(processID: process.id, cycle: open.cycle.number) { pending in
+                if shared && pending.instance != instance { return }
                 guard pending.diff.count == count * 4 else {
                     throw StoreError(.corrupt, "stored diff of worker \(pending.workerID) has \(pending.diff.count) bytes")
                 }

@@ -64,6 +64,12 @@ extension Coordinator {
 
     func beginReport(_ metadata: ReportMetadata, session: DeviceSession) async throws(CoordinatorError) -> ReportTicket {
         try await requireKnownWorker(metadata.workerID)
+        do throws(CoordinatorError) {
+            try await adoptSharedKey(metadata.requestKey)
+        } catch {
+            metrics.reportsRefused.increment()
+            throw error
+        }
         let processID: String, runtime: Runtime
         do throws(CoordinatorError) {
             (processID, runtime) = try keyedRuntime(requestKey: metadata.requestKey, session: session)
@@ -136,7 +142,11 @@ extension Coordinator {
             logger.error("the running sum lacks a committed report", metadata: ["process": "\(ticket.processID)", "worker": "\(workerID)"])
         }
         runtime.unfolded.append(workerID)
-        let action = runtime.machine.commitReport(workerID: workerID)
+        var action = runtime.machine.commitReport(workerID: workerID)
+        if action == nil && store.isShared {
+            // The goal counts reports at every instance.
+            action = await goalReachedShared(processID: ticket.processID, cycle: ticket.cycle)
+        }
         let received = runtime.machine.reported
         let retryAfter = max(0, runtime.machine.deadline.timeIntervalSince(clock.date)).rounded(.up)
         metrics.openCycleReported.record(received)
@@ -155,7 +165,8 @@ extension Coordinator {
         } else if let fold {
             do {
                 try await store.foldReports(
-                    processID: ticket.processID, cycle: ticket.cycle, sum: fold.sum, weight: fold.weight, reports: fold.reports, unclipped: fold.unclipped, workers: fold.workers
+                    processID: ticket.processID, cycle: ticket.cycle, instance: foldInstance,
+                    sum: StoredPartialSum(bytes: fold.sum, weight: fold.weight, reports: fold.reports, unclipped: fold.unclipped), workers: fold.workers
                 )
                 if let current = runtimes[ticket.processID], current.machine.cycle == ticket.cycle {
                     let folded = Set(fold.workers)

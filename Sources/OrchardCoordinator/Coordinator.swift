@@ -102,6 +102,9 @@ public actor Coordinator {
     /// One secure-aggregation step at a time per process (check, persist, apply), so the event log's order is the
     /// order the steps were applied in.
     var secureLocks: [String: AsyncSemaphore] = [:]
+    /// Processes whose cycle transition is being carried out (``perform(_:processID:combined:)``): over a shared store
+    /// nothing reloads them meanwhile.
+    var transitioning: Set<String> = []
     /// Open-mode authentications per client address (nil: unlimited).
     var authenticationLimiter: RateLimiter<ClientAddress>?
     /// Speed tests per worker and direction (nil: unlimited).

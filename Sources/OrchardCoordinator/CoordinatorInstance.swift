@@ -7,15 +7,17 @@ public import Prometheus
 import ServiceLifecycle
 import UnixSignals
 
-/// A coordinator with its SQLite store, Prometheus registry and HTTP application, as `orchard serve`, the
-/// benchmark and the simulator run it.
+/// A coordinator with its store (SQLite, or any other such as PostgreSQL), Prometheus registry and HTTP application, as
+/// `orchard serve`, the benchmark and the simulator run it.
 public struct CoordinatorInstance: Sendable {
     /// The core.
     public let coordinator: Coordinator
     /// The metrics registry served at `/metrics`.
     public let registry: PrometheusCollectorRegistry
-    /// The exclusive lock on the database, held until ``close()`` or until the instance is gone.
-    let lock: DatabaseLock
+    /// The exclusive lock on a SQLite database, held until ``close()`` or until the instance is gone.
+    let lock: DatabaseLock?
+    /// Releases the store's resources (a connection pool) on ``shutdown()``.
+    let release: @Sendable () async -> Void
 
     /// Locks and opens the SQLite database at `path` (created if absent), resumes every open cycle, and returns the
     /// instance; throws ``StoreError`` with code `locked` while another coordinator holds the database.
@@ -38,13 +40,44 @@ public struct CoordinatorInstance: Sendable {
         let metrics = CoordinatorMetrics(factory: PrometheusMetricsFactory(registry: registry))
         let coordinator = Coordinator(store: store, configuration: configuration, clock: clock, random: random, metrics: metrics, logger: logger)
         try await coordinator.start()
-        return CoordinatorInstance(coordinator: coordinator, registry: registry, lock: lock)
+        return CoordinatorInstance(coordinator: coordinator, registry: registry, lock: lock, release: {})
+    }
+
+    /// Starts a coordinator over `store` (e.g. PostgreSQL shared by several instances), resuming every open cycle.
+    /// - Parameters:
+    ///   - store: The store; `release` is called by ``shutdown()`` to free it.
+    ///   - configuration: Instance settings (over a shared store, a distinct ``CoordinatorConfiguration/instanceID`` per instance).
+    ///   - clock: Wall-clock time.
+    ///   - random: Randomness for ids and keys.
+    ///   - logger: Structured logs.
+    ///   - release: Frees the store's resources.
+    public static func open(
+        store: any CoordinatorStore, configuration: CoordinatorConfiguration = CoordinatorConfiguration(), clock: any WallClock = SystemClock(),
+        random: any RandomNumberGenerator & Sendable = SystemRandomNumberGenerator(), logger: Logger = Logger(label: "orchard.coordinator"),
+        release: @escaping @Sendable () async -> Void = {}
+    ) async throws -> CoordinatorInstance {
+        let registry = PrometheusCollectorRegistry()
+        let metrics = CoordinatorMetrics(factory: PrometheusMetricsFactory(registry: registry))
+        let coordinator = Coordinator(store: store, configuration: configuration, clock: clock, random: random, metrics: metrics, logger: logger)
+        do {
+            try await coordinator.start()
+        } catch {
+            await release()
+            throw error
+        }
+        return CoordinatorInstance(coordinator: coordinator, registry: registry, lock: nil, release: release)
+    }
+
+    /// Releases the database lock and the store's resources; do not use the instance afterwards.
+    public func shutdown() async {
+        lock?.release()
+        await release()
     }
 
     /// Releases the database lock so another coordinator may open the database: call it after stopping the
     /// server, and do not use the instance afterwards (an orderly restart in one process).
     public func close() {
-        lock.release()
+        lock?.release()
     }
 
     /// The HTTP application, with the cycle timer when `timerInterval` is set (tests and simulations with an

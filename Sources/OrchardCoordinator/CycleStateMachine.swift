@@ -288,6 +288,28 @@ public struct CycleStateMachine: Sendable, Hashable {
         return closeIfReady()
     }
 
+    /// Merges assignments that other coordinator instances recorded in a shared store: unknown ones join this view,
+    /// and ones reported elsewhere count as reported (one being reported here stays as it is: the store refuses the
+    /// second report). Returns the action the merged counts call for.
+    public mutating func synchronize(with stored: [Assignment]) -> CycleAction? {
+        for incoming in stored {
+            if var local = assignments[incoming.workerID] {
+                guard local.requestKey == incoming.requestKey, local.state == .assigned, incoming.state == .reported else { continue }
+                local.state = .reported
+                assignments[incoming.workerID] = local
+                reported += 1
+            } else {
+                var adopted = incoming
+                if adopted.state == .reporting { adopted.state = .assigned }
+                assignments[adopted.workerID] = adopted
+                workerForKey[adopted.requestKey] = adopted.workerID
+                if adopted.state == .reported { reported += 1 }
+            }
+        }
+        if phase == .open && reported >= configuration.goalCount { phase = .closing }
+        return closeIfReady()
+    }
+
     /// The timer ticked: closes the cycle when its deadline has passed.
     public mutating func timerFired(now: Date) -> CycleAction? {
         if phase == .open && now >= deadline { phase = .closing }

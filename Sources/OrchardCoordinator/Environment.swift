@@ -31,11 +31,19 @@ public struct CoordinatorConfiguration: Sendable {
     /// Seconds a connection may send nothing before it is closed: an idle keep-alive connection, or an upload that
     /// stalled mid-body (which is then abandoned, so it cannot hold its cycle open or its upload place); nil never.
     public var connectionIdleTimeout: Double?
+    /// This instance's name among the coordinator instances sharing a store (each folds the reports it accepts into
+    /// its own partial sum under this name); unique per instance, stable across its restarts.
+    public var instanceID: String
+    /// Seconds a cycle may stay sealed by another instance before this one takes its closing over (that instance
+    /// is presumed dead); only with a store shared by several instances.
+    public var sealLease: Double
 
     /// Open-mode authentication by default: 30 calls at once per client address, then one every 2 seconds.
     public static let defaultOpenAuthenticationRate = RateLimit(burst: 30, perSecond: 0.5)
     /// Workers one open-mode process may register by default.
     public static let defaultMaximumOpenWorkers = 10_000
+    /// The instance name of a coordinator that does not set one.
+    public static let defaultInstanceID = "main"
 
     /// Creates a configuration.
     public init(
@@ -43,8 +51,10 @@ public struct CoordinatorConfiguration: Sendable {
         foldInterval: Int = 32, sessionLifetime: Double = 86_400, openAuthenticationRate: RateLimit? = Self.defaultOpenAuthenticationRate,
         maximumOpenWorkers: Int? = Self.defaultMaximumOpenWorkers, speedTestInterval: Double = 30,
         maximumUploadsInFlight: Int = 64, uploadRetryAfter: Int = 2, maximumReportHeaderBytes: Int = 1 << 20,
-        connectionIdleTimeout: Double? = 30
+        connectionIdleTimeout: Double? = 30, instanceID: String = Self.defaultInstanceID, sealLease: Double = 60
     ) {
+        self.instanceID = instanceID
+        self.sealLease = sealLease
         self.adminToken = adminToken
         self.maximumReportBytes = maximumReportBytes
         self.maximumAdminBodyBytes = maximumAdminBodyBytes
@@ -70,6 +80,10 @@ public struct CoordinatorConfiguration: Sendable {
         if maximumUploadsInFlight < 1 { return "maximumUploadsInFlight must be at least 1, not \(maximumUploadsInFlight)" }
         if !(1...3600).contains(uploadRetryAfter) { return "uploadRetryAfter must be in 1...3600 seconds, not \(uploadRetryAfter)" }
         if maximumReportHeaderBytes < 64 { return "maximumReportHeaderBytes must be at least 64, not \(maximumReportHeaderBytes)" }
+        if instanceID.isEmpty || instanceID.utf8.count > 64 || !instanceID.unicodeScalars.allSatisfy({ $0.isASCII && ($0.properties.isAlphabetic || ("0"..."9").contains($0) || "-_.".unicodeScalars.contains($0)) }) {
+            return "instanceID must be 1 to 64 ASCII letters, digits, '-', '_' or '.', not '\(instanceID)'"
+        }
+        if !(sealLease > 0) || !sealLease.isFinite { return "sealLease must be a positive number of seconds, not \(sealLease)" }
         if let idle = connectionIdleTimeout, !(idle > 0) || !idle.isFinite { return "connectionIdleTimeout must be a positive number of seconds, not \(idle)" }
         return nil
     }

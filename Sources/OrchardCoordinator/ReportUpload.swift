@@ -121,7 +121,7 @@ public final class ReportUpload {
         let metricsJSON = (try? WireCoding.encoder().encode(metadata.metrics)).map { String(decoding: $0, as: UTF8.self) } ?? "{}"
         let record = ReportRecord(
             processID: ticket.processID, cycle: ticket.cycle, workerID: metadata.workerID, requestKey: metadata.requestKey,
-            sampleCount: metadata.sampleCount, metricsJSON: metricsJSON, unclipped: unclipped
+            sampleCount: metadata.sampleCount, metricsJSON: metricsJSON, unclipped: unclipped, instance: coordinator.foldInstance
         )
         let started = ContinuousClock.now
         do {

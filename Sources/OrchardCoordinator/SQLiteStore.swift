@@ -36,12 +36,22 @@ public final class SQLiteStore: CoordinatorStore {
         }
     }
 
+    /// Whether several coordinators in this process share the store (``init(path:durability:sharedByInstances:)``);
+    /// across processes one coordinator uses a SQLite file (``DatabaseLock`` refuses a second).
+    public let isShared: Bool
+
     private let pool: DatabasePool
     private let spool: DiffSpool
     private let commits: GroupCommit<BatchedWrite>
 
     /// Opens (creating if needed) the database at `path` and its diff spool, the directory `<path>-spool`.
-    public init(path: String, durability: Durability = .normal) throws {
+    /// - Parameters:
+    ///   - path: The database file.
+    ///   - durability: SQLite's synchronous mode.
+    ///   - sharedByInstances: Whether several coordinators in this process will share this store, admitting and
+    ///     closing cycles through it as instances over PostgreSQL do (tests and in-process benchmarks).
+    public init(path: String, durability: Durability = .normal, sharedByInstances: Bool = false) throws {
+        isShared = sharedByInstances
         var configuration = Configuration()
         configuration.busyMode = .timeout(10)
         let synchronous = durability.description.uppercased()
@@ -119,6 +129,24 @@ public final class SQLiteStore: CoordinatorStore {
                     process_id TEXT NOT NULL, cycle INTEGER NOT NULL, sequence INTEGER NOT NULL, body BLOB NOT NULL, words BLOB,
                     PRIMARY KEY (process_id, cycle, sequence),
                     FOREIGN KEY (process_id, cycle) REFERENCES cycles(process_id, number) ON DELETE CASCADE);
+                """)
+        }
+        // Several coordinator instances: each folds into its own partial sum, and a cycle is sealed before it closes.
+        // A running sum stored by an earlier version becomes the default instance's partial sum.
+        migrator.registerMigration("v6-partial-sums") { db in
+            try db.execute(sql: """
+                CREATE TABLE partial_sums (
+                    process_id TEXT NOT NULL, cycle INTEGER NOT NULL, instance TEXT NOT NULL, sum BLOB NOT NULL,
+                    weight REAL NOT NULL, reports INTEGER NOT NULL, unclipped INTEGER NOT NULL,
+                    PRIMARY KEY (process_id, cycle, instance),
+                    FOREIGN KEY (process_id, cycle) REFERENCES cycles(process_id, number) ON DELETE CASCADE);
+                INSERT INTO partial_sums (process_id, cycle, instance, sum, weight, reports, unclipped)
+                    SELECT process_id, number, '\(CoordinatorConfiguration.defaultInstanceID)', sum, sum_weight, sum_reports, sum_unclipped
+                    FROM cycles WHERE sum IS NOT NULL AND status = 'open';
+                UPDATE cycles SET sum = NULL;
+                ALTER TABLE cycles ADD COLUMN sealed_at REAL;
+                ALTER TABLE assignments ADD COLUMN instance TEXT;
+                UPDATE assignments SET instance = '\(CoordinatorConfiguration.defaultInstanceID)' WHERE reported = 1;
                 """)
         }
         return migrator
@@ -212,19 +240,46 @@ public final class SQLiteStore: CoordinatorStore {
         return data.map { [UInt8]($0) }
     }
 
+    private static func status(_ text: String) throws -> StoredCycleStatus {
+        guard let status = StoredCycleStatus(rawValue: text) else { throw StoreError(.corrupt, "stored cycle status '\(text)' is not open or closing") }
+        return status
+    }
+
     public func openCycle(processID: String) async throws -> RecoveredCycle? {
         try await pool.read { db in
-            guard let row = try Row.fetchOne(db, sql: "SELECT number, checkpoint, opened_at, sum, sum_weight, sum_reports, sum_unclipped FROM cycles WHERE process_id = ? AND status = 'open'", arguments: [processID]) else {
+            guard let row = try Row.fetchOne(db, sql: "SELECT number, checkpoint, opened_at, status, sealed_at FROM cycles WHERE process_id = ? AND status IN ('open', 'closing')", arguments: [processID]) else {
                 return nil
             }
             let number: Int = row["number"]
             let cycle = StoredCycle(number: number, checkpoint: row["checkpoint"], openedAt: Date(timeIntervalSince1970: row["opened_at"]))
-            let assignments = try Row.fetchAll(db, sql: "SELECT worker_id, request_key, reported FROM assignments WHERE process_id = ? AND cycle = ?", arguments: [processID, number]).map {
-                StoredAssignment(workerID: $0["worker_id"], requestKey: $0["request_key"], reported: $0["reported"])
+            let assignments = try Row.fetchAll(db, sql: "SELECT worker_id, request_key, reported, instance FROM assignments WHERE process_id = ? AND cycle = ?", arguments: [processID, number]).map {
+                StoredAssignment(workerID: $0["worker_id"], requestKey: $0["request_key"], reported: $0["reported"], instance: $0["instance"])
             }
-            let sumData: Data? = row["sum"]
-            let sum = sumData.map { (bytes: [UInt8]($0), weight: row["sum_weight"] as Double, reports: row["sum_reports"] as Int, unclipped: row["sum_unclipped"] as Int) }
-            return RecoveredCycle(cycle: cycle, assignments: assignments, sum: sum)
+            var sums: [String: StoredPartialSum] = [:]
+            for sum in try Row.fetchAll(db, sql: "SELECT instance, sum, weight, reports, unclipped FROM partial_sums WHERE process_id = ? AND cycle = ?", arguments: [processID, number]) {
+                sums[sum["instance"]] = StoredPartialSum(bytes: [UInt8](sum["sum"] as Data), weight: sum["weight"], reports: sum["reports"], unclipped: sum["unclipped"])
+            }
+            let sealed: Double? = row["sealed_at"]
+            return RecoveredCycle(
+                cycle: cycle, status: try Self.status(row["status"]), sealedAt: sealed.map { Date(timeIntervalSince1970: $0) }, assignments: assignments, partialSums: sums
+            )
+        }
+    }
+
+    public func cycleProgress(processID: String) async throws -> StoredCycleProgress? {
+        try await pool.read { db in
+            guard let row = try Row.fetchOne(db, sql: """
+                SELECT number, checkpoint, opened_at, status, sealed_at,
+                    (SELECT COUNT(*) FROM assignments a WHERE a.process_id = c.process_id AND a.cycle = c.number) AS assigned,
+                    (SELECT COUNT(*) FROM assignments a WHERE a.process_id = c.process_id AND a.cycle = c.number AND a.reported = 1) AS reported
+                FROM cycles c WHERE process_id = ? AND status IN ('open', 'closing')
+                """, arguments: [processID])
+            else { return nil }
+            let sealed: Double? = row["sealed_at"]
+            return StoredCycleProgress(
+                number: row["number"], checkpoint: row["checkpoint"], openedAt: Date(timeIntervalSince1970: row["opened_at"]), status: try Self.status(row["status"]),
+                sealedAt: sealed.map { Date(timeIntervalSince1970: $0) }, assigned: row["assigned"], reported: row["reported"]
+            )
         }
     }
 
@@ -232,7 +287,7 @@ public final class SQLiteStore: CoordinatorStore {
         let spool = self.spool
         try await pool.read { db in
             let cursor = try Row.fetchCursor(db, sql: """
-                SELECT worker_id, sample_count, unclipped, diff, diff_file FROM assignments
+                SELECT worker_id, sample_count, unclipped, diff, diff_file, instance FROM assignments
                 WHERE process_id = ? AND cycle = ? AND reported = 1 AND (diff IS NOT NULL OR diff_file IS NOT NULL)
                 """, arguments: [processID, cycle])
             while let row = try cursor.next() {
@@ -243,7 +298,11 @@ public final class SQLiteStore: CoordinatorStore {
                     let diff: Data = row["diff"]
                     bytes = [UInt8](diff)
                 }
-                try body(PendingDiff(workerID: row["worker_id"], sampleCount: row["sample_count"], unclipped: row["unclipped"], diff: bytes))
+                let instance: String? = row["instance"]
+                try body(PendingDiff(
+                    workerID: row["worker_id"], sampleCount: row["sample_count"], unclipped: row["unclipped"], diff: bytes,
+                    instance: instance ?? CoordinatorConfiguration.defaultInstanceID
+                ))
             }
         }
     }
@@ -283,6 +342,42 @@ public final class SQLiteStore: CoordinatorStore {
 
     public func recordAssignment(processID: String, cycle: Int, workerID: String, requestKey: String, at date: Date) async throws {
         try await commits.submit(.assignment(processID: processID, cycle: cycle, workerID: workerID, requestKey: requestKey, at: date))
+    }
+
+    public func admit(processID: String, cycle: Int, workerID: String, requestKey: String, at date: Date, limit: Int) async throws -> StoredAdmission {
+        try await pool.write { db in
+            let status = try String.fetchOne(db, sql: "SELECT status FROM cycles WHERE process_id = ? AND number = ?", arguments: [processID, cycle])
+            guard status == "open" else { throw StoreError(.cycleClosed, "cycle \(cycle) of process \(processID) is not open") }
+            if let row = try Row.fetchOne(db, sql: "SELECT request_key, reported, instance FROM assignments WHERE process_id = ? AND cycle = ? AND worker_id = ?", arguments: [processID, cycle, workerID]) {
+                return .existing(StoredAssignment(workerID: workerID, requestKey: row["request_key"], reported: row["reported"], instance: row["instance"]))
+            }
+            let count = try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM assignments WHERE process_id = ? AND cycle = ?", arguments: [processID, cycle]) ?? 0
+            guard count < limit else { return .full }
+            do {
+                try db.execute(
+                    sql: "INSERT INTO assignments (process_id, cycle, worker_id, request_key, assigned_at) VALUES (?, ?, ?, ?, ?)",
+                    arguments: [processID, cycle, workerID, requestKey, date.timeIntervalSince1970]
+                )
+            } catch let error as DatabaseError where error.resultCode == .SQLITE_CONSTRAINT {
+                throw StoreError(.duplicate, "request key of worker \(workerID) is already in use")
+            }
+            return .admitted
+        }
+    }
+
+    public func assignment(requestKey: String) async throws -> StoredKeyedAssignment? {
+        try await pool.read { db in
+            guard let row = try Row.fetchOne(db, sql: """
+                SELECT a.process_id, a.cycle, a.worker_id, a.reported, a.instance FROM assignments a
+                JOIN cycles c ON c.process_id = a.process_id AND c.number = a.cycle
+                WHERE a.request_key = ? AND c.status IN ('open', 'closing')
+                """, arguments: [requestKey])
+            else { return nil }
+            return StoredKeyedAssignment(
+                processID: row["process_id"], cycle: row["cycle"],
+                assignment: StoredAssignment(workerID: row["worker_id"], requestKey: requestKey, reported: row["reported"], instance: row["instance"])
+            )
+        }
     }
 
     public func stageDiff(processID: String, cycle: Int, requestKey: String) throws(StoreError) -> any StagedDiff {
@@ -332,10 +427,11 @@ public final class SQLiteStore: CoordinatorStore {
                         }
                         guard open else { throw StoreError(.cycleClosed, "cycle \(report.cycle) is not open") }
                         try db.cachedStatement(sql: """
-                            UPDATE assignments SET reported = 1, sample_count = ?, metrics = ?, diff_file = ?, unclipped = ?
+                            UPDATE assignments SET reported = 1, sample_count = ?, metrics = ?, diff_file = ?, unclipped = ?, instance = ?
                             WHERE process_id = ? AND cycle = ? AND worker_id = ? AND request_key = ? AND reported = 0
                             """).execute(arguments: [
-                                report.sampleCount, report.metricsJSON, file, report.unclipped, report.processID, report.cycle, report.workerID, report.requestKey,
+                                report.sampleCount, report.metricsJSON, file, report.unclipped, report.instance, report.processID, report.cycle, report.workerID,
+                                report.requestKey,
                             ])
                         guard db.changesCount == 1 else {
                             throw StoreError(.duplicate, "no unreported assignment for this worker and request key in cycle \(report.cycle)")
@@ -346,13 +442,18 @@ public final class SQLiteStore: CoordinatorStore {
         }
     }
 
-    public func foldReports(processID: String, cycle: Int, sum: [UInt8], weight: Double, reports: Int, unclipped: Int, workers: [String]) async throws {
+    public func foldReports(processID: String, cycle: Int, instance: String, sum: StoredPartialSum, workers: [String]) async throws {
         let files = try await pool.write { db in
+            let status = try String.fetchOne(db, sql: "SELECT status FROM cycles WHERE process_id = ? AND number = ?", arguments: [processID, cycle])
+            guard status == "open" else { throw StoreError(.cycleClosed, "cycle \(cycle) is not open") }
             try db.execute(
-                sql: "UPDATE cycles SET sum = ?, sum_weight = ?, sum_reports = ?, sum_unclipped = ? WHERE process_id = ? AND number = ? AND status = 'open'",
-                arguments: [Data(sum), weight, reports, unclipped, processID, cycle]
+                sql: """
+                    INSERT INTO partial_sums (process_id, cycle, instance, sum, weight, reports, unclipped) VALUES (?, ?, ?, ?, ?, ?, ?)
+                    ON CONFLICT (process_id, cycle, instance) DO UPDATE SET sum = excluded.sum, weight = excluded.weight, reports = excluded.reports,
+                        unclipped = excluded.unclipped
+                    """,
+                arguments: [processID, cycle, instance, Data(sum.bytes), sum.weight, sum.reports, sum.unclipped]
             )
-            guard db.changesCount == 1 else { throw StoreError(.cycleClosed, "cycle \(cycle) is not open") }
             var files: [String] = []
             for worker in workers {
                 if let file = try String.fetchOne(db, sql: "SELECT diff_file FROM assignments WHERE process_id = ? AND cycle = ? AND worker_id = ?", arguments: [processID, cycle, worker]) {
@@ -365,14 +466,33 @@ public final class SQLiteStore: CoordinatorStore {
         for file in files { spool.remove(file) }
     }
 
+    public func sealCycle(processID: String, cycle: Int, at date: Date) async throws -> Bool {
+        try await pool.write { db in
+            let status = try String.fetchOne(db, sql: "SELECT status FROM cycles WHERE process_id = ? AND number = ?", arguments: [processID, cycle])
+            switch status {
+            case "open":
+                try db.execute(
+                    sql: "UPDATE cycles SET status = 'closing', sealed_at = ? WHERE process_id = ? AND number = ?",
+                    arguments: [date.timeIntervalSince1970, processID, cycle]
+                )
+                return true
+            case "closing":
+                return false
+            default:
+                throw StoreError(.cycleClosed, "cycle \(cycle) of process \(processID) is closed")
+            }
+        }
+    }
+
     public func closeCycle(_ closure: CycleClosure) async throws {
         try await pool.write { db in
             let aggregated = closure.checkpoint != nil
             try db.execute(
-                sql: "UPDATE cycles SET status = ?, sum = NULL WHERE process_id = ? AND number = ? AND status = 'open'",
+                sql: "UPDATE cycles SET status = ?, sum = NULL WHERE process_id = ? AND number = ? AND status IN ('open', 'closing')",
                 arguments: [aggregated ? "aggregated" : "abandoned", closure.processID, closure.closedCycle]
             )
             guard db.changesCount == 1 else { throw StoreError(.cycleClosed, "cycle \(closure.closedCycle) is not open") }
+            try db.execute(sql: "DELETE FROM partial_sums WHERE process_id = ? AND cycle = ?", arguments: [closure.processID, closure.closedCycle])
             try db.execute(sql: "DELETE FROM assignments WHERE process_id = ? AND cycle = ?", arguments: [closure.processID, closure.closedCycle])
             try db.execute(sql: "DELETE FROM secure_aggregation_events WHERE process_id = ? AND cycle = ?", arguments: [closure.processID, closure.closedCycle])
             if let checkpoint = closure.checkpoint {

@@ -104,12 +104,100 @@ public struct StoredAssignment: Sendable, Hashable {
     public var requestKey: String
     /// Whether its report was committed.
     public var reported: Bool
+    /// The coordinator instance that accepted its report (nil while unreported, and for secure aggregation).
+    public var instance: String?
 
     /// Creates a record.
-    public init(workerID: String, requestKey: String, reported: Bool) {
+    public init(workerID: String, requestKey: String, reported: Bool, instance: String? = nil) {
         self.workerID = workerID
         self.requestKey = requestKey
         self.reported = reported
+        self.instance = instance
+    }
+}
+
+/// An assignment found by its request key (``CoordinatorStore/assignment(requestKey:)``).
+public struct StoredKeyedAssignment: Sendable, Hashable {
+    /// The process.
+    public var processID: String
+    /// The cycle.
+    public var cycle: Int
+    /// The assignment.
+    public var assignment: StoredAssignment
+
+    /// Creates a record.
+    public init(processID: String, cycle: Int, assignment: StoredAssignment) {
+        self.processID = processID
+        self.cycle = cycle
+        self.assignment = assignment
+    }
+}
+
+/// What ``CoordinatorStore/admit(processID:cycle:workerID:requestKey:at:limit:)`` did.
+public enum StoredAdmission: Sendable, Hashable {
+    /// The assignment was recorded.
+    case admitted
+    /// The worker already holds this assignment in the cycle (recorded by any instance); nothing was written.
+    case existing(StoredAssignment)
+    /// The cycle already holds `limit` assignments; nothing was written.
+    case full
+}
+
+/// The state of a cycle that has not closed.
+public enum StoredCycleStatus: String, Sendable, Hashable {
+    /// Admitting devices and accepting reports.
+    case open
+    /// Sealed for closing (``CoordinatorStore/sealCycle(processID:cycle:at:)``): nothing more is admitted, accepted or
+    /// folded; the instance that sealed it is combining the partial sums.
+    case closing
+}
+
+/// A process's current cycle as every instance sees it.
+public struct StoredCycleProgress: Sendable, Hashable {
+    /// Its number.
+    public var number: Int
+    /// The checkpoint it trains from.
+    public var checkpoint: Int
+    /// When it opened.
+    public var openedAt: Date
+    /// Open or sealed.
+    public var status: StoredCycleStatus
+    /// When it was sealed, while closing.
+    public var sealedAt: Date?
+    /// Assignments recorded (all instances).
+    public var assigned: Int
+    /// Reports committed (all instances).
+    public var reported: Int
+
+    /// Creates a record.
+    public init(number: Int, checkpoint: Int, openedAt: Date, status: StoredCycleStatus, sealedAt: Date?, assigned: Int, reported: Int) {
+        self.number = number
+        self.checkpoint = checkpoint
+        self.openedAt = openedAt
+        self.status = status
+        self.sealedAt = sealedAt
+        self.assigned = assigned
+        self.reported = reported
+    }
+}
+
+/// One instance's running sum of a cycle, as stored.
+public struct StoredPartialSum: Sendable, Hashable {
+    /// The sum as little-endian Float64 values.
+    public var bytes: [UInt8]
+    /// Its weight (sum of fold weights).
+    public var weight: Double
+    /// Reports folded into it.
+    public var reports: Int
+    /// Of those, reports within the privacy clipping bound.
+    public var unclipped: Int
+
+    /// Creates a record.
+    public init(bytes: [UInt8], weight: Double, reports: Int, unclipped: Int) {
+        self.bytes = bytes
+        self.weight = weight
+        self.reports = reports
+        self.unclipped = unclipped
     }
 }
 
@@ -123,13 +211,16 @@ public struct PendingDiff: Sendable {
     public var unclipped: Bool
     /// The flat diff as little-endian Float32 bytes.
     public var diff: [UInt8]
+    /// The instance that accepted the report.
+    public var instance: String
 
     /// Creates a record.
-    public init(workerID: String, sampleCount: Int, unclipped: Bool = false, diff: [UInt8]) {
+    public init(workerID: String, sampleCount: Int, unclipped: Bool = false, diff: [UInt8], instance: String = CoordinatorConfiguration.defaultInstanceID) {
         self.workerID = workerID
         self.sampleCount = sampleCount
         self.unclipped = unclipped
         self.diff = diff
+        self.instance = instance
     }
 }
 
@@ -137,11 +228,23 @@ public struct PendingDiff: Sendable {
 public struct RecoveredCycle: Sendable {
     /// The cycle.
     public var cycle: StoredCycle
+    /// Open or sealed.
+    public var status: StoredCycleStatus
+    /// When it was sealed, while closing.
+    public var sealedAt: Date?
     /// Its assignments.
     public var assignments: [StoredAssignment]
-    /// The stored running sum (little-endian Float64), its weight, report count and count of reports within the
-    /// privacy clipping bound; nil when nothing was folded.
-    public var sum: (bytes: [UInt8], weight: Double, reports: Int, unclipped: Int)?
+    /// The stored running sums by instance (each instance folds the reports it accepted into its own).
+    public var partialSums: [String: StoredPartialSum]
+
+    /// Creates a record.
+    public init(cycle: StoredCycle, status: StoredCycleStatus = .open, sealedAt: Date? = nil, assignments: [StoredAssignment], partialSums: [String: StoredPartialSum]) {
+        self.cycle = cycle
+        self.status = status
+        self.sealedAt = sealedAt
+        self.assignments = assignments
+        self.partialSums = partialSums
+    }
 }
 
 /// An accepted report to persist.
@@ -160,9 +263,15 @@ public struct ReportRecord: Sendable {
     public var metricsJSON: String
     /// Whether the diff's norm was within the privacy clipping bound (adaptive clipping counts these).
     public var unclipped: Bool
+    /// The instance that accepted it (and folds it into its partial sum).
+    public var instance: String
 
     /// Creates a record.
-    public init(processID: String, cycle: Int, workerID: String, requestKey: String, sampleCount: Int, metricsJSON: String, unclipped: Bool = false) {
+    public init(
+        processID: String, cycle: Int, workerID: String, requestKey: String, sampleCount: Int, metricsJSON: String, unclipped: Bool = false,
+        instance: String = CoordinatorConfiguration.defaultInstanceID
+    ) {
+        self.instance = instance
         self.processID = processID
         self.cycle = cycle
         self.workerID = workerID
@@ -221,6 +330,10 @@ public struct CycleClosure: Sendable {
 /// (``closeCycle(_:)``) publishes the checkpoint, prunes old ones and opens the next cycle atomically, so a
 /// store shared by several coordinator instances (e.g. PostgreSQL) can implement the same contract.
 public protocol CoordinatorStore: Sendable {
+    /// Whether several coordinator instances may use this store at once. Their coordinators then admit through
+    /// ``admit(processID:cycle:workerID:requestKey:at:limit:)``, look request keys up here, and close a cycle by
+    /// sealing it and combining every instance's partial sum and pending diffs.
+    var isShared: Bool { get }
     /// Hosts a process with its checkpoint 0 and first open cycle. Throws ``StoreError/Code/duplicate`` when
     /// the name and version exist.
     func createProcess(_ process: StoredProcess, initialWeights: [UInt8], firstCycle: StoredCycle) async throws
@@ -236,9 +349,11 @@ public protocol CoordinatorStore: Sendable {
     func optimizerState(processID: String) async throws -> [UInt8]?
     /// The stored privacy ledger (JSON) of the latest aggregated cycle, if any.
     func privacyState(processID: String) async throws -> [UInt8]?
-    /// The open cycle of a process with its assignments and stored running sum.
+    /// The cycle of a process that has not closed (open or sealed) with its assignments and stored partial sums.
     func openCycle(processID: String) async throws -> RecoveredCycle?
-    /// Calls `body` for every committed report of a cycle whose diff is not folded into the stored sum.
+    /// The cycle of a process that has not closed, with its counts over every instance; nil when the process completed.
+    func cycleProgress(processID: String) async throws -> StoredCycleProgress?
+    /// Calls `body` for every committed report of a cycle whose diff is not folded into a stored partial sum.
     func forEachPendingDiff(processID: String, cycle: Int, _ body: @Sendable (PendingDiff) throws -> Void) async throws
     /// Registers a worker of a process; `issuer` and `subject` tie it to a device identity (unique per process and issuer
     /// when present). Registering an identity that already has a worker is not an error: the first worker stays, and
@@ -252,19 +367,32 @@ public protocol CoordinatorStore: Sendable {
     func workerCount(processID: String) async throws -> Int
     /// The coordinator's signing secret, created with `make` on first use.
     func secret(named name: String, make: @Sendable () -> [UInt8]) async throws -> [UInt8]
-    /// Records an admission to a cycle.
+    /// Records an admission to a cycle whose admissions one instance decides (no limit is checked). Throws
+    /// ``StoreError/Code/duplicate`` when the worker or key already has one.
     func recordAssignment(processID: String, cycle: Int, workerID: String, requestKey: String, at date: Date) async throws
+    /// Admits a worker to a cycle that several instances admit to, exactly: records the assignment only if the worker
+    /// holds none in the cycle and the cycle holds fewer than `limit`, however concurrent calls race. Throws
+    /// ``StoreError/Code/cycleClosed`` when the cycle is not open.
+    func admit(processID: String, cycle: Int, workerID: String, requestKey: String, at date: Date, limit: Int) async throws -> StoredAdmission
+    /// The assignment of an open or sealed cycle that a request key was issued for, whichever instance issued it.
+    func assignment(requestKey: String) async throws -> StoredKeyedAssignment?
     /// Starts the diff of a report that is arriving; nothing refers to it until ``recordReport(_:diff:)``.
     func stageDiff(processID: String, cycle: Int, requestKey: String) throws(StoreError) -> any StagedDiff
     /// Records an accepted report with its staged diff (made durable first); throws ``StoreError/Code/duplicate``
     /// if one was already recorded for the key and ``StoreError/Code/cycleClosed`` if the cycle is not open. On
     /// failure the staged diff is discarded.
     func recordReport(_ report: ReportRecord, diff: any StagedDiff) async throws
-    /// Stores the running sum (with its count of reports within the privacy clipping bound) and forgets the diffs
-    /// of `workers` that it now includes.
-    func foldReports(processID: String, cycle: Int, sum: [UInt8], weight: Double, reports: Int, unclipped: Int, workers: [String]) async throws
-    /// Closes a cycle (aggregated or abandoned) and opens the next, in one transaction; the cycle's secure-aggregation
-    /// events are deleted with it.
+    /// Stores an instance's partial sum of an open cycle (with its count of reports within the privacy clipping bound)
+    /// and forgets the diffs of `workers` that it now includes. Throws ``StoreError/Code/cycleClosed`` once the cycle is
+    /// sealed or closed (its diffs then stay pending).
+    func foldReports(processID: String, cycle: Int, instance: String, sum: StoredPartialSum, workers: [String]) async throws
+    /// Seals an open cycle for closing: from its commit on, nothing more is admitted, reported or folded, so the
+    /// partial sums and pending diffs read afterwards are final. Returns true when this call sealed it, false when it
+    /// was already sealed; throws ``StoreError/Code/cycleClosed`` when it is closed.
+    func sealCycle(processID: String, cycle: Int, at date: Date) async throws -> Bool
+    /// Closes a cycle (open or sealed; aggregated or abandoned) and opens the next, in one transaction, exactly once:
+    /// throws ``StoreError/Code/cycleClosed`` when it was closed already. The cycle's assignments, partial sums and
+    /// secure-aggregation events are deleted with it.
     func closeCycle(_ closure: CycleClosure) async throws
     /// Appends a step of an open cycle's secure aggregation (made durable before it returns); with `reportedWorker`,
     /// marks that worker's assignment as reported in the same transaction (an advertisement counts toward the goal).
@@ -293,9 +421,12 @@ public struct StoredSecureAggregationEvent: Sendable, Hashable {
 }
 
 extension CoordinatorStore {
-    /// ``foldReports(processID:cycle:sum:weight:reports:unclipped:workers:)`` for a process without adaptive clipping.
+    /// ``foldReports(processID:cycle:instance:sum:workers:)`` for the default instance of a process without adaptive clipping.
     public func foldReports(processID: String, cycle: Int, sum: [UInt8], weight: Double, reports: Int, workers: [String]) async throws {
-        try await foldReports(processID: processID, cycle: cycle, sum: sum, weight: weight, reports: reports, unclipped: 0, workers: workers)
+        try await foldReports(
+            processID: processID, cycle: cycle, instance: CoordinatorConfiguration.defaultInstanceID,
+            sum: StoredPartialSum(bytes: sum, weight: weight, reports: reports, unclipped: 0), workers: workers
+        )
     }
 
     /// Records a report whose whole flat diff (little-endian Float32 bytes) is in memory: stages it, then

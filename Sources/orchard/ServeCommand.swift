@@ -3,13 +3,14 @@ import Foundation
 import Logging
 import OrchardBenchmarks
 import OrchardCoordinator
+import OrchardCoordinatorPostgres
 import OrchardSupport
 
 /// `orchard serve`: runs the federated-learning coordinator.
 struct Serve: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "serve",
-        abstract: "Run the federated-learning coordinator (HTTP API, cycle timer, SQLite store).",
+        abstract: "Run the federated-learning coordinator (HTTP API, cycle timer, SQLite or PostgreSQL store).",
         discussion: """
             Prints one JSON line to standard output once listening: {"event":"listening","scheme":…,"host":…,"port":…}.
             With --port 0 the system picks a free port. With --tls-cert and --tls-key (PEM files: the certificate
@@ -17,8 +18,13 @@ struct Serve: AsyncParsableCommand {
             --ca-cert. The admin token comes from --admin-token-file (a file
             holding it) or the ORCHARD_ADMIN_TOKEN environment variable, never both; without either, a random one
             is generated and printed in that line (development only). --admin-token still works but is deprecated:
-            a token on the command line is visible to every local user. A second coordinator on the same database
-            is refused (the lock file <database>.lock is held while one runs).
+            a token on the command line is visible to every local user. A second coordinator on the same SQLite
+            database is refused (the lock file <database>.lock is held while one runs).
+
+            With a PostgreSQL URL (--database postgres://user@host:port/db?sslmode=verify-full&sslrootcert=ca.pem, or
+            the ORCHARD_DATABASE_URL environment variable) several instances serve one federation: give each a
+            distinct, stable --instance-id. The database password comes from --database-password-file or
+            ORCHARD_DATABASE_PASSWORD; a password inside a URL on the command line works but is warned about.
 
             Processes in open authentication mode (development only: every call registers a worker) are limited
             per client address (--open-auth-burst calls at once, then --open-auth-per-second; beyond it 429 with
@@ -33,8 +39,17 @@ struct Serve: AsyncParsableCommand {
     @Option(help: "The port to listen on (0 picks a free port).")
     var port = 8080
 
-    @Option(help: "The SQLite database: a file path or a sqlite:// / file:// URL.")
-    var database = "orchard.sqlite"
+    @Option(help: "The database: a SQLite file path or sqlite:// / file:// URL, or a postgres:// URL (default: ORCHARD_DATABASE_URL, else orchard.sqlite).")
+    var database: String?
+
+    @Option(help: "A file holding the PostgreSQL password (else ORCHARD_DATABASE_PASSWORD, else the URL's).")
+    var databasePasswordFile: String?
+
+    @Option(help: "This instance's name among coordinators sharing a PostgreSQL database: unique and stable across restarts (default: <hostname>-<port>).")
+    var instanceID: String?
+
+    @Option(help: "Seconds a cycle may stay sealed by an instance that stopped answering before another closes it (PostgreSQL).")
+    var sealLease: Double = 60
 
     @Option(help: "SQLite durability: normal (survives kill -9) or full (fsync every commit, survives power loss).")
     var durability: SQLiteStore.Durability = .normal
@@ -96,20 +111,63 @@ struct Serve: AsyncParsableCommand {
         guard openAuthPerSecond >= 0, openAuthPerSecond.isFinite else { throw ValidationError("--open-auth-per-second must be a non-negative number") }
         guard maxOpenWorkers >= 0 else { throw ValidationError("--max-open-workers must be non-negative (0: no cap)") }
         guard speedTestInterval >= 0, speedTestInterval.isFinite else { throw ValidationError("--speed-test-interval must be a non-negative number of seconds") }
-        _ = try databasePath()
+        guard sealLease > 0, sealLease.isFinite else { throw ValidationError("--seal-lease must be a positive number of seconds") }
+        _ = try databaseLocation()
     }
 
-    /// Resolves `--database` to a file path.
-    func databasePath() throws -> String {
-        if database.hasPrefix("sqlite://") { return String(database.dropFirst("sqlite://".count)) }
-        if database.hasPrefix("file://") {
-            guard let url = URL(string: database), url.isFileURL else { throw ValidationError("--database '\(database)' is not a file URL") }
-            return url.path
+    /// Where the coordinator keeps its state.
+    enum DatabaseLocation {
+        /// A SQLite file.
+        case sqlite(String)
+        /// A PostgreSQL database; `passwordOnCommandLine` when the URL given with `--database` carries the password.
+        case postgres(PostgresStoreConfiguration, passwordOnCommandLine: Bool)
+    }
+
+    /// Resolves `--database` (or ORCHARD_DATABASE_URL) and the PostgreSQL password.
+    func databaseLocation(environment: [String: String] = ProcessInfo.processInfo.environment) throws -> DatabaseLocation {
+        let text = database ?? environment["ORCHARD_DATABASE_URL"] ?? "orchard.sqlite"
+        let option = database == nil ? "ORCHARD_DATABASE_URL" : "--database"
+        let lowered = text.lowercased()
+        if lowered.hasPrefix("postgres://") || lowered.hasPrefix("postgresql://") {
+            var password: String?
+            if let databasePasswordFile {
+                guard let contents = FileManager.default.contents(atPath: databasePasswordFile) else {
+                    throw ValidationError("--database-password-file '\(databasePasswordFile)' cannot be read")
+                }
+                password = String(decoding: contents, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
+                if password?.isEmpty ?? true { throw ValidationError("--database-password-file '\(databasePasswordFile)' is empty") }
+            } else if let fromEnvironment = environment["ORCHARD_DATABASE_PASSWORD"], !fromEnvironment.isEmpty {
+                password = fromEnvironment
+            }
+            let configuration: PostgresStoreConfiguration
+            do throws(PostgresURLError) {
+                configuration = try PostgresStoreConfiguration(url: text, password: password)
+            } catch {
+                throw ValidationError("\(option): \(error.message)")
+            }
+            if let problem = configuration.problem { throw ValidationError("\(option) \(configuration): \(problem)") }
+            let urlPassword = (try? PostgresStoreConfiguration(url: text))?.password != nil
+            return .postgres(configuration, passwordOnCommandLine: database != nil && urlPassword && password == nil)
         }
-        if database.contains("://") {
-            throw ValidationError("--database '\(database)': only SQLite (a path, sqlite:// or file:// URL) is supported")
+        if databasePasswordFile != nil { throw ValidationError("--database-password-file is for a PostgreSQL database; \(option) names a SQLite file") }
+        if lowered.hasPrefix("sqlite://") { return .sqlite(String(text.dropFirst("sqlite://".count))) }
+        if lowered.hasPrefix("file://") {
+            guard let url = URL(string: text), url.isFileURL else { throw ValidationError("\(option) '\(text)' is not a file URL") }
+            return .sqlite(url.path)
         }
-        return database
+        if text.contains("://") {
+            throw ValidationError("\(option) '\(text)': use a SQLite path, a sqlite:// or file:// URL, or a postgres:// URL")
+        }
+        return .sqlite(text)
+    }
+
+    /// `--instance-id`, or `<hostname>-<port>` with characters an instance name cannot hold replaced by `-`.
+    func resolvedInstanceID() -> String {
+        if let instanceID { return instanceID }
+        let host = ProcessInfo.processInfo.hostName.unicodeScalars.map { scalar -> Character in
+            scalar.isASCII && (scalar.properties.isAlphabetic || ("0"..."9").contains(scalar) || "-_.".unicodeScalars.contains(scalar)) ? Character(scalar) : "-"
+        }
+        return String(String(host).prefix(50)) + "-\(port)"
     }
 
     func run() async throws {
@@ -138,21 +196,39 @@ struct Serve: AsyncParsableCommand {
         var rng = SystemRandomNumberGenerator()
         let generated = resolved.token == nil
         let token = resolved.token ?? (0..<24).map { _ in String(format: "%02x", UInt8.random(in: 0...255, using: &rng)) }.joined()
-        let instance = try await CoordinatorInstance.open(
-            database: try databasePath(), durability: durability,
-            configuration: CoordinatorConfiguration(
-                adminToken: token, maximumReportBytes: maxReportBytes, foldInterval: foldInterval,
-                openAuthenticationRate: openAuthPerSecond > 0 ? RateLimit(burst: openAuthBurst, perSecond: openAuthPerSecond) : nil,
-                maximumOpenWorkers: maxOpenWorkers > 0 ? maxOpenWorkers : nil, speedTestInterval: speedTestInterval,
-                maximumUploadsInFlight: maxUploadsInFlight, uploadRetryAfter: uploadRetryAfter, connectionIdleTimeout: connectionIdleTimeout
-            ),
-            logger: Logger(label: "orchard.coordinator")
+        let configuration = CoordinatorConfiguration(
+            adminToken: token, maximumReportBytes: maxReportBytes, foldInterval: foldInterval,
+            openAuthenticationRate: openAuthPerSecond > 0 ? RateLimit(burst: openAuthBurst, perSecond: openAuthPerSecond) : nil,
+            maximumOpenWorkers: maxOpenWorkers > 0 ? maxOpenWorkers : nil, speedTestInterval: speedTestInterval,
+            maximumUploadsInFlight: maxUploadsInFlight, uploadRetryAfter: uploadRetryAfter, connectionIdleTimeout: connectionIdleTimeout,
+            instanceID: resolvedInstanceID(), sealLease: sealLease
         )
+        if let failure = configuration.validationFailure() { throw ValidationError(failure) }
+        let instance: CoordinatorInstance
+        switch try databaseLocation() {
+        case .sqlite(let path):
+            instance = try await CoordinatorInstance.open(database: path, durability: durability, configuration: configuration, logger: Logger(label: "orchard.coordinator"))
+        case .postgres(let database, let passwordOnCommandLine):
+            if passwordOnCommandLine {
+                logger.warning("the database password is in the --database URL, where every local user can read it; use --database-password-file or ORCHARD_DATABASE_PASSWORD")
+            }
+            logger.info("opening the PostgreSQL store", metadata: ["database": "\(database)", "instance": "\(configuration.instanceID)"])
+            let store = try await PostgresStore.open(configuration: database, logger: Logger(label: "orchard.postgres"))
+            instance = try await CoordinatorInstance.open(
+                store: store, configuration: configuration, logger: Logger(label: "orchard.coordinator"), release: { await store.shutdown() }
+            )
+        }
         let host = self.host
         let scheme = tls == nil ? "http" : "https"
-        try await instance.run(host: host, port: port, tls: tls, logger: Logger(label: "orchard.http")) { boundPort in
-            try? JSONLine.write(Listening(scheme: scheme, host: host, port: boundPort, adminToken: generated ? token : nil))
+        do {
+            try await instance.run(host: host, port: port, tls: tls, logger: Logger(label: "orchard.http")) { boundPort in
+                try? JSONLine.write(Listening(scheme: scheme, host: host, port: boundPort, adminToken: generated ? token : nil))
+            }
+        } catch {
+            await instance.shutdown()
+            throw error
         }
+        await instance.shutdown()
     }
 
     /// The line `orchard serve` prints once it listens (the admin token only when it was generated).

@@ -1,0 +1,292 @@
+import Foundation
+import OrchardSupport
+import Logging
+import OrchardFormats
+import OrchardProtocol
+
+// Several coordinator instances over one shared store (PostgreSQL): any instance serves any device.
+//
+// - Admission is decided by the store (``CoordinatorStore/admit(processID:cycle:workerID:requestKey:at:limit:)``), so
+//   the instances together never admit more than a cycle's capacity.
+// - A request key issued by another instance is looked up in the store the first time this instance sees it.
+// - Each instance folds the reports it accepts into its own partial sum, written back under its instance name; a
+//   report's diff is committed before it is acknowledged and stays in the store until a partial sum includes it.
+// - A cycle closes once: the instance that notices the goal or the deadline first seals it in the store (nothing more
+//   is admitted, accepted or folded), combines every instance's partial sum and pending diffs, and publishes with
+//   ``CoordinatorStore/closeCycle(_:)``, which succeeds for one caller only. The others take the new cycle up on
+//   their next tick; a cycle sealed by an instance that died is closed by another after
+//   ``CoordinatorConfiguration/sealLease``.
+extension Coordinator {
+    /// The instance name reports are folded under: the configured one over a shared store; with a store of its own
+    /// the coordinator is the only instance and uses the default name.
+    nonisolated var foldInstance: String { store.isShared ? configuration.instanceID : CoordinatorConfiguration.defaultInstanceID }
+
+    /// Loads processes other instances hosted and forgets those they deleted.
+    func refreshProcesses() async {
+        let stored: [StoredProcess]
+        do {
+            stored = try await store.processes()
+        } catch {
+            logger.warning("could not list processes from the shared store", metadata: ["error": "\(error)"])
+            return
+        }
+        let ids = Set(stored.map(\.id))
+        for id in runtimes.keys.sorted() where !ids.contains(id) { forget(processID: id) }
+        for process in stored where runtimes[process.id] == nil {
+            do {
+                try await load(process)
+                logger.info("process hosted by another instance loaded", metadata: ["process": "\(process.id)"])
+            } catch {
+                logger.error("could not load a process hosted by another instance", metadata: ["process": "\(process.id)", "error": "\(error)"])
+            }
+        }
+    }
+
+    /// Drops a process's in-memory state (deleted here or by another instance).
+    func forget(processID: String) {
+        guard let runtime = runtimes[processID] else { return }
+        for key in runtime.currentKeys.union(runtime.previousKeys) { processForKey[key] = nil }
+        runtimes[processID] = nil
+        secureLocks[processID] = nil
+        processByName[NameVersion(name: runtime.process.name, version: runtime.process.version)] = nil
+    }
+
+    /// Over a shared store, brings this instance's view of a process up to date (what other instances hosted, closed,
+    /// admitted and accepted) without closing anything; does nothing with a store of its own.
+    func catchUpShared(processID: String) async {
+        guard store.isShared, !transitioning.contains(processID) else { return }
+        if runtimes[processID] == nil { await refreshProcesses() }
+        guard let runtime = runtimes[processID] else { return }
+        let progress: StoredCycleProgress?
+        do {
+            progress = try await store.cycleProgress(processID: processID)
+        } catch {
+            logger.warning("could not read the cycle from the shared store", metadata: ["process": "\(processID)", "error": "\(error)"])
+            return
+        }
+        guard let progress else {
+            if runtime.machine.phase != .completed { _ = await reload(processID: processID) }
+            return
+        }
+        if progress.number != runtime.machine.cycle || runtime.machine.phase == .completed {
+            _ = await reload(processID: processID)
+        } else if progress.assigned != runtime.machine.assignments.count || progress.reported != runtime.machine.reported {
+            if let action = await synchronizeShared(processID: processID) { await perform(action, processID: processID) }
+        }
+    }
+
+    /// One timer step of a process over a shared store: takes up a cycle another instance closed, takes over a cycle
+    /// whose closing instance died, merges other instances' assignments and reports, and closes at the deadline.
+    func tickShared(processID: String, now: Date) async {
+        guard let runtime = runtimes[processID], !transitioning.contains(processID) else { return }
+        let progress: StoredCycleProgress?
+        do {
+            progress = try await store.cycleProgress(processID: processID)
+        } catch {
+            logger.warning("could not read the cycle from the shared store", metadata: ["process": "\(processID)", "error": "\(error)"])
+            return
+        }
+        guard let progress else {
+            if runtime.machine.phase != .completed { _ = await reload(processID: processID) }
+            return
+        }
+        guard progress.number == runtime.machine.cycle, runtime.machine.phase != .completed else {
+            _ = await reload(processID: processID)
+            return
+        }
+        if progress.status == .closing {
+            // Another instance is combining the partial sums; if it has not finished within the lease, it is presumed dead.
+            guard let sealedAt = progress.sealedAt, now.timeIntervalSince(sealedAt) >= configuration.sealLease else { return }
+            logger.warning("taking over the closing of a cycle sealed by another instance", metadata: [
+                "process": "\(processID)", "cycle": "\(progress.number)", "sealed_at": "\(sealedAt)",
+            ])
+            if let action = await combineShared(processID: processID, takeover: true) {
+                await perform(action, processID: processID, combined: true)
+            }
+            return
+        }
+        if progress.assigned != runtime.machine.assignments.count || progress.reported != runtime.machine.reported {
+            if let action = await synchronizeShared(processID: processID) {
+                await perform(action, processID: processID)
+                return
+            }
+        }
+        if let action = runtimes[processID]?.machine.timerFired(now: now) { await perform(action, processID: processID) }
+    }
+
+    /// Merges the assignments every instance recorded into this instance's view of the open cycle; returns the action
+    /// the merged counts call for.
+    func synchronizeShared(processID: String) async -> CycleStateMachine.CycleAction? {
+        guard let runtime = runtimes[processID] else { return nil }
+        let cycle = runtime.machine.cycle
+        let open: RecoveredCycle?
+        do {
+            open = try await store.openCycle(processID: processID)
+        } catch {
+            logger.warning("could not read the cycle's assignments from the shared store", metadata: ["process": "\(processID)", "error": "\(error)"])
+            return nil
+        }
+        guard let open, open.cycle.number == cycle, let current = runtimes[processID], current.machine.cycle == cycle else { return nil }
+        for stored in open.assignments where processForKey[stored.requestKey] == nil {
+            processForKey[stored.requestKey] = processID
+            current.currentKeys.insert(stored.requestKey)
+        }
+        return current.machine.synchronize(with: open.assignments.map(Self.machineAssignment))
+    }
+
+    static func machineAssignment(_ stored: StoredAssignment) -> CycleStateMachine.Assignment {
+        CycleStateMachine.Assignment(workerID: stored.workerID, requestKey: stored.requestKey, state: stored.reported ? .reported : .assigned)
+    }
+
+    /// Seals the open cycle in the shared store and takes every instance's contribution into this runtime: the running
+    /// sum becomes the sum of all partial sums and pending diffs, the state machine every stored assignment. Returns
+    /// the action the combined counts call for, or nil when another instance is closing (or closed) the cycle.
+    func combineShared(processID: String, takeover: Bool) async -> CycleStateMachine.CycleAction? {
+        guard let runtime = runtimes[processID] else { return nil }
+        let cycle = runtime.machine.cycle
+        let isPrivate = runtime.privacy != nil
+        do {
+            let sealed = try await store.sealCycle(processID: processID, cycle: cycle, at: clock.date)
+            // Sealed by another instance, which is closing it: the tick takes the next cycle up, or takes over after the lease.
+            guard sealed || takeover else { return nil }
+            guard let open = try await store.openCycle(processID: processID), open.cycle.number == cycle else {
+                _ = await reload(processID: processID)
+                return nil
+            }
+            let count = runtime.layout.totalCount
+            var sum = RunningSum(count: count)
+            for (_, partial) in open.partialSums.sorted(by: { $0.key < $1.key }) {
+                sum.add(try RunningSum(bytes: partial.bytes, weight: partial.weight, reports: partial.reports, unclipped: partial.unclipped, count: count))
+            }
+            let accumulator = RecoveryAccumulator(sum: sum)
+            try await store.forEachPendingDiff(processID: processID, cycle: cycle) { pending in
+                guard pending.diff.count == count * 4 else {
+                    throw StoreError(.corrupt, "stored diff of worker \(pending.workerID) has \(pending.diff.count) bytes")
+                }
+                accumulator.add(
+                    pending.diff, weight: Runtime.foldWeight(sampleCount: pending.sampleCount, private: isPrivate), unclipped: pending.unclipped,
+                    worker: pending.workerID
+                )
+            }
+            guard let current = runtimes[processID], current.machine.cycle == cycle else { return nil }
+            let old = current.machine
+            var machine = CycleStateMachine(
+                configuration: old.configuration, cycle: cycle, checkpoint: old.checkpoint, openedAt: old.openedAt,
+                completedCycles: old.completedCycles, abandonedCycles: old.abandonedCycles, assignments: open.assignments.map(Self.machineAssignment)
+            )
+            let action = machine.closeAdmission()
+            current.machine = machine
+            current.sum = accumulator.result.0
+            current.unfolded = []
+            for stored in open.assignments where processForKey[stored.requestKey] == nil {
+                processForKey[stored.requestKey] = processID
+                current.currentKeys.insert(stored.requestKey)
+            }
+            return action
+        } catch let error as StoreError where error.code == .cycleClosed {
+            _ = await reload(processID: processID)
+            return nil
+        } catch {
+            logger.error("could not combine the instances' partial sums; retrying on the next tick", metadata: ["process": "\(processID)", "error": "\(error)"])
+            runtimes[processID]?.machine.transitionFailed()
+            return nil
+        }
+    }
+
+    /// With a shared store, learns a request key another instance issued: a device may check in at one instance and
+    /// send its report (or download its model) at another.
+    func adoptSharedKey(_ requestKey: String) async throws(CoordinatorError) {
+        guard store.isShared, processForKey[requestKey] == nil else { return }
+        let found: StoredKeyedAssignment?
+        do {
+            found = try await store.assignment(requestKey: requestKey)
+        } catch {
+            throw storeFailure(error, "look up the request key")
+        }
+        guard let found else { return }
+        if runtimes[found.processID] == nil { await refreshProcesses() }
+        if let runtime = runtimes[found.processID], runtime.machine.cycle < found.cycle, !transitioning.contains(found.processID) {
+            _ = await reload(processID: found.processID)
+        }
+        guard let runtime = runtimes[found.processID], runtime.machine.cycle == found.cycle else { return }
+        processForKey[requestKey] = found.processID
+        runtime.currentKeys.insert(requestKey)
+        if let action = runtime.machine.synchronize(with: [Self.machineAssignment(found.assignment)]) {
+            await perform(action, processID: found.processID)
+        }
+    }
+
+    /// Records a new assignment in a shared store, which admits exactly across instances. Returns the assignment to
+    /// hand out, or a rejection when the store refused it (the cycle is full or no longer open).
+    func admitShared(
+        processID: String, cycle: Int, workerID: String, assignment: CycleStateMachine.Assignment, now: Date, jitter: Double
+    ) async throws(CoordinatorError) -> SharedAdmission {
+        guard let runtime = runtimes[processID] else { throw CoordinatorError(.unknownProcess, "process '\(processID)' is no longer hosted") }
+        let window = runtime.process.serverConfig.paceSteeringWindow
+        let outcome: StoredAdmission
+        do {
+            outcome = try await store.admit(
+                processID: processID, cycle: cycle, workerID: workerID, requestKey: assignment.requestKey, at: now, limit: runtime.machine.configuration.capacity
+            )
+        } catch let error as StoreError where error.code == .cycleClosed {
+            revoke(processID: processID, cycle: cycle, workerID: workerID, requestKey: assignment.requestKey)
+            return .rejected(CycleRejection(retryAfter: (window * (1 + jitter)).rounded(.up), reason: "cycle_closing"))
+        } catch {
+            revoke(processID: processID, cycle: cycle, workerID: workerID, requestKey: assignment.requestKey)
+            throw storeFailure(error, "record the assignment")
+        }
+        switch outcome {
+        case .admitted:
+            return .assigned(assignment)
+        case .existing(let stored):
+            // Admitted earlier by another instance: hand out that assignment again.
+            revoke(processID: processID, cycle: cycle, workerID: workerID, requestKey: assignment.requestKey)
+            guard let current = runtimes[processID], current.machine.cycle == cycle else {
+                return .rejected(CycleRejection(retryAfter: (window * (1 + jitter)).rounded(.up), reason: "cycle_closing"))
+            }
+            processForKey[stored.requestKey] = processID
+            current.currentKeys.insert(stored.requestKey)
+            if let action = current.machine.synchronize(with: [Self.machineAssignment(stored)]) { await perform(action, processID: processID) }
+            if stored.reported {
+                return .rejected(CycleRejection(retryAfter: max(0, current.machine.deadline.timeIntervalSince(now)).rounded(.up), reason: "already_reported"))
+            }
+            return .assigned(Self.machineAssignment(stored))
+        case .full:
+            revoke(processID: processID, cycle: cycle, workerID: workerID, requestKey: assignment.requestKey)
+            if let action = await synchronizeShared(processID: processID) { await perform(action, processID: processID) }
+            let deadline = runtimes[processID]?.machine.deadline ?? now
+            return .rejected(CycleRejection(retryAfter: (max(0, deadline.timeIntervalSince(now)) + jitter * window).rounded(.up), reason: "cycle_full"))
+        }
+    }
+
+    /// What ``admitShared(processID:cycle:workerID:assignment:now:jitter:)`` decided.
+    enum SharedAdmission {
+        /// Hand out this assignment.
+        case assigned(CycleStateMachine.Assignment)
+        /// Turn the device away.
+        case rejected(CycleRejection)
+    }
+
+    /// Withdraws an assignment this instance made but the store did not record.
+    private func revoke(processID: String, cycle: Int, workerID: String, requestKey: String) {
+        processForKey[requestKey] = nil
+        guard let runtime = runtimes[processID], runtime.machine.cycle == cycle else { return }
+        runtime.machine.revokeAssignment(workerID: workerID)
+        runtime.currentKeys.remove(requestKey)
+    }
+
+    /// After a report committed here, whether the instances together reached the goal: merges their assignments when
+    /// the store counts enough reports, and returns the action that calls for.
+    func goalReachedShared(processID: String, cycle: Int) async -> CycleStateMachine.CycleAction? {
+        guard let runtime = runtimes[processID] else { return nil }
+        do {
+            guard let progress = try await store.cycleProgress(processID: processID), progress.number == cycle,
+                  progress.reported >= runtime.machine.configuration.goalCount
+            else { return nil }
+        } catch {
+            logger.warning("could not count the cycle's reports in the shared store", metadata: ["process": "\(processID)", "error": "\(error)"])
+            return nil
+        }
+        return await synchronizeShared(processID: processID)
+    }
+}

@@ -1,0 +1,119 @@
+import Logging
+import PostgresNIO
+
+/// The store's tables, as numbered migrations. Each runs in its own transaction under a transaction-scoped advisory
+/// lock, so coordinator instances starting at once apply each migration exactly once; a version listed in
+/// `orchard_schema_migrations` is never run again.
+///
+/// The layout mirrors ``OrchardCoordinator/SQLiteStore``'s newest version: dates are epoch seconds in DOUBLE PRECISION
+/// (so a `Date` reads back exactly as SQLite's REAL does), blobs BYTEA, counts BIGINT.
+enum PostgresSchema {
+    /// One migration: its version and its statements (one statement per query: the extended protocol runs one).
+    struct Migration: Sendable {
+        var version: String
+        var statements: [String]
+    }
+
+    /// The key of the advisory lock that serialises migrations ("ORCHARD\0" as a big-endian 64-bit integer).
+    static let lockKey = 0x4F52_4348_4152_4400
+
+    /// The table that lists applied migrations.
+    static let migrationsTable = "orchard_schema_migrations"
+
+    /// Every migration, oldest first.
+    static let migrations: [Migration] = [
+        Migration(version: "1-initial", statements: [
+            """
+            CREATE TABLE processes (
+                id TEXT PRIMARY KEY, name TEXT NOT NULL, version TEXT NOT NULL, model TEXT NOT NULL,
+                client_config TEXT NOT NULL, server_config TEXT NOT NULL, created_at DOUBLE PRECISION NOT NULL,
+                completed BOOLEAN NOT NULL DEFAULT FALSE, latest_checkpoint BIGINT NOT NULL DEFAULT 0,
+                cycles_completed BIGINT NOT NULL DEFAULT 0, cycles_abandoned BIGINT NOT NULL DEFAULT 0,
+                optimizer_state BYTEA, privacy_state BYTEA,
+                UNIQUE (name, version))
+            """,
+            """
+            CREATE TABLE checkpoints (
+                process_id TEXT NOT NULL REFERENCES processes(id) ON DELETE CASCADE, number BIGINT NOT NULL,
+                weights BYTEA NOT NULL, PRIMARY KEY (process_id, number))
+            """,
+            """
+            CREATE TABLE cycles (
+                process_id TEXT NOT NULL REFERENCES processes(id) ON DELETE CASCADE, number BIGINT NOT NULL,
+                checkpoint BIGINT NOT NULL, opened_at DOUBLE PRECISION NOT NULL,
+                status TEXT NOT NULL CHECK (status IN ('open', 'closing', 'aggregated', 'abandoned')),
+                sealed_at DOUBLE PRECISION,
+                PRIMARY KEY (process_id, number))
+            """,
+            // At most one cycle of a process is not closed.
+            "CREATE UNIQUE INDEX cycles_current ON cycles (process_id) WHERE status IN ('open', 'closing')",
+            """
+            CREATE TABLE assignments (
+                process_id TEXT NOT NULL, cycle BIGINT NOT NULL, worker_id TEXT NOT NULL,
+                request_key TEXT NOT NULL UNIQUE, assigned_at DOUBLE PRECISION NOT NULL,
+                reported BOOLEAN NOT NULL DEFAULT FALSE, sample_count BIGINT, metrics TEXT,
+                unclipped BOOLEAN NOT NULL DEFAULT FALSE, instance TEXT, diff BYTEA,
+                PRIMARY KEY (process_id, cycle, worker_id),
+                FOREIGN KEY (process_id, cycle) REFERENCES cycles(process_id, number) ON DELETE CASCADE)
+            """,
+            // Workers belong to one process and one issuer (NULLs are distinct: anonymous workers never collide).
+            """
+            CREATE TABLE workers (
+                id TEXT PRIMARY KEY, process_id TEXT, issuer TEXT, subject TEXT, created_at DOUBLE PRECISION NOT NULL,
+                UNIQUE (process_id, issuer, subject))
+            """,
+            "CREATE TABLE secrets (name TEXT PRIMARY KEY, value BYTEA NOT NULL)",
+            // Each instance's running sum of a cycle.
+            """
+            CREATE TABLE partial_sums (
+                process_id TEXT NOT NULL, cycle BIGINT NOT NULL, instance TEXT NOT NULL, sum BYTEA NOT NULL,
+                weight DOUBLE PRECISION NOT NULL, reports BIGINT NOT NULL, unclipped BIGINT NOT NULL,
+                PRIMARY KEY (process_id, cycle, instance),
+                FOREIGN KEY (process_id, cycle) REFERENCES cycles(process_id, number) ON DELETE CASCADE)
+            """,
+            """
+            CREATE TABLE secure_aggregation_events (
+                process_id TEXT NOT NULL, cycle BIGINT NOT NULL, sequence BIGINT NOT NULL, body BYTEA NOT NULL, words BYTEA,
+                PRIMARY KEY (process_id, cycle, sequence),
+                FOREIGN KEY (process_id, cycle) REFERENCES cycles(process_id, number) ON DELETE CASCADE)
+            """,
+        ]),
+    ]
+
+    /// Applies the migrations not yet applied, each in its own transaction; returns the versions it applied.
+    @discardableResult
+    static func migrate(_ connection: PostgresConnection, logger: Logger) async throws -> [String] {
+        var applied: [String] = []
+        for migration in migrations {
+            try await connection.rows("BEGIN", logger: logger)
+            do {
+                try await connection.rows("SELECT pg_advisory_xact_lock(\(lockKey))", logger: logger)
+                try await connection.rows(
+                    "CREATE TABLE IF NOT EXISTS orchard_schema_migrations (version TEXT PRIMARY KEY, applied_at TIMESTAMPTZ NOT NULL DEFAULT now())",
+                    logger: logger
+                )
+                let done = try await connection.rows("SELECT 1 FROM orchard_schema_migrations WHERE version = \(migration.version)", logger: logger)
+                if done.isEmpty {
+                    for statement in migration.statements {
+                        try await connection.rows(PostgresQuery(unsafeSQL: statement), logger: logger)
+                    }
+                    try await connection.rows("INSERT INTO orchard_schema_migrations (version) VALUES (\(migration.version))", logger: logger)
+                    applied.append(migration.version)
+                }
+                try await connection.rows("COMMIT", logger: logger)
+            } catch {
+                _ = try? await connection.rows("ROLLBACK", logger: logger)
+                throw error
+            }
+        }
+        return applied
+    }
+}
+
+extension PostgresConnection {
+    /// Runs a statement and collects its rows (so its errors surface here, before the next statement).
+    @discardableResult
+    func rows(_ query: PostgresQuery, logger: Logger) async throws -> [PostgresRow] {
+        try await self.query(query, logger: logger).collect()
+    }
+}

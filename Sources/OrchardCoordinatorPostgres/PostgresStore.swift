@@ -1,0 +1,640 @@
+public import Foundation
+public import Logging
+public import OrchardCoordinator
+import NIOCore
+import NIOSSL
+import OrchardFormats
+import OrchardProtocol
+import PostgresNIO
+
+/// A ``OrchardCoordinator/CoordinatorStore`` in PostgreSQL, shared by several coordinator instances.
+///
+/// Open it with ``open(configuration:logger:)``, which connects once (failing fast with
+/// ``OrchardCoordinator/StoreError/Code/io`` when the server cannot be reached), applies the schema's migrations
+/// under an advisory lock, and starts a connection pool (postgres-nio's `PostgresClient`) whose background task the
+/// store owns. Call ``shutdown()`` when done: it stops that task, closes the connections and deletes the staging
+/// directory; a store that is not shut down keeps its connections until the process exits.
+///
+/// Every method is one transaction at READ COMMITTED with explicit row locks on the cycle: admissions lock it
+/// `FOR UPDATE` (so concurrent admissions across instances respect the limit exactly); reports, folds and
+/// secure-aggregation steps lock it `FOR SHARE` and require it open, so sealing (an UPDATE of that row) waits for
+/// them and nothing commits into a sealed cycle; closing updates it only from 'open' or 'closing', exactly once.
+///
+/// A report's diff is staged in a temporary file while it arrives (memory stays bounded) and written to the
+/// assignment's BYTEA column in the report's transaction; once that commits it is durable.
+public final class PostgresStore: CoordinatorStore {
+    private let client: PostgresClient
+    private let runner: Task<Void, Never>
+    private let logger: Logger
+    private let spool: StagingSpool
+
+    /// True: several coordinator instances may share this store.
+    public var isShared: Bool { true }
+
+    private init(client: PostgresClient, runner: Task<Void, Never>, logger: Logger, spool: StagingSpool) {
+        self.client = client
+        self.runner = runner
+        self.logger = logger
+        self.spool = spool
+    }
+
+    deinit { runner.cancel() }
+
+    /// Connects, applies pending schema migrations and starts the connection pool. Throws
+    /// ``OrchardCoordinator/StoreError/Code/io`` when the server cannot be reached or refuses the login.
+    public static func open(configuration: PostgresStoreConfiguration, logger: Logger = Logger(label: "orchard.postgres")) async throws -> PostgresStore {
+        let target = Self.place(configuration)
+        let tls = try tlsConfiguration(configuration)
+
+        // One direct connection first: it fails at once when the server is unreachable (the pool would retry for a
+        // minute), and runs the migrations.
+        let connection = try await connect(configuration, logger: logger)
+        do {
+            let applied = try await PostgresSchema.migrate(connection, logger: logger)
+            if !applied.isEmpty { logger.info("applied PostgreSQL schema migrations", metadata: ["versions": "\(applied.joined(separator: ", "))", "database": "\(configuration)"]) }
+        } catch {
+            try? await connection.close()
+            throw StoreError(.io, "cannot apply the schema migrations to PostgreSQL at \(target): \(PostgresErrors.detail(error))")
+        }
+        try? await connection.close()
+
+        let spool = try StagingSpool(root: configuration.spoolDirectory)
+        var pooled = PostgresClient.Configuration(
+            host: configuration.host, port: configuration.port, username: configuration.user, password: configuration.password,
+            database: configuration.database, tls: .disable
+        )
+        switch (configuration.tlsMode, tls) {
+        case (.disable, _), (_, nil): pooled.tls = .disable
+        case (.prefer, let tls?): pooled.tls = .prefer(tls)
+        case (_, let tls?): pooled.tls = .require(tls)
+        }
+        pooled.options.maximumConnections = configuration.poolSize
+        pooled.options.minimumConnections = 0
+        pooled.options.connectTimeout = .milliseconds(Int64(configuration.connectTimeout * 1000))
+        let client = PostgresClient(configuration: pooled, backgroundLogger: logger)
+        let runner = Task { await client.run() }
+        logger.debug("opened PostgreSQL store", metadata: ["database": "\(configuration)"])
+        return PostgresStore(client: client, runner: runner, logger: logger, spool: spool)
+    }
+
+    /// The server, database and user, without the password.
+    private static func place(_ configuration: PostgresStoreConfiguration) -> String {
+        "\(configuration.host):\(configuration.port)/\(configuration.database) as \(configuration.user)"
+    }
+
+    /// One connection outside the pool (migrations, administration), or ``OrchardCoordinator/StoreError/Code/io``
+    /// saying why not.
+    static func connect(_ configuration: PostgresStoreConfiguration, logger: Logger) async throws -> PostgresConnection {
+        let target = Self.place(configuration)
+        if let problem = configuration.problem { throw StoreError(.io, "cannot use PostgreSQL at \(target): \(problem)") }
+        var direct = PostgresConnection.Configuration(
+            host: configuration.host, port: configuration.port, username: configuration.user, password: configuration.password,
+            database: configuration.database, tls: .disable
+        )
+        direct.options.connectTimeout = .milliseconds(Int64(configuration.connectTimeout * 1000))
+        do {
+            switch (configuration.tlsMode, try tlsConfiguration(configuration)) {
+            case (.disable, _), (_, nil): direct.tls = .disable
+            case (.prefer, let tls?): direct.tls = .prefer(try NIOSSLContext(configuration: tls))
+            case (_, let tls?): direct.tls = .require(try NIOSSLContext(configuration: tls))
+            }
+        } catch let error as StoreError {
+            throw error
+        } catch {
+            throw StoreError(.io, "cannot set up TLS for PostgreSQL at \(target): \(error)")
+        }
+        do {
+            return try await PostgresConnection.connect(configuration: direct, id: 0, logger: logger)
+        } catch {
+            throw StoreError(.io, "cannot connect to PostgreSQL at \(target) (sslmode=\(configuration.tlsMode.rawValue)): \(PostgresErrors.detail(error))")
+        }
+    }
+
+    /// The schema versions applied to the database, in the order they were applied.
+    public func appliedMigrations() async throws -> [String] {
+        let what = "list the applied schema migrations"
+        let rows = try await rows(what, "SELECT version FROM orchard_schema_migrations ORDER BY applied_at, version")
+        do { return try rows.map { try $0.decode(String.self) } } catch { throw PostgresErrors.map(error, what) }
+    }
+
+    /// Every schema version this build knows, oldest first (all are applied by ``open(configuration:logger:)``).
+    public static var schemaVersions: [String] { PostgresSchema.migrations.map(\.version) }
+
+    /// Stops the connection pool (closing its connections; later calls fail with
+    /// ``OrchardCoordinator/StoreError/Code/io``) and deletes the staging directory. Calling it again does nothing.
+    public func shutdown() async {
+        runner.cancel()
+        await runner.value
+        spool.remove()
+    }
+
+    /// The TLS settings `sslmode` asks for, or nil for plain TCP.
+    private static func tlsConfiguration(_ configuration: PostgresStoreConfiguration) throws -> TLSConfiguration? {
+        var tls = TLSConfiguration.makeClientConfiguration()
+        switch configuration.tlsMode {
+        case .disable:
+            return nil
+        case .prefer, .require:
+            // Encrypted, not authenticated: libpq's prefer and require do not verify the certificate either.
+            tls.certificateVerification = .none
+        case .verifyFull:
+            tls.certificateVerification = .fullVerification
+            if let path = configuration.rootCertificatePath {
+                do {
+                    tls.trustRoots = .certificates(try NIOSSLCertificate.fromPEMFile(path))
+                } catch {
+                    throw StoreError(.io, "cannot read sslrootcert \(path) (a PEM file of trusted certificate authorities): \(error)")
+                }
+            }
+        }
+        return tls
+    }
+
+    // MARK: - Plumbing
+
+    /// Runs `body` in a transaction on a pooled connection, mapping errors to ``StoreError`` (`what` names the operation).
+    private func transaction<T: Sendable>(
+        _ what: @autoclosure () -> String, readOnly: Bool = false, _ body: (PostgresConnection) async throws -> T
+    ) async throws -> T {
+        let logger = self.logger
+        do {
+            return try await client.withConnection { connection async throws -> T in
+                try await connection.rows(readOnly ? "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY" : "BEGIN", logger: logger)
+                do {
+                    let value = try await body(connection)
+                    try await connection.rows("COMMIT", logger: logger)
+                    return value
+                } catch {
+                    _ = try? await connection.rows("ROLLBACK", logger: logger)
+                    throw error
+                }
+            }
+        } catch {
+            throw PostgresErrors.map(error, what())
+        }
+    }
+
+    /// Runs one statement outside an explicit transaction and returns its rows.
+    @discardableResult
+    private func rows(_ what: @autoclosure () -> String, _ query: PostgresQuery) async throws -> [PostgresRow] {
+        do {
+            return try await client.query(query, logger: logger).collect()
+        } catch {
+            throw PostgresErrors.map(error, what())
+        }
+    }
+
+    @discardableResult
+    private func run(_ connection: PostgresConnection, _ query: PostgresQuery) async throws -> [PostgresRow] {
+        try await connection.query(query, logger: logger).collect()
+    }
+
+    private static func buffer(_ bytes: [UInt8]) -> ByteBuffer { ByteBuffer(bytes: bytes) }
+    private static func bytes(_ buffer: ByteBuffer) -> [UInt8] { Array(buffer.readableBytesView) }
+
+    private static func json(_ value: some Encodable, _ what: String) throws -> String {
+        do {
+            return String(decoding: try WireCoding.encoder().encode(value), as: UTF8.self)
+        } catch {
+            throw StoreError(.corrupt, "the \(what) cannot be encoded: \(error)")
+        }
+    }
+
+    private static func decode<T: Decodable>(_ type: T.Type, _ text: String, _ what: String) throws -> T {
+        do {
+            return try WireCoding.decoder().decode(T.self, from: Data(text.utf8))
+        } catch {
+            throw StoreError(.corrupt, "stored \(what) cannot be decoded: \(error)")
+        }
+    }
+
+    /// Locks a cycle's row (`FOR SHARE` or `FOR UPDATE`) and returns its status, nil when absent.
+    private func lockCycle(_ connection: PostgresConnection, processID: String, cycle: Int, exclusive: Bool) async throws -> String? {
+        let query: PostgresQuery = exclusive
+            ? "SELECT status FROM cycles WHERE process_id = \(processID) AND number = \(cycle) FOR UPDATE"
+            : "SELECT status FROM cycles WHERE process_id = \(processID) AND number = \(cycle) FOR SHARE"
+        return try await run(connection, query).first.map { try $0.decode(String.self) }
+    }
+
+    /// Throws ``StoreError/Code/cycleClosed`` unless `status` is 'open'.
+    private static func requireOpen(_ status: String?, processID: String, cycle: Int) throws {
+        switch status {
+        case "open": return
+        case "closing": throw StoreError(.cycleClosed, "cycle \(cycle) of process \(processID) is sealed for closing")
+        case nil: throw StoreError(.cycleClosed, "cycle \(cycle) of process \(processID) does not exist")
+        case let status?: throw StoreError(.cycleClosed, "cycle \(cycle) of process \(processID) is closed (\(status))")
+        }
+    }
+
+    // MARK: - Processes and checkpoints
+
+    public func createProcess(_ process: StoredProcess, initialWeights: [UInt8], firstCycle: StoredCycle) async throws {
+        let model = try Self.json(process.model, "model")
+        let client = try Self.json(process.clientConfig, "client config")
+        let server = try Self.json(process.serverConfig, "server config")
+        let version = process.version.description
+        do {
+            try await transaction("host process '\(process.name)' version \(version)") { connection in
+                try await run(connection, """
+                    INSERT INTO processes (id, name, version, model, client_config, server_config, created_at)
+                    VALUES (\(process.id), \(process.name), \(version), \(model), \(client), \(server), \(process.createdAt.timeIntervalSince1970))
+                    """)
+                try await run(connection, "INSERT INTO checkpoints (process_id, number, weights) VALUES (\(process.id), 0, \(Self.buffer(initialWeights)))")
+                try await run(connection, """
+                    INSERT INTO cycles (process_id, number, checkpoint, opened_at, status)
+                    VALUES (\(process.id), \(firstCycle.number), \(firstCycle.checkpoint), \(firstCycle.openedAt.timeIntervalSince1970), 'open')
+                    """)
+            }
+        } catch let error as StoreError where error.code == .duplicate {
+            throw StoreError(.duplicate, "process '\(process.name)' version \(version) (or id '\(process.id)') already exists")
+        }
+    }
+
+    public func processes() async throws -> [StoredProcess] {
+        let rows = try await rows("list processes", """
+            SELECT id, name, version, model, client_config, server_config, created_at, completed, latest_checkpoint, cycles_completed, cycles_abandoned
+            FROM processes ORDER BY created_at, id
+            """)
+        do {
+            return try rows.map { row in
+                let (id, name, versionText, model, client, server, createdAt, completed, latest, aggregated, abandoned) =
+                    try row.decode((String, String, String, String, String, String, Double, Bool, Int, Int, Int).self)
+                guard let version = SemanticVersion(versionText) else { throw StoreError(.corrupt, "stored version '\(versionText)' of process '\(id)' is invalid") }
+                return StoredProcess(
+                    id: id, name: name, version: version, model: try Self.decode(ModelSpec.self, model, "model of process '\(id)'"),
+                    clientConfig: try Self.decode(ClientConfig.self, client, "client config of process '\(id)'"),
+                    serverConfig: try Self.decode(ServerConfig.self, server, "server config of process '\(id)'"),
+                    createdAt: Date(timeIntervalSince1970: createdAt), completed: completed, latestCheckpoint: latest,
+                    cyclesCompleted: aggregated, cyclesAbandoned: abandoned
+                )
+            }
+        } catch {
+            throw PostgresErrors.map(error, "list processes")
+        }
+    }
+
+    public func deleteProcess(id: String) async throws {
+        // Checkpoints, cycles and (through cycles) assignments, partial sums and events cascade.
+        try await transaction("delete process '\(id)'") { connection in
+            guard try await !run(connection, "DELETE FROM processes WHERE id = \(id) RETURNING id").isEmpty else {
+                throw StoreError(.notFound, "no process '\(id)'")
+            }
+        }
+    }
+
+    public func checkpoint(processID: String, number: Int) async throws -> [UInt8]? {
+        let rows = try await rows("read checkpoint \(number) of process '\(processID)'", "SELECT weights FROM checkpoints WHERE process_id = \(processID) AND number = \(number)")
+        do {
+            return try rows.first.map { Self.bytes(try $0.decode(ByteBuffer.self)) }
+        } catch {
+            throw PostgresErrors.map(error, "read checkpoint \(number) of process '\(processID)'")
+        }
+    }
+
+    public func checkpointNumbers(processID: String) async throws -> [Int] {
+        let rows = try await rows("list the checkpoints of process '\(processID)'", "SELECT number FROM checkpoints WHERE process_id = \(processID) ORDER BY number")
+        do {
+            return try rows.map { try $0.decode(Int.self) }
+        } catch {
+            throw PostgresErrors.map(error, "list the checkpoints of process '\(processID)'")
+        }
+    }
+
+    public func optimizerState(processID: String) async throws -> [UInt8]? {
+        let rows = try await rows("read the optimizer state of process '\(processID)'", "SELECT optimizer_state FROM processes WHERE id = \(processID)")
+        do {
+            return try rows.first.flatMap { try $0.decode(ByteBuffer?.self) }.map(Self.bytes)
+        } catch {
+            throw PostgresErrors.map(error, "read the optimizer state of process '\(processID)'")
+        }
+    }
+
+    public func privacyState(processID: String) async throws -> [UInt8]? {
+        let rows = try await rows("read the privacy ledger of process '\(processID)'", "SELECT privacy_state FROM processes WHERE id = \(processID)")
+        do {
+            return try rows.first.flatMap { try $0.decode(ByteBuffer?.self) }.map(Self.bytes)
+        } catch {
+            throw PostgresErrors.map(error, "read the privacy ledger of process '\(processID)'")
+        }
+    }
+
+    // MARK: - Cycles
+
+    private static func status(_ text: String, cycle: Int) throws -> StoredCycleStatus {
+        guard let status = StoredCycleStatus(rawValue: text) else { throw StoreError(.corrupt, "cycle \(cycle) has unexpected status '\(text)'") }
+        return status
+    }
+
+    public func openCycle(processID: String) async throws -> RecoveredCycle? {
+        try await transaction("read the open cycle of process '\(processID)'", readOnly: true) { connection -> RecoveredCycle? in
+            guard let row = try await run(connection, """
+                SELECT number, checkpoint, opened_at, status, sealed_at FROM cycles
+                WHERE process_id = \(processID) AND status IN ('open', 'closing') ORDER BY number DESC LIMIT 1
+                """).first else { return nil }
+            let (number, checkpoint, openedAt, statusText, sealedAt) = try row.decode((Int, Int, Double, String, Double?).self)
+            let assignments = try await run(connection, """
+                SELECT worker_id, request_key, reported, instance FROM assignments
+                WHERE process_id = \(processID) AND cycle = \(number) ORDER BY assigned_at, worker_id
+                """).map { row in
+                let (worker, key, reported, instance) = try row.decode((String, String, Bool, String?).self)
+                return StoredAssignment(workerID: worker, requestKey: key, reported: reported, instance: instance)
+            }
+            var sums: [String: StoredPartialSum] = [:]
+            for row in try await run(connection, "SELECT instance, sum, weight, reports, unclipped FROM partial_sums WHERE process_id = \(processID) AND cycle = \(number)") {
+                let (instance, sum, weight, reports, unclipped) = try row.decode((String, ByteBuffer, Double, Int, Int).self)
+                sums[instance] = StoredPartialSum(bytes: Self.bytes(sum), weight: weight, reports: reports, unclipped: unclipped)
+            }
+            return RecoveredCycle(
+                cycle: StoredCycle(number: number, checkpoint: checkpoint, openedAt: Date(timeIntervalSince1970: openedAt)),
+                status: try Self.status(statusText, cycle: number), sealedAt: sealedAt.map(Date.init(timeIntervalSince1970:)),
+                assignments: assignments, partialSums: sums
+            )
+        }
+    }
+
+    public func cycleProgress(processID: String) async throws -> StoredCycleProgress? {
+        let what = "read the progress of process '\(processID)'"
+        let rows = try await rows(what, """
+            SELECT c.number, c.checkpoint, c.opened_at, c.status, c.sealed_at,
+                (SELECT COUNT(*) FROM assignments a WHERE a.process_id = c.process_id AND a.cycle = c.number),
+                (SELECT COUNT(*) FROM assignments a WHERE a.process_id = c.process_id AND a.cycle = c.number AND a.reported)
+            FROM cycles c WHERE c.process_id = \(processID) AND c.status IN ('open', 'closing') ORDER BY c.number DESC LIMIT 1
+            """)
+        do {
+            guard let row = rows.first else { return nil }
+            let (number, checkpoint, openedAt, status, sealedAt, assigned, reported) = try row.decode((Int, Int, Double, String, Double?, Int, Int).self)
+            return StoredCycleProgress(
+                number: number, checkpoint: checkpoint, openedAt: Date(timeIntervalSince1970: openedAt), status: try Self.status(status, cycle: number),
+                sealedAt: sealedAt.map(Date.init(timeIntervalSince1970:)), assigned: assigned, reported: reported
+            )
+        } catch {
+            throw PostgresErrors.map(error, what)
+        }
+    }
+
+    public func forEachPendingDiff(processID: String, cycle: Int, _ body: @Sendable (PendingDiff) throws -> Void) async throws {
+        let what = "read the pending diffs of cycle \(cycle) of process '\(processID)'"
+        let logger = self.logger
+        do {
+            // Streamed row by row: one diff in memory at a time.
+            try await client.withConnection { connection in
+                let rows = try await connection.query("""
+                    SELECT worker_id, sample_count, unclipped, diff, instance FROM assignments
+                    WHERE process_id = \(processID) AND cycle = \(cycle) AND reported AND diff IS NOT NULL ORDER BY worker_id
+                    """, logger: logger)
+                for try await row in rows {
+                    let (worker, samples, unclipped, diff, instance) = try row.decode((String, Int?, Bool, ByteBuffer, String?).self)
+                    try body(PendingDiff(
+                        workerID: worker, sampleCount: samples ?? 0, unclipped: unclipped, diff: Self.bytes(diff),
+                        instance: instance ?? CoordinatorConfiguration.defaultInstanceID
+                    ))
+                }
+            }
+        } catch {
+            throw PostgresErrors.map(error, what)
+        }
+    }
+
+    // MARK: - Workers and secrets
+
+    public func registerWorker(id: String, processID: String, issuer: String?, subject: String?, at date: Date) async throws {
+        // A second registration of the same identity (a concurrent first authentication) keeps the first.
+        try await rows("register worker '\(id)'", """
+            INSERT INTO workers (id, process_id, issuer, subject, created_at) VALUES (\(id), \(processID), \(issuer), \(subject), \(date.timeIntervalSince1970))
+            ON CONFLICT (process_id, issuer, subject) DO NOTHING
+            """)
+    }
+
+    public func workerID(processID: String, issuer: String, subject: String) async throws -> String? {
+        let what = "look up a worker of process '\(processID)'"
+        let rows = try await rows(what, "SELECT id FROM workers WHERE process_id = \(processID) AND issuer = \(issuer) AND subject = \(subject)")
+        do { return try rows.first.map { try $0.decode(String.self) } } catch { throw PostgresErrors.map(error, what) }
+    }
+
+    public func workerExists(id: String) async throws -> Bool {
+        try await !rows("look up worker '\(id)'", "SELECT 1 FROM workers WHERE id = \(id)").isEmpty
+    }
+
+    public func workerCount(processID: String) async throws -> Int {
+        let what = "count the workers of process '\(processID)'"
+        let rows = try await rows(what, "SELECT COUNT(*) FROM workers WHERE process_id = \(processID)")
+        do { return try rows.first.map { try $0.decode(Int.self) } ?? 0 } catch { throw PostgresErrors.map(error, what) }
+    }
+
+    public func secret(named name: String, make: @Sendable () -> [UInt8]) async throws -> [UInt8] {
+        let what = "read secret '\(name)'"
+        func stored() async throws -> [UInt8]? {
+            let rows = try await rows(what, "SELECT value FROM secrets WHERE name = \(name)")
+            do { return try rows.first.map { Self.bytes(try $0.decode(ByteBuffer.self)) } } catch { throw PostgresErrors.map(error, what) }
+        }
+        if let existing = try await stored() { return existing }
+        // Instances racing to create it: the first insert wins and every one reads that value back.
+        try await rows("store secret '\(name)'", "INSERT INTO secrets (name, value) VALUES (\(name), \(Self.buffer(make()))) ON CONFLICT (name) DO NOTHING")
+        guard let value = try await stored() else { throw StoreError(.io, "secret '\(name)' was stored but cannot be read back") }
+        return value
+    }
+
+    // MARK: - Admissions
+
+    public func recordAssignment(processID: String, cycle: Int, workerID: String, requestKey: String, at date: Date) async throws {
+        do {
+            _ = try await client.query("""
+                INSERT INTO assignments (process_id, cycle, worker_id, request_key, assigned_at)
+                VALUES (\(processID), \(cycle), \(workerID), \(requestKey), \(date.timeIntervalSince1970))
+                """, logger: logger).collect()
+        } catch let error where PostgresErrors.isUniqueViolation(error) {
+            throw StoreError(.duplicate, "worker '\(workerID)' or request key '\(requestKey)' already holds an assignment in cycle \(cycle) of process '\(processID)'")
+        } catch let error where PostgresErrors.isForeignKeyViolation(error) {
+            throw StoreError(.notFound, "cycle \(cycle) of process '\(processID)' does not exist")
+        } catch {
+            throw PostgresErrors.map(error, "record the assignment of worker '\(workerID)' to cycle \(cycle)")
+        }
+    }
+
+    public func admit(processID: String, cycle: Int, workerID: String, requestKey: String, at date: Date, limit: Int) async throws -> StoredAdmission {
+        try await transaction("admit worker '\(workerID)' to cycle \(cycle) of process '\(processID)'") { connection -> StoredAdmission in
+            // The row lock serialises every admission to this cycle, whichever instance makes it.
+            let status = try await lockCycle(connection, processID: processID, cycle: cycle, exclusive: true)
+            try Self.requireOpen(status, processID: processID, cycle: cycle)
+            if let row = try await run(connection, """
+                SELECT worker_id, request_key, reported, instance FROM assignments
+                WHERE process_id = \(processID) AND cycle = \(cycle) AND worker_id = \(workerID)
+                """).first {
+                let (worker, key, reported, instance) = try row.decode((String, String, Bool, String?).self)
+                return .existing(StoredAssignment(workerID: worker, requestKey: key, reported: reported, instance: instance))
+            }
+            let count = try await run(connection, "SELECT COUNT(*) FROM assignments WHERE process_id = \(processID) AND cycle = \(cycle)").first.map { try $0.decode(Int.self) } ?? 0
+            guard count < limit else { return .full }
+            do {
+                try await run(connection, """
+                    INSERT INTO assignments (process_id, cycle, worker_id, request_key, assigned_at)
+                    VALUES (\(processID), \(cycle), \(workerID), \(requestKey), \(date.timeIntervalSince1970))
+                    """)
+            } catch let error where PostgresErrors.isUniqueViolation(error) {
+                throw StoreError(.duplicate, "request key '\(requestKey)' was already issued")
+            }
+            return .admitted
+        }
+    }
+
+    public func assignment(requestKey: String) async throws -> StoredKeyedAssignment? {
+        let what = "look up request key '\(requestKey)'"
+        let rows = try await rows(what, """
+            SELECT a.process_id, a.cycle, a.worker_id, a.request_key, a.reported, a.instance
+            FROM assignments a JOIN cycles c ON c.process_id = a.process_id AND c.number = a.cycle
+            WHERE a.request_key = \(requestKey) AND c.status IN ('open', 'closing')
+            """)
+        do {
+            return try rows.first.map { row in
+                let (process, cycle, worker, key, reported, instance) = try row.decode((String, Int, String, String, Bool, String?).self)
+                return StoredKeyedAssignment(processID: process, cycle: cycle, assignment: StoredAssignment(workerID: worker, requestKey: key, reported: reported, instance: instance))
+            }
+        } catch {
+            throw PostgresErrors.map(error, what)
+        }
+    }
+
+    // MARK: - Reports
+
+    public func stageDiff(processID: String, cycle: Int, requestKey: String) throws(StoreError) -> any StagedDiff {
+        try spool.stage(requestKey: requestKey)
+    }
+
+    public func recordReport(_ report: ReportRecord, diff: any StagedDiff) async throws {
+        // The staged file goes whatever happens: on success the diff is in the committed row.
+        defer { diff.discard() }
+        guard let file = diff as? StagedFile, file.owner == ObjectIdentifier(spool) else {
+            throw StoreError(.io, "the staged diff of report \(report.requestKey) was not staged by this store")
+        }
+        let size = try file.size()
+        var bytes = ByteBuffer()
+        if size > 0 {
+            bytes = ByteBufferAllocator().buffer(capacity: size)
+            try bytes.writeWithUnsafeMutableBytes(minimumWritableBytes: size) { raw -> Int in
+                try file.read(into: UnsafeMutableRawBufferPointer(rebasing: raw[0..<size]), at: 0)
+                return size
+            }
+        }
+        let staged = bytes
+        try await transaction("record the report of key '\(report.requestKey)' in cycle \(report.cycle)") { connection in
+            let status = try await lockCycle(connection, processID: report.processID, cycle: report.cycle, exclusive: false)
+            try Self.requireOpen(status, processID: report.processID, cycle: report.cycle)
+            let updated = try await run(connection, """
+                UPDATE assignments SET reported = TRUE, sample_count = \(report.sampleCount), metrics = \(report.metricsJSON),
+                    unclipped = \(report.unclipped), instance = \(report.instance), diff = \(staged)
+                WHERE process_id = \(report.processID) AND cycle = \(report.cycle) AND worker_id = \(report.workerID)
+                    AND request_key = \(report.requestKey) AND NOT reported
+                RETURNING 1
+                """)
+            guard !updated.isEmpty else {
+                throw StoreError(.duplicate, "no unreported assignment for worker '\(report.workerID)' and request key '\(report.requestKey)' in cycle \(report.cycle)")
+            }
+        }
+    }
+
+    public func foldReports(processID: String, cycle: Int, instance: String, sum: StoredPartialSum, workers: [String]) async throws {
+        try await transaction("fold reports of instance '\(instance)' into cycle \(cycle) of process '\(processID)'") { connection in
+            let status = try await lockCycle(connection, processID: processID, cycle: cycle, exclusive: false)
+            try Self.requireOpen(status, processID: processID, cycle: cycle)
+            try await run(connection, """
+                INSERT INTO partial_sums (process_id, cycle, instance, sum, weight, reports, unclipped)
+                VALUES (\(processID), \(cycle), \(instance), \(Self.buffer(sum.bytes)), \(sum.weight), \(sum.reports), \(sum.unclipped))
+                ON CONFLICT (process_id, cycle, instance) DO UPDATE
+                SET sum = EXCLUDED.sum, weight = EXCLUDED.weight, reports = EXCLUDED.reports, unclipped = EXCLUDED.unclipped
+                """)
+            if !workers.isEmpty {
+                try await run(connection, "UPDATE assignments SET diff = NULL WHERE process_id = \(processID) AND cycle = \(cycle) AND worker_id = ANY(\(workers))")
+            }
+        }
+    }
+
+    public func sealCycle(processID: String, cycle: Int, at date: Date) async throws -> Bool {
+        try await transaction("seal cycle \(cycle) of process '\(processID)'") { connection -> Bool in
+            let sealed = try await run(connection, """
+                UPDATE cycles SET status = 'closing', sealed_at = \(date.timeIntervalSince1970)
+                WHERE process_id = \(processID) AND number = \(cycle) AND status = 'open' RETURNING 1
+                """)
+            if !sealed.isEmpty { return true }
+            let status = try await run(connection, "SELECT status FROM cycles WHERE process_id = \(processID) AND number = \(cycle)").first.map { try $0.decode(String.self) }
+            switch status {
+            case "closing": return false
+            case nil: throw StoreError(.cycleClosed, "cycle \(cycle) of process '\(processID)' does not exist")
+            case let status?: throw StoreError(.cycleClosed, "cycle \(cycle) of process '\(processID)' is closed (\(status))")
+            }
+        }
+    }
+
+    public func closeCycle(_ closure: CycleClosure) async throws {
+        let processID = closure.processID
+        let cycle = closure.closedCycle
+        try await transaction("close cycle \(cycle) of process '\(processID)'") { connection in
+            let aggregated = closure.checkpoint != nil
+            // Exactly once: a concurrent close waits on the row, then finds it closed.
+            let closed = try await run(connection, """
+                UPDATE cycles SET status = \(aggregated ? "aggregated" : "abandoned")
+                WHERE process_id = \(processID) AND number = \(cycle) AND status IN ('open', 'closing') RETURNING 1
+                """)
+            guard !closed.isEmpty else { throw StoreError(.cycleClosed, "cycle \(cycle) of process '\(processID)' is not open") }
+            try await run(connection, "DELETE FROM assignments WHERE process_id = \(processID) AND cycle = \(cycle)")
+            try await run(connection, "DELETE FROM partial_sums WHERE process_id = \(processID) AND cycle = \(cycle)")
+            try await run(connection, "DELETE FROM secure_aggregation_events WHERE process_id = \(processID) AND cycle = \(cycle)")
+            if let checkpoint = closure.checkpoint {
+                try await run(connection, "INSERT INTO checkpoints (process_id, number, weights) VALUES (\(processID), \(checkpoint.number), \(Self.buffer(checkpoint.weights)))")
+                try await run(connection, "DELETE FROM checkpoints WHERE process_id = \(processID) AND number <= \(checkpoint.number - max(1, closure.retention))")
+                let optimizer = closure.optimizerState.map(Self.buffer)
+                let privacy = closure.privacyState.map(Self.buffer)
+                try await run(connection, """
+                    UPDATE processes SET latest_checkpoint = \(checkpoint.number), cycles_completed = cycles_completed + 1,
+                        optimizer_state = \(optimizer), privacy_state = \(privacy)
+                    WHERE id = \(processID)
+                    """)
+            } else {
+                try await run(connection, "UPDATE processes SET cycles_abandoned = cycles_abandoned + 1 WHERE id = \(processID)")
+            }
+            if let next = closure.nextCycle {
+                try await run(connection, """
+                    INSERT INTO cycles (process_id, number, checkpoint, opened_at, status)
+                    VALUES (\(processID), \(next.number), \(next.checkpoint), \(next.openedAt.timeIntervalSince1970), 'open')
+                    """)
+            } else {
+                try await run(connection, "UPDATE processes SET completed = TRUE WHERE id = \(processID)")
+            }
+        }
+    }
+
+    // MARK: - Secure aggregation
+
+    public func appendSecureAggregationEvent(_ event: StoredSecureAggregationEvent, processID: String, cycle: Int, reportedWorker: String?) async throws {
+        try await transaction("append secure-aggregation event \(event.sequence) to cycle \(cycle) of process '\(processID)'") { connection in
+            let status = try await lockCycle(connection, processID: processID, cycle: cycle, exclusive: false)
+            try Self.requireOpen(status, processID: processID, cycle: cycle)
+            do {
+                try await run(connection, """
+                    INSERT INTO secure_aggregation_events (process_id, cycle, sequence, body, words)
+                    VALUES (\(processID), \(cycle), \(event.sequence), \(Self.buffer(event.body)), \(event.words.map(Self.buffer)))
+                    """)
+            } catch let error where PostgresErrors.isUniqueViolation(error) {
+                throw StoreError(.duplicate, "secure-aggregation event \(event.sequence) of cycle \(cycle) exists")
+            }
+            if let reportedWorker {
+                let updated = try await run(connection, """
+                    UPDATE assignments SET reported = TRUE WHERE process_id = \(processID) AND cycle = \(cycle) AND worker_id = \(reportedWorker) RETURNING 1
+                    """)
+                guard !updated.isEmpty else { throw StoreError(.notFound, "worker \(reportedWorker) holds no assignment in cycle \(cycle)") }
+            }
+        }
+    }
+
+    public func secureAggregationEvents(processID: String, cycle: Int) async throws -> [StoredSecureAggregationEvent] {
+        let what = "read the secure-aggregation events of cycle \(cycle) of process '\(processID)'"
+        let rows = try await rows(what, "SELECT sequence, body, words FROM secure_aggregation_events WHERE process_id = \(processID) AND cycle = \(cycle) ORDER BY sequence")
+        do {
+            return try rows.map { row in
+                let (sequence, body, words) = try row.decode((Int, ByteBuffer, ByteBuffer?).self)
+                return StoredSecureAggregationEvent(sequence: sequence, body: Self.bytes(body), words: words.map(Self.bytes))
+            }
+        } catch {
+            throw PostgresErrors.map(error, what)
+        }
+    }
+}

@@ -1,0 +1,155 @@
+import Foundation
+import OrchardCoordinator
+import OrchardCoordinatorPostgres
+import Testing
+
+/// What only the PostgreSQL store has: migrations, several instances starting at once, connection failures.
+@Suite(TestDatabase.requirement)
+struct PostgresStoreTests {
+    typealias F = ContractFixture
+
+    @Test func migrationsApplyOnceAndASecondOpenChangesNothing() async throws {
+        try await TestDatabase.withDatabase { configuration in
+            let first = try await PostgresStore.open(configuration: configuration, logger: TestDatabase.logger)
+            #expect(try await first.appliedMigrations() == PostgresStore.schemaVersions)
+            try await F.host(first)
+            await first.shutdown()
+
+            let second = try await PostgresStore.open(configuration: configuration, logger: TestDatabase.logger)
+            #expect(try await second.appliedMigrations() == PostgresStore.schemaVersions)
+            #expect(try await second.processes().map(\.id) == ["p"])
+            await second.shutdown()
+        }
+    }
+
+    @Test func severalInstancesOpeningAFreshDatabaseAtOnceAllSucceed() async throws {
+        try await TestDatabase.withDatabase { configuration in
+            let stores = try await withThrowingTaskGroup(of: PostgresStore.self) { group in
+                for _ in 0..<4 {
+                    group.addTask { try await PostgresStore.open(configuration: configuration, logger: TestDatabase.logger) }
+                }
+                var all: [PostgresStore] = []
+                for try await store in group { all.append(store) }
+                return all
+            }
+            #expect(stores.count == 4)
+            for store in stores {
+                #expect(try await store.appliedMigrations() == PostgresStore.schemaVersions)
+            }
+            try await F.host(stores[0])
+            #expect(try await stores[3].processes().count == 1)
+            for store in stores { await store.shutdown() }
+        }
+    }
+
+    @Test func aWrongPasswordIsAnIOErrorThatDoesNotShowIt() async throws {
+        let admin = try TestDatabase.adminConfiguration()
+        var configuration = admin
+        configuration.password = "not-the-Password-42"
+        let error = try await #require(throws: StoreError.self) {
+            _ = try await PostgresStore.open(configuration: configuration, logger: TestDatabase.logger)
+        }
+        #expect(error.code == .io)
+        #expect(error.message.contains("\(admin.host):\(admin.port)"))
+        #expect(!error.message.contains("not-the-Password-42"))
+        #expect(error.message.lowercased().contains("password") || error.message.contains("28P01"), "\(error.message)")
+    }
+
+    @Test func requiringTLSFromAServerWithoutItFailsClearly() async throws {
+        var configuration = try TestDatabase.adminConfiguration()
+        guard configuration.tlsMode != .require && configuration.tlsMode != .verifyFull else { return }
+        configuration.tlsMode = .require
+        do {
+            let store = try await PostgresStore.open(configuration: configuration, logger: TestDatabase.logger)
+            // The server offers TLS: then the encrypted connection works.
+            #expect(try await store.workerCount(processID: "none") == 0)
+            await store.shutdown()
+        } catch let error as StoreError {
+            #expect(error.code == .io)
+            #expect(error.message.contains("TLS"), "\(error.message)")
+        }
+    }
+
+    @Test func aStoreThatIsShutDownRefusesWorkAndLeavesNoStagedFiles() async throws {
+        let spool = FileManager.default.temporaryDirectory.appendingPathComponent("orchard-spool-\(UUID().uuidString)")
+        defer { try? FileManager.default.removeItem(at: spool) }
+        try await TestDatabase.withDatabase { base in
+            var configuration = base
+            configuration.spoolDirectory = spool.path
+            let store = try await PostgresStore.open(configuration: configuration, logger: TestDatabase.logger)
+            try await F.host(store)
+            try await F.assign(store, 0..<3)
+            func staged() throws -> [String] {
+                try FileManager.default.contentsOfDirectory(atPath: spool.path).flatMap { directory in
+                    try FileManager.default.contentsOfDirectory(atPath: spool.appendingPathComponent(directory).path)
+                }
+            }
+            let pendingUpload = try store.stageDiff(processID: "p", cycle: 1, requestKey: "k2")
+            #expect(try staged().count == 1)
+            try await store.recordReport(F.report(0), bytes: F.diff(0))
+            #expect(try await storeErrorCode { try await store.recordReport(F.report(0), bytes: F.diff(1)) } == .duplicate)
+            #expect(try staged().count == 1)
+            pendingUpload.discard()
+            pendingUpload.discard()
+            #expect(try staged().isEmpty)
+
+            await store.shutdown()
+            #expect(try FileManager.default.contentsOfDirectory(atPath: spool.path).isEmpty)
+            let started = ContinuousClock.now
+            let error = try await #require(throws: StoreError.self) { _ = try await store.processes() }
+            #expect(error.code == .io)
+            #expect(ContinuousClock.now - started < .seconds(5))
+            await store.shutdown()
+        }
+    }
+
+    @Test func aDiffStagedByAnotherStoreIsRefused() async throws {
+        try await TestDatabase.withDatabase { configuration in
+            let store = try await PostgresStore.open(configuration: configuration, logger: TestDatabase.logger)
+            let other = try await PostgresStore.open(configuration: configuration, logger: TestDatabase.logger)
+            try await F.host(store)
+            try await F.assign(store, 0..<1)
+            let foreign = try other.stageDiff(processID: "p", cycle: 1, requestKey: "k0")
+            #expect(try await storeErrorCode { try await store.recordReport(F.report(0), diff: foreign) } == .io)
+            #expect(try await PendingCollector.pending(store).isEmpty)
+            await store.shutdown()
+            await other.shutdown()
+        }
+    }
+
+    @Test func largeDiffsRoundTrip() async throws {
+        try await withStores(.postgres) { stores in
+            try await F.host(stores.main)
+            try await F.assign(stores.main, 0..<1)
+            let diff = (0..<(4 << 20)).map { UInt8(truncatingIfNeeded: $0 &* 2_654_435_761 >> 7) }
+            try await stores.main.recordReport(F.report(0), bytes: diff)
+            #expect(try await PendingCollector.pending(stores.peer).first?.diff == diff)
+        }
+    }
+}
+
+/// Connection failures that need no server.
+@Suite struct PostgresConnectionFailureTests {
+    @Test func anUnreachableServerIsAQuickIOError() async throws {
+        // Port 1 on loopback: nothing listens there, so the connection is refused at once.
+        let configuration = try PostgresStoreConfiguration(url: "postgres://orchard:s3cret-value@127.0.0.1:1/orchard?sslmode=disable&connect_timeout=5")
+        let started = ContinuousClock.now
+        let error = try await #require(throws: StoreError.self) {
+            _ = try await PostgresStore.open(configuration: configuration, logger: TestDatabase.logger)
+        }
+        #expect(ContinuousClock.now - started < .seconds(5))
+        #expect(error.code == .io)
+        #expect(error.message.contains("cannot connect to PostgreSQL at 127.0.0.1:1/orchard as orchard"), "\(error.message)")
+        #expect(!error.message.contains("s3cret-value"))
+        #expect(!"\(error)".contains("s3cret-value"))
+    }
+
+    @Test func aMissingRootCertificateIsNamed() async throws {
+        let configuration = try PostgresStoreConfiguration(url: "postgres://orchard@127.0.0.1:1/orchard?sslmode=verify-full&sslrootcert=/nonexistent/ca.pem")
+        let error = try await #require(throws: StoreError.self) {
+            _ = try await PostgresStore.open(configuration: configuration, logger: TestDatabase.logger)
+        }
+        #expect(error.code == .io)
+        #expect(error.message.contains("/nonexistent/ca.pem"), "\(error.message)")
+    }
+}
