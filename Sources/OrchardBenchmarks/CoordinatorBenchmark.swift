@@ -4,12 +4,14 @@ import NIOCore
 import NIOHTTP1
 import NIOPosix
 public import OrchardCoordinator
+public import OrchardCoordinatorPostgres
 import OrchardSupport
 import OrchardFormats
 import OrchardProtocol
 
-/// The coordinator benchmark: a coordinator in this process on a free loopback port with a temporary SQLite file,
-/// driven over its real HTTP API.
+/// The coordinator benchmark: a coordinator in this process on a free loopback port with a temporary SQLite file (or
+/// ``Configuration/instances`` coordinators on their own ports over a temporary PostgreSQL database), driven over its
+/// real HTTP API; device `i` talks to instance `i mod instances` throughout.
 ///
 /// It hosts a dense model of ``Configuration/parameters`` parameters with goal count ``Configuration/devices``,
 /// then: every device authenticates; the devices, each on its own keep-alive connection, send
@@ -50,12 +52,20 @@ public enum CoordinatorBenchmark {
         public var durability: SQLiteStore.Durability
         /// What the check-in phase requests.
         public var checkinTarget: CheckinTarget
+        /// The PostgreSQL server to benchmark on (a temporary database is created on it and dropped afterwards), or nil
+        /// for a temporary SQLite file.
+        public var database: PostgresStoreConfiguration?
+        /// Coordinator instances sharing the PostgreSQL database, each on its own loopback port.
+        public var instances: Int
 
         /// Creates a configuration; the defaults are the README's measured setup.
         public init(
             devices: Int = 1000, parameters: Int = 100_000, checkins: Int = 50_000, rate: Double = 5000, rounds: Int = 1,
-            reportConcurrency: Int = 32, durability: SQLiteStore.Durability = .normal, checkinTarget: CheckinTarget = .cycleRequest
+            reportConcurrency: Int = 32, durability: SQLiteStore.Durability = .normal, checkinTarget: CheckinTarget = .cycleRequest,
+            database: PostgresStoreConfiguration? = nil, instances: Int = 1
         ) {
+            self.database = database
+            self.instances = instances
             self.devices = devices
             self.parameters = parameters
             self.checkins = checkins
@@ -74,6 +84,11 @@ public enum CoordinatorBenchmark {
             if !(rate >= 0) || !rate.isFinite { throw BenchmarkError.invalid("rate", "a finite number of check-ins per second ≥ 0", not: rate) }
             if rounds < 0 { throw BenchmarkError.invalid("rounds", "at least 0", not: rounds) }
             if reportConcurrency < 1 { throw BenchmarkError.invalid("reportConcurrency", "at least 1", not: reportConcurrency) }
+            if instances < 1 { throw BenchmarkError.invalid("instances", "at least 1", not: instances) }
+            if instances > 1 && database == nil {
+                throw BenchmarkError(.invalidConfiguration, "instances must be 1 without a PostgreSQL database: SQLite serves one coordinator, not \(instances)")
+            }
+            if let problem = database?.problem { throw BenchmarkError(.invalidConfiguration, "database: \(problem)") }
         }
 
         /// The model's parameter count: ``parameters`` rounded down to a multiple of 10.
@@ -116,9 +131,13 @@ public enum CoordinatorBenchmark {
         /// The process's peak resident set size in MiB at the end of the run (server and load generator), nil when
         /// unreadable.
         public var peakRSSMiB: Double?
+        /// The store: `sqlite` or `postgres`.
+        public var store = "sqlite"
+        /// Coordinator instances the devices were spread over.
+        public var instances = 1
 
         private enum CodingKeys: String, CodingKey {
-            case benchmark, devices, parameters = "params", checkins, checkinTarget = "checkin_target", offeredRate = "offered_rate"
+            case benchmark, store, instances, devices, parameters = "params", checkins, checkinTarget = "checkin_target", offeredRate = "offered_rate"
             case checkinsPerSecond = "checkins_per_second", checkinP50Milliseconds = "checkin_p50_ms"
             case checkinP99Milliseconds = "checkin_p99_ms", admissionP99Milliseconds = "admission_p99_ms", reports
             case steadyCheckinP99Milliseconds = "checkin_steady_p99_ms"
@@ -132,6 +151,8 @@ public enum CoordinatorBenchmark {
             func hundredths(_ value: Double) -> Double { (value * 100).rounded() / 100 }
             var container = encoder.container(keyedBy: CodingKeys.self)
             try container.encode("coordinator", forKey: .benchmark)
+            try container.encode(store, forKey: .store)
+            try container.encode(instances, forKey: .instances)
             try container.encode(devices, forKey: .devices)
             try container.encode(parameters, forKey: .parameters)
             try container.encode(checkins, forKey: .checkins)
@@ -151,44 +172,67 @@ public enum CoordinatorBenchmark {
         }
     }
 
-    /// Runs the benchmark: validates `configuration`, starts the coordinator, drives it, stops it.
+    /// Runs the benchmark: validates `configuration`, starts the coordinators, drives them, stops them.
     public static func run(_ configuration: Configuration) async throws -> Result {
         try configuration.validate()
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("orchard-bench-\(UUID().uuidString)")
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(at: directory) }
         let adminToken = "bench-admin"
-        let instance = try await CoordinatorInstance.open(
-            database: directory.appendingPathComponent("bench.sqlite").path, durability: configuration.durability,
-            // Every simulated device authenticates from loopback in open mode: the abuse limits would measure themselves.
-            configuration: CoordinatorConfiguration(
+        // Every simulated device authenticates from loopback in open mode: the abuse limits would measure themselves.
+        func settings(_ index: Int) -> CoordinatorConfiguration {
+            CoordinatorConfiguration(
                 adminToken: adminToken, maximumReportBytes: configuration.parameters * 4 + (1 << 20), openAuthenticationRate: nil, maximumOpenWorkers: nil,
-                maximumUploadsInFlight: max(CoordinatorConfiguration().maximumUploadsInFlight, configuration.reportConcurrency)
+                maximumUploadsInFlight: max(CoordinatorConfiguration().maximumUploadsInFlight, configuration.reportConcurrency), instanceID: "bench-\(index)"
             )
-        )
-        let server = try await instance.serve(host: "127.0.0.1", port: 0, timerInterval: .milliseconds(250))
-
-        var pool = HTTPClient.Configuration.ConnectionPool()
-        pool.concurrentHTTP1ConnectionsPerHostSoftLimit = configuration.devices
-        let client = HTTPClient(
-            eventLoopGroupProvider: .singleton,
-            configuration: HTTPClient.Configuration(timeout: .init(connect: .seconds(10), read: .seconds(120)), connectionPool: pool)
-        )
-        let load = LoadGenerator(client: client, port: server.port, adminToken: adminToken)
-        let result: Result
+        }
+        var instances: [CoordinatorInstance] = []
+        var benchDatabase: (name: String, admin: PostgresStoreConfiguration)?
+        var servers: [RunningServer] = []
+        var client: HTTPClient?
+        func tearDown() async {
+            try? await client?.shutdown()
+            for server in servers { await server.stop() }
+            for instance in instances { await instance.shutdown() }
+            if let benchDatabase { try? await PostgresAdministration.dropDatabase(benchDatabase.name, using: benchDatabase.admin) }
+        }
         do {
-            result = try await measure(configuration, load)
+            if let admin = configuration.database {
+                var random = SystemRandomNumberGenerator()
+                let name = "orchard_bench_" + String(random.next() & 0xFFFF_FFFF, radix: 16)
+                try await PostgresAdministration.createDatabase(name, using: admin)
+                benchDatabase = (name, admin)
+                for index in 0..<configuration.instances {
+                    let store = try await PostgresStore.open(configuration: admin.database(name))
+                    instances.append(try await CoordinatorInstance.open(store: store, configuration: settings(index), release: { await store.shutdown() }))
+                }
+            } else {
+                instances.append(try await CoordinatorInstance.open(
+                    database: directory.appendingPathComponent("bench.sqlite").path, durability: configuration.durability, configuration: settings(0)
+                ))
+            }
+            for instance in instances { servers.append(try await instance.serve(host: "127.0.0.1", port: 0, timerInterval: .milliseconds(250))) }
+            var pool = HTTPClient.Configuration.ConnectionPool()
+            pool.concurrentHTTP1ConnectionsPerHostSoftLimit = configuration.devices
+            let http = HTTPClient(
+                eventLoopGroupProvider: .singleton,
+                configuration: HTTPClient.Configuration(timeout: .init(connect: .seconds(10), read: .seconds(120)), connectionPool: pool)
+            )
+            client = http
+            var result = try await measure(configuration, servers.map { LoadGenerator(client: http, port: $0.port, adminToken: adminToken) })
+            result.store = configuration.database == nil ? "sqlite" : "postgres"
+            result.instances = configuration.instances
+            await tearDown()
+            return result
         } catch {
-            try? await client.shutdown()
-            await server.stop()
+            await tearDown()
             throw error
         }
-        try await client.shutdown()
-        await server.stop()
-        return result
     }
 
-    private static func measure(_ configuration: Configuration, _ load: LoadGenerator) async throws -> Result {
+    /// Drives the coordinators: `loads[i % loads.count]` serves device `i`; the first also hosts the process.
+    private static func measure(_ configuration: Configuration, _ loads: [LoadGenerator]) async throws -> Result {
+        let load = loads[0]
         let devices = configuration.devices
         let inputSize = configuration.parameters / 10
         let parameterCount = configuration.modelParameters
@@ -201,14 +245,17 @@ public enum CoordinatorBenchmark {
         _ = try await load.send(.POST, Endpoint.processes, json: host, admin: true)
 
         // Authenticate every device (not timed).
-        let sessions = try await withThrowingTaskGroup(of: AuthenticateResponse.self) { group in
-            for _ in 0..<devices {
+        let sessions = try await withThrowingTaskGroup(of: (Int, AuthenticateResponse).self) { group in
+            for index in 0..<devices {
+                let load = loads[index % loads.count]
                 group.addTask {
                     let request = AuthenticateRequest(processName: "bench", processVersion: SemanticVersion(1))
-                    return try await load.decode(AuthenticateResponse.self, load.send(.POST, Endpoint.authenticate, json: request))
+                    return (index, try await load.decode(AuthenticateResponse.self, load.send(.POST, Endpoint.authenticate, json: request)))
                 }
             }
-            return try await group.reduce(into: []) { $0.append($1) }
+            var sessions = [AuthenticateResponse?](repeating: nil, count: devices)
+            for try await (index, session) in group { sessions[index] = session }
+            return sessions.compactMap { $0 }
         }
 
         // One keep-alive connection per device for the check-in phase, and fresh ones for every report round
@@ -216,7 +263,8 @@ public enum CoordinatorBenchmark {
         @Sendable func connectAll() async throws -> [BenchConnection] {
             try await withThrowingTaskGroup(of: (Int, BenchConnection).self) { group in
                 for index in sessions.indices {
-                    group.addTask { (index, try await BenchConnection.connect(host: "127.0.0.1", port: load.port, group: MultiThreadedEventLoopGroup.singleton)) }
+                    let port = loads[index % loads.count].port
+                    group.addTask { (index, try await BenchConnection.connect(host: "127.0.0.1", port: port, group: MultiThreadedEventLoopGroup.singleton)) }
                 }
                 var connections = [BenchConnection?](repeating: nil, count: sessions.count)
                 for try await (index, connection) in group { connections[index] = connection }
@@ -229,13 +277,14 @@ public enum CoordinatorBenchmark {
             }
         }
         var connections = try await connectAll()
-        let checkinRequests = try sessions.map { session in
+        let checkinRequests = try sessions.enumerated().map { index, session in
             let body = try WireCoding.encoder().encode(CycleRequest(workerID: session.workerID, processName: "bench", processVersion: SemanticVersion(1)))
+            let load = loads[index % loads.count]
             return (head: load.head(.POST, Endpoint.cycleRequest, session: session.sessionToken, contentType: MediaType.json), body: ByteBuffer(bytes: body))
         }
         let timedRequests: [(head: HTTPRequestHead, body: ByteBuffer)] = switch configuration.checkinTarget {
         case .cycleRequest: checkinRequests
-        case .health: sessions.map { _ in (head: load.head(.GET, Endpoint.health), body: ByteBuffer()) }
+        case .health: sessions.indices.map { index in (head: loads[index % loads.count].head(.GET, Endpoint.health), body: ByteBuffer()) }
         }
 
         // Check-in phase: `devices` concurrent loops, `checkins` cycle requests in total.
@@ -318,7 +367,7 @@ public enum CoordinatorBenchmark {
                     let session = sessions[index]
                     let assignment = assignments[index]
                     let connection = connections[index]
-                    let head = load.head(.POST, Endpoint.report, session: session.sessionToken, contentType: MediaType.safetensors)
+                    let head = loads[index % loads.count].head(.POST, Endpoint.report, session: session.sessionToken, contentType: MediaType.safetensors)
                     group.addTask {
                         let metadata = ReportMetadata(workerID: session.workerID, requestKey: assignment.requestKey, sampleCount: 1 + index % 50)
                         let header = ByteBuffer(bytes: ReportEnvelope.encodeHeader(diff: shapes, metadata: metadata))

@@ -217,8 +217,9 @@ extension Coordinator {
         let decision = runtime.machine.requestCycle(workerID: request.workerID, now: now, newRequestKey: key, jitter: jitter)
         switch decision {
         case .rejected(let retryAfter, let reason):
-            if store.isShared && catchingUp && reason == "cycle_closing" {
-                // Perhaps closed by another instance since the last tick: take the store's cycle up and decide again.
+            if store.isShared && catchingUp && (reason == "cycle_closing" || reason == "already_reported") {
+                // Perhaps closed by another instance since the last tick (and a new one opened): take the store's cycle
+                // up and decide again.
                 let cycle = runtime.machine.cycle
                 await catchUpShared(processID: processID)
                 if let current = runtimes[processID], current.machine.cycle != cycle {

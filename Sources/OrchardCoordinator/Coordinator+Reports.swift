@@ -104,6 +104,16 @@ extension Coordinator {
     /// Reloads a process from the store after its in-memory state could not be kept in step with it; returns
     /// whether it was reloaded.
     func reload(processID: String) async -> Bool {
+        // Concurrent callers share one reload: a second would replace the runtime the first handed out.
+        if let running = reloading[processID] { return await running.value }
+        let task = Task { await self.reloadNow(processID: processID) }
+        reloading[processID] = task
+        let reloaded = await task.value
+        reloading[processID] = nil
+        return reloaded
+    }
+
+    private func reloadNow(processID: String) async -> Bool {
         do {
             guard let process = try await store.processes().first(where: { $0.id == processID }) else { return false }
             try await load(process)

@@ -21,8 +21,21 @@ extension Coordinator {
     /// the coordinator is the only instance and uses the default name.
     nonisolated var foldInstance: String { store.isShared ? configuration.instanceID : CoordinatorConfiguration.defaultInstanceID }
 
-    /// Loads processes other instances hosted and forgets those they deleted.
+    /// Loads processes other instances hosted and forgets those they deleted; a call while one runs waits for it.
     func refreshProcesses() async {
+        if let running = refreshing {
+            await running.value
+            return
+        }
+        let task = Task { await self.refreshProcessesNow() }
+        refreshing = task
+        await task.value
+        refreshing = nil
+    }
+
+    private func refreshProcessesNow() async {
+        // Only processes known before the listing can be missing from it because they were deleted.
+        let known = Set(runtimes.keys)
         let stored: [StoredProcess]
         do {
             stored = try await store.processes()
@@ -31,7 +44,7 @@ extension Coordinator {
             return
         }
         let ids = Set(stored.map(\.id))
-        for id in runtimes.keys.sorted() where !ids.contains(id) { forget(processID: id) }
+        for id in known.sorted() where !ids.contains(id) && !transitioning.contains(id) { forget(processID: id) }
         for process in stored where runtimes[process.id] == nil {
             do {
                 try await load(process)
@@ -196,7 +209,8 @@ extension Coordinator {
     /// With a shared store, learns a request key another instance issued: a device may check in at one instance and
     /// send its report (or download its model) at another.
     func adoptSharedKey(_ requestKey: String) async throws(CoordinatorError) {
-        guard store.isShared, processForKey[requestKey] == nil else { return }
+        guard store.isShared else { return }
+        if let processID = processForKey[requestKey], runtimes[processID]?.machine.owner(ofRequestKey: requestKey) != nil { return }
         let found: StoredKeyedAssignment?
         do {
             found = try await store.assignment(requestKey: requestKey)

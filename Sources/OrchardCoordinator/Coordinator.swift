@@ -105,6 +105,10 @@ public actor Coordinator {
     /// Processes whose cycle transition is being carried out (``perform(_:processID:combined:)``): over a shared store
     /// nothing reloads them meanwhile.
     var transitioning: Set<String> = []
+    /// The refresh of the process list from a shared store under way, if any.
+    var refreshing: Task<Void, Never>?
+    /// Reloads of a process from the store under way, by process.
+    var reloading: [String: Task<Bool, Never>] = [:]
     /// Open-mode authentications per client address (nil: unlimited).
     var authenticationLimiter: RateLimiter<ClientAddress>?
     /// Speed tests per worker and direction (nil: unlimited).

@@ -14,14 +14,28 @@ final class StagingSpool: Sendable {
     /// This store's directory.
     let directory: URL
 
-    /// Creates `<root>/orchard-postgres-<uuid>` (root: the configured directory or the system's temporary one).
+    /// Creates `<root>/orchard-postgres-<pid>-<uuid>` (root: the configured directory or the system's temporary one),
+    /// first deleting the directories that processes no longer running left there.
     init(root: String?) throws(StoreError) {
         let base = root.map { URL(fileURLWithPath: $0, isDirectory: true) } ?? FileManager.default.temporaryDirectory
-        directory = base.appendingPathComponent("orchard-postgres-\(UUID().uuidString)", isDirectory: true)
+        Self.sweep(base)
+        directory = base.appendingPathComponent("orchard-postgres-\(getpid())-\(UUID().uuidString)", isDirectory: true)
         do {
             try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
         } catch {
             throw StoreError(.io, "cannot create the diff staging directory \(directory.path): \(error)")
+        }
+    }
+
+    /// Deletes `orchard-postgres-<pid>-…` directories under `base` whose process has exited (a crash or a store
+    /// never shut down).
+    private static func sweep(_ base: URL) {
+        let prefix = "orchard-postgres-"
+        for name in (try? FileManager.default.contentsOfDirectory(atPath: base.path)) ?? [] where name.hasPrefix(prefix) {
+            guard let pid = Int32(name.dropFirst(prefix.count).prefix { $0 != "-" }), pid > 0, pid != getpid() else { continue }
+            if kill(pid, 0) != 0 && errno == ESRCH {
+                try? FileManager.default.removeItem(at: base.appendingPathComponent(name))
+            }
         }
     }
 
@@ -93,9 +107,9 @@ final class StagedFile: StagedDiff, @unchecked Sendable {
 
     /// The file's size in bytes.
     func size() throws(StoreError) -> Int {
-        var info = stat()
-        guard fstat(descriptor, &info) == 0 else { throw StagingSpool.failure("stat", path) }
-        return Int(info.st_size)
+        let end = lseek(descriptor, 0, SEEK_END)
+        guard end >= 0 else { throw StagingSpool.failure("measure", path) }
+        return Int(end)
     }
 
     func discard() {

@@ -1,7 +1,9 @@
 import OrchardSupport
 import ArgumentParser
 import OrchardBenchmarks
+import Foundation
 import OrchardCoordinator
+import OrchardCoordinatorPostgres
 
 /// `orchard bench coordinator`: drives the real HTTP API on loopback and prints one JSON line.
 struct BenchCoordinator: AsyncParsableCommand {
@@ -16,6 +18,10 @@ struct BenchCoordinator: AsyncParsableCommand {
             server that falls behind shows it); then for --rounds cycles every device is admitted to the new cycle,
             one downloads the model, and every device reports a diff (report uploads timed, with
             --report-concurrency in flight). Peak RSS covers server and load generator together.
+
+            With --database postgres://… (or ORCHARD_DATABASE_URL; password from ORCHARD_DATABASE_PASSWORD) it creates
+            a temporary database on that server (the role needs CREATEDB), starts --instances coordinators on their own
+            loopback ports over it, spreads the devices round-robin across them, and drops the database afterwards.
             """
     )
 
@@ -43,29 +49,46 @@ struct BenchCoordinator: AsyncParsableCommand {
     @Option(help: "What the check-in phase requests: cycle-request (the real check-in) or health (a no-op route: the bound the HTTP server and the load generator set).")
     var checkinTarget: CoordinatorBenchmark.CheckinTarget = .cycleRequest
 
+    @Option(help: "A PostgreSQL server URL to benchmark on instead of SQLite (a temporary database is created there).")
+    var database: String?
+
+    @Option(help: "Coordinator instances over the PostgreSQL database, each on its own loopback port.")
+    var instances = 1
+
     /// The library configuration these options describe.
     var benchmarkConfiguration: CoordinatorBenchmark.Configuration {
-        CoordinatorBenchmark.Configuration(
-            devices: devices, parameters: params, checkins: checkins, rate: rate, rounds: rounds,
-            reportConcurrency: reportConcurrency, durability: durability, checkinTarget: checkinTarget
-        )
+        get throws {
+            let environment = ProcessInfo.processInfo.environment
+            let postgres = try (database ?? environment["ORCHARD_DATABASE_URL"]).map { url in
+                do throws(PostgresURLError) {
+                    return try PostgresStoreConfiguration(url: url, password: environment["ORCHARD_DATABASE_PASSWORD"])
+                } catch {
+                    throw ValidationError("--database: \(error.message)")
+                }
+            }
+            return CoordinatorBenchmark.Configuration(
+                devices: devices, parameters: params, checkins: checkins, rate: rate, rounds: rounds,
+                reportConcurrency: reportConcurrency, durability: durability, checkinTarget: checkinTarget, database: postgres, instances: instances
+            )
+        }
     }
 
     /// The option behind each configuration field.
     static let flags = [
         "devices": "--devices", "parameters": "--params", "checkins": "--checkins", "rate": "--rate", "rounds": "--rounds",
-        "reportConcurrency": "--report-concurrency",
+        "reportConcurrency": "--report-concurrency", "instances": "--instances", "database": "--database",
     ]
 
     func validate() throws {
+        let configuration = try benchmarkConfiguration
         do throws(BenchmarkError) {
-            try benchmarkConfiguration.validate()
+            try configuration.validate()
         } catch {
             throw ValidationError(namingOption(error.message, Self.flags))
         }
     }
 
     func run() async throws {
-        try JSONLine.write(try await CoordinatorBenchmark.run(benchmarkConfiguration))
+        try JSONLine.write(try await CoordinatorBenchmark.run(try benchmarkConfiguration))
     }
 }

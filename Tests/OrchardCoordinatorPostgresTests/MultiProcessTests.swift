@@ -1,0 +1,185 @@
+import Foundation
+#if canImport(FoundationNetworking)
+import FoundationNetworking
+#endif
+#if canImport(Glibc)
+import Glibc
+#endif
+import OrchardCoordinatorPostgres
+import OrchardFormats
+import OrchardProtocol
+import OrchardTesting
+import Testing
+
+/// Three `orchard serve` processes over one PostgreSQL database, on loopback HTTP: a device checks in at one and
+/// reports at another, one instance is killed with SIGKILL mid-cycle and never restarted, and the published
+/// checkpoint is still the sample-weighted average of every acknowledged report.
+@Suite(.serialized, TestDatabase.requirement) struct MultiProcessTests {
+    /// `orchard serve` as a child process over PostgreSQL (URL and password from the environment, never argv).
+    final class Server: @unchecked Sendable {
+        let process = Process()
+        let port: Int
+
+        init(database: PostgresStoreConfiguration, instanceID: String) throws {
+            process.executableURL = try OrchardExecutable.url()
+            process.arguments = [
+                "serve", "--port", "0", "--instance-id", instanceID, "--fold-interval", "2", "--log-level", "warning",
+            ]
+            var url = URLComponents()
+            url.scheme = "postgres"
+            url.user = database.user
+            url.host = database.host
+            url.port = database.port
+            url.path = "/" + database.database
+            url.queryItems = [URLQueryItem(name: "sslmode", value: database.tlsMode.rawValue)]
+            var environment = ProcessInfo.processInfo.environment
+            environment["ORCHARD_ADMIN_TOKEN"] = "admin"
+            environment["ORCHARD_DATABASE_URL"] = url.string
+            environment["ORCHARD_DATABASE_PASSWORD"] = database.password
+            process.environment = environment
+            let output = Pipe()
+            process.standardOutput = output
+            try process.run()
+            var buffer = [UInt8]()
+            let handle = output.fileHandleForReading
+            while !buffer.contains(UInt8(ascii: "\n")) {
+                let chunk = handle.availableData
+                if chunk.isEmpty { break }
+                buffer += chunk
+            }
+            let line = String(decoding: buffer.prefix { $0 != UInt8(ascii: "\n") }, as: UTF8.self)
+            guard let object = try? JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any], let port = (object["port"] as? NSNumber)?.intValue else {
+                process.terminate()
+                throw Failure("orchard serve printed '\(line)' instead of its listening line")
+            }
+            self.port = port
+        }
+
+        func kill9() {
+            kill(process.processIdentifier, SIGKILL)
+            process.waitUntilExit()
+        }
+
+        func terminate() {
+            if process.isRunning {
+                process.terminate()
+                process.waitUntilExit()
+            }
+        }
+
+        func send(_ method: String, _ path: String, body: [UInt8]? = nil, token: String? = nil, contentType: String = MediaType.json) async throws -> (status: Int, body: [UInt8]) {
+            var request = URLRequest(url: URL(string: "http://127.0.0.1:\(port)\(path)")!)
+            request.httpMethod = method
+            if let body {
+                request.httpBody = Data(body)
+                request.setValue(contentType, forHTTPHeaderField: "Content-Type")
+            }
+            if let token { request.setValue("Bearer \(token)", forHTTPHeaderField: "Authorization") }
+            let (data, response) = try await URLSession.shared.data(for: request)
+            return ((response as? HTTPURLResponse)?.statusCode ?? 0, [UInt8](data))
+        }
+
+        func json<T: Decodable>(_ type: T.Type, _ method: String, _ path: String, _ value: some Encodable, token: String? = nil) async throws -> T {
+            let (status, body) = try await send(method, path, body: Array(try WireCoding.encoder().encode(value)), token: token)
+            guard (200..<300).contains(status) else { throw Failure("\(method) \(path): HTTP \(status) \(String(decoding: body, as: UTF8.self))") }
+            return try WireCoding.decoder().decode(T.self, from: Data(body))
+        }
+    }
+
+    struct Failure: Error, CustomStringConvertible {
+        var description: String
+        init(_ description: String) { self.description = description }
+    }
+
+    struct Device {
+        var auth: AuthenticateResponse
+        var assignment: CycleAssignment?
+    }
+
+    static func withServers(_ count: Int, _ body: ([Server]) async throws -> Void) async throws {
+        try await TestDatabase.withDatabase { database in
+            // The first instance creates the schema; the others start once it exists (migrations are also safe concurrently).
+            var servers: [Server] = []
+            defer { for server in servers { server.terminate() } }
+            for index in 0..<count { servers.append(try Server(database: database, instanceID: "process-\(index)")) }
+            try await body(servers)
+        }
+    }
+
+    static func join(_ server: Server, name: String) async throws -> Device {
+        let auth = try await server.json(AuthenticateResponse.self, "POST", Endpoint.authenticate, AuthenticateRequest(processName: name, processVersion: SemanticVersion(1, 0)))
+        let response = try await server.json(
+            CycleResponse.self, "POST", Endpoint.cycleRequest, CycleRequest(workerID: auth.workerID, processName: name, processVersion: SemanticVersion(1, 0)),
+            token: auth.sessionToken
+        )
+        guard case .accepted(let assignment) = response else { return Device(auth: auth) }
+        return Device(auth: auth, assignment: assignment)
+    }
+
+    static func report(_ device: Device, scale: Float, samples: Int, to server: Server) async throws -> (status: Int, body: [UInt8]) {
+        let assignment = try #require(device.assignment)
+        let body = ReportEnvelope.encode(
+            diff: MultiInstanceTests.diff(scale),
+            metadata: ReportMetadata(workerID: device.auth.workerID, requestKey: assignment.requestKey, sampleCount: samples, metrics: ["loss": 0.25])
+        )
+        return try await server.send("POST", Endpoint.report, body: body, token: device.auth.sessionToken, contentType: MediaType.safetensors)
+    }
+
+    @Test func aKilledInstanceLosesNothingItAcknowledgedAndNothingCountsTwice() async throws {
+        try await Self.withServers(3) { servers in
+            let hosted = try await servers[0].json(ProcessStatus.self, "POST", Endpoint.processes, MultiInstanceTests.host(goal: 8), token: "admin")
+            // Nine devices check in round-robin; device i reports at instance (i + 1) % 3.
+            var devices: [Device] = []
+            for i in 0..<9 { devices.append(try await Self.join(servers[i % 3], name: "multi")) }
+            #expect(devices.allSatisfy { $0.assignment != nil })
+            let scales: [Float] = [0.5, -1, 2, 0.25, 1.5, -0.75, 3, -2, 1]
+            let samples = [3, 7, 2, 5, 11, 4, 6, 9, 8]
+            var acknowledged: [(scale: Float, samples: Int)] = []
+            // Instance 2 acknowledges three reports (fold interval 2: one partial sum written, one diff pending) …
+            for i in [1, 4, 7] {
+                let response = try await Self.report(devices[i], scale: scales[i], samples: samples[i], to: servers[2])
+                #expect(response.status == 200, "\(String(decoding: response.body, as: UTF8.self))")
+                acknowledged.append((scales[i], samples[i]))
+            }
+            // … and is killed, never to return.
+            servers[2].kill9()
+            var closed = 0
+            for i in [0, 3, 6, 2, 5] {
+                let response = try await Self.report(devices[i], scale: scales[i], samples: samples[i], to: servers[(i + 1) % 3 == 2 ? 0 : (i + 1) % 3])
+                #expect(response.status == 200, "\(String(decoding: response.body, as: UTF8.self))")
+                acknowledged.append((scales[i], samples[i]))
+                if try WireCoding.decoder().decode(ReportResponse.self, from: Data(response.body)).cycleClosed { closed += 1 }
+            }
+            #expect(closed == 1, "the eighth report closes the cycle, once")
+            // A second report of an acknowledged key, and a report into the closed cycle, are refused.
+            #expect(try await Self.report(devices[0], scale: 9, samples: 1, to: servers[1]).status == 409)
+            #expect(try await Self.report(devices[8], scale: 9, samples: 1, to: servers[0]).status == 409)
+            for server in servers.prefix(2) {
+                let (status, bytes) = try await server.send("GET", Endpoint.checkpoint(hosted.processID, "latest"), token: "admin")
+                #expect(status == 200)
+                let published = try Safetensors.decode(bytes).byName.mapValues(\.values)
+                MultiInstanceTests.expectClose(published, MultiInstanceTests.fedAvg(acknowledged))
+                let (_, statusBody) = try await server.send("GET", Endpoint.process(hosted.processID), token: "admin")
+                let status2 = try WireCoding.decoder().decode(ProcessStatus.self, from: Data(statusBody))
+                #expect(status2.latestCheckpoint == 1 && status2.cyclesCompleted == 1 && status2.currentCycle?.number == 2)
+            }
+        }
+    }
+
+    @Test func devicesRacingAcrossInstancesNeverOverfillACycle() async throws {
+        try await Self.withServers(3) { servers in
+            _ = try await servers[0].json(ProcessStatus.self, "POST", Endpoint.processes, MultiInstanceTests.host(goal: 10, overSelection: 1.3), token: "admin")
+            let admitted = try await withThrowingTaskGroup(of: Bool.self) { group in
+                for i in 0..<48 {
+                    let server = servers[i % 3]
+                    group.addTask { try await Self.join(server, name: "multi").assignment != nil }
+                }
+                var count = 0
+                for try await accepted in group where accepted { count += 1 }
+                return count
+            }
+            // ⌈10 × 1.3⌉ = 13 over three processes.
+            #expect(admitted == 13)
+        }
+    }
+}
