@@ -414,8 +414,12 @@ public final class SQLiteStore: CoordinatorStore {
                     switch write {
                     case .assignment(let processID, let cycle, let workerID, let requestKey, let date):
                         // Cached: an admission burst runs this statement thousands of times a second.
-                        try db.cachedStatement(sql: "INSERT INTO assignments (process_id, cycle, worker_id, request_key, assigned_at) VALUES (?, ?, ?, ?, ?)")
-                            .execute(arguments: [processID, cycle, workerID, requestKey, date.timeIntervalSince1970])
+                        do {
+                            try db.cachedStatement(sql: "INSERT INTO assignments (process_id, cycle, worker_id, request_key, assigned_at) VALUES (?, ?, ?, ?, ?)")
+                                .execute(arguments: [processID, cycle, workerID, requestKey, date.timeIntervalSince1970])
+                        } catch let error as DatabaseError where error.resultCode == .SQLITE_CONSTRAINT {
+                            throw StoreError(.duplicate, "worker \(workerID) or its request key already holds an assignment in cycle \(cycle): \(error.message ?? "")")
+                        }
                     case .report(let report, let file):
                         let key = "\(report.processID)/\(report.cycle)"
                         let open: Bool
