@@ -78,6 +78,42 @@ enum PostgresSchema {
                 FOREIGN KEY (process_id, cycle) REFERENCES cycles(process_id, number) ON DELETE CASCADE)
             """,
         ]),
+        // An admission in one round trip: the cycle row's lock is held for the function and its commit only, not for
+        // four round trips between the coordinator and the database (the lock serialises a cycle's admissions).
+        Migration(version: "2-admit-function", statements: [
+            """
+            CREATE FUNCTION orchard_admit(p_process TEXT, p_cycle BIGINT, p_worker TEXT, p_key TEXT, p_at DOUBLE PRECISION, p_limit BIGINT)
+            RETURNS TABLE (outcome TEXT, existing_key TEXT, existing_reported BOOLEAN, existing_instance TEXT)
+            LANGUAGE plpgsql AS $$
+            DECLARE
+                cycle_status TEXT;
+                held BIGINT;
+                found_key TEXT;
+                found_reported BOOLEAN;
+                found_instance TEXT;
+            BEGIN
+                SELECT c.status INTO cycle_status FROM cycles c WHERE c.process_id = p_process AND c.number = p_cycle FOR UPDATE;
+                IF cycle_status IS DISTINCT FROM 'open' THEN
+                    RETURN QUERY SELECT 'closed'::TEXT, NULL::TEXT, NULL::BOOLEAN, NULL::TEXT;
+                    RETURN;
+                END IF;
+                SELECT a.request_key, a.reported, a.instance INTO found_key, found_reported, found_instance
+                    FROM assignments a WHERE a.process_id = p_process AND a.cycle = p_cycle AND a.worker_id = p_worker;
+                IF found_key IS NOT NULL THEN
+                    RETURN QUERY SELECT 'existing'::TEXT, found_key, found_reported, found_instance;
+                    RETURN;
+                END IF;
+                SELECT COUNT(*) INTO held FROM assignments a WHERE a.process_id = p_process AND a.cycle = p_cycle;
+                IF held >= p_limit THEN
+                    RETURN QUERY SELECT 'full'::TEXT, NULL::TEXT, NULL::BOOLEAN, NULL::TEXT;
+                    RETURN;
+                END IF;
+                INSERT INTO assignments (process_id, cycle, worker_id, request_key, assigned_at) VALUES (p_process, p_cycle, p_worker, p_key, p_at);
+                RETURN QUERY SELECT 'admitted'::TEXT, NULL::TEXT, NULL::BOOLEAN, NULL::TEXT;
+            END
+            $$
+            """,
+        ]),
     ]
 
     /// Applies the migrations not yet applied, each in its own transaction; returns the versions it applied.

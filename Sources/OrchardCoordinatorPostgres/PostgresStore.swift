@@ -452,28 +452,35 @@ public final class PostgresStore: CoordinatorStore {
     }
 
     public func admit(processID: String, cycle: Int, workerID: String, requestKey: String, at date: Date, limit: Int) async throws -> StoredAdmission {
-        try await transaction("admit worker '\(workerID)' to cycle \(cycle) of process '\(processID)'") { connection -> StoredAdmission in
-            // The row lock serialises every admission to this cycle, whichever instance makes it.
-            let status = try await lockCycle(connection, processID: processID, cycle: cycle, exclusive: true)
-            try Self.requireOpen(status, processID: processID, cycle: cycle)
-            if let row = try await run(connection, """
-                SELECT worker_id, request_key, reported, instance FROM assignments
-                WHERE process_id = \(processID) AND cycle = \(cycle) AND worker_id = \(workerID)
-                """).first {
-                let (worker, key, reported, instance) = try row.decode((String, String, Bool, String?).self)
-                return .existing(StoredAssignment(workerID: worker, requestKey: key, reported: reported, instance: instance))
-            }
-            let count = try await run(connection, "SELECT COUNT(*) FROM assignments WHERE process_id = \(processID) AND cycle = \(cycle)").first.map { try $0.decode(Int.self) } ?? 0
-            guard count < limit else { return .full }
-            do {
-                try await run(connection, """
-                    INSERT INTO assignments (process_id, cycle, worker_id, request_key, assigned_at)
-                    VALUES (\(processID), \(cycle), \(workerID), \(requestKey), \(date.timeIntervalSince1970))
-                    """)
-            } catch let error where PostgresErrors.isUniqueViolation(error) {
-                throw StoreError(.duplicate, "request key '\(requestKey)' was already issued")
-            }
-            return .admitted
+        let what = "admit worker '\(workerID)' to cycle \(cycle) of process '\(processID)'"
+        // One statement (its own transaction): `orchard_admit` locks the cycle row, which serialises every admission to
+        // the cycle whichever instance makes it, then finds an existing assignment, counts, and inserts.
+        let rows: [PostgresRow]
+        do {
+            rows = try await client.query(
+                "SELECT outcome, existing_key, existing_reported, existing_instance FROM orchard_admit(\(processID), \(cycle), \(workerID), \(requestKey), \(date.timeIntervalSince1970), \(limit))",
+                logger: logger
+            ).collect()
+        } catch let error where PostgresErrors.isUniqueViolation(error) {
+            throw StoreError(.duplicate, "request key '\(requestKey)' was already issued")
+        } catch {
+            throw PostgresErrors.map(error, what)
+        }
+        guard let row = rows.first else { throw StoreError(.corrupt, "\(what): orchard_admit returned no row") }
+        let outcome: String, key: String?, reported: Bool?, instance: String?
+        do {
+            (outcome, key, reported, instance) = try row.decode((String, String?, Bool?, String?).self)
+        } catch {
+            throw PostgresErrors.map(error, what)
+        }
+        switch outcome {
+        case "admitted": return .admitted
+        case "full": return .full
+        case "existing":
+            guard let key, let reported else { throw StoreError(.corrupt, "\(what): an existing assignment without its key") }
+            return .existing(StoredAssignment(workerID: workerID, requestKey: key, reported: reported, instance: instance))
+        case "closed": throw StoreError(.cycleClosed, "cycle \(cycle) of process '\(processID)' is not open")
+        default: throw StoreError(.corrupt, "\(what): orchard_admit answered '\(outcome)'")
         }
     }
 
