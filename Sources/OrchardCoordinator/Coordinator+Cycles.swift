@@ -14,7 +14,12 @@ extension Coordinator {
     /// Advances every process's cycle to the current time: closes cycles whose deadline passed.
     public func tick() async {
         let now = clock.date
-        if store.isShared { await refreshProcesses() }
+        if store.isShared && !(lastProcessRefresh.map { now.timeIntervalSince($0) < 1 } ?? false) {
+            // Processes hosted or deleted through other instances, at most once a second (device and admin calls naming
+            // an unknown process look sooner).
+            lastProcessRefresh = now
+            await refreshProcesses()
+        }
         for processID in runtimes.keys.sorted() {
             guard let runtime = runtimes[processID] else { continue }
             if store.isShared {

@@ -107,6 +107,8 @@ public actor Coordinator {
     var transitioning: Set<String> = []
     /// The refresh of the process list from a shared store under way, if any.
     var refreshing: Task<Void, Never>?
+    /// When the timer last refreshed the process list from a shared store.
+    var lastProcessRefresh: Date?
     /// Reloads of a process from the store under way, by process.
     var reloading: [String: Task<Bool, Never>] = [:]
     /// Open-mode authentications per client address (nil: unlimited).

@@ -114,6 +114,13 @@ enum PostgresSchema {
             $$
             """,
         ]),
+        // Diffs, sums and weights are float arrays that pglz cannot shrink: stored out of line without the attempt.
+        Migration(version: "3-uncompressed-blobs", statements: [
+            "ALTER TABLE assignments ALTER COLUMN diff SET STORAGE EXTERNAL",
+            "ALTER TABLE partial_sums ALTER COLUMN sum SET STORAGE EXTERNAL",
+            "ALTER TABLE checkpoints ALTER COLUMN weights SET STORAGE EXTERNAL",
+            "ALTER TABLE secure_aggregation_events ALTER COLUMN words SET STORAGE EXTERNAL",
+        ]),
     ]
 
     /// Applies the migrations not yet applied, each in its own transaction; returns the versions it applied.
