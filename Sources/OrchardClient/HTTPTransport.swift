@@ -190,6 +190,22 @@ public struct HTTPTransport: ClientTransport {
         return try decodeAnswer(SpeedTestUploadResponse.self, bytes: data, head: head).bytes
     }
 
+    /// An operator's call to the coordinator's admin API (``OrchardProtocol/Endpoint/processes`` and the paths under
+    /// it) or another path of it such as `/metrics`, over this transport's connection and trust roots, with
+    /// `Authorization: Bearer <adminToken>` and an optional JSON body. Answers the status and the body whatever the
+    /// status (no retries; the fleet simulator's `--coordinator` mode hosts and watches its process with it).
+    /// - Throws: ``OrchardClientError/Code/network`` or ``OrchardClientError/Code/tls`` when the coordinator cannot be
+    ///   reached, ``OrchardClientError/Code/serverError`` for an answer larger than 64 MiB.
+    public func adminRequest(_ method: String, _ path: String, json body: [UInt8]? = nil, adminToken: String) async throws(OrchardClientError) -> (status: Int, body: [UInt8]) {
+        var request = try makeRequest(HTTPMethod(rawValue: method), path, session: adminToken)
+        if let body {
+            request.headers.replaceOrAdd(name: "Content-Type", value: MediaType.json)
+            request.body = .bytes(ByteBuffer(bytes: body))
+        }
+        let (bytes, head) = try await send(request)
+        return (head.status, bytes)
+    }
+
     // MARK: Helpers
 
     /// Owns the HTTP client and shuts it down when the last copy of the transport is gone.

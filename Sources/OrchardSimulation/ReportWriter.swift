@@ -25,8 +25,9 @@ public struct ReportWriter: Sendable {
     /// `DIR/report.html`.
     public var reportURL: URL { directory.appendingPathComponent("report.html") }
 
-    /// Appends one round's record as a JSON line and flushes it to disk.
-    public func append(_ record: RoundMetrics) throws(SimulationError) {
+    /// Appends one round's record (a ``RoundMetrics``, or a ``ShardRoundMetrics`` against an external coordinator) as a
+    /// JSON line and flushes it to disk.
+    public func append(_ record: some Encodable) throws(SimulationError) {
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.sortedKeys]
         do {
@@ -51,6 +52,17 @@ public struct ReportWriter: Sendable {
             try Data(HTMLReport.render(title: title, summary: summary, rounds: rounds).utf8).write(to: reportURL, options: .atomic)
         } catch {
             throw SimulationError(.unwritable, "cannot write the report into \(directory.path): \(error.localizedDescription)")
+        }
+    }
+
+    /// Writes `summary.json` alone (a shard's run against an external coordinator, which has no HTML report).
+    public func finish(summary: some Encodable) throws(SimulationError) {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.sortedKeys, .prettyPrinted]
+        do {
+            try encoder.encode(summary).write(to: summaryURL, options: .atomic)
+        } catch {
+            throw SimulationError(.unwritable, "cannot write \(summaryURL.path): \(error.localizedDescription)")
         }
     }
 

@@ -36,6 +36,15 @@ public enum SimulationRunner {
         let directory = configuration.output ?? FileManager.default.temporaryDirectory
             .appendingPathComponent("orchard-simulation-\(configuration.seed)-\(UUID().uuidString.prefix(8))")
         let writer = try ReportWriter(directory: directory)
+        let prepared = try prepare(configuration, progress: progress)
+        return try await runFleet(configuration, model: prepared.model, workload: prepared.workload, writer: writer, progress: progress, clock: clock, setupStart: setupStart)
+    }
+
+    /// The scenario's data and model, the same on every run and every machine for a seed: for images, the zoo's
+    /// model with PyTorch's initialisation; for housing, central pretraining of the embeddings, then the device
+    /// model with them imported frozen. The workload deals the training set to `configuration.clients` devices
+    /// (the seed's partition) and evaluates on the test set.
+    static func prepare(_ configuration: SimulationConfiguration, progress: ProgressDisplay) throws(SimulationError) -> (model: Model, workload: any FleetWorkload) {
         if let imageDirectory = configuration.dataset.imageDirectory {
             let (train, test) = try loadImages(imageDirectory)
             let spec = configuration.model == .cnn
@@ -48,9 +57,8 @@ public enum SimulationRunner {
                 return model
             }
             let slices = try partition(train, configuration: configuration)
-            let workload = EngineWorkload(model: model, slices: slices, testSet: test)
             progress.note("\(configuration.dataset): \(train.count) training and \(test.count) test images over \(configuration.clients) devices; \(configuration.model) with \(model.parameterCount) parameters")
-            return try await runFleet(configuration, model: model, workload: workload, writer: writer, progress: progress, clock: clock, setupStart: setupStart)
+            return (model, EngineWorkload(model: model, slices: slices, testSet: test))
         }
         // Housing: central pretraining, then the device model with the embeddings imported frozen.
         let housing = HousingConfiguration(seed: configuration.seed)
@@ -68,16 +76,21 @@ public enum SimulationRunner {
         }
         progress.note(String(format: "central pretraining: test RMSE %.3f after %d epochs (%.2f s); embeddings frozen for the fleet", central.metrics.testRMSE, central.metrics.epochs, central.metrics.seconds))
         let slices = try partition(data.train, configuration: configuration)
-        let workload = EngineWorkload(model: device, slices: slices, testSet: data.test)
-        return try await runFleet(configuration, model: device, workload: workload, writer: writer, progress: progress, clock: clock, setupStart: setupStart)
+        return (device, EngineWorkload(model: device, slices: slices, testSet: data.test))
     }
 
-    private static func runFleet<S: Dataset, T: Dataset>(
-        _ configuration: SimulationConfiguration, model: Model, workload: EngineWorkload<S, T>, writer: ReportWriter,
-        progress: ProgressDisplay, clock: any WallClock, setupStart: WallInstant
-    ) async throws(SimulationError) -> SimulationResult {
+    /// The process the simulator hosts for `configuration` — in process, and on an external coordinator
+    /// (`--coordinator`, where shard 1 hosts it through the admin API): the model and its initial weights, the
+    /// client config, and a server config with the scenario's goal, over-selection, minimum reports, cycle length,
+    /// aggregator, privacy and secure aggregation.
+    /// - Parameters:
+    ///   - name: The process's name (default `simulation-<model>`); its version is 1.0.0.
+    ///   - cycles: `server_config.cycles` (0, unbounded, in process, where the simulation decides when to stop).
+    static func hostedProcess(
+        _ configuration: SimulationConfiguration, model: Model, workload: any FleetWorkload, name: String? = nil, cycles: Int = 0
+    ) throws(SimulationError) -> HostProcessRequest {
         var server = ServerConfig(
-            cycleLength: configuration.cycleSeconds, cycles: 0, goalCount: configuration.goal,
+            cycleLength: configuration.cycleSeconds, cycles: cycles, goalCount: configuration.goal,
             overSelection: configuration.overSelection, minimumReports: configuration.minimumReports,
             paceSteeringWindow: 60, checkpointRetention: 3, aggregator: configuration.aggregator, privacy: configuration.privacy,
             secureAggregation: configuration.secureAggregation
@@ -89,10 +102,23 @@ public enum SimulationRunner {
         if let failure = server.validationFailure() {
             throw SimulationError(.invalidOption, failure.replacingOccurrences(of: "server_config.", with: ""))
         }
-        let process = HostProcessRequest(
-            name: "simulation-\(configuration.model)", version: SemanticVersion(1, 0, 0), model: model.spec,
+        return HostProcessRequest(
+            name: name ?? defaultProcessName(configuration), version: processVersion, model: model.spec,
             initialWeights: model.weightsSafetensors(), clientConfig: configuration.clientConfig, serverConfig: server
         )
+    }
+
+    /// The version of every process the simulator hosts.
+    static let processVersion = SemanticVersion(1, 0, 0)
+
+    /// `simulation-<model>`: the name of the process the simulator hosts unless told otherwise.
+    static func defaultProcessName(_ configuration: SimulationConfiguration) -> String { "simulation-\(configuration.model)" }
+
+    private static func runFleet(
+        _ configuration: SimulationConfiguration, model: Model, workload: any FleetWorkload, writer: ReportWriter,
+        progress: ProgressDisplay, clock: any WallClock, setupStart: WallInstant
+    ) async throws(SimulationError) -> SimulationResult {
+        let process = try hostedProcess(configuration, model: model, workload: workload)
         let fleet = FleetSimulation(devices: configuration.clients, conditions: configuration.conditions, seed: configuration.seed, rounds: configuration.rounds, evaluateEvery: configuration.evaluateEvery)
         let setupSeconds = setupStart.duration(to: clock.now).inSeconds
         let outcome: (initial: Evaluation, rounds: [RoundMetrics])
