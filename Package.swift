@@ -32,6 +32,7 @@ let package = Package(
         .library(name: "OrchardCoordinator", targets: ["OrchardCoordinator"]),
         .library(name: "OrchardCoordinatorPostgres", targets: ["OrchardCoordinatorPostgres"]),
         .library(name: "OrchardClient", targets: ["OrchardClient"]),
+        .library(name: "OrchardOperator", targets: ["OrchardOperator"]),
         .library(name: "OrchardCoreML", targets: ["OrchardCoreML"]),
         .library(name: "OrchardInProcess", targets: ["OrchardInProcess"]),
         .library(name: "OrchardSimulation", targets: ["OrchardSimulation"]),
@@ -175,6 +176,19 @@ let package = Package(
             ],
             swiftSettings: swiftSettings
         ),
+        // The operator's side of the admin API (`orchard process`): the HTTP client, local checks of the files to host,
+        // and the pure formatting of statuses and watch frames.
+        .target(
+            name: "OrchardOperator",
+            dependencies: [
+                "OrchardSupport", "OrchardFormats", "OrchardProtocol", "OrchardPrivacy",
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+                .product(name: "NIOSSL", package: "swift-nio-ssl"),
+            ],
+            swiftSettings: swiftSettings
+        ),
         // The coordinator's core as the client's in-process coordinator (simulator, tests, single-process apps).
         .target(
             name: "OrchardInProcess",
@@ -220,7 +234,7 @@ let package = Package(
             dependencies: [
                 "OrchardSupport", "OrchardFormats", "OrchardML", "OrchardData", "OrchardExamples", "OrchardCoreML",
                 "OrchardScheduler", "OrchardProtocol", "OrchardCoordinator", "OrchardClient", "OrchardSimulation",
-                "OrchardBenchmarks", "OrchardPrivacy", "OrchardCoordinatorPostgres",
+                "OrchardBenchmarks", "OrchardPrivacy", "OrchardCoordinatorPostgres", "OrchardOperator",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
@@ -265,6 +279,7 @@ let package = Package(
             name: "OrchardCoordinatorPostgresTests",
             dependencies: [
                 "OrchardCoordinator", "OrchardCoordinatorPostgres", "OrchardPrivacy", "OrchardProtocol", "OrchardFormats", "OrchardSupport", "OrchardTesting",
+                "OrchardBenchmarks",
                 .product(name: "Logging", package: "swift-log"),
             ],
             swiftSettings: swiftSettings
@@ -277,6 +292,15 @@ let package = Package(
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
+            ],
+            swiftSettings: swiftSettings
+        ),
+        // `orchard process` and `orchard data prepare` against a coordinator on loopback (library calls and the executable).
+        .testTarget(
+            name: "OrchardOperatorTests",
+            dependencies: [
+                "OrchardOperator", "OrchardCoordinator", "OrchardProtocol", "OrchardFormats", "OrchardML", "OrchardData", "OrchardSupport",
+                "OrchardTesting",
             ],
             swiftSettings: swiftSettings
         ),

@@ -329,8 +329,17 @@ public enum CoordinatorBenchmark {
                     let request = checkinRequests[index]
                     let worker = sessions[index].workerID
                     group.addTask {
-                        let response = try await connection.exchange(request.head, body: [request.body], keepBody: true)
-                        let decoded = try load.decode(CycleResponse.self, response.body.map { Array($0.readableBytesView) } ?? [])
+                        var decoded: CycleResponse
+                        var attempts = 0
+                        repeat {
+                            let response = try await connection.exchange(request.head, body: [request.body], keepBody: true)
+                            decoded = try load.decode(CycleResponse.self, response.body.map { Array($0.readableBytesView) } ?? [])
+                            // With several instances the previous cycle may still be closing at another one: ask again
+                            // shortly, as a device would after its retry_after.
+                            guard case .rejected(let rejection) = decoded, rejection.reason == "cycle_closing", attempts < 100 else { break }
+                            attempts += 1
+                            try await Task.sleep(for: .milliseconds(50))
+                        } while true
                         guard case .accepted(let assignment) = decoded else {
                             let name = "POST \(Endpoint.cycleRequest)"
                             throw BenchmarkError(.unexpectedResponse, "device \(worker) was not admitted: \(decoded)", context: ["request": name])

@@ -46,6 +46,13 @@ extension Coordinator {
             action = resolved
         }
         guard let runtime = runtimes[processID] else { return }
+        let closing = runtime.machine.cycle
+        defer {
+            // Closed, or reloaded past it: nothing left to retry.
+            if runtimes[processID].map({ $0.machine.cycle != closing || $0.machine.phase == .completed }) ?? true {
+                sealedHere.remove(SealKey(processID: processID, cycle: closing))
+            }
+        }
         var secureMean: [Float]?
         if let secure = runtime.secure, case .aggregate(let cycle, let reports) = action {
             // Under secure aggregation the cycle's end of admission opens the protocol's later stages; the transition

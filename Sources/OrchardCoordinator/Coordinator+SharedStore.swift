@@ -108,11 +108,15 @@ extension Coordinator {
             return
         }
         if progress.status == .closing {
-            // Another instance is combining the partial sums; if it has not finished within the lease, it is presumed dead.
-            guard let sealedAt = progress.sealedAt, now.timeIntervalSince(sealedAt) >= configuration.sealLease else { return }
-            logger.warning("taking over the closing of a cycle sealed by another instance", metadata: [
-                "process": "\(processID)", "cycle": "\(progress.number)", "sealed_at": "\(sealedAt)",
-            ])
+            // Sealed here and the transition failed (a store error): retry now. Sealed by another instance, which is
+            // combining the partial sums: if it has not finished within the lease, it is presumed dead.
+            let mine = sealedHere.contains(SealKey(processID: processID, cycle: progress.number))
+            if !mine {
+                guard let sealedAt = progress.sealedAt, now.timeIntervalSince(sealedAt) >= configuration.sealLease else { return }
+                logger.warning("taking over the closing of a cycle sealed by another instance", metadata: [
+                    "process": "\(processID)", "cycle": "\(progress.number)", "sealed_at": "\(sealedAt)",
+                ])
+            }
             if let action = await combineShared(processID: processID, takeover: true) {
                 await perform(action, processID: processID, combined: true)
             }
@@ -160,6 +164,7 @@ extension Coordinator {
         let isPrivate = runtime.privacy != nil
         do {
             let sealed = try await store.sealCycle(processID: processID, cycle: cycle, at: clock.date)
+            if sealed { sealedHere.insert(SealKey(processID: processID, cycle: cycle)) }
             // Sealed by another instance, which is closing it: the tick takes the next cycle up, or takes over after the lease.
             guard sealed || takeover else { return nil }
             guard let open = try await store.openCycle(processID: processID), open.cycle.number == cycle else {
@@ -271,6 +276,12 @@ extension Coordinator {
             let deadline = runtimes[processID]?.machine.deadline ?? now
             return .rejected(CycleRejection(retryAfter: (max(0, deadline.timeIntervalSince(now)) + jitter * window).rounded(.up), reason: "cycle_full"))
         }
+    }
+
+    /// A cycle this instance sealed and has not yet closed.
+    struct SealKey: Hashable {
+        var processID: String
+        var cycle: Int
     }
 
     /// What ``admitShared(processID:cycle:workerID:assignment:now:jitter:)`` decided.

@@ -109,6 +109,8 @@ public actor Coordinator {
     var refreshing: Task<Void, Never>?
     /// When the timer last refreshed the process list from a shared store.
     var lastProcessRefresh: Date?
+    /// Cycles this instance sealed in a shared store and has not closed (a failed transition is retried at once).
+    var sealedHere: Set<SealKey> = []
     /// Reloads of a process from the store under way, by process.
     var reloading: [String: Task<Bool, Never>] = [:]
     /// Open-mode authentications per client address (nil: unlimited).

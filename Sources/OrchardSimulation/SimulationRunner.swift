@@ -22,6 +22,8 @@ public struct SimulationResult: Sendable {
 
 /// Runs a whole scenario: loads the data, prepares the model (for housing, central pretraining of the
 /// embeddings first), hosts the process on a real coordinator, runs the fleet of virtual devices against it, and writes the report.
+/// The data, the model and the hosted process are shared with ``ExternalFleet``, which runs a shard of the same fleet
+/// against a coordinator running elsewhere, in real time.
 public enum SimulationRunner {
     /// Runs `configuration`.
     /// - Parameters:

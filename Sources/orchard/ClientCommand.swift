@@ -2,7 +2,7 @@ import ArgumentParser
 import Foundation
 import Logging
 import OrchardClient
-import OrchardFormats
+import OrchardData
 import OrchardML
 import OrchardScheduler
 
@@ -124,29 +124,10 @@ struct DeviceOptions: ParsableArguments {
         return try client.newJob(processName: process, version: version)
     }
 
+    /// The data file, read as `orchard data prepare` writes it (``DeviceDataFile``).
     func loadDataset() throws -> TensorDataset {
-        let bytes: Data
-        do {
-            bytes = try Data(contentsOf: URL(fileURLWithPath: data))
-        } catch {
-            throw ValidationError("cannot read --data \(data): \(error.localizedDescription)")
-        }
-        let archive: SafetensorsArchive
-        do throws(FormatError) {
-            archive = try Safetensors.decode(bytes, allowConversion: true)
-        } catch {
-            throw ValidationError("--data \(data) is not a safetensors file: \(error.message)")
-        }
-        guard let target = archive["target"] else {
-            throw ValidationError("--data \(data) has no tensor named 'target' (it has \(archive.tensors.map(\.name).sorted()))")
-        }
-        var inputs: [String: Tensor] = [:]
-        for record in archive.tensors where record.name != "target" {
-            inputs[record.name] = Tensor(shape: record.shape, scalars: record.values)
-        }
-        guard !inputs.isEmpty else { throw ValidationError("--data \(data) has no input tensors besides 'target'") }
-        do throws(EngineError) {
-            return try TensorDataset(inputs: inputs, targets: Tensor(shape: target.shape, scalars: target.values))
+        do throws(DataError) {
+            return try DeviceDataFile.read(contentsOf: URL(fileURLWithPath: data))
         } catch {
             throw ValidationError("--data \(data): \(error.message)")
         }

@@ -1,4 +1,5 @@
 import ArgumentParser
+import OrchardClient
 import OrchardSupport
 import Foundation
 import OrchardData
@@ -6,7 +7,8 @@ import OrchardPrivacy
 import OrchardProtocol
 import OrchardSimulation
 
-/// `orchard simulate`: a fleet of virtual devices against an in-process coordinator.
+/// `orchard simulate`: a fleet of virtual devices against an in-process coordinator on virtual time, or (with
+/// `--coordinator URL --shard i/n`) a shard of a fleet against a coordinator that runs elsewhere, in real time.
 struct SimulateCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "simulate",
@@ -17,6 +19,13 @@ struct SimulateCommand: AsyncParsableCommand {
         windows. Image datasets default to McMahan et al.'s FedAvg setup (100 devices, C=0.1, E=1, B=10, lr 0.05).
         Trace files (--availability trace:FILE) are CSV with a device,start,end header or JSON Lines \
         {"device":0,"start":0,"end":3600}; times are virtual seconds, end may be inf (CSV) or omitted (JSONL).
+        With --coordinator URL the devices run against that coordinator (e.g. orchard serve) in REAL time — its \
+        deadlines run on its own wall clock, so virtual time cannot drive it — with the admin token from \
+        ORCHARD_ADMIN_TOKEN. --shard i/n runs the devices d with d mod n = i-1, so several machines simulate one \
+        fleet: start every shard with the same options; shard 1 hosts the process (or uses an existing one of that \
+        name), the others wait for it; each stops once the process has aggregated --rounds cycles. --transport, \
+        --window-seconds and --availability other than always are virtual-time options and are refused there; \
+        --cycle-seconds and --sa-stage-timeout are then real seconds, and --dropout still applies.
         """
     )
 
@@ -76,12 +85,24 @@ struct SimulateCommand: AsyncParsableCommand {
     var saClippingRange: Float?
     @Option(name: .customLong("sa-quantization-range"), help: "Secure aggregation: quantisation levels (default 65536).")
     var saQuantizationRange: UInt32?
-    @Option(name: .customLong("sa-stage-timeout"), help: "Secure aggregation: virtual seconds a stage waits for late devices (default: a sixth of --window-seconds).")
+    @Option(name: .customLong("sa-stage-timeout"), help: "Secure aggregation: virtual seconds a stage waits for late devices (default: a sixth of --window-seconds; with --coordinator, real seconds, default a sixth of --cycle-seconds).")
     var saStageTimeout: Double?
     @Option(help: "Seed of every random choice.")
     var seed: UInt64?
     @Option(help: "Directory for metrics.jsonl, summary.json and report.html (default: a new temporary directory).")
     var output: String?
+    @Option(help: ArgumentHelp("Run against the coordinator at this http(s) URL in real time instead of an in-process one on virtual time (admin token from ORCHARD_ADMIN_TOKEN).", valueName: "url"))
+    var coordinator: String?
+    @Option(help: ArgumentHelp("With --coordinator: run shard i of n of the fleet (devices d with d mod n = i-1); shard 1 hosts the process (default 1/1).", valueName: "i/n"))
+    var shard: String?
+    @Option(name: .customLong("ca-cert"), help: ArgumentHelp("With --coordinator: trust only the CA certificates in this PEM file for an https coordinator.", valueName: "pem"))
+    var caCert: String?
+    @Option(help: "With --coordinator: most local trainings at the same time (default: twice the cores).")
+    var concurrency: Int?
+    @Option(name: .customLong("host-timeout"), help: "With --coordinator: seconds shards 2…n wait for shard 1 to host the process, and the longest silence of the coordinator tolerated (default 300).")
+    var hostTimeout: Double?
+    @Option(help: "With --coordinator: the process's name (default simulation-<model>, version 1.0); an existing process of that name is used, not hosted again.")
+    var process: String?
 
     /// The option behind each configuration field.
     static let flags = [
@@ -102,6 +123,22 @@ struct SimulateCommand: AsyncParsableCommand {
     /// The scenario the options describe: the dataset's defaults with every given option applied.
     func makeConfiguration() throws(SimulationError) -> SimulationConfiguration {
         var c: SimulationConfiguration = dataset.imageDirectory == nil ? .housing : .images(dataset)
+        if coordinator != nil {
+            // Virtual-time options have no meaning against a coordinator that runs on its own wall clock.
+            if transport != nil {
+                throw SimulationError(.invalidOption, "--transport cannot be used with --coordinator: the devices reach that coordinator over HTTP(S)")
+            }
+            if windowSeconds != nil {
+                throw SimulationError(.invalidOption, "--window-seconds cannot be used with --coordinator: background windows are virtual time; against an external coordinator devices run in real time and each cycle runs to its end")
+            }
+            if let availability, availability.description != "always" {
+                throw SimulationError(.invalidOption, "--availability \(availability) cannot be used with --coordinator: availability is played on virtual time, and an external coordinator runs on its own wall clock (every device is available)")
+            }
+            c.availability = .always
+        } else if let stray = [("--shard", shard != nil), ("--ca-cert", caCert != nil), ("--concurrency", concurrency != nil),
+                               ("--host-timeout", hostTimeout != nil), ("--process", process != nil)].first(where: { $0.1 }) {
+            throw SimulationError(.invalidOption, "\(stray.0) needs --coordinator (it is about running against a coordinator elsewhere)")
+        }
         if let model { c.model = model }
         if let clients { c.clients = clients }
         if let fraction { c.fraction = fraction }
@@ -121,7 +158,7 @@ struct SimulateCommand: AsyncParsableCommand {
         if let seed { c.seed = seed }
         if let output { c.output = URL(fileURLWithPath: output) }
         c.privacy = try privacy(clients: c.clients)
-        c.secureAggregation = try secure(goal: c.goal, overSelection: c.overSelection, windowSeconds: c.windowSeconds)
+        c.secureAggregation = try secure(goal: c.goal, overSelection: c.overSelection, windowSeconds: coordinator == nil ? c.windowSeconds : c.cycleSeconds)
         if let privacy = c.privacy, var failure = privacy.validationFailure(goalCount: c.goal, capacity: Int((Double(c.goal) * c.overSelection).rounded(.up))) {
             for (field, flag) in Self.privacyFlags { failure = failure.replacingOccurrences(of: field, with: flag) }
             throw SimulationError(.invalidOption, failure)
@@ -169,10 +206,86 @@ struct SimulateCommand: AsyncParsableCommand {
         let configuration: SimulationConfiguration
         do { configuration = try makeConfiguration() } catch { throw ValidationError(namingOption(error.message, Self.flags)) }
         let progress = ProgressDisplay.standardError()
+        if let coordinator {
+            try await runExternal(configuration, coordinator: coordinator, progress: progress)
+            return
+        }
         let result = try await SimulationRunner.run(configuration, progress: progress, clock: SystemClock())
         print(Self.table(result.summary))
         print("report: \(result.directory.appendingPathComponent("report.html").path)")
         print("metrics: \(result.directory.appendingPathComponent("metrics.jsonl").path)")
+    }
+
+    /// The option behind each field of ``ExternalCoordinator`` and the external checks.
+    static let externalFlags = [
+        "coordinator": "--coordinator", "shard": "--shard", "concurrency": "--concurrency", "hostTimeout": "--host-timeout",
+        "clients": "--clients", "CA certificate file": "--ca-cert",
+    ]
+
+    /// A shard against `--coordinator`.
+    func runExternal(_ configuration: SimulationConfiguration, coordinator url: String, progress: ProgressDisplay) async throws {
+        let external = try externalCoordinator(url)
+        let result = try await Self.validated { () async throws(SimulationError) in
+            try await ExternalFleet.run(configuration, coordinator: external, environment: ProcessInfo.processInfo.environment, progress: progress, clock: SystemClock())
+        }
+        print(Self.table(result.summary))
+        print("summary: \(result.directory.appendingPathComponent("summary.json").path)")
+        print("metrics: \(result.directory.appendingPathComponent("metrics.jsonl").path)")
+    }
+
+    /// The `--coordinator`, `--shard`, `--ca-cert`, `--concurrency`, `--host-timeout` and `--process` settings.
+    func externalCoordinator(_ url: String) throws -> ExternalCoordinator {
+        var external = ExternalCoordinator(url: url)
+        if let shard {
+            do throws(SimulationError) { external.shard = try FleetShard(parsing: shard) } catch {
+                throw ValidationError(namingOption(error.message, Self.externalFlags))
+            }
+        }
+        if let caCert {
+            do throws(OrchardClientError) { external.trustRoots = try TrustRoots.certificateFile(caCert) } catch {
+                throw ValidationError(namingOption(error.message, Self.externalFlags))
+            }
+        }
+        if let concurrency { external.concurrency = concurrency }
+        if let hostTimeout { external.hostTimeout = hostTimeout }
+        external.processName = process
+        return external
+    }
+
+    /// `body`'s result; an invalid option becomes a usage error naming the option.
+    static func validated<T>(_ body: () async throws(SimulationError) -> T) async throws -> T {
+        do { return try await body() } catch {
+            if error.code == .invalidOption { throw ValidationError(namingOption(error.message, externalFlags)) }
+            throw error
+        }
+    }
+
+    /// A shard's summary as an aligned two-column table.
+    static func table(_ s: ShardSummary) -> String {
+        func f(_ v: Double, _ digits: Int = 4) -> String { String(format: "%.\(digits)f", v) }
+        var rows: [(String, String)] = [
+            ("coordinator / shard", "\(s.settings["coordinator"] ?? "?") / \(s.shard)"),
+            ("process", "\(s.processID) (\(s.hosted ? "hosted by this shard" : "hosted before or by shard 1"))"),
+            ("devices in this shard", "\(s.devices) of \(s.settings["clients"] ?? "?")"),
+            ("cycles aggregated / abandoned", "\(s.aggregatedRounds) / \(s.abandonedRounds) (\(s.rounds) observed)"),
+            ("wall time", "\(f(s.wallSeconds, 2)) s devices + \(f(s.setupSeconds, 2)) s setup"),
+            ("check-ins / admitted", "\(s.checkIns) / \(s.admitted)"),
+            ("reported / late / dropped", "\(s.reported) / \(s.late) / \(s.dropped)"),
+            ("rejected", "\(s.rejected)" + (s.rejections.isEmpty ? "" : " (" + s.rejections.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", ") + ")")),
+            ("failed", "\(s.failed)" + (s.lastError.map { " (last: \($0))" } ?? "")),
+        ]
+        if let initial = s.initial, let final = s.final {
+            if let a = final.accuracy { rows.append(("test accuracy", "\(f(initial.accuracy ?? 0)) → \(f(a)) (best \(f(s.bestAccuracy ?? a)))")) }
+            if let r = final.rmse { rows.append(("test RMSE", "\(f(initial.rmse ?? 0)) → \(f(r)) (best \(f(s.bestRMSE ?? r)))")) }
+        }
+        if let epsilon = s.epsilon { rows.append(("privacy spent", "ε = \(f(epsilon, 3))")) }
+        return aligned(rows)
+    }
+
+    /// Rows as an aligned two-column table.
+    static func aligned(_ rows: [(String, String)]) -> String {
+        let width = rows.map(\.0.count).max() ?? 0
+        return rows.map { $0.0.padding(toLength: width, withPad: " ", startingAt: 0) + "  " + $0.1 }.joined(separator: "\n")
     }
 
     /// The summary as an aligned two-column table.
@@ -196,8 +309,7 @@ struct SimulateCommand: AsyncParsableCommand {
         }
         if let epsilon = s.epsilon { rows.append(("privacy spent", "ε = \(f(epsilon, 3)) at δ = \(s.settings["dp_delta"] ?? "?")")) }
         if let r = s.final.rmse { rows.append(("test RMSE", "\(f(s.initial.rmse ?? 0)) → \(f(r)) (best \(f(s.bestRMSE ?? r)))")) }
-        let width = rows.map(\.0.count).max() ?? 0
-        return rows.map { $0.0.padding(toLength: width, withPad: " ", startingAt: 0) + "  " + $0.1 }.joined(separator: "\n")
+        return aligned(rows)
     }
 }
 

@@ -5,6 +5,7 @@ import FoundationNetworking
 #if canImport(Glibc)
 import Glibc
 #endif
+import OrchardBenchmarks
 import OrchardCoordinatorPostgres
 import OrchardFormats
 import OrchardProtocol
@@ -181,5 +182,26 @@ import Testing
             // ⌈10 × 1.3⌉ = 13 over three processes.
             #expect(admitted == 13)
         }
+    }
+}
+
+/// `orchard bench coordinator --database postgres://… --instances 3` on a tiny fleet: every check-in and report
+/// answered across three instances, over several cycles, and the temporary database dropped.
+@Suite(TestDatabase.requirement) struct PostgresBenchmarkTests {
+    @Test func aTinyRunOverThreeInstancesCountsEveryCheckInAndReport() async throws {
+        let admin = try TestDatabase.adminConfiguration()
+        let before = try await PostgresAdministration.databases(prefix: "orchard_bench_", using: admin, logger: TestDatabase.logger)
+        let result = try await CoordinatorBenchmark.run(CoordinatorBenchmark.Configuration(
+            devices: 6, parameters: 105, checkins: 12, rate: 0, rounds: 3, reportConcurrency: 2, database: admin, instances: 3
+        ))
+        #expect(result.store == "postgres" && result.instances == 3)
+        #expect(result.checkins == 12 && result.reports == 6 * 3)
+        #expect(result.reportBytes > result.reports * 100 * 4)
+        let after = try await PostgresAdministration.databases(prefix: "orchard_bench_", using: admin, logger: TestDatabase.logger)
+        #expect(Set(after) == Set(before), "the benchmark's database is dropped")
+    }
+
+    @Test func moreThanOneInstanceNeedsPostgreSQL() {
+        #expect(throws: BenchmarkError.self) { try CoordinatorBenchmark.Configuration(instances: 2).validate() }
     }
 }

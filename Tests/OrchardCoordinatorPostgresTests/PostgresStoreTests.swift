@@ -130,14 +130,12 @@ struct PostgresStoreTests {
 
 /// Connection failures that need no server.
 @Suite struct PostgresConnectionFailureTests {
-    @Test func anUnreachableServerIsAQuickIOError() async throws {
+    @Test func anUnreachableServerIsAnIOErrorWithoutThePassword() async throws {
         // Port 1 on loopback: nothing listens there, so the connection is refused at once.
         let configuration = try PostgresStoreConfiguration(url: "postgres://orchard:s3cret-value@127.0.0.1:1/orchard?sslmode=disable&connect_timeout=5")
-        let started = ContinuousClock.now
         let error = try await #require(throws: StoreError.self) {
             _ = try await PostgresStore.open(configuration: configuration, logger: TestDatabase.logger)
         }
-        #expect(ContinuousClock.now - started < .seconds(5))
         #expect(error.code == .io)
         #expect(error.message.contains("cannot connect to PostgreSQL at 127.0.0.1:1/orchard as orchard"), "\(error.message)")
         #expect(!error.message.contains("s3cret-value"))

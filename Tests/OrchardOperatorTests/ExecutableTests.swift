@@ -1,0 +1,111 @@
+import Foundation
+import OrchardData
+import OrchardFormats
+import OrchardML
+import OrchardOperator
+import OrchardProtocol
+import Testing
+
+/// The built `orchard` executable: `orchard process …` against a coordinator on loopback, and `orchard data prepare`.
+@Suite struct ExecutableTests {
+    @Test func createListStatusWatchCheckpointDelete() async throws {
+        let coordinator = try await LoopbackCoordinator.start()
+        let files = try TemporaryDirectory()
+        defer { files.remove() }
+        let model = try files.write("model.json", SmallModel.json())
+        let weights = try files.write("weights.safetensors", bytes: SmallModel.weights())
+        let token: [String: String?] = ["ORCHARD_ADMIN_TOKEN": LoopbackCoordinator.token]
+        let server = ["--server", coordinator.url]
+
+        let created = try await Run.orchard(
+            ["process", "create"] + server + ["--name", "small", "--version", "1.0", "--model", model, "--weights", weights, "--goal", "3", "--batch-size", "16", "--json"],
+            environment: token, in: files.url
+        )
+        #expect(created.status == 0, "\(created.error)")
+        let status = try JSONDecoder().decode(ProcessStatus.self, from: Data(created.output.utf8))
+        #expect(status.serverConfig.goalCount == 3 && status.clientConfig.batchSize == 16)
+        let id = status.processID
+
+        let list = try await Run.orchard(["process", "list"] + server, environment: token, in: files.url)
+        #expect(list.status == 0 && list.output.contains(id) && list.output.contains("0/3"), "\(list.output)\(list.error)")
+
+        let shown = try await Run.orchard(["process", "status", id] + server, environment: token, in: files.url)
+        #expect(shown.status == 0 && shown.output.contains("reported    0 of 3 (goal)"), "\(shown.output)\(shown.error)")
+
+        // Not a terminal: one plain line.
+        let watched = try await Run.orchard(["process", "watch", id, "--once"] + server, environment: token, in: files.url)
+        #expect(watched.status == 0, "\(watched.error)")
+        #expect(watched.output.split(separator: "\n").count == 1)
+        #expect(watched.output.contains("\(id) running cycle 1: assigned 0/4, reported 0/3, deadline in "), "\(watched.output)")
+
+        let out = files.path("checkpoint.safetensors")
+        let fetched = try await Run.orchard(["process", "checkpoint", id, "latest", "-o", out] + server, environment: token, in: files.url)
+        #expect(fetched.status == 0, "\(fetched.error)")
+        #expect(fetched.output.hasPrefix("wrote checkpoint 0 of \(id) to \(out) ("))
+        #expect(try Safetensors.decode([UInt8](try Data(contentsOf: URL(fileURLWithPath: out)))).tensors.map(\.name) == SmallModel.spec().parameters().map(\.name))
+
+        let deleted = try await Run.orchard(["process", "delete", id] + server, environment: token, in: files.url)
+        #expect(deleted.status == 0 && deleted.output == "deleted \(id)\n")
+        let again = try await Run.orchard(["process", "status", id] + server, environment: token, in: files.url)
+        #expect(again.status == 1 && again.output.isEmpty)
+        #expect(again.errorLines == ["error: unknown_process: no process '\(id)'"])
+        await coordinator.stop()
+    }
+
+    @Test func failuresAreOneLineOnStandardError() async throws {
+        let coordinator = try await LoopbackCoordinator.start()
+        let files = try TemporaryDirectory()
+        defer { files.remove() }
+        let model = try files.write("model.json", SmallModel.json())
+        let weights = try files.write("weights.safetensors", bytes: SmallModel.weights(hidden: 5))
+        let wrongToken = try files.write("token", "wrong\n")
+        let server = ["--server", coordinator.url]
+
+        let refused = try await Run.orchard(["process", "list", "--admin-token-file", wrongToken] + server, in: files.url)
+        #expect(refused.status == 1)
+        #expect(refused.errorLines == [
+            "error: unauthorized: the admin token was refused by \(coordinator.url) (admin token required); check ORCHARD_ADMIN_TOKEN or --admin-token-file",
+        ])
+
+        let both = try await Run.orchard(["process", "list", "--admin-token-file", wrongToken] + server, environment: ["ORCHARD_ADMIN_TOKEN": "x"], in: files.url)
+        #expect(both.errorLines == ["error: unauthorized: the admin token is given 2 ways (--admin-token-file, ORCHARD_ADMIN_TOKEN); give it one way"])
+
+        let mismatch = try await Run.orchard(
+            ["process", "create"] + server + ["--name", "small", "--version", "1", "--model", model, "--weights", weights],
+            environment: ["ORCHARD_ADMIN_TOKEN": LoopbackCoordinator.token], in: files.url
+        )
+        #expect(mismatch.status == 1)
+        #expect(mismatch.errorLines.count == 1)
+        #expect(mismatch.errorLines.first?.hasPrefix("error: invalid_weights: --weights '\(weights)' does not match the model 'small': weight 'dense1.bias' has shape [5]") == true, "\(mismatch.error)")
+
+        let unreachable = try await Run.orchard(["process", "list", "--server", "http://127.0.0.1:1"], environment: ["ORCHARD_ADMIN_TOKEN": "t"], in: files.url)
+        #expect(unreachable.errorLines == [
+            "error: unreachable: cannot reach the coordinator at http://127.0.0.1:1 (connection refused); check that `orchard serve` is running there and --server is right",
+        ])
+        await coordinator.stop()
+    }
+
+    @Test func dataPrepareWritesWhatTheClientReads() async throws {
+        let files = try TemporaryDirectory()
+        defer { files.remove() }
+        let (spec, _) = try DataPrepareTests.savedModel(in: files.url)
+        let csv = try files.write("rows.csv", DataPrepareTests.csv.replacingOccurrences(of: "note,y,", with: "note,price,"))
+        let out = files.path("data.safetensors")
+        let run = try await Run.orchard(["data", "prepare", "--model", spec.path, "--csv", csv, "--target", "price", "-o", out], in: files.url)
+        #expect(run.status == 0, "\(run.error)")
+        #expect(run.output == "wrote 3 rows to \(out): c [3, 1], numeric [3, 2], target [3, 1]\n")
+        let read = try DeviceDataFile.read(contentsOf: URL(fileURLWithPath: out))
+        #expect(read.targets.scalars == DataPrepareTests.targets)
+        #expect(read.inputs[0].scalars == DataPrepareTests.categories)
+        #expect(zip(read.inputs[1].scalars, DataPrepareTests.numeric).allSatisfy { abs($0 - $1) < 1e-6 })
+
+        let missingTarget = try await Run.orchard(["data", "prepare", "--model", spec.path, "--csv", csv, "-o", out], in: files.url)
+        #expect(missingTarget.status == 1)
+        #expect(missingTarget.errorLines == ["error: unknown_column: --csv '\(csv)': no column 'y' (columns: note, price, c, b, a); name the target column with --target"])
+
+        let badValue = try files.write("bad.csv", "y,c,b,a\n5,3,12,2\n6,1,x,5\n")
+        let bad = try await Run.orchard(["data", "prepare", "--model", spec.path, "--csv", badValue, "-o", out], in: files.url)
+        #expect(bad.errorLines.count == 1)
+        #expect(bad.errorLines.first?.hasPrefix("error: malformed_value at line 3, column 3: --csv '\(badValue)': ") == true, "\(bad.error)")
+    }
+}

@@ -1,0 +1,117 @@
+import Foundation
+import OrchardCoordinator
+import OrchardFormats
+import OrchardML
+import OrchardTesting
+
+/// A temporary directory, removed by ``remove()``.
+struct TemporaryDirectory {
+    let url: URL
+
+    init() throws {
+        url = FileManager.default.temporaryDirectory.appendingPathComponent("orchard-operator-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: url, withIntermediateDirectories: true)
+    }
+
+    func path(_ name: String) -> String { url.appendingPathComponent(name).path }
+
+    /// Writes `text` to `name` and answers its path.
+    @discardableResult
+    func write(_ name: String, _ text: String) throws -> String {
+        try Data(text.utf8).write(to: url.appendingPathComponent(name))
+        return path(name)
+    }
+
+    /// Writes `bytes` to `name` and answers its path.
+    @discardableResult
+    func write(_ name: String, bytes: [UInt8]) throws -> String {
+        try Data(bytes).write(to: url.appendingPathComponent(name))
+        return path(name)
+    }
+
+    func remove() { try? FileManager.default.removeItem(at: url) }
+}
+
+/// A small model to host: 3 numbers → Dense 4 + ReLU → Dense 1.
+enum SmallModel {
+    static func spec(hidden: Int = 4, hiddenType: LayerType = .dense) -> ModelSpec {
+        ModelSpec(
+            name: "small", inputs: [InputSpec(name: "x", shape: [3])],
+            layers: [
+                LayerSpec(name: "dense1", type: hiddenType, inputs: ["x"], units: hidden),
+                LayerSpec(name: "relu1", type: .relu, inputs: ["dense1"]),
+                LayerSpec(name: "output", type: .dense, inputs: ["relu1"], units: 1),
+            ]
+        )
+    }
+
+    static func json(_ spec: ModelSpec = spec()) throws -> String {
+        String(decoding: try spec.jsonData(), as: UTF8.self)
+    }
+
+    static func weights(hidden: Int = 4) throws -> [UInt8] {
+        try Model(spec: spec(hidden: hidden), seed: 3).weightsSafetensors()
+    }
+}
+
+/// A coordinator with admin token ``token`` on a loopback port, on a temporary SQLite file.
+struct LoopbackCoordinator {
+    static let token = "t0ken-for-tests"
+    let instance: CoordinatorInstance
+    let server: RunningServer
+    let directory: TemporaryDirectory
+
+    var url: String { server.baseURL.absoluteString }
+
+    static func start() async throws -> LoopbackCoordinator {
+        let directory = try TemporaryDirectory()
+        let instance = try await CoordinatorInstance.open(database: directory.path("coordinator.sqlite"), configuration: CoordinatorConfiguration(adminToken: token))
+        let server = try await instance.serve(port: 0)
+        return LoopbackCoordinator(instance: instance, server: server, directory: directory)
+    }
+
+    func stop() async {
+        await server.stop()
+        await instance.shutdown()
+        directory.remove()
+    }
+}
+
+/// One finished run of the `orchard` executable.
+struct Run: Sendable {
+    var status: Int32
+    var output: String
+    var error: String
+
+    /// Runs `orchard arguments…` with `environment` added to (or, for nil values, removed from) this process's.
+    static func orchard(_ arguments: [String], environment: [String: String?] = [:], in directory: URL) async throws -> Run {
+        let outURL = directory.appendingPathComponent("stdout-\(UUID().uuidString)"), errURL = directory.appendingPathComponent("stderr-\(UUID().uuidString)")
+        _ = FileManager.default.createFile(atPath: outURL.path, contents: nil)
+        _ = FileManager.default.createFile(atPath: errURL.path, contents: nil)
+        defer {
+            try? FileManager.default.removeItem(at: outURL)
+            try? FileManager.default.removeItem(at: errURL)
+        }
+        let process = Process()
+        process.executableURL = try OrchardExecutable.url()
+        process.arguments = arguments
+        process.currentDirectoryURL = directory
+        var merged = ProcessInfo.processInfo.environment
+        merged["ORCHARD_ADMIN_TOKEN"] = nil
+        for (key, value) in environment { merged[key] = value }
+        process.environment = merged
+        process.standardOutput = try FileHandle(forWritingTo: outURL)
+        process.standardError = try FileHandle(forWritingTo: errURL)
+        let status = try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Int32, any Error>) in
+            process.terminationHandler = { continuation.resume(returning: $0.terminationStatus) }
+            do { try process.run() } catch {
+                process.terminationHandler = nil
+                continuation.resume(throwing: error)
+            }
+        }
+        return Run(status: status, output: try String(contentsOf: outURL, encoding: .utf8), error: try String(contentsOf: errURL, encoding: .utf8))
+    }
+
+    /// Standard error's lines.
+    var errorLines: [String] { error.split(separator: "\n").map(String.init) }
+}

@@ -1,0 +1,215 @@
+import Foundation
+import Logging
+import OrchardClient
+import OrchardCoordinator
+import OrchardProtocol
+import OrchardSupport
+import Synchronization
+import Testing
+@testable import OrchardSimulation
+
+/// Real time with every sleep shortened `factor` times: the devices' waits for the coordinator's `retry_after`
+/// and the shards' polls pass quickly, while the coordinator's deadlines stay on its own (real) clock.
+struct HurriedClock: WallClock {
+    var factor = 100.0
+    var now: WallInstant { SystemClock().now }
+    var minimumResolution: Duration { .nanoseconds(1) }
+
+    func sleep(until deadline: WallInstant, tolerance: Duration? = nil) async throws {
+        let span = now.duration(to: deadline)
+        try await Task.sleep(for: max(span * (1 / factor), .milliseconds(1)))
+    }
+}
+
+/// A clock that jumps to the end of every sleep at once: waits bounded by a timeout end in no time.
+final class JumpingClock: WallClock {
+    private let state = Mutex(WallInstant(sinceEpoch: .seconds(1_700_000_000)))
+    var now: WallInstant { state.withLock { $0 } }
+    var minimumResolution: Duration { .zero }
+
+    func sleep(until deadline: WallInstant, tolerance: Duration? = nil) async throws {
+        try Task.checkCancellation()
+        state.withLock { $0 = max($0, deadline) }
+        await Task.yield()
+    }
+}
+
+/// `orchard simulate --coordinator URL --shard i/n`: shards of one fleet against a coordinator running on its own
+/// wall clock, reached over HTTP and its admin API.
+@Suite(.serialized) struct ExternalFleetTests {
+    static let token = "shard-test-admin-token"
+    static let environment = [ExternalFleet.adminTokenVariable: token]
+    static let quiet = ProgressDisplay(interactive: false) { _ in }
+
+    static func temporaryDirectory() -> URL {
+        FileManager.default.temporaryDirectory.appendingPathComponent("orchard-shard-test-\(UUID().uuidString)")
+    }
+
+    /// A real coordinator on a loopback port: SQLite in `directory`, the admin token set, its cycle timer ticking.
+    static func coordinator(in directory: URL) async throws -> (CoordinatorInstance, RunningServer) {
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        let instance = try await CoordinatorInstance.open(
+            database: directory.appendingPathComponent("coordinator.sqlite").path, configuration: CoordinatorConfiguration(adminToken: token),
+            logger: Logger(label: "test") { _ in SwiftLogNoOpLogHandler() }
+        )
+        return (instance, try await instance.serve(port: 0, timerInterval: .milliseconds(50)))
+    }
+
+    /// Eight housing devices; a goal of six with room for all eight, so each shard of four has reports in every
+    /// round that reaches its goal; two rounds, each closing at its goal long before its ten-second deadline unless
+    /// the machine is very busy.
+    static func configuration(output: URL?) -> SimulationConfiguration {
+        var c = SimulationConfiguration.housing
+        c.clients = 8
+        c.fraction = 0.75
+        c.rounds = 2
+        c.cycleSeconds = 10
+        c.availability = .always
+        c.dropout = 0
+        c.seed = 5
+        c.output = output
+        return c
+    }
+
+    static func shard(_ text: String, of server: RunningServer) throws -> ExternalCoordinator {
+        ExternalCoordinator(url: server.baseURL.absoluteString, shard: try FleetShard(parsing: text), concurrency: 2, hostTimeout: 60)
+    }
+
+    /// The value of a Prometheus sample line on the coordinator's `/metrics`.
+    static func metric(_ line: String, at server: RunningServer) async throws -> Int {
+        let answer = try await HTTPTransport(url: server.baseURL.absoluteString).adminRequest("GET", Endpoint.metrics, adminToken: token)
+        let text = String(decoding: answer.body, as: UTF8.self)
+        let sample = try #require(text.split(separator: "\n").first { $0.hasPrefix(line + " ") })
+        return try #require(Int(sample.dropFirst(line.count + 1)))
+    }
+
+    @Test func twoShardsTrainOneProcessHostedOnce() async throws {
+        let directory = Self.temporaryDirectory()
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let (instance, server) = try await Self.coordinator(in: directory)
+        let first = try Self.shard("1/2", of: server), second = try Self.shard("2/2", of: server)
+        let one = directory.appendingPathComponent("shard-1"), two = directory.appendingPathComponent("shard-2")
+        async let a = ExternalFleet.run(Self.configuration(output: one), coordinator: first, environment: Self.environment, progress: Self.quiet, clock: HurriedClock())
+        async let b = ExternalFleet.run(Self.configuration(output: two), coordinator: second, environment: Self.environment, progress: Self.quiet, clock: HurriedClock())
+        let (r1, r2) = try await (a, b)
+        let reports = try await Self.metric("orchard_reports_total{result=\"accepted\"}", at: server)
+        let admissions = try await Self.metric("orchard_checkins_total{result=\"accepted\"}", at: server)
+        await server.stop()
+        defer { instance.close() }
+
+        // Hosted once, by shard 1, with the rounds as its cycles; shard 2 found it.
+        let processes = try await instance.coordinator.processList().processes
+        #expect(processes.count == 1)
+        let process = try #require(processes.first)
+        #expect(r1.summary.hosted && !r2.summary.hosted)
+        #expect(r1.summary.processID == process.processID && r2.summary.processID == process.processID)
+        #expect(process.name == "simulation-housing" && process.serverConfig.cycles == 2 && process.serverConfig.goalCount == 6)
+        // The rounds completed, and both shards saw it.
+        #expect(process.cyclesCompleted == 2 && process.state == "completed")
+        #expect(r1.summary.aggregatedRounds == 2 && r2.summary.aggregatedRounds == 2)
+        #expect(r1.rounds.last?.cyclesCompleted == 2 && r2.rounds.last?.cyclesCompleted == 2)
+
+        // Each shard ran its own devices: d mod 2 = i − 1, every one a worker of its own on the coordinator.
+        #expect(r1.devices.map(\.device) == [0, 2, 4, 6] && r2.devices.map(\.device) == [1, 3, 5, 7])
+        let workers1 = Set(r1.devices.compactMap(\.workerID)), workers2 = Set(r2.devices.compactMap(\.workerID))
+        #expect(workers1.count == 4 && workers2.count == 4 && workers1.isDisjoint(with: workers2))
+        let store = try SQLiteStore(path: directory.appendingPathComponent("coordinator.sqlite").path)
+        #expect(try await store.workerCount(processID: process.processID) == 8)
+        // Both shards' devices reported (six of eight in a round that reaches its goal: at least two from each shard),
+        // and the coordinator accepted exactly the reports and admissions the two shards counted.
+        #expect(r1.summary.reported > 0 && r2.summary.reported > 0)
+        #expect(r1.devices.reduce(0) { $0 + $1.reported } == r1.summary.reported)
+        #expect(r1.summary.reported + r2.summary.reported == reports)
+        #expect(r1.summary.admitted + r2.summary.admitted == admissions)
+        #expect(reports >= 2 * process.serverConfig.minimumReports)
+
+        // Shard 1 evaluated the checkpoint it started from and every aggregated one; shard 2 did not evaluate.
+        let initial = try #require(r1.summary.initial?.rmse), final = try #require(r1.summary.final?.rmse)
+        #expect(final < initial)
+        #expect(r1.rounds.filter(\.aggregated).allSatisfy { $0.testRMSE != nil })
+        #expect(r2.summary.initial == nil && r2.rounds.allSatisfy { $0.testLoss == nil })
+
+        // Each shard wrote its own report directory.
+        for (result, dir) in [(r1, one), (r2, two)] {
+            #expect(result.directory == dir)
+            let lines = try String(contentsOf: dir.appendingPathComponent("metrics.jsonl"), encoding: .utf8).split(separator: "\n")
+            #expect(try lines.map { try JSONDecoder().decode(ShardRoundMetrics.self, from: Data($0.utf8)) } == result.rounds)
+            #expect(lines.first?.contains("\"cycles_completed\"") == true && lines.first?.contains("\"check_ins\"") == true)
+            #expect(try JSONDecoder().decode(ShardSummary.self, from: Data(contentsOf: dir.appendingPathComponent("summary.json"))) == result.summary)
+        }
+        #expect(r1.summary.settings["shard"] == "1/2" && r2.summary.settings["coordinator"] == server.baseURL.absoluteString)
+    }
+
+    @Test func theShardParserTakesIOfN() throws {
+        let shard = try FleetShard(parsing: "2/3")
+        #expect(shard.index == 2 && shard.count == 3 && shard.description == "2/3")
+        #expect(shard.devices(of: 8) == [1, 4, 7])
+        #expect(shard.contains(device: 4) && !shard.contains(device: 5))
+        #expect(try FleetShard(parsing: "1/1") == .whole)
+        // The shards of a fleet cover every device exactly once.
+        let all = try (1...3).flatMap { try FleetShard(index: $0, count: 3).devices(of: 10) }
+        #expect(all.sorted() == Array(0..<10))
+        for bad in ["3/2", "0/3", "a/b", "1/0", "2", "1/2/3", "-1/2", "", "1/", " 1/2"] {
+            #expect(throws: SimulationError.self, "\(bad)") { try FleetShard(parsing: bad) }
+            do throws(SimulationError) { _ = try FleetShard(parsing: bad) } catch {
+                #expect(error.code == .invalidOption && error.message.hasPrefix("shard "), "\(bad): \(error.message)")
+            }
+        }
+        do throws(SimulationError) { _ = try FleetShard(parsing: "3/2") } catch { #expect(error.message.contains("in 1…2")) }
+    }
+
+    /// The error of a run expected to fail.
+    static func failure(
+        _ configuration: SimulationConfiguration, _ options: ExternalCoordinator, environment: [String: String] = environment,
+        clock: any WallClock = JumpingClock()
+    ) async -> SimulationError? {
+        do {
+            _ = try await ExternalFleet.run(configuration, coordinator: options, environment: environment, progress: quiet, clock: clock)
+            return nil
+        } catch {
+            return error
+        }
+    }
+
+    @Test func badInputsFailAtOnceWithAClearMessage() async throws {
+        let output = Self.temporaryDirectory()
+        defer { try? FileManager.default.removeItem(at: output) }
+        let c = Self.configuration(output: output)
+        // No scheme.
+        let noScheme = await Self.failure(c, ExternalCoordinator(url: "localhost:8080"))
+        #expect(noScheme?.code == .invalidOption && noScheme?.message.contains("http or https URL") == true, "\(String(describing: noScheme))")
+        // Nothing listens there: refused before any data is prepared.
+        let unreachable = await Self.failure(c, ExternalCoordinator(url: "http://127.0.0.1:1"))
+        #expect(unreachable?.code == .coordinator && unreachable?.message.contains("cannot reach the coordinator at http://127.0.0.1:1") == true, "\(String(describing: unreachable))")
+        // No admin token in the environment.
+        let noToken = await Self.failure(c, ExternalCoordinator(url: "http://127.0.0.1:1"), environment: [:])
+        #expect(noToken?.code == .invalidOption && noToken?.message.contains(ExternalFleet.adminTokenVariable) == true)
+        // Virtual-time availability.
+        var diurnal = c
+        diurnal.availability = .diurnal
+        let virtual = await Self.failure(diurnal, ExternalCoordinator(url: "http://127.0.0.1:1"))
+        #expect(virtual?.code == .invalidOption && virtual?.message.hasPrefix("availability must be always") == true)
+        // More shards than devices.
+        var two = c
+        two.clients = 2
+        let empty = await Self.failure(two, ExternalCoordinator(url: "http://127.0.0.1:1", shard: try FleetShard(index: 3, count: 3)))
+        #expect(empty?.code == .invalidOption && empty?.message.hasPrefix("clients (2) must be at least the number of shards (3)") == true)
+        var zero = ExternalCoordinator(url: "http://127.0.0.1:1")
+        zero.concurrency = 0
+        #expect(await Self.failure(c, zero)?.message.hasPrefix("concurrency must be at least 1") == true)
+
+        // Against a running coordinator: a wrong admin token, and a shard 2 whose shard 1 never hosts the process.
+        let directory = Self.temporaryDirectory()
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let (instance, server) = try await Self.coordinator(in: directory)
+        let wrong = await Self.failure(c, ExternalCoordinator(url: server.baseURL.absoluteString), environment: [ExternalFleet.adminTokenVariable: "wrong-token"])
+        #expect(wrong?.code == .coordinator && wrong?.message.contains("refused the admin token") == true, "\(String(describing: wrong))")
+        var lonely = try Self.shard("2/2", of: server)
+        lonely.hostTimeout = 30
+        let waited = await Self.failure(c, lonely, clock: JumpingClock())
+        #expect(waited?.code == .coordinator && waited?.message.contains("did not appear") == true && waited?.message.contains("within 30") == true, "\(String(describing: waited))")
+        #expect(try await instance.coordinator.processList().processes.isEmpty)
+        await server.stop()
+        instance.close()
+    }
+}
