@@ -24,6 +24,16 @@ public struct ModelLayout: Sendable, Hashable {
     public let totalCount: Int
     private let index: [String: Int]
 
+    /// Metadata that describes one checkpoint only (which process and number, its privacy spend, its survivors).
+    public static let perCheckpointMetadata: Set<String> = [
+        "orchard.process", "orchard.checkpoint", "orchard.epsilon", "orchard.delta", "orchard.secure_aggregation_survivors",
+    ]
+
+    /// The metadata a checkpoint passes on to the next (the model's preprocessing and format, anything the host set).
+    public static func carriedMetadata(_ metadata: [String: String]) -> [String: String] {
+        metadata.filter { !perCheckpointMetadata.contains($0.key) }
+    }
+
     /// Derives the layout from a model's weights and its architecture (for frozen layers).
     /// - Throws: ``CoordinatorError`` when a tensor name does not start with a layer of the model.
     public init(weights: [TensorRecord], model: ModelSpec) throws(CoordinatorError) {

@@ -72,7 +72,11 @@ extension Coordinator {
             id: "p_" + randomHex(8), name: request.name, version: request.version, model: request.model,
             clientConfig: request.clientConfig, serverConfig: request.serverConfig, createdAt: now
         )
-        let weights = Safetensors.encode(layout.records(flat), metadata: ["orchard.process": process.id, "orchard.checkpoint": "0"])
+        // The initial weights' metadata (the model's preprocessing, its format) stays with every checkpoint.
+        var metadata = ModelLayout.carriedMetadata(archive.metadata)
+        metadata["orchard.process"] = process.id
+        metadata["orchard.checkpoint"] = "0"
+        let weights = Safetensors.encode(layout.records(flat), metadata: metadata)
         do {
             try await store.createProcess(process, initialWeights: weights, firstCycle: StoredCycle(number: 1, checkpoint: 0, openedAt: now))
         } catch let error as StoreError where error.code == .duplicate {

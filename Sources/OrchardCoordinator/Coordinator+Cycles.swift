@@ -91,9 +91,12 @@ extension Coordinator {
         var newLedger: PrivacyLedger?
         if transition.aggregated {
             do {
-                var weights = try runtime.layout.flatten(try Safetensors.decode(runtime.checkpointBytes).tensors)
+                let previous = try Safetensors.decode(runtime.checkpointBytes)
+                var weights = try runtime.layout.flatten(previous.tensors)
                 let delta: [Float]
-                var metadata = ["orchard.process": processID, "orchard.checkpoint": "\(transition.checkpoint)"]
+                var metadata = ModelLayout.carriedMetadata(previous.metadata)
+                metadata["orchard.process"] = processID
+                metadata["orchard.checkpoint"] = "\(transition.checkpoint)"
                 // Under secure aggregation: the unmasked weighted mean (each device weighs 1 under privacy), with frozen
                 // tensors reset to zero (their quantised zeros would move them by the rounding noise).
                 let secure = secureMean.map { mean -> (mean: [Float], survivors: Int) in

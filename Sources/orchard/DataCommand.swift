@@ -96,7 +96,7 @@ struct DataPrepareCommand: ParsableCommand {
         }
         guard metadata[TabularPreprocessor.metadataKey] != nil else {
             throw fail(
-                "missing_preprocessing: \(weightsOption) '\(weightsPath)' has no '\(TabularPreprocessor.metadataKey)' metadata; give the weights `orchard train housing --output` wrote with the model (checkpoints downloaded from a coordinator may not carry it)"
+                "missing_preprocessing: \(weightsOption) '\(weightsPath)' has no '\(TabularPreprocessor.metadataKey)' metadata; give the weights `orchard train housing --output` wrote with the model or a checkpoint of a process hosted with those weights"
             )
         }
         let preprocessor: TabularPreprocessor
