@@ -203,7 +203,9 @@ struct Serve: AsyncParsableCommand {
             maximumUploadsInFlight: maxUploadsInFlight, uploadRetryAfter: uploadRetryAfter, connectionIdleTimeout: connectionIdleTimeout,
             instanceID: resolvedInstanceID(), sealLease: sealLease
         )
-        if let failure = configuration.validationFailure() { throw ValidationError(failure) }
+        if let failure = configuration.validationFailure() {
+            throw ValidationError(namingOption(failure, ["instanceID": "--instance-id", "sealLease": "--seal-lease", "maximumUploadsInFlight": "--max-uploads-in-flight"]))
+        }
         let instance: CoordinatorInstance
         switch try databaseLocation() {
         case .sqlite(let path):
