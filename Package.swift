@@ -202,6 +202,7 @@ let package = Package(
                 "OrchardSupport", "OrchardML", "OrchardData", "OrchardExamples", "OrchardScheduler", "OrchardProtocol",
                 "OrchardCoordinator", "OrchardClient", "OrchardInProcess", "OrchardPrivacy",
                 .product(name: "Logging", package: "swift-log"),
+                .product(name: "HeapModule", package: "swift-collections"),
             ],
             swiftSettings: swiftSettings
         ),

@@ -190,7 +190,7 @@ final class VirtualDevice: Sendable {
             guard let next, start < deadline else { break }
             window = next
             clock.advance(to: start)
-            await timeline.moved()
+            await timeline.moved(index)
             windowEnd = min(start + conditions.windowSeconds, window.end)
         }
         return link.end()
@@ -257,19 +257,19 @@ final class DeviceLink: Sendable {
                 $0.round.record.droppedAt = killAt
                 $0.stopped = true
             }
-            await timeline.moved()
+            await timeline.moved(device)
             throw .killed
         }
         if target > windowEnd {
             // The scheduler's timer fires at the window's end and expires the task, cancelling this one (a
             // microsecond past the end, so its deadline is reached whatever the rounding of its arithmetic).
             clock.advance(to: windowEnd + 1e-6)
-            await timeline.moved()
+            await timeline.moved(device)
             try? await clock.sleepUntilCancelled()
             throw .expired
         }
         clock.advance(to: target)
-        await timeline.moved()
+        await timeline.moved(device)
     }
 
     /// Makes one coordinator call at the device's current virtual time, in the fleet's order; `closes` tells from
@@ -341,7 +341,7 @@ final class DeviceLink: Sendable {
             state.stopped = true
             return true
         }
-        if dropped { await timeline.moved() }
+        if dropped { await timeline.moved(device) }
         return dropped
     }
 
