@@ -112,28 +112,36 @@ public struct FleetSimulation: Sendable {
             }
             for checkIn in checkIns { fleet[checkIn.device].clock.advance(to: checkIn.time) }
             await timeline.begin(deadline: deadline, devices: checkIns.map { ($0.device, fleet[$0.device].clock) })
-            let results = await withTaskGroup(of: Result<DeviceRoundRecord, SimulationError>.self) { group in
-                for checkIn in checkIns {
-                    let device = fleet[checkIn.device]
-                    let conditions = self.conditions, seed = self.seed
-                    let updates = coordinator.training.plannedUpdates(samples: workload.sampleCount(device: checkIn.device))
-                    group.addTask {
-                        let result: Result<DeviceRoundRecord, SimulationError>
-                        do throws(SimulationError) {
-                            result = .success(try await device.runRound(
-                                round: round, deadline: deadline, updates: updates, modelBytes: modelBytes, conditions: conditions,
-                                seed: seed, timeline: timeline
-                            ))
-                        } catch {
-                            result = .failure(error)
-                        }
-                        await timeline.leave(device.index)
-                        return result
+            // One task per device, awaited in order. (Not a task group: the runtime unlinks a finished child by walking
+            // the group's list of children, which is quadratic over a round of ten thousand devices.)
+            var tasks: [Task<Result<DeviceRoundRecord, SimulationError>, Never>] = []
+            tasks.reserveCapacity(checkIns.count)
+            for checkIn in checkIns {
+                let device = fleet[checkIn.device]
+                let conditions = self.conditions, seed = self.seed
+                let updates = coordinator.training.plannedUpdates(samples: workload.sampleCount(device: checkIn.device))
+                tasks.append(Task {
+                    let result: Result<DeviceRoundRecord, SimulationError>
+                    do throws(SimulationError) {
+                        result = .success(try await device.runRound(
+                            round: round, deadline: deadline, updates: updates, modelBytes: modelBytes, conditions: conditions,
+                            seed: seed, timeline: timeline
+                        ))
+                    } catch {
+                        result = .failure(error)
                     }
-                }
+                    await timeline.leave(device.index)
+                    return result
+                })
+            }
+            let started = tasks
+            let results = await withTaskCancellationHandler {
                 var results: [Result<DeviceRoundRecord, SimulationError>] = []
-                for await result in group { results.append(result) }
+                results.reserveCapacity(started.count)
+                for task in started { results.append(await task.value) }
                 return results
+            } onCancel: {
+                for task in started { task.cancel() }
             }
             var deviceRecords: [DeviceRoundRecord] = []
             for result in results {
