@@ -58,6 +58,9 @@ struct ClientStore: Sendable {
 
     /// Creates the directory if needed.
     func prepare() throws(OrchardClientError) {
+        // Every background task calls this: a stat when the directory is there, rather than a mkdir per path component.
+        var isDirectory: ObjCBool = false
+        if FileManager.default.fileExists(atPath: directory.path, isDirectory: &isDirectory), isDirectory.boolValue { return }
         do {
             try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
         } catch {
