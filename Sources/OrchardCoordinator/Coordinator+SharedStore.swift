@@ -222,7 +222,13 @@ extension Coordinator {
         } catch {
             throw storeFailure(error, "look up the request key")
         }
-        guard let found else { return }
+        guard let found else {
+            if let processID = processForKey[requestKey], let runtime = runtimes[processID] {
+                // Issued here for a cycle that another instance has closed since.
+                throw CoordinatorError(.deadlinePassed, "request key belongs to a cycle before cycle \(runtime.machine.cycle), which has closed")
+            }
+            return
+        }
         if runtimes[found.processID] == nil { await refreshProcesses() }
         if let runtime = runtimes[found.processID], runtime.machine.cycle < found.cycle, !transitioning.contains(found.processID) {
             _ = await reload(processID: found.processID)

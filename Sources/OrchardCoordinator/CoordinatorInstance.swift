@@ -14,6 +14,8 @@ public struct CoordinatorInstance: Sendable {
     public let coordinator: Coordinator
     /// The metrics registry served at `/metrics`.
     public let registry: PrometheusCollectorRegistry
+    /// The dashboard's login tokens, sessions and per-cycle history (served at `/dashboard`).
+    public let dashboard: Dashboard
     /// The exclusive lock on a SQLite database, held until ``close()`` or until the instance is gone.
     let lock: DatabaseLock?
     /// Releases the store's resources (a connection pool) on ``shutdown()``.
@@ -35,12 +37,13 @@ public struct CoordinatorInstance: Sendable {
         logger: Logger = Logger(label: "orchard.coordinator")
     ) async throws -> CoordinatorInstance {
         let lock = try DatabaseLock(database: path)
-        let store = try SQLiteStore(path: path, durability: durability)
+        let dashboard = Dashboard(clock: clock)
+        let store = CycleRecordingStore(base: try SQLiteStore(path: path, durability: durability), history: dashboard.history, clock: clock)
         let registry = PrometheusCollectorRegistry()
         let metrics = CoordinatorMetrics(factory: PrometheusMetricsFactory(registry: registry))
         let coordinator = Coordinator(store: store, configuration: configuration, clock: clock, random: random, metrics: metrics, logger: logger)
         try await coordinator.start()
-        return CoordinatorInstance(coordinator: coordinator, registry: registry, lock: lock, release: {})
+        return CoordinatorInstance(coordinator: coordinator, registry: registry, dashboard: dashboard, lock: lock, release: {})
     }
 
     /// Starts a coordinator over `store` (e.g. PostgreSQL shared by several instances), resuming every open cycle.
@@ -56,16 +59,18 @@ public struct CoordinatorInstance: Sendable {
         random: any RandomNumberGenerator & Sendable = SystemRandomNumberGenerator(), logger: Logger = Logger(label: "orchard.coordinator"),
         release: @escaping @Sendable () async -> Void = {}
     ) async throws -> CoordinatorInstance {
+        let dashboard = Dashboard(clock: clock)
         let registry = PrometheusCollectorRegistry()
         let metrics = CoordinatorMetrics(factory: PrometheusMetricsFactory(registry: registry))
-        let coordinator = Coordinator(store: store, configuration: configuration, clock: clock, random: random, metrics: metrics, logger: logger)
+        let recording = CycleRecordingStore(base: store, history: dashboard.history, clock: clock)
+        let coordinator = Coordinator(store: recording, configuration: configuration, clock: clock, random: random, metrics: metrics, logger: logger)
         do {
             try await coordinator.start()
         } catch {
             await release()
             throw error
         }
-        return CoordinatorInstance(coordinator: coordinator, registry: registry, lock: nil, release: release)
+        return CoordinatorInstance(coordinator: coordinator, registry: registry, dashboard: dashboard, lock: nil, release: release)
     }
 
     /// Releases the database lock and the store's resources; do not use the instance afterwards.
@@ -96,7 +101,7 @@ public struct CoordinatorInstance: Sendable {
         let services: [any Service] = timerInterval.map { [CycleTimerService(coordinator: coordinator, interval: $0)] } ?? []
         return try CoordinatorServer.application(
             coordinator: coordinator, registry: registry, host: host, port: port, tls: tls, services: services, logger: logger,
-            onServerRunning: onServerRunning
+            dashboard: dashboard, onServerRunning: onServerRunning
         )
     }
 

@@ -38,6 +38,17 @@ public enum Endpoint {
         "/v1/admin/processes/\(processID)/checkpoints/\(number)"
     }
 
+    /// `GET` → ``ProcessCycles``: the process's recently closed cycles (outcome, participation, mean device metrics)
+    /// as the answering coordinator saw them close (kept in its memory).
+    public static func cycles(_ processID: String) -> String { "/v1/admin/processes/\(processID)/cycles" }
+    /// `GET`: the dashboard page (HTML); admin data only with a session cookie or the admin token.
+    public static let dashboard = "/dashboard"
+    /// `GET ?token=…`: redeems a one-time login token for a dashboard session cookie (303 to ``dashboard``); `POST` (a
+    /// form's `token`) takes a login token or the admin token.
+    public static let dashboardLogin = "/dashboard/login"
+    /// `POST`: ends the dashboard session (303 to ``dashboard``).
+    public static let dashboardLogout = "/dashboard/logout"
+
     /// The names of the path parameters in the server's routes (e.g. `model(":\(Parameter.model)")`).
     public enum Parameter {
         /// The model id of ``Endpoint/model(_:)``.

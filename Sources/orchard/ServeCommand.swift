@@ -12,7 +12,8 @@ struct Serve: AsyncParsableCommand {
         commandName: "serve",
         abstract: "Run the federated-learning coordinator (HTTP API, cycle timer, SQLite or PostgreSQL store).",
         discussion: """
-            Prints one JSON line to standard output once listening: {"event":"listening","scheme":…,"host":…,"port":…}.
+            Prints one JSON line to standard output once listening: {"event":"listening","scheme":…,"host":…,"port":…,
+            "dashboard_url":…}; the dashboard URL carries a one-time login token (24 h) for the dashboard at /dashboard.
             With --port 0 the system picks a free port. With --tls-cert and --tls-key (PEM files: the certificate
             chain, leaf first, and its unencrypted private key) it serves HTTPS only; devices trust a private CA with
             --ca-cert. The admin token comes from --admin-token-file (a file
@@ -224,7 +225,9 @@ struct Serve: AsyncParsableCommand {
         let scheme = tls == nil ? "http" : "https"
         do {
             try await instance.run(host: host, port: port, tls: tls, logger: Logger(label: "orchard.http")) { boundPort in
-                try? JSONLine.write(Listening(scheme: scheme, host: host, port: boundPort, adminToken: generated ? token : nil))
+                // A one-time login URL for the dashboard (as Jupyter prints one); printed here only, never logged.
+                let login = Dashboard.loginURL(base: "\(scheme)://\(Serve.urlHost(host)):\(boundPort)", token: instance.dashboard.issueLoginToken())
+                try? JSONLine.write(Listening(scheme: scheme, host: host, port: boundPort, adminToken: generated ? token : nil, dashboardURL: login))
             }
         } catch {
             await instance.shutdown()
@@ -240,6 +243,16 @@ struct Serve: AsyncParsableCommand {
         var host: String
         var port: Int
         var adminToken: String?
+        var dashboardURL: String?
+    }
+
+    /// The host of a URL to this server: a wildcard address is reached on loopback; an IPv6 address is bracketed.
+    static func urlHost(_ host: String) -> String {
+        switch host {
+        case "0.0.0.0", "": return "127.0.0.1"
+        case "::", "[::]": return "[::1]"
+        default: return host.contains(":") && !host.hasPrefix("[") ? "[\(host)]" : host
+        }
     }
 }
 

@@ -37,6 +37,7 @@ private struct DeviceClaims: JWTPayload {
             Endpoint.health, Endpoint.metrics, Endpoint.openAPI, Endpoint.authenticate, Endpoint.cycleRequest,
             Endpoint.model("{model_id}"), Endpoint.plan("{plan_id}"), Endpoint.report, Endpoint.speedTest, Endpoint.processes,
             Endpoint.process("{process_id}"), Endpoint.checkpoint("{process_id}", "{checkpoint}"), Endpoint.secureAggregation,
+            Endpoint.cycles("{process_id}"),
         ]
         #expect(Set((conformance.document["paths"]?.objectValue ?? [:]).keys) == endpoints)
 
@@ -192,6 +193,9 @@ private struct DeviceClaims: JWTPayload {
         expectStatus(try await http.send("GET", Endpoint.process(hosted.processID), token: admin), 200, nil, "status")
         expectStatus(try await http.send("GET", Endpoint.process("p_nothing"), token: admin), 404, "unknown_process", "unknown status")
         expectStatus(try await http.send("GET", Endpoint.process(hosted.processID)), 401, "unauthorized", "status without token")
+        expectStatus(try await http.send("GET", Endpoint.cycles(hosted.processID), token: admin), 200, nil, "cycles")
+        expectStatus(try await http.send("GET", Endpoint.cycles("p_nothing"), token: admin), 404, "unknown_process", "cycles of an unknown process")
+        expectStatus(try await http.send("GET", Endpoint.cycles(hosted.processID)), 401, "unauthorized", "cycles without token")
 
         // Authentication.
         let device = try await harness.device()
@@ -365,7 +369,7 @@ private struct DeviceClaims: JWTPayload {
             }
         }
         let operations = Conformance.document.operations
-        #expect(operations.count == 16)
+        #expect(operations.count == 17)
         for operation in operations {
             #expect(seen[operation] != nil, "\(operation) was never exercised")
         }

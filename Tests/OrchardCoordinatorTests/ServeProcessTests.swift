@@ -84,6 +84,8 @@ private enum AdminToken {
             return ended
         }
         #expect(line["admin_token"] == nil)
+        let login = line["dashboard_url"] as? String ?? ""
+        #expect(login.hasPrefix("http://127.0.0.1:\(port)/dashboard/login?token="), "\(line)")
         let http = HTTP(base: URL(string: "http://127.0.0.1:\(port)")!)
         #expect(try await http.send("GET", Endpoint.processes, token: token).status == 200)
         #expect(try await http.send("GET", Endpoint.processes, token: token + "x").status == 401)
@@ -91,6 +93,7 @@ private enum AdminToken {
         let ended = child.stop()
         #expect(!ended.output.contains(token), "the token appears on standard output")
         #expect(!ended.error.contains(token), "the token appears on standard error")
+        #expect(!login.isEmpty && !ended.error.contains(String(login.split(separator: "=").last ?? "")), "the login token appears on standard error")
         return ended
     }
 

@@ -34,7 +34,12 @@ public enum CoordinatorServer {
     /// - Parameters:
     ///   - coordinator: The started coordinator.
     ///   - registry: The Prometheus registry served at `/metrics`.
-    public static func router(coordinator: Coordinator, registry: PrometheusCollectorRegistry) -> Router<CoordinatorRequestContext> {
+    ///   - dashboard: The dashboard's sessions and history (`/dashboard`); nil serves no dashboard and admits only the
+    ///     admin token.
+    ///   - secureCookie: Whether the dashboard's session cookie is `Secure` (served over TLS).
+    public static func router(
+        coordinator: Coordinator, registry: PrometheusCollectorRegistry, dashboard: Dashboard? = nil, secureCookie: Bool = false
+    ) -> Router<CoordinatorRequestContext> {
         let router = Router(context: CoordinatorRequestContext.self)
         router.add(middleware: ErrorMiddleware(logger: Logger(label: "orchard.http")))
         let limits = coordinator.configuration
@@ -139,11 +144,11 @@ public enum CoordinatorServer {
             return try json(await coordinator.host(message), status: .created)
         }
         router.get(RouterPath(stringLiteral: Endpoint.processes)) { request, _ in
-            try requireAdmin(request, coordinator)
+            try requireAdmin(request, coordinator, dashboard)
             return try json(await coordinator.processList())
         }
         router.get(RouterPath(stringLiteral: Endpoint.process(":\(Endpoint.Parameter.process)"))) { request, context in
-            try requireAdmin(request, coordinator)
+            try requireAdmin(request, coordinator, dashboard)
             return try json(await coordinator.status(processID: context.parameters.get(Endpoint.Parameter.process) ?? ""))
         }
         router.delete(RouterPath(stringLiteral: Endpoint.process(":\(Endpoint.Parameter.process)"))) { request, context in
@@ -152,7 +157,7 @@ public enum CoordinatorServer {
             return Response(status: .noContent)
         }
         router.get(RouterPath(stringLiteral: Endpoint.checkpoint(":\(Endpoint.Parameter.process)", ":\(Endpoint.Parameter.checkpoint)"))) { request, context in
-            try requireAdmin(request, coordinator)
+            try requireAdmin(request, coordinator, dashboard)
             let text = context.parameters.get(Endpoint.Parameter.checkpoint) ?? ""
             let number: Int?
             if text == "latest" {
@@ -168,6 +173,7 @@ public enum CoordinatorServer {
             response.headers[HTTPField.Name("Orchard-Checkpoint")!] = "\(checkpoint.number)"
             return response
         }
+        addDashboardRoutes(to: router, coordinator: coordinator, dashboard: dashboard, secureCookie: secureCookie)
         return router
     }
 
@@ -175,13 +181,13 @@ public enum CoordinatorServer {
     /// (e.g. the cycle timer) run alongside and shut down gracefully with it.
     public static func application(
         coordinator: Coordinator, registry: PrometheusCollectorRegistry, host: String = "127.0.0.1", port: Int = 8080, tls: CoordinatorTLS? = nil,
-        services: [any Service] = [], logger: Logger = Logger(label: "orchard.http"),
+        services: [any Service] = [], logger: Logger = Logger(label: "orchard.http"), dashboard: Dashboard? = nil,
         onServerRunning: @escaping @Sendable (Int) async -> Void = { _ in }
     ) throws -> some ApplicationProtocol {
         let idle = coordinator.configuration.connectionIdleTimeout.map { TimeAmount.nanoseconds(Int64($0 * 1e9)) }
         let http1 = HTTP1Channel.Configuration(additionalChannelHandlers: [ReceiveBufferLimit()], idleTimeout: idle)
         return Application(
-            router: router(coordinator: coordinator, registry: registry),
+            router: router(coordinator: coordinator, registry: registry, dashboard: dashboard, secureCookie: tls != nil),
             server: try tls.map { try .tls(.http1(configuration: http1), tlsConfiguration: $0.configuration) } ?? .http1(configuration: http1),
             configuration: ApplicationConfiguration(address: .hostname(host, port: port), serverName: "orchard", backlog: 4096),
             services: services,
@@ -242,7 +248,7 @@ public enum CoordinatorServer {
         }
     }
 
-    private static func bearer(_ request: Request) -> String? {
+    static func bearer(_ request: Request) -> String? {
         guard let value = request.headers[.authorization] else { return nil }
         // `Bearer <token>`, the scheme case-insensitive (RFC 9110), surrounding spaces ignored; on every request,
         // so it is parsed on the UTF-8 bytes.
@@ -267,8 +273,11 @@ public enum CoordinatorServer {
         return try await coordinator.session(forToken: token)
     }
 
-    private static func requireAdmin(_ request: Request, _ coordinator: Coordinator) throws {
-        guard coordinator.isAdmin(token: bearer(request)) else {
+    /// Admits the admin token as a bearer header, or (for reading: `GET`) a live dashboard session cookie.
+    static func requireAdmin(_ request: Request, _ coordinator: Coordinator, _ dashboard: Dashboard? = nil) throws {
+        guard coordinator.isAdmin(token: bearer(request))
+            || (request.method == .get && coordinator.configuration.adminToken != nil
+                && dashboard?.isValid(session: request.cookies[Dashboard.cookieName]?.value) == true) else {
             throw CoordinatorError.unauthorized(coordinator.configuration.adminToken == nil ? "the admin API is disabled" : "admin token required")
         }
     }
