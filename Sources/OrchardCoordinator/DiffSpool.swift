@@ -1,4 +1,4 @@
-import Foundation
+package import Foundation
 import Synchronization
 #if canImport(Glibc)
 import Glibc
@@ -8,8 +8,8 @@ import Darwin
 
 /// The files holding committed diffs that are not yet folded into a stored running sum, one file per report
 /// under `<directory>/<process>/<cycle>/`. Names are relative paths, unique per write (a refused duplicate can
-/// never overwrite the file of the report it duplicates).
-final class DiffSpool: Sendable {
+/// never overwrite the file of the report it duplicates). The PostgreSQL store stages its diffs in one too.
+package final class DiffSpool: Sendable {
     /// The spool's root directory.
     let directory: URL
     /// Whether every file (and its directory entry) is synced to disk before its report's row commits.
@@ -17,14 +17,14 @@ final class DiffSpool: Sendable {
     /// Cycle folders known to exist, so a report does not stat its folder again.
     private let folders = Mutex<Set<String>>([])
 
-    init(directory: URL, sync: Bool) throws {
+    package init(directory: URL, sync: Bool) throws {
         self.directory = directory
         self.sync = sync
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
     }
 
     /// Creates a new, empty file for a report whose diff is written as it arrives (``SpooledDiff``).
-    func stage(process: String, cycle: Int, key: String) throws(StoreError) -> SpooledDiff {
+    package func stage(process: String, cycle: Int, key: String) throws(StoreError) -> SpooledDiff {
         guard Self.isSafe(process), Self.isSafe(key) else {
             throw StoreError(.io, "process id '\(process)' or request key '\(key)' cannot name a spool file")
         }
@@ -42,7 +42,7 @@ final class DiffSpool: Sendable {
         let path = directory.appendingPathComponent(name).path
         let fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
         guard fd >= 0 else { throw Self.failure("create", path) }
-        return SpooledDiff(name: name, path: path, folder: folderURL.path, descriptor: fd)
+        return SpooledDiff(owner: ObjectIdentifier(self), name: name, path: path, folder: folderURL.path, descriptor: fd)
     }
 
     /// The bytes of a spooled file.
@@ -111,7 +111,9 @@ final class DiffSpool: Sendable {
 
 /// A spool file written while its report arrives: positioned writes and reads of the flat diff, a sync before the
 /// report's row commits, and deletion if the report is refused or abandoned. The descriptor closes with the object.
-final class SpooledDiff: StagedDiff, @unchecked Sendable {
+package final class SpooledDiff: StagedDiff, @unchecked Sendable {
+    /// The spool that created it (a store accepts only its own staged diffs).
+    package let owner: ObjectIdentifier
     /// The file's name relative to the spool directory (what the database row stores).
     let name: String
     private let path: String
@@ -121,7 +123,8 @@ final class SpooledDiff: StagedDiff, @unchecked Sendable {
     private var discarded = false
     private let lock = Mutex<Void>(())
 
-    init(name: String, path: String, folder: String, descriptor: Int32) {
+    init(owner: ObjectIdentifier, name: String, path: String, folder: String, descriptor: Int32) {
+        self.owner = owner
         self.name = name
         self.path = path
         self.folder = folder
@@ -130,7 +133,8 @@ final class SpooledDiff: StagedDiff, @unchecked Sendable {
 
     deinit { close(descriptor) }
 
-    func write(_ bytes: UnsafeRawBufferPointer, at offset: Int) throws(StoreError) {
+    package func write(_ bytes: UnsafeRawBufferPointer, at offset: Int) throws(StoreError) {
+        guard offset >= 0 else { throw StoreError(.io, "cannot write spool file \(path) at negative offset \(offset)") }
         var done = 0
         while done < bytes.count {
             let written = pwrite(descriptor, bytes.baseAddress! + done, bytes.count - done, off_t(offset + done))
@@ -142,7 +146,8 @@ final class SpooledDiff: StagedDiff, @unchecked Sendable {
         }
     }
 
-    func read(into buffer: UnsafeMutableRawBufferPointer, at offset: Int) throws(StoreError) {
+    package func read(into buffer: UnsafeMutableRawBufferPointer, at offset: Int) throws(StoreError) {
+        guard offset >= 0 else { throw StoreError(.io, "cannot read spool file \(path) at negative offset \(offset)") }
         var done = 0
         while done < buffer.count {
             let count = pread(descriptor, buffer.baseAddress! + done, buffer.count - done, off_t(offset + done))
@@ -164,7 +169,14 @@ final class SpooledDiff: StagedDiff, @unchecked Sendable {
         guard fsync(directory) == 0 else { throw DiffSpool.failure("sync the directory of", path) }
     }
 
-    func discard() {
+    /// The file's size in bytes.
+    package func size() throws(StoreError) -> Int {
+        let end = lseek(descriptor, 0, SEEK_END)
+        guard end >= 0 else { throw DiffSpool.failure("measure", path) }
+        return Int(end)
+    }
+
+    package func discard() {
         lock.withLock { _ in
             guard !discarded else { return }
             discarded = true

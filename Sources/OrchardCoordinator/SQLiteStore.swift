@@ -385,7 +385,7 @@ public final class SQLiteStore: CoordinatorStore {
     }
 
     public func recordReport(_ report: ReportRecord, diff: any StagedDiff) async throws {
-        guard let file = diff as? SpooledDiff else {
+        guard let file = diff as? SpooledDiff, file.owner == ObjectIdentifier(spool) else {
             diff.discard()
             throw StoreError(.io, "the staged diff of report \(report.requestKey) was not staged by this store")
         }

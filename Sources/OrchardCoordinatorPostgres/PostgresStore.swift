@@ -504,13 +504,13 @@ public final class PostgresStore: CoordinatorStore {
     // MARK: - Reports
 
     public func stageDiff(processID: String, cycle: Int, requestKey: String) throws(StoreError) -> any StagedDiff {
-        try spool.stage(requestKey: requestKey)
+        try spool.stage(processID: processID, cycle: cycle, requestKey: requestKey)
     }
 
     public func recordReport(_ report: ReportRecord, diff: any StagedDiff) async throws {
         // The staged file goes whatever happens: on success the diff is in the committed row.
         defer { diff.discard() }
-        guard let file = diff as? StagedFile, file.owner == ObjectIdentifier(spool) else {
+        guard let file = diff as? SpooledDiff, spool.owns(file) else {
             throw StoreError(.io, "the staged diff of report \(report.requestKey) was not staged by this store")
         }
         let size = try file.size()

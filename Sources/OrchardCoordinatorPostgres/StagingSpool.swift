@@ -13,6 +13,8 @@ import Darwin
 final class StagingSpool: Sendable {
     /// This store's directory.
     let directory: URL
+    /// The staged files (a spool as the SQLite store's, not synced: the diff is durable once its transaction commits).
+    private let files: DiffSpool
 
     /// Creates `<root>/orchard-postgres-<pid>-<uuid>` (root: the configured directory or the system's temporary one),
     /// first deleting the directories that processes no longer running left there.
@@ -24,6 +26,11 @@ final class StagingSpool: Sendable {
             try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
         } catch {
             throw StoreError(.io, "cannot create the diff staging directory \(directory.path): \(error)")
+        }
+        do {
+            files = try DiffSpool(directory: directory, sync: false)
+        } catch {
+            throw StoreError(.io, "cannot use the diff staging directory \(directory.path): \(error)")
         }
     }
 
@@ -39,84 +46,16 @@ final class StagingSpool: Sendable {
         }
     }
 
-    /// A new, empty staging file.
-    func stage(requestKey: String) throws(StoreError) -> StagedFile {
-        let safe = String(requestKey.unicodeScalars.prefix(40).map { scalar -> Character in
-            scalar.isASCII && (scalar.properties.isAlphabetic || ("0"..."9").contains(scalar) || scalar == "-" || scalar == "_") ? Character(scalar) : "_"
-        })
-        let path = directory.appendingPathComponent("\(safe)-\(UUID().uuidString).f32").path
-        let fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
-        guard fd >= 0 else { throw Self.failure("create", path) }
-        return StagedFile(owner: ObjectIdentifier(self), path: path, descriptor: fd)
+    /// A new, empty staging file for a report's diff.
+    func stage(processID: String, cycle: Int, requestKey: String) throws(StoreError) -> SpooledDiff {
+        try files.stage(process: processID, cycle: cycle, key: requestKey)
     }
+
+    /// Whether `diff` was staged here.
+    func owns(_ diff: SpooledDiff) -> Bool { diff.owner == ObjectIdentifier(files) }
 
     /// Deletes the directory and whatever is still staged in it.
     func remove() {
         try? FileManager.default.removeItem(at: directory)
-    }
-
-    static func failure(_ action: String, _ path: String) -> StoreError {
-        StoreError(.io, "cannot \(action) staged diff \(path): \(String(cString: strerror(errno)))")
-    }
-}
-
-/// A staged diff: positioned writes and reads of a temporary file, deleted by ``discard()`` (and by the store once
-/// the report's transaction ends). The descriptor closes with the object.
-final class StagedFile: StagedDiff, @unchecked Sendable {
-    /// The spool that created it (a store accepts only its own staged diffs).
-    let owner: ObjectIdentifier
-    private let path: String
-    private let descriptor: Int32
-    /// Whether the file is deleted; guarded by the mutex.
-    private let discarded = Mutex(false)
-
-    init(owner: ObjectIdentifier, path: String, descriptor: Int32) {
-        self.owner = owner
-        self.path = path
-        self.descriptor = descriptor
-    }
-
-    deinit { close(descriptor) }
-
-    func write(_ bytes: UnsafeRawBufferPointer, at offset: Int) throws(StoreError) {
-        guard offset >= 0 else { throw StoreError(.io, "cannot write staged diff \(path) at negative offset \(offset)") }
-        var done = 0
-        while done < bytes.count {
-            let written = pwrite(descriptor, bytes.baseAddress! + done, bytes.count - done, off_t(offset + done))
-            if written < 0 {
-                if errno == EINTR { continue }
-                throw StagingSpool.failure("write", path)
-            }
-            done += written
-        }
-    }
-
-    func read(into buffer: UnsafeMutableRawBufferPointer, at offset: Int) throws(StoreError) {
-        guard offset >= 0 else { throw StoreError(.io, "cannot read staged diff \(path) at negative offset \(offset)") }
-        var done = 0
-        while done < buffer.count {
-            let count = pread(descriptor, buffer.baseAddress! + done, buffer.count - done, off_t(offset + done))
-            if count < 0 {
-                if errno == EINTR { continue }
-                throw StagingSpool.failure("read", path)
-            }
-            if count == 0 { throw StoreError(.corrupt, "staged diff \(path) ends at byte \(offset + done); \(offset + buffer.count) expected") }
-            done += count
-        }
-    }
-
-    /// The file's size in bytes.
-    func size() throws(StoreError) -> Int {
-        let end = lseek(descriptor, 0, SEEK_END)
-        guard end >= 0 else { throw StagingSpool.failure("measure", path) }
-        return Int(end)
-    }
-
-    func discard() {
-        discarded.withLock { done in
-            guard !done else { return }
-            done = true
-            unlink(path)
-        }
     }
 }

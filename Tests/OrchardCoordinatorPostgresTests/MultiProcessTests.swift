@@ -151,10 +151,21 @@ import Testing
                 acknowledged.append((scales[i], samples[i]))
                 if try WireCoding.decoder().decode(ReportResponse.self, from: Data(response.body)).cycleClosed { closed += 1 }
             }
-            #expect(closed == 1, "the eighth report closes the cycle, once")
+            // The eighth report closes the cycle: the instance that took it, or another whose timer saw the goal first
+            // (then no report's answer says so). Wait for the close to be published, whoever does it.
+            #expect(closed <= 1, "a cycle closes once")
+            var published = false
+            for _ in 0..<200 where !published {
+                let (_, body) = try await servers[0].send("GET", Endpoint.process(hosted.processID), token: "admin")
+                published = (try? WireCoding.decoder().decode(ProcessStatus.self, from: Data(body)))?.latestCheckpoint == 1
+                if !published { try await Task.sleep(for: .milliseconds(50)) }
+            }
+            #expect(published, "checkpoint 1 is published")
             // A second report of an acknowledged key, and a report into the closed cycle, are refused.
             #expect(try await Self.report(devices[0], scale: 9, samples: 1, to: servers[1]).status == 409)
-            #expect(try await Self.report(devices[8], scale: 9, samples: 1, to: servers[0]).status == 409)
+            // Device 8's key was issued by the killed instance: the closed cycle's assignments are gone from the store, so an
+            // instance that never saw the key calls it unknown (403), one that did calls it late (409); never accepted.
+            #expect([403, 409].contains(try await Self.report(devices[8], scale: 9, samples: 1, to: servers[0]).status))
             for server in servers.prefix(2) {
                 let (status, bytes) = try await server.send("GET", Endpoint.checkpoint(hosted.processID, "latest"), token: "admin")
                 #expect(status == 200)

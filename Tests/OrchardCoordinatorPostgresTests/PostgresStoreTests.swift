@@ -80,8 +80,11 @@ struct PostgresStoreTests {
             try await F.host(store)
             try await F.assign(store, 0..<3)
             func staged() throws -> [String] {
-                try FileManager.default.contentsOfDirectory(atPath: spool.path).flatMap { directory in
-                    try FileManager.default.contentsOfDirectory(atPath: spool.appendingPathComponent(directory).path)
+                // Files anywhere under the spool directory (the store's folder, then process and cycle folders).
+                let names = FileManager.default.enumerator(atPath: spool.path)?.compactMap { $0 as? String } ?? []
+                return names.filter { name in
+                    var isDirectory: ObjCBool = false
+                    return FileManager.default.fileExists(atPath: spool.appendingPathComponent(name).path, isDirectory: &isDirectory) && !isDirectory.boolValue
                 }
             }
             let pendingUpload = try store.stageDiff(processID: "p", cycle: 1, requestKey: "k2")
