@@ -221,9 +221,14 @@ extension Coordinator {
                 // Perhaps closed by another instance since the last tick (and a new one opened): take the store's cycle
                 // up and decide again.
                 let cycle = runtime.machine.cycle
-                await catchUpShared(processID: processID)
+                let closing = await catchUpShared(processID: processID)
                 if let current = runtimes[processID], current.machine.cycle != cycle {
                     return try await requestCycle(request, session: session, catchingUp: false)
+                }
+                if closing {
+                    // The cycle is being closed (here or at another instance) and the next opens in a moment.
+                    metrics.checkinsRejected.increment()
+                    return .rejected(CycleRejection(retryAfter: (1 + jitter * 4).rounded(.up), reason: "cycle_closing"))
                 }
             }
             metrics.checkinsRejected.increment()

@@ -66,26 +66,33 @@ extension Coordinator {
 
     /// Over a shared store, brings this instance's view of a process up to date (what other instances hosted, closed,
     /// admitted and accepted) without closing anything; does nothing with a store of its own.
-    func catchUpShared(processID: String) async {
-        guard store.isShared, !transitioning.contains(processID) else { return }
+    /// Returns whether the cycle is being closed now (here, or sealed by another instance): the next opens shortly.
+    @discardableResult
+    func catchUpShared(processID: String) async -> Bool {
+        guard store.isShared else { return false }
+        if transitioning.contains(processID) { return true }
         if runtimes[processID] == nil { await refreshProcesses() }
-        guard let runtime = runtimes[processID] else { return }
+        guard let runtime = runtimes[processID] else { return false }
         let progress: StoredCycleProgress?
         do {
             progress = try await store.cycleProgress(processID: processID)
         } catch {
             logger.warning("could not read the cycle from the shared store", metadata: ["process": "\(processID)", "error": "\(error)"])
-            return
+            return false
         }
         guard let progress else {
             if runtime.machine.phase != .completed { _ = await reload(processID: processID) }
-            return
+            return false
         }
         if progress.number != runtime.machine.cycle || runtime.machine.phase == .completed {
             _ = await reload(processID: processID)
         } else if progress.assigned != runtime.machine.assignments.count || progress.reported != runtime.machine.reported {
             if let action = await synchronizeShared(processID: processID) { await perform(action, processID: processID) }
         }
+        // Sealed by another instance, or the merged counts reached the goal here (the close is under way or was lost to
+        // another instance's seal).
+        let phase = runtimes[processID]?.machine.phase
+        return progress.status == .closing || phase == .closing || phase == .transitioning
     }
 
     /// One timer step of a process over a shared store: takes up a cycle another instance closed, takes over a cycle
