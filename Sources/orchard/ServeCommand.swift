@@ -4,6 +4,7 @@ import Logging
 import OrchardBenchmarks
 import OrchardCoordinator
 import OrchardCoordinatorPostgres
+import OrchardOperator
 import OrchardSupport
 
 /// `orchard serve`: runs the federated-learning coordinator.
@@ -256,86 +257,3 @@ struct Serve: AsyncParsableCommand {
     }
 }
 
-/// Why `orchard serve` cannot take its admin token.
-struct AdminTokenError: OrchardError, Hashable {
-    /// The kind of failure.
-    struct Code: Sendable, Hashable, CustomStringConvertible {
-        private enum Kind: String, ErrorCodeKind { case conflictingSources, unreadableFile, emptyToken, malformedToken }
-        private let kind: Kind
-        private init(_ kind: Kind) { self.kind = kind }
-        /// The token was given more than one way.
-        static let conflictingSources = Code(.conflictingSources)
-        /// The token file cannot be read.
-        static let unreadableFile = Code(.unreadableFile)
-        /// The token is empty (or only whitespace).
-        static let emptyToken = Code(.emptyToken)
-        /// The token holds whitespace or control characters, so no `Authorization` header can carry it.
-        static let malformedToken = Code(.malformedToken)
-        var description: String { kind.snakeCased }
-    }
-
-    /// The kind.
-    var code: Code
-    /// What went wrong, naming the source (never the token).
-    var message: String
-
-    init(_ code: Code, _ message: String) {
-        self.code = code
-        self.message = message
-    }
-}
-
-/// Where `orchard serve` takes its admin token from: `--admin-token-file`, `ORCHARD_ADMIN_TOKEN`, or (deprecated) `--admin-token`.
-enum AdminTokenSource {
-    /// The environment variable holding the token.
-    static let environmentVariable = "ORCHARD_ADMIN_TOKEN"
-
-    /// The token (nil when none was given) and the warnings to log about how it was given.
-    static func resolve(file: String?, environment: String?, argument: String?) throws(AdminTokenError) -> (token: String?, warnings: [String]) {
-        let given = [file.map { _ in "--admin-token-file" }, environment.map { _ in environmentVariable }, argument.map { _ in "--admin-token" }].compactMap { $0 }
-        guard given.count <= 1 else {
-            throw AdminTokenError(.conflictingSources, "the admin token is given \(given.count) ways (\(given.joined(separator: ", "))); give it one way")
-        }
-        if let file {
-            let text = try read(file)
-            let warnings = isPrivate(file) ? [] : ["--admin-token-file '\(file)' can be read by other users; restrict it (chmod 600)"]
-            return (try checked(text, source: "--admin-token-file '\(file)'"), warnings)
-        }
-        if let environment {
-            return (try checked(environment, source: environmentVariable), [])
-        }
-        if let argument {
-            let warning = "--admin-token is deprecated and will be removed: a token on the command line can be read by every local user (ps, /proc); use --admin-token-file or \(environmentVariable)"
-            return (try checked(argument, source: "--admin-token"), [warning])
-        }
-        return (nil, [])
-    }
-
-    private static func read(_ path: String) throws(AdminTokenError) -> String {
-        var isDirectory: ObjCBool = false
-        guard FileManager.default.fileExists(atPath: path, isDirectory: &isDirectory) else {
-            throw AdminTokenError(.unreadableFile, "--admin-token-file '\(path)' does not exist")
-        }
-        guard !isDirectory.boolValue else { throw AdminTokenError(.unreadableFile, "--admin-token-file '\(path)' is a directory, not a file") }
-        do {
-            return try String(contentsOfFile: path, encoding: .utf8)
-        } catch {
-            let readable = FileManager.default.isReadableFile(atPath: path)
-            throw AdminTokenError(.unreadableFile, "--admin-token-file '\(path)' cannot be read (\(readable ? "not UTF-8 text" : "permission denied"))")
-        }
-    }
-
-    private static func checked(_ text: String, source: String) throws(AdminTokenError) -> String {
-        let token = text.trimmingCharacters(in: .whitespacesAndNewlines)
-        guard !token.isEmpty else { throw AdminTokenError(.emptyToken, "\(source) holds an empty admin token") }
-        guard token.unicodeScalars.allSatisfy({ $0.value > 0x20 && $0.value != 0x7F }) else {
-            throw AdminTokenError(.malformedToken, "\(source) holds an admin token with spaces or control characters inside; no Authorization header can carry it")
-        }
-        return token
-    }
-
-    private static func isPrivate(_ path: String) -> Bool {
-        guard let permissions = (try? FileManager.default.attributesOfItem(atPath: path))?[.posixPermissions] as? NSNumber else { return true }
-        return permissions.intValue & 0o077 == 0
-    }
-}
