@@ -308,7 +308,7 @@ public enum ExternalFleet {
     }
 
     /// Checks what an external run needs beyond ``SimulationConfiguration/validate()``.
-    static func validate(_ configuration: SimulationConfiguration, _ options: ExternalCoordinator) throws(SimulationError) {
+    public static func validate(_ configuration: SimulationConfiguration, _ options: ExternalCoordinator) throws(SimulationError) {
         try configuration.validate()
         try options.validate()
         if configuration.availability != .always {

@@ -124,6 +124,27 @@ public struct Evaluation: Sendable, Hashable, Codable {
     }
 }
 
+extension SimulationSummary {
+    /// Why some rounds produced no checkpoint, and what to change; nil when every round did.
+    public var shortfall: String? {
+        guard aggregatedRounds < rounds else { return nil }
+        func plural(_ n: Int, _ word: String) -> String { "\(n) \(word)\(n == 1 ? "" : "s")" }
+        var causes: [String] = []
+        let goal = settings["goal"].flatMap { Int($0) }
+        if let goal, selected < goal * rounds {
+            causes.append("\(plural(selected, "device")) were admitted over \(plural(rounds, "round")) against a goal of \(goal) a round: more devices (--clients) or wider availability (--availability)")
+        }
+        if late > 0 {
+            causes.append(
+                "\(plural(late, "admitted device")) did not report before the deadline (\(plural(expirations, "background window")) ended mid-task): longer windows (--window-seconds) or cycles (--cycle-seconds), or less data per device (more --clients)"
+            )
+        }
+        if dropouts > 0 { causes.append("\(plural(dropouts, "device")) went away before reporting (--dropout)") }
+        if causes.isEmpty { causes.append("see each round's counts in metrics.jsonl") }
+        return "\(rounds - aggregatedRounds) of \(plural(rounds, "round")) produced no checkpoint: " + causes.joined(separator: "; ")
+    }
+}
+
 /// The whole run, as written to `summary.json` (keys in snake_case).
 public struct SimulationSummary: Sendable, Hashable, Codable {
     /// The scenario's settings, as strings (what the command line said, defaults filled in).

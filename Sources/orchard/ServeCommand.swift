@@ -1,4 +1,9 @@
 import ArgumentParser
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
 import Foundation
 import Logging
 import OrchardBenchmarks
@@ -115,6 +120,11 @@ struct Serve: AsyncParsableCommand {
         guard speedTestInterval >= 0, speedTestInterval.isFinite else { throw ValidationError("--speed-test-interval must be a non-negative number of seconds") }
         guard sealLease > 0, sealLease.isFinite else { throw ValidationError("--seal-lease must be a positive number of seconds") }
         _ = try databaseLocation()
+        if let failure = CoordinatorConfiguration(instanceID: resolvedInstanceID(), sealLease: sealLease).validationFailure() {
+            throw ValidationError(namingOption(failure, ["instanceID": "--instance-id", "sealLease": "--seal-lease"]))
+        }
+        // A busy port is found before the database is opened, so it leaves no files behind.
+        if port != 0, Self.addressInUse(host: host, port: port) { throw ValidationError(Self.portInUse(host: host, port: port)) }
     }
 
     /// Where the coordinator keeps its state.
@@ -232,9 +242,32 @@ struct Serve: AsyncParsableCommand {
             }
         } catch {
             await instance.shutdown()
+            // Taken between the check above and the bind.
+            if "\(error)".contains("Address already in use") { throw ValidationError(Self.portInUse(host: host, port: port)) }
             throw error
         }
         await instance.shutdown()
+    }
+
+    static func portInUse(host: String, port: Int) -> String {
+        "--port \(port): \(host):\(port) is already in use (another orchard serve?); choose another port, or --port 0 for a free one"
+    }
+
+    /// Whether binding `host:port` fails because the address is taken (false when it binds, or fails otherwise: the
+    /// server's own bind then reports that).
+    static func addressInUse(host: String, port: Int) -> Bool {
+        var hints = addrinfo()
+        hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV
+        hints.ai_socktype = Int32(SOCK_STREAM.rawValue)
+        var list: UnsafeMutablePointer<addrinfo>?
+        guard getaddrinfo(host, String(port), &hints, &list) == 0, let first = list else { return false }
+        defer { freeaddrinfo(list) }
+        let fd = socket(first.pointee.ai_family, first.pointee.ai_socktype, first.pointee.ai_protocol)
+        guard fd >= 0 else { return false }
+        defer { close(fd) }
+        var yes: Int32 = 1
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, socklen_t(MemoryLayout<Int32>.size))
+        return bind(fd, first.pointee.ai_addr, first.pointee.ai_addrlen) != 0 && errno == EADDRINUSE
     }
 
     /// The line `orchard serve` prints once it listens (the admin token only when it was generated).

@@ -33,21 +33,21 @@ struct SimulateCommand: AsyncParsableCommand {
     var dataset: DatasetChoice = .housing
     @Option(help: "The model (default: housing for housing data, mlp2nn for images).")
     var model: ModelChoice?
-    @Option(help: "Number of virtual devices.")
+    @Option(parsing: .unconditional, help: "Number of virtual devices.")
     var clients: Int?
-    @Option(help: "Reports that close a round, as a fraction of the devices.")
+    @Option(parsing: .unconditional, help: "Reports that close a round, as a fraction of the devices.")
     var fraction: Double?
-    @Option(name: .customLong("over-selection"), help: "Devices admitted per round, as a multiple of the goal.")
+    @Option(name: .customLong("over-selection"), parsing: .unconditional, help: "Devices admitted per round, as a multiple of the goal.")
     var overSelection: Double?
-    @Option(name: .customLong("local-epochs"), help: "Local epochs per round.")
+    @Option(name: .customLong("local-epochs"), parsing: .unconditional, help: "Local epochs per round.")
     var localEpochs: Int?
-    @Option(name: .customLong("batch-size"), help: "Local batch size.")
+    @Option(name: .customLong("batch-size"), parsing: .unconditional, help: "Local batch size.")
     var batchSize: Int?
-    @Option(name: .customLong("lr"), help: "Local learning rate (SGD for images, Adam for housing).")
+    @Option(name: .customLong("lr"), parsing: .unconditional, help: "Local learning rate (SGD for images, Adam for housing).")
     var learningRate: Double?
-    @Option(help: "Rounds to run.")
+    @Option(parsing: .unconditional, help: "Rounds to run.")
     var rounds: Int?
-    @Option(name: .customLong("eval-every"), help: "Evaluate the global model on the test set after every N-th round (and the last).")
+    @Option(name: .customLong("eval-every"), parsing: .unconditional, help: "Evaluate the global model on the test set after every N-th round (and the last).")
     var evaluateEvery: Int?
     @Option(help: "How samples are dealt to devices: iid, two label shards per device, or Dirichlet(α) label skew.")
     var partition: PartitionStrategy?
@@ -55,37 +55,37 @@ struct SimulateCommand: AsyncParsableCommand {
     var aggregator: AggregatorConfig.Kind?
     @Option(help: "When devices are eligible; trace:FILE reads windows from a CSV or JSON Lines file.")
     var availability: AvailabilityArgument?
-    @Option(help: "Probability that an assigned device goes away before reporting.")
+    @Option(parsing: .unconditional, help: "Probability that an assigned device goes away before reporting.")
     var dropout: Double?
-    @Option(name: .customLong("window-seconds"), help: "Background budget per task, in virtual seconds.")
+    @Option(name: .customLong("window-seconds"), parsing: .unconditional, help: "Background budget per task, in virtual seconds.")
     var windowSeconds: Double?
-    @Option(name: .customLong("cycle-seconds"), help: "Virtual seconds a round stays open.")
+    @Option(name: .customLong("cycle-seconds"), parsing: .unconditional, help: "Virtual seconds a round stays open.")
     var cycleSeconds: Double?
     @Option(help: "How devices reach the coordinator: http (loopback port) or memory (direct calls; deterministic for a seed).")
     var transport: TransportChoice?
-    @Option(name: .customLong("dp-noise-multiplier"), help: "Differential privacy: the noise's standard deviation as a multiple of the clipping bound (turns DP-FedAvg on).")
+    @Option(name: .customLong("dp-noise-multiplier"), parsing: .unconditional, help: "Differential privacy: the noise's standard deviation as a multiple of the clipping bound (turns DP-FedAvg on).")
     var dpNoiseMultiplier: Double?
-    @Option(name: .customLong("dp-clip"), help: "Differential privacy: the L2 clipping bound C of each update (the initial bound with --dp-adaptive-quantile; default 1).")
+    @Option(name: .customLong("dp-clip"), parsing: .unconditional, help: "Differential privacy: the L2 clipping bound C of each update (the initial bound with --dp-adaptive-quantile; default 1).")
     var dpClip: Double?
-    @Option(name: .customLong("dp-adaptive-quantile"), help: "Differential privacy: let the clipping bound follow this quantile of the update norms (Andrew et al. 2021).")
+    @Option(name: .customLong("dp-adaptive-quantile"), parsing: .unconditional, help: "Differential privacy: let the clipping bound follow this quantile of the update norms (Andrew et al. 2021).")
     var dpAdaptiveQuantile: Double?
     @Option(name: .customLong("dp-mode"), help: "Differential privacy: central (the coordinator clips and noises), local (each device does), or distributed (with --secure-aggregation: each device clips and adds its share of the noise).")
     var dpMode: PrivacyModeArgument?
-    @Option(name: .customLong("dp-delta"), help: "Differential privacy: δ of the (ε, δ) guarantee (default 1e-5).")
+    @Option(name: .customLong("dp-delta"), parsing: .unconditional, help: "Differential privacy: δ of the (ε, δ) guarantee (default 1e-5).")
     var dpDelta: Double?
-    @Option(help: "Differential privacy: the device population the sampling rate is computed from (default: --clients; e.g. 1000000 for the cross-device setting).")
+    @Option(parsing: .unconditional, help: "Differential privacy: the device population the sampling rate is computed from (default: --clients; e.g. 1000000 for the cross-device setting).")
     var population: Int?
     @Flag(name: .customLong("secure-aggregation"), help: "Secure aggregation: the coordinator learns only each round's sum (--dropout then also applies before each of its later stages: share_keys, masked_input, unmask).")
     var secureAggregation = false
-    @Option(name: .customLong("sa-shares"), help: "Secure aggregation: neighbours per device, even (SecAgg+); default every other device (SecAgg).")
+    @Option(name: .customLong("sa-shares"), parsing: .unconditional, help: "Secure aggregation: neighbours per device, even (SecAgg+); default every other device (SecAgg).")
     var saShares: Int?
-    @Option(name: .customLong("sa-threshold"), help: "Secure aggregation: shares needed to unmask (default: just above half the neighbours).")
+    @Option(name: .customLong("sa-threshold"), parsing: .unconditional, help: "Secure aggregation: shares needed to unmask (default: just above half the neighbours).")
     var saThreshold: Int?
-    @Option(name: .customLong("sa-clipping-range"), help: "Secure aggregation: each coordinate of an update is clipped to ± this (default 8).")
+    @Option(name: .customLong("sa-clipping-range"), parsing: .unconditional, help: "Secure aggregation: each coordinate of an update is clipped to ± this (default 8).")
     var saClippingRange: Float?
-    @Option(name: .customLong("sa-quantization-range"), help: "Secure aggregation: quantisation levels (default 65536).")
+    @Option(name: .customLong("sa-quantization-range"), parsing: .unconditional, help: "Secure aggregation: quantisation levels (default 65536).")
     var saQuantizationRange: UInt32?
-    @Option(name: .customLong("sa-stage-timeout"), help: "Secure aggregation: virtual seconds a stage waits for late devices (default: a sixth of --window-seconds; with --coordinator, real seconds, default a sixth of --cycle-seconds).")
+    @Option(name: .customLong("sa-stage-timeout"), parsing: .unconditional, help: "Secure aggregation: virtual seconds a stage waits for late devices (default: a sixth of --window-seconds; with --coordinator, real seconds, default a sixth of --cycle-seconds).")
     var saStageTimeout: Double?
     @Option(help: "Seed of every random choice.")
     var seed: UInt64?
@@ -97,9 +97,9 @@ struct SimulateCommand: AsyncParsableCommand {
     var shard: String?
     @Option(name: .customLong("ca-cert"), help: ArgumentHelp("With --coordinator: trust only the CA certificates in this PEM file for an https coordinator.", valueName: "pem"))
     var caCert: String?
-    @Option(help: "With --coordinator: most local trainings at the same time (default: twice the cores).")
+    @Option(parsing: .unconditional, help: "With --coordinator: most local trainings at the same time (default: twice the cores).")
     var concurrency: Int?
-    @Option(name: .customLong("host-timeout"), help: "With --coordinator: seconds shards 2…n wait for shard 1 to host the process, and the longest silence of the coordinator tolerated (default 300).")
+    @Option(name: .customLong("host-timeout"), parsing: .unconditional, help: "With --coordinator: seconds shards 2…n wait for shard 1 to host the process, and the longest silence of the coordinator tolerated (default 300).")
     var hostTimeout: Double?
     @Option(help: "With --coordinator: the process's name (default simulation-<model>, version 1.0); an existing process of that name is used, not hosted again.")
     var process: String?
@@ -202,6 +202,18 @@ struct SimulateCommand: AsyncParsableCommand {
         return config
     }
 
+    /// Option values are checked here, so a bad one is reported with `simulate`'s usage.
+    func validate() throws {
+        let configuration: SimulationConfiguration
+        do { configuration = try makeConfiguration() } catch { throw ValidationError(namingOption(error.message, Self.flags)) }
+        if let coordinator {
+            let external = try externalCoordinator(coordinator)
+            do throws(SimulationError) { try ExternalFleet.validate(configuration, external) } catch {
+                throw ValidationError(namingOption(error.message, Self.externalFlags))
+            }
+        }
+    }
+
     func run() async throws {
         let configuration: SimulationConfiguration
         do { configuration = try makeConfiguration() } catch { throw ValidationError(namingOption(error.message, Self.flags)) }
@@ -212,6 +224,7 @@ struct SimulateCommand: AsyncParsableCommand {
         }
         let result = try await SimulationRunner.run(configuration, progress: progress, clock: SystemClock())
         print(Self.table(result.summary))
+        if let shortfall = result.summary.shortfall { print("note: \(shortfall)") }
         print("report: \(result.directory.appendingPathComponent("report.html").path)")
         print("metrics: \(result.directory.appendingPathComponent("metrics.jsonl").path)")
     }

@@ -1,4 +1,7 @@
 import Foundation
+#if canImport(Glibc)
+import Glibc
+#endif
 import OrchardTesting
 import Testing
 
@@ -112,6 +115,13 @@ let usageError: Int32 = 64
         (["bench", "coordinator", "--params", "5"], "--params must be at least 10"),
         (["bench", "coordinator", "--report-concurrency", "0"], "--report-concurrency must be at least 1"),
         (["simulate", "--clients", "0"], "--clients must be at least 1"),
+        (["simulate", "--clients", "-5"], "--clients must be at least 1, not -5"),
+        (["simulate", "--rounds", "-1"], "--rounds"),
+        (["serve", "--instance-id", "bad:id"], "--instance-id must be 1 to 64 ASCII letters"),
+        (["serve", "--seal-lease", "0"], "--seal-lease must be a positive number of seconds"),
+        (["serve", "--database", "postgres://orchard@127.0.0.1/db?sslmode=maybe"], "unknown sslmode 'maybe'"),
+        (["serve", "--database", "mysql://x/y"], "use a SQLite path, a sqlite:// or file:// URL, or a postgres:// URL"),
+        (["bench", "coordinator", "--instances", "2"], "--instances must be 1 without a PostgreSQL database"),
         (["simulate", "--lr", "0"], "--lr must be a positive number"),
         (["simulate", "--over-selection", "0.5"], "--over-selection must be at least 1"),
         (["simulate", "--dp-clip", "1"], "--dp-clip needs --dp-noise-multiplier"),
@@ -141,6 +151,30 @@ let usageError: Int32 = 64
         let run = try await Run.orchard(arguments)
         #expect(run.status == usageError)
         #expect(run.error.contains(message), "\(run.error)")
+        // The usage shown is the subcommand's, not the root's (`client` checks its CA file when it runs: a `validate()`
+        // there would let the tool's own `--version` flag take the client's `--version` option).
+        if arguments[0] != "client" { #expect(run.error.contains("Usage: orchard \(arguments[0])"), "\(run.error)") }
+    }
+
+    @Test func aPortInUseIsNamedBeforeTheDatabaseIsCreated() async throws {
+        // Hold a port with a listening socket.
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        try #require(fd >= 0)
+        defer { close(fd) }
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        address.sin_port = 0
+        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+        let bound = withUnsafeMutablePointer(to: &address) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, length) } }
+        try #require(bound == 0 && listen(fd, 1) == 0)
+        _ = withUnsafeMutablePointer(to: &address) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &length) } }
+        let port = Int(UInt16(bigEndian: address.sin_port))
+        let database = FileManager.default.temporaryDirectory.appendingPathComponent("orchard-port-\(UUID().uuidString).sqlite").path
+        let run = try await Run.orchard(["serve", "--port", "\(port)", "--database", database, "--admin-token-file", "/nonexistent-not-read"])
+        #expect(run.status == usageError)
+        #expect(run.error.contains("--port \(port): 127.0.0.1:\(port) is already in use"), "\(run.error)")
+        #expect(!FileManager.default.fileExists(atPath: database), "nothing is created for a server that cannot listen")
     }
 }
 
