@@ -27,3 +27,23 @@ public enum OrchardExecutable {
         return found
     }
 }
+
+extension OrchardExecutable {
+    /// Reads `handle` (a child's standard output) until its first newline, blocking, and returns that line parsed as
+    /// a JSON object: nil when the child ended first or the line is not a JSON object. `buffered` keeps every byte read.
+    public static func firstJSONLine(_ handle: FileHandle, buffered: inout [UInt8]) -> [String: Any]? {
+        while !buffered.contains(UInt8(ascii: "\n")) {
+            let chunk = handle.availableData
+            if chunk.isEmpty { return nil }
+            buffered += chunk
+        }
+        return try? JSONSerialization.jsonObject(with: Data(buffered.prefix { $0 != UInt8(ascii: "\n") })) as? [String: Any]
+    }
+
+    /// The first line `orchard serve` printed, `{"event":"listening",…}`, and its port; nil when it ended first.
+    public static func listeningPort(_ handle: FileHandle) -> (port: Int, line: [String: Any])? {
+        var buffered: [UInt8] = []
+        guard let line = firstJSONLine(handle, buffered: &buffered), let port = (line["port"] as? NSNumber)?.intValue else { return nil }
+        return (port, line)
+    }
+}

@@ -160,13 +160,7 @@ private final class OrchardChild: @unchecked Sendable {
 
     /// The JSON object of the first line of standard output (a blocking read until it arrives or the process ends).
     func firstLine() throws -> [String: Any]? {
-        let handle = pipe.fileHandleForReading
-        while !buffered.contains(UInt8(ascii: "\n")) {
-            let chunk = handle.availableData
-            if chunk.isEmpty { return nil }
-            buffered += chunk
-        }
-        return try JSONSerialization.jsonObject(with: Data(buffered.prefix { $0 != UInt8(ascii: "\n") })) as? [String: Any]
+        OrchardExecutable.firstJSONLine(pipe.fileHandleForReading, buffered: &buffered)
     }
 
     func stop() {

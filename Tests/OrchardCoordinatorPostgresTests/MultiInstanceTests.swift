@@ -191,6 +191,31 @@ import Testing
         }
     }
 
+    @Test(arguments: StoreKind.underTest) func aKeyFromAnotherInstanceServesOnlyItsOwnWorkerAndProcess(kind: StoreKind) async throws {
+        try await Group.with(kind, instances: 2) { group in
+            _ = try await group[0].host(Self.host(goal: 3))
+            var other = Self.host(goal: 3)
+            other.name = "other"
+            _ = try await group[0].host(other)
+            let owner = try await group.device(at: 0)
+            let assignment = try Self.accepted(try await group.requestCycle(owner, at: 0))
+            let body = ReportEnvelope.encode(
+                diff: Self.diff(1), metadata: ReportMetadata(workerID: owner.response.workerID, requestKey: assignment.requestKey, sampleCount: 2)
+            )
+            // Another worker of the same process presents the key at the instance that did not issue it.
+            let thief = try await group.device(at: 1)
+            let stolen = await #expect(throws: CoordinatorError.self) { _ = try await group[1].report(body, session: thief.session) }
+            #expect(stolen?.code == .forbidden || stolen?.code == .invalidRequestKey, "\(String(describing: stolen))")
+            // A session of another process, for the same worker id, is refused too.
+            let foreign = try await group[1].authenticate(AuthenticateRequest(processName: "other", processVersion: SemanticVersion(1, 0)))
+            let foreignSession = try await group[1].session(forToken: foreign.sessionToken)
+            let crossed = await #expect(throws: CoordinatorError.self) { _ = try await group[1].report(body, session: foreignSession) }
+            #expect(crossed != nil)
+            // The owner's report at that instance is accepted.
+            #expect(try await group.report(owner, assignment, scale: 1, samples: 2, at: 1).cycle == 1)
+        }
+    }
+
     @Test(arguments: StoreKind.underTest) func admissionIsExactHoweverInstancesRace(kind: StoreKind) async throws {
         try await Group.with(kind, instances: 3) { group in
             _ = try await group[0].host(Self.host(goal: 10, overSelection: 1.3))

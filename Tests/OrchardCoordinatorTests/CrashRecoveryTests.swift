@@ -23,21 +23,11 @@ private final class ServerProcess: @unchecked Sendable {
         process.standardOutput = output
         try process.run()
         // The first line on stdout announces the bound port.
-        var buffer = [UInt8]()
-        let handle = output.fileHandleForReading
-        while !buffer.contains(UInt8(ascii: "\n")) {
-            let chunk = handle.availableData
-            if chunk.isEmpty { break }
-            buffer += chunk
-        }
-        let line = String(decoding: buffer.prefix { $0 != UInt8(ascii: "\n") }, as: UTF8.self)
-        guard let object = try? JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any],
-              let port = (object["port"] as? NSNumber)?.intValue
-        else {
+        guard let listening = OrchardExecutable.listeningPort(output.fileHandleForReading) else {
             process.terminate()
-            throw HarnessError(description: "orchard serve printed '\(line)' instead of its listening line")
+            throw HarnessError(description: "orchard serve ended without its listening line")
         }
-        self.port = port
+        port = listening.port
     }
 
     var http: HTTP { HTTP(base: URL(string: "http://127.0.0.1:\(port)")!) }

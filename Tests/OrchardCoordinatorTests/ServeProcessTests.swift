@@ -31,14 +31,7 @@ private final class ServeChild: @unchecked Sendable {
 
     /// The listening line's JSON object, or nil if the process ended first.
     func listening() -> [String: Any]? {
-        let handle = output.fileHandleForReading
-        while !head.contains(UInt8(ascii: "\n")) {
-            let chunk = handle.availableData
-            if chunk.isEmpty { return nil }
-            head += chunk
-        }
-        let line = Data(head.prefix { $0 != UInt8(ascii: "\n") })
-        return try? JSONSerialization.jsonObject(with: line) as? [String: Any]
+        OrchardExecutable.firstJSONLine(output.fileHandleForReading, buffered: &head)
     }
 
     /// Stops the process (SIGTERM, or SIGKILL when `crash`) and returns everything it wrote.
