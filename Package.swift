@@ -35,6 +35,8 @@ let package = Package(
         .library(name: "OrchardOperator", targets: ["OrchardOperator"]),
         .library(name: "OrchardCoreML", targets: ["OrchardCoreML"]),
         .library(name: "OrchardInProcess", targets: ["OrchardInProcess"]),
+        .library(name: "OrchardCharts", targets: ["OrchardCharts"]),
+        .library(name: "OrchardFlower", targets: ["OrchardFlower"]),
         .library(name: "OrchardSimulation", targets: ["OrchardSimulation"]),
         .library(name: "OrchardTesting", targets: ["OrchardTesting"]),
         .library(name: "OrchardBenchmarks", targets: ["OrchardBenchmarks"]),
@@ -67,6 +69,9 @@ let package = Package(
         // Level 0: the primitives every layer shares (seeded random generators, the wall clock, Duration helpers,
         // the error shape, an async semaphore).
         .target(name: "OrchardSupport", swiftSettings: swiftSettings),
+        // Level 0: SVG charts (axes with whole-number and 1-2-5 ticks, units, legends, stacked bars) drawn the same way
+        // by the simulator's report.html and the coordinator's dashboard.
+        .target(name: "OrchardCharts", swiftSettings: swiftSettings),
         // Level 0: file formats shared by every layer (safetensors, architecture JSON).
         .target(name: "OrchardFormats", dependencies: ["OrchardSupport"], swiftSettings: swiftSettings),
         // Level 1: the training engine, and its AVX2/FMA matrix kernels (C: compiled per function for those
@@ -134,7 +139,7 @@ let package = Package(
         .target(
             name: "OrchardCoordinator",
             dependencies: [
-                "OrchardSupport", "OrchardFormats", "OrchardProtocol", "OrchardPrivacy",
+                "OrchardSupport", "OrchardFormats", "OrchardProtocol", "OrchardPrivacy", "OrchardCharts",
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "HummingbirdTLS", package: "hummingbird"),
                 .product(name: "NIOCore", package: "swift-nio"),
@@ -189,6 +194,22 @@ let package = Package(
             ],
             swiftSettings: swiftSettings
         ),
+        // An Orchard device as a Flower SuperNode: the Fleet API over protobuf HTTP (generated once from flwr's descriptors
+        // and committed), Flower's content-addressed objects, and the node's round as a state machine.
+        .target(
+            name: "OrchardFlower",
+            dependencies: [
+                "OrchardSupport", "OrchardFormats", "OrchardML", "OrchardScheduler", "OrchardClient",
+                .product(name: "SwiftProtobuf", package: "swift-protobuf"),
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+                .product(name: "NIOSSL", package: "swift-nio-ssl"),
+            ],
+            swiftSettings: swiftSettings
+        ),
         // The coordinator's core as the client's in-process coordinator (simulator, tests, single-process apps).
         .target(
             name: "OrchardInProcess",
@@ -200,7 +221,7 @@ let package = Package(
             name: "OrchardSimulation",
             dependencies: [
                 "OrchardSupport", "OrchardML", "OrchardData", "OrchardExamples", "OrchardScheduler", "OrchardProtocol",
-                "OrchardCoordinator", "OrchardClient", "OrchardInProcess", "OrchardPrivacy",
+                "OrchardCoordinator", "OrchardClient", "OrchardInProcess", "OrchardPrivacy", "OrchardCharts",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "HeapModule", package: "swift-collections"),
             ],
@@ -235,7 +256,7 @@ let package = Package(
             dependencies: [
                 "OrchardSupport", "OrchardFormats", "OrchardML", "OrchardData", "OrchardExamples", "OrchardCoreML",
                 "OrchardScheduler", "OrchardProtocol", "OrchardCoordinator", "OrchardClient", "OrchardSimulation",
-                "OrchardBenchmarks", "OrchardPrivacy", "OrchardCoordinatorPostgres", "OrchardOperator",
+                "OrchardBenchmarks", "OrchardPrivacy", "OrchardCoordinatorPostgres", "OrchardOperator", "OrchardFlower",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
@@ -244,6 +265,19 @@ let package = Package(
             swiftSettings: swiftSettings
         ),
         .testTarget(name: "OrchardSupportTests", dependencies: ["OrchardSupport"], swiftSettings: swiftSettings),
+        .testTarget(name: "OrchardChartsTests", dependencies: ["OrchardCharts"], swiftSettings: swiftSettings),
+        // Flower interop: object encodings against bytes flwr wrote (Fixtures), and devices joining a real SuperLink.
+        .testTarget(
+            name: "OrchardFlowerTests",
+            dependencies: [
+                "OrchardFlower", "OrchardML", "OrchardFormats", "OrchardSupport", "OrchardTesting",
+                .product(name: "SwiftProtobuf", package: "swift-protobuf"),
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "PropertyBased", package: "swift-property-based"),
+            ],
+            resources: [.copy("Fixtures")],
+            swiftSettings: swiftSettings
+        ),
         .testTarget(
             name: "OrchardPrivacyTests",
             dependencies: ["OrchardPrivacy", "OrchardSupport", .product(name: "Crypto", package: "swift-crypto")],

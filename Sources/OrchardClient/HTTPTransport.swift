@@ -2,7 +2,7 @@ import AsyncHTTPClient
 public import Foundation
 import NIOCore
 import NIOHTTP1
-import NIOSSL
+package import NIOSSL
 public import OrchardProtocol
 public import OrchardSupport
 
@@ -43,7 +43,7 @@ public struct TrustRoots: Sendable, Hashable, CustomStringConvertible {
     }
 
     /// The client TLS settings trusting these roots.
-    func tlsConfiguration() throws(OrchardClientError) -> TLSConfiguration {
+    package func tlsConfiguration() throws(OrchardClientError) -> TLSConfiguration {
         var configuration = TLSConfiguration.makeClientConfiguration()
         guard case .pem(let bytes, let origin) = source else { return configuration }
         let certificates: [NIOSSLCertificate]
@@ -288,7 +288,7 @@ public struct HTTPTransport: ClientTransport {
 
     /// Maps a connection failure to a client error: cancellation, a TLS failure (not retried: the certificate will
     /// not change by itself), or a network error.
-    static func networkError(_ error: any Error, url: String) -> OrchardClientError {
+    package static func networkError(_ error: any Error, url: String) -> OrchardClientError {
         if error is CancellationError || Task.isCancelled { return cancelledError() }
         if let client = error as? HTTPClientError, client == .cancelled { return cancelledError() }
         if let tls = tlsFailure(error) {

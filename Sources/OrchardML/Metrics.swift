@@ -1,4 +1,5 @@
-import OrchardFormats
+import Foundation
+public import OrchardFormats
 
 /// Evaluation measures over predictions and targets.
 public enum Metrics {
@@ -91,5 +92,64 @@ extension Model {
     /// Mean absolute error over a regression dataset.
     public func meanAbsoluteError(on dataset: some Dataset, batchSize: Int = 256) throws(EngineError) -> Double {
         try Metrics.meanAbsoluteError(predictions: try predict(dataset, batchSize: batchSize), targets: Self.targets(of: dataset))
+    }
+
+    /// Summed loss and hits of the model's predictions over `data`, whose targets are `targets` in order: for
+    /// `crossEntropy` the negative log of the softmax output's probability of the target class per sample, and hits
+    /// where the largest output is that class; otherwise the squared error per target value.
+    public func lossSums(on data: some Dataset, targets: some Collection<Float>, loss: LossType, batchSize: Int = 1000) throws(EngineError) -> LossSums {
+        let output = try predict(data, batchSize: batchSize).scalars
+        let n = data.count
+        var sums = LossSums()
+        guard n > 0 else { return sums }
+        let targets = Array(targets)
+        if loss == .crossEntropy {
+            let classes = output.count / n
+            output.withUnsafeBufferPointer { p in
+                for j in 0..<n {
+                    let row = UnsafeBufferPointer(rebasing: p[(j * classes)..<((j + 1) * classes)])
+                    let label = min(max(Int(targets[j]), 0), classes - 1)
+                    sums.loss -= Foundation.log(Double(max(row[label], 1e-12)))
+                    var best = 0
+                    for k in 1..<classes where row[k] > row[best] { best = k }
+                    if best == label { sums.hits += 1 }
+                }
+            }
+        } else {
+            for (p, t) in zip(output, targets) { sums.loss += Double((p - t) * (p - t)) }
+        }
+        return sums
+    }
+
+    /// Mean loss and (classifiers) accuracy of the model over a dataset (``lossSums(on:targets:loss:batchSize:)``).
+    public func evaluate(on data: some Dataset, loss: LossType, batchSize: Int = 1000) throws(EngineError) -> (loss: Double, accuracy: Double?) {
+        let sums = try lossSums(on: data, targets: Self.targets(of: data).scalars, loss: loss, batchSize: batchSize)
+        return sums.mean(samples: data.count, targetValues: data.count * data.targetSpec.elementCount, loss: loss)
+    }
+}
+
+/// Summed loss (cross-entropy per sample, or squared error per target value) and hits over part of a dataset, to be
+/// added up across parts in a fixed order.
+public struct LossSums: Sendable, Hashable {
+    /// The summed loss.
+    public var loss = 0.0
+    /// Samples whose largest output is the target class (classifiers).
+    public var hits = 0
+
+    /// Empty sums.
+    public init() {}
+
+    /// These sums plus `other`'s.
+    public func adding(_ other: LossSums) -> LossSums {
+        var sum = self
+        sum.loss += other.loss
+        sum.hits += other.hits
+        return sum
+    }
+
+    /// Mean cross-entropy and accuracy (classifiers), or mean squared error and no accuracy (regressors).
+    public func mean(samples: Int, targetValues: Int, loss type: LossType) -> (loss: Double, accuracy: Double?) {
+        if type == .crossEntropy { return (loss / Double(max(samples, 1)), Double(hits) / Double(max(samples, 1))) }
+        return (loss / Double(max(targetValues, 1)), nil)
     }
 }

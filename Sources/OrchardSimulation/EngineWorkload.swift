@@ -70,7 +70,7 @@ public struct EngineWorkload<Slice: Dataset, TestSet: Dataset>: FleetWorkload, @
             try evaluated.loadWeights(safetensors: weights)
             let global = evaluated
             let width = testSet.targetSpec.elementCount
-            let sums = try await withThrowingTaskGroup(of: (Int, EvaluationSums).self) { group in
+            let sums = try await withThrowingTaskGroup(of: (Int, LossSums).self) { group in
                 for index in testParts.indices {
                     group.addTask {
                         let part = self.testParts[index]
@@ -80,9 +80,9 @@ public struct EngineWorkload<Slice: Dataset, TestSet: Dataset>: FleetWorkload, @
                         return (index, try await offCooperativePool { try Self.sums(global, on: part, targets: targets, loss: loss) })
                     }
                 }
-                var results = [EvaluationSums](repeating: EvaluationSums(), count: testParts.count)
+                var results = [LossSums](repeating: LossSums(), count: testParts.count)
                 for try await (index, sums) in group { results[index] = sums }
-                return results.reduce(EvaluationSums()) { $0.adding($1) }
+                return results.reduce(LossSums()) { $0.adding($1) }
             }
             return sums.evaluation(samples: testSet.count, targetValues: testTargets.count, loss: evaluationLoss)
         } catch {
@@ -100,42 +100,18 @@ public struct EngineWorkload<Slice: Dataset, TestSet: Dataset>: FleetWorkload, @
         return values
     }
 
-    /// Loss and hit sums of a model over part of the test set, through the engine's compiled inference plan
-    /// (``OrchardML/Model/predict(_:batchSize:)``); `targets` are that part's targets.
-    static func sums(_ model: Model, on data: DatasetSlice<TestSet>, targets: ArraySlice<Float>, loss: LossType) throws(EngineError) -> EvaluationSums {
-        let output = try model.predict(data, batchSize: 1000).scalars
-        let n = data.count
-        var sums = EvaluationSums()
-        if loss == .crossEntropy {
-            let classes = output.count / n
-            output.withUnsafeBufferPointer { p in
-                for j in 0..<n {
-                    let row = UnsafeBufferPointer(rebasing: p[(j * classes)..<((j + 1) * classes)])
-                    let label = Int(targets[targets.startIndex + j])
-                    sums.loss -= Foundation.log(Double(max(row[label], 1e-12)))
-                    var best = 0
-                    for k in 1..<classes where row[k] > row[best] { best = k }
-                    if best == label { sums.hits += 1 }
-                }
-            }
-        } else {
-            for (p, t) in zip(output, targets) { sums.loss += Double((p - t) * (p - t)) }
-        }
-        return sums
+    /// Loss and hit sums of a model over part of the test set (``OrchardML/Model/lossSums(on:targets:loss:batchSize:)``);
+    /// `targets` are that part's targets.
+    static func sums(_ model: Model, on data: DatasetSlice<TestSet>, targets: ArraySlice<Float>, loss: LossType) throws(EngineError) -> LossSums {
+        try model.lossSums(on: data, targets: targets, loss: loss)
     }
 }
 
-/// Per-part evaluation sums: the summed loss (cross-entropy per sample, or squared error per target value) and hits.
-struct EvaluationSums: Sendable {
-    var loss = 0.0
-    var hits = 0
-
-    func adding(_ other: EvaluationSums) -> EvaluationSums { EvaluationSums(loss: loss + other.loss, hits: hits + other.hits) }
-
+extension LossSums {
     /// Mean loss and accuracy (classifiers) or MSE and RMSE (regressors).
     func evaluation(samples: Int, targetValues: Int, loss type: LossType) -> Evaluation {
-        if type == .crossEntropy { return Evaluation(loss: loss / Double(samples), accuracy: Double(hits) / Double(samples)) }
-        let mse = loss / Double(targetValues)
-        return Evaluation(loss: mse, rmse: mse.squareRoot())
+        let mean = mean(samples: samples, targetValues: targetValues, loss: type)
+        if let accuracy = mean.accuracy { return Evaluation(loss: mean.loss, accuracy: accuracy) }
+        return Evaluation(loss: mean.loss, rmse: mean.loss.squareRoot())
     }
 }

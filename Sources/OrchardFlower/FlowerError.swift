@@ -1,0 +1,67 @@
+public import OrchardSupport
+
+/// An error of the Flower interop: a bad object or message from the SuperLink, a model/array mismatch, or a failed
+/// Fleet API call.
+public struct FlowerError: OrchardError, Hashable {
+    /// A machine-readable category of a Flower error.
+    public struct Code: Sendable, Hashable, CustomStringConvertible {
+        private enum Kind: String, ErrorCodeKind {
+            case invalidConfiguration, invalidObject, objectIDMismatch, missingObject, unsupportedDtype, shapeMismatch
+            case unsupportedMessage, arrayMismatch, training, superlinkUnreachable, superlinkRefused, unauthorized
+            case invalidAnswer, cancelled, storage
+        }
+        private let kind: Kind
+        private init(_ kind: Kind) { self.kind = kind }
+
+        /// An option, file or setting of the node is invalid.
+        public static let invalidConfiguration = Code(.invalidConfiguration)
+        /// An object's bytes are not a Flower object (header, body length, JSON or protobuf body).
+        public static let invalidObject = Code(.invalidObject)
+        /// An object's bytes do not hash to its id.
+        public static let objectIDMismatch = Code(.objectIDMismatch)
+        /// An object a message refers to is missing.
+        public static let missingObject = Code(.missingObject)
+        /// An array's dtype is not one Orchard reads.
+        public static let unsupportedDtype = Code(.unsupportedDtype)
+        /// An array's data does not match its shape.
+        public static let shapeMismatch = Code(.shapeMismatch)
+        /// A message type the device does not handle (neither `train` nor `evaluate`), or content it cannot use.
+        public static let unsupportedMessage = Code(.unsupportedMessage)
+        /// The server's arrays do not match the model's parameters (count, name or shape).
+        public static let arrayMismatch = Code(.arrayMismatch)
+        /// Local training or evaluation failed.
+        public static let training = Code(.training)
+        /// The SuperLink cannot be reached (connection refused, reset, timed out, TLS).
+        public static let superlinkUnreachable = Code(.superlinkUnreachable)
+        /// The SuperLink answered with an HTTP error other than 401.
+        public static let superlinkRefused = Code(.superlinkRefused)
+        /// The SuperLink refused the node's signature or identity (401).
+        public static let unauthorized = Code(.unauthorized)
+        /// The SuperLink's answer is not the expected protobuf message.
+        public static let invalidAnswer = Code(.invalidAnswer)
+        /// The work was cancelled (the background window ended).
+        public static let cancelled = Code(.cancelled)
+        /// The node's state directory cannot be read or written.
+        public static let storage = Code(.storage)
+
+        /// The code in snake case, e.g. `array_mismatch`.
+        public var description: String { kind.snakeCased }
+    }
+
+    /// What went wrong, as a category.
+    public var code: Code
+    /// A human-readable explanation naming the offending item.
+    public var message: String
+    /// The HTTP status of a refused call.
+    public var httpStatus: Int?
+
+    /// Creates an error.
+    public init(_ code: Code, _ message: String, httpStatus: Int? = nil) {
+        self.code = code
+        self.message = message
+        self.httpStatus = httpStatus
+    }
+
+    /// The code and the message.
+    public var description: String { "\(code): \(message)" }
+}
