@@ -275,6 +275,7 @@ let package = Package(
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "PropertyBased", package: "swift-property-based"),
             ],
+            exclude: ["FlowerApp"],  // the Flower app (Python) the tests run with `flwr run`
             resources: [.copy("Fixtures")],
             swiftSettings: swiftSettings
         ),

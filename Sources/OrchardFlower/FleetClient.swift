@@ -72,7 +72,8 @@ public struct NodeIdentity: Sendable {
         let timestamp = Self.timestamp(date)
         let signature: P384.Signing.ECDSASignature
         do {
-            signature = try privateKey.signature(for: Data(timestamp.utf8))
+            // ECDSA over SHA-256, as Flower signs (P-384 would default to SHA-384).
+            signature = try privateKey.signature(for: SHA256.hash(data: Data(timestamp.utf8)))
         } catch {
             throw FlowerError(.invalidConfiguration, "cannot sign the request with the node's key: \(error)")
         }

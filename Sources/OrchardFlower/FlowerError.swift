@@ -6,7 +6,8 @@ public struct FlowerError: OrchardError, Hashable {
     /// A machine-readable category of a Flower error.
     public struct Code: Sendable, Hashable, CustomStringConvertible {
         private enum Kind: String, ErrorCodeKind {
-            case invalidConfiguration, invalidObject, objectIDMismatch, missingObject, unsupportedDtype, shapeMismatch
+            case invalidConfiguration, invalidObject, objectIdMismatch, missingObject, unsupportedDtype, shapeMismatch
+            case invalidNpy, unsupportedEncoding
             case unsupportedMessage, arrayMismatch, training, superlinkUnreachable, superlinkRefused, unauthorized
             case invalidAnswer, cancelled, storage
         }
@@ -17,14 +18,18 @@ public struct FlowerError: OrchardError, Hashable {
         public static let invalidConfiguration = Code(.invalidConfiguration)
         /// An object's bytes are not a Flower object (header, body length, JSON or protobuf body).
         public static let invalidObject = Code(.invalidObject)
-        /// An object's bytes do not hash to its id.
-        public static let objectIDMismatch = Code(.objectIDMismatch)
+        /// An object's bytes do not hash to its id (`object_id_mismatch`).
+        public static let objectIDMismatch = Code(.objectIdMismatch)
         /// An object a message refers to is missing.
         public static let missingObject = Code(.missingObject)
         /// An array's dtype is not one Orchard reads.
         public static let unsupportedDtype = Code(.unsupportedDtype)
         /// An array's data does not match its shape.
         public static let shapeMismatch = Code(.shapeMismatch)
+        /// Bytes that should be a NumPy `.npy` file are not one (magic, version, header, data length).
+        public static let invalidNpy = Code(.invalidNpy)
+        /// A valid encoding Orchard does not read: a Fortran-order `.npy`, an array serialisation other than NumPy's.
+        public static let unsupportedEncoding = Code(.unsupportedEncoding)
         /// A message type the device does not handle (neither `train` nor `evaluate`), or content it cannot use.
         public static let unsupportedMessage = Code(.unsupportedMessage)
         /// The server's arrays do not match the model's parameters (count, name or shape).
@@ -54,14 +59,20 @@ public struct FlowerError: OrchardError, Hashable {
     public var message: String
     /// The HTTP status of a refused call.
     public var httpStatus: Int?
+    /// The id of the Flower object the error is about, when there is one.
+    public var objectID: String?
 
     /// Creates an error.
-    public init(_ code: Code, _ message: String, httpStatus: Int? = nil) {
+    public init(_ code: Code, _ message: String, httpStatus: Int? = nil, objectID: String? = nil) {
         self.code = code
         self.message = message
         self.httpStatus = httpStatus
+        self.objectID = objectID
     }
 
-    /// The code and the message.
-    public var description: String { "\(code): \(message)" }
+    /// The code, the object if any, and the message.
+    public var description: String {
+        if let objectID { return "\(code) (object \(objectID)): \(message)" }
+        return "\(code): \(message)"
+    }
 }

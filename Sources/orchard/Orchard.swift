@@ -9,7 +9,7 @@ struct Orchard: AsyncParsableCommand {
         version: "0.1.0",
         subcommands: [
             SimulateCommand.self, Serve.self, ClientCommand.self, AgentCommand.self, TrainCommand.self, Bench.self,
-            CoreMLCommand.self, SchedulerCommand.self, PrivacyCommand.self, ProcessCommand.self, DataCommand.self,
+            CoreMLCommand.self, SchedulerCommand.self, PrivacyCommand.self, ProcessCommand.self, DataCommand.self, FlowerCommand.self,
         ]
     )
 }

@@ -1,0 +1,214 @@
+import ArgumentParser
+import Foundation
+import Logging
+import OrchardClient
+import OrchardData
+import OrchardFlower
+import OrchardFormats
+import OrchardML
+import OrchardOperator
+import ServiceLifecycle
+import UnixSignals
+
+/// `orchard flower …`: taking part in a Flower federation.
+struct FlowerCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "flower",
+        abstract: "Take part in a Flower federation (flwr 1.41's Fleet API) as a SuperNode.",
+        subcommands: [FlowerJoinCommand.self]
+    )
+}
+
+/// The options that describe a device taking part in a Flower federation (shared by `flower join` and `agent`).
+struct FlowerNodeOptions: ParsableArguments {
+    @Option(help: ArgumentHelp("The SuperLink's Fleet API, HOST:PORT.", valueName: "host:port"))
+    var superlink: String
+
+    @Flag(help: "Plain HTTP, for a SuperLink started with --insecure.")
+    var insecure = false
+
+    @Option(help: ArgumentHelp("The CA certificate (PEM) the SuperLink's HTTPS certificate chains to.", valueName: "file"))
+    var caCert: String?
+
+    @Option(help: ArgumentHelp("The model architecture (JSON, with a training section) the Flower arrays are loaded into.", valueName: "file"))
+    var model: String
+
+    @Option(help: ArgumentHelp("The local training data (safetensors: one tensor per model input, plus 'target'), as `orchard data prepare` writes it.", valueName: "file"))
+    var data: String
+
+    @Option(help: ArgumentHelp("How Flower's arrays map to the model's parameters: a JSON array of parameter names in the arrays' order, or an object {\"flower name\": \"parameter\"} (default: positional, in layer order, weights before biases).", valueName: "file"))
+    var arrayMap: String?
+
+    @Option(help: ArgumentHelp("Node configuration as Flower writes it, \"key=value key=value\" (repeatable); `seed` seeds the local shuffling.", valueName: "k=v"))
+    var nodeConfig: [String] = []
+
+    @Option(name: .customLong("state-directory"), help: ArgumentHelp("Where the node keeps its key, a message being handled and a reply not yet pushed.", valueName: "dir"))
+    var state = ".orchard-flower"
+
+    @Option(help: "The heartbeat interval announced to the SuperLink, in seconds.")
+    var heartbeatInterval: Double = 30
+
+    @Option(help: "Seconds between pulls when the SuperLink has no message.")
+    var pollInterval: Double = 1
+
+    func validate() throws {
+        if insecure, caCert != nil { throw ValidationError("--insecure and --ca-cert exclude each other: --insecure is plain HTTP") }
+        if !insecure, caCert == nil { throw ValidationError("say how to reach the SuperLink: --insecure (plain HTTP) or --ca-cert FILE (HTTPS with a private CA)") }
+        guard heartbeatInterval >= 1, heartbeatInterval.isFinite else { throw ValidationError("--heartbeat-interval must be at least 1 second, not \(heartbeatInterval)") }
+        guard pollInterval > 0, pollInterval.isFinite else { throw ValidationError("--poll-interval must be a positive number of seconds, not \(pollInterval)") }
+        _ = try parsedNodeConfig()
+    }
+
+    /// `--node-config` as key → value.
+    func parsedNodeConfig() throws -> [String: String] {
+        var config: [String: String] = [:]
+        for pair in nodeConfig.flatMap({ $0.split(separator: " ", omittingEmptySubsequences: true) }) {
+            let parts = pair.split(separator: "=", maxSplits: 1)
+            guard parts.count == 2, !parts[0].isEmpty else { throw ValidationError("--node-config '\(pair)' is not key=value") }
+            config[String(parts[0])] = String(parts[1])
+        }
+        if let seed = config["seed"], UInt64(seed) == nil { throw ValidationError("--node-config seed=\(seed): the seed is a non-negative integer") }
+        return config
+    }
+
+    /// The node: its address, app (model, mapping, data) and configuration.
+    func makeNode(logger: Logger, onEvent: @escaping @Sendable (FlowerNodeEvent) -> Void) throws -> FlowerNode {
+        let trust: TrustRoots?
+        if let caCert {
+            do throws(OrchardClientError) { trust = try TrustRoots.certificateFile(caCert) } catch { throw ValidationError("--ca-cert: \(error.message)") }
+        } else {
+            trust = nil
+        }
+        let address: SuperLinkAddress
+        do throws(FlowerError) { address = try SuperLinkAddress(superlink, trustRoots: trust) } catch { throw ValidationError("--superlink: \(error.message)") }
+        let spec: ModelSpec
+        do throws(OperatorError) { spec = try ProcessFiles.model(at: model) } catch { throw ValidationError(error.message) }
+        let dataset: TensorDataset
+        do throws(DataError) { dataset = try DeviceDataFile.read(contentsOf: URL(fileURLWithPath: data)) } catch { throw ValidationError("--data \(data): \(error.message)") }
+        var mapping = ArrayMapping.positional
+        if let arrayMap {
+            guard let bytes = FileManager.default.contents(atPath: arrayMap) else { throw ValidationError("--array-map \(arrayMap): no such file") }
+            do throws(FlowerError) { mapping = try ArrayMapping.decode(json: [UInt8](bytes)) } catch { throw ValidationError("--array-map \(arrayMap): \(error.message)") }
+        }
+        let seed = try parsedNodeConfig()["seed"].flatMap(UInt64.init) ?? 0
+        let app: FlowerLocalApp
+        do throws(FlowerError) { app = try FlowerLocalApp(model: spec, mapping: mapping, dataset: dataset, seed: seed) } catch { throw ValidationError(error.message) }
+        let configuration = FlowerNodeConfiguration(
+            superlink: address, stateDirectory: URL(fileURLWithPath: state, isDirectory: true), heartbeatInterval: heartbeatInterval,
+            pollInterval: .milliseconds(Int64(pollInterval * 1000)), logger: logger
+        )
+        do throws(FlowerError) { return try FlowerNode(configuration: configuration, app: app, onEvent: onEvent) } catch {
+            throw ValidationError("--state-directory \(state): \(error.message)")
+        }
+    }
+}
+
+/// `orchard flower join`: run as a Flower SuperNode until SIGINT or SIGTERM.
+struct FlowerJoinCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "join",
+        abstract: "Join a Flower federation as a SuperNode that trains with the Orchard engine.",
+        discussion: """
+            Registers and activates the node with the SuperLink (a P-384 key kept in --state-directory names it), \
+            pulls messages, answers `train` with the arrays trained on --data and `evaluate` with the loss (and \
+            accuracy) on it, and pushes the replies; a message that does not fit the model (array count, name, \
+            shape, dtype) or of another type gets an error reply. Stops on SIGINT or SIGTERM: a training in progress \
+            stops at a batch boundary, its message is kept and handled when the node runs again, and a reply that \
+            could not be pushed is pushed then.
+
+            Status goes to standard output as JSON lines: {"event":"started"}, {"event":"activated","node_id":…}, \
+            {"event":"received",…}, {"event":"answered",…,"metrics":{…}}, {"event":"pushed",…}, \
+            {"event":"error",…}, {"event":"stopped"}. Logs go to standard error.
+            """
+    )
+
+    @OptionGroup var node: FlowerNodeOptions
+
+    @Option(help: "The lowest level logged (to standard error).")
+    var logLevel: Logger.Level = .info
+
+    func run() async throws {
+        let level = logLevel
+        LoggingSystem.bootstrap { label in
+            var handler = StreamLogHandler.standardError(label: label)
+            handler.logLevel = level
+            return handler
+        }
+        let logger = Logger(label: "orchard.flower")
+        let flower = try node.makeNode(logger: logger) { FlowerStatus($0).print() }
+        FlowerStatus(event: "started", superlink: node.superlink).print()
+        let window = Task { try await flower.runWindow() }
+        let signals = await UnixSignalsSequence(trapping: .sigint, .sigterm)
+        let watcher = Task {
+            for await _ in signals {
+                window.cancel()
+                return
+            }
+        }
+        defer { watcher.cancel() }
+        do {
+            try await window.value
+        } catch let error as FlowerError {
+            FlowerStatus(event: "error", code: "\(error.code)", message: error.message).print()
+            throw ExitCode(1)
+        }
+        FlowerStatus(event: "stopped").print()
+    }
+}
+
+/// One JSON line of a Flower node's status on standard output.
+struct FlowerStatus: Encodable {
+    var event: String
+    var superlink: String?
+    var nodeID: UInt64?
+    var runID: UInt64?
+    var messageID: String?
+    var messageType: String?
+    var metrics: [String: Double]?
+    var code: String?
+    var message: String?
+
+    init(event: String, superlink: String? = nil, code: String? = nil, message: String? = nil) {
+        self.event = event
+        self.superlink = superlink
+        self.code = code
+        self.message = message
+    }
+
+    init(_ event: FlowerNodeEvent) {
+        switch event {
+        case .registered: self.init(event: "registered")
+        case .activated(let id):
+            self.init(event: "activated")
+            nodeID = id
+        case .received(let run, let id, let type):
+            self.init(event: "received")
+            (runID, messageID, messageType) = (run, id, type)
+        case .answered(let id, let type, _, let metrics):
+            self.init(event: "answered")
+            (messageID, messageType, self.metrics) = (id, type, metrics)
+        case .answeredWithError(let id, let error):
+            self.init(event: "answered_with_error", code: "\(error.code)", message: error.message)
+            messageID = id
+        case .pushed(let id):
+            self.init(event: "pushed")
+            messageID = id
+        case .discarded(let id, let error):
+            self.init(event: "discarded", code: "\(error.code)", message: error.message)
+            messageID = id
+        case .retrying(let error): self.init(event: "retrying", code: "\(error.code)", message: error.message)
+        case .deactivated: self.init(event: "deactivated")
+        }
+    }
+
+    enum CodingKeys: String, CodingKey {
+        case event, superlink, nodeID = "node_id", runID = "run_id", messageID = "message_id", messageType = "message_type", metrics, code, message
+    }
+
+    func print() {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = .sortedKeys
+        guard let data = try? encoder.encode(self) else { return }
+        FileHandle.standardOutput.write(data + Data("\n".utf8))
+    }
+}

@@ -1,0 +1,192 @@
+import Foundation
+#if canImport(FoundationNetworking)
+import FoundationNetworking
+#endif
+import Testing
+
+/// flwr 1.41.0 in a virtual environment (`ORCHARD_FLOWER_VENV`, `/opt/flwr-venv` by default; `.ci/run` makes it):
+/// tests that need a SuperLink are skipped without it, unless `ORCHARD_REQUIRE_FLOWER=1` (CI) makes that a failure.
+enum FlowerInstallation {
+    static let requireVariable = "ORCHARD_REQUIRE_FLOWER"
+
+    /// The venv's `bin` directory.
+    static var bin: URL {
+        let venv = ProcessInfo.processInfo.environment["ORCHARD_FLOWER_VENV"] ?? "/opt/flwr-venv"
+        return URL(fileURLWithPath: venv).appendingPathComponent("bin")
+    }
+
+    static var isInstalled: Bool { FileManager.default.isExecutableFile(atPath: bin.appendingPathComponent("flower-superlink").path) }
+
+    /// Enabled when flwr is installed or required.
+    static var requirement: ConditionTrait {
+        .enabled(
+            if: isInstalled || ProcessInfo.processInfo.environment[requireVariable] == "1",
+            Comment(rawValue: "needs flwr 1.41.0 in \(bin.deletingLastPathComponent().path) (python3 -m venv /opt/flwr-venv && /opt/flwr-venv/bin/pip install flwr==1.41.0), or set ORCHARD_FLOWER_VENV; \(requireVariable)=1 makes its absence a failure")
+        )
+    }
+
+    struct Missing: Error, CustomStringConvertible {
+        var description: String { "flwr is not installed in \(FlowerInstallation.bin.deletingLastPathComponent().path): python3 -m venv /opt/flwr-venv && /opt/flwr-venv/bin/pip install flwr==1.41.0" }
+    }
+
+    static func require() throws {
+        guard isInstalled else { throw Missing() }
+    }
+
+    /// The Flower app of the tests (a ServerApp with FedAvg over the MLP of `mlp.py`, and a NumPy ClientApp).
+    static var app: URL { URL(fileURLWithPath: #filePath).deletingLastPathComponent().appendingPathComponent("FlowerApp") }
+}
+
+/// A free TCP port on loopback (bound, then released for the child to take).
+func freePort() throws -> Int {
+    let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+    guard fd >= 0 else { throw POSIXError(.EMFILE) }
+    defer { close(fd) }
+    var address = sockaddr_in()
+    address.sin_family = sa_family_t(AF_INET)
+    address.sin_addr.s_addr = inet_addr("127.0.0.1")
+    address.sin_port = 0
+    var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+    let bound = withUnsafeMutablePointer(to: &address) { pointer in
+        pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, length) == 0 && getsockname(fd, $0, &length) == 0 }
+    }
+    guard bound else { throw POSIXError(.EADDRINUSE) }
+    return Int(UInt16(bigEndian: address.sin_port))
+}
+
+/// A Flower process (SuperLink, Python SuperNode) in its own session, so that stopping it stops the children it
+/// starts (`flower-superexec`, `flwr-clientapp`, `flwr-serverapp`).
+final class FlowerProcess: @unchecked Sendable {
+    let process = Process()
+    let log: URL
+
+    /// Starts `command` from the venv with Flower's offline environment and `FLWR_HOME=home`.
+    init(_ command: String, _ arguments: [String], home: URL, log: URL) throws {
+        self.log = log
+        FileManager.default.createFile(atPath: log.path, contents: nil)
+        process.executableURL = URL(fileURLWithPath: "/usr/bin/setsid")
+        process.arguments = [FlowerInstallation.bin.appendingPathComponent(command).path] + arguments
+        process.environment = Self.environment(home: home)
+        let handle = try FileHandle(forWritingTo: log)
+        process.standardOutput = handle
+        process.standardError = handle
+        try process.run()
+    }
+
+    static func environment(home: URL) -> [String: String] {
+        var environment = ProcessInfo.processInfo.environment
+        environment["FLWR_TELEMETRY_ENABLED"] = "0"
+        environment["FLWR_DISABLE_UPDATE_CHECK"] = "1"
+        environment["FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION"] = "1"
+        environment["FLWR_HOME"] = home.path
+        environment["PATH"] = FlowerInstallation.bin.path + ":" + (environment["PATH"] ?? "/usr/bin:/bin")
+        return environment
+    }
+
+    /// The process's output so far.
+    var output: String { (try? String(contentsOf: log, encoding: .utf8)) ?? "" }
+
+    /// Stops the process and everything in its session.
+    func stop() {
+        guard process.isRunning else { return }
+        kill(-process.processIdentifier, SIGTERM)
+        for _ in 0..<50 where process.isRunning { usleep(100_000) }
+        if process.isRunning { kill(-process.processIdentifier, SIGKILL) }
+        process.waitUntilExit()
+    }
+
+    deinit { stop() }
+}
+
+/// A SuperLink on loopback (`--insecure`) with its own `FLWR_HOME` holding the `local-deploy` connection that
+/// `flwr run` uses.
+final class SuperLinkFixture: @unchecked Sendable {
+    let port: Int
+    let home: URL
+    let superlink: FlowerProcess
+    var nodes: [FlowerProcess] = []
+
+    init(directory: URL) async throws {
+        try FlowerInstallation.require()
+        home = directory.appendingPathComponent("flwr-home")
+        try FileManager.default.createDirectory(at: home, withIntermediateDirectories: true)
+        port = try freePort()
+        try """
+        [superlink]
+        default = "local-deploy"
+
+        [superlink.local-deploy]
+        address = "127.0.0.1:\(port)"
+        insecure = true
+
+        """.write(to: home.appendingPathComponent("config.toml"), atomically: true, encoding: .utf8)
+        superlink = try FlowerProcess(
+            "flower-superlink", ["--insecure", "--disable-runtime-dependency-installation", "--host", "127.0.0.1", "--port", String(port)],
+            home: home, log: directory.appendingPathComponent("superlink.log")
+        )
+        try await waitForHealth()
+    }
+
+    /// The Fleet API address, `127.0.0.1:PORT`.
+    var address: String { "127.0.0.1:\(port)" }
+
+    private func waitForHealth() async throws {
+        let url = URL(string: "http://127.0.0.1:\(port)/health")!
+        for _ in 0..<600 {
+            guard superlink.process.isRunning else { throw FixtureError("flower-superlink exited: \(superlink.output.suffix(2000))") }
+            if let (_, response) = try? await URLSession.shared.data(from: url), (response as? HTTPURLResponse)?.statusCode == 200 { return }
+            try await Task.sleep(for: .milliseconds(100))
+        }
+        throw FixtureError("flower-superlink did not answer /health within 60 s: \(superlink.output.suffix(2000))")
+    }
+
+    /// Starts a Python SuperNode of the test app on partition `partition`.
+    func startPythonNode(partition: Int, directory: URL) throws {
+        let node = try FlowerProcess(
+            "flower-supernode", ["--insecure", "--superlink", address, "--port", String(try freePort()), "--node-config", "partition-id=\(partition) num-partitions=2"],
+            home: home, log: directory.appendingPathComponent("supernode-\(partition).log")
+        )
+        nodes.append(node)
+    }
+
+    /// Runs the test app with `flwr run … --stream` to its end; the JSON the ServerApp wrote to `output`.
+    func run(config: [String: String], output: URL, timeout: Duration = .seconds(300)) async throws -> [String: Any] {
+        let process = Process()
+        process.executableURL = FlowerInstallation.bin.appendingPathComponent("flwr")
+        let settings = (config.merging(["output": "'\(output.path)'"]) { $1 }).map { "\($0)=\($1)" }.sorted().joined(separator: " ")
+        process.arguments = ["run", FlowerInstallation.app.path, "local-deploy", "--stream", "--run-config", settings]
+        process.environment = FlowerProcess.environment(home: home)
+        let log = output.deletingPathExtension().appendingPathExtension("log")
+        FileManager.default.createFile(atPath: log.path, contents: nil)
+        let handle = try FileHandle(forWritingTo: log)
+        process.standardOutput = handle
+        process.standardError = handle
+        try process.run()
+        let clock = ContinuousClock()
+        let deadline = clock.now.advanced(by: timeout)
+        while process.isRunning {
+            if clock.now > deadline {
+                process.terminate()
+                throw FixtureError("flwr run did not finish within \(timeout): \((try? String(contentsOf: log, encoding: .utf8))?.suffix(3000) ?? "")")
+            }
+            try await Task.sleep(for: .milliseconds(200))
+        }
+        let text = (try? String(contentsOf: log, encoding: .utf8)) ?? ""
+        guard let data = try? Data(contentsOf: output), let json = try JSONSerialization.jsonObject(with: data) as? [String: Any] else {
+            throw FixtureError("the ServerApp wrote no result (flwr run exited \(process.terminationStatus)): \(text.suffix(3000))")
+        }
+        return json
+    }
+
+    func stop() {
+        for node in nodes { node.stop() }
+        superlink.stop()
+    }
+
+    deinit { stop() }
+}
+
+struct FixtureError: Error, CustomStringConvertible {
+    var description: String
+    init(_ description: String) { self.description = description }
+}

@@ -1,0 +1,160 @@
+@testable import OrchardFlower
+import Testing
+
+/// The node's round without I/O: which Fleet call follows which answer, what is kept across windows, and how
+/// failures and the window's end are handled.
+@Suite struct FlowerNodeMachineTests {
+    typealias Machine = FlowerNodeMachine
+    let offered = OfferedMessage(runID: 7, messageID: String(repeating: "a", count: 64), messageType: "train")
+    let unreachable = FlowerError(.superlinkUnreachable, "connection refused")
+
+    func active(registered: Bool = true, message: Bool = false, reply: Bool = false) -> Machine {
+        var machine = Machine(registered: registered, hasKeptMessage: message, hasKeptReply: reply)
+        _ = machine.next(after: .started)
+        if !registered { _ = machine.next(after: .registered) }
+        return machine
+    }
+
+    @Test func aFirstWindowRegistersActivatesPullsAndRunsARound() {
+        var machine = Machine(registered: false, hasKeptMessage: false, hasKeptReply: false)
+        #expect(machine.next(after: .started) == .register)
+        #expect(machine.next(after: .registered) == .activate)
+        #expect(machine.registered)
+        #expect(machine.next(after: .activated(nodeID: 42)) == .pull)
+        #expect(machine.nodeID == 42)
+        #expect(machine.next(after: .pulled(nil)) == .wait(.seconds(1)))
+        #expect(machine.next(after: .waited) == .pull)
+        #expect(machine.next(after: .pulled(offered)) == .fetch(offered))
+        #expect(machine.next(after: .fetched) == .confirm(offered))
+        #expect(machine.hasKeptMessage)
+        #expect(machine.next(after: .confirmed) == .handle)
+        #expect(machine.next(after: .handled) == .push)
+        #expect(!machine.hasKeptMessage && machine.hasKeptReply)
+        #expect(machine.next(after: .pushed) == .pull)
+        #expect(!machine.hasKeptReply)
+    }
+
+    @Test func aKnownNodeActivatesWithoutRegistering() {
+        var machine = Machine(registered: true, hasKeptMessage: false, hasKeptReply: false)
+        #expect(machine.next(after: .started) == .activate)
+    }
+
+    @Test func aKeptReplyIsPushedBeforeAnythingElse() {
+        var machine = Machine(registered: true, hasKeptMessage: true, hasKeptReply: true)
+        #expect(machine.next(after: .started) == .activate)
+        #expect(machine.next(after: .activated(nodeID: 1)) == .push)
+        #expect(machine.next(after: .pushed) == .pull)
+    }
+
+    @Test func aKeptMessageIsHandledBeforePulling() {
+        var machine = Machine(registered: true, hasKeptMessage: true, hasKeptReply: false)
+        _ = machine.next(after: .started)
+        #expect(machine.next(after: .activated(nodeID: 1)) == .handle)
+        #expect(machine.next(after: .handled) == .push)
+    }
+
+    @Test func aMessageThatCannotBeFetchedIsAnsweredWithAnError() {
+        var machine = active()
+        _ = machine.next(after: .activated(nodeID: 1))
+        _ = machine.next(after: .pulled(offered))
+        let missing = FlowerError(.missingObject, "no object")
+        #expect(machine.next(after: .fetchFailed(missing)) == .replyWithError(offered, missing))
+        #expect(machine.next(after: .handled) == .push)
+    }
+
+    @Test func connectionFailuresRetryTheSameStepWithGrowingWaits() {
+        var machine = active()
+        _ = machine.next(after: .activated(nodeID: 1))
+        _ = machine.next(after: .pulled(offered))
+        _ = machine.next(after: .fetched)
+        _ = machine.next(after: .confirmed)
+        #expect(machine.next(after: .handled) == .push)
+        #expect(machine.next(after: .failed(unreachable)) == .wait(.seconds(1)))
+        #expect(machine.next(after: .waited) == .push)
+        #expect(machine.next(after: .failed(unreachable)) == .wait(.seconds(2)))
+        #expect(machine.next(after: .waited) == .push)
+        #expect(machine.next(after: .failed(unreachable)) == .wait(.seconds(4)))
+        #expect(machine.hasKeptReply, "the reply is kept while the SuperLink is away")
+        #expect(machine.next(after: .waited) == .push)
+        #expect(machine.next(after: .pushed) == .pull)
+        #expect(machine.failures == 0)
+    }
+
+    @Test func backoffStopsAtItsMaximum() {
+        var machine = active()
+        _ = machine.next(after: .activated(nodeID: 1))
+        var last = Machine.Action.pull
+        for _ in 0..<12 {
+            last = machine.next(after: .failed(unreachable))
+            _ = machine.next(after: .waited)
+        }
+        #expect(last == .wait(.seconds(30)))
+    }
+
+    @Test func aRefusedReplyIsDiscardedNotRetriedForever() {
+        var machine = active(reply: true)
+        #expect(machine.next(after: .activated(nodeID: 1)) == .push)
+        let refused = FlowerError(.superlinkRefused, "run finished", httpStatus: 400)
+        #expect(machine.next(after: .failed(refused)) == .discardReply(refused))
+        #expect(machine.next(after: .discarded) == .pull)
+        #expect(!machine.hasKeptReply)
+    }
+
+    @Test func aServerErrorOnPushIsRetried() {
+        var machine = active(reply: true)
+        _ = machine.next(after: .activated(nodeID: 1))
+        #expect(machine.next(after: .failed(FlowerError(.superlinkRefused, "busy", httpStatus: 503))) == .wait(.seconds(1)))
+        #expect(machine.hasKeptReply)
+    }
+
+    @Test func unauthorizedRegistersAgain() {
+        var machine = active()
+        _ = machine.next(after: .activated(nodeID: 1))
+        #expect(machine.next(after: .failed(FlowerError(.unauthorized, "unknown node"))) == .register)
+        #expect(!machine.registered)
+        #expect(machine.nodeID == nil)
+        #expect(machine.next(after: .registered) == .activate)
+    }
+
+    @Test func theWindowEndingMidTrainingKeepsTheMessageAndDeactivates() {
+        var machine = active()
+        _ = machine.next(after: .activated(nodeID: 1))
+        _ = machine.next(after: .pulled(offered))
+        _ = machine.next(after: .fetched)
+        #expect(machine.next(after: .confirmed) == .handle)
+        #expect(machine.next(after: .failed(FlowerError(.cancelled, "window ended"))) == .deactivate)
+        #expect(machine.hasKeptMessage)
+        #expect(machine.next(after: .deactivated) == .finish)
+        #expect(machine.isFinished)
+    }
+
+    @Test func theWindowEndingWhileWaitingDeactivates() {
+        var machine = active()
+        _ = machine.next(after: .activated(nodeID: 1))
+        #expect(machine.next(after: .pulled(nil)) == .wait(.seconds(1)))
+        #expect(machine.next(after: .windowEnding) == .deactivate)
+        #expect(machine.next(after: .deactivated) == .finish)
+    }
+
+    @Test func theWindowEndingBeforeActivationFinishesWithoutDeactivating() {
+        var machine = Machine(registered: true, hasKeptMessage: false, hasKeptReply: false)
+        _ = machine.next(after: .started)
+        #expect(machine.next(after: .windowEnding) == .finish)
+    }
+
+    @Test func aFailedDeactivationStillFinishes() {
+        var machine = active()
+        _ = machine.next(after: .activated(nodeID: 1))
+        #expect(machine.next(after: .windowEnding) == .deactivate)
+        #expect(machine.next(after: .failed(unreachable)) == .finish)
+    }
+
+    @Test func aRefusedConfirmationStillHandlesTheFetchedMessage() {
+        var machine = active()
+        _ = machine.next(after: .activated(nodeID: 1))
+        _ = machine.next(after: .pulled(offered))
+        _ = machine.next(after: .fetched)
+        #expect(machine.next(after: .failed(FlowerError(.superlinkRefused, "gone", httpStatus: 404))) == .wait(.seconds(1)))
+        #expect(machine.next(after: .waited) == .handle)
+    }
+}
