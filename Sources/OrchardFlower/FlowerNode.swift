@@ -91,7 +91,9 @@ public actor FlowerNode {
     public func runWindow() async throws(FlowerError) {
         let superlink = configuration.superlink.description
         var machine = FlowerNodeMachine(
-            registered: try store.isRegistered(with: superlink), hasKeptMessage: try store.keptMessage() != nil, hasKeptReply: try store.keptReply() != nil,
+            registered: try store.isRegistered(with: superlink),
+            keptMessage: try store.keptMessage().map { OfferedMessage(runID: $0.runID, messageID: $0.messageID, messageType: $0.messageType) },
+            hasKeptReply: try store.keptReply() != nil,
             timing: .init(pollInterval: configuration.pollInterval)
         )
         var heartbeat: Task<Void, Never>?
@@ -112,8 +114,12 @@ public actor FlowerNode {
                 } catch where error.code == .storage {
                     throw error
                 } catch {
-                    if error.code != .cancelled { onEvent(.retrying(error)) }
-                    configuration.logger.warning("flower: \(action) failed", metadata: ["error": "\(error)"])
+                    if error.code == .cancelled {
+                        configuration.logger.debug("flower: the window ended during \(action)")
+                    } else {
+                        onEvent(.retrying(error))
+                        configuration.logger.warning("flower: \(action) failed", metadata: ["error": "\(error)"])
+                    }
                     event = .failed(error)
                 }
             }

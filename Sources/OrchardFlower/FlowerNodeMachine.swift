@@ -21,7 +21,7 @@ package struct OfferedMessage: Sendable, Hashable {
 ///
 /// One message at a time, as Flower's SuperNode does: pull → fetch its objects → confirm receipt → handle (train or
 /// evaluate; a bad message becomes an error reply) → push the reply → pull again. A message whose objects were
-/// fetched and confirmed is kept (the SuperLink deletes it once confirmed) and a reply is kept until pushed, so a
+/// fetched is kept (the SuperLink deletes it once confirmed) and a reply is kept until pushed, so a
 /// window that ends at any point loses neither: the next window handles the kept message or pushes the kept reply
 /// (once) before it pulls again. Connection failures wait with exponential backoff and retry the same step; a 401
 /// (the SuperLink no longer knows the node, e.g. it restarted) registers the node again.
@@ -110,8 +110,10 @@ package struct FlowerNodeMachine: Sendable {
 
     /// Whether the SuperLink knows the node's key (kept across windows).
     package private(set) var registered: Bool
-    /// Whether a fetched, confirmed message waits to be handled (kept across windows).
-    package private(set) var hasKeptMessage: Bool
+    /// The fetched message waiting to be handled (kept across windows).
+    package private(set) var keptMessage: OfferedMessage?
+    /// Whether a fetched message waits to be handled.
+    package var hasKeptMessage: Bool { keptMessage != nil }
     /// Whether a reply waits to be pushed (kept across windows).
     package private(set) var hasKeptReply: Bool
     /// The node id of this window's activation.
@@ -123,9 +125,9 @@ package struct FlowerNodeMachine: Sendable {
     private let timing: Timing
 
     /// A machine starting from what the node kept.
-    package init(registered: Bool, hasKeptMessage: Bool, hasKeptReply: Bool, timing: Timing = Timing()) {
+    package init(registered: Bool, keptMessage: OfferedMessage?, hasKeptReply: Bool, timing: Timing = Timing()) {
         self.registered = registered
-        self.hasKeptMessage = hasKeptMessage
+        self.keptMessage = keptMessage
         self.hasKeptReply = hasKeptReply
         self.timing = timing
     }
@@ -153,7 +155,7 @@ package struct FlowerNodeMachine: Sendable {
         case .fetched:
             failures = 0
             guard case .fetching(let offered) = phase else { return unexpected() }
-            hasKeptMessage = true
+            keptMessage = offered
             return begin(.confirming(offered))
         case .fetchFailed(let error):
             guard case .fetching(let offered) = phase else { return unexpected() }
@@ -164,7 +166,7 @@ package struct FlowerNodeMachine: Sendable {
             failures = 0
             return begin(.handling)
         case .handled:
-            hasKeptMessage = false
+            keptMessage = nil
             hasKeptReply = true
             return begin(.pushing)
         case .pushed, .discarded:
@@ -186,10 +188,11 @@ package struct FlowerNodeMachine: Sendable {
         }
     }
 
-    /// After activation: push a kept reply, else handle a kept message, else pull.
+    /// After activation: push a kept reply, else confirm and handle a kept message (the window that fetched it may
+    /// have ended before its confirmation; confirming again is harmless), else pull.
     private mutating func afterActivation() -> Action {
         if hasKeptReply { return begin(.pushing) }
-        if hasKeptMessage { return begin(.handling) }
+        if let keptMessage { return begin(.confirming(keptMessage)) }
         return begin(.pulling)
     }
 
@@ -233,12 +236,14 @@ package struct FlowerNodeMachine: Sendable {
     }
 
     private mutating func failed(_ error: FlowerError) -> Action {
-        if error.code == .cancelled || ending { return endWindow() }
-        switch phase {
-        case .deactivating:
+        if phase == .deactivating {
+            // The SuperLink will expire the node; the window ends either way.
             nodeID = nil
             phase = .finished
             return .finish
+        }
+        if error.code == .cancelled || ending { return endWindow() }
+        switch phase {
         case .waiting(let then):
             return begin(then)
         case .pushing where error.code == .superlinkRefused && error.httpStatus.map({ (400..<500).contains($0) }) == true:

@@ -62,7 +62,9 @@ public typealias RecordDict = FlowerDict<FlowerRecord>
 /// for those; a value that fits `Int64` is encoded and decoded as ``int(_:)``/``ints(_:)``, as flwr does, and an
 /// empty list of any kind as ``doubles(_:)`` (flwr's first choice for `[]`).
 public enum MetricValue: Sendable, Hashable {
+    /// A number: an integer (signed, or unsigned above `Int64.max`) or a float.
     case int(Int64), uint(UInt64), double(Double)
+    /// A list of numbers of one kind.
     case ints([Int64]), uints([UInt64]), doubles([Double])
 }
 
@@ -71,7 +73,9 @@ public enum MetricValue: Sendable, Hashable {
 /// As with ``MetricValue``, unsigned integers are for values above `Int64.max`; an empty list of any kind is
 /// encoded and decoded as ``bools(_:)`` (flwr's first choice for `[]` in a config).
 public enum ConfigValue: Sendable, Hashable {
+    /// A scalar: a bool, an integer (signed, or unsigned above `Int64.max`), a float, a string or bytes.
     case bool(Bool), int(Int64), uint(UInt64), double(Double), string(String), bytes([UInt8])
+    /// A list of scalars of one kind.
     case bools([Bool]), ints([Int64]), uints([UInt64]), doubles([Double]), strings([String]), bytesList([[UInt8]])
 
     /// The metric value as a config value.
@@ -112,6 +116,7 @@ public enum ConfigValue: Sendable, Hashable {
 
 /// One record of a `RecordDict`.
 public enum FlowerRecord: Sendable, Equatable {
+    /// An `ArrayRecord`, a `MetricRecord` or a `ConfigRecord`.
     case arrays(ArrayRecord), metrics(MetricRecord), configs(ConfigRecord)
 
     /// The record when it is an `ArrayRecord`.

@@ -1,6 +1,7 @@
 /// The element types Orchard reads and writes in Flower arrays and `.npy` files, named as NumPy names them
 /// (`str(ndarray.dtype)`, which is what a Flower `Array` records as its `dtype`).
 public enum NumPyDType: String, Sendable, Hashable, CaseIterable {
+    /// Little-endian floats, signed and unsigned integers, and one-byte booleans.
     case float32, float64, int8, int16, int32, int64, uint8, uint16, uint32, uint64, bool
 
     /// Bytes per element.

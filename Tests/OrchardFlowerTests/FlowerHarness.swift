@@ -54,8 +54,8 @@ func freePort() throws -> Int {
     return Int(UInt16(bigEndian: address.sin_port))
 }
 
-/// A Flower process (SuperLink, Python SuperNode) in its own session, so that stopping it stops the children it
-/// starts (`flower-superexec`, `flwr-clientapp`, `flwr-serverapp`).
+/// A Flower process (SuperLink, Python SuperNode) in its own process group, so that stopping it stops the children
+/// it starts there (`flower-superexec` starts its own session and exits when its parent does).
 final class FlowerProcess: @unchecked Sendable {
     let process = Process()
     let log: URL
@@ -64,8 +64,9 @@ final class FlowerProcess: @unchecked Sendable {
     init(_ command: String, _ arguments: [String], home: URL, log: URL) throws {
         self.log = log
         FileManager.default.createFile(atPath: log.path, contents: nil)
-        process.executableURL = URL(fileURLWithPath: "/usr/bin/setsid")
-        process.arguments = [FlowerInstallation.bin.appendingPathComponent(command).path] + arguments
+        // Foundation starts the child as the leader of its own process group; stopping signals that group.
+        process.executableURL = FlowerInstallation.bin.appendingPathComponent(command)
+        process.arguments = arguments
         process.environment = Self.environment(home: home)
         let handle = try FileHandle(forWritingTo: log)
         process.standardOutput = handle
@@ -133,11 +134,11 @@ final class SuperLinkFixture: @unchecked Sendable {
     private func waitForHealth() async throws {
         let url = URL(string: "http://127.0.0.1:\(port)/health")!
         for _ in 0..<600 {
-            guard superlink.process.isRunning else { throw FixtureError("flower-superlink exited: \(superlink.output.suffix(2000))") }
+            guard superlink.process.isRunning else { throw FlowerRunError("flower-superlink exited: \(superlink.output.suffix(2000))") }
             if let (_, response) = try? await URLSession.shared.data(from: url), (response as? HTTPURLResponse)?.statusCode == 200 { return }
             try await Task.sleep(for: .milliseconds(100))
         }
-        throw FixtureError("flower-superlink did not answer /health within 60 s: \(superlink.output.suffix(2000))")
+        throw FlowerRunError("flower-superlink did not answer /health within 60 s: \(superlink.output.suffix(2000))")
     }
 
     /// Starts a Python SuperNode of the test app on partition `partition`.
@@ -167,13 +168,13 @@ final class SuperLinkFixture: @unchecked Sendable {
         while process.isRunning {
             if clock.now > deadline {
                 process.terminate()
-                throw FixtureError("flwr run did not finish within \(timeout): \((try? String(contentsOf: log, encoding: .utf8))?.suffix(3000) ?? "")")
+                throw FlowerRunError("flwr run did not finish within \(timeout): \((try? String(contentsOf: log, encoding: .utf8))?.suffix(3000) ?? "")")
             }
             try await Task.sleep(for: .milliseconds(200))
         }
         let text = (try? String(contentsOf: log, encoding: .utf8)) ?? ""
         guard let data = try? Data(contentsOf: output), let json = try JSONSerialization.jsonObject(with: data) as? [String: Any] else {
-            throw FixtureError("the ServerApp wrote no result (flwr run exited \(process.terminationStatus)): \(text.suffix(3000))")
+            throw FlowerRunError("the ServerApp wrote no result (flwr run exited \(process.terminationStatus)): \(text.suffix(3000))")
         }
         return json
     }
@@ -186,7 +187,7 @@ final class SuperLinkFixture: @unchecked Sendable {
     deinit { stop() }
 }
 
-struct FixtureError: Error, CustomStringConvertible {
+struct FlowerRunError: Error, CustomStringConvertible {
     var description: String
     init(_ description: String) { self.description = description }
 }

@@ -9,14 +9,14 @@ import Testing
     let unreachable = FlowerError(.superlinkUnreachable, "connection refused")
 
     func active(registered: Bool = true, message: Bool = false, reply: Bool = false) -> Machine {
-        var machine = Machine(registered: registered, hasKeptMessage: message, hasKeptReply: reply)
+        var machine = Machine(registered: registered, keptMessage: message ? offered : nil, hasKeptReply: reply)
         _ = machine.next(after: .started)
         if !registered { _ = machine.next(after: .registered) }
         return machine
     }
 
     @Test func aFirstWindowRegistersActivatesPullsAndRunsARound() {
-        var machine = Machine(registered: false, hasKeptMessage: false, hasKeptReply: false)
+        var machine = Machine(registered: false, keptMessage: nil, hasKeptReply: false)
         #expect(machine.next(after: .started) == .register)
         #expect(machine.next(after: .registered) == .activate)
         #expect(machine.registered)
@@ -35,22 +35,24 @@ import Testing
     }
 
     @Test func aKnownNodeActivatesWithoutRegistering() {
-        var machine = Machine(registered: true, hasKeptMessage: false, hasKeptReply: false)
+        var machine = Machine(registered: true, keptMessage: nil, hasKeptReply: false)
         #expect(machine.next(after: .started) == .activate)
     }
 
     @Test func aKeptReplyIsPushedBeforeAnythingElse() {
-        var machine = Machine(registered: true, hasKeptMessage: true, hasKeptReply: true)
+        var machine = Machine(registered: true, keptMessage: offered, hasKeptReply: true)
         #expect(machine.next(after: .started) == .activate)
         #expect(machine.next(after: .activated(nodeID: 1)) == .push)
         #expect(machine.next(after: .pushed) == .pull)
     }
 
-    @Test func aKeptMessageIsHandledBeforePulling() {
-        var machine = Machine(registered: true, hasKeptMessage: true, hasKeptReply: false)
+    @Test func aKeptMessageIsConfirmedAndHandledBeforePulling() {
+        var machine = Machine(registered: true, keptMessage: offered, hasKeptReply: false)
         _ = machine.next(after: .started)
-        #expect(machine.next(after: .activated(nodeID: 1)) == .handle)
+        #expect(machine.next(after: .activated(nodeID: 1)) == .confirm(offered))
+        #expect(machine.next(after: .confirmed) == .handle)
         #expect(machine.next(after: .handled) == .push)
+        #expect(machine.next(after: .pushed) == .pull)
     }
 
     @Test func aMessageThatCannotBeFetchedIsAnsweredWithAnError() {
@@ -137,7 +139,7 @@ import Testing
     }
 
     @Test func theWindowEndingBeforeActivationFinishesWithoutDeactivating() {
-        var machine = Machine(registered: true, hasKeptMessage: false, hasKeptReply: false)
+        var machine = Machine(registered: true, keptMessage: nil, hasKeptReply: false)
         _ = machine.next(after: .started)
         #expect(machine.next(after: .windowEnding) == .finish)
     }

@@ -1,7 +1,13 @@
-"""FedAvg over the MLP; writes every round's aggregated replies and the final arrays to `output` (JSON)."""
-import json
+"""FedAvg over the MLP; writes every round's aggregated replies and the final arrays to `output` (JSON).
 
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context
+With `mode = "probe"` it instead sends one node a series of bad messages (and a good one last) and records each
+reply's error or metrics.
+"""
+import json
+import time
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
@@ -22,11 +28,11 @@ class RecordingFedAvg(FedAvg):
         seen = []
         for reply in replies:
             if reply.has_error():
-                seen.append({"node_id": reply.metadata.src_node_id, "error": reply.error.reason})
+                seen.append({"node_id": str(reply.metadata.src_node_id), "error": reply.error.reason})
                 continue
             arrays = reply.content["arrays"]
             seen.append({
-                "node_id": reply.metadata.src_node_id,
+                "node_id": str(reply.metadata.src_node_id),
                 "num_examples": int(reply.content["metrics"]["num-examples"]),
                 "arrays": {name: arrays[name].numpy().astype(float).ravel().tolist() for name in arrays.keys()},
             })
@@ -34,9 +40,51 @@ class RecordingFedAvg(FedAvg):
         return super().aggregate_train(server_round, replies)
 
 
+def _arrays(weights) -> ArrayRecord:
+    return ArrayRecord({name: Array(a) for name, a in zip(mlp.NAMES, weights)})
+
+
+def probe(grid: Grid, config) -> None:
+    """Sends bad messages to the first node, one at a time, and records the replies."""
+    deadline = time.time() + 120
+    while not list(grid.get_node_ids()):
+        if time.time() > deadline:
+            raise RuntimeError("no node connected")
+        time.sleep(0.5)
+    node = sorted(grid.get_node_ids())[0]
+    good = mlp.initial(int(config["seed"]))
+    train_config = ConfigRecord({"lr": 0.1, "local-epochs": 1, "batch-size": 8})
+    wrong_shape = [a.copy() for a in good]
+    wrong_shape[0] = np.zeros((4, 8), dtype=np.float32)
+    cases = {
+        "unknown_type": RecordDict({"config": ConfigRecord({"x": 1})}),
+        "wrong_shape": RecordDict({"arrays": _arrays(wrong_shape), "config": train_config}),
+        "wrong_count": RecordDict({"arrays": _arrays(good[:3]), "config": train_config}),
+        "wrong_dtype": RecordDict({"arrays": ArrayRecord({n: Array(a.astype(np.int64)) for n, a in zip(mlp.NAMES, good)}), "config": train_config}),
+        "no_arrays": RecordDict({"config": train_config}),
+        "bad_learning_rate": RecordDict({"arrays": _arrays(good), "config": ConfigRecord({"lr": -1.0})}),
+        "good": RecordDict({"arrays": _arrays(good), "config": train_config}),
+    }
+    results = {}
+    for name, content in cases.items():
+        message_type = "query" if name == "unknown_type" else "train"
+        replies = list(grid.send_and_receive([Message(content, dst_node_id=node, message_type=message_type)], timeout=120))
+        if not replies:
+            results[name] = {"missing": True}
+        elif replies[0].has_error():
+            results[name] = {"error_code": replies[0].error.code, "error": replies[0].error.reason}
+        else:
+            results[name] = {"metrics": dict(replies[0].content["metrics"])}
+    with open(str(config["output"]), "w") as f:
+        json.dump({"node_id": str(node), "cases": results}, f)
+
+
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     config = context.run_config
+    if config["mode"] == "probe":
+        probe(grid, config)
+        return
     nodes = int(config["min-nodes"])
     strategy = RecordingFedAvg(fraction_train=1.0, fraction_evaluate=1.0, min_train_nodes=nodes, min_evaluate_nodes=nodes, min_available_nodes=nodes)
     initial = ArrayRecord({name: Array(a) for name, a in zip(mlp.NAMES, mlp.initial(int(config["seed"])))})

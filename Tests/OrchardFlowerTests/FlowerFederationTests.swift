@@ -1,0 +1,210 @@
+import Foundation
+import OrchardData
+import OrchardFlower
+import OrchardFormats
+import OrchardML
+import OrchardSupport
+import OrchardTesting
+import Synchronization
+import Testing
+
+/// Orchard devices in a real Flower federation: `flower-superlink` on loopback, the test app's ServerApp (FedAvg over
+/// the MLP in FlowerApp/orchardflowertest/mlp.py) submitted with `flwr run`, and Orchard nodes (in this process, or
+/// the `orchard flower join` executable) beside Python SuperNodes.
+@Suite(.serialized, FlowerInstallation.requirement, .timeLimit(.minutes(10)))
+struct FlowerFederationTests {
+    /// The Orchard twin of mlp.py's model: dense 4→8, ReLU, dense 8→3, softmax; cross-entropy, SGD.
+    static let modelJSON = #"""
+    {"format_version":2,"name":"flower-mlp","inputs":[{"name":"x","shape":[4],"categorical":false}],
+     "layers":[{"name":"fc1","type":"dense","inputs":["x"],"units":8,"input_size":4},
+               {"name":"act","type":"relu","inputs":["fc1"]},
+               {"name":"fc2","type":"dense","inputs":["act"],"units":3,"input_size":8},
+               {"name":"probs","type":"softmax","inputs":["fc2"]}],
+     "output":"probs",
+     "training":{"loss":"crossEntropy","optimizer":{"type":"sgd","learning_rate":0.1},"epochs":1,"batch_size":8}}
+    """#
+
+    static func model() throws -> ModelSpec { try ModelSpec.decode(json: Data(modelJSON.utf8)) }
+
+    /// A seeded 3-class problem like mlp.py's (class centres plus noise), `samples` rows.
+    static func dataset(seed: UInt64, samples: Int) throws -> TensorDataset {
+        var random = OrchardRandom(seed: seed)
+        let centres: [[Float]] = [[1, 0, 0, 1], [0, 1, 1, 0], [1, 1, 0, 0]]
+        var x: [Float] = []
+        var y: [Float] = []
+        for _ in 0..<samples {
+            let label = Int.random(in: 0..<3, using: &random)
+            y.append(Float(label))
+            x += centres[label].map { $0 + Float.random(in: -0.5...0.5, using: &random) }
+        }
+        return try TensorDataset(inputs: ["x": Tensor(shape: [samples, 4], scalars: x)], targets: Tensor(shape: [samples, 1], scalars: y))
+    }
+
+    /// What a node did, in order.
+    final class Recorder: Sendable {
+        private let events = Mutex<[FlowerNodeEvent]>([])
+        func record(_ event: FlowerNodeEvent) { events.withLock { $0.append(event) } }
+        var all: [FlowerNodeEvent] { events.withLock { $0 } }
+        var nodeID: UInt64? {
+            all.compactMap { if case .activated(let id) = $0 { id } else { nil } }.last
+        }
+        /// The arrays of each `train` answer, in order (round r is the r-th).
+        var trainAnswers: [(arrays: [NamedArray], samples: Double)] {
+            all.compactMap {
+                if case .answered(_, "train", let arrays, let metrics) = $0 { (arrays, metrics["num-examples"] ?? 0) } else { nil }
+            }
+        }
+    }
+
+    static func node(_ link: SuperLinkFixture, state: URL, data: TensorDataset) throws -> (FlowerNode, Recorder) {
+        let recorder = Recorder()
+        let app = try FlowerLocalApp(model: try model(), dataset: data)
+        let configuration = FlowerNodeConfiguration(
+            superlink: try SuperLinkAddress(link.address, trustRoots: nil), stateDirectory: state, pollInterval: .milliseconds(200)
+        )
+        return (try FlowerNode(configuration: configuration, app: app) { recorder.record($0) }, recorder)
+    }
+
+    static func temporaryDirectory() throws -> URL {
+        let url = FileManager.default.temporaryDirectory.appendingPathComponent("orchard-flower-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: url, withIntermediateDirectories: true)
+        return url
+    }
+
+    /// The values of a JSON array of numbers.
+    static func floats(_ value: Any?) -> [Double] { (value as? [Any] ?? []).compactMap { ($0 as? NSNumber)?.doubleValue } }
+
+    @Test func twoOrchardDevicesRunThreeFedAvgRoundsAndTheGlobalModelIsTheWeightedAverage() async throws {
+        let directory = try Self.temporaryDirectory()
+        let link = try await SuperLinkFixture(directory: directory)
+        defer { link.stop() }
+        // Different data sizes, so that the weighting matters.
+        let (first, firstEvents) = try Self.node(link, state: directory.appendingPathComponent("a"), data: try Self.dataset(seed: 1, samples: 40))
+        let (second, secondEvents) = try Self.node(link, state: directory.appendingPathComponent("b"), data: try Self.dataset(seed: 2, samples: 24))
+        let windows = [Task { try await first.runWindow() }, Task { try await second.runWindow() }]
+        let result = try await link.run(config: ["num-server-rounds": "3"], output: directory.appendingPathComponent("result.json"))
+        for window in windows { window.cancel() }
+        for window in windows { try await window.value }
+
+        let rounds = try #require(result["rounds"] as? [[String: Any]])
+        #expect(rounds.count == 3)
+        let devices = [(firstEvents, 40.0), (secondEvents, 24.0)]
+        for (recorder, samples) in devices {
+            #expect(recorder.trainAnswers.count == 3, "each device answered every round's train message")
+            #expect(recorder.trainAnswers.allSatisfy { $0.samples == samples })
+            #expect(recorder.all.contains { if case .deactivated = $0 { true } else { false } })
+        }
+        // What the ServerApp aggregated is, bit for bit, what each device sent.
+        for (index, round) in rounds.enumerated() {
+            let replies = try #require(round["replies"] as? [[String: Any]])
+            #expect(replies.count == 2)
+            for (recorder, samples) in devices {
+                let id = try #require(recorder.nodeID)
+                let reply = try #require(replies.first { $0["node_id"] as? String == String(id) }, "round \(index + 1) has node \(id)'s reply")
+                #expect((reply["num_examples"] as? NSNumber)?.doubleValue == samples)
+                let arrays = try #require(reply["arrays"] as? [String: Any])
+                for sent in recorder.trainAnswers[index].arrays {
+                    // As float32: Foundation's JSON reader may be off in a double's last digit, never by a float32 ulp.
+                    #expect(Self.floats(arrays[sent.name]).map { Float($0) } == sent.values, "round \(index + 1), \(sent.name)")
+                }
+            }
+        }
+        // The final global arrays are the sample-weighted average of the devices' last updates.
+        let final = try #require(result["final"] as? [String: Any])
+        let lastA = firstEvents.trainAnswers[2].arrays
+        let lastB = secondEvents.trainAnswers[2].arrays
+        for (a, b) in zip(lastA, lastB) {
+            let expected = zip(a.values, b.values).map { (Double($0) * 40 + Double($1) * 24) / 64 }
+            let global = Self.floats(final[a.name])
+            #expect(global.count == expected.count)
+            let worst = zip(global, expected).map { abs($0 - $1) }.max() ?? .infinity
+            #expect(worst < 1e-6, "\(a.name): largest difference \(worst)")
+        }
+        // The devices learned something: the last round's training loss is below the first's.
+        let losses = firstEvents.all.compactMap { if case .answered(_, "train", _, let m) = $0 { m["train_loss"] } else { nil } }
+        #expect(losses.count == 3 && losses[2] < losses[0])
+    }
+
+    @Test func anOrchardDeviceAndAPythonSuperNodeShareARun() async throws {
+        let directory = try Self.temporaryDirectory()
+        let link = try await SuperLinkFixture(directory: directory)
+        defer { link.stop() }
+        try link.startPythonNode(partition: 1, directory: directory)
+        // The Orchard device through the CLI: `orchard flower join`.
+        let data = directory.appendingPathComponent("data.safetensors")
+        try Data(DeviceDataFile.encode(try Self.dataset(seed: 3, samples: 32))).write(to: data)
+        let model = directory.appendingPathComponent("model.json")
+        try Self.modelJSON.write(to: model, atomically: true, encoding: .utf8)
+        let join = Process()
+        join.executableURL = try OrchardExecutable.url()
+        join.arguments = [
+            "flower", "join", "--superlink", link.address, "--insecure", "--model", model.path, "--data", data.path,
+            "--state-directory", directory.appendingPathComponent("node").path, "--poll-interval", "0.2", "--node-config", "seed=5",
+        ]
+        let output = directory.appendingPathComponent("join.out")
+        FileManager.default.createFile(atPath: output.path, contents: nil)
+        join.standardOutput = try FileHandle(forWritingTo: output)
+        join.standardError = FileHandle.nullDevice
+        try join.run()
+        defer { if join.isRunning { join.terminate() } }
+
+        let result = try await link.run(config: ["num-server-rounds": "3"], output: directory.appendingPathComponent("result.json"))
+        join.terminate()
+        join.waitUntilExit()
+        let lines = try String(contentsOf: output, encoding: .utf8).split(separator: "\n").compactMap {
+            try JSONSerialization.jsonObject(with: Data($0.utf8)) as? [String: Any]
+        }
+        let events = lines.compactMap { $0["event"] as? String }
+        #expect(events.first == "started")
+        #expect(events.last == "stopped", "SIGTERM ends the node cleanly: \(events)")
+        #expect(events.contains("deactivated"))
+        let nodeID = try #require(lines.first { $0["event"] as? String == "activated" }?["node_id"] as? NSNumber).stringValue
+        #expect(lines.filter { $0["event"] as? String == "answered" && $0["message_type"] as? String == "train" }.count == 3)
+
+        let rounds = try #require(result["rounds"] as? [[String: Any]])
+        #expect(rounds.count == 3)
+        for round in rounds {
+            let replies = try #require(round["replies"] as? [[String: Any]])
+            #expect(replies.count == 2)
+            #expect(replies.contains { $0["node_id"] as? String == nodeID }, "the Orchard device answered")
+            #expect(replies.allSatisfy { $0["error"] == nil })
+        }
+        // FedAvg over one Orchard and one Python reply: the final arrays are their weighted average.
+        let last = try #require(rounds.last?["replies"] as? [[String: Any]])
+        let final = try #require(result["final"] as? [String: Any])
+        let weights = last.map { ($0["num_examples"] as? NSNumber)?.doubleValue ?? 0 }
+        #expect(weights.contains(32) && weights.contains(40))
+        for name in ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"] {
+            let parts = last.map { Self.floats(($0["arrays"] as? [String: Any])?[name]) }
+            let expected = (0..<parts[0].count).map { i in zip(parts, weights).map { $0[i] * $1 }.reduce(0, +) / weights.reduce(0, +) }
+            let worst = zip(Self.floats(final[name]), expected).map { abs($0 - $1) }.max() ?? .infinity
+            #expect(worst < 1e-6, "\(name): largest difference \(worst)")
+        }
+    }
+
+    @Test func badMessagesGetErrorRepliesAndTheNodeKeepsServing() async throws {
+        let directory = try Self.temporaryDirectory()
+        let link = try await SuperLinkFixture(directory: directory)
+        defer { link.stop() }
+        let (node, events) = try Self.node(link, state: directory.appendingPathComponent("a"), data: try Self.dataset(seed: 1, samples: 16))
+        let window = Task { try await node.runWindow() }
+        let result = try await link.run(config: ["mode": "'probe'"], output: directory.appendingPathComponent("result.json"))
+        window.cancel()
+        try await window.value
+
+        let cases = try #require(result["cases"] as? [String: [String: Any]])
+        func error(_ name: String) -> String { cases[name]?["error"] as? String ?? "no error reply: \(cases[name] ?? [:])" }
+        #expect(error("unknown_type").contains("unsupported_message") && error("unknown_type").contains("'query'"))
+        #expect(error("wrong_shape").contains("array_mismatch") && error("wrong_shape").contains("fc1.weight"))
+        #expect(error("wrong_count").contains("array_mismatch") && error("wrong_count").contains("3 arrays"))
+        #expect(error("wrong_dtype").contains("fc1.weight"))
+        #expect(error("no_arrays").contains("no ArrayRecord"))
+        #expect(error("bad_learning_rate").contains("learning rate"))
+        for name in ["unknown_type", "wrong_shape", "wrong_count", "wrong_dtype", "no_arrays", "bad_learning_rate"] {
+            #expect((cases[name]?["error_code"] as? NSNumber)?.intValue == 2, "\(name) is an app error (CLIENT_APP_RAISED_EXCEPTION)")
+        }
+        let metrics = try #require(cases["good"]?["metrics"] as? [String: Any], "after six bad messages the node still trains: \(cases["good"] ?? [:])")
+        #expect((metrics["num-examples"] as? NSNumber)?.intValue == 16)
+        #expect(events.all.filter { if case .answeredWithError = $0 { true } else { false } }.count == 6)
+    }
+}
