@@ -1,4 +1,5 @@
 public import Foundation
+import OrchardCharts
 import OrchardSupport
 
 /// Writes a run's results into a directory: `metrics.jsonl` (one record a round, appended as the run goes, so a
@@ -83,78 +84,84 @@ public struct ReportWriter: Sendable {
     }
 }
 
-/// The HTML report: summary table and inline SVG line charts, no scripts, no network.
+/// The HTML report: summary table and inline SVG charts (drawn by OrchardCharts, as the dashboard's are), no scripts,
+/// no network.
 public enum HTMLReport {
-    /// One series of a chart.
-    public struct Series: Sendable {
-        /// Legend label.
-        public var label: String
-        /// CSS colour.
-        public var color: String
-        /// Points (x, y).
-        public var points: [(x: Double, y: Double)]
-
-        /// Creates a series.
-        public init(label: String, color: String, points: [(x: Double, y: Double)]) {
-            self.label = label
-            self.color = color
-            self.points = points
-        }
-    }
-
-    /// Renders the page.
+    /// Renders the page: the headline chart first (test accuracy for a classifier, RMSE for a regressor; quality charts
+    /// start from the initial model at round 0), then loss, privacy, participation as stacked bars per round, traffic
+    /// in MB and the fleet's availability.
     public static func render(title: String, summary: SimulationSummary, rounds: [RoundMetrics]) -> String {
-        var charts: [String] = []
-        if rounds.contains(where: { $0.testAccuracy != nil }) {
-            charts.append(lineChart(title: "Test accuracy", xLabel: "round", series: [
-                Series(label: "accuracy", color: "#1f77b4", points: rounds.compactMap { r in r.testAccuracy.map { (Double(r.round), $0) } }),
-            ]))
+        let round = Axis("round", format: .count)
+        func series(_ name: String, _ color: ChartColor? = nil, style: SeriesStyle = .solid, _ value: (RoundMetrics) -> Double?) -> Series {
+            Series(name, rounds.compactMap { r in value(r).map { (Double(r.round), $0) } }, color: color, style: style)
         }
+        func perRound(_ caption: String, _ y: Axis, _ lines: [Series], headline: Bool = false, note: String? = nil) -> String {
+            figure(caption, headline: headline, note: note) { LineChart(title: caption, x: round, y: y, series: lines, width: $0, height: $1).render() }
+        }
+        /// A quality metric per round, from the initial model's at round 0.
+        func quality(_ name: String, _ color: ChartColor, initial: Double?, _ value: (RoundMetrics) -> Double?) -> Series {
+            var line = series(name, color, value)
+            if let initial { line.points.insert(Point(x: 0, y: initial), at: 0) }
+            return line
+        }
+        var charts: [String] = []
+        let accuracy = rounds.contains { $0.testAccuracy != nil }, rmse = rounds.contains { $0.testRMSE != nil }
+        if accuracy {
+            let line = quality("accuracy", .blue, initial: summary.initial.accuracy, \.testAccuracy)
+            charts.append(perRound("Test accuracy", Axis("accuracy", format: .percent), [line], headline: true))
+        }
+        if rmse {
+            charts.append(perRound("Test RMSE", Axis("RMSE"), [quality("RMSE", .blue, initial: summary.initial.rmse, \.testRMSE)], headline: !accuracy))
+        }
+        let loss = quality("loss", .red, initial: summary.initial.loss, \.testLoss)
+        charts.append(perRound("Test loss", Axis("loss"), [loss], headline: !accuracy && !rmse))
         if rounds.contains(where: { $0.testAccuracy != nil && $0.epsilon != nil }) {
             // Differential privacy: what each point of accuracy cost.
-            let delta = summary.settings["dp_delta"] ?? "?"
-            charts.append(lineChart(title: "Test accuracy vs privacy spent (ε at δ = \(delta))", xLabel: "ε", series: [
-                Series(label: "accuracy", color: "#9467bd", points: rounds.compactMap { r in
-                    guard let accuracy = r.testAccuracy, let epsilon = r.epsilon else { return nil }
-                    return (epsilon, accuracy)
-                }),
-            ]))
+            let caption = "Test accuracy vs privacy spent (ε at δ = \(summary.settings["dp_delta"] ?? "?"))"
+            let points = rounds.compactMap { r in r.testAccuracy.flatMap { a in r.epsilon.map { (x: $0, y: a) } } }
+            charts.append(figure(caption) {
+                LineChart(title: caption, x: Axis("privacy spent ε"), y: Axis("accuracy", format: .percent), series: [Series("accuracy", points, color: .purple)],
+                          width: $0, height: $1).render()
+            })
         }
         if rounds.contains(where: { $0.clippingNorm != nil }) {
-            charts.append(lineChart(title: "Privacy clipping bound", xLabel: "round", series: [
-                Series(label: "clipping norm", color: "#8c564b", points: rounds.compactMap { r in r.clippingNorm.map { (Double(r.round), $0) } }),
+            charts.append(perRound("Privacy clipping bound", Axis("clipping norm"), [series("clipping norm", .brown, \.clippingNorm)]))
+        }
+        // Every assigned device ends a round in exactly one of these: the stack is the round's selection.
+        let participation = [
+            series("aggregated", .blue) { Double($0.participants) },
+            series("reported, not aggregated", .purple) { Double(max(0, $0.selected - $0.participants - $0.dropouts - $0.late)) },
+            series("dropped out", .red) { Double($0.dropouts) },
+            series("late", .orange, style: .outline) { Double($0.late) },
+        ]
+        charts.append(figure("Participation per round", note: "Each bar is the devices assigned to the round, by what became of them.") {
+            BarChart(title: "Participation per round", x: round, y: Axis("devices", format: .count), series: participation, width: $0, height: $1).render()
+        })
+        if rounds.contains(where: { $0.expirations > 0 || $0.resumed > 0 }) {
+            charts.append(perRound("Background windows per round", Axis("trainings", format: .count), [
+                series("window expired mid-training", .orange) { Double($0.expirations) }, series("resumed from a checkpoint", .teal) { Double($0.resumed) },
             ]))
         }
-        if rounds.contains(where: { $0.testRMSE != nil }) {
-            charts.append(lineChart(title: "Test RMSE", xLabel: "round", series: [
-                Series(label: "RMSE", color: "#1f77b4", points: rounds.compactMap { r in r.testRMSE.map { (Double(r.round), $0) } }),
-            ]))
-        }
-        charts.append(lineChart(title: "Test loss", xLabel: "round", series: [
-            Series(label: "loss", color: "#d62728", points: rounds.compactMap { r in r.testLoss.map { (Double(r.round), $0) } }),
-        ]))
-        charts.append(lineChart(title: "Participation per round", xLabel: "round", series: [
-            Series(label: "selected", color: "#7f7f7f", points: rounds.map { (Double($0.round), Double($0.selected)) }),
-            Series(label: "aggregated", color: "#2ca02c", points: rounds.map { (Double($0.round), Double($0.participants)) }),
-            Series(label: "dropouts", color: "#d62728", points: rounds.map { (Double($0.round), Double($0.dropouts)) }),
-            Series(label: "late", color: "#9467bd", points: rounds.map { (Double($0.round), Double($0.late)) }),
-            Series(label: "expired windows", color: "#ff7f0e", points: rounds.map { (Double($0.round), Double($0.expirations)) }),
-            Series(label: "resumed", color: "#17becf", points: rounds.map { (Double($0.round), Double($0.resumed)) }),
-        ]))
         if rounds.contains(where: { $0.secureAggregation != nil }) {
             // Secure aggregation: how many devices each stage kept.
-            func series(_ label: String, _ color: String, _ count: @escaping (SecureStageCounts) -> Int) -> Series {
-                Series(label: label, color: color, points: rounds.compactMap { r in r.secureAggregation.map { (Double(r.round), Double(count($0))) } })
+            func stage(_ name: String, _ color: ChartColor, _ count: @escaping (SecureStageCounts) -> Int) -> Series {
+                series(name, color) { r in r.secureAggregation.map { Double(count($0)) } }
             }
-            charts.append(lineChart(title: "Secure aggregation: devices per stage", xLabel: "round", series: [
-                series("advertised", "#1f77b4", \.advertised), series("shared", "#ff7f0e", \.shared),
-                series("masked input", "#2ca02c", \.masked), series("unmasked", "#d62728", \.unmasked),
+            charts.append(perRound("Secure aggregation: devices per stage", Axis("devices", format: .count), [
+                stage("advertised", .blue, \.advertised), stage("shared", .orange, \.shared), stage("masked input", .green, \.masked), stage("unmasked", .red, \.unmasked),
             ]))
         }
-        charts.append(lineChart(title: "Fleet eligible at round start (virtual hours)", xLabel: "virtual hours", series: [
-            Series(label: "eligible fraction", color: "#8c564b", points: rounds.map { ($0.virtualStart / 3600, $0.availableFraction) }),
+        charts.append(perRound("Data transferred per round", Axis("bytes", format: .bytes), [
+            series("down (models)", .blue) { Double($0.bytesDown) }, series("up (reports)", .green) { Double($0.bytesUp) },
         ]))
-        let settings = summary.settings.keys.sorted().map { "<tr><th>\(escape($0))</th><td>\(escape(summary.settings[$0]!))</td></tr>" }.joined()
+        charts.append(figure("Fleet eligible at round start") {
+            LineChart(
+                title: "Fleet eligible at round start", x: Axis("virtual time", format: .seconds), y: Axis("eligible", format: .percent),
+                series: [Series("eligible fraction", rounds.map { ($0.virtualStart, $0.availableFraction) }, color: .brown)], width: $0, height: $1
+            ).render()
+        })
+        let settings = summary.settings.keys.sorted().map { "<tr><th>\(escapeXML($0))</th><td>\(escapeXML(summary.settings[$0]!))</td></tr>" }.joined()
+        func percent(_ value: Double) -> String { ValueFormat.percent.format(value) }
         var totals: [(String, String)] = [
             ("rounds (aggregated)", "\(summary.rounds) (\(summary.aggregatedRounds))"),
             ("wall time", String(format: "%.2f s rounds + %.2f s setup", summary.wallSeconds, summary.setupSeconds)),
@@ -162,11 +169,11 @@ public enum HTMLReport {
             ("selected / aggregated", "\(summary.selected) / \(summary.participants)"),
             ("dropouts / late", "\(summary.dropouts) / \(summary.late)"),
             ("expired windows / resumed", "\(summary.expirations) / \(summary.resumed)"),
-            ("bytes up / down", "\(summary.bytesUp) / \(summary.bytesDown)"),
+            ("bytes up / down", "\(ValueFormat.bytes.format(Double(summary.bytesUp))) / \(ValueFormat.bytes.format(Double(summary.bytesDown)))"),
             ("test loss initial → final", String(format: "%.4f → %.4f", summary.initial.loss, summary.final.loss)),
         ]
         if let a = summary.final.accuracy, let a0 = summary.initial.accuracy {
-            totals.append(("test accuracy initial → final", String(format: "%.4f → %.4f", a0, a)))
+            totals.insert(("test accuracy initial → final (best)", "\(percent(a0)) → \(percent(a)) (\(percent(summary.bestAccuracy ?? a)))"), at: 0)
         }
         if let epsilon = rounds.last(where: { $0.epsilon != nil })?.epsilon {
             totals.append(("privacy spent", String(format: "ε = %.3f at δ = %@", epsilon, summary.settings["dp_delta"] ?? "?")))
@@ -177,83 +184,42 @@ public enum HTMLReport {
         if let r = summary.final.rmse, let r0 = summary.initial.rmse {
             totals.append(("test RMSE initial → final", String(format: "%.4f → %.4f", r0, r)))
         }
-        let totalRows = totals.map { "<tr><th>\(escape($0.0))</th><td>\(escape($0.1))</td></tr>" }.joined()
+        let totalRows = totals.map { "<tr><th>\(escapeXML($0.0))</th><td>\(escapeXML($0.1))</td></tr>" }.joined()
         return """
-        <!DOCTYPE html>
-        <html lang="en"><head><meta charset="utf-8"><title>\(escape(title))</title>
-        <style>
-        body{font-family:-apple-system,system-ui,sans-serif;margin:2em auto;max-width:60em;color:#222}
-        table{border-collapse:collapse;margin:1em 0}th,td{padding:.2em .8em;text-align:left;border-bottom:1px solid #ddd}
-        th{font-weight:600}figure{margin:1.5em 0}figcaption{font-weight:600;margin-bottom:.3em}
-        </style></head><body>
-        <h1>\(escape(title))</h1>
-        <h2>Summary</h2><table>\(totalRows)</table>
-        \(charts.joined(separator: "\n"))
-        <h2>Settings</h2><table>\(settings)</table>
-        </body></html>
+            <!DOCTYPE html>
+            <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
+            <title>\(escapeXML(title))</title>
+            <style>
+            body{font:16px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:0 auto;padding:1rem 1.5rem 3rem;max-width:80rem;color:#1a1a1a;background:#fff}
+            h1{font-size:1.5rem;margin:.5rem 0}h2{font-size:1.2rem;margin:2rem 0 .5rem}
+            table{border-collapse:collapse;margin:.5rem 0;font-variant-numeric:tabular-nums}
+            th,td{padding:.25rem .8rem .25rem 0;text-align:left;border-bottom:1px solid #d5d9df;vertical-align:top}th{font-weight:600}
+            .charts{display:grid;gap:1.25rem}
+            figure{margin:0;padding:.75rem 1rem;border:1px solid #d5d9df;border-radius:.5rem;background:#fff}
+            figcaption{font-weight:600}figure.headline figcaption{font-size:1.2rem}
+            .note{margin:.1rem 0 0;color:#4d4d4d;font-size:.9rem}
+            .oc-chart{display:block;width:100%;height:auto}
+            .narrow{display:none}
+            @media (max-width:40rem){body{padding:.5rem .75rem 2rem}figure{padding:.5rem}.wide{display:none}.narrow{display:block}td,th{padding-right:.4rem}}
+            </style></head><body>
+            <h1>\(escapeXML(title))</h1>
+            <h2>Summary</h2><table>\(totalRows)</table>
+            <h2>Charts</h2>
+            <div class="charts">
+            \(charts.joined(separator: "\n"))
+            </div>
+            <h2>Settings</h2><table>\(settings)</table>
+            </body></html>
 
-        """
+            """
     }
 
-    /// An SVG line chart with axes, ticks and a legend.
-    public static func lineChart(title: String, xLabel: String, series: [Series], width: Double = 720, height: Double = 300) -> String {
-        let left = 60.0, right = 150.0, top = 15.0, bottom = 40.0
-        let all = series.flatMap(\.points).filter { $0.x.isFinite && $0.y.isFinite }
-        let xs = all.map(\.x), ys = all.map(\.y)
-        var (x0, x1) = (xs.min() ?? 0, xs.max() ?? 1)
-        var (y0, y1) = (min(ys.min() ?? 0, 0), ys.max() ?? 1)
-        if x1 <= x0 { x1 = x0 + 1 }
-        if y1 <= y0 { y1 = y0 + 1 }
-        if ys.allSatisfy({ $0 >= 0 }) { y0 = 0 } else { y0 = ys.min()! }
-        let plotW = width - left - right, plotH = height - top - bottom
-        func px(_ x: Double) -> Double { left + (x - x0) / (x1 - x0) * plotW }
-        func py(_ y: Double) -> Double { top + plotH - (y - y0) / (y1 - y0) * plotH }
-        var svg = "<figure><figcaption>\(escape(title))</figcaption>"
-        svg += "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"\(Int(width))\" height=\"\(Int(height))\" viewBox=\"0 0 \(Int(width)) \(Int(height))\" role=\"img\" aria-label=\"\(escape(title))\">"
-        svg += "<rect x=\"\(left)\" y=\"\(top)\" width=\"\(plotW)\" height=\"\(plotH)\" fill=\"none\" stroke=\"#999\"/>"
-        for i in 0...4 {
-            let y = y0 + (y1 - y0) * Double(i) / 4
-            svg += "<line x1=\"\(left)\" x2=\"\(left + plotW)\" y1=\"\(fmt(py(y)))\" y2=\"\(fmt(py(y)))\" stroke=\"#eee\"/>"
-            svg += "<text x=\"\(left - 6)\" y=\"\(fmt(py(y) + 4))\" font-size=\"11\" text-anchor=\"end\">\(tick(y))</text>"
-            let x = x0 + (x1 - x0) * Double(i) / 4
-            svg += "<text x=\"\(fmt(px(x)))\" y=\"\(fmt(top + plotH + 16))\" font-size=\"11\" text-anchor=\"middle\">\(tick(x))</text>"
-        }
-        svg += "<text x=\"\(fmt(left + plotW / 2))\" y=\"\(fmt(height - 6))\" font-size=\"12\" text-anchor=\"middle\">\(escape(xLabel))</text>"
-        for (index, s) in series.enumerated() {
-            let points = s.points.filter { $0.x.isFinite && $0.y.isFinite }
-            if points.count == 1 {
-                svg += "<circle cx=\"\(fmt(px(points[0].x)))\" cy=\"\(fmt(py(points[0].y)))\" r=\"3\" fill=\"\(s.color)\"/>"
-            } else if !points.isEmpty {
-                let path = points.map { "\(fmt(px($0.x))),\(fmt(py($0.y)))" }.joined(separator: " ")
-                svg += "<polyline fill=\"none\" stroke=\"\(s.color)\" stroke-width=\"1.8\" points=\"\(path)\"/>"
-            }
-            let ly = top + 14 + Double(index) * 18
-            svg += "<line x1=\"\(fmt(width - right + 12))\" x2=\"\(fmt(width - right + 32))\" y1=\"\(fmt(ly - 4))\" y2=\"\(fmt(ly - 4))\" stroke=\"\(s.color)\" stroke-width=\"3\"/>"
-            svg += "<text x=\"\(fmt(width - right + 38))\" y=\"\(fmt(ly))\" font-size=\"12\">\(escape(s.label))</text>"
-        }
-        svg += "</svg></figure>"
-        return svg
-    }
-
-    private static func fmt(_ value: Double) -> String { String(format: "%.1f", value) }
-
-    private static func tick(_ value: Double) -> String {
-        if value == value.rounded() && abs(value) < 1e6 { return String(Int(value)) }
-        return abs(value) >= 100 ? String(format: "%.0f", value) : String(format: "%.3g", value)
-    }
-
-    /// Escapes text for HTML.
-    static func escape(_ text: String) -> String {
-        var out = ""
-        for ch in text {
-            switch ch {
-            case "&": out += "&amp;"
-            case "<": out += "&lt;"
-            case ">": out += "&gt;"
-            case "\"": out += "&quot;"
-            default: out.append(ch)
-            }
-        }
-        return out
+    /// A chart at a laptop's width and at a phone's (the stylesheet shows one, so text stays legible on both), under a
+    /// caption. `draw` makes the chart at a width and height.
+    private static func figure(_ caption: String, headline: Bool = false, note: String? = nil, _ draw: (Double, Double) -> String) -> String {
+        let scale = headline ? 1.35 : 1.0
+        return "<figure\(headline ? " class=\"headline\"" : "")><figcaption>\(escapeXML(caption))</figcaption>"
+            + (note.map { "<p class=\"note\">\(escapeXML($0))</p>" } ?? "")
+            + "<div class=\"wide\">\(draw(960, 280 * scale))</div><div class=\"narrow\">\(draw(400, 260 * scale))</div></figure>"
     }
 }

@@ -271,6 +271,48 @@ extension HTTPResult {
         #expect(try await harness.http.send("GET", Endpoint.cycles("p_0000000000000000"), token: Harness.adminToken).errorCode == "unknown_process")
         #expect(try await harness.http.send("GET", Endpoint.cycles(hosted.processID)).status == 401)
     }
+
+    /// The charts the page swaps in are drawn by the coordinator (OrchardCharts), for an admin only.
+    @Test func theChartsRouteDrawsTheCycleHistoryForAdminsOnly() async throws {
+        let harness = try await Harness.start()
+        defer { Task { await harness.stop() } }
+        let browser = Browser(base: harness.http.base)
+        let hosted = try await harness.host(Fixture.host(goal: 1, minimum: 1, overSelection: 1, cycleLength: 60))
+        let path = DashboardPage.chartsPath(hosted.processID)
+        let none = try await browser.send(path + "?width=600", token: Harness.adminToken)
+        #expect(none.status == 200 && none.text.contains("No cycle has closed") && !none.text.contains("<svg"))
+
+        // Cycle 1 aggregated (the goal is one report); cycle 2 abandoned at its deadline with nobody reporting.
+        let device = try await harness.device()
+        #expect(try await harness.report(device, try await harness.join(device), diff: Fixture.diff(0.1), samples: 5).status == 200)
+        _ = try await harness.join(try await harness.device())
+        harness.clock.advance(bySeconds: 61)
+        await harness.coordinator.tick()
+
+        for refused in [try await browser.send(path), try await browser.send(path, cookie: "forged"), try await browser.send(path, token: "wrong")] {
+            #expect(refused.status == 401)
+            #expect(refused.errorCode == "unauthorized" && refused.header("Content-Type")?.hasPrefix("application/json") == true)
+            #expect(!refused.text.contains(hosted.name) && !refused.text.contains("<svg"))
+        }
+        let charts = try await browser.send(path + "?width=375", token: Harness.adminToken)
+        #expect(charts.status == 200 && charts.header("Content-Type")?.hasPrefix("text/html") == true)
+        #expect(charts.header("Cache-Control") == "no-store")
+        let html = charts.text
+        #expect(html.contains("aria-label=\"Reports per cycle of \(hosted.name):"))
+        #expect(html.contains("viewBox=\"0 0 375 250\""), "drawn at the width asked for")
+        #expect(html.contains("<title>cycle 1, reported, aggregated: 1</title>"))
+        #expect(html.contains("<title>cycle 2, assigned, no report: 1</title>"))
+        #expect(html.contains("aria-label=\"Mean loss reported by devices per cycle of \(hosted.name)\""))
+        #expect(html.contains("<title>loss at cycle 1: 0.5</title>"))
+        #expect(!html.lowercased().contains("nan") && !html.contains("<script") && !html.contains("style="))
+
+        // The session cookie admits it too; an unknown process is a 404.
+        let token = harness.instance.dashboard.issueLoginToken()
+        let session = try #require(try await browser.send(Endpoint.dashboardLogin + "?token=\(token)").sessionCookie)
+        #expect(try await browser.send(path, cookie: session).text.contains("<svg"))
+        let unknown = try await browser.send(DashboardPage.chartsPath("p_0000000000000000"), token: Harness.adminToken)
+        #expect(unknown.status == 404 && unknown.errorCode == "unknown_process")
+    }
 }
 
 /// The page in a real browser: Chromium (headless) opens the login URL, follows the redirect with its cookie, runs

@@ -145,8 +145,12 @@ import Testing
 
         let html = try String(contentsOf: writer.reportURL, encoding: .utf8)
         #expect(html.hasPrefix("<!DOCTYPE html>"))
-        #expect(html.components(separatedBy: "<svg ").count - 1 == 4)
-        #expect(html.components(separatedBy: "</svg>").count - 1 == 4)
+        // Accuracy (the headline, first), loss, participation, background windows, traffic (in kB here) and availability,
+        // each drawn at a laptop's and at a phone's width.
+        #expect(html.components(separatedBy: "<svg ").count - 1 == 12)
+        #expect(html.components(separatedBy: "</svg>").count - 1 == 12)
+        #expect(html.components(separatedBy: "<figure").dropFirst().first?.contains("Test accuracy") == true)
+        #expect(html.contains("bytes (kB)") && html.contains("5 kB / 6.5 kB"))
         #expect(html.contains("fake &lt;x&gt;"))
         #expect(!html.contains("<script"))
         #expect(!html.contains("http://") || html.components(separatedBy: "http://").dropFirst().allSatisfy { $0.hasPrefix("www.w3.org/2000/svg") })

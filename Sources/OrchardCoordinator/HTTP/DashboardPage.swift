@@ -1,9 +1,13 @@
 import Crypto
 import Foundation
+import OrchardCharts
+import OrchardProtocol
 
 /// The dashboard's page: one self-contained HTML document (inline CSS and script, nothing fetched from elsewhere).
 /// The signed-in page holds no admin data itself: its script polls the admin JSON API (with the session cookie)
-/// every 2 s and draws the processes, the open cycle, per-cycle charts, ε spent and the checkpoints.
+/// every 2 s and shows the processes, the open cycle, ε spent and the checkpoints, and swaps in the per-cycle charts
+/// the coordinator draws with OrchardCharts (``charts(name:cycles:width:)``, the same component as the simulator's
+/// report.html).
 enum DashboardPage {
     /// The `Content-Security-Policy` of both pages: only this page's own style and script (by hash), requests to
     /// this origin, forms posted here.
@@ -37,7 +41,6 @@ enum DashboardPage {
         <p id="updated" class="muted" aria-live="polite">Loading…</p>
         <form method="post" action="/dashboard/logout"><button type="submit">Sign out</button></form>
         </header>
-        <svg id="svg-namespace" aria-hidden="true" width="0" height="0"></svg>
         <main>
         <p id="problem" class="notice" role="alert" hidden></p>
         <section aria-labelledby="processes-title">
@@ -56,12 +59,7 @@ enum DashboardPage {
         <article class="card" aria-labelledby="privacy-title"><h3 id="privacy-title">Differential privacy</h3><div id="privacy"></div></article>
         <article class="card" aria-labelledby="checkpoints-title"><h3 id="checkpoints-title">Checkpoints</h3><ul id="checkpoints" class="plain"></ul></article>
         </div>
-        <article class="card wide" aria-labelledby="participation-title">
-        <h3 id="participation-title">Reports per cycle</h3>
-        <p class="legend"><span class="swatch aggregated"></span> reported, aggregated <span class="swatch abandoned"></span> reported, abandoned <span class="swatch assigned"></span> assigned</p>
-        <div id="participation" class="chart"></div>
-        </article>
-        <div id="metrics"></div>
+        <div id="charts"><article class="card wide"><h3>Reports per cycle</h3><p class="muted">Loading…</p></article></div>
         <details class="card wide"><summary>Cycles as a table</summary><div class="scroll"><table id="cycles">
         <thead><tr><th scope="col">Cycle</th><th scope="col">Outcome</th><th scope="col">Assigned</th><th scope="col">Reported</th><th scope="col">Checkpoint</th><th scope="col">Closed</th><th scope="col">Metrics (mean)</th></tr></thead>
         <tbody></tbody></table></div></details>
@@ -89,14 +87,57 @@ enum DashboardPage {
         """
     }
 
-    static func escape(_ text: String) -> String {
-        text.replacingOccurrences(of: "&", with: "&amp;").replacingOccurrences(of: "<", with: "&lt;")
-            .replacingOccurrences(of: ">", with: "&gt;").replacingOccurrences(of: "\"", with: "&quot;")
+    static func escape(_ text: String) -> String { escapeXML(text) }
+
+    /// `GET ?width=N` (admin: session cookie or admin token): ``charts(name:cycles:width:)`` of a process, the HTML the
+    /// page's script swaps in. A dashboard route, not part of the documented admin API.
+    static func chartsPath(_ processID: String) -> String { "/dashboard/processes/\(processID)/charts" }
+
+    /// The charts of a process's recent cycles, as an HTML fragment the page swaps in: reports per cycle as bars
+    /// stacked by outcome (with the assigned devices that did not report on top), and per metric (at most six) the
+    /// devices' mean reported value per cycle as a line. `width` is the width the page will show them at, in CSS
+    /// pixels (so their text stays 12 px on a phone and a laptop). Names from the process and its devices are escaped.
+    ///
+    /// Each chart comes twice, at `width` and at a phone's (the stylesheet shows the second below 30rem): a page laid out
+    /// wider than it is finally shown (a rotated phone, a headless browser's screenshot) still shows legible text.
+    static func charts(name: String, cycles: [CycleRecord], width: Double) -> String {
+        let cycleAxis = Axis("cycle", format: .count)
+        func sized(_ draw: (Double) -> String) -> String {
+            "<div class=\"chart-wide\">\(draw(width))</div><div class=\"chart-narrow\">\(draw(320))</div>"
+        }
+        guard !cycles.isEmpty else {
+            return "<article class=\"card wide\"><h3>Reports per cycle</h3><p class=\"muted\">No cycle has closed since the coordinator started.</p></article>"
+        }
+        func count(_ value: (CycleRecord) -> Int) -> [(x: Double, y: Double)] { cycles.map { (Double($0.cycle), Double(value($0))) } }
+        let participation = sized {
+            BarChart(
+                title: "Reports per cycle of \(name): each bar is the devices assigned, split into reports aggregated or abandoned and devices that did not report",
+                x: cycleAxis, y: Axis("devices", format: .count),
+                series: [
+                    Series("reported, aggregated", count { $0.outcome == .aggregated ? $0.reported : 0 }, color: .blue),
+                    Series("reported, abandoned", count { $0.outcome == .aggregated ? 0 : $0.reported }, color: .red),
+                    Series("assigned, no report", count { max(0, $0.assigned - $0.reported) }, color: .grey, style: .outline),
+                ],
+                width: $0, height: 250
+            ).render()
+        }
+        var html = "<article class=\"card wide\"><h3>Reports per cycle</h3>\(participation)</article>"
+        for metric in Set(cycles.flatMap(\.metrics.keys)).sorted().prefix(6) {
+            let line = sized {
+                LineChart(
+                    title: "Mean \(metric) reported by devices per cycle of \(name)", x: cycleAxis, y: Axis("mean \(metric)"),
+                    series: [Series(metric, cycles.compactMap { c in c.metrics[metric].map { (Double(c.cycle), $0) } }, color: .blue)],
+                    width: $0, height: 210
+                ).render()
+            }
+            html += "<article class=\"card wide\"><h3>Mean \(escape(metric)) reported per cycle</h3>\(line)</article>"
+        }
+        return html
     }
 
     static let style = """
-        :root{--fg:#1a1a1a;--muted:#4d4d4d;--bg:#fff;--card:#f5f6f8;--line:#c4c8cf;--accent:#0b57d0;--ok:#1d5fb4;--bad:#b3261e;--focus:#a13d00}
-        @media (prefers-color-scheme:dark){:root{--fg:#eceff3;--muted:#c0c5cc;--bg:#121417;--card:#1d2025;--line:#4a4f57;--accent:#8ab4f8;--ok:#78a9f0;--bad:#f28b82;--focus:#ffb870}}
+        :root{--fg:#1a1a1a;--muted:#4d4d4d;--bg:#fff;--card:#f5f6f8;--line:#c4c8cf;--accent:#0b57d0;--bad:#b3261e;--focus:#a13d00;--c-blue:#1f5fad;--c-red:#b3261e;--c-grey:#5f6368}
+        @media (prefers-color-scheme:dark){:root{--fg:#eceff3;--muted:#c0c5cc;--bg:#121417;--card:#1d2025;--line:#4a4f57;--accent:#8ab4f8;--bad:#f28b82;--focus:#ffb870;--c-blue:#8ab4f8;--c-red:#f28b82;--c-grey:#bdc1c6}}
         *{box-sizing:border-box}
         body{margin:0;font:16px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:var(--fg);background:var(--bg)}
         main{padding:0 1rem 2rem;max-width:80rem;margin:0 auto}
@@ -127,40 +168,28 @@ enum DashboardPage {
         dt{color:var(--muted)}
         dd{margin:0;font-variant-numeric:tabular-nums}
         progress{width:100%;height:.9rem;accent-color:var(--accent)}
-        .legend{margin:0 0 .25rem;color:var(--muted)}
-        .swatch{display:inline-block;width:.9rem;height:.9rem;vertical-align:-.1rem;border-radius:2px}
-        .swatch.aggregated{background:var(--ok)}
-        .swatch.assigned{border:1.5px dashed var(--muted)}
-        .swatch.abandoned{background:repeating-linear-gradient(45deg,var(--bad) 0 3px,transparent 3px 5px);border:1px solid var(--bad)}
-        .chart svg{width:100%;height:auto;display:block}
-        .chart text{fill:var(--fg);font-size:12px}
-        .chart .axis{stroke:var(--muted)}
-        .chart .grid{stroke:var(--line);stroke-dasharray:2 3}
-        .chart .aggregated{fill:var(--ok)}
-        .chart .abandoned{fill:var(--bad);fill-opacity:.35;stroke:var(--bad);stroke-width:1.5}
-        .chart .assigned{fill:none;stroke:var(--muted);stroke-width:1.5;stroke-dasharray:4 3}
-        .chart .line{fill:none;stroke:var(--accent);stroke-width:2}
-        .chart .dot{fill:var(--accent)}
+        .oc-chart{display:block;width:100%;height:auto;fill:var(--fg)}
+        .oc-chart .oc-tick{fill:var(--muted)}
+        .oc-chart .oc-grid{stroke:var(--line)}
+        .oc-chart .oc-axis{stroke:var(--muted)}
+        .oc-chart .oc-blue{color:var(--c-blue)}
+        .oc-chart .oc-red{color:var(--c-red)}
+        .oc-chart .oc-grey{color:var(--c-grey)}
+        .chart-narrow{display:none}
         .visually-hidden{position:absolute;width:1px;height:1px;overflow:hidden;clip:rect(0 0 0 0);white-space:nowrap}
         @media (max-width:40rem){th,td{padding:.35rem .3rem;font-size:.9rem}h1{font-size:1.15rem}}
+        @media (max-width:30rem){.chart-wide{display:none}.chart-narrow{display:block}}
         """
 
     static let script = #"""
         "use strict";
         const api = "/v1/admin/processes";
-        const svgNS = document.getElementById("svg-namespace").namespaceURI;
         let selected = decodeURIComponent(location.hash.slice(1)) || null;
         let skew = 0, current = null, timer = null;
         const $ = (id) => document.getElementById(id);
         function el(tag, attrs, ...children) {
           const node = document.createElement(tag);
           for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, v);
-          for (const c of children) node.append(c);
-          return node;
-        }
-        function svg(tag, attrs, ...children) {
-          const node = document.createElementNS(svgNS, tag);
-          for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, String(v));
           for (const c of children) node.append(c);
           return node;
         }
@@ -171,7 +200,8 @@ enum DashboardPage {
           const h = Math.floor(seconds / 3600), m = Math.floor(seconds % 3600 / 60), s = seconds % 60;
           return (h ? h + " h " : "") + (h || m ? m + " min " : "") + s + " s";
         }
-        async function get(path) {
+        // The admin API's JSON, or with asText the body as text (the charts' HTML).
+        async function get(path, asText) {
           const response = await fetch(path, {credentials: "same-origin", cache: "no-store"});
           if (response.status === 401) throw Object.assign(new Error("Your session has ended: sign in again with a new login URL."), {signedOut: true});
           if (!response.ok) {
@@ -181,58 +211,7 @@ enum DashboardPage {
           }
           const date = Date.parse(response.headers.get("Date") || "");
           if (!isNaN(date)) skew = date - Date.now();
-          return response.json();
-        }
-        // Round axis ticks: steps of 1, 2 or 5 × 10^k, whole numbers for counts.
-        function ticks(max, count, integer) {
-          if (!(max > 0)) max = 1;
-          let step = Math.pow(10, Math.floor(Math.log10(max / count)));
-          for (const f of [1, 2, 5, 10]) { if (max / (step * f) <= count) { step *= f; break; } }
-          if (integer) step = Math.max(1, Math.round(step));
-          const top = Math.ceil(max / step) * step, out = [];
-          for (let v = 0; v <= top + step / 2; v += step) out.push(Number(v.toPrecision(12)));
-          return out;
-        }
-        function chart(label, rows, value, options) {
-          // Drawn at the container's width in CSS pixels, so text stays 12 px on a phone and on a laptop.
-          const W = Math.max(280, Math.min(1200, $("participation").clientWidth || 640)), H = 220, L = 48, R = 12, T = 12, B = 40;
-          const values = rows.map(value);
-          const ys = ticks(Math.max(...values, ...(options.bars ? rows.map((r) => r.assigned) : []), options.integer ? 1 : 0), 5, options.integer);
-          let min = 0;
-          if (!options.integer) {
-            const lo = Math.min(...values), hi = Math.max(...values);
-            if (lo > 0 && hi > lo) { const t = ticks(hi - lo, 5, false), step = t[1] - t[0]; min = Math.floor(lo / step) * step; ys.length = 0; for (let v = min; v <= hi + step / 2 + 1e-12; v += step) ys.push(Number(v.toPrecision(12))); if (ys[ys.length - 1] < hi) ys.push(Number((ys[ys.length - 1] + step).toPrecision(12))); }
-          }
-          const top = ys[ys.length - 1] - min || 1;
-          const y = (v) => T + (H - T - B) * (1 - (v - min) / top);
-          const n = rows.length, band = (W - L - R) / Math.max(n, 1);
-          const x = (i) => L + band * (i + 0.5);
-          const root = svg("svg", {viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": label});
-          root.append(svg("title", {}, label));
-          for (const v of ys) {
-            root.append(svg("line", {class: "grid", x1: L, x2: W - R, y1: y(v), y2: y(v)}));
-            root.append(svg("text", {x: L - 6, y: y(v) + 4, "text-anchor": "end"}, fmt(v, 4)));
-          }
-          root.append(svg("line", {class: "axis", x1: L, x2: L, y1: T, y2: H - B}));
-          root.append(svg("line", {class: "axis", x1: L, x2: W - R, y1: H - B, y2: H - B}));
-          const every = Math.max(1, Math.ceil(n / 10));
-          rows.forEach((row, i) => {
-            if (i % every === 0 || i === n - 1) root.append(svg("text", {x: x(i), y: H - B + 16, "text-anchor": "middle"}, String(row.cycle)));
-          });
-          root.append(svg("text", {x: L + (W - L - R) / 2, y: H - 6, "text-anchor": "middle"}, "cycle"));
-          if (options.bars) {
-            rows.forEach((row, i) => {
-              const v = value(row), w = Math.max(2, Math.min(band * 0.7, 48));
-              root.append(svg("rect", {class: "assigned", x: x(i) - w / 2, y: y(row.assigned), width: w, height: Math.max(0, y(0) - y(row.assigned))}));
-              root.append(svg("rect", {class: row.outcome, x: x(i) - w / 2, y: Math.min(y(v), y(0) - 2), width: w, height: Math.max(2, y(0) - y(v))},
-                svg("title", {}, `cycle ${row.cycle}: ${v} reported of ${row.assigned} assigned, ${row.outcome}`)));
-            });
-          } else {
-            root.append(svg("polyline", {class: "line", points: rows.map((row, i) => `${x(i)},${y(value(row))}`).join(" ")}));
-            rows.forEach((row, i) => root.append(svg("circle", {class: "dot", cx: x(i), cy: y(value(row)), r: 3.5},
-              svg("title", {}, `cycle ${row.cycle}: ${fmt(value(row), 4)}`))));
-          }
-          return root;
+          return asText ? response.text() : response.json();
         }
         function row(process) {
           const cycle = process.current_cycle;
@@ -279,17 +258,15 @@ enum DashboardPage {
               `Checkpoint ${n}` + (n === process.latest_checkpoint ? " (latest)" : ""))));
           $("checkpoints").replaceChildren(...(items.length ? items : [el("li", {class: "muted"}, "None stored.")]));
         }
-        function showCycles(process, cycles) {
+        // The coordinator draws the charts (OrchardCharts, as in the simulator's report) at the width they are shown at.
+        async function showCharts(id) {
+          const box = $("charts");
+          const width = Math.round(Math.max(280, Math.min(1600, (box.clientWidth || 672) - 34)));
+          const html = await get(`/dashboard/processes/${id}/charts?width=${width}`, true);
+          box.replaceChildren(...new DOMParser().parseFromString(html, "text/html").body.childNodes);
+        }
+        function showCycles(cycles) {
           const list = cycles.cycles;
-          const box = $("participation");
-          box.replaceChildren(list.length ? chart(`Reports per cycle of ${process.name}: solid bars are reports, coloured by outcome; dashed outlines are devices assigned`, list, (c) => c.reported, {bars: true, integer: true})
-            : el("p", {class: "muted"}, "No cycle has closed since the coordinator started."));
-          const names = [...new Set(list.flatMap((c) => Object.keys(c.metrics)))].sort().slice(0, 6);
-          $("metrics").replaceChildren(...names.map((name) => {
-            const rows = list.filter((c) => typeof c.metrics[name] === "number");
-            return el("article", {class: "card wide", "aria-label": `Mean ${name} per cycle`}, el("h3", {}, `Mean ${name} reported per cycle`),
-              el("div", {class: "chart"}, chart(`Mean ${name} reported by devices per cycle`, rows, (c) => c.metrics[name], {integer: false})));
-          }));
           $("cycles").tBodies[0].replaceChildren(...[...list].reverse().map((c) => el("tr", {}, el("td", {}, String(c.cycle)), el("td", {}, c.outcome),
             el("td", {}, String(c.assigned)), el("td", {}, String(c.reported)), el("td", {}, c.checkpoint == null ? "—" : String(c.checkpoint)),
             el("td", {}, when(c.closed_at)), el("td", {}, Object.entries(c.metrics).map(([k, v]) => `${k} ${fmt(v, 4)}`).join(", ") || "—"))));
@@ -307,8 +284,8 @@ enum DashboardPage {
               current = status;
               $("detail").hidden = false;
               $("detail-title").textContent = `${status.name} ${status.version} (${status.process_id}) — ${status.state}`;
-              showCycle(status); showPrivacy(status); showCheckpoints(status); showCycles(status, cycles);
-              $("detail").hidden = false;
+              showCycle(status); showPrivacy(status); showCheckpoints(status); showCycles(cycles);
+              await showCharts(id);
             } else {
               current = null;
               $("detail").hidden = true;

@@ -6,7 +6,7 @@ import NIOCore
 import OrchardProtocol
 
 extension CoordinatorServer {
-    /// The dashboard's routes: the page, the login link, sign-out, and the per-cycle history its charts draw.
+    /// The dashboard's routes: the page, the login link, sign-out, the per-cycle history, and the charts drawn from it.
     /// - Parameters:
     ///   - secureCookie: Whether the session cookie carries `Secure` (served over TLS).
     static func addDashboardRoutes(to router: Router<CoordinatorRequestContext>, coordinator: Coordinator, dashboard: Dashboard?, secureCookie: Bool) {
@@ -22,6 +22,15 @@ extension CoordinatorServer {
         router.get(RouterPath(stringLiteral: Endpoint.dashboard)) { request, _ in
             let admitted = coordinator.isAdmin(token: bearer(request)) || dashboard.isValid(session: request.cookies[Dashboard.cookieName]?.value)
             return page(admitted ? DashboardPage.signedIn : DashboardPage.signIn(message: nil), status: .ok)
+        }
+        router.get(RouterPath(stringLiteral: DashboardPage.chartsPath(":\(Endpoint.Parameter.process)"))) { request, context in
+            try requireAdmin(request, coordinator, dashboard)
+            let processID = context.parameters.get(Endpoint.Parameter.process) ?? ""
+            let status = try await coordinator.status(processID: processID)  // 404 unknown_process
+            // Drawn at the width the page shows them (CSS pixels), within what a phone and a wide screen need.
+            let width = request.uri.queryParameters.get("width").flatMap { Double(String($0)) }.map { min(max($0, 280), 1600) } ?? 720
+            let html = DashboardPage.charts(name: status.name, cycles: dashboard.history.cycles(processID: processID), width: width.isFinite ? width : 720)
+            return page(html, status: .ok)
         }
         router.get(RouterPath(stringLiteral: Endpoint.dashboardLogin)) { request, _ in
             guard let token = request.uri.queryParameters.get("token"), let session = dashboard.redeem(loginToken: String(token)) else {
