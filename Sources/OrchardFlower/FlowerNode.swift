@@ -66,7 +66,7 @@ public actor FlowerNode {
     private let store: FlowerNodeStore
     private let client: FleetClient
     private let identity: NodeIdentity
-    private let clock: any WallClock
+    let clock: any WallClock
     private let onEvent: @Sendable (FlowerNodeEvent) -> Void
 
     /// Creates a node; its key is read from (or made in) the state directory.

@@ -3,6 +3,7 @@ import Foundation
 import Logging
 import OrchardBenchmarks
 import OrchardClient
+import OrchardFlower
 import OrchardScheduler
 import ServiceLifecycle
 import UnixSignals
@@ -29,10 +30,17 @@ struct AgentCommand: AsyncParsableCommand {
         {"event":"resumed_training"} when training continues from a checkpoint, {"event":"cycle",...} per \
         finished cycle, {"event":"error",...} per failed one and {"event":"stopped"} at the end. Logs go to \
         standard error.
+
+        With --flower-superlink HOST:PORT the agent is a Flower SuperNode instead (see `orchard flower join`): in each \
+        window it activates, answers the SuperLink's train and evaluate messages with --model on --data, and \
+        deactivates when the window ends (a message in training is kept for the next window); --interval is the \
+        wait between windows. Its status lines are flower join's, plus {"event":"window_ended"}.
         """
     )
 
     @OptionGroup var device: DeviceOptions
+
+    @OptionGroup(title: "Flower (instead of --server)") var flower: AgentFlowerOptions
 
     @Flag(inversion: .prefixedNo, help: "Train only on external power.")
     var requiresPower = true
@@ -65,6 +73,18 @@ struct AgentCommand: AsyncParsableCommand {
     var logLevel: Logger.Level = .info
 
     func validate() throws {
+        if let superlink = flower.flowerSuperlink {
+            for (option, value) in [("--server", device.server), ("--process", device.process), ("--version", device.version), ("--token", device.token)] where value != nil {
+                throw ValidationError("\(option) is for an Orchard coordinator; with --flower-superlink \(superlink) the SuperLink sends the work")
+            }
+            guard flower.model != nil else { throw ValidationError("--model is required with --flower-superlink: the architecture Flower's arrays are loaded into") }
+            try flowerSetup(superlink: superlink).validate()
+        } else {
+            _ = try device.coordinator()
+            if flower.model != nil || flower.flowerInsecure || flower.arrayMap != nil || !flower.nodeConfig.isEmpty {
+                throw ValidationError("--model, --flower-insecure, --array-map and --node-config are for --flower-superlink")
+            }
+        }
         guard window > 0 else { throw ValidationError("--window must be positive") }
         guard interval > 0 else { throw ValidationError("--interval must be positive") }
         guard pollInterval > 0, pollInterval.isFinite else { throw ValidationError("--poll-interval must be a positive number of seconds") }
@@ -79,14 +99,14 @@ struct AgentCommand: AsyncParsableCommand {
 
     /// The scheduler's store in the state directory (created if needed), one file per process so agents of several
     /// models may share a state directory. An unreadable file is moved aside (and logged) and a fresh one used.
-    private func openSchedulerStore() throws -> SQLiteSchedulerStore {
+    private func openSchedulerStore(name: String) throws -> SQLiteSchedulerStore {
         let directory = URL(fileURLWithPath: device.state, isDirectory: true)
         do {
             try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
         } catch {
             throw ValidationError("cannot create --state-directory \(device.state): \(error.localizedDescription)")
         }
-        let safeName = String(device.process.map { $0.isLetter || $0.isNumber || $0 == "-" || $0 == "_" || $0 == "." ? $0 : "_" })
+        let safeName = String(name.map { $0.isLetter || $0.isNumber || $0 == "-" || $0 == "_" || $0 == "." ? $0 : "_" })
         let path = directory.appendingPathComponent("agent-scheduler-\(safeName).sqlite").path
         do throws(SchedulerError) {
             let store = try SQLiteSchedulerStore(path: path)
@@ -110,9 +130,14 @@ struct AgentCommand: AsyncParsableCommand {
         let constraints = TaskConstraints(requiresExternalPower: requiresPower, requiresNetworkConnectivity: true, requiresUnmeteredNetwork: requiresUnmetered)
         let linux = LinuxConditionsProvider(configuration: .init(sysfsRoot: sysfsRoot, procfsRoot: procfsRoot, meteredInterfaces: Set(meteredInterface)))
         let conditions = ReportedConditions(inner: linux, constraints: constraints)
+        if let superlink = flower.flowerSuperlink {
+            try await runFlower(superlink: superlink, constraints: constraints, conditions: conditions, logger: logger)
+            return
+        }
         let job = try device.makeJob(logger: logger, conditions: conditions)
-        let identifier = "dev.orchard.train.\(device.process)"
-        let store = try openSchedulerStore()
+        let (server, process, version) = try device.coordinator()
+        let identifier = "dev.orchard.train.\(process)"
+        let store = try openSchedulerStore(name: process)
         let scheduler = try BackgroundScheduler(
             configuration: SchedulerConfiguration(
                 permittedIdentifiers: [identifier], processingBudget: .seconds(window),
@@ -143,7 +168,7 @@ struct AgentCommand: AsyncParsableCommand {
                 AgentStatus.error(error).print()
             }
         }
-        logger.info("agent started", metadata: ["server": "\(device.server)", "process": "\(device.process)", "version": "\(device.version)", "scheduler_store": "\(store.path)"])
+        logger.info("agent started", metadata: ["server": "\(server)", "process": "\(process)", "version": "\(version)", "scheduler_store": "\(store.path)"])
         AgentStatus.started.print()
         let begin = await scheduler.effectiveBeginDate(of: identifier)
         AgentStatus(event: "scheduled", restored: restored, earliestBegin: begin.flatMap { $0 > Date() ? $0.timeIntervalSince1970 : nil }).print()
@@ -157,6 +182,51 @@ struct AgentCommand: AsyncParsableCommand {
         }
         logger.info("agent stopped")
         AgentStatus.stopped.print()
+    }
+
+    /// The Flower node `--flower-*`, `--model`, `--data`, `--ca-cert` and `--state-directory` describe.
+    private func flowerSetup(superlink: String) -> FlowerNodeSetup {
+        FlowerNodeSetup(
+            superlink: superlink, insecure: flower.flowerInsecure, caCert: device.caCert, model: flower.model ?? "", data: device.data,
+            arrayMap: flower.arrayMap, nodeConfig: flower.nodeConfig, state: device.state, heartbeatInterval: flower.heartbeatInterval,
+            pollInterval: 1,
+            options: FlowerNodeSetup.Options(superlink: "--flower-superlink", insecure: "--flower-insecure")
+        )
+    }
+
+    /// The agent as a Flower SuperNode: the scheduler grants windows, the node is active in each.
+    private func runFlower(superlink: String, constraints: TaskConstraints, conditions: some DeviceConditionsProvider, logger: Logger) async throws {
+        let node = try flowerSetup(superlink: superlink).makeNode(logger: logger) { FlowerStatus($0).print() }
+        let identifier = "dev.orchard.flower.\(superlink)"
+        let store = try openSchedulerStore(name: "flower-\(superlink)")
+        let scheduler = try BackgroundScheduler(
+            configuration: SchedulerConfiguration(
+                permittedIdentifiers: [identifier], processingBudget: .seconds(window),
+                overrunGrace: .milliseconds(Int64(shutdownGrace * 1000)), idlePollInterval: .milliseconds(Int64(pollInterval * 1000))
+            ),
+            startDate: Date(), conditions: conditions, store: store, logger: logger
+        )
+        let options = BackgroundTrainingOptions(identifier: identifier, constraints: constraints, defaultInterval: .seconds(interval))
+        do throws(FlowerError) {
+            try await node.scheduleBackgroundWindows(on: scheduler, options: options) { error in
+                if let error {
+                    FlowerStatus(event: "error", code: "\(error.code)", message: error.message).print()
+                } else {
+                    FlowerStatus(event: "window_ended").print()
+                }
+            }
+        } catch {
+            throw ValidationError(error.message)
+        }
+        logger.info("agent started", metadata: ["superlink": "\(superlink)", "scheduler_store": "\(store.path)"])
+        FlowerStatus(event: "started", superlink: superlink).print()
+        let group = ServiceGroup(services: [scheduler], gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
+        do {
+            try await group.run()
+        } catch is CancellationError {
+            // The scheduler ends its loop by cancellation when asked to shut down gracefully.
+        }
+        FlowerStatus(event: "stopped").print()
     }
 }
 
@@ -212,4 +282,25 @@ private struct AgentStatus: Encodable {
     func print() {
         try? JSONLine.write(self)
     }
+}
+
+/// `orchard agent`'s options for taking part in a Flower federation instead of an Orchard coordinator's process.
+struct AgentFlowerOptions: ParsableArguments {
+    @Option(help: ArgumentHelp("Be a Flower SuperNode of this SuperLink's Fleet API instead of a device of --server.", valueName: "host:port"))
+    var flowerSuperlink: String?
+
+    @Flag(help: "Plain HTTP to the SuperLink (one started with --insecure); otherwise HTTPS with --ca-cert.")
+    var flowerInsecure = false
+
+    @Option(help: ArgumentHelp("The model architecture (JSON) Flower's arrays are loaded into (with --flower-superlink).", valueName: "file"))
+    var model: String?
+
+    @Option(help: ArgumentHelp("How Flower's arrays map to the model's parameters (see `orchard flower join --help`).", valueName: "file"))
+    var arrayMap: String?
+
+    @Option(help: ArgumentHelp("Flower node configuration, \"key=value …\" (repeatable).", valueName: "k=v"))
+    var nodeConfig: [String] = []
+
+    @Option(help: "The heartbeat interval announced to the SuperLink, in seconds.")
+    var heartbeatInterval: Double = 30
 }

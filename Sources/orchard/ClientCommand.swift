@@ -63,17 +63,17 @@ struct ClientCommand: AsyncParsableCommand {
 
 /// Options shared by `orchard client` and `orchard agent`.
 struct DeviceOptions: ParsableArguments {
-    @Option(help: "The coordinator's base URL, e.g. https://fl.example.com or http://127.0.0.1:8080.")
-    var server: String
+    @Option(help: "The coordinator's base URL, e.g. https://fl.example.com or http://127.0.0.1:8080 (required, except for `agent --flower-superlink`).")
+    var server: String?
 
     @Option(help: ArgumentHelp("Trust only the CA certificates in this PEM file for an https --server (a private CA); default: the system's.", valueName: "pem"))
     var caCert: String?
 
-    @Option(help: "The FL process's name (as hosted on the coordinator).")
-    var process: String
+    @Option(help: "The FL process's name (as hosted on the coordinator; required with --server).")
+    var process: String?
 
-    @Option(help: "The FL process's version, e.g. 1.0.")
-    var version: String
+    @Option(help: "The FL process's version, e.g. 1.0 (required with --server).")
+    var version: String?
 
     @Option(help: "The local training data (safetensors: one tensor per model input, plus 'target').")
     var data: String
@@ -105,7 +105,16 @@ struct DeviceOptions: ParsableArguments {
     @Option(help: "Seconds an HTTP request may wait for data.")
     var timeout: Double = 30
 
+    /// `--server`, `--process` and `--version`, each required for a job of an Orchard coordinator.
+    func coordinator() throws -> (server: String, process: String, version: String) {
+        guard let server else { throw ValidationError("--server is required: the coordinator's URL, e.g. http://127.0.0.1:8080") }
+        guard let process else { throw ValidationError("--process is required: the FL process's name on the coordinator") }
+        guard let version else { throw ValidationError("--version is required: the FL process's version, e.g. 1.0") }
+        return (server, process, version)
+    }
+
     func makeJob(logger: Logger, conditions: (any DeviceConditionsProvider)? = nil) throws -> FederatedJob {
+        let (server, process, version) = try coordinator()
         var configuration = ClientConfiguration(storageDirectory: URL(fileURLWithPath: state, isDirectory: true), requestTimeout: timeout, trainingSeed: seed, logger: logger)
         configuration.conditions = conditions
         if let caCert {

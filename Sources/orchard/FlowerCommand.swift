@@ -51,23 +51,60 @@ struct FlowerNodeOptions: ParsableArguments {
     @Option(help: "Seconds between pulls when the SuperLink has no message.")
     var pollInterval: Double = 1
 
+    func validate() throws { try setup.validate() }
+
+    /// The node these options describe.
+    var setup: FlowerNodeSetup {
+        FlowerNodeSetup(
+            superlink: superlink, insecure: insecure, caCert: caCert, model: model, data: data, arrayMap: arrayMap, nodeConfig: nodeConfig,
+            state: state, heartbeatInterval: heartbeatInterval, pollInterval: pollInterval, options: FlowerNodeSetup.Options()
+        )
+    }
+}
+
+/// A Flower node as options describe it, for `flower join` and `agent --flower-superlink`.
+struct FlowerNodeSetup {
+    /// The spelling of each option in the command that gives it (`agent` prefixes some with `flower-`).
+    struct Options {
+        var superlink = "--superlink"
+        var insecure = "--insecure"
+        var model = "--model"
+        var arrayMap = "--array-map"
+        var nodeConfig = "--node-config"
+    }
+
+    var superlink: String
+    var insecure: Bool
+    var caCert: String?
+    var model: String
+    var data: String
+    var arrayMap: String?
+    var nodeConfig: [String]
+    var state: String
+    var heartbeatInterval: Double
+    var pollInterval: Double
+    var options: Options
+
+    /// Checks what can be checked without reading files.
     func validate() throws {
-        if insecure, caCert != nil { throw ValidationError("--insecure and --ca-cert exclude each other: --insecure is plain HTTP") }
-        if !insecure, caCert == nil { throw ValidationError("say how to reach the SuperLink: --insecure (plain HTTP) or --ca-cert FILE (HTTPS with a private CA)") }
+        if insecure, caCert != nil { throw ValidationError("\(options.insecure) and --ca-cert exclude each other: \(options.insecure) is plain HTTP") }
+        if !insecure, caCert == nil {
+            throw ValidationError("say how to reach the SuperLink: \(options.insecure) (plain HTTP) or --ca-cert FILE (HTTPS with a private CA)")
+        }
         guard heartbeatInterval >= 1, heartbeatInterval.isFinite else { throw ValidationError("--heartbeat-interval must be at least 1 second, not \(heartbeatInterval)") }
         guard pollInterval > 0, pollInterval.isFinite else { throw ValidationError("--poll-interval must be a positive number of seconds, not \(pollInterval)") }
         _ = try parsedNodeConfig()
     }
 
-    /// `--node-config` as key → value.
+    /// The node configuration as key → value.
     func parsedNodeConfig() throws -> [String: String] {
         var config: [String: String] = [:]
         for pair in nodeConfig.flatMap({ $0.split(separator: " ", omittingEmptySubsequences: true) }) {
             let parts = pair.split(separator: "=", maxSplits: 1)
-            guard parts.count == 2, !parts[0].isEmpty else { throw ValidationError("--node-config '\(pair)' is not key=value") }
+            guard parts.count == 2, !parts[0].isEmpty else { throw ValidationError("\(options.nodeConfig) '\(pair)' is not key=value") }
             config[String(parts[0])] = String(parts[1])
         }
-        if let seed = config["seed"], UInt64(seed) == nil { throw ValidationError("--node-config seed=\(seed): the seed is a non-negative integer") }
+        if let seed = config["seed"], UInt64(seed) == nil { throw ValidationError("\(options.nodeConfig) seed=\(seed): the seed is a non-negative integer") }
         return config
     }
 
@@ -80,15 +117,15 @@ struct FlowerNodeOptions: ParsableArguments {
             trust = nil
         }
         let address: SuperLinkAddress
-        do throws(FlowerError) { address = try SuperLinkAddress(superlink, trustRoots: trust) } catch { throw ValidationError("--superlink: \(error.message)") }
+        do throws(FlowerError) { address = try SuperLinkAddress(superlink, trustRoots: trust) } catch { throw ValidationError("\(options.superlink): \(error.message)") }
         let spec: ModelSpec
-        do throws(OperatorError) { spec = try ProcessFiles.model(at: model) } catch { throw ValidationError(error.message) }
+        do throws(OperatorError) { spec = try ProcessFiles.model(at: model, option: options.model) } catch { throw ValidationError(error.message) }
         let dataset: TensorDataset
         do throws(DataError) { dataset = try DeviceDataFile.read(contentsOf: URL(fileURLWithPath: data)) } catch { throw ValidationError("--data \(data): \(error.message)") }
         var mapping = ArrayMapping.positional
         if let arrayMap {
-            guard let bytes = FileManager.default.contents(atPath: arrayMap) else { throw ValidationError("--array-map \(arrayMap): no such file") }
-            do throws(FlowerError) { mapping = try ArrayMapping.decode(json: [UInt8](bytes)) } catch { throw ValidationError("--array-map \(arrayMap): \(error.message)") }
+            guard let bytes = FileManager.default.contents(atPath: arrayMap) else { throw ValidationError("\(options.arrayMap) \(arrayMap): no such file") }
+            do throws(FlowerError) { mapping = try ArrayMapping.decode(json: [UInt8](bytes)) } catch { throw ValidationError("\(options.arrayMap) \(arrayMap): \(error.message)") }
         }
         let seed = try parsedNodeConfig()["seed"].flatMap(UInt64.init) ?? 0
         let app: FlowerLocalApp
@@ -135,7 +172,7 @@ struct FlowerJoinCommand: AsyncParsableCommand {
             return handler
         }
         let logger = Logger(label: "orchard.flower")
-        let flower = try node.makeNode(logger: logger) { FlowerStatus($0).print() }
+        let flower = try node.setup.makeNode(logger: logger) { FlowerStatus($0).print() }
         FlowerStatus(event: "started", superlink: node.superlink).print()
         let window = Task { try await flower.runWindow() }
         let signals = await UnixSignalsSequence(trapping: .sigint, .sigterm)
