@@ -1,0 +1,82 @@
+import Foundation
+import OrchardData
+import OrchardTesting
+import Testing
+
+/// `orchard flower join` and `orchard agent --flower-superlink` refuse bad input with one line naming the option.
+@Suite(.serialized) struct FlowerCLITests {
+    /// Runs the executable to its end; its exit status and standard error.
+    func run(_ arguments: [String]) throws -> (status: Int32, errors: String) {
+        let process = Process()
+        process.executableURL = try OrchardExecutable.url()
+        process.arguments = arguments
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("orchard-flower-cli-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        let errors = directory.appendingPathComponent("stderr")
+        FileManager.default.createFile(atPath: errors.path, contents: nil)
+        process.standardOutput = FileHandle.nullDevice
+        process.standardError = try FileHandle(forWritingTo: errors)
+        try process.run()
+        process.waitUntilExit()
+        return (process.terminationStatus, try String(contentsOf: errors, encoding: .utf8))
+    }
+
+    /// A model and data file that fit each other.
+    func files() throws -> (model: String, data: String) {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("orchard-flower-cli-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        let model = directory.appendingPathComponent("model.json")
+        try FlowerFederationTests.modelJSON.write(to: model, atomically: true, encoding: .utf8)
+        let data = directory.appendingPathComponent("data.safetensors")
+        try Data(DeviceDataFile.encode(try FlowerFederationTests.dataset(seed: 1, samples: 8))).write(to: data)
+        return (model.path, data.path)
+    }
+
+    @Test(arguments: [
+        (["--superlink", "127.0.0.1:9092"], "--insecure (plain HTTP) or --ca-cert FILE"),
+        (["--superlink", "127.0.0.1:9092", "--insecure", "--ca-cert", "/nonexistent.pem"], "--insecure and --ca-cert exclude each other"),
+        (["--superlink", "no-port", "--insecure"], "is not a SuperLink address HOST:PORT"),
+        (["--superlink", "127.0.0.1:70000", "--insecure"], "is not a SuperLink address HOST:PORT"),
+        (["--superlink", "127.0.0.1:9092", "--ca-cert", "/nonexistent.pem"], "/nonexistent.pem"),
+        (["--superlink", "127.0.0.1:9092", "--insecure", "--node-config", "partition-id"], "--node-config 'partition-id' is not key=value"),
+        (["--superlink", "127.0.0.1:9092", "--insecure", "--node-config", "seed=-1"], "the seed is a non-negative integer"),
+        (["--superlink", "127.0.0.1:9092", "--insecure", "--heartbeat-interval", "0"], "--heartbeat-interval must be at least 1 second"),
+    ])
+    func joinRefusesBadOptions(arguments: [String], expected: String) throws {
+        let (model, data) = try files()
+        let result = try run(["flower", "join", "--model", model, "--data", data] + arguments)
+        #expect(result.status != 0)
+        #expect(result.errors.contains(expected), "\(result.errors)")
+    }
+
+    @Test func joinNamesAMissingModelOrDataFile() throws {
+        let (model, data) = try files()
+        let missingModel = try run(["flower", "join", "--superlink", "127.0.0.1:9092", "--insecure", "--model", "/nonexistent/model.json", "--data", data])
+        #expect(missingModel.status != 0)
+        #expect(missingModel.errors.contains("--model") && missingModel.errors.contains("/nonexistent/model.json"), "\(missingModel.errors)")
+        let missingData = try run(["flower", "join", "--superlink", "127.0.0.1:9092", "--insecure", "--model", model, "--data", "/nonexistent/data.safetensors"])
+        #expect(missingData.status != 0)
+        #expect(missingData.errors.contains("--data /nonexistent/data.safetensors"), "\(missingData.errors)")
+        let badMap = FileManager.default.temporaryDirectory.appendingPathComponent("orchard-map-\(UUID().uuidString).json")
+        try #"["fc1.weight", "nope"]"#.write(to: badMap, atomically: true, encoding: .utf8)
+        let unknown = try run(["flower", "join", "--superlink", "127.0.0.1:9092", "--insecure", "--model", model, "--data", data, "--array-map", badMap.path])
+        #expect(unknown.status != 0)
+        #expect(unknown.errors.contains("'nope'"), "\(unknown.errors)")
+    }
+
+    @Test func theAgentTakesEitherACoordinatorOrASuperLink() throws {
+        let (model, data) = try files()
+        let both = try run(["agent", "--flower-superlink", "127.0.0.1:9092", "--flower-insecure", "--model", model, "--data", data, "--server", "http://127.0.0.1:8080"])
+        #expect(both.status != 0)
+        #expect(both.errors.contains("--server is for an Orchard coordinator"), "\(both.errors)")
+        let noModel = try run(["agent", "--flower-superlink", "127.0.0.1:9092", "--flower-insecure", "--data", data])
+        #expect(noModel.status != 0)
+        #expect(noModel.errors.contains("--model is required with --flower-superlink"), "\(noModel.errors)")
+        let neither = try run(["agent", "--data", data])
+        #expect(neither.status != 0)
+        #expect(neither.errors.contains("--server is required"), "\(neither.errors)")
+        let flowerOptionsAlone = try run(["agent", "--server", "http://127.0.0.1:8080", "--process", "p", "--version", "1", "--data", data, "--model", model])
+        #expect(flowerOptionsAlone.status != 0)
+        #expect(flowerOptionsAlone.errors.contains("are for --flower-superlink"), "\(flowerOptionsAlone.errors)")
+    }
+}
