@@ -208,3 +208,70 @@ struct FlowerFederationTests {
         #expect(events.all.filter { if case .answeredWithError = $0 { true } else { false } }.count == 6)
     }
 }
+
+/// A background window that ends in the middle of a round.
+@Suite(.serialized, FlowerInstallation.requirement, .timeLimit(.minutes(10)))
+struct FlowerWindowTests {
+    /// Holds the task of a node's current window, so that an event can end it.
+    final class WindowHolder: Sendable {
+        let task = Mutex<Task<Void, any Error>?>(nil)
+        let ended = Mutex(false)
+        func endOnce() {
+            guard ended.withLock({ done in defer { done = true }; return !done }) else { return }
+            task.withLock { $0?.cancel() }
+        }
+    }
+
+    @Test func aWindowEndingMidRoundKeepsTheMessageAndTheNextWindowAnswersItOnce() async throws {
+        let directory = try FlowerFederationTests.temporaryDirectory()
+        let link = try await SuperLinkFixture(directory: directory)
+        defer { link.stop() }
+        let state = directory.appendingPathComponent("a")
+        let holder = WindowHolder()
+        let firstWindow = FlowerFederationTests.Recorder()
+        let address = try SuperLinkAddress(link.address, trustRoots: nil)
+        let app = try FlowerLocalApp(model: try FlowerFederationTests.model(), dataset: try FlowerFederationTests.dataset(seed: 1, samples: 40))
+        let configuration = FlowerNodeConfiguration(superlink: address, stateDirectory: state, pollInterval: .milliseconds(200))
+        // The first window ends as soon as its first train message has been fetched (before it is confirmed).
+        let first = try FlowerNode(configuration: configuration, app: app) { event in
+            firstWindow.record(event)
+            if case .received(_, _, "train") = event { holder.endOnce() }
+        }
+        let (other, _) = try FlowerFederationTests.node(link, state: directory.appendingPathComponent("b"), data: try FlowerFederationTests.dataset(seed: 2, samples: 24))
+        let otherWindow = Task { try await other.runWindow() }
+        let window = Task { try await first.runWindow() }
+        holder.task.withLock { $0 = window }
+        let output = directory.appendingPathComponent("result.json")
+        let run = Task { () async throws -> Int in (try await link.run(config: ["num-server-rounds": "2"], output: output)).count }
+        try await window.value
+        let kept = try #require(firstWindow.all.compactMap { if case .received(_, let id, "train") = $0 { id } else { nil } }.first)
+        #expect(!firstWindow.all.contains { if case .answered = $0 { true } else { false } }, "the window ended before answering")
+        #expect(FileManager.default.fileExists(atPath: state.appendingPathComponent("flower-kept-message.json").path))
+
+        // The next window (a new node object on the same state, as after a relaunch) answers the kept message first.
+        let secondWindow = FlowerFederationTests.Recorder()
+        let second = try FlowerNode(configuration: configuration, app: app) { secondWindow.record($0) }
+        let next = Task { try await second.runWindow() }
+        _ = try await run.value
+        let result = try #require(try JSONSerialization.jsonObject(with: Data(contentsOf: output)) as? [String: Any])
+        next.cancel()
+        otherWindow.cancel()
+        try await next.value
+        try await otherWindow.value
+
+        let answered = secondWindow.all.compactMap { if case .answered(let id, "train", _, _) = $0 { id } else { nil } }
+        #expect(answered.first == kept, "the kept message is answered first")
+        #expect(answered.filter { $0 == kept }.count == 1, "and only once")
+        let pushed = secondWindow.all.compactMap { if case .pushed(let id) = $0 { id } else { nil } }
+        #expect(pushed.filter { $0 == kept }.count == 1)
+        #expect(!FileManager.default.fileExists(atPath: state.appendingPathComponent("flower-kept-message.json").path))
+        #expect(!FileManager.default.fileExists(atPath: state.appendingPathComponent("flower-kept-reply.json").path))
+        let rounds = try #require(result["rounds"] as? [[String: Any]])
+        #expect(rounds.count == 2)
+        // What the ServerApp made of the late reply (Flower may count a node that went inactive as failed).
+        let firstRound = rounds.first?["replies"] as? [[String: Any]] ?? []
+        let nodeID = try #require(secondWindow.nodeID)
+        let reply = firstRound.first { $0["node_id"] as? String == String(nodeID) }
+        #expect(reply != nil && reply?["error"] == nil, "round 1: \(firstRound.map { $0.filter { $0.key != "arrays" } })")
+    }
+}
