@@ -120,12 +120,7 @@ struct AgentCommand: AsyncParsableCommand {
     }
 
     func run() async throws {
-        let level = logLevel
-        LoggingSystem.bootstrap { label in
-            var handler = StreamLogHandler.standardError(label: label)
-            handler.logLevel = level
-            return handler
-        }
+        bootstrapStandardErrorLogging(level: logLevel)
         let logger = Logger(label: "orchard.agent")
         let constraints = TaskConstraints(requiresExternalPower: requiresPower, requiresNetworkConnectivity: true, requiresUnmeteredNetwork: requiresUnmetered)
         let linux = LinuxConditionsProvider(configuration: .init(sysfsRoot: sysfsRoot, procfsRoot: procfsRoot, meteredInterfaces: Set(meteredInterface)))

@@ -138,3 +138,12 @@ func namingOption(_ message: String, _ flags: [String: String]) -> String {
     guard let (field, flag) = flags.first(where: { message.hasPrefix($0.key + " ") }) else { return message }
     return flag + message.dropFirst(field.count)
 }
+
+/// Sends every logger's output to standard error from `level` up (standard output carries commands' status lines).
+func bootstrapStandardErrorLogging(level: Logger.Level) {
+    LoggingSystem.bootstrap { label in
+        var handler = StreamLogHandler.standardError(label: label)
+        handler.logLevel = level
+        return handler
+    }
+}

@@ -165,12 +165,7 @@ struct FlowerJoinCommand: AsyncParsableCommand {
     var logLevel: Logger.Level = .info
 
     func run() async throws {
-        let level = logLevel
-        LoggingSystem.bootstrap { label in
-            var handler = StreamLogHandler.standardError(label: label)
-            handler.logLevel = level
-            return handler
-        }
+        bootstrapStandardErrorLogging(level: logLevel)
         let logger = Logger(label: "orchard.flower")
         let flower = try node.setup.makeNode(logger: logger) { FlowerStatus($0).print() }
         FlowerStatus(event: "started", superlink: node.superlink).print()

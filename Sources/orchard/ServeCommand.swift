@@ -183,12 +183,7 @@ struct Serve: AsyncParsableCommand {
     }
 
     func run() async throws {
-        let level = logLevel
-        LoggingSystem.bootstrap { label in
-            var handler = StreamLogHandler.standardError(label: label)
-            handler.logLevel = level
-            return handler
-        }
+        bootstrapStandardErrorLogging(level: logLevel)
         // The key is read before anything else starts, so a bad file stops `orchard serve` with its reason.
         let tls: CoordinatorTLS?
         if let tlsCert, let tlsKey {
