@@ -9,7 +9,7 @@ public import OrchardML
 ///
 /// The pieces are separate calls so the fleet simulator can reuse them: ``loadTable()``, ``prepare(_:)``
 /// (seeded split and preprocessing fitted on the training rows), ``modelSpec(preprocessor:configuration:)``,
-/// ``trainCentral(_:configuration:clock:)`` and ``deviceModel(from:preprocessor:configuration:)``.
+/// ``trainCentral(_:configuration:clock:progress:)`` and ``deviceModel(from:preprocessor:configuration:)``.
 public enum HousingExample {
     /// The numeric features, standardised and fed together to the `numeric` input (the `B` column is not shipped).
     public static let numericFeatures = ["CRIM", "ZN", "INDUS", "NOX", "RM", "AGE", "DIS", "TAX", "PTRATIO", "LSTAT"]
@@ -87,12 +87,13 @@ public enum HousingExample {
     }
 
     /// Step 1: trains the central model, embeddings included, from a fresh initialisation seeded by
-    /// `configuration.seed`.
+    /// `configuration.seed`. `progress` is called after every batch with the role (`central`).
     public static func trainCentral<C: Clock>(
-        _ data: HousingData, configuration: HousingConfiguration = HousingConfiguration(), clock: C = ContinuousClock()
+        _ data: HousingData, configuration: HousingConfiguration = HousingConfiguration(), clock: C = ContinuousClock(),
+        progress: ((_ role: String, TrainingProgress) -> Void)? = nil
     ) throws -> TrainedHousingModel where C.Duration == Duration {
         let model = try Model(spec: try modelSpec(preprocessor: data.preprocessor, configuration: configuration), seed: configuration.seed)
-        return try train(model, role: "central", data: data, configuration: configuration, clock: clock)
+        return try train(model, role: "central", data: data, configuration: configuration, clock: clock, progress: progress)
     }
 
     /// Step 2a: the device model — the same architecture, its dense layers freshly initialised (from
@@ -107,12 +108,14 @@ public enum HousingExample {
     }
 
     /// Step 2b: trains a model (typically the device model) on `data`'s training rows and measures it.
+    /// `progress` is called after every batch with `role`.
     public static func train<C: Clock>(
-        _ model: Model, role: String, data: HousingData, configuration: HousingConfiguration = HousingConfiguration(), clock: C = ContinuousClock()
+        _ model: Model, role: String, data: HousingData, configuration: HousingConfiguration = HousingConfiguration(), clock: C = ContinuousClock(),
+        progress: ((_ role: String, TrainingProgress) -> Void)? = nil
     ) throws -> TrainedHousingModel where C.Duration == Duration {
         let trainer = try Trainer(model: model, configuration: configuration.trainingConfiguration)
         let start = clock.now
-        let outcome = try trainer.train(on: data.train)
+        let outcome = try trainer.train(on: data.train, progress: progress.map { report in { report(role, $0) } })
         let elapsed = start.duration(to: clock.now)
         guard case .completed(let report) = outcome else {
             throw CancellationError()
@@ -129,14 +132,16 @@ public enum HousingExample {
         return TrainedHousingModel(model: trained, metrics: metrics)
     }
 
-    /// Runs the whole example: prepare, train the central model, build and train the device model.
+    /// Runs the whole example: prepare, train the central model, build and train the device model. `progress` is
+    /// called after every batch of either model with its role (`central`, then `device`).
     public static func run<C: Clock>(
-        _ configuration: HousingConfiguration = HousingConfiguration(), clock: C = ContinuousClock()
+        _ configuration: HousingConfiguration = HousingConfiguration(), clock: C = ContinuousClock(),
+        progress: ((_ role: String, TrainingProgress) -> Void)? = nil
     ) throws -> HousingRun where C.Duration == Duration {
         let data = try prepare(configuration)
-        let central = try trainCentral(data, configuration: configuration, clock: clock)
+        let central = try trainCentral(data, configuration: configuration, clock: clock, progress: progress)
         let initialDevice = try deviceModel(from: central.model, preprocessor: data.preprocessor, configuration: configuration)
-        let device = try train(initialDevice, role: "device", data: data, configuration: configuration, clock: clock)
+        let device = try train(initialDevice, role: "device", data: data, configuration: configuration, clock: clock, progress: progress)
         return HousingRun(data: data, central: central, initialDevice: initialDevice, device: device, configuration: configuration)
     }
 }

@@ -50,11 +50,17 @@ public struct ModelSpec: Sendable, Hashable, Codable {
     }
 
     /// Decodes and validates a spec from JSON.
+    ///
+    /// A syntax error is named by its line and column (`model JSON: line 3, column 11: expected a value, found
+    /// 'small' (strings take double quotes)`); other errors by the key or layer at fault.
     public static func decode(json: Data) throws(FormatError) -> ModelSpec {
         let spec: ModelSpec
         do {
             spec = try JSONDecoder().decode(ModelSpec.self, from: json)
         } catch let error as DecodingError {
+            if case .dataCorrupted(let context) = error, context.codingPath.isEmpty, let syntax = JSONSyntaxError.find(in: json) {
+                throw FormatError(.invalidSpec, "model JSON: \(syntax)")
+            }
             throw FormatError(.invalidSpec, "model JSON: \(describe(error))")
         } catch {
             throw FormatError(.invalidSpec, "model JSON: \(error)")

@@ -95,31 +95,9 @@ public enum ProcessFiles {
             _ = try JSONSerialization.jsonObject(with: data, options: [.fragmentsAllowed])
             return nil
         } catch {
-            let debug = ((error as NSError).userInfo[NSDebugDescriptionErrorKey] as? String) ?? "\(error)"
-            guard let offset = characterOffset(in: debug) else { return debug }
-            let (line, column) = lineAndColumn(of: offset, in: data)
-            let reason = debug.replacingOccurrences(of: #"\s*around (line \d+, column \d+|character \d+)\.?"#, with: "", options: .regularExpression)
-            return "line \(line), column \(column): \(reason.isEmpty ? "unexpected text" : reason)"
+            return JSONSyntaxError.find(in: data)?.description
+                ?? ((error as NSError).userInfo[NSDebugDescriptionErrorKey] as? String) ?? "\(error)"
         }
-    }
-
-    /// The byte offset in Foundation's "… around character N." (or nil).
-    static func characterOffset(in text: String) -> Int? {
-        guard let range = text.range(of: #"character \d+"#, options: .regularExpression) else { return nil }
-        return Int(text[range].dropFirst("character ".count))
-    }
-
-    /// The 1-based line and column (in characters) of a byte offset.
-    static func lineAndColumn(of offset: Int, in data: Data) -> (line: Int, column: Int) {
-        let bytes = [UInt8](data.prefix(max(0, offset)))
-        var line = 1
-        var lineStart = 0
-        for (i, byte) in bytes.enumerated() where byte == 0x0A {
-            line += 1
-            lineStart = i + 1
-        }
-        let column = String(decoding: bytes[lineStart...], as: UTF8.self).count + 1
-        return (line, column)
     }
 
     /// A decoding error as `reason at path`.

@@ -60,9 +60,11 @@ struct BenchGEMM: AsyncParsableCommand {
         let iterations = max(1, Int(seconds * 20e9 / flops))
         let clock = ContinuousClock()
         var gflops: [String: Double] = [:]
-        for backend in backends {
+        // Progress on standard error; standard output is the one JSON line.
+        let progress = ProgressReporter("bench gemm", total: backends.count * repeats, unit: "runs")
+        for (index, backend) in backends.enumerated() {
             var best = Double.infinity
-            for _ in 0..<repeats {
+            for run in 0..<repeats {
                 let start = clock.now
                 a.withUnsafeBufferPointer { pa in
                     b.withUnsafeBufferPointer { pb in
@@ -79,6 +81,7 @@ struct BenchGEMM: AsyncParsableCommand {
                 }
                 let elapsed = clock.now - start
                 best = min(best, elapsed.inSeconds)
+                progress.update(index * repeats + run + 1, detail: backend.description)
             }
             gflops[backend.description] = (flops * Double(iterations) / best / 1e8).rounded() / 10
         }

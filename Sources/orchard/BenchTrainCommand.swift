@@ -68,13 +68,16 @@ struct BenchTrain: AsyncParsableCommand {
         var epochStart = clock.now
         var seconds: [Double] = []
         var lastLoss: Float = 0
+        // Progress on standard error (outside the timed epochs' arithmetic); standard output is the one JSON line.
+        let reporter = ProgressReporter("bench train", total: repeats + 1, unit: "epochs")
         _ = try trainer.train(on: dataset) { progress in
             lastLoss = progress.loss
             guard progress.batch == progress.batchesPerEpoch - 1 else { return }
             let now = clock.now
             let elapsed = now - epochStart
             if progress.epoch > 0 { seconds.append(elapsed.inSeconds) }
-            epochStart = now
+            reporter.update(progress.epoch + 1, detail: progress.epoch == 0 ? "warm-up" : "\(Int(Double(samples) / max(elapsed.inSeconds, 1e-6))) samples/s")
+            epochStart = clock.now
         }
         seconds.sort()
         let median = seconds[seconds.count / 2]

@@ -2,6 +2,7 @@ import ArgumentParser
 import Foundation
 import OrchardCoreML
 import OrchardFormats
+import OrchardSupport
 
 /// `orchard coreml`: export to, import from, and inspect Core ML `.mlmodel` files.
 struct CoreMLCommand: ParsableCommand {
@@ -48,15 +49,32 @@ struct CoreMLCommand: ParsableCommand {
         var license = ""
 
         func run() throws {
-            let spec = try ModelSpec.decode(json: Data(contentsOf: URL(fileURLWithPath: model)))
-            let archive = try Safetensors.decode(try Data(contentsOf: URL(fileURLWithPath: weights)))
+            let spec = try CommandFile("<model>", model).modelSpec()
+            let weightsFile = CommandFile("<weights>", weights)
+            let archive = try weightsFile.safetensors()
+            do throws(FormatError) {
+                try spec.checkWeights(Dictionary(archive.tensors.map { ($0.name, $0.shape) }, uniquingKeysWith: { first, _ in first }))
+            } catch {
+                // An architecture that does not build is left to the exporter, which names the layer.
+                if error.code != .invalidSpec { throw weightsFile.failure(error.code, "does not match the model '\(spec.name)': \(error.message)") }
+            }
+            let parameters = archive.tensors.reduce(0) { $0 + $1.values.count }
+            if parameters >= CoreMLCommand.largeModelParameters {
+                ProgressReporter.note("converting '\(spec.name)' (\(spec.layers.count) layers, \(parameters) parameters) to Core ML")
+            }
             let options = CoreMLExportOptions(
                 updatable: !predictionOnly, arrayDataType: arrayType, dropout: omitDropout ? .omit : .reject,
                 dropsUnrepresentableTrainingSettings: dropUnrepresentable,
                 metadata: CoreMLMetadata(shortDescription: shortDescription, author: author, license: license)
             )
-            let bytes = try CoreMLExporter(options: options).export(spec, weights: archive.tensors)
-            try Data(bytes).write(to: URL(fileURLWithPath: output), options: .atomic)
+            let bytes: [UInt8]
+            do throws(CoreMLError) {
+                bytes = try CoreMLExporter(options: options).export(spec, weights: archive.tensors)
+            } catch {
+                // A weight the architecture does not imply (or lacks) is the weights file's fault.
+                throw error.code == .weightMismatch ? weightsFile.failure(error.code, CoreMLCommand.describe(error)) : error
+            }
+            try CommandFile("--output", output).write(Data(bytes))
             print("wrote \(output) (\(bytes.count) bytes)")
         }
     }
@@ -77,17 +95,25 @@ struct CoreMLCommand: ParsableCommand {
         var name = "coreml-model"
 
         func run() throws {
-            let bytes = try [UInt8](Data(contentsOf: URL(fileURLWithPath: input)))
-            let imported = try CoreMLImporter(options: CoreMLImportOptions(defaultModelName: name)).importModel(from: bytes)
-            let directory = URL(fileURLWithPath: output, isDirectory: true)
-            try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
-            try imported.spec.jsonData().write(to: directory.appendingPathComponent("model.json"), options: .atomic)
-            try Data(Safetensors.encode(imported.weights)).write(to: directory.appendingPathComponent("weights.safetensors"), options: .atomic)
+            let file = CommandFile("<input>", input)
+            let bytes = try CoreMLCommand.readModel(file)
+            let imported: CoreMLImportedModel
+            do throws(CoreMLError) {
+                imported = try CoreMLImporter(options: CoreMLImportOptions(defaultModelName: name)).importModel(from: bytes)
+            } catch {
+                throw file.failure(error.code, CoreMLCommand.describe(error))
+            }
+            try CommandFile("--output", output).createDirectory()
+            func write(_ name: String, _ data: Data) throws(CommandFailure) {
+                try CommandFile("--output", URL(fileURLWithPath: output, isDirectory: true).appendingPathComponent(name).path).write(data)
+            }
+            try write("model.json", try imported.spec.jsonData())
+            try write("weights.safetensors", Data(Safetensors.encode(imported.weights)))
             var written = ["model.json", "weights.safetensors"]
             if !imported.classLabels.isEmpty {
                 let encoder = JSONEncoder()
                 encoder.outputFormatting = [.prettyPrinted]
-                try encoder.encode(imported.classLabels).write(to: directory.appendingPathComponent("labels.json"), options: .atomic)
+                try write("labels.json", try encoder.encode(imported.classLabels))
                 written.append("labels.json")
             }
             print("wrote \(written.joined(separator: ", ")) to \(output) (\(imported.spec.layers.count) layers, \(imported.weights.count) tensors)")
@@ -104,8 +130,26 @@ struct CoreMLCommand: ParsableCommand {
         var input: String
 
         func run() throws {
-            let bytes = try [UInt8](Data(contentsOf: URL(fileURLWithPath: input)))
-            print(try CoreMLModelSummary(bytes: bytes))
+            let file = CommandFile("<input>", input)
+            let bytes = try CoreMLCommand.readModel(file)
+            do throws(CoreMLError) { print(try CoreMLModelSummary(bytes: bytes)) } catch { throw file.failure(error.code, CoreMLCommand.describe(error)) }
         }
+    }
+
+    /// Models with at least this many parameters get a line on standard error before their conversion starts.
+    static let largeModelParameters = 10_000_000
+
+    /// A `.mlmodel` file's bytes; a large one is announced on standard error before it is parsed.
+    static func readModel(_ file: CommandFile) throws(CommandFailure) -> [UInt8] {
+        let bytes = [UInt8](try file.read())
+        if bytes.count >= largeModelParameters * 4 {
+            ProgressReporter.note("reading '\(file.path)' (\(bytes.count / (1 << 20)) MiB)")
+        }
+        return bytes
+    }
+
+    /// A Core ML error without its code: `layer 'conv1': …` or the message alone.
+    static func describe(_ error: CoreMLError) -> String {
+        (error.layer.map { "layer '\($0)': " } ?? "") + error.message
     }
 }

@@ -251,7 +251,7 @@ struct ProcessWatchCommand: AsyncParsableCommand {
     }
 
     func run() async throws {
-        let style: WatchFrame.Style = isatty(STDOUT_FILENO) == 1 ? .terminal(width: Self.terminalWidth()) : .plain
+        let style: WatchFrame.Style = isatty(STDOUT_FILENO) == 1 ? .terminal(width: Terminal.width(of: STDOUT_FILENO)) : .plain
         let interval = Duration.nanoseconds(Int64(self.interval * 1e9))
         let once = self.once
         let id = self.id
@@ -285,17 +285,6 @@ struct ProcessWatchCommand: AsyncParsableCommand {
                 throw error as? OperatorError ?? OperatorError(.unexpectedAnswer, "\(error)")
             }
         }
-    }
-
-    /// The terminal's width in columns (80 when it cannot be asked).
-    static func terminalWidth() -> Int {
-        var size = winsize()
-        #if canImport(Glibc)
-        let asked = ioctl(STDOUT_FILENO, UInt(TIOCGWINSZ), &size)
-        #else
-        let asked = ioctl(STDOUT_FILENO, TIOCGWINSZ, &size)
-        #endif
-        return asked == 0 && size.ws_col > 0 ? Int(size.ws_col) : 80
     }
 }
 

@@ -4,6 +4,7 @@ import OrchardData
 import OrchardExamples
 import OrchardFormats
 import OrchardML
+import OrchardSupport
 
 /// `orchard train …`: the bundled training examples.
 struct TrainCommand: ParsableCommand {
@@ -76,7 +77,13 @@ struct TrainHousing: ParsableCommand {
             seed: seed, testFraction: testFraction,
             training: TrainingSpec(loss: .meanSquaredError, optimizer: optimizerSpec, epochs: epochs, batchSize: batchSize)
         )
-        let run = try HousingExample.run(configuration)
+        // Progress on standard error, an epoch at a time over both models; standard output keeps the results.
+        let progress = ProgressReporter("train housing", total: 2 * epochs, unit: "epochs")
+        let run = try HousingExample.run(configuration) { role, step in
+            guard step.batch == step.batchesPerEpoch - 1 else { return }
+            let done = (role == "central" ? 0 : epochs) + step.epoch + 1
+            progress.update(done, detail: "\(role) model, loss \(String(format: "%.4g", step.loss))")
+        }
         if let output {
             let directory = URL(fileURLWithPath: output, isDirectory: true)
             try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)

@@ -171,3 +171,44 @@ import Testing
         #expect { try wide.parameters() } throws: { ($0 as? FormatError)?.message.contains("'input_size' is 20, but its input 'joined' has width 18") == true }
     }
 }
+
+/// JSON syntax errors by line and column, in model files and elsewhere.
+@Suite struct JSONSyntaxTests {
+    @Test(arguments: [
+        ("{\n  \"format_version\": 2,\n  \"name\": small\n}\n", 3, 11, "expected a value (strings take double quotes), found 'small'"),
+        ("{\n  \"format_version\": 2\n  \"name\": \"x\"\n}", 3, 3, "expected ',' or '}', found '\"'"),
+        ("{\"a\": [1, 2,]}", 1, 13, "expected a value (no ',' before ']'), found ']'"),
+        ("{\"a\": 1,}", 1, 9, "expected a key in double quotes (no ',' before '}'), found '}'"),
+        ("{'a': 1}", 1, 2, "expected a key in double quotes, found \"'\""),
+        ("{\"a\" 1}", 1, 6, "expected ':' after the key, found '1'"),
+        ("{\"a\": [1, 2", 1, 12, "expected ',' or ']', found the end of the text"),
+        ("", 1, 1, "expected a value, found the end of the text"),
+        ("{\"é\": \"ü\n\"}", 1, 9, "the string has no closing '\"' on its line"),
+        ("{\"a\": \"b", 1, 7, "the string has no closing '\"'"),
+        ("{\"a\": \"\\x\"}", 1, 8, "invalid escape in a string, found '\\'"),
+        ("[01]", 1, 3, "expected ',' or ']', found '1'"),
+        ("[1.]", 1, 4, "expected a digit after '.', found ']'"),
+        ("[-]", 1, 3, "expected a digit, found ']'"),
+        ("[tru]", 1, 2, "expected a value (strings take double quotes), found 'tru'"),
+        ("{} {}", 1, 4, "expected the end of the text after the JSON value, found '{'"),
+        ("[\"a\tb\"]", 1, 4, "a control character in a string must be escaped, found a tab"),
+    ])
+    func aSyntaxErrorIsFoundAtItsLineAndColumn(text: String, line: Int, column: Int, reason: String) {
+        let error = JSONSyntaxError.find(in: Data(text.utf8))
+        #expect(error?.description == "line \(line), column \(column): \(reason)")
+        #expect(error?.line == line && error?.column == column && error?.reason == reason)
+    }
+
+    @Test(arguments: [
+        "{}", "[]", "0", "-0.5e+10", "\"\\u00e9\\n\"", " { \"a\" : [ true , false , null , 1E3 , {\"b\": []} ] } \n", "\u{FEFF}{\"a\": 1}",
+    ])
+    func validJSONHasNoSyntaxError(text: String) {
+        #expect(JSONSyntaxError.find(in: Data(text.utf8)) == nil)
+    }
+
+    @Test func aModelFileSyntaxErrorNamesTheLineAndColumn() {
+        let json = "{\n  \"format_version\": 2,\n  \"name\": small\n}\n"
+        let error = #expect(throws: FormatError.self) { try ModelSpec.decode(json: Data(json.utf8)) }
+        #expect(error?.message == "model JSON: line 3, column 11: expected a value (strings take double quotes), found 'small'")
+    }
+}

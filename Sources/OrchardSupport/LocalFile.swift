@@ -1,0 +1,122 @@
+public import Foundation
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+/// Why a local file could not be read or written, in the few words a command line shows after the file's name:
+/// `no such file`, `is a directory`, `permission denied` (Foundation's own errors print as an
+/// `Error Domain=NSCocoaErrorDomain Code=260 … UserInfo={…}` record).
+public struct FileAccessError: OrchardError, Hashable {
+    /// A machine-readable category of a file access error.
+    public struct Code: Sendable, Hashable, CustomStringConvertible {
+        private enum Kind: String, ErrorCodeKind {
+            case noSuchFile, isADirectory, permissionDenied, failed
+        }
+        private let kind: Kind
+        private init(_ kind: Kind) { self.kind = kind }
+
+        /// The file (or, when writing, its directory) does not exist.
+        public static let noSuchFile = Code(.noSuchFile)
+        /// A directory stands where a file was expected.
+        public static let isADirectory = Code(.isADirectory)
+        /// The process may not read or write it.
+        public static let permissionDenied = Code(.permissionDenied)
+        /// Any other reason (the system's words).
+        public static let failed = Code(.failed)
+        /// The code in snake case, e.g. `no_such_file`.
+        public var description: String { kind.snakeCased }
+    }
+
+    /// What went wrong, as a category.
+    public var code: Code
+    /// The reason in lower case, without the path: `no such file`.
+    public var message: String
+
+    /// Creates an error with a code and a message.
+    public init(_ code: Code, _ message: String) {
+        self.code = code
+        self.message = message
+    }
+
+    /// The reason behind a Foundation file error (its POSIX cause, when it has one); `writing` says "no such
+    /// directory" for a missing parent rather than "no such file".
+    public init(_ error: any Error, writing: Bool = false) {
+        switch Self.posixCode(of: error) {
+        case ENOENT: self.init(.noSuchFile, writing ? "no such directory" : "no such file")
+        case EISDIR: self.init(.isADirectory, "is a directory")
+        case EACCES, EPERM: self.init(.permissionDenied, "permission denied")
+        case let code?: self.init(.failed, Self.systemReason(code))
+        case nil: self.init(.failed, (error as NSError).localizedDescription)
+        }
+    }
+
+    /// `errno` behind an error of Foundation's file APIs.
+    private static func posixCode(of error: any Error) -> Int32? {
+        let error = error as NSError
+        if error.domain == NSPOSIXErrorDomain { return Int32(error.code) }
+        if let underlying = error.userInfo[NSUnderlyingErrorKey] as? NSError, underlying.domain == NSPOSIXErrorDomain {
+            return Int32(underlying.code)
+        }
+        guard error.domain == NSCocoaErrorDomain else { return nil }
+        switch CocoaError.Code(rawValue: error.code) {
+        case .fileNoSuchFile, .fileReadNoSuchFile: return ENOENT
+        case .fileReadNoPermission, .fileWriteNoPermission: return EACCES
+        case .fileWriteVolumeReadOnly: return EROFS
+        case .fileWriteOutOfSpace: return ENOSPC
+        default: return nil
+        }
+    }
+
+    /// `strerror`'s text with a lower-case first letter: `read-only file system`.
+    private static func systemReason(_ code: Int32) -> String {
+        let text = String(cString: strerror(code))
+        return text.prefix(1).lowercased() + text.dropFirst()
+    }
+}
+
+/// Reading and writing whole local files with errors that name only the reason (``FileAccessError``), for a
+/// caller to put after the option or argument that named the file.
+public enum LocalFile {
+    /// The bytes of the file at `path`.
+    public static func read(_ path: String) throws(FileAccessError) -> Data {
+        var isDirectory: ObjCBool = false
+        // Foundation on Linux reports a directory as an unknown read error; say what it is.
+        if FileManager.default.fileExists(atPath: path, isDirectory: &isDirectory), isDirectory.boolValue {
+            throw FileAccessError(.isADirectory, "is a directory")
+        }
+        do {
+            return try Data(contentsOf: URL(fileURLWithPath: path))
+        } catch {
+            throw FileAccessError(error)
+        }
+    }
+
+    /// Replaces the file at `path` with `data` (written to a temporary file first, then renamed).
+    public static func write(_ data: Data, to path: String) throws(FileAccessError) {
+        var isDirectory: ObjCBool = false
+        if FileManager.default.fileExists(atPath: path, isDirectory: &isDirectory), isDirectory.boolValue {
+            throw FileAccessError(.isADirectory, "is a directory")
+        }
+        do {
+            try data.write(to: URL(fileURLWithPath: path), options: .atomic)
+        } catch {
+            throw FileAccessError(error, writing: true)
+        }
+    }
+
+    /// Creates the directory at `path` and any missing parents; an existing directory is kept.
+    public static func createDirectory(_ path: String) throws(FileAccessError) {
+        var isDirectory: ObjCBool = false
+        if FileManager.default.fileExists(atPath: path, isDirectory: &isDirectory) {
+            if isDirectory.boolValue { return }
+            throw FileAccessError(.failed, "is a file, not a directory")
+        }
+        do {
+            try FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)
+        } catch {
+            throw FileAccessError(error, writing: true)
+        }
+    }
+}

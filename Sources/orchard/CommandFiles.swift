@@ -1,0 +1,63 @@
+import Foundation
+import OrchardFormats
+import OrchardSupport
+
+/// A failure a command reports as its one line: ArgumentParser prints `Error: <message>` on standard error and
+/// exits with status 1 (an error it does not know prints as its `description`).
+struct CommandFailure: OrchardError {
+    /// The underlying error's code (`no_such_file`, `invalid_spec`, …), for code that tells failures apart.
+    var code: String
+    /// The whole line after `Error: `.
+    var message: String
+
+    var description: String { message }
+}
+
+/// A file named on the command line, by an option (`--output`) or an argument as `--help` shows it (`<model>`);
+/// every failure to read, decode or write it is one line naming both: `<model> 'm.json': no such file`.
+struct CommandFile {
+    /// The option or argument.
+    var name: String
+    /// The path given.
+    var path: String
+
+    init(_ name: String, _ path: String) {
+        self.name = name
+        self.path = path
+    }
+
+    /// `name 'path': reason`.
+    func failure(_ code: some CustomStringConvertible, _ reason: String) -> CommandFailure {
+        CommandFailure(code: "\(code)", message: "\(name) '\(path)': \(reason)")
+    }
+
+    /// The file's bytes.
+    func read() throws(CommandFailure) -> Data {
+        do throws(FileAccessError) { return try LocalFile.read(path) } catch { throw failure(error.code, error.message) }
+    }
+
+    /// Replaces the file with `data`.
+    func write(_ data: Data) throws(CommandFailure) {
+        do throws(FileAccessError) { try LocalFile.write(data, to: path) } catch { throw failure(error.code, error.message) }
+    }
+
+    /// The directory, created with its parents when missing.
+    func createDirectory() throws(CommandFailure) {
+        do throws(FileAccessError) { try LocalFile.createDirectory(path) } catch { throw failure(error.code, error.message) }
+    }
+
+    /// The model architecture the file holds, decoded and checked (a JSON syntax error by its line and column).
+    func modelSpec() throws(CommandFailure) -> ModelSpec {
+        let json = try read()
+        do throws(FormatError) { return try ModelSpec.decode(json: json) } catch {
+            let prefix = "model JSON: "
+            throw failure(error.code, error.message.hasPrefix(prefix) ? String(error.message.dropFirst(prefix.count)) : error.message)
+        }
+    }
+
+    /// The safetensors archive the file holds.
+    func safetensors() throws(CommandFailure) -> SafetensorsArchive {
+        let bytes = try read()
+        do throws(FormatError) { return try Safetensors.decode(bytes) } catch { throw failure(error.code, error.message) }
+    }
+}

@@ -1,0 +1,118 @@
+import Foundation
+import OrchardSupport
+import Testing
+
+/// What a ``ProgressMeter`` writes for a sequence of (units done, seconds since the start) events.
+@Suite struct ProgressMeterTests {
+    /// Feeds `events` to `meter` and collects every text it returns.
+    func texts(_ meter: inout ProgressMeter, _ events: [(Int, Double)], detail: String = "") -> [String] {
+        events.compactMap { meter.update($0.0, detail: detail, at: $0.1) }
+    }
+
+    @Test func plainLinesComeEveryTenPerCentButAtMostOnceASecond() {
+        var slow = ProgressMeter("bench gemm", total: 100, unit: "runs", style: .plain)
+        // A unit every 1/4 s: 10 % takes 2.5 s, so a line comes every 10 %.
+        let percents = texts(&slow, (1...100).map { ($0, Double($0) / 4) }).map { $0.prefix { $0 != "%" } }
+        #expect(percents == (1...10).map { "bench gemm: \($0 * 10)" })
+        var fast = ProgressMeter("bench gemm", total: 100, unit: "runs", style: .plain)
+        // A unit every 1/16 s: 10 % takes 0.625 s, so a line comes every second (16 units), and one at the end.
+        #expect(texts(&fast, (1...100).map { ($0, Double($0) / 16) }) == [
+            "bench gemm: 16% (16/100 runs), 1.0 s\n",
+            "bench gemm: 32% (32/100 runs), 2.0 s\n",
+            "bench gemm: 48% (48/100 runs), 3.0 s\n",
+            "bench gemm: 64% (64/100 runs), 4.0 s\n",
+            "bench gemm: 80% (80/100 runs), 5.0 s\n",
+            "bench gemm: 96% (96/100 runs), 6.0 s\n",
+            "bench gemm: 100% (100/100 runs), 6.3 s\n",
+        ])
+    }
+
+    @Test func aSlowJobGetsAPlainLineAtLeastEveryTenSecondsWhileItAdvances() {
+        var meter = ProgressMeter("train housing", total: 1000, unit: "epochs", style: .plain)
+        // 1 % every 4 s: a 10 % step takes 40 s, so the 10-second heartbeat speaks first.
+        let lines = texts(&meter, (1...10).map { ($0 * 10, Double($0) * 4) }, detail: "central model")
+        #expect(lines == [
+            "train housing: 3% (30/1000 epochs), central model, 12.0 s\n",
+            "train housing: 6% (60/1000 epochs), central model, 24.0 s\n",
+            "train housing: 9% (90/1000 epochs), central model, 36.0 s\n",
+        ])
+        // Standing still says nothing, however long it takes.
+        #expect(meter.update(100, at: 100) == nil)
+        #expect(meter.update(100, at: 200) == nil)
+    }
+
+    @Test func aJobShorterThanASecondWritesNoPlainLine() {
+        var meter = ProgressMeter("bench gemm", total: 4, unit: "runs", style: .plain)
+        #expect(texts(&meter, [(1, 0.1), (2, 0.2), (3, 0.3), (4, 0.4)]).isEmpty)
+    }
+
+    @Test func theTerminalLineIsRedrawnAtMostTenTimesASecondAndClearedAtTheEnd() {
+        var meter = ProgressMeter("bench train", total: 4, unit: "epochs", style: .terminal(width: 200))
+        let texts = texts(&meter, [(1, 0.01), (2, 0.05), (3, 0.2), (4, 0.3)], detail: "warm-up")
+        #expect(texts == [
+            "\r\u{1B}[2Kbench train  [██████░░░░░░░░░░░░░░░░░░]   25%  1/4 epochs  0.0 s  warm-up",
+            "\r\u{1B}[2Kbench train  [██████████████████░░░░░░]   75%  3/4 epochs  0.2 s  warm-up",
+            "\r\u{1B}[2K",
+        ])
+        #expect(!meter.isDrawn)
+        #expect(meter.update(4, at: 1) == nil, "nothing after completion")
+        #expect(meter.interruption() == nil)
+    }
+
+    @Test func theTerminalLineFitsTheTerminalAndAnEarlyStopEndsIt() {
+        var meter = ProgressMeter("train housing", total: 300, unit: "epochs", style: .terminal(width: 40))
+        let text = meter.update(3, detail: "central model, loss 12.3", at: 65)
+        #expect(text == "\r\u{1B}[2K" + "train housing  [░░░░░░░░░░░░░░░░░░░░░░░")
+        #expect(meter.isDrawn)
+        #expect(meter.interruption() == "\n")
+        #expect(meter.interruption() == nil)
+    }
+
+    @Test func longJobsShowMinutesAndHours() {
+        var meter = ProgressMeter("x", total: 2, unit: "steps", style: .plain)
+        #expect(meter.update(1, at: 125) == "x: 50% (1/2 steps), 2 min 05 s\n")
+        #expect(meter.update(2, at: 3725) == "x: 100% (2/2 steps), 1 h 02 min\n")
+    }
+
+    @Test func aReporterWritesTheMetersTextAndEndsALineLeftDrawn() {
+        final class Sink: @unchecked Sendable { var text = "" }
+        let sink = Sink()
+        do {
+            let reporter = ProgressReporter(ProgressMeter("job", total: 10, unit: "steps", style: .terminal(width: 80))) { sink.text += $0 }
+            reporter.update(1)
+        }
+        #expect(sink.text.hasPrefix("\r\u{1B}[2Kjob  ["))
+        #expect(sink.text.hasSuffix("\n"), "the reporter went away mid-job: the line is ended")
+    }
+}
+
+@Suite struct LocalFileTests {
+    @Test func aMissingFileADirectoryAndAMissingDirectoryAreNamedInAFewWords() throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("orchard-local-file-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let missing = directory.appendingPathComponent("nope.json").path
+        #expect(throws: FileAccessError(.noSuchFile, "no such file")) { try LocalFile.read(missing) }
+        #expect(throws: FileAccessError(.isADirectory, "is a directory")) { try LocalFile.read(directory.path) }
+        #expect(throws: FileAccessError(.noSuchFile, "no such directory")) {
+            try LocalFile.write(Data("x".utf8), to: directory.appendingPathComponent("no/such/out.json").path)
+        }
+        #expect(throws: FileAccessError(.isADirectory, "is a directory")) { try LocalFile.write(Data(), to: directory.path) }
+
+        let file = directory.appendingPathComponent("a.txt").path
+        try LocalFile.write(Data("hello".utf8), to: file)
+        #expect(try LocalFile.read(file) == Data("hello".utf8))
+        #expect(throws: FileAccessError(.failed, "is a file, not a directory")) { try LocalFile.createDirectory(file) }
+        try LocalFile.createDirectory(directory.appendingPathComponent("b/c").path)
+        try LocalFile.createDirectory(directory.appendingPathComponent("b/c").path)
+    }
+
+    @Test(.enabled(if: geteuid() != 0, "root reads every file"))
+    func anUnreadableFileIsPermissionDenied() throws {
+        let file = FileManager.default.temporaryDirectory.appendingPathComponent("orchard-locked-\(UUID().uuidString)").path
+        try LocalFile.write(Data("secret".utf8), to: file)
+        defer { try? FileManager.default.removeItem(atPath: file) }
+        try FileManager.default.setAttributes([.posixPermissions: 0o000], ofItemAtPath: file)
+        #expect(throws: FileAccessError(.permissionDenied, "permission denied")) { try LocalFile.read(file) }
+    }
+}
