@@ -270,7 +270,7 @@ let package = Package(
         .testTarget(
             name: "OrchardFlowerTests",
             dependencies: [
-                "OrchardFlower", "OrchardML", "OrchardFormats", "OrchardSupport", "OrchardTesting", "OrchardData",
+                "OrchardFlower", "OrchardML", "OrchardFormats", "OrchardSupport", "OrchardTesting", "OrchardData", "OrchardClient",
                 .product(name: "SwiftProtobuf", package: "swift-protobuf"),
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "PropertyBased", package: "swift-property-based"),

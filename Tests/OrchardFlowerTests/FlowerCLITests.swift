@@ -6,7 +6,7 @@ import Testing
 /// `orchard flower join` and `orchard agent --flower-superlink` refuse bad input with one line naming the option.
 @Suite(.serialized) struct FlowerCLITests {
     /// Runs the executable to its end; its exit status and standard error.
-    func run(_ arguments: [String]) throws -> (status: Int32, errors: String) {
+    func run(_ arguments: [String]) async throws -> (status: Int32, errors: String) {
         let process = Process()
         process.executableURL = try OrchardExecutable.url()
         process.arguments = arguments
@@ -17,7 +17,7 @@ import Testing
         process.standardOutput = FileHandle.nullDevice
         process.standardError = try FileHandle(forWritingTo: errors)
         try process.run()
-        process.waitUntilExit()
+        while process.isRunning { try await Task.sleep(for: .milliseconds(20)) }
         return (process.terminationStatus, try String(contentsOf: errors, encoding: .utf8))
     }
 
@@ -42,40 +42,40 @@ import Testing
         (["--superlink", "127.0.0.1:9092", "--insecure", "--node-config", "seed=-1"], "the seed is a non-negative integer"),
         (["--superlink", "127.0.0.1:9092", "--insecure", "--heartbeat-interval", "0"], "--heartbeat-interval must be at least 1 second"),
     ])
-    func joinRefusesBadOptions(arguments: [String], expected: String) throws {
+    func joinRefusesBadOptions(arguments: [String], expected: String) async throws {
         let (model, data) = try files()
-        let result = try run(["flower", "join", "--model", model, "--data", data] + arguments)
+        let result = try await run(["flower", "join", "--model", model, "--data", data] + arguments)
         #expect(result.status != 0)
         #expect(result.errors.contains(expected), "\(result.errors)")
     }
 
-    @Test func joinNamesAMissingModelOrDataFile() throws {
+    @Test func joinNamesAMissingModelOrDataFile() async throws {
         let (model, data) = try files()
-        let missingModel = try run(["flower", "join", "--superlink", "127.0.0.1:9092", "--insecure", "--model", "/nonexistent/model.json", "--data", data])
+        let missingModel = try await run(["flower", "join", "--superlink", "127.0.0.1:9092", "--insecure", "--model", "/nonexistent/model.json", "--data", data])
         #expect(missingModel.status != 0)
         #expect(missingModel.errors.contains("--model") && missingModel.errors.contains("/nonexistent/model.json"), "\(missingModel.errors)")
-        let missingData = try run(["flower", "join", "--superlink", "127.0.0.1:9092", "--insecure", "--model", model, "--data", "/nonexistent/data.safetensors"])
+        let missingData = try await run(["flower", "join", "--superlink", "127.0.0.1:9092", "--insecure", "--model", model, "--data", "/nonexistent/data.safetensors"])
         #expect(missingData.status != 0)
         #expect(missingData.errors.contains("--data /nonexistent/data.safetensors"), "\(missingData.errors)")
         let badMap = FileManager.default.temporaryDirectory.appendingPathComponent("orchard-map-\(UUID().uuidString).json")
         try #"["fc1.weight", "nope"]"#.write(to: badMap, atomically: true, encoding: .utf8)
-        let unknown = try run(["flower", "join", "--superlink", "127.0.0.1:9092", "--insecure", "--model", model, "--data", data, "--array-map", badMap.path])
+        let unknown = try await run(["flower", "join", "--superlink", "127.0.0.1:9092", "--insecure", "--model", model, "--data", data, "--array-map", badMap.path])
         #expect(unknown.status != 0)
         #expect(unknown.errors.contains("'nope'"), "\(unknown.errors)")
     }
 
-    @Test func theAgentTakesEitherACoordinatorOrASuperLink() throws {
+    @Test func theAgentTakesEitherACoordinatorOrASuperLink() async throws {
         let (model, data) = try files()
-        let both = try run(["agent", "--flower-superlink", "127.0.0.1:9092", "--flower-insecure", "--model", model, "--data", data, "--server", "http://127.0.0.1:8080"])
+        let both = try await run(["agent", "--flower-superlink", "127.0.0.1:9092", "--flower-insecure", "--model", model, "--data", data, "--server", "http://127.0.0.1:8080"])
         #expect(both.status != 0)
         #expect(both.errors.contains("--server is for an Orchard coordinator"), "\(both.errors)")
-        let noModel = try run(["agent", "--flower-superlink", "127.0.0.1:9092", "--flower-insecure", "--data", data])
+        let noModel = try await run(["agent", "--flower-superlink", "127.0.0.1:9092", "--flower-insecure", "--data", data])
         #expect(noModel.status != 0)
         #expect(noModel.errors.contains("--model is required with --flower-superlink"), "\(noModel.errors)")
-        let neither = try run(["agent", "--data", data])
+        let neither = try await run(["agent", "--data", data])
         #expect(neither.status != 0)
         #expect(neither.errors.contains("--server is required"), "\(neither.errors)")
-        let flowerOptionsAlone = try run(["agent", "--server", "http://127.0.0.1:8080", "--process", "p", "--version", "1", "--data", data, "--model", model])
+        let flowerOptionsAlone = try await run(["agent", "--server", "http://127.0.0.1:8080", "--process", "p", "--version", "1", "--data", data, "--model", model])
         #expect(flowerOptionsAlone.status != 0)
         #expect(flowerOptionsAlone.errors.contains("are for --flower-superlink"), "\(flowerOptionsAlone.errors)")
     }

@@ -1,5 +1,6 @@
 import Foundation
 import OrchardData
+import OrchardClient
 import OrchardFlower
 import OrchardFormats
 import OrchardML
@@ -77,7 +78,6 @@ struct FlowerFederationTests {
     @Test func twoOrchardDevicesRunThreeFedAvgRoundsAndTheGlobalModelIsTheWeightedAverage() async throws {
         let directory = try Self.temporaryDirectory()
         let link = try await SuperLinkFixture(directory: directory)
-        defer { link.stop() }
         // Different data sizes, so that the weighting matters.
         let (first, firstEvents) = try Self.node(link, state: directory.appendingPathComponent("a"), data: try Self.dataset(seed: 1, samples: 40))
         let (second, secondEvents) = try Self.node(link, state: directory.appendingPathComponent("b"), data: try Self.dataset(seed: 2, samples: 24))
@@ -85,6 +85,7 @@ struct FlowerFederationTests {
         let result = try await link.run(config: ["num-server-rounds": "3"], output: directory.appendingPathComponent("result.json"))
         for window in windows { window.cancel() }
         for window in windows { try await window.value }
+        await link.stop()
 
         let rounds = try #require(result["rounds"] as? [[String: Any]])
         #expect(rounds.count == 3)
@@ -125,10 +126,60 @@ struct FlowerFederationTests {
         #expect(losses.count == 3 && losses[2] < losses[0])
     }
 
+    @Test func devicesJoinASuperLinkServingHTTPSFromAPrivateCA() async throws {
+        let directory = try Self.temporaryDirectory()
+        let link = try await SuperLinkFixture(directory: directory, tls: true)
+        let ca = try #require(link.caCertificate)
+        var windows: [Task<Void, any Error>] = []
+        var recorders: [Recorder] = []
+        for (index, samples) in [40, 24].enumerated() {
+            let recorder = Recorder()
+            let configuration = FlowerNodeConfiguration(
+                superlink: try SuperLinkAddress(link.address, trustRoots: try TrustRoots.certificateFile(ca.path)),
+                stateDirectory: directory.appendingPathComponent("node-\(index)"), pollInterval: .milliseconds(200)
+            )
+            let app = try FlowerLocalApp(model: try Self.model(), dataset: try Self.dataset(seed: UInt64(index), samples: samples))
+            let node = try FlowerNode(configuration: configuration, app: app) { recorder.record($0) }
+            recorders.append(recorder)
+            windows.append(Task { try await node.runWindow() })
+        }
+        let result = try await link.run(config: ["num-server-rounds": "1"], output: directory.appendingPathComponent("result.json"))
+        for window in windows { window.cancel() }
+        for window in windows { try await window.value }
+        await link.stop()
+        let rounds = try #require(result["rounds"] as? [[String: Any]])
+        #expect(rounds.count == 1)
+        #expect((rounds.first?["replies"] as? [[String: Any]])?.count == 2)
+        for recorder in recorders { #expect(recorder.trainAnswers.count == 1) }
+    }
+
+    @Test func aNodeThatDoesNotTrustTheSuperLinksCAIsRefusedByTLS() async throws {
+        let directory = try Self.temporaryDirectory()
+        let link = try await SuperLinkFixture(directory: directory, tls: true)
+        // Another CA than the one that signed the SuperLink's certificate.
+        let other = try TestCertificates.make(commonName: "Someone else's CA").write(to: directory.appendingPathComponent("other"))
+        let recorder = Recorder()
+        let configuration = FlowerNodeConfiguration(
+            superlink: try SuperLinkAddress(link.address, trustRoots: try TrustRoots.certificateFile(other.ca)),
+            stateDirectory: directory.appendingPathComponent("node"), pollInterval: .milliseconds(200)
+        )
+        let node = try FlowerNode(configuration: configuration, app: try FlowerLocalApp(model: try Self.model(), dataset: try Self.dataset(seed: 1, samples: 8))) {
+            recorder.record($0)
+        }
+        let window = Task { try await node.runWindow() }
+        while !recorder.all.contains(where: { if case .retrying = $0 { true } else { false } }) { try await Task.sleep(for: .milliseconds(50)) }
+        window.cancel()
+        try await window.value
+        await link.stop()
+        let failure = try #require(recorder.all.compactMap { if case .retrying(let error) = $0 { error } else { nil } }.first)
+        #expect(failure.code == .superlinkUnreachable)
+        #expect(failure.message.contains("TLS"), "\(failure.message)")
+        #expect(!recorder.all.contains { if case .registered = $0 { true } else { false } })
+    }
+
     @Test func anOrchardDeviceAndAPythonSuperNodeShareARun() async throws {
         let directory = try Self.temporaryDirectory()
         let link = try await SuperLinkFixture(directory: directory)
-        defer { link.stop() }
         try link.startPythonNode(partition: 1, directory: directory)
         // The Orchard device through the CLI: `orchard flower join`.
         let data = directory.appendingPathComponent("data.safetensors")
@@ -150,7 +201,8 @@ struct FlowerFederationTests {
 
         let result = try await link.run(config: ["num-server-rounds": "3"], output: directory.appendingPathComponent("result.json"))
         join.terminate()
-        join.waitUntilExit()
+        while join.isRunning { try await Task.sleep(for: .milliseconds(20)) }
+        await link.stop()
         let lines = try String(contentsOf: output, encoding: .utf8).split(separator: "\n").compactMap {
             try JSONSerialization.jsonObject(with: Data($0.utf8)) as? [String: Any]
         }
@@ -185,12 +237,12 @@ struct FlowerFederationTests {
     @Test func badMessagesGetErrorRepliesAndTheNodeKeepsServing() async throws {
         let directory = try Self.temporaryDirectory()
         let link = try await SuperLinkFixture(directory: directory)
-        defer { link.stop() }
         let (node, events) = try Self.node(link, state: directory.appendingPathComponent("a"), data: try Self.dataset(seed: 1, samples: 16))
         let window = Task { try await node.runWindow() }
         let result = try await link.run(config: ["mode": "'probe'"], output: directory.appendingPathComponent("result.json"))
         window.cancel()
         try await window.value
+        await link.stop()
 
         let cases = try #require(result["cases"] as? [String: [String: Any]])
         func error(_ name: String) -> String { cases[name]?["error"] as? String ?? "no error reply: \(cases[name] ?? [:])" }
@@ -209,9 +261,8 @@ struct FlowerFederationTests {
     }
 }
 
-/// A background window that ends in the middle of a round.
-@Suite(.serialized, FlowerInstallation.requirement, .timeLimit(.minutes(10)))
-struct FlowerWindowTests {
+/// A background window that ends in the middle of a round (in the same serialized suite: one SuperLink at a time).
+extension FlowerFederationTests {
     /// Holds the task of a node's current window, so that an event can end it.
     final class WindowHolder: Sendable {
         let task = Mutex<Task<Void, any Error>?>(nil)
@@ -225,10 +276,9 @@ struct FlowerWindowTests {
     @Test func aWindowEndingMidRoundKeepsTheMessageAndTheNextWindowAnswersItOnce() async throws {
         let directory = try FlowerFederationTests.temporaryDirectory()
         let link = try await SuperLinkFixture(directory: directory)
-        defer { link.stop() }
         let state = directory.appendingPathComponent("a")
         let holder = WindowHolder()
-        let firstWindow = FlowerFederationTests.Recorder()
+        let firstWindow = Recorder()
         let address = try SuperLinkAddress(link.address, trustRoots: nil)
         let app = try FlowerLocalApp(model: try FlowerFederationTests.model(), dataset: try FlowerFederationTests.dataset(seed: 1, samples: 40))
         let configuration = FlowerNodeConfiguration(superlink: address, stateDirectory: state, pollInterval: .milliseconds(200))
@@ -249,7 +299,7 @@ struct FlowerWindowTests {
         #expect(FileManager.default.fileExists(atPath: state.appendingPathComponent("flower-kept-message.json").path))
 
         // The next window (a new node object on the same state, as after a relaunch) answers the kept message first.
-        let secondWindow = FlowerFederationTests.Recorder()
+        let secondWindow = Recorder()
         let second = try FlowerNode(configuration: configuration, app: app) { secondWindow.record($0) }
         let next = Task { try await second.runWindow() }
         _ = try await run.value
@@ -258,6 +308,7 @@ struct FlowerWindowTests {
         otherWindow.cancel()
         try await next.value
         try await otherWindow.value
+        await link.stop()
 
         let answered = secondWindow.all.compactMap { if case .answered(let id, "train", _, _) = $0 { id } else { nil } }
         #expect(answered.first == kept, "the kept message is answered first")
@@ -268,10 +319,7 @@ struct FlowerWindowTests {
         #expect(!FileManager.default.fileExists(atPath: state.appendingPathComponent("flower-kept-reply.json").path))
         let rounds = try #require(result["rounds"] as? [[String: Any]])
         #expect(rounds.count == 2)
-        // What the ServerApp made of the late reply (Flower may count a node that went inactive as failed).
-        let firstRound = rounds.first?["replies"] as? [[String: Any]] ?? []
-        let nodeID = try #require(secondWindow.nodeID)
-        let reply = firstRound.first { $0["node_id"] as? String == String(nodeID) }
-        #expect(reply != nil && reply?["error"] == nil, "round 1: \(firstRound.map { $0.filter { $0.key != "arrays" } })")
+        // Whether the ServerApp counts the late reply is Flower's: a node that was inactive when the round's replies
+        // were collected may be counted as failed. The run goes on either way.
     }
 }

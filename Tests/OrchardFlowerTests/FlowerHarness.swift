@@ -2,6 +2,7 @@ import Foundation
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif
+import OrchardTesting
 import Testing
 
 /// flwr 1.41.0 in a virtual environment (`ORCHARD_FLOWER_VENV`, `/opt/flwr-venv` by default; `.ci/run` makes it):
@@ -87,16 +88,18 @@ final class FlowerProcess: @unchecked Sendable {
     /// The process's output so far.
     var output: String { (try? String(contentsOf: log, encoding: .utf8)) ?? "" }
 
-    /// Stops the process and everything in its session.
-    func stop() {
+    /// Stops the process and its process group: SIGTERM, then SIGKILL after 5 s. It waits without blocking a
+    /// thread of Swift's cooperative pool (which other tests share).
+    func stop() async {
         guard process.isRunning else { return }
         kill(-process.processIdentifier, SIGTERM)
-        for _ in 0..<50 where process.isRunning { usleep(100_000) }
+        for _ in 0..<50 where process.isRunning { try? await Task.sleep(for: .milliseconds(100)) }
         if process.isRunning { kill(-process.processIdentifier, SIGKILL) }
-        process.waitUntilExit()
+        while process.isRunning { try? await Task.sleep(for: .milliseconds(20)) }
     }
 
-    deinit { stop() }
+    /// A fixture dropped without ``stop()`` (a failed test) kills its processes at once.
+    deinit { if process.isRunning { kill(-process.processIdentifier, SIGKILL) } }
 }
 
 /// A SuperLink on loopback (`--insecure`) with its own `FLWR_HOME` holding the `local-deploy` connection that
@@ -106,23 +109,36 @@ final class SuperLinkFixture: @unchecked Sendable {
     let home: URL
     let superlink: FlowerProcess
     var nodes: [FlowerProcess] = []
+    /// The CA certificate (PEM file) the SuperLink's HTTPS certificate chains to; nil for `--insecure`.
+    let caCertificate: URL?
 
-    init(directory: URL) async throws {
+    /// Starts a SuperLink; with `tls` it serves HTTPS with a certificate for 127.0.0.1 from a throwaway private CA.
+    init(directory: URL, tls: Bool = false) async throws {
         try FlowerInstallation.require()
         home = directory.appendingPathComponent("flwr-home")
         try FileManager.default.createDirectory(at: home, withIntermediateDirectories: true)
         port = try freePort()
+        var security = ["--insecure"]
+        var connection = "insecure = true"
+        if tls {
+            let files = try TestCertificates.make().write(to: directory)
+            security = ["--ssl-certfile", files.certificate, "--ssl-keyfile", files.key, "--ssl-ca-certfile", files.ca]
+            connection = "root-certificates = \"\(files.ca)\""
+            caCertificate = URL(fileURLWithPath: files.ca)
+        } else {
+            caCertificate = nil
+        }
         try """
         [superlink]
         default = "local-deploy"
 
         [superlink.local-deploy]
         address = "127.0.0.1:\(port)"
-        insecure = true
+        \(connection)
 
         """.write(to: home.appendingPathComponent("config.toml"), atomically: true, encoding: .utf8)
         superlink = try FlowerProcess(
-            "flower-superlink", ["--insecure", "--disable-runtime-dependency-installation", "--host", "127.0.0.1", "--port", String(port)],
+            "flower-superlink", security + ["--disable-runtime-dependency-installation", "--host", "127.0.0.1", "--port", String(port)],
             home: home, log: directory.appendingPathComponent("superlink.log")
         )
         try await waitForHealth()
@@ -132,10 +148,17 @@ final class SuperLinkFixture: @unchecked Sendable {
     var address: String { "127.0.0.1:\(port)" }
 
     private func waitForHealth() async throws {
-        let url = URL(string: "http://127.0.0.1:\(port)/health")!
+        // Over HTTPS the test's URLSession does not trust the private CA: any answer (or a TLS failure after the
+        // connection is accepted) means the server is up; only a refused connection means it is not yet.
+        let url = URL(string: "\(caCertificate == nil ? "http" : "https")://127.0.0.1:\(port)/health")!
         for _ in 0..<600 {
             guard superlink.process.isRunning else { throw FlowerRunError("flower-superlink exited: \(superlink.output.suffix(2000))") }
-            if let (_, response) = try? await URLSession.shared.data(from: url), (response as? HTTPURLResponse)?.statusCode == 200 { return }
+            do {
+                let (_, response) = try await URLSession.shared.data(from: url)
+                if (response as? HTTPURLResponse)?.statusCode == 200 { return }
+            } catch let error as URLError where error.code != .cannotConnectToHost && error.code != .networkConnectionLost && error.code != .timedOut {
+                if caCertificate != nil { return }
+            } catch {}
             try await Task.sleep(for: .milliseconds(100))
         }
         throw FlowerRunError("flower-superlink did not answer /health within 60 s: \(superlink.output.suffix(2000))")
@@ -179,12 +202,10 @@ final class SuperLinkFixture: @unchecked Sendable {
         return json
     }
 
-    func stop() {
-        for node in nodes { node.stop() }
-        superlink.stop()
+    func stop() async {
+        for node in nodes { await node.stop() }
+        await superlink.stop()
     }
-
-    deinit { stop() }
 }
 
 struct FlowerRunError: Error, CustomStringConvertible {
