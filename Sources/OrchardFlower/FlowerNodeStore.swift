@@ -73,11 +73,14 @@ package struct FlowerNodeStore: Sendable {
             }
         }
         let identity = NodeIdentity()
-        try write(identity.privateKey.rawRepresentation, to: keyURL)
-        do {
-            try FileManager.default.setAttributes([.posixPermissions: 0o600], ofItemAtPath: keyURL.path)
-        } catch {
-            throw FlowerError(.storage, "cannot restrict \(keyURL.path) to its owner: \(error.localizedDescription)")
+        // Created readable by its owner only, then renamed into place: the key is never readable by others.
+        let temporary = directory.appendingPathComponent(".flower-node-key-\(UUID().uuidString)")
+        guard FileManager.default.createFile(atPath: temporary.path, contents: identity.privateKey.rawRepresentation, attributes: [.posixPermissions: 0o600]) else {
+            throw FlowerError(.storage, "cannot write the node's key into \(directory.path)")
+        }
+        guard rename(temporary.path, keyURL.path) == 0 else {
+            try? FileManager.default.removeItem(at: temporary)
+            throw FlowerError(.storage, "cannot move the node's key to \(keyURL.path) (errno \(errno))")
         }
         return identity
     }
