@@ -323,3 +323,38 @@ extension FlowerFederationTests {
         // were collected may be counted as failed. The run goes on either way.
     }
 }
+
+/// The SuperLink going away in the middle of a round.
+extension FlowerFederationTests {
+    @Test func theSuperLinkGoingAwayMidRoundLeavesTheReplyKeptAndTheNodeRetrying() async throws {
+        let directory = try Self.temporaryDirectory()
+        let link = try await SuperLinkFixture(directory: directory)
+        let state = directory.appendingPathComponent("a")
+        let recorder = Recorder()
+        let superlink = link.superlink.process.processIdentifier
+        let configuration = FlowerNodeConfiguration(
+            superlink: try SuperLinkAddress(link.address, trustRoots: nil), stateDirectory: state, pollInterval: .milliseconds(200)
+        )
+        let app = try FlowerLocalApp(model: try Self.model(), dataset: try Self.dataset(seed: 1, samples: 16))
+        // The SuperLink dies (SIGKILL, its whole process group) once the node has trained, before it pushes.
+        let node = try FlowerNode(configuration: configuration, app: app) { event in
+            recorder.record(event)
+            if case .answered(_, "train", _, _) = event { kill(-superlink, SIGKILL) }
+        }
+        let window = Task { try await node.runWindow() }
+        let output = directory.appendingPathComponent("result.json")
+        let run = Task { () async -> Bool in (try? await link.run(config: ["min-nodes": "1", "num-server-rounds": "1"], output: output)) != nil }
+        while !recorder.all.contains(where: { if case .retrying(let error) = $0 { error.code == .superlinkUnreachable } else { false } }) {
+            try await Task.sleep(for: .milliseconds(50))
+        }
+        // The reply is kept for the next window while the node backs off and retries.
+        #expect(FileManager.default.fileExists(atPath: state.appendingPathComponent("flower-kept-reply.json").path))
+        window.cancel()
+        try await window.value
+        #expect(await run.value == false, "the run cannot finish without its SuperLink")
+        await link.stop()
+        #expect(FileManager.default.fileExists(atPath: state.appendingPathComponent("flower-kept-reply.json").path), "still kept after the window")
+        #expect(!recorder.all.contains { if case .pushed = $0 { true } else { false } })
+        #expect(recorder.all.contains { if case .deactivated = $0 { true } else { false } }, "the window ends even though deactivate-node fails")
+    }
+}
