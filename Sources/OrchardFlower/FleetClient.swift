@@ -183,7 +183,9 @@ package struct FleetClient: Sendable {
             if status == 401 {
                 throw FlowerError(.unauthorized, "the SuperLink refused the node's signature or identity on \(call.path) (401\(detail.map { ": \($0)" } ?? ""))")
             }
-            throw FlowerError(.superlinkRefused, "\(call.path) answered HTTP \(status)\(detail.map { ": \($0)" } ?? "")", httpStatus: status)
+            throw FlowerError(
+                .superlinkRefused, "\(call.path) answered HTTP \(status)\(detail.map { ": \($0)" } ?? "")", httpStatus: status, apiCode: Self.apiCode(bytes)
+            )
         }
         do {
             return try Response(serializedBytes: bytes)
@@ -209,6 +211,12 @@ package struct FleetClient: Sendable {
         }
         guard let text = String(bytes: bytes.prefix(200), encoding: .utf8) else { return nil }
         return text.trimmingCharacters(in: .whitespacesAndNewlines)
+    }
+
+    /// Flower's `ApiErrorCode` in an error answer `{"code": N, "detail": …}`.
+    static func apiCode(_ bytes: [UInt8]) -> Int? {
+        guard let object = try? JSONSerialization.jsonObject(with: Data(bytes)) as? [String: Any] else { return nil }
+        return (object["code"] as? NSNumber)?.intValue
     }
 
     private final class Connection: Sendable {

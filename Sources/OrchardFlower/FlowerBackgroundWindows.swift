@@ -13,7 +13,9 @@ extension FlowerNode {
     /// - Parameters:
     ///   - scheduler: The scheduler (register before it starts).
     ///   - options: Identifier, constraints, the interval between windows and the priority.
-    ///   - onWindowEnd: Called after each window, with the error that ended it early, if any.
+    ///   - onWindowEnd: Called after each window, with the error that ended it early, if any. A window the SuperLink
+    ///     refused (``FlowerError/Code/registrationRefused``) still requests the next one: its operator may register
+    ///     the key meanwhile; a failing state directory does not.
     public func scheduleBackgroundWindows(
         on scheduler: any BackgroundTaskScheduling, options: BackgroundTrainingOptions,
         onWindowEnd: @escaping @Sendable (FlowerError?) -> Void = { _ in }
@@ -32,6 +34,12 @@ extension FlowerNode {
                 task.expirationHandler = { logger.info("flower: background window expired; deactivating", metadata: ["task": "\(task.identifier)"]) }
                 do throws(FlowerError) {
                     try await runWindow()
+                } catch where error.code == .registrationRefused {
+                    // The SuperLink's operator may register the node's key before the next window: ask for it.
+                    onWindowEnd(error)
+                    try await scheduler.submit(request(after: interval))
+                    task.setTaskCompleted(success: false)
+                    return
                 } catch {
                     // The state directory failed: nothing the next window would do differently by itself.
                     onWindowEnd(error)

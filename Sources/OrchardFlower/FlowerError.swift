@@ -9,7 +9,7 @@ public struct FlowerError: OrchardError, Hashable {
             case invalidConfiguration, invalidObject, objectIdMismatch, missingObject, unsupportedDtype, shapeMismatch
             case invalidNpy, unsupportedEncoding
             case unsupportedMessage, arrayMismatch, training, superlinkUnreachable, superlinkRefused, unauthorized
-            case invalidAnswer, cancelled, storage
+            case invalidAnswer, cancelled, storage, registrationRefused
         }
         private let kind: Kind
         private init(_ kind: Kind) { self.kind = kind }
@@ -48,6 +48,9 @@ public struct FlowerError: OrchardError, Hashable {
         public static let cancelled = Code(.cancelled)
         /// The node's state directory cannot be read or written.
         public static let storage = Code(.storage)
+        /// The SuperLink will not admit the node as configured: it refuses self-registration, or does not know the
+        /// node's pre-registered key.
+        public static let registrationRefused = Code(.registrationRefused)
 
         /// The code in snake case, e.g. `array_mismatch`.
         public var description: String { kind.snakeCased }
@@ -61,13 +64,16 @@ public struct FlowerError: OrchardError, Hashable {
     public var httpStatus: Int?
     /// The id of the Flower object the error is about, when there is one.
     public var objectID: String?
+    /// Flower's own error code (`ApiErrorCode`) of a refused call, when the SuperLink sent one.
+    public var apiCode: Int?
 
     /// Creates an error.
-    public init(_ code: Code, _ message: String, httpStatus: Int? = nil, objectID: String? = nil) {
+    public init(_ code: Code, _ message: String, httpStatus: Int? = nil, objectID: String? = nil, apiCode: Int? = nil) {
         self.code = code
         self.message = message
         self.httpStatus = httpStatus
         self.objectID = objectID
+        self.apiCode = apiCode
     }
 
     /// The code, the object if any, and the message.
@@ -75,4 +81,14 @@ public struct FlowerError: OrchardError, Hashable {
         if let objectID { return "\(code) (object \(objectID)): \(message)" }
         return "\(code): \(message)"
     }
+}
+
+/// The error codes of flwr 1.41's `ApiErrorCode` the node acts on.
+package enum FlowerAPICode {
+    /// `PUBLIC_KEY_ALREADY_IN_USE`: `register-node` with a key the SuperLink knows.
+    package static let publicKeyInUse = 23
+    /// `FLEET_SUPERNODE_REGISTRATION_DISABLED`: `register-node` on a SuperLink with `--enable-supernode-auth`.
+    package static let registrationDisabled = 2001
+    /// `FLEET_NODE_ACTIVATION_FAILED`: the key is unknown, or the node is still active.
+    package static let activationFailed = 2004
 }

@@ -1,6 +1,6 @@
 public import Foundation
 public import Logging
-public import OrchardClient
+import OrchardClient
 public import OrchardSupport
 import SwiftProtobuf
 
@@ -19,13 +19,27 @@ public struct FlowerNodeConfiguration: Sendable {
     public var timeout: Double
     /// Where the node logs.
     public var logger: Logger
+    /// The key the SuperLink's operator registered (`flwr supernode register`) for a SuperLink started with
+    /// `--enable-supernode-auth`; the node then never registers or unregisters itself. `nil`: the node makes its own
+    /// key (kept in the state directory) and registers it.
+    public var authenticationKey: NodeIdentity?
+    /// How long a node with an ``authenticationKey`` waits out refused activations before it concludes the
+    /// SuperLink does not know its key (``FlowerError/Code/registrationRefused``); `nil`: 2 × the heartbeat interval
+    /// + 5 s, the time an earlier activation of the node takes to lapse.
+    public var activationPatience: Duration?
+    /// The most objects one message may have before the node answers it with an error instead of fetching it (a
+    /// 400 MB model is ~100 array chunks of 5 MiB).
+    public var maximumMessageObjects = 100_000
+    /// The most bytes one message's objects may hold together.
+    public var maximumMessageBytes = 2 << 30
 
     /// Creates a configuration.
     public init(
         superlink: SuperLinkAddress, stateDirectory: URL, heartbeatInterval: Double = 30, pollInterval: Duration = .seconds(1), timeout: Double = 30,
-        logger: Logger = Logger(label: "orchard.flower")
+        authenticationKey: NodeIdentity? = nil, logger: Logger = Logger(label: "orchard.flower")
     ) {
         self.superlink = superlink
+        self.authenticationKey = authenticationKey
         self.stateDirectory = stateDirectory
         self.heartbeatInterval = heartbeatInterval
         self.pollInterval = pollInterval
@@ -69,7 +83,8 @@ public actor FlowerNode {
     let clock: any WallClock
     private let onEvent: @Sendable (FlowerNodeEvent) -> Void
 
-    /// Creates a node; its key is read from (or made in) the state directory.
+    /// Creates a node; its key is the configuration's authentication key, else read from (or made in) the state
+    /// directory.
     /// - Throws: ``FlowerError`` `.invalidConfiguration` (TLS trust roots), `.storage` (state directory).
     public init(
         configuration: FlowerNodeConfiguration, app: FlowerLocalApp, clock: any WallClock = SystemClock(),
@@ -80,21 +95,25 @@ public actor FlowerNode {
         self.clock = clock
         self.onEvent = onEvent
         store = try FlowerNodeStore(directory: configuration.stateDirectory)
-        identity = try store.identity()
+        if let key = configuration.authenticationKey { identity = key } else { identity = try store.identity() }
         client = try FleetClient(address: configuration.superlink, identity: identity, timeout: configuration.timeout, clock: clock)
     }
 
     /// Runs one window: until the task is cancelled (the window ended; a training in progress stops at a batch
     /// boundary and its message is kept for the next window), then deactivates.
-    /// - Throws: ``FlowerError/Code/storage`` when the state directory fails; everything else is retried or
-    ///   answered.
+    /// - Throws: ``FlowerError/Code/storage`` when the state directory fails, ``FlowerError/Code/registrationRefused``
+    ///   when the SuperLink will not admit the node as configured; everything else is retried or answered.
     public func runWindow() async throws(FlowerError) {
         let superlink = configuration.superlink.description
         var machine = FlowerNodeMachine(
             registered: try store.isRegistered(with: superlink),
             keptMessage: try store.keptMessage().map { OfferedMessage(runID: $0.runID, messageID: $0.messageID, messageType: $0.messageType) },
             hasKeptReply: try store.keptReply() != nil,
-            timing: .init(pollInterval: configuration.pollInterval)
+            preRegistered: configuration.authenticationKey != nil,
+            timing: .init(
+                pollInterval: configuration.pollInterval,
+                activationPatience: configuration.activationPatience ?? .milliseconds(Int64(configuration.heartbeatInterval * 2000)) + .seconds(5)
+            )
         )
         var heartbeat: Task<Void, Never>?
         defer { heartbeat?.cancel() }
@@ -105,6 +124,9 @@ public actor FlowerNode {
             switch action {
             case .finish:
                 return
+            case .stop(let error):
+                configuration.logger.error("flower: the SuperLink does not admit the node", metadata: ["error": "\(error)"])
+                throw error
             case .deactivate:
                 heartbeat?.cancel()
                 event = await deactivate(machine.nodeID)
@@ -202,7 +224,7 @@ public actor FlowerNode {
         case .wait(let duration):
             do { try await clock.sleep(for: duration) } catch { throw FlowerError(.cancelled, "the window ended while waiting") }
             return .waited
-        case .deactivate, .finish:
+        case .deactivate, .finish, .stop:
             return .deactivated
         }
     }
@@ -215,7 +237,14 @@ public actor FlowerNode {
     private func fetch(_ message: Flwr_Proto_Message, tree: Flwr_Proto_ObjectTree, node: Flwr_Proto_Node) async throws(FlowerError) -> FlowerNodeStore.KeptMessage {
         let runID = message.metadata.runID
         var objects: [String: Data] = [:]
-        for id in FlowerContent.objectIDs(in: tree) where objects[id] == nil {
+        let ids = FlowerContent.objectIDs(in: tree)
+        guard ids.count <= configuration.maximumMessageObjects else {
+            throw FlowerError(
+                .invalidObject, "message \(message.metadata.messageID) has \(ids.count) objects, more than the \(configuration.maximumMessageObjects) a node fetches"
+            )
+        }
+        var total = 0
+        for id in ids where objects[id] == nil {
             var attempts = 0
             while true {
                 let answer = try await client.send(.pullObject, .with {
@@ -225,6 +254,12 @@ public actor FlowerNode {
                 })
                 guard answer.objectFound else { throw FlowerError(.missingObject, "the SuperLink has no object \(id) of message \(message.metadata.messageID)") }
                 if answer.objectAvailable {
+                    total += answer.objectContent.count
+                    guard total <= configuration.maximumMessageBytes else {
+                        throw FlowerError(
+                            .invalidObject, "message \(message.metadata.messageID) holds more than the \(configuration.maximumMessageBytes) bytes a node fetches"
+                        )
+                    }
                     objects[id] = answer.objectContent
                     break
                 }

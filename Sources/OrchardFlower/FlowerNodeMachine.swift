@@ -25,6 +25,11 @@ package struct OfferedMessage: Sendable, Hashable {
 /// window that ends at any point loses neither: the next window handles the kept message or pushes the kept reply
 /// (once) before it pulls again. Connection failures wait with exponential backoff and retry the same step; a 401
 /// (the SuperLink no longer knows the node, e.g. it restarted) registers the node again.
+///
+/// A node whose key its operator registered (`flwr supernode register`, for a SuperLink started with
+/// `--enable-supernode-auth`) never registers or unregisters itself: it activates, and a 401 activates again. A
+/// SuperLink that refuses registration, or does not know a pre-registered key, ends the window with
+/// ``FlowerError/Code/registrationRefused``: retrying cannot help until the operator acts.
 package struct FlowerNodeMachine: Sendable {
     /// The next thing the driver does.
     package enum Action: Sendable, Hashable {
@@ -52,6 +57,8 @@ package struct FlowerNodeMachine: Sendable {
         case deactivate
         /// The window's work is done.
         case finish
+        /// The window ends with this error: the SuperLink will not admit the node as configured.
+        case stop(FlowerError)
     }
 
     /// What happened.
@@ -94,11 +101,18 @@ package struct FlowerNodeMachine: Sendable {
         package var initialBackoff: Duration = .seconds(1)
         /// The longest wait after failures.
         package var maximumBackoff: Duration = .seconds(30)
+        /// How long a pre-registered node waits out refused activations before it concludes its key is unknown: a
+        /// node's earlier activation lapses after 2 × its heartbeat interval (Flower's `HEARTBEAT_PATIENCE`).
+        package var activationPatience: Duration = .seconds(65)
 
-        package init(pollInterval: Duration = .seconds(1), initialBackoff: Duration = .seconds(1), maximumBackoff: Duration = .seconds(30)) {
+        package init(
+            pollInterval: Duration = .seconds(1), initialBackoff: Duration = .seconds(1), maximumBackoff: Duration = .seconds(30),
+            activationPatience: Duration = .seconds(65)
+        ) {
             self.pollInterval = pollInterval
             self.initialBackoff = initialBackoff
             self.maximumBackoff = maximumBackoff
+            self.activationPatience = activationPatience
         }
     }
 
@@ -122,11 +136,16 @@ package struct FlowerNodeMachine: Sendable {
     package private(set) var failures = 0
     private var phase: Phase = .idle
     private var ending = false
+    /// How long activation has been refused in a row (a pre-registered node gives up after the activation patience).
+    private var refusedActivationWait: Duration = .zero
     private let timing: Timing
+    /// Whether the SuperLink's operator registered the node's key (the node never registers itself).
+    package let preRegistered: Bool
 
     /// A machine starting from what the node kept.
-    package init(registered: Bool, keptMessage: OfferedMessage?, hasKeptReply: Bool, timing: Timing = Timing()) {
-        self.registered = registered
+    package init(registered: Bool, keptMessage: OfferedMessage?, hasKeptReply: Bool, preRegistered: Bool = false, timing: Timing = Timing()) {
+        self.registered = registered || preRegistered
+        self.preRegistered = preRegistered
         self.keptMessage = keptMessage
         self.hasKeptReply = hasKeptReply
         self.timing = timing
@@ -147,6 +166,7 @@ package struct FlowerNodeMachine: Sendable {
         case .activated(let id):
             nodeID = id
             failures = 0
+            refusedActivationWait = .zero
             return afterActivation()
         case .pulled(let offered):
             failures = 0
@@ -243,19 +263,63 @@ package struct FlowerNodeMachine: Sendable {
             return .finish
         }
         if error.code == .cancelled || ending { return endWindow() }
+        let refused = error.code == .superlinkRefused && error.httpStatus.map({ (400..<500).contains($0) }) == true
         switch phase {
         case .waiting(let then):
             return begin(then)
-        case .pushing where error.code == .superlinkRefused && error.httpStatus.map({ (400..<500).contains($0) }) == true:
+        case .pushing where refused:
             return .discardReply(error)
+        case .registering where error.apiCode == FlowerAPICode.registrationDisabled:
+            phase = .finished
+            return .stop(FlowerError(
+                .registrationRefused,
+                "the SuperLink refuses to register the node (\(error.message)): it admits only SuperNodes its operator registered "
+                    + "(flower-superlink --enable-supernode-auth). Make a key with `orchard flower keygen --output KEY`, have KEY.pub registered "
+                    + "with `flwr supernode register KEY.pub`, and start the node with --auth-key KEY",
+                httpStatus: error.httpStatus, apiCode: error.apiCode
+            ))
+        case .registering where error.apiCode == FlowerAPICode.publicKeyInUse:
+            // The SuperLink knows the key already (it kept the registration the node's own record lost): activate.
+            registered = true
+            failures += 1
+            return failures > 3 ? wait(backoff(), then: .activating) : begin(.activating)
+        case .activating where refused && error.apiCode == FlowerAPICode.activationFailed:
+            // Either the SuperLink does not know the key, or the node's last activation has not lapsed yet (a window
+            // that could not deactivate; it lapses after 2 × the heartbeat interval). Wait; a self-registered node
+            // registers again (the SuperLink answers "already in use" if it knows the key).
+            failures += 1
+            let pause = backoff()
+            if preRegistered {
+                if refusedActivationWait + pause > timing.activationPatience {
+                    phase = .finished
+                    return .stop(FlowerError(
+                        .registrationRefused,
+                        "the SuperLink refused to activate the node for \(refusedActivationWait) (\(error.message)): it does not know this node's "
+                            + "key. Have the key's public half registered with `flwr supernode register KEY.pub`",
+                        httpStatus: error.httpStatus, apiCode: error.apiCode
+                    ))
+                }
+                refusedActivationWait += pause
+                return wait(pause, then: .activating)
+            }
+            registered = false
+            return wait(pause, then: .registering)
+        case .activating where refused:
+            // The SuperLink refuses the activation itself (e.g. a heartbeat interval out of its bounds).
+            phase = .finished
+            return .stop(error)
         default:
             break
         }
         failures += 1
         if error.code == .unauthorized {
+            nodeID = nil
+            if preRegistered {
+                // The operator's registration stands; the node's activation lapsed (or the clock is off): activate again.
+                return failures > 3 ? wait(backoff(), then: .activating) : begin(.activating)
+            }
             // The SuperLink no longer recognises the node (restarted, or it expired the node): register again.
             registered = false
-            nodeID = nil
             if failures > 3 { return wait(backoff(), then: .registering) }
             return begin(.registering)
         }

@@ -1,8 +1,10 @@
 public import Foundation
 #if canImport(Glibc)
 import Glibc
+private let systemWrite = Glibc.write
 #elseif canImport(Darwin)
 import Darwin
+private let systemWrite = Darwin.write
 #endif
 
 /// Why a local file could not be read or written, in the few words a command line shows after the file's name:
@@ -70,7 +72,7 @@ public struct FileAccessError: OrchardError, Hashable {
     }
 
     /// `strerror`'s text with a lower-case first letter: `read-only file system`.
-    private static func systemReason(_ code: Int32) -> String {
+    fileprivate static func systemReason(_ code: Int32) -> String {
         let text = String(cString: strerror(code))
         return text.prefix(1).lowercased() + text.dropFirst()
     }
@@ -103,6 +105,41 @@ public enum LocalFile {
             try data.write(to: URL(fileURLWithPath: path), options: .atomic)
         } catch {
             throw FileAccessError(error, writing: true)
+        }
+    }
+
+    /// Writes `data` to a file that must not exist yet, created with `permissions` (less any the umask removes) so it
+    /// is never readable more widely, even for a moment; an existing file is an error, never replaced.
+    public static func createNew(_ data: Data, at path: String, permissions: mode_t) throws(FileAccessError) {
+        let descriptor = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, permissions)
+        guard descriptor >= 0 else {
+            let code = errno
+            switch code {
+            case EEXIST: throw FileAccessError(.failed, "exists (it is never overwritten)")
+            case ENOENT: throw FileAccessError(.noSuchFile, "no such directory")
+            case EISDIR: throw FileAccessError(.isADirectory, "is a directory")
+            case EACCES, EPERM: throw FileAccessError(.permissionDenied, "permission denied")
+            default: throw FileAccessError(.failed, FileAccessError.systemReason(code))
+            }
+        }
+        defer { close(descriptor) }
+        var failure: Int32 = 0
+        data.withUnsafeBytes { buffer in
+            var offset = 0
+            while offset < buffer.count {
+                let written = systemWrite(descriptor, buffer.baseAddress! + offset, buffer.count - offset)
+                if written < 0 {
+                    if errno == EINTR { continue }
+                    failure = errno
+                    return
+                }
+                offset += written
+            }
+            if fsync(descriptor) != 0 { failure = errno }
+        }
+        if failure != 0 {
+            unlink(path)
+            throw FileAccessError(.failed, FileAccessError.systemReason(failure))
         }
     }
 

@@ -81,8 +81,8 @@ struct AgentCommand: AsyncParsableCommand {
             try flowerSetup(superlink: superlink).validate()
         } else {
             _ = try device.coordinator()
-            if flower.model != nil || flower.flowerInsecure || flower.arrayMap != nil || !flower.nodeConfig.isEmpty {
-                throw ValidationError("--model, --flower-insecure, --array-map and --node-config are for --flower-superlink")
+            if flower.model != nil || flower.flowerInsecure || flower.arrayMap != nil || !flower.nodeConfig.isEmpty || flower.flowerAuthKey != nil {
+                throw ValidationError("--model, --flower-insecure, --flower-auth-key, --array-map and --node-config are for --flower-superlink")
             }
         }
         guard window > 0 else { throw ValidationError("--window must be positive") }
@@ -183,9 +183,9 @@ struct AgentCommand: AsyncParsableCommand {
     private func flowerSetup(superlink: String) -> FlowerNodeSetup {
         FlowerNodeSetup(
             superlink: superlink, insecure: flower.flowerInsecure, caCert: device.caCert, model: flower.model ?? "", data: device.data,
-            arrayMap: flower.arrayMap, nodeConfig: flower.nodeConfig, state: device.state, heartbeatInterval: flower.heartbeatInterval,
-            pollInterval: 1,
-            options: FlowerNodeSetup.Options(superlink: "--flower-superlink", insecure: "--flower-insecure")
+            arrayMap: flower.arrayMap, nodeConfig: flower.nodeConfig, authKey: flower.flowerAuthKey, state: device.state,
+            heartbeatInterval: flower.heartbeatInterval, pollInterval: 1,
+            options: FlowerNodeSetup.Options(superlink: "--flower-superlink", insecure: "--flower-insecure", authKey: "--flower-auth-key")
         )
     }
 
@@ -298,4 +298,7 @@ struct AgentFlowerOptions: ParsableArguments {
 
     @Option(help: "The heartbeat interval announced to the SuperLink, in seconds.")
     var heartbeatInterval: Double = 30
+
+    @Option(help: ArgumentHelp("The node's private key, registered with `flwr supernode register` (see `orchard flower join --help`).", valueName: "file"))
+    var flowerAuthKey: String?
 }

@@ -7,6 +7,7 @@ import OrchardFlower
 import OrchardFormats
 import OrchardML
 import OrchardOperator
+import OrchardSupport
 import ServiceLifecycle
 import UnixSignals
 
@@ -15,7 +16,7 @@ struct FlowerCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "flower",
         abstract: "Take part in a Flower federation (flwr 1.41's Fleet API) as a SuperNode.",
-        subcommands: [FlowerJoinCommand.self]
+        subcommands: [FlowerJoinCommand.self, FlowerKeygenCommand.self]
     )
 }
 
@@ -42,6 +43,9 @@ struct FlowerNodeOptions: ParsableArguments {
     @Option(help: ArgumentHelp("Node configuration as Flower writes it, \"key=value key=value\" (repeatable); `seed` seeds the local shuffling.", valueName: "k=v"))
     var nodeConfig: [String] = []
 
+    @Option(help: ArgumentHelp("The node's private key (OpenSSH or PEM, P-384, owner-only), registered by the SuperLink's operator with `flwr supernode register KEY.pub`: for a SuperLink started with --enable-supernode-auth. Without it the node makes its own key and registers itself.", valueName: "file"))
+    var authKey: String?
+
     @Option(name: .customLong("state-directory"), help: ArgumentHelp("Where the node keeps its key, a message being handled and a reply not yet pushed.", valueName: "dir"))
     var state = ".orchard-flower"
 
@@ -57,7 +61,7 @@ struct FlowerNodeOptions: ParsableArguments {
     var setup: FlowerNodeSetup {
         FlowerNodeSetup(
             superlink: superlink, insecure: insecure, caCert: caCert, model: model, data: data, arrayMap: arrayMap, nodeConfig: nodeConfig,
-            state: state, heartbeatInterval: heartbeatInterval, pollInterval: pollInterval, options: FlowerNodeSetup.Options()
+            authKey: authKey, state: state, heartbeatInterval: heartbeatInterval, pollInterval: pollInterval, options: FlowerNodeSetup.Options()
         )
     }
 }
@@ -71,6 +75,7 @@ struct FlowerNodeSetup {
         var model = "--model"
         var arrayMap = "--array-map"
         var nodeConfig = "--node-config"
+        var authKey = "--auth-key"
     }
 
     var superlink: String
@@ -80,6 +85,7 @@ struct FlowerNodeSetup {
     var data: String
     var arrayMap: String?
     var nodeConfig: [String]
+    var authKey: String?
     var state: String
     var heartbeatInterval: Double
     var pollInterval: Double
@@ -91,7 +97,9 @@ struct FlowerNodeSetup {
         if !insecure, caCert == nil {
             throw ValidationError("say how to reach the SuperLink: \(options.insecure) (plain HTTP) or --ca-cert FILE (HTTPS with a private CA)")
         }
-        guard heartbeatInterval >= 1, heartbeatInterval.isFinite else { throw ValidationError("--heartbeat-interval must be at least 1 second, not \(heartbeatInterval)") }
+        guard (10...1800).contains(heartbeatInterval) else {
+            throw ValidationError("--heartbeat-interval must be 10…1800 seconds (the bounds a SuperLink accepts), not \(heartbeatInterval)")
+        }
         guard pollInterval > 0, pollInterval.isFinite else { throw ValidationError("--poll-interval must be a positive number of seconds, not \(pollInterval)") }
         _ = try parsedNodeConfig()
     }
@@ -130,9 +138,15 @@ struct FlowerNodeSetup {
         let seed = try parsedNodeConfig()["seed"].flatMap(UInt64.init) ?? 0
         let app: FlowerLocalApp
         do throws(FlowerError) { app = try FlowerLocalApp(model: spec, mapping: mapping, dataset: dataset, seed: seed) } catch { throw ValidationError(error.message) }
+        var key: NodeIdentity?
+        if let authKey {
+            do throws(FlowerError) { key = try NodeKeyFile.readPrivateKey(at: URL(fileURLWithPath: authKey)) } catch {
+                throw ValidationError("\(options.authKey): \(error.message)")
+            }
+        }
         let configuration = FlowerNodeConfiguration(
             superlink: address, stateDirectory: URL(fileURLWithPath: state, isDirectory: true), heartbeatInterval: heartbeatInterval,
-            pollInterval: .milliseconds(Int64(pollInterval * 1000)), logger: logger
+            pollInterval: .milliseconds(Int64(pollInterval * 1000)), authenticationKey: key, logger: logger
         )
         do throws(FlowerError) { return try FlowerNode(configuration: configuration, app: app, onEvent: onEvent) } catch {
             throw ValidationError("--state-directory \(state): \(error.message)")
@@ -146,7 +160,8 @@ struct FlowerJoinCommand: AsyncParsableCommand {
         commandName: "join",
         abstract: "Join a Flower federation as a SuperNode that trains with the Orchard engine.",
         discussion: """
-            Registers and activates the node with the SuperLink (a P-384 key kept in --state-directory names it), \
+            Registers and activates the node with the SuperLink (a P-384 key kept in --state-directory names it; \
+            with --auth-key, a key the SuperLink's operator registered, and the node only activates), \
             pulls messages, answers `train` with the arrays trained on --data and `evaluate` with the loss (and \
             accuracy) on it, and pushes the replies; a message that does not fit the model (array count, name, \
             shape, dtype) or of another type gets an error reply. Stops on SIGINT or SIGTERM: a training in progress \
@@ -185,6 +200,49 @@ struct FlowerJoinCommand: AsyncParsableCommand {
             throw ExitCode(1)
         }
         FlowerStatus(event: "stopped").print()
+    }
+}
+
+/// `orchard flower keygen`: a SuperNode key pair for a SuperLink that admits only registered nodes.
+struct FlowerKeygenCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "keygen",
+        abstract: "Make a SuperNode key pair: FILE (private, owner-only) and FILE.pub for `flwr supernode register`.",
+        discussion: """
+            For a SuperLink started with --enable-supernode-auth: its operator registers FILE.pub with \
+            `flwr supernode register FILE.pub`, and the node runs with `orchard flower join --auth-key FILE` (or \
+            `orchard agent --flower-auth-key FILE`). The files are ECDSA P-384 in OpenSSH's formats, the same \
+            `ssh-keygen -t ecdsa -b 384` writes, so Flower's own SuperNode reads them too. Existing files are never \
+            overwritten.
+            """
+    )
+
+    @Option(name: .shortAndLong, help: ArgumentHelp("The private key file to write; the public key goes to FILE.pub.", valueName: "file"))
+    var output: String
+
+    @Option(help: "A comment stored with the key (e.g. the device's name).")
+    var comment = ""
+
+    func validate() throws {
+        for path in [output, output + ".pub"] where FileManager.default.fileExists(atPath: path) {
+            throw ValidationError("\(path) exists; remove it or choose another --output (a node's key is never overwritten)")
+        }
+        guard !comment.contains("\n") else { throw ValidationError("--comment is one line") }
+    }
+
+    func run() throws {
+        let identity = NodeIdentity()
+        do throws(FileAccessError) {
+            try LocalFile.createNew(Data(NodeKeyFile.openSSHPrivateKey(identity, comment: comment).utf8), at: output, permissions: 0o600)
+        } catch {
+            throw ValidationError("--output \(output): \(error.message)")
+        }
+        do throws(FileAccessError) {
+            try LocalFile.createNew(Data(NodeKeyFile.openSSHPublicKey(identity, comment: comment).utf8), at: output + ".pub", permissions: 0o644)
+        } catch {
+            throw ValidationError("--output \(output).pub: \(error.message)")
+        }
+        print("wrote \(output) (private, owner-only) and \(output).pub; register it with: flwr supernode register \(output).pub")
     }
 }
 

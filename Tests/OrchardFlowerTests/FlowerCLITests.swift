@@ -40,7 +40,10 @@ import Testing
         (["--superlink", "127.0.0.1:9092", "--ca-cert", "/nonexistent.pem"], "/nonexistent.pem"),
         (["--superlink", "127.0.0.1:9092", "--insecure", "--node-config", "partition-id"], "--node-config 'partition-id' is not key=value"),
         (["--superlink", "127.0.0.1:9092", "--insecure", "--node-config", "seed=-1"], "the seed is a non-negative integer"),
-        (["--superlink", "127.0.0.1:9092", "--insecure", "--heartbeat-interval", "0"], "--heartbeat-interval must be at least 1 second"),
+        (["--superlink", "127.0.0.1:9092", "--insecure", "--heartbeat-interval", "0"], "--heartbeat-interval must be 10…1800 seconds"),
+        (["--superlink", "127.0.0.1:9092", "--insecure", "--heartbeat-interval", "3600"], "--heartbeat-interval must be 10…1800 seconds"),
+        (["--superlink", "127.0.0.1:9092", "--insecure", "--heartbeat-interval", "nan"], "--heartbeat-interval must be 10…1800 seconds"),
+        (["--superlink", "127.0.0.1:9092", "--insecure", "--auth-key", "/nonexistent/key"], "--auth-key: the node key /nonexistent/key does not exist"),
     ])
     func joinRefusesBadOptions(arguments: [String], expected: String) async throws {
         let (model, data) = try files()
@@ -62,6 +65,41 @@ import Testing
         let unknown = try await run(["flower", "join", "--superlink", "127.0.0.1:9092", "--insecure", "--model", model, "--data", data, "--array-map", badMap.path])
         #expect(unknown.status != 0)
         #expect(unknown.errors.contains("'nope'"), "\(unknown.errors)")
+    }
+
+    @Test func keygenWritesAKeyPairOnceAndJoinReadsIt() async throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("orchard-keygen-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        let key = directory.appendingPathComponent("node").path
+        let made = try await run(["flower", "keygen", "--output", key, "--comment", "phone-1"])
+        #expect(made.status == 0, "\(made.errors)")
+        let permissions = { (path: String) in (try FileManager.default.attributesOfItem(atPath: path)[.posixPermissions] as? NSNumber)?.intValue }
+        #expect(try permissions(key) == 0o600)
+        let line = try String(contentsOfFile: key + ".pub", encoding: .utf8)
+        #expect(line.hasPrefix("ecdsa-sha2-nistp384 ") && line.hasSuffix(" phone-1\n"))
+        let again = try await run(["flower", "keygen", "--output", key])
+        #expect(again.status != 0)
+        #expect(again.errors.contains("\(key) exists"), "\(again.errors)")
+        #expect(try String(contentsOfFile: key + ".pub", encoding: .utf8) == line, "the key pair is not replaced")
+        let nowhere = try await run(["flower", "keygen", "--output", "/nonexistent/dir/node"])
+        #expect(nowhere.status != 0)
+        #expect(nowhere.errors.contains("--output /nonexistent/dir/node: no such directory"), "\(nowhere.errors)")
+
+        // A key readable by others is refused before anything is sent.
+        let (model, data) = try files()
+        try FileManager.default.setAttributes([.posixPermissions: 0o640], ofItemAtPath: key)
+        let open = try await run(["flower", "join", "--superlink", "127.0.0.1:9", "--insecure", "--model", model, "--data", data, "--auth-key", key])
+        #expect(open.status != 0)
+        #expect(open.errors.contains("--auth-key: the node key \(key) is readable by others (mode 640)"), "\(open.errors)")
+        let agent = try await run(["agent", "--flower-superlink", "127.0.0.1:9", "--flower-insecure", "--model", model, "--data", data, "--flower-auth-key", key])
+        #expect(agent.status != 0)
+        #expect(agent.errors.contains("--flower-auth-key: the node key"), "\(agent.errors)")
+        let wrongKind = directory.appendingPathComponent("ed25519")
+        try NodeKeyFixtures.sshEd25519.write(to: wrongKind, atomically: true, encoding: .utf8)
+        try FileManager.default.setAttributes([.posixPermissions: 0o600], ofItemAtPath: wrongKind.path)
+        let ed = try await run(["flower", "join", "--superlink", "127.0.0.1:9", "--insecure", "--model", model, "--data", data, "--auth-key", wrongKind.path])
+        #expect(ed.status != 0)
+        #expect(ed.errors.contains("holds a key of type ssh-ed25519"), "\(ed.errors)")
     }
 
     @Test func theAgentTakesEitherACoordinatorOrASuperLink() async throws {

@@ -57,12 +57,13 @@ struct FlowerFederationTests {
         }
     }
 
-    static func node(_ link: SuperLinkFixture, state: URL, data: TensorDataset) throws -> (FlowerNode, Recorder) {
+    static func node(_ link: SuperLinkFixture, state: URL, data: TensorDataset, maximumMessageObjects: Int = 100_000) throws -> (FlowerNode, Recorder) {
         let recorder = Recorder()
         let app = try FlowerLocalApp(model: try model(), dataset: data)
-        let configuration = FlowerNodeConfiguration(
+        var configuration = FlowerNodeConfiguration(
             superlink: try SuperLinkAddress(link.address, trustRoots: nil), stateDirectory: state, pollInterval: .milliseconds(200)
         )
+        configuration.maximumMessageObjects = maximumMessageObjects
         return (try FlowerNode(configuration: configuration, app: app) { recorder.record($0) }, recorder)
     }
 
@@ -237,7 +238,10 @@ struct FlowerFederationTests {
     @Test func badMessagesGetErrorRepliesAndTheNodeKeepsServing() async throws {
         let directory = try Self.temporaryDirectory()
         let link = try await SuperLinkFixture(directory: directory)
-        let (node, events) = try Self.node(link, state: directory.appendingPathComponent("a"), data: try Self.dataset(seed: 1, samples: 16))
+        // A message of more than 60 objects is refused unfetched (the good ones have about a dozen).
+        let (node, events) = try Self.node(
+            link, state: directory.appendingPathComponent("a"), data: try Self.dataset(seed: 1, samples: 16), maximumMessageObjects: 60
+        )
         let window = Task { try await node.runWindow() }
         let result = try await link.run(config: ["mode": "'probe'"], output: directory.appendingPathComponent("result.json"))
         window.cancel()
@@ -252,12 +256,15 @@ struct FlowerFederationTests {
         #expect(error("wrong_dtype").contains("fc1.weight"))
         #expect(error("no_arrays").contains("no ArrayRecord"))
         #expect(error("bad_learning_rate").contains("learning rate"))
+        #expect(error("missing_object").contains("missing_object") && error("missing_object").contains("stayed unavailable"))
+        #expect(error("too_many_objects").contains("objects, more than the 60 a node fetches"))
+        #expect((cases["missing_object"]?["error_code"] as? NSNumber)?.intValue == 3, "a message whose object never arrives is MESSAGE_UNAVAILABLE")
         for name in ["unknown_type", "wrong_shape", "wrong_count", "wrong_dtype", "no_arrays", "bad_learning_rate"] {
             #expect((cases[name]?["error_code"] as? NSNumber)?.intValue == 2, "\(name) is an app error (CLIENT_APP_RAISED_EXCEPTION)")
         }
-        let metrics = try #require(cases["good"]?["metrics"] as? [String: Any], "after six bad messages the node still trains: \(cases["good"] ?? [:])")
+        let metrics = try #require(cases["good"]?["metrics"] as? [String: Any], "after eight bad messages the node still trains: \(cases["good"] ?? [:])")
         #expect((metrics["num-examples"] as? NSNumber)?.intValue == 16)
-        #expect(events.all.filter { if case .answeredWithError = $0 { true } else { false } }.count == 6)
+        #expect(events.all.filter { if case .answeredWithError = $0 { true } else { false } }.count == 8)
     }
 }
 
@@ -356,5 +363,64 @@ extension FlowerFederationTests {
         #expect(FileManager.default.fileExists(atPath: state.appendingPathComponent("flower-kept-reply.json").path), "still kept after the window")
         #expect(!recorder.all.contains { if case .pushed = $0 { true } else { false } })
         #expect(recorder.all.contains { if case .deactivated = $0 { true } else { false } }, "the window ends even though deactivate-node fails")
+    }
+}
+
+/// A SuperLink that admits only SuperNodes its operator registered (`--enable-supernode-auth`).
+extension FlowerFederationTests {
+    @Test func aSuperLinkThatAdmitsOnlyRegisteredKeysRunsARoundWithAPreRegisteredOrchardNode() async throws {
+        let directory = try Self.temporaryDirectory()
+        let link = try await SuperLinkFixture(directory: directory, tls: true, nodeAuthentication: true)
+        let ca = try #require(link.caCertificate)
+        let address = try SuperLinkAddress(link.address, trustRoots: try TrustRoots.certificateFile(ca.path))
+        let app = try FlowerLocalApp(model: try Self.model(), dataset: try Self.dataset(seed: 3, samples: 24))
+        func node(_ name: String, key: NodeIdentity?, recorder: Recorder) throws(FlowerError) -> FlowerNode {
+            var configuration = FlowerNodeConfiguration(
+                superlink: address, stateDirectory: directory.appendingPathComponent(name), pollInterval: .milliseconds(200), authenticationKey: key
+            )
+            configuration.activationPatience = .seconds(3)
+            return try FlowerNode(configuration: configuration, app: app) { recorder.record($0) }
+        }
+
+        // A node that registers itself is refused with what to do instead, at once (no retrying forever).
+        let selfRegistering = try node("self", key: nil, recorder: Recorder())
+        do {
+            try await selfRegistering.runWindow()
+            Issue.record("a self-registering node joined a SuperLink with --enable-supernode-auth")
+        } catch {
+            #expect(error.code == .registrationRefused)
+            #expect(error.message.contains("--auth-key") && error.message.contains("HTTP 412"), "\(error.message)")
+        }
+
+        // A key nobody registered: activation is refused until the patience runs out, then a clear error.
+        let key = NodeIdentity()
+        let unregistered = Recorder()
+        do {
+            try await node("unregistered", key: key, recorder: unregistered).runWindow()
+            Issue.record("an unregistered key was activated")
+        } catch {
+            #expect(error.code == .registrationRefused)
+            #expect(error.message.contains("flwr supernode register"), "\(error.message)")
+        }
+        #expect(!unregistered.all.contains { if case .registered = $0 { true } else { false } }, "a pre-registered node never registers itself")
+
+        // The operator registers the key's public half (the line `orchard flower keygen` writes to KEY.pub).
+        let publicKey = directory.appendingPathComponent("node.pub")
+        try NodeKeyFile.openSSHPublicKey(key, comment: "orchard-test").write(to: publicKey, atomically: true, encoding: .utf8)
+        try await link.register(publicKey: publicKey)
+        let recorder = Recorder()
+        let registered = try node("registered", key: key, recorder: recorder)
+        let window = Task { try await registered.runWindow() }
+        let result = try await link.run(config: ["num-server-rounds": "1", "min-nodes": "1"], output: directory.appendingPathComponent("result.json"))
+        window.cancel()
+        try await window.value
+        await link.stop()
+        let rounds = try #require(result["rounds"] as? [[String: Any]])
+        let replies = try #require(rounds.first?["replies"] as? [[String: Any]])
+        #expect(replies.count == 1)
+        #expect(replies.first?["node_id"] as? String == recorder.nodeID.map(String.init), "the round's reply came from the registered node")
+        #expect(recorder.trainAnswers.count == 1)
+        #expect(!recorder.all.contains { if case .registered = $0 { true } else { false } })
+        #expect(recorder.all.contains { if case .deactivated = $0 { true } else { false } })
     }
 }

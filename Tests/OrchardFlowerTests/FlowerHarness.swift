@@ -112,8 +112,10 @@ final class SuperLinkFixture: @unchecked Sendable {
     /// The CA certificate (PEM file) the SuperLink's HTTPS certificate chains to; nil for `--insecure`.
     let caCertificate: URL?
 
-    /// Starts a SuperLink; with `tls` it serves HTTPS with a certificate for 127.0.0.1 from a throwaway private CA.
-    init(directory: URL, tls: Bool = false) async throws {
+    /// Starts a SuperLink; with `tls` it serves HTTPS with a certificate for 127.0.0.1 from a throwaway private CA;
+    /// `nodeAuthentication` (needs `tls`) starts it with `--enable-supernode-auth`: only keys registered with
+    /// ``register(publicKey:)`` may activate.
+    init(directory: URL, tls: Bool = false, nodeAuthentication: Bool = false) async throws {
         try FlowerInstallation.require()
         home = directory.appendingPathComponent("flwr-home")
         try FileManager.default.createDirectory(at: home, withIntermediateDirectories: true)
@@ -128,6 +130,7 @@ final class SuperLinkFixture: @unchecked Sendable {
         } else {
             caCertificate = nil
         }
+        if nodeAuthentication { security.append("--enable-supernode-auth") }
         try """
         [superlink]
         default = "local-deploy"
@@ -162,6 +165,27 @@ final class SuperLinkFixture: @unchecked Sendable {
             try await Task.sleep(for: .milliseconds(100))
         }
         throw FlowerRunError("flower-superlink did not answer /health within 60 s: \(superlink.output.suffix(2000))")
+    }
+
+    /// Registers a SuperNode's public key (an OpenSSH line in a file) with `flwr supernode register`, as the
+    /// SuperLink's operator does.
+    func register(publicKey: URL) async throws {
+        let process = Process()
+        process.executableURL = FlowerInstallation.bin.appendingPathComponent("flwr")
+        process.arguments = ["supernode", "register", publicKey.path, "local-deploy"]
+        process.environment = FlowerProcess.environment(home: home)
+        let log = publicKey.deletingPathExtension().appendingPathExtension("register.log")
+        FileManager.default.createFile(atPath: log.path, contents: nil)
+        let handle = try FileHandle(forWritingTo: log)
+        process.standardOutput = handle
+        process.standardError = handle
+        try process.run()
+        for _ in 0..<600 where process.isRunning { try await Task.sleep(for: .milliseconds(100)) }
+        let output = (try? String(contentsOf: log, encoding: .utf8)) ?? ""
+        guard !process.isRunning, process.terminationStatus == 0, output.contains("registered successfully") else {
+            if process.isRunning { process.terminate() }
+            throw FlowerRunError("flwr supernode register failed: \(output.suffix(2000))")
+        }
     }
 
     /// Starts a Python SuperNode of the test app on partition `partition`.

@@ -159,4 +159,85 @@ import Testing
         #expect(machine.next(after: .failed(FlowerError(.superlinkRefused, "gone", httpStatus: 404))) == .wait(.seconds(1)))
         #expect(machine.next(after: .waited) == .handle)
     }
+
+    // MARK: Registration and SuperNode authentication
+
+    func refused(_ status: Int, _ apiCode: Int?) -> FlowerError {
+        FlowerError(.superlinkRefused, "refused", httpStatus: status, apiCode: apiCode)
+    }
+
+    @Test func aSuperLinkThatAdmitsOnlyRegisteredNodesEndsTheWindowWithAClearError() {
+        var machine = Machine(registered: false, keptMessage: nil, hasKeptReply: false)
+        #expect(machine.next(after: .started) == .register)
+        let action = machine.next(after: .failed(refused(412, FlowerAPICode.registrationDisabled)))
+        guard case .stop(let error) = action else { Issue.record("expected stop, got \(action)"); return }
+        #expect(error.code == .registrationRefused)
+        #expect(error.message.contains("--auth-key") && error.message.contains("flwr supernode register"))
+        #expect(machine.isFinished)
+    }
+
+    @Test func aKeyTheSuperLinkAlreadyKnowsActivates() {
+        var machine = Machine(registered: false, keptMessage: nil, hasKeptReply: false)
+        _ = machine.next(after: .started)
+        #expect(machine.next(after: .failed(refused(412, FlowerAPICode.publicKeyInUse))) == .activate)
+        #expect(machine.registered)
+    }
+
+    @Test func aSelfRegisteredNodeWhoseActivationIsRefusedWaitsAndRegistersAgain() {
+        var machine = Machine(registered: true, keptMessage: nil, hasKeptReply: false)
+        #expect(machine.next(after: .started) == .activate)
+        #expect(machine.next(after: .failed(refused(412, FlowerAPICode.activationFailed))) == .wait(.seconds(1)))
+        #expect(!machine.registered)
+        #expect(machine.next(after: .waited) == .register)
+        // Still active from a window that could not deactivate: the SuperLink knows the key; wait longer, activate.
+        #expect(machine.next(after: .failed(refused(412, FlowerAPICode.publicKeyInUse))) == .activate)
+        #expect(machine.next(after: .failed(refused(412, FlowerAPICode.activationFailed))) == .wait(.seconds(4)))
+        #expect(machine.next(after: .waited) == .register)
+        #expect(machine.next(after: .registered) == .activate)
+        #expect(machine.next(after: .activated(nodeID: 9)) == .pull)
+        #expect(machine.failures == 0)
+    }
+
+    @Test func aPreRegisteredNodeNeverRegistersItself() {
+        var machine = Machine(registered: false, keptMessage: nil, hasKeptReply: false, preRegistered: true)
+        #expect(machine.next(after: .started) == .activate)
+        #expect(machine.next(after: .activated(nodeID: 5)) == .pull)
+        // A 401 (the activation lapsed) activates again rather than registering.
+        #expect(machine.next(after: .failed(FlowerError(.unauthorized, "invalid node id"))) == .activate)
+        #expect(machine.nodeID == nil)
+    }
+
+    @Test func aPreRegisteredNodeWaitsOutALingeringActivationThenGivesUp() {
+        let timing = Machine.Timing(activationPatience: .seconds(10))
+        var machine = Machine(registered: false, keptMessage: nil, hasKeptReply: false, preRegistered: true, timing: timing)
+        _ = machine.next(after: .started)
+        var waited: [Duration] = []
+        while true {
+            let action = machine.next(after: .failed(refused(412, FlowerAPICode.activationFailed)))
+            if case .wait(let duration) = action {
+                waited.append(duration)
+                #expect(machine.next(after: .waited) == .activate)
+                continue
+            }
+            guard case .stop(let error) = action else { Issue.record("expected stop, got \(action)"); return }
+            #expect(error.code == .registrationRefused && error.message.contains("flwr supernode register"))
+            break
+        }
+        #expect(waited == [.seconds(1), .seconds(2), .seconds(4)], "1 + 2 + 4 s within the 10 s patience; the next 8 s would exceed it")
+    }
+
+    @Test func aLingeringActivationThatLapsesWithinThePatienceActivates() {
+        var machine = Machine(registered: false, keptMessage: nil, hasKeptReply: false, preRegistered: true, timing: .init(activationPatience: .seconds(10)))
+        _ = machine.next(after: .started)
+        #expect(machine.next(after: .failed(refused(412, FlowerAPICode.activationFailed))) == .wait(.seconds(1)))
+        #expect(machine.next(after: .waited) == .activate)
+        #expect(machine.next(after: .activated(nodeID: 3)) == .pull)
+    }
+
+    @Test func anActivationRefusedForAnotherReasonStops() {
+        var machine = Machine(registered: true, keptMessage: nil, hasKeptReply: false)
+        _ = machine.next(after: .started)
+        let error = refused(400, 2003)
+        #expect(machine.next(after: .failed(error)) == .stop(error))
+    }
 }

@@ -7,6 +7,7 @@ import json
 import time
 
 import numpy as np
+import flwr.superlink.grid.http_grid as http_grid
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
@@ -44,6 +45,19 @@ def _arrays(weights) -> ArrayRecord:
     return ArrayRecord({name: Array(a) for name, a in zip(mlp.NAMES, weights)})
 
 
+class Withhold:
+    """The grid's `push_objects`, except that the ids in `ids` are never pushed: the SuperLink lists them in the
+    message's tree but never has their bytes (a missing object, as a crashed or malicious server would leave)."""
+
+    def __init__(self, original):
+        self.original = original
+        self.ids = set()
+
+    def __call__(self, objects, push_object_fn, *, object_ids_to_push=None, **kwargs):
+        wanted = set(objects) if object_ids_to_push is None else set(object_ids_to_push)
+        return self.original(objects, push_object_fn, object_ids_to_push=wanted - self.ids, **kwargs)
+
+
 def probe(grid: Grid, config) -> None:
     """Sends bad messages to the first node, one at a time, and records the replies."""
     deadline = time.time() + 120
@@ -63,11 +77,16 @@ def probe(grid: Grid, config) -> None:
         "wrong_dtype": RecordDict({"arrays": ArrayRecord({n: Array(a.astype(np.int64)) for n, a in zip(mlp.NAMES, good)}), "config": train_config}),
         "no_arrays": RecordDict({"config": train_config}),
         "bad_learning_rate": RecordDict({"arrays": _arrays(good), "config": ConfigRecord({"lr": -1.0})}),
+        "missing_object": RecordDict({"arrays": _arrays(good), "config": train_config}),
+        "too_many_objects": RecordDict({"arrays": ArrayRecord({f"a{i}": Array(np.full(1, i, dtype=np.float32)) for i in range(40)}), "config": train_config}),
         "good": RecordDict({"arrays": _arrays(good), "config": train_config}),
     }
+    withhold = Withhold(http_grid.push_objects)
+    http_grid.push_objects = withhold
     results = {}
     for name, content in cases.items():
         message_type = "query" if name == "unknown_type" else "train"
+        withhold.ids = {content["arrays"]["fc1.weight"].object_id} if name == "missing_object" else set()
         replies = list(grid.send_and_receive([Message(content, dst_node_id=node, message_type=message_type)], timeout=120))
         if not replies:
             results[name] = {"missing": True}
