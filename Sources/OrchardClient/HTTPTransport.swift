@@ -25,12 +25,9 @@ public struct TrustRoots: Sendable, Hashable, CustomStringConvertible {
     /// Only the CA certificates in the PEM file at `path` (read when the transport is created).
     /// - Throws: ``OrchardClientError/Code/invalidConfiguration`` when the file is missing or unreadable.
     public static func certificateFile(_ path: String) throws(OrchardClientError) -> TrustRoots {
-        var isDirectory: ObjCBool = false
-        guard FileManager.default.fileExists(atPath: path, isDirectory: &isDirectory), !isDirectory.boolValue else {
-            throw OrchardClientError(.invalidConfiguration, "CA certificate file '\(path)' does not exist or is a directory")
-        }
-        guard let data = FileManager.default.contents(atPath: path) else {
-            throw OrchardClientError(.invalidConfiguration, "CA certificate file '\(path)' cannot be read (permission denied?)")
+        let data: Data
+        do throws(FileAccessError) { data = try LocalFile.read(path) } catch {
+            throw OrchardClientError(.invalidConfiguration, "CA certificate file '\(path)': \(error.message)")
         }
         return TrustRoots(source: .pem([UInt8](data), origin: "CA certificate file '\(path)'"))
     }

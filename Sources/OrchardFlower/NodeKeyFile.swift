@@ -1,5 +1,6 @@
 public import Crypto
 public import Foundation
+import OrchardSupport
 
 /// A SuperNode key in the files Flower's tools read and write: the private key as `flower-supernode
 /// --auth-supernode-private-key` reads it (OpenSSH `openssh-key-v1`, unencrypted, or PEM PKCS#8 / SEC1), and the
@@ -17,23 +18,22 @@ public enum NodeKeyFile {
     ///   others, encrypted, not P-384, damaged).
     public static func readPrivateKey(at url: URL) throws(FlowerError) -> NodeIdentity {
         let path = url.path
-        let attributes: [FileAttributeKey: Any]
-        do { attributes = try FileManager.default.attributesOfItem(atPath: path) } catch {
-            throw FlowerError(.invalidConfiguration, "the node key \(path) does not exist or cannot be read")
+        let data: Data
+        do throws(FileAccessError) { data = try LocalFile.read(path) } catch {
+            throw FlowerError(.invalidConfiguration, "the node key '\(path)': \(error.message)")
         }
+        let attributes = (try? FileManager.default.attributesOfItem(atPath: path)) ?? [:]
         if let mode = (attributes[.posixPermissions] as? NSNumber)?.intValue, mode & 0o077 != 0 {
             throw FlowerError(
                 .invalidConfiguration,
-                "the node key \(path) is readable by others (mode \(String(mode & 0o777, radix: 8))); make it owner-only with chmod 600"
+                "the node key '\(path)' is readable by others (mode \(String(mode & 0o777, radix: 8))); make it owner-only with chmod 600"
             )
         }
-        guard let data = FileManager.default.contents(atPath: path), let text = String(data: data, encoding: .utf8) else {
-            throw FlowerError(.invalidConfiguration, "the node key \(path) cannot be read as text")
-        }
+        guard let text = String(data: data, encoding: .utf8) else { throw FlowerError(.invalidConfiguration, "the node key '\(path)': not UTF-8 text") }
         do throws(FlowerError) {
             return try privateKey(fromText: text)
         } catch {
-            throw FlowerError(.invalidConfiguration, "the node key \(path): \(error.message)")
+            throw FlowerError(.invalidConfiguration, "the node key '\(path)' \(error.message)")
         }
     }
 

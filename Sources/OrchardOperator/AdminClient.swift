@@ -1,5 +1,6 @@
 import AsyncHTTPClient
 public import Foundation
+import OrchardSupport
 import NIOCore
 import NIOHTTP1
 import NIOSSL
@@ -79,12 +80,9 @@ public final class AdminClient: Sendable {
         }
         var tls = TLSConfiguration.makeClientConfiguration()
         if let caCertificateFile {
-            var isDirectory: ObjCBool = false
-            guard FileManager.default.fileExists(atPath: caCertificateFile, isDirectory: &isDirectory), !isDirectory.boolValue else {
-                throw OperatorError(.missingFile, "--ca-cert '\(caCertificateFile)' does not exist or is a directory")
-            }
-            guard let pem = FileManager.default.contents(atPath: caCertificateFile) else {
-                throw OperatorError(.missingFile, "--ca-cert '\(caCertificateFile)' cannot be read (permission denied)")
+            let pem: Data
+            do throws(FileAccessError) { pem = try LocalFile.read(caCertificateFile) } catch {
+                throw OperatorError(.missingFile, "--ca-cert '\(caCertificateFile)': \(error.message)")
             }
             let certificates: [NIOSSLCertificate]
             do {

@@ -86,17 +86,12 @@ public enum AdminTokenSource {
     }
 
     private static func read(_ path: String) throws(AdminTokenError) -> String {
-        var isDirectory: ObjCBool = false
-        guard FileManager.default.fileExists(atPath: path, isDirectory: &isDirectory) else {
-            throw AdminTokenError(.unreadableFile, "--admin-token-file '\(path)' does not exist")
+        let data: Data
+        do throws(FileAccessError) { data = try LocalFile.read(path) } catch {
+            throw AdminTokenError(.unreadableFile, "--admin-token-file '\(path)': \(error.message)")
         }
-        guard !isDirectory.boolValue else { throw AdminTokenError(.unreadableFile, "--admin-token-file '\(path)' is a directory, not a file") }
-        do {
-            return try String(contentsOfFile: path, encoding: .utf8)
-        } catch {
-            let readable = FileManager.default.isReadableFile(atPath: path)
-            throw AdminTokenError(.unreadableFile, "--admin-token-file '\(path)' cannot be read (\(readable ? "not UTF-8 text" : "permission denied"))")
-        }
+        guard let text = String(data: data, encoding: .utf8) else { throw AdminTokenError(.unreadableFile, "--admin-token-file '\(path)': not UTF-8 text") }
+        return text
     }
 
     private static func checked(_ text: String, source: String) throws(AdminTokenError) -> String {

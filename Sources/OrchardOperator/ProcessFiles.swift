@@ -1,4 +1,5 @@
 public import Foundation
+import OrchardSupport
 public import OrchardFormats
 public import OrchardProtocol
 
@@ -10,15 +11,9 @@ public enum ProcessFiles {
     /// Reads a file named by `option`.
     /// - Throws: ``OperatorError`` (`missing_file`) naming the option and the path.
     public static func read(_ path: String, option: String) throws(OperatorError) -> Data {
-        var isDirectory: ObjCBool = false
-        guard FileManager.default.fileExists(atPath: path, isDirectory: &isDirectory) else {
-            throw OperatorError(.missingFile, "\(option) '\(path)' does not exist")
+        do throws(FileAccessError) { return try LocalFile.read(path) } catch {
+            throw OperatorError(.missingFile, "\(option) '\(path)': \(error.message)")
         }
-        guard !isDirectory.boolValue else { throw OperatorError(.missingFile, "\(option) '\(path)' is a directory, not a file") }
-        guard let data = FileManager.default.contents(atPath: path) else {
-            throw OperatorError(.missingFile, "\(option) '\(path)' cannot be read (permission denied)")
-        }
-        return data
     }
 
     /// The model architecture at `path`, decoded and validated as the coordinator will.

@@ -1,5 +1,6 @@
 import ArgumentParser
 import Foundation
+import OrchardSupport
 import OrchardData
 import OrchardFormats
 import OrchardML
@@ -72,12 +73,7 @@ struct DataPrepareCommand: ParsableCommand {
     func prepare() throws(PrepareError) -> TensorDataset {
         func fail(_ line: String) -> PrepareError { PrepareError(line: line) }
         func read(_ path: String, _ option: String) throws(PrepareError) -> Data {
-            var isDirectory: ObjCBool = false
-            guard FileManager.default.fileExists(atPath: path, isDirectory: &isDirectory), !isDirectory.boolValue else {
-                throw fail("missing_file: \(option) '\(path)' does not exist")
-            }
-            guard let data = FileManager.default.contents(atPath: path) else { throw fail("missing_file: \(option) '\(path)' cannot be read") }
-            return data
+            do throws(FileAccessError) { return try LocalFile.read(path) } catch { throw fail("missing_file: \(option) '\(path)': \(error.message)") }
         }
         let modelData = try read(model, "--model")
         let spec: ModelSpec

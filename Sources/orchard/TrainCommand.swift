@@ -77,6 +77,10 @@ struct TrainHousing: ParsableCommand {
             seed: seed, testFraction: testFraction,
             training: TrainingSpec(loss: .meanSquaredError, optimizer: optimizerSpec, epochs: epochs, batchSize: batchSize)
         )
+        if let output {
+            // Made (or found wrong) before training, so a bad --output does not cost the training first.
+            do throws(FileAccessError) { try LocalFile.createDirectory(output) } catch { throw ValidationError("--output '\(output)': \(error.message)") }
+        }
         // Progress on standard error, an epoch at a time over both models; standard output keeps the results.
         let progress = ProgressReporter("train housing", total: 2 * epochs, unit: "epochs")
         let run = try HousingExample.run(configuration) { role, step in
@@ -86,9 +90,12 @@ struct TrainHousing: ParsableCommand {
         }
         if let output {
             let directory = URL(fileURLWithPath: output, isDirectory: true)
-            try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
             for trained in [run.central, run.device] {
-                try run.data.preprocessor.save(with: trained.model, to: directory, name: trained.metrics.model)
+                do {
+                    try run.data.preprocessor.save(with: trained.model, to: directory, name: trained.metrics.model)
+                } catch {
+                    throw ValidationError("--output '\(output)': cannot write the \(trained.metrics.model) model: \(FileAccessError(error, writing: true).message)")
+                }
             }
         }
         let output = HousingOutput(

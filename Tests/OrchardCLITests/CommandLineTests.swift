@@ -100,6 +100,32 @@ let usageError: Int32 = 64
         #expect(run.flatOutput.contains(listing), "\(run.output)")
     }
 
+    @Test func theToolsVersionIsAFlagOfTheRootCommandOnly() async throws {
+        let version = try await Run.orchard(["--version"])
+        #expect(version.status == 0)
+        #expect(version.output == "0.1.0\n")
+        // `--version` of client, agent and process create is the process's version, listed once in their help.
+        for command in [["client"], ["agent"], ["process", "create"]] {
+            let help = try await Run.orchard(command + ["--help"])
+            #expect(help.status == 0)
+            let lines = help.output.split(separator: "\n").filter { $0.trimmingCharacters(in: .whitespaces).hasPrefix("--version") }
+            #expect(lines.count == 1 && !lines[0].contains("Show the version"), "\(command): \(lines)")
+        }
+        let bare = try await Run.orchard([])
+        #expect(bare.status == 0)
+        #expect(bare.output.contains("SUBCOMMANDS:"))
+    }
+
+    @Test func trainHousingNamesABadOutputDirectoryBeforeTraining() async throws {
+        let file = FileManager.default.temporaryDirectory.appendingPathComponent("orchard-output-file-\(UUID().uuidString)")
+        try Data("x".utf8).write(to: file)
+        let run = try await Run.orchard(["train", "housing", "--output", file.path])
+        #expect(run.status != 0)
+        #expect(run.error.contains("--output '\(file.path)': is a file, not a directory"), "\(run.error)")
+        #expect(!run.error.contains("epochs"), "refused before any training (no progress line)")
+        #expect(!run.error.contains("NSCocoaErrorDomain"))
+    }
+
     @Test func aListedValueIsAccepted() async throws {
         // A valid enumerated value gets past the parser: the missing trace file is reported with its reason.
         let run = try await Run.orchard(["simulate", "--availability", "trace:/nonexistent/trace.csv", "--transport", "memory", "--rounds", "1"])
@@ -138,14 +164,14 @@ let usageError: Int32 = 64
         (["simulate", "--coordinator", "http://127.0.0.1:1", "--transport", "memory"], "--transport cannot be used with --coordinator"),
         (["simulate", "--coordinator", "http://127.0.0.1:1", "--window-seconds", "5"], "--window-seconds cannot be used with --coordinator"),
         (["simulate", "--coordinator", "http://127.0.0.1:1", "--availability", "diurnal"], "--availability diurnal cannot be used with --coordinator"),
-        (["simulate", "--coordinator", "https://127.0.0.1:1", "--ca-cert", "/nonexistent/ca.pem"], "--ca-cert '/nonexistent/ca.pem' does not exist"),
+        (["simulate", "--coordinator", "https://127.0.0.1:1", "--ca-cert", "/nonexistent/ca.pem"], "'/nonexistent/ca.pem': no such file"),
         (["serve", "--open-auth-burst", "0"], "--open-auth-burst must be at least 1"),
         (["serve", "--open-auth-per-second=-1"], "--open-auth-per-second must be a non-negative number"),
         (["serve", "--max-open-workers=-1"], "--max-open-workers must be non-negative"),
         (["serve", "--speed-test-interval", "nan"], "--speed-test-interval must be a non-negative number of seconds"),
         (["serve", "--tls-cert", "/nonexistent/server.pem"], "--tls-cert needs --tls-key"),
         (["client", "--server", "https://127.0.0.1:1", "--process", "m", "--version", "1", "--data", "d", "--ca-cert", "/nonexistent/ca.pem"],
-         "--ca-cert '/nonexistent/ca.pem' does not exist"),
+         "'/nonexistent/ca.pem': no such file"),
     ])
     func libraryErrorsAreShownWithTheOptionThatSetsTheField(_ arguments: [String], _ message: String) async throws {
         let run = try await Run.orchard(arguments)

@@ -30,8 +30,8 @@ struct TLSConfigurationTests {
         try Data().write(to: empty)
         let missing = directory.appendingPathComponent("missing.pem").path
         let cases: [(certificate: String, key: String, mentions: String)] = [
-            (missing, files.key, "'\(missing)' does not exist"),
-            (files.certificate, missing, "'\(missing)' does not exist"),
+            (missing, files.key, "'\(missing)': no such file"),
+            (files.certificate, missing, "'\(missing)': no such file"),
             (directory.path, files.key, "is a directory"),
             (garbage.path, files.key, "certificate file '\(garbage.path)' is not a PEM certificate chain"),
             (empty.path, files.key, "certificate file '\(empty.path)' holds no PEM certificate"),

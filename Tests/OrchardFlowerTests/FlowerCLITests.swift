@@ -43,7 +43,7 @@ import Testing
         (["--superlink", "127.0.0.1:9092", "--insecure", "--heartbeat-interval", "0"], "--heartbeat-interval must be 10…1800 seconds"),
         (["--superlink", "127.0.0.1:9092", "--insecure", "--heartbeat-interval", "3600"], "--heartbeat-interval must be 10…1800 seconds"),
         (["--superlink", "127.0.0.1:9092", "--insecure", "--heartbeat-interval", "nan"], "--heartbeat-interval must be 10…1800 seconds"),
-        (["--superlink", "127.0.0.1:9092", "--insecure", "--auth-key", "/nonexistent/key"], "--auth-key: the node key /nonexistent/key does not exist"),
+        (["--superlink", "127.0.0.1:9092", "--insecure", "--auth-key", "/nonexistent/key"], "--auth-key: the node key '/nonexistent/key': no such file"),
     ])
     func joinRefusesBadOptions(arguments: [String], expected: String) async throws {
         let (model, data) = try files()
@@ -90,7 +90,7 @@ import Testing
         try FileManager.default.setAttributes([.posixPermissions: 0o640], ofItemAtPath: key)
         let open = try await run(["flower", "join", "--superlink", "127.0.0.1:9", "--insecure", "--model", model, "--data", data, "--auth-key", key])
         #expect(open.status != 0)
-        #expect(open.errors.contains("--auth-key: the node key \(key) is readable by others (mode 640)"), "\(open.errors)")
+        #expect(open.errors.contains("--auth-key: the node key '\(key)' is readable by others (mode 640)"), "\(open.errors)")
         let agent = try await run(["agent", "--flower-superlink", "127.0.0.1:9", "--flower-insecure", "--model", model, "--data", data, "--flower-auth-key", key])
         #expect(agent.status != 0)
         #expect(agent.errors.contains("--flower-auth-key: the node key"), "\(agent.errors)")

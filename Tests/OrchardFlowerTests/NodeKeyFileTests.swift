@@ -98,6 +98,6 @@ import Testing
         let owned = try temporaryFile(NodeKeyFixtures.sshP384)
         _ = try NodeKeyFile.readPrivateKey(at: owned)
         let missing = FileManager.default.temporaryDirectory.appendingPathComponent("no-such-key-\(UUID().uuidString)")
-        #expect { try NodeKeyFile.readPrivateKey(at: missing) } throws: { error in "\(error)".contains("does not exist") }
+        #expect { try NodeKeyFile.readPrivateKey(at: missing) } throws: { error in "\(error)".contains("no such file") }
     }
 }

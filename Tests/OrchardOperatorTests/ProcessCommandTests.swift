@@ -142,10 +142,10 @@ import Testing
         defer { files.remove() }
         let missing = files.path("nope.json")
         let error = #expect(throws: OperatorError.self) { try ProcessFiles.model(at: missing) }
-        #expect(error?.description == "missing_file: --model '\(missing)' does not exist")
+        #expect(error?.description == "missing_file: --model '\(missing)': no such file")
         let spec = SmallModel.spec()
         let weights = #expect(throws: OperatorError.self) { try ProcessFiles.weights(at: files.path("w.safetensors"), for: spec) }
-        #expect(weights?.description == "missing_file: --weights '\(files.path("w.safetensors"))' does not exist")
+        #expect(weights?.description == "missing_file: --weights '\(files.path("w.safetensors"))': no such file")
     }
 
     @Test func aJSONSyntaxErrorHasItsLineAndColumn() throws {

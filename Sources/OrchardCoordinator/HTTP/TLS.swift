@@ -1,4 +1,5 @@
 import Foundation
+import OrchardSupport
 import NIOSSL
 import OrchardProtocol
 
@@ -55,14 +56,8 @@ public struct CoordinatorTLS: Sendable {
     }
 
     private static func read(_ path: String, _ what: String) throws(CoordinatorError) -> [UInt8] {
-        var isDirectory: ObjCBool = false
-        guard FileManager.default.fileExists(atPath: path, isDirectory: &isDirectory) else {
-            throw CoordinatorError(.invalidConfiguration, "TLS \(what) file '\(path)' does not exist")
+        do throws(FileAccessError) { return [UInt8](try LocalFile.read(path)) } catch {
+            throw CoordinatorError(.invalidConfiguration, "TLS \(what) file '\(path)': \(error.message)")
         }
-        guard !isDirectory.boolValue else { throw CoordinatorError(.invalidConfiguration, "TLS \(what) file '\(path)' is a directory") }
-        guard let data = FileManager.default.contents(atPath: path) else {
-            throw CoordinatorError(.invalidConfiguration, "TLS \(what) file '\(path)' cannot be read (permission denied?)")
-        }
-        return [UInt8](data)
     }
 }
