@@ -104,6 +104,20 @@ extension Coordinator {
         return ProcessList(processes: statuses)
     }
 
+    /// Closed cycles listed by ``cycles(processID:)``.
+    public static let cycleHistoryLimit = 200
+
+    /// A process's closed cycles (the newest ``cycleHistoryLimit``), oldest first, as the store recorded them.
+    public func cycles(processID: String) async throws(CoordinatorError) -> ProcessCycles {
+        await catchUpShared(processID: processID)
+        guard runtimes[processID] != nil else { throw CoordinatorError(.unknownProcess, "no process '\(processID)'") }
+        do {
+            return ProcessCycles(processID: processID, cycles: try await store.cycleRecords(processID: processID, limit: Self.cycleHistoryLimit))
+        } catch {
+            throw storeFailure(error, "read the cycle history")
+        }
+    }
+
     /// The status of one process and its open cycle.
     public func status(processID: String) async throws(CoordinatorError) -> ProcessStatus {
         await catchUpShared(processID: processID)

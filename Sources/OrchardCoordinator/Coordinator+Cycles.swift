@@ -158,7 +158,7 @@ extension Coordinator {
         var closure = CycleClosure(
             processID: processID, closedCycle: transition.closedCycle, checkpoint: nil, optimizerState: nil,
             nextCycle: transition.nextCycle.map { StoredCycle(number: $0, checkpoint: transition.checkpoint, openedAt: transition.openedAt) },
-            retention: runtime.process.serverConfig.checkpointRetention
+            retention: runtime.process.serverConfig.checkpointRetention, closedAt: now
         )
         if let newWeights {
             closure.checkpoint = (transition.checkpoint, newWeights)

@@ -38,7 +38,7 @@ public struct CoordinatorInstance: Sendable {
     ) async throws -> CoordinatorInstance {
         let lock = try DatabaseLock(database: path)
         let dashboard = Dashboard(clock: clock)
-        let store = CycleRecordingStore(base: try SQLiteStore(path: path, durability: durability), history: dashboard.history, clock: clock)
+        let store = try SQLiteStore(path: path, durability: durability)
         let registry = PrometheusCollectorRegistry()
         let metrics = CoordinatorMetrics(factory: PrometheusMetricsFactory(registry: registry))
         let coordinator = Coordinator(store: store, configuration: configuration, clock: clock, random: random, metrics: metrics, logger: logger)
@@ -62,8 +62,7 @@ public struct CoordinatorInstance: Sendable {
         let dashboard = Dashboard(clock: clock)
         let registry = PrometheusCollectorRegistry()
         let metrics = CoordinatorMetrics(factory: PrometheusMetricsFactory(registry: registry))
-        let recording = CycleRecordingStore(base: store, history: dashboard.history, clock: clock)
-        let coordinator = Coordinator(store: recording, configuration: configuration, clock: clock, random: random, metrics: metrics, logger: logger)
+        let coordinator = Coordinator(store: store, configuration: configuration, clock: clock, random: random, metrics: metrics, logger: logger)
         do {
             try await coordinator.start()
         } catch {

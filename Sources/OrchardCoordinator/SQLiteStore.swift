@@ -1,7 +1,7 @@
 public import Foundation
 import GRDB
 import OrchardFormats
-import OrchardProtocol
+public import OrchardProtocol
 
 /// A ``CoordinatorStore`` in one SQLite file (WAL mode) through GRDB.
 ///
@@ -147,6 +147,16 @@ public final class SQLiteStore: CoordinatorStore {
                 ALTER TABLE cycles ADD COLUMN sealed_at REAL;
                 ALTER TABLE assignments ADD COLUMN instance TEXT;
                 UPDATE assignments SET instance = '\(CoordinatorConfiguration.defaultInstanceID)' WHERE reported = 1;
+                """)
+        }
+        // The durable cycle history (the dashboard's): each closed cycle's participation, metrics and closing time.
+        migrator.registerMigration("v7-cycle-history") { db in
+            try db.execute(sql: """
+                ALTER TABLE cycles ADD COLUMN closed_at REAL;
+                ALTER TABLE cycles ADD COLUMN assigned INTEGER;
+                ALTER TABLE cycles ADD COLUMN reported INTEGER;
+                ALTER TABLE cycles ADD COLUMN metrics TEXT;
+                ALTER TABLE cycles ADD COLUMN published INTEGER;
                 """)
         }
         return migrator
@@ -496,6 +506,22 @@ public final class SQLiteStore: CoordinatorStore {
                 arguments: [aggregated ? "aggregated" : "abandoned", closure.processID, closure.closedCycle]
             )
             guard db.changesCount == 1 else { throw StoreError(.cycleClosed, "cycle \(closure.closedCycle) is not open") }
+            // The history record, from the assignment rows about to be deleted.
+            let counts = try Row.fetchOne(
+                db, sql: "SELECT COUNT(*) AS assigned, COALESCE(SUM(reported), 0) AS reported FROM assignments WHERE process_id = ? AND cycle = ?",
+                arguments: [closure.processID, closure.closedCycle]
+            )
+            let metrics = try String.fetchAll(
+                db, sql: "SELECT metrics FROM assignments WHERE process_id = ? AND cycle = ? AND reported = 1 AND metrics IS NOT NULL",
+                arguments: [closure.processID, closure.closedCycle]
+            )
+            try db.execute(
+                sql: "UPDATE cycles SET closed_at = ?, assigned = ?, reported = ?, metrics = ?, published = ? WHERE process_id = ? AND number = ?",
+                arguments: [
+                    closure.closedAt?.timeIntervalSince1970, counts?["assigned"] as Int? ?? 0, counts?["reported"] as Int? ?? 0,
+                    CycleRecordSummary.json(CycleRecordSummary.means(metrics)), closure.checkpoint?.number, closure.processID, closure.closedCycle,
+                ]
+            )
             try db.execute(sql: "DELETE FROM partial_sums WHERE process_id = ? AND cycle = ?", arguments: [closure.processID, closure.closedCycle])
             try db.execute(sql: "DELETE FROM assignments WHERE process_id = ? AND cycle = ?", arguments: [closure.processID, closure.closedCycle])
             try db.execute(sql: "DELETE FROM secure_aggregation_events WHERE process_id = ? AND cycle = ?", arguments: [closure.processID, closure.closedCycle])
@@ -522,6 +548,24 @@ public final class SQLiteStore: CoordinatorStore {
             }
         }
         spool.removeCycle(process: closure.processID, cycle: closure.closedCycle)
+    }
+
+    public func cycleRecords(processID: String, limit: Int) async throws -> [CycleRecord] {
+        try await pool.read { db in
+            try Row.fetchAll(
+                db, sql: """
+                    SELECT number, status, published, opened_at, closed_at, assigned, reported, metrics FROM cycles
+                    WHERE process_id = ? AND status IN ('aggregated', 'abandoned') AND assigned IS NOT NULL ORDER BY number DESC LIMIT ?
+                    """,
+                arguments: [processID, max(0, limit)]
+            ).reversed().map { row in
+                CycleRecord(
+                    cycle: row["number"], outcome: (row["status"] as String) == "aggregated" ? .aggregated : .abandoned,
+                    assigned: row["assigned"] ?? 0, reported: row["reported"] ?? 0, checkpoint: row["published"], openedAt: row["opened_at"],
+                    closedAt: row["closed_at"], metrics: CycleRecordSummary.decode(row["metrics"])
+                )
+            }
+        }
     }
 
     public func appendSecureAggregationEvent(_ event: StoredSecureAggregationEvent, processID: String, cycle: Int, reportedWorker: String?) async throws {

@@ -310,12 +310,15 @@ public struct CycleClosure: Sendable {
     public var nextCycle: StoredCycle?
     /// Checkpoints to keep.
     public var retention: Int
+    /// When the coordinator closed the cycle (kept in the cycle's history record).
+    public var closedAt: Date?
 
     /// Creates a closure.
     public init(
         processID: String, closedCycle: Int, checkpoint: (number: Int, weights: [UInt8])?, optimizerState: [UInt8]?, privacyState: [UInt8]? = nil,
-        nextCycle: StoredCycle?, retention: Int
+        nextCycle: StoredCycle?, retention: Int, closedAt: Date? = nil
     ) {
+        self.closedAt = closedAt
         self.processID = processID
         self.closedCycle = closedCycle
         self.checkpoint = checkpoint
@@ -394,6 +397,11 @@ public protocol CoordinatorStore: Sendable {
     /// throws ``StoreError/Code/cycleClosed`` when it was closed already. The cycle's assignments, partial sums and
     /// secure-aggregation events are deleted with it.
     func closeCycle(_ closure: CycleClosure) async throws
+    /// The process's closed cycles, the newest `limit` of them, oldest first: each one's outcome, devices assigned and
+    /// reports accepted, checkpoint and times, and the mean of each metric its reports carried. ``closeCycle(_:)``
+    /// records them in its transaction, so the history is durable and the same from every instance (cycles closed
+    /// by a version before the history was kept are not listed).
+    func cycleRecords(processID: String, limit: Int) async throws -> [CycleRecord]
     /// Appends a step of an open cycle's secure aggregation (made durable before it returns); with `reportedWorker`,
     /// marks that worker's assignment as reported in the same transaction (an advertisement counts toward the goal).
     /// Throws ``StoreError/Code/cycleClosed`` if the cycle is not open and ``StoreError/Code/duplicate`` for a sequence
@@ -440,5 +448,41 @@ extension CoordinatorStore {
             throw error
         }
         try await recordReport(report, diff: staged)
+    }
+}
+
+/// The history record of a cycle being closed, from its assignment rows (before they are deleted): the devices
+/// assigned, the reports accepted, and the mean of each metric the reports carried. Shared by the stores.
+package enum CycleRecordSummary {
+    /// Distinct metric names averaged per cycle (further names are ignored).
+    package static let maximumMetrics = 16
+
+    /// The mean of each finite metric in `metricsJSON` (one JSON object of numbers per report; anything else is
+    /// skipped), at most ``maximumMetrics`` names, the first met in name order.
+    package static func means(_ metricsJSON: [String]) -> [String: Double] {
+        var sums: [String: (total: Double, count: Int)] = [:]
+        let decoder = JSONDecoder()
+        for text in metricsJSON {
+            guard text.utf8.count > 2, let object = try? decoder.decode([String: Double].self, from: Data(text.utf8)) else { continue }
+            for (name, value) in object.sorted(by: { $0.key < $1.key }) where value.isFinite {
+                guard sums[name] != nil || sums.count < maximumMetrics else { continue }
+                let old = sums[name] ?? (0, 0)
+                sums[name] = (old.total + value, old.count + 1)
+            }
+        }
+        return sums.mapValues { $0.total / Double($0.count) }
+    }
+
+    /// The means as the JSON object stored with the cycle.
+    package static func json(_ means: [String: Double]) -> String {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = .sortedKeys
+        return (try? encoder.encode(means)).map { String(decoding: $0, as: UTF8.self) } ?? "{}"
+    }
+
+    /// Decodes stored means (`nil` or damaged: none).
+    package static func decode(_ json: String?) -> [String: Double] {
+        guard let json, let means = try? JSONDecoder().decode([String: Double].self, from: Data(json.utf8)) else { return [:] }
+        return means
     }
 }

@@ -121,6 +121,14 @@ enum PostgresSchema {
             "ALTER TABLE checkpoints ALTER COLUMN weights SET STORAGE EXTERNAL",
             "ALTER TABLE secure_aggregation_events ALTER COLUMN words SET STORAGE EXTERNAL",
         ]),
+        // The durable cycle history (the dashboard's): each closed cycle's participation, metrics and closing time.
+        Migration(version: "4-cycle-history", statements: [
+            "ALTER TABLE cycles ADD COLUMN closed_at DOUBLE PRECISION",
+            "ALTER TABLE cycles ADD COLUMN assigned BIGINT",
+            "ALTER TABLE cycles ADD COLUMN reported BIGINT",
+            "ALTER TABLE cycles ADD COLUMN metrics TEXT",
+            "ALTER TABLE cycles ADD COLUMN published BIGINT",
+        ]),
     ]
 
     /// Applies the migrations not yet applied, each in its own transaction; returns the versions it applied.

@@ -4,7 +4,7 @@ public import OrchardCoordinator
 import NIOCore
 import NIOSSL
 import OrchardFormats
-import OrchardProtocol
+public import OrchardProtocol
 import PostgresNIO
 
 /// A ``OrchardCoordinator/CoordinatorStore`` in PostgreSQL, shared by several coordinator instances.
@@ -582,6 +582,20 @@ public final class PostgresStore: CoordinatorStore {
                 WHERE process_id = \(processID) AND number = \(cycle) AND status IN ('open', 'closing') RETURNING 1
                 """)
             guard !closed.isEmpty else { throw StoreError(.cycleClosed, "cycle \(cycle) of process '\(processID)' is not open") }
+            // The history record, from the assignment rows about to be deleted.
+            let participation = try await run(connection, """
+                SELECT COUNT(*), COUNT(*) FILTER (WHERE reported) FROM assignments WHERE process_id = \(processID) AND cycle = \(cycle)
+                """)
+            let (assigned, reported) = try participation.first?.decode((Int, Int).self) ?? (0, 0)
+            let metrics = try await run(connection, """
+                SELECT metrics FROM assignments WHERE process_id = \(processID) AND cycle = \(cycle) AND reported AND metrics IS NOT NULL
+                """).map { try $0.decode(String.self) }
+            let means = CycleRecordSummary.json(CycleRecordSummary.means(metrics))
+            try await run(connection, """
+                UPDATE cycles SET closed_at = \(closure.closedAt?.timeIntervalSince1970), assigned = \(assigned), reported = \(reported),
+                    metrics = \(means), published = \(closure.checkpoint?.number)
+                WHERE process_id = \(processID) AND number = \(cycle)
+                """)
             try await run(connection, "DELETE FROM assignments WHERE process_id = \(processID) AND cycle = \(cycle)")
             try await run(connection, "DELETE FROM partial_sums WHERE process_id = \(processID) AND cycle = \(cycle)")
             try await run(connection, "DELETE FROM secure_aggregation_events WHERE process_id = \(processID) AND cycle = \(cycle)")
@@ -606,6 +620,28 @@ public final class PostgresStore: CoordinatorStore {
             } else {
                 try await run(connection, "UPDATE processes SET completed = TRUE WHERE id = \(processID)")
             }
+        }
+    }
+
+    public func cycleRecords(processID: String, limit: Int) async throws -> [CycleRecord] {
+        let what = "read the cycle history of process '\(processID)'"
+        let rows = try await rows(what, """
+            SELECT number, status, published, opened_at, closed_at, assigned, reported, metrics FROM cycles
+            WHERE process_id = \(processID) AND status IN ('aggregated', 'abandoned') AND assigned IS NOT NULL
+            ORDER BY number DESC LIMIT \(max(0, limit))
+            """)
+        do {
+            return try rows.reversed().map { row in
+                let (number, status, published, openedAt, closedAt, assigned, reported, metrics) = try row.decode(
+                    (Int, String, Int?, Double?, Double?, Int?, Int?, String?).self
+                )
+                return CycleRecord(
+                    cycle: number, outcome: status == "aggregated" ? .aggregated : .abandoned, assigned: assigned ?? 0, reported: reported ?? 0,
+                    checkpoint: published, openedAt: openedAt, closedAt: closedAt, metrics: CycleRecordSummary.decode(metrics)
+                )
+            }
+        } catch {
+            throw PostgresErrors.map(error, what)
         }
     }
 

@@ -20,8 +20,8 @@ public struct CycleRecord: Sendable, Hashable, Codable {
     public var checkpoint: Int?
     /// When it opened, in seconds since 1970.
     public var openedAt: Double?
-    /// When it closed, in seconds since 1970.
-    public var closedAt: Double
+    /// When it closed, in seconds since 1970 (unknown for cycles closed before the history was kept).
+    public var closedAt: Double?
     /// The mean of each metric the devices reported with their reports (e.g. `loss`), over the reports this
     /// coordinator accepted.
     public var metrics: [String: Double]
@@ -33,7 +33,7 @@ public struct CycleRecord: Sendable, Hashable, Codable {
     }
 
     /// Creates a record.
-    public init(cycle: Int, outcome: ClosedCycleOutcome, assigned: Int, reported: Int, checkpoint: Int? = nil, openedAt: Double? = nil, closedAt: Double, metrics: [String: Double] = [:]) {
+    public init(cycle: Int, outcome: ClosedCycleOutcome, assigned: Int, reported: Int, checkpoint: Int? = nil, openedAt: Double? = nil, closedAt: Double?, metrics: [String: Double] = [:]) {
         self.cycle = cycle
         self.outcome = outcome
         self.assigned = assigned
@@ -49,7 +49,7 @@ public struct CycleRecord: Sendable, Hashable, Codable {
 public struct ProcessCycles: Sendable, Hashable, Codable {
     /// The process.
     public var processID: String
-    /// The cycles, oldest first (at most the coordinator's retention; kept in memory since it started).
+    /// The cycles, oldest first (the newest 200), as the store recorded them when each closed.
     public var cycles: [CycleRecord]
 
     enum CodingKeys: String, CodingKey {

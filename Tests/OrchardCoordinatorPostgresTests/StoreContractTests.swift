@@ -103,6 +103,44 @@ import Testing
         }
     }
 
+    @Test(arguments: StoreKind.underTest)
+    func closedCyclesAreRecordedWithTheirParticipationAndMeanMetrics(_ kind: StoreKind) async throws {
+        try await withStores(kind) { stores in
+            let store = stores.main
+            try await F.host(store)
+            #expect(try await store.cycleRecords(processID: "p", limit: 10).isEmpty)
+            // Cycle 1: three assigned, two report (losses 0 and 1, through two instances), aggregated into checkpoint 1.
+            try await F.assign(store, 0..<3)
+            try await store.recordReport(F.report(0), bytes: F.diff(0))
+            try await stores.peer.recordReport(F.report(1, instance: "b"), bytes: F.diff(1))
+            let closed = F.epoch.addingTimeInterval(30)
+            try await store.closeCycle(CycleClosure(
+                processID: "p", closedCycle: 1, checkpoint: (1, [1]), optimizerState: nil, nextCycle: F.next(2, checkpoint: 1), retention: 5, closedAt: closed
+            ))
+            // Cycle 2: one assigned, nobody reports: abandoned. Cycle 3 stays open and is not listed.
+            try await F.assign(store, 3..<4, cycle: 2)
+            try await stores.peer.closeCycle(CycleClosure(
+                processID: "p", closedCycle: 2, checkpoint: nil, optimizerState: nil, nextCycle: F.next(3, checkpoint: 1), retention: 5,
+                closedAt: closed.addingTimeInterval(60)
+            ))
+            let records = try await stores.peer.cycleRecords(processID: "p", limit: 10)
+            #expect(records == [
+                CycleRecord(
+                    cycle: 1, outcome: .aggregated, assigned: 3, reported: 2, checkpoint: 1, openedAt: F.epoch.timeIntervalSince1970,
+                    closedAt: closed.timeIntervalSince1970, metrics: ["loss": 0.5]
+                ),
+                CycleRecord(
+                    cycle: 2, outcome: .abandoned, assigned: 1, reported: 0, checkpoint: nil, openedAt: F.next(2, checkpoint: 1).openedAt.timeIntervalSince1970,
+                    closedAt: closed.timeIntervalSince1970 + 60, metrics: [:]
+                ),
+            ])
+            #expect(try await store.cycleRecords(processID: "p", limit: 1).map(\.cycle) == [2], "the newest, oldest first")
+            #expect(try await store.cycleRecords(processID: "absent", limit: 10).isEmpty)
+            try await store.deleteProcess(id: "p")
+            #expect(try await store.cycleRecords(processID: "p", limit: 10).isEmpty)
+        }
+    }
+
     // MARK: Secrets and workers
 
     @Test(arguments: StoreKind.underTest)

@@ -264,9 +264,14 @@ extension HTTPResult {
         #expect(cycles[1].cycle == 2 && cycles[1].outcome == .aggregated && cycles[1].assigned == 2 && cycles[1].reported == 2 && cycles[1].checkpoint == 1)
         #expect(cycles.allSatisfy { $0.metrics == ["loss": 0.5] })
         #expect(cycles[0].closedAt == harness.clock.date.timeIntervalSince1970)
-        #expect(cycles[0].openedAt.map { $0 < cycles[0].closedAt } == true)
+        #expect(cycles[0].openedAt.map { $0 < harness.clock.date.timeIntervalSince1970 } == true)
         let text = String(decoding: result.body, as: UTF8.self)
         #expect(text.contains("\"closed_at\"") && text.contains("\"outcome\":\"aggregated\""))
+
+        // The history is the store's: a restarted coordinator shows the same cycles.
+        try await harness.restart()
+        let restarted = try await harness.http.send("GET", Endpoint.cycles(hosted.processID), token: Harness.adminToken)
+        #expect(try restarted.decode(ProcessCycles.self).cycles == cycles)
 
         #expect(try await harness.http.send("GET", Endpoint.cycles("p_0000000000000000"), token: Harness.adminToken).errorCode == "unknown_process")
         #expect(try await harness.http.send("GET", Endpoint.cycles(hosted.processID)).status == 401)

@@ -72,21 +72,18 @@ public struct DashboardAccess: Sendable {
     public var sessionCount: Int { sessions.count }
 }
 
-/// The dashboard's shared state in a running coordinator: its ``DashboardAccess`` on the coordinator's clock, and
-/// the recent cycles of each process (``CycleHistory``).
+/// The dashboard's shared state in a running coordinator: its ``DashboardAccess`` on the coordinator's clock (the
+/// cycle history it shows is the store's: ``Coordinator/cycles(processID:)``).
 public final class Dashboard: Sendable {
     /// The cookie that carries a dashboard session.
     public static let cookieName = "orchard_dashboard"
     private let access: Mutex<DashboardAccess>
     private let clock: any WallClock
-    /// Recent closed cycles, per process.
-    public let history: CycleHistory
 
     /// Creates the dashboard's state.
-    public init(access: DashboardAccess = DashboardAccess(), clock: any WallClock = SystemClock(), history: CycleHistory = CycleHistory()) {
+    public init(access: DashboardAccess = DashboardAccess(), clock: any WallClock = SystemClock()) {
         self.access = Mutex(access)
         self.clock = clock
-        self.history = history
     }
 
     /// Issues a one-time login token (for the login URL `orchard serve` prints).

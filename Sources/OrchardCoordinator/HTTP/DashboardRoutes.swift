@@ -13,8 +13,7 @@ extension CoordinatorServer {
         router.get(RouterPath(stringLiteral: Endpoint.cycles(":\(Endpoint.Parameter.process)"))) { request, context in
             try requireAdmin(request, coordinator, dashboard)
             let processID = context.parameters.get(Endpoint.Parameter.process) ?? ""
-            _ = try await coordinator.status(processID: processID)  // 404 unknown_process
-            return try json(ProcessCycles(processID: processID, cycles: dashboard?.history.cycles(processID: processID) ?? []))
+            return try json(try await coordinator.cycles(processID: processID))  // 404 unknown_process
         }
         // No admin token, no admin API: then no dashboard either.
         guard let dashboard, coordinator.configuration.adminToken != nil else { return }
@@ -29,7 +28,7 @@ extension CoordinatorServer {
             let status = try await coordinator.status(processID: processID)  // 404 unknown_process
             // Drawn at the width the page shows them (CSS pixels), within what a phone and a wide screen need.
             let width = request.uri.queryParameters.get("width").flatMap { Double(String($0)) }.map { min(max($0, 280), 1600) } ?? 720
-            let html = DashboardPage.charts(name: status.name, cycles: dashboard.history.cycles(processID: processID), width: width.isFinite ? width : 720)
+            let html = DashboardPage.charts(name: status.name, cycles: try await coordinator.cycles(processID: processID).cycles, width: width.isFinite ? width : 720)
             return page(html, status: .ok)
         }
         router.get(RouterPath(stringLiteral: Endpoint.dashboardLogin)) { request, _ in
