@@ -1,4 +1,5 @@
 import Foundation
+import OrchardSupport
 import OrchardProtocol
 import Synchronization
 
@@ -64,7 +65,7 @@ struct ClientStore: Sendable {
         do {
             try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
         } catch {
-            throw OrchardClientError(.storage, "cannot create the client directory \(directory.path): \(error.localizedDescription)")
+            throw OrchardClientError(.storage, "cannot create the client directory \(directory.path): \(FileAccessError(error, writing: true).message)")
         }
     }
 
@@ -75,7 +76,7 @@ struct ClientStore: Sendable {
         do {
             return try Data(contentsOf: url)
         } catch {
-            throw OrchardClientError(.storage, "cannot read \(url.path): \(error.localizedDescription)")
+            throw OrchardClientError(.storage, "cannot read \(url.path): \(FileAccessError(error).message)")
         }
     }
 
@@ -92,7 +93,7 @@ struct ClientStore: Sendable {
                 }
             }
         } catch {
-            throw OrchardClientError(.storage, "cannot write \(url.path): \(error.localizedDescription)")
+            throw OrchardClientError(.storage, "cannot write \(url.path): \(FileAccessError(error, writing: true).message)")
         }
     }
 
@@ -101,7 +102,7 @@ struct ClientStore: Sendable {
         do {
             try FileManager.default.removeItem(at: url)
         } catch {
-            throw OrchardClientError(.storage, "cannot delete \(url.path): \(error.localizedDescription)")
+            throw OrchardClientError(.storage, "cannot delete \(url.path): \(FileAccessError(error, writing: true).message)")
         }
     }
 
@@ -241,7 +242,7 @@ struct ClientStore: Sendable {
             try handle.seekToEnd()
             return handle
         } catch {
-            throw OrchardClientError(.storage, "cannot open \(partialModelURL.path): \(error.localizedDescription)")
+            throw OrchardClientError(.storage, "cannot open \(partialModelURL.path): \(FileAccessError(error, writing: true).message)")
         }
     }
 }
@@ -272,7 +273,7 @@ final class PartialModelSink: DownloadSink {
             do {
                 try handle.write(contentsOf: bytes)
             } catch {
-                throw OrchardClientError(.storage, "cannot append to the partial model: \(error.localizedDescription)")
+                throw OrchardClientError(.storage, "cannot append to the partial model: \(FileAccessError(error, writing: true).message)")
             }
         }
         received.withLock { $0 += bytes.count }

@@ -1,4 +1,5 @@
 public import Foundation
+import OrchardSupport
 public import OrchardFormats
 public import OrchardML
 
@@ -49,7 +50,7 @@ public enum DeviceDataFile {
         do {
             data = try Data(contentsOf: url)
         } catch {
-            throw DataError(.unreadable, "cannot read \(url.path): \(error.localizedDescription)")
+            throw DataError(.unreadable, "cannot read \(url.path): \(FileAccessError(error).message)")
         }
         return try decode(data)
     }
@@ -99,7 +100,7 @@ extension TabularPreprocessor {
         do {
             data = try Data(contentsOf: csv)
         } catch {
-            throw DataError(.unreadable, "cannot read \(csv.path): \(error.localizedDescription)")
+            throw DataError(.unreadable, "cannot read \(csv.path): \(FileAccessError(error).message)")
         }
         guard let text = String(data: data, encoding: .utf8) else { throw DataError(.unreadable, "\(csv.path) is not UTF-8 text") }
         return try deviceData(csvText: text, targetColumn: targetColumn)

@@ -1,5 +1,6 @@
 internal import CompressNIO
 public import Foundation
+import OrchardSupport
 internal import NIOCore
 public import OrchardML
 
@@ -84,7 +85,7 @@ public struct IDXArray: Sendable, Hashable {
         do {
             data = try Data(contentsOf: url)
         } catch {
-            throw DataError(.unreadable, "cannot read \(url.path): \(error.localizedDescription)")
+            throw DataError(.unreadable, "cannot read \(url.path): \(FileAccessError(error).message)")
         }
         do {
             try self.init(bytes: [UInt8](data))

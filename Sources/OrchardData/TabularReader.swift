@@ -1,4 +1,5 @@
 public import Foundation
+import OrchardSupport
 
 /// Reads comma-, whitespace- or character-separated text into a ``Table``.
 ///
@@ -85,7 +86,7 @@ public struct TabularReader: Sendable {
         do {
             data = try Data(contentsOf: url)
         } catch {
-            throw DataError(.unreadable, "cannot read \(url.path): \(error.localizedDescription)")
+            throw DataError(.unreadable, "cannot read \(url.path): \(FileAccessError(error).message)")
         }
         guard let text = String(data: data, encoding: .utf8) else {
             throw DataError(.unreadable, "\(url.path) is not UTF-8 text")

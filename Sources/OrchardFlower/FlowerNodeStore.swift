@@ -1,5 +1,6 @@
 public import Crypto
 public import Foundation
+import OrchardSupport
 
 /// What a Flower node keeps in its state directory across background windows and restarts: its key (the node's
 /// identity to the SuperLink), whether the SuperLink knows it, a message fetched and confirmed but not yet handled,
@@ -52,7 +53,7 @@ package struct FlowerNodeStore: Sendable {
         do {
             try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
         } catch {
-            throw FlowerError(.storage, "cannot create the state directory \(directory.path): \(error.localizedDescription)")
+            throw FlowerError(.storage, "cannot create the state directory \(directory.path): \(FileAccessError(error, writing: true).message)")
         }
         self.directory = directory
     }
@@ -118,7 +119,7 @@ package struct FlowerNodeStore: Sendable {
             do {
                 if FileManager.default.fileExists(atPath: url.path) { try FileManager.default.removeItem(at: url) }
             } catch {
-                throw FlowerError(.storage, "cannot delete \(url.path): \(error.localizedDescription)")
+                throw FlowerError(.storage, "cannot delete \(url.path): \(FileAccessError(error, writing: true).message)")
             }
             return
         }
@@ -131,13 +132,13 @@ package struct FlowerNodeStore: Sendable {
 
     private func read(_ url: URL) throws(FlowerError) -> Data {
         do { return try Data(contentsOf: url) } catch {
-            throw FlowerError(.storage, "cannot read \(url.path): \(error.localizedDescription)")
+            throw FlowerError(.storage, "cannot read \(url.path): \(FileAccessError(error).message)")
         }
     }
 
     private func write(_ data: Data, to url: URL) throws(FlowerError) {
         do { try data.write(to: url, options: .atomic) } catch {
-            throw FlowerError(.storage, "cannot write \(url.path): \(error.localizedDescription)")
+            throw FlowerError(.storage, "cannot write \(url.path): \(FileAccessError(error, writing: true).message)")
         }
     }
 }

@@ -1,4 +1,5 @@
 public import Foundation
+import OrchardSupport
 public import OrchardFormats
 
 /// The difference between two models' parameters, by name: `trained − original`.
@@ -107,13 +108,13 @@ extension Model {
 
 func writeAtomically(_ bytes: [UInt8], to url: URL) throws(EngineError) {
     do { try Data(bytes).write(to: url, options: .atomic) } catch {
-        throw EngineError(.unavailable, "cannot write \(url.path): \(error.localizedDescription)")
+        throw EngineError(.unavailable, "cannot write \(url.path): \(FileAccessError(error, writing: true).message)")
     }
 }
 
 func readBytes(_ url: URL) throws(EngineError) -> Data {
     do { return try Data(contentsOf: url) } catch {
-        throw EngineError(.unavailable, "cannot read \(url.path): \(error.localizedDescription)")
+        throw EngineError(.unavailable, "cannot read \(url.path): \(FileAccessError(error).message)")
     }
 }
 

@@ -128,7 +128,7 @@ public enum AvailabilityTrace {
     public static func read(contentsOf url: URL) throws(SimulationError) -> [AvailabilityWindow] {
         let text: String
         do { text = try String(contentsOf: url, encoding: .utf8) } catch {
-            throw SimulationError(.unreadable, "cannot read the availability trace \(url.path): \(error.localizedDescription)")
+            throw SimulationError(.unreadable, "cannot read the availability trace \(url.path): \(FileAccessError(error).message)")
         }
         let ext = url.pathExtension.lowercased()
         return try (ext == "jsonl" || ext == "ndjson") ? parseJSONLines(text) : parseCSV(text)

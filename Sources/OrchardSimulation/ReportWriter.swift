@@ -15,7 +15,7 @@ public struct ReportWriter: Sendable {
             try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
             try Data().write(to: metricsURL)
         } catch {
-            throw SimulationError(.unwritable, "cannot prepare the output directory \(directory.path): \(error.localizedDescription)")
+            throw SimulationError(.unwritable, "cannot prepare the output directory \(directory.path): \(FileAccessError(error, writing: true).message)")
         }
     }
 
@@ -40,7 +40,7 @@ public struct ReportWriter: Sendable {
             try handle.write(contentsOf: line)
             try handle.synchronize()
         } catch {
-            throw SimulationError(.unwritable, "cannot append to \(metricsURL.path): \(error.localizedDescription)")
+            throw SimulationError(.unwritable, "cannot append to \(metricsURL.path): \(FileAccessError(error, writing: true).message)")
         }
     }
 
@@ -52,7 +52,7 @@ public struct ReportWriter: Sendable {
             try encoder.encode(summary).write(to: summaryURL, options: .atomic)
             try Data(HTMLReport.render(title: title, summary: summary, rounds: rounds).utf8).write(to: reportURL, options: .atomic)
         } catch {
-            throw SimulationError(.unwritable, "cannot write the report into \(directory.path): \(error.localizedDescription)")
+            throw SimulationError(.unwritable, "cannot write the report into \(directory.path): \(FileAccessError(error, writing: true).message)")
         }
     }
 
@@ -63,7 +63,7 @@ public struct ReportWriter: Sendable {
         do {
             try encoder.encode(summary).write(to: summaryURL, options: .atomic)
         } catch {
-            throw SimulationError(.unwritable, "cannot write \(summaryURL.path): \(error.localizedDescription)")
+            throw SimulationError(.unwritable, "cannot write \(summaryURL.path): \(FileAccessError(error, writing: true).message)")
         }
     }
 
@@ -71,7 +71,7 @@ public struct ReportWriter: Sendable {
     public static func readMetrics(_ url: URL) throws(SimulationError) -> [RoundMetrics] {
         let text: String
         do { text = try String(contentsOf: url, encoding: .utf8) } catch {
-            throw SimulationError(.unreadable, "cannot read \(url.path): \(error.localizedDescription)")
+            throw SimulationError(.unreadable, "cannot read \(url.path): \(FileAccessError(error).message)")
         }
         let decoder = JSONDecoder()
         var records: [RoundMetrics] = []

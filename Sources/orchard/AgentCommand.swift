@@ -1,5 +1,6 @@
 import ArgumentParser
 import Foundation
+import OrchardSupport
 import Logging
 import OrchardBenchmarks
 import OrchardClient
@@ -104,7 +105,7 @@ struct AgentCommand: AsyncParsableCommand {
         do {
             try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
         } catch {
-            throw ValidationError("cannot create --state-directory \(device.state): \(error.localizedDescription)")
+            throw ValidationError("cannot create --state-directory \(device.state): \(FileAccessError(error, writing: true).message)")
         }
         let safeName = String(name.map { $0.isLetter || $0.isNumber || $0 == "-" || $0 == "_" || $0 == "." ? $0 : "_" })
         let path = directory.appendingPathComponent("agent-scheduler-\(safeName).sqlite").path

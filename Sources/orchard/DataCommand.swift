@@ -59,7 +59,7 @@ struct DataPrepareCommand: ParsableCommand {
             FileHandle.standardError.write(Data("error: \(error.line)\n".utf8))
             throw ExitCode(1)
         } catch {
-            FileHandle.standardError.write(Data("error: cannot write -o '\(output)': \(error.localizedDescription)\n".utf8))
+            FileHandle.standardError.write(Data("error: cannot write -o '\(output)': \(FileAccessError(error, writing: true).message)\n".utf8))
             throw ExitCode(1)
         }
     }

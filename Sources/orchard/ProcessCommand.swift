@@ -314,7 +314,7 @@ struct ProcessCheckpointCommand: AsyncParsableCommand {
             do {
                 try Data(fetched.bytes).write(to: URL(fileURLWithPath: output), options: .atomic)
             } catch {
-                throw OperatorError(.writeFailed, "cannot write -o '\(output)': \(error.localizedDescription)")
+                throw OperatorError(.writeFailed, "cannot write -o '\(output)': \(FileAccessError(error, writing: true).message)")
             }
             let number = fetched.number.map { "checkpoint \($0)" } ?? "checkpoint \(which)"
             print("wrote \(number) of \(id) to \(output) (\(fetched.bytes.count) bytes)")
