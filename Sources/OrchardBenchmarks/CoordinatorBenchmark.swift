@@ -172,8 +172,14 @@ public enum CoordinatorBenchmark {
         }
     }
 
+    /// The phases ``run(_:progress:)`` reports: the devices connected, the check-in phase, each report round.
+    public static func phases(_ configuration: Configuration) -> Int { 2 + configuration.rounds }
+
     /// Runs the benchmark: validates `configuration`, starts the coordinators, drives them, stops them.
-    public static func run(_ configuration: Configuration) async throws -> Result {
+    /// - Parameter progress: Called after each of ``phases(_:)`` phases with the phases done and what finished.
+    public static func run(
+        _ configuration: Configuration, progress: @escaping @Sendable (_ done: Int, _ detail: String) -> Void = { _, _ in }
+    ) async throws -> Result {
         try configuration.validate()
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("orchard-bench-\(UUID().uuidString)")
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
@@ -219,7 +225,7 @@ public enum CoordinatorBenchmark {
                 configuration: HTTPClient.Configuration(timeout: .init(connect: .seconds(10), read: .seconds(120)), connectionPool: pool)
             )
             client = http
-            var result = try await measure(configuration, servers.map { LoadGenerator(client: http, port: $0.port, adminToken: adminToken) })
+            var result = try await measure(configuration, servers.map { LoadGenerator(client: http, port: $0.port, adminToken: adminToken) }, progress: progress)
             result.store = configuration.database == nil ? "sqlite" : "postgres"
             result.instances = configuration.instances
             await tearDown()
@@ -231,7 +237,9 @@ public enum CoordinatorBenchmark {
     }
 
     /// Drives the coordinators: `loads[i % loads.count]` serves device `i`; the first also hosts the process.
-    private static func measure(_ configuration: Configuration, _ loads: [LoadGenerator]) async throws -> Result {
+    private static func measure(
+        _ configuration: Configuration, _ loads: [LoadGenerator], progress: @Sendable (_ done: Int, _ detail: String) -> Void
+    ) async throws -> Result {
         let load = loads[0]
         let devices = configuration.devices
         let inputSize = configuration.parameters / 10
@@ -277,6 +285,7 @@ public enum CoordinatorBenchmark {
             }
         }
         var connections = try await connectAll()
+        progress(1, "\(devices) devices authenticated and connected")
         let checkinRequests = try sessions.enumerated().map { index, session in
             let body = try WireCoding.encoder().encode(CycleRequest(workerID: session.workerID, processName: "bench", processVersion: SemanticVersion(1)))
             let load = loads[index % loads.count]
@@ -315,12 +324,13 @@ public enum CoordinatorBenchmark {
         let admissionLatencies = perDeviceLatencies.compactMap(\.first)
         let steadyLatencies = perDeviceLatencies.flatMap { $0.dropFirst($0.count / 2) }
         let checkinSeconds = (ContinuousClock.now - checkinStart).inSeconds
+        progress(2, "\(configuration.checkins) check-ins in \(String(format: "%.1f", checkinSeconds)) s")
 
         // Report phase.
         var reportLatencies: [Double] = []
         var reportBytes = 0
         var reportSeconds = 0.0
-        for _ in 0..<configuration.rounds {
+        for round in 0..<configuration.rounds {
             await closeAll(connections)
             connections = try await connectAll()
             let assignments = try await withThrowingTaskGroup(of: (Int, CycleAssignment).self) { group in
@@ -409,6 +419,7 @@ public enum CoordinatorBenchmark {
             reportSeconds += (ContinuousClock.now - start).inSeconds
             reportLatencies += latencies
             reportBytes += bytes
+            progress(2 + round + 1, "report round \(round + 1) of \(configuration.rounds)")
         }
         await closeAll(connections)
         var result = Result(

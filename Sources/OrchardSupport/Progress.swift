@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 #if canImport(Glibc)
 import Glibc
 #elseif canImport(Darwin)
@@ -131,10 +132,10 @@ public struct ProgressMeter: Sendable {
 
 /// A ``ProgressMeter`` on standard error, timed by the wall clock: drawn as a terminal line when standard error is
 /// a terminal, as plain lines otherwise. Standard output is left to the command's results.
-public final class ProgressReporter {
-    private var meter: ProgressMeter
+public final class ProgressReporter: Sendable {
+    private let meter: Mutex<ProgressMeter>
     private let start = ContinuousClock.now
-    private let write: (String) -> Void
+    private let write: @Sendable (String) -> Void
 
     /// A reporter for a job of `total` units on standard error.
     public convenience init(_ title: String, total: Int, unit: String) {
@@ -145,20 +146,20 @@ public final class ProgressReporter {
     }
 
     /// A reporter writing `meter`'s text to `write`.
-    public init(_ meter: ProgressMeter, write: @escaping (String) -> Void) {
-        self.meter = meter
+    public init(_ meter: ProgressMeter, write: @escaping @Sendable (String) -> Void) {
+        self.meter = Mutex(meter)
         self.write = write
     }
 
-    /// Reports that `completed` units are done.
+    /// Reports that `completed` units are done (from any task).
     public func update(_ completed: Int, detail: String = "") {
         let seconds = (ContinuousClock.now - start).inSeconds
-        if let text = meter.update(completed, detail: detail, at: seconds) { write(text) }
+        if let text = meter.withLock({ $0.update(completed, detail: detail, at: seconds) }) { write(text) }
     }
 
     /// Ends a terminal line still drawn, so that an error printed after an early stop starts on a line of its own.
     deinit {
-        if let text = meter.interruption() { write(text) }
+        if let text = meter.withLock({ $0.interruption() }) { write(text) }
     }
 
     /// Writes one line of its own to standard error (a job without steps: `reading 'big.mlmodel' (1.2 GiB)`).

@@ -89,6 +89,9 @@ struct BenchCoordinator: AsyncParsableCommand {
     }
 
     func run() async throws {
-        try JSONLine.write(try await CoordinatorBenchmark.run(try benchmarkConfiguration))
+        let configuration = try benchmarkConfiguration
+        // Progress on standard error, a phase at a time; standard output keeps the one JSON line.
+        let progress = ProgressReporter("bench coordinator", total: CoordinatorBenchmark.phases(configuration), unit: "phases")
+        try JSONLine.write(try await CoordinatorBenchmark.run(configuration) { done, detail in progress.update(done, detail: detail) })
     }
 }

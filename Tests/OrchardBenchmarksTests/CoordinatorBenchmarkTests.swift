@@ -1,3 +1,4 @@
+import Synchronization
 import Foundation
 import OrchardBenchmarks
 import OrchardCoordinator
@@ -8,7 +9,10 @@ import Testing
         let configuration = CoordinatorBenchmark.Configuration(
             devices: 3, parameters: 105, checkins: 10, rate: 0, rounds: 2, reportConcurrency: 2, durability: .full
         )
-        let result = try await CoordinatorBenchmark.run(configuration)
+        let phases = Mutex<[Int]>([])
+        let result = try await CoordinatorBenchmark.run(configuration) { done, _ in phases.withLock { $0.append(done) } }
+        #expect(phases.withLock { $0 } == [1, 2, 3, 4], "connected, check-ins, two report rounds")
+        #expect(CoordinatorBenchmark.phases(configuration) == 4)
 
         #expect(result.devices == 3)
         #expect(result.parameters == 100)  // one dense layer with 10 outputs
