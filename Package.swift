@@ -114,11 +114,14 @@ let package = Package(
         ),
         // A small mirror of Apple's BackgroundTasks API so the Apple adapter compiles and is tested on Linux.
         .target(name: "BackgroundTasksShim", swiftSettings: swiftSettings),
+        // UIKit's battery, Network's path monitor and ProcessInfo's thermal state, mirrored for Linux.
+        .target(name: "AppleSystemShim", swiftSettings: swiftSettings),
         .target(
             name: "OrchardSchedulerApple",
             dependencies: [
                 "OrchardSupport", "OrchardScheduler",
                 .target(name: "BackgroundTasksShim", condition: .when(platforms: [.linux, .macOS])),
+                .target(name: "AppleSystemShim", condition: .when(platforms: [.linux])),
             ],
             swiftSettings: swiftSettings
         ),
@@ -298,6 +301,7 @@ let package = Package(
             dependencies: [
                 "OrchardScheduler", "OrchardSchedulerApple", "OrchardTesting", .product(name: "Clocks", package: "swift-clocks"),
                 .target(name: "BackgroundTasksShim", condition: .when(platforms: [.linux, .macOS])),
+                .target(name: "AppleSystemShim", condition: .when(platforms: [.linux])),
             ],
             swiftSettings: swiftSettings
         ),

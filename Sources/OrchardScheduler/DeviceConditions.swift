@@ -47,6 +47,43 @@ public struct ThermalZoneReading: Sendable, Hashable, Codable {
     }
 }
 
+/// The system's thermal pressure as Apple platforms report it (`ProcessInfo.ThermalState`), lowest first.
+public enum ThermalPressure: Int, Sendable, Hashable, Codable, Comparable, CustomStringConvertible {
+    /// Within normal limits.
+    case nominal = 0
+    /// Slightly elevated.
+    case fair = 1
+    /// High: the system is reducing performance (Apple asks apps to reduce CPU and I/O work).
+    case serious = 2
+    /// Critical: the system is cooling down (Apple asks apps to stop all optional work).
+    case critical = 3
+
+    public static func < (a: Self, b: Self) -> Bool { a.rawValue < b.rawValue }
+
+    /// The state's name.
+    public var description: String {
+        switch self {
+        case .nominal: "nominal"
+        case .fair: "fair"
+        case .serious: "serious"
+        case .critical: "critical"
+        }
+    }
+
+    public init(from decoder: any Decoder) throws {
+        let name = try decoder.singleValueContainer().decode(String.self)
+        guard let state = [Self.nominal, .fair, .serious, .critical].first(where: { $0.description == name }) else {
+            throw DecodingError.dataCorrupted(.init(codingPath: decoder.codingPath, debugDescription: "unknown thermal pressure '\(name)'"))
+        }
+        self = state
+    }
+
+    public func encode(to encoder: any Encoder) throws {
+        var c = encoder.singleValueContainer()
+        try c.encode(description)
+    }
+}
+
 /// What a device reports about itself; `nil` means unknown (see ``ConditionRules`` for how unknowns count).
 public struct DeviceConditions: Sendable, Hashable, Codable {
     /// Whether external power (mains, USB, a charging battery) is connected.
@@ -69,6 +106,10 @@ public struct DeviceConditions: Sendable, Hashable, Codable {
     public var cpuIdleFraction: Double?
     /// Every readable thermal zone.
     public var thermalZones: [ThermalZoneReading]
+    /// The system's thermal pressure, where the platform reports one instead of (or besides) temperatures.
+    public var thermalPressure: ThermalPressure?
+    /// Whether the user turned on Low Power Mode (iOS, macOS): optional work waits.
+    public var lowPowerMode: Bool?
 
     /// Creates conditions; every field defaults to unknown.
     public init(
@@ -81,8 +122,12 @@ public struct DeviceConditions: Sendable, Hashable, Codable {
         networkInterfaceKind: InterfaceKind? = nil,
         networkMetered: Bool? = nil,
         cpuIdleFraction: Double? = nil,
-        thermalZones: [ThermalZoneReading] = []
+        thermalZones: [ThermalZoneReading] = [],
+        thermalPressure: ThermalPressure? = nil,
+        lowPowerMode: Bool? = nil
     ) {
+        self.thermalPressure = thermalPressure
+        self.lowPowerMode = lowPowerMode
         self.onExternalPower = onExternalPower
         self.hasBattery = hasBattery
         self.batteryLevel = batteryLevel
@@ -112,7 +157,7 @@ public struct DeviceConditions: Sendable, Hashable, Codable {
 /// A named constraint, for reporting which ones are unmet.
 public struct ConstraintName: Sendable, Hashable, Codable, CustomStringConvertible {
     private enum Kind: String, Sendable, Hashable, Codable {
-        case externalPower, networkConnectivity, unmeteredNetwork, deviceIdle, batteryNotLow, thermalHeadroom
+        case externalPower, networkConnectivity, unmeteredNetwork, deviceIdle, batteryNotLow, thermalHeadroom, lowPowerMode
     }
     private let kind: Kind
     private init(_ kind: Kind) { self.kind = kind }
@@ -129,6 +174,8 @@ public struct ConstraintName: Sendable, Hashable, Codable, CustomStringConvertib
     public static let batteryNotLow = ConstraintName(.batteryNotLow)
     /// The device-wide thermal ceiling every processing task observes.
     public static let thermalHeadroom = ConstraintName(.thermalHeadroom)
+    /// Low Power Mode is off: every processing task waits while the user saves power.
+    public static let lowPowerMode = ConstraintName(.lowPowerMode)
 
     /// The constraint's name.
     public var description: String { kind.rawValue }
@@ -170,7 +217,8 @@ public struct UnmetConstraint: Sendable, Hashable, Codable, CustomStringConverti
 ///    hold even though no power supply reported itself online.
 /// 2. Any other unknown reading a required constraint depends on fails that constraint (the task waits),
 ///    unless `unknownSatisfies` is `true`. The failure is reported as `becauseUnknown`, never hidden.
-/// 3. The thermal ceiling is a device-protection rule, not a request: an unknown temperature does not block.
+/// 3. The thermal ceiling (a temperature, or the platform's thermal pressure) and Low Power Mode are
+///    device-protection rules, not requests: an unknown reading does not block.
 public struct ConditionRules: Sendable, Hashable, Codable {
     /// The CPU idle fraction at or above which the device counts as idle.
     public var idleThreshold: Double
@@ -178,11 +226,18 @@ public struct ConditionRules: Sendable, Hashable, Codable {
     public var lowBatteryLevel: Double
     /// Processing tasks neither start nor continue while the hottest zone is at or above this temperature.
     public var thermalCeilingCelsius: Double
+    /// Processing tasks neither start nor continue while the thermal pressure is at or above this (Apple asks
+    /// apps to cut work at `serious`).
+    public var thermalPressureCeiling: ThermalPressure
     /// Whether an unknown reading satisfies the constraint that needs it (default: it does not).
     public var unknownSatisfies: Bool
 
     /// Creates rules with the documented defaults.
-    public init(idleThreshold: Double = 0.8, lowBatteryLevel: Double = 0.15, thermalCeilingCelsius: Double = 85, unknownSatisfies: Bool = false) {
+    public init(
+        idleThreshold: Double = 0.8, lowBatteryLevel: Double = 0.15, thermalCeilingCelsius: Double = 85, thermalPressureCeiling: ThermalPressure = .serious,
+        unknownSatisfies: Bool = false
+    ) {
+        self.thermalPressureCeiling = thermalPressureCeiling
         self.idleThreshold = idleThreshold
         self.lowBatteryLevel = lowBatteryLevel
         self.thermalCeilingCelsius = thermalCeilingCelsius
@@ -221,8 +276,11 @@ public struct ConditionRules: Sendable, Hashable, Codable {
             }
             check(.batteryNotLow, notLow)
         }
-        if kind == .processing, let hottest = conditions.maxTemperatureCelsius, hottest >= thermalCeilingCelsius {
-            unmet.append(UnmetConstraint(.thermalHeadroom))
+        if kind == .processing {
+            let hot = conditions.maxTemperatureCelsius.map { $0 >= thermalCeilingCelsius } ?? false
+            let pressed = conditions.thermalPressure.map { $0 >= thermalPressureCeiling } ?? false
+            if hot || pressed { unmet.append(UnmetConstraint(.thermalHeadroom)) }
+            if conditions.lowPowerMode == true { unmet.append(UnmetConstraint(.lowPowerMode)) }
         }
         return unmet
     }
