@@ -47,8 +47,9 @@ public struct CoreMLImporter: Sendable {
 
     func importModel(_ model: ProtoModel) throws(CoreMLError) -> CoreMLImportedModel {
         let network = try CoreMLNetwork(model)
-        guard network.shapeMapping == .rank5ArrayMapping else {
-            throw CoreMLError(.unsupportedFeature, "the network uses exact array shape mapping; Orchard reads rank-5 mapped networks")
+        let exact = network.shapeMapping == .exactArrayMapping
+        guard exact || network.shapeMapping == .rank5ArrayMapping else {
+            throw CoreMLError(.unsupportedFeature, "the network uses array shape mapping \(network.shapeMapping.rawValue), which Orchard does not know")
         }
         try CoreMLUpdateRules.check(model, network: network)
         let updatable = model.isUpdatable
@@ -56,12 +57,16 @@ public struct CoreMLImporter: Sendable {
 
         var inputs: [InputSpec] = []
         var inputShapes: [String: [Int]] = [:]
+        var inputRanks: [String: Int] = [:]
         for feature in description.input {
-            let shape = try arrayShape(feature, role: "input")
+            let (shape, rank) = try arrayShape(feature, role: "input", exact: exact)
             inputs.append(InputSpec(name: feature.name, shape: shape))
             inputShapes[feature.name] = shape
+            inputRanks[feature.name] = rank
         }
-        let shapes = try CoreMLShapes.blobShapes(inputs: inputShapes, layers: network.layers, lenient: false)
+        let shapes = exact
+            ? try CoreMLShapes.exactBlobShapes(inputs: inputShapes, ranks: inputRanks, layers: network.layers, lenient: false)
+            : try CoreMLShapes.blobShapes(inputs: inputShapes, layers: network.layers, lenient: false)
 
         var names = Names(taken: Set(inputs.map(\.name)))
         var blobToName: [String: String] = Dictionary(uniqueKeysWithValues: inputs.map { ($0.name, $0.name) })
@@ -175,17 +180,19 @@ public struct CoreMLImporter: Sendable {
                                      license: metadata.license, version: metadata.versionString))
     }
 
-    private func arrayShape(_ feature: ProtoFeature, role: String) throws(CoreMLError) -> [Int] {
+    /// A multi-array feature's per-sample shape (see ``CoreMLShapes/perSample(_:exact:)``) and its declared rank.
+    private func arrayShape(_ feature: ProtoFeature, role: String, exact: Bool) throws(CoreMLError) -> (shape: [Int], rank: Int) {
         guard case .multiArrayType(let array) = feature.type.type else {
             let type = feature.type.type.map { "\($0)".prefix { $0 != "(" } }.map(String.init)
                 ?? UnknownFields.caseName(in: feature.type.unknownFields, table: CoreMLCaseNames.featureTypes) ?? "unknown"
             throw CoreMLError(.unsupportedFeature, "\(role) '\(feature.name)' is of type \(type); Orchard reads multi-array features")
         }
-        let shape = array.shape.map { Int($0) }
-        guard shape.count == 1 || shape.count == 3, shape.allSatisfy({ $0 > 0 && $0 <= CoreMLShapes.maximumSize }) else {
-            throw CoreMLError(.unsupportedFeature, "\(role) '\(feature.name)' has shape \(shape); Orchard reads [n] or [C, H, W] multi-arrays")
+        let declared = array.shape.map { Int($0) }
+        guard declared.allSatisfy({ $0 > 0 && $0 <= CoreMLShapes.maximumSize }), let shape = CoreMLShapes.perSample(declared, exact: exact) else {
+            let forms = exact ? "[C], [1, C] or [1, C, H, W] (exact shape mapping: a leading batch axis of 1)" : "[C] or [C, H, W]"
+            throw CoreMLError(.unsupportedFeature, "\(role) '\(feature.name)' has shape \(declared); Orchard reads \(forms) multi-arrays")
         }
-        return shape
+        return (shape, declared.count)
     }
 
     private func outputBlob(_ description: CoreML_Specification_ModelDescription, network: CoreMLNetwork) throws(CoreMLError) -> String {

@@ -35,6 +35,8 @@ public struct CoreMLModelSummary: Sendable, Hashable, CustomStringConvertible {
     public var modelType: String
     /// Whether the model can be updated on the device.
     public var isUpdatable: Bool
+    /// Whether multi-array inputs use exact shape mapping (specification 4+) rather than rank-5 mapping.
+    public var exactShapeMapping: Bool = false
     /// The prediction inputs.
     public var inputs: [Feature]
     /// The prediction outputs.
@@ -71,12 +73,19 @@ public struct CoreMLModelSummary: Sendable, Hashable, CustomStringConvertible {
         classLabelCount = network.classLabels.count
 
         var inputShapes: [String: [Int]] = [:]
+        var inputRanks: [String: Int] = [:]
+        let exact = network.shapeMapping == .exactArrayMapping
+        exactShapeMapping = exact
         for feature in description.input {
             if case .multiArrayType(let array) = feature.type.type, array.shape.allSatisfy({ $0 > 0 && $0 <= CoreMLShapes.maximumSize }) {
-                inputShapes[feature.name] = array.shape.map { Int($0) }
+                let declared = array.shape.map { Int($0) }
+                inputShapes[feature.name] = CoreMLShapes.perSample(declared, exact: exact) ?? declared
+                inputRanks[feature.name] = declared.count
             }
         }
-        let shapes = (try? CoreMLShapes.blobShapes(inputs: inputShapes, layers: network.layers, lenient: true)) ?? inputShapes
+        let shapes = (try? exact
+            ? CoreMLShapes.exactBlobShapes(inputs: inputShapes, ranks: inputRanks, layers: network.layers, lenient: true)
+            : CoreMLShapes.blobShapes(inputs: inputShapes, layers: network.layers, lenient: true)) ?? inputShapes
         layers = network.layers.map { layer in
             Layer(name: layer.name, type: layer.typeName, inputs: layer.input, outputs: layer.output,
                   outputShape: layer.output.first.flatMap { shapes[$0] }, isUpdatable: layer.isUpdatable,
@@ -108,7 +117,10 @@ public struct CoreMLModelSummary: Sendable, Hashable, CustomStringConvertible {
 
     /// A human-readable report.
     public var description: String {
-        var lines = ["\(modelType), specification version \(specificationVersion), \(isUpdatable ? "updatable" : "not updatable")"]
+        var lines = [
+            "\(modelType), specification version \(specificationVersion), \(isUpdatable ? "updatable" : "not updatable")"
+                + (exactShapeMapping ? ", exact shape mapping" : "")
+        ]
         func features(_ title: String, _ list: [Feature]) {
             guard !list.isEmpty else { return }
             lines.append("\(title):")

@@ -123,6 +123,58 @@ enum CoreMLShapes {
         return shapes
     }
 
+    /// A multi-array input's per-sample shape: `[C]` or `[C, H, W]`, the form the layers' shape rules read.
+    ///
+    /// Under rank-5 mapping the declared shape is that already. Under exact mapping (Core ML specification 4+) it is
+    /// the blob's own rank: `[C]` (one vector), `[1, C]` (a batch axis and a vector) or `[1, C, H, W]` (a batch axis
+    /// and an image); the leading batch axis must be 1 as declared. Rank 3 (Core ML reads it as a sequence of
+    /// vectors) and rank 5 are refused.
+    static func perSample(_ shape: [Int], exact: Bool) -> [Int]? {
+        guard exact else { return shape.count == 1 || shape.count == 3 ? shape : nil }
+        switch shape.count {
+        case 1: return shape
+        case 2: return shape[0] == 1 ? [shape[1]] : nil
+        case 4: return shape[0] == 1 ? (shape[2] == 1 && shape[3] == 1 ? [shape[1]] : Array(shape[1...])) : nil
+        default: return nil
+        }
+    }
+
+    /// Shapes of every blob under exact array shape mapping: the per-sample shapes of ``blobShapes(inputs:layers:lenient:)``
+    /// after checking each layer's input ranks against Core ML's rules for it (convolution, pooling, flatten,
+    /// embedding and concat read rank-4 `[B, C, H, W]` blobs; inner product, activations and softmax read ranks 1, 2
+    /// and 4; a layer's output keeps its input's rank).
+    /// - Parameter ranks: each input's declared rank (1, 2 or 4).
+    static func exactBlobShapes(inputs: [String: [Int]], ranks: [String: Int], layers: [ProtoLayer], lenient: Bool) throws(CoreMLError) -> [String: [Int]] {
+        var ranks = ranks
+        for layer in layers {
+            let known = layer.input.compactMap { ranks[$0] }
+            guard known.count == layer.input.count, let rank = known.first else { continue }
+            let needsImage: String?
+            switch layer.layer {
+            case .convolution: needsImage = "convolution"
+            case .pooling: needsImage = "pooling"
+            case .flatten: needsImage = "flatten"
+            case .embedding: needsImage = "embedding"
+            case .concat where known.contains(4): needsImage = "concat"
+            default: needsImage = nil
+            }
+            if let needsImage, !known.allSatisfy({ $0 == 4 }) {
+                if lenient { continue }
+                throw CoreMLError(
+                    .unsupportedLayer,
+                    "\(needsImage) reads a rank-\(known.first { $0 != 4 } ?? rank) blob; under exact shape mapping Core ML's \(needsImage) layer reads rank-4 [B, C, H, W] blobs",
+                    layer: layer.name
+                )
+            }
+            guard Set(known).count == 1 else {
+                if lenient { continue }
+                throw CoreMLError(.unsupportedLayer, "its inputs have different ranks \(known)", layer: layer.name)
+            }
+            for name in layer.output { ranks[name] = rank }
+        }
+        return try blobShapes(inputs: inputs, layers: layers, lenient: lenient)
+    }
+
     /// The number of windows that fit when `span` is the input length (with padding) minus the window length.
     private static func windows(_ span: Int, _ stride: Int) -> Int {
         span < 0 ? 0 : span / stride + 1

@@ -110,6 +110,7 @@ struct CoreMLToolsInteropTests {
         var references: [String: [String: TensorRecord]] = [:]
         var manifest: [String: [String: Any]] = [:]
         var unsupportedError: (any Error)?
+        var rank3Error: (any Error)?
     }
 
     private func buildWithCoreMLTools() throws -> Built {
@@ -129,13 +130,49 @@ struct CoreMLToolsInteropTests {
         } catch {
             built.unsupportedError = error
         }
+        do {
+            _ = try CoreMLImporter().importModel(from: [UInt8](Data(contentsOf: directory.appendingPathComponent("refused_exact_rank3.mlmodel"))))
+        } catch {
+            built.rank3Error = error
+        }
         return built
+    }
+
+    /// Every model coremltools built, imported and exported again by Orchard, reads back in coremltools with the same
+    /// updatable layers, loss, optimizer, learning rate, epochs and inner-product weights.
+    @Test func coreMLToolsModelsRoundTripThroughOrchardsExporter() throws {
+        try PythonModules.require(Python.modules)
+        let built = try buildWithCoreMLTools()
+        try #require(built.imported.count == 8)
+        for (name, imported) in built.imported.sorted(by: { $0.key < $1.key }) {
+            let info = built.manifest[name]!
+            let described = try describeExport(imported.spec, weights: imported.weights)
+            #expect(described["isUpdatable"] as? Bool == true, "\(name)")
+            let layers = list(described["layers"])
+            let updatable = Set(layers.filter { $0["isUpdatable"] as? Bool == true }.compactMap { $0["name"] as? String })
+            #expect(updatable == Set((info["updatable"] as? [String]) ?? []), "\(name)")
+            let update = dict(described["updateParams"])
+            let loss = list(update["lossLayers"]).first?["type"] as? String
+            #expect(loss == (info["loss"] as? String == "mse" ? "meanSquaredErrorLossLayer" : "categoricalCrossEntropyLossLayer"), "\(name)")
+            let optimizer = dict(update["optimizer"])
+            #expect(optimizer["type"] as? String == (info["optimizer"] as? String == "adam" ? "adamOptimizer" : "sgdOptimizer"), "\(name)")
+            #expect(dict(optimizer["learningRate"])["default"] as? Double == info["learningRate"] as? Double, "\(name)")
+            #expect(dict(optimizer["miniBatchSize"])["default"] as? Int == info["batchSize"] as? Int, "\(name)")
+            #expect(dict(update["epochs"])["default"] as? Int == info["epochs"] as? Int, "\(name)")
+            for layer in layers where layer["type"] as? String == "innerProduct" {
+                let layerName = layer["name"] as? String ?? ""
+                let original = imported.weights.first { $0.name == "\(layerName).weight" }
+                #expect(values(dict(layer["weights"])["values"]) == original?.values, "\(name).\(layerName)")
+            }
+        }
     }
 
     @Test func coreMLToolsModelsImportWithWeightsAndTrainingSettings() throws {
         try PythonModules.require(Python.modules)
         let built = try buildWithCoreMLTools()
-        #expect(built.imported.keys.sorted() == ["ce_adam", "classifier", "conv", "mse_sgd"])
+        #expect(built.imported.keys.sorted() == [
+            "ce_adam", "classifier", "conv", "conv_1to4", "exact_classifier", "exact_conv", "exact_mse_sgd", "mse_sgd",
+        ])
         for (name, model) in built.imported {
             let info = built.manifest[name]!
             let reference = built.references[name]!
@@ -202,5 +239,18 @@ struct CoreMLToolsInteropTests {
 
         let error = try #require(built.unsupportedError as? CoreMLError)
         #expect(error.code == .unsupportedLayer && error.layer == "norm" && error.message.contains("batchnorm"))
+
+        // A 3x3 convolution from one channel to four keeps its channel counts.
+        let oneToFour = try #require(built.imported["conv_1to4"])
+        #expect(oneToFour.spec.layers[0].inChannels == 1 && oneToFour.spec.layers[0].units == 4)
+        #expect(oneToFour.spec.inputs.map(\.shape) == [[1, 5, 5]])
+        // Exact shape mapping: the batch axis of [1, C] and [1, C, H, W] inputs is dropped; layers as under rank-5.
+        #expect(built.imported["exact_mse_sgd"]?.spec.inputs.map(\.shape) == [[8]])
+        #expect(built.imported["exact_classifier"]?.spec.inputs.map(\.shape) == [[6]])
+        let exactConv = try #require(built.imported["exact_conv"])
+        #expect(exactConv.spec.inputs.map(\.shape) == [[2, 7, 7]])
+        #expect(exactConv.spec.layers.map(\.type) == [.conv2d, .relu, .maxPool2d, .flatten, .dense, .softmax])
+        let rank3 = try #require(built.rank3Error as? CoreMLError)
+        #expect(rank3.code == .unsupportedFeature && rank3.message.contains("[2, 3, 4]") && rank3.message.contains("exact shape mapping"), "\(rank3)")
     }
 }

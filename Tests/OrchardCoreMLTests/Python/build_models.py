@@ -206,10 +206,108 @@ def unsupported():
     coremltools.models.utils.save_spec(b.spec, os.path.join(OUT, "unsupported.mlmodel"))
 
 
+# 6. A 3x3 convolution from one input channel to four (its channel counts must not be swapped on import).
+def conv_1to4():
+    b = NeuralNetworkBuilder([("image", datatypes.Array(1, 5, 5))], [("probs", datatypes.Array(2))])
+    k, c = f32(3, 3, 1, 4), f32(4)
+    b.add_convolution("conv", 1, 4, 3, 3, 1, 1, "valid", 1, k, c, True, input_name="image", output_name="conv")
+    b.add_activation("act", "RELU", "conv", "act")
+    b.add_flatten("flat", 0, "act", "flat")
+    wf, bf = f32(2, 4 * 3 * 3), f32(2)
+    b.add_inner_product("fc", wf, bf, 36, 2, True, "flat", "fc")
+    b.add_softmax("probs", "fc", "probs")
+    quiet(b.make_updatable, ["conv", "fc"])
+    quiet(b.set_categorical_cross_entropy_loss, "loss", input="probs")
+    b.set_sgd_optimizer(SgdParams(lr=0.02, batch=3))
+    b.set_epochs(4)
+    w = k.transpose(3, 2, 0, 1)
+    image = f32(BATCH, 1, 5, 5)
+    h = relu(conv_numpy(image, w, c, (1, 1), 0, 0, 0, 0))
+    y = softmax(h.reshape(BATCH, -1) @ wf.T + bf)
+    save("conv_1to4", b, {"conv.weight": w, "conv.bias": c, "fc.weight": wf, "fc.bias": bf}, {"image": image}, y,
+         {"loss": "crossEntropy", "optimizer": "sgd", "learningRate": 0.02, "batchSize": 3, "momentum": 0.0, "epochs": 4,
+          "updatable": ["conv", "fc"], "frozen": [], "output": "probs"})
+
+
+# 7-9. Exact array shape mapping (iOS 13+): inputs keep their own rank, [C], [1, C] or [1, C, H, W].
+def exact_mse_sgd():
+    b = NeuralNetworkBuilder([("x", datatypes.Array(8))], [("y", datatypes.Array(2))], mode="regressor",
+                             disable_rank5_shape_mapping=True)
+    w1, b1, w2, b2 = f32(5, 8), f32(5), f32(2, 5), f32(2)
+    b.add_inner_product("fc1", w1, b1, 8, 5, True, "x", "fc1")
+    b.add_activation("act", "RELU", "fc1", "act")
+    b.add_inner_product("out", w2, b2, 5, 2, True, "act", "y")
+    quiet(b.make_updatable, ["fc1", "out"])
+    quiet(b.set_mean_squared_error_loss, "loss", input_feature=("y", datatypes.Array(2)))
+    b.set_sgd_optimizer(SgdParams(lr=0.03, batch=4, momentum=0.5))
+    b.set_epochs(6)
+    x = f32(BATCH, 8)
+    y = relu(x @ w1.T + b1) @ w2.T + b2
+    save("exact_mse_sgd", b, {"fc1.weight": w1, "fc1.bias": b1, "out.weight": w2, "out.bias": b2}, {"x": x}, y,
+         {"loss": "mse", "optimizer": "sgd", "learningRate": 0.03, "batchSize": 4, "momentum": 0.5, "epochs": 6,
+          "updatable": ["fc1", "out"], "frozen": [], "output": "out", "exact": True})
+
+
+def exact_classifier():
+    b = NeuralNetworkBuilder([("x", datatypes.Array(1, 6))], [("probs", datatypes.Array(1, 3))],
+                             disable_rank5_shape_mapping=True)
+    w1, b1, w2, b2 = f32(7, 6), f32(7), f32(3, 7), f32(3)
+    b.add_inner_product("fc1", w1, b1, 6, 7, True, "x", "fc1")
+    b.add_activation("act", "TANH", "fc1", "act")
+    b.add_inner_product("fc2", w2, b2, 7, 3, True, "act", "fc2")
+    b.add_softmax("probs", "fc2", "probs")
+    quiet(b.make_updatable, ["fc2"])
+    quiet(b.set_categorical_cross_entropy_loss, "loss", input="probs")
+    b.set_adam_optimizer(AdamParams(lr=0.004, batch=8, beta1=0.9, beta2=0.999, eps=1e-8))
+    b.set_epochs(3)
+    x = f32(BATCH, 6)
+    y = softmax(np.tanh(x @ w1.T + b1) @ w2.T + b2)
+    save("exact_classifier", b, {"fc1.weight": w1, "fc1.bias": b1, "fc2.weight": w2, "fc2.bias": b2}, {"x": x}, y,
+         {"loss": "crossEntropy", "optimizer": "adam", "learningRate": 0.004, "batchSize": 8, "epochs": 3,
+          "updatable": ["fc2"], "frozen": ["fc1"], "output": "probs", "exact": True})
+
+
+def exact_conv():
+    b = NeuralNetworkBuilder([("image", datatypes.Array(1, 2, 7, 7))], [("probs", datatypes.Array(1, 3, 1, 1))],
+                             disable_rank5_shape_mapping=True)
+    k, c = f32(3, 3, 2, 4), f32(4)
+    b.add_convolution("conv", 2, 4, 3, 3, 1, 1, "valid", 1, k, c, True, input_name="image", output_name="conv")
+    b.add_activation("act", "RELU", "conv", "act")
+    b.add_pooling("pool", 2, 2, 2, 2, "MAX", "VALID", "act", "pool")
+    b.add_flatten("flat", 0, "pool", "flat")
+    wf, bf = f32(3, 4 * 2 * 2), f32(3)
+    b.add_inner_product("fc", wf, bf, 16, 3, True, "flat", "fc")
+    b.add_softmax("probs", "fc", "probs")
+    quiet(b.make_updatable, ["conv", "fc"])
+    quiet(b.set_categorical_cross_entropy_loss, "loss", input="probs")
+    b.set_sgd_optimizer(SgdParams(lr=0.05, batch=2))
+    b.set_epochs(2)
+    w = k.transpose(3, 2, 0, 1)
+    image = f32(BATCH, 2, 7, 7)
+    h = maxpool_numpy(relu(conv_numpy(image, w, c, (1, 1), 0, 0, 0, 0)), (2, 2), (2, 2))
+    y = softmax(h.reshape(BATCH, -1) @ wf.T + bf)
+    save("exact_conv", b, {"conv.weight": w, "conv.bias": c, "fc.weight": wf, "fc.bias": bf}, {"image": image}, y,
+         {"loss": "crossEntropy", "optimizer": "sgd", "learningRate": 0.05, "batchSize": 2, "momentum": 0.0, "epochs": 2,
+          "updatable": ["conv", "fc"], "frozen": [], "output": "probs", "exact": True})
+
+
+# 10. Exact mapping with a rank-3 input (Core ML reads it as a sequence of vectors), to check the refusal names it.
+def exact_rank3():
+    b = NeuralNetworkBuilder([("x", datatypes.Array(2, 3, 4))], [("y", datatypes.Array(2, 3, 5))],
+                             disable_rank5_shape_mapping=True)
+    b.add_inner_product("fc", f32(5, 4), None, 4, 5, False, "x", "y")
+    coremltools.models.utils.save_spec(b.spec, os.path.join(OUT, "refused_exact_rank3.mlmodel"))
+
+
 os.makedirs(OUT, exist_ok=True)
 mse_sgd()
 ce_adam()
 conv()
 classifier()
+conv_1to4()
+exact_mse_sgd()
+exact_classifier()
+exact_conv()
 unsupported()
+exact_rank3()
 print(json.dumps(manifest, sort_keys=True))
