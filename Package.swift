@@ -142,7 +142,7 @@ let package = Package(
         .target(
             name: "OrchardCoordinator",
             dependencies: [
-                "OrchardSupport", "OrchardFormats", "OrchardProtocol", "OrchardPrivacy", "OrchardCharts",
+                "OrchardSupport", "OrchardFormats", "OrchardProtocol", "OrchardPrivacy", "OrchardCharts", "OrchardCoreML",
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "HummingbirdTLS", package: "hummingbird"),
                 .product(name: "NIOCore", package: "swift-nio"),
@@ -309,7 +309,8 @@ let package = Package(
         .testTarget(
             name: "OrchardCoordinatorTests",
             dependencies: [
-                "OrchardCoordinator", "OrchardProtocol", "OrchardPrivacy", "OrchardSupport", "OrchardTesting", .product(name: "JWTKit", package: "jwt-kit"),
+                "OrchardCoordinator", "OrchardProtocol", "OrchardPrivacy", "OrchardSupport", "OrchardTesting", "OrchardCoreML",
+                .product(name: "JWTKit", package: "jwt-kit"),
                 .product(name: "PropertyBased", package: "swift-property-based"),
             ],
             swiftSettings: swiftSettings

@@ -1,6 +1,7 @@
 public import OrchardSupport
 import CoreMetrics
 import Foundation
+import OrchardCoreML
 public import Logging
 import OrchardFormats
 public import OrchardProtocol
@@ -286,15 +287,52 @@ extension Coordinator {
         return runtime
     }
 
-    /// The model a device was assigned, for download.
-    public func model(_ modelID: String, requestKey: String, session: DeviceSession) async throws(CoordinatorError) -> ModelDownload {
+    /// The model a device was assigned, for download: the checkpoint's safetensors, or (``ModelFormat/mlmodel``) the
+    /// process's architecture with the checkpoint's weights and its training settings as an updatable Core ML model,
+    /// made once per checkpoint.
+    /// - Throws: ``CoordinatorError`` `unsupported_format` when the model has something Core ML cannot express.
+    public func model(_ modelID: String, requestKey: String, session: DeviceSession, format: ModelFormat = .safetensors) async throws(CoordinatorError) -> ModelDownload {
         try await adoptSharedKey(requestKey)
         let runtime = try assignedRuntime(requestKey: requestKey, session: session)
-        let expected = "\(runtime.process.id).\(runtime.machine.checkpoint)"
+        let checkpoint = runtime.machine.checkpoint
+        let expected = "\(runtime.process.id).\(checkpoint)"
         guard modelID == expected else {
             throw CoordinatorError(.unknownCheckpoint, "model '\(modelID)' is not the one assigned (\(expected))")
         }
-        return ModelDownload(bytes: runtime.checkpointBytes, etag: "\"\(expected)\"")
+        switch format {
+        case .safetensors:
+            return ModelDownload(bytes: runtime.checkpointBytes, etag: "\"\(expected)\"")
+        case .mlmodel:
+            if let cached = runtime.coreMLModel, cached.checkpoint == checkpoint {
+                return ModelDownload(bytes: cached.bytes, etag: "\"\(expected).mlmodel\"", format: .mlmodel)
+            }
+            let bytes = try Self.coreMLModel(process: runtime.process, checkpointBytes: runtime.checkpointBytes)
+            runtime.coreMLModel = (checkpoint, bytes)
+            return ModelDownload(bytes: bytes, etag: "\"\(expected).mlmodel\"", format: .mlmodel)
+        }
+    }
+
+    /// The process's model with `checkpointBytes` as an updatable Core ML model. Its training settings follow the
+    /// SDK's precedence (Orchard's defaults < the architecture's `training` < the client config's `batch_size`,
+    /// `learning_rate`, `local_epochs`, `max_updates`), so a Core ML device trains as an Orchard device would.
+    static func coreMLModel(process: StoredProcess, checkpointBytes: [UInt8]) throws(CoordinatorError) -> [UInt8] {
+        var spec = process.model
+        var training = spec.training ?? TrainingSpec(loss: .meanSquaredError)
+        let client = process.clientConfig
+        if let batchSize = client.batchSize { training.batchSize = batchSize }
+        if let learningRate = client.learningRate { training.optimizer.learningRate = learningRate }
+        if let epochs = client.localEpochs { training.epochs = epochs }
+        if let maxUpdates = client.maxUpdates { training.maxUpdates = maxUpdates }
+        spec.training = training
+        let weights: [TensorRecord]
+        do { weights = try Safetensors.decode(checkpointBytes).tensors } catch {
+            throw CoordinatorError(.internalError, "the stored checkpoint of process '\(process.id)' does not decode: \(error)")
+        }
+        do {
+            return try CoreMLExporter().export(spec, weights: weights)
+        } catch {
+            throw CoordinatorError(.unsupportedFormat, "process '\(process.id)' cannot be served as a Core ML model: \(error.description)")
+        }
     }
 
     /// The training plan a device was assigned.

@@ -22,6 +22,8 @@ public actor Coordinator {
         var sum: RunningSum
         var unfolded: [String]
         var checkpointBytes: [UInt8]
+        /// The current checkpoint as an updatable Core ML model, made on the first request for it.
+        var coreMLModel: (checkpoint: Int, bytes: [UInt8])?
         var optimizer: ServerOptimizerState
         var authenticator: DeviceAuthenticator
         var currentKeys: Set<String>
@@ -81,10 +83,12 @@ public actor Coordinator {
 
     /// A model download.
     public struct ModelDownload: Sendable {
-        /// The safetensors bytes.
+        /// The bytes: safetensors weights, or a Core ML model.
         public var bytes: [UInt8]
-        /// A strong entity tag naming the checkpoint.
+        /// A strong entity tag naming the checkpoint (and the format, for Core ML).
         public var etag: String
+        /// The representation.
+        public var format: ModelFormat = .safetensors
     }
 
     /// The store.

@@ -14,7 +14,8 @@ public enum Endpoint {
     public static let authenticate = "/v1/device/authenticate"
     /// `POST` ``CycleRequest`` → ``CycleResponse``.
     public static let cycleRequest = "/v1/device/cycle-request"
-    /// `GET ?request_key=…`: the model's weights as safetensors; supports `ETag`/`If-None-Match` and `Range`.
+    /// `GET ?request_key=…[&format=mlmodel]`: the model's weights as safetensors, or (``ModelFormat/mlmodel``) the
+    /// whole model as an updatable Core ML file; both support `ETag`/`If-None-Match` and `Range`.
     public static func model(_ modelID: String) -> String { "/v1/device/models/\(modelID)" }
     /// `GET ?request_key=…` → ``TrainingPlan``.
     public static func plan(_ planID: String) -> String { "/v1/device/plans/\(planID)" }
@@ -65,6 +66,19 @@ public enum Endpoint {
     public static let requestKeyQuery = "request_key"
     /// The query parameter carrying the byte count of a speed-test download.
     public static let bytesQuery = "bytes"
+    /// The query parameter choosing a model download's ``ModelFormat``.
+    public static let formatQuery = "format"
+}
+
+/// How a model download is represented.
+public enum ModelFormat: String, Sendable, Hashable, CaseIterable, CustomStringConvertible {
+    /// The weights as safetensors (`application/vnd.safetensors`), for Orchard's engine; the default.
+    case safetensors
+    /// The architecture and weights as an updatable Core ML model (`application/octet-stream`), with the process's
+    /// training settings (loss, optimizer, learning rate, batch size, epochs), for devices that train with Core ML.
+    case mlmodel
+
+    public var description: String { rawValue }
 }
 
 /// Limits of the optional speed test.

@@ -87,6 +87,9 @@ public struct WireErrorCode: RawRepresentable, Sendable, Hashable, Codable, Cust
     /// A secure-aggregation message is malformed or does not fit the cycle: wrong lengths, senders or receivers, a
     /// public key already in use (422).
     public static let invalidSecureAggregationMessage = WireErrorCode("invalid_secure_aggregation_message")
+    /// The model cannot be served in the format asked for (e.g. a layer or training setting Core ML does not have)
+    /// (422).
+    public static let unsupportedFormat = WireErrorCode("unsupported_format")
     /// The coordinator failed (500); never returned for bad input.
     public static let internalError = WireErrorCode("internal_error")
 
@@ -97,7 +100,8 @@ public struct WireErrorCode: RawRepresentable, Sendable, Hashable, Codable, Cust
         .invalidRequestKey, .reportAlreadyReceived, .deadlinePassed, .processExists, .tensorMismatch, .shapeMismatch,
         .dtypeMismatch, .nonFiniteValues, .frozenTensorChanged, .updateNormExceeded, .invalidSampleCount,
         .payloadTooLarge, .rangeNotSatisfiable, .workerLimitReached, .rateLimited, .tooManyUploads, .methodNotAllowed,
-        .aggregationModeMismatch, .stageClosed, .droppedDevice, .duplicateMessage, .invalidSecureAggregationMessage, .internalError,
+        .aggregationModeMismatch, .stageClosed, .droppedDevice, .duplicateMessage, .invalidSecureAggregationMessage,
+        .unsupportedFormat, .internalError,
     ]
 }
 

@@ -256,6 +256,8 @@ private struct DeviceClaims: JWTPayload {
         expectStatus(try await http.send("GET", modelPath + key), 401, "unauthorized", "no session")
         expectStatus(try await http.send("GET", modelPath + key, token: other.sessionToken), 403, "invalid_request_key", "another's key")
         expectStatus(try await http.send("GET", Endpoint.model(hosted.processID + ".7") + key, token: device.sessionToken), 404, "unknown_checkpoint", "another model")
+        expectStatus(try await http.send("GET", modelPath + key + "&format=mlmodel", token: device.sessionToken), 200, nil, "model as Core ML")
+        expectStatus(try await http.send("GET", modelPath + key + "&format=onnx", token: device.sessionToken), 400, "invalid_request", "unknown format")
         let planPath = Endpoint.plan(assignment.planID)
         expectStatus(try await http.send("GET", planPath + key, token: device.sessionToken), 200, nil, "plan")
         expectStatus(try await http.send("GET", planPath, token: device.sessionToken), 400, "invalid_request", "plan without key")
@@ -378,8 +380,10 @@ private struct DeviceClaims: JWTPayload {
         // too_many_uploads is provoked in SecureAggregationCoordinatorTests.
         // Also provoked elsewhere, through the same document-checking client: authenticate's 403 worker_limit_reached
         // and 429 rate_limited (OpenModeLimitTests), the report's 503 too_many_uploads (UploadLimitTests); and not
-        // at all, the speed test's 404 (a gated process deleted under a live session).
+        // at all, the speed test's 404 (a gated process deleted under a live session). The model's 422
+        // unsupported_format (a model Core ML cannot express) is provoked in CoreMLDeviceTests.
         let notExercised: Set<String> = [
+            "GET /v1/device/models/{model_id} 422",
             "POST /v1/device/report 404", "POST /v1/device/authenticate 403", "POST /v1/device/authenticate 429",
             "POST /v1/device/report 503", "GET /v1/device/speed-test 404", "POST /v1/device/speed-test 404",
             "POST /v1/device/secure-aggregation 404", "POST /v1/device/secure-aggregation 503",

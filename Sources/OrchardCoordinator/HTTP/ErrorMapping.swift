@@ -21,7 +21,7 @@ extension CoordinatorError {
         case .rangeNotSatisfiable: 416
         case .rateLimited: 429
         case .tensorMismatch, .shapeMismatch, .dtypeMismatch, .nonFiniteValues, .frozenTensorChanged, .invalidSampleCount, .updateNormExceeded,
-             .invalidSecureAggregationMessage: 422
+             .invalidSecureAggregationMessage, .unsupportedFormat: 422
         case .tooManyUploads: 503
         default: 500
         }

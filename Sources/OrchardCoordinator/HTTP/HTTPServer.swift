@@ -78,8 +78,17 @@ public enum CoordinatorServer {
             let session = try await deviceSession(request, coordinator)
             let key = try requestKey(request)
             let modelID = context.parameters.get(Endpoint.Parameter.model) ?? ""
-            let download = try await coordinator.model(modelID, requestKey: key, session: session)
+            var format = ModelFormat.safetensors
+            if let name = request.uri.queryParameters.get(Endpoint.formatQuery) {
+                guard let chosen = ModelFormat(rawValue: String(name)) else {
+                    let known = ModelFormat.allCases.map(\.rawValue).joined(separator: ", ")
+                    throw CoordinatorError(.invalidRequest, "format '\(name)' is not one of \(known)")
+                }
+                format = chosen
+            }
+            let download = try await coordinator.model(modelID, requestKey: key, session: session, format: format)
             var response = try ranged(download.bytes, etag: download.etag, request: request)
+            if download.format == .mlmodel { response.headers[.contentType] = "application/octet-stream" }
             response.headers[RepresentationDigests.field] = digests.value(of: download.bytes, etag: download.etag)
             return response
         }
