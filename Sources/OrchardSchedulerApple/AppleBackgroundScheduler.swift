@@ -24,6 +24,10 @@ public final class AppleBackgroundScheduler: BackgroundTaskScheduling, @unchecke
     private let lock = NSLock()
     private var requests: [String: TaskRequest] = [:]
     private var failures: [String: Int] = [:]
+    /// Identifiers registered by ``registerAtLaunch(_:)``, their handlers once attached, and tasks launched before.
+    private var preRegistered: Set<String> = []
+    private var handlers: [String: BackgroundTaskHandler] = [:]
+    private var waitingLaunches: [String: BGTask] = [:]
 
     /// Creates an adapter.
     /// - Parameters:
@@ -36,12 +40,63 @@ public final class AppleBackgroundScheduler: BackgroundTaskScheduling, @unchecke
         self.clock = clock
     }
 
+    /// Registers `identifiers` with BGTaskScheduler now, synchronously: iOS requires every launch handler to be
+    /// registered before the app finishes launching (call this from the app's `init` or
+    /// `application(_:didFinishLaunchingWithOptions:)`). The work comes later, through
+    /// ``register(identifier:handler:)`` — e.g. `FederatedJob.scheduleBackgroundTraining`, which is asynchronous — and
+    /// a task the system launches before its handler is attached waits for it (or for its expiry).
+    /// - Throws: ``SchedulerError/Code/notPermitted`` when an identifier is not in `BGTaskSchedulerPermittedIdentifiers`
+    ///   (Info.plist) or is already registered.
+    public func registerAtLaunch(_ identifiers: [String]) throws(SchedulerError) {
+        for identifier in identifiers {
+            let registered = scheduler.register(forTaskWithIdentifier: identifier, using: nil) { [weak self] systemTask in
+                self?.launchedBeforeAttached(systemTask)
+            }
+            guard registered else {
+                throw SchedulerError(.notPermitted, "BGTaskScheduler refused '\(identifier)': not in BGTaskSchedulerPermittedIdentifiers, or already registered")
+            }
+            lock.withLock { _ = preRegistered.insert(identifier) }
+        }
+    }
+
     public func register(identifier: String, handler: @escaping BackgroundTaskHandler) async throws(SchedulerError) {
+        // Registered at launch: attach the handler, and run a task the system launched while it was missing.
+        let (attached, waiting): (Bool, BGTask?) = lock.withLock {
+            guard preRegistered.contains(identifier) else { return (false, nil) }
+            handlers[identifier] = handler
+            return (true, waitingLaunches.removeValue(forKey: identifier))
+        }
+        if attached {
+            if let waiting { launch(waiting, handler: handler) }
+            return
+        }
         let registered = scheduler.register(forTaskWithIdentifier: identifier, using: nil) { [weak self] systemTask in
             self?.launch(systemTask, handler: handler)
         }
         guard registered else {
             throw SchedulerError(.notPermitted, "BGTaskScheduler refused '\(identifier)': not in BGTaskSchedulerPermittedIdentifiers, or already registered")
+        }
+    }
+
+    /// A launch of an identifier registered at launch: run its handler, or keep the task until one is attached. A task
+    /// kept that way and expiring first completes unsuccessfully (the request is submitted again with its backoff when
+    /// the handler arrives and runs).
+    private func launchedBeforeAttached(_ systemTask: BGTask) {
+        let identifier = systemTask.identifier
+        nonisolated(unsafe) let system = systemTask
+        let handler: BackgroundTaskHandler? = lock.withLock {
+            if let handler = handlers[identifier] { return handler }
+            waitingLaunches[identifier] = system
+            return nil
+        }
+        if let handler {
+            launch(systemTask, handler: handler)
+            return
+        }
+        systemTask.expirationHandler = { [weak self] in
+            guard let self else { return }
+            let expired = lock.withLock { waitingLaunches.removeValue(forKey: identifier) }
+            expired?.setTaskCompleted(success: false)
         }
     }
 

@@ -87,6 +87,54 @@ struct AppleAdapterTests {
         #expect(pending.first?.earliestBeginDate == now.addingTimeInterval(3600))
     }
 
+    @Test func identifiersRegisteredAtLaunchRunTheHandlerAttachedLater() async throws {
+        let system = BGTaskScheduler(permittedIdentifiers: ["train", "other"])
+        let apple = adapter(system)
+        // iOS: registered synchronously before the app finishes launching; the work is attached asynchronously.
+        try apple.registerAtLaunch(["train"])
+        #expect(throws: SchedulerError.self) { try apple.registerAtLaunch(["not-in-info-plist"]) }
+        try await apple.submit(.processing("train", constraints: .powerAndNetwork))
+        // The system launches the task before the handler is attached: it waits.
+        let early = try #require(system.simulateLaunch(forTaskWithIdentifier: "train"))
+        #expect(early.simulatedCompletion == nil)
+        let runs = Counter()
+        let done = Signal()
+        try await apple.register(identifier: "train") { task in
+            runs.increment()
+            task.setTaskCompleted(success: true)
+            done.raise()
+        }
+        await done.wait()
+        #expect(early.simulatedCompletion == true && runs.value == 1)
+        // Later launches run the attached handler at once.
+        let again = Signal()
+        try await apple.register(identifier: "train") { task in
+            task.setTaskCompleted(success: true)
+            again.raise()
+        }
+        try await apple.submit(.processing("train", constraints: .powerAndNetwork))
+        let later = try #require(system.simulateLaunch(forTaskWithIdentifier: "train"))
+        await again.wait()
+        #expect(later.simulatedCompletion == true && runs.value == 1, "the re-attached handler ran, not the first")
+    }
+
+    @Test func aTaskLaunchedBeforeItsHandlerThatExpiresCompletesUnsuccessfully() async throws {
+        let system = BGTaskScheduler(permittedIdentifiers: nil)
+        let apple = adapter(system)
+        try apple.registerAtLaunch(["train"])
+        try await apple.submit(.processing("train", constraints: .powerAndNetwork))
+        let launched = try #require(system.simulateLaunch(forTaskWithIdentifier: "train"))
+        launched.simulateExpiration()
+        #expect(launched.simulatedCompletion == false)
+        // A handler attached afterwards does not run the expired task.
+        let ran = Counter()
+        try await apple.register(identifier: "train") { task in
+            ran.increment()
+            task.setTaskCompleted(success: true)
+        }
+        #expect(ran.value == 0)
+    }
+
     @Test func systemExpiryCancelsTheHandlersSwiftTask() async throws {
         let system = BGTaskScheduler(permittedIdentifiers: nil)
         let apple = adapter(system)
