@@ -91,15 +91,34 @@ final class FlowerProcess: @unchecked Sendable {
     /// Stops the process and its process group: SIGTERM, then SIGKILL after 5 s. It waits without blocking a
     /// thread of Swift's cooperative pool (which other tests share).
     func stop() async {
+        let pid = process.processIdentifier
+        defer { Self.killChildrenOutsideTheGroup(of: pid) }
         guard process.isRunning else { return }
-        kill(-process.processIdentifier, SIGTERM)
+        kill(-pid, SIGTERM)
         for _ in 0..<50 where process.isRunning { try? await Task.sleep(for: .milliseconds(100)) }
-        if process.isRunning { kill(-process.processIdentifier, SIGKILL) }
+        if process.isRunning { kill(-pid, SIGKILL) }
         while process.isRunning { try? await Task.sleep(for: .milliseconds(20)) }
     }
 
+    /// `flower-superexec` runs in a session of its own (so the group signal misses it) and outlives its parent; it
+    /// names the parent with `--parent-pid`. Kills every such process of `parent`.
+    static func killChildrenOutsideTheGroup(of parent: Int32) {
+        guard let entries = try? FileManager.default.contentsOfDirectory(atPath: "/proc") else { return }
+        let marker = Array("--parent-pid\u{0}\(parent)\u{0}".utf8)
+        for entry in entries {
+            guard let pid = Int32(entry), let cmdline = FileManager.default.contents(atPath: "/proc/\(entry)/cmdline") else { continue }
+            let bytes = [UInt8](cmdline)
+            if bytes.count >= marker.count, (0...(bytes.count - marker.count)).contains(where: { bytes[$0..<($0 + marker.count)].elementsEqual(marker) }) {
+                kill(pid, SIGKILL)
+            }
+        }
+    }
+
     /// A fixture dropped without ``stop()`` (a failed test) kills its processes at once.
-    deinit { if process.isRunning { kill(-process.processIdentifier, SIGKILL) } }
+    deinit {
+        if process.isRunning { kill(-process.processIdentifier, SIGKILL) }
+        Self.killChildrenOutsideTheGroup(of: process.processIdentifier)
+    }
 }
 
 /// A SuperLink on loopback (`--insecure`) with its own `FLWR_HOME` holding the `local-deploy` connection that
