@@ -34,6 +34,7 @@ let package = Package(
         .library(name: "OrchardClient", targets: ["OrchardClient"]),
         .library(name: "OrchardOperator", targets: ["OrchardOperator"]),
         .library(name: "OrchardCoreML", targets: ["OrchardCoreML"]),
+        .library(name: "OrchardCoreMLTrainer", targets: ["OrchardCoreMLTrainer"]),
         .library(name: "OrchardInProcess", targets: ["OrchardInProcess"]),
         .library(name: "OrchardCharts", targets: ["OrchardCharts"]),
         .library(name: "OrchardFlower", targets: ["OrchardFlower"]),
@@ -116,6 +117,17 @@ let package = Package(
         .target(name: "BackgroundTasksShim", swiftSettings: swiftSettings),
         // UIKit's battery, Network's path monitor and ProcessInfo's thermal state, mirrored for Linux.
         .target(name: "AppleSystemShim", swiftSettings: swiftSettings),
+        // The part of Core ML the Core ML trainer uses (MLUpdateTask and its inputs), mirrored for Linux.
+        .target(name: "CoreMLShim", swiftSettings: swiftSettings),
+        // A LocalTrainer that trains with Core ML's MLUpdateTask.
+        .target(
+            name: "OrchardCoreMLTrainer",
+            dependencies: [
+                "OrchardClient", "OrchardCoreML", "OrchardML", "OrchardFormats",
+                .target(name: "CoreMLShim", condition: .when(platforms: [.linux])),
+            ],
+            swiftSettings: swiftSettings
+        ),
         .target(
             name: "OrchardSchedulerApple",
             dependencies: [
@@ -292,7 +304,11 @@ let package = Package(
         .testTarget(name: "OrchardDataTests", dependencies: ["OrchardData", "OrchardExamples", "OrchardTesting"], swiftSettings: swiftSettings),
         .testTarget(
             name: "OrchardCoreMLTests",
-            dependencies: ["OrchardCoreML", "OrchardML", "OrchardTesting", .product(name: "SwiftProtobuf", package: "swift-protobuf")],
+            dependencies: [
+                "OrchardCoreML", "OrchardML", "OrchardTesting", "OrchardCoreMLTrainer", "OrchardClient", "OrchardFormats",
+                .target(name: "CoreMLShim", condition: .when(platforms: [.linux])),
+                .product(name: "SwiftProtobuf", package: "swift-protobuf"),
+            ],
             exclude: ["Python"],  // coremltools cross-check scripts, run through python3 by the tests
             swiftSettings: swiftSettings
         ),

@@ -1,0 +1,190 @@
+// Local training with Core ML's MLUpdateTask. On Apple platforms it builds against the real Core ML; elsewhere
+// against CoreMLShim, which mirrors the part used here.
+#if canImport(CoreML)
+import CoreML
+#else
+import CoreMLShim
+#endif
+import Foundation
+public import OrchardClient
+public import OrchardFormats
+public import OrchardML
+import OrchardCoreML
+
+/// A ``OrchardClient/LocalTrainer`` that trains with Core ML on the device: it turns the cycle's model into an
+/// updatable `.mlmodel` (``OrchardCoreML/CoreMLExporter``, with the task's loss, optimizer, learning rate, batch size
+/// and epochs), compiles it, runs an `MLUpdateTask` over the local samples, and reads the updated weights and biases
+/// of every trainable dense and convolution layer back (`parameterValue(for: .weights.scoped(to:))`). The diff is
+/// updated − received; frozen layers are left out of training, so their diff is zero.
+///
+/// Core ML cannot stop at a batch and resume: a cancelled run is cancelled (`.cancelled`), not interrupted, and
+/// `pauseAfterUpdates` is not supported. A task with an update cap (`max_updates`) is refused: Core ML has none.
+public struct CoreMLLocalTrainer: LocalTrainer {
+    /// Creates a trainer.
+    public init() {}
+
+    public func parameterShapes(of spec: ModelSpec) throws(OrchardClientError) -> [String: [Int]] {
+        do {
+            return Dictionary(uniqueKeysWithValues: try spec.parameters().map { ($0.name, $0.shape) })
+        } catch {
+            throw OrchardClientError(.incompatibleModel, "the model's parameters cannot be laid out: \(error.message)")
+        }
+    }
+
+    public func completedUpdates(in checkpoint: [UInt8], of task: LocalTrainingTask) throws(OrchardClientError) -> Int {
+        throw OrchardClientError(.training, "Core ML training keeps no checkpoint to resume from")
+    }
+
+    public func train(
+        _ task: LocalTrainingTask, on dataset: any Dataset, resumingFrom checkpoint: [UInt8]?,
+        progress: @escaping @Sendable (TrainingStep) -> Void
+    ) throws(OrchardClientError) -> LocalTrainingOutcome {
+        guard checkpoint == nil else { throw OrchardClientError(.training, "Core ML training cannot resume from a checkpoint") }
+        guard task.pauseAfterUpdates == nil else { throw OrchardClientError(.invalidConfiguration, "Core ML training cannot pause after a number of updates") }
+        let training = task.training
+        guard training.maxUpdates == nil else {
+            throw OrchardClientError(.incompatibleModel, "the process caps updates (max_updates \(training.maxUpdates!)); Core ML has no update cap")
+        }
+        guard dataset.count > 0 else { throw OrchardClientError(.training, "the local dataset is empty") }
+        var spec = task.model.spec
+        spec.training = TrainingSpec(loss: training.loss, optimizer: training.optimizer, epochs: training.epochs, batchSize: training.batchSize)
+        let file: [UInt8]
+        do { file = try CoreMLExporter().export(spec, weights: task.model.weights) } catch {
+            throw OrchardClientError(.incompatibleModel, "the model cannot be trained with Core ML: \(error.description)")
+        }
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("orchard-coreml-\(UUID().uuidString)")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let compiled: URL
+        do {
+            try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+            let source = directory.appendingPathComponent("model.mlmodel")
+            try Data(file).write(to: source)
+            compiled = try MLModel.compileModel(at: source)
+        } catch {
+            throw OrchardClientError(.training, "Core ML cannot compile the model: \(error)")
+        }
+        defer { try? FileManager.default.removeItem(at: compiled) }
+        let samples = try Self.batch(dataset, spec: spec)
+        let configuration = MLModelConfiguration()
+        configuration.parameters = [
+            .learningRate: training.optimizer.learningRate, .miniBatchSize: training.batchSize, .epochs: training.epochs,
+            .shuffle: training.shuffle,
+        ]
+        let updated = try Self.run(model: compiled, samples: samples, configuration: configuration)
+        var diff: [TensorRecord] = []
+        for tensor in task.model.weights {
+            let parts = tensor.name.split(separator: ".", maxSplits: 1).map(String.init)
+            guard parts.count == 2, let layer = spec.layers.first(where: { $0.name == parts[0] }) else {
+                throw OrchardClientError(.incompatibleModel, "tensor '\(tensor.name)' names no layer of the model")
+            }
+            let trainable = !layer.frozen && (layer.type == .dense || layer.type == .conv2d)
+            guard trainable else {
+                diff.append(TensorRecord(name: tensor.name, shape: tensor.shape, values: Array(repeating: 0, count: tensor.values.count)))
+                continue
+            }
+            let key: MLParameterKey = parts[1] == "bias" ? .biases : .weights
+            let values = try Self.values(of: updated, key.scoped(to: layer.name), count: tensor.values.count)
+            diff.append(TensorRecord(name: tensor.name, shape: tensor.shape, values: zip(values, tensor.values).map { $0 - $1 }))
+        }
+        return .completed(LocalUpdate(diff: diff, sampleCount: dataset.count))
+    }
+
+    /// The samples as Core ML features: one multi-array per model input (per-sample shape), and the target
+    /// `<output>_true` (a class index for cross-entropy, the output's values for mean squared error).
+    static func batch(_ dataset: any Dataset, spec: ModelSpec) throws(OrchardClientError) -> MLArrayBatchProvider {
+        let inputs = dataset.inputSpecs
+        guard Set(inputs.map(\.name)) == Set(spec.inputs.map(\.name)) else {
+            throw OrchardClientError(.incompatibleModel, "the dataset's inputs \(inputs.map(\.name)) are not the model's \(spec.inputs.map(\.name))")
+        }
+        let targetCount = dataset.targetSpec.shape.reduce(1, *)
+        let crossEntropy = spec.training?.loss == .crossEntropy
+        var providers: [any MLFeatureProvider] = []
+        providers.reserveCapacity(dataset.count)
+        do {
+            for index in 0..<dataset.count {
+                var features: [String: Any] = [:]
+                for (position, input) in inputs.enumerated() {
+                    let count = input.shape.reduce(1, *)
+                    var values = [Float](repeating: 0, count: count)
+                    values.withUnsafeMutableBufferPointer { dataset.copyInput(position, of: index, into: $0) }
+                    let array = try MLMultiArray(shape: input.shape.map { NSNumber(value: $0) }, dataType: .double)
+                    for (i, value) in values.enumerated() { array[i] = NSNumber(value: Double(value)) }
+                    features[input.name] = array
+                }
+                var target = [Float](repeating: 0, count: targetCount)
+                target.withUnsafeMutableBufferPointer { dataset.copyTarget(of: index, into: $0) }
+                if crossEntropy {
+                    let label = try MLMultiArray(shape: [1], dataType: .int32)
+                    label[0] = NSNumber(value: Int32(target[0]))
+                    features["\(spec.output)_true"] = label
+                } else {
+                    let array = try MLMultiArray(shape: [NSNumber(value: targetCount)], dataType: .double)
+                    for (i, value) in target.enumerated() { array[i] = NSNumber(value: Double(value)) }
+                    features["\(spec.output)_true"] = array
+                }
+                providers.append(try MLDictionaryFeatureProvider(dictionary: features))
+            }
+        } catch let error as OrchardClientError {
+            throw error
+        } catch {
+            throw OrchardClientError(.training, "cannot build Core ML features from the dataset: \(error)")
+        }
+        return MLArrayBatchProvider(array: providers)
+    }
+
+    /// Runs an update task to its end and returns the updated model; cancelling the Swift task cancels it.
+    private static func run(model: URL, samples: MLArrayBatchProvider, configuration: MLModelConfiguration) throws(OrchardClientError) -> MLModel {
+        final class Result: @unchecked Sendable {
+            let done = DispatchSemaphore(value: 0)
+            var context: MLUpdateContext?
+        }
+        let result = Result()
+        let task: MLUpdateTask
+        do {
+            task = try MLUpdateTask(forModelAt: model, trainingData: samples, configuration: configuration) { context in
+                result.context = context
+                result.done.signal()
+            }
+        } catch {
+            throw OrchardClientError(.training, "Core ML cannot start the update task: \(error)")
+        }
+        task.resume()
+        // The trainer's interface is synchronous: wait for Core ML's completion, cancelling its task when the Swift
+        // task is cancelled (the window ended).
+        var cancelled = false
+        while result.done.wait(timeout: .now() + .milliseconds(50)) == .timedOut {
+            if Task.isCancelled, !cancelled {
+                task.cancel()
+                cancelled = true
+            }
+        }
+        guard let context = result.context else { throw OrchardClientError(.training, "the update task ended without a result") }
+        switch context.task.state {
+        case .completed:
+            return context.model
+        case .cancelling:
+            throw OrchardClientError(.cancelled, "the Core ML update task was cancelled")
+        default:
+            throw OrchardClientError(.training, "the Core ML update task failed: \(context.task.error.map { "\($0)" } ?? "no reason given")")
+        }
+    }
+
+    /// The updated values of a layer's parameter.
+    private static func values(of model: MLModel, _ key: MLParameterKey, count: Int) throws(OrchardClientError) -> [Float] {
+        let array: MLMultiArray
+        do {
+            guard let value = try model.parameterValue(for: key) as? MLMultiArray else {
+                throw OrchardClientError(.training, "Core ML's value of \(key) is not a multi-array")
+            }
+            array = value
+        } catch let error as OrchardClientError {
+            throw error
+        } catch {
+            throw OrchardClientError(.training, "Core ML has no updated value of \(key): \(error)")
+        }
+        guard array.count == count else { throw OrchardClientError(.training, "Core ML's \(key) has \(array.count) values, the model's \(count)") }
+        let values = (0..<count).map { Float(truncating: array[$0]) }
+        guard values.allSatisfy(\.isFinite) else { throw OrchardClientError(.training, "Core ML's \(key) holds a non-finite value after training") }
+        return values
+    }
+}
