@@ -325,7 +325,7 @@ let package = Package(
         .testTarget(
             name: "OrchardCoordinatorTests",
             dependencies: [
-                "OrchardCoordinator", "OrchardProtocol", "OrchardPrivacy", "OrchardSupport", "OrchardTesting", "OrchardCoreML",
+                "OrchardCoordinator", "OrchardProtocol", "OrchardPrivacy", "OrchardSupport", "OrchardTesting", "OrchardCoreML", "OrchardClient",
                 .product(name: "JWTKit", package: "jwt-kit"),
                 .product(name: "PropertyBased", package: "swift-property-based"),
             ],

@@ -137,7 +137,9 @@ public struct HTTPTransport: ClientTransport {
     }
 
     public func downloadModel(_ model: ModelRequest, session token: String, into sink: any DownloadSink) async throws(OrchardClientError) {
-        var request = try makeRequest(.GET, Endpoint.model(model.modelID), query: [Endpoint.requestKeyQuery: model.requestKey], session: token)
+        var query = [Endpoint.requestKeyQuery: model.requestKey]
+        if model.format != .safetensors { query[Endpoint.formatQuery] = model.format.rawValue }
+        var request = try makeRequest(.GET, Endpoint.model(model.modelID), query: query, session: token)
         if model.offset > 0 {
             request.headers.replaceOrAdd(name: "Range", value: "bytes=\(model.offset)-")
             if let etag = model.etag { request.headers.replaceOrAdd(name: "If-Range", value: etag) }

@@ -48,13 +48,16 @@ public struct ModelRequest: Sendable, Hashable {
     public var offset: Int
     /// The entity tag of the bytes already held; the server sends everything again when it changed.
     public var etag: String?
+    /// The representation: safetensors weights (the SDK's), or an updatable Core ML model.
+    public var format: ModelFormat
 
     /// Creates a request.
-    public init(modelID: String, requestKey: String, offset: Int = 0, etag: String? = nil) {
+    public init(modelID: String, requestKey: String, offset: Int = 0, etag: String? = nil, format: ModelFormat = .safetensors) {
         self.modelID = modelID
         self.requestKey = requestKey
         self.offset = offset
         self.etag = etag
+        self.format = format
     }
 }
 

@@ -190,12 +190,13 @@ public struct CoreMLExporter: Sendable {
                 p.bias.floatValue = try store.take("\(name).bias", shape: [filters], layer: name).values
             }
             proto.convolution = p
-        case .maxPool2d:
+        case .maxPool2d, .avgPool2d:
             guard let kernel = layer.kernelSize else {
-                throw CoreMLError(.invalidModel, "max pooling needs kernelSize", layer: name)
+                throw CoreMLError(.invalidModel, "pooling needs kernelSize", layer: name)
             }
             var p = CoreML_Specification_PoolingLayerParams()
-            p.type = .max
+            // Orchard's average leaves padded positions out, as `avgPoolExcludePadding` does.
+            p.type = layer.type == .maxPool2d ? .max : .average
             p.kernelSize = try pair(kernel, "kernelSize", layer: name)
             p.stride = try pair(layer.strides ?? kernel, "strides", layer: name)
             p.avgPoolExcludePadding = true

@@ -246,12 +246,27 @@ public struct CoreMLImporter: Sendable {
     }
 
     private func pooling(_ p: CoreML_Specification_PoolingLayerParams, into spec: inout LayerSpec, layer: ProtoLayer, input: [Int]) throws(CoreMLError) {
-        guard p.type == .max else {
-            throw CoreMLError(.unsupportedLayer, "layer type '\(layer.typeName)' has no Orchard counterpart (Orchard pools with max)", layer: layer.name)
+        switch p.type {
+        case .max:
+            spec.type = .maxPool2d
+        case .average:
+            spec.type = .avgPool2d
+        default:
+            throw CoreMLError(.unsupportedLayer, "layer type '\(layer.typeName)' has no Orchard counterpart (Orchard pools with max or average)", layer: layer.name)
         }
-        spec.type = .maxPool2d
+        // Orchard's average leaves padded positions out; Core ML's counts them unless `avgPoolExcludePadding`.
+        let padded: Bool
+        switch p.poolingPaddingType {
+        case .same: padded = true
+        case .valid(let valid): padded = valid.paddingAmounts.borderAmounts.contains { $0.startEdgeSize > 0 || $0.endEdgeSize > 0 }
+        case .includeLastPixel(let complete): padded = complete.paddingAmounts.contains { $0 > 0 }
+        case nil: padded = false
+        }
+        if p.type == .average, padded, !p.avgPoolExcludePadding, !p.globalPooling {
+            throw CoreMLError(.unsupportedFeature, "average pooling that counts padded zeros (avgPoolExcludePadding is false) is not supported by Orchard", layer: layer.name)
+        }
         if p.globalPooling {
-            // Global max pooling is max pooling with the whole image as the window.
+            // Global pooling is pooling with the whole image as the window.
             spec.kernelSize = [input[1], input[2]]
             spec.strides = [input[1], input[2]]
             spec.padding = .valid

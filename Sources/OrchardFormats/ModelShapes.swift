@@ -134,7 +134,7 @@ extension ModelSpec {
             }
             guard let width = elementCount([inputShapes.reduce(0) { $0 + ($1.last ?? 0) }]) else { throw fail("joined width is too large") }
             return (Array(leading) + [width], [])
-        case .conv2d, .maxPool2d:
+        case .conv2d, .maxPool2d, .avgPool2d:
             guard input.count == 3 else { throw fail("needs a [C, H, W] input, not \(input)") }
             guard let kernel = try pair(layer.kernelSize, "kernel_size") else { throw fail("'kernel_size' is required") }
             let convolution = layer.type == .conv2d

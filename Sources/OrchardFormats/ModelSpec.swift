@@ -209,11 +209,13 @@ public struct LayerType: RawRepresentable, Sendable, Hashable, Codable, CustomSt
     public static let conv2d = LayerType(rawValue: "conv2d")
     /// 2-D max pooling over `[C, H, W]`.
     public static let maxPool2d = LayerType(rawValue: "maxPool2d")
+    /// 2-D average pooling over `[C, H, W]`; padded positions are left out of each average.
+    public static let avgPool2d = LayerType(rawValue: "avgPool2d")
     /// Inverted dropout (active in training only).
     public static let dropout = LayerType(rawValue: "dropout")
 
     /// Every type a model may use.
-    public static let known: Set<LayerType> = [.dense, .embedding, .relu, .sigmoid, .tanh, .softmax, .flatten, .concat, .conv2d, .maxPool2d, .dropout]
+    public static let known: Set<LayerType> = [.dense, .embedding, .relu, .sigmoid, .tanh, .softmax, .flatten, .concat, .conv2d, .maxPool2d, .avgPool2d, .dropout]
 }
 
 /// How a convolution or pooling layer pads its input.
@@ -317,11 +319,11 @@ public struct LayerSpec: Sendable, Hashable, Codable {
     public var vocabularySize: Int?
     /// `embedding`: width of each embedding row.
     public var embeddingSize: Int?
-    /// `conv2d`/`maxPool2d`: `[kernelH, kernelW]`.
+    /// `conv2d`/`maxPool2d`/`avgPool2d`: `[kernelH, kernelW]`.
     public var kernelSize: [Int]?
-    /// `conv2d`/`maxPool2d`: `[strideH, strideW]` (default `[1, 1]` for conv, the kernel size for pooling).
+    /// `conv2d`/`maxPool2d`/`avgPool2d`: `[strideH, strideW]` (default `[1, 1]` for conv, the kernel size for pooling).
     public var strides: [Int]?
-    /// `conv2d`/`maxPool2d`: padding (default valid).
+    /// `conv2d`/`maxPool2d`/`avgPool2d`: padding (default valid).
     public var padding: Padding?
     /// `conv2d`: input channels (inferred when building if absent).
     public var inChannels: Int?

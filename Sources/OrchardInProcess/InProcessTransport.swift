@@ -50,7 +50,7 @@ public struct InProcessTransport: ClientTransport {
     public func downloadModel(_ request: ModelRequest, session: String, into sink: any DownloadSink) async throws(OrchardClientError) {
         let (bytes, etag, selection) = try await mapped { () async throws(CoordinatorError) in
             let proven = try await coordinator.session(forToken: session)
-            let download = try await coordinator.model(request.modelID, requestKey: request.requestKey, session: proven)
+            let download = try await coordinator.model(request.modelID, requestKey: request.requestKey, session: proven, format: request.format)
             // What the HTTP transport asks for: the rest of the held bytes, if they are of the same entity.
             let range = request.offset > 0 && request.etag != nil ? "bytes=\(request.offset)-" : nil
             let selection = try DownloadSelection.select(total: download.bytes.count, etag: download.etag, range: range, ifRange: request.etag, ifNoneMatch: nil)

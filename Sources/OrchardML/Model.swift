@@ -175,6 +175,11 @@ public struct Model: Sendable {
                 poolSize: try need(try pair(s.kernelSize, "kernelSize"), "kernelSize"),
                 strides: try pair(s.strides, "strides"), padding: s.padding ?? .valid
             )
+        case .avgPool2d:
+            layer = AvgPool2D(
+                poolSize: try need(try pair(s.kernelSize, "kernelSize"), "kernelSize"),
+                strides: try pair(s.strides, "strides"), padding: s.padding ?? .valid
+            )
         default:
             throw EngineError(.invalidModel, "layer '\(s.name)' has unknown type '\(s.type)'")
         }

@@ -40,6 +40,12 @@ import Testing
         Case(label: "maxpool same padding", inputs: image, loss: .meanSquaredError) {
             [Conv2D(filters: 2, kernelSize: [1, 1]), MaxPool2D(poolSize: [2, 2], padding: .same), Flatten(), Dense(units: 2)]
         },
+        Case(label: "avgpool valid, overlapping windows", inputs: image, loss: .meanSquaredError) {
+            [Conv2D(filters: 2, kernelSize: [3, 3]), Tanh(), AvgPool2D(poolSize: [2, 2], strides: [1, 1]), Flatten(), Dense(units: 2)]
+        },
+        Case(label: "avgpool same padding (padding not counted)", inputs: image, loss: .meanSquaredError) {
+            [Conv2D(filters: 2, kernelSize: [1, 1]), AvgPool2D(poolSize: [3, 2], strides: [2, 2], padding: .same), Flatten(), Dense(units: 2)]
+        },
         Case(label: "dropout (fixed mask)", inputs: vector, loss: .meanSquaredError) { [Dense(units: 6), Dropout(rate: 0.4), Tanh(), Dense(units: 2)] },
         Case(label: "value read by two layers", inputs: vector, loss: .meanSquaredError) {
             [Dense(units: 4, name: "a"), Tanh(name: "t", inputs: ["a"]), Concat(name: "both", inputs: ["a", "t"]), Dense(units: 2)]
@@ -98,5 +104,14 @@ import Testing
             }
         }
         #expect(checked > 0)
+    }
+
+    @Test func averagePoolingAveragesOnlyThePositionsInsideTheImage() throws {
+        // A 1×3×3 image 1…9, a 2×2 pool with stride 2 and same padding: windows of 4, 2, 2 and 1 real positions.
+        let pool = AvgPool2D(poolSize: [2, 2], strides: [2, 2], padding: .same)
+        let output = pool([Tensor(shape: [1, 1, 3, 3], scalars: (1...9).map(Float.init))])
+        #expect(output.shape == [1, 1, 2, 2])
+        let expected: [Float] = [12 / 4, 9 / 2, 15 / 2, 9]  // (1+2+4+5)/4, (3+6)/2, (7+8)/2, 9/1
+        #expect(output.scalars == expected)
     }
 }

@@ -226,3 +226,61 @@ public struct MaxPool2D: ParameterFreeLayer {
         return out
     }
 }
+
+/// 2-D average pooling over `[C, H, W]`: each output is the mean of its window's positions inside the image (padded
+/// positions are left out of the count, as TensorFlow's and Core ML's `avgPoolExcludePadding` do).
+public struct AvgPool2D: ParameterFreeLayer {
+    public var name: String
+    public var inputNames: [String]
+    public var isFrozen: Bool
+    public var type: LayerType { .avgPool2d }
+    /// `[poolH, poolW]`.
+    public let poolSize: [Int]
+    /// `[strideH, strideW]`; defaults to the pool size.
+    public let strides: [Int]
+    /// How the input is padded (padded positions are not averaged).
+    public let padding: Padding
+    /// Creates the layer.
+    public init(poolSize: [Int] = [2, 2], strides: [Int]? = nil, padding: Padding = .valid, name: String = "", inputs: [String] = []) {
+        precondition(poolSize.count == 2 && poolSize.allSatisfy { $0 > 0 }, "poolSize is [height, width] > 0")
+        self.poolSize = poolSize
+        self.strides = strides ?? poolSize
+        precondition(self.strides.count == 2 && self.strides.allSatisfy { $0 > 0 }, "strides is [height, width] > 0")
+        self.padding = padding
+        self.name = name
+        self.inputNames = inputs
+        self.isFrozen = false
+    }
+    func geometry(_ shape: [Int]) -> WindowGeometry {
+        WindowGeometry(channels: shape[0], height: shape[1], width: shape[2], kernel: poolSize, strides: strides, padding: padding)
+    }
+    public func outputShape(for inputShapes: [[Int]]) throws(EngineError) -> [Int] {
+        let shape = try singleInput(inputShapes)
+        guard shape.count == 3 else {
+            throw EngineError(.invalidModel, "avgPool2d '\(name)' needs a [C, H, W] input, got \(shape)")
+        }
+        let g = geometry(shape)
+        guard g.outH > 0 && g.outW > 0 else {
+            throw EngineError(.invalidModel, "avgPool2d '\(name)': pool \(poolSize) does not fit input \(shape)")
+        }
+        return [shape[0], g.outH, g.outW]
+    }
+    public var spec: LayerSpec {
+        var s = baseSpec()
+        s.kernelSize = poolSize
+        s.strides = strides
+        s.padding = padding
+        return s
+    }
+    public func callAsFunction(_ inputs: [Tensor]) -> Tensor {
+        let input = inputs[0]
+        precondition(input.rank == 4, "avgPool2d '\(name)' expects [batch, C, H, W], got \(input.shape)")
+        let g = geometry(Array(input.shape.dropFirst()))
+        let batch = input.shape[0]
+        var out = Tensor(shape: [batch, g.channels, g.outH, g.outW])
+        input.withUnsafeBufferPointer { x in
+            out.withUnsafeMutableBufferPointer { y in Ops.avgPoolForward(g, batch: batch, x: x.baseAddress!, y: y.baseAddress!) }
+        }
+        return out
+    }
+}

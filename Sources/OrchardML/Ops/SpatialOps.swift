@@ -25,6 +25,16 @@ struct WindowGeometry: Sendable, Hashable {
     }
 
     var inputCount: Int { channels * height * width }
+    /// The input rows output row `oi`'s window covers inside the image.
+    func windowRows(_ oi: Int) -> Range<Int> {
+        let start = oi * strideH - padTop
+        return max(0, start)..<min(height, start + kernelH)
+    }
+    /// The input columns output column `oj`'s window covers inside the image.
+    func windowColumns(_ oj: Int) -> Range<Int> {
+        let start = oj * strideW - padLeft
+        return max(0, start)..<min(width, start + kernelW)
+    }
     var outputPlane: Int { outH * outW }
     /// Rows of the im2col matrix: one per (channel, kernel row, kernel column).
     var patchSize: Int { channels * kernelH * kernelW }
@@ -157,6 +167,50 @@ extension Ops {
                         let o = s * outCount + c * g.outputPlane + oi * g.outW + oj
                         y[o] = bestIndex < 0 ? 0 : best
                         argmax[o] = Float(bestIndex)
+                    }
+                }
+            }
+        }
+    }
+
+    /// Average pooling of `batch` samples: each output is the mean of the window's positions inside the image
+    /// (padding is left out of the count; a window that sees only padding gives 0).
+    static func avgPoolForward(_ g: WindowGeometry, batch: Int, x: CPtr, y: Ptr) {
+        let outCount = g.channels * g.outputPlane
+        for s in 0..<batch {
+            let xs = x + s * g.inputCount
+            for c in 0..<g.channels {
+                let plane = c * g.height * g.width
+                for oi in 0..<g.outH {
+                    let rows = g.windowRows(oi)
+                    for oj in 0..<g.outW {
+                        let columns = g.windowColumns(oj)
+                        var sum: Float = 0
+                        for ii in rows { for jj in columns { sum += xs[plane + ii * g.width + jj] } }
+                        let count = rows.count * columns.count
+                        y[s * outCount + c * g.outputPlane + oi * g.outW + oj] = count == 0 ? 0 : sum / Float(count)
+                    }
+                }
+            }
+        }
+    }
+
+    /// Spreads each output gradient evenly over the positions its average read.
+    static func avgPoolBackward(_ g: WindowGeometry, batch: Int, dy: CPtr, dx: Ptr, accumulate: Bool) {
+        if !accumulate { dx.update(repeating: 0, count: batch * g.inputCount) }
+        let outCount = g.channels * g.outputPlane
+        for s in 0..<batch {
+            let dxs = dx + s * g.inputCount
+            for c in 0..<g.channels {
+                let plane = c * g.height * g.width
+                for oi in 0..<g.outH {
+                    let rows = g.windowRows(oi)
+                    for oj in 0..<g.outW {
+                        let columns = g.windowColumns(oj)
+                        let count = rows.count * columns.count
+                        guard count > 0 else { continue }
+                        let share = dy[s * outCount + c * g.outputPlane + oi * g.outW + oj] / Float(count)
+                        for ii in rows { for jj in columns { dxs[plane + ii * g.width + jj] += share } }
                     }
                 }
             }

@@ -12,6 +12,7 @@ final class PlanNode {
         case concat(widths: [Int], offsets: [Int], outer: Int)
         case conv(WindowGeometry, filters: Int, col: Ptr, dcol: Ptr)
         case maxPool(WindowGeometry, argmax: Ptr)
+        case avgPool(WindowGeometry)
     }
 
     let name: String
@@ -74,6 +75,8 @@ final class PlanNode {
         case let l as MaxPool2D:
             let g = l.geometry(inputShapes[0])
             kind = .maxPool(g, argmax: allocate(batchCapacity * outputShape.reduce(1, *)))
+        case let l as AvgPool2D:
+            kind = .avgPool(l.geometry(inputShapes[0]))
         default:
             throw EngineError(.invalidModel, "layer '\(layer.name)' of type \(layer.type) cannot be trained")
         }
@@ -113,6 +116,8 @@ final class PlanNode {
             Ops.convForward(g, filters: filters, batch: batch, x: x, weight: weight!, bias: bias, y: output, col: col)
         case .maxPool(let g, let argmax):
             Ops.maxPoolForward(g, batch: batch, x: x, y: output, argmax: argmax)
+        case .avgPool(let g):
+            Ops.avgPoolForward(g, batch: batch, x: x, y: output)
         }
     }
 
@@ -159,6 +164,8 @@ final class PlanNode {
             )
         case .maxPool(let g, let argmax):
             if let dx { Ops.maxPoolBackward(g, batch: batch, argmax: argmax, dy: dy, dx: dx, accumulate: acc) }
+        case .avgPool(let g):
+            if let dx { Ops.avgPoolBackward(g, batch: batch, dy: dy, dx: dx, accumulate: acc) }
         }
     }
 }

@@ -291,7 +291,45 @@ def exact_conv():
           "updatable": ["conv", "fc"], "frozen": [], "output": "probs", "exact": True})
 
 
-# 10. Exact mapping with a rank-3 input (Core ML reads it as a sequence of vectors), to check the refusal names it.
+# 10. Average pooling: valid, and same padding whose padded positions are left out of the average (coremltools'
+# default exclude_pad_area=True).
+def avgpool_numpy(x, k, s, pad_bottom=0, pad_right=0):
+    n, c, h, w = x.shape
+    oh, ow = (h + pad_bottom - k[0]) // s[0] + 1, (w + pad_right - k[1]) // s[1] + 1
+    out = np.zeros((n, c, oh, ow))
+    for i in range(oh):
+        for j in range(ow):
+            window = x[:, :, i * s[0]:min(h, i * s[0] + k[0]), j * s[1]:min(w, j * s[1] + k[1])]
+            out[:, :, i, j] = window.mean(axis=(2, 3))
+    return out
+
+
+def avgpool():
+    b = NeuralNetworkBuilder([("image", datatypes.Array(2, 7, 7))], [("probs", datatypes.Array(3))])
+    k, c = f32(3, 3, 2, 3), f32(3)
+    b.add_convolution("conv", 2, 3, 3, 3, 1, 1, "valid", 1, k, c, True, input_name="image", output_name="conv")
+    b.add_pooling("pool", 2, 2, 2, 2, "AVERAGE", "SAME", "conv", "pool")
+    b.add_pooling("pool2", 2, 2, 1, 1, "AVERAGE", "VALID", "pool", "pool2")
+    b.add_flatten("flat", 0, "pool2", "flat")
+    wf, bf = f32(3, 3 * 2 * 2), f32(3)
+    b.add_inner_product("fc", wf, bf, 12, 3, True, "flat", "fc")
+    b.add_softmax("probs", "fc", "probs")
+    quiet(b.make_updatable, ["conv", "fc"])
+    quiet(b.set_categorical_cross_entropy_loss, "loss", input="probs")
+    b.set_sgd_optimizer(SgdParams(lr=0.01, batch=2))
+    b.set_epochs(1)
+    w = k.transpose(3, 2, 0, 1)
+    image = f32(BATCH, 2, 7, 7)
+    h = conv_numpy(image, w, c, (1, 1), 0, 0, 0, 0)                 # 5x5
+    h = avgpool_numpy(h, (2, 2), (2, 2), pad_bottom=1, pad_right=1)  # same: 3x3, the last row and column average fewer
+    h = avgpool_numpy(h, (2, 2), (1, 1))                             # 2x2
+    y = softmax(h.reshape(BATCH, -1) @ wf.T + bf)
+    save("avgpool", b, {"conv.weight": w, "conv.bias": c, "fc.weight": wf, "fc.bias": bf}, {"image": image}, y,
+         {"loss": "crossEntropy", "optimizer": "sgd", "learningRate": 0.01, "batchSize": 2, "momentum": 0.0, "epochs": 1,
+          "updatable": ["conv", "fc"], "frozen": [], "output": "probs"})
+
+
+# 11. Exact mapping with a rank-3 input (Core ML reads it as a sequence of vectors), to check the refusal names it.
 def exact_rank3():
     b = NeuralNetworkBuilder([("x", datatypes.Array(2, 3, 4))], [("y", datatypes.Array(2, 3, 5))],
                              disable_rank5_shape_mapping=True)
@@ -308,6 +346,7 @@ conv_1to4()
 exact_mse_sgd()
 exact_classifier()
 exact_conv()
+avgpool()
 unsupported()
 exact_rank3()
 print(json.dumps(manifest, sort_keys=True))

@@ -1,0 +1,301 @@
+public import Foundation
+#if canImport(FoundationNetworking)
+public import FoundationNetworking
+#endif
+public import OrchardProtocol
+import OrchardSupport
+import Synchronization
+
+/// Model downloads and report uploads through a background `URLSession`, which the system carries on while the app
+/// is suspended, and finishes by relaunching it (`sessionSendsLaunchEvents`): the transfers Apple's guidance moves
+/// out of the app's own process. Every other call goes through `inner` (the HTTP transport).
+///
+/// A transfer that finishes while nobody waits for it — the app was suspended or relaunched — is kept in
+/// ``directory`` under its key (the model and request key, or a digest of the report's body), and the next call for
+/// the same model or report takes the kept result instead of transferring again. The system's relaunch hands the
+/// app a completion handler for the session's events: pass it to ``handleEventsForBackgroundURLSession(_:completionHandler:)``.
+///
+/// Background sessions trust the system's certificate authorities only (no private CA), and read uploads from files.
+public final class BackgroundTransferTransport: NSObject, ClientTransport, URLSessionDataDelegate, URLSessionDownloadDelegate, @unchecked Sendable {
+    /// The transport for everything else.
+    public let inner: any ClientTransport
+    /// The coordinator's base URL.
+    public let baseURL: URL
+    /// Where finished transfers nobody waited for are kept, and report bodies are staged for upload.
+    public let directory: URL
+    /// The background session's identifier.
+    public let identifier: String
+
+    private struct Waiter {
+        var continuation: CheckedContinuation<Finished, Never>
+    }
+
+    /// A finished transfer: the HTTP status, its headers' entity tag, and the body's file (downloads) or bytes.
+    struct Finished: Sendable {
+        var status: Int
+        var etag: String?
+        var body: [UInt8]
+        var failure: String?
+    }
+
+    private let state = Mutex<(waiters: [String: Waiter], inFlight: Set<String>, received: [Int: [UInt8]], eventsDone: (@Sendable () -> Void)?)>(
+        ([:], [], [:], nil)
+    )
+    private var session: URLSession!
+
+    /// Creates the transport and (re)connects to the background session `identifier`: transfers a previous launch
+    /// started are delivered to this one.
+    /// - Parameters:
+    ///   - baseURL: The coordinator, e.g. `https://fl.example.com`.
+    ///   - inner: The transport for authentication, cycle requests, plans and the rest.
+    ///   - directory: A directory of the app's own (created if needed).
+    ///   - identifier: The background session's identifier, fixed for the app.
+    public init(baseURL: URL, inner: any ClientTransport, directory: URL, identifier: String = "dev.orchard.transfers") throws(OrchardClientError) {
+        self.baseURL = baseURL
+        self.inner = inner
+        self.directory = directory
+        self.identifier = identifier
+        super.init()
+        do { try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true) } catch {
+            throw OrchardClientError(.storage, "cannot create the transfer directory \(directory.path): \(FileAccessError(error, writing: true).message)")
+        }
+        #if canImport(FoundationNetworking)
+        // Linux has no background sessions: the same delegate-driven session runs in the process (the HTTP
+        // transport's resumable downloads stay the default there).
+        let configuration = URLSessionConfiguration.default
+        #else
+        let configuration = URLSessionConfiguration.background(withIdentifier: identifier)
+        configuration.sessionSendsLaunchEvents = true
+        configuration.isDiscretionary = false
+        #endif
+        session = URLSession(configuration: configuration, delegate: self, delegateQueue: nil)
+    }
+
+    /// Call from the app delegate's `application(_:handleEventsForBackgroundURLSession:completionHandler:)`: the
+    /// handler runs once the session has delivered the events of the relaunch.
+    public func handleEventsForBackgroundURLSession(_ identifier: String, completionHandler: @escaping @Sendable () -> Void) {
+        guard identifier == self.identifier else { return }
+        state.withLock { $0.eventsDone = completionHandler }
+    }
+
+    /// Stops the session (its finished transfers stay kept).
+    public func invalidate() { session.finishTasksAndInvalidate() }
+
+    // MARK: ClientTransport
+
+    public func authenticate(_ request: AuthenticateRequest) async throws(OrchardClientError) -> AuthenticateResponse { try await inner.authenticate(request) }
+    public func requestCycle(_ request: CycleRequest, session: String) async throws(OrchardClientError) -> CycleResponse {
+        try await inner.requestCycle(request, session: session)
+    }
+    public func plan(_ planID: String, requestKey: String, session: String) async throws(OrchardClientError) -> TrainingPlan {
+        try await inner.plan(planID, requestKey: requestKey, session: session)
+    }
+    public func speedTest(_ direction: SpeedTestDirection, bytes: Int, session: String) async throws(OrchardClientError) -> Int {
+        try await inner.speedTest(direction, bytes: bytes, session: session)
+    }
+    public func secureAggregation(_ request: SecureAggregationRequest, session: String) async throws(OrchardClientError) -> SecureAggregationReply {
+        try await inner.secureAggregation(request, session: session)
+    }
+
+    /// Starts downloading the assignment's model in the background and returns at once: the download goes on while
+    /// the app is suspended, and ``downloadModel(_:session:into:)`` for the same model takes its result (or waits for
+    /// it). Call it as soon as a cycle is assigned.
+    public func prefetchModel(_ request: ModelRequest, session token: String) throws(OrchardClientError) {
+        let key = Self.key(request)
+        let started = state.withLock { $0.inFlight.insert(key).inserted }
+        guard started else { return }
+        try startDownload(request, key: key, session: token)
+    }
+
+    public func downloadModel(_ request: ModelRequest, session token: String, into sink: any DownloadSink) async throws(OrchardClientError) {
+        let key = Self.key(request)
+        let finished: Finished
+        if let kept = try takeKept(key) {
+            finished = kept
+        } else {
+            // Wait for a download already in flight (a prefetch, or one a relaunch is finishing), else start one.
+            let attach = state.withLock { !$0.inFlight.insert(key).inserted }
+            if attach {
+                finished = await wait(for: key) {}
+            } else {
+                var started: OrchardClientError?
+                finished = await wait(for: key) {
+                    do throws(OrchardClientError) { try startDownload(request, key: key, session: token) } catch { started = error }
+                }
+                if let started { throw started }
+            }
+        }
+        if let failure = finished.failure { throw OrchardClientError(.network, "model download failed: \(failure)") }
+        guard finished.status == 200 else { throw Self.serverError(status: finished.status, body: finished.body) }
+        try sink.begin(DownloadHead(start: 0, totalLength: finished.body.count, etag: finished.etag, sha256: nil))
+        try sink.append(finished.body)
+    }
+
+    public func report(_ body: [UInt8], session token: String) async throws(OrchardClientError) -> ReportResponse {
+        let key = "report-\(Self.digest(body))"
+        let finished: Finished
+        if let kept = try takeKept(key) {
+            finished = kept
+        } else {
+            // Background sessions upload from files only.
+            let staged = directory.appendingPathComponent("\(key).upload")
+            do { try Data(body).write(to: staged, options: .atomic) } catch {
+                throw OrchardClientError(.storage, "cannot stage the report for upload: \(FileAccessError(error, writing: true).message)")
+            }
+            var urlRequest = try makeRequest(Endpoint.report, query: [:], session: token)
+            urlRequest.httpMethod = "POST"
+            urlRequest.setValue(MediaType.safetensors, forHTTPHeaderField: "Content-Type")
+            let task = session.uploadTask(with: urlRequest, fromFile: staged)
+            task.taskDescription = key
+            finished = await wait(for: key) { task.resume() }
+            try? FileManager.default.removeItem(at: staged)
+        }
+        if let failure = finished.failure { throw OrchardClientError(.network, "report upload failed: \(failure)") }
+        guard (200..<300).contains(finished.status) else { throw Self.serverError(status: finished.status, body: finished.body) }
+        do { return try WireCoding.decoder().decode(ReportResponse.self, from: Data(finished.body)) } catch {
+            throw OrchardClientError(.serverError, "the coordinator's answer is not a valid ReportResponse: \(error)", httpStatus: finished.status)
+        }
+    }
+
+    private static func key(_ request: ModelRequest) -> String {
+        "model-\(safe(request.modelID))-\(safe(request.requestKey))-\(request.format)"
+    }
+
+    private func startDownload(_ request: ModelRequest, key: String, session token: String) throws(OrchardClientError) {
+        var urlRequest: URLRequest
+        do throws(OrchardClientError) {
+            urlRequest = try makeRequest(Endpoint.model(request.modelID), query: [
+                Endpoint.requestKeyQuery: request.requestKey, Endpoint.formatQuery: request.format.rawValue,
+            ], session: token)
+        } catch {
+            state.withLock { _ = $0.inFlight.remove(key) }
+            throw error
+        }
+        urlRequest.httpMethod = "GET"
+        let task = session.downloadTask(with: urlRequest)
+        task.taskDescription = key
+        task.resume()
+    }
+
+    // MARK: Waiting and keeping
+
+    private func wait(for key: String, start: () -> Void) async -> Finished {
+        await withCheckedContinuation { continuation in
+            state.withLock { $0.waiters[key] = Waiter(continuation: continuation) }
+            start()
+            // A transfer that finished between the caller's look for a kept result and this registration was kept:
+            // hand it over now (a failure included).
+            if let finished = kept(key), let waiter = state.withLock({ $0.waiters.removeValue(forKey: key) }) {
+                waiter.continuation.resume(returning: finished)
+            }
+        }
+    }
+
+    /// Hands a finished transfer to its waiter, or keeps it for the next call with the same key.
+    private func deliver(_ key: String, _ finished: Finished) {
+        let waiter = state.withLock { state -> Waiter? in
+            state.inFlight.remove(key)
+            return state.waiters.removeValue(forKey: key)
+        }
+        if let waiter {
+            waiter.continuation.resume(returning: finished)
+            return
+        }
+        let record = KeptTransfer(status: finished.status, etag: finished.etag, body: Data(finished.body), failure: finished.failure)
+        if let data = try? JSONEncoder().encode(record) {
+            try? data.write(to: directory.appendingPathComponent("\(key).kept"), options: .atomic)
+        }
+    }
+
+    private struct KeptTransfer: Codable {
+        var status: Int
+        var etag: String?
+        var body: Data
+        var failure: String?
+    }
+
+    /// The kept result of a transfer that finished while nobody waited (a failure included), removed as it is taken.
+    private func kept(_ key: String) -> Finished? {
+        let url = directory.appendingPathComponent("\(key).kept")
+        guard FileManager.default.fileExists(atPath: url.path) else { return nil }
+        defer { try? FileManager.default.removeItem(at: url) }
+        guard let data = try? Data(contentsOf: url), let record = try? JSONDecoder().decode(KeptTransfer.self, from: data) else { return nil }
+        return Finished(status: record.status, etag: record.etag, body: [UInt8](record.body), failure: record.failure)
+    }
+
+    /// A kept result to use instead of transferring: a kept failure is not one (the caller transfers again).
+    private func takeKept(_ key: String) throws(OrchardClientError) -> Finished? {
+        guard let finished = kept(key), finished.failure == nil else { return nil }
+        return finished
+    }
+
+    // MARK: URLSession delegate
+
+    public func urlSession(_ session: URLSession, downloadTask: URLSessionDownloadTask, didFinishDownloadingTo location: URL) {
+        guard let key = downloadTask.taskDescription else { return }
+        // The file at `location` is removed when this method returns: read it now.
+        let body = (try? Data(contentsOf: location)).map { [UInt8]($0) } ?? []
+        let response = downloadTask.response as? HTTPURLResponse
+        deliver(key, Finished(status: response?.statusCode ?? 0, etag: response?.value(forHTTPHeaderField: "ETag"), body: body, failure: nil))
+    }
+
+    public func urlSession(_ session: URLSession, dataTask: URLSessionDataTask, didReceive data: Data) {
+        let id = dataTask.taskIdentifier
+        state.withLock { $0.received[id, default: []] += [UInt8](data) }
+    }
+
+    public func urlSession(_ session: URLSession, task: URLSessionTask, didCompleteWithError error: (any Error)?) {
+        guard let key = task.taskDescription else { return }
+        let body = state.withLock { $0.received.removeValue(forKey: task.taskIdentifier) } ?? []
+        if let error {
+            deliver(key, Finished(status: 0, etag: nil, body: [], failure: "\(error.localizedDescription)"))
+        } else if !(task is URLSessionDownloadTask) {
+            let response = task.response as? HTTPURLResponse
+            deliver(key, Finished(status: response?.statusCode ?? 0, etag: nil, body: body, failure: nil))
+        }
+    }
+
+    public func urlSessionDidFinishEvents(forBackgroundURLSession session: URLSession) {
+        let done = state.withLock { state -> (@Sendable () -> Void)? in
+            defer { state.eventsDone = nil }
+            return state.eventsDone
+        }
+        // Apple asks for the handler on the main queue.
+        if let done { DispatchQueue.main.async { done() } }
+    }
+
+    // MARK: Helpers
+
+    private func makeRequest(_ path: String, query: [String: String], session: String) throws(OrchardClientError) -> URLRequest {
+        guard var components = URLComponents(url: baseURL, resolvingAgainstBaseURL: false) else {
+            throw OrchardClientError(.invalidConfiguration, "cannot build a request URL from \(baseURL)")
+        }
+        let prefix = components.path.hasSuffix("/") ? String(components.path.dropLast()) : components.path
+        components.path = prefix + path
+        if !query.isEmpty { components.queryItems = query.sorted { $0.key < $1.key }.map { URLQueryItem(name: $0.key, value: $0.value) } }
+        guard let url = components.url else { throw OrchardClientError(.invalidConfiguration, "cannot build a request URL for \(path) from \(baseURL)") }
+        var request = URLRequest(url: url)
+        request.setValue(WireProtocol.version.description, forHTTPHeaderField: WireProtocol.versionHeader)
+        request.setValue("Bearer \(session)", forHTTPHeaderField: "Authorization")
+        return request
+    }
+
+    private static func serverError(status: Int, body: [UInt8]) -> OrchardClientError {
+        OrchardClientError.server(status: status, body: try? WireCoding.decoder().decode(ErrorBody.self, from: Data(body)), retryAfter: nil)
+    }
+
+    /// A name safe in a file name.
+    private static func safe(_ text: String) -> String {
+        String(text.map { $0.isLetter || $0.isNumber || $0 == "." || $0 == "_" ? $0 : "-" })
+    }
+
+    /// A digest of a report's bytes (FNV-1a, 64 bits): the report's key.
+    private static func digest(_ bytes: [UInt8]) -> String {
+        var hash: UInt64 = 0xcbf2_9ce4_8422_2325
+        for byte in bytes {
+            hash ^= UInt64(byte)
+            hash = hash &* 0x100_0000_01b3
+        }
+        return String(hash, radix: 16)
+    }
+}
