@@ -38,7 +38,7 @@ public final class BackgroundTransferTransport: NSObject, ClientTransport, URLSe
         var failure: String?
     }
 
-    private let state = Mutex<(waiters: [String: Waiter], inFlight: Set<String>, received: [Int: [UInt8]], eventsDone: (@Sendable () -> Void)?)>(
+    private let state = Mutex<(waiters: [String: [Waiter]], inFlight: Set<String>, received: [Int: [UInt8]], eventsDone: (@Sendable () -> Void)?)>(
         ([:], [], [:], nil)
     )
     private var session: URLSession!
@@ -136,13 +136,21 @@ public final class BackgroundTransferTransport: NSObject, ClientTransport, URLSe
         let finished: Finished
         if let kept = try takeKept(key) {
             finished = kept
+        } else if state.withLock({ !$0.inFlight.insert(key).inserted }) {
+            // The same report is already on its way (an earlier call, or a relaunch finishing it): wait for its answer.
+            finished = await wait(for: key) {}
         } else {
             // Background sessions upload from files only.
             let staged = directory.appendingPathComponent("\(key).upload")
-            do { try Data(body).write(to: staged, options: .atomic) } catch {
+            var urlRequest: URLRequest
+            do {
+                try Data(body).write(to: staged, options: .atomic)
+                urlRequest = try makeRequest(Endpoint.report, query: [:], session: token)
+            } catch {
+                state.withLock { _ = $0.inFlight.remove(key) }
+                if let error = error as? OrchardClientError { throw error }
                 throw OrchardClientError(.storage, "cannot stage the report for upload: \(FileAccessError(error, writing: true).message)")
             }
-            var urlRequest = try makeRequest(Endpoint.report, query: [:], session: token)
             urlRequest.httpMethod = "POST"
             urlRequest.setValue(MediaType.safetensors, forHTTPHeaderField: "Content-Type")
             let task = session.uploadTask(with: urlRequest, fromFile: staged)
@@ -181,24 +189,24 @@ public final class BackgroundTransferTransport: NSObject, ClientTransport, URLSe
 
     private func wait(for key: String, start: () -> Void) async -> Finished {
         await withCheckedContinuation { continuation in
-            state.withLock { $0.waiters[key] = Waiter(continuation: continuation) }
+            state.withLock { $0.waiters[key, default: []].append(Waiter(continuation: continuation)) }
             start()
             // A transfer that finished between the caller's look for a kept result and this registration was kept:
             // hand it over now (a failure included).
-            if let finished = kept(key), let waiter = state.withLock({ $0.waiters.removeValue(forKey: key) }) {
-                waiter.continuation.resume(returning: finished)
+            if let finished = kept(key), let waiters = state.withLock({ $0.waiters.removeValue(forKey: key) }) {
+                for waiter in waiters { waiter.continuation.resume(returning: finished) }
             }
         }
     }
 
     /// Hands a finished transfer to its waiter, or keeps it for the next call with the same key.
     private func deliver(_ key: String, _ finished: Finished) {
-        let waiter = state.withLock { state -> Waiter? in
+        let waiters = state.withLock { state -> [Waiter] in
             state.inFlight.remove(key)
-            return state.waiters.removeValue(forKey: key)
+            return state.waiters.removeValue(forKey: key) ?? []
         }
-        if let waiter {
-            waiter.continuation.resume(returning: finished)
+        if !waiters.isEmpty {
+            for waiter in waiters { waiter.continuation.resume(returning: finished) }
             return
         }
         let record = KeptTransfer(status: finished.status, etag: finished.etag, body: Data(finished.body), failure: finished.failure)

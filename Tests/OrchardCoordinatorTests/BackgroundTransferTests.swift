@@ -55,6 +55,13 @@ import Testing
         #expect(again.bytes == weights.bytes)
         #expect(try FileManager.default.contentsOfDirectory(atPath: directory.path).filter { $0.hasSuffix(".kept") }.isEmpty, "the kept result was taken")
 
+        // Two calls for the same model at once share one transfer and both get it.
+        let first = Collector(), second = Collector()
+        async let one: Void = transport.downloadModel(request, session: device.sessionToken, into: first)
+        async let two: Void = transport.downloadModel(request, session: device.sessionToken, into: second)
+        _ = try await (one, two)
+        #expect(first.bytes == weights.bytes && second.bytes == weights.bytes)
+
         // The report is uploaded from a file; a second one is the coordinator's refusal, with its code.
         let body = ReportEnvelope.encode(
             diff: Fixture.diff(0.1), metadata: ReportMetadata(workerID: device.workerID, requestKey: assignment.requestKey, sampleCount: 5, metrics: ["loss": 0.5])
