@@ -106,6 +106,14 @@ import Testing
         let unknown = try await harness.http.send("GET", base + "&\(Endpoint.formatQuery)=onnx", token: device.sessionToken)
         #expect(unknown.status == 400 && unknown.errorCode == "invalid_request")
         #expect((try? unknown.decode(ErrorBody.self))?.error.message.contains("safetensors, mlmodel") == true)
+        let empty = try await harness.http.send("GET", base + "&\(Endpoint.formatQuery)=", token: device.sessionToken)
+        #expect(empty.status == 400 && empty.errorCode == "invalid_request")
+        let long = try await harness.http.send("GET", base + "&\(Endpoint.formatQuery)=" + String(repeating: "x", count: 2000), token: device.sessionToken)
+        #expect(long.status == 400 && (try? long.decode(ErrorBody.self))?.error.message.count ?? .max < 200, "the value is not echoed whole")
+        // Another worker's session cannot fetch this assignment's model in either format.
+        let other = try await harness.device()
+        let foreign = try await harness.http.send("GET", base + "&\(Endpoint.formatQuery)=mlmodel", token: other.sessionToken)
+        #expect(foreign.status == 403 && foreign.errorCode == "invalid_request_key")
         // The safetensors download is unaffected.
         #expect(try await harness.http.send("GET", base, token: device.sessionToken).status == 200)
     }

@@ -82,7 +82,7 @@ public enum CoordinatorServer {
             if let name = request.uri.queryParameters.get(Endpoint.formatQuery) {
                 guard let chosen = ModelFormat(rawValue: String(name)) else {
                     let known = ModelFormat.allCases.map(\.rawValue).joined(separator: ", ")
-                    throw CoordinatorError(.invalidRequest, "format '\(name)' is not one of \(known)")
+                    throw CoordinatorError(.invalidRequest, "format '\(name.prefix(40))' is not one of \(known)")
                 }
                 format = chosen
             }
