@@ -30,8 +30,8 @@ struct BenchTrain: AsyncParsableCommand {
     @Option(help: "Synthetic samples per epoch.")
     var samples: Int = 6000
 
-    @Option(help: "Threads the matrix multiply may use.")
-    var threads: Int = 1
+    @Option(help: "Threads the matrix multiply may use (default: the machine's cores, as PyTorch uses them).")
+    var threads: Int = ProcessInfo.processInfo.activeProcessorCount
 
     @Option(help: "Timed epochs after the warm-up epoch; the median is reported.")
     var repeats: Int = 3
