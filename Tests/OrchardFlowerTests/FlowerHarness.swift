@@ -189,22 +189,35 @@ final class SuperLinkFixture: @unchecked Sendable {
     /// Registers a SuperNode's public key (an OpenSSH line in a file) with `flwr supernode register`, as the
     /// SuperLink's operator does.
     func register(publicKey: URL) async throws {
+        let log = publicKey.deletingPathExtension().appendingPathExtension("register.log")
+        let (status, output) = try await flwr(["supernode", "register", publicKey.path, "local-deploy"], log: log, timeout: .seconds(60))
+        guard status == 0, output.contains("registered successfully") else {
+            throw FlowerRunError("flwr supernode register failed (exit \(status)): \(output.suffix(2000))")
+        }
+    }
+
+    /// Runs the `flwr` CLI with this SuperLink's `FLWR_HOME` to its end (terminated after `timeout`); its exit status
+    /// and output (also in `log`). Waits without blocking a thread of Swift's cooperative pool.
+    private func flwr(_ arguments: [String], log: URL, timeout: Duration) async throws -> (status: Int32, output: String) {
         let process = Process()
         process.executableURL = FlowerInstallation.bin.appendingPathComponent("flwr")
-        process.arguments = ["supernode", "register", publicKey.path, "local-deploy"]
+        process.arguments = arguments
         process.environment = FlowerProcess.environment(home: home)
-        let log = publicKey.deletingPathExtension().appendingPathExtension("register.log")
         FileManager.default.createFile(atPath: log.path, contents: nil)
         let handle = try FileHandle(forWritingTo: log)
         process.standardOutput = handle
         process.standardError = handle
         try process.run()
-        for _ in 0..<600 where process.isRunning { try await Task.sleep(for: .milliseconds(100)) }
-        let output = (try? String(contentsOf: log, encoding: .utf8)) ?? ""
-        guard !process.isRunning, process.terminationStatus == 0, output.contains("registered successfully") else {
-            if process.isRunning { process.terminate() }
-            throw FlowerRunError("flwr supernode register failed: \(output.suffix(2000))")
+        let clock = ContinuousClock()
+        let deadline = clock.now.advanced(by: timeout)
+        while process.isRunning {
+            if clock.now > deadline {
+                process.terminate()
+                throw FlowerRunError("flwr \(arguments.first ?? "") did not finish within \(timeout): \((try? String(contentsOf: log, encoding: .utf8))?.suffix(3000) ?? "")")
+            }
+            try await Task.sleep(for: .milliseconds(100))
         }
+        return (process.terminationStatus, (try? String(contentsOf: log, encoding: .utf8)) ?? "")
     }
 
     /// Starts a Python SuperNode of the test app on partition `partition`.
@@ -218,29 +231,13 @@ final class SuperLinkFixture: @unchecked Sendable {
 
     /// Runs the test app with `flwr run … --stream` to its end; the JSON the ServerApp wrote to `output`.
     func run(config: [String: String], output: URL, timeout: Duration = .seconds(300)) async throws -> [String: Any] {
-        let process = Process()
-        process.executableURL = FlowerInstallation.bin.appendingPathComponent("flwr")
         let settings = (config.merging(["output": "'\(output.path)'"]) { $1 }).map { "\($0)=\($1)" }.sorted().joined(separator: " ")
-        process.arguments = ["run", FlowerInstallation.app.path, "local-deploy", "--stream", "--run-config", settings]
-        process.environment = FlowerProcess.environment(home: home)
-        let log = output.deletingPathExtension().appendingPathExtension("log")
-        FileManager.default.createFile(atPath: log.path, contents: nil)
-        let handle = try FileHandle(forWritingTo: log)
-        process.standardOutput = handle
-        process.standardError = handle
-        try process.run()
-        let clock = ContinuousClock()
-        let deadline = clock.now.advanced(by: timeout)
-        while process.isRunning {
-            if clock.now > deadline {
-                process.terminate()
-                throw FlowerRunError("flwr run did not finish within \(timeout): \((try? String(contentsOf: log, encoding: .utf8))?.suffix(3000) ?? "")")
-            }
-            try await Task.sleep(for: .milliseconds(200))
-        }
-        let text = (try? String(contentsOf: log, encoding: .utf8)) ?? ""
+        let (status, text) = try await flwr(
+            ["run", FlowerInstallation.app.path, "local-deploy", "--stream", "--run-config", settings],
+            log: output.deletingPathExtension().appendingPathExtension("log"), timeout: timeout
+        )
         guard let data = try? Data(contentsOf: output), let json = try JSONSerialization.jsonObject(with: data) as? [String: Any] else {
-            throw FlowerRunError("the ServerApp wrote no result (flwr run exited \(process.terminationStatus)): \(text.suffix(3000))")
+            throw FlowerRunError("the ServerApp wrote no result (flwr run exited \(status)): \(text.suffix(3000))")
         }
         return json
     }

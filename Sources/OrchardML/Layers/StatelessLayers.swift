@@ -165,8 +165,44 @@ public struct Concat: ParameterFreeLayer {
     }
 }
 
+/// A 2-D pooling layer over `[C, H, W]` samples: its window geometry, output shape and spec.
+public protocol WindowPoolingLayer: ParameterFreeLayer {
+    /// `[poolH, poolW]`.
+    var poolSize: [Int] { get }
+    /// `[strideH, strideW]`.
+    var strides: [Int] { get }
+    /// How the input is padded.
+    var padding: Padding { get }
+}
+
+extension WindowPoolingLayer {
+    func geometry(_ shape: [Int]) -> WindowGeometry {
+        WindowGeometry(channels: shape[0], height: shape[1], width: shape[2], kernel: poolSize, strides: strides, padding: padding)
+    }
+
+    public func outputShape(for inputShapes: [[Int]]) throws(EngineError) -> [Int] {
+        let shape = try singleInput(inputShapes)
+        guard shape.count == 3 else {
+            throw EngineError(.invalidModel, "\(type) '\(name)' needs a [C, H, W] input, got \(shape)")
+        }
+        let g = geometry(shape)
+        guard g.outH > 0 && g.outW > 0 else {
+            throw EngineError(.invalidModel, "\(type) '\(name)': pool \(poolSize) does not fit input \(shape)")
+        }
+        return [shape[0], g.outH, g.outW]
+    }
+
+    public var spec: LayerSpec {
+        var s = baseSpec()
+        s.kernelSize = poolSize
+        s.strides = strides
+        s.padding = padding
+        return s
+    }
+}
+
 /// 2-D max pooling over `[C, H, W]` samples.
-public struct MaxPool2D: ParameterFreeLayer {
+public struct MaxPool2D: WindowPoolingLayer {
     public var name: String
     public var inputNames: [String]
     public var isFrozen: Bool
@@ -188,27 +224,6 @@ public struct MaxPool2D: ParameterFreeLayer {
         self.inputNames = inputs
         self.isFrozen = false
     }
-    func geometry(_ shape: [Int]) -> WindowGeometry {
-        WindowGeometry(channels: shape[0], height: shape[1], width: shape[2], kernel: poolSize, strides: strides, padding: padding)
-    }
-    public func outputShape(for inputShapes: [[Int]]) throws(EngineError) -> [Int] {
-        let shape = try singleInput(inputShapes)
-        guard shape.count == 3 else {
-            throw EngineError(.invalidModel, "maxPool2d '\(name)' needs a [C, H, W] input, got \(shape)")
-        }
-        let g = geometry(shape)
-        guard g.outH > 0 && g.outW > 0 else {
-            throw EngineError(.invalidModel, "maxPool2d '\(name)': pool \(poolSize) does not fit input \(shape)")
-        }
-        return [shape[0], g.outH, g.outW]
-    }
-    public var spec: LayerSpec {
-        var s = baseSpec()
-        s.kernelSize = poolSize
-        s.strides = strides
-        s.padding = padding
-        return s
-    }
     public func callAsFunction(_ inputs: [Tensor]) -> Tensor {
         let input = inputs[0]
         precondition(input.rank == 4, "maxPool2d '\(name)' expects [batch, C, H, W], got \(input.shape)")
@@ -229,7 +244,7 @@ public struct MaxPool2D: ParameterFreeLayer {
 
 /// 2-D average pooling over `[C, H, W]`: each output is the mean of its window's positions inside the image (padded
 /// positions are left out of the count, as TensorFlow's and Core ML's `avgPoolExcludePadding` do).
-public struct AvgPool2D: ParameterFreeLayer {
+public struct AvgPool2D: WindowPoolingLayer {
     public var name: String
     public var inputNames: [String]
     public var isFrozen: Bool
@@ -250,27 +265,6 @@ public struct AvgPool2D: ParameterFreeLayer {
         self.name = name
         self.inputNames = inputs
         self.isFrozen = false
-    }
-    func geometry(_ shape: [Int]) -> WindowGeometry {
-        WindowGeometry(channels: shape[0], height: shape[1], width: shape[2], kernel: poolSize, strides: strides, padding: padding)
-    }
-    public func outputShape(for inputShapes: [[Int]]) throws(EngineError) -> [Int] {
-        let shape = try singleInput(inputShapes)
-        guard shape.count == 3 else {
-            throw EngineError(.invalidModel, "avgPool2d '\(name)' needs a [C, H, W] input, got \(shape)")
-        }
-        let g = geometry(shape)
-        guard g.outH > 0 && g.outW > 0 else {
-            throw EngineError(.invalidModel, "avgPool2d '\(name)': pool \(poolSize) does not fit input \(shape)")
-        }
-        return [shape[0], g.outH, g.outW]
-    }
-    public var spec: LayerSpec {
-        var s = baseSpec()
-        s.kernelSize = poolSize
-        s.strides = strides
-        s.padding = padding
-        return s
     }
     public func callAsFunction(_ inputs: [Tensor]) -> Tensor {
         let input = inputs[0]
