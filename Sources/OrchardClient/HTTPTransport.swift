@@ -119,7 +119,14 @@ public struct HTTPTransport: ClientTransport {
     }
 
     public func secureAggregation(_ request: SecureAggregationRequest, session: String) async throws(OrchardClientError) -> SecureAggregationReply {
-        try await exchange(.POST, Endpoint.secureAggregation, body: request, session: session)
+        guard request.maskedInput != nil, request.maskedInputFormat == .safetensors else {
+            return try await exchange(.POST, Endpoint.secureAggregation, body: request, session: session)
+        }
+        var http = try makeRequest(.POST, Endpoint.secureAggregation, session: session)
+        http.headers.replaceOrAdd(name: "Content-Type", value: MediaType.safetensors)
+        http.body = .bytes(ByteBuffer(bytes: MaskedInputEnvelope.encode(request)))
+        let (bytes, head) = try await send(http)
+        return try decodeAnswer(SecureAggregationReply.self, bytes: bytes, head: head)
     }
 
     public func plan(_ planID: String, requestKey: String, session: String) async throws(OrchardClientError) -> TrainingPlan {

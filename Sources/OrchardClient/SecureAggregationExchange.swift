@@ -241,7 +241,10 @@ public struct SecureAggregationExchange: Sendable {
             do throws(SecureAggregationError) {
                 let message = try device.maskedInput(delivery, update: update, sampleCount: sampleCount, precomputed: precomputedMask, using: &generator)
                 precomputedMask = nil
-                return send(SecureAggregationRequest(workerID: workerID, requestKey: requestKey, maskedInput: message), fresh: true)
+                var request = SecureAggregationRequest(workerID: workerID, requestKey: requestKey, maskedInput: message)
+                // Binary when the coordinator offers it (2.4 on), base64 JSON to an older one.
+                request.maskedInputFormat = reply.maskedInputFormat ?? .json
+                return send(request, fresh: true)
             } catch {
                 return fail(Self.refused(error, at: "masked_input"))
             }

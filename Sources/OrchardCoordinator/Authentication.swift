@@ -108,10 +108,23 @@ final class SessionIssuer: Sendable {
             sub: SubjectClaim(value: session.workerID), exp: ExpirationClaim(value: expires),
             processID: session.processID, processName: session.processName, processVersion: session.processVersion.description
         )
+        let token: String
         do {
-            return try await keys.sign(claims)
+            token = try await keys.sign(claims)
         } catch {
             throw .internalError("cannot sign a session token: \(error)")
+        }
+        // This process just signed it: a device's first request after authenticating (its admission to a cycle)
+        // need not verify the signature again. The token carries `expires` exactly (seconds as a JSON number).
+        remember(token, session, expires: expires)
+        return token
+    }
+
+    private func remember(_ token: String, _ session: DeviceSession, expires: Date) {
+        let capacity = cacheCapacity
+        verified.withLock { cache in
+            if cache.count >= capacity { cache.removeAll(keepingCapacity: true) }
+            cache[token] = (session, expires)
         }
     }
 
@@ -130,11 +143,7 @@ final class SessionIssuer: Sendable {
         guard claims.exp.value > now else { throw .unauthorized("session token expired; authenticate again") }
         guard let version = SemanticVersion(claims.processVersion) else { throw .unauthorized("session token is invalid; authenticate again") }
         let session = DeviceSession(workerID: claims.sub.value, processID: claims.processID, processName: claims.processName, processVersion: version)
-        let capacity = cacheCapacity
-        verified.withLock { cache in
-            if cache.count >= capacity { cache.removeAll(keepingCapacity: true) }
-            cache[token] = (session, claims.exp.value)
-        }
+        remember(token, session, expires: claims.exp.value)
         return session
     }
 }

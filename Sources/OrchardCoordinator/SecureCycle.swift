@@ -132,7 +132,8 @@ struct SecureCycle: Sendable {
             case .maskedInput:
                 guard server.sharedDevices.contains(device) else { throw SecureAggregationError(.unknownDevice, "device \(device) sent no shares") }
                 if server.maskedDevices.contains(device) { return wait() }
-                return SecureAggregationReply(cycle: cycle, device: device, stage: stage, next: .maskedInput, delivery: try server.delivery(for: device))
+                return SecureAggregationReply(
+                    cycle: cycle, device: device, stage: stage, next: .maskedInput, delivery: try server.delivery(for: device), maskedInputFormat: .safetensors)
             case .unmask:
                 guard server.maskedDevices.contains(device) else { throw SecureAggregationError(.unknownDevice, "device \(device) sent no masked input") }
                 if server.unmaskedDevices.contains(device) { return SecureAggregationReply(cycle: cycle, device: device, stage: stage, next: .done) }

@@ -7,12 +7,14 @@ public enum DType: String, Sendable, Hashable, Codable, CaseIterable {
     case float16 = "F16"
     case int64 = "I64"
     case int32 = "I32"
+    /// Unsigned 32-bit words (a secure-aggregation masked input; never a model's weights).
+    case uint32 = "U32"
 
     /// Bytes per element.
     public var byteCount: Int {
         switch self {
         case .float64, .int64: 8
-        case .float32, .int32: 4
+        case .float32, .int32, .uint32: 4
         case .float16: 2
         }
     }
@@ -74,7 +76,13 @@ public enum Safetensors {
     ///   - tensors: The tensors (only names and shapes are read).
     ///   - metadata: The `__metadata__` string pairs.
     public static func encodeHeader(_ tensors: [TensorRecord], metadata: [String: String] = [:]) -> [UInt8] {
-        let sorted = tensors.sorted { $0.name < $1.name }
+        encodeHeader(layout: tensors.map { (name: $0.name, dtype: DType.float32, shape: $0.shape) }, metadata: metadata)
+    }
+
+    /// The header for tensors of any dtype, given their names, dtypes and shapes; the file is this followed by each
+    /// tensor's little-endian bytes, tensors in name order.
+    public static func encodeHeader(layout: [(name: String, dtype: DType, shape: [Int])], metadata: [String: String] = [:]) -> [UInt8] {
+        let sorted = layout.sorted { $0.name < $1.name }
         precondition(Set(sorted.map(\.name)).count == sorted.count, "duplicate tensor names")
         var header = "{"
         var first = true
@@ -91,9 +99,9 @@ public enum Safetensors {
         }
         var offset = 0
         for tensor in sorted {
-            let size = tensor.values.count * 4
+            let size = tensor.shape.reduce(1, *) * tensor.dtype.byteCount
             appendKey(tensor.name)
-            header += "{\"dtype\":\"F32\",\"shape\":[" + tensor.shape.map(String.init).joined(separator: ",")
+            header += "{\"dtype\":\"\(tensor.dtype.rawValue)\",\"shape\":[" + tensor.shape.map(String.init).joined(separator: ",")
             header += "],\"data_offsets\":[\(offset),\(offset + size)]}"
             offset += size
         }
@@ -246,7 +254,7 @@ public enum Safetensors {
                 throw FormatError(.invalidHeader, "tensor '\(key)' needs dtype, shape and data_offsets")
             }
             guard let dtype = DType(rawValue: dtypeName) else {
-                throw FormatError(.unsupportedDType, "tensor '\(key)' has dtype \(dtypeName); Orchard reads F32, F64, F16, I32, I64")
+                throw FormatError(.unsupportedDType, "tensor '\(key)' has dtype \(dtypeName); Orchard reads F32, F64, F16, I32, I64, U32")
             }
             let shape = try shapeAny.map { (any: Any) throws(FormatError) -> Int in
                 guard let n = any as? NSNumber, let i = Int(exactly: n.doubleValue), i >= 0 else {

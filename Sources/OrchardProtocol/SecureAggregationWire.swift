@@ -1,4 +1,5 @@
 public import Foundation
+public import OrchardFormats
 public import OrchardPrivacy
 
 /// Secure aggregation for a process (`server_config.secure_aggregation`): the coordinator learns only the sum of a
@@ -86,6 +87,9 @@ public struct SecureAggregationRequest: Sendable, Hashable, Codable {
     public var maskedInput: SecureAggregationMaskedInput?
     /// unmask: the revealed shares.
     public var unmask: SecureAggregationUnmaskResponse?
+    /// How a transport sends a masked input: as this JSON (base64 words) or, when the coordinator's reply offered it
+    /// (``SecureAggregationReply/maskedInputFormat``), as a ``MaskedInputEnvelope``. Not part of the JSON.
+    public var maskedInputFormat: MaskedInputFormat = .json
 
     enum CodingKeys: String, CodingKey {
         case unmask
@@ -155,19 +159,23 @@ public struct SecureAggregationReply: Sendable, Hashable, Codable {
     public var unmaskRequest: SecureAggregationUnmaskRequest?
     /// Whether this request closed the cycle (the aggregate was published or the cycle abandoned).
     public var cycleClosed: Bool
+    /// For ``SecureAggregationNextStep/maskedInput``: `safetensors` when the coordinator (2.4 and later) takes the
+    /// masked input as a binary ``MaskedInputEnvelope``; absent, only as JSON.
+    public var maskedInputFormat: MaskedInputFormat?
 
     enum CodingKeys: String, CodingKey {
         case cycle, device, stage, next, roster, delivery
         case retryAfter = "retry_after"
         case unmaskRequest = "unmask_request"
         case cycleClosed = "cycle_closed"
+        case maskedInputFormat = "masked_input_format"
     }
 
     /// Creates a reply.
     public init(
         cycle: Int, device: Int, stage: SecureAggregationStage, next: SecureAggregationNextStep, retryAfter: Double? = nil,
         roster: SecureAggregationRoster? = nil, delivery: SecureAggregationShareDelivery? = nil, unmaskRequest: SecureAggregationUnmaskRequest? = nil,
-        cycleClosed: Bool = false
+        cycleClosed: Bool = false, maskedInputFormat: MaskedInputFormat? = nil
     ) {
         self.cycle = cycle
         self.device = device
@@ -178,6 +186,96 @@ public struct SecureAggregationReply: Sendable, Hashable, Codable {
         self.delivery = delivery
         self.unmaskRequest = unmaskRequest
         self.cycleClosed = cycleClosed
+        self.maskedInputFormat = maskedInputFormat
+    }
+}
+
+/// How a device sends its masked input.
+public enum MaskedInputFormat: String, Sendable, Hashable, Codable {
+    /// In the JSON request, `masked_input.words` as base64 (a third larger than the words).
+    case json
+    /// As a ``MaskedInputEnvelope`` body (`Content-Type: application/vnd.safetensors`), 4 bytes a word.
+    case safetensors
+}
+
+/// A masked input on the wire as one safetensors file (`Content-Type: application/vnd.safetensors` on
+/// ``Endpoint/secureAggregation``): a single rank-1 `U32` tensor named `masked_input` holding the words
+/// (little-endian, model length + 1 of them), and `__metadata__["orchard.secure_aggregation"]` holding
+/// `{"device", "request_key", "worker_id"}` as JSON.
+public enum MaskedInputEnvelope {
+    /// The metadata key holding the request's JSON.
+    public static let metadataKey = "orchard.secure_aggregation"
+    /// The tensor holding the words.
+    public static let tensorName = "masked_input"
+
+    struct Header: Codable {
+        var device: Int
+        var requestKey: String
+        var workerID: String
+
+        enum CodingKeys: String, CodingKey, CaseIterable {
+            case device
+            case requestKey = "request_key"
+            case workerID = "worker_id"
+        }
+
+        init(device: Int, requestKey: String, workerID: String) {
+            self.device = device
+            self.requestKey = requestKey
+            self.workerID = workerID
+        }
+
+        init(from decoder: any Decoder) throws {
+            try decoder.refuseUnknownKeys(Set(CodingKeys.allCases.map(\.rawValue)), in: MaskedInputEnvelope.metadataKey)
+            let c = try decoder.container(keyedBy: CodingKeys.self)
+            device = try c.decode(Int.self, forKey: .device)
+            requestKey = try c.decode(String.self, forKey: .requestKey)
+            workerID = try c.decode(String.self, forKey: .workerID)
+        }
+    }
+
+    /// The body for a request carrying a masked input.
+    /// - Precondition: `request.maskedInput` is set.
+    public static func encode(_ request: SecureAggregationRequest) -> [UInt8] {
+        guard let input = request.maskedInput else { preconditionFailure("a masked-input envelope needs a masked input") }
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.sortedKeys]
+        // Two strings and an integer always encode.
+        let header = (try? encoder.encode(Header(device: input.device, requestKey: request.requestKey, workerID: request.workerID))) ?? Data()
+        var body = Safetensors.encodeHeader(
+            layout: [(name: tensorName, dtype: .uint32, shape: [input.words.count])], metadata: [metadataKey: String(decoding: header, as: UTF8.self)])
+        body.append(contentsOf: SecureAggregationMaskedInput.littleEndianBytes(input.words))
+        return body
+    }
+
+    /// The request a body carries.
+    /// - Throws: `FormatError` for a body that is not safetensors, has any tensor besides one rank-1 `U32`
+    ///   `masked_input`, or lacks the metadata or has other keys or types in it.
+    public static func decode(_ bytes: [UInt8]) throws(FormatError) -> SecureAggregationRequest {
+        let index = try Safetensors.index(bytes)
+        guard index.entries.count == 1, let entry = index.entries.first, entry.name == tensorName else {
+            throw FormatError(.invalidHeader, "a masked input holds exactly one tensor, '\(tensorName)', not \(index.entries.map(\.name).prefix(4))")
+        }
+        guard entry.dtype == .uint32, entry.shape.count == 1 else {
+            throw FormatError(.dtypeMismatch, "'\(tensorName)' must be a rank-1 U32 tensor, not \(entry.dtype.rawValue) of shape \(entry.shape)")
+        }
+        guard let json = index.metadata[metadataKey] else {
+            throw FormatError(.invalidHeader, "a masked input has no __metadata__[\"\(metadataKey)\"]")
+        }
+        guard index.metadata.count == 1 else {
+            throw FormatError(.invalidHeader, "a masked input's __metadata__ holds only \"\(metadataKey)\"")
+        }
+        let header: Header
+        do {
+            header = try WireCoding.strictDecoder().decode(Header.self, from: Data(json.utf8))
+        } catch {
+            throw FormatError(.invalidHeader, "__metadata__[\"\(metadataKey)\"] must be {\"device\", \"request_key\", \"worker_id\"}")
+        }
+        let words = bytes.withUnsafeBytes { raw in
+            SecureAggregationMaskedInput.words(fromLittleEndian: Data(UnsafeRawBufferPointer(rebasing: raw[entry.byteRange])))
+        }
+        return SecureAggregationRequest(
+            workerID: header.workerID, requestKey: header.requestKey, maskedInput: SecureAggregationMaskedInput(device: header.device, words: words))
     }
 }
 

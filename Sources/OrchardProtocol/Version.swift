@@ -78,7 +78,9 @@ public enum WireProtocol {
     /// rate-limited calls answer 429 `rate_limited` with `Retry-After`. 2.2 (additive): `server_config.privacy`,
     /// the plan's `local_privacy` and the status's `privacy`. 2.3 (additive): `server_config.secure_aggregation`, the
     /// plan's `secure_aggregation`, the secure-aggregation endpoint and the cycle status's `secure_aggregation`.
-    public static let version = SemanticVersion(2, 3, 0)
+    /// 2.4 (additive): the secure-aggregation endpoint also takes a masked input as a safetensors body
+    /// (``MaskedInputEnvelope``), offered by the reply's `masked_input_format`.
+    public static let version = SemanticVersion(2, 4, 0)
     /// The first version whose devices apply a plan's `local_privacy`; older ones are refused by local-DP processes.
     public static let localPrivacyVersion = SemanticVersion(2, 2, 0)
     /// The first version whose devices take part in secure aggregation (older ones would upload plain reports).

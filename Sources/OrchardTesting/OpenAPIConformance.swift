@@ -216,7 +216,19 @@ public struct OpenAPIConformance: Sendable {
         if body["required"] == .bool(true) && bytes.isEmpty && operation["requestBody"]?["content"]?["application/octet-stream"] == nil {
             problems.append("\(label): accepted without the required body")
         }
-        if let schema = body["content"]?["application/json"]?["schema"] {
+        let contentType = exchange.requestHeaders.first { $0.key.lowercased() == "content-type" }?.value
+            .split(separator: ";").first.map { $0.trimmingCharacters(in: .whitespaces).lowercased() }
+        if let contentType, body["content"]?.objectValue?.isEmpty == false, body["content"]?[contentType] == nil {
+            problems.append("\(label): accepted a body of type \(contentType), which the document does not list for it")
+        }
+        if contentType == MediaType.safetensors, exchange.target.hasPrefix(Endpoint.secureAggregation) {
+            // A masked input as safetensors: the document's description of the envelope, checked by decoding it.
+            do {
+                _ = try MaskedInputEnvelope.decode(bytes)
+            } catch {
+                problems.append("\(label): accepted a masked-input body that is not a MaskedInputEnvelope: \(error)")
+            }
+        } else if let schema = body["content"]?["application/json"]?["schema"] {
             guard let json = try? JSONValue.parse(bytes) else {
                 return problems + ["\(label): accepted a request body that is not JSON"]
             }

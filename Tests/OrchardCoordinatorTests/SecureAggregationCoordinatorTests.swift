@@ -39,6 +39,8 @@ struct SecureTestDevice {
     var machine: SecureAggregationDevice?
     var generator: SplitMix64
     var index: Int?
+    /// Sends the masked input as JSON even when the coordinator offers safetensors (a protocol-2.3 device).
+    var jsonOnly = false
 
     init(auth: AuthenticateResponse, assignment: CycleAssignment, scale: Float, samples: Int, seed: UInt64, parameters: SecureAggregationConfiguration = SecureFixture.settings.parameters) {
         self.parameters = parameters
@@ -58,7 +60,12 @@ struct SecureTestDevice {
     }
 
     func send(_ request: SecureAggregationRequest, on http: HTTP) async throws -> HTTPResult {
-        try await http.json("POST", Endpoint.secureAggregation, request, token: auth.sessionToken)
+        if request.maskedInput != nil, request.maskedInputFormat == .safetensors {
+            return try await http.send(
+                "POST", Endpoint.secureAggregation, body: MaskedInputEnvelope.encode(request), token: auth.sessionToken,
+                headers: ["Content-Type": MediaType.safetensors])
+        }
+        return try await http.json("POST", Endpoint.secureAggregation, request, token: auth.sessionToken)
     }
 
     /// Advertises the device's keys; keeps its index.
@@ -81,7 +88,9 @@ struct SecureTestDevice {
         switch reply.next {
         case .shareKeys: return request(shareKeys: try machine!.shareKeys(try #require(reply.roster), using: &generator))
         case .maskedInput:
-            return request(masked: try machine!.maskedInput(try #require(reply.delivery), update: update, sampleCount: samples, using: &generator))
+            var message = request(masked: try machine!.maskedInput(try #require(reply.delivery), update: update, sampleCount: samples, using: &generator))
+            message.maskedInputFormat = jsonOnly ? .json : try #require(reply.maskedInputFormat, "a 2.4 coordinator offers safetensors")
+            return message
         case .unmask: return request(unmask: try machine!.unmask(try #require(reply.unmaskRequest)))
         case .wait, .done: return nil
         }
@@ -120,6 +129,9 @@ struct SecureTestDevice {
         let harness = try await Harness.start()
         defer { Task { await harness.stop() } }
         var (hosted, devices) = try await Self.fleet(harness, count: 4, goal: 4, minimum: 3)
+        // Two devices send their masked input as safetensors, two as base64 JSON (as protocol-2.3 devices do).
+        devices[1].jsonOnly = true
+        devices[3].jsonOnly = true
         for i in devices.indices {
             let reply = try await devices[i].advertise(on: harness.http)
             #expect(reply.device == i + 1)
@@ -323,6 +335,68 @@ struct SecureTestDevice {
         let served = try await harness.http.send("POST", Endpoint.secureAggregation, body: padded, token: devices[0].auth.sessionToken, headers: ["Content-Type": MediaType.json])
         #expect(served.status == 200, "\(String(decoding: served.body, as: UTF8.self))")
         #expect(harness.coordinator.uploadsInFlight == 0)
+    }
+
+    @Test func aBinaryMaskedInputIsCheckedAsTheJSONOneIs() async throws {
+        let harness = try await Harness.start()
+        defer { Task { await harness.stop() } }
+        var (hosted, devices) = try await Self.fleet(harness, count: 3, goal: 3, minimum: 3)
+        for i in devices.indices { _ = try await devices[i].advertise(on: harness.http) }
+        for i in devices.indices { _ = try await devices[i].step(on: harness.http) }
+        let polled = try await devices[0].send(devices[0].request(), on: harness.http).decode(SecureAggregationReply.self)
+        #expect(polled.next == .maskedInput)
+        #expect(polled.maskedInputFormat == .safetensors)
+        let message = try #require(try devices[0].answer(polled))
+        let body = MaskedInputEnvelope.encode(message)
+        let token = devices[0].auth.sessionToken
+        func post(_ bytes: [UInt8], token: String? = nil) async throws -> HTTPResult {
+            try await harness.http.send("POST", Endpoint.secureAggregation, body: bytes, token: token ?? devices[0].auth.sessionToken, headers: ["Content-Type": MediaType.safetensors])
+        }
+        func envelope(_ layout: [(name: String, dtype: DType, shape: [Int])], metadata: [String: String], words: Int) -> [UInt8] {
+            Safetensors.encodeHeader(layout: layout, metadata: metadata) + Array(repeating: 0, count: words * 4)
+        }
+        let header = #"{"device":1,"request_key":"\#(devices[0].assignment.requestKey)","worker_id":"\#(devices[0].auth.workerID)"}"#
+        let length = message.maskedInput!.words.count
+        let bad: [(String, [UInt8], Int, String)] = [
+            ("empty body", [], 400, "malformed_safetensors"),
+            ("truncated", Array(body.dropLast(4)), 400, "malformed_safetensors"),
+            ("JSON sent as safetensors", Array(try WireCoding.encoder().encode(message)), 400, "malformed_safetensors"),
+            ("F32 words", envelope([("masked_input", .float32, [length])], metadata: [MaskedInputEnvelope.metadataKey: header], words: length), 400, "malformed_safetensors"),
+            ("rank 2", envelope([("masked_input", .uint32, [1, length])], metadata: [MaskedInputEnvelope.metadataKey: header], words: length), 400, "malformed_safetensors"),
+            ("another tensor name", envelope([("words", .uint32, [length])], metadata: [MaskedInputEnvelope.metadataKey: header], words: length), 400, "malformed_safetensors"),
+            ("two tensors", envelope([("masked_input", .uint32, [length]), ("z", .uint32, [1])], metadata: [MaskedInputEnvelope.metadataKey: header], words: length + 1), 400, "malformed_safetensors"),
+            ("no metadata", envelope([("masked_input", .uint32, [length])], metadata: [:], words: length), 400, "malformed_safetensors"),
+            ("an unknown metadata key", envelope([("masked_input", .uint32, [length])], metadata: [MaskedInputEnvelope.metadataKey: String(header.dropLast()) + #","extra":1}"#], words: length), 400, "malformed_safetensors"),
+            ("another metadata pair", envelope([("masked_input", .uint32, [length])], metadata: [MaskedInputEnvelope.metadataKey: header, "x": "y"], words: length), 400, "malformed_safetensors"),
+            ("one word short", envelope([("masked_input", .uint32, [length - 1])], metadata: [MaskedInputEnvelope.metadataKey: header], words: length - 1), 422, "invalid_secure_aggregation_message"),
+        ]
+        for (name, bytes, status, code) in bad {
+            let result = try await post(bytes)
+            #expect(result.status == status, "\(name): \(String(decoding: result.body, as: UTF8.self))")
+            #expect(result.errorCode == code, "\(name)")
+        }
+        // Another worker's session, another device's index, and a body over the limit.
+        var crossed = message
+        crossed.workerID = devices[1].auth.workerID
+        #expect(try await post(MaskedInputEnvelope.encode(crossed)).status == 403)
+        let posed = try await post(body, token: devices[1].auth.sessionToken)
+        #expect(posed.status == 403)
+        var impostor = message
+        impostor.maskedInput = SecureAggregationMaskedInput(device: 2, words: message.maskedInput!.words)
+        #expect(try await post(MaskedInputEnvelope.encode(impostor)).status == 403)
+        let huge = try await post(body + Array(repeating: 0, count: harness.configuration.maximumReportBytes + harness.configuration.maximumMessageBytes + 1 - body.count), token: token)
+        #expect(huge.status == 413)
+        #expect(huge.errorCode == "payload_too_large")
+        // Nothing above changed the cycle: the real input is taken once, and again is a duplicate.
+        #expect(try await harness.status(hosted.processID).currentCycle?.secureAggregation?.masked == 0)
+        #expect(try await post(body).status == 200)
+        let again = try await post(body)
+        #expect(again.status == 409)
+        #expect(again.errorCode == "duplicate_message")
+        for i in 1..<3 { _ = try await devices[i].step(on: harness.http) }
+        for i in devices.indices { _ = try await devices[i].step(on: harness.http) }
+        #expect(try await harness.status(hosted.processID).latestCheckpoint == 1)
+        expectClose(try await harness.checkpoint(hosted.processID), Fixture.expectedAfterFedAvg(Array(Self.inputs.prefix(3))), tolerance: SecureFixture.step)
     }
 
     @Test func aPlainProcessRefusesSecureAggregationAndBadSettingsAreRefusedAtHosting() async throws {

@@ -6,6 +6,7 @@ import HummingbirdTLS
 import HTTPTypes
 public import Logging
 public import NIOCore
+import OrchardFormats
 import OrchardProtocol
 public import Prometheus
 public import ServiceLifecycle
@@ -116,13 +117,24 @@ public enum CoordinatorServer {
         }
         router.post(RouterPath(stringLiteral: Endpoint.secureAggregation)) { request, _ in
             let session = try await deviceSession(request, coordinator)
-            // A masked input is the model's words in base64 (a third more than a report's raw floats); a body larger
-            // than a message takes one of the upload places, so that large bodies held at once stay bounded.
+            // A masked input is the model's words: 4 bytes a word as a MaskedInputEnvelope (safetensors), a third more
+            // in base64 JSON. A body larger than a message takes one of the upload places, so that large bodies held
+            // at once stay bounded.
             let length = request.headers[.contentLength].flatMap { Int($0) } ?? Int.max
             let large = length > limits.maximumMessageBytes
             if large { try coordinator.takeUploadPlace() }
             defer { if large { coordinator.endUpload() } }
-            let message = try await decode(SecureAggregationRequest.self, request, limit: limits.maximumReportBytes / 3 * 4 + limits.maximumMessageBytes)
+            let message: SecureAggregationRequest
+            if isSafetensors(request) {
+                let body = try await collect(request, limit: limits.maximumReportBytes + limits.maximumMessageBytes)
+                do throws(FormatError) {
+                    message = try MaskedInputEnvelope.decode(body)
+                } catch {
+                    throw CoordinatorError(.malformedSafetensors, "the masked input: \(error.message)")
+                }
+            } else {
+                message = try await decode(SecureAggregationRequest.self, request, limit: limits.maximumReportBytes / 3 * 4 + limits.maximumMessageBytes)
+            }
             return try json(await coordinator.secureAggregation(message, session: session))
         }
         router.get(RouterPath(stringLiteral: Endpoint.speedTest)) { request, _ in
@@ -222,6 +234,12 @@ public enum CoordinatorServer {
             bytes.append(contentsOf: chunk.readableBytesView)
         }
         return bytes
+    }
+
+    /// Whether the body is declared as safetensors (`application/vnd.safetensors`, parameters ignored).
+    private static func isSafetensors(_ request: Request) -> Bool {
+        guard let type = request.headers[.contentType] else { return false }
+        return type.split(separator: ";").first?.trimmingCharacters(in: .whitespaces).lowercased() == MediaType.safetensors
     }
 
     private static func decode<T: Decodable>(_ type: T.Type, _ request: Request, limit: Int) async throws -> T {
