@@ -153,7 +153,14 @@ public enum SecureAggregationBenchmark {
             client[index - 1] += try clock.measure {
                 message = try devices[index - 1]!.maskedInput(delivery, update: updates[index - 1], sampleCount: samples[index - 1], using: &crypto)
             }
-            try exchange(index, message!, reply: delivery) { try server.addMaskedInput(device: $0.device, words: $0.words) }
+            // As a 2.4 device sends it: a safetensors body (MaskedInputEnvelope), 4 bytes a word.
+            let body = MaskedInputEnvelope.encode(SecureAggregationRequest(workerID: "w_\(index)", requestKey: "k_\(index)", maskedInput: message!))
+            up[index - 1] += body.count
+            down[index - 1] += try encoder.encode(delivery).count
+            serverTime += try clock.measure {
+                let input = try MaskedInputEnvelope.decode(body).maskedInput!
+                try server.addMaskedInput(device: input.device, words: input.words)
+            }
         }
         if open { open = try proceed() }
         drop()
