@@ -281,7 +281,10 @@ public final class FederatedJob: Sendable {
         var exchange = try SecureAggregationExchange(
             plan: input.plan, processID: input.assignment.processID, cycle: input.assignment.cycle, workerID: input.workerID,
             requestKey: input.assignment.requestKey, update: input.update, sampleCount: input.sampleCount, retry: configuration.retry,
-            waitLimit: input.waitLimit, using: &generator
+            waitLimit: input.waitLimit, identity: configuration.secureAggregationIdentity,
+            trust: configuration.secureAggregationAuthorities.isEmpty
+                ? nil : SecureAggregationTrust(authorityPublicKeys: configuration.secureAggregationAuthorities, now: environment.clock.date),
+            using: &generator
         )
         var action = exchange.start()
         // The masks are expanded off the critical path once the shares are sent, while the device waits for the

@@ -1,5 +1,6 @@
 public import Foundation
 public import Logging
+public import OrchardPrivacy
 import OrchardProtocol
 public import OrchardScheduler
 
@@ -33,6 +34,15 @@ public struct ClientConfiguration: Sendable {
     public var trustRoots: TrustRoots
     /// How long a device waits for the other devices of a secure-aggregation cycle before it gives up.
     public var secureAggregationWait: SecureAggregationWaitLimit
+    /// The device's long-term identity (its signing key and the certificate an authority issued for it), for
+    /// processes whose secure aggregation has `consistency_check`; such a process is refused without one. Keep it
+    /// where the device's secrets live (the Keychain on Apple platforms).
+    public var secureAggregationIdentity: SecureAggregationIdentity?
+    /// The authorities whose certificates this device accepts (raw P-256 public keys, shipped with the app, never
+    /// learnt from the coordinator). When set, the device takes part only in secure aggregation with
+    /// `consistency_check`, and only with peers certified by one of them: a coordinator that invents devices or tells
+    /// devices different survivor sets cannot unmask anyone.
+    public var secureAggregationAuthorities: [Data]
 
     /// Creates a configuration.
     public init(
@@ -41,9 +51,12 @@ public struct ClientConfiguration: Sendable {
         trainer: any LocalTrainer = EngineLocalTrainer(), conditions: (any DeviceConditionsProvider)? = nil,
         conditionRules: ConditionRules = ConditionRules(), logger: Logger = Logger(label: "orchard.client"),
         durability: StorageDurability = .synced, linkSpeedTest: LinkSpeedTest = LinkSpeedTest(), trustRoots: TrustRoots = .system,
-        secureAggregationWait: SecureAggregationWaitLimit = SecureAggregationWaitLimit()
+        secureAggregationWait: SecureAggregationWaitLimit = SecureAggregationWaitLimit(), secureAggregationIdentity: SecureAggregationIdentity? = nil,
+        secureAggregationAuthorities: [Data] = []
     ) {
         self.secureAggregationWait = secureAggregationWait
+        self.secureAggregationIdentity = secureAggregationIdentity
+        self.secureAggregationAuthorities = secureAggregationAuthorities
         self.trustRoots = trustRoots
         self.durability = durability
         self.linkSpeedTest = linkSpeedTest

@@ -109,6 +109,8 @@ public struct SecureAggregationExchange: Sendable {
     private let update: [Float]
     private let sampleCount: Int
     private let publicKeys: SecureAggregationPublicKeys
+    private let identity: SecureAggregationIdentity?
+    private let trust: SecureAggregationTrust?
     /// The secrets until the coordinator assigns the index; then the device holds them.
     private var secrets: SecureAggregationSecrets?
     private var device: SecureAggregationDevice?
@@ -136,21 +138,44 @@ public struct SecureAggregationExchange: Sendable {
     ///   - sampleCount: The update's weight, 1…`plan.maximumSampleCount`.
     ///   - retry: Retries of transient failures.
     ///   - waitLimit: The most seconds to wait in all (``SecureAggregationWaitLimit/seconds(reportWithin:)``).
+    ///   - identity: The device's certified identity; required by a plan with `consistency_check`, which signs the
+    ///     advertised keys and the survivors with it.
+    ///   - trust: The authorities the device accepts; with it, the device requires `consistency_check` and checks every
+    ///     peer's certificate.
     /// - Throws: ``OrchardClientError/Code/training`` for an empty or non-finite update or a sample count outside
     ///   1…`plan.maximumSampleCount`; ``OrchardClientError/Code/incompatibleModel`` for a plan whose maximum sample
-    ///   count is below 1. Nothing is sent then.
+    ///   count is below 1; ``OrchardClientError/Code/invalidConfiguration`` for a plan with `consistency_check` and no
+    ///   identity, or a device with `trust` offered a plan without it (a coordinator that turned the check off).
+    ///   Nothing is sent then.
     public init(
         plan: SecureAggregationPlan, processID: String, cycle: Int, workerID: String, requestKey: String, update: [Float], sampleCount: Int,
-        retry: RequestRetryPolicy = RequestRetryPolicy(), waitLimit: Double, using generator: inout some RandomNumberGenerator
+        retry: RequestRetryPolicy = RequestRetryPolicy(), waitLimit: Double, identity: SecureAggregationIdentity? = nil, trust: SecureAggregationTrust? = nil,
+        using generator: inout some RandomNumberGenerator
     ) throws(OrchardClientError) {
         if let failure = Self.validationFailure(plan: plan, update: update, sampleCount: sampleCount) { throw failure }
+        if plan.parameters.consistencyCheck && identity == nil {
+            throw OrchardClientError(
+                .invalidConfiguration, "this process's secure aggregation signs every step (consistency_check); give the client a secureAggregationIdentity")
+        }
+        if trust != nil && !plan.parameters.consistencyCheck {
+            throw OrchardClientError(
+                .invalidConfiguration, "this device takes part only in signed secure aggregation (it holds secureAggregationAuthorities), and the plan has no consistency_check")
+        }
         let secrets = SecureAggregationSecrets(using: &generator)
         let keys: (channel: Data, mask: Data)
+        var signed: SecureAggregationAdvertisementSignature?
         do {
             keys = try secrets.publicKeys()
+            if let identity {
+                let bytes = SecureAggregationAdvertisement.signedBytes(
+                    context: SecureAggregationPlan.context(processID: processID, cycle: cycle), channelPublicKey: keys.channel, maskPublicKey: keys.mask)
+                signed = SecureAggregationAdvertisementSignature(certificate: identity.certificate, signature: try identity.sign(bytes))
+            }
         } catch {
-            throw OrchardClientError(.invalidConfiguration, "cannot derive the secure-aggregation public keys: \(error.message)")
+            throw OrchardClientError(.invalidConfiguration, "cannot derive or sign the secure-aggregation public keys: \(error.message)")
         }
+        self.identity = identity
+        self.trust = trust
         self.plan = plan
         self.processID = processID
         self.cycle = cycle
@@ -161,7 +186,7 @@ public struct SecureAggregationExchange: Sendable {
         self.update = update
         self.sampleCount = sampleCount
         self.secrets = secrets
-        publicKeys = SecureAggregationPublicKeys(channelPublicKey: keys.channel, maskPublicKey: keys.mask)
+        publicKeys = SecureAggregationPublicKeys(channelPublicKey: keys.channel, maskPublicKey: keys.mask, signed: signed)
         pending = SecureAggregationRequest(workerID: workerID, requestKey: requestKey, advertiseKeys: publicKeys)
     }
 
@@ -212,7 +237,7 @@ public struct SecureAggregationExchange: Sendable {
             do throws(SecureAggregationError) {
                 var created = try SecureAggregationDevice(
                     index: reply.device, configuration: plan.parameters, context: SecureAggregationPlan.context(processID: processID, cycle: cycle),
-                    maximumSampleCount: plan.maximumSampleCount, modelLength: update.count, secrets: secrets
+                    maximumSampleCount: plan.maximumSampleCount, modelLength: update.count, secrets: secrets, identity: identity, trust: trust
                 )
                 _ = try created.advertiseKeys()
                 device = created
@@ -248,6 +273,14 @@ public struct SecureAggregationExchange: Sendable {
             } catch {
                 return fail(Self.refused(error, at: "masked_input"))
             }
+        case .consistencyCheck:
+            guard let request = reply.consistencyRequest else { return fail(Self.invalidReply("asks for consistency_check but carries no consistency request")) }
+            do throws(SecureAggregationError) {
+                let message = try device.consistencyCheck(request)
+                return send(SecureAggregationRequest(workerID: workerID, requestKey: requestKey, consistencyCheck: message), fresh: true)
+            } catch {
+                return fail(Self.refused(error, at: "consistency_check"))
+            }
         case .unmask:
             guard let request = reply.unmaskRequest else { return fail(Self.invalidReply("asks for unmask but carries no unmask request")) }
             do throws(SecureAggregationError) {
@@ -260,7 +293,7 @@ public struct SecureAggregationExchange: Sendable {
             if reply.stage == .abandoned {
                 return finish(.rejected(retryAfter: lastRetryAfter ?? Self.defaultRejectionRetryAfter, reason: "secure_aggregation_abandoned"))
             }
-            guard device.stage == .unmask else {
+            guard device.stage == .unmask || device.stage == .consistencyCheck else {
                 // The device's part ended before its masked input went out: its update is not in the sum.
                 return finish(.rejected(retryAfter: lastRetryAfter ?? Self.defaultRejectionRetryAfter, reason: "secure_aggregation_excluded"))
             }

@@ -61,7 +61,7 @@ extension Coordinator {
             case .advertiseKeys:
                 await closeSecureAdvertisements(processID: processID)
                 return
-            case .shareKeys, .maskedInput, .unmask:
+            case .shareKeys, .maskedInput, .consistencyCheck, .unmask:
                 return
             case .done:
                 guard let result = secure.server.result else { return }

@@ -76,6 +76,8 @@ extension Coordinator {
                 (event, sender) = (.shareKeys(message), message.device)
             } else if let message = request.maskedInput {
                 (event, sender, words) = (.maskedInput(device: message.device), message.device, message.words)
+            } else if let message = request.consistencyCheck {
+                (event, sender) = (.consistencySignature(message), message.device)
             } else if let message = request.unmask {
                 (event, sender) = (.unmask(message), message.device)
             } else {

@@ -14,9 +14,11 @@ public enum SecureCycleEvent: Sendable, Hashable, Codable {
     case shareKeys(SecureAggregationShareKeys)
     /// A device's masked input (its words are stored beside the event).
     case maskedInput(device: Int)
+    /// A device's signature of the survivors (consistency_check).
+    case consistencySignature(SecureAggregationConsistencySignature)
     /// A device's revealed shares.
     case unmask(SecureAggregationUnmaskResponse)
-    /// The current later stage (share_keys, masked_input or unmask) closed.
+    /// The current later stage (share_keys, masked_input, consistency_check or unmask) closed.
     case closeStage(at: Date)
 }
 
@@ -58,13 +60,13 @@ struct SecureCycle: Sendable {
     var stageDeadline: Date? {
         switch stage {
         case .advertiseKeys: minimumReachedAt?.addingTimeInterval(settings.stageTimeout)
-        case .shareKeys, .maskedInput, .unmask: stageOpenedAt?.addingTimeInterval(settings.stageTimeout)
+        case .shareKeys, .maskedInput, .consistencyCheck, .unmask: stageOpenedAt?.addingTimeInterval(settings.stageTimeout)
         case .done, .abandoned: nil
         }
     }
 
     /// Whether every device the current later stage waits for has answered.
-    var stageComplete: Bool { [.shareKeys, .maskedInput, .unmask].contains(stage) && server.awaitedDevices.isEmpty }
+    var stageComplete: Bool { [.shareKeys, .maskedInput, .consistencyCheck, .unmask].contains(stage) && server.awaitedDevices.isEmpty }
 
     /// The event for `worker` advertising `keys`: its index is kept when it advertised before (its keys are
     /// replaced: nothing was shared with them yet), otherwise it is the next free one.
@@ -81,7 +83,8 @@ struct SecureCycle: Sendable {
             if let existing = indexOf[worker], existing != device {
                 throw SecureAggregationError(.invalidMessage, "worker \(worker) holds index \(existing), not \(device)")
             }
-            try server.receiveAdvertisement(SecureAggregationAdvertisement(device: device, channelPublicKey: keys.channelPublicKey, maskPublicKey: keys.maskPublicKey))
+            try server.receiveAdvertisement(
+                SecureAggregationAdvertisement(device: device, channelPublicKey: keys.channelPublicKey, maskPublicKey: keys.maskPublicKey, signed: keys.signed))
             indexOf[worker] = device
             if minimumReachedAt == nil && indexOf.count >= minimumAdvertisements { minimumReachedAt = date }
         case .closeAdvertisements(let seed, let date):
@@ -92,6 +95,8 @@ struct SecureCycle: Sendable {
         case .maskedInput(let device):
             guard let words else { throw SecureAggregationError(.invalidMessage, "the masked input of device \(device) has no words") }
             try server.addMaskedInput(device: device, words: words)
+        case .consistencySignature(let message):
+            try server.receiveConsistencySignature(message)
         case .unmask(let message):
             try server.receiveUnmask(message)
         case .closeStage(let date):
@@ -106,7 +111,8 @@ struct SecureCycle: Sendable {
     func status(cycleDeadline: Date) -> SecureAggregationStatus {
         SecureAggregationStatus(
             stage: stage, stageDeadline: (stage == .advertiseKeys ? min(stageDeadline ?? cycleDeadline, cycleDeadline) : stageDeadline ?? cycleDeadline).timeIntervalSince1970, advertised: server.advertisedDevices.count,
-            shared: server.sharedDevices.count, masked: server.maskedDevices.count, unmasked: server.unmaskedDevices.count, dropped: server.dropped.count
+            shared: server.sharedDevices.count, masked: server.maskedDevices.count, signed: server.signedDevices.count,
+            unmasked: server.unmaskedDevices.count, dropped: server.dropped.count
         )
     }
 
@@ -134,6 +140,11 @@ struct SecureCycle: Sendable {
                 if server.maskedDevices.contains(device) { return wait() }
                 return SecureAggregationReply(
                     cycle: cycle, device: device, stage: stage, next: .maskedInput, delivery: try server.delivery(for: device), maskedInputFormat: .safetensors)
+            case .consistencyCheck:
+                guard server.maskedDevices.contains(device) else { throw SecureAggregationError(.unknownDevice, "device \(device) sent no masked input") }
+                if server.signedDevices.contains(device) { return wait() }
+                return SecureAggregationReply(
+                    cycle: cycle, device: device, stage: stage, next: .consistencyCheck, consistencyRequest: try server.consistencyRequest(for: device))
             case .unmask:
                 guard server.maskedDevices.contains(device) else { throw SecureAggregationError(.unknownDevice, "device \(device) sent no masked input") }
                 if server.unmaskedDevices.contains(device) { return SecureAggregationReply(cycle: cycle, device: device, stage: stage, next: .done) }

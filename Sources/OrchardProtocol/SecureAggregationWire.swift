@@ -22,6 +22,7 @@ public struct SecureAggregationConfig: Sendable, Hashable, Codable {
         case quantizationRange = "quantization_range"
         case modulusBits = "modulus_bits"
         case stageTimeout = "stage_timeout"
+        case consistencyCheck = "consistency_check"
     }
 
     /// The default ``stageTimeout``.
@@ -42,7 +43,8 @@ public struct SecureAggregationConfig: Sendable, Hashable, Codable {
             threshold: try c.decode(Int.self, forKey: .threshold),
             clippingRange: try c.decodeIfPresent(Float.self, forKey: .clippingRange) ?? d.clippingRange,
             quantizationRange: try c.decodeIfPresent(UInt32.self, forKey: .quantizationRange) ?? d.quantizationRange,
-            modulusBits: try c.decodeIfPresent(Int.self, forKey: .modulusBits) ?? d.modulusBits
+            modulusBits: try c.decodeIfPresent(Int.self, forKey: .modulusBits) ?? d.modulusBits,
+            consistencyCheck: try c.decodeIfPresent(Bool.self, forKey: .consistencyCheck) ?? false
         )
         stageTimeout = try c.decodeIfPresent(Double.self, forKey: .stageTimeout) ?? Self.defaultStageTimeout
     }
@@ -55,6 +57,7 @@ public struct SecureAggregationConfig: Sendable, Hashable, Codable {
         try c.encode(parameters.quantizationRange, forKey: .quantizationRange)
         try c.encode(parameters.modulusBits, forKey: .modulusBits)
         try c.encode(stageTimeout, forKey: .stageTimeout)
+        if parameters.consistencyCheck { try c.encode(true, forKey: .consistencyCheck) }
     }
 
     /// The first problem with the configuration for a process admitting `capacity` devices per cycle with sample
@@ -85,6 +88,8 @@ public struct SecureAggregationRequest: Sendable, Hashable, Codable {
     public var shareKeys: SecureAggregationShareKeys?
     /// masked_input: the masked words.
     public var maskedInput: SecureAggregationMaskedInput?
+    /// consistency_check: the device's signature of the survivors it was sent.
+    public var consistencyCheck: SecureAggregationConsistencySignature?
     /// unmask: the revealed shares.
     public var unmask: SecureAggregationUnmaskResponse?
     /// How a transport sends a masked input: as this JSON (base64 words) or, when the coordinator's reply offered it
@@ -98,43 +103,51 @@ public struct SecureAggregationRequest: Sendable, Hashable, Codable {
         case advertiseKeys = "advertise_keys"
         case shareKeys = "share_keys"
         case maskedInput = "masked_input"
+        case consistencyCheck = "consistency_check"
     }
 
     /// Creates a request.
     public init(
         workerID: String, requestKey: String, advertiseKeys: SecureAggregationPublicKeys? = nil, shareKeys: SecureAggregationShareKeys? = nil,
-        maskedInput: SecureAggregationMaskedInput? = nil, unmask: SecureAggregationUnmaskResponse? = nil
+        maskedInput: SecureAggregationMaskedInput? = nil, consistencyCheck: SecureAggregationConsistencySignature? = nil,
+        unmask: SecureAggregationUnmaskResponse? = nil
     ) {
         self.workerID = workerID
         self.requestKey = requestKey
         self.advertiseKeys = advertiseKeys
         self.shareKeys = shareKeys
         self.maskedInput = maskedInput
+        self.consistencyCheck = consistencyCheck
         self.unmask = unmask
     }
 
     /// How many stage messages the request carries (a valid request carries at most one).
     public var messageCount: Int {
-        [advertiseKeys != nil, shareKeys != nil, maskedInput != nil, unmask != nil].count { $0 }
+        [advertiseKeys != nil, shareKeys != nil, maskedInput != nil, consistencyCheck != nil, unmask != nil].count { $0 }
     }
 }
 
-/// A device's two X25519 public keys, raw 32 bytes each (base64 in JSON).
+/// A device's two X25519 public keys, raw 32 bytes each (base64 in JSON), and, for a process with
+/// `consistency_check`, its certificate and its identity key's signature over them and its index.
 public struct SecureAggregationPublicKeys: Sendable, Hashable, Codable {
     /// The key of the encrypted share channel.
     public var channelPublicKey: Data
     /// The key of the pairwise masks.
     public var maskPublicKey: Data
+    /// The certificate and signature (``OrchardPrivacy/SecureAggregationAdvertisement/signed``).
+    public var signed: SecureAggregationAdvertisementSignature?
 
     enum CodingKeys: String, CodingKey {
+        case signed
         case channelPublicKey = "channel_public_key"
         case maskPublicKey = "mask_public_key"
     }
 
     /// Creates the keys.
-    public init(channelPublicKey: Data, maskPublicKey: Data) {
+    public init(channelPublicKey: Data, maskPublicKey: Data, signed: SecureAggregationAdvertisementSignature? = nil) {
         self.channelPublicKey = channelPublicKey
         self.maskPublicKey = maskPublicKey
+        self.signed = signed
     }
 }
 
@@ -155,7 +168,10 @@ public struct SecureAggregationReply: Sendable, Hashable, Codable {
     public var roster: SecureAggregationRoster?
     /// For ``SecureAggregationNextStep/maskedInput``: the bundles addressed to the device.
     public var delivery: SecureAggregationShareDelivery?
-    /// For ``SecureAggregationNextStep/unmask``: which shares to reveal.
+    /// For ``SecureAggregationNextStep/consistencyCheck``: the survivors to sign.
+    public var consistencyRequest: SecureAggregationConsistencyRequest?
+    /// For ``SecureAggregationNextStep/unmask``: which shares to reveal (with `consistency_check`, with the
+    /// neighbours' signatures of the survivors).
     public var unmaskRequest: SecureAggregationUnmaskRequest?
     /// Whether this request closed the cycle (the aggregate was published or the cycle abandoned).
     public var cycleClosed: Bool
@@ -169,13 +185,14 @@ public struct SecureAggregationReply: Sendable, Hashable, Codable {
         case unmaskRequest = "unmask_request"
         case cycleClosed = "cycle_closed"
         case maskedInputFormat = "masked_input_format"
+        case consistencyRequest = "consistency_request"
     }
 
     /// Creates a reply.
     public init(
         cycle: Int, device: Int, stage: SecureAggregationStage, next: SecureAggregationNextStep, retryAfter: Double? = nil,
-        roster: SecureAggregationRoster? = nil, delivery: SecureAggregationShareDelivery? = nil, unmaskRequest: SecureAggregationUnmaskRequest? = nil,
-        cycleClosed: Bool = false, maskedInputFormat: MaskedInputFormat? = nil
+        roster: SecureAggregationRoster? = nil, delivery: SecureAggregationShareDelivery? = nil, consistencyRequest: SecureAggregationConsistencyRequest? = nil,
+        unmaskRequest: SecureAggregationUnmaskRequest? = nil, cycleClosed: Bool = false, maskedInputFormat: MaskedInputFormat? = nil
     ) {
         self.cycle = cycle
         self.device = device
@@ -184,6 +201,7 @@ public struct SecureAggregationReply: Sendable, Hashable, Codable {
         self.retryAfter = retryAfter
         self.roster = roster
         self.delivery = delivery
+        self.consistencyRequest = consistencyRequest
         self.unmaskRequest = unmaskRequest
         self.cycleClosed = cycleClosed
         self.maskedInputFormat = maskedInputFormat
@@ -287,6 +305,8 @@ public enum SecureAggregationNextStep: String, Sendable, Hashable, Codable {
     case shareKeys = "share_keys"
     /// Send the masked input for the reply's delivery.
     case maskedInput = "masked_input"
+    /// Sign the reply's consistency request (processes with `consistency_check`).
+    case consistencyCheck = "consistency_check"
     /// Send the shares the reply's unmask request asks for.
     case unmask
     /// Nothing more: the device's part in the cycle is over.
@@ -305,23 +325,26 @@ public struct SecureAggregationStatus: Sendable, Hashable, Codable {
     public var shared: Int
     /// Devices that sent their masked input.
     public var masked: Int
+    /// Devices that signed the survivors (processes with `consistency_check`; 0 otherwise).
+    public var signed: Int
     /// Devices that revealed their shares.
     public var unmasked: Int
     /// Devices declared dropped in this cycle.
     public var dropped: Int
 
     enum CodingKeys: String, CodingKey {
-        case stage, advertised, shared, masked, unmasked, dropped
+        case stage, advertised, shared, masked, signed, unmasked, dropped
         case stageDeadline = "stage_deadline"
     }
 
     /// Creates a status.
-    public init(stage: SecureAggregationStage, stageDeadline: Double, advertised: Int, shared: Int, masked: Int, unmasked: Int, dropped: Int) {
+    public init(stage: SecureAggregationStage, stageDeadline: Double, advertised: Int, shared: Int, masked: Int, signed: Int = 0, unmasked: Int, dropped: Int) {
         self.stage = stage
         self.stageDeadline = stageDeadline
         self.advertised = advertised
         self.shared = shared
         self.masked = masked
+        self.signed = signed
         self.unmasked = unmasked
         self.dropped = dropped
     }

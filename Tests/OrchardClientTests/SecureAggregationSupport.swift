@@ -28,6 +28,7 @@ struct FakeSecureCoordinator {
     private(set) var indices: [String: Int] = [:]
     private(set) var shared: Set<Int> = []
     private(set) var masked: Set<Int> = []
+    private(set) var signed: Set<Int> = []
     private(set) var unmasked: Set<Int> = []
     /// Every request, in arrival order.
     private(set) var log: [(worker: String, request: SecureAggregationRequest)] = []
@@ -64,7 +65,8 @@ struct FakeSecureCoordinator {
             if known != nil && !repeatsAsCoordinator { throw Self.error(409, .duplicateMessage, "worker already advertised") }
             let index = known ?? indices.count + 1
             try absorb { () throws(SecureAggregationError) in
-                try server.receiveAdvertisement(SecureAggregationAdvertisement(device: index, channelPublicKey: keys.channelPublicKey, maskPublicKey: keys.maskPublicKey))
+                try server.receiveAdvertisement(
+                    SecureAggregationAdvertisement(device: index, channelPublicKey: keys.channelPublicKey, maskPublicKey: keys.maskPublicKey, signed: keys.signed))
             }
             indices[request.workerID] = index
         }
@@ -78,6 +80,11 @@ struct FakeSecureCoordinator {
             guard repeatsAsCoordinator || !masked.contains(index) else { throw Self.error(409, .duplicateMessage, "masked input already received") }
             try absorb { () throws(SecureAggregationError) in try server.addMaskedInput(device: index, words: message.words) }
             masked.insert(index)
+        }
+        if let message = request.consistencyCheck {
+            guard repeatsAsCoordinator || !signed.contains(index) else { throw Self.error(409, .duplicateMessage, "survivors already signed") }
+            try absorb { () throws(SecureAggregationError) in try server.receiveConsistencySignature(message) }
+            signed.insert(index)
         }
         if let message = request.unmask {
             guard repeatsAsCoordinator || !unmasked.contains(index) else { throw Self.error(409, .duplicateMessage, "shares already revealed") }
@@ -95,6 +102,7 @@ struct FakeSecureCoordinator {
         case .advertiseKeys: return indices.count >= goal
         case .shareKeys: return live.isSubset(of: shared)
         case .maskedInput: return live.intersection(shared).isSubset(of: masked)
+        case .consistencyCheck: return live.intersection(masked).isSubset(of: signed)
         case .unmask: return live.intersection(masked).isSubset(of: unmasked)
         case .done, .abandoned: return false
         }
@@ -131,6 +139,11 @@ struct FakeSecureCoordinator {
                 if masked.contains(index) { return reply(.wait) }
                 var answer = reply(.maskedInput)
                 answer.delivery = try server.delivery(for: index)
+                return answer
+            case .consistencyCheck:
+                if signed.contains(index) { return reply(.wait) }
+                var answer = reply(.consistencyCheck)
+                answer.consistencyRequest = try server.consistencyRequest(for: index)
                 return answer
             case .unmask:
                 if unmasked.contains(index) { return reply(.done) }

@@ -91,6 +91,10 @@ struct SecureTestDevice {
             var message = request(masked: try machine!.maskedInput(try #require(reply.delivery), update: update, sampleCount: samples, using: &generator))
             message.maskedInputFormat = jsonOnly ? .json : try #require(reply.maskedInputFormat, "a 2.4 coordinator offers safetensors")
             return message
+        case .consistencyCheck:
+            var message = request()
+            message.consistencyCheck = try machine!.consistencyCheck(try #require(reply.consistencyRequest))
+            return message
         case .unmask: return request(unmask: try machine!.unmask(try #require(reply.unmaskRequest)))
         case .wait, .done: return nil
         }

@@ -18,21 +18,49 @@ public struct SecureAggregationConfiguration: Sendable, Hashable, Codable {
     public var quantizationRange: UInt32
     /// Arithmetic is modulo 2^modulusBits on UInt32 words (1…32).
     public var modulusBits: Int
+    /// Whether the cycle runs the consistency_check round between masked_input and unmask (the actively-secure
+    /// variant: signed advertisements, and devices sign the survivor set before revealing anything).
+    public var consistencyCheck: Bool
 
     enum CodingKeys: String, CodingKey {
         case shares, threshold
         case clippingRange = "clipping_range"
         case quantizationRange = "quantization_range"
         case modulusBits = "modulus_bits"
+        case consistencyCheck = "consistency_check"
     }
 
     /// Creates a configuration; call ``validate(devices:maximumSampleCount:)`` before use.
-    public init(shares: Int? = nil, threshold: Int, clippingRange: Float = 8, quantizationRange: UInt32 = 1 << 16, modulusBits: Int = 32) {
+    public init(
+        shares: Int? = nil, threshold: Int, clippingRange: Float = 8, quantizationRange: UInt32 = 1 << 16, modulusBits: Int = 32, consistencyCheck: Bool = false
+    ) {
         self.shares = shares
         self.threshold = threshold
         self.clippingRange = clippingRange
         self.quantizationRange = quantizationRange
         self.modulusBits = modulusBits
+        self.consistencyCheck = consistencyCheck
+    }
+
+    public init(from decoder: any Decoder) throws {
+        let c = try decoder.container(keyedBy: CodingKeys.self)
+        shares = try c.decodeIfPresent(Int.self, forKey: .shares)
+        threshold = try c.decode(Int.self, forKey: .threshold)
+        clippingRange = try c.decode(Float.self, forKey: .clippingRange)
+        quantizationRange = try c.decode(UInt32.self, forKey: .quantizationRange)
+        modulusBits = try c.decode(Int.self, forKey: .modulusBits)
+        consistencyCheck = try c.decodeIfPresent(Bool.self, forKey: .consistencyCheck) ?? false
+    }
+
+    /// Encodes the configuration; `consistency_check` only when true, so a configuration without it encodes as before.
+    public func encode(to encoder: any Encoder) throws {
+        var c = encoder.container(keyedBy: CodingKeys.self)
+        try c.encodeIfPresent(shares, forKey: .shares)
+        try c.encode(threshold, forKey: .threshold)
+        try c.encode(clippingRange, forKey: .clippingRange)
+        try c.encode(quantizationRange, forKey: .quantizationRange)
+        try c.encode(modulusBits, forKey: .modulusBits)
+        if consistencyCheck { try c.encode(true, forKey: .consistencyCheck) }
     }
 
     /// The mask selecting the low ``modulusBits`` bits of a word.

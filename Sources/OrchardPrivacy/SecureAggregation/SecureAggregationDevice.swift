@@ -9,6 +9,12 @@ import OrchardSupport
 /// ``unmask(_:)`` (repeatable). The device never reveals both the self-mask share and the s-key share of one
 /// peer: it records every reveal and refuses a request that contradicts an earlier one.
 ///
+/// Actively secure (Bonawitz et al. 2017, §6; configuration `consistency_check`): the device signs its advertisement
+/// with its ``SecureAggregationIdentity``, checks its neighbours' signatures and (given a ``SecureAggregationTrust``)
+/// their certificates, and after masked_input signs the survivor set in ``consistencyCheck(_:)``; it unmasks only
+/// with at least `threshold` of its neighbours' signatures on that same set. The consistency_check stage reports
+/// ``stage`` `consistency_check`.
+///
 /// The state is `Codable` so an app can persist it between stages; it holds private keys and shares, so store it
 /// only where the device's secrets may live.
 public struct SecureAggregationDevice: Sendable, Codable {
@@ -40,6 +46,13 @@ public struct SecureAggregationDevice: Sendable, Codable {
     /// Owners whose self-mask share (resp. s-key share) this device revealed.
     var revealedSelfMask: Set<Int> = []
     var revealedSecretKey: Set<Int> = []
+    /// The actively-secure variant: the long-term identity, the authorities trusted, the neighbour graph (from
+    /// share_keys) and the survivor set signed in consistency_check with its signature.
+    var identity: SecureAggregationIdentity?
+    var trust: SecureAggregationTrust?
+    var graph: NeighbourGraph?
+    var consistencySurvivors: [Int]?
+    var consistencySignature: Data?
 
     enum CodingKeys: String, CodingKey {
         case index, configuration, context, stage
@@ -55,19 +68,33 @@ public struct SecureAggregationDevice: Sendable, Codable {
         case heldSecretKeyShares = "held_secret_key_shares"
         case revealedSelfMask = "revealed_self_mask"
         case revealedSecretKey = "revealed_secret_key"
+        case identity, trust, graph
+        case consistencySurvivors = "consistency_survivors"
+        case consistencySignature = "consistency_signature"
     }
 
-    /// A device with fresh keys and self-mask seed drawn from `generator` (give it `SystemRandomNumberGenerator`).
-    /// - Throws: `invalid_input` for an index below 1, a model length below 1 or a sample bound below 1.
-    public init(index: Int, configuration: SecureAggregationConfiguration, context: String, maximumSampleCount: Int, modelLength: Int, using generator: inout some RandomNumberGenerator) throws(SecureAggregationError) {
+    /// A device with fresh keys and self-mask seed drawn from `generator` (give it `SystemRandomNumberGenerator`);
+    /// `identity` signs its messages, `trust` makes it require the actively-secure protocol.
+    /// - Throws: `invalid_input` for an index below 1, a model length below 1 or a sample bound below 1; see
+    ///   ``init(index:configuration:context:maximumSampleCount:modelLength:secrets:identity:trust:)`` for the rest.
+    public init(
+        index: Int, configuration: SecureAggregationConfiguration, context: String, maximumSampleCount: Int, modelLength: Int,
+        identity: SecureAggregationIdentity? = nil, trust: SecureAggregationTrust? = nil, using generator: inout some RandomNumberGenerator
+    ) throws(SecureAggregationError) {
         try self.init(
             index: index, configuration: configuration, context: context, maximumSampleCount: maximumSampleCount, modelLength: modelLength,
-            secrets: SecureAggregationSecrets(using: &generator))
+            secrets: SecureAggregationSecrets(using: &generator), identity: identity, trust: trust)
     }
 
     /// A device with secrets made earlier (a device that advertises its public keys before it learns its index).
-    /// - Throws: `invalid_input` for an index below 1, a model length below 1 or a sample bound below 1.
-    public init(index: Int, configuration: SecureAggregationConfiguration, context: String, maximumSampleCount: Int, modelLength: Int, secrets: SecureAggregationSecrets) throws(SecureAggregationError) {
+    /// - Throws: `invalid_input` for an index below 1, a model length below 1 or a sample bound below 1;
+    ///   `verification_failed` with a `trust` but a configuration without `consistency_check` (a malicious server
+    ///   would turn it off), without an identity, or with an identity whose certificate the trust refuses;
+    ///   `invalid_configuration` for `consistency_check` without an identity.
+    public init(
+        index: Int, configuration: SecureAggregationConfiguration, context: String, maximumSampleCount: Int, modelLength: Int, secrets: SecureAggregationSecrets,
+        identity: SecureAggregationIdentity? = nil, trust: SecureAggregationTrust? = nil
+    ) throws(SecureAggregationError) {
         guard index >= 1 else { throw SecureAggregationError(.invalidInput, "device indices start at 1, not \(index)") }
         guard modelLength >= 1, maximumSampleCount >= 1 else {
             throw SecureAggregationError(.invalidInput, "model length (\(modelLength)) and maximum sample count (\(maximumSampleCount)) must be at least 1")
@@ -81,11 +108,27 @@ public struct SecureAggregationDevice: Sendable, Codable {
         channelPrivateKey = secrets.channelPrivateKey
         maskPrivateKey = secrets.maskPrivateKey
         selfMaskSeed = secrets.selfMaskSeed
+        if let trust {
+            guard configuration.consistencyCheck else {
+                throw SecureAggregationError(.verificationFailed, "device \(index) trusts an authority and refuses a cycle without consistency_check")
+            }
+            guard let identity else { throw SecureAggregationError(.verificationFailed, "device \(index) trusts an authority but has no identity to sign with") }
+            try identity.certificate.verify(authorityPublicKeys: trust.authorityPublicKeys, now: trust.now)
+        }
+        guard !configuration.consistencyCheck || identity != nil else {
+            throw SecureAggregationError(.invalidConfiguration, "consistency_check needs an identity on device \(index)")
+        }
+        self.identity = identity
+        self.trust = trust
         let keys = try secrets.publicKeys()
-        ownAdvertisement = SecureAggregationAdvertisement(device: index, channelPublicKey: keys.channel, maskPublicKey: keys.mask)
+        let advertisement = SecureAggregationAdvertisement(device: index, channelPublicKey: keys.channel, maskPublicKey: keys.mask)
+        if let identity { ownAdvertisement = try advertisement.signed(by: identity, context: context) } else { ownAdvertisement = advertisement }
     }
 
-    /// The device's advertisement (its two public keys).
+    /// Whether the device waits for ``consistencyCheck(_:)`` (stage consistency_check).
+    public var isCheckingConsistency: Bool { stage == .consistencyCheck }
+
+    /// The device's advertisement (its two public keys, signed when it has an identity).
     public var advertisement: SecureAggregationAdvertisement { ownAdvertisement }
 
     /// Stage advertise_keys: the two public keys to send.
@@ -121,7 +164,12 @@ public struct SecureAggregationDevice: Sendable, Codable {
                 throw SecureAggregationError(.duplicateKey, "device \(key.device) advertises a public key another entry already uses")
             }
         }
-        guard byDevice.removeValue(forKey: index) == ownAdvertisement else {
+        if configuration.consistencyCheck { try verifySignatures(roster.keys) }
+        // The device's own entry: its keys and certificate (an ECDSA signature is randomised, so the one the driver
+        // sent may differ from this value's; the keys and certificate are what matter).
+        guard let own = byDevice.removeValue(forKey: index), own.channelPublicKey == ownAdvertisement.channelPublicKey,
+              own.maskPublicKey == ownAdvertisement.maskPublicKey, own.signed?.certificate == ownAdvertisement.signed?.certificate
+        else {
             throw SecureAggregationError(.invalidMessage, "the roster's keys for device \(index) are missing or not the ones it advertised")
         }
         let graph = NeighbourGraph(participants: roster.participants, shares: configuration.shares, seed: roster.graphSeed)
@@ -148,6 +196,7 @@ public struct SecureAggregationDevice: Sendable, Codable {
         }
         neighbourKeys = byDevice
         self.channelKeys = channelKeys
+        if configuration.consistencyCheck { self.graph = graph }
         stage = .maskedInput
         return SecureAggregationShareKeys(device: index, shares: sealed)
     }
@@ -219,7 +268,7 @@ public struct SecureAggregationDevice: Sendable, Codable {
         }
         heldSelfMaskShares = seedShares
         heldSecretKeyShares = keyShares
-        stage = .unmask
+        stage = configuration.consistencyCheck ? .consistencyCheck : .unmask
         return SecureAggregationMaskedInput(device: index, words: words)
     }
 
@@ -238,7 +287,10 @@ public struct SecureAggregationDevice: Sendable, Codable {
     }
 
     /// Stage unmask: the self-mask seed shares of `survivors` and the s-key shares of `dropped`. May be asked again;
-    /// a repeated or compatible request is answered, a contradicting one refused.
+    /// a repeated or compatible request is answered, a contradicting one refused. With consistency_check the request
+    /// must carry at least `threshold` valid signatures of distinct neighbours on the survivor set this device signed
+    /// (else `verification_failed`, or `out_of_order` before it signed), and its survivors and dropped devices must be
+    /// exactly its sharing neighbours in and not in that set (else `inconsistent_request`).
     /// - Throws: `out_of_order`; `invalid_message` for lists that overlap, name this device as dropped, or name
     ///   devices whose bundles it does not hold; `below_threshold` for fewer survivors than the threshold;
     ///   `inconsistent_request` when a survivor's s-key share or a dropped device's self-mask share was revealed
@@ -248,6 +300,7 @@ public struct SecureAggregationDevice: Sendable, Codable {
         guard request.device == index else {
             throw SecureAggregationError(.invalidMessage, "the unmask request is addressed to device \(request.device), not \(index)")
         }
+        if configuration.consistencyCheck { try checkConsistency(request) }
         let survivors = Set(request.survivors).subtracting([index]), dropped = Set(request.dropped)
         guard survivors.count + (request.survivors.contains(index) ? 1 : 0) == request.survivors.count, dropped.count == request.dropped.count else {
             throw SecureAggregationError(.invalidMessage, "the unmask request lists a device twice")
@@ -275,6 +328,94 @@ public struct SecureAggregationDevice: Sendable, Codable {
             device: index,
             selfMaskShares: survivors.sorted().map { SecureAggregationRevealedShare(owner: $0, share: heldSelfMaskShares[$0]!) },
             secretKeyShares: dropped.sorted().map { SecureAggregationRevealedShare(owner: $0, share: heldSecretKeyShares[$0]!) })
+    }
+
+    /// Stage consistency_check (after masked_input, with `consistency_check`): checks U3, the devices whose masked
+    /// inputs the server holds, and signs it; asked again, answers the same list with the same signature.
+    /// - Throws: `out_of_order` outside the stage or without `consistency_check`; `invalid_message` for a request
+    ///   addressed elsewhere, a list not strictly ascending, naming non-participants or neighbours that sent no shares,
+    ///   or without this device; `below_threshold` when a device to unmask keeps fewer than `threshold` neighbours in
+    ///   the list; `inconsistent_request` for a list other than the one already signed.
+    public mutating func consistencyCheck(_ request: SecureAggregationConsistencyRequest) throws(SecureAggregationError) -> SecureAggregationConsistencySignature {
+        guard configuration.consistencyCheck else { throw SecureAggregationError(.outOfOrder, "this cycle has no consistency_check stage") }
+        // Asked again after signing (a reply that was lost), the device is at unmask and answers the same signature.
+        if !(stage == .unmask && consistencySurvivors != nil) { try expect(.consistencyCheck) }
+        guard request.device == index else {
+            throw SecureAggregationError(.invalidMessage, "the consistency request is addressed to device \(request.device), not \(index)")
+        }
+        if let signed = consistencySurvivors, let signature = consistencySignature {
+            guard signed == request.survivors else {
+                throw SecureAggregationError(.inconsistentRequest, "device \(index) already signed the survivors \(signed), not \(request.survivors)")
+            }
+            return SecureAggregationConsistencySignature(device: index, signature: signature)
+        }
+        let survivors = request.survivors
+        guard zip(survivors, survivors.dropFirst()).allSatisfy({ $0 < $1 }) else {
+            throw SecureAggregationError(.invalidMessage, "the survivors must be strictly ascending")
+        }
+        guard let graph, let identity else { throw SecureAggregationError(.outOfOrder, "device \(index) has no roster") }
+        let live = Set(survivors)
+        guard live.isSubset(of: graph.participants) else {
+            throw SecureAggregationError(.invalidMessage, "the survivors name devices outside the roster: \(live.subtracting(graph.participants).sorted())")
+        }
+        guard live.contains(index) else { throw SecureAggregationError(.invalidMessage, "the survivors do not include device \(index), which sent its masked input") }
+        let neverShared = live.intersection(neighbourKeys.keys).subtracting(heldSelfMaskShares.keys)
+        guard neverShared.isEmpty else {
+            throw SecureAggregationError(.invalidMessage, "the survivors include neighbours that sent no shares: \(neverShared.sorted())")
+        }
+        // Every survivor (its self mask) and every neighbour that shared (its key, if it dropped) must stay unmaskable.
+        let t = configuration.threshold
+        for device in live.union(heldSelfMaskShares.keys).sorted() {
+            let kept = graph.isComplete ? live.count - (live.contains(device) ? 1 : 0) : graph.neighbours(of: device).filter { live.contains($0) }.count
+            guard kept >= t else {
+                throw SecureAggregationError(.belowThreshold, "device \(device) keeps \(kept) of its neighbours among the survivors, fewer than the threshold \(t)")
+            }
+        }
+        let signature = try identity.sign(consistencySignedBytes(context: context, survivors: survivors))
+        consistencySurvivors = survivors
+        consistencySignature = signature
+        stage = .unmask
+        return SecureAggregationConsistencySignature(device: index, signature: signature)
+    }
+
+    /// With trust: every roster entry certified by a trusted authority, unexpired; always: signed by its certified
+    /// key, and no identity key or subject used by two entries.
+    func verifySignatures(_ keys: [SecureAggregationAdvertisement]) throws(SecureAggregationError) {
+        var identityKeys = Set<Data>(), subjects = Set<String>()
+        for key in keys {
+            guard let signed = key.signed else {
+                throw SecureAggregationError(.verificationFailed, "the roster's entry for device \(key.device) is not signed")
+            }
+            if let trust { try signed.certificate.verify(authorityPublicKeys: trust.authorityPublicKeys, now: trust.now) }
+            guard SecureAggregationSigning.isValid(signed.signature, of: key.signedBytes(context: context), publicKey: signed.certificate.signingPublicKey) else {
+                throw SecureAggregationError(.verificationFailed, "the roster's entry for device \(key.device) does not carry its identity key's signature")
+            }
+            guard identityKeys.insert(signed.certificate.signingPublicKey).inserted, subjects.insert(signed.certificate.subject).inserted else {
+                throw SecureAggregationError(.duplicateKey, "the roster's entry for device \(key.device) uses an identity another entry already uses")
+            }
+        }
+    }
+
+    /// The unmask request's consistency part: enough neighbours signed the survivors this device signed, and the
+    /// request follows from them.
+    func checkConsistency(_ request: SecureAggregationUnmaskRequest) throws(SecureAggregationError) {
+        guard let signed = consistencySurvivors else {
+            throw SecureAggregationError(.outOfOrder, "device \(index) is at stage consistency_check, not unmask")
+        }
+        var signers = Set<Int>()
+        for signature in request.signatures ?? [] where !signers.contains(signature.device) {
+            guard let key = neighbourKeys[signature.device]?.signed?.certificate.signingPublicKey,
+                  signature.isValid(survivors: signed, context: context, publicKey: key)
+            else { continue }
+            signers.insert(signature.device)
+        }
+        guard signers.count >= configuration.threshold else {
+            throw SecureAggregationError(.verificationFailed, "device \(index) has \(signers.count) valid neighbour signatures on its survivor set, fewer than the threshold \(configuration.threshold)")
+        }
+        let live = Set(signed), sharing = Set(heldSelfMaskShares.keys)
+        guard Set(request.survivors).subtracting([index]) == sharing.intersection(live), Set(request.dropped) == sharing.subtracting(live) else {
+            throw SecureAggregationError(.inconsistentRequest, "the unmask request's survivors and dropped devices do not follow from the signed survivor set")
+        }
     }
 
     func expect(_ expected: SecureAggregationStage) throws(SecureAggregationError) {

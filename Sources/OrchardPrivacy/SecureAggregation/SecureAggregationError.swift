@@ -8,6 +8,7 @@ public struct SecureAggregationError: OrchardError, Hashable {
         private enum Kind: String, ErrorCodeKind {
             case invalidConfiguration, invalidShare, invalidMessage, invalidInput, outOfOrder, unknownDevice, droppedDevice
             case duplicateMessage, duplicateKey, belowThreshold, inconsistentRequest, cryptographyFailure, reconstructionFailed
+            case verificationFailed
         }
         private let kind: Kind
         private init(_ kind: Kind) { self.kind = kind }
@@ -37,6 +38,9 @@ public struct SecureAggregationError: OrchardError, Hashable {
         public static let cryptographyFailure = Code(.cryptographyFailure)
         /// A secret could not be reconstructed from the shares given.
         public static let reconstructionFailed = Code(.reconstructionFailed)
+        /// A certificate or signature of the actively-secure protocol does not verify (untrusted authority, expired,
+        /// forged, too few consistency signatures), or a device holding a trust was offered the unprotected protocol.
+        public static let verificationFailed = Code(.verificationFailed)
         public var description: String { kind.snakeCased }
     }
 

@@ -8,6 +8,8 @@ public enum SecureAggregationStage: String, Sendable, Hashable, Codable {
     case shareKeys = "share_keys"
     /// Devices send their masked inputs.
     case maskedInput = "masked_input"
+    /// Devices sign the set of devices whose masked inputs the server holds (configuration `consistency_check`).
+    case consistencyCheck = "consistency_check"
     /// Devices reveal the shares the server needs to remove the masks.
     case unmask
     /// The server has the aggregate.
@@ -24,18 +26,38 @@ public struct SecureAggregationAdvertisement: Sendable, Hashable, Codable {
     public let channelPublicKey: Data
     /// The s key, for pairwise mask seeds.
     public let maskPublicKey: Data
+    /// The actively-secure variant's certificate and identity-key signature over the index and both keys (absent
+    /// otherwise, and then not encoded).
+    public let signed: SecureAggregationAdvertisementSignature?
 
     enum CodingKeys: String, CodingKey {
-        case device
+        case device, signed
         case channelPublicKey = "channel_public_key"
         case maskPublicKey = "mask_public_key"
     }
 
     /// Creates an advertisement.
-    public init(device: Int, channelPublicKey: Data, maskPublicKey: Data) {
+    public init(device: Int, channelPublicKey: Data, maskPublicKey: Data, signed: SecureAggregationAdvertisementSignature? = nil) {
         self.device = device
         self.channelPublicKey = channelPublicKey
         self.maskPublicKey = maskPublicKey
+        self.signed = signed
+    }
+
+    public init(from decoder: any Decoder) throws {
+        let c = try decoder.container(keyedBy: CodingKeys.self)
+        device = try c.decode(Int.self, forKey: .device)
+        channelPublicKey = try c.decode(Data.self, forKey: .channelPublicKey)
+        maskPublicKey = try c.decode(Data.self, forKey: .maskPublicKey)
+        signed = try c.decodeIfPresent(SecureAggregationAdvertisementSignature.self, forKey: .signed)
+    }
+
+    public func encode(to encoder: any Encoder) throws {
+        var c = encoder.container(keyedBy: CodingKeys.self)
+        try c.encode(device, forKey: .device)
+        try c.encode(channelPublicKey, forKey: .channelPublicKey)
+        try c.encode(maskPublicKey, forKey: .maskPublicKey)
+        try c.encodeIfPresent(signed, forKey: .signed)
     }
 }
 
@@ -172,12 +194,68 @@ public struct SecureAggregationUnmaskRequest: Sendable, Hashable, Codable {
     public let survivors: [Int]
     /// Neighbours whose s-key shares are wanted, ascending.
     public let dropped: [Int]
+    /// With consistency_check: the consistency signatures of the device's neighbours that signed (U4), ascending by
+    /// device; nil (and not encoded) otherwise.
+    public let signatures: [SecureAggregationConsistencySignature]?
+
+    enum CodingKeys: String, CodingKey { case device, survivors, dropped, signatures }
 
     /// Creates a request.
-    public init(device: Int, survivors: [Int], dropped: [Int]) {
+    public init(device: Int, survivors: [Int], dropped: [Int], signatures: [SecureAggregationConsistencySignature]? = nil) {
         self.device = device
         self.survivors = survivors
         self.dropped = dropped
+        self.signatures = signatures
+    }
+
+    public init(from decoder: any Decoder) throws {
+        let c = try decoder.container(keyedBy: CodingKeys.self)
+        device = try c.decode(Int.self, forKey: .device)
+        survivors = try c.decode([Int].self, forKey: .survivors)
+        dropped = try c.decode([Int].self, forKey: .dropped)
+        signatures = try c.decodeIfPresent([SecureAggregationConsistencySignature].self, forKey: .signatures)
+    }
+
+    public func encode(to encoder: any Encoder) throws {
+        var c = encoder.container(keyedBy: CodingKeys.self)
+        try c.encode(device, forKey: .device)
+        try c.encode(survivors, forKey: .survivors)
+        try c.encode(dropped, forKey: .dropped)
+        try c.encodeIfPresent(signatures, forKey: .signatures)
+    }
+}
+
+/// Server → device (stage consistency_check): U3, every device whose masked input the server holds.
+public struct SecureAggregationConsistencyRequest: Sendable, Hashable, Codable {
+    /// The device asked.
+    public let device: Int
+    /// The devices whose masked inputs are in the sum, ascending.
+    public let survivors: [Int]
+
+    /// Creates a request.
+    public init(device: Int, survivors: [Int]) {
+        self.device = device
+        self.survivors = survivors
+    }
+}
+
+/// Device → server (stage consistency_check), and server → device inside an unmask request: a device's identity-key
+/// signature (raw 64-byte ECDSA P-256 / SHA-256) over the context and the survivor list it was given.
+public struct SecureAggregationConsistencySignature: Sendable, Hashable, Codable {
+    /// The signing device.
+    public let device: Int
+    /// The signature, raw 64 bytes.
+    public let signature: Data
+
+    /// Creates a signature message.
+    public init(device: Int, signature: Data) {
+        self.device = device
+        self.signature = signature
+    }
+
+    /// Whether `signature` is `publicKey`'s signature over `survivors` in the cycle `context`.
+    public func isValid(survivors: [Int], context: String, publicKey: Data) -> Bool {
+        SecureAggregationSigning.isValid(signature, of: consistencySignedBytes(context: context, survivors: survivors), publicKey: publicKey)
     }
 }
 

@@ -12,14 +12,17 @@ public enum SecureAggregationRound {
         public var shareKeys: Set<Int>
         /// Devices that share but send no masked input.
         public var maskedInput: Set<Int>
+        /// Devices that send a masked input but do not sign the survivor set (with `consistency_check`).
+        public var consistencyCheck: Set<Int>
         /// Devices that send a masked input but do not answer the unmask request.
         public var unmask: Set<Int>
 
         /// Creates a dropout plan.
-        public init(advertiseKeys: Set<Int> = [], shareKeys: Set<Int> = [], maskedInput: Set<Int> = [], unmask: Set<Int> = []) {
+        public init(advertiseKeys: Set<Int> = [], shareKeys: Set<Int> = [], maskedInput: Set<Int> = [], consistencyCheck: Set<Int> = [], unmask: Set<Int> = []) {
             self.advertiseKeys = advertiseKeys
             self.shareKeys = shareKeys
             self.maskedInput = maskedInput
+            self.consistencyCheck = consistencyCheck
             self.unmask = unmask
         }
     }
@@ -46,13 +49,15 @@ public enum SecureAggregationRound {
         case abandoned(String)
     }
 
-    /// Runs a cycle over `inputs` (by device index ≥ 1), dropping devices per `dropouts`. `inspect` sees the
-    /// server after each stage closes and may replace it (e.g. with a decoded copy of its persisted state).
+    /// Runs a cycle over `inputs` (by device index ≥ 1), dropping devices per `dropouts`. `identities` (by device)
+    /// sign the devices' messages and `trust` makes every device check its neighbours' certificates (the
+    /// actively-secure variant, with `consistency_check`). `inspect` sees the server after each stage closes and may
+    /// replace it (e.g. with a decoded copy of its persisted state).
     /// - Throws: any refusal by a device or the server (an honest run has none).
     public static func run(
         configuration: SecureAggregationConfiguration, context: String, inputs: [Int: Input], maximumSampleCount: Int,
-        dropouts: Dropouts = Dropouts(), using generator: inout some RandomNumberGenerator,
-        inspect: (inout SecureAggregationServer) throws -> Void = { _ in }
+        dropouts: Dropouts = Dropouts(), identities: [Int: SecureAggregationIdentity]? = nil, trust: SecureAggregationTrust? = nil,
+        using generator: inout some RandomNumberGenerator, inspect: (inout SecureAggregationServer) throws -> Void = { _ in }
     ) throws -> Outcome {
         let modelLength = inputs.values.first?.update.count ?? 0
         var server = try SecureAggregationServer(
@@ -60,7 +65,8 @@ public enum SecureAggregationRound {
         var devices: [Int: SecureAggregationDevice] = [:]
         for index in inputs.keys.sorted() {
             devices[index] = try SecureAggregationDevice(
-                index: index, configuration: configuration, context: context, maximumSampleCount: maximumSampleCount, modelLength: modelLength, using: &generator)
+                index: index, configuration: configuration, context: context, maximumSampleCount: maximumSampleCount, modelLength: modelLength,
+                identity: identities?[index], trust: trust, using: &generator)
         }
         var silent = dropouts.advertiseKeys
         for index in devices.keys.sorted() where !silent.contains(index) {
@@ -85,6 +91,15 @@ public enum SecureAggregationRound {
         actions = try server.closeStage(using: &generator)
         try inspect(&server)
         if let reason = server.abandonReason { return .abandoned(reason) }
+        if configuration.consistencyCheck {
+            silent.formUnion(dropouts.consistencyCheck)
+            for case .requestConsistency(let index, let request) in actions where !silent.contains(index) {
+                try server.receiveConsistencySignature(try devices[index]!.consistencyCheck(request))
+            }
+            actions = try server.closeStage(using: &generator)
+            try inspect(&server)
+            if let reason = server.abandonReason { return .abandoned(reason) }
+        }
         silent.formUnion(dropouts.unmask)
         for case .requestUnmask(let index, let request) in actions where !silent.contains(index) {
             try server.receiveUnmask(try devices[index]!.unmask(request))

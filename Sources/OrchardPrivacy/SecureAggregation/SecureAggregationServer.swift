@@ -7,9 +7,12 @@ public enum SecureAggregationServerAction: Sendable, Hashable {
     case sendRoster(device: Int, roster: SecureAggregationRoster)
     /// Send `delivery` to `device` (after share_keys closes).
     case deliverShares(device: Int, delivery: SecureAggregationShareDelivery)
-    /// Send `request` to `device` (after masked_input closes).
+    /// Send `request` to `device` (after masked_input closes, with `consistency_check`).
+    case requestConsistency(device: Int, request: SecureAggregationConsistencyRequest)
+    /// Send `request` to `device` (after masked_input closes, or consistency_check with `consistency_check`).
     case requestUnmask(device: Int, request: SecureAggregationUnmaskRequest)
-    /// These devices missed the stage that just closed and are out of the cycle (their later messages are refused).
+    /// These devices missed the stage that just closed and are out of the cycle (their later messages are refused);
+    /// devices that did not sign in consistency_check are reported with stage `consistency_check`.
     case dropped(devices: [Int], stage: SecureAggregationStage)
     /// The cycle is done: the unmasked aggregate.
     case finished(SecureAggregationResult)
@@ -25,6 +28,8 @@ public enum SecureAggregationServerEvent: Sendable, Hashable {
     case shareKeys(SecureAggregationShareKeys)
     /// A device's masked input.
     case maskedInput(SecureAggregationMaskedInput)
+    /// A device's signature of the survivor set (consistency_check).
+    case consistencySignature(SecureAggregationConsistencySignature)
     /// A device's revealed shares.
     case unmask(SecureAggregationUnmaskResponse)
     /// The stage's deadline passed, or every expected message is in.
@@ -37,6 +42,11 @@ public enum SecureAggregationServerEvent: Sendable, Hashable {
 ///
 /// Threshold rule: every device still in must keep at least `threshold` neighbours still in, since those hold the
 /// shares that unmask it (for the complete graph: at least threshold + 1 devices).
+///
+/// Actively secure (configuration `consistency_check`): advertisements must be signed by their certificate's key (the
+/// devices check the authority), and between masked_input and unmask a consistency_check stage collects each
+/// survivor's signature of U3; only the signers
+/// (U4) are asked to unmask, each request carrying its neighbours' signatures.
 ///
 /// Memory: the masked inputs are summed as they arrive (model length + 1 words); only the share bundles in transit
 /// (participants × neighbours) are kept besides. The state is `Codable`, to be persisted between stages.
@@ -78,6 +88,9 @@ public struct SecureAggregationServer: Sendable, Codable {
     var secretKeyShares: [Int: [ShamirShare]] = [:]
     var responders: Set<Int> = []
     var droppedDevices: Set<Int> = []
+    /// consistency_check: the signatures of U3 received (nil before the stage), then the signers U4 once it closed.
+    var consistencySignatures: [Int: Data]?
+    var consistencySigners: Set<Int>?
 
     enum CodingKeys: String, CodingKey {
         case configuration, context, stage, result, advertisements, graph, sharers, bundles, responders
@@ -92,6 +105,8 @@ public struct SecureAggregationServer: Sendable, Codable {
         case selfMaskShares = "self_mask_shares"
         case secretKeyShares = "secret_key_shares"
         case droppedDevices = "dropped_devices"
+        case consistencySignatures = "consistency_signatures"
+        case consistencySigners = "consistency_signers"
     }
 
     /// A server for a cycle of at most `maximumDevices` devices.
@@ -114,6 +129,7 @@ public struct SecureAggregationServer: Sendable, Codable {
         case .advertisement(let message): try receiveAdvertisement(message)
         case .shareKeys(let message): try receiveShareKeys(message)
         case .maskedInput(let message): try addMaskedInput(device: message.device, words: message.words)
+        case .consistencySignature(let message): try receiveConsistencySignature(message)
         case .unmask(let message): try receiveUnmask(message)
         case .closeStage: return try closeStage(using: &generator)
         }
@@ -130,6 +146,10 @@ public struct SecureAggregationServer: Sendable, Codable {
     public var maskedDevices: Set<Int> { maskedSenders }
     /// The devices that revealed their shares.
     public var unmaskedDevices: Set<Int> { responders }
+    /// The devices that signed the survivor set in consistency_check.
+    public var signedDevices: Set<Int> { consistencySigners ?? Set((consistencySignatures ?? [:]).keys) }
+    /// Whether the consistency_check stage is open.
+    public var isCheckingConsistency: Bool { stage == .consistencyCheck }
 
     /// The devices whose message the current stage (after advertise_keys) still waits for, ascending: when none
     /// remain the stage can close early.
@@ -137,7 +157,8 @@ public struct SecureAggregationServer: Sendable, Codable {
         switch stage {
         case .shareKeys: participants.filter { !sharers.contains($0) }
         case .maskedInput: sharers.sorted().filter { !maskedSenders.contains($0) }
-        case .unmask: maskedSenders.sorted().filter { !responders.contains($0) }
+        case .consistencyCheck: maskedSenders.sorted().filter { consistencySignatures?[$0] == nil }
+        case .unmask: maskedSenders.sorted().filter { !responders.contains($0) && consistencySigners?.contains($0) != false }
         case .advertiseKeys, .done, .abandoned: []
         }
     }
@@ -147,7 +168,9 @@ public struct SecureAggregationServer: Sendable, Codable {
     /// Stage advertise_keys: records a device's public keys.
     /// - Throws: `out_of_order`; `invalid_message` for an index below 1 or keys that are not X25519 public keys;
     ///   `duplicate_message` for a second advertisement of a device; `duplicate_key` for a key another device uses;
-    ///   `invalid_message` beyond ``maximumDevices``.
+    ///   `invalid_message` beyond ``maximumDevices``. With `consistency_check`: `invalid_message` for an unsigned
+    ///   advertisement or a signature its certificate's key does not verify; `duplicate_key` for an identity key or
+    ///   subject another device uses.
     public mutating func receiveAdvertisement(_ message: SecureAggregationAdvertisement) throws(SecureAggregationError) {
         try expect(.advertiseKeys, from: message.device)
         guard message.device >= 1 else { throw SecureAggregationError(.invalidMessage, "device indices start at 1, not \(message.device)") }
@@ -167,6 +190,15 @@ public struct SecureAggregationServer: Sendable, Codable {
         if let previous { inUse.subtract([previous.channelPublicKey, previous.maskPublicKey]) }
         guard message.channelPublicKey != message.maskPublicKey, !inUse.contains(message.channelPublicKey), !inUse.contains(message.maskPublicKey) else {
             throw SecureAggregationError(.duplicateKey, "device \(message.device) advertised a public key already in use")
+        }
+        if configuration.consistencyCheck {
+            try message.verifySignature(context: context)
+            let certificate = message.signed!.certificate
+            for (device, other) in advertisements where device != message.device {
+                guard let used = other.signed?.certificate, used.signingPublicKey != certificate.signingPublicKey, used.subject != certificate.subject else {
+                    throw SecureAggregationError(.duplicateKey, "device \(message.device) advertised an identity device \(device) already uses")
+                }
+            }
         }
         if let previous { publicKeys.subtract([previous.channelPublicKey, previous.maskPublicKey]) }
         advertisements[message.device] = message
@@ -211,12 +243,29 @@ public struct SecureAggregationServer: Sendable, Codable {
         maskedSenders.insert(device)
     }
 
+    /// Stage consistency_check: records a device's signature of U3 (the devices whose masked inputs are in the sum).
+    /// - Throws: `out_of_order` outside the stage; `unknown_device` / `dropped_device` for a device not in U3;
+    ///   `duplicate_message` for a second signature; `invalid_message` for a signature its certified key does not verify.
+    public mutating func receiveConsistencySignature(_ message: SecureAggregationConsistencySignature) throws(SecureAggregationError) {
+        try expect(.consistencyCheck, from: message.device)
+        guard maskedSenders.contains(message.device) else { throw unknown(message.device) }
+        guard consistencySignatures?[message.device] == nil else {
+            throw SecureAggregationError(.duplicateMessage, "device \(message.device) already signed the survivors")
+        }
+        guard let key = advertisements[message.device]?.signed?.certificate.signingPublicKey,
+              message.isValid(survivors: maskedSenders.sorted(), context: context, publicKey: key)
+        else {
+            throw SecureAggregationError(.invalidMessage, "device \(message.device)'s consistency signature does not verify under its certified key")
+        }
+        consistencySignatures?[message.device] = message.signature
+    }
+
     /// Stage unmask: records a device's revealed shares.
     /// - Throws: `out_of_order`; `unknown_device` / `dropped_device`; `duplicate_message`; `invalid_message`
     ///   unless the shares are exactly those requested, each at the device's index.
     public mutating func receiveUnmask(_ message: SecureAggregationUnmaskResponse) throws(SecureAggregationError) {
         try expect(.unmask, from: message.device)
-        guard maskedSenders.contains(message.device) else { throw unknown(message.device) }
+        guard maskedSenders.contains(message.device), consistencySigners?.contains(message.device) != false else { throw unknown(message.device) }
         guard !responders.contains(message.device) else {
             throw SecureAggregationError(.duplicateMessage, "device \(message.device) already revealed its shares")
         }
@@ -251,14 +300,30 @@ public struct SecureAggregationServer: Sendable, Codable {
         return SecureAggregationShareDelivery(device: device, shares: shares)
     }
 
-    /// The unmask request for `device` (from unmask on): its surviving and its dropped neighbours among those that
-    /// completed share_keys.
-    public func unmaskRequest(for device: Int) throws(SecureAggregationError) -> SecureAggregationUnmaskRequest {
-        guard [.unmask, .done].contains(stage), let graph else { throw SecureAggregationError(.outOfOrder, "unmask requests exist once masked_input has closed") }
+    /// The consistency request for `device` (during consistency_check): U3, every device whose masked input is in the sum.
+    public func consistencyRequest(for device: Int) throws(SecureAggregationError) -> SecureAggregationConsistencyRequest {
+        guard isCheckingConsistency else { throw SecureAggregationError(.outOfOrder, "consistency requests exist during consistency_check") }
         guard maskedSenders.contains(device) else { throw unknown(device) }
+        return SecureAggregationConsistencyRequest(device: device, survivors: maskedSenders.sorted())
+    }
+
+    /// The unmask request for `device` (from unmask on): its surviving and its dropped neighbours among those that
+    /// completed share_keys; with `consistency_check`, only for a signer, carrying its signing neighbours' signatures.
+    public func unmaskRequest(for device: Int) throws(SecureAggregationError) -> SecureAggregationUnmaskRequest {
+        guard [.unmask, .done].contains(stage), let graph else {
+            throw SecureAggregationError(.outOfOrder, "unmask requests exist once masked_input (and consistency_check) have closed")
+        }
+        guard maskedSenders.contains(device), consistencySigners?.contains(device) != false else { throw unknown(device) }
         let neighbours = graph.neighbours(of: device).filter { sharers.contains($0) }
+        var signatures: [SecureAggregationConsistencySignature]?
+        if let signers = consistencySigners, let received = consistencySignatures {
+            signatures = neighbours.filter { signers.contains($0) }.compactMap { peer in
+                received[peer].map { SecureAggregationConsistencySignature(device: peer, signature: $0) }
+            }
+        }
         return SecureAggregationUnmaskRequest(
-            device: device, survivors: neighbours.filter { maskedSenders.contains($0) }, dropped: neighbours.filter { !maskedSenders.contains($0) })
+            device: device, survivors: neighbours.filter { maskedSenders.contains($0) }, dropped: neighbours.filter { !maskedSenders.contains($0) },
+            signatures: signatures)
     }
 
     // MARK: Closing stages
@@ -299,7 +364,7 @@ public struct SecureAggregationServer: Sendable, Codable {
         return actions
     }
 
-    /// Closes share_keys, masked_input or unmask (advertise_keys closes with ``closeAdvertisements(graphSeed:)``).
+    /// Closes share_keys, masked_input, consistency_check or unmask (advertise_keys closes with ``closeAdvertisements(graphSeed:)``).
     /// - Throws: `out_of_order` at advertise_keys, once done or abandoned.
     public mutating func closeLaterStage() throws(SecureAggregationError) -> [SecureAggregationServerAction] {
         switch stage {
@@ -318,8 +383,24 @@ public struct SecureAggregationServer: Sendable, Codable {
             bundles = [:]
             var actions = drop(sharers.sorted().filter { !maskedSenders.contains($0) }, at: .maskedInput)
             if let reason = shortfall(among: maskedSenders, of: sharers.sorted(), graph: graph, stage: "masked_input") { return actions + abandon(reason) }
-            stage = .unmask
+            stage = configuration.consistencyCheck ? .consistencyCheck : .unmask
+            if configuration.consistencyCheck {
+                consistencySignatures = [:]
+                for device in maskedSenders.sorted() { actions.append(.requestConsistency(device: device, request: try consistencyRequest(for: device))) }
+                return actions
+            }
             for device in maskedSenders.sorted() { actions.append(.requestUnmask(device: device, request: try unmaskRequest(for: device))) }
+            return actions
+        case .consistencyCheck:
+            guard let graph else { return abandon("no roster") }
+            let signers = Set((consistencySignatures ?? [:]).keys)
+            consistencySigners = signers
+            stage = .unmask
+            // Non-signers' inputs are in the sum already; they just will not reveal. Every device to unmask (U3 for
+            // self masks, U2 \ U3 for keys) must keep threshold signing neighbours.
+            var actions = drop(maskedSenders.sorted().filter { !signers.contains($0) }, at: .consistencyCheck)
+            if let reason = shortfall(among: signers, of: sharers.sorted(), graph: graph, stage: "consistency_check") { return actions + abandon(reason) }
+            for device in signers.sorted() { actions.append(.requestUnmask(device: device, request: try unmaskRequest(for: device))) }
             return actions
         case .unmask:
             do {
