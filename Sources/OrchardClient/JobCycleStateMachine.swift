@@ -2,6 +2,7 @@ import Foundation
 import Logging
 import OrchardFormats
 import OrchardML
+import OrchardPrivacy
 import OrchardProtocol
 import OrchardScheduler
 import OrchardSupport
@@ -343,7 +344,8 @@ struct JobCycleStateMachine {
                 phase = .secureAggregating
                 let input = SecureAggregationInput(
                     assignment: assignment, plan: secure, workerID: session.workerID, session: session.sessionToken, update: flat,
-                    sampleCount: update.sampleCount, waitLimit: setup.secureAggregationWait.seconds(reportWithin: assignment.reportWithin, stageTimeout: secure.stageTimeout)
+                    sampleCount: update.sampleCount, waitLimit: setup.secureAggregationWait.seconds(
+                        reportWithin: assignment.reportWithin, stageTimeout: secure.stageTimeout, laterStages: secure.parameters.consistencyCheck ? 4 : 3)
                 )
                 return [.emit(.phase(.secureAggregation)), .discardCheckpoint, .secureAggregate(input)]
             }

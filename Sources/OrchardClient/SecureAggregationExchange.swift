@@ -28,11 +28,11 @@ public struct SecureAggregationWaitLimit: Sendable, Hashable {
     }
 
     /// The limit in seconds for an assignment that gave `reportWithin` seconds, in a process whose stages stay open
-    /// `stageTimeout` seconds at most (when its plan says so): the margin is then at least three stage timeouts plus a
-    /// minute, so a process with long stages is not given up on early.
-    public func seconds(reportWithin: Double, stageTimeout: Double? = nil) -> Double {
+    /// `stageTimeout` seconds at most (when its plan says so): the margin is then at least `laterStages` (three, four
+    /// with consistency_check) stage timeouts plus a minute, so a process with long stages is not given up on early.
+    public func seconds(reportWithin: Double, stageTimeout: Double? = nil, laterStages: Int = 3) -> Double {
         var margin = self.margin.isFinite ? self.margin : 0
-        if let stageTimeout, stageTimeout.isFinite, stageTimeout > 0 { margin = max(margin, 3 * stageTimeout + 60) }
+        if let stageTimeout, stageTimeout.isFinite, stageTimeout > 0 { margin = max(margin, Double(max(laterStages, 0)) * stageTimeout + 60) }
         let derived = max(reportWithin.isFinite ? reportWithin : 0, 0) + max(margin, 0)
         guard let maximum else { return derived }
         return max(min(derived, maximum), 0)

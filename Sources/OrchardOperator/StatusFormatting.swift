@@ -107,7 +107,7 @@ public enum OperatorFormat {
     }
 
     static func secureAggregation(_ s: SecureAggregationStatus, now: Date) -> String {
-        "stage \(s.stage.rawValue) (closes \(countdown(to: s.stageDeadline, now: now))), advertised \(s.advertised), shared \(s.shared), masked \(s.masked), unmasked \(s.unmasked), dropped \(s.dropped)"
+        "stage \(s.stage.rawValue) (closes \(countdown(to: s.stageDeadline, now: now))), advertised \(s.advertised), shared \(s.shared), masked \(s.masked)\(s.stage == .consistencyCheck || s.signed > 0 ? ", signed \(s.signed)" : ""), unmasked \(s.unmasked), dropped \(s.dropped)"
     }
 }
 

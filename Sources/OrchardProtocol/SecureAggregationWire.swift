@@ -256,14 +256,25 @@ public enum MaskedInputEnvelope {
     /// - Precondition: `request.maskedInput` is set.
     public static func encode(_ request: SecureAggregationRequest) -> [UInt8] {
         guard let input = request.maskedInput else { preconditionFailure("a masked-input envelope needs a masked input") }
+        var body = header(request, input)
+        body.append(contentsOf: SecureAggregationMaskedInput.littleEndianBytes(input.words))
+        return body
+    }
+
+    /// The size of ``encode(_:)``'s body, without building it.
+    /// - Precondition: `request.maskedInput` is set.
+    public static func byteCount(_ request: SecureAggregationRequest) -> Int {
+        guard let input = request.maskedInput else { preconditionFailure("a masked-input envelope needs a masked input") }
+        return header(request, input).count + 4 * input.words.count
+    }
+
+    private static func header(_ request: SecureAggregationRequest, _ input: SecureAggregationMaskedInput) -> [UInt8] {
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.sortedKeys]
         // Two strings and an integer always encode.
         let header = (try? encoder.encode(Header(device: input.device, requestKey: request.requestKey, workerID: request.workerID))) ?? Data()
-        var body = Safetensors.encodeHeader(
+        return Safetensors.encodeHeader(
             layout: [(name: tensorName, dtype: .uint32, shape: [input.words.count])], metadata: [metadataKey: String(decoding: header, as: UTF8.self)])
-        body.append(contentsOf: SecureAggregationMaskedInput.littleEndianBytes(input.words))
-        return body
     }
 
     /// The request a body carries.

@@ -2,6 +2,7 @@ public import Foundation
 public import OrchardSupport
 public import OrchardClient
 import OrchardML
+import OrchardPrivacy
 import OrchardProtocol
 import Logging
 import Synchronization
@@ -549,14 +550,17 @@ struct ShardRun: Sendable {
         for device in devices {
             // The same seeds as the device's virtual counterpart.
             var random = OrchardRandom.derived(seed: configuration.seed ^ 0x7EA1_7123, stream: UInt64(device))
-            let client = OrchardClient(
-                transport: CountingTransport(inner: transport, device: device, counters: counters), server: admin.url,
-                configuration: ClientConfiguration(
-                    storageDirectory: directory.appendingPathComponent("device-\(device)", isDirectory: true), requestTimeout: options.requestTimeout,
-                    environment: ClientEnvironment.seeded(configuration.seed ^ 0xC11E_57 &+ UInt64(device), clock: clock, seedNoise: true),
-                    trainingSeed: random.next(), logger: silent, durability: .unsynced
-                )
+            var clientConfiguration = ClientConfiguration(
+                storageDirectory: directory.appendingPathComponent("device-\(device)", isDirectory: true), requestTimeout: options.requestTimeout,
+                environment: ClientEnvironment.seeded(configuration.seed ^ 0xC11E_57 &+ UInt64(device), clock: clock, seedNoise: true),
+                trainingSeed: random.next(), logger: silent, durability: .unsynced
             )
+            if configuration.secureAggregation?.parameters.consistencyCheck == true {
+                (clientConfiguration.secureAggregationIdentity, clientConfiguration.secureAggregationAuthorities) =
+                    try SimulatedAttestation.credentials(seed: configuration.seed, device: device)
+            }
+            let client = OrchardClient(
+                transport: CountingTransport(inner: transport, device: device, counters: counters), server: admin.url, configuration: clientConfiguration)
             do { jobs.append((device, try client.newJob(processName: processName, version: SimulationRunner.processVersion.description))) } catch {
                 throw SimulationError(.training, "device \(device) cannot be set up: \(error.message)")
             }

@@ -98,8 +98,9 @@ public struct FleetSimulation: Sendable {
             let wallStart = wallClock.now
             let start = openingTime(after: clock, goal: coordinator.goal)
             let cycleDeadline = try await coordinator.openRound(at: start)
-            // Under secure aggregation the round goes on past the cycle's deadline for at most three stage timeouts.
-            let deadline = cycleDeadline + 3 * (coordinator.secureStageTimeout ?? 0)
+            // Under secure aggregation the round goes on past the cycle's deadline for at most three stage timeouts (four
+            // with consistency_check).
+            let deadline = cycleDeadline + Double(coordinator.secureConsistencyCheck ? 4 : 3) * (coordinator.secureStageTimeout ?? 0)
             let modelBytes = try await coordinator.currentModel().count
             // Check-ins, in virtual-time order: each eligible device is granted a window a seeded moment after the opening.
             var checkIns: [(time: Double, device: Int)] = []
@@ -178,7 +179,9 @@ public struct FleetSimulation: Sendable {
             )
             if coordinator.secureStageTimeout != nil {
                 func count(_ stage: SecureAggregationStage) -> Int { selected.count { $0.secureSteps.contains(stage) } }
-                record.secureAggregation = SecureStageCounts(advertised: count(.advertiseKeys), shared: count(.shareKeys), masked: count(.maskedInput), unmasked: count(.unmask))
+                record.secureAggregation = SecureStageCounts(
+                    advertised: count(.advertiseKeys), shared: count(.shareKeys), masked: count(.maskedInput),
+                    signed: coordinator.secureConsistencyCheck ? count(.consistencyCheck) : nil, unmasked: count(.unmask))
             }
             if let previous = pending { records.append(try await Self.publish(previous, onRound)) }
             pending = (record, evaluation)

@@ -28,6 +28,8 @@ public actor FleetCoordinator {
     private var cycle = 0
     /// Seconds each later stage of secure aggregation stays open at most, when the process uses it.
     public nonisolated let secureStageTimeout: Double?
+    /// Whether the process's secure aggregation signs its steps and checks consistency (a fifth stage).
+    public nonisolated let secureConsistencyCheck: Bool
 
     /// Hosts the process on the coordinator.
     /// - Parameters:
@@ -40,6 +42,7 @@ public actor FleetCoordinator {
         epoch = clock.now
         goal = process.serverConfig.goalCount
         secureStageTimeout = process.serverConfig.secureAggregation?.stageTimeout
+        secureConsistencyCheck = process.serverConfig.secureAggregation?.parameters.consistencyCheck ?? false
         processName = process.name
         processVersion = process.version
         do throws(OrchardClientError) {

@@ -95,14 +95,17 @@ public struct SecureStageCounts: Sendable, Hashable, Codable {
     public var shared: Int
     /// Devices that sent their masked input (their update is in the aggregate when the round aggregated).
     public var masked: Int
+    /// Devices that signed the survivors (with `consistency_check`; nil without).
+    public var signed: Int?
     /// Devices that revealed their shares.
     public var unmasked: Int
 
     /// Creates counts.
-    public init(advertised: Int, shared: Int, masked: Int, unmasked: Int) {
+    public init(advertised: Int, shared: Int, masked: Int, signed: Int? = nil, unmasked: Int) {
         self.advertised = advertised
         self.shared = shared
         self.masked = masked
+        self.signed = signed
         self.unmasked = unmasked
     }
 }
@@ -220,6 +223,7 @@ public struct SimulationSummary: Sendable, Hashable, Codable {
         let steps = records.compactMap(\.secureAggregation)
         secureAggregation = steps.isEmpty ? nil : SecureStageCounts(
             advertised: steps.reduce(0) { $0 + $1.advertised }, shared: steps.reduce(0) { $0 + $1.shared },
-            masked: steps.reduce(0) { $0 + $1.masked }, unmasked: steps.reduce(0) { $0 + $1.unmasked })
+            masked: steps.reduce(0) { $0 + $1.masked }, signed: steps.contains { $0.signed != nil } ? steps.reduce(0) { $0 + ($1.signed ?? 0) } : nil,
+            unmasked: steps.reduce(0) { $0 + $1.unmasked })
     }
 }

@@ -179,7 +179,11 @@ public enum HTMLReport {
             totals.append(("privacy spent", String(format: "ε = %.3f at δ = %@", epsilon, summary.settings["dp_delta"] ?? "?")))
         }
         if let steps = summary.secureAggregation {
-            totals.append(("secure aggregation: advertised / shared / masked / unmasked", "\(steps.advertised) / \(steps.shared) / \(steps.masked) / \(steps.unmasked)"))
+            if let signed = steps.signed {
+                totals.append(("secure aggregation: advertised / shared / masked / signed / unmasked", "\(steps.advertised) / \(steps.shared) / \(steps.masked) / \(signed) / \(steps.unmasked)"))
+            } else {
+                totals.append(("secure aggregation: advertised / shared / masked / unmasked", "\(steps.advertised) / \(steps.shared) / \(steps.masked) / \(steps.unmasked)"))
+            }
         }
         if let r = summary.final.rmse, let r0 = summary.initial.rmse {
             totals.append(("test RMSE initial → final", String(format: "%.4f → %.4f", r0, r)))

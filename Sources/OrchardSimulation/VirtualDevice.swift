@@ -82,13 +82,12 @@ final class VirtualDevice: Sendable {
         // A retry's backoff passes on the device's clock, and ends with the window like any other wait.
         let environment = ClientEnvironment.seeded(seed ^ 0xC11E_57 &+ UInt64(index), clock: DeviceClock(link: link), seedNoise: true)
         var random = OrchardRandom.derived(seed: seed ^ 0x7EA1_7123, stream: UInt64(index))
-        let client = OrchardClient(
-            transport: VirtualTransport(inner: transport, link: link), server: "orchard-simulation",
-            configuration: ClientConfiguration(
-                storageDirectory: directory, environment: environment, trainingSeed: random.next(), conditions: conditions,
-                logger: silent, durability: .unsynced
-            )
-        )
+        var configuration = ClientConfiguration(
+            storageDirectory: directory, environment: environment, trainingSeed: random.next(), conditions: conditions, logger: silent, durability: .unsynced)
+        if coordinator.secureConsistencyCheck {
+            (configuration.secureAggregationIdentity, configuration.secureAggregationAuthorities) = try SimulatedAttestation.credentials(seed: seed, device: index)
+        }
+        let client = OrchardClient(transport: VirtualTransport(inner: transport, link: link), server: "orchard-simulation", configuration: configuration)
         do {
             job = try client.newJob(processName: processName, version: processVersion)
             scheduler = try BackgroundScheduler(
@@ -330,6 +329,7 @@ final class DeviceLink: Sendable {
         case .advertiseKeys: 1
         case .shareKeys: 2
         case .maskedInput: 3
+        case .consistencyCheck: 5
         default: 4
         }
         let now = clock.seconds
@@ -436,13 +436,18 @@ extension VirtualTransport {
     /// training); the request's and the answer's bytes take the device's link time.
     func secureAggregation(_ request: SecureAggregationRequest, session: String) async throws(OrchardClientError) -> SecureAggregationReply {
         let stage: SecureAggregationStage? = request.advertiseKeys != nil ? .advertiseKeys : request.shareKeys != nil ? .shareKeys
-            : request.maskedInput != nil ? .maskedInput : request.unmask != nil ? .unmask : nil
+            : request.maskedInput != nil ? .maskedInput : request.consistencyCheck != nil ? .consistencyCheck : request.unmask != nil ? .unmask : nil
         if let stage, stage != .advertiseKeys, await link.dropsBefore(stage) { throw interrupted(.killed) }
         // The bytes the request takes on the wire; a masked input's words are counted, not encoded twice.
-        var light = request
-        light.maskedInput?.words = []
-        let wordBytes = 4 * (request.maskedInput?.words.count ?? 0)
-        let up = ((try? WireCoding.encoder().encode(light).count) ?? 0) + (wordBytes + 2) / 3 * 4
+        let up: Int
+        if request.maskedInput != nil, request.maskedInputFormat == .safetensors {
+            up = MaskedInputEnvelope.byteCount(request)
+        } else {
+            var light = request
+            light.maskedInput?.words = []
+            let wordBytes = 4 * (request.maskedInput?.words.count ?? 0)
+            up = ((try? WireCoding.encoder().encode(light).count) ?? 0) + (wordBytes + 2) / 3 * 4
+        }
         do { try await link.spend(Double(up) / link.profile.uploadBytesPerSecond) } catch { throw interrupted(error) }
         let reply = try await call(closes: \.cycleClosed) { () async throws(OrchardClientError) in try await inner.secureAggregation(request, session: session) }
         let down = (try? WireCoding.encoder().encode(reply).count) ?? 0

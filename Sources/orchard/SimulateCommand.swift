@@ -87,6 +87,8 @@ struct SimulateCommand: AsyncParsableCommand {
     var saQuantizationRange: UInt32?
     @Option(name: .customLong("sa-stage-timeout"), parsing: .unconditional, help: "Secure aggregation: virtual seconds a stage waits for late devices (default: a sixth of --window-seconds; with --coordinator, real seconds, default a sixth of --cycle-seconds).")
     var saStageTimeout: Double?
+    @Flag(name: .customLong("sa-consistency-check"), help: "Secure aggregation against an actively malicious coordinator: devices sign their keys with identities a simulated authority certified, and sign the survivors in a consistency_check stage before revealing shares (--dropout applies to it too).")
+    var saConsistencyCheck = false
     @Option(help: "Seed of every random choice.")
     var seed: UInt64?
     @Option(help: "Directory for metrics.jsonl, summary.json and report.html (default: a new temporary directory).")
@@ -171,7 +173,8 @@ struct SimulateCommand: AsyncParsableCommand {
     func secure(goal: Int, overSelection: Double, windowSeconds: Double) throws(SimulationError) -> SecureAggregationConfig? {
         guard secureAggregation else {
             let stray = [("--sa-shares", saShares != nil), ("--sa-threshold", saThreshold != nil), ("--sa-clipping-range", saClippingRange != nil),
-                         ("--sa-quantization-range", saQuantizationRange != nil), ("--sa-stage-timeout", saStageTimeout != nil)].first { $0.1 }
+                         ("--sa-quantization-range", saQuantizationRange != nil), ("--sa-stage-timeout", saStageTimeout != nil),
+                         ("--sa-consistency-check", saConsistencyCheck)].first { $0.1 }
             if let stray { throw SimulationError(.invalidOption, "\(stray.0) needs --secure-aggregation") }
             return nil
         }
@@ -180,6 +183,7 @@ struct SimulateCommand: AsyncParsableCommand {
         var parameters = SecureAggregationConfiguration(shares: saShares, threshold: saThreshold ?? max(2, neighbours / 2 + 1))
         if let saClippingRange { parameters.clippingRange = saClippingRange }
         if let saQuantizationRange { parameters.quantizationRange = saQuantizationRange }
+        parameters.consistencyCheck = saConsistencyCheck
         return SecureAggregationConfig(parameters: parameters, stageTimeout: saStageTimeout ?? windowSeconds / 6)
     }
 
@@ -318,7 +322,8 @@ struct SimulateCommand: AsyncParsableCommand {
         ]
         if let a = s.final.accuracy { rows.append(("test accuracy", "\(f(s.initial.accuracy ?? 0)) → \(f(a)) (best \(f(s.bestAccuracy ?? a)))")) }
         if let steps = s.secureAggregation {
-            rows.append(("secure aggregation steps", "advertised \(steps.advertised), shared \(steps.shared), masked \(steps.masked), unmasked \(steps.unmasked)"))
+            let signed = steps.signed.map { ", signed \($0)" } ?? ""
+            rows.append(("secure aggregation steps", "advertised \(steps.advertised), shared \(steps.shared), masked \(steps.masked)\(signed), unmasked \(steps.unmasked)"))
         }
         if let epsilon = s.epsilon { rows.append(("privacy spent", "ε = \(f(epsilon, 3)) at δ = \(s.settings["dp_delta"] ?? "?")")) }
         if let r = s.final.rmse { rows.append(("test RMSE", "\(f(s.initial.rmse ?? 0)) → \(f(r)) (best \(f(s.bestRMSE ?? r)))")) }

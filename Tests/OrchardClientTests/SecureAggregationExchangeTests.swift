@@ -38,6 +38,7 @@ struct SecureAggregationExchangeTests {
         if request.advertiseKeys != nil { return "advertise_keys" }
         if request.shareKeys != nil { return "share_keys" }
         if request.maskedInput != nil { return "masked_input" }
+        if request.consistencyCheck != nil { return "consistency_check" }
         if request.unmask != nil { return "unmask" }
         return "poll"
     }
@@ -64,6 +65,59 @@ struct SecureAggregationExchangeTests {
             let error = abs(Double(result.mean[k]) - expected[k])
             #expect(error <= step + 1e-6, "coordinate \(k): \(result.mean[k]) vs \(expected[k])")
         }
+    }
+
+    @Test("with consistency_check, certified devices sign their keys and the survivors, and the mean is the weighted mean")
+    func signedHappyPath() throws {
+        var generator = SplitMix64(seed: 77)
+        let authority = SecureAggregationAuthority(using: &generator)
+        let now = Date(timeIntervalSince1970: 1_800_000_000)
+        let trust = SecureAggregationTrust(authorityPublicKeys: [authority.publicKey], now: now)
+        var plan = SecureFixture.plan()
+        plan.parameters.consistencyCheck = true
+        let counts = [10, 20, 30]
+        let updates = (0..<3).map { SecureFixture.update(device: $0, length: Self.length) }
+        let exchanges = try (0..<3).map { i in
+            let identity = try SecureAggregationIdentity(authority: authority, subject: "d\(i)", expiresAt: now.addingTimeInterval(3600), using: &generator)
+            return try SecureFixture.exchange(device: i, plan: plan, update: updates[i], sampleCount: counts[i], identity: identity, trust: trust)
+        }
+        var driver = LockstepDriver(exchanges: exchanges, coordinator: try Self.coordinator(goal: 3, plan: plan))
+        driver.run()
+        for i in 0..<3 {
+            #expect(driver.terminal(i) == Self.reported, "device \(i): \(driver.actions[i])")
+            let kinds = Self.requests(of: "w\(i)", in: driver.coordinator).map(Self.kind).filter { $0 != "poll" }
+            #expect(kinds == ["advertise_keys", "share_keys", "masked_input", "consistency_check", "unmask"])
+            #expect(Self.requests(of: "w\(i)", in: driver.coordinator).first?.advertiseKeys?.signed?.certificate.subject == "d\(i)")
+        }
+        let result = try #require(driver.coordinator.server.result)
+        let expected = SecureFixture.weightedMean(updates, counts: counts)
+        for k in 0..<Self.length { #expect(abs(Double(result.mean[k]) - expected[k]) <= plan.parameters.quantizationStep + 1e-6) }
+    }
+
+    @Test("a device that trusts an authority refuses a plan without consistency_check, and a signed plan needs an identity")
+    func signedPolicyIsTheDevicesNotTheCoordinators() throws {
+        var generator = SplitMix64(seed: 78)
+        let authority = SecureAggregationAuthority(using: &generator)
+        let now = Date(timeIntervalSince1970: 1_800_000_000)
+        let identity = try SecureAggregationIdentity(authority: authority, subject: "d0", expiresAt: now.addingTimeInterval(3600), using: &generator)
+        let trust = SecureAggregationTrust(authorityPublicKeys: [authority.publicKey], now: now)
+        let update = SecureFixture.update(device: 0, length: Self.length)
+        #expect(throws: OrchardClientError.self) { try SecureFixture.exchange(device: 0, update: update, sampleCount: 5, identity: identity, trust: trust) }
+        var signed = SecureFixture.plan()
+        signed.parameters.consistencyCheck = true
+        #expect(throws: OrchardClientError.self) { try SecureFixture.exchange(device: 0, plan: signed, update: update, sampleCount: 5) }
+        // A coordinator that certifies its own Sybil: the trusting device refuses the roster and sends nothing more.
+        let rogue = SecureAggregationAuthority(using: &generator)
+        var exchanges = [try SecureFixture.exchange(device: 0, plan: signed, update: update, sampleCount: 5, identity: identity, trust: trust)]
+        for i in 1..<3 {
+            let sybil = try SecureAggregationIdentity(authority: rogue, subject: "sybil-\(i)", expiresAt: now.addingTimeInterval(3600), using: &generator)
+            exchanges.append(try SecureFixture.exchange(device: i, plan: signed, update: SecureFixture.update(device: i, length: Self.length), sampleCount: 5, identity: sybil))
+        }
+        var driver = LockstepDriver(exchanges: exchanges, coordinator: try Self.coordinator(goal: 3, plan: signed))
+        driver.run()
+        guard case .failed(let error)? = driver.actions[0].last else { Issue.record("device 0 did not fail: \(driver.actions[0])"); return }
+        #expect(error.message.contains("verification_failed") || error.message.contains("certif"), "\(error)")
+        #expect(Self.requests(of: "w0", in: driver.coordinator).compactMap(\.shareKeys).isEmpty)
     }
 
     @Test("the first request advertises two 32-byte public keys with the worker and request key; polls carry nothing")

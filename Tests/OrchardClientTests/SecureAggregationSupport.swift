@@ -281,12 +281,12 @@ enum SecureFixture {
 
     static func exchange(
         device: Int, plan: SecureAggregationPlan = plan(), update: [Float], sampleCount: Int, retry: RequestRetryPolicy = RequestRetryPolicy(maximumAttempts: 3, jitter: 0),
-        waitLimit: Double = 1000, seed: UInt64? = nil
+        waitLimit: Double = 1000, seed: UInt64? = nil, identity: SecureAggregationIdentity? = nil, trust: SecureAggregationTrust? = nil
     ) throws(OrchardClientError) -> SecureAggregationExchange {
         var generator = OrchardRandom(seed: seed ?? UInt64(device) &* 7919)
         return try SecureAggregationExchange(
             plan: plan, processID: processID, cycle: cycle, workerID: "w\(device)", requestKey: "k\(device)", update: update, sampleCount: sampleCount,
-            retry: retry, waitLimit: waitLimit, using: &generator
+            retry: retry, waitLimit: waitLimit, identity: identity, trust: trust, using: &generator
         )
     }
 

@@ -41,6 +41,9 @@ struct SecureTestDevice {
     var index: Int?
     /// Sends the masked input as JSON even when the coordinator offers safetensors (a protocol-2.3 device).
     var jsonOnly = false
+    /// The device's certified identity and the authorities it trusts (processes with `consistency_check`).
+    var identity: SecureAggregationIdentity?
+    var trust: SecureAggregationTrust?
 
     init(auth: AuthenticateResponse, assignment: CycleAssignment, scale: Float, samples: Int, seed: UInt64, parameters: SecureAggregationConfiguration = SecureFixture.settings.parameters) {
         self.parameters = parameters
@@ -71,14 +74,19 @@ struct SecureTestDevice {
     /// Advertises the device's keys; keeps its index.
     mutating func advertise(on http: HTTP) async throws -> SecureAggregationReply {
         let keys = try secrets.publicKeys()
-        let result = try await send(request(advertise: SecureAggregationPublicKeys(channelPublicKey: keys.channel, maskPublicKey: keys.mask)), on: http)
+        let context = SecureAggregationPlan.context(processID: assignment.processID, cycle: assignment.cycle)
+        let signed = try identity.map { identity in
+            SecureAggregationAdvertisementSignature(
+                certificate: identity.certificate,
+                signature: try identity.sign(SecureAggregationAdvertisement.signedBytes(context: context, channelPublicKey: keys.channel, maskPublicKey: keys.mask)))
+        }
+        let result = try await send(request(advertise: SecureAggregationPublicKeys(channelPublicKey: keys.channel, maskPublicKey: keys.mask, signed: signed)), on: http)
         #expect(result.status == 200, "\(String(decoding: result.body, as: UTF8.self))")
         let reply = try result.decode(SecureAggregationReply.self)
         index = reply.device
         machine = try SecureAggregationDevice(
             index: reply.device, configuration: parameters,
-            context: SecureAggregationPlan.context(processID: assignment.processID, cycle: assignment.cycle), maximumSampleCount: 100,
-            modelLength: update.count, secrets: secrets)
+            context: context, maximumSampleCount: 100, modelLength: update.count, secrets: secrets, identity: identity, trust: trust)
         _ = try machine!.advertiseKeys()
         return reply
     }
@@ -339,6 +347,83 @@ struct SecureTestDevice {
         let served = try await harness.http.send("POST", Endpoint.secureAggregation, body: padded, token: devices[0].auth.sessionToken, headers: ["Content-Type": MediaType.json])
         #expect(served.status == 200, "\(String(decoding: served.body, as: UTF8.self))")
         #expect(harness.coordinator.uploadsInFlight == 0)
+    }
+
+    @Test func aSignedCycleChecksConsistencyDropsANonSignerAndSurvivesARestart() async throws {
+        let harness = try await Harness.start()
+        defer { Task { await harness.stop() } }
+        var settings = SecureFixture.settings
+        settings.parameters.consistencyCheck = true
+        let hosted = try await harness.host(SecureFixture.host(goal: 4, minimum: 3, settings: settings))
+        var generator = SplitMix64(seed: 42)
+        let authority = SecureAggregationAuthority(using: &generator)
+        let trust = SecureAggregationTrust(authorityPublicKeys: [authority.publicKey], now: harness.clock.date)
+        var devices: [SecureTestDevice] = []
+        for i in 0..<4 {
+            let auth = try await harness.device()
+            var device = SecureTestDevice(
+                auth: auth, assignment: try await harness.join(auth), scale: Self.inputs[i].scale, samples: Self.inputs[i].samples, seed: UInt64(200 + i),
+                parameters: settings.parameters)
+            device.identity = try SecureAggregationIdentity(
+                authority: authority, subject: "device-\(i)", expiresAt: harness.clock.date.addingTimeInterval(86_400), using: &generator)
+            device.trust = trust
+            devices.append(device)
+        }
+        // Unsigned keys, and keys signed for another cycle, are refused; nothing is counted.
+        let keys = try devices[0].secrets.publicKeys()
+        let unsigned = try await devices[0].send(devices[0].request(advertise: SecureAggregationPublicKeys(channelPublicKey: keys.channel, maskPublicKey: keys.mask)), on: harness.http)
+        #expect(unsigned.status == 422)
+        #expect(unsigned.errorCode == "invalid_secure_aggregation_message")
+        let identity = try #require(devices[0].identity)
+        let elsewhere = SecureAggregationAdvertisementSignature(
+            certificate: identity.certificate,
+            signature: try identity.sign(SecureAggregationAdvertisement.signedBytes(context: "orchard/secure-aggregation/other/1", channelPublicKey: keys.channel, maskPublicKey: keys.mask)))
+        let replayed = try await devices[0].send(devices[0].request(advertise: SecureAggregationPublicKeys(channelPublicKey: keys.channel, maskPublicKey: keys.mask, signed: elsewhere)), on: harness.http)
+        #expect(replayed.status == 422)
+        #expect(try await harness.status(hosted.processID).currentCycle?.secureAggregation?.advertised == 0)
+        for i in devices.indices { _ = try await devices[i].advertise(on: harness.http) }
+        for _ in 0..<2 { for i in devices.indices { _ = try await devices[i].step(on: harness.http) } }
+        var status = try await harness.status(hosted.processID)
+        #expect(status.currentCycle?.secureAggregation?.stage == .consistencyCheck)
+        #expect(status.currentCycle?.secureAggregation?.masked == 4)
+        // Device 1 signs; a signature of another survivor list and a second signature are refused.
+        let polled = try await devices[0].send(devices[0].request(), on: harness.http).decode(SecureAggregationReply.self)
+        #expect(polled.next == .consistencyCheck)
+        #expect(polled.consistencyRequest?.survivors == [1, 2, 3, 4])
+        var forged = devices[0].request()
+        forged.consistencyCheck = try SecureAggregationConsistencySignature(device: 1, signing: [1, 2, 3], context: SecureAggregationPlan.context(processID: hosted.processID, cycle: 1), identity: identity)
+        let wrong = try await devices[0].send(forged, on: harness.http)
+        #expect(wrong.status == 422)
+        #expect(wrong.errorCode == "invalid_secure_aggregation_message")
+        let signature = try #require(try devices[0].answer(polled))
+        #expect(try await devices[0].send(signature, on: harness.http).status == 200)
+        let twice = try await devices[0].send(signature, on: harness.http)
+        #expect(twice.status == 409)
+        #expect(twice.errorCode == "duplicate_message")
+        // A restart keeps the acknowledged signature and the stage.
+        try await harness.restart()
+        status = try await harness.status(hosted.processID)
+        #expect(status.currentCycle?.secureAggregation?.stage == .consistencyCheck)
+        #expect(status.currentCycle?.secureAggregation?.signed == 1)
+        // Devices 2 and 3 sign; device 4 does not and is dropped when the stage times out.
+        for i in 1..<3 { _ = try await devices[i].step(on: harness.http) }
+        harness.clock.advance(by: .seconds(31))
+        await harness.coordinator.tick()
+        status = try await harness.status(hosted.processID)
+        #expect(status.currentCycle?.secureAggregation?.stage == .unmask)
+        #expect(status.currentCycle?.secureAggregation?.dropped == 1)
+        let late = try await devices[3].send(devices[3].request(), on: harness.http)
+        #expect(late.status == 409)
+        #expect(late.errorCode == "dropped_device")
+        // Each signer's unmask request carries its signing neighbours' signatures; its input and the non-signer's are
+        // in the aggregate.
+        let unmask = try await devices[0].send(devices[0].request(), on: harness.http).decode(SecureAggregationReply.self)
+        #expect(unmask.next == .unmask)
+        #expect(unmask.unmaskRequest?.signatures?.map(\.device) == [2, 3])
+        for i in 0..<3 { _ = try await devices[i].step(on: harness.http) }
+        status = try await harness.status(hosted.processID)
+        #expect(status.latestCheckpoint == 1)
+        expectClose(try await harness.checkpoint(hosted.processID), Fixture.expectedAfterFedAvg(Array(Self.inputs.prefix(4))), tolerance: SecureFixture.step)
     }
 
     @Test func aBinaryMaskedInputIsCheckedAsTheJSONOneIs() async throws {

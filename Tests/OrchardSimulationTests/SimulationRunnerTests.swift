@@ -142,4 +142,31 @@ import Testing
         let expected = try PrivacyAccountant.epsilon(samplingRate: 10.0 / 1000, noiseMultiplier: 0.5, steps: released, delta: 1e-5).epsilon
         #expect(abs((noised.summary.epsilon ?? 0) - expected) <= 1e-9 * expected)
     }
+
+    /// `--sa-consistency-check`: certified virtual devices sign their keys and the survivors; a fifth stage, with its
+    /// own dropout and count, and the run still aggregates and is reproducible.
+    @Test func aSignedSecureFleetChecksConsistencyEveryRound() async throws {
+        let dir = Self.temporaryDirectory()
+        defer { try? FileManager.default.removeItem(at: dir) }
+        var c = Self.configuration(transport: .memory, directory: dir)
+        c.clients = 20
+        c.availability = .always
+        c.windowSeconds = 120
+        c.dropout = 0.05
+        c.overSelection = 1
+        c.secureAggregation = SecureAggregationConfig(parameters: SecureAggregationConfiguration(threshold: 5, consistencyCheck: true), stageTimeout: 10)
+        let result = try await SimulationRunner.run(c, progress: Self.quiet, clock: ManualClock())
+        #expect(result.summary.aggregatedRounds >= 3)
+        let initial = try #require(result.summary.initial.rmse), final = try #require(result.summary.final.rmse)
+        #expect(final < 0.7 * initial)
+        for round in result.rounds {
+            let steps = try #require(round.secureAggregation)
+            let signed = try #require(steps.signed, "round \(round.round) counts signatures")
+            #expect(steps.masked >= signed && signed >= steps.unmasked, "round \(round.round): \(steps)")
+            if round.aggregated { #expect(signed > c.secureAggregation!.parameters.threshold) }
+        }
+        #expect(try #require(result.summary.secureAggregation?.signed) > 0)
+        let again = try await SimulationRunner.run(c, progress: Self.quiet, clock: ManualClock())
+        #expect(again.rounds.map(\.withoutTiming) == result.rounds.map(\.withoutTiming))
+    }
 }
