@@ -244,7 +244,7 @@ extension Coordinator {
         do {
             return try SecureCycle(
                 settings: settings, context: SecureAggregationPlan.context(processID: runtime.process.id, cycle: runtime.machine.cycle),
-                capacity: runtime.machine.configuration.capacity, minimumAdvertisements: runtime.machine.configuration.minimumReports,
+                goalCount: runtime.machine.configuration.goalCount, minimumAdvertisements: runtime.machine.configuration.minimumReports,
                 maximumSampleCount: runtime.process.serverConfig.maximumSampleCount,
                 modelLength: runtime.layout.totalCount
             )

@@ -41,13 +41,14 @@ struct SecureCycle: Sendable {
     /// Events applied so far (the next event's sequence number).
     private(set) var sequence = 0
 
-    /// A fresh cycle's secure aggregation.
-    /// - Throws: `invalid_configuration` when the settings do not hold for `capacity` devices.
-    init(settings: SecureAggregationConfig, context: String, capacity: Int, minimumAdvertisements: Int, maximumSampleCount: Int, modelLength: Int) throws(SecureAggregationError) {
+    /// A fresh cycle's secure aggregation. advertise_keys closes at `goalCount` advertisements, so the roster holds at
+    /// most that many devices, however many the cycle admitted (over-selection).
+    /// - Throws: `invalid_configuration` when the settings do not hold for `goalCount` devices.
+    init(settings: SecureAggregationConfig, context: String, goalCount: Int, minimumAdvertisements: Int, maximumSampleCount: Int, modelLength: Int) throws(SecureAggregationError) {
         self.settings = settings
         self.minimumAdvertisements = minimumAdvertisements
         server = try SecureAggregationServer(
-            configuration: settings.parameters, context: context, maximumDevices: capacity, maximumSampleCount: maximumSampleCount, modelLength: modelLength)
+            configuration: settings.parameters, context: context, maximumDevices: goalCount, maximumSampleCount: maximumSampleCount, modelLength: modelLength)
         server.replacingAdvertisements = true
     }
 

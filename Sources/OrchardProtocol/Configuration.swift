@@ -411,7 +411,7 @@ public struct ServerConfig: Sendable, Hashable, Codable {
             }
         }
         if let secureAggregation {
-            if let failure = secureAggregation.validationFailure(capacity: capacity, maximumSampleCount: maximumSampleCount) { return failure }
+            if let failure = secureAggregation.validationFailure(goalCount: goalCount, maximumSampleCount: maximumSampleCount) { return failure }
             if updateNormBound != nil {
                 return "server_config.update_norm_bound and server_config.secure_aggregation cannot both be set: the coordinator never sees a single update's norm; secure_aggregation.clipping_range bounds every coordinate on the device"
             }

@@ -60,16 +60,17 @@ public struct SecureAggregationConfig: Sendable, Hashable, Codable {
         if parameters.consistencyCheck { try c.encode(true, forKey: .consistencyCheck) }
     }
 
-    /// The first problem with the configuration for a process admitting `capacity` devices per cycle with sample
-    /// counts up to `maximumSampleCount`, or nil.
-    public func validationFailure(capacity: Int, maximumSampleCount: Int) -> String? {
+    /// The first problem with the configuration for a process whose cycles close advertise_keys at `goalCount`
+    /// advertisements (so a roster holds at most that many devices, however many were over-selected) with sample counts
+    /// up to `maximumSampleCount`, or nil.
+    public func validationFailure(goalCount: Int, maximumSampleCount: Int) -> String? {
         if !(stageTimeout > 0 && stageTimeout <= WireLimits.maximumSeconds) {
             return "server_config.secure_aggregation.stage_timeout must be a positive number of seconds, at most \(WireLimits.maximumSeconds), not \(stageTimeout)"
         }
         do {
-            try parameters.validate(devices: capacity, maximumSampleCount: maximumSampleCount)
+            try parameters.validate(devices: goalCount, maximumSampleCount: maximumSampleCount)
         } catch {
-            return "server_config.secure_aggregation: \(error.message) (capacity = ceil(goal_count * over_selection) = \(capacity), maximum_sample_count = \(maximumSampleCount))"
+            return "server_config.secure_aggregation: \(error.message) (a roster holds at most goal_count = \(goalCount) devices; maximum_sample_count = \(maximumSampleCount))"
         }
         return nil
     }

@@ -160,7 +160,7 @@ struct SimulateCommand: AsyncParsableCommand {
         if let seed { c.seed = seed }
         if let output { c.output = URL(fileURLWithPath: output) }
         c.privacy = try privacy(clients: c.clients)
-        c.secureAggregation = try secure(goal: c.goal, overSelection: c.overSelection, windowSeconds: coordinator == nil ? c.windowSeconds : c.cycleSeconds)
+        c.secureAggregation = try secure(goal: c.goal, windowSeconds: coordinator == nil ? c.windowSeconds : c.cycleSeconds)
         if let privacy = c.privacy, var failure = privacy.validationFailure(goalCount: c.goal, capacity: Int((Double(c.goal) * c.overSelection).rounded(.up))) {
             for (field, flag) in Self.privacyFlags { failure = failure.replacingOccurrences(of: field, with: flag) }
             throw SimulationError(.invalidOption, failure)
@@ -170,7 +170,7 @@ struct SimulateCommand: AsyncParsableCommand {
     }
 
     /// The secure aggregation the `--sa-*` options ask for; nil without `--secure-aggregation`.
-    func secure(goal: Int, overSelection: Double, windowSeconds: Double) throws(SimulationError) -> SecureAggregationConfig? {
+    func secure(goal: Int, windowSeconds: Double) throws(SimulationError) -> SecureAggregationConfig? {
         guard secureAggregation else {
             let stray = [("--sa-shares", saShares != nil), ("--sa-threshold", saThreshold != nil), ("--sa-clipping-range", saClippingRange != nil),
                          ("--sa-quantization-range", saQuantizationRange != nil), ("--sa-stage-timeout", saStageTimeout != nil),
@@ -178,8 +178,8 @@ struct SimulateCommand: AsyncParsableCommand {
             if let stray { throw SimulationError(.invalidOption, "\(stray.0) needs --secure-aggregation") }
             return nil
         }
-        let capacity = Int((Double(goal) * overSelection).rounded(.up))
-        let neighbours = min(saShares ?? (capacity - 1), capacity - 1)
+        // advertise_keys closes at the goal: a roster holds at most `goal` devices, however many were over-selected.
+        let neighbours = min(saShares ?? (goal - 1), goal - 1)
         var parameters = SecureAggregationConfiguration(shares: saShares, threshold: saThreshold ?? max(2, neighbours / 2 + 1))
         if let saClippingRange { parameters.clippingRange = saClippingRange }
         if let saQuantizationRange { parameters.quantizationRange = saQuantizationRange }

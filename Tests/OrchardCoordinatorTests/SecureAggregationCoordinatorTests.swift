@@ -426,6 +426,35 @@ struct SecureTestDevice {
         expectClose(try await harness.checkpoint(hosted.processID), Fixture.expectedAfterFedAvg(Array(Self.inputs.prefix(4))), tolerance: SecureFixture.step)
     }
 
+    @Test func overSelectedDevicesBeyondTheGoalAreTurnedAwayAndTheThresholdFollowsTheGoal() async throws {
+        let harness = try await Harness.start()
+        defer { Task { await harness.stop() } }
+        // Goal 4, six admitted: a roster holds at most 4, so threshold 2 (above half of 3 neighbours) is enough.
+        var request = SecureFixture.host(goal: 4, minimum: 3)
+        request.serverConfig.overSelection = 1.5
+        let hosted = try await harness.host(request)
+        var devices: [SecureTestDevice] = []
+        for i in 0..<6 {
+            let auth = try await harness.device()
+            devices.append(SecureTestDevice(auth: auth, assignment: try await harness.join(auth), scale: Self.inputs[i].scale, samples: Self.inputs[i].samples, seed: UInt64(300 + i)))
+        }
+        for i in 0..<4 { _ = try await devices[i].advertise(on: harness.http) }
+        #expect(try await harness.status(hosted.processID).currentCycle?.secureAggregation?.stage == .shareKeys)
+        let keys = try devices[4].secrets.publicKeys()
+        let late = try await devices[4].send(devices[4].request(advertise: SecureAggregationPublicKeys(channelPublicKey: keys.channel, maskPublicKey: keys.mask)), on: harness.http)
+        #expect(late.status == 409)
+        #expect(late.errorCode == "stage_closed")
+        for _ in 0..<3 { for i in 0..<4 { _ = try await devices[i].step(on: harness.http) } }
+        #expect(try await harness.status(hosted.processID).latestCheckpoint == 1)
+        expectClose(try await harness.checkpoint(hosted.processID), Fixture.expectedAfterFedAvg(Array(Self.inputs.prefix(4))), tolerance: SecureFixture.step)
+        // The rule still holds against the goal: threshold 2 of a goal of 6 (5 neighbours) is refused.
+        var tooLow = SecureFixture.host(goal: 6, minimum: 3)
+        tooLow.name = "too-low"
+        let refused = try await harness.http.json("POST", Endpoint.processes, tooLow, token: Harness.adminToken)
+        #expect(refused.status == 400)
+        #expect(String(decoding: refused.body, as: UTF8.self).contains("goal_count = 6"))
+    }
+
     @Test func aBinaryMaskedInputIsCheckedAsTheJSONOneIs() async throws {
         let harness = try await Harness.start()
         defer { Task { await harness.stop() } }
