@@ -148,22 +148,46 @@ public enum MaskExpansion {
         }
     }
 
-    /// Adds (or subtracts) the expansion of `seed` to `words` modulo 2^`modulusBits`, reading the keystream in place.
+    /// Words per keystream chunk: 64 KiB, so a chunk is made and added while it is in cache, and no buffer the
+    /// model's size is allocated (and zeroed by the kernel) per stream.
+    static let chunkWords = 16_384
+    /// A chunk's worth of zero bytes: AES-CTR of zeros is the keystream.
+    private static let zeros = Data(count: 4 * chunkWords)
+
+    /// Adds (or subtracts) the expansion of `seed` to `words` modulo 2^`modulusBits`, chunk by chunk: chunk j is the
+    /// keystream from counter block j · (chunk blocks), so the words are exactly those of one keystream of the whole
+    /// length (``keystream(seed:byteCount:)``).
     static func apply(seed: Data, to words: inout [UInt32], modulusBits: Int, subtracting: Bool) throws(SecureAggregationError) {
-        guard !words.isEmpty else {
-            _ = try keystream(seed: seed, byteCount: 0)
-            return
+        guard seed.count == SecureAggregationCrypto.keyByteCount else {
+            throw SecureAggregationError(.cryptographyFailure, "a mask seed must be 32 bytes, not \(seed.count)")
         }
         let mask: UInt32 = modulusBits >= 32 ? .max : (UInt32(1) << UInt32(modulusBits)) &- 1
-        let stream = try keystream(seed: seed, byteCount: 4 * words.count)
-        stream.withUnsafeBytes { raw in
-            words.withUnsafeMutableBufferPointer { out in
-                if subtracting {
-                    for i in 0..<out.count { out[i] = (out[i] &- UInt32(littleEndian: raw.loadUnaligned(fromByteOffset: 4 * i, as: UInt32.self))) & mask }
-                } else {
-                    for i in 0..<out.count { out[i] = (out[i] &+ UInt32(littleEndian: raw.loadUnaligned(fromByteOffset: 4 * i, as: UInt32.self))) & mask }
+        let key = SymmetricKey(data: seed)
+        let blocksPerChunk = UInt64(4 * chunkWords / 16)
+        var start = 0, chunk: UInt64 = 0
+        while start < words.count {
+            let count = min(chunkWords, words.count - start)
+            // The 128-bit big-endian counter block where this chunk starts.
+            var counter = [UInt8](repeating: 0, count: 16)
+            withUnsafeBytes(of: (chunk * blocksPerChunk).bigEndian) { counter.replaceSubrange(8..<16, with: $0) }
+            let stream: Data
+            do {
+                stream = try AES._CTR.encrypt(zeros.prefix(4 * count), using: key, nonce: AES._CTR.Nonce(nonceBytes: counter))
+            } catch {
+                throw SecureAggregationError(.cryptographyFailure, "expanding a mask seed failed: \(error)")
+            }
+            stream.withUnsafeBytes { raw in
+                words.withUnsafeMutableBufferPointer { all in
+                    let out = UnsafeMutableBufferPointer(rebasing: all[start..<(start + count)])
+                    if subtracting {
+                        for i in 0..<count { out[i] = (out[i] &- UInt32(littleEndian: raw.loadUnaligned(fromByteOffset: 4 * i, as: UInt32.self))) & mask }
+                    } else {
+                        for i in 0..<count { out[i] = (out[i] &+ UInt32(littleEndian: raw.loadUnaligned(fromByteOffset: 4 * i, as: UInt32.self))) & mask }
+                    }
                 }
             }
+            start += count
+            chunk += 1
         }
     }
 }

@@ -1,10 +1,27 @@
 import Foundation
-import OrchardPrivacy
+@testable import OrchardPrivacy
 import OrchardSupport
 import Testing
 
 /// Key agreement, the share channel and mask expansion.
 @Suite struct SecureAggregationCryptoTests {
+    /// The masks are added chunk by chunk; the words are those of one AES-256-CTR keystream of the whole length,
+    /// across chunk boundaries and a partial last chunk (what a device and the server computed before chunking).
+    @Test func chunkedExpansionIsOneKeystream() throws {
+        let seed = Data((0..<32).map { UInt8(7 &* $0 &+ 1) })
+        for count in [1, MaskExpansion.chunkWords - 1, MaskExpansion.chunkWords, MaskExpansion.chunkWords + 1, 3 * MaskExpansion.chunkWords + 7] {
+            let stream = try MaskExpansion.keystream(seed: seed, byteCount: 4 * count)
+            let expected = stream.withUnsafeBytes { raw in (0..<count).map { UInt32(littleEndian: raw.loadUnaligned(fromByteOffset: 4 * $0, as: UInt32.self)) } }
+            #expect(try MaskExpansion.expand(seed: seed, count: count, modulusBits: 32) == expected, "\(count) words")
+            var words = expected
+            try MaskExpansion.apply(seed: seed, to: &words, modulusBits: 32, subtracting: true)
+            #expect(words.allSatisfy { $0 == 0 }, "\(count) words: adding then subtracting the mask")
+        }
+        var empty: [UInt32] = []
+        try MaskExpansion.apply(seed: seed, to: &empty, modulusBits: 32, subtracting: false)
+        #expect(throws: SecureAggregationError.self) { try MaskExpansion.expand(seed: Data(count: 31), count: 4, modulusBits: 32) }
+    }
+
     @Test func maskExpansionIsDeterministicAndSeedDependent() throws {
         let seedA = Data((0..<32).map { UInt8($0) }), seedB = Data((0..<32).map { UInt8($0 == 31 ? 0 : $0) })
         let a1 = try MaskExpansion.expand(seed: seedA, count: 1000, modulusBits: 32)
