@@ -101,17 +101,32 @@ final class FlowerProcess: @unchecked Sendable {
     }
 
     /// `flower-superexec` runs in a session of its own (so the group signal misses it) and outlives its parent; it
-    /// names the parent with `--parent-pid`. Kills every such process of `parent`.
+    /// names the parent with `--parent-pid`. Kills every such process of `parent`, and the processes it started
+    /// (the `flwr-serverapp` of a run, which would otherwise be left to init), children first.
     static func killChildrenOutsideTheGroup(of parent: Int32) {
         guard let entries = try? FileManager.default.contentsOfDirectory(atPath: "/proc") else { return }
         let marker = Array("--parent-pid\u{0}\(parent)\u{0}".utf8)
+        var children: [Int32: [Int32]] = [:]
+        var marked: [Int32] = []
         for entry in entries {
-            guard let pid = Int32(entry), let cmdline = FileManager.default.contents(atPath: "/proc/\(entry)/cmdline") else { continue }
+            guard let pid = Int32(entry) else { continue }
+            // /proc/<pid>/stat: "pid (comm) state ppid …"; comm may hold spaces, so read after the last ')'.
+            if let stat = FileManager.default.contents(atPath: "/proc/\(entry)/stat").map({ String(decoding: $0, as: UTF8.self) }),
+               let close = stat.lastIndex(of: ")") {
+                let fields = stat[stat.index(after: close)...].split(separator: " ")
+                if fields.count > 1, let ppid = Int32(fields[1]) { children[ppid, default: []].append(pid) }
+            }
+            guard let cmdline = FileManager.default.contents(atPath: "/proc/\(entry)/cmdline") else { continue }
             let bytes = [UInt8](cmdline)
             if bytes.count >= marker.count, (0...(bytes.count - marker.count)).contains(where: { bytes[$0..<($0 + marker.count)].elementsEqual(marker) }) {
-                kill(pid, SIGKILL)
+                marked.append(pid)
             }
         }
+        func killTree(_ pid: Int32) {
+            for child in children[pid] ?? [] { killTree(child) }
+            kill(pid, SIGKILL)
+        }
+        for pid in marked { killTree(pid) }
     }
 
     /// A fixture dropped without ``stop()`` (a failed test) kills its processes at once.
