@@ -105,17 +105,22 @@ import Testing
 
     /// `--secure-aggregation`: every round's sum is unmasked by the coordinator, devices drop out at each stage (the
     /// fleet's dropout, drawn per stage), the counts say how many reached each one, and the run is reproducible.
-    @Test func aSecureFleetAggregatesMaskedUpdatesDespiteDropoutsAtEachStage() async throws {
-        let dir = Self.temporaryDirectory()
-        defer { try? FileManager.default.removeItem(at: dir) }
-        var c = Self.configuration(transport: .memory, directory: dir)
+    /// Twenty always-available devices, ten a round, 5 % dropout, secure aggregation with threshold 5 of 9 neighbours.
+    static func secureFleet(directory: URL, consistencyCheck: Bool = false) -> SimulationConfiguration {
+        var c = configuration(transport: .memory, directory: directory)
         c.clients = 20
         c.availability = .always
         c.windowSeconds = 120
         c.dropout = 0.05
         c.overSelection = 1
-        // Ten devices a round: threshold 5 of 9 neighbours.
-        c.secureAggregation = SecureAggregationConfig(parameters: SecureAggregationConfiguration(threshold: 5), stageTimeout: 10)
+        c.secureAggregation = SecureAggregationConfig(parameters: SecureAggregationConfiguration(threshold: 5, consistencyCheck: consistencyCheck), stageTimeout: 10)
+        return c
+    }
+
+    @Test func aSecureFleetAggregatesMaskedUpdatesDespiteDropoutsAtEachStage() async throws {
+        let dir = Self.temporaryDirectory()
+        defer { try? FileManager.default.removeItem(at: dir) }
+        var c = Self.secureFleet(directory: dir)
         let result = try await SimulationRunner.run(c, progress: Self.quiet, clock: ManualClock())
         let initial = try #require(result.summary.initial.rmse), final = try #require(result.summary.final.rmse)
         #expect(final < 0.7 * initial)
@@ -148,13 +153,7 @@ import Testing
     @Test func aSignedSecureFleetChecksConsistencyEveryRound() async throws {
         let dir = Self.temporaryDirectory()
         defer { try? FileManager.default.removeItem(at: dir) }
-        var c = Self.configuration(transport: .memory, directory: dir)
-        c.clients = 20
-        c.availability = .always
-        c.windowSeconds = 120
-        c.dropout = 0.05
-        c.overSelection = 1
-        c.secureAggregation = SecureAggregationConfig(parameters: SecureAggregationConfiguration(threshold: 5, consistencyCheck: true), stageTimeout: 10)
+        let c = Self.secureFleet(directory: dir, consistencyCheck: true)
         let result = try await SimulationRunner.run(c, progress: Self.quiet, clock: ManualClock())
         #expect(result.summary.aggregatedRounds >= 3)
         let initial = try #require(result.summary.initial.rmse), final = try #require(result.summary.final.rmse)

@@ -29,7 +29,7 @@ struct SignedFixture {
 }
 
 /// Seven signed devices (threshold 4, SecAgg, consistency_check) and an honest server, driven stage by stage.
-struct SignedCycle {
+struct SignedCycle: DrivenCycle {
     static let configuration = SecureAggregationConfiguration(threshold: 4, clippingRange: 1, quantizationRange: 1 << 12, consistencyCheck: true)
     static let length = 16
 
@@ -52,32 +52,6 @@ struct SignedCycle {
         server = try SecureAggregationServer(
             configuration: Self.configuration, context: SecAggFixture.context, maximumDevices: count,
             maximumSampleCount: SecAggFixture.maximumSampleCount, modelLength: Self.length)
-    }
-
-    mutating func advertise(skipping: Set<Int> = []) throws {
-        for i in devices.indices where !skipping.contains(devices[i].index) { try server.receiveAdvertisement(try devices[i].advertiseKeys()) }
-        actions = try server.closeStage(using: &generator)
-    }
-
-    func roster(_ device: Int) -> SecureAggregationRoster? {
-        for case .sendRoster(device, let roster) in actions { return roster }
-        return nil
-    }
-
-    mutating func share(skipping: Set<Int> = []) throws {
-        for case .sendRoster(let device, let roster) in actions where !skipping.contains(device) {
-            try server.receiveShareKeys(try devices[device - 1].shareKeys(roster, using: &generator))
-        }
-        actions = try server.closeStage(using: &generator)
-    }
-
-    mutating func mask(skipping: Set<Int> = []) throws {
-        for case .deliverShares(let device, let delivery) in actions where !skipping.contains(device) {
-            let update = (0..<Self.length).map { Float($0) / 20 - 0.3 }
-            let masked = try devices[device - 1].maskedInput(delivery, update: update, sampleCount: device, using: &generator)
-            try server.addMaskedInput(device: device, words: masked.words)
-        }
-        actions = try server.closeStage(using: &generator)
     }
 
     /// The consistency requests of the last actions, by device.
@@ -114,4 +88,66 @@ struct SignedCycle {
 /// The error code `body` throws, if any.
 func secAggCode(_ body: () throws -> Void) -> SecureAggregationError.Code? {
     do { try body(); return nil } catch let error as SecureAggregationError { return error.code } catch { return nil }
+}
+
+/// A cycle driven in memory by a test: devices and a server exchanging each stage's messages directly.
+protocol DrivenCycle {
+    var generator: SplitMix64 { get set }
+    var devices: [SecureAggregationDevice] { get set }
+    var server: SecureAggregationServer { get set }
+    var actions: [SecureAggregationServerAction] { get set }
+    /// The model length.
+    static var length: Int { get }
+}
+
+extension DrivenCycle {
+    /// Closes the open stage (the generator is copied out and back: through the protocol, `self`'s members are
+    /// accessors, and an `inout` member beside another member would overlap).
+    mutating func close() throws {
+        var random = generator
+        var state = server
+        actions = try state.closeStage(using: &random)
+        server = state
+        generator = random
+    }
+
+    /// Every device but `skipping` advertises; advertise_keys closes.
+    mutating func advertise(skipping: Set<Int> = []) throws {
+        for i in devices.indices where !skipping.contains(devices[i].index) { try server.receiveAdvertisement(try devices[i].advertiseKeys()) }
+        try close()
+    }
+
+    /// The roster the last actions send `device`.
+    func roster(_ device: Int) -> SecureAggregationRoster? {
+        for case .sendRoster(device, let roster) in actions { return roster }
+        return nil
+    }
+
+    /// Every rostered device but `skipping` shares; share_keys closes.
+    mutating func share(skipping: Set<Int> = []) throws {
+        var random = generator
+        for case .sendRoster(let device, let roster) in actions where !skipping.contains(device) {
+            try server.receiveShareKeys(try devices[device - 1].shareKeys(roster, using: &random))
+        }
+        generator = random
+        try close()
+    }
+
+    /// Every device given its shares but `skipping` sends a masked input (device i weighs i); masked_input closes.
+    /// Returns the deliveries, by device.
+    @discardableResult
+    mutating func mask(skipping: Set<Int> = []) throws -> [Int: SecureAggregationShareDelivery] {
+        var deliveries: [Int: SecureAggregationShareDelivery] = [:]
+        var random = generator
+        for case .deliverShares(let device, let delivery) in actions {
+            deliveries[device] = delivery
+            guard !skipping.contains(device) else { continue }
+            let update = (0..<Self.length).map { Float($0) / 20 - 0.3 }
+            let masked = try devices[device - 1].maskedInput(delivery, update: update, sampleCount: device, using: &random)
+            try server.addMaskedInput(device: device, words: masked.words)
+        }
+        generator = random
+        try close()
+        return deliveries
+    }
 }

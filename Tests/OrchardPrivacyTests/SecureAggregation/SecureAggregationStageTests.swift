@@ -13,7 +13,8 @@ import Testing
     }
 
     /// Seven devices and a server, driven to the stage after `through`; returns the last actions.
-    struct Cycle {
+    struct Cycle: DrivenCycle {
+        static var length: Int { SecureAggregationStageTests.length }
         var generator = SplitMix64(seed: 42)
         var devices: [SecureAggregationDevice]
         var server: SecureAggregationServer
@@ -24,37 +25,6 @@ import Testing
             server = try SecureAggregationServer(
                 configuration: SecureAggregationStageTests.configuration, context: SecAggFixture.context, maximumDevices: count,
                 maximumSampleCount: SecAggFixture.maximumSampleCount, modelLength: SecureAggregationStageTests.length)
-        }
-
-        mutating func advertise(skipping: Set<Int> = []) throws {
-            for i in devices.indices where !skipping.contains(devices[i].index) { try server.receiveAdvertisement(try devices[i].advertiseKeys()) }
-            actions = try server.closeStage(using: &generator)
-        }
-
-        func roster(_ device: Int) -> SecureAggregationRoster? {
-            for case .sendRoster(device, let roster) in actions { return roster }
-            return nil
-        }
-
-        mutating func share(skipping: Set<Int> = []) throws {
-            let rosters = actions
-            for case .sendRoster(let device, let roster) in rosters where !skipping.contains(device) {
-                try server.receiveShareKeys(try devices[device - 1].shareKeys(roster, using: &generator))
-            }
-            actions = try server.closeStage(using: &generator)
-        }
-
-        mutating func mask(skipping: Set<Int> = []) throws -> [Int: SecureAggregationShareDelivery] {
-            var deliveries: [Int: SecureAggregationShareDelivery] = [:]
-            for case .deliverShares(let device, let delivery) in actions {
-                deliveries[device] = delivery
-                guard !skipping.contains(device) else { continue }
-                let update = (0..<SecureAggregationStageTests.length).map { Float($0) / 20 - 0.3 }
-                let masked = try devices[device - 1].maskedInput(delivery, update: update, sampleCount: device, using: &generator)
-                try server.addMaskedInput(device: device, words: masked.words)
-            }
-            actions = try server.closeStage(using: &generator)
-            return deliveries
         }
     }
 
