@@ -4,6 +4,7 @@ import Foundation
 import OrchardCoreML
 public import Logging
 import OrchardFormats
+import OrchardPrivacy
 public import OrchardProtocol
 import Synchronization
 
@@ -41,6 +42,12 @@ extension Coordinator {
             throw CoordinatorError(
                 .unsupportedVersion,
                 "process '\(request.processName)' uses secure aggregation, which needs protocol \(WireProtocol.secureAggregationVersion) or later; this device speaks \(request.protocolVersion)"
+            )
+        }
+        if runtime.process.serverConfig.secureAggregation?.parameters.consistencyCheck == true && request.protocolVersion < WireProtocol.signedSecureAggregationVersion {
+            throw CoordinatorError(
+                .unsupportedVersion,
+                "process '\(request.processName)' signs its secure aggregation (consistency_check), which needs protocol \(WireProtocol.signedSecureAggregationVersion) or later; this device speaks \(request.protocolVersion)"
             )
         }
         let now = clock.date

@@ -85,6 +85,9 @@ public enum WireProtocol {
     public static let localPrivacyVersion = SemanticVersion(2, 2, 0)
     /// The first version whose devices take part in secure aggregation (older ones would upload plain reports).
     public static let secureAggregationVersion = SemanticVersion(2, 3, 0)
+    /// The first version whose devices sign their secure-aggregation steps (`consistency_check`); an older one would
+    /// advertise unsigned keys and be refused at every cycle.
+    public static let signedSecureAggregationVersion = SemanticVersion(2, 4, 0)
     /// The HTTP header carrying the sender's protocol version.
     public static let versionHeader = "Orchard-Protocol-Version"
     /// The path prefix of every versioned endpoint.

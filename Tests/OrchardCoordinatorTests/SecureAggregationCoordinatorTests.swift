@@ -552,6 +552,17 @@ struct SecureTestDevice {
         let outdated = try await harness.http.json("POST", Endpoint.authenticate, old)
         #expect(outdated.status == 400)
         #expect(outdated.errorCode == "unsupported_version")
+        // A 2.3 device cannot sign: a process with consistency_check refuses it at authentication, and takes a 2.4 one.
+        var signed = SecureFixture.host(goal: 4, minimum: 3)
+        signed.name = "signed"
+        signed.serverConfig.secureAggregation?.parameters.consistencyCheck = true
+        _ = try await harness.host(signed)
+        var unsigned = AuthenticateRequest(processName: "signed", processVersion: SemanticVersion(1))
+        unsigned.protocolVersion = SemanticVersion(2, 3, 0)
+        let unsignedDevice = try await harness.http.json("POST", Endpoint.authenticate, unsigned)
+        #expect(unsignedDevice.status == 400)
+        #expect(unsignedDevice.errorCode == "unsupported_version")
+        #expect(try await harness.http.json("POST", Endpoint.authenticate, AuthenticateRequest(processName: "signed", processVersion: SemanticVersion(1))).status == 200)
     }
 
     /// Distributed differential privacy: the plan tells each device its share of the noise, the coordinator releases
