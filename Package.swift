@@ -296,7 +296,9 @@ let package = Package(
         ),
         .testTarget(
             name: "OrchardPrivacyTests",
-            dependencies: ["OrchardPrivacy", "OrchardSupport", .product(name: "Crypto", package: "swift-crypto")],
+            dependencies: [
+                "OrchardPrivacy", "OrchardSupport", .product(name: "Crypto", package: "swift-crypto"), .product(name: "CryptoExtras", package: "swift-crypto"),
+            ],
             swiftSettings: swiftSettings
         ),
         .testTarget(name: "OrchardFormatsTests", dependencies: ["OrchardFormats", "OrchardTesting", .product(name: "PropertyBased", package: "swift-property-based")], swiftSettings: swiftSettings),

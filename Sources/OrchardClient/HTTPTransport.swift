@@ -122,11 +122,7 @@ public struct HTTPTransport: ClientTransport {
         guard request.maskedInput != nil, request.maskedInputFormat == .safetensors else {
             return try await exchange(.POST, Endpoint.secureAggregation, body: request, session: session)
         }
-        var http = try makeRequest(.POST, Endpoint.secureAggregation, session: session)
-        http.headers.replaceOrAdd(name: "Content-Type", value: MediaType.safetensors)
-        http.body = .bytes(ByteBuffer(bytes: MaskedInputEnvelope.encode(request)))
-        let (bytes, head) = try await send(http)
-        return try decodeAnswer(SecureAggregationReply.self, bytes: bytes, head: head)
+        return try await postSafetensors(MaskedInputEnvelope.encode(request), to: Endpoint.secureAggregation, session: session)
     }
 
     public func plan(_ planID: String, requestKey: String, session: String) async throws(OrchardClientError) -> TrainingPlan {
@@ -136,11 +132,16 @@ public struct HTTPTransport: ClientTransport {
     }
 
     public func report(_ body: [UInt8], session: String) async throws(OrchardClientError) -> ReportResponse {
-        var request = try makeRequest(.POST, Endpoint.report, session: session)
+        try await postSafetensors(body, to: Endpoint.report, session: session)
+    }
+
+    /// Posts a safetensors body (a report, a masked input) and decodes the JSON answer.
+    private func postSafetensors<Answer: Decodable>(_ body: [UInt8], to path: String, session: String) async throws(OrchardClientError) -> Answer {
+        var request = try makeRequest(.POST, path, session: session)
         request.headers.replaceOrAdd(name: "Content-Type", value: MediaType.safetensors)
         request.body = .bytes(ByteBuffer(bytes: body))
         let (bytes, head) = try await send(request)
-        return try decodeAnswer(ReportResponse.self, bytes: bytes, head: head)
+        return try decodeAnswer(Answer.self, bytes: bytes, head: head)
     }
 
     public func downloadModel(_ model: ModelRequest, session token: String, into sink: any DownloadSink) async throws(OrchardClientError) {

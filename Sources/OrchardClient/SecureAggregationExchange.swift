@@ -166,11 +166,8 @@ public struct SecureAggregationExchange: Sendable {
         var signed: SecureAggregationAdvertisementSignature?
         do {
             keys = try secrets.publicKeys()
-            if let identity {
-                let bytes = SecureAggregationAdvertisement.signedBytes(
-                    context: SecureAggregationPlan.context(processID: processID, cycle: cycle), channelPublicKey: keys.channel, maskPublicKey: keys.mask)
-                signed = SecureAggregationAdvertisementSignature(certificate: identity.certificate, signature: try identity.sign(bytes))
-            }
+            signed = try identity?.advertisementSignature(
+                context: SecureAggregationPlan.context(processID: processID, cycle: cycle), channelPublicKey: keys.channel, maskPublicKey: keys.mask)
         } catch {
             throw OrchardClientError(.invalidConfiguration, "cannot derive or sign the secure-aggregation public keys: \(error.message)")
         }

@@ -75,11 +75,7 @@ struct SecureTestDevice {
     mutating func advertise(on http: HTTP) async throws -> SecureAggregationReply {
         let keys = try secrets.publicKeys()
         let context = SecureAggregationPlan.context(processID: assignment.processID, cycle: assignment.cycle)
-        let signed = try identity.map { identity in
-            SecureAggregationAdvertisementSignature(
-                certificate: identity.certificate,
-                signature: try identity.sign(SecureAggregationAdvertisement.signedBytes(context: context, channelPublicKey: keys.channel, maskPublicKey: keys.mask)))
-        }
+        let signed = try identity?.advertisementSignature(context: context, channelPublicKey: keys.channel, maskPublicKey: keys.mask)
         let result = try await send(request(advertise: SecureAggregationPublicKeys(channelPublicKey: keys.channel, maskPublicKey: keys.mask, signed: signed)), on: http)
         #expect(result.status == 200, "\(String(decoding: result.body, as: UTF8.self))")
         let reply = try result.decode(SecureAggregationReply.self)
@@ -375,9 +371,7 @@ struct SecureTestDevice {
         #expect(unsigned.status == 422)
         #expect(unsigned.errorCode == "invalid_secure_aggregation_message")
         let identity = try #require(devices[0].identity)
-        let elsewhere = SecureAggregationAdvertisementSignature(
-            certificate: identity.certificate,
-            signature: try identity.sign(SecureAggregationAdvertisement.signedBytes(context: "orchard/secure-aggregation/other/1", channelPublicKey: keys.channel, maskPublicKey: keys.mask)))
+        let elsewhere = try identity.advertisementSignature(context: "orchard/secure-aggregation/other/1", channelPublicKey: keys.channel, maskPublicKey: keys.mask)
         let replayed = try await devices[0].send(devices[0].request(advertise: SecureAggregationPublicKeys(channelPublicKey: keys.channel, maskPublicKey: keys.mask, signed: elsewhere)), on: harness.http)
         #expect(replayed.status == 422)
         #expect(try await harness.status(hosted.processID).currentCycle?.secureAggregation?.advertised == 0)
@@ -400,6 +394,11 @@ struct SecureTestDevice {
         let twice = try await devices[0].send(signature, on: harness.http)
         #expect(twice.status == 409)
         #expect(twice.errorCode == "duplicate_message")
+        // Device 2's signature sent by device 1's worker: another device's index.
+        var posing = devices[0].request()
+        posing.consistencyCheck = try SecureAggregationConsistencySignature(
+            device: 2, signing: [1, 2, 3, 4], context: SecureAggregationPlan.context(processID: hosted.processID, cycle: 1), identity: identity)
+        #expect(try await devices[0].send(posing, on: harness.http).status == 403)
         // A restart keeps the acknowledged signature and the stage.
         try await harness.restart()
         status = try await harness.status(hosted.processID)

@@ -136,18 +136,6 @@ public enum MaskExpansion {
         return words
     }
 
-    /// The AES-256-CTR keystream of `seed`, `byteCount` bytes.
-    static func keystream(seed: Data, byteCount: Int) throws(SecureAggregationError) -> Data {
-        guard seed.count == SecureAggregationCrypto.keyByteCount else {
-            throw SecureAggregationError(.cryptographyFailure, "a mask seed must be 32 bytes, not \(seed.count)")
-        }
-        do {
-            return try AES._CTR.encrypt(Data(count: byteCount), using: SymmetricKey(data: seed), nonce: AES._CTR.Nonce(nonceBytes: [UInt8](repeating: 0, count: 16)))
-        } catch {
-            throw SecureAggregationError(.cryptographyFailure, "expanding a mask seed failed: \(error)")
-        }
-    }
-
     /// Words per keystream chunk: 64 KiB, so a chunk is made and added while it is in cache, and no buffer the
     /// model's size is allocated (and zeroed by the kernel) per stream.
     static let chunkWords = 16_384
@@ -155,8 +143,8 @@ public enum MaskExpansion {
     private static let zeros = Data(count: 4 * chunkWords)
 
     /// Adds (or subtracts) the expansion of `seed` to `words` modulo 2^`modulusBits`, chunk by chunk: chunk j is the
-    /// keystream from counter block j · (chunk blocks), so the words are exactly those of one keystream of the whole
-    /// length (``keystream(seed:byteCount:)``).
+    /// keystream from counter block j · (chunk blocks), so the words are exactly those of one AES-256-CTR keystream of
+    /// the whole length from a zero counter block.
     static func apply(seed: Data, to words: inout [UInt32], modulusBits: Int, subtracting: Bool) throws(SecureAggregationError) {
         guard seed.count == SecureAggregationCrypto.keyByteCount else {
             throw SecureAggregationError(.cryptographyFailure, "a mask seed must be 32 bytes, not \(seed.count)")

@@ -136,6 +136,14 @@ public struct SecureAggregationIdentity: Sendable, Hashable, Codable {
         }
     }
 
+    /// The certificate and this identity's signature for an advertisement of `channelPublicKey` and `maskPublicKey` in
+    /// the cycle `context` (a device signs before it knows its index; see
+    /// ``SecureAggregationAdvertisement/signedBytes(context:channelPublicKey:maskPublicKey:)``).
+    public func advertisementSignature(context: String, channelPublicKey: Data, maskPublicKey: Data) throws(SecureAggregationError) -> SecureAggregationAdvertisementSignature {
+        let bytes = SecureAggregationAdvertisement.signedBytes(context: context, channelPublicKey: channelPublicKey, maskPublicKey: maskPublicKey)
+        return SecureAggregationAdvertisementSignature(certificate: certificate, signature: try sign(bytes))
+    }
+
     /// The raw 64-byte ECDSA P-256 / SHA-256 signature of `bytes`.
     public func sign(_ bytes: Data) throws(SecureAggregationError) -> Data {
         try SecureAggregationSigning.sign(bytes, with: try SecureAggregationSigning.privateKey(signingPrivateKey))
@@ -197,17 +205,18 @@ extension SecureAggregationAdvertisement {
 
     /// The advertisement signed by `identity` for the cycle `context`.
     public func signed(by identity: SecureAggregationIdentity, context: String) throws(SecureAggregationError) -> SecureAggregationAdvertisement {
-        let unsigned = SecureAggregationAdvertisement(device: device, channelPublicKey: channelPublicKey, maskPublicKey: maskPublicKey)
-        let signature = try identity.sign(unsigned.signedBytes(context: context))
-        return SecureAggregationAdvertisement(
+        SecureAggregationAdvertisement(
             device: device, channelPublicKey: channelPublicKey, maskPublicKey: maskPublicKey,
-            signed: SecureAggregationAdvertisementSignature(certificate: identity.certificate, signature: signature))
+            signed: try identity.advertisementSignature(context: context, channelPublicKey: channelPublicKey, maskPublicKey: maskPublicKey))
     }
 
     /// Checks that the advertisement is signed by the key its certificate names (not who certified it).
     /// - Throws: `invalid_message` for an unsigned advertisement or a signature that does not verify.
     public func verifySignature(context: String) throws(SecureAggregationError) {
         guard let signed else { throw SecureAggregationError(.invalidMessage, "device \(device)'s advertisement is not signed") }
+        guard signed.certificate.subject.utf8.count <= SecureAggregationCertificate.maximumSubjectBytes else {
+            throw SecureAggregationError(.invalidMessage, "device \(device)'s certificate subject exceeds \(SecureAggregationCertificate.maximumSubjectBytes) bytes")
+        }
         guard SecureAggregationSigning.isValid(signed.signature, of: signedBytes(context: context), publicKey: signed.certificate.signingPublicKey) else {
             throw SecureAggregationError(.invalidMessage, "device \(device)'s advertisement signature does not verify under its certificate's key")
         }

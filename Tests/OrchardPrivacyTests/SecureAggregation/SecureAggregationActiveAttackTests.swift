@@ -238,6 +238,13 @@ import Testing
         #expect(secAggCode { try cycle.server.receiveAdvertisement(reused) } == .duplicateKey)
         let sameSubject = try fake.signed(by: try cycle.pki.extraIdentity(subject: "device-1", generator: &generator), context: Self.context)
         #expect(secAggCode { try cycle.server.receiveAdvertisement(sameSubject) } == .duplicateKey)
+        // A certificate subject over 256 bytes (the devices would refuse the certificate; the server refuses it early).
+        let longSubject = SecureAggregationAdvertisement(
+            device: 2, channelPublicKey: two.channelPublicKey, maskPublicKey: two.maskPublicKey,
+            signed: .init(certificate: .init(signingPublicKey: two.signed!.certificate.signingPublicKey, subject: String(repeating: "x", count: 257),
+                                             expiresAt: two.signed!.certificate.expiresAt, signature: two.signed!.certificate.signature),
+                          signature: two.signed!.signature))
+        #expect(secAggCode { try cycle.server.receiveAdvertisement(longSubject) } == .invalidMessage)
         // Nothing was recorded; the honest advertisement goes in.
         #expect(cycle.server.advertisedDevices == [1])
         try cycle.server.receiveAdvertisement(two)
