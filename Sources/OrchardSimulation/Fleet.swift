@@ -3,6 +3,7 @@ public import OrchardClient
 public import OrchardFormats
 public import OrchardSupport
 import OrchardProtocol
+import Synchronization
 import OrchardML
 import OrchardPrivacy
 
@@ -48,12 +49,15 @@ public struct FleetSimulation: Sendable {
     public var parallelism: Int
     /// The global model is evaluated after every `evaluateEvery`-th round and after the last one.
     public var evaluateEvery: Int
+    /// What happens to devices that check in after the round's cycle is full.
+    public var turnedAway: TurnedAwayChoice
 
     /// Creates a simulation.
     public init(
         devices: Int, conditions: FleetConditions = FleetConditions(), seed: UInt64 = 0, rounds: Int = 10,
-        parallelism: Int = ProcessInfo.processInfo.activeProcessorCount, evaluateEvery: Int = 1
+        parallelism: Int = ProcessInfo.processInfo.activeProcessorCount, evaluateEvery: Int = 1, turnedAway: TurnedAwayChoice = .modeled
     ) {
+        self.turnedAway = turnedAway
         self.devices = devices
         self.conditions = conditions
         self.seed = seed
@@ -77,17 +81,23 @@ public struct FleetSimulation: Sendable {
     ) async throws(SimulationError) -> (initial: Evaluation, rounds: [RoundMetrics]) {
         let timeline = FleetTimeline()
         let slots = AsyncSemaphore(permits: max(1, parallelism))
-        var fleet: [VirtualDevice] = []
-        for device in 0..<devices {
-            let profile = DeviceProfile.sample(device: device, seed: seed, medianSecondsPerUpdate: conditions.medianSecondsPerUpdate, spread: conditions.speedSpread,
+        // Devices are set up the first time they check in: a population's devices cost memory only once they take part.
+        var fleet = [VirtualDevice?](repeating: nil, count: devices)
+        // The virtual time of a device not yet set up: the latest window it was granted (its clock once it is).
+        var granted = [Double](repeating: 0, count: devices)
+        func virtualDevice(_ index: Int) async throws(SimulationError) -> VirtualDevice {
+            if let device = fleet[index] { return device }
+            let profile = DeviceProfile.sample(device: index, seed: seed, medianSecondsPerUpdate: conditions.medianSecondsPerUpdate, spread: conditions.speedSpread,
                 megabitsPerSecond: conditions.megabitsPerSecond
             )
-            fleet.append(try await VirtualDevice(
-                index: device, profile: profile, directory: directory.appendingPathComponent("device-\(device)", isDirectory: true),
+            let device = try await VirtualDevice(
+                index: index, profile: profile, directory: directory.appendingPathComponent("device-\(index)", isDirectory: true),
                 transport: transport, processName: coordinator.processName, processVersion: coordinator.processVersion.description,
                 workload: workload, availability: conditions.availability, windowSeconds: conditions.windowSeconds, seed: seed,
                 timeline: timeline, coordinator: coordinator, slots: slots
-            ))
+            )
+            fleet[index] = device
+            return device
         }
         let initialModel = try await coordinator.currentModel()
         let initial = try await workload.evaluate(model: initialModel)
@@ -109,40 +119,54 @@ public struct FleetSimulation: Sendable {
                 var jitter = OrchardRandomAccess.uniform(seed: seed, a: UInt64(device), b: UInt64(round), salt: 0xC4EC_C1)
                 jitter *= conditions.checkInSpread
                 let time = max(start, window.start) + jitter
-                if time < cycleDeadline && time < window.end && fleet[device].clock.seconds < cycleDeadline { checkIns.append((time, device)) }
+                let now = fleet[device]?.clock.seconds ?? granted[device]
+                guard time < cycleDeadline && time < window.end && now < cycleDeadline else { continue }
+                // A device still busy from an earlier round (or granted a window then that the round's end cut) checks in
+                // once its clock gets there.
+                if let existing = fleet[device] { existing.clock.advance(to: time) } else { granted[device] = max(now, time) }
+                checkIns.append((max(now, time), device))
             }
-            for checkIn in checkIns { fleet[checkIn.device].clock.advance(to: checkIn.time) }
-            await timeline.begin(deadline: deadline, devices: checkIns.map { ($0.device, fleet[$0.device].clock) })
-            // One task per device, awaited in order. (Not a task group: the runtime unlinks a finished child by walking
-            // the group's list of children, which is quadratic over a round of ten thousand devices.)
-            var tasks: [Task<Result<DeviceRoundRecord, SimulationError>, Never>] = []
-            tasks.reserveCapacity(checkIns.count)
-            for checkIn in checkIns {
-                let device = fleet[checkIn.device]
-                let conditions = self.conditions, seed = self.seed
-                let updates = coordinator.training.plannedUpdates(samples: workload.sampleCount(device: checkIn.device))
-                tasks.append(Task {
-                    let result: Result<DeviceRoundRecord, SimulationError>
-                    do throws(SimulationError) {
-                        result = .success(try await device.runRound(
-                            round: round, deadline: deadline, updates: updates, modelBytes: modelBytes, conditions: conditions,
-                            seed: seed, timeline: timeline
-                        ))
-                    } catch {
-                        result = .failure(error)
+            // The timeline hands devices over in check-in order as the round reaches them (a few ahead, so that setting one
+            // up overlaps the others' work); once the cycle is full, the rest are turned away without running (modeled).
+            await timeline.begin(deadline: deadline, checkIns: checkIns, lookahead: 2 * parallelism, turnedAway: turnedAway)
+            let tasks = RoundTasks()
+            let results = await withTaskCancellationHandler { () async -> [Result<DeviceRoundRecord, SimulationError>] in
+                var setupFailure: SimulationError?
+                while let batch = await timeline.launches() {
+                    for (time, index) in batch {
+                        let device: VirtualDevice
+                        do throws(SimulationError) { device = try await virtualDevice(index) } catch {
+                            setupFailure = setupFailure ?? error
+                            await timeline.leave(index)
+                            continue
+                        }
+                        device.clock.advance(to: time)
+                        await timeline.started(index, clock: device.clock)
+                        let conditions = self.conditions, seed = self.seed
+                        let updates = coordinator.training.plannedUpdates(samples: workload.sampleCount(device: index))
+                        tasks.append(Task {
+                            let result: Result<DeviceRoundRecord, SimulationError>
+                            do throws(SimulationError) {
+                                result = .success(try await device.runRound(
+                                    round: round, deadline: deadline, updates: updates, modelBytes: modelBytes, conditions: conditions,
+                                    seed: seed, timeline: timeline
+                                ))
+                            } catch {
+                                result = .failure(error)
+                            }
+                            await timeline.leave(device.index)
+                            return result
+                        })
                     }
-                    await timeline.leave(device.index)
-                    return result
-                })
-            }
-            let started = tasks
-            let results = await withTaskCancellationHandler {
+                }
+                // One task per device, awaited in order. (Not a task group: the runtime unlinks a finished child by walking
+                // the group's list of children, which is quadratic over a round of ten thousand devices.)
                 var results: [Result<DeviceRoundRecord, SimulationError>] = []
-                results.reserveCapacity(started.count)
-                for task in started { results.append(await task.value) }
+                for task in tasks.all { results.append(await task.value) }
+                if let setupFailure { results.append(.failure(setupFailure)) }
                 return results
             } onCancel: {
-                for task in started { task.cancel() }
+                tasks.cancelAll()
             }
             var deviceRecords: [DeviceRoundRecord] = []
             for result in results {
@@ -166,6 +190,7 @@ public struct FleetSimulation: Sendable {
             // accepted.
             let dropouts = selected.count { ($0.droppedAt ?? .infinity) <= end.time && ($0.reportedAt ?? .infinity) > end.time }
             let privacy = try await coordinator.privacy()
+            let modeled = await timeline.modeledTurnedAway(before: end.time)
             var record = RoundMetrics(
                 round: round, wallSeconds: wallStart.duration(to: wallClock.now).inSeconds, virtualStart: start, virtualEnd: end.time,
                 availableFraction: conditions.availability.availableFraction(devices: devices, at: start, seed: seed),
@@ -175,7 +200,8 @@ public struct FleetSimulation: Sendable {
                 resumed: deviceRecords.reduce(0) { $0 + $1.resumptions.count { $0 <= end.time } },
                 bytesUp: deviceRecords.reduce(0) { $0 + $1.uploads.filter { $0.time <= end.time }.reduce(0) { $0 + $1.bytes } },
                 bytesDown: deviceRecords.reduce(0) { $0 + $1.downloads.filter { $0.time <= end.time }.reduce(0) { $0 + $1.bytes } },
-                aggregated: aggregated, testLoss: nil, testAccuracy: nil, testRMSE: nil, epsilon: privacy?.epsilon, clippingNorm: privacy?.clippingNorm
+                aggregated: aggregated, testLoss: nil, testAccuracy: nil, testRMSE: nil, epsilon: privacy?.epsilon, clippingNorm: privacy?.clippingNorm,
+                checkIns: deviceRecords.count { ($0.checkedInAt ?? .infinity) <= end.time }, turnedAwayModeled: modeled
             )
             if coordinator.secureStageTimeout != nil {
                 func count(_ stage: SecureAggregationStage) -> Int { selected.count { $0.secureSteps.contains(stage) } }
@@ -219,6 +245,30 @@ public struct FleetSimulation: Sendable {
             candidate += 300
         }
         return time
+    }
+}
+
+/// The tasks of a round's devices, started as the round reaches them; cancelling the round cancels them, and one
+/// started after that.
+final class RoundTasks: Sendable {
+    private let state = Mutex<(tasks: [Task<Result<DeviceRoundRecord, SimulationError>, Never>], cancelled: Bool)>(([], false))
+
+    var all: [Task<Result<DeviceRoundRecord, SimulationError>, Never>] { state.withLock { $0.tasks } }
+
+    func append(_ task: Task<Result<DeviceRoundRecord, SimulationError>, Never>) {
+        let cancelled = state.withLock { state in
+            state.tasks.append(task)
+            return state.cancelled
+        }
+        if cancelled { task.cancel() }
+    }
+
+    func cancelAll() {
+        let tasks = state.withLock { state in
+            state.cancelled = true
+            return state.tasks
+        }
+        for task in tasks { task.cancel() }
     }
 }
 

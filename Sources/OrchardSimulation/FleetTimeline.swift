@@ -16,15 +16,35 @@ import OrchardSupport
 /// The round ends at the first of: the coordinator closing the cycle with a report (its time), or every device
 /// being past the deadline or done (the deadline). After that, every call fails with ``RoundOver`` — all of them
 /// are at or after the end, by the ordering — and the devices wind down.
+///
+/// Devices join the round lazily, in check-in order: a device not yet started holds its place at its check-in time
+/// (its first call can come no earlier), and the runner starts it (``launches()``) once it is among the next
+/// `lookahead` devices of the order to become the earliest. When a check-in is turned away because the cycle is full,
+/// every device not yet started would be turned away too — admission is first come, and a cycle's assignments only
+/// grow — so with ``TurnedAwayChoice/modeled`` those devices are counted as turned away (``modeledTurnedAway``) without
+/// running their stack; a round costs what its participants do, not what the population does.
 actor FleetTimeline {
     /// A call refused because the round ended first.
     struct RoundOver: Error {}
 
+    /// What a call did to the round, as its answer tells.
+    enum Effect: Sendable {
+        case none
+        /// A report (or secure-aggregation message) closed the cycle.
+        case closedCycle
+        /// A check-in was turned away because the cycle had admitted all it may.
+        case cycleFull
+    }
+
     private struct Entry {
-        let clock: ManualClock
+        /// The device's clock once it started; before, its place is its check-in time.
+        var clock: ManualClock?
+        let checkIn: Double
         var waiting: (time: Double, continuation: CheckedContinuation<Void, any Error>)?
         /// The version of this device's current key in ``places``; older keys are stale.
         var version = 0
+
+        var time: Double { waiting?.time ?? clock?.seconds ?? checkIn }
     }
 
     /// A device's place in the order at one version: its waiting call's time, or its clock.
@@ -41,40 +61,124 @@ actor FleetTimeline {
     private var calling = false
     private var deadline = Double.infinity
     private var end: (time: Double, closed: Bool)?
+    /// The round's check-ins not yet handed to the runner, in order from `nextPending`.
+    private var pending: [(time: Double, device: Int)] = []
+    private var nextPending = 0
+    private var lookahead = 1
+    private var turnedAway = TurnedAwayChoice.modeled
+    /// Devices to start, handed out by ``launches()``, and the runner waiting for them.
+    private var due: [(time: Double, device: Int)] = []
+    private var launcher: CheckedContinuation<[(time: Double, device: Int)]?, Never>?
+    /// Where the devices turned away without running begin in ``pending`` (the cycle was full), if it filled.
+    private var filledAt: Int?
 
     /// Records a device's current place (after its clock moved or it began or stopped waiting).
     private func place(_ device: Int) {
         guard var entry = entries[device] else { return }
         entry.version += 1
         entries[device] = entry
-        places.insert(Place(time: entry.waiting?.time ?? entry.clock.seconds, device: device, version: entry.version))
+        places.insert(Place(time: entry.time, device: device, version: entry.version))
     }
 
-    /// The earliest device with its current key; stale keys on top are dropped.
+    /// The earliest device with its current key; stale keys on top are dropped. A device not yet started that would
+    /// come first is handed to the runner first (with the next `lookahead` − 1), or, once the cycle is full, the
+    /// devices not yet started are counted as turned away.
     private func earliest() -> Place? {
-        while let top = places.min {
-            if let entry = entries[top.device], entry.version == top.version {
-                // A busy device's clock may have moved since its key was pushed (its `moved` is on its way): refresh it.
-                let now = entry.waiting?.time ?? entry.clock.seconds
-                if now == top.time { return top }
-                place(top.device)
+        while true {
+            var top = places.min
+            while let candidate = top {
+                if let entry = entries[candidate.device], entry.version == candidate.version {
+                    // A busy device's clock may have moved since its key was pushed (its `moved` is on its way): refresh it.
+                    if entry.time == candidate.time { break }
+                    place(candidate.device)
+                }
+                places.removeMin()
+                top = places.min
             }
-            places.removeMin()
+            guard nextPending < pending.count else { return top }
+            let next = pending[nextPending]
+            if next.time >= deadline {
+                // No call at or past the deadline goes through: the rest never check in.
+                dropPending(turnedAway: false)
+                return top
+            }
+            if let top, (top.time, top.device) < (next.time, next.device) { return top }
+            hand(count: lookahead)
         }
-        return nil
     }
 
-    /// Starts a round with its devices (their clocks already at their check-in times) and the cycle's deadline.
-    func begin(deadline: Double, devices: [(device: Int, clock: ManualClock)]) {
-        precondition(entries.isEmpty && !calling, "a round began before the previous one wound down")
+    /// Hands the next `count` devices not yet started to the runner; each holds its place at its check-in time.
+    private func hand(count: Int) {
+        let upTo = min(pending.count, nextPending + count)
+        for (time, device) in pending[nextPending..<upTo] {
+            entries[device] = Entry(checkIn: time)
+            place(device)
+            due.append((time, device))
+        }
+        nextPending = upTo
+        wakeLauncher()
+    }
+
+    private func wakeLauncher() {
+        guard let launcher else { return }
+        if !due.isEmpty {
+            self.launcher = nil
+            launcher.resume(returning: due)
+            due = []
+        } else if nextPending == pending.count {
+            self.launcher = nil
+            launcher.resume(returning: nil)
+        }
+    }
+
+    /// Starts a round: its check-ins (virtual time and device, in any order), the cycle's deadline, how many devices to
+    /// start ahead of need, and what to do with check-ins once the cycle is full.
+    func begin(deadline: Double, checkIns: [(time: Double, device: Int)], lookahead: Int, turnedAway: TurnedAwayChoice) {
+        precondition(entries.isEmpty && !calling && launcher == nil, "a round began before the previous one wound down")
         self.deadline = deadline
         end = nil
         places = Heap()
-        for (device, clock) in devices {
-            entries[device] = Entry(clock: clock)
-            place(device)
-        }
+        pending = checkIns.sorted { ($0.time, $0.device) < ($1.time, $1.device) }
+        nextPending = 0
+        due = []
+        self.lookahead = max(1, lookahead)
+        self.turnedAway = turnedAway
+        filledAt = nil
+        if turnedAway == .fullStack { hand(count: pending.count) }
         dispatch()
+    }
+
+    /// The next devices to start (their check-in times and indices), nil once no device is left to start this round.
+    func launches() async -> [(time: Double, device: Int)]? {
+        if !due.isEmpty {
+            defer { due = [] }
+            return due
+        }
+        if nextPending == pending.count { return nil }
+        return await withCheckedContinuation { launcher = $0 }
+    }
+
+    /// A handed device started: its clock (at its check-in time) now gives its place.
+    func started(_ device: Int, clock: ManualClock) {
+        guard entries[device] != nil else { return }
+        entries[device]?.clock = clock
+        place(device)
+        dispatch()
+    }
+
+    /// Drops the devices not yet handed: turned away when the cycle filled (those before the round's end), else (the
+    /// round ended) they never check in.
+    private func dropPending(turnedAway: Bool) {
+        if turnedAway && filledAt == nil { filledAt = nextPending }
+        nextPending = pending.count
+        wakeLauncher()
+    }
+
+    /// The devices turned away without running: those the round reached after its cycle filled, before `end` (a device
+    /// whose check-in falls after the round's end would not have checked in).
+    func modeledTurnedAway(before end: Double) -> Int {
+        guard let filledAt else { return 0 }
+        return pending[filledAt...].count { $0.time < end }
     }
 
     /// A device's round is over: it makes no more calls.
@@ -105,10 +209,15 @@ actor FleetTimeline {
         }
     }
 
-    /// The call is done; when it closed the cycle, the round ends at `time`.
-    func release(closedCycleAt time: Double?) {
+    /// The call at `time` is done, with its effect on the round: closing the cycle ends the round at `time`; a full
+    /// cycle turns away every device not yet started (``TurnedAwayChoice/modeled``).
+    func release(at time: Double, effect: Effect) {
         calling = false
-        if let time { finish(at: time, closed: true) }
+        switch effect {
+        case .none: break
+        case .closedCycle: finish(at: time, closed: true)
+        case .cycleFull: if turnedAway == .modeled { dropPending(turnedAway: true) }
+        }
         dispatch()
     }
 
@@ -120,7 +229,12 @@ actor FleetTimeline {
     }
 
     private func finish(at time: Double, closed: Bool) {
-        if end == nil { end = (time, closed) }
+        guard end == nil else { return }
+        end = (time, closed)
+        // Devices not yet started never make a call; those handed but not yet taken are not started at all.
+        for (_, device) in due { entries[device] = nil }
+        due = []
+        dropPending(turnedAway: false)
     }
 
     private func dispatch() {

@@ -41,13 +41,21 @@ public struct RoundMetrics: Sendable, Hashable, Codable {
     public var clippingNorm: Double?
     /// Under secure aggregation: how many devices completed each stage, nil without it.
     public var secureAggregation: SecureStageCounts?
+    /// Devices whose stack ran and asked the coordinator for the round's cycle (admitted or turned away).
+    public var checkIns: Int
+    /// Eligible devices the round reached after its cycle was full, counted as turned away without running their stack
+    /// (``TurnedAwayChoice/modeled``; 0 with `full-stack`).
+    public var turnedAwayModeled: Int
 
     /// Creates a record.
     public init(
         round: Int, wallSeconds: Double, virtualStart: Double, virtualEnd: Double, availableFraction: Double, selected: Int,
         participants: Int, dropouts: Int, late: Int, expirations: Int, resumed: Int, bytesUp: Int, bytesDown: Int,
-        aggregated: Bool, testLoss: Double?, testAccuracy: Double?, testRMSE: Double?, epsilon: Double? = nil, clippingNorm: Double? = nil
+        aggregated: Bool, testLoss: Double?, testAccuracy: Double?, testRMSE: Double?, epsilon: Double? = nil, clippingNorm: Double? = nil,
+        checkIns: Int = 0, turnedAwayModeled: Int = 0
     ) {
+        self.checkIns = checkIns
+        self.turnedAwayModeled = turnedAwayModeled
         self.epsilon = epsilon
         self.clippingNorm = clippingNorm
         self.round = round
@@ -76,6 +84,7 @@ public struct RoundMetrics: Sendable, Hashable, Codable {
         case wallSeconds = "wall_seconds", virtualStart = "virtual_start", virtualEnd = "virtual_end"
         case availableFraction = "available_fraction", bytesUp = "bytes_up", bytesDown = "bytes_down"
         case testLoss = "test_loss", testAccuracy = "test_accuracy", testRMSE = "test_rmse"
+        case checkIns = "check_ins", turnedAwayModeled = "turned_away_modeled"
     }
 
     /// The same record without its wall time (the part that is deterministic for a seed).
@@ -190,9 +199,14 @@ public struct SimulationSummary: Sendable, Hashable, Codable {
     public var epsilon: Double?
     /// Under secure aggregation: the devices at each stage, summed over the rounds.
     public var secureAggregation: SecureStageCounts?
+    /// Total check-ins of devices whose stack ran.
+    public var checkIns: Int
+    /// Total devices counted as turned away without running their stack (reached after their round's cycle was full).
+    public var turnedAwayModeled: Int
 
     private enum CodingKeys: String, CodingKey {
         case settings, rounds, selected, participants, dropouts, late, expirations, resumed, initial, `final`, epsilon
+        case checkIns = "check_ins", turnedAwayModeled = "turned_away_modeled"
         case secureAggregation = "secure_aggregation"
         case aggregatedRounds = "aggregated_rounds", wallSeconds = "wall_seconds", setupSeconds = "setup_seconds"
         case virtualSeconds = "virtual_seconds", bytesUp = "bytes_up", bytesDown = "bytes_down"
@@ -215,6 +229,8 @@ public struct SimulationSummary: Sendable, Hashable, Codable {
         resumed = records.reduce(0) { $0 + $1.resumed }
         bytesUp = records.reduce(0) { $0 + $1.bytesUp }
         bytesDown = records.reduce(0) { $0 + $1.bytesDown }
+        checkIns = records.reduce(0) { $0 + $1.checkIns }
+        turnedAwayModeled = records.reduce(0) { $0 + $1.turnedAwayModeled }
         self.initial = initial
         final = records.last(where: { $0.testLoss != nil }).map { Evaluation(loss: $0.testLoss ?? 0, accuracy: $0.testAccuracy, rmse: $0.testRMSE) } ?? initial
         bestAccuracy = records.compactMap(\.testAccuracy).max()

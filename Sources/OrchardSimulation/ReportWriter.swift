@@ -166,6 +166,7 @@ public enum HTMLReport {
             ("rounds (aggregated)", "\(summary.rounds) (\(summary.aggregatedRounds))"),
             ("wall time", String(format: "%.2f s rounds + %.2f s setup", summary.wallSeconds, summary.setupSeconds)),
             ("virtual time", String(format: "%.2f h", summary.virtualSeconds / 3600)),
+            ("check-ins / turned away without running (modeled)", "\(summary.checkIns) / \(summary.turnedAwayModeled)"),
             ("selected / aggregated", "\(summary.selected) / \(summary.participants)"),
             ("dropouts / late", "\(summary.dropouts) / \(summary.late)"),
             ("expired windows / resumed", "\(summary.expirations) / \(summary.resumed)"),

@@ -100,6 +100,37 @@ public struct TransportChoice: Sendable, Hashable, CustomStringConvertible {
     public var description: String { kind.rawValue }
 }
 
+/// What the simulator does with the devices that check in after the round's cycle is full.
+public struct TurnedAwayChoice: Sendable, Hashable, CustomStringConvertible {
+    private enum Kind: String, Sendable, Hashable {
+        case modeled
+        case fullStack = "full-stack"
+    }
+    private let kind: Kind
+    private init(_ kind: Kind) { self.kind = kind }
+
+    /// Counted as turned away without running: admission is first come and a cycle's assignments only grow, so once
+    /// one check-in is turned away as `cycle_full`, every later one would be. A round costs what its participants do.
+    /// The devices not run keep their state as it was (no session, no scheduler history of the short turned-away task),
+    /// so where that state matters — windows so short that the scheduler's estimate of the task decides whether it runs
+    /// — later rounds can differ from `full-stack`'s, in the same distribution.
+    public static let modeled = TurnedAwayChoice(.modeled)
+    /// Every eligible device runs its scheduler and job and checks in at the coordinator, which turns it away (the load
+    /// a real coordinator sees; a round's cost grows with the population).
+    public static let fullStack = TurnedAwayChoice(.fullStack)
+
+    /// Parses `modeled` or `full-stack`.
+    public init(parsing text: String) throws(SimulationError) {
+        guard let kind = Kind(rawValue: text.lowercased()) else {
+            throw SimulationError(.invalidOption, "turned-away must be modeled or full-stack, not '\(text)'")
+        }
+        self.kind = kind
+    }
+
+    /// The name.
+    public var description: String { kind.rawValue }
+}
+
 extension Availability {
     /// Parses `always`, `diurnal` or `trace:FILE` (reading the file).
     public init(parsing text: String) throws(SimulationError) {
@@ -183,6 +214,8 @@ public struct SimulationConfiguration: Sendable {
     public var secondsPerUpdate: Double
     /// How devices reach the coordinator.
     public var transport: TransportChoice
+    /// What happens to devices that check in after the round's cycle is full (default: modeled).
+    public var turnedAway = TurnedAwayChoice.modeled
     /// The seed of every random choice.
     public var seed: UInt64
     /// Where the report goes; nil writes into a new temporary directory.
@@ -287,6 +320,7 @@ public struct SimulationConfiguration: Sendable {
             "aggregator": aggregator.kind.description, "availability": availability.description, "dropout": String(dropout),
             "window_seconds": String(windowSeconds), "cycle_seconds": String(cycleSeconds),
             "seconds_per_update": String(secondsPerUpdate), "transport": transport.description, "seed": String(seed),
+            "turned_away": turnedAway.description,
         ].merging(privacySettings, uniquingKeysWith: { first, _ in first }).merging(secureSettings, uniquingKeysWith: { first, _ in first })
     }
 

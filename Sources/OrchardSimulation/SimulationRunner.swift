@@ -121,7 +121,7 @@ public enum SimulationRunner {
         progress: ProgressDisplay, clock: any WallClock, setupStart: WallInstant
     ) async throws(SimulationError) -> SimulationResult {
         let process = try hostedProcess(configuration, model: model, workload: workload)
-        let fleet = FleetSimulation(devices: configuration.clients, conditions: configuration.conditions, seed: configuration.seed, rounds: configuration.rounds, evaluateEvery: configuration.evaluateEvery)
+        let fleet = FleetSimulation(devices: configuration.clients, conditions: configuration.conditions, seed: configuration.seed, rounds: configuration.rounds, evaluateEvery: configuration.evaluateEvery, turnedAway: configuration.turnedAway)
         let setupSeconds = setupStart.duration(to: clock.now).inSeconds
         let outcome: (initial: Evaluation, rounds: [RoundMetrics])
         var appendFailure: SimulationError?

@@ -18,6 +18,8 @@ struct Transfer: Sendable, Hashable {
 /// What one device did in one round, on its virtual clock (the fleet keeps what happened before the round ended).
 struct DeviceRoundRecord: Sendable {
     var device: Int
+    /// When it first asked for the round's cycle (admitted or turned away).
+    var checkedInAt: Double?
     /// When the coordinator first admitted it to the round's cycle.
     var assignedAt: Double?
     /// When its report was accepted.
@@ -271,9 +273,9 @@ final class DeviceLink: Sendable {
         await timeline.moved(device)
     }
 
-    /// Makes one coordinator call at the device's current virtual time, in the fleet's order; `closes` tells from
-    /// the call's answer whether it closed the round's cycle (a report's ``OrchardProtocol/ReportResponse/cycleClosed``).
-    func call<T: Sendable>(closes: (T) -> Bool = { _ in false }, _ body: () async throws(OrchardClientError) -> T) async throws(Interruption) -> Result<T, OrchardClientError> {
+    /// Makes one coordinator call at the device's current virtual time, in the fleet's order; `effect` tells from the
+    /// call's answer what it did to the round (a report closing the cycle, a check-in turned away as `cycle_full`).
+    func call<T: Sendable>(effect: (T) -> FleetTimeline.Effect = { _ in .none }, _ body: () async throws(OrchardClientError) -> T) async throws(Interruption) -> Result<T, OrchardClientError> {
         let time = clock.seconds
         if let killAt = state.withLock({ $0.round.killAt }), time >= killAt {
             state.withLock {
@@ -291,9 +293,9 @@ final class DeviceLink: Sendable {
         coordinator.move(to: time)
         let result: Result<T, OrchardClientError>
         do throws(OrchardClientError) { result = .success(try await body()) } catch { result = .failure(error) }
-        var closed = false
-        if case .success(let value) = result { closed = closes(value) }
-        await timeline.release(closedCycleAt: closed ? time : nil)
+        var outcome = FleetTimeline.Effect.none
+        if case .success(let value) = result { outcome = effect(value) }
+        await timeline.release(at: time, effect: outcome)
         return result
     }
 
@@ -307,9 +309,12 @@ final class DeviceLink: Sendable {
         }
     }
 
-    func noteAssigned() {
+    func noteCheckIn(admitted: Bool) {
         let now = clock.seconds
-        state.withLock { if $0.round.record.assignedAt == nil { $0.round.record.assignedAt = now } }
+        state.withLock {
+            if $0.round.record.checkedInAt == nil { $0.round.record.checkedInAt = now }
+            if admitted && $0.round.record.assignedAt == nil { $0.round.record.assignedAt = now }
+        }
     }
 
     func noteReported() {
@@ -374,9 +379,9 @@ struct VirtualTransport: ClientTransport {
         }
     }
 
-    func call<T: Sendable>(closes: (T) -> Bool = { _ in false }, _ body: () async throws(OrchardClientError) -> T) async throws(OrchardClientError) -> T {
+    func call<T: Sendable>(effect: (T) -> FleetTimeline.Effect = { _ in .none }, _ body: () async throws(OrchardClientError) -> T) async throws(OrchardClientError) -> T {
         do {
-            return try await link.call(closes: closes, body).get()
+            return try await link.call(effect: effect, body).get()
         } catch let error as DeviceLink.Interruption {
             throw interrupted(error)
         } catch let error as OrchardClientError {
@@ -391,8 +396,11 @@ struct VirtualTransport: ClientTransport {
     }
 
     func requestCycle(_ request: CycleRequest, session: String) async throws(OrchardClientError) -> CycleResponse {
-        let response = try await call { () async throws(OrchardClientError) in try await inner.requestCycle(request, session: session) }
-        if case .accepted = response { link.noteAssigned() }
+        let response = try await call(effect: { (response: CycleResponse) in
+            if case .rejected(let rejection) = response, rejection.reason == "cycle_full" { return .cycleFull }
+            return .none
+        }) { () async throws(OrchardClientError) in try await inner.requestCycle(request, session: session) }
+        if case .accepted = response { link.noteCheckIn(admitted: true) } else { link.noteCheckIn(admitted: false) }
         return response
     }
 
@@ -423,7 +431,7 @@ struct VirtualTransport: ClientTransport {
 
     func report(_ body: [UInt8], session: String) async throws(OrchardClientError) -> ReportResponse {
         do { try await link.spend(Double(body.count) / link.profile.uploadBytesPerSecond) } catch { throw interrupted(error) }
-        let response = try await call(closes: \.cycleClosed) { () async throws(OrchardClientError) in try await inner.report(body, session: session) }
+        let response = try await call(effect: { $0.cycleClosed ? .closedCycle : .none }) { () async throws(OrchardClientError) in try await inner.report(body, session: session) }
         link.noteUpload(body.count)
         link.noteReported()
         return response
@@ -449,7 +457,7 @@ extension VirtualTransport {
             up = ((try? WireCoding.encoder().encode(light).count) ?? 0) + (wordBytes + 2) / 3 * 4
         }
         do { try await link.spend(Double(up) / link.profile.uploadBytesPerSecond) } catch { throw interrupted(error) }
-        let reply = try await call(closes: \.cycleClosed) { () async throws(OrchardClientError) in try await inner.secureAggregation(request, session: session) }
+        let reply = try await call(effect: { $0.cycleClosed ? .closedCycle : .none }) { () async throws(OrchardClientError) in try await inner.secureAggregation(request, session: session) }
         let down = (try? WireCoding.encoder().encode(reply).count) ?? 0
         link.noteUpload(up)
         if let stage { link.noteSecureStep(stage) }

@@ -78,6 +78,15 @@ extension TransportChoice: CaseIterable, ExpressibleByArgument {
     }
 }
 
+extension TurnedAwayChoice: CaseIterable, ExpressibleByArgument {
+    public static var allCases: [Self] { [.modeled, .fullStack] }
+
+    public init?(argument: String) {
+        guard let value: Self = described(argument) else { return nil }
+        self = value
+    }
+}
+
 extension DatasetChoice: ExpressibleByArgument {
     public init?(argument: String) {
         guard let value = try? DatasetChoice(parsing: argument) else { return nil }

@@ -63,6 +63,8 @@ struct SimulateCommand: AsyncParsableCommand {
     var cycleSeconds: Double?
     @Option(help: "How devices reach the coordinator: http (loopback port) or memory (direct calls; deterministic for a seed).")
     var transport: TransportChoice?
+    @Option(name: .customLong("turned-away"), help: "Devices that check in once the round's cycle is full: modeled (counted as turned away without running their stack; a round costs what its participants do) or full-stack (every eligible device runs its scheduler and job and is turned away by the coordinator).")
+    var turnedAway: TurnedAwayChoice?
     @Option(name: .customLong("dp-noise-multiplier"), parsing: .unconditional, help: "Differential privacy: the noise's standard deviation as a multiple of the clipping bound (turns DP-FedAvg on).")
     var dpNoiseMultiplier: Double?
     @Option(name: .customLong("dp-clip"), parsing: .unconditional, help: "Differential privacy: the L2 clipping bound C of each update (the initial bound with --dp-adaptive-quantile; default 1).")
@@ -127,6 +129,9 @@ struct SimulateCommand: AsyncParsableCommand {
         var c: SimulationConfiguration = dataset.imageDirectory == nil ? .housing : .images(dataset)
         if coordinator != nil {
             // Virtual-time options have no meaning against a coordinator that runs on its own wall clock.
+            if turnedAway != nil {
+                throw SimulationError(.invalidOption, "--turned-away cannot be used with --coordinator: against an external coordinator every device runs its stack in real time")
+            }
             if transport != nil {
                 throw SimulationError(.invalidOption, "--transport cannot be used with --coordinator: the devices reach that coordinator over HTTP(S)")
             }
@@ -157,6 +162,7 @@ struct SimulateCommand: AsyncParsableCommand {
         if let windowSeconds { c.windowSeconds = windowSeconds }
         if let cycleSeconds { c.cycleSeconds = cycleSeconds }
         if let transport { c.transport = transport }
+        if let turnedAway { c.turnedAway = turnedAway }
         if let seed { c.seed = seed }
         if let output { c.output = URL(fileURLWithPath: output) }
         c.privacy = try privacy(clients: c.clients)
@@ -314,6 +320,7 @@ struct SimulateCommand: AsyncParsableCommand {
             ("rounds (aggregated)", "\(s.rounds) (\(s.aggregatedRounds))"),
             ("wall time", "\(f(s.wallSeconds, 2)) s rounds + \(f(s.setupSeconds, 2)) s setup"),
             ("virtual time", "\(f(s.virtualSeconds / 3600, 2)) h"),
+            ("check-ins / modeled turned away", "\(s.checkIns) / \(s.turnedAwayModeled)"),
             ("selected / aggregated", "\(s.selected) / \(s.participants)"),
             ("dropouts / late", "\(s.dropouts) / \(s.late)"),
             ("expired windows / resumed", "\(s.expirations) / \(s.resumed)"),

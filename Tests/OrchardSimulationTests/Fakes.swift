@@ -109,7 +109,8 @@ enum FakeModel {
 enum FleetHarness {
     static func run(
         _ fleet: FleetSimulation, workload: FakeWorkload, goal: Int, overSelection: Double = 1, cycleSeconds: Double = 300,
-        minimumReports: Int = 1, http: Bool = false, clientConfig: ClientConfig? = nil, architectureTraining: TrainingSpec? = nil, modelBytes: ((Int) -> Void)? = nil
+        minimumReports: Int = 1, http: Bool = false, clientConfig: ClientConfig? = nil, architectureTraining: TrainingSpec? = nil, modelBytes: ((Int) -> Void)? = nil,
+        devices inspect: ((URL) throws -> Void)? = nil
     ) async throws -> (initial: Evaluation, rounds: [RoundMetrics]) {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("orchard-fleet-test-\(UUID().uuidString)")
         defer { try? FileManager.default.removeItem(at: directory) }
@@ -144,7 +145,9 @@ enum FleetHarness {
             }
         }
         let transport = InProcessTransport(coordinator: instance.coordinator)
-        return try await fleet.run(coordinator: coordinator, transport: transport, workload: workload, directory: directory.appendingPathComponent("devices"), wallClock: ManualClock())
+        let outcome = try await fleet.run(coordinator: coordinator, transport: transport, workload: workload, directory: directory.appendingPathComponent("devices"), wallClock: ManualClock())
+        try inspect?(directory.appendingPathComponent("devices"))
+        return outcome
     }
 }
 

@@ -94,6 +94,59 @@ import Testing
         #expect(try await run(parallelism: 2, seed: 12) != a)
     }
 
+    @Test("devices reached once the cycle is full, modeled as turned away, change nothing but the work done")
+    func modeledTurnedAwayMatchesTheFullStack() async throws {
+        // Windows long enough for every task, so whether a device runs does not hang on its scheduler's history (which a
+        // device never run does not gain), with dropouts and over-selection (late devices).
+        let conditions = FleetConditions(dropout: 0.15, windowSeconds: 60, medianSecondsPerUpdate: 0.05)
+        func run(_ choice: TurnedAwayChoice) async throws -> (rounds: [RoundMetrics], devices: Int) {
+            let fleet = FleetSimulation(devices: 80, conditions: conditions, seed: 11, rounds: 6, parallelism: 2, turnedAway: choice)
+            var devices = 0
+            let (_, rounds) = try await FleetHarness.run(fleet, workload: Self.workload(devices: 80), goal: 5, overSelection: 1.4, devices: { directory in
+                devices = try FileManager.default.contentsOfDirectory(atPath: directory.path).count
+            })
+            return (rounds, devices)
+        }
+        let modeled = try await run(.modeled), full = try await run(.fullStack)
+        func outcome(_ r: RoundMetrics) -> RoundMetrics {
+            var copy = r.withoutTiming
+            (copy.checkIns, copy.turnedAwayModeled) = (0, 0)
+            return copy
+        }
+        #expect(modeled.rounds.map(outcome) == full.rounds.map(outcome))
+        // Every device the modeled run did not start would have checked in and been turned away (the cycle closes before
+        // some devices' windows open: those check in in neither run).
+        for (m, f) in zip(modeled.rounds, full.rounds) {
+            #expect(f.turnedAwayModeled == 0)
+            #expect(m.checkIns + m.turnedAwayModeled == f.checkIns)
+        }
+        #expect(modeled.rounds.reduce(0) { $0 + $1.turnedAwayModeled } > 0)
+        #expect(full.rounds.reduce(0) { $0 + $1.late + $1.dropouts } > 0)
+        // The full stack runs a background task on every device (its job directory appears then); the modeled run only
+        // on those the rounds reached.
+        #expect(full.devices == 80)
+        #expect(modeled.devices < full.devices)
+    }
+
+    @Test("a round's work grows with its participants, not with the population")
+    func aLargePopulationSetsUpOnlyTheDevicesItsRoundsReach() async throws {
+        let devices = 5000, goal = 3, rounds = 2, parallelism = 2
+        // Every device is granted its window as the round opens (ties in device order), so the round reaches all of them.
+        let fleet = FleetSimulation(devices: devices, conditions: FleetConditions(checkInSpread: 0), seed: 4, rounds: rounds, parallelism: parallelism)
+        var started = 0
+        let (_, records) = try await FleetHarness.run(fleet, workload: Self.workload(devices: devices), goal: goal, devices: { directory in
+            started = try FileManager.default.contentsOfDirectory(atPath: directory.path).count
+        })
+        for r in records {
+            #expect(r.aggregated && r.participants == goal)
+            // Those not run were turned away without running. Run: at most the goal, the look-ahead and the one check-in
+            // that found the cycle full.
+            #expect(r.checkIns + r.turnedAwayModeled == devices)
+            #expect(r.checkIns <= goal + 2 * parallelism + 1)
+        }
+        #expect(started <= rounds * (goal + 2 * parallelism + 1))
+    }
+
     @Test func diurnalRoundsWaitForTheNight() async throws {
         let fleet = FleetSimulation(devices: 30, conditions: FleetConditions(availability: .diurnal), seed: 2, rounds: 2)
         let (_, rounds) = try await FleetHarness.run(fleet, workload: Self.workload(devices: 30), goal: 12, overSelection: 1.25)
@@ -135,7 +188,8 @@ import Testing
         let record = try #require(try JSONSerialization.jsonObject(with: Data(firstLine.utf8)) as? [String: Any])
         #expect(Set(record.keys) == [
             "round", "wall_seconds", "virtual_start", "virtual_end", "available_fraction", "selected", "participants", "dropouts",
-            "late", "expirations", "resumed", "bytes_up", "bytes_down", "aggregated", "test_loss", "test_accuracy",
+            "late", "expirations", "resumed", "bytes_up", "bytes_down", "aggregated", "test_loss", "test_accuracy", "check_ins",
+            "turned_away_modeled",
         ])
         let summaryObject = try #require(try JSONSerialization.jsonObject(with: Data(contentsOf: writer.summaryURL)) as? [String: Any])
         for key in ["aggregated_rounds", "wall_seconds", "setup_seconds", "virtual_seconds", "bytes_up", "bytes_down", "best_accuracy", "final", "initial"] {
