@@ -81,19 +81,9 @@ struct ClientStore: Sendable {
     }
 
     private func write(_ data: Data, to url: URL) throws(OrchardClientError) {
-        do {
-            if durability == .synced {
-                try data.write(to: url, options: .atomic)
-            } else {
-                // Still atomic (a reader sees the old file or the new one), without forcing the bytes to disk.
-                let temporary = url.deletingLastPathComponent().appendingPathComponent(".\(url.lastPathComponent).writing")
-                try data.write(to: temporary)
-                if rename(temporary.path, url.path) != 0 {
-                    throw CocoaError(.fileWriteUnknown, userInfo: [NSFilePathErrorKey: url.path, NSUnderlyingErrorKey: POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO)])
-                }
-            }
-        } catch {
-            throw OrchardClientError(.storage, "cannot write \(url.path): \(FileAccessError(error, writing: true).message)")
+        // Always atomic (a reader sees the old file or the new one); forced to disk unless the state is cheap to lose.
+        do throws(FileAccessError) { try LocalFile.replace(data, at: url.path, synced: durability == .synced) } catch {
+            throw OrchardClientError(.storage, "cannot write \(url.path): \(error.message)")
         }
     }
 

@@ -4,13 +4,15 @@ public import OrchardML
 
 /// How samples are dealt out to federated clients.
 ///
-/// Every strategy assigns each sample to exactly one client, and is reproducible from its generator's seed.
+/// Every strategy but ``sampled(perClient:)`` assigns each sample to exactly one client; all are reproducible from
+/// their generator's seed.
 public struct PartitionStrategy: Sendable, Hashable, CustomStringConvertible {
     private enum Kind: Sendable, Hashable {
         case iid
         case labelShards(shardsPerClient: Int)
         case dirichlet(alpha: Double, minimumClientSize: Int)
         case skewedQuantity(beta: Double, minimumClientSize: Int)
+        case sampled(perClient: Int)
     }
     private let kind: Kind
     private init(_ kind: Kind) { self.kind = kind }
@@ -40,11 +42,15 @@ public struct PartitionStrategy: Sendable, Hashable, CustomStringConvertible {
         PartitionStrategy(.skewedQuantity(beta: beta, minimumClientSize: minimumClientSize))
     }
 
+    /// A population larger than the dataset (cross-device simulations of 10⁵ devices): each client holds `perClient`
+    /// distinct samples drawn uniformly at random, independently of the other clients, so clients' data overlap.
+    public static func sampled(perClient: Int) -> PartitionStrategy { PartitionStrategy(.sampled(perClient: perClient)) }
+
     /// Whether the strategy needs each sample's label.
     public var needsLabels: Bool {
         switch kind {
         case .labelShards, .dirichlet: true
-        case .iid, .skewedQuantity: false
+        case .iid, .skewedQuantity, .sampled: false
         }
     }
 
@@ -54,6 +60,7 @@ public struct PartitionStrategy: Sendable, Hashable, CustomStringConvertible {
         case .labelShards(let k): "label-shards(\(k) per client)"
         case .dirichlet(let alpha, _): "dirichlet(α=\(alpha))"
         case .skewedQuantity(let beta, _): "skewed-quantity(β=\(beta))"
+        case .sampled(let perClient): "sampled(\(perClient) per client)"
         }
     }
 
@@ -61,18 +68,33 @@ public struct PartitionStrategy: Sendable, Hashable, CustomStringConvertible {
     /// - Parameters:
     ///   - count: Number of samples.
     ///   - labels: Each sample's class label (required by label-based strategies; `count` of them).
-    ///   - clients: Number of clients, at least 1 and at most `count`.
+    ///   - clients: Number of clients, at least 1 and at most `count` (any number for ``sampled(perClient:)``).
     ///   - generator: The seeded source of randomness.
-    /// - Returns: Each client's sample positions; together they hold every position exactly once.
+    /// - Returns: Each client's sample positions; together they hold every position exactly once (but for
+    ///   ``sampled(perClient:)``).
     public func assign(count: Int, labels: [Int]? = nil, clients: Int, using generator: inout OrchardRandom) throws(DataError) -> [[Int]] {
         guard clients >= 1 else { throw DataError(.invalidArgument, "need at least one client, not \(clients)") }
-        guard count >= clients else {
+        if case .sampled = kind {} else if count < clients {
             throw DataError(.tooFewSamples, "\(count) samples cannot be dealt to \(clients) clients")
         }
         if let labels, labels.count != count {
             throw DataError(.sizeMismatch, "\(labels.count) labels for \(count) samples")
         }
         switch kind {
+        case .sampled(let perClient):
+            guard perClient >= 1 && perClient <= count else {
+                throw DataError(.invalidArgument, "each client must draw between 1 and \(count) samples, not \(perClient)")
+            }
+            // A partial Fisher–Yates shuffle per client: its first `perClient` positions are a uniform draw whatever the
+            // order the previous clients left.
+            var scratch = Array(0..<count)
+            return (0..<clients).map { _ in
+                (0..<perClient).map { i in
+                    scratch.swapAt(i, i + generator.nextInt(below: count - i))
+                    return scratch[i]
+                }
+            }
+
         case .iid:
             let order = generator.permutation(count)
             return (0..<clients).map { c in Array(order[(c * count / clients)..<((c + 1) * count / clients)]) }

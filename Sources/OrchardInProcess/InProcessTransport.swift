@@ -1,4 +1,3 @@
-import Crypto
 public import OrchardClient
 public import OrchardCoordinator
 public import OrchardProtocol
@@ -10,6 +9,8 @@ public import OrchardProtocol
 public struct InProcessTransport: ClientTransport {
     /// The coordinator called.
     public let coordinator: Coordinator
+    /// The models' digests, computed once per entity tag (as the HTTP edge does).
+    private let digests = RepresentationDigests()
 
     /// Creates a transport to `coordinator`.
     public init(coordinator: Coordinator) { self.coordinator = coordinator }
@@ -62,7 +63,7 @@ public struct InProcessTransport: ClientTransport {
         case .whole, .notModified: start = 0
         }
         // The digest HTTP sends as `Repr-Digest`; here the bytes never leave memory, so it guards the partial file on disk.
-        try sink.begin(DownloadHead(start: start, totalLength: bytes.count, etag: etag, sha256: Array(SHA256.hash(data: bytes))))
+        try sink.begin(DownloadHead(start: start, totalLength: bytes.count, etag: etag, sha256: digests.sha256(of: bytes, etag: etag)))
         try sink.append(Array(bytes[start...]))
     }
 

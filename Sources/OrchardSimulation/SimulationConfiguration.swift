@@ -147,7 +147,8 @@ extension Availability {
 }
 
 extension PartitionStrategy {
-    /// Parses `iid`, `shards` (two label shards per client) or `dirichlet:α`.
+    /// Parses `iid`, `shards` (two label shards per client), `dirichlet:α` or `sampled:N` (N samples drawn per device, for
+    /// populations larger than the dataset).
     public init(parsing text: String) throws(SimulationError) {
         let lower = text.lowercased()
         if lower == "iid" {
@@ -156,8 +157,10 @@ extension PartitionStrategy {
             self = .labelShards(perClient: 2)
         } else if lower.hasPrefix("dirichlet:"), let alpha = Double(lower.dropFirst(10)), alpha > 0, alpha.isFinite {
             self = .dirichlet(alpha: alpha)
+        } else if lower.hasPrefix("sampled:"), let perClient = Int(lower.dropFirst(8)), perClient > 0 {
+            self = .sampled(perClient: perClient)
         } else {
-            throw SimulationError(.invalidOption, "partition must be iid, shards or dirichlet:α with α > 0, not '\(text)'")
+            throw SimulationError(.invalidOption, "partition must be iid, shards, dirichlet:α with α > 0 or sampled:N with N > 0, not '\(text)'")
         }
     }
 }

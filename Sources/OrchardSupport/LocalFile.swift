@@ -123,23 +123,51 @@ public enum LocalFile {
             }
         }
         defer { close(descriptor) }
-        var failure: Int32 = 0
-        data.withUnsafeBytes { buffer in
+        let failure = writeAll(data, to: descriptor, sync: true)
+        if failure != 0 {
+            unlink(path)
+            throw FileAccessError(.failed, FileAccessError.systemReason(failure))
+        }
+    }
+
+    /// Replaces the file at `path` with `data` atomically (a reader sees the old file or the new one): the bytes go to
+    /// `.NAME.writing` beside it, which is renamed over it. With `synced`, they are forced to disk before the rename;
+    /// without, a crash of the machine (not of the process) may lose the new file — for state that is cheap to lose, such
+    /// as a simulated device's.
+    public static func replace(_ data: Data, at path: String, synced: Bool) throws(FileAccessError) {
+        let url = URL(fileURLWithPath: path)
+        let temporary = url.deletingLastPathComponent().appendingPathComponent(".\(url.lastPathComponent).writing").path
+        let descriptor = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o666)
+        guard descriptor >= 0 else {
+            let code = errno
+            switch code {
+            case ENOENT: throw FileAccessError(.noSuchFile, "no such directory")
+            case EACCES, EPERM: throw FileAccessError(.permissionDenied, "permission denied")
+            default: throw FileAccessError(.failed, FileAccessError.systemReason(code))
+            }
+        }
+        var failure = writeAll(data, to: descriptor, sync: synced)
+        if close(descriptor) != 0 && failure == 0 { failure = errno }
+        if failure == 0 && rename(temporary, path) != 0 { failure = errno }
+        if failure != 0 {
+            unlink(temporary)
+            throw failure == EISDIR ? FileAccessError(.isADirectory, "is a directory") : FileAccessError(.failed, FileAccessError.systemReason(failure))
+        }
+    }
+
+    /// Writes every byte of `data` to `descriptor` (then fsyncs it with `sync`); the errno of a failure, or 0.
+    private static func writeAll(_ data: Data, to descriptor: Int32, sync: Bool) -> Int32 {
+        data.withUnsafeBytes { buffer -> Int32 in
             var offset = 0
             while offset < buffer.count {
                 let written = systemWrite(descriptor, buffer.baseAddress! + offset, buffer.count - offset)
                 if written < 0 {
                     if errno == EINTR { continue }
-                    failure = errno
-                    return
+                    return errno
                 }
                 offset += written
             }
-            if fsync(descriptor) != 0 { failure = errno }
-        }
-        if failure != 0 {
-            unlink(path)
-            throw FileAccessError(.failed, FileAccessError.systemReason(failure))
+            return sync && fsync(descriptor) != 0 ? errno : 0
         }
     }
 

@@ -102,7 +102,7 @@ extension PartitionStrategy: ExpressibleByArgument {
         self = value
     }
 
-    public static var allValueStrings: [String] { ["iid", "shards", "dirichlet:α"] }
+    public static var allValueStrings: [String] { ["iid", "shards", "dirichlet:α", "sampled:N"] }
 }
 
 /// `--availability`: `always`, `diurnal` or `trace:FILE`; the trace file is read when the command runs, so a

@@ -72,6 +72,22 @@ struct PartitionTests {
         #expect(sizes.allSatisfy { $0 >= 1 })
     }
 
+    @Test("sampled clients each draw N distinct samples, uniformly, more clients than samples allowed")
+    func sampled() throws {
+        var g = OrchardRandom(seed: 9)
+        let parts = try PartitionStrategy.sampled(perClient: 4).assign(count: 10, clients: 5000, using: &g)
+        #expect(parts.count == 5000)
+        #expect(parts.allSatisfy { $0.count == 4 && Set($0).count == 4 && $0.allSatisfy { (0..<10).contains($0) } })
+        // Each sample is held by about 4/10 of the clients: binomial, 2000 with a standard deviation of 35.
+        var holders = [Int](repeating: 0, count: 10)
+        for part in parts { for i in part { holders[i] += 1 } }
+        #expect(holders.allSatisfy { abs($0 - 2000) < 175 })
+        var again = OrchardRandom(seed: 9)
+        #expect(try PartitionStrategy.sampled(perClient: 4).assign(count: 10, clients: 5000, using: &again) == parts)
+        #expect(throws: DataError.self) { try PartitionStrategy.sampled(perClient: 11).assign(count: 10, clients: 2, using: &g) }
+        #expect(throws: DataError.self) { try PartitionStrategy.sampled(perClient: 0).assign(count: 10, clients: 2, using: &g) }
+    }
+
     @Test("invalid requests are rejected")
     func invalid() {
         var g = OrchardRandom(seed: 1)

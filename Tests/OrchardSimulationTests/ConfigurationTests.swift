@@ -15,6 +15,7 @@ import Testing
         #expect(try PartitionStrategy(parsing: "iid") == .iid)
         #expect(try PartitionStrategy(parsing: "shards") == .labelShards(perClient: 2))
         #expect(try PartitionStrategy(parsing: "dirichlet:0.3") == .dirichlet(alpha: 0.3))
+        #expect(try PartitionStrategy(parsing: "sampled:60") == .sampled(perClient: 60))
         #expect(try AggregatorConfig.Kind(parsing: "FedYogi") == .fedYogi)
         #expect(try Availability(parsing: "diurnal") == .diurnal)
     }
@@ -24,7 +25,7 @@ import Testing
         #expect(throws: SimulationError.self) { try DatasetChoice(parsing: text) }
     }
 
-    @Test(arguments: ["dirichlet:0", "dirichlet:-1", "dirichlet:x", "shards:3", "noniid"])
+    @Test(arguments: ["dirichlet:0", "dirichlet:-1", "dirichlet:x", "shards:3", "noniid", "sampled:0", "sampled:-5", "sampled:x", "sampled:"])
     func rejectsBadPartitions(_ text: String) {
         #expect(throws: SimulationError.self) { try PartitionStrategy(parsing: text) }
     }
