@@ -59,13 +59,9 @@ struct ClientStore: Sendable {
 
     /// Creates the directory if needed.
     func prepare() throws(OrchardClientError) {
-        // Every background task calls this: a stat when the directory is there, rather than a mkdir per path component.
-        var isDirectory: ObjCBool = false
-        if FileManager.default.fileExists(atPath: directory.path, isDirectory: &isDirectory), isDirectory.boolValue { return }
-        do {
-            try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
-        } catch {
-            throw OrchardClientError(.storage, "cannot create the client directory \(directory.path): \(FileAccessError(error, writing: true).message)")
+        // Every background task calls this: one mkdir(2) when the directory is there, rather than one per path component.
+        do throws(FileAccessError) { try LocalFile.createDirectory(directory.path) } catch {
+            throw OrchardClientError(.storage, "cannot create the client directory \(directory.path): \(error.message)")
         }
     }
 

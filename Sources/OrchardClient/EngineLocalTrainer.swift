@@ -14,24 +14,29 @@ public struct EngineLocalTrainer: LocalTrainer {
     public init() {}
 
     public func parameterShapes(of spec: ModelSpec) throws(OrchardClientError) -> [String: [Int]] {
-        // Building the model initialises its weights; a device asks for the same architecture every cycle.
-        if let known = Self.shapes.withLock({ $0[spec] }) { return known }
-        let shapes = try build(spec).parameterShapes
-        Self.shapes.withLock { cache in
-            if cache.count >= 16 { cache.removeAll() }
-            cache[spec] = shapes
-        }
-        return shapes
+        try model(spec).parameterShapes
     }
 
-    /// Parameter shapes of recently seen architectures.
-    private static let shapes = Mutex<[ModelSpec: [String: [Int]]]>([:])
+    /// Models of recently seen architectures, as built (a copy is a value: loading weights into it leaves these alone).
+    private static let built = Mutex<[ModelSpec: Model]>([:])
+
+    /// `spec` built: building initialises every weight, and a device asks for the same architecture every cycle, whose
+    /// weights it then loads over the initial ones.
+    private func model(_ spec: ModelSpec) throws(OrchardClientError) -> Model {
+        if let known = Self.built.withLock({ $0[spec] }) { return known }
+        let model = try build(spec)
+        Self.built.withLock { cache in
+            if cache.count >= 16 { cache.removeAll() }
+            cache[spec] = model
+        }
+        return model
+    }
 
     public func train(
         _ task: LocalTrainingTask, on dataset: any Dataset, resumingFrom checkpoint: [UInt8]?,
         progress: @escaping @Sendable (TrainingStep) -> Void
     ) throws(OrchardClientError) -> LocalTrainingOutcome {
-        var original = try build(task.model.spec)
+        var original = try model(task.model.spec)
         do {
             try original.loadWeights(from: SafetensorsArchive(tensors: task.model.weights))
         } catch {
@@ -73,7 +78,7 @@ public struct EngineLocalTrainer: LocalTrainer {
 
     public func completedUpdates(in checkpoint: [UInt8], of task: LocalTrainingTask) throws(OrchardClientError) -> Int {
         do {
-            return try TrainingState(checkpoint: checkpoint, model: build(task.model.spec)).position.updates
+            return try TrainingState(checkpoint: checkpoint, model: model(task.model.spec)).position.updates
         } catch {
             throw OrchardClientError(.training, "the saved training state is unreadable: \(error)")
         }

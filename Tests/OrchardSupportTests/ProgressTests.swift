@@ -105,6 +105,32 @@ import Testing
         #expect(throws: FileAccessError(.failed, "is a file, not a directory")) { try LocalFile.createDirectory(file) }
         try LocalFile.createDirectory(directory.appendingPathComponent("b/c").path)
         try LocalFile.createDirectory(directory.appendingPathComponent("b/c").path)
+        #expect(FileManager.default.fileExists(atPath: directory.appendingPathComponent("b/c").path))
+        #expect(throws: FileAccessError(.failed, "a parent is a file, not a directory")) {
+            try LocalFile.createDirectory(directory.appendingPathComponent("a.txt/d").path)
+        }
+    }
+
+    @Test("replace writes atomically through a .writing file, synced or not, and leaves nothing behind on failure")
+    func replaceIsAtomic() throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("orchard-replace-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let file = directory.appendingPathComponent("state.json").path
+        for (synced, text) in [(true, "first"), (false, "second, longer than the first"), (false, "3")] {
+            try LocalFile.replace(Data(text.utf8), at: file, synced: synced)
+            #expect(try LocalFile.read(file) == Data(text.utf8))
+        }
+        #expect(try FileManager.default.contentsOfDirectory(atPath: directory.path) == ["state.json"])
+        #expect(throws: FileAccessError(.noSuchFile, "no such directory")) {
+            try LocalFile.replace(Data("x".utf8), at: directory.appendingPathComponent("no/such.json").path, synced: false)
+        }
+        // Over a directory: the rename fails, the directory stays, and the temporary file is removed.
+        try LocalFile.createDirectory(directory.appendingPathComponent("sub").path)
+        #expect(throws: FileAccessError(.isADirectory, "is a directory")) {
+            try LocalFile.replace(Data("x".utf8), at: directory.appendingPathComponent("sub").path, synced: false)
+        }
+        #expect(try FileManager.default.contentsOfDirectory(atPath: directory.path).sorted() == ["state.json", "sub"])
     }
 
     @Test(.enabled(if: geteuid() != 0, "root reads every file"))
