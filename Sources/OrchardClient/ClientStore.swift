@@ -176,10 +176,19 @@ struct ClientStore: Sendable {
         return ([UInt8](data), info)
     }
 
-    /// Keeps a verified model and drops the partial download.
+    /// Keeps a verified model and drops the partial download. The verified bytes are the complete partial file's (the
+    /// job read them from it), so that file becomes the model by a rename rather than a second write of every byte.
     func saveModel(_ bytes: [UInt8], info: ModelInfo) throws(OrchardClientError) {
         try remove(modelInfoURL)
-        try write(Data(bytes), to: modelURL)
+        if let partial = try partialModel(info.modelID), partial.length == bytes.count {
+            do throws(FileAccessError) {
+                try LocalFile.promote(partialModelURL.path, to: modelURL.path, synced: durability == .synced)
+            } catch {
+                throw OrchardClientError(.storage, "cannot keep the downloaded model as \(modelURL.path): \(error.message)")
+            }
+        } else {
+            try write(Data(bytes), to: modelURL)
+        }
         try writeJSON(info, modelInfoURL)
         try clearPartialModel()
     }

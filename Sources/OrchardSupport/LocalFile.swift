@@ -155,6 +155,25 @@ public enum LocalFile {
         }
     }
 
+    /// Renames the complete file at `path` over `destination` (atomically); with `synced`, its bytes are forced to disk
+    /// first.
+    public static func promote(_ path: String, to destination: String, synced: Bool) throws(FileAccessError) {
+        if synced {
+            let descriptor = open(path, O_RDONLY | O_CLOEXEC)
+            guard descriptor >= 0 else {
+                let code = errno
+                throw code == ENOENT ? FileAccessError(.noSuchFile, "no such file") : FileAccessError(.failed, FileAccessError.systemReason(code))
+            }
+            let failure = fsync(descriptor) == 0 ? 0 : errno
+            close(descriptor)
+            if failure != 0 { throw FileAccessError(.failed, FileAccessError.systemReason(failure)) }
+        }
+        guard rename(path, destination) == 0 else {
+            let code = errno
+            throw code == ENOENT ? FileAccessError(.noSuchFile, "no such file") : FileAccessError(.failed, FileAccessError.systemReason(code))
+        }
+    }
+
     /// Writes every byte of `data` to `descriptor` (then fsyncs it with `sync`); the errno of a failure, or 0.
     private static func writeAll(_ data: Data, to descriptor: Int32, sync: Bool) -> Int32 {
         data.withUnsafeBytes { buffer -> Int32 in

@@ -131,6 +131,19 @@ import Testing
             try LocalFile.replace(Data("x".utf8), at: directory.appendingPathComponent("sub").path, synced: false)
         }
         #expect(try FileManager.default.contentsOfDirectory(atPath: directory.path).sorted() == ["state.json", "sub"])
+        // A complete file promoted over another, synced or not; a missing one is named.
+        for synced in [true, false] {
+            let partial = directory.appendingPathComponent("model.partial").path
+            try LocalFile.replace(Data("model \(synced)".utf8), at: partial, synced: false)
+            try LocalFile.promote(partial, to: file, synced: synced)
+            #expect(try LocalFile.read(file) == Data("model \(synced)".utf8))
+            #expect(!FileManager.default.fileExists(atPath: partial))
+        }
+        for synced in [true, false] {
+            #expect(throws: FileAccessError(.noSuchFile, "no such file")) {
+                try LocalFile.promote(directory.appendingPathComponent("gone").path, to: file, synced: synced)
+            }
+        }
     }
 
     @Test(.enabled(if: geteuid() != 0, "root reads every file"))
