@@ -21,8 +21,9 @@ import OrchardSupport
 /// (its first call can come no earlier), and the runner starts it (``launches()``) once it is among the next
 /// `lookahead` devices of the order to become the earliest. When a check-in is turned away because the cycle is full,
 /// every device not yet started would be turned away too — admission is first come, and a cycle's assignments only
-/// grow — so with ``TurnedAwayChoice/modeled`` those devices are counted as turned away (``modeledTurnedAway``) without
-/// running their stack; a round costs what its participants do, not what the population does.
+/// grow — so with ``TurnedAwayChoice/modeled`` those devices are counted as turned away
+/// (``modeledTurnedAway(before:)``) without running their stack; a round costs what its participants do, not what the
+/// population does.
 actor FleetTimeline {
     /// A call refused because the round ended first.
     struct RoundOver: Error {}

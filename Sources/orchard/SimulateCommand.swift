@@ -49,7 +49,7 @@ struct SimulateCommand: AsyncParsableCommand {
     var rounds: Int?
     @Option(name: .customLong("eval-every"), parsing: .unconditional, help: "Evaluate the global model on the test set after every N-th round (and the last).")
     var evaluateEvery: Int?
-    @Option(help: "How samples are dealt to devices: iid, two label shards per device, or Dirichlet(α) label skew.")
+    @Option(help: "How samples are dealt to devices: iid, two label shards per device, Dirichlet(α) label skew, or N samples drawn by each device (a population larger than the dataset).")
     var partition: PartitionStrategy?
     @Option(help: "The server optimizer.")
     var aggregator: AggregatorConfig.Kind?

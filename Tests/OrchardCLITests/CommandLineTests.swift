@@ -62,7 +62,9 @@ let usageError: Int32 = 64
         (["simulate", "--model", "gpt"], "--model", "'housing', 'mlp2nn' or 'cnn'"),
         (["simulate", "--availability", "weekly"], "--availability", "'always', 'diurnal' or 'trace:FILE'"),
         (["simulate", "--dataset", "csv"], "--dataset", "'housing', 'fashion-mnist' or 'idx:PATH'"),
-        (["simulate", "--partition", "dirichlet:-1"], "--partition", "'iid', 'shards' or 'dirichlet:α'"),
+        (["simulate", "--partition", "dirichlet:-1"], "--partition", "'iid', 'shards', 'dirichlet:α' or 'sampled:N'"),
+        (["simulate", "--partition", "sampled:0"], "--partition", "'iid', 'shards', 'dirichlet:α' or 'sampled:N'"),
+        (["simulate", "--turned-away", "skipped"], "--turned-away", "'modeled' and 'full-stack'"),
         (["simulate", "--dp-noise-multiplier", "1", "--dp-mode", "hybrid"], "--dp-mode", "'central', 'local' or 'distributed'"),
     ]
 
@@ -87,7 +89,8 @@ let usageError: Int32 = 64
         (["coreml", "export", "--help"], "(values: double, float32; default: double)"),
         (["simulate", "--help"], "(values: housing, fashion-mnist, idx:PATH; default: housing)"),
         (["simulate", "--help"], "(values: housing, mlp2nn, cnn)"),
-        (["simulate", "--help"], "(values: iid, shards, dirichlet:α)"),
+        (["simulate", "--help"], "(values: iid, shards, dirichlet:α, sampled:N)"),
+        (["simulate", "--help"], "(values: modeled, full-stack)"),
         (["simulate", "--help"], "(values: fedavg, fedavgm, fedadam, fedyogi)"),
         (["simulate", "--help"], "(values: always, diurnal, trace:FILE)"),
         (["simulate", "--help"], "(values: http, memory)"),
