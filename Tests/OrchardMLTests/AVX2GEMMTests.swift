@@ -115,17 +115,25 @@ import Testing
         }
     }
 
-    /// The automatic backend sends thin products to the AVX2 kernels and never sends a doubly transposed one there.
+    /// The automatic backend sends thin and small products to the AVX2 kernels, large ones and short untransposed ones
+    /// to BLAS when it is there, and never a doubly transposed one to AVX2.
     @Test func automaticRouting() {
         let thin = GEMM.resolve(.automatic, transposeA: false, transposeB: true, m: 1000, n: 200, k: 784)
         let dW = GEMM.resolve(.automatic, transposeA: true, transposeB: false, m: 200, n: 784, k: 10)
         let both = GEMM.resolve(.automatic, transposeA: true, transposeB: true, m: 10, n: 10, k: 10)
         let square = GEMM.resolve(.automatic, transposeA: false, transposeB: false, m: 512, n: 512, k: 512)
+        // The 2NN's batch-256 weight gradient and a hidden layer's input gradient.
+        let small = [
+            GEMM.resolve(.automatic, transposeA: true, transposeB: false, m: 200, n: 784, k: 256),
+            GEMM.resolve(.automatic, transposeA: false, transposeB: false, m: 256, n: 200, k: 200),
+        ]
+        let shortA = GEMM.resolve(.automatic, transposeA: false, transposeB: false, m: 64, n: 784, k: 200)
         if AVX2GEMM.isAvailable {
-            #expect(thin == .avx2 && dW == .avx2)
+            #expect(thin == .avx2 && dW == .avx2 && small == [.avx2, .avx2])
             #expect(square == (GEMM.isBLASAvailable ? .blas : .avx2))
+            #expect(shortA == (GEMM.isBLASAvailable ? .blas : .avx2))
         } else {
-            #expect(thin != .avx2 && dW != .avx2 && square != .avx2)
+            #expect(thin != .avx2 && dW != .avx2 && square != .avx2 && !small.contains(.avx2) && shortA != .avx2)
         }
         #expect(both != .avx2)
         #expect(GEMM.resolve(.portable, transposeA: false, transposeB: true, m: 10, n: 200, k: 784) == .portable)
