@@ -8,27 +8,44 @@ enum AVX2GEMM {
     /// Whether this build has the kernels and the CPU can run them.
     static let isAvailable: Bool = orchard_avx2_available()
 
-    /// Fewest rows of C per thread worth a thread of its own.
+    /// Fewest rows (or columns) of C per thread worth a thread of its own.
     static let rowsPerThread = 64
+    /// Column blocks start at multiples of this, so that every block but the last fills whole vectors.
+    static let columnAlignment = 16
 
-    /// `C = alpha · op(A) · op(B) + beta · C`; `transposeA && transposeB` is not supported. With `threads` > 1
-    /// and enough rows, the rows of C are split between threads.
+    /// `C = alpha · op(A) · op(B) + beta · C`; `transposeA && transposeB` is not supported. With `threads` > 1, the
+    /// rows of C are split between threads, or its columns when there are too few rows (a short batch's gradient):
+    /// either way every element is computed as on one thread, so the result does not depend on the split.
     static func multiply(
         transposeA: Bool, transposeB: Bool, m: Int, n: Int, k: Int, alpha: Float,
         a: UnsafePointer<Float>, lda: Int, b: UnsafePointer<Float>, ldb: Int,
         beta: Float, c: UnsafeMutablePointer<Float>, ldc: Int, threads: Int
     ) {
         precondition(isAvailable && !(transposeA && transposeB), "AVX2 kernels called for an unsupported product")
-        let workers = max(1, min(threads, m / rowsPerThread))
-        if workers == 1 {
+        let byRows = max(1, min(threads, m / rowsPerThread))
+        let byColumns = max(1, min(threads, n / rowsPerThread))
+        let aAddress = UInt(bitPattern: a), bAddress = UInt(bitPattern: b), cAddress = UInt(bitPattern: c)
+        if byRows == 1 && byColumns > 1 {
+            // Blocks of whole vectors: column j of C needs row j of B (A · Bᵀ) or its column j (op(A) · B).
+            let blocks = (n + columnAlignment - 1) / columnAlignment
+            DispatchQueue.concurrentPerform(iterations: byColumns) { worker in
+                let j0 = min(n, blocks * worker / byColumns * columnAlignment)
+                let j1 = min(n, blocks * (worker + 1) / byColumns * columnAlignment)
+                let b = UnsafePointer<Float>(bitPattern: bAddress)!
+                run(transposeA: transposeA, transposeB: transposeB, rows: 0..<m, n: j1 - j0, k: k, alpha: alpha,
+                    a: UnsafePointer(bitPattern: aAddress)!, lda: lda, b: transposeB ? b + j0 * ldb : b + j0, ldb: ldb,
+                    beta: beta, c: UnsafeMutablePointer<Float>(bitPattern: cAddress)! + j0, ldc: ldc)
+            }
+            return
+        }
+        if byRows == 1 {
             run(transposeA: transposeA, transposeB: transposeB, rows: 0..<m, n: n, k: k, alpha: alpha,
                 a: a, lda: lda, b: b, ldb: ldb, beta: beta, c: c, ldc: ldc)
             return
         }
-        let aAddress = UInt(bitPattern: a), bAddress = UInt(bitPattern: b), cAddress = UInt(bitPattern: c)
-        DispatchQueue.concurrentPerform(iterations: workers) { worker in
+        DispatchQueue.concurrentPerform(iterations: byRows) { worker in
             run(transposeA: transposeA, transposeB: transposeB,
-                rows: (m * worker / workers)..<(m * (worker + 1) / workers), n: n, k: k, alpha: alpha,
+                rows: (m * worker / byRows)..<(m * (worker + 1) / byRows), n: n, k: k, alpha: alpha,
                 a: UnsafePointer(bitPattern: aAddress)!, lda: lda, b: UnsafePointer(bitPattern: bAddress)!, ldb: ldb,
                 beta: beta, c: UnsafeMutablePointer(bitPattern: cAddress)!, ldc: ldc)
         }
@@ -40,7 +57,7 @@ enum AVX2GEMM {
         a: UnsafePointer<Float>, lda: Int, b: UnsafePointer<Float>, ldb: Int,
         beta: Float, c: UnsafeMutablePointer<Float>, ldc: Int
     ) {
-        guard !rows.isEmpty else { return }
+        guard !rows.isEmpty, n > 0 else { return }
         let i0 = rows.lowerBound
         let ai = transposeA ? a + i0 : a + i0 * lda
         let ci = c + i0 * ldc
