@@ -127,13 +127,14 @@ import Testing
             GEMM.resolve(.automatic, transposeA: true, transposeB: false, m: 200, n: 784, k: 256),
             GEMM.resolve(.automatic, transposeA: false, transposeB: false, m: 256, n: 200, k: 200),
         ]
-        let shortA = GEMM.resolve(.automatic, transposeA: false, transposeB: false, m: 64, n: 784, k: 200)
+        let shortA = GEMM.resolve(.automatic, transposeA: false, transposeB: false, m: 64, n: 200, k: 200)
+        let shortWide = GEMM.resolve(.automatic, transposeA: false, transposeB: false, m: 64, n: 784, k: 200)
         if AVX2GEMM.isAvailable {
-            #expect(thin == .avx2 && dW == .avx2 && small == [.avx2, .avx2])
+            #expect(thin == .avx2 && dW == .avx2 && small == [.avx2, .avx2] && shortWide == .avx2)
             #expect(square == (GEMM.isBLASAvailable ? .blas : .avx2))
             #expect(shortA == (GEMM.isBLASAvailable ? .blas : .avx2))
         } else {
-            #expect(thin != .avx2 && dW != .avx2 && square != .avx2 && !small.contains(.avx2) && shortA != .avx2)
+            #expect(thin != .avx2 && dW != .avx2 && square != .avx2 && !small.contains(.avx2) && shortA != .avx2 && shortWide != .avx2)
         }
         #expect(both != .avx2)
         #expect(GEMM.resolve(.portable, transposeA: false, transposeB: true, m: 10, n: 200, k: 784) == .portable)

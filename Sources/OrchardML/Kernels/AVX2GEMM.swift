@@ -12,6 +12,9 @@ enum AVX2GEMM {
     static let rowsPerThread = 64
     /// Column blocks start at multiples of this, so that every block but the last fills whole vectors.
     static let columnAlignment = 16
+    /// Fewest multiply-adds worth splitting by columns (below, starting the second thread costs more than it saves:
+    /// batch-10 products ran 17 % slower split).
+    static let columnSplitMinimum = 1 << 22
 
     /// `C = alpha · op(A) · op(B) + beta · C`; `transposeA && transposeB` is not supported. With `threads` > 1, the
     /// rows of C are split between threads, or its columns when there are too few rows (a short batch's gradient):
@@ -23,7 +26,7 @@ enum AVX2GEMM {
     ) {
         precondition(isAvailable && !(transposeA && transposeB), "AVX2 kernels called for an unsupported product")
         let byRows = max(1, min(threads, m / rowsPerThread))
-        let byColumns = max(1, min(threads, n / rowsPerThread))
+        let byColumns = m * n * k < columnSplitMinimum ? 1 : max(1, min(threads, n / rowsPerThread))
         let aAddress = UInt(bitPattern: a), bAddress = UInt(bitPattern: b), cAddress = UInt(bitPattern: c)
         if byRows == 1 && byColumns > 1 {
             // Blocks of whole vectors: column j of C needs row j of B (A · Bᵀ) or its column j (op(A) · B).

@@ -88,9 +88,10 @@ public enum GEMM {
         default:
             let thin = m <= 32 || k <= 32 || (transposeB && !transposeA && n <= 256)
             // The products a small model trains with (under 2²⁶ multiply-adds, one side at most 256): the AVX2 kernels beat
-            // a generic BLAS there, on two cores 64–70 GFLOP/s against 42–54 for the 2NN's batch-256 gradients, but for a
-            // short untransposed A (m ≤ 64: 33 against 40–50). Larger products (512³: 49 against 58) go to BLAS.
-            let small = m * n * k <= 1 << 26 && min(m, n, k) <= 256 && (transposeA || m > 64)
+            // a generic BLAS there, on two cores 63–70 GFLOP/s against 42–54 for the 2NN's batch-64 and batch-256
+            // gradients, but for a short untransposed A with narrow rows (64 × 200 × 200: 54 against 60). Larger products
+            // (512³: 49 against 58) go to BLAS.
+            let small = m * n * k <= 1 << 26 && min(m, n, k) <= 256 && (transposeA || m > 64 || n >= 512)
             if avx2 && (thin || small) { return .avx2 }
             if BLASLibrary.shared != nil { return .blas }
             return avx2 ? .avx2 : .portable
