@@ -46,6 +46,9 @@ public struct PartitionStrategy: Sendable, Hashable, CustomStringConvertible {
     /// distinct samples drawn uniformly at random, independently of the other clients, so clients' data overlap.
     public static func sampled(perClient: Int) -> PartitionStrategy { PartitionStrategy(.sampled(perClient: perClient)) }
 
+    /// Most sample indices ``sampled(perClient:)`` deals out in all (2²⁸, 2 GiB of indices).
+    public static let maximumSampledDraws = 1 << 28
+
     /// Whether the strategy needs each sample's label.
     public var needsLabels: Bool {
         switch kind {
@@ -84,6 +87,10 @@ public struct PartitionStrategy: Sendable, Hashable, CustomStringConvertible {
         case .sampled(let perClient):
             guard perClient >= 1 && perClient <= count else {
                 throw DataError(.invalidArgument, "each client must draw between 1 and \(count) samples, not \(perClient)")
+            }
+            let (draws, overflow) = clients.multipliedReportingOverflow(by: perClient)
+            guard !overflow && draws <= Self.maximumSampledDraws else {
+                throw DataError(.invalidArgument, "\(clients) clients drawing \(perClient) samples each hold more than \(Self.maximumSampledDraws) sample indices; draw fewer per client")
             }
             // A partial Fisher–Yates shuffle per client: its first `perClient` positions are a uniform draw whatever the
             // order the previous clients left.

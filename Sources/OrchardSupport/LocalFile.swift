@@ -133,11 +133,13 @@ public enum LocalFile {
     /// Replaces the file at `path` with `data` atomically (a reader sees the old file or the new one): the bytes go to
     /// `.NAME.writing` beside it, which is renamed over it. With `synced`, they are forced to disk before the rename;
     /// without, a crash of the machine (not of the process) may lose the new file — for state that is cheap to lose, such
-    /// as a simulated device's.
+    /// as a simulated device's. The file is readable and writable by its owner only (it may hold a session token).
     public static func replace(_ data: Data, at path: String, synced: Bool) throws(FileAccessError) {
         let url = URL(fileURLWithPath: path)
         let temporary = url.deletingLastPathComponent().appendingPathComponent(".\(url.lastPathComponent).writing").path
-        let descriptor = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o666)
+        // A leftover of an interrupted write may have another mode: start from a new file.
+        unlink(temporary)
+        let descriptor = open(temporary, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
         guard descriptor >= 0 else {
             let code = errno
             switch code {

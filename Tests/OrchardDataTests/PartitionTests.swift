@@ -86,6 +86,9 @@ struct PartitionTests {
         #expect(try PartitionStrategy.sampled(perClient: 4).assign(count: 10, clients: 5000, using: &again) == parts)
         #expect(throws: DataError.self) { try PartitionStrategy.sampled(perClient: 11).assign(count: 10, clients: 2, using: &g) }
         #expect(throws: DataError.self) { try PartitionStrategy.sampled(perClient: 0).assign(count: 10, clients: 2, using: &g) }
+        // A population that would not fit in memory is refused before anything is allocated, overflow included.
+        #expect(throws: DataError.self) { try PartitionStrategy.sampled(perClient: 10).assign(count: 10, clients: 1 << 28, using: &g) }
+        #expect(throws: DataError.self) { try PartitionStrategy.sampled(perClient: 10).assign(count: 10, clients: Int.max / 2, using: &g) }
     }
 
     @Test("invalid requests are rejected")

@@ -122,6 +122,8 @@ import Testing
             #expect(try LocalFile.read(file) == Data(text.utf8))
         }
         #expect(try FileManager.default.contentsOfDirectory(atPath: directory.path) == ["state.json"])
+        let mode = try #require(try FileManager.default.attributesOfItem(atPath: file)[.posixPermissions] as? NSNumber)
+        #expect(mode.intValue & 0o777 == 0o600)
         #expect(throws: FileAccessError(.noSuchFile, "no such directory")) {
             try LocalFile.replace(Data("x".utf8), at: directory.appendingPathComponent("no/such.json").path, synced: false)
         }
