@@ -29,14 +29,15 @@ def main():
     parser.add_argument("--model", default="mlp2nn")
     parser.add_argument("--batch", type=int, default=10)
     parser.add_argument("--samples", type=int, default=6000)
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=None, help="default: PyTorch's own (the machine's cores), as `orchard bench train`")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
     if args.model != "mlp2nn":
         parser.error("only mlp2nn is available")
 
-    torch.set_num_threads(args.threads)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     rng = np.random.default_rng(args.seed)
     x = torch.from_numpy(rng.random((args.samples, 784), dtype=np.float32))
@@ -73,7 +74,7 @@ def main():
         "model": args.model,
         "samples_per_second": round(args.samples / median),
         "batch": args.batch,
-        "threads": args.threads,
+        "threads": torch.get_num_threads(),
         "samples": args.samples,
         "epochs": args.repeats,
         "steps_per_epoch": (args.samples + args.batch - 1) // args.batch,

@@ -81,6 +81,12 @@ public struct FleetSimulation: Sendable {
     ) async throws(SimulationError) -> (initial: Evaluation, rounds: [RoundMetrics]) {
         let timeline = FleetTimeline()
         let slots = AsyncSemaphore(permits: max(1, parallelism))
+        // Every device's state is a tree of its own under `directory`, made and removed within seconds: spread the trees
+        // over the file system's groups (on ext4 a population's run took 1.5 to 3 times longer without it).
+        do { try LocalFile.createDirectory(directory.path) } catch {
+            throw SimulationError(.unwritable, "cannot create the devices' directory \(directory.path): \(error.message)")
+        }
+        LocalFile.spreadSubdirectories(of: directory.path)
         // Devices are set up the first time they check in: a population's devices cost memory only once they take part.
         var fleet = [VirtualDevice?](repeating: nil, count: devices)
         // The virtual time of a device not yet set up: the latest window it was granted (its clock once it is).

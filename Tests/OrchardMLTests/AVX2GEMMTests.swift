@@ -115,26 +115,35 @@ import Testing
         }
     }
 
-    /// The automatic backend sends thin and small products to the AVX2 kernels, large ones and short untransposed ones
-    /// to BLAS when it is there, and never a doubly transposed one to AVX2.
+    /// The automatic backend sends thin products (short batch, narrow output or shallow depth), weight gradients of short batches and
+    /// long-batch input gradients to the AVX2 kernels; forward products at batch 64 and more, deeper weight gradients,
+    /// short untransposed A and large products to BLAS when it is there; never a doubly transposed one to AVX2.
     @Test func automaticRouting() {
-        let thin = GEMM.resolve(.automatic, transposeA: false, transposeB: true, m: 1000, n: 200, k: 784)
-        let dW = GEMM.resolve(.automatic, transposeA: true, transposeB: false, m: 200, n: 784, k: 10)
-        let both = GEMM.resolve(.automatic, transposeA: true, transposeB: true, m: 10, n: 10, k: 10)
-        let square = GEMM.resolve(.automatic, transposeA: false, transposeB: false, m: 512, n: 512, k: 512)
-        // The 2NN's batch-256 weight gradient and a hidden layer's input gradient.
-        let small = [
-            GEMM.resolve(.automatic, transposeA: true, transposeB: false, m: 200, n: 784, k: 256),
-            GEMM.resolve(.automatic, transposeA: false, transposeB: false, m: 256, n: 200, k: 200),
+        let avx2Shapes: [(Bool, Bool, Int, Int, Int)] = [
+            (false, true, 10, 200, 784),   // batch-10 forward
+            (true, false, 200, 784, 10),   // batch-10 weight gradient
+            (false, false, 10, 200, 200),  // batch-10 input gradient
+            (true, false, 200, 784, 64),   // batch-64 weight gradient
+            (true, false, 200, 200, 64),
+            (false, false, 256, 200, 200), // batch-256 input gradient
+            (false, true, 256, 10, 200),   // batch-256 output layer
         ]
-        let shortA = GEMM.resolve(.automatic, transposeA: false, transposeB: false, m: 64, n: 200, k: 200)
-        let shortWide = GEMM.resolve(.automatic, transposeA: false, transposeB: false, m: 64, n: 784, k: 200)
+        let blasShapes: [(Bool, Bool, Int, Int, Int)] = [
+            (false, true, 256, 200, 784),  // batch-256 forward
+            (false, true, 64, 200, 784),   // batch-64 forward
+            (false, true, 1000, 200, 784), // an evaluation batch's forward
+            (true, false, 200, 784, 256),  // batch-256 weight gradient
+            (false, false, 64, 200, 200),  // a short untransposed A
+            (false, false, 512, 512, 512), // large
+        ]
+        let toAVX2 = avx2Shapes.map { GEMM.resolve(.automatic, transposeA: $0.0, transposeB: $0.1, m: $0.2, n: $0.3, k: $0.4) }
+        let toBLAS = blasShapes.map { GEMM.resolve(.automatic, transposeA: $0.0, transposeB: $0.1, m: $0.2, n: $0.3, k: $0.4) }
+        let both = GEMM.resolve(.automatic, transposeA: true, transposeB: true, m: 10, n: 10, k: 10)
         if AVX2GEMM.isAvailable {
-            #expect(thin == .avx2 && dW == .avx2 && small == [.avx2, .avx2] && shortWide == .avx2)
-            #expect(square == (GEMM.isBLASAvailable ? .blas : .avx2))
-            #expect(shortA == (GEMM.isBLASAvailable ? .blas : .avx2))
+            #expect(toAVX2.allSatisfy { $0 == .avx2 })
+            #expect(toBLAS.allSatisfy { $0 == (GEMM.isBLASAvailable ? .blas : .avx2) })
         } else {
-            #expect(thin != .avx2 && dW != .avx2 && square != .avx2 && !small.contains(.avx2) && shortA != .avx2 && shortWide != .avx2)
+            #expect(!(toAVX2 + toBLAS).contains(.avx2))
         }
         #expect(both != .avx2)
         #expect(GEMM.resolve(.portable, transposeA: false, transposeB: true, m: 10, n: 200, k: 784) == .portable)

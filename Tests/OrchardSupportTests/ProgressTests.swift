@@ -111,6 +111,37 @@ import Testing
         }
     }
 
+    @Test("spreadSubdirectories sets the top-directory attribute where the file system has it, and says so")
+    func spreadSubdirectories() throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("orchard-spread-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let file = directory.appendingPathComponent("a.txt").path
+        try LocalFile.write(Data("x".utf8), to: file)
+        #expect(!LocalFile.spreadSubdirectories(of: directory.appendingPathComponent("missing").path))
+        #expect(!LocalFile.spreadSubdirectories(of: file), "a file is not a directory")
+        let set = LocalFile.spreadSubdirectories(of: directory.path)
+        #expect(LocalFile.spreadSubdirectories(of: directory.path) == set, "setting it again agrees")
+        // Where e2fsprogs' lsattr can read the attributes, they agree with the answer: `T` is the top-directory flag.
+        let lsattr = "/usr/bin/lsattr"
+        guard FileManager.default.isExecutableFile(atPath: lsattr) else { return }
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: lsattr)
+        process.arguments = ["-d", directory.path]
+        let output = Pipe()
+        process.standardOutput = output
+        process.standardError = FileHandle.nullDevice
+        try process.run()
+        let text = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        process.waitUntilExit()
+        if process.terminationStatus == 0 {
+            let attributes = text.split(separator: " ").first.map(String.init) ?? ""
+            #expect(attributes.contains("T") == set, "lsattr shows \(attributes)")
+        } else {
+            #expect(!set, "lsattr cannot read this file system's attributes, so the hint cannot have been set")
+        }
+    }
+
     @Test("replace writes atomically through a .writing file, synced or not, and leaves nothing behind on failure")
     func replaceIsAtomic() throws {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("orchard-replace-\(UUID().uuidString)")

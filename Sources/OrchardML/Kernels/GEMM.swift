@@ -86,12 +86,17 @@ public enum GEMM {
         case .avx2: return avx2 ? .avx2 : .portable
         case .portable: return .portable
         default:
-            let thin = m <= 32 || k <= 32 || (transposeB && !transposeA && n <= 256)
-            // The products a small model trains with (under 2²⁶ multiply-adds, one side at most 256): the AVX2 kernels beat
-            // a generic BLAS there, on two cores 63–70 GFLOP/s against 42–54 for the 2NN's batch-64 and batch-256
-            // gradients, but for a short untransposed A with narrow rows (64 × 200 × 200: 54 against 60). Larger products
-            // (512³: 49 against 58) go to BLAS.
-            let small = m * n * k <= 1 << 26 && min(m, n, k) <= 256 && (transposeA || m > 64 || n >= 512)
+            // Thin products (a short batch, a depth or a width of at most 32: a batch-10 step, a 10-class output layer)
+            // run on the AVX2 kernels, which need no packing: on two cores of the development VM 36–52 GFLOP/s against
+            // 25–29 for OpenBLAS at the 2NN's batch-10 shapes and its batch-256 output layer (256 × 10 × 200).
+            let thin = m <= 32 || n <= 32 || k <= 32
+            // So do weight gradients of a batch of at most 64 (Aᵀ·B with a depth ≤ 64: 141 against 117 GFLOP/s at
+            // 200 × 784 × 64, 94 against 54 at 200 × 200 × 64) and a hidden layer's input gradient at a long batch
+            // (A·B with more than 64 rows: 151 against 147 at 256 × 200 × 200). Everything else goes to BLAS, which
+            // packs its operands: the forward products A·Bᵀ at batch 64 and 256 (122 against 95 at 256 × 200 × 784)
+            // and the deeper weight gradients (127 against 103 at 200 × 784 × 256). Medians of five, same run.
+            let small = m * n * k <= 1 << 26 && min(m, n, k) <= 256
+                && ((transposeA && k <= 64) || (!transposeA && !transposeB && m > 64))
             if avx2 && (thin || small) { return .avx2 }
             if BLASLibrary.shared != nil { return .blas }
             return avx2 ? .avx2 : .portable
