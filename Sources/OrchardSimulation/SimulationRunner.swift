@@ -150,6 +150,9 @@ public enum SimulationRunner {
         let instance: CoordinatorInstance
         do {
             try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+            // The coordinator's report spool and the devices' directory are made and emptied within seconds, run after
+            // run: spread them over the file system's groups (see `LocalFile.spreadSubdirectories`).
+            LocalFile.spreadSubdirectories(of: directory.path)
             // A simulated fleet reaches the coordinator from one address, in far more workers than an open-mode
             // process may register by default: those abuse limits are for exposed coordinators, not this one.
             let configuration = CoordinatorConfiguration(openAuthenticationRate: nil, maximumOpenWorkers: nil)
