@@ -54,6 +54,9 @@ public struct FleetConditions: Sendable, Hashable {
     public var speedSpread: Double
     /// Download speeds across devices, in Mbit/s (uniform in the range; uploads are a quarter of the download).
     public var megabitsPerSecond: ClosedRange<Double>
+    /// Whether devices report through secure aggregation's stages. Each stage's message then draws its own `dropout`,
+    /// so the dropout of the task itself falls during the download and the training only, not during an upload.
+    public var secureStages = false
 
     /// Creates conditions; every field has a default.
     public init(

@@ -359,6 +359,8 @@ public struct SimulationConfiguration: Sendable {
 
     /// The fleet conditions these settings imply.
     public var conditions: FleetConditions {
-        FleetConditions(availability: availability, dropout: dropout, windowSeconds: windowSeconds, medianSecondsPerUpdate: secondsPerUpdate)
+        var conditions = FleetConditions(availability: availability, dropout: dropout, windowSeconds: windowSeconds, medianSecondsPerUpdate: secondsPerUpdate)
+        conditions.secureStages = secureAggregation != nil
+        return conditions
     }
 }

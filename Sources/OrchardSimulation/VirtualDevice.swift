@@ -123,6 +123,15 @@ final class VirtualDevice: Sendable {
         }
     }
 
+    /// Virtual seconds over which a device that drops out during its task goes away: its download, its training and
+    /// (for a plain report) its upload. With secure aggregation the task ends with the training: each later stage's
+    /// message draws its own dropout, so going away during the masked input's upload is that stage's draw, not a
+    /// second one on top of it.
+    static func dropoutSpan(modelBytes: Int, updates: Int, profile: DeviceProfile, secureStages: Bool) -> Double {
+        let upload = secureStages ? 0 : Double(modelBytes) / profile.uploadBytesPerSecond
+        return Double(modelBytes) / profile.downloadBytesPerSecond + Double(updates) * profile.secondsPerUpdate + upload
+    }
+
     /// Runs the device's round: background windows from its check-in until it reports, is turned away, drops
     /// out, or the round ends.
     /// - Parameters:
@@ -140,10 +149,9 @@ final class VirtualDevice: Sendable {
         var state = DeviceRoundState(record: DeviceRoundRecord(device: index), stageDropout: conditions.dropout, seed: seed, round: round)
         if random.nextDouble() < conditions.dropout {
             // It goes away somewhere between check-in and the moment its work would be done without interruptions.
-            let profile = link.profile
-            let span = Double(modelBytes) / profile.downloadBytesPerSecond + Double(updates) * profile.secondsPerUpdate
-                + Double(modelBytes) / profile.uploadBytesPerSecond
-            state.killAt = checkIn + random.nextDouble() * span
+            state.killAt = checkIn + random.nextDouble() * Self.dropoutSpan(
+                modelBytes: modelBytes, updates: updates, profile: link.profile, secureStages: conditions.secureStages
+            )
         } else {
             _ = random.nextDouble()
         }

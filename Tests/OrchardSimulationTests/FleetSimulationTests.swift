@@ -3,9 +3,31 @@ import Foundation
 import FoundationXML
 #endif
 import OrchardFormats
+import OrchardPrivacy
 import OrchardProtocol
 import Testing
 @testable import OrchardSimulation
+
+@Suite struct DropoutSpanTests {
+    /// With secure aggregation a task's dropout falls during its download and training only: each later stage draws its
+    /// own, so a device that went away during the masked input's upload would otherwise have dropped out twice.
+    @Test func secureStagesLeaveTheUploadToTheirOwnDraws() throws {
+        let profile = DeviceProfile.sample(device: 3, seed: 7, medianSecondsPerUpdate: 0.05)
+        let bytes = 800_000, updates = 60
+        let download = Double(bytes) / profile.downloadBytesPerSecond, training = Double(updates) * profile.secondsPerUpdate
+        let upload = Double(bytes) / profile.uploadBytesPerSecond
+        let plain = VirtualDevice.dropoutSpan(modelBytes: bytes, updates: updates, profile: profile, secureStages: false)
+        let secure = VirtualDevice.dropoutSpan(modelBytes: bytes, updates: updates, profile: profile, secureStages: true)
+        #expect(abs(plain - (download + training + upload)) < 1e-9)
+        #expect(abs(secure - (download + training)) < 1e-9)
+        #expect(upload > 0 && secure < plain)
+
+        var configuration = SimulationConfiguration(dataset: .housing, seed: 1)
+        #expect(!configuration.conditions.secureStages)
+        configuration.secureAggregation = SecureAggregationConfig(parameters: SecureAggregationConfiguration(threshold: 5), stageTimeout: 10)
+        #expect(configuration.conditions.secureStages)
+    }
+}
 
 @Suite struct FleetSimulationTests {
     static func workload(devices: Int, updates: Int = 20) -> FakeWorkload {
