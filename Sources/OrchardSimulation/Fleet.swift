@@ -82,7 +82,7 @@ public struct FleetSimulation: Sendable {
         let timeline = FleetTimeline()
         let slots = AsyncSemaphore(permits: max(1, parallelism))
         // Every device's state is a tree of its own under `directory`, made and removed within seconds: spread the trees
-        // over the file system's groups (on ext4 a population's run took 1.5 to 3 times longer without it).
+        // over the file system's groups (on ext4, 10,000 devices' runs back to back took 1.45 times longer without it).
         do { try LocalFile.createDirectory(directory.path) } catch {
             throw SimulationError(.unwritable, "cannot create the devices' directory \(directory.path): \(error.message)")
         }

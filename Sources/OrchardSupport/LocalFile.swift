@@ -204,7 +204,8 @@ public enum LocalFile {
         let descriptor = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
         guard descriptor >= 0 else { return false }
         defer { close(descriptor) }
-        // FS_IOC_GETFLAGS / FS_IOC_SETFLAGS (_IOR/_IOW('f', 1/2, long)) read and write an int; FS_TOPDIR_FL = 0x20000.
+        // FS_IOC_GETFLAGS / FS_IOC_SETFLAGS (_IOR/_IOW('f', 1/2, long) on 64-bit Linux) read and write an int;
+        // FS_TOPDIR_FL = 0x20000.
         let getFlags: UInt = 0x8008_6601, setFlags: UInt = 0x4008_6602, topDirectory: Int32 = 0x0002_0000
         var flags: Int32 = 0
         guard withUnsafeMutablePointer(to: &flags, { ioctl(descriptor, getFlags, $0) }) == 0 else { return false }
