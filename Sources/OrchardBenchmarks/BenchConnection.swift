@@ -55,9 +55,11 @@ public final class BenchConnection: Sendable {
         let promise = channel.eventLoop.makePromise(of: Response.self)
         let handler = self.handler
         let channel = self.channel
-        let request = Self.encode(head, body: body)
+        // The head, then the body's parts as they are: a report's megabytes are written from the caller's buffers (which
+        // reports share), not copied into one request buffer per upload in flight.
+        let parts = [Self.encodeHead(head, bodyLength: body.reduce(0) { $0 + $1.readableBytes }, hasBody: !body.isEmpty)] + body
         channel.eventLoop.execute {
-            Self.send(request, on: channel, through: handler.value, keepBody: keepBody, answer: promise)
+            Self.send(parts, on: channel, through: handler.value, keepBody: keepBody, answer: promise)
         }
         return try await promise.futureResult.get()
     }
@@ -85,15 +87,22 @@ public final class BenchConnection: Sendable {
 
     /// A request's bytes: the request line, the headers (`Content-Length` set for a body) and the body.
     static func encode(_ head: HTTPRequestHead, body: [ByteBuffer]) -> ByteBuffer {
-        var headers = head.headers
         let length = body.reduce(0) { $0 + $1.readableBytes }
-        if !body.isEmpty || head.method == .POST || head.method == .PUT { headers.replaceOrAdd(name: "Content-Length", value: "\(length)") }
+        var buffer = encodeHead(head, bodyLength: length, hasBody: !body.isEmpty)
+        buffer.reserveCapacity(buffer.readableBytes + length)
+        for var part in body { buffer.writeBuffer(&part) }
+        return buffer
+    }
+
+    /// A request's line and headers, with `Content-Length: bodyLength` for a body (and for any POST or PUT).
+    static func encodeHead(_ head: HTTPRequestHead, bodyLength: Int, hasBody: Bool) -> ByteBuffer {
+        var headers = head.headers
+        if hasBody || head.method == .POST || head.method == .PUT { headers.replaceOrAdd(name: "Content-Length", value: "\(bodyLength)") }
         var buffer = ByteBuffer()
-        buffer.reserveCapacity(256 + length)
+        buffer.reserveCapacity(256)
         buffer.writeString("\(head.method.rawValue) \(head.uri) HTTP/\(head.version.major).\(head.version.minor)\r\n")
         for (name, value) in headers { buffer.writeString("\(name): \(value)\r\n") }
         buffer.writeString("\r\n")
-        for var part in body { buffer.writeBuffer(&part) }
         return buffer
     }
 
@@ -101,8 +110,17 @@ public final class BenchConnection: Sendable {
     fileprivate static func send(
         _ request: ByteBuffer, on channel: any Channel, through handler: ExchangeHandler, keepBody: Bool, answer: EventLoopPromise<Response>
     ) {
+        send([request], on: channel, through: handler, keepBody: keepBody, answer: answer)
+    }
+
+    /// Writes one request in `parts` (head first) on the channel's event loop and flushes them together.
+    fileprivate static func send(
+        _ parts: [ByteBuffer], on channel: any Channel, through handler: ExchangeHandler, keepBody: Bool, answer: EventLoopPromise<Response>
+    ) {
         handler.start(answer, keepBody: keepBody)
-        channel.writeAndFlush(request).whenFailure { answer.fail($0) }
+        // A failed write fails the writes after it too, so the last one's failure answers for all of them.
+        for part in parts.dropLast() { channel.write(part, promise: nil) }
+        channel.writeAndFlush(parts[parts.count - 1]).whenFailure { answer.fail($0) }
     }
 
     /// Closes the connection.
