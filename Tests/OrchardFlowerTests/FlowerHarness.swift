@@ -153,7 +153,6 @@ final class SuperLinkFixture: @unchecked Sendable {
         try FlowerInstallation.require()
         home = directory.appendingPathComponent("flwr-home")
         try FileManager.default.createDirectory(at: home, withIntermediateDirectories: true)
-        port = try freePort()
         var security = ["--insecure"]
         var connection = "insecure = true"
         if tls {
@@ -165,40 +164,61 @@ final class SuperLinkFixture: @unchecked Sendable {
             caCertificate = nil
         }
         if nodeAuthentication { security.append("--enable-supernode-auth") }
-        try """
-        [superlink]
-        default = "local-deploy"
-
-        [superlink.local-deploy]
-        address = "127.0.0.1:\(port)"
-        \(connection)
-
-        """.write(to: home.appendingPathComponent("config.toml"), atomically: true, encoding: .utf8)
-        superlink = try FlowerProcess(
-            "flower-superlink", security + ["--disable-runtime-dependency-installation", "--host", "127.0.0.1", "--port", String(port)],
-            home: home, log: directory.appendingPathComponent("superlink.log")
-        )
-        try await waitForHealth()
+        (port, superlink) = try await Self.launch(security: security, connection: connection, home: home, directory: directory, https: tls)
     }
 
     /// The Fleet API address, `127.0.0.1:PORT`.
     var address: String { "127.0.0.1:\(port)" }
 
-    private func waitForHealth() async throws {
-        // Over HTTPS the test's URLSession does not trust the private CA: any answer (or a TLS failure after the
-        // connection is accepted) means the server is up; only a refused connection means it is not yet.
-        let url = URL(string: "\(caCertificate == nil ? "http" : "https")://127.0.0.1:\(port)/health")!
+    /// Starts `flower-superlink` on a free port and waits until it serves there. The port is free when chosen but may
+    /// be taken by another test's server before the SuperLink binds it; the SuperLink then logs "address already in
+    /// use" and exits, and a new port is tried (a foreign server on the port must never pass for this SuperLink).
+    private static func launch(security: [String], connection: String, home: URL, directory: URL, https: Bool) async throws -> (Int, FlowerProcess) {
+        var taken: [Int] = []
+        for _ in 0..<5 {
+            let port = try freePort()
+            try """
+            [superlink]
+            default = "local-deploy"
+
+            [superlink.local-deploy]
+            address = "127.0.0.1:\(port)"
+            \(connection)
+
+            """.write(to: home.appendingPathComponent("config.toml"), atomically: true, encoding: .utf8)
+            let superlink = try FlowerProcess(
+                "flower-superlink", security + ["--disable-runtime-dependency-installation", "--host", "127.0.0.1", "--port", String(port)],
+                home: home, log: directory.appendingPathComponent("superlink.log")
+            )
+            if try await serves(superlink, port: port, https: https) { return (port, superlink) }
+            await superlink.stop()
+            taken.append(port)
+        }
+        throw FlowerRunError("flower-superlink found ports \(taken) taken by other servers before it could bind them")
+    }
+
+    /// Whether `superlink` serves on `port` (its own log says so and `/health` answers), or false when the port was
+    /// taken before it could bind it.
+    private static func serves(_ superlink: FlowerProcess, port: Int, https: Bool) async throws -> Bool {
+        // Over HTTPS the test's URLSession does not trust the private CA: once the SuperLink's own log says it runs on
+        // the port, any answer (or a TLS failure after the connection is accepted) means it is up.
+        let running = "running on \(https ? "https" : "http")://127.0.0.1:\(port)"
+        let url = URL(string: "\(https ? "https" : "http")://127.0.0.1:\(port)/health")!
         for _ in 0..<600 {
-            guard superlink.process.isRunning else { throw FlowerRunError("flower-superlink exited: \(superlink.output.suffix(2000))") }
-            do {
-                let (_, response) = try await URLSession.shared.data(from: url)
-                if (response as? HTTPURLResponse)?.statusCode == 200 { return }
-            } catch let error as URLError where error.code != .cannotConnectToHost && error.code != .networkConnectionLost && error.code != .timedOut {
-                if caCertificate != nil { return }
-            } catch {}
+            let output = superlink.output
+            if output.contains("address already in use") { return false }
+            guard superlink.process.isRunning else { throw FlowerRunError("flower-superlink exited: \(output.suffix(2000))") }
+            if output.contains(running) {
+                do {
+                    let (_, response) = try await URLSession.shared.data(from: url)
+                    if (response as? HTTPURLResponse)?.statusCode == 200 { return true }
+                } catch let error as URLError where error.code != .cannotConnectToHost && error.code != .networkConnectionLost && error.code != .timedOut {
+                    if https { return true }
+                } catch {}
+            }
             try await Task.sleep(for: .milliseconds(100))
         }
-        throw FlowerRunError("flower-superlink did not answer /health within 60 s: \(superlink.output.suffix(2000))")
+        throw FlowerRunError("flower-superlink did not serve on port \(port) within 60 s: \(superlink.output.suffix(2000))")
     }
 
     /// Registers a SuperNode's public key (an OpenSSH line in a file) with `flwr supernode register`, as the
