@@ -87,9 +87,15 @@ import Testing
 }
 
 @Suite struct LocalFileTests {
-    @Test func aMissingFileADirectoryAndAMissingDirectoryAreNamedInAFewWords() throws {
-        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("orchard-local-file-\(UUID().uuidString)")
+    /// A new empty directory under the temporary directory, named `prefix` and a UUID (the caller removes it).
+    static func scratchDirectory(_ prefix: String) throws -> URL {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("\(prefix)-\(UUID().uuidString)")
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        return directory
+    }
+
+    @Test func aMissingFileADirectoryAndAMissingDirectoryAreNamedInAFewWords() throws {
+        let directory = try Self.scratchDirectory("orchard-local-file")
         defer { try? FileManager.default.removeItem(at: directory) }
         let missing = directory.appendingPathComponent("nope.json").path
         #expect(throws: FileAccessError(.noSuchFile, "no such file")) { try LocalFile.read(missing) }
@@ -113,8 +119,7 @@ import Testing
 
     @Test("spreadSubdirectories sets the top-directory attribute where the file system has it, and says so")
     func spreadSubdirectories() throws {
-        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("orchard-spread-\(UUID().uuidString)")
-        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        let directory = try Self.scratchDirectory("orchard-spread")
         defer { try? FileManager.default.removeItem(at: directory) }
         let file = directory.appendingPathComponent("a.txt").path
         try LocalFile.write(Data("x".utf8), to: file)
@@ -144,8 +149,7 @@ import Testing
 
     @Test("replace writes atomically through a .writing file, synced or not, and leaves nothing behind on failure")
     func replaceIsAtomic() throws {
-        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("orchard-replace-\(UUID().uuidString)")
-        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        let directory = try Self.scratchDirectory("orchard-replace")
         defer { try? FileManager.default.removeItem(at: directory) }
         let file = directory.appendingPathComponent("state.json").path
         for (synced, text) in [(true, "first"), (false, "second, longer than the first"), (false, "3")] {
