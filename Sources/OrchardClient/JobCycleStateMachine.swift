@@ -543,7 +543,7 @@ struct JobCycleStateMachine {
             guard tensor.shape == shapes[tensor.name] else {
                 return "diff tensor '\(tensor.name)' has shape \(tensor.shape), the model's is \(shapes[tensor.name] ?? [])"
             }
-            guard tensor.values.allSatisfy(\.isFinite) else { return "diff tensor '\(tensor.name)' holds NaN or infinity" }
+            guard FloatScan.allFinite(tensor.values) else { return "diff tensor '\(tensor.name)' holds NaN or infinity" }
         }
         return nil
     }

@@ -54,7 +54,7 @@ enum ModelIntegrity {
         do throws(FormatError) {
             let archive = try Safetensors.decode(bytes)
             try archive.validate(against: shapes)
-            for tensor in archive.tensors where !tensor.values.allSatisfy(\.isFinite) {
+            for tensor in archive.tensors where !FloatScan.allFinite(tensor.values) {
                 throw FormatError(.invalidHeader, "tensor '\(tensor.name)' holds NaN or infinity")
             }
             return archive.tensors

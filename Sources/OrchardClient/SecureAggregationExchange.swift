@@ -395,7 +395,7 @@ public struct SecureAggregationExchange: Sendable {
             )
         }
         guard !update.isEmpty else { return OrchardClientError(.training, "the update is empty; secure aggregation needs at least one value") }
-        guard update.allSatisfy(\.isFinite) else { return OrchardClientError(.training, "the update holds NaN or infinity; it cannot be masked") }
+        guard FloatScan.allFinite(update) else { return OrchardClientError(.training, "the update holds NaN or infinity; it cannot be masked") }
         return nil
     }
 

@@ -105,11 +105,7 @@ public struct ModelLayout: Sendable, Hashable {
     }
 
     private func problem(in flat: UnsafeBufferPointer<Float>) -> CoordinatorError? {
-        // NaN and infinity are the values whose exponent bits are all ones; the largest exponent field in one
-        // pass of integer maxima (associative, so it vectorizes, unlike a running float sum).
-        var largest: UInt32 = 0
-        for value in flat { largest = max(largest, value.bitPattern & 0x7F80_0000) }
-        if largest == 0x7F80_0000 {
+        if !FloatScan.allFinite(flat) {
             let entry = entries.first { entry in flat[entry.offset..<(entry.offset + entry.count)].contains { !$0.isFinite } }
             return CoordinatorError(.nonFiniteValues, "tensor '\(entry?.name ?? "?")' holds NaN or infinity")
         }
@@ -195,18 +191,24 @@ public struct RunningSum: Sendable, Hashable {
 
     /// Adds `weight × diff` for a staged diff: read whole first, so that a failed read leaves the sum untouched.
     public mutating func add(_ diff: any StagedDiff, weight: Double, unclipped: Bool = false) throws(StoreError) {
-        var values = [Float](repeating: 0, count: sum.count)
+        // Not zero-filled first: the read fills every value or throws (and the array is then discarded).
+        let values: [Float]
         do {
-            try values.withUnsafeMutableBytes { raw in try diff.read(into: raw, at: 0) }
+            values = try [Float](unsafeUninitializedCapacity: sum.count) { buffer, initialized in
+                try diff.read(into: UnsafeMutableRawBufferPointer(buffer), at: 0)
+                initialized = buffer.count
+            }
         } catch let error as StoreError {
             throw error
         } catch {
             throw StoreError(.io, "could not read the staged diff: \(error)")
         }
         #if _endian(big)
-        for i in values.indices { values[i] = Float(bitPattern: UInt32(littleEndian: values[i].bitPattern)) }
-        #endif
+        let native = values.map { Float(bitPattern: UInt32(littleEndian: $0.bitPattern)) }
+        native.withUnsafeBufferPointer { add($0, weight: weight, unclipped: unclipped) }
+        #else
         values.withUnsafeBufferPointer { add($0, weight: weight, unclipped: unclipped) }
+        #endif
     }
 
     /// The stored form of the sum (little-endian Float64).
@@ -230,7 +232,7 @@ public struct RunningSum: Sendable, Hashable {
 /// The server optimizer's state, durable between cycles (empty for FedAvg).
 public struct ServerOptimizerState: Sendable, Hashable {
     /// Whether every moment is finite (a state that is not is never persisted).
-    public var isFinite: Bool { m.allSatisfy(\.isFinite) && v.allSatisfy(\.isFinite) }
+    public var isFinite: Bool { FloatScan.allFinite(m) && FloatScan.allFinite(v) }
 
     /// First moment (FedAvgM's momentum buffer, FedAdam/FedYogi's m).
     public var m: [Float]

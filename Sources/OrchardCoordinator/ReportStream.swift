@@ -180,23 +180,13 @@ struct ReportStream {
     /// Checks whole values at data position `position` (within one segment): finite, zero in a frozen tensor.
     private mutating func check(_ run: UnsafeRawBufferPointer, at position: Int) throws(CoordinatorError) {
         let current = segments[segment]
-        let count = run.count / 4
-        var squares = 0.0
-        var largest: UInt32 = 0
-        var any: UInt32 = 0
-        for i in 0..<count {
-            let bits = UInt32(littleEndian: run.loadUnaligned(fromByteOffset: i * 4, as: UInt32.self))
-            largest = max(largest, bits & 0x7F80_0000)
-            any |= bits & 0x7FFF_FFFF
-            let value = Double(Float(bitPattern: bits))
-            squares += value * value
-        }
-        if largest == 0x7F80_0000 {
+        let scan = FloatScan.summary(littleEndian: run)
+        if !scan.allFinite {
             throw CoordinatorError(.nonFiniteValues, "tensor '\(current.name)' holds NaN or infinity")
         }
-        if current.frozen && any != 0 {
+        if current.frozen && !scan.allZero {
             throw CoordinatorError(.frozenTensorChanged, "tensor '\(current.name)' belongs to a frozen layer; its diff must be all zeros")
         }
-        sumOfSquares += squares
+        sumOfSquares += scan.sumOfSquares
     }
 }

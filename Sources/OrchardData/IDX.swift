@@ -80,7 +80,15 @@ public struct IDXArray: Sendable, Hashable {
     }
 
     /// Reads an IDX file; gzip is detected from its magic bytes.
-    public init(contentsOf url: URL) throws(DataError) {
+    /// - Parameters:
+    ///   - url: The file, raw or gzip-compressed.
+    ///   - cache: Where a decompressed copy of a gzip file is kept for the next read (none by default).
+    public init(contentsOf url: URL, cache: IDXCache? = nil) throws(DataError) {
+        let entry = cache?.entryPath(for: url)
+        if let cache, let entry, let cached = cache.read(entry), let array = try? IDXArray(bytes: cached) {
+            self = array
+            return
+        }
         let data: Data
         do {
             data = try Data(contentsOf: url)
@@ -88,7 +96,15 @@ public struct IDXArray: Sendable, Hashable {
             throw DataError(.unreadable, "cannot read \(url.path): \(FileAccessError(error).message)")
         }
         do {
-            try self.init(bytes: [UInt8](data))
+            let bytes = [UInt8](data)
+            guard bytes.starts(with: [0x1F, 0x8B]) else {
+                try self.init(bytes: bytes)
+                return
+            }
+            let raw = try Self.gunzip(bytes)
+            try self.init(bytes: raw)
+            // Only a copy that parsed is kept.
+            if let cache, let entry { cache.store(raw, at: entry) }
         } catch {
             throw DataError(error.code, "\(url.lastPathComponent): \(error.message)")
         }
@@ -150,15 +166,13 @@ public struct IDXArray: Sendable, Hashable {
     }
 
     private static func gunzip(_ bytes: [UInt8]) throws(DataError) -> [UInt8] {
-        // The 8-byte trailer holds the CRC-32 and the size (mod 2³²) of the uncompressed data. zlib (through
-        // CompressNIO) stops quietly at the end of a truncated stream, so both are checked here.
+        // zlib (through CompressNIO) checks the 8-byte trailer (CRC-32 and size mod 2³² of the uncompressed data)
+        // when it reaches the end of the stream, and refuses a mismatch; but it stops quietly at the end of a
+        // truncated stream, so the size is checked here as well: the last four bytes of a cut stream are not its
+        // size.
         let n = bytes.count
         guard n >= 18 else { throw DataError(.unreadable, "gzip data of \(n) bytes is truncated") }
-        func word(_ at: Int) -> UInt32 {
-            UInt32(bytes[at]) | UInt32(bytes[at + 1]) << 8 | UInt32(bytes[at + 2]) << 16 | UInt32(bytes[at + 3]) << 24
-        }
-        let expectedCRC = word(n - 8)
-        let expectedSize = word(n - 4)
+        let expectedSize = UInt32(bytes[n - 4]) | UInt32(bytes[n - 3]) << 8 | UInt32(bytes[n - 2]) << 16 | UInt32(bytes[n - 1]) << 24
         var input = ByteBuffer(bytes: bytes)
         let output: [UInt8]
         do {
@@ -176,51 +190,10 @@ public struct IDXArray: Sendable, Hashable {
         } catch {
             throw DataError(.unreadable, "gzip data is corrupt: \(error)")
         }
-        guard UInt32(truncatingIfNeeded: output.count) == expectedSize, CRC32.checksum(output) == expectedCRC else {
-            throw DataError(.unreadable, "gzip data is truncated or corrupt (size or CRC-32 does not match its trailer)")
+        guard UInt32(truncatingIfNeeded: output.count) == expectedSize else {
+            throw DataError(.unreadable, "gzip data is truncated or corrupt (its size does not match its trailer)")
         }
         return output
-    }
-}
-
-/// CRC-32 (IEEE 802.3, reflected polynomial 0xEDB88320), as gzip's trailer uses.
-enum CRC32 {
-    /// Slicing-by-8 tables: `tables[0]` is the byte-at-a-time table, `tables[k][n]` the CRC of byte `n` followed
-    /// by `k` zero bytes, so that eight bytes are folded in with eight look-ups.
-    private static let tables: [UInt32] = {
-        var t = [UInt32](repeating: 0, count: 8 * 256)
-        for n in 0..<256 {
-            t[n] = (0..<8).reduce(UInt32(n)) { c, _ in c & 1 == 1 ? 0xEDB8_8320 ^ (c >> 1) : c >> 1 }
-        }
-        for k in 1..<8 {
-            for n in 0..<256 {
-                let previous = t[(k - 1) * 256 + n]
-                t[k * 256 + n] = (previous >> 8) ^ t[Int(previous & 0xFF)]
-            }
-        }
-        return t
-    }()
-
-    static func checksum(_ bytes: [UInt8]) -> UInt32 {
-        var crc: UInt32 = 0xFFFF_FFFF
-        tables.withUnsafeBufferPointer { t in
-            bytes.withUnsafeBufferPointer { b in
-                var i = 0
-                while i + 8 <= b.count {
-                    let low = crc ^ (UInt32(b[i]) | UInt32(b[i + 1]) << 8 | UInt32(b[i + 2]) << 16 | UInt32(b[i + 3]) << 24)
-                    crc = t[7 * 256 + Int(low & 0xFF)] ^ t[6 * 256 + Int((low >> 8) & 0xFF)]
-                        ^ t[5 * 256 + Int((low >> 16) & 0xFF)] ^ t[4 * 256 + Int(low >> 24)]
-                        ^ t[3 * 256 + Int(b[i + 4])] ^ t[2 * 256 + Int(b[i + 5])]
-                        ^ t[1 * 256 + Int(b[i + 6])] ^ t[Int(b[i + 7])]
-                    i += 8
-                }
-                while i < b.count {
-                    crc = t[Int((crc ^ UInt32(b[i])) & 0xFF)] ^ (crc >> 8)
-                    i += 1
-                }
-            }
-        }
-        return crc ^ 0xFFFF_FFFF
     }
 }
 
@@ -263,8 +236,13 @@ public struct IDXImageDataset: Dataset, Sendable {
     }
 
     /// Reads a pair of IDX files (raw or gzip).
-    public init(imagesAt images: URL, labelsAt labels: URL, inputName: String = "image") throws(DataError) {
-        try self.init(images: try IDXArray(contentsOf: images), labels: try IDXArray(contentsOf: labels), inputName: inputName)
+    /// - Parameters:
+    ///   - images: The images file (`[N, H, W]` bytes), raw or gzip-compressed.
+    ///   - labels: The labels file (`[N]` bytes), raw or gzip-compressed.
+    ///   - inputName: The name of the model input the images feed.
+    ///   - cache: Where decompressed copies of gzip files are kept for the next read (none by default).
+    public init(imagesAt images: URL, labelsAt labels: URL, inputName: String = "image", cache: IDXCache? = nil) throws(DataError) {
+        try self.init(images: try IDXArray(contentsOf: images, cache: cache), labels: try IDXArray(contentsOf: labels, cache: cache), inputName: inputName)
     }
 
     /// Which half of an MNIST-layout directory to read.
@@ -281,7 +259,7 @@ public struct IDXImageDataset: Dataset, Sendable {
 
     /// Reads one split of an MNIST or Fashion-MNIST directory, using the `.gz` files when present and the
     /// uncompressed ones otherwise.
-    public init(directory: URL, split: Split, inputName: String = "image") throws(DataError) {
+    public init(directory: URL, split: Split, inputName: String = "image", cache: IDXCache? = nil) throws(DataError) {
         func locate(_ stem: String) throws(DataError) -> URL {
             let names = ["\(split.prefix)-\(stem).gz", "\(split.prefix)-\(stem)"]
             for name in names {
@@ -290,7 +268,7 @@ public struct IDXImageDataset: Dataset, Sendable {
             }
             throw DataError(.unreadable, "neither \(names.joined(separator: " nor ")) exists in \(directory.path)")
         }
-        try self.init(imagesAt: try locate("images-idx3-ubyte"), labelsAt: try locate("labels-idx1-ubyte"), inputName: inputName)
+        try self.init(imagesAt: try locate("images-idx3-ubyte"), labelsAt: try locate("labels-idx1-ubyte"), inputName: inputName, cache: cache)
     }
 
     public func copyInput(_ input: Int, of index: Int, into destination: UnsafeMutableBufferPointer<Float>) {

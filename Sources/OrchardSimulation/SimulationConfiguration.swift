@@ -229,6 +229,9 @@ public struct SimulationConfiguration: Sendable {
     /// applies before each stage after advertise_keys (going away before advertising is the usual dropout during the
     /// download and training).
     public var secureAggregation: SecureAggregationConfig?
+    /// Where decompressed copies of gzip-compressed image datasets are kept between runs (``IDXCache/standard(environment:)``
+    /// by default; nil decompresses on every run).
+    public var datasetCache: IDXCache? = IDXCache.standard()
 
     /// Creates a configuration (the housing scenario's values by default).
     public init(

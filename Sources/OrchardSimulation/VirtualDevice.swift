@@ -502,7 +502,13 @@ final class BufferedDownload: DownloadSink {
 
     var contents: (DownloadHead?, [UInt8]) { state.withLock { ($0.head, $0.bytes) } }
 
-    func begin(_ head: DownloadHead) throws(OrchardClientError) { state.withLock { $0.head = head } }
+    func begin(_ head: DownloadHead) throws(OrchardClientError) {
+        state.withLock {
+            $0.head = head
+            // The bytes arrive in chunks: room for all of them at once rather than growing (and copying) as they come.
+            if let total = head.totalLength, total > head.start { $0.bytes.reserveCapacity(total - head.start) }
+        }
+    }
     func append(_ bytes: [UInt8]) throws(OrchardClientError) { state.withLock { $0.bytes += bytes } }
 }
 

@@ -65,10 +65,16 @@ struct IDXTests {
         #expect { try IDXArray(bytes: bytes) } throws: { ($0 as? DataError)?.code == code }
     }
 
-    @Test("a gzip file whose data does not match its CRC-32 is rejected")
-    func corruptGzip() {
+    @Test("a gzip file whose data does not match its trailer (CRC-32, size) or that is cut short is rejected", arguments: [
+        "crc", "size", "cut",
+    ])
+    func corruptGzip(damage: String) {
         var bytes = Self.gzipImages
-        bytes[bytes.count - 6] ^= 0x01  // flip a bit of the stored CRC-32
+        switch damage {
+        case "crc": bytes[bytes.count - 6] ^= 0x01  // a bit of the stored CRC-32 (zlib's own check)
+        case "size": bytes[bytes.count - 4] ^= 0x01  // a bit of the stored size
+        default: bytes.removeLast(3)  // the stream cut inside its trailer
+        }
         #expect { try IDXArray(bytes: bytes) } throws: { ($0 as? DataError)?.code == .unreadable }
     }
 
@@ -91,6 +97,62 @@ struct IDXTests {
         let data = try IDXImageDataset(directory: dir, split: .test)
         #expect(data.count == 2)
         #expect { try IDXImageDataset(directory: dir, split: .train) } throws: { ($0 as? DataError)?.code == .unreadable }
+    }
+
+    @Test("a gzip file's decompressed copy is kept in the cache and read back; a damaged copy or a changed file is decompressed again")
+    func cache() throws {
+        let dir = FileManager.default.temporaryDirectory.appendingPathComponent("orchard-idx-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: dir, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: dir) }
+        let gz = dir.appendingPathComponent("t10k-images-idx3-ubyte.gz")
+        try Data(Self.gzipImages).write(to: gz)
+        let cache = IDXCache(directory: dir.appendingPathComponent("cache/idx"))
+        func entries() throws -> [URL] {
+            guard FileManager.default.fileExists(atPath: cache.directory.path) else { return [] }
+            return try FileManager.default.contentsOfDirectory(at: cache.directory, includingPropertiesForKeys: nil).sorted { $0.path < $1.path }
+        }
+        let expected = try IDXArray(bytes: Self.rawImages)
+
+        #expect(try IDXArray(contentsOf: gz, cache: cache) == expected)
+        let written = try entries()
+        try #require(written.count == 1)
+        #expect(written[0].lastPathComponent.hasPrefix("t10k-images-idx3-ubyte.gz-") && written[0].pathExtension == "idx")
+        #expect(try [UInt8](Data(contentsOf: written[0])) == Self.rawImages)
+
+        // What a read returns is the entry, not a fresh decompression: plant another valid array in it.
+        try Data(Self.rawLabels).write(to: written[0])
+        #expect(try IDXArray(contentsOf: gz, cache: cache) == IDXArray(bytes: Self.rawLabels))
+        // A damaged entry is ignored and written again.
+        try Data(Self.rawImages.prefix(10)).write(to: written[0])
+        #expect(try IDXArray(contentsOf: gz, cache: cache) == expected)
+        #expect(try [UInt8](Data(contentsOf: written[0])) == Self.rawImages)
+        // A replaced file (a new inode and change time) gets a new entry; the old one is not used.
+        try Data(Self.rawLabels).write(to: written[0])
+        try Data(Self.gzipImages).write(to: gz, options: .atomic)
+        #expect(try IDXArray(contentsOf: gz, cache: cache) == expected)
+        #expect(try entries().count == 2)
+        // Uncompressed files are read directly, not copied.
+        let raw = dir.appendingPathComponent("t10k-labels-idx1-ubyte")
+        try Data(Self.rawLabels).write(to: raw)
+        #expect(try IDXArray(contentsOf: raw, cache: cache) == IDXArray(bytes: Self.rawLabels))
+        #expect(try entries().count == 2)
+        // A cache that cannot be written (a file where its directory should be) does not stop the read.
+        let blocked = IDXCache(directory: raw.appendingPathComponent("idx"))
+        #expect(try IDXArray(contentsOf: gz, cache: blocked) == expected)
+        // A corrupt file is refused whatever the cache holds for another file.
+        let corrupt = dir.appendingPathComponent("train-images-idx3-ubyte.gz")
+        try Data(Self.gzipImages.dropLast(3)).write(to: corrupt)
+        #expect { try IDXArray(contentsOf: corrupt, cache: cache) } throws: { ($0 as? DataError)?.code == .unreadable }
+        #expect(try entries().count == 2)
+    }
+
+    @Test("the standard cache directory follows ORCHARD_CACHE_DIR, then XDG_CACHE_HOME, then HOME; off turns it off")
+    func standardCache() {
+        #expect(IDXCache.standard(environment: ["ORCHARD_CACHE_DIR": "/c", "XDG_CACHE_HOME": "/x", "HOME": "/h"])?.directory.path == "/c/idx")
+        #expect(IDXCache.standard(environment: ["ORCHARD_CACHE_DIR": "off", "HOME": "/h"]) == nil)
+        #expect(IDXCache.standard(environment: ["ORCHARD_CACHE_DIR": "", "XDG_CACHE_HOME": "/x", "HOME": "/h"])?.directory.path == "/x/orchard/idx")
+        #expect(IDXCache.standard(environment: ["XDG_CACHE_HOME": "relative", "HOME": "/h"])?.directory.path == "/h/.cache/orchard/idx")
+        #expect(IDXCache.standard(environment: [:]) == nil)
     }
 
     /// Skipped, saying so, where Debian's `dataset-fashion-mnist` is not installed; CI installs it and sets
