@@ -85,8 +85,8 @@ public struct IDXArray: Sendable, Hashable {
     ///   - cache: Where a decompressed copy of a gzip file is kept for the next read (none by default).
     public init(contentsOf url: URL, cache: IDXCache? = nil) throws(DataError) {
         let entry = cache?.entryPath(for: url)
-        if let cache, let entry, let cached = cache.read(entry), let array = try? IDXArray(bytes: cached) {
-            self = array
+        if let cache, let entry, let cached = cache.read(entry) {
+            self = cached
             return
         }
         let data: Data

@@ -42,10 +42,45 @@ public struct IDXCache: Sendable, Hashable {
         return directory.appendingPathComponent(name + ".idx").path
     }
 
-    /// The entry's bytes, or nil when there is none.
-    func read(_ path: String) -> [UInt8]? {
-        guard let data = try? LocalFile.read(path) else { return nil }
-        return [UInt8](data)
+    /// The entry at `path` as an array, or nil when there is none or it is not a whole IDX array (damaged). The
+    /// payload is read straight into its own array: one copy of the bytes, not three (file → data → bytes → payload).
+    func read(_ path: String) -> IDXArray? {
+        let descriptor = open(path, O_RDONLY | O_CLOEXEC)
+        guard descriptor >= 0 else { return nil }
+        defer { close(descriptor) }
+        var info = stat()
+        guard fstat(descriptor, &info) == 0 else { return nil }
+        func readFully(_ buffer: UnsafeMutableRawBufferPointer, at offset: Int) -> Bool {
+            var done = 0
+            while done < buffer.count {
+                let count = pread(descriptor, buffer.baseAddress! + done, buffer.count - done, off_t(offset + done))
+                if count < 0 && errno == EINTR { continue }
+                guard count > 0 else { return false }
+                done += count
+            }
+            return true
+        }
+        var head = [UInt8](repeating: 0, count: 4)
+        guard info.st_size >= 4, head.withUnsafeMutableBytes({ readFully($0, at: 0) }), head[0] == 0, head[1] == 0,
+              let type = IDXArray.ElementType(code: head[2]), head[3] > 0 else { return nil }
+        var dimensions = [UInt8](repeating: 0, count: 4 * Int(head[3]))
+        guard info.st_size >= 4 + dimensions.count, dimensions.withUnsafeMutableBytes({ readFully($0, at: 4) }) else { return nil }
+        var shape: [Int] = []
+        for o in stride(from: 0, to: dimensions.count, by: 4) {
+            let high = Int(dimensions[o]) << 24 | Int(dimensions[o + 1]) << 16
+            shape.append(high | Int(dimensions[o + 2]) << 8 | Int(dimensions[o + 3]))
+        }
+        let (elements, overflow) = shape.reduce((1, false)) { partial, size in
+            let product = partial.0.multipliedReportingOverflow(by: size)
+            return (product.partialValue, partial.1 || product.overflow)
+        }
+        guard !overflow, shape.allSatisfy({ $0 > 0 }), Int(info.st_size) - 4 - dimensions.count == elements * type.byteWidth else { return nil }
+        let payloadOffset = 4 + dimensions.count
+        guard let payload = try? [UInt8](unsafeUninitializedCapacity: elements * type.byteWidth, initializingWith: { buffer, initialized in
+            guard readFully(UnsafeMutableRawBufferPointer(buffer), at: payloadOffset) else { throw DataError(.unreadable, "short read") }
+            initialized = buffer.count
+        }) else { return nil }
+        return try? IDXArray(elementType: type, shape: shape, payload: payload)
     }
 
     /// Writes an entry; a cache that cannot be written (a read-only home, a full disk) only means the next read
