@@ -30,8 +30,33 @@ struct BenchTrain: AsyncParsableCommand {
     @Option(help: "Synthetic samples per epoch.")
     var samples: Int = 6000
 
-    @Option(help: "Threads the matrix multiply may use (default: the machine's cores, as PyTorch uses them).")
+    /// `--parallelism`: how the threads share a step.
+    enum Parallelism: String, CaseIterable, ExpressibleByArgument {
+        /// Batch parts when each gets at least ``minimumShard`` samples, matrix products otherwise.
+        case automatic
+        /// Each matrix product runs on all the threads, one after another.
+        case gemm
+        /// The batch is cut into one part per thread, run forward and backward side by side (one thread per product).
+        case batch
+
+        /// The fewest samples a batch part gets under `automatic`.
+        static let minimumShard = 32
+
+        /// The batch parts a step is cut into for `batch` samples on `threads` threads.
+        func shards(batch: Int, threads: Int) -> Int {
+            switch self {
+            case .gemm: 1
+            case .batch: threads
+            case .automatic: batch >= Self.minimumShard * threads ? threads : 1
+            }
+        }
+    }
+
+    @Option(help: "Threads the training step may use (default: the machine's cores, as PyTorch uses them).")
     var threads: Int = ProcessInfo.processInfo.activeProcessorCount
+
+    @Option(help: "How the threads share a step: batch parts side by side, or each matrix product on all of them (automatic: batch parts when each gets at least 32 samples).")
+    var parallelism: Parallelism = .automatic
 
     @Option(help: "Timed epochs after the warm-up epoch; the median is reported.")
     var repeats: Int = 3
@@ -49,7 +74,8 @@ struct BenchTrain: AsyncParsableCommand {
     }
 
     func run() async throws {
-        GEMM.setThreads(threads)
+        let shards = parallelism.shards(batch: batch, threads: threads)
+        GEMM.setThreads(shards > 1 ? 1 : threads)
         if let backend { try GEMM.setBackend(backend) }
 
         let dataset = try SyntheticClassification(count: samples, features: 784, classes: 10, seed: seed)
@@ -62,7 +88,7 @@ struct BenchTrain: AsyncParsableCommand {
             Softmax()
         }
         let trainer = try Trainer(model: network, configuration: TrainingConfiguration(
-            loss: .crossEntropy, optimizer: .sgd(learningRate: 0.05), epochs: repeats + 1, batchSize: batch, seed: seed
+            loss: .crossEntropy, optimizer: .sgd(learningRate: 0.05), epochs: repeats + 1, batchSize: batch, seed: seed, batchShards: shards
         ))
         let clock = ContinuousClock()
         var epochStart = clock.now
@@ -88,6 +114,7 @@ struct BenchTrain: AsyncParsableCommand {
             samplesPerSecond: (Double(samples) / median).rounded(),
             batch: batch,
             threads: threads,
+            batchShards: shards,
             samples: samples,
             epochs: repeats,
             stepsPerEpoch: (samples + batch - 1) / batch,
@@ -107,6 +134,8 @@ struct BenchTrain: AsyncParsableCommand {
         var samplesPerSecond: Double
         var batch: Int
         var threads: Int
+        /// Parts each batch was cut into (1: the threads shared each matrix product).
+        var batchShards: Int
         var samples: Int
         var epochs: Int
         var stepsPerEpoch: Int
@@ -121,7 +150,7 @@ struct BenchTrain: AsyncParsableCommand {
         var engine: String
 
         private enum CodingKeys: String, CodingKey {
-            case model, samplesPerSecond = "samples_per_second", batch, threads, samples, epochs, stepsPerEpoch = "steps_per_epoch"
+            case model, samplesPerSecond = "samples_per_second", batch, threads, batchShards = "batch_shards", samples, epochs, stepsPerEpoch = "steps_per_epoch"
             case backend, peakRSSMiB = "peak_rss_mib", datasetMiB = "dataset_mib", peakRSSMinusDatasetMiB = "peak_rss_minus_dataset_mib"
             case epochSeconds = "epoch_seconds", finalLoss = "final_loss", engine
         }

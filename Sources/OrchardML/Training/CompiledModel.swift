@@ -52,6 +52,8 @@ public final class CompiledModel {
 
     private let nodes: [PlanNode]
     private let outputNode: PlanNode
+    /// The plan whose parameter vector this one reads (a batch shard's replica), kept alive with it.
+    private let parameterOwner: CompiledModel?
     /// Scratch probabilities when cross-entropy reads logits from a non-softmax output.
     private let probabilities: Ptr?
     private var allocations: [UnsafeMutableRawPointer] = []
@@ -63,7 +65,17 @@ public final class CompiledModel {
     ///   - loss: The loss to compute; `crossEntropy` needs class-index targets of shape `[1]`.
     ///   - targetShape: The per-sample target shape (defaults to `[1]` for cross-entropy, the output shape for MSE).
     ///   - dropoutSeed: Seed of the dropout mask stream.
-    public init(model: Model, batchCapacity: Int, loss: LossType, targetShape: [Int]? = nil, dropoutSeed: UInt64 = 0) throws(EngineError) {
+    public convenience init(model: Model, batchCapacity: Int, loss: LossType, targetShape: [Int]? = nil, dropoutSeed: UInt64 = 0) throws(EngineError) {
+        try self.init(model: model, batchCapacity: batchCapacity, loss: loss, targetShape: targetShape, dropoutSeed: dropoutSeed, sharingParametersOf: nil)
+    }
+
+    /// A replica of `owner` for batch shards: its own activations and gradient vector, `owner`'s parameter vector
+    /// (read while both run forward and backward; updated only between steps).
+    convenience init(replicaOf owner: CompiledModel, batchCapacity: Int) throws(EngineError) {
+        try self.init(model: owner.model, batchCapacity: batchCapacity, loss: owner.loss, targetShape: nil, dropoutSeed: 0, sharingParametersOf: owner)
+    }
+
+    private init(model: Model, batchCapacity: Int, loss: LossType, targetShape: [Int]?, dropoutSeed: UInt64, sharingParametersOf owner: CompiledModel?) throws(EngineError) {
         guard batchCapacity > 0 else { throw EngineError(.invalidArgument, "batch size must be positive, not \(batchCapacity)") }
         guard loss == .meanSquaredError || loss == .crossEntropy else {
             throw EngineError(.invalidArgument, "unknown loss '\(loss)'")
@@ -96,12 +108,15 @@ public final class CompiledModel {
             allocations.append(UnsafeMutableRawPointer(p))
             return p
         }
-        let params = allocate(total)
+        let params = owner?.parameters ?? allocate(total)
         let grads = allocate(total)
         parameters = params
         gradients = grads
-        for name in names {
-            named[name]!.withUnsafeBufferPointer { (params + offsets[name]!).update(from: $0.baseAddress!, count: $0.count) }
+        parameterOwner = owner
+        if owner == nil {
+            for name in names {
+                named[name]!.withUnsafeBufferPointer { (params + offsets[name]!).update(from: $0.baseAddress!, count: $0.count) }
+            }
         }
 
         // Values: inputs and layer outputs.
@@ -213,13 +228,15 @@ public final class CompiledModel {
     var output: UnsafeMutablePointer<Float> { outputNode.output }
 
     /// Computes the loss of the current forward pass and writes the output gradient. Returns the summed
-    /// per-sample loss (divide by `batch` for the mean); the gradient is of the batch mean.
-    func lossAndGradient(batch: Int) throws(EngineError) -> Double {
+    /// per-sample loss (divide by `batch` for the mean); the gradient is of the loss summed over the batch and
+    /// divided by `meanOver` (the batch itself by default; the whole batch when this one is a shard of it).
+    func lossAndGradient(batch: Int, meanOver: Int? = nil) throws(EngineError) -> Double {
+        let divisor = meanOver ?? batch
         let out = outputNode.output
         let n = outputCount
         var total = 0.0
         if loss == .meanSquaredError {
-            let scale = 2 / Float(batch * n)
+            let scale = 2 / Float(divisor * n)
             let grad = outputNode.outputGradient
             for i in 0..<(batch * n) {
                 let d = out[i] - targets[i]
@@ -241,7 +258,7 @@ public final class CompiledModel {
         }
         let grad: UnsafeMutablePointer<Float>? = fusedSoftmax ? outputNode.inputGradients[0] : outputNode.outputGradient
         let accumulate = fusedSoftmax ? outputNode.accumulate[0] : false
-        let scale = 1 / Float(batch)
+        let scale = 1 / Float(divisor)
         for b in 0..<batch {
             let t = targets[b]
             guard t >= 0, t < Float(n), t == t.rounded(.towardZero) else {

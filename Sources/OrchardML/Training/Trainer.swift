@@ -1,5 +1,14 @@
+import Foundation
 import OrchardSupport
 public import OrchardFormats
+import Synchronization
+
+/// A value handed to the threads of `DispatchQueue.concurrentPerform`, which the caller waits for: it is used by
+/// one of them at a time per part, never after the call returns.
+private struct UncheckedSendable<Value>: @unchecked Sendable {
+    let value: Value
+    init(_ value: Value) { self.value = value }
+}
 
 /// How to train: loss, optimizer, epochs, batch size, update cap and seed. Every field has a default.
 public struct TrainingConfiguration: Sendable, Hashable {
@@ -17,12 +26,19 @@ public struct TrainingConfiguration: Sendable, Hashable {
     public var seed: UInt64
     /// Whether each epoch visits the samples in a seeded random order (otherwise in index order).
     public var shuffle: Bool
+    /// Parts each batch is cut into, run forward and backward side by side on their own threads against the same
+    /// weights, their gradients then summed for one optimizer step (data parallelism within a step). 1 runs the
+    /// batch whole. Give each part's matrix products one thread (``GEMM/setThreads(_:)``) so the parts do not
+    /// compete for cores. The update is the same as the whole batch's up to float rounding (the products sum in
+    /// another order). Models with dropout take only 1 (their masks come from one seeded stream).
+    public var batchShards: Int
 
     /// Creates a configuration.
     public init(
         loss: LossType = .meanSquaredError, optimizer: OptimizerSpec = .sgd(), epochs: Int = 1, batchSize: Int = 32,
-        maxUpdates: Int? = nil, seed: UInt64 = 0, shuffle: Bool = true
+        maxUpdates: Int? = nil, seed: UInt64 = 0, shuffle: Bool = true, batchShards: Int = 1
     ) {
+        self.batchShards = batchShards
         self.loss = loss
         self.optimizer = optimizer
         self.epochs = epochs
@@ -162,6 +178,8 @@ public final class Trainer {
     private var order: [Int] = []
     private var position = TrainingPosition.start
     private var completedEpochs: [EpochMetrics] = []
+    /// The other batch shards' plans (``TrainingConfiguration/batchShards`` − 1), sharing `plan`'s parameters.
+    private let replicas: [CompiledModel]
 
     /// Compiles `model` for the configuration's batch size.
     public init(model: Model, configuration: TrainingConfiguration = TrainingConfiguration()) throws(EngineError) {
@@ -169,9 +187,20 @@ public final class Trainer {
         if let cap = configuration.maxUpdates, cap < 0 {
             throw EngineError(.invalidArgument, "maxUpdates must be ≥ 0, not \(cap)")
         }
+        guard configuration.batchShards >= 1 else {
+            throw EngineError(.invalidArgument, "batchShards must be ≥ 1, not \(configuration.batchShards)")
+        }
+        if configuration.batchShards > 1, let dropout = model.layers.first(where: { $0 is Dropout }) {
+            throw EngineError(.invalidArgument, "batchShards \(configuration.batchShards) needs a model without dropout: layer '\(dropout.name)' draws its masks from one seeded stream")
+        }
         self.configuration = configuration
         plan = try CompiledModel(model: model, batchCapacity: configuration.batchSize, loss: configuration.loss, dropoutSeed: configuration.seed)
         optimizer = try Optimizer(spec: configuration.optimizer, parameterCount: plan.parameterCount)
+        let shards = min(configuration.batchShards, max(configuration.batchSize, 1))
+        let shardCapacity = (configuration.batchSize + shards - 1) / shards
+        var replicas: [CompiledModel] = []
+        for _ in 1..<max(shards, 1) { replicas.append(try CompiledModel(replicaOf: plan, batchCapacity: shardCapacity)) }
+        self.replicas = replicas
     }
 
     /// The model with the current weights.
@@ -227,16 +256,21 @@ public final class Trainer {
                 if Task.isCancelled { return .interrupted(self.state) }
                 let start = position.batch * batchSize
                 let b = min(batchSize, n - start)
-                loadBatch(dataset, routes: routes, start: start, count: b)
-                try plan.forward(batch: b, training: true)
-                let lossSum = try plan.lossAndGradient(batch: b)
-                // Plain SGD steps the dense layers inside back-propagation; the optimizer does the rest.
-                let descentRate = optimizer.plainDescentRate
-                plan.backward(batch: b, descentRate: descentRate)
-                optimizer.update(
-                    parameters: plan.parameters, gradients: plan.gradients,
-                    ranges: descentRate == nil ? plan.trainableRanges : plan.rangesNotUpdatedInBackward
-                )
+                let lossSum: Double
+                if !replicas.isEmpty && b > 1 {
+                    lossSum = try shardedStep(dataset, routes: routes, start: start, count: b)
+                } else {
+                    loadBatch(dataset, into: plan, routes: routes, start: start, count: b)
+                    try plan.forward(batch: b, training: true)
+                    lossSum = try plan.lossAndGradient(batch: b)
+                    // Plain SGD steps the dense layers inside back-propagation; the optimizer does the rest.
+                    let descentRate = optimizer.plainDescentRate
+                    plan.backward(batch: b, descentRate: descentRate)
+                    optimizer.update(
+                        parameters: plan.parameters, gradients: plan.gradients,
+                        ranges: descentRate == nil ? plan.trainableRanges : plan.rangesNotUpdatedInBackward
+                    )
+                }
                 position.batch += 1
                 position.updates += 1
                 position.epochUpdates += 1
@@ -284,7 +318,7 @@ public final class Trainer {
         random.shuffle(&order)
     }
 
-    private func loadBatch(_ dataset: some Dataset, routes: [Int], start: Int, count: Int) {
+    private func loadBatch(_ dataset: some Dataset, into plan: CompiledModel, routes: [Int], start: Int, count: Int) {
         for j in 0..<count {
             let sample = order[start + j]
             for (i, route) in routes.enumerated() {
@@ -293,6 +327,40 @@ public final class Trainer {
             }
             dataset.copyTarget(of: sample, into: UnsafeMutableBufferPointer(start: plan.targets + j * plan.targetCount, count: plan.targetCount))
         }
+    }
+
+    /// One step with the batch cut into parts run side by side: each part's plan loads its samples and runs forward
+    /// and backward against the shared weights, writing the gradient of its share of the batch mean; the parts'
+    /// gradients are summed into `plan`'s and the optimizer takes one step. Returns the batch's summed loss.
+    private func shardedStep(_ dataset: some Dataset, routes: [Int], start: Int, count: Int) throws(EngineError) -> Double {
+        let plans = [plan] + replicas.prefix(min(replicas.count, count - 1))
+        let parts = plans.count
+        let results = Mutex<[Result<Double, EngineError>?]>(Array(repeating: nil, count: parts))
+        let work = UncheckedSendable((plans: plans, dataset: dataset, trainer: self))
+        DispatchQueue.concurrentPerform(iterations: parts) { part in
+            let (plans, dataset, trainer) = work.value
+            let size = count / parts + (part < count % parts ? 1 : 0)
+            let offset = part * (count / parts) + min(part, count % parts)
+            let shard = plans[part]
+            let result = Result { () throws(EngineError) -> Double in
+                trainer.loadBatch(dataset, into: shard, routes: routes, start: start + offset, count: size)
+                try shard.forward(batch: size, training: true)
+                let loss = try shard.lossAndGradient(batch: size, meanOver: count)
+                shard.backward(batch: size)
+                return loss
+            }
+            results.withLock { $0[part] = result }
+        }
+        var lossSum = 0.0
+        for result in results.withLock({ $0 }) { lossSum += try result!.get() }
+        for replica in plans.dropFirst() {
+            for range in plan.trainableRanges {
+                let total = plan.gradients, part = replica.gradients
+                for i in range { total[i] += part[i] }
+            }
+        }
+        optimizer.update(parameters: plan.parameters, gradients: plan.gradients, ranges: plan.trainableRanges)
+        return lossSum
     }
 }
 
