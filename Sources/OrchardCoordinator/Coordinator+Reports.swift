@@ -58,6 +58,7 @@ extension Coordinator {
             count -= 1
             metrics.uploadsInFlight.record(count)
         }
+        uploadsEndedCount.withLock { $0 += 1 }
     }
 
     nonisolated func refused() { metrics.reportsRefused.increment() }

@@ -125,8 +125,13 @@ public actor Coordinator {
     nonisolated let sessionIssuer = Mutex<SessionIssuer?>(nil)
     /// Report uploads being received (``beginUpload(session:)``).
     nonisolated let uploadPlaces = Mutex(0)
+    /// Upload places given back since start: by uploads committed, refused or abandoned (an abandoned one's admission
+    /// is undone before its place is given back).
+    nonisolated let uploadsEndedCount = Mutex(0)
     /// Report uploads being received now.
     public nonisolated var uploadsInFlight: Int { uploadPlaces.withLock { $0 } }
+    /// Upload places given back since start (committed, refused or abandoned uploads).
+    public nonisolated var uploadsEnded: Int { uploadsEndedCount.withLock { $0 } }
 
     /// Creates a coordinator; call ``start()`` before use.
     /// - Parameters:

@@ -34,10 +34,15 @@ public final class ReportUpload {
         // A dropped upload (its task cancelled) still gives back its place and its file.
         guard !ended else { return }
         staged?.discard()
-        coordinator.endUpload()
+        // The place goes back once the admission is undone: a free place means the device may report again.
         if let ticket, let workerID = metadata?.workerID {
             let coordinator = coordinator
-            Task { await coordinator.abortReport(ticket, workerID: workerID) }
+            Task {
+                await coordinator.abortReport(ticket, workerID: workerID)
+                coordinator.endUpload()
+            }
+        } else {
+            coordinator.endUpload()
         }
     }
 
@@ -212,10 +217,11 @@ public final class ReportUpload {
         guard !ended else { return error }
         ended = true
         staged?.discard()
-        coordinator.endUpload()
         if let ticket, let workerID = metadata?.workerID {
             await coordinator.abortReport(ticket, workerID: workerID)
         }
+        // Given back after the admission is undone, so a free place means the device may report again.
+        coordinator.endUpload()
         return error
     }
 

@@ -51,10 +51,15 @@ struct HTTP: Sendable {
     let base: URL
     let session: URLSession
     let log: ExchangeLog?
+    /// Whether each request asks for its connection to be closed after the response (`Connection: close`): for a
+    /// server with a short idle timeout, which may close a pooled connection just as the next request goes out on
+    /// it (the client then sees a reset, not an answer).
+    let closesConnections: Bool
 
-    init(base: URL, log: ExchangeLog? = nil) {
+    init(base: URL, log: ExchangeLog? = nil, closesConnections: Bool = false) {
         self.base = base
         self.log = log
+        self.closesConnections = closesConnections
         let configuration = URLSessionConfiguration.ephemeral
         configuration.requestCachePolicy = .reloadIgnoringLocalCacheData
         configuration.urlCache = nil
@@ -68,6 +73,7 @@ struct HTTP: Sendable {
         var sent = headers
         if let token { sent["Authorization"] = "Bearer \(token)" }
         for (name, value) in sent { request.setValue(value, forHTTPHeaderField: name) }
+        if closesConnections { request.setValue("close", forHTTPHeaderField: "Connection") }
         let (data, response) = try await session.data(for: request)
         let http = try #require(response as? HTTPURLResponse)
         var fields: [String: String] = [:]
@@ -152,7 +158,7 @@ final class Harness: @unchecked Sendable {
         self.configuration = configuration
         self.instance = instance
         self.server = server
-        self.http = HTTP(base: server.baseURL, log: log)
+        self.http = HTTP(base: server.baseURL, log: log, closesConnections: (configuration.connectionIdleTimeout ?? .infinity) < 10)
     }
 
     static func start(configuration: CoordinatorConfiguration = CoordinatorConfiguration(adminToken: adminToken), seed: UInt64 = 1) async throws -> Harness {
@@ -173,7 +179,7 @@ final class Harness: @unchecked Sendable {
         instance.close()
         instance = try await CoordinatorInstance.open(database: databasePath, configuration: configuration, clock: clock, random: SplitMix64(seed: seed))
         server = try await instance.serve()
-        http = HTTP(base: server.baseURL, log: log)
+        http = HTTP(base: server.baseURL, log: log, closesConnections: (configuration.connectionIdleTimeout ?? .infinity) < 10)
     }
 
     func stop() async {

@@ -51,11 +51,14 @@ import Testing
         let head = "POST \(Endpoint.report) HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer \(device.sessionToken)\r\n"
             + "Content-Type: \(MediaType.safetensors)\r\nContent-Length: \(body.count)\r\n\r\n"
         let port = try #require(harness.server.baseURL.port)
+        let ended = harness.coordinator.uploadsEnded
         try sendAndClose(port: port, bytes: Array(head.utf8) + body[0..<(body.count - 6)])
 
-        // The server notices the closed connection on its own schedule: wait (bounded) for the place to return.
+        // The server notices the closed connection on its own schedule: wait (bounded) for that upload to end (its
+        // admission is undone before its place is given back; the place may not even have been taken yet when
+        // the bytes are sent).
         var waited = 0
-        while harness.coordinator.uploadsInFlight != 0 && waited < 1000 {
+        while harness.coordinator.uploadsEnded == ended && waited < 1000 {
             try await Task.sleep(for: .milliseconds(10))
             waited += 1
         }
