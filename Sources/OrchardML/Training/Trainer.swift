@@ -30,7 +30,8 @@ public struct TrainingConfiguration: Sendable, Hashable {
     /// weights, their gradients then summed for one optimizer step (data parallelism within a step). 1 runs the
     /// batch whole. Give each part's matrix products one thread (``GEMM/setThreads(_:)``) so the parts do not
     /// compete for cores. The update is the same as the whole batch's up to float rounding (the products sum in
-    /// another order). Models with dropout take only 1 (their masks come from one seeded stream).
+    /// another order). Models with dropout take only 1 (their masks come from one seeded stream). The dataset is
+    /// then read from several threads at once.
     public var batchShards: Int
 
     /// Creates a configuration.
