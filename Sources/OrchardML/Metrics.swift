@@ -44,7 +44,7 @@ extension Model {
     /// - Returns: The outputs, `[dataset.count] + outputShape`.
     public func predict(_ dataset: some Dataset, batchSize: Int = 256) throws(EngineError) -> Tensor {
         let n = dataset.count
-        let plan = try CompiledModel(model: self, batchCapacity: max(1, min(batchSize, n)), loss: .meanSquaredError)
+        let plan = try CompiledModel(inferenceOf: self, batchCapacity: max(1, min(batchSize, n)))
         let routes = try plan.inputRoutes(for: dataset, checkTargets: false)
         let width = plan.outputCount
         var out = [Float](repeating: 0, count: n * width)

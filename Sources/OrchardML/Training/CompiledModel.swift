@@ -69,13 +69,22 @@ public final class CompiledModel {
         try self.init(model: model, batchCapacity: batchCapacity, loss: loss, targetShape: targetShape, dropoutSeed: dropoutSeed, sharingParametersOf: nil)
     }
 
+    /// A plan for forward passes only (``Model/predict(_:batchSize:)``): no gradient buffers, which for an evaluation
+    /// batch of 1,000 are about half of what a training plan allocates and zero-fills.
+    convenience init(inferenceOf model: Model, batchCapacity: Int) throws(EngineError) {
+        try self.init(model: model, batchCapacity: batchCapacity, loss: .meanSquaredError, targetShape: nil, dropoutSeed: 0, sharingParametersOf: nil, inferenceOnly: true)
+    }
+
     /// A replica of `owner` for batch shards: its own activations and gradient vector, `owner`'s parameter vector
     /// (read while both run forward and backward; updated only between steps).
     convenience init(replicaOf owner: CompiledModel, batchCapacity: Int) throws(EngineError) {
         try self.init(model: owner.model, batchCapacity: batchCapacity, loss: owner.loss, targetShape: nil, dropoutSeed: 0, sharingParametersOf: owner)
     }
 
-    private init(model: Model, batchCapacity: Int, loss: LossType, targetShape: [Int]?, dropoutSeed: UInt64, sharingParametersOf owner: CompiledModel?) throws(EngineError) {
+    private init(
+        model: Model, batchCapacity: Int, loss: LossType, targetShape: [Int]?, dropoutSeed: UInt64, sharingParametersOf owner: CompiledModel?,
+        inferenceOnly: Bool = false
+    ) throws(EngineError) {
         guard batchCapacity > 0 else { throw EngineError(.invalidArgument, "batch size must be positive, not \(batchCapacity)") }
         guard loss == .meanSquaredError || loss == .crossEntropy else {
             throw EngineError(.invalidArgument, "unknown loss '\(loss)'")
@@ -137,7 +146,7 @@ public final class CompiledModel {
 
         // Which values need a gradient: those computed from a trainable parameter.
         var needsGradient: Set<String> = []
-        for layer in layers {
+        for layer in layers where !inferenceOnly {
             let trainable = !layer.isFrozen && !layer.parameters.isEmpty
             if trainable || layer.inputNames.contains(where: needsGradient.contains) { needsGradient.insert(layer.name) }
         }
