@@ -40,7 +40,7 @@ struct BenchTrain: AsyncParsableCommand {
         case batch
 
         /// The fewest samples a batch part gets under `automatic`.
-        static let minimumShard = 32
+        static let minimumShard = 16
 
         /// The batch parts a step is cut into for `batch` samples on `threads` threads.
         func shards(batch: Int, threads: Int) -> Int {
@@ -55,7 +55,7 @@ struct BenchTrain: AsyncParsableCommand {
     @Option(help: "Threads the training step may use (default: the machine's cores, as PyTorch uses them).")
     var threads: Int = ProcessInfo.processInfo.activeProcessorCount
 
-    @Option(help: "How the threads share a step: batch parts side by side, or each matrix product on all of them (automatic: batch parts when each gets at least 32 samples).")
+    @Option(help: "How the threads share a step: batch parts side by side, or each matrix product on all of them (automatic: batch parts when each gets at least 16 samples).")
     var parallelism: Parallelism = .automatic
 
     @Option(help: "Timed epochs after the warm-up epoch; the median is reported.")

@@ -55,6 +55,7 @@ let usageError: Int32 = 64
         (["bench", "coordinator", "--durability", "fsync"], "--durability", "'normal' and 'full'"),
         (["bench", "train", "--backend", "gpu"], "--backend", "'automatic', 'avx2', 'blas' or 'portable'"),
         (["bench", "train", "--model", "resnet"], "--model", "'mlp2nn'"),
+        (["bench", "train", "--parallelism", "threads"], "--parallelism", "'automatic', 'gemm' or 'batch'"),
         (["train", "housing", "--optimizer", "rmsprop"], "--optimizer", "'adam' and 'sgd'"),
         (["coreml", "export", "m.json", "w.safetensors", "-o", "out.mlmodel", "--array-type", "int8"], "--array-type", "'double' and 'float32'"),
         (["simulate", "--aggregator", "fedsgd"], "--aggregator", "'fedavg', 'fedavgm', 'fedadam' or 'fedyogi'"),
