@@ -200,7 +200,7 @@ public final class Trainer {
         let shards = min(configuration.batchShards, max(configuration.batchSize, 1))
         let shardCapacity = (configuration.batchSize + shards - 1) / shards
         var replicas: [CompiledModel] = []
-        for _ in 1..<max(shards, 1) { replicas.append(try CompiledModel(replicaOf: plan, batchCapacity: shardCapacity)) }
+        for _ in 1..<shards { replicas.append(try CompiledModel(replicaOf: plan, batchCapacity: shardCapacity)) }
         self.replicas = replicas
     }
 
