@@ -228,6 +228,8 @@ struct SimulateCommand: AsyncParsableCommand {
         let configuration: SimulationConfiguration
         do { configuration = try makeConfiguration() } catch { throw ValidationError(namingOption(error.message, Self.flags)) }
         let progress = ProgressDisplay.standardError()
+        // The fleet allocates and frees a model, a report and a diff of the model's size per participant.
+        Allocator.keepLargeBuffersOnHeap()
         if let coordinator {
             try await runExternal(configuration, coordinator: coordinator, progress: progress)
             return
