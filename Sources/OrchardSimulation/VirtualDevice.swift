@@ -505,8 +505,9 @@ final class BufferedDownload: DownloadSink {
     func begin(_ head: DownloadHead) throws(OrchardClientError) {
         state.withLock {
             $0.head = head
-            // The bytes arrive in chunks: room for all of them at once rather than growing (and copying) as they come.
-            if let total = head.totalLength, total > head.start { $0.bytes.reserveCapacity(total - head.start) }
+            // The bytes arrive in chunks: room for all of them at once rather than growing (and copying) as they come;
+            // at most 256 MiB up front, whatever length the coordinator announced (it is checked after the download).
+            if let total = head.totalLength, total > head.start { $0.bytes.reserveCapacity(min(total - head.start, 256 << 20)) }
         }
     }
     func append(_ bytes: [UInt8]) throws(OrchardClientError) { state.withLock { $0.bytes += bytes } }
