@@ -37,10 +37,10 @@ extension Coordinator {
     /// - Throws: `too_many_uploads` with ``CoordinatorConfiguration/uploadRetryAfter`` when every place is taken.
     public nonisolated func takeUploadPlace() throws(CoordinatorError) {
         let limit = configuration.maximumUploadsInFlight
-        let admitted = uploadPlaces.withLock { count -> Bool in
-            guard count < limit else { return false }
-            count += 1
-            metrics.uploadsInFlight.record(count)
+        let admitted = uploadPlaces.withLock { places -> Bool in
+            guard places.taken < limit else { return false }
+            places.taken += 1
+            metrics.uploadsInFlight.record(places.taken)
             return true
         }
         guard admitted else {
@@ -54,11 +54,11 @@ extension Coordinator {
 
     /// Gives back an upload's place.
     public nonisolated func endUpload() {
-        uploadPlaces.withLock { count in
-            count -= 1
-            metrics.uploadsInFlight.record(count)
+        uploadPlaces.withLock { places in
+            places.taken -= 1
+            places.givenBack += 1
+            metrics.uploadsInFlight.record(places.taken)
         }
-        uploadsEndedCount.withLock { $0 += 1 }
     }
 
     nonisolated func refused() { metrics.reportsRefused.increment() }

@@ -124,14 +124,13 @@ public actor Coordinator {
     /// Session tokens are checked outside the actor (every device request carries one).
     nonisolated let sessionIssuer = Mutex<SessionIssuer?>(nil)
     /// Report uploads being received (``beginUpload(session:)``).
-    nonisolated let uploadPlaces = Mutex(0)
-    /// Upload places given back since start: by uploads committed, refused or abandoned (an abandoned one's admission
-    /// is undone before its place is given back).
-    nonisolated let uploadsEndedCount = Mutex(0)
+    /// Places taken now, and places given back since start (by uploads committed, refused or abandoned; an abandoned
+    /// one's admission is undone before its place is given back).
+    nonisolated let uploadPlaces = Mutex((taken: 0, givenBack: 0))
     /// Report uploads being received now.
-    public nonisolated var uploadsInFlight: Int { uploadPlaces.withLock { $0 } }
+    public nonisolated var uploadsInFlight: Int { uploadPlaces.withLock { $0.taken } }
     /// Upload places given back since start (committed, refused or abandoned uploads).
-    public nonisolated var uploadsEnded: Int { uploadsEndedCount.withLock { $0 } }
+    public nonisolated var uploadsEnded: Int { uploadPlaces.withLock { $0.givenBack } }
 
     /// Creates a coordinator; call ``start()`` before use.
     /// - Parameters:

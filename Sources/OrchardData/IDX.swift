@@ -70,7 +70,7 @@ public struct IDXArray: Sendable, Hashable {
         guard !shape.isEmpty, shape.count <= 255, shape.allSatisfy({ $0 > 0 && $0 <= Int(UInt32.max) }) else {
             throw DataError(.invalidIDX, "shape \(shape) is not a valid IDX shape")
         }
-        let expected = shape.reduce(1, *) * elementType.byteWidth
+        let expected = try Self.payloadByteCount(shape: shape, type: elementType)
         guard payload.count == expected else {
             throw DataError(.sizeMismatch, "IDX payload has \(payload.count) bytes; shape \(shape) of \(elementType) needs \(expected)")
         }
@@ -113,6 +113,25 @@ public struct IDXArray: Sendable, Hashable {
     /// Parses IDX bytes, raw or gzip-compressed.
     public init(bytes: [UInt8]) throws(DataError) {
         let raw = bytes.starts(with: [0x1F, 0x8B]) ? try Self.gunzip(bytes) : bytes
+        let header = try Self.header(raw)
+        guard raw.count - header.size == header.payloadBytes else {
+            throw DataError(.sizeMismatch, "shape \(header.shape) of \(header.type) needs \(header.payloadBytes) bytes after the header, found \(raw.count - header.size)")
+        }
+        try self.init(elementType: header.type, shape: header.shape, payload: Array(raw[header.size...]))
+    }
+
+    /// An IDX file's header: the element type, the shape, the header's own size (4 + 4 × rank) and the payload's.
+    struct Header {
+        var type: ElementType
+        var shape: [Int]
+        var size: Int
+        var payloadBytes: Int
+    }
+
+    /// Parses the header at the start of `raw`, which may hold the header only (``IDXCache`` reads it first).
+    /// - Throws: `invalid_idx` for a bad magic number, element type or dimension, a cut header, or a shape whose
+    ///   payload size does not fit in memory's address range.
+    static func header(_ raw: [UInt8]) throws(DataError) -> Header {
         guard raw.count >= 4 else { throw DataError(.invalidIDX, "\(raw.count) bytes is too short for an IDX header") }
         guard raw[0] == 0, raw[1] == 0 else {
             throw DataError(.invalidIDX, String(format: "magic number starts 0x%02X%02X, expected 0x0000", raw[0], raw[1]))
@@ -122,22 +141,31 @@ public struct IDXArray: Sendable, Hashable {
         }
         let rank = Int(raw[3])
         guard rank > 0 else { throw DataError(.invalidIDX, "IDX array has no dimensions") }
-        let headerSize = 4 + 4 * rank
-        guard raw.count >= headerSize else {
+        let size = 4 + 4 * rank
+        guard raw.count >= size else {
             throw DataError(.invalidIDX, "header announces \(rank) dimensions but the file has only \(raw.count) bytes")
         }
         var shape: [Int] = []
         for d in 0..<rank {
             let o = 4 + 4 * d
-            let size = Int(raw[o]) << 24 | Int(raw[o + 1]) << 16 | Int(raw[o + 2]) << 8 | Int(raw[o + 3])
-            guard size > 0 else { throw DataError(.invalidIDX, "dimension \(d) is zero") }
-            shape.append(size)
+            let high = Int(raw[o]) << 24 | Int(raw[o + 1]) << 16
+            let dimension = high | Int(raw[o + 2]) << 8 | Int(raw[o + 3])
+            guard dimension > 0 else { throw DataError(.invalidIDX, "dimension \(d) is zero") }
+            shape.append(dimension)
         }
-        let expected = shape.reduce(1, *) * type.byteWidth
-        guard raw.count - headerSize == expected else {
-            throw DataError(.sizeMismatch, "shape \(shape) of \(type) needs \(expected) bytes after the header, found \(raw.count - headerSize)")
+        return Header(type: type, shape: shape, size: size, payloadBytes: try payloadByteCount(shape: shape, type: type))
+    }
+
+    /// The payload's size for `shape` of `type`.
+    /// - Throws: `invalid_idx` when it overflows (a header can announce up to 255 dimensions of 2³² − 1 each).
+    static func payloadByteCount(shape: [Int], type: ElementType) throws(DataError) -> Int {
+        var total = type.byteWidth
+        for dimension in shape {
+            let (product, overflow) = total.multipliedReportingOverflow(by: dimension)
+            guard !overflow else { throw DataError(.invalidIDX, "shape \(shape) of \(type) is too large to hold") }
+            total = product
         }
-        try self.init(elementType: type, shape: shape, payload: Array(raw[headerSize...]))
+        return total
     }
 
     /// The file bytes: header and payload, uncompressed.

@@ -60,27 +60,17 @@ public struct IDXCache: Sendable, Hashable {
             }
             return true
         }
+        // The header through IDXArray's own parser: 4 bytes, then the 4 a dimension they announce.
         var head = [UInt8](repeating: 0, count: 4)
-        guard info.st_size >= 4, head.withUnsafeMutableBytes({ readFully($0, at: 0) }), head[0] == 0, head[1] == 0,
-              let type = IDXArray.ElementType(code: head[2]), head[3] > 0 else { return nil }
+        guard info.st_size >= 4, head.withUnsafeMutableBytes({ readFully($0, at: 0) }) else { return nil }
         var dimensions = [UInt8](repeating: 0, count: 4 * Int(head[3]))
-        guard info.st_size >= 4 + dimensions.count, dimensions.withUnsafeMutableBytes({ readFully($0, at: 4) }) else { return nil }
-        var shape: [Int] = []
-        for o in stride(from: 0, to: dimensions.count, by: 4) {
-            let high = Int(dimensions[o]) << 24 | Int(dimensions[o + 1]) << 16
-            shape.append(high | Int(dimensions[o + 2]) << 8 | Int(dimensions[o + 3]))
-        }
-        let (elements, overflow) = shape.reduce((1, false)) { partial, size in
-            let product = partial.0.multipliedReportingOverflow(by: size)
-            return (product.partialValue, partial.1 || product.overflow)
-        }
-        guard !overflow, shape.allSatisfy({ $0 > 0 }), Int(info.st_size) - 4 - dimensions.count == elements * type.byteWidth else { return nil }
-        let payloadOffset = 4 + dimensions.count
-        guard let payload = try? [UInt8](unsafeUninitializedCapacity: elements * type.byteWidth, initializingWith: { buffer, initialized in
-            guard readFully(UnsafeMutableRawBufferPointer(buffer), at: payloadOffset) else { throw DataError(.unreadable, "short read") }
+        guard info.st_size >= 4 + dimensions.count, dimensions.withUnsafeMutableBytes({ readFully($0, at: 4) }),
+              let header = try? IDXArray.header(head + dimensions), Int(info.st_size) - header.size == header.payloadBytes else { return nil }
+        guard let payload = try? [UInt8](unsafeUninitializedCapacity: header.payloadBytes, initializingWith: { buffer, initialized in
+            guard readFully(UnsafeMutableRawBufferPointer(buffer), at: header.size) else { throw DataError(.unreadable, "short read") }
             initialized = buffer.count
         }) else { return nil }
-        return try? IDXArray(elementType: type, shape: shape, payload: payload)
+        return try? IDXArray(elementType: header.type, shape: header.shape, payload: payload)
     }
 
     /// Writes an entry; a cache that cannot be written (a read-only home, a full disk) only means the next read

@@ -59,6 +59,7 @@ struct IDXTests {
         ([0, 0, 8, 1, 0, 0, 0, 3, 5, 6], .sizeMismatch),  // truncated payload
         ([0, 0, 8, 1, 0, 0, 0, 1, 5, 6], .sizeMismatch),  // trailing bytes
         ([0, 0], .invalidIDX),  // too short
+        ([0, 0, 8, 3] + [UInt8](repeating: 0xFF, count: 12), .invalidIDX),  // 3 × (2³² − 1) elements: the size overflows
         ([0x1F, 0x8B, 0x08, 0x00, 0x00, 0x00, 0x00, 0x00, 0x02, 0x03, 0x63, 0x60, 0xE0, 0x60], .unreadable),  // truncated gzip
     ])
     func malformed(bytes: [UInt8], code: DataError.Code) {
