@@ -123,6 +123,7 @@ let usageError: Int32 = 64
     @Test func trainHousingNamesABadOutputDirectoryBeforeTraining() async throws {
         let file = FileManager.default.temporaryDirectory.appendingPathComponent("orchard-output-file-\(UUID().uuidString)")
         try Data("x".utf8).write(to: file)
+        defer { try? FileManager.default.removeItem(at: file) }
         let run = try await Run.orchard(["train", "housing", "--output", file.path])
         #expect(run.status != 0)
         #expect(run.error.contains("--output '\(file.path)': is a file, not a directory"), "\(run.error)")

@@ -5,7 +5,7 @@ import OrchardProtocol
 import Testing
 
 /// The SQLite store's diff spool: report diffs live in files beside the database until folded.
-@Suite struct SQLiteStoreTests {
+@Suite final class SQLiteStoreTests {
     let directory: URL
     var path: String { directory.appendingPathComponent("store.sqlite").path }
     var spool: URL { URL(fileURLWithPath: path + "-spool") }
@@ -14,6 +14,8 @@ import Testing
         directory = FileManager.default.temporaryDirectory.appendingPathComponent("orchard-store-\(UUID().uuidString)")
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
     }
+
+    deinit { try? FileManager.default.removeItem(at: directory) }
 
     /// A store holding process `p` with cycle 1 open and `workers` admitted as `w<i>` with keys `k<i>`.
     func openStore(workers: Int) async throws -> SQLiteStore {

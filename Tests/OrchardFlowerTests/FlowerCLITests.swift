@@ -12,6 +12,7 @@ import Testing
         process.arguments = arguments
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("orchard-flower-cli-\(UUID().uuidString)")
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: directory) }
         let errors = directory.appendingPathComponent("stderr")
         FileManager.default.createFile(atPath: errors.path, contents: nil)
         process.standardOutput = FileHandle.nullDevice
@@ -21,15 +22,15 @@ import Testing
         return (process.terminationStatus, try String(contentsOf: errors, encoding: .utf8))
     }
 
-    /// A model and data file that fit each other.
-    func files() throws -> (model: String, data: String) {
+    /// A model and data file that fit each other, in a new directory (the caller removes it).
+    func files() throws -> (directory: URL, model: String, data: String) {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("orchard-flower-cli-\(UUID().uuidString)")
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
         let model = directory.appendingPathComponent("model.json")
         try FlowerFederationTests.modelJSON.write(to: model, atomically: true, encoding: .utf8)
         let data = directory.appendingPathComponent("data.safetensors")
         try Data(DeviceDataFile.encode(try FlowerFederationTests.dataset(seed: 1, samples: 8))).write(to: data)
-        return (model.path, data.path)
+        return (directory, model.path, data.path)
     }
 
     @Test(arguments: [
@@ -46,14 +47,16 @@ import Testing
         (["--superlink", "127.0.0.1:9092", "--insecure", "--auth-key", "/nonexistent/key"], "--auth-key: the node key '/nonexistent/key': no such file"),
     ])
     func joinRefusesBadOptions(arguments: [String], expected: String) async throws {
-        let (model, data) = try files()
+        let (inputs, model, data) = try files()
+        defer { try? FileManager.default.removeItem(at: inputs) }
         let result = try await run(["flower", "join", "--model", model, "--data", data] + arguments)
         #expect(result.status != 0)
         #expect(result.errors.contains(expected), "\(result.errors)")
     }
 
     @Test func joinNamesAMissingModelOrDataFile() async throws {
-        let (model, data) = try files()
+        let (inputs, model, data) = try files()
+        defer { try? FileManager.default.removeItem(at: inputs) }
         let missingModel = try await run(["flower", "join", "--superlink", "127.0.0.1:9092", "--insecure", "--model", "/nonexistent/model.json", "--data", data])
         #expect(missingModel.status != 0)
         #expect(missingModel.errors.contains("--model") && missingModel.errors.contains("/nonexistent/model.json"), "\(missingModel.errors)")
@@ -62,6 +65,7 @@ import Testing
         #expect(missingData.errors.contains("--data /nonexistent/data.safetensors"), "\(missingData.errors)")
         let badMap = FileManager.default.temporaryDirectory.appendingPathComponent("orchard-map-\(UUID().uuidString).json")
         try #"["fc1.weight", "nope"]"#.write(to: badMap, atomically: true, encoding: .utf8)
+        defer { try? FileManager.default.removeItem(at: badMap) }
         let unknown = try await run(["flower", "join", "--superlink", "127.0.0.1:9092", "--insecure", "--model", model, "--data", data, "--array-map", badMap.path])
         #expect(unknown.status != 0)
         #expect(unknown.errors.contains("'nope'"), "\(unknown.errors)")
@@ -70,6 +74,7 @@ import Testing
     @Test func keygenWritesAKeyPairOnceAndJoinReadsIt() async throws {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("orchard-keygen-\(UUID().uuidString)")
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: directory) }
         let key = directory.appendingPathComponent("node").path
         let made = try await run(["flower", "keygen", "--output", key, "--comment", "phone-1"])
         #expect(made.status == 0, "\(made.errors)")
@@ -86,7 +91,8 @@ import Testing
         #expect(nowhere.errors.contains("--output /nonexistent/dir/node: no such directory"), "\(nowhere.errors)")
 
         // A key readable by others is refused before anything is sent.
-        let (model, data) = try files()
+        let (inputs, model, data) = try files()
+        defer { try? FileManager.default.removeItem(at: inputs) }
         try FileManager.default.setAttributes([.posixPermissions: 0o640], ofItemAtPath: key)
         let open = try await run(["flower", "join", "--superlink", "127.0.0.1:9", "--insecure", "--model", model, "--data", data, "--auth-key", key])
         #expect(open.status != 0)
@@ -103,7 +109,8 @@ import Testing
     }
 
     @Test func theAgentTakesEitherACoordinatorOrASuperLink() async throws {
-        let (model, data) = try files()
+        let (inputs, model, data) = try files()
+        defer { try? FileManager.default.removeItem(at: inputs) }
         let both = try await run(["agent", "--flower-superlink", "127.0.0.1:9092", "--flower-insecure", "--model", model, "--data", data, "--server", "http://127.0.0.1:8080"])
         #expect(both.status != 0)
         #expect(both.errors.contains("--server is for an Orchard coordinator"), "\(both.errors)")

@@ -67,6 +67,7 @@ struct FlowerFederationTests {
         return (try FlowerNode(configuration: configuration, app: app) { recorder.record($0) }, recorder)
     }
 
+    /// A new directory for a test's SuperLink and nodes (the caller removes it, after stopping them).
     static func temporaryDirectory() throws -> URL {
         let url = FileManager.default.temporaryDirectory.appendingPathComponent("orchard-flower-\(UUID().uuidString)")
         try FileManager.default.createDirectory(at: url, withIntermediateDirectories: true)
@@ -78,6 +79,7 @@ struct FlowerFederationTests {
 
     @Test func twoOrchardDevicesRunThreeFedAvgRoundsAndTheGlobalModelIsTheWeightedAverage() async throws {
         let directory = try Self.temporaryDirectory()
+        defer { try? FileManager.default.removeItem(at: directory) }
         let link = try await SuperLinkFixture(directory: directory)
         // Different data sizes, so that the weighting matters.
         let (first, firstEvents) = try Self.node(link, state: directory.appendingPathComponent("a"), data: try Self.dataset(seed: 1, samples: 40))
@@ -129,6 +131,7 @@ struct FlowerFederationTests {
 
     @Test func devicesJoinASuperLinkServingHTTPSFromAPrivateCA() async throws {
         let directory = try Self.temporaryDirectory()
+        defer { try? FileManager.default.removeItem(at: directory) }
         let link = try await SuperLinkFixture(directory: directory, tls: true)
         let ca = try #require(link.caCertificate)
         var windows: [Task<Void, any Error>] = []
@@ -156,6 +159,7 @@ struct FlowerFederationTests {
 
     @Test func aNodeThatDoesNotTrustTheSuperLinksCAIsRefusedByTLS() async throws {
         let directory = try Self.temporaryDirectory()
+        defer { try? FileManager.default.removeItem(at: directory) }
         let link = try await SuperLinkFixture(directory: directory, tls: true)
         // Another CA than the one that signed the SuperLink's certificate.
         let other = try TestCertificates.make(commonName: "Someone else's CA").write(to: directory.appendingPathComponent("other"))
@@ -180,6 +184,7 @@ struct FlowerFederationTests {
 
     @Test func anOrchardDeviceAndAPythonSuperNodeShareARun() async throws {
         let directory = try Self.temporaryDirectory()
+        defer { try? FileManager.default.removeItem(at: directory) }
         let link = try await SuperLinkFixture(directory: directory)
         try link.startPythonNode(partition: 1, directory: directory)
         // The Orchard device through the CLI: `orchard flower join`.
@@ -237,6 +242,7 @@ struct FlowerFederationTests {
 
     @Test func badMessagesGetErrorRepliesAndTheNodeKeepsServing() async throws {
         let directory = try Self.temporaryDirectory()
+        defer { try? FileManager.default.removeItem(at: directory) }
         let link = try await SuperLinkFixture(directory: directory)
         // A message of more than 60 objects is refused unfetched (the good ones have about a dozen).
         let (node, events) = try Self.node(
@@ -282,6 +288,7 @@ extension FlowerFederationTests {
 
     @Test func aWindowEndingMidRoundKeepsTheMessageAndTheNextWindowAnswersItOnce() async throws {
         let directory = try FlowerFederationTests.temporaryDirectory()
+        defer { try? FileManager.default.removeItem(at: directory) }
         let link = try await SuperLinkFixture(directory: directory)
         let state = directory.appendingPathComponent("a")
         let holder = WindowHolder()
@@ -335,6 +342,7 @@ extension FlowerFederationTests {
 extension FlowerFederationTests {
     @Test func theSuperLinkGoingAwayMidRoundLeavesTheReplyKeptAndTheNodeRetrying() async throws {
         let directory = try Self.temporaryDirectory()
+        defer { try? FileManager.default.removeItem(at: directory) }
         let link = try await SuperLinkFixture(directory: directory)
         let state = directory.appendingPathComponent("a")
         let recorder = Recorder()
@@ -370,6 +378,7 @@ extension FlowerFederationTests {
 extension FlowerFederationTests {
     @Test func aSuperLinkThatAdmitsOnlyRegisteredKeysRunsARoundWithAPreRegisteredOrchardNode() async throws {
         let directory = try Self.temporaryDirectory()
+        defer { try? FileManager.default.removeItem(at: directory) }
         let link = try await SuperLinkFixture(directory: directory, tls: true, nodeAuthentication: true)
         let ca = try #require(link.caCertificate)
         let address = try SuperLinkAddress(link.address, trustRoots: try TrustRoots.certificateFile(ca.path))

@@ -4,12 +4,14 @@ import Testing
 
 /// What a node keeps across windows: its key (owner-only), the registration, a kept message and reply.
 @Suite struct FlowerNodeStoreTests {
+    /// A store in a new directory (the caller removes it).
     func store() throws -> FlowerNodeStore {
         try FlowerNodeStore(directory: FileManager.default.temporaryDirectory.appendingPathComponent("orchard-flower-store-\(UUID().uuidString)"))
     }
 
     @Test func theKeyIsMadeOnceAndReadableByItsOwnerOnly() throws {
         let store = try store()
+        defer { try? FileManager.default.removeItem(at: store.directory) }
         let first = try store.identity()
         let second = try store.identity()
         #expect(first.publicKeyPEM == second.publicKeyPEM)
@@ -20,6 +22,7 @@ import Testing
 
     @Test func aDamagedKeyFileIsAnErrorNamingIt() throws {
         let store = try store()
+        defer { try? FileManager.default.removeItem(at: store.directory) }
         try Data("not a key".utf8).write(to: store.directory.appendingPathComponent("flower-node-key"))
         #expect { try store.identity() } throws: { error in
             (error as? FlowerError)?.code == .storage && "\(error)".contains("flower-node-key")
@@ -28,6 +31,7 @@ import Testing
 
     @Test func registrationIsPerSuperLinkAndKeptFilesRoundTrip() throws {
         let store = try store()
+        defer { try? FileManager.default.removeItem(at: store.directory) }
         #expect(try !store.isRegistered(with: "http://a:1"))
         try store.setRegistered(true, with: "http://a:1")
         #expect(try store.isRegistered(with: "http://a:1"))

@@ -92,10 +92,12 @@ import Testing
 
     @Test func aKeyFileReadableByOthersIsRefused() throws {
         let open = try temporaryFile(NodeKeyFixtures.sshP384, mode: 0o644)
+        defer { try? FileManager.default.removeItem(at: open) }
         #expect { try NodeKeyFile.readPrivateKey(at: open) } throws: { error in
             "\(error)".contains("readable by others (mode 644)") && "\(error)".contains("chmod 600")
         }
         let owned = try temporaryFile(NodeKeyFixtures.sshP384)
+        defer { try? FileManager.default.removeItem(at: owned) }
         _ = try NodeKeyFile.readPrivateKey(at: owned)
         let missing = FileManager.default.temporaryDirectory.appendingPathComponent("no-such-key-\(UUID().uuidString)")
         #expect { try NodeKeyFile.readPrivateKey(at: missing) } throws: { error in "\(error)".contains("no such file") }

@@ -86,6 +86,9 @@ struct FakeMachine {
         try FileManager.default.createDirectory(at: root.appendingPathComponent(relative), withIntermediateDirectories: true)
     }
 
+    /// Removes the fake tree.
+    func remove() { try? FileManager.default.removeItem(at: root) }
+
     func route(_ iface: String) -> String {
         """
         Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT
@@ -103,6 +106,7 @@ struct FakeMachine {
 struct LinuxConditionsProviderTests {
     @Test func laptopOnBatteryOverWiFi() throws {
         let m = try FakeMachine()
+        defer { m.remove() }
         try m.write("sys/class/power_supply/AC/type", "Mains")
         try m.write("sys/class/power_supply/AC/online", "0")
         try m.write("sys/class/power_supply/BAT0/type", "Battery")
@@ -139,6 +143,7 @@ struct LinuxConditionsProviderTests {
 
     @Test func chargingLaptop() throws {
         let m = try FakeMachine()
+        defer { m.remove() }
         try m.write("sys/class/power_supply/BAT1/type", "Battery")
         try m.write("sys/class/power_supply/BAT1/status", "Charging")
         try m.write("sys/class/power_supply/BAT1/capacity", "12")
@@ -150,6 +155,7 @@ struct LinuxConditionsProviderTests {
 
     @Test func virtualMachineWithoutBatteryOnEthernet() throws {
         let m = try FakeMachine()
+        defer { m.remove() }
         try m.mkdir("sys/class/power_supply")
         try m.write("proc/net/route", m.route("eth0"))
         try m.write("sys/class/net/eth0/operstate", "up")
@@ -164,12 +170,14 @@ struct LinuxConditionsProviderTests {
 
     @Test func missingFilesMeanUnknownNotACrash() throws {
         let m = try FakeMachine()
+        defer { m.remove() }
         let c = m.provider().read()
         #expect(c == DeviceConditions.unknown)
     }
 
     @Test func malformedFilesMeanUnknown() throws {
         let m = try FakeMachine()
+        defer { m.remove() }
         try m.write("sys/class/power_supply/BAT0/type", "Battery")
         try m.write("sys/class/power_supply/BAT0/capacity", "lots")
         try m.write("sys/class/power_supply/BAT0/status", "Weird")
@@ -188,6 +196,7 @@ struct LinuxConditionsProviderTests {
 
     @Test func cellularAndConfiguredInterfacesAreMetered() throws {
         let m = try FakeMachine()
+        defer { m.remove() }
         try m.write("proc/net/route", m.route("wwan0"))
         try m.write("sys/class/net/wwan0/operstate", "up")
         try m.write("sys/class/net/wwan0/type", "1")
@@ -208,6 +217,7 @@ struct LinuxConditionsProviderTests {
 
     @Test func aDownInterfaceOrNoDefaultRouteIsDisconnected() throws {
         let m = try FakeMachine()
+        defer { m.remove() }
         try m.write("proc/net/route", m.route("eth0"))
         try m.write("sys/class/net/eth0/operstate", "down")
         #expect(m.provider().read().networkConnected == false)
@@ -217,6 +227,7 @@ struct LinuxConditionsProviderTests {
 
     @Test func ipv6DefaultRouteIsUsedWhenThereIsNoIPv4One() throws {
         let m = try FakeMachine()
+        defer { m.remove() }
         try m.write("proc/net/route", "Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT")
         let zero = String(repeating: "0", count: 32)
         try m.write("proc/net/ipv6_route", "\(zero) 00 \(zero) 00 fe800000000000000000000000000001 00000400 00000001 00000000 00000003     eth1")
@@ -229,6 +240,7 @@ struct LinuxConditionsProviderTests {
 
     @Test func cpuIdlenessIsMeasuredBetweenReadings() throws {
         let m = try FakeMachine()
+        defer { m.remove() }
         try m.write("proc/stat", "cpu  1000 0 1000 8000 0 0 0 0 0 0")
         let provider = m.provider()
         #expect(provider.read().cpuIdleFraction == 0.8)

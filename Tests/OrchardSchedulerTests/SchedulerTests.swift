@@ -419,6 +419,7 @@ struct SchedulerTests {
 
     @Test func pendingRequestsAndHistorySurviveARestart() async throws {
         let directory = try temporaryDirectory()
+        defer { try? FileManager.default.removeItem(at: directory) }
         let path = directory.appendingPathComponent("scheduler.sqlite").path
         let clock = TestClock<Duration>()
         let later = startDate.addingTimeInterval(3600)
@@ -458,6 +459,7 @@ struct SchedulerTests {
 
     @Test func aCorruptStoreIsSetAsideAndReported() async throws {
         let directory = try temporaryDirectory()
+        defer { try? FileManager.default.removeItem(at: directory) }
         let path = directory.appendingPathComponent("scheduler.sqlite").path
         let garbage = Data((0..<4096).map { UInt8(truncatingIfNeeded: $0 &* 31 &+ 7) })
         try garbage.write(to: URL(fileURLWithPath: path))

@@ -79,7 +79,7 @@ func waitForCancellation() async throws {
     try Task.checkCancellation()
 }
 
-/// A fresh temporary directory.
+/// A fresh temporary directory (the caller removes it).
 func temporaryDirectory() throws -> URL {
     let url = FileManager.default.temporaryDirectory.appendingPathComponent("orchard-scheduler-\(UUID().uuidString)")
     try FileManager.default.createDirectory(at: url, withIntermediateDirectories: true)
