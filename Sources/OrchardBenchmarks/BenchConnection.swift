@@ -106,18 +106,11 @@ public final class BenchConnection: Sendable {
         return buffer
     }
 
-    /// Writes one encoded request on the channel's event loop; `answer` completes with its response.
-    fileprivate static func send(
-        _ request: ByteBuffer, on channel: any Channel, through handler: ExchangeHandler, keepBody: Bool, answer: EventLoopPromise<Response>
-    ) {
-        send([request], on: channel, through: handler, keepBody: keepBody, answer: answer)
-    }
-
     /// Writes one request in `parts` (head first) on the channel's event loop and flushes them together.
     fileprivate static func send(
         _ parts: [ByteBuffer], on channel: any Channel, through handler: ExchangeHandler, keepBody: Bool, answer: EventLoopPromise<Response>
     ) {
-        handler.start(answer, keepBody: keepBody)
+        handler.start(PromisedAnswer(answer), keepBody: keepBody)
         // A failed write fails the writes after it too, so the last one's failure answers for all of them.
         for part in parts.dropLast() { channel.write(part, promise: nil) }
         channel.writeAndFlush(parts[parts.count - 1]).whenFailure { answer.fail($0) }
@@ -130,7 +123,12 @@ public final class BenchConnection: Sendable {
 }
 
 /// The loop behind ``BenchConnection/repeatedly(_:body:count:schedule:)``; lives on the channel's event loop.
-private final class RepeatedRequests {
+///
+/// It is the load generator's per-request path, so it allocates nothing per request: the answer comes back as a
+/// call (``ExchangeAnswer``), not through a promise and its future; a request's due time is a scheduled callback of
+/// the loop, not a scheduled task with its promise; a write's failure closes the channel, and the closing answers the
+/// pending request with ``BenchmarkError/Code/connectionClosed``.
+private final class RepeatedRequests: ExchangeAnswer, NIOScheduledCallbackHandler {
     let channel: any Channel
     let handler: ExchangeHandler
     let request: ByteBuffer
@@ -139,6 +137,8 @@ private final class RepeatedRequests {
     let schedule: [NIODeadline]?
     let done: EventLoopPromise<[Double]>
     var latencies: [Double] = []
+    /// What the pending request's latency counts from.
+    var reference = NIODeadline.uptimeNanoseconds(0)
 
     init(channel: any Channel, handler: ExchangeHandler, request: ByteBuffer, name: String, count: Int, schedule: [NIODeadline]?, done: EventLoopPromise<[Double]>) {
         self.channel = channel
@@ -158,42 +158,80 @@ private final class RepeatedRequests {
             return
         }
         if let due = schedule?[index], NIODeadline.now() < due {
-            channel.eventLoop.assumeIsolated().scheduleTask(deadline: due) { self.send(from: due) }
+            reference = due
+            do {
+                try channel.eventLoop.assumeIsolated().scheduleCallback(at: due, handler: self)
+            } catch {
+                done.fail(error)
+            }
         } else {
             send(from: schedule?[index] ?? .now())
         }
     }
 
+    func handleScheduledCallback(eventLoop: some EventLoop) {
+        send(from: reference)
+    }
+
+    func didCancelScheduledCallback(eventLoop: some EventLoop) {
+        done.fail(BenchmarkError(.connectionClosed, "\(name): the event loop shut down before the request was sent"))
+    }
+
     private func send(from reference: NIODeadline) {
-        let answer = channel.eventLoop.makePromise(of: BenchConnection.Response.self)
-        BenchConnection.send(request, on: channel, through: handler, keepBody: false, answer: answer)
-        answer.futureResult.assumeIsolated().whenComplete { result in
-            switch result {
-            case .success(let response) where (200..<300).contains(response.status):
-                self.latencies.append(Double((NIODeadline.now() - reference).nanoseconds) / 1e6)
-                self.next()
-            case .success(let response):
-                let request = self.name
-                self.done.fail(BenchmarkError(
-                    .unexpectedResponse, "\(request): HTTP \(response.status)", context: ["request": request, "status": "\(response.status)"]
-                ))
-            case .failure(let error):
-                self.done.fail(error)
-            }
+        self.reference = reference
+        // On the loop, an active channel stays so until this write is done: a write that fails closes it, and its
+        // closing answers the request. A channel closed already would never answer.
+        guard channel.isActive else {
+            done.fail(BenchmarkError(.connectionClosed, "\(name): the server closed the connection"))
+            return
+        }
+        handler.start(self, keepBody: false)
+        channel.writeAndFlush(request, promise: nil)
+    }
+
+    func answered(_ result: Result<BenchConnection.Response, any Error>) {
+        switch result {
+        case .success(let response) where (200..<300).contains(response.status):
+            latencies.append(Double((NIODeadline.now() - reference).nanoseconds) / 1e6)
+            next()
+        case .success(let response):
+            done.fail(BenchmarkError(
+                .unexpectedResponse, "\(name): HTTP \(response.status)", context: ["request": name, "status": "\(response.status)"]
+            ))
+        case .failure(let error):
+            done.fail(error)
         }
     }
 }
 
-/// Completes the pending exchange's promise when its response ends, reading the response bytes with
+/// Who waits for an exchange's response: called once, on the channel's event loop, with the response or the failure.
+private protocol ExchangeAnswer: AnyObject {
+    func answered(_ result: Result<BenchConnection.Response, any Error>)
+}
+
+/// An answer that completes a promise.
+private final class PromisedAnswer: ExchangeAnswer {
+    let promise: EventLoopPromise<BenchConnection.Response>
+
+    init(_ promise: EventLoopPromise<BenchConnection.Response>) {
+        self.promise = promise
+    }
+
+    func answered(_ result: Result<BenchConnection.Response, any Error>) {
+        promise.completeWith(result)
+    }
+}
+
+/// Answers the pending exchange when its response ends, reading the response bytes with
 /// ``ResponseParser``.
 private final class ExchangeHandler: ChannelInboundHandler, RemovableChannelHandler {
     typealias InboundIn = ByteBuffer
 
-    private var promise: EventLoopPromise<BenchConnection.Response>?
+    private var answer: (any ExchangeAnswer)?
     private var parser = ResponseParser()
 
-    func start(_ promise: EventLoopPromise<BenchConnection.Response>, keepBody: Bool) {
-        self.promise = promise
+    func start(_ answer: any ExchangeAnswer, keepBody: Bool) {
+        self.answer = answer
         parser.reset(keepBody: keepBody)
     }
 
@@ -201,9 +239,9 @@ private final class ExchangeHandler: ChannelInboundHandler, RemovableChannelHand
         var bytes = unwrapInboundIn(data)
         do {
             if let response = try parser.feed(&bytes) {
-                let promise = self.promise
-                self.promise = nil
-                promise?.succeed(response)
+                let answer = self.answer
+                self.answer = nil
+                answer?.answered(.success(response))
             }
         } catch {
             fail(error)
@@ -222,9 +260,9 @@ private final class ExchangeHandler: ChannelInboundHandler, RemovableChannelHand
     }
 
     private func fail(_ error: any Error) {
-        let promise = self.promise
-        self.promise = nil
-        promise?.fail(error)
+        let answer = self.answer
+        self.answer = nil
+        answer?.answered(.failure(error))
     }
 }
 

@@ -7,15 +7,27 @@ public struct SemanticVersion: Sendable, Hashable, Comparable, Codable, CustomSt
     /// Parses a version such as "1", "1.0" or "1.0.0"; returns nil for anything else (empty parts, signs,
     /// letters, more than four components).
     public init?(_ string: String) {
-        let parts = string.split(separator: ".", omittingEmptySubsequences: false)
-        guard !parts.isEmpty, parts.count <= 4 else { return nil }
+        // Read on the UTF-8 bytes (a device's check-in carries one): up to four dot-separated runs of 1–9 ASCII digits.
         var values: [Int] = []
-        for part in parts {
-            guard !part.isEmpty, part.count <= 9, part.allSatisfy({ $0.isASCII && $0.isNumber }), let value = Int(part) else {
+        values.reserveCapacity(4)
+        var value = 0
+        var digits = 0
+        for byte in string.utf8 {
+            if byte == UInt8(ascii: ".") {
+                guard digits > 0, values.count < 3 else { return nil }
+                values.append(value)
+                value = 0
+                digits = 0
+            } else if byte >= UInt8(ascii: "0") && byte <= UInt8(ascii: "9") {
+                guard digits < 9 else { return nil }
+                value = value * 10 + Int(byte - UInt8(ascii: "0"))
+                digits += 1
+            } else {
                 return nil
             }
-            values.append(value)
         }
+        guard digits > 0 else { return nil }
+        values.append(value)
         self.init(components: values)
     }
 

@@ -88,7 +88,32 @@ struct LoopbackCoordinator {
 
         #expect(try await connection.repeatedly(coordinator.head(.GET, Endpoint.health), body: [], count: 0).isEmpty)
 
+        // Scheduled times ahead: no request goes before its time (the series ends after the last one), and each
+        // latency counts from its own scheduled time, not from the start.
+        let start = NIODeadline.now()
+        let ahead = [start + .milliseconds(30), start + .milliseconds(60), start + .milliseconds(90)]
+        let paced = try await connection.repeatedly(coordinator.head(.GET, Endpoint.health), body: [], count: 3, schedule: ahead)
+        #expect(NIODeadline.now() - start >= .milliseconds(90))
+        #expect(paced.count == 3)
+        #expect(paced.allSatisfy { $0 >= 0 && $0.isFinite })
+
         await connection.close()
+        await coordinator.stop()
+    }
+
+    @Test func aSeriesOnAClosedConnectionFailsInsteadOfWaiting() async throws {
+        let coordinator = try await LoopbackCoordinator.start()
+        let connection = try await coordinator.connect()
+        await connection.close()
+
+        let error = await #expect(throws: BenchmarkError.self) {
+            try await connection.repeatedly(coordinator.head(.GET, Endpoint.health), body: [], count: 2)
+        }
+        #expect(error?.code == .connectionClosed)
+        let scheduled = await #expect(throws: BenchmarkError.self) {
+            try await connection.repeatedly(coordinator.head(.GET, Endpoint.health), body: [], count: 1, schedule: [.now() + .milliseconds(5)])
+        }
+        #expect(scheduled?.code == .connectionClosed)
         await coordinator.stop()
     }
 

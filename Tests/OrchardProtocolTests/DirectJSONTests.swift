@@ -28,7 +28,7 @@ import Testing
             #expect(try WireCoding.decoder().decode(CycleResponse.self, from: Data(direct)) == answer)
             #expect(try objects(direct) == objects(encoded), "\(String(decoding: direct, as: UTF8.self)) vs \(String(decoding: encoded, as: UTF8.self))")
             // Keys in sorted order, as the encoder writes them.
-            let keys = try #require(String(decoding: direct, as: UTF8.self).split(separator: ",").compactMap { $0.split(separator: ":").first })
+            let keys = String(decoding: direct, as: UTF8.self).split(separator: ",").compactMap { $0.split(separator: ":").first }
             #expect(keys.count >= 3)
         }
     }

@@ -98,7 +98,7 @@ public enum CoordinatorServer {
             let key = try requestKey(request)
             return try json(await coordinator.plan(context.parameters.get(Endpoint.Parameter.plan) ?? "", requestKey: key, session: session))
         }
-        router.post(RouterPath(stringLiteral: Endpoint.report)) { request, _ in
+        router.post(RouterPath(stringLiteral: Endpoint.report)) { request, _ in try await offTheEventLoop {
             let session = try await deviceSession(request, coordinator)
             if let length = request.headers[.contentLength].flatMap({ Int($0) }), length > limits.maximumReportBytes {
                 throw CoordinatorError(.payloadTooLarge, "body of \(length) bytes exceeds the limit of \(limits.maximumReportBytes)")
@@ -114,8 +114,8 @@ public enum CoordinatorServer {
                 await upload.abandon()
                 throw error
             }
-        }
-        router.post(RouterPath(stringLiteral: Endpoint.secureAggregation)) { request, _ in
+        } }
+        router.post(RouterPath(stringLiteral: Endpoint.secureAggregation)) { request, _ in try await offTheEventLoop {
             let session = try await deviceSession(request, coordinator)
             // A masked input is the model's words: 4 bytes a word as a MaskedInputEnvelope (safetensors), a third more
             // in base64 JSON. A body larger than a message takes one of the upload places, so that large bodies held
@@ -136,7 +136,7 @@ public enum CoordinatorServer {
                 message = try await decode(SecureAggregationRequest.self, request, limit: limits.maximumReportBytes / 3 * 4 + limits.maximumMessageBytes)
             }
             return try json(await coordinator.secureAggregation(message, session: session))
-        }
+        } }
         router.get(RouterPath(stringLiteral: Endpoint.speedTest)) { request, _ in
             let session = try await deviceSession(request, coordinator)
             var requested: Int?
@@ -209,7 +209,12 @@ public enum CoordinatorServer {
         let http1 = HTTP1Channel.Configuration(additionalChannelHandlers: [ReceiveBufferLimit()], idleTimeout: idle)
         return Application(
             router: router(coordinator: coordinator, registry: registry, dashboard: dashboard, secureCookie: tls != nil),
-            server: try tls.map { try .tls(.http1(configuration: http1), tlsConfiguration: $0.configuration) } ?? .http1(configuration: http1),
+            server: HTTPServerBuilder { responder in
+                if let tls {
+                    return EventLoopBoundChannel(base: try TLSChannel(HTTP1Channel(responder: responder, configuration: http1), tlsConfiguration: tls.configuration))
+                }
+                return EventLoopBoundChannel(base: HTTP1Channel(responder: responder, configuration: http1))
+            },
             configuration: ApplicationConfiguration(address: .hostname(host, port: port), serverName: "orchard", backlog: 4096),
             services: services,
             onServerRunning: { channel in await onServerRunning(channel.localAddress?.port ?? port) },
@@ -218,6 +223,14 @@ public enum CoordinatorServer {
     }
 
     // MARK: Helpers
+
+    /// Runs a route's work on the global concurrent pool rather than on its connection's event loop
+    /// (``EventLoopBoundChannel``): for the routes that check and write megabytes, so that the loop goes on reading
+    /// and writing its other connections meanwhile.
+    private static func offTheEventLoop(_ work: () async throws -> Response) async throws -> Response {
+        try await withTaskExecutorPreference(globalConcurrentExecutor, operation: work)
+    }
+
 
     private static func collect(_ request: Request, limit: Int) async throws -> [UInt8] {
         if let length = request.headers[.contentLength].flatMap({ Int($0) }), length > limit {
