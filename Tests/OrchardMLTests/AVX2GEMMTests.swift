@@ -125,6 +125,8 @@ import Testing
             (false, false, 10, 200, 200),  // batch-10 input gradient
             (true, false, 200, 784, 64),   // batch-64 weight gradient
             (true, false, 200, 200, 64),
+            (true, false, 200, 784, 128),  // a weight gradient of one half of a batch-256 step
+            (true, false, 200, 200, 128),
             (false, false, 256, 200, 200), // batch-256 input gradient
             (false, true, 256, 10, 200),   // batch-256 output layer
         ]
@@ -133,6 +135,7 @@ import Testing
             (false, true, 64, 200, 784),   // batch-64 forward
             (false, true, 1000, 200, 784), // an evaluation batch's forward
             (true, false, 200, 784, 256),  // batch-256 weight gradient
+            (true, false, 200, 784, 192),
             (false, false, 64, 200, 200),  // a short untransposed A
             (false, false, 512, 512, 512), // large
         ]

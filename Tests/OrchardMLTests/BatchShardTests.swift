@@ -1,6 +1,6 @@
 import OrchardSupport
 import OrchardFormats
-import OrchardML
+@testable import OrchardML
 import Testing
 
 /// ``TrainingConfiguration/batchShards``: a batch cut into parts run side by side trains the same model as the whole
@@ -60,6 +60,23 @@ import Testing
         let after = try trained.train(on: data).model
         #expect(after.parameter("chasEmbedding.weight") == model.parameter("chasEmbedding.weight"))
         #expect(after.parameter("dense1.weight") != model.parameter("dense1.weight"))
+    }
+
+    @Test("the summed gradient and the step are applied in slices that cover the trainable values once, in order")
+    func slicesCoverTheRangesOnce() {
+        let cases: [([Range<Int>], Int)] = [
+            ([0..<199_210], 2), ([0..<10, 20..<23, 40..<41, 50..<90], 2), ([0..<10, 20..<23, 40..<41, 50..<90], 3),
+            ([0..<5], 8), ([], 2), ([0..<7, 7..<9], 1), ([3..<4, 10..<10, 12..<30], 4),
+        ]
+        for (ranges, count) in cases {
+            let slices = Trainer.slices(of: ranges, into: count)
+            #expect(slices.count <= max(count, 1))
+            let flat = slices.flatMap { $0 }.flatMap { Array($0) }
+            #expect(flat == ranges.flatMap { Array($0) }, "\(ranges) into \(count)")
+            let lengths = slices.map { $0.reduce(0) { $0 + $1.count } }
+            let total = ranges.reduce(0) { $0 + $1.count }
+            if count > 1 && total > 0 { #expect(lengths.allSatisfy { $0 <= (total + count - 1) / count }) }
+        }
     }
 
     @Test("more parts than samples in a batch, and bad settings")

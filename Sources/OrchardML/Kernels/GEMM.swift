@@ -90,13 +90,16 @@ public enum GEMM {
             // run on the AVX2 kernels, which need no packing: on two cores of the development VM 36–52 GFLOP/s against
             // 25–29 for OpenBLAS at the 2NN's batch-10 shapes and its batch-256 output layer (256 × 10 × 200).
             let thin = m <= 32 || n <= 32 || k <= 32
-            // So do weight gradients of a batch of at most 64 (Aᵀ·B with a depth ≤ 64: 141 against 117 GFLOP/s at
-            // 200 × 784 × 64, 94 against 54 at 200 × 200 × 64) and a hidden layer's input gradient at a long batch
-            // (A·B with more than 64 rows: 151 against 147 at 256 × 200 × 200). Everything else goes to BLAS, which
-            // packs its operands: the forward products A·Bᵀ at batch 64 and 256 (122 against 95 at 256 × 200 × 784)
-            // and the deeper weight gradients (127 against 103 at 200 × 784 × 256). Medians of five, same run.
+            // So do weight gradients of a batch of at most 128 (Aᵀ·B with a depth ≤ 128: 141 against 117 GFLOP/s at
+            // 200 × 784 × 64, 94 against 54 at 200 × 200 × 64; at depth 128, a batch-256 step cut in two parts, one
+            // thread each: 84 against 81 at 200 × 784 × 128 and 93 against 81 at 200 × 200 × 128, two threads 157
+            // against 140 and 144 against 129) and a hidden layer's input gradient at a long batch (A·B with more
+            // than 64 rows: 151 against 147 at 256 × 200 × 200). Everything else goes to BLAS, which packs its
+            // operands: the forward products A·Bᵀ at batch 64 and 256 (122 against 95 at 256 × 200 × 784) and the
+            // deeper weight gradients (127 against 103 at 200 × 784 × 256; 85 against 70 at depth 192, one thread).
+            // Best of five, same run.
             let small = m * n * k <= 1 << 26 && min(m, n, k) <= 256
-                && ((transposeA && k <= 64) || (!transposeA && !transposeB && m > 64))
+                && ((transposeA && k <= 128) || (!transposeA && !transposeB && m > 64))
             if avx2 && (thin || small) { return .avx2 }
             if BLASLibrary.shared != nil { return .blas }
             return avx2 ? .avx2 : .portable

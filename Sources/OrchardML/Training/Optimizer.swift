@@ -80,9 +80,15 @@ final class Optimizer {
 
     /// Applies one update (PyTorch's semantics for SGD with momentum and for Adam with L2 weight decay).
     func update(parameters w: UnsafeMutablePointer<Float>, gradients g: UnsafePointer<Float>, ranges: [Range<Int>]) {
+        step += 1
+        apply(parameters: w, gradients: g, ranges: ranges)
+    }
+
+    /// The values' part of the update of step ``step`` (counted already): each value and its slots change on their
+    /// own, so disjoint ranges may be applied side by side.
+    func apply(parameters w: UnsafeMutablePointer<Float>, gradients g: UnsafePointer<Float>, ranges: [Range<Int>]) {
         let lr = Float(spec.learningRate)
         let wd = Float(spec.weightDecay)
-        step += 1
         if spec.type == "adam" {
             let b1 = Float(spec.beta1), b2 = Float(spec.beta2), eps = Float(spec.epsilon)
             let c1 = Float(1 - pow(spec.beta1, Double(step)))
