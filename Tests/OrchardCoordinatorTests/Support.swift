@@ -164,6 +164,7 @@ final class Harness: @unchecked Sendable {
     static func start(configuration: CoordinatorConfiguration = CoordinatorConfiguration(adminToken: adminToken), seed: UInt64 = 1) async throws -> Harness {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("orchard-coordinator-\(UUID().uuidString)")
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        LeftoverDirectories.register(directory)
         let clock = ManualClock()
         let instance = try await CoordinatorInstance.open(
             database: directory.appendingPathComponent("coordinator.sqlite").path, configuration: configuration,
@@ -185,6 +186,7 @@ final class Harness: @unchecked Sendable {
     func stop() async {
         await server.stop()
         try? FileManager.default.removeItem(at: directory)
+        LeftoverDirectories.unregister(directory)
     }
 
     func host(_ request: HostProcessRequest = Fixture.host()) async throws -> ProcessStatus {
@@ -243,5 +245,25 @@ func expectClose(_ actual: [String: [Float]], _ expected: [String: [Float]], tol
             Issue.record("\(name): \(got) != \(values)", sourceLocation: sourceLocation)
             break
         }
+    }
+}
+
+/// Harness directories not yet removed when the test process exits. Tests stop their harness in an unawaited task
+/// (`defer { Task { await harness.stop() } }`), which a process that ends with its last test never runs: what is
+/// still registered then is removed at exit.
+enum LeftoverDirectories {
+    private static let paths: Mutex<Set<String>> = {
+        atexit {
+            for path in LeftoverDirectories.paths.withLock({ $0 }) { try? FileManager.default.removeItem(atPath: path) }
+        }
+        return Mutex([])
+    }()
+
+    static func register(_ directory: URL) {
+        _ = paths.withLock { $0.insert(directory.path) }
+    }
+
+    static func unregister(_ directory: URL) {
+        _ = paths.withLock { $0.remove(directory.path) }
     }
 }
