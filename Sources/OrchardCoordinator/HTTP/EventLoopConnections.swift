@@ -9,7 +9,9 @@ import NIOCore
 /// event loop hands the request to a pool thread, which hands the response back. With the preference, the task's
 /// jobs run on the loop that reads and writes the connection, so a request is read, answered and written on one
 /// thread. Actor-isolated calls still run on the actor's terms (a default actor runs on the caller's preferred
-/// executor while it holds the actor).
+/// executor while it holds the actor). A route whose work is long (checking and spooling a report) moves it to the
+/// global pool itself (`CoordinatorServer.offTheEventLoop`), so that the loop goes on serving its other connections;
+/// nothing on a loop may block waiting for that loop (no `EventLoopFuture.wait()` in a route).
 struct EventLoopBoundChannel<Base: ServerChildChannel>: ServerChildChannel {
     typealias Value = Base.Value
 

@@ -159,11 +159,11 @@ public enum CoordinatorServer {
         }
 
         // Admin API.
-        router.post(RouterPath(stringLiteral: Endpoint.processes)) { request, _ in
+        router.post(RouterPath(stringLiteral: Endpoint.processes)) { request, _ in try await offTheEventLoop {
             try requireAdmin(request, coordinator)
             let message = try await decode(HostProcessRequest.self, request, limit: limits.maximumAdminBodyBytes)
             return try json(await coordinator.host(message), status: .created)
-        }
+        } }
         router.get(RouterPath(stringLiteral: Endpoint.processes)) { request, _ in
             try requireAdmin(request, coordinator, dashboard)
             return try json(await coordinator.processList())
@@ -225,8 +225,8 @@ public enum CoordinatorServer {
     // MARK: Helpers
 
     /// Runs a route's work on the global concurrent pool rather than on its connection's event loop
-    /// (``EventLoopBoundChannel``): for the routes that check and write megabytes, so that the loop goes on reading
-    /// and writing its other connections meanwhile.
+    /// (``EventLoopBoundChannel``): for the routes that check and write megabytes (reports, masked inputs, a hosted
+    /// model's weights), so that the loop goes on reading and writing its other connections meanwhile.
     private static func offTheEventLoop(_ work: () async throws -> Response) async throws -> Response {
         try await withTaskExecutorPreference(globalConcurrentExecutor, operation: work)
     }
