@@ -1,6 +1,6 @@
 public import OrchardFormats
 public import OrchardML
-public import OrchardProtocol
+import OrchardProtocol
 
 /// The weights a device trains from, with their architecture.
 public struct CycleModel: Sendable {

@@ -1,6 +1,6 @@
 public import OrchardSupport
 import Foundation
-public import OrchardML
+import OrchardML
 
 extension OrchardRandom {
     /// A uniformly random permutation of `0..<count` (Fisher–Yates over the identity).

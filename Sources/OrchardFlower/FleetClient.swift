@@ -5,7 +5,7 @@ import NIOCore
 import NIOHTTP1
 import NIOSSL
 public import OrchardClient
-public import OrchardSupport
+package import OrchardSupport
 package import SwiftProtobuf
 
 /// Where a SuperLink's Fleet API is and how to reach it.

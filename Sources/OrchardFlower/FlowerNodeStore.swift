@@ -1,5 +1,5 @@
-public import Crypto
-public import Foundation
+import Crypto
+package import Foundation
 import OrchardSupport
 
 /// What a Flower node keeps in its state directory across background windows and restarts: its key (the node's

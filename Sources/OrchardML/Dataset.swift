@@ -1,5 +1,3 @@
-public import OrchardFormats
-
 /// A named feature and its per-sample shape.
 public struct FeatureSpec: Sendable, Hashable, Codable {
     /// The name; for inputs, the model input it feeds.

@@ -1,6 +1,6 @@
 public import Foundation
 public import OrchardClient
-public import OrchardFormats
+import OrchardFormats
 public import OrchardSupport
 import OrchardProtocol
 import Synchronization

@@ -199,7 +199,7 @@ struct FlowerFederationTests {
             "--state-directory", directory.appendingPathComponent("node").path, "--poll-interval", "0.2", "--node-config", "seed=5",
         ]
         let output = directory.appendingPathComponent("join.out")
-        FileManager.default.createFile(atPath: output.path, contents: nil)
+        _ = FileManager.default.createFile(atPath: output.path, contents: nil)
         join.standardOutput = try FileHandle(forWritingTo: output)
         join.standardError = FileHandle.nullDevice
         try join.run()

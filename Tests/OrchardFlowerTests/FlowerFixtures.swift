@@ -134,7 +134,7 @@ struct ExpectedMessage: Decodable {
         case "double": return .double(try #require(number(value)))
         case "sint64": return .int(try #require(text(value).flatMap { Int64($0) }))
         case "uint64": return .uint(try #require(text(value).flatMap { UInt64($0) }))
-        case "bool": return .bool(try #require(bool(value)))
+        case "bool": return .bool(try #require(bool(value) as Bool?))
         case "string": return .string(try #require(text(value)))
         case "bytes": return .bytes(try #require(bytes(value)))
         case "double_list": return .doubles(try list(number))

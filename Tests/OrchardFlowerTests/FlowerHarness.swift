@@ -64,7 +64,7 @@ final class FlowerProcess: @unchecked Sendable {
     /// Starts `command` from the venv with Flower's offline environment and `FLWR_HOME=home`.
     init(_ command: String, _ arguments: [String], home: URL, log: URL) throws {
         self.log = log
-        FileManager.default.createFile(atPath: log.path, contents: nil)
+        _ = FileManager.default.createFile(atPath: log.path, contents: nil)
         // Foundation starts the child as the leader of its own process group; stopping signals that group.
         process.executableURL = FlowerInstallation.bin.appendingPathComponent(command)
         process.arguments = arguments
@@ -238,7 +238,7 @@ final class SuperLinkFixture: @unchecked Sendable {
         process.executableURL = FlowerInstallation.bin.appendingPathComponent("flwr")
         process.arguments = arguments
         process.environment = FlowerProcess.environment(home: home)
-        FileManager.default.createFile(atPath: log.path, contents: nil)
+        _ = FileManager.default.createFile(atPath: log.path, contents: nil)
         let handle = try FileHandle(forWritingTo: log)
         process.standardOutput = handle
         process.standardError = handle
