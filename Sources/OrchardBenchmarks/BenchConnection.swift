@@ -182,7 +182,7 @@ private final class RepeatedRequests: ExchangeAnswer, NIOScheduledCallbackHandle
         // On the loop, an active channel stays so until this write is done: a write that fails closes it, and its
         // closing answers the request. A channel closed already would never answer.
         guard channel.isActive else {
-            done.fail(BenchmarkError(.connectionClosed, "\(name): the server closed the connection"))
+            done.fail(BenchmarkError(.connectionClosed, "\(name): the connection is closed"))
             return
         }
         handler.start(self, keepBody: false)
