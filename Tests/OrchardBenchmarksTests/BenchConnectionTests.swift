@@ -41,7 +41,7 @@ struct LoopbackCoordinator {
     }
 }
 
-@Suite struct BenchConnectionTests {
+@Suite(.timeLimit(.minutes(2))) struct BenchConnectionTests {
     @Test func exchangesRequestsWithBodiesAndKeepsTheConnectionAlive() async throws {
         let coordinator = try await LoopbackCoordinator.start()
         let connection = try await coordinator.connect()

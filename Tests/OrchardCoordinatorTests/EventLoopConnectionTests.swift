@@ -6,7 +6,7 @@ import NIOPosix
 import Testing
 
 /// A connection's task runs on its channel's event loop.
-@Suite struct EventLoopConnectionTests {
+@Suite(.timeLimit(.minutes(1))) struct EventLoopConnectionTests {
     /// An actor elsewhere: awaiting it leaves the loop, and the task must come back to it.
     actor Elsewhere {
         func value() -> Int { 7 }
