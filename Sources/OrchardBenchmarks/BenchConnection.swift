@@ -195,9 +195,7 @@ private final class RepeatedRequests: ExchangeAnswer, NIOScheduledCallbackHandle
             latencies.append(Double((NIODeadline.now() - reference).nanoseconds) / 1e6)
             next()
         case .success(let response):
-            done.fail(BenchmarkError(
-                .unexpectedResponse, "\(name): HTTP \(response.status)", context: ["request": name, "status": "\(response.status)"]
-            ))
+            done.fail(BenchmarkError.status(response.status, to: name))
         case .failure(let error):
             done.fail(error)
         }

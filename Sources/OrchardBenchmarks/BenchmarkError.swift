@@ -40,6 +40,11 @@ public struct BenchmarkError: Error, Sendable, Hashable, CustomStringConvertible
         BenchmarkError(.invalidConfiguration, "\(field) must be \(requirement), not \(value)", context: ["field": field])
     }
 
+    /// A response outside the expected status to `request` (e.g. `GET /health`).
+    static func status(_ status: Int, to request: String) -> BenchmarkError {
+        BenchmarkError(.unexpectedResponse, "\(request): HTTP \(status)", context: ["request": request, "status": "\(status)"])
+    }
+
     /// `code: message`.
     public var description: String { "\(code): \(message)" }
 }

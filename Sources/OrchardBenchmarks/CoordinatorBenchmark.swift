@@ -286,9 +286,7 @@ public enum CoordinatorBenchmark {
                     group.addTask {
                         let connection = try await BenchConnection.connect(host: "127.0.0.1", port: load.port, group: MultiThreadedEventLoopGroup.singleton)
                         let answer = try await connection.exchange(load.head(.GET, Endpoint.health))
-                        guard answer.status == 200 else {
-                            throw BenchmarkError(.unexpectedResponse, "GET \(Endpoint.health): HTTP \(answer.status)", context: ["request": "GET \(Endpoint.health)", "status": "\(answer.status)"])
-                        }
+                        guard answer.status == 200 else { throw BenchmarkError.status(answer.status, to: "GET \(Endpoint.health)") }
                         return (index, connection)
                     }
                 }
@@ -410,12 +408,7 @@ public enum CoordinatorBenchmark {
                         let data = variants[index % 7]
                         let sent = ContinuousClock.now
                         let response = try await connection.exchange(head, body: [header, data])
-                        guard response.status == 200 else {
-                            let name = "POST \(Endpoint.report)"
-                            throw BenchmarkError(
-                                .unexpectedResponse, "\(name): HTTP \(response.status)", context: ["request": name, "status": "\(response.status)"]
-                            )
-                        }
+                        guard response.status == 200 else { throw BenchmarkError.status(response.status, to: "POST \(Endpoint.report)") }
                         return ((ContinuousClock.now - sent).inSeconds * 1000, header.readableBytes + data.readableBytes)
                     }
                 }

@@ -88,8 +88,7 @@ struct LoopbackCoordinator {
 
         #expect(try await connection.repeatedly(coordinator.head(.GET, Endpoint.health), body: [], count: 0).isEmpty)
 
-        // Scheduled times ahead: no request goes before its time (the series ends after the last one), and each
-        // latency counts from its own scheduled time, not from the start.
+        // Scheduled times ahead: no request goes before its time, so the series ends after the last one.
         let start = NIODeadline.now()
         let ahead = [start + .milliseconds(30), start + .milliseconds(60), start + .milliseconds(90)]
         let paced = try await connection.repeatedly(coordinator.head(.GET, Endpoint.health), body: [], count: 3, schedule: ahead)

@@ -31,12 +31,12 @@ import Testing
         #expect(seen == [true, true, true, true])
     }
 
-    /// A connection's value: the channel and a record of where its handling ran.
+    /// A connection's value: its channel.
     struct Connection: ServerChildChannelValue {
         let channel: any Channel
     }
 
-    /// Records whether `handle` ran on the connection's loop and what `setup` was given.
+    /// Reports whether `handle` ran on the connection's loop.
     struct Recording: ServerChildChannel {
         let ranOnLoop: @Sendable (Bool) -> Void
 
