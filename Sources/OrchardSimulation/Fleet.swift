@@ -307,8 +307,11 @@ func offCooperativePool<T: Sendable>(_ body: @escaping @Sendable () throws -> T)
 /// Random-access draws: a uniform number in [0, 1) from (seed, a, b), independent of any other draw.
 enum OrchardRandomAccess {
     static func uniform(seed: UInt64, a: UInt64, b: UInt64, salt: UInt64) -> Double {
-        var z = seed ^ salt &* SplitMix64.increment
-        for word in [a, b] { z = SplitMix64.mix((z ^ word) &+ SplitMix64.increment) }
+        // Each word is hashed on its own before it joins the state. XOR-ing raw words into the state made small seeds
+        // relabel the same draws (seed 1's device 0 drew what seed 2's device 3 drew) and left a round's draws at one
+        // secure-aggregation stage correlated with its draws at the others.
+        var z = SplitMix64.mix(seed &+ salt &* SplitMix64.increment)
+        for word in [a, b] { z = SplitMix64.mix(z &+ SplitMix64.mix(word &+ SplitMix64.increment)) }
         return Double(z >> 11) * 0x1.0p-53
     }
 }
