@@ -66,6 +66,7 @@ public final class SQLiteStore: CoordinatorStore {
         spool = try DiffSpool(directory: URL(fileURLWithPath: path + "-spool"), sync: durability == .full)
         let referenced = try pool.read { db in
             Set(try String.fetchAll(db, sql: "SELECT diff_file FROM assignments WHERE diff_file IS NOT NULL"))
+                .union(try String.fetchAll(db, sql: "SELECT words_file FROM secure_aggregation_events WHERE words_file IS NOT NULL"))
         }
         try spool.sweep(keeping: referenced)
     }
@@ -158,6 +159,11 @@ public final class SQLiteStore: CoordinatorStore {
                 ALTER TABLE cycles ADD COLUMN metrics TEXT;
                 ALTER TABLE cycles ADD COLUMN published INTEGER;
                 """)
+        }
+        // A masked input's words go to the spool as a report's diff does (written once, not twice through the WAL);
+        // rows written before keep theirs in `words`.
+        migrator.registerMigration("v8-secure-words-spool") { db in
+            try db.execute(sql: "ALTER TABLE secure_aggregation_events ADD COLUMN words_file TEXT")
         }
         return migrator
     }
@@ -569,13 +575,40 @@ public final class SQLiteStore: CoordinatorStore {
     }
 
     public func appendSecureAggregationEvent(_ event: StoredSecureAggregationEvent, processID: String, cycle: Int, reportedWorker: String?) async throws {
+        // A masked input's words are in their spool file (synced with `Durability/full`) before the row naming it
+        // commits; if the transaction fails, the file goes.
+        var wordsFile: SpooledDiff?
+        if let words = event.words {
+            let file = try spool.stage(process: processID, cycle: cycle, key: "masked-\(event.sequence)")
+            do {
+                let written: StoreError? = words.withUnsafeBytes { bytes in
+                    do throws(StoreError) { try file.write(bytes, at: 0) } catch { return error }
+                    return nil
+                }
+                if let written { throw written }
+                if spool.sync { try file.sync() }
+            } catch {
+                file.discard()
+                throw error
+            }
+            wordsFile = file
+        }
+        do {
+            try await insertSecureAggregationEvent(event, wordsFile: wordsFile?.name, processID: processID, cycle: cycle, reportedWorker: reportedWorker)
+        } catch {
+            wordsFile?.discard()
+            throw error
+        }
+    }
+
+    private func insertSecureAggregationEvent(_ event: StoredSecureAggregationEvent, wordsFile: String?, processID: String, cycle: Int, reportedWorker: String?) async throws {
         try await pool.write { db in
             let status = try String.fetchOne(db, sql: "SELECT status FROM cycles WHERE process_id = ? AND number = ?", arguments: [processID, cycle])
             guard status == "open" else { throw StoreError(.cycleClosed, "cycle \(cycle) of process \(processID) is not open") }
             do {
                 try db.execute(
-                    sql: "INSERT INTO secure_aggregation_events (process_id, cycle, sequence, body, words) VALUES (?, ?, ?, ?, ?)",
-                    arguments: [processID, cycle, event.sequence, Data(event.body), event.words.map { Data($0) }]
+                    sql: "INSERT INTO secure_aggregation_events (process_id, cycle, sequence, body, words_file) VALUES (?, ?, ?, ?, ?)",
+                    arguments: [processID, cycle, event.sequence, Data(event.body), wordsFile]
                 )
             } catch let error as DatabaseError where error.resultCode == .SQLITE_CONSTRAINT {
                 throw StoreError(.duplicate, "secure-aggregation event \(event.sequence) of cycle \(cycle) exists")
@@ -591,13 +624,19 @@ public final class SQLiteStore: CoordinatorStore {
     }
 
     public func secureAggregationEvents(processID: String, cycle: Int) async throws -> [StoredSecureAggregationEvent] {
-        try await pool.read { db in
+        let spool = self.spool
+        return try await pool.read { db in
             try Row.fetchAll(
-                db, sql: "SELECT sequence, body, words FROM secure_aggregation_events WHERE process_id = ? AND cycle = ? ORDER BY sequence",
+                db, sql: "SELECT sequence, body, words, words_file FROM secure_aggregation_events WHERE process_id = ? AND cycle = ? ORDER BY sequence",
                 arguments: [processID, cycle]
             ).map { row in
-                let words: Data? = row["words"]
-                return StoredSecureAggregationEvent(sequence: row["sequence"], body: [UInt8](row["body"] as Data), words: words.map { [UInt8]($0) })
+                let words: [UInt8]?
+                if let file: String = row["words_file"] {
+                    words = try spool.read(file)
+                } else {
+                    words = (row["words"] as Data?).map { [UInt8]($0) }
+                }
+                return StoredSecureAggregationEvent(sequence: row["sequence"], body: [UInt8](row["body"] as Data), words: words)
             }
         }
     }

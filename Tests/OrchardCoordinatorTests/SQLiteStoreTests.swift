@@ -98,6 +98,41 @@ import Testing
             (error as? StoreError)?.code == .corrupt
         }
     }
+
+    @Test func maskedInputWordsAreSpooledReadBackKeptByTheSweepAndGoWithTheCycle() async throws {
+        let words: [UInt8] = (0..<64).map { UInt8(truncatingIfNeeded: $0 &* 7) }
+        let events = [
+            StoredSecureAggregationEvent(sequence: 0, body: Array("{}".utf8)),
+            StoredSecureAggregationEvent(sequence: 1, body: Array("{\"masked\":1}".utf8), words: words),
+        ]
+        do {
+            let store = try await openStore(workers: 1)
+            for event in events { try await store.appendSecureAggregationEvent(event, processID: "p", cycle: 1, reportedWorker: nil) }
+            // The words are in one spool file, not in the database row.
+            #expect(spooledFiles().count == 1)
+            #expect(try await store.secureAggregationEvents(processID: "p", cycle: 1) == events)
+            // A step refused as a duplicate leaves no file behind and the committed one in place.
+            await #expect(throws: StoreError.self) {
+                try await store.appendSecureAggregationEvent(StoredSecureAggregationEvent(sequence: 1, body: [0], words: [9, 9, 9, 9]), processID: "p", cycle: 1, reportedWorker: nil)
+            }
+            #expect(spooledFiles().count == 1)
+        }
+        // Reopened (as after a crash): the file a committed row names survives the sweep and replays the same words.
+        let reopened = try SQLiteStore(path: path)
+        #expect(try await reopened.secureAggregationEvents(processID: "p", cycle: 1) == events)
+        try await reopened.closeCycle(CycleClosure(processID: "p", closedCycle: 1, checkpoint: nil, optimizerState: nil, nextCycle: StoredCycle(number: 2, checkpoint: 0, openedAt: Date(timeIntervalSince1970: 1)), retention: 2))
+        #expect(!FileManager.default.fileExists(atPath: spool.appendingPathComponent("p/1").path))
+        #expect(try await reopened.secureAggregationEvents(processID: "p", cycle: 1).isEmpty)
+    }
+
+    @Test func aMaskedInputForAClosedCycleLeavesNoFile() async throws {
+        let store = try await openStore(workers: 1)
+        await #expect(throws: StoreError.self) {
+            try await store.appendSecureAggregationEvent(StoredSecureAggregationEvent(sequence: 0, body: [0], words: [1, 2, 3, 4]), processID: "p", cycle: 5, reportedWorker: nil)
+        }
+        let closed = spool.appendingPathComponent("p/5")
+        #expect(((try? FileManager.default.contentsOfDirectory(atPath: closed.path)) ?? []).isEmpty)
+    }
 }
 
 /// Collects pending diffs from the store's `@Sendable` callback.
