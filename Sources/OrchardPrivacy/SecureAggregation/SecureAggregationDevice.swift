@@ -247,13 +247,27 @@ public struct SecureAggregationDevice: Sendable, Codable {
         var rounding = OrchardRandom(seed: generator.next())
         let quantized = try SecureAggregationQuantization.quantize(update, clippingRange: configuration.clippingRange, levels: configuration.quantizationRange, using: &rounding)
         let n = UInt64(sampleCount)
-        var words = quantized.map { UInt32(truncatingIfNeeded: UInt64($0) * n) & mask }
-        words.append(UInt32(truncatingIfNeeded: n) & mask)
-        if let precomputed, precomputed.device == index, precomputed.peers == Set(neighbourKeys.keys), precomputed.words.count == words.count {
-            // The masks computed while the device waited: all of them, less the pairwise masks of neighbours whose
-            // bundles did not arrive (they dropped at share_keys).
-            for i in words.indices { words[i] = (words[i] &+ precomputed.words[i]) & mask }
-            for peer in precomputed.peers.subtracting(seedShares.keys).sorted() {
+        let ahead = precomputed.flatMap { $0.device == index && $0.peers == Set(neighbourKeys.keys) && $0.words.count == quantized.count + 1 ? $0 : nil }
+        let masks = ahead?.words
+        // The weighted levels, plus (in the same pass) the masks computed while the device waited.
+        var words = [UInt32](repeating: 0, count: quantized.count + 1)
+        words.withUnsafeMutableBufferPointer { out in
+            quantized.withUnsafeBufferPointer { levels in
+                for i in 0..<levels.count { out[i] = UInt32(truncatingIfNeeded: UInt64(levels[i]) &* n) }
+            }
+            out[quantized.count] = UInt32(truncatingIfNeeded: n)
+            if let masks {
+                masks.withUnsafeBufferPointer { add in
+                    for i in 0..<out.count { out[i] = (out[i] &+ add[i]) & mask }
+                }
+            } else {
+                for i in 0..<out.count { out[i] &= mask }
+            }
+        }
+        if let ahead {
+            // All the masks are in, less the pairwise masks of neighbours whose bundles did not arrive (they dropped at
+            // share_keys).
+            for peer in ahead.peers.subtracting(seedShares.keys).sorted() {
                 let seed = try SecureAggregationCrypto.pairwiseMaskSeed(
                     privateKey: maskKey, peerPublicKey: neighbourKeys[peer]!.maskPublicKey, device: index, peer: peer, context: context)
                 try MaskExpansion.apply(seed: seed, to: &words, modulusBits: configuration.modulusBits, subtracting: !(peer < index))

@@ -16,20 +16,19 @@ public enum SecureAggregationQuantization {
         guard levels >= 2, clippingRange > 0, clippingRange.isFinite else {
             throw SecureAggregationError(.invalidInput, "quantisation needs at least 2 levels (not \(levels)) and a positive clipping range (not \(clippingRange))")
         }
-        let c = Double(clippingRange), top = Double(levels - 1), scale = top / (2 * c)
+        let c = Double(clippingRange), top = levels - 1, scale = Double(top) / (2 * c)
         var result = [UInt32](repeating: 0, count: values.count)
         var bits: UInt64 = 0
         for (i, value) in values.enumerated() {
             guard !value.isNaN else { throw SecureAggregationError(.invalidInput, "coordinate \(i) of the update is NaN") }
-            let x = min(max(Double(value), -c), c)
-            let u = (x + c) * scale
-            let floor = u.rounded(.down)
+            // u ∈ [0, Q − 1], so truncation is the floor (a conversion instruction, not a call to floor()).
+            let u = min((min(max(Double(value), -c), c) + c) * scale, Double(top))
+            let floor = UInt32(u)
             // One 64-bit draw gives two uniform 32-bit fractions (the generic `Double.random(in:using:)` costs
             // several times the rest of the loop).
             if i & 1 == 0 { bits = generator.next() }
             let uniform = Double(UInt32(truncatingIfNeeded: i & 1 == 0 ? bits : bits >> 32)) * 0x1p-32
-            let q = uniform < u - floor ? floor + 1 : floor
-            result[i] = UInt32(min(max(q, 0), top))
+            result[i] = min(floor &+ (uniform < u - Double(floor) ? 1 : 0), top)
         }
         return result
     }

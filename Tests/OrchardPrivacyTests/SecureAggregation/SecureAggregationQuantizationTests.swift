@@ -41,6 +41,37 @@ import Testing
         #expect(throws: SecureAggregationError.self) { try SecureAggregationQuantization.quantize([.nan], clippingRange: 1, levels: 3, using: &generator) }
     }
 
+    /// The loop as first written (floor() per coordinate), against which the faster one must agree level for level.
+    static func referenceQuantize(_ values: [Float], clippingRange: Float, levels: UInt32, using generator: inout some RandomNumberGenerator) -> [UInt32] {
+        let c = Double(clippingRange), top = Double(levels - 1), scale = top / (2 * c)
+        var result = [UInt32](repeating: 0, count: values.count)
+        var bits: UInt64 = 0
+        for (i, value) in values.enumerated() {
+            let x = min(max(Double(value), -c), c)
+            let u = (x + c) * scale
+            let floor = u.rounded(.down)
+            if i & 1 == 0 { bits = generator.next() }
+            let uniform = Double(UInt32(truncatingIfNeeded: i & 1 == 0 ? bits : bits >> 32)) * 0x1p-32
+            let q = uniform < u - floor ? floor + 1 : floor
+            result[i] = UInt32(min(max(q, 0), top))
+        }
+        return result
+    }
+
+    @Test(arguments: [UInt32(2), 101, 1 << 16, UInt32.max])
+    func quantisationMatchesTheReferenceLoop(levels: UInt32) throws {
+        var values = SplitMix64(seed: UInt64(levels))
+        for length in [0, 1, 2, 3, 1_001] {
+            let c: Float = 1.5
+            var update = (0..<length).map { _ in Float(Double(values.next() >> 11) * 0x1p-53 * 8 - 4) }
+            if length > 3 { update[0] = c; update[1] = -c; update[2] = .infinity; update[3] = -.greatestFiniteMagnitude }
+            var a = SplitMix64(seed: 99), b = SplitMix64(seed: 99)
+            let fast = try SecureAggregationQuantization.quantize(update, clippingRange: c, levels: levels, using: &a)
+            #expect(fast == Self.referenceQuantize(update, clippingRange: c, levels: levels, using: &b))
+            #expect(fast.allSatisfy { $0 <= levels - 1 })
+        }
+    }
+
     @Test func configurationValidationNamesTheProblem() throws {
         func code(_ configuration: SecureAggregationConfiguration, devices: Int = 10, samples: Int = 100) -> String? {
             do { try configuration.validate(devices: devices, maximumSampleCount: samples); return nil } catch { return error.message }
