@@ -4,13 +4,6 @@ import OrchardTesting
 import PropertyBased
 import Testing
 
-/// A property-based generator over a fuzz function, seeded from the property checker's generator.
-func fuzzed<T>(_ make: @escaping @Sendable (inout SplitMix64) -> T) -> Generator<T, Shrink.None<T>> {
-    Generator { rng in
-        var random = SplitMix64(state: rng.next())
-        return make(&random)
-    }
-}
 
 /// Damage to a message's objects. All but `flipByte` and `dropObject` re-hash the damaged object (and the objects
 /// above it), so they reach the checks behind the id check.

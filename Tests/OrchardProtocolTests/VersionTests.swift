@@ -1,6 +1,7 @@
 import Foundation
 import OrchardProtocol
 import OrchardSupport
+import OrchardTesting
 import PropertyBased
 import Testing
 

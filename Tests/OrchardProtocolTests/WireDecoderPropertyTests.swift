@@ -129,10 +129,3 @@ import Testing
     }
 }
 
-/// A property-based generator over a fuzz function of `OrchardTesting`, seeded from the property checker's generator.
-func fuzzed<T>(_ make: @escaping @Sendable (inout SplitMix64) -> T) -> Generator<T, Shrink.None<T>> {
-    Generator { rng in
-        var random = SplitMix64(state: rng.next())
-        return make(&random)
-    }
-}
