@@ -29,76 +29,88 @@ final class TLSCoordinator: @unchecked Sendable {
         await server.stop()
         try? FileManager.default.removeItem(at: directory)
     }
+
+    /// Runs `body` against a fresh coordinator and stops it afterwards (awaited), whether `body` returns or throws.
+    static func with(_ body: (TLSCoordinator) async throws -> Void) async throws {
+        let coordinator = try await TLSCoordinator()
+        do {
+            try await body(coordinator)
+        } catch {
+            await coordinator.stop()
+            throw error
+        }
+        await coordinator.stop()
+    }
 }
 
 @Suite("HTTPS with a private CA, on loopback", .serialized, .timeLimit(.minutes(2)))
 struct TLSTests {
     @Test("a client that trusts the CA authenticates, gets a cycle and completes one over https")
     func trustedClientCompletesACycle() async throws {
-        let coordinator = try await TLSCoordinator()
-        defer { Task { await coordinator.stop() } }
-        #expect(coordinator.server.baseURL.absoluteString == coordinator.httpsURL)
-        // Room for two devices: the bare transport's and the job's.
-        _ = try await coordinator.instance.coordinator.host(try Fixture.host(goal: 2, overSelection: 1, clientConfig: ClientIntegrationTests.config))
-        let transport = try HTTPTransport(url: coordinator.httpsURL, timeout: 10, trustRoots: .certificates(pem: coordinator.certificates.caCertificatePEM))
-        let session = try await transport.authenticate(AuthenticateRequest(processName: "regressor", processVersion: SemanticVersion(1)))
-        let answer = try await transport.requestCycle(CycleRequest(workerID: session.workerID, processName: "regressor", processVersion: SemanticVersion(1)), session: session.sessionToken)
-        guard case .accepted(let assignment) = answer else {
-            Issue.record("expected an assignment, got \(answer)")
-            return
-        }
-        #expect(assignment.cycle == 1)
+        try await TLSCoordinator.with { coordinator in
+            #expect(coordinator.server.baseURL.absoluteString == coordinator.httpsURL)
+            // Room for two devices: the bare transport's and the job's.
+            _ = try await coordinator.instance.coordinator.host(try Fixture.host(goal: 2, overSelection: 1, clientConfig: ClientIntegrationTests.config))
+            let transport = try HTTPTransport(url: coordinator.httpsURL, timeout: 10, trustRoots: .certificates(pem: coordinator.certificates.caCertificatePEM))
+            let session = try await transport.authenticate(AuthenticateRequest(processName: "regressor", processVersion: SemanticVersion(1)))
+            let answer = try await transport.requestCycle(CycleRequest(workerID: session.workerID, processName: "regressor", processVersion: SemanticVersion(1)), session: session.sessionToken)
+            guard case .accepted(let assignment) = answer else {
+                Issue.record("expected an assignment, got \(answer)")
+                return
+            }
+            #expect(assignment.cycle == 1)
 
-        // The whole job through `OrchardClient(url:)` with the CA in its configuration: plan, model and report too.
-        let caFile = coordinator.directory.appendingPathComponent("ca.pem")
-        try Data(coordinator.certificates.caCertificatePEM.utf8).write(to: caFile)
-        var configuration = ClientConfiguration(storageDirectory: coordinator.directory.appendingPathComponent("device"), trainingSeed: 42)
-        configuration.trustRoots = try TrustRoots.certificateFile(caFile.path)
-        let client = try OrchardClient(url: coordinator.httpsURL, configuration: configuration)
-        let outcome = try await client.newJob(processName: "regressor", version: "1.0").train(on: Fixture.dataset())
-        guard case .reported(let receipt) = outcome else {
-            Issue.record("expected a report, got \(outcome)")
-            return
+            // The whole job through `OrchardClient(url:)` with the CA in its configuration: plan, model and report too.
+            let caFile = coordinator.directory.appendingPathComponent("ca.pem")
+            try Data(coordinator.certificates.caCertificatePEM.utf8).write(to: caFile)
+            var configuration = ClientConfiguration(storageDirectory: coordinator.directory.appendingPathComponent("device"), trainingSeed: 42)
+            configuration.trustRoots = try TrustRoots.certificateFile(caFile.path)
+            let client = try OrchardClient(url: coordinator.httpsURL, configuration: configuration)
+            let outcome = try await client.newJob(processName: "regressor", version: "1.0").train(on: Fixture.dataset())
+            guard case .reported(let receipt) = outcome else {
+                Issue.record("expected a report, got \(outcome)")
+                return
+            }
+            #expect(receipt.cycle == 1)
         }
-        #expect(receipt.cycle == 1)
     }
 
     @Test("a client without the CA, or trusting another CA, is refused at once with a TLS error that is not retried")
     func untrustedClientGetsATLSError() async throws {
-        let coordinator = try await TLSCoordinator()
-        defer { Task { await coordinator.stop() } }
-        _ = try await coordinator.instance.coordinator.host(try Fixture.host(clientConfig: ClientIntegrationTests.config))
-        let other = try TestCertificates.make(commonName: "Another CA")
-        for roots in [TrustRoots.system, .certificates(pem: other.caCertificatePEM)] {
-            let transport = try HTTPTransport(url: coordinator.httpsURL, timeout: 10, trustRoots: roots)
-            let error = await #expect(throws: OrchardClientError.self) {
-                try await transport.authenticate(AuthenticateRequest(processName: "regressor", processVersion: SemanticVersion(1)))
+        try await TLSCoordinator.with { coordinator in
+            _ = try await coordinator.instance.coordinator.host(try Fixture.host(clientConfig: ClientIntegrationTests.config))
+            let other = try TestCertificates.make(commonName: "Another CA")
+            for roots in [TrustRoots.system, .certificates(pem: other.caCertificatePEM)] {
+                let transport = try HTTPTransport(url: coordinator.httpsURL, timeout: 10, trustRoots: roots)
+                let error = await #expect(throws: OrchardClientError.self) {
+                    try await transport.authenticate(AuthenticateRequest(processName: "regressor", processVersion: SemanticVersion(1)))
+                }
+                #expect(error?.code == .tls, "\(String(describing: error))")
+                #expect(error?.message.contains("not trusted") == true, "\(String(describing: error))")
+                #expect(error?.isTransient == false)
             }
-            #expect(error?.code == .tls, "\(String(describing: error))")
-            #expect(error?.message.contains("not trusted") == true, "\(String(describing: error))")
-            #expect(error?.isTransient == false)
+            // A job fails with it without backing off.
+            let sleeps = Mutex<[Duration]>([])
+            let configuration = ClientConfiguration(
+                storageDirectory: coordinator.directory.appendingPathComponent("device"),
+                environment: .seeded(1, clock: RecordingClock { duration in sleeps.withLock { $0.append(duration) } })
+            )
+            let client = try OrchardClient(url: coordinator.httpsURL, configuration: configuration)
+            let error = await #expect(throws: OrchardClientError.self) { try await client.newJob(processName: "regressor", version: "1.0").train(on: Fixture.dataset()) }
+            #expect(error?.code == .tls)
+            #expect(sleeps.withLock { $0.isEmpty })
         }
-        // A job fails with it without backing off.
-        let sleeps = Mutex<[Duration]>([])
-        let configuration = ClientConfiguration(
-            storageDirectory: coordinator.directory.appendingPathComponent("device"),
-            environment: .seeded(1, clock: RecordingClock { duration in sleeps.withLock { $0.append(duration) } })
-        )
-        let client = try OrchardClient(url: coordinator.httpsURL, configuration: configuration)
-        let error = await #expect(throws: OrchardClientError.self) { try await client.newJob(processName: "regressor", version: "1.0").train(on: Fixture.dataset()) }
-        #expect(error?.code == .tls)
-        #expect(sleeps.withLock { $0.isEmpty })
     }
 
     @Test("plain http to the TLS port fails as a network error instead of hanging")
     func plainHTTPToTheTLSPortFails() async throws {
-        let coordinator = try await TLSCoordinator()
-        defer { Task { await coordinator.stop() } }
-        let transport = try HTTPTransport(url: "http://127.0.0.1:\(coordinator.server.port)", timeout: 10)
-        let error = await #expect(throws: OrchardClientError.self) {
-            try await transport.authenticate(AuthenticateRequest(processName: "regressor", processVersion: SemanticVersion(1)))
+        try await TLSCoordinator.with { coordinator in
+            let transport = try HTTPTransport(url: "http://127.0.0.1:\(coordinator.server.port)", timeout: 10)
+            let error = await #expect(throws: OrchardClientError.self) {
+                try await transport.authenticate(AuthenticateRequest(processName: "regressor", processVersion: SemanticVersion(1)))
+            }
+            #expect(error?.code == .network, "\(String(describing: error))")
         }
-        #expect(error?.code == .network, "\(String(describing: error))")
     }
 
     @Test("trust roots that are missing, a directory, or not PEM certificates are configuration errors")
