@@ -70,7 +70,7 @@ public struct ExternalCoordinator: Sendable {
     public var pollInterval: Double
     /// The hosted process's name (default `simulation-<model>`); its version is 1.0.0.
     public var processName: String?
-    /// Seconds a device's HTTP request may wait to connect and for each piece of data.
+    /// Seconds a device's HTTP request, or a call of the shard's to the admin API, may wait to connect and for each piece of data.
     public var requestTimeout: Double
 
     /// Creates settings; every field but the URL has a default.
@@ -253,7 +253,9 @@ public enum ExternalFleet {
     ) async throws(SimulationError) -> ShardResult {
         try validate(configuration, options)
         let token = try adminToken(environment)
-        let admin = try CoordinatorAdmin(url: options.url, token: token, trustRoots: options.trustRoots, timeout: min(options.requestTimeout, 10), clock: clock)
+        // Admin calls wait as long as device calls: hosting a process (its model checked and stored) can take seconds on a
+        // busy coordinator; an unreachable one still fails at once (the connection is refused).
+        let admin = try CoordinatorAdmin(url: options.url, token: token, trustRoots: options.trustRoots, timeout: options.requestTimeout, clock: clock)
         let setupStart = clock.now
         // Reach the coordinator (and check the token) before preparing the data, so a wrong URL or token fails at once.
         _ = try await admin.processes()
