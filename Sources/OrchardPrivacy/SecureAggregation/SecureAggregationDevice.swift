@@ -249,19 +249,20 @@ public struct SecureAggregationDevice: Sendable, Codable {
         let n = UInt64(sampleCount)
         let ahead = precomputed.flatMap { $0.device == index && $0.peers == Set(neighbourKeys.keys) && $0.words.count == quantized.count + 1 ? $0 : nil }
         let masks = ahead?.words
-        // The weighted levels, plus (in the same pass) the masks computed while the device waited.
+        // The weighted levels and the sample-count word, plus (in the same pass) the masks computed while the device waited.
         var words = [UInt32](repeating: 0, count: quantized.count + 1)
         words.withUnsafeMutableBufferPointer { out in
             quantized.withUnsafeBufferPointer { levels in
-                for i in 0..<levels.count { out[i] = UInt32(truncatingIfNeeded: UInt64(levels[i]) &* n) }
-            }
-            out[quantized.count] = UInt32(truncatingIfNeeded: n)
-            if let masks {
-                masks.withUnsafeBufferPointer { add in
-                    for i in 0..<out.count { out[i] = (out[i] &+ add[i]) & mask }
+                let count = levels.count
+                if let masks {
+                    masks.withUnsafeBufferPointer { add in
+                        for i in 0..<count { out[i] = (UInt32(truncatingIfNeeded: UInt64(levels[i]) &* n) &+ add[i]) & mask }
+                        out[count] = (UInt32(truncatingIfNeeded: n) &+ add[count]) & mask
+                    }
+                } else {
+                    for i in 0..<count { out[i] = UInt32(truncatingIfNeeded: UInt64(levels[i]) &* n) & mask }
+                    out[count] = UInt32(truncatingIfNeeded: n) & mask
                 }
-            } else {
-                for i in 0..<out.count { out[i] &= mask }
             }
         }
         if let ahead {
