@@ -43,58 +43,61 @@ struct OpenModeLimitTests {
 
     @Test func anAddressThatAuthenticatesTooOftenGets429WithRetryAfterUntilItsBucketRefills() async throws {
         let harness = try await Harness.start(configuration: Self.configuration(burst: 3, perSecond: 0.1))
-        defer { Task { await harness.stop() } }
-        _ = try await harness.host()
-        for _ in 0..<3 { #expect(try await authenticate(harness).status == 200) }
-        let limited = try await authenticate(harness)
-        #expect(limited.status == 429)
-        #expect(limited.errorCode == "rate_limited")
-        #expect(limited.header("Retry-After") == "10")
-        #expect(String(decoding: limited.body, as: UTF8.self).contains("127.0.0.1"))
-        // Nine seconds refill 0.9 of a token: still refused, now asked to wait one more second.
-        harness.clock.advance(bySeconds: 9)
-        let still = try await authenticate(harness)
-        #expect(still.status == 429 && still.header("Retry-After") == "1")
-        harness.clock.advance(bySeconds: 1)
-        #expect(try await authenticate(harness).status == 200)
-        #expect(try await authenticate(harness).status == 429)
-        // Refused calls registered no worker: three, plus the one after the refill.
-        #expect(try await harness.coordinator.store.workerCount(processID: try await harness.coordinator.processList().processes[0].processID) == 4)
-        // Bad bodies are refused for what they are, before the limit.
-        #expect(try await harness.http.send("POST", Endpoint.authenticate, body: Array("{not json".utf8)).status == 400)
-        let oversized = try await harness.http.send("POST", Endpoint.authenticate, body: [UInt8](repeating: 0x20, count: (64 << 10) + 1))
-        #expect(oversized.status == 413)
-        let metrics = try await harness.http.send("GET", Endpoint.metrics)
-        #expect(String(decoding: metrics.body, as: UTF8.self).contains(#"orchard_rate_limited_total{endpoint="authenticate"} 3"#))
+        try await harness.stopping {
+            _ = try await harness.host()
+            for _ in 0..<3 { #expect(try await authenticate(harness).status == 200) }
+            let limited = try await authenticate(harness)
+            #expect(limited.status == 429)
+            #expect(limited.errorCode == "rate_limited")
+            #expect(limited.header("Retry-After") == "10")
+            #expect(String(decoding: limited.body, as: UTF8.self).contains("127.0.0.1"))
+            // Nine seconds refill 0.9 of a token: still refused, now asked to wait one more second.
+            harness.clock.advance(bySeconds: 9)
+            let still = try await authenticate(harness)
+            #expect(still.status == 429 && still.header("Retry-After") == "1")
+            harness.clock.advance(bySeconds: 1)
+            #expect(try await authenticate(harness).status == 200)
+            #expect(try await authenticate(harness).status == 429)
+            // Refused calls registered no worker: three, plus the one after the refill.
+            #expect(try await harness.coordinator.store.workerCount(processID: try await harness.coordinator.processList().processes[0].processID) == 4)
+            // Bad bodies are refused for what they are, before the limit.
+            #expect(try await harness.http.send("POST", Endpoint.authenticate, body: Array("{not json".utf8)).status == 400)
+            let oversized = try await harness.http.send("POST", Endpoint.authenticate, body: [UInt8](repeating: 0x20, count: (64 << 10) + 1))
+            #expect(oversized.status == 413)
+            let metrics = try await harness.http.send("GET", Endpoint.metrics)
+            #expect(String(decoding: metrics.body, as: UTF8.self).contains(#"orchard_rate_limited_total{endpoint="authenticate"} 3"#))
+        }
     }
 
     @Test func processesWithDeviceTokensAreNotLimitedPerAddress() async throws {
         let harness = try await Harness.start(configuration: Self.configuration(burst: 1, perSecond: 0.01))
-        defer { Task { await harness.stop() } }
-        var request = Fixture.host(name: "signed")
-        request.serverConfig.authentication = .hs256(secret: "device-secret-of-at-least-32-bytes!!")
-        _ = try await harness.host(request)
-        // Without a token, the call is refused for that (401), never rate-limited: no worker is registered.
-        for _ in 0..<3 { #expect(try await authenticate(harness, name: "signed").status == 401) }
+        try await harness.stopping {
+            var request = Fixture.host(name: "signed")
+            request.serverConfig.authentication = .hs256(secret: "device-secret-of-at-least-32-bytes!!")
+            _ = try await harness.host(request)
+            // Without a token, the call is refused for that (401), never rate-limited: no worker is registered.
+            for _ in 0..<3 { #expect(try await authenticate(harness, name: "signed").status == 401) }
+        }
     }
 
     @Test func anOpenProcessRegistersAtMostTheCapOfWorkersAcrossRestarts() async throws {
         let harness = try await Harness.start(configuration: Self.configuration(burst: 100, perSecond: 1, cap: 2))
-        defer { Task { await harness.stop() } }
-        _ = try await harness.host()
-        _ = try await harness.host(Fixture.host(name: "other"))
-        #expect(try await authenticate(harness).status == 200)
-        #expect(try await authenticate(harness).status == 200)
-        let full = try await authenticate(harness)
-        #expect(full.status == 403)
-        #expect(full.errorCode == "worker_limit_reached")
-        #expect(String(decoding: full.body, as: UTF8.self).contains("2 workers"))
-        // The cap is per process, and it holds after a restart (counted from the store).
-        #expect(try await authenticate(harness, name: "other").status == 200)
-        try await harness.restart()
-        #expect(try await authenticate(harness).status == 403)
-        #expect(try await authenticate(harness, name: "other").status == 200)
-        #expect(try await authenticate(harness, name: "other").errorCode == "worker_limit_reached")
+        try await harness.stopping {
+            _ = try await harness.host()
+            _ = try await harness.host(Fixture.host(name: "other"))
+            #expect(try await authenticate(harness).status == 200)
+            #expect(try await authenticate(harness).status == 200)
+            let full = try await authenticate(harness)
+            #expect(full.status == 403)
+            #expect(full.errorCode == "worker_limit_reached")
+            #expect(String(decoding: full.body, as: UTF8.self).contains("2 workers"))
+            // The cap is per process, and it holds after a restart (counted from the store).
+            #expect(try await authenticate(harness, name: "other").status == 200)
+            try await harness.restart()
+            #expect(try await authenticate(harness).status == 403)
+            #expect(try await authenticate(harness, name: "other").status == 200)
+            #expect(try await authenticate(harness, name: "other").errorCode == "worker_limit_reached")
+        }
     }
 
     @Test func openAuthenticationIsWarnedAboutWhenHostedAndAtStartUp() async throws {
@@ -142,77 +145,81 @@ struct OpenModeLimitTests {
 struct SpeedTestEndpointTests {
     @Test func theDownloadNeedsAValidSessionOfAGatedProcessAndIsLimitedPerWorker() async throws {
         let harness = try await Harness.start(configuration: CoordinatorConfiguration(adminToken: Harness.adminToken, sessionLifetime: 600, speedTestInterval: 20))
-        defer { Task { await harness.stop() } }
-        _ = try await harness.host(gatedHost(download: 2000))
-        let device = try await harness.device()
-        #expect(device.requiresSpeedTest && device.speedTestDownloadBytes == 2000 && device.speedTestUploadBytes == 3000)
+        try await harness.stopping {
+            _ = try await harness.host(gatedHost(download: 2000))
+            let device = try await harness.device()
+            #expect(device.requiresSpeedTest && device.speedTestDownloadBytes == 2000 && device.speedTestUploadBytes == 3000)
 
-        #expect(try await harness.http.send("GET", Endpoint.speedTest + "?bytes=10").status == 401)
-        let forged = try await harness.http.send("GET", Endpoint.speedTest + "?bytes=10", token: device.sessionToken + "x")
-        #expect(forged.status == 401 && forged.errorCode == "unauthorized")
-        for bad in ["0", "-5", "abc", "2001", "\(SpeedTest.maximumBytes + 1)", "99999999999999999999"] {
-            let refused = try await harness.http.send("GET", Endpoint.speedTest + "?bytes=\(bad)", token: device.sessionToken)
-            #expect(refused.status == 400, "bytes=\(bad)")
-            #expect(refused.errorCode == "invalid_request", "bytes=\(bad)")
+            #expect(try await harness.http.send("GET", Endpoint.speedTest + "?bytes=10").status == 401)
+            let forged = try await harness.http.send("GET", Endpoint.speedTest + "?bytes=10", token: device.sessionToken + "x")
+            #expect(forged.status == 401 && forged.errorCode == "unauthorized")
+            for bad in ["0", "-5", "abc", "2001", "\(SpeedTest.maximumBytes + 1)", "99999999999999999999"] {
+                let refused = try await harness.http.send("GET", Endpoint.speedTest + "?bytes=\(bad)", token: device.sessionToken)
+                #expect(refused.status == 400, "bytes=\(bad)")
+                #expect(refused.errorCode == "invalid_request", "bytes=\(bad)")
+            }
+            // Without `bytes`, the process's size; refused requests above took no turn.
+            let whole = try await harness.http.send("GET", Endpoint.speedTest, token: device.sessionToken)
+            #expect(whole.status == 200 && whole.body.count == 2000)
+            let again = try await harness.http.send("GET", Endpoint.speedTest + "?bytes=10", token: device.sessionToken)
+            #expect(again.status == 429 && again.errorCode == "rate_limited" && again.header("Retry-After") == "20")
+            // Another worker has its own turn; the first gets another after the interval.
+            let other = try await harness.device()
+            #expect(try await harness.http.send("GET", Endpoint.speedTest + "?bytes=10", token: other.sessionToken).body.count == 10)
+            harness.clock.advance(bySeconds: 20)
+            #expect(try await harness.http.send("GET", Endpoint.speedTest + "?bytes=1500", token: device.sessionToken).body.count == 1500)
+            // An expired session is refused.
+            harness.clock.advance(bySeconds: 600)
+            let expired = try await harness.http.send("GET", Endpoint.speedTest, token: device.sessionToken)
+            #expect(expired.status == 401 && String(decoding: expired.body, as: UTF8.self).contains("expired"))
         }
-        // Without `bytes`, the process's size; refused requests above took no turn.
-        let whole = try await harness.http.send("GET", Endpoint.speedTest, token: device.sessionToken)
-        #expect(whole.status == 200 && whole.body.count == 2000)
-        let again = try await harness.http.send("GET", Endpoint.speedTest + "?bytes=10", token: device.sessionToken)
-        #expect(again.status == 429 && again.errorCode == "rate_limited" && again.header("Retry-After") == "20")
-        // Another worker has its own turn; the first gets another after the interval.
-        let other = try await harness.device()
-        #expect(try await harness.http.send("GET", Endpoint.speedTest + "?bytes=10", token: other.sessionToken).body.count == 10)
-        harness.clock.advance(bySeconds: 20)
-        #expect(try await harness.http.send("GET", Endpoint.speedTest + "?bytes=1500", token: device.sessionToken).body.count == 1500)
-        // An expired session is refused.
-        harness.clock.advance(bySeconds: 600)
-        let expired = try await harness.http.send("GET", Endpoint.speedTest, token: device.sessionToken)
-        #expect(expired.status == 401 && String(decoding: expired.body, as: UTF8.self).contains("expired"))
     }
 
     @Test func theUploadIsBoundedByTheProcessAndLimitedPerWorker() async throws {
         let harness = try await Harness.start(configuration: CoordinatorConfiguration(adminToken: Harness.adminToken, speedTestInterval: 20))
-        defer { Task { await harness.stop() } }
-        _ = try await harness.host(gatedHost(upload: 3000))
-        let device = try await harness.device()
-        #expect(try await harness.http.send("POST", Endpoint.speedTest, body: [UInt8](repeating: 1, count: 10)).status == 401)
-        let tooBig = try await harness.http.send("POST", Endpoint.speedTest, body: [UInt8](repeating: 1, count: 3001), token: device.sessionToken)
-        #expect(tooBig.status == 413 && tooBig.errorCode == "payload_too_large")
-        let upload = try await harness.http.send("POST", Endpoint.speedTest, body: [UInt8](repeating: 1, count: 3000), token: device.sessionToken)
-        #expect(try upload.decode(SpeedTestUploadResponse.self).bytes == 3000)
-        let again = try await harness.http.send("POST", Endpoint.speedTest, body: [UInt8](repeating: 1, count: 10), token: device.sessionToken)
-        #expect(again.status == 429 && again.header("Retry-After") == "20")
-        // The download has its own turn.
-        #expect(try await harness.http.send("GET", Endpoint.speedTest + "?bytes=10", token: device.sessionToken).status == 200)
-        let metrics = try await harness.http.send("GET", Endpoint.metrics)
-        #expect(String(decoding: metrics.body, as: UTF8.self).contains(#"orchard_rate_limited_total{endpoint="speed_test"} 1"#))
+        try await harness.stopping {
+            _ = try await harness.host(gatedHost(upload: 3000))
+            let device = try await harness.device()
+            #expect(try await harness.http.send("POST", Endpoint.speedTest, body: [UInt8](repeating: 1, count: 10)).status == 401)
+            let tooBig = try await harness.http.send("POST", Endpoint.speedTest, body: [UInt8](repeating: 1, count: 3001), token: device.sessionToken)
+            #expect(tooBig.status == 413 && tooBig.errorCode == "payload_too_large")
+            let upload = try await harness.http.send("POST", Endpoint.speedTest, body: [UInt8](repeating: 1, count: 3000), token: device.sessionToken)
+            #expect(try upload.decode(SpeedTestUploadResponse.self).bytes == 3000)
+            let again = try await harness.http.send("POST", Endpoint.speedTest, body: [UInt8](repeating: 1, count: 10), token: device.sessionToken)
+            #expect(again.status == 429 && again.header("Retry-After") == "20")
+            // The download has its own turn.
+            #expect(try await harness.http.send("GET", Endpoint.speedTest + "?bytes=10", token: device.sessionToken).status == 200)
+            let metrics = try await harness.http.send("GET", Endpoint.metrics)
+            #expect(String(decoding: metrics.body, as: UTF8.self).contains(#"orchard_rate_limited_total{endpoint="speed_test"} 1"#))
+        }
     }
 
     @Test func aProcessThatDoesNotGateOnSpeedRunsNoSpeedTestAndAnnouncesNoSizes() async throws {
         let harness = try await Harness.start()
-        defer { Task { await harness.stop() } }
-        _ = try await harness.host()
-        let device = try await harness.device()
-        #expect(!device.requiresSpeedTest && device.speedTestDownloadBytes == nil && device.speedTestUploadBytes == nil)
-        let download = try await harness.http.send("GET", Endpoint.speedTest + "?bytes=10", token: device.sessionToken)
-        #expect(download.status == 403 && download.errorCode == "forbidden")
-        let upload = try await harness.http.send("POST", Endpoint.speedTest, body: [1, 2, 3], token: device.sessionToken)
-        #expect(upload.status == 403)
+        try await harness.stopping {
+            _ = try await harness.host()
+            let device = try await harness.device()
+            #expect(!device.requiresSpeedTest && device.speedTestDownloadBytes == nil && device.speedTestUploadBytes == nil)
+            let download = try await harness.http.send("GET", Endpoint.speedTest + "?bytes=10", token: device.sessionToken)
+            #expect(download.status == 403 && download.errorCode == "forbidden")
+            let upload = try await harness.http.send("POST", Endpoint.speedTest, body: [1, 2, 3], token: device.sessionToken)
+            #expect(upload.status == 403)
+        }
     }
 
     @Test func speedTestSizesAreValidatedWhenAProcessIsHosted() async throws {
         let harness = try await Harness.start()
-        defer { Task { await harness.stop() } }
-        for (download, upload) in [(0, 10), (10, -1), (SpeedTest.maximumBytes + 1, 10)] {
-            let result = try await harness.http.json("POST", Endpoint.processes, gatedHost(download: download, upload: upload), token: Harness.adminToken)
-            #expect(result.status == 400)
-            #expect(result.errorCode == "invalid_configuration")
-            #expect(String(decoding: result.body, as: UTF8.self).contains("speed_test_"))
+        try await harness.stopping {
+            for (download, upload) in [(0, 10), (10, -1), (SpeedTest.maximumBytes + 1, 10)] {
+                let result = try await harness.http.json("POST", Endpoint.processes, gatedHost(download: download, upload: upload), token: Harness.adminToken)
+                #expect(result.status == 400)
+                #expect(result.errorCode == "invalid_configuration")
+                #expect(String(decoding: result.body, as: UTF8.self).contains("speed_test_"))
+            }
+            let wrongType = Array(#"{"speed_test_download_bytes":"lots"}"#.utf8)
+            #expect(throws: DecodingError.self) { try WireCoding.decoder().decode(ServerConfig.self, from: Data(wrongType)) }
+            let defaults = try WireCoding.decoder().decode(ServerConfig.self, from: Data("{}".utf8))
+            #expect(defaults.speedTestDownloadBytes == SpeedTest.defaultBytes && defaults.speedTestUploadBytes == SpeedTest.defaultBytes)
         }
-        let wrongType = Array(#"{"speed_test_download_bytes":"lots"}"#.utf8)
-        #expect(throws: DecodingError.self) { try WireCoding.decoder().decode(ServerConfig.self, from: Data(wrongType)) }
-        let defaults = try WireCoding.decoder().decode(ServerConfig.self, from: Data("{}".utf8))
-        #expect(defaults.speedTestDownloadBytes == SpeedTest.defaultBytes && defaults.speedTestUploadBytes == SpeedTest.defaultBytes)
     }
 }

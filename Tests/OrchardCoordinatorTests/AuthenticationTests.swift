@@ -55,80 +55,84 @@ private struct DeviceToken: JWTPayload {
 
     @Test func hs256TokensMapTheSubjectToAStableWorker() async throws {
         let harness = try await Harness.start()
-        defer { Task { await harness.stop() } }
-        var request = Fixture.host()
-        request.serverConfig.authentication = .hs256(secret: "device-secret-of-at-least-32-bytes!!", issuer: "orchard-tests")
-        _ = try await harness.host(request)
-        let keys = JWTKeyCollection()
-        await keys.add(hmac: HMACKey(from: "device-secret-of-at-least-32-bytes!!"), digestAlgorithm: .sha256)
-        let later = harness.clock.date.addingTimeInterval(3600)
+        try await harness.stopping {
+            var request = Fixture.host()
+            request.serverConfig.authentication = .hs256(secret: "device-secret-of-at-least-32-bytes!!", issuer: "orchard-tests")
+            _ = try await harness.host(request)
+            let keys = JWTKeyCollection()
+            await keys.add(hmac: HMACKey(from: "device-secret-of-at-least-32-bytes!!"), digestAlgorithm: .sha256)
+            let later = harness.clock.date.addingTimeInterval(3600)
 
-        let first = try await authenticate(harness, token: try await token(keys, subject: "device-42", expires: later, issuer: "orchard-tests")).decode(AuthenticateResponse.self)
-        let second = try await authenticate(harness, token: try await token(keys, subject: "device-42", expires: later, issuer: "orchard-tests")).decode(AuthenticateResponse.self)
-        let other = try await authenticate(harness, token: try await token(keys, subject: "device-43", expires: later, issuer: "orchard-tests")).decode(AuthenticateResponse.self)
-        #expect(first.workerID == second.workerID)
-        #expect(first.workerID != other.workerID)
-        // The session token is tied to its worker: using it for another worker id is refused.
-        let crossed = try await harness.http.json("POST", Endpoint.cycleRequest, CycleRequest(workerID: other.workerID, processName: "tiny", processVersion: SemanticVersion(1)), token: first.sessionToken)
-        #expect(crossed.status == 403)
+            let first = try await authenticate(harness, token: try await token(keys, subject: "device-42", expires: later, issuer: "orchard-tests")).decode(AuthenticateResponse.self)
+            let second = try await authenticate(harness, token: try await token(keys, subject: "device-42", expires: later, issuer: "orchard-tests")).decode(AuthenticateResponse.self)
+            let other = try await authenticate(harness, token: try await token(keys, subject: "device-43", expires: later, issuer: "orchard-tests")).decode(AuthenticateResponse.self)
+            #expect(first.workerID == second.workerID)
+            #expect(first.workerID != other.workerID)
+            // The session token is tied to its worker: using it for another worker id is refused.
+            let crossed = try await harness.http.json("POST", Endpoint.cycleRequest, CycleRequest(workerID: other.workerID, processName: "tiny", processVersion: SemanticVersion(1)), token: first.sessionToken)
+            #expect(crossed.status == 403)
 
-        #expect(try await authenticate(harness, token: nil).status == 401)
-        #expect(try await authenticate(harness, token: try await token(keys, subject: "device-42", expires: harness.clock.date.addingTimeInterval(-1), issuer: "orchard-tests")).status == 401)
-        #expect(try await authenticate(harness, token: try await token(keys, subject: "device-42", expires: later, issuer: "someone-else")).status == 401)
-        let wrongKeys = JWTKeyCollection()
-        await wrongKeys.add(hmac: HMACKey(from: "other-secret-of-at-least-32-bytes!!!"), digestAlgorithm: .sha256)
-        let forged = try await authenticate(harness, token: try await token(wrongKeys, subject: "device-42", expires: later, issuer: "orchard-tests"))
-        #expect(forged.status == 401)
-        #expect(forged.errorCode == "unauthorized")
+            #expect(try await authenticate(harness, token: nil).status == 401)
+            #expect(try await authenticate(harness, token: try await token(keys, subject: "device-42", expires: harness.clock.date.addingTimeInterval(-1), issuer: "orchard-tests")).status == 401)
+            #expect(try await authenticate(harness, token: try await token(keys, subject: "device-42", expires: later, issuer: "someone-else")).status == 401)
+            let wrongKeys = JWTKeyCollection()
+            await wrongKeys.add(hmac: HMACKey(from: "other-secret-of-at-least-32-bytes!!!"), digestAlgorithm: .sha256)
+            let forged = try await authenticate(harness, token: try await token(wrongKeys, subject: "device-42", expires: later, issuer: "orchard-tests"))
+            #expect(forged.status == 401)
+            #expect(forged.errorCode == "unauthorized")
+        }
     }
 
     @Test func aSessionTokenStopsWorkingWhenItExpiresEvenAfterItWasAccepted() async throws {
         let harness = try await Harness.start(configuration: CoordinatorConfiguration(adminToken: Harness.adminToken, sessionLifetime: 600))
-        defer { Task { await harness.stop() } }
-        _ = try await harness.host(Fixture.host())
-        let device = try await harness.device()
-        let request = CycleRequest(workerID: device.workerID, processName: "tiny", processVersion: SemanticVersion(1))
-        // Accepted twice (the second time from the coordinator's memory of verified tokens) ...
-        #expect(try await harness.http.json("POST", Endpoint.cycleRequest, request, token: device.sessionToken).status == 200)
-        #expect(try await harness.http.json("POST", Endpoint.cycleRequest, request, token: device.sessionToken).status == 200)
-        // The scheme is case-insensitive and spaces around the token do not matter.
-        let body = Array(try WireCoding.encoder().encode(request))
-        let spelled = try await harness.http.send("POST", Endpoint.cycleRequest, body: body, headers: ["Authorization": "bearer   \(device.sessionToken) ", "Content-Type": MediaType.json])
-        #expect(spelled.status == 200)
-        // A token altered by one character is refused, not served from that memory.
-        var forged = Array(device.sessionToken.utf8)
-        forged[forged.count - 2] = forged[forged.count - 2] == UInt8(ascii: "A") ? UInt8(ascii: "B") : UInt8(ascii: "A")
-        #expect(try await harness.http.json("POST", Endpoint.cycleRequest, request, token: String(decoding: forged, as: UTF8.self)).status == 401)
-        // ... and refused once the clock passes its expiry.
-        harness.clock.advance(bySeconds: 601)
-        let expired = try await harness.http.json("POST", Endpoint.cycleRequest, request, token: device.sessionToken)
-        #expect(expired.status == 401)
-        #expect(String(decoding: expired.body, as: UTF8.self).contains("expired"))
+        try await harness.stopping {
+            _ = try await harness.host(Fixture.host())
+            let device = try await harness.device()
+            let request = CycleRequest(workerID: device.workerID, processName: "tiny", processVersion: SemanticVersion(1))
+            // Accepted twice (the second time from the coordinator's memory of verified tokens) ...
+            #expect(try await harness.http.json("POST", Endpoint.cycleRequest, request, token: device.sessionToken).status == 200)
+            #expect(try await harness.http.json("POST", Endpoint.cycleRequest, request, token: device.sessionToken).status == 200)
+            // The scheme is case-insensitive and spaces around the token do not matter.
+            let body = Array(try WireCoding.encoder().encode(request))
+            let spelled = try await harness.http.send("POST", Endpoint.cycleRequest, body: body, headers: ["Authorization": "bearer   \(device.sessionToken) ", "Content-Type": MediaType.json])
+            #expect(spelled.status == 200)
+            // A token altered by one character is refused, not served from that memory.
+            var forged = Array(device.sessionToken.utf8)
+            forged[forged.count - 2] = forged[forged.count - 2] == UInt8(ascii: "A") ? UInt8(ascii: "B") : UInt8(ascii: "A")
+            #expect(try await harness.http.json("POST", Endpoint.cycleRequest, request, token: String(decoding: forged, as: UTF8.self)).status == 401)
+            // ... and refused once the clock passes its expiry.
+            harness.clock.advance(bySeconds: 601)
+            let expired = try await harness.http.json("POST", Endpoint.cycleRequest, request, token: device.sessionToken)
+            #expect(expired.status == 401)
+            #expect(String(decoding: expired.body, as: UTF8.self).contains("expired"))
+        }
     }
 
     @Test func rs256TokensAreVerifiedWithThePublicKey() async throws {
         let harness = try await Harness.start()
-        defer { Task { await harness.stop() } }
-        let privateKey = try JWTKit.Insecure.RSA.PrivateKey(pem: Self.testRSAKeyPEM)
-        var request = Fixture.host()
-        request.serverConfig.authentication = .rs256(publicKeyPEM: privateKey.publicKey.pemRepresentation)
-        _ = try await harness.host(request)
-        let keys = JWTKeyCollection()
-        await keys.add(rsa: privateKey, digestAlgorithm: .sha256)
-        let response = try await authenticate(harness, token: try await token(keys, subject: "phone-1", expires: harness.clock.date.addingTimeInterval(60)))
-        #expect(response.status == 200)
-        let hmacKeys = JWTKeyCollection()
-        await hmacKeys.add(hmac: HMACKey(from: "a-guessed-secret-of-at-least-32-bytes"), digestAlgorithm: .sha256)
-        #expect(try await authenticate(harness, token: try await token(hmacKeys, subject: "phone-1", expires: harness.clock.date.addingTimeInterval(60))).status == 401)
+        try await harness.stopping {
+            let privateKey = try JWTKit.Insecure.RSA.PrivateKey(pem: Self.testRSAKeyPEM)
+            var request = Fixture.host()
+            request.serverConfig.authentication = .rs256(publicKeyPEM: privateKey.publicKey.pemRepresentation)
+            _ = try await harness.host(request)
+            let keys = JWTKeyCollection()
+            await keys.add(rsa: privateKey, digestAlgorithm: .sha256)
+            let response = try await authenticate(harness, token: try await token(keys, subject: "phone-1", expires: harness.clock.date.addingTimeInterval(60)))
+            #expect(response.status == 200)
+            let hmacKeys = JWTKeyCollection()
+            await hmacKeys.add(hmac: HMACKey(from: "a-guessed-secret-of-at-least-32-bytes"), digestAlgorithm: .sha256)
+            #expect(try await authenticate(harness, token: try await token(hmacKeys, subject: "phone-1", expires: harness.clock.date.addingTimeInterval(60))).status == 401)
+        }
     }
 
     @Test func badRSAKeyIsAConfigurationError() async throws {
         let harness = try await Harness.start()
-        defer { Task { await harness.stop() } }
-        var request = Fixture.host()
-        request.serverConfig.authentication = .rs256(publicKeyPEM: "-----BEGIN PUBLIC KEY-----\nAAAA\n-----END PUBLIC KEY-----")
-        let result = try await harness.http.json("POST", Endpoint.processes, request, token: Harness.adminToken)
-        #expect(result.status == 400)
-        #expect(result.errorCode == "invalid_configuration")
+        try await harness.stopping {
+            var request = Fixture.host()
+            request.serverConfig.authentication = .rs256(publicKeyPEM: "-----BEGIN PUBLIC KEY-----\nAAAA\n-----END PUBLIC KEY-----")
+            let result = try await harness.http.json("POST", Endpoint.processes, request, token: Harness.adminToken)
+            #expect(result.status == 400)
+            #expect(result.errorCode == "invalid_configuration")
+        }
     }
 }

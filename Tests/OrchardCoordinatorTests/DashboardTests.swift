@@ -113,62 +113,64 @@ extension HTTPResult {
 
     @Test func withoutASessionThePageShowsNoAdminDataAndTheAdminAPIRefuses() async throws {
         let (harness, browser, hosted) = try await started()
-        defer { Task { await harness.stop() } }
-        let page = try await browser.send(Endpoint.dashboard)
-        #expect(page.status == 200)
-        #expect(page.header("Content-Type")?.hasPrefix("text/html") == true)
-        #expect(page.text.contains("login URL") && page.text.contains("orchard serve"))
-        #expect(!page.text.contains(Self.secretName) && !page.text.contains(hosted.processID))
-        #expect(!page.text.contains("<script"), "the sign-in page runs nothing")
-        #expect(try await harness.http.send("GET", Endpoint.processes).status == 401)
-        #expect(try await harness.http.send("GET", Endpoint.process(hosted.processID)).status == 401)
-        #expect(try await harness.http.send("GET", Endpoint.cycles(hosted.processID)).status == 401)
-        #expect(try await harness.http.send("GET", Endpoint.checkpoint(hosted.processID, "0")).status == 401)
-        // A forged cookie changes nothing.
-        #expect(try await browser.send(Endpoint.dashboard, cookie: "forged").text.contains("login URL"))
-        #expect(try await harness.http.send("GET", Endpoint.processes, headers: ["Cookie": "\(Dashboard.cookieName)=\(String(repeating: "0", count: 64))"]).status == 401)
+        try await harness.stopping {
+            let page = try await browser.send(Endpoint.dashboard)
+            #expect(page.status == 200)
+            #expect(page.header("Content-Type")?.hasPrefix("text/html") == true)
+            #expect(page.text.contains("login URL") && page.text.contains("orchard serve"))
+            #expect(!page.text.contains(Self.secretName) && !page.text.contains(hosted.processID))
+            #expect(!page.text.contains("<script"), "the sign-in page runs nothing")
+            #expect(try await harness.http.send("GET", Endpoint.processes).status == 401)
+            #expect(try await harness.http.send("GET", Endpoint.process(hosted.processID)).status == 401)
+            #expect(try await harness.http.send("GET", Endpoint.cycles(hosted.processID)).status == 401)
+            #expect(try await harness.http.send("GET", Endpoint.checkpoint(hosted.processID, "0")).status == 401)
+            // A forged cookie changes nothing.
+            #expect(try await browser.send(Endpoint.dashboard, cookie: "forged").text.contains("login URL"))
+            #expect(try await harness.http.send("GET", Endpoint.processes, headers: ["Cookie": "\(Dashboard.cookieName)=\(String(repeating: "0", count: 64))"]).status == 401)
+        }
     }
 
     @Test func theLoginURLSetsAStrictHttpOnlyCookieThatOpensTheAdminAPIForReading() async throws {
         let (harness, browser, hosted) = try await started()
-        defer { Task { await harness.stop() } }
-        let token = harness.instance.dashboard.issueLoginToken()
-        let login = try await browser.send(Endpoint.dashboardLogin + "?token=\(token)")
-        #expect(login.status == 303)
-        #expect(login.header("Location") == Endpoint.dashboard)
-        let setCookie = try #require(login.header("Set-Cookie"))
-        let attributes = Set(setCookie.split(separator: ";").map { $0.trimmingCharacters(in: .whitespaces).lowercased() })
-        #expect(attributes.contains("httponly"))
-        #expect(attributes.contains("samesite=strict"))
-        #expect(attributes.contains("path=/"))
-        #expect(!attributes.contains("secure"), "plain HTTP here; Secure is set over TLS")
-        let session = try #require(login.sessionCookie)
-        #expect(session.count == 64 && session != token)
+        try await harness.stopping {
+            let token = harness.instance.dashboard.issueLoginToken()
+            let login = try await browser.send(Endpoint.dashboardLogin + "?token=\(token)")
+            #expect(login.status == 303)
+            #expect(login.header("Location") == Endpoint.dashboard)
+            let setCookie = try #require(login.header("Set-Cookie"))
+            let attributes = Set(setCookie.split(separator: ";").map { $0.trimmingCharacters(in: .whitespaces).lowercased() })
+            #expect(attributes.contains("httponly"))
+            #expect(attributes.contains("samesite=strict"))
+            #expect(attributes.contains("path=/"))
+            #expect(!attributes.contains("secure"), "plain HTTP here; Secure is set over TLS")
+            let session = try #require(login.sessionCookie)
+            #expect(session.count == 64 && session != token)
 
-        // The cookie admits the page's reads, through the documented (conformance-checked) admin API.
-        let cookie = ["Cookie": "\(Dashboard.cookieName)=\(session)"]
-        let list = try await harness.http.send("GET", Endpoint.processes, headers: cookie)
-        #expect(list.status == 200)
-        #expect(try list.decode(ProcessList.self).processes.map(\.name) == [Self.secretName])
-        #expect(try await harness.http.send("GET", Endpoint.process(hosted.processID), headers: cookie).status == 200)
-        #expect(try await harness.http.send("GET", Endpoint.cycles(hosted.processID), headers: cookie).status == 200)
-        #expect(try await harness.http.send("GET", Endpoint.checkpoint(hosted.processID, "0"), headers: cookie).status == 200)
-        // Not writes: hosting and deleting still take the admin token.
-        #expect(try await harness.http.send("DELETE", Endpoint.process(hosted.processID), headers: cookie).status == 401)
-        let page = try await browser.send(Endpoint.dashboard, cookie: session)
-        #expect(page.status == 200 && page.text.contains("Reports per cycle") && page.text.contains("<script>"))
+            // The cookie admits the page's reads, through the documented (conformance-checked) admin API.
+            let cookie = ["Cookie": "\(Dashboard.cookieName)=\(session)"]
+            let list = try await harness.http.send("GET", Endpoint.processes, headers: cookie)
+            #expect(list.status == 200)
+            #expect(try list.decode(ProcessList.self).processes.map(\.name) == [Self.secretName])
+            #expect(try await harness.http.send("GET", Endpoint.process(hosted.processID), headers: cookie).status == 200)
+            #expect(try await harness.http.send("GET", Endpoint.cycles(hosted.processID), headers: cookie).status == 200)
+            #expect(try await harness.http.send("GET", Endpoint.checkpoint(hosted.processID, "0"), headers: cookie).status == 200)
+            // Not writes: hosting and deleting still take the admin token.
+            #expect(try await harness.http.send("DELETE", Endpoint.process(hosted.processID), headers: cookie).status == 401)
+            let page = try await browser.send(Endpoint.dashboard, cookie: session)
+            #expect(page.status == 200 && page.text.contains("Reports per cycle") && page.text.contains("<script>"))
 
-        // The link works once.
-        let again = try await browser.send(Endpoint.dashboardLogin + "?token=\(token)")
-        #expect(again.status == 401)
-        #expect(again.header("Set-Cookie") == nil)
-        #expect(try await browser.send(Endpoint.dashboardLogin + "?token=forged").status == 401)
-        #expect(try await browser.send(Endpoint.dashboardLogin).status == 401)
+            // The link works once.
+            let again = try await browser.send(Endpoint.dashboardLogin + "?token=\(token)")
+            #expect(again.status == 401)
+            #expect(again.header("Set-Cookie") == nil)
+            #expect(try await browser.send(Endpoint.dashboardLogin + "?token=forged").status == 401)
+            #expect(try await browser.send(Endpoint.dashboardLogin).status == 401)
 
-        // Signing out ends the session.
-        let out = try await browser.send(Endpoint.dashboardLogout, method: "POST", cookie: session)
-        #expect(out.status == 303)
-        #expect(try await harness.http.send("GET", Endpoint.processes, headers: cookie).status == 401)
+            // Signing out ends the session.
+            let out = try await browser.send(Endpoint.dashboardLogout, method: "POST", cookie: session)
+            #expect(out.status == 303)
+            #expect(try await harness.http.send("GET", Endpoint.processes, headers: cookie).status == 401)
+        }
     }
 
     @Test func theCookieIsSecureOverTLS() {
@@ -182,141 +184,147 @@ extension HTTPResult {
 
     @Test func anExpiredLoginTokenIsRefused() async throws {
         let (harness, browser, _) = try await started()
-        defer { Task { await harness.stop() } }
-        let token = harness.instance.dashboard.issueLoginToken()
-        harness.clock.advance(bySeconds: 24 * 3600)
-        let login = try await browser.send(Endpoint.dashboardLogin + "?token=\(token)")
-        #expect(login.status == 401)
-        #expect(login.sessionCookie == nil)
-        // A session expires too.
-        let fresh = harness.instance.dashboard.issueLoginToken()
-        let session = try #require(try await browser.send(Endpoint.dashboardLogin + "?token=\(fresh)").sessionCookie)
-        #expect(try await harness.http.send("GET", Endpoint.processes, headers: ["Cookie": "\(Dashboard.cookieName)=\(session)"]).status == 200)
-        harness.clock.advance(bySeconds: 12 * 3600)
-        #expect(try await harness.http.send("GET", Endpoint.processes, headers: ["Cookie": "\(Dashboard.cookieName)=\(session)"]).status == 401)
+        try await harness.stopping {
+            let token = harness.instance.dashboard.issueLoginToken()
+            harness.clock.advance(bySeconds: 24 * 3600)
+            let login = try await browser.send(Endpoint.dashboardLogin + "?token=\(token)")
+            #expect(login.status == 401)
+            #expect(login.sessionCookie == nil)
+            // A session expires too.
+            let fresh = harness.instance.dashboard.issueLoginToken()
+            let session = try #require(try await browser.send(Endpoint.dashboardLogin + "?token=\(fresh)").sessionCookie)
+            #expect(try await harness.http.send("GET", Endpoint.processes, headers: ["Cookie": "\(Dashboard.cookieName)=\(session)"]).status == 200)
+            harness.clock.advance(bySeconds: 12 * 3600)
+            #expect(try await harness.http.send("GET", Endpoint.processes, headers: ["Cookie": "\(Dashboard.cookieName)=\(session)"]).status == 401)
+        }
     }
 
     @Test func theAdminTokenOpensThePageAsABearerOrThroughTheForm() async throws {
         let (harness, browser, _) = try await started()
-        defer { Task { await harness.stop() } }
-        #expect(try await browser.send(Endpoint.dashboard, token: Harness.adminToken).text.contains("Reports per cycle"))
-        #expect(try await browser.send(Endpoint.dashboard, token: "wrong").text.contains("login URL"))
-        let refused = try await browser.send(Endpoint.dashboardLogin, method: "POST", form: "token=wrong")
-        #expect(refused.status == 401 && refused.sessionCookie == nil)
-        let login = try await browser.send(Endpoint.dashboardLogin, method: "POST", form: "token=\(Harness.adminToken)")
-        #expect(login.status == 303)
-        let session = try #require(login.sessionCookie)
-        #expect(try await harness.http.send("GET", Endpoint.processes, headers: ["Cookie": "\(Dashboard.cookieName)=\(session)"]).status == 200)
-        // A login token through the form works once, too.
-        let token = harness.instance.dashboard.issueLoginToken()
-        #expect(try await browser.send(Endpoint.dashboardLogin, method: "POST", form: "token=\(token)").status == 303)
-        #expect(try await browser.send(Endpoint.dashboardLogin, method: "POST", form: "token=\(token)").status == 401)
+        try await harness.stopping {
+            #expect(try await browser.send(Endpoint.dashboard, token: Harness.adminToken).text.contains("Reports per cycle"))
+            #expect(try await browser.send(Endpoint.dashboard, token: "wrong").text.contains("login URL"))
+            let refused = try await browser.send(Endpoint.dashboardLogin, method: "POST", form: "token=wrong")
+            #expect(refused.status == 401 && refused.sessionCookie == nil)
+            let login = try await browser.send(Endpoint.dashboardLogin, method: "POST", form: "token=\(Harness.adminToken)")
+            #expect(login.status == 303)
+            let session = try #require(login.sessionCookie)
+            #expect(try await harness.http.send("GET", Endpoint.processes, headers: ["Cookie": "\(Dashboard.cookieName)=\(session)"]).status == 200)
+            // A login token through the form works once, too.
+            let token = harness.instance.dashboard.issueLoginToken()
+            #expect(try await browser.send(Endpoint.dashboardLogin, method: "POST", form: "token=\(token)").status == 303)
+            #expect(try await browser.send(Endpoint.dashboardLogin, method: "POST", form: "token=\(token)").status == 401)
+        }
     }
 
     @Test func withoutAnAdminTokenThereIsNoDashboard() async throws {
         let harness = try await Harness.start(configuration: CoordinatorConfiguration())
-        defer { Task { await harness.stop() } }
-        let browser = Browser(base: harness.http.base)
-        #expect(try await browser.send(Endpoint.dashboard).status == 404)
-        let token = harness.instance.dashboard.issueLoginToken()
-        #expect(try await browser.send(Endpoint.dashboardLogin + "?token=\(token)").status == 404)
-        let session = harness.instance.dashboard.startSession()
-        #expect(try await harness.http.send("GET", Endpoint.processes, headers: ["Cookie": "\(Dashboard.cookieName)=\(session)"]).status == 401)
+        try await harness.stopping { () async throws in
+            let browser = Browser(base: harness.http.base)
+            #expect(try await browser.send(Endpoint.dashboard).status == 404)
+            let token = harness.instance.dashboard.issueLoginToken()
+            #expect(try await browser.send(Endpoint.dashboardLogin + "?token=\(token)").status == 404)
+            let session = harness.instance.dashboard.startSession()
+            #expect(try await harness.http.send("GET", Endpoint.processes, headers: ["Cookie": "\(Dashboard.cookieName)=\(session)"]).status == 401)
+        }
     }
 
     @Test func thePagesAreSelfContained() async throws {
         let (harness, browser, _) = try await started()
-        defer { Task { await harness.stop() } }
-        for page in [try await browser.send(Endpoint.dashboard), try await browser.send(Endpoint.dashboard, token: Harness.adminToken)] {
-            let html = page.text.lowercased()
-            for external in ["http://", "https://", "src=\"//", "href=\"//", "url(", "@import", "<link", "<iframe", "<img"] {
-                #expect(!html.contains(external), "the page holds \(external)")
+        try await harness.stopping {
+            for page in [try await browser.send(Endpoint.dashboard), try await browser.send(Endpoint.dashboard, token: Harness.adminToken)] {
+                let html = page.text.lowercased()
+                for external in ["http://", "https://", "src=\"//", "href=\"//", "url(", "@import", "<link", "<iframe", "<img"] {
+                    #expect(!html.contains(external), "the page holds \(external)")
+                }
+                #expect(html.contains("<html lang=\"en\">") && html.contains("name=\"viewport\""))
+                let policy = try #require(page.header("Content-Security-Policy"))
+                #expect(policy.contains("default-src 'none'") && policy.contains("connect-src 'self'") && !policy.contains("unsafe-inline"))
+                #expect(page.header("Cache-Control") == "no-store")
             }
-            #expect(html.contains("<html lang=\"en\">") && html.contains("name=\"viewport\""))
-            let policy = try #require(page.header("Content-Security-Policy"))
-            #expect(policy.contains("default-src 'none'") && policy.contains("connect-src 'self'") && !policy.contains("unsafe-inline"))
-            #expect(page.header("Cache-Control") == "no-store")
         }
     }
 
     @Test func theCycleHistoryRecordsOutcomesParticipationAndMeanMetrics() async throws {
         let harness = try await Harness.start()
-        defer { Task { await harness.stop() } }
-        let hosted = try await harness.host(Fixture.host(goal: 2, minimum: 2, overSelection: 1, cycleLength: 60))
-        let empty = try await harness.http.send("GET", Endpoint.cycles(hosted.processID), token: Harness.adminToken)
-        #expect(try empty.decode(ProcessCycles.self) == ProcessCycles(processID: hosted.processID, cycles: []))
+        try await harness.stopping {
+            let hosted = try await harness.host(Fixture.host(goal: 2, minimum: 2, overSelection: 1, cycleLength: 60))
+            let empty = try await harness.http.send("GET", Endpoint.cycles(hosted.processID), token: Harness.adminToken)
+            #expect(try empty.decode(ProcessCycles.self) == ProcessCycles(processID: hosted.processID, cycles: []))
 
-        // Cycle 1: one report of two, abandoned at the deadline.
-        let first = try await harness.device()
-        #expect(try await harness.report(first, try await harness.join(first), diff: Fixture.diff(0.1), samples: 5).status == 200)
-        harness.clock.advance(bySeconds: 61)
-        await harness.coordinator.tick()
-        // Cycle 2: two reports, aggregated.
-        let devices = [try await harness.device(), try await harness.device()]
-        for device in devices {
-            #expect(try await harness.report(device, try await harness.join(device), diff: Fixture.diff(0.2), samples: 5).status == 200)
+            // Cycle 1: one report of two, abandoned at the deadline.
+            let first = try await harness.device()
+            #expect(try await harness.report(first, try await harness.join(first), diff: Fixture.diff(0.1), samples: 5).status == 200)
+            harness.clock.advance(bySeconds: 61)
+            await harness.coordinator.tick()
+            // Cycle 2: two reports, aggregated.
+            let devices = [try await harness.device(), try await harness.device()]
+            for device in devices {
+                #expect(try await harness.report(device, try await harness.join(device), diff: Fixture.diff(0.2), samples: 5).status == 200)
+            }
+            let result = try await harness.http.send("GET", Endpoint.cycles(hosted.processID), token: Harness.adminToken)
+            #expect(result.status == 200)
+            let cycles = try result.decode(ProcessCycles.self).cycles
+            try #require(cycles.count == 2)
+            #expect(cycles[0].cycle == 1 && cycles[0].outcome == .abandoned && cycles[0].assigned == 1 && cycles[0].reported == 1 && cycles[0].checkpoint == nil)
+            #expect(cycles[1].cycle == 2 && cycles[1].outcome == .aggregated && cycles[1].assigned == 2 && cycles[1].reported == 2 && cycles[1].checkpoint == 1)
+            #expect(cycles.allSatisfy { $0.metrics == ["loss": 0.5] })
+            #expect(cycles[0].closedAt == harness.clock.date.timeIntervalSince1970)
+            #expect(cycles[0].openedAt.map { $0 < harness.clock.date.timeIntervalSince1970 } == true)
+            let text = String(decoding: result.body, as: UTF8.self)
+            #expect(text.contains("\"closed_at\"") && text.contains("\"outcome\":\"aggregated\""))
+
+            // The history is the store's: a restarted coordinator shows the same cycles.
+            try await harness.restart()
+            let restarted = try await harness.http.send("GET", Endpoint.cycles(hosted.processID), token: Harness.adminToken)
+            #expect(try restarted.decode(ProcessCycles.self).cycles == cycles)
+
+            #expect(try await harness.http.send("GET", Endpoint.cycles("p_0000000000000000"), token: Harness.adminToken).errorCode == "unknown_process")
+            #expect(try await harness.http.send("GET", Endpoint.cycles(hosted.processID)).status == 401)
         }
-        let result = try await harness.http.send("GET", Endpoint.cycles(hosted.processID), token: Harness.adminToken)
-        #expect(result.status == 200)
-        let cycles = try result.decode(ProcessCycles.self).cycles
-        try #require(cycles.count == 2)
-        #expect(cycles[0].cycle == 1 && cycles[0].outcome == .abandoned && cycles[0].assigned == 1 && cycles[0].reported == 1 && cycles[0].checkpoint == nil)
-        #expect(cycles[1].cycle == 2 && cycles[1].outcome == .aggregated && cycles[1].assigned == 2 && cycles[1].reported == 2 && cycles[1].checkpoint == 1)
-        #expect(cycles.allSatisfy { $0.metrics == ["loss": 0.5] })
-        #expect(cycles[0].closedAt == harness.clock.date.timeIntervalSince1970)
-        #expect(cycles[0].openedAt.map { $0 < harness.clock.date.timeIntervalSince1970 } == true)
-        let text = String(decoding: result.body, as: UTF8.self)
-        #expect(text.contains("\"closed_at\"") && text.contains("\"outcome\":\"aggregated\""))
-
-        // The history is the store's: a restarted coordinator shows the same cycles.
-        try await harness.restart()
-        let restarted = try await harness.http.send("GET", Endpoint.cycles(hosted.processID), token: Harness.adminToken)
-        #expect(try restarted.decode(ProcessCycles.self).cycles == cycles)
-
-        #expect(try await harness.http.send("GET", Endpoint.cycles("p_0000000000000000"), token: Harness.adminToken).errorCode == "unknown_process")
-        #expect(try await harness.http.send("GET", Endpoint.cycles(hosted.processID)).status == 401)
     }
 
     /// The charts the page swaps in are drawn by the coordinator (OrchardCharts), for an admin only.
     @Test func theChartsRouteDrawsTheCycleHistoryForAdminsOnly() async throws {
         let harness = try await Harness.start()
-        defer { Task { await harness.stop() } }
-        let browser = Browser(base: harness.http.base)
-        let hosted = try await harness.host(Fixture.host(goal: 1, minimum: 1, overSelection: 1, cycleLength: 60))
-        let path = DashboardPage.chartsPath(hosted.processID)
-        let none = try await browser.send(path + "?width=600", token: Harness.adminToken)
-        #expect(none.status == 200 && none.text.contains("No cycle has closed") && !none.text.contains("<svg"))
+        try await harness.stopping {
+            let browser = Browser(base: harness.http.base)
+            let hosted = try await harness.host(Fixture.host(goal: 1, minimum: 1, overSelection: 1, cycleLength: 60))
+            let path = DashboardPage.chartsPath(hosted.processID)
+            let none = try await browser.send(path + "?width=600", token: Harness.adminToken)
+            #expect(none.status == 200 && none.text.contains("No cycle has closed") && !none.text.contains("<svg"))
 
-        // Cycle 1 aggregated (the goal is one report); cycle 2 abandoned at its deadline with nobody reporting.
-        let device = try await harness.device()
-        #expect(try await harness.report(device, try await harness.join(device), diff: Fixture.diff(0.1), samples: 5).status == 200)
-        _ = try await harness.join(try await harness.device())
-        harness.clock.advance(bySeconds: 61)
-        await harness.coordinator.tick()
+            // Cycle 1 aggregated (the goal is one report); cycle 2 abandoned at its deadline with nobody reporting.
+            let device = try await harness.device()
+            #expect(try await harness.report(device, try await harness.join(device), diff: Fixture.diff(0.1), samples: 5).status == 200)
+            _ = try await harness.join(try await harness.device())
+            harness.clock.advance(bySeconds: 61)
+            await harness.coordinator.tick()
 
-        for refused in [try await browser.send(path), try await browser.send(path, cookie: "forged"), try await browser.send(path, token: "wrong")] {
-            #expect(refused.status == 401)
-            #expect(refused.errorCode == "unauthorized" && refused.header("Content-Type")?.hasPrefix("application/json") == true)
-            #expect(!refused.text.contains(hosted.name) && !refused.text.contains("<svg"))
+            for refused in [try await browser.send(path), try await browser.send(path, cookie: "forged"), try await browser.send(path, token: "wrong")] {
+                #expect(refused.status == 401)
+                #expect(refused.errorCode == "unauthorized" && refused.header("Content-Type")?.hasPrefix("application/json") == true)
+                #expect(!refused.text.contains(hosted.name) && !refused.text.contains("<svg"))
+            }
+            let charts = try await browser.send(path + "?width=375", token: Harness.adminToken)
+            #expect(charts.status == 200 && charts.header("Content-Type")?.hasPrefix("text/html") == true)
+            #expect(charts.header("Cache-Control") == "no-store")
+            let html = charts.text
+            #expect(html.contains("aria-label=\"Reports per cycle of \(hosted.name):"))
+            #expect(html.contains("viewBox=\"0 0 375 250\""), "drawn at the width asked for")
+            #expect(html.contains("<title>cycle 1, reported, aggregated: 1</title>"))
+            #expect(html.contains("<title>cycle 2, assigned, no report: 1</title>"))
+            #expect(html.contains("aria-label=\"Mean loss reported by devices per cycle of \(hosted.name)\""))
+            #expect(html.contains("<title>loss at cycle 1: 0.5</title>"))
+            #expect(!html.lowercased().contains("nan") && !html.contains("<script") && !html.contains("style="))
+
+            // The session cookie admits it too; an unknown process is a 404.
+            let token = harness.instance.dashboard.issueLoginToken()
+            let session = try #require(try await browser.send(Endpoint.dashboardLogin + "?token=\(token)").sessionCookie)
+            #expect(try await browser.send(path, cookie: session).text.contains("<svg"))
+            let unknown = try await browser.send(DashboardPage.chartsPath("p_0000000000000000"), token: Harness.adminToken)
+            #expect(unknown.status == 404 && unknown.errorCode == "unknown_process")
         }
-        let charts = try await browser.send(path + "?width=375", token: Harness.adminToken)
-        #expect(charts.status == 200 && charts.header("Content-Type")?.hasPrefix("text/html") == true)
-        #expect(charts.header("Cache-Control") == "no-store")
-        let html = charts.text
-        #expect(html.contains("aria-label=\"Reports per cycle of \(hosted.name):"))
-        #expect(html.contains("viewBox=\"0 0 375 250\""), "drawn at the width asked for")
-        #expect(html.contains("<title>cycle 1, reported, aggregated: 1</title>"))
-        #expect(html.contains("<title>cycle 2, assigned, no report: 1</title>"))
-        #expect(html.contains("aria-label=\"Mean loss reported by devices per cycle of \(hosted.name)\""))
-        #expect(html.contains("<title>loss at cycle 1: 0.5</title>"))
-        #expect(!html.lowercased().contains("nan") && !html.contains("<script") && !html.contains("style="))
-
-        // The session cookie admits it too; an unknown process is a 404.
-        let token = harness.instance.dashboard.issueLoginToken()
-        let session = try #require(try await browser.send(Endpoint.dashboardLogin + "?token=\(token)").sessionCookie)
-        #expect(try await browser.send(path, cookie: session).text.contains("<svg"))
-        let unknown = try await browser.send(DashboardPage.chartsPath("p_0000000000000000"), token: Harness.adminToken)
-        #expect(unknown.status == 404 && unknown.errorCode == "unknown_process")
     }
 }
 
@@ -364,39 +372,40 @@ extension HTTPResult {
     func aBrowserSignsInWithTheLoginURLAndSeesTheProcess() async throws {
         let executable = try #require(Self.browser, "ORCHARD_REQUIRE_BROWSER=1 but no chromium, chromium-browser or google-chrome is on PATH")
         let harness = try await Harness.start()
-        defer { Task { await harness.stop() } }
-        let hosted = try await harness.host(Fixture.host(name: "browser-visible-process", goal: 2, minimum: 1, cycleLength: 600))
-        // Three closed cycles for the charts: aggregated, abandoned (one report short of the minimum), aggregated.
-        for round in 0..<3 {
-            let devices = [try await harness.device(name: hosted.name), try await harness.device(name: hosted.name)]
-            for (index, device) in devices.enumerated() where round != 1 || index == 0 {
-                guard case .accepted(let assignment) = try await harness.requestCycle(device, name: hosted.name) else {
-                    Issue.record("device rejected")
-                    return
+        try await harness.stopping {
+            let hosted = try await harness.host(Fixture.host(name: "browser-visible-process", goal: 2, minimum: 1, cycleLength: 600))
+            // Three closed cycles for the charts: aggregated, abandoned (one report short of the minimum), aggregated.
+            for round in 0..<3 {
+                let devices = [try await harness.device(name: hosted.name), try await harness.device(name: hosted.name)]
+                for (index, device) in devices.enumerated() where round != 1 || index == 0 {
+                    guard case .accepted(let assignment) = try await harness.requestCycle(device, name: hosted.name) else {
+                        Issue.record("device rejected")
+                        return
+                    }
+                    if round != 1 { #expect(try await harness.report(device, assignment, diff: Fixture.diff(0.1), samples: 4).status == 200) }
                 }
-                if round != 1 { #expect(try await harness.report(device, assignment, diff: Fixture.diff(0.1), samples: 4).status == 200) }
+                if round == 1 {
+                    harness.clock.advance(bySeconds: 601)
+                    await harness.coordinator.tick()
+                }
             }
-            if round == 1 {
-                harness.clock.advance(bySeconds: 601)
-                await harness.coordinator.tick()
-            }
-        }
-        func login() -> String { Dashboard.loginURL(base: harness.http.base.absoluteString, token: harness.instance.dashboard.issueLoginToken()) }
+            func login() -> String { Dashboard.loginURL(base: harness.http.base.absoluteString, token: harness.instance.dashboard.issueLoginToken()) }
 
-        let dom = try await run(executable, ["--window-size=375,812", "--dump-dom", login()])
-        #expect(dom.contains("browser-visible-process"), "the rendered page does not show the process: \(dom.prefix(2000))")
-        #expect(dom.contains(hosted.processID))
-        #expect(dom.contains("Assigned: 0 / "), "the open cycle's participation")
-        #expect(dom.contains("aria-label=\"Reports per cycle of browser-visible-process:"), "the participation chart")
-        #expect(dom.contains("aria-label=\"Mean loss reported by devices per cycle"), "the metric chart")
-        #expect(dom.contains("/checkpoints/2\" download="), "the checkpoint links")
-        #expect(!dom.contains("Or enter the admin token"), "the browser was not signed in")
-        #expect(dom.contains("role=\"alert\" hidden=\"\"></p>"), "the page reported a problem")
+            let dom = try await run(executable, ["--window-size=375,812", "--dump-dom", login()])
+            #expect(dom.contains("browser-visible-process"), "the rendered page does not show the process: \(dom.prefix(2000))")
+            #expect(dom.contains(hosted.processID))
+            #expect(dom.contains("Assigned: 0 / "), "the open cycle's participation")
+            #expect(dom.contains("aria-label=\"Reports per cycle of browser-visible-process:"), "the participation chart")
+            #expect(dom.contains("aria-label=\"Mean loss reported by devices per cycle"), "the metric chart")
+            #expect(dom.contains("/checkpoints/2\" download="), "the checkpoint links")
+            #expect(!dom.contains("Or enter the admin token"), "the browser was not signed in")
+            #expect(dom.contains("role=\"alert\" hidden=\"\"></p>"), "the page reported a problem")
 
-        // Screenshots at a phone's and a laptop's width, for a person to look at.
-        if let directory = ProcessInfo.processInfo.environment["ORCHARD_DASHBOARD_SCREENSHOTS"] {
-            for (width, height) in [(375, 1800), (1280, 1400)] {
-                _ = try await run(executable, ["--window-size=\(width),\(height)", "--screenshot=\(directory)/dashboard-\(width).png", "--hide-scrollbars", login()])
+            // Screenshots at a phone's and a laptop's width, for a person to look at.
+            if let directory = ProcessInfo.processInfo.environment["ORCHARD_DASHBOARD_SCREENSHOTS"] {
+                for (width, height) in [(375, 1800), (1280, 1400)] {
+                    _ = try await run(executable, ["--window-size=\(width),\(height)", "--screenshot=\(directory)/dashboard-\(width).png", "--hide-scrollbars", login()])
+                }
             }
         }
     }

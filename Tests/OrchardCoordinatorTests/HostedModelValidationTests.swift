@@ -21,28 +21,29 @@ import Testing
 
     @Test func badArchitecturesAndWeightsAreRefusedNamingTheLayerAndField() async throws {
         let harness = try await Harness.start()
-        defer { Task { await harness.stop() } }
-        func expectRefused(_ result: HTTPResult, _ words: [String], _ label: String, sourceLocation: SourceLocation = #_sourceLocation) throws {
-            #expect(result.status == 400, "\(label): \(result.status)", sourceLocation: sourceLocation)
-            #expect(result.errorCode == "invalid_configuration", "\(label)", sourceLocation: sourceLocation)
-            let message = (try? result.decode(ErrorBody.self).error.message) ?? ""
-            for word in words {
-                #expect(message.contains(word), "\(label): '\(word)' not in \(message)", sourceLocation: sourceLocation)
+        try await harness.stopping {
+            func expectRefused(_ result: HTTPResult, _ words: [String], _ label: String, sourceLocation: SourceLocation = #_sourceLocation) throws {
+                #expect(result.status == 400, "\(label): \(result.status)", sourceLocation: sourceLocation)
+                #expect(result.errorCode == "invalid_configuration", "\(label)", sourceLocation: sourceLocation)
+                let message = (try? result.decode(ErrorBody.self).error.message) ?? ""
+                for word in words {
+                    #expect(message.contains(word), "\(label): '\(word)' not in \(message)", sourceLocation: sourceLocation)
+                }
             }
+            try expectRefused(try await host(harness) { $0[1]["type"] = "densee" }, ["'out'", "densee"], "unknown layer type")
+            try expectRefused(try await host(harness) { $0[1]["unit"] = 2 }, ["'out'", "'unit'"], "misspelt key")
+            try expectRefused(try await host(harness) { $0[1]["units"] = 3 }, ["layer 'out'", "'units', 3, not 2"], "units against the weights")
+            try expectRefused(try await host(harness) { $0[0]["input_size"] = 4 }, ["'embed'", "'input_size'"], "input_size against the input")
+            try expectRefused(try await host(harness) { $0[1]["units"] = nil }, ["'out'", "'units'", "required"], "missing units")
+            try expectRefused(try await host(harness) { $0[1]["use_bias"] = false }, ["'out.bias'", "use_bias"], "bias given, use_bias false")
+            try expectRefused(try await host(harness, editLayers: { _ in }, weights: Array(Fixture.weights.dropLast())), ["'out.bias'", "missing"], "missing bias")
+            try expectRefused(
+                try await host(harness, editLayers: { _ in }, weights: Fixture.weights + [TensorRecord(name: "ghost.weight", shape: [1], values: [0])]),
+                ["'ghost.weight'"], "tensor of no layer"
+            )
+            #expect(try await harness.http.send("GET", Endpoint.processes, token: Harness.adminToken).decode(ProcessList.self).processes.isEmpty)
+            // The unedited request is still hosted.
+            #expect(try await host(harness) { _ in }.status == 201)
         }
-        try expectRefused(try await host(harness) { $0[1]["type"] = "densee" }, ["'out'", "densee"], "unknown layer type")
-        try expectRefused(try await host(harness) { $0[1]["unit"] = 2 }, ["'out'", "'unit'"], "misspelt key")
-        try expectRefused(try await host(harness) { $0[1]["units"] = 3 }, ["layer 'out'", "'units', 3, not 2"], "units against the weights")
-        try expectRefused(try await host(harness) { $0[0]["input_size"] = 4 }, ["'embed'", "'input_size'"], "input_size against the input")
-        try expectRefused(try await host(harness) { $0[1]["units"] = nil }, ["'out'", "'units'", "required"], "missing units")
-        try expectRefused(try await host(harness) { $0[1]["use_bias"] = false }, ["'out.bias'", "use_bias"], "bias given, use_bias false")
-        try expectRefused(try await host(harness, editLayers: { _ in }, weights: Array(Fixture.weights.dropLast())), ["'out.bias'", "missing"], "missing bias")
-        try expectRefused(
-            try await host(harness, editLayers: { _ in }, weights: Fixture.weights + [TensorRecord(name: "ghost.weight", shape: [1], values: [0])]),
-            ["'ghost.weight'"], "tensor of no layer"
-        )
-        #expect(try await harness.http.send("GET", Endpoint.processes, token: Harness.adminToken).decode(ProcessList.self).processes.isEmpty)
-        // The unedited request is still hosted.
-        #expect(try await host(harness) { _ in }.status == 201)
     }
 }

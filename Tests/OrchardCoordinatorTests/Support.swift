@@ -189,6 +189,18 @@ final class Harness: @unchecked Sendable {
         LeftoverDirectories.unregister(directory)
     }
 
+    /// Runs `body`, then stops the harness (awaited) whether `body` returns or throws: the next test never meets this
+    /// one's server still running.
+    func stopping(_ body: () async throws -> Void) async throws {
+        do {
+            try await body()
+        } catch {
+            await stop()
+            throw error
+        }
+        await stop()
+    }
+
     func host(_ request: HostProcessRequest = Fixture.host()) async throws -> ProcessStatus {
         let result = try await http.json("POST", Endpoint.processes, request, token: Self.adminToken)
         #expect(result.status == 201, "\(String(decoding: result.body, as: UTF8.self))")
@@ -248,9 +260,8 @@ func expectClose(_ actual: [String: [Float]], _ expected: [String: [Float]], tol
     }
 }
 
-/// Harness directories not yet removed when the test process exits. Tests stop their harness in an unawaited task
-/// (`defer { Task { await harness.stop() } }`), which a process that ends with its last test never runs: what is
-/// still registered then is removed at exit.
+/// Harness directories not yet removed when the test process exits (a harness a test never stopped, or one whose test
+/// was cut short by its time limit) are removed at exit.
 enum LeftoverDirectories {
     private static let paths: Mutex<Set<String>> = {
         atexit {

@@ -12,63 +12,65 @@ import Testing
 @Suite struct UploadLimitTests {
     @Test func uploadsBeyondTheCapAreTurnedAwayWithRetryAfter() async throws {
         let harness = try await Harness.start(configuration: CoordinatorConfiguration(adminToken: Harness.adminToken, maximumUploadsInFlight: 1, uploadRetryAfter: 7))
-        defer { Task { await harness.stop() } }
-        _ = try await harness.host()
-        let first = try await harness.device()
-        let second = try await harness.device()
-        let firstAssignment = try await harness.join(first)
-        let secondAssignment = try await harness.join(second)
+        try await harness.stopping {
+            _ = try await harness.host()
+            let first = try await harness.device()
+            let second = try await harness.device()
+            let firstAssignment = try await harness.join(first)
+            let secondAssignment = try await harness.join(second)
 
-        // The first device's upload holds the only place (started through the coordinator, its body not sent).
-        let held = try await harness.coordinator.beginUpload(session: harness.coordinator.session(forToken: first.sessionToken))
-        #expect(harness.coordinator.uploadsInFlight == 1)
-        let refused = try await harness.report(second, secondAssignment, diff: Fixture.diff(0.1), samples: 2)
-        #expect(refused.status == 503)
-        #expect(refused.errorCode == "too_many_uploads")
-        #expect(refused.header("Retry-After") == "7")
+            // The first device's upload holds the only place (started through the coordinator, its body not sent).
+            let held = try await harness.coordinator.beginUpload(session: harness.coordinator.session(forToken: first.sessionToken))
+            #expect(harness.coordinator.uploadsInFlight == 1)
+            let refused = try await harness.report(second, secondAssignment, diff: Fixture.diff(0.1), samples: 2)
+            #expect(refused.status == 503)
+            #expect(refused.errorCode == "too_many_uploads")
+            #expect(refused.header("Retry-After") == "7")
 
-        // A forged token is refused before it could take a place.
-        let forged = try await harness.http.send("POST", Endpoint.report, body: [0, 0], token: "forged", headers: ["Content-Type": MediaType.safetensors])
-        #expect(forged.status == 401)
+            // A forged token is refused before it could take a place.
+            let forged = try await harness.http.send("POST", Endpoint.report, body: [0, 0], token: "forged", headers: ["Content-Type": MediaType.safetensors])
+            #expect(forged.status == 401)
 
-        await held.abandon()
-        #expect(harness.coordinator.uploadsInFlight == 0)
-        #expect(try await harness.report(second, secondAssignment, diff: Fixture.diff(0.1), samples: 2).status == 200)
-        #expect(try await harness.report(first, firstAssignment, diff: Fixture.diff(0.2), samples: 3).status == 200)
-        #expect(harness.coordinator.uploadsInFlight == 0)
+            await held.abandon()
+            #expect(harness.coordinator.uploadsInFlight == 0)
+            #expect(try await harness.report(second, secondAssignment, diff: Fixture.diff(0.1), samples: 2).status == 200)
+            #expect(try await harness.report(first, firstAssignment, diff: Fixture.diff(0.2), samples: 3).status == 200)
+            #expect(harness.coordinator.uploadsInFlight == 0)
+        }
     }
 
     /// A device that sends the header and half the data, then closes its connection: the server gives back the
     /// place, deletes the staged diff and undoes the admission, so the device can send the report again.
     @Test func anUploadCutOffMidBodyLeavesNothingBehind() async throws {
         let harness = try await Harness.start()
-        defer { Task { await harness.stop() } }
-        _ = try await harness.host()
-        let device = try await harness.device()
-        let assignment = try await harness.join(device)
-        let body = ReportEnvelope.encode(diff: Fixture.diff(0.3), metadata: ReportMetadata(workerID: device.workerID, requestKey: assignment.requestKey, sampleCount: 4))
+        try await harness.stopping {
+            _ = try await harness.host()
+            let device = try await harness.device()
+            let assignment = try await harness.join(device)
+            let body = ReportEnvelope.encode(diff: Fixture.diff(0.3), metadata: ReportMetadata(workerID: device.workerID, requestKey: assignment.requestKey, sampleCount: 4))
 
-        let head = "POST \(Endpoint.report) HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer \(device.sessionToken)\r\n"
-            + "Content-Type: \(MediaType.safetensors)\r\nContent-Length: \(body.count)\r\n\r\n"
-        let port = try #require(harness.server.baseURL.port)
-        let ended = harness.coordinator.uploadsEnded
-        try sendAndClose(port: port, bytes: Array(head.utf8) + body[0..<(body.count - 6)])
+            let head = "POST \(Endpoint.report) HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer \(device.sessionToken)\r\n"
+                + "Content-Type: \(MediaType.safetensors)\r\nContent-Length: \(body.count)\r\n\r\n"
+            let port = try #require(harness.server.baseURL.port)
+            let ended = harness.coordinator.uploadsEnded
+            try sendAndClose(port: port, bytes: Array(head.utf8) + body[0..<(body.count - 6)])
 
-        // The server notices the closed connection on its own schedule: wait (bounded) for that upload to end (its
-        // admission is undone before its place is given back; the place may not even have been taken yet when
-        // the bytes are sent).
-        var waited = 0
-        while harness.coordinator.uploadsEnded == ended && waited < 1000 {
-            try await Task.sleep(for: .milliseconds(10))
-            waited += 1
+            // The server notices the closed connection on its own schedule: wait (bounded) for that upload to end (its
+            // admission is undone before its place is given back; the place may not even have been taken yet when
+            // the bytes are sent).
+            var waited = 0
+            while harness.coordinator.uploadsEnded == ended && waited < 1000 {
+                try await Task.sleep(for: .milliseconds(10))
+                waited += 1
+            }
+            #expect(harness.coordinator.uploadsInFlight == 0)
+            let spool = URL(fileURLWithPath: harness.databasePath + "-spool")
+            let staged = FileManager.default.enumerator(atPath: spool.path)?.compactMap { $0 as? String }.filter { $0.hasSuffix(".f32") } ?? []
+            #expect(staged.isEmpty, "staged diffs left: \(staged)")
+
+            let resent = try await harness.report(device, assignment, diff: Fixture.diff(0.3), samples: 4)
+            #expect(resent.status == 200, "\(String(decoding: resent.body, as: UTF8.self))")
         }
-        #expect(harness.coordinator.uploadsInFlight == 0)
-        let spool = URL(fileURLWithPath: harness.databasePath + "-spool")
-        let staged = FileManager.default.enumerator(atPath: spool.path)?.compactMap { $0 as? String }.filter { $0.hasSuffix(".f32") } ?? []
-        #expect(staged.isEmpty, "staged diffs left: \(staged)")
-
-        let resent = try await harness.report(device, assignment, diff: Fixture.diff(0.3), samples: 4)
-        #expect(resent.status == 200, "\(String(decoding: resent.body, as: UTF8.self))")
     }
 
     /// A device that sends the header and part of the data, then nothing while keeping its connection open: after
@@ -76,36 +78,37 @@ import Testing
     /// cycle (which then closes on the goal of the other reports).
     @Test func aStalledUploadIsAbandonedAfterTheIdleTimeout() async throws {
         let harness = try await Harness.start(configuration: CoordinatorConfiguration(adminToken: Harness.adminToken, connectionIdleTimeout: 1))
-        defer { Task { await harness.stop() } }
-        let hosted = try await harness.host(Fixture.host(goal: 2, overSelection: 1))
-        let stalled = try await harness.device()
-        let other = try await harness.device()
-        let stalledAssignment = try await harness.join(stalled)
-        let otherAssignment = try await harness.join(other)
-        let body = ReportEnvelope.encode(diff: Fixture.diff(0.3), metadata: ReportMetadata(workerID: stalled.workerID, requestKey: stalledAssignment.requestKey, sampleCount: 4))
-        let head = "POST \(Endpoint.report) HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer \(stalled.sessionToken)\r\n"
-            + "Content-Type: \(MediaType.safetensors)\r\nContent-Length: \(body.count)\r\n\r\n"
-        let port = try #require(harness.server.baseURL.port)
-        let fd = try connectLoopback(port: port)
-        defer { close(fd) }
-        try transmit(fd, Array(head.utf8) + body[0..<(body.count - 6)])
-        var waited = 0
-        while harness.coordinator.uploadsInFlight == 0 && waited < 500 {
-            try await Task.sleep(for: .milliseconds(10))
-            waited += 1
+        try await harness.stopping {
+            let hosted = try await harness.host(Fixture.host(goal: 2, overSelection: 1))
+            let stalled = try await harness.device()
+            let other = try await harness.device()
+            let stalledAssignment = try await harness.join(stalled)
+            let otherAssignment = try await harness.join(other)
+            let body = ReportEnvelope.encode(diff: Fixture.diff(0.3), metadata: ReportMetadata(workerID: stalled.workerID, requestKey: stalledAssignment.requestKey, sampleCount: 4))
+            let head = "POST \(Endpoint.report) HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer \(stalled.sessionToken)\r\n"
+                + "Content-Type: \(MediaType.safetensors)\r\nContent-Length: \(body.count)\r\n\r\n"
+            let port = try #require(harness.server.baseURL.port)
+            let fd = try connectLoopback(port: port)
+            defer { close(fd) }
+            try transmit(fd, Array(head.utf8) + body[0..<(body.count - 6)])
+            var waited = 0
+            while harness.coordinator.uploadsInFlight == 0 && waited < 500 {
+                try await Task.sleep(for: .milliseconds(10))
+                waited += 1
+            }
+            #expect(harness.coordinator.uploadsInFlight == 1, "the stalled upload was admitted")
+            // The server closes the stalled connection on its own schedule: wait (bounded) for the place to return.
+            waited = 0
+            while harness.coordinator.uploadsInFlight != 0 && waited < 1000 {
+                try await Task.sleep(for: .milliseconds(10))
+                waited += 1
+            }
+            #expect(harness.coordinator.uploadsInFlight == 0)
+            #expect(try await harness.report(other, otherAssignment, diff: Fixture.diff(0.1), samples: 2).status == 200)
+            // The stalled device may still report in full, which closes the cycle on its goal of two.
+            #expect(try await harness.report(stalled, stalledAssignment, diff: Fixture.diff(0.3), samples: 4).status == 200)
+            #expect(try await harness.status(hosted.processID).cyclesCompleted == 1)
         }
-        #expect(harness.coordinator.uploadsInFlight == 1, "the stalled upload was admitted")
-        // The server closes the stalled connection on its own schedule: wait (bounded) for the place to return.
-        waited = 0
-        while harness.coordinator.uploadsInFlight != 0 && waited < 1000 {
-            try await Task.sleep(for: .milliseconds(10))
-            waited += 1
-        }
-        #expect(harness.coordinator.uploadsInFlight == 0)
-        #expect(try await harness.report(other, otherAssignment, diff: Fixture.diff(0.1), samples: 2).status == 200)
-        // The stalled device may still report in full, which closes the cycle on its goal of two.
-        #expect(try await harness.report(stalled, stalledAssignment, diff: Fixture.diff(0.3), samples: 4).status == 200)
-        #expect(try await harness.status(hosted.processID).cyclesCompleted == 1)
     }
 
     func connectLoopback(port: Int) throws -> Int32 {

@@ -37,69 +37,71 @@ import Testing
 
     @Test func jsonEndpointsAnswerEveryBodyWith2xxOr4xxAndLeaveTheModelAlone() async throws {
         let harness = try await Harness.start(configuration: CoordinatorConfiguration(adminToken: Harness.adminToken, maximumAdminBodyBytes: 1 << 20, maximumMessageBytes: 16 << 10))
-        defer { Task { await harness.stop() } }
-        let hosted = try await harness.host(Fixture.host(goal: 2, minimum: 2))
-        let device = try await harness.device()
-        _ = try await harness.join(device)
-        let before = try await snapshot(harness, hosted.processID)
+        try await harness.stopping {
+            let hosted = try await harness.host(Fixture.host(goal: 2, minimum: 2))
+            let device = try await harness.device()
+            _ = try await harness.join(device)
+            let before = try await snapshot(harness, hosted.processID)
 
-        let authenticate = try JSONValue.parse(WireCoding.encoder().encode(AuthenticateRequest(processName: "tiny", processVersion: SemanticVersion(1))))
-        let cycle = try JSONValue.parse(WireCoding.encoder().encode(CycleRequest(workerID: device.workerID, processName: "tiny", processVersion: SemanticVersion(1))))
-        var host = try JSONValue.parse(WireCoding.encoder().encode(Fixture.host(name: "fuzzed")))
-        if case .object(var members) = host {
-            // The fuzzed hosts must not take the fixture's name and version.
-            members["version"] = .string("9.9")
-            host = .object(members)
-        }
-        var statuses: [String: Int] = [:]
-        let targets: [(String, JSONValue, String?)] = [
-            (Endpoint.authenticate, authenticate, nil), (Endpoint.cycleRequest, cycle, device.sessionToken), (Endpoint.processes, host, Harness.adminToken),
-        ]
-        for (path, valid, token) in targets {
-            await propertyCheck(count: 150, input: Self.arbitraryOrMutated(valid)) { body in
-                let result = try await harness.http.send("POST", path, body: body, token: token, headers: ["Content-Type": MediaType.json])
-                statuses["\(path) \(result.status) \(result.errorCode ?? "")", default: 0] += 1
-                #expect((200..<300).contains(result.status) || ((400..<500).contains(result.status) && result.errorCode != nil),
-                        "\(path) \(result.status): \(String(decoding: result.body, as: UTF8.self)) for \(String(decoding: body, as: UTF8.self))")
+            let authenticate = try JSONValue.parse(WireCoding.encoder().encode(AuthenticateRequest(processName: "tiny", processVersion: SemanticVersion(1))))
+            let cycle = try JSONValue.parse(WireCoding.encoder().encode(CycleRequest(workerID: device.workerID, processName: "tiny", processVersion: SemanticVersion(1))))
+            var host = try JSONValue.parse(WireCoding.encoder().encode(Fixture.host(name: "fuzzed")))
+            if case .object(var members) = host {
+                // The fuzzed hosts must not take the fixture's name and version.
+                members["version"] = .string("9.9")
+                host = .object(members)
             }
-        }
-        #expect(try await snapshot(harness, hosted.processID) == before, "\(statuses)")
-        // Both outcomes were reached on every endpoint: the mutations are not all refused at the parser.
-        for (path, _, _) in targets {
-            #expect(statuses.keys.contains { $0.hasPrefix("\(path) 2") }, "\(path): \(statuses)")
-            #expect(statuses.keys.contains { $0.hasPrefix("\(path) 4") }, "\(path): \(statuses)")
+            var statuses: [String: Int] = [:]
+            let targets: [(String, JSONValue, String?)] = [
+                (Endpoint.authenticate, authenticate, nil), (Endpoint.cycleRequest, cycle, device.sessionToken), (Endpoint.processes, host, Harness.adminToken),
+            ]
+            for (path, valid, token) in targets {
+                await propertyCheck(count: 150, input: Self.arbitraryOrMutated(valid)) { body in
+                    let result = try await harness.http.send("POST", path, body: body, token: token, headers: ["Content-Type": MediaType.json])
+                    statuses["\(path) \(result.status) \(result.errorCode ?? "")", default: 0] += 1
+                    #expect((200..<300).contains(result.status) || ((400..<500).contains(result.status) && result.errorCode != nil),
+                            "\(path) \(result.status): \(String(decoding: result.body, as: UTF8.self)) for \(String(decoding: body, as: UTF8.self))")
+                }
+            }
+            #expect(try await snapshot(harness, hosted.processID) == before, "\(statuses)")
+            // Both outcomes were reached on every endpoint: the mutations are not all refused at the parser.
+            for (path, _, _) in targets {
+                #expect(statuses.keys.contains { $0.hasPrefix("\(path) 2") }, "\(path): \(statuses)")
+                #expect(statuses.keys.contains { $0.hasPrefix("\(path) 4") }, "\(path): \(statuses)")
+            }
         }
     }
 
     @Test func concurrentFirstAuthenticationsOfOneIdentityGetOneWorker() async throws {
         let harness = try await Harness.start()
-        defer { Task { await harness.stop() } }
-        var request = Fixture.host()
-        request.serverConfig.authentication = .hs256(secret: OpenAPIConformanceTests.deviceSecret)
-        _ = try await harness.host(request)
-        for round in 0..<3 {
-            // Over HTTP and straight into the actor at once: both race on registering the same identity.
-            let subject = "phone-\(round)"
-            let jwt = try await OpenAPIConformanceTests.deviceToken(subject: subject, expires: harness.clock.date.addingTimeInterval(3600))
-            let message = AuthenticateRequest(authToken: jwt, processName: "tiny", processVersion: SemanticVersion(1))
-            let workers = try await withThrowingTaskGroup(of: String.self) { group in
-                for index in 0..<16 {
-                    if index % 2 == 0 {
-                        group.addTask {
-                            let result = try await harness.http.json("POST", Endpoint.authenticate, message)
-                            #expect(result.status == 200, "\(String(decoding: result.body, as: UTF8.self))")
-                            return try result.decode(AuthenticateResponse.self).workerID
+        try await harness.stopping {
+            var request = Fixture.host()
+            request.serverConfig.authentication = .hs256(secret: OpenAPIConformanceTests.deviceSecret)
+            _ = try await harness.host(request)
+            for round in 0..<3 {
+                // Over HTTP and straight into the actor at once: both race on registering the same identity.
+                let subject = "phone-\(round)"
+                let jwt = try await OpenAPIConformanceTests.deviceToken(subject: subject, expires: harness.clock.date.addingTimeInterval(3600))
+                let message = AuthenticateRequest(authToken: jwt, processName: "tiny", processVersion: SemanticVersion(1))
+                let workers = try await withThrowingTaskGroup(of: String.self) { group in
+                    for index in 0..<16 {
+                        if index % 2 == 0 {
+                            group.addTask {
+                                let result = try await harness.http.json("POST", Endpoint.authenticate, message)
+                                #expect(result.status == 200, "\(String(decoding: result.body, as: UTF8.self))")
+                                return try result.decode(AuthenticateResponse.self).workerID
+                            }
+                        } else {
+                            group.addTask { try await harness.coordinator.authenticate(message).workerID }
                         }
-                    } else {
-                        group.addTask { try await harness.coordinator.authenticate(message).workerID }
                     }
+                    var ids: [String] = []
+                    for try await id in group { ids.append(id) }
+                    return ids
                 }
-                var ids: [String] = []
-                for try await id in group { ids.append(id) }
-                return ids
+                #expect(workers.count == 16)
+                #expect(Set(workers).count == 1, "\(subject): \(Set(workers))")
             }
-            #expect(workers.count == 16)
-            #expect(Set(workers).count == 1, "\(subject): \(Set(workers))")
         }
     }
 }
