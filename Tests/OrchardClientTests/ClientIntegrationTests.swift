@@ -6,19 +6,13 @@ import OrchardFormats
 import OrchardML
 import OrchardProtocol
 import OrchardScheduler
+import OrchardTesting
 import Synchronization
 import Testing
 
 /// Runs `body` against a fresh coordinator on loopback HTTP and a real SQLite file, then stops it.
 func withHarness(_ body: (ClientHarness) async throws -> Void) async throws {
-    let harness = try await ClientHarness.start()
-    do {
-        try await body(harness)
-    } catch {
-        await harness.stop()
-        throw error
-    }
-    await harness.stop()
+    try await withCleanup(try await ClientHarness.start(), stop: { await $0.stop() }, body)
 }
 
 @Suite("Client against a loopback coordinator", .serialized)

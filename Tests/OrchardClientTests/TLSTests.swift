@@ -32,14 +32,7 @@ final class TLSCoordinator: @unchecked Sendable {
 
     /// Runs `body` against a fresh coordinator and stops it afterwards (awaited), whether `body` returns or throws.
     static func with(_ body: (TLSCoordinator) async throws -> Void) async throws {
-        let coordinator = try await TLSCoordinator()
-        do {
-            try await body(coordinator)
-        } catch {
-            await coordinator.stop()
-            throw error
-        }
-        await coordinator.stop()
+        try await withCleanup(try await TLSCoordinator(), stop: { await $0.stop() }, body)
     }
 }
 

@@ -192,13 +192,7 @@ final class Harness: @unchecked Sendable {
     /// Runs `body`, then stops the harness (awaited) whether `body` returns or throws: the next test never meets this
     /// one's server still running.
     func stopping(_ body: () async throws -> Void) async throws {
-        do {
-            try await body()
-        } catch {
-            await stop()
-            throw error
-        }
-        await stop()
+        try await withCleanup(self, stop: { await $0.stop() }) { _ in try await body() }
     }
 
     func host(_ request: HostProcessRequest = Fixture.host()) async throws -> ProcessStatus {
