@@ -523,9 +523,31 @@ struct SpecKey: CodingKey {
     init?(intValue: Int) { nil }
 
     /// The format-1 spelling: `input_size` → `inputSize`.
-    var camelCase: SpecKey {
-        let parts = stringValue.split(separator: "_")
-        return SpecKey(parts.prefix(1).joined() + parts.dropFirst().map { $0.prefix(1).uppercased() + $0.dropFirst() }.joined())
+    var camelCase: SpecKey { SpecKey(Self.camelCase(stringValue)) }
+
+    /// `input_size` → `inputSize`: underscores dropped, the letter after each one (but the first word's) uppercased.
+    /// Every model, plan and layer read looks its keys up in both spellings, so the ASCII names all keys have are
+    /// converted byte by byte (splitting and joining substrings took most of a training plan's decoding).
+    static func camelCase(_ name: String) -> String {
+        var out: [UInt8] = []
+        out.reserveCapacity(name.utf8.count)
+        var upper = false
+        for byte in name.utf8 {
+            guard byte < 0x80 else { return unicodeCamelCase(name) }
+            if byte == UInt8(ascii: "_") {
+                upper = !out.isEmpty
+                continue
+            }
+            out.append(upper && (UInt8(ascii: "a")...UInt8(ascii: "z")).contains(byte) ? byte - 0x20 : byte)
+            upper = false
+        }
+        return String(decoding: out, as: UTF8.self)
+    }
+
+    /// The same conversion for a name that is not ASCII.
+    static func unicodeCamelCase(_ name: String) -> String {
+        let parts = name.split(separator: "_")
+        return parts.prefix(1).joined() + parts.dropFirst().map { $0.prefix(1).uppercased() + $0.dropFirst() }.joined()
     }
 }
 
@@ -534,6 +556,8 @@ extension KeyedDecodingContainer where Key == SpecKey {
     func optional<T: Decodable>(_ type: T.Type, _ name: String) throws -> T? {
         let key = SpecKey(name)
         if contains(key) { return try decode(T.self, forKey: key) }
+        // A name without an underscore is spelt the same in both formats: it is absent.
+        guard name.utf8.contains(UInt8(ascii: "_")) else { return nil }
         return try decodeIfPresent(T.self, forKey: key.camelCase)
     }
 
@@ -548,9 +572,12 @@ extension KeyedDecodingContainer where Key == SpecKey {
     /// Throws a `DecodingError` naming the first key of this object that is neither one of `known` (snake_case) nor
     /// its format-1 camelCase spelling, and `owner` (e.g. `layer 'dense1'`); the message lists the snake_case keys.
     func rejectUnknown(_ known: [String], in owner: @autoclosure () -> String) throws {
-        var accepted = Set(known)
-        for name in known { accepted.insert(SpecKey(name).camelCase.stringValue) }
-        guard let unknown = allKeys.map(\.stringValue).sorted().first(where: { !accepted.contains($0) }) else { return }
+        // An object has a handful of keys: each is looked for among the known names, and only one that is not one of
+        // them is converted back (camelCase keys are format 1's), rather than a set of both spellings built per object.
+        let unknowns = allKeys.map(\.stringValue).filter { key in
+            !known.contains(key) && !known.contains { $0.utf8.contains(UInt8(ascii: "_")) && SpecKey.camelCase($0) == key }
+        }
+        guard let unknown = unknowns.min() else { return }
         throw DecodingError.dataCorruptedError(
             forKey: SpecKey(unknown), in: self,
             debugDescription: "\(owner()) has unknown key '\(unknown)' (known keys: \(known.joined(separator: ", ")))"

@@ -1,5 +1,5 @@
 import Foundation
-import OrchardFormats
+@testable import OrchardFormats
 import Testing
 
 @Suite struct ModelSpecTests {
@@ -210,5 +210,26 @@ import Testing
         let json = "{\n  \"format_version\": 2,\n  \"name\": small\n}\n"
         let error = #expect(throws: FormatError.self) { try ModelSpec.decode(json: Data(json.utf8)) }
         #expect(error?.message == "model JSON: line 3, column 11: expected a value (strings take double quotes), found 'small'")
+    }
+}
+
+@Suite struct SpecKeyCamelCaseTests {
+    /// The byte-wise conversion gives what splitting on `_` and capitalising each later part gives, for the names the
+    /// formats use and for every name of up to four characters over `a`, `Z`, `9`, `é` and `_` (leading, repeated and
+    /// trailing underscores, digits and upper case after one, non-ASCII).
+    @Test func byteWiseConversionMatchesTheReference() {
+        var names = ["input_size", "use_bias", "format_version", "learning_rate", "weight_decay", "batch_size", "max_updates",
+                     "vocabulary_size", "embedding_size", "kernel_size", "units", "", "_", "__a", "a__b", "a_", "a_9b", "a_B"]
+        let alphabet: [String] = ["a", "Z", "9", "é", "_"]
+        var level = [""]
+        for _ in 0..<4 {
+            level = level.flatMap { prefix in alphabet.map { prefix + $0 } }
+            names += level
+        }
+        for name in names {
+            #expect(SpecKey.camelCase(name) == SpecKey.unicodeCamelCase(name), "\(name)")
+        }
+        #expect(SpecKey.camelCase("input_size") == "inputSize")
+        #expect(SpecKey.camelCase("_é_é") == "éÉ")
     }
 }
