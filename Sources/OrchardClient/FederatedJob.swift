@@ -288,12 +288,14 @@ public final class FederatedJob: Sendable {
         )
         var action = exchange.start()
         // The masks are expanded off the critical path once the shares are sent, while the device waits for the
-        // masked_input stage (the largest computation of the protocol); cancelled if the exchange ends first.
+        // masked_input stage (the largest computation of the protocol): on a Dispatch thread, not the cooperative pool,
+        // whose threads would otherwise sit in it while this device's and others' answers wait. Its result is dropped
+        // if the exchange ends first.
         var masks: Task<SecureAggregationPrecomputedMask?, Never>?
         defer { masks?.cancel() }
         while true {
             if masks == nil, let plan = exchange.maskPlan {
-                masks = Task.detached(priority: .utility) { try? plan.compute() }
+                masks = Task.detached(priority: .utility) { try? await offCooperativePool(qos: .utility) { () throws(SecureAggregationError) in try plan.compute() } }
             }
             switch action {
             case .send(let request):

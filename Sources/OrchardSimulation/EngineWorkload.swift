@@ -1,5 +1,6 @@
 public import Foundation
 import OrchardData
+import OrchardSupport
 public import OrchardFormats
 public import OrchardML
 public import OrchardClient

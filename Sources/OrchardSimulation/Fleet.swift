@@ -293,16 +293,6 @@ extension AsyncSemaphore {
     }
 }
 
-/// Runs a long synchronous computation (training, evaluation) on a Dispatch worker thread and waits for it, so
-/// that it does not hold one of the Swift cooperative pool's threads (there are only as many as cores) while the
-/// devices' event handling waits behind it.
-func offCooperativePool<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
-    try await withCheckedThrowingContinuation { continuation in
-        DispatchQueue.global(qos: .userInitiated).async {
-            continuation.resume(with: Result { try body() })
-        }
-    }
-}
 
 /// Random-access draws: a uniform number in [0, 1) from (seed, a, b), independent of any other draw.
 enum OrchardRandomAccess {
