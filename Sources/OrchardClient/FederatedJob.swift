@@ -295,7 +295,9 @@ public final class FederatedJob: Sendable {
         defer { masks?.cancel() }
         while true {
             if masks == nil, let plan = exchange.maskPlan {
-                masks = Task.detached(priority: .utility) { try? await offCooperativePool(qos: .utility) { () throws(SecureAggregationError) in try plan.compute() } }
+                masks = Task.detached(priority: .utility) {
+                    try? await offCooperativePool(qos: .utility) { () throws(SecureAggregationError) in try plan.compute() }
+                }
             }
             switch action {
             case .send(let request):

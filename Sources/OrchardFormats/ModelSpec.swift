@@ -572,8 +572,8 @@ extension KeyedDecodingContainer where Key == SpecKey {
     /// Throws a `DecodingError` naming the first key of this object that is neither one of `known` (snake_case) nor
     /// its format-1 camelCase spelling, and `owner` (e.g. `layer 'dense1'`); the message lists the snake_case keys.
     func rejectUnknown(_ known: [String], in owner: @autoclosure () -> String) throws {
-        // An object has a handful of keys: each is looked for among the known names, and only one that is not one of
-        // them is converted back (camelCase keys are format 1's), rather than a set of both spellings built per object.
+        // An object has a handful of keys: each is compared with the known names and with format 1's camelCase
+        // spelling of those that have an underscore, rather than building a set of both spellings per object.
         let unknowns = allKeys.map(\.stringValue).filter { key in
             !known.contains(key) && !known.contains { $0.utf8.contains(UInt8(ascii: "_")) && SpecKey.camelCase($0) == key }
         }

@@ -293,7 +293,6 @@ extension AsyncSemaphore {
     }
 }
 
-
 /// Random-access draws: a uniform number in [0, 1) from (seed, a, b), independent of any other draw.
 enum OrchardRandomAccess {
     static func uniform(seed: UInt64, a: UInt64, b: UInt64, salt: UInt64) -> Double {
