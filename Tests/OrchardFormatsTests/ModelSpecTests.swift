@@ -232,4 +232,17 @@ import Testing
         #expect(SpecKey.camelCase("input_size") == "inputSize")
         #expect(SpecKey.camelCase("_é_é") == "éÉ")
     }
+
+    /// Keys a hostile model JSON might carry are refused as unknown, naming them: a non-ASCII spelling of a known key,
+    /// the camelCase of a known key in a format-2 file's layer (accepted: both spellings are read), and a key of
+    /// 100 000 underscores and letters.
+    @Test func unusualKeysAreRefusedOrReadAsBefore() throws {
+        func layer(_ extra: String) -> Data {
+            Data(#"{"format_version":2,"name":"x","inputs":[{"name":"in","shape":[3],"categorical":false}],"layers":[{"name":"d","type":"dense","inputs":["in"],"units":4\#(extra)}],"output":"d"}"#.utf8)
+        }
+        #expect { try ModelSpec.decode(json: layer(#","ünits":4"#)) } throws: { ($0 as? FormatError)?.message.contains("'ünits'") == true }
+        #expect(try ModelSpec.decode(json: layer(#","inputSize":3"#)).layers[0].inputSize == 3)
+        let long = String(repeating: "_a", count: 50_000)
+        #expect { try ModelSpec.decode(json: layer(",\"\(long)\":1")) } throws: { ($0 as? FormatError)?.message.contains("has unknown key") == true }
+    }
 }
