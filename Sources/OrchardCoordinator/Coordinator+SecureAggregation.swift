@@ -44,7 +44,7 @@ extension Coordinator {
         return lock
     }
 
-    /// Seconds a waiting device is told to wait: a twelfth of the stage timeout, within 1…10 s.
+    /// Seconds a device is told to wait at first: a twelfth of the stage timeout, within 1…10 s (``SecureCycle/pollDelay(device:now:pollInterval:cycleDeadline:)`` spaces later polls out).
     static func securePollInterval(_ settings: SecureAggregationConfig) -> Double {
         min(10, max(1, (settings.stageTimeout / 12).rounded(.up)))
     }
@@ -99,13 +99,8 @@ extension Coordinator {
             let aggregated = (runtimes[processID]?.machine.completedCycles ?? completedBefore) > completedBefore
             return SecureAggregationReply(cycle: cycle, device: index, stage: aggregated ? .done : .abandoned, next: .done, cycleClosed: true)
         }
-        var reply = try state.reply(device: index, cycle: cycle, pollInterval: Self.securePollInterval(state.settings))
-        if reply.next == .wait, let wait = reply.retryAfter {
-            // Not past the moment the stage closes at the latest: the device comes back when it has closed.
-            let closes = state.stageDeadline ?? current.machine.deadline
-            reply.retryAfter = max(0.001, min(wait, closes.timeIntervalSince(now) + 0.001))
-        }
-        return reply
+        let delay = state.pollDelay(device: index, now: now, pollInterval: Self.securePollInterval(state.settings), cycleDeadline: current.machine.deadline)
+        return try state.reply(device: index, cycle: cycle, pollInterval: delay)
     }
 
     /// advertise_keys: records the worker's keys (replacing them when it advertised before in this stage) and counts

@@ -38,6 +38,8 @@ struct SecureCycle: Sendable {
     /// minimum reports), and when that many had advertised.
     let minimumAdvertisements: Int
     private(set) var minimumReachedAt: Date?
+    /// When each device last advertised (the start of its wait for advertise_keys to close).
+    private(set) var advertisedAt: [Int: Date] = [:]
     /// Events applied so far (the next event's sequence number).
     private(set) var sequence = 0
 
@@ -87,6 +89,7 @@ struct SecureCycle: Sendable {
             try server.receiveAdvertisement(
                 SecureAggregationAdvertisement(device: device, channelPublicKey: keys.channelPublicKey, maskPublicKey: keys.maskPublicKey, signed: keys.signed))
             indexOf[worker] = device
+            advertisedAt[device] = date
             if minimumReachedAt == nil && indexOf.count >= minimumAdvertisements { minimumReachedAt = date }
         case .closeAdvertisements(let seed, let date):
             actions = try server.closeAdvertisements(graphSeed: seed)
@@ -115,6 +118,19 @@ struct SecureCycle: Sendable {
             shared: server.sharedDevices.count, masked: server.maskedDevices.count, signed: server.signedDevices.count,
             unmasked: server.unmaskedDevices.count, dropped: server.dropped.count
         )
+    }
+
+    /// Seconds a device waiting at `now` is told to wait before asking again: `pollInterval` at first, then as long
+    /// as it has waited so far (its advertisement during advertise_keys, the stage's opening after), so the polls of
+    /// a long wait space out geometrically; at most a third of the stage timeout, so a device learns of a close with
+    /// two thirds of the next stage left; and never past the moment the current stage closes at the latest
+    /// (`cycleDeadline` while advertise_keys has no deadline of its own).
+    func pollDelay(device: Int, now: Date, pollInterval: Double, cycleDeadline: Date) -> Double {
+        let since = stage == .advertiseKeys ? advertisedAt[device] : stageOpenedAt
+        let waited = since.map { max(0, now.timeIntervalSince($0)) } ?? 0
+        let delay = max(pollInterval, min(waited, settings.stageTimeout / 3))
+        let closes = stageDeadline ?? cycleDeadline
+        return max(0.001, min(delay, closes.timeIntervalSince(now) + 0.001))
     }
 
     /// What `device` does next in `cycle`: its stage's input when that stage is open and it has not answered, a
