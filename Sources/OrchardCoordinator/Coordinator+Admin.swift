@@ -118,6 +118,13 @@ extension Coordinator {
         }
     }
 
+    /// The number of the process's current cycle and the counts of cycles it aggregated and abandoned (nil for an
+    /// unknown process): what a driver polls to learn that a cycle closed, without the store reads of
+    /// ``status(processID:)``.
+    public func cycleCounts(processID: String) -> (current: Int, completed: Int, abandoned: Int)? {
+        runtimes[processID].map { ($0.machine.cycle, $0.machine.completedCycles, $0.machine.abandonedCycles) }
+    }
+
     /// The status of one process and its open cycle.
     public func status(processID: String) async throws(CoordinatorError) -> ProcessStatus {
         await catchUpShared(processID: processID)

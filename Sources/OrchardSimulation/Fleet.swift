@@ -182,7 +182,7 @@ public struct FleetSimulation: Sendable {
                 }
             }
             let end = await timeline.roundEnd()
-            let aggregated = end.closed ? true : try await coordinator.expireCycle(at: max(cycleDeadline, end.time))
+            let aggregated = end.closed ? await coordinator.roundCycleAggregated() : try await coordinator.expireCycle(at: max(cycleDeadline, end.time))
             // The global model is evaluated while the next round runs (it uses the cores the round leaves idle); the
             // round's record is published once its evaluation is in.
             let model = round % evaluateEvery == 0 || round == rounds ? try await coordinator.currentModel() : nil

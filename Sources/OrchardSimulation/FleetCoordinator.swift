@@ -24,8 +24,11 @@ public actor FleetCoordinator {
     private let coordinator: Coordinator
     private nonisolated let clock: ManualClock
     private nonisolated let epoch: WallInstant
-    private let processID: String
+    /// The hosted process's identifier.
+    public nonisolated let processID: String
     private var cycle = 0
+    /// The coordinator's cycle counts when the round opened.
+    private var countsAtOpening: (current: Int, completed: Int, abandoned: Int)?
     /// Seconds each later stage of secure aggregation stays open at most, when the process uses it.
     public nonisolated let secureStageTimeout: Double?
     /// Whether the process's secure aggregation signs its steps and checks consistency (a fifth stage).
@@ -74,7 +77,22 @@ public actor FleetCoordinator {
             throw SimulationError(.coordinator, "the coordinator has no open cycle for the process")
         }
         cycle = current.number
+        countsAtOpening = await coordinator.cycleCounts(processID: processID)
         return current.deadline - epoch.date.timeIntervalSince1970
+    }
+
+    /// Whether the round's cycle has closed, aggregated or abandoned: by a device's report or stage message, or by a
+    /// stage whose deadline had passed when a device's call reached the coordinator (the coordinator then opens the
+    /// next cycle at once, so the round must end there and not run on to its deadline).
+    public func roundCycleClosed() async -> Bool {
+        guard let counts = await coordinator.cycleCounts(processID: processID), let opening = countsAtOpening else { return false }
+        return counts.current != opening.current || counts.completed != opening.completed || counts.abandoned != opening.abandoned
+    }
+
+    /// Whether the round's cycle, once closed, was aggregated (not abandoned).
+    public func roundCycleAggregated() async -> Bool {
+        guard let counts = await coordinator.cycleCounts(processID: processID), let opening = countsAtOpening else { return false }
+        return counts.completed > opening.completed
     }
 
     /// ε spent so far under the process's differential privacy and the clipping bound of the open cycle, or nil

@@ -303,6 +303,7 @@ final class DeviceLink: Sendable {
         do throws(OrchardClientError) { result = .success(try await body()) } catch { result = .failure(error) }
         var outcome = FleetTimeline.Effect.none
         if case .success(let value) = result { outcome = effect(value) }
+        if case .none = outcome, await coordinator.roundCycleClosed() { outcome = .closedCycle }
         await timeline.release(at: time, effect: outcome)
         return result
     }

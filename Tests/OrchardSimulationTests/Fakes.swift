@@ -110,7 +110,7 @@ enum FleetHarness {
     static func run(
         _ fleet: FleetSimulation, workload: FakeWorkload, goal: Int, overSelection: Double = 1, cycleSeconds: Double = 300,
         minimumReports: Int = 1, http: Bool = false, clientConfig: ClientConfig? = nil, architectureTraining: TrainingSpec? = nil, modelBytes: ((Int) -> Void)? = nil,
-        devices inspect: ((URL) throws -> Void)? = nil
+        devices inspect: ((URL) throws -> Void)? = nil, secure: SecureAggregationConfig? = nil, cycles: (([CycleRecord]) -> Void)? = nil
     ) async throws -> (initial: Evaluation, rounds: [RoundMetrics]) {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("orchard-fleet-test-\(UUID().uuidString)")
         defer { try? FileManager.default.removeItem(at: directory) }
@@ -122,13 +122,15 @@ enum FleetHarness {
             configuration: CoordinatorConfiguration(openAuthenticationRate: nil, maximumOpenWorkers: nil), clock: clock, random: SplitMix64(seed: 1),
             logger: Logger(label: "test") { _ in SwiftLogNoOpLogHandler() }
         )
-        let coordinator = try await FleetCoordinator(
-            coordinator: instance.coordinator, clock: clock,
-            process: FakeModel.process(
-                goal: goal, overSelection: overSelection, cycleSeconds: cycleSeconds, minimumReports: minimumReports,
-                clientConfig: clientConfig ?? FakeModel.clientConfig(updates: workload.updates, step: workload.step), training: architectureTraining
-            )
+        var process = FakeModel.process(
+            goal: goal, overSelection: overSelection, cycleSeconds: cycleSeconds, minimumReports: minimumReports,
+            clientConfig: clientConfig ?? FakeModel.clientConfig(updates: workload.updates, step: workload.step), training: architectureTraining
         )
+        if let secure {
+            process.serverConfig.secureAggregation = secure
+            process.serverConfig.maximumSampleCount = 100
+        }
+        let coordinator = try await FleetCoordinator(coordinator: instance.coordinator, clock: clock, process: process)
         modelBytes?(try await coordinator.currentModel().count)
         if http {
             let server = try await instance.serve(port: 0)
@@ -147,6 +149,7 @@ enum FleetHarness {
         let transport = InProcessTransport(coordinator: instance.coordinator)
         let outcome = try await fleet.run(coordinator: coordinator, transport: transport, workload: workload, directory: directory.appendingPathComponent("devices"), wallClock: ManualClock())
         try inspect?(directory.appendingPathComponent("devices"))
+        cycles?(try await instance.coordinator.cycles(processID: coordinator.processID).cycles)
         return outcome
     }
 }

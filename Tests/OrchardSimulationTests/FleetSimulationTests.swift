@@ -47,6 +47,31 @@ import Testing
         #expect(rounds.map(\.virtualStart) == rounds.map(\.virtualStart).sorted())
     }
 
+    /// Under secure aggregation a cycle can close inside a device's call that finds a stage past its deadline (the
+    /// coordinator closes the stage, abandons or aggregates, and opens the next cycle at once). The round ends there,
+    /// so the next round runs the whole of the next cycle, and the round's record says whether it aggregated.
+    @Test("a secure cycle closed during a device's call ends its round there, and the next cycle is the next round's")
+    func secureCyclesClosedDuringACallEndTheirRound() async throws {
+        var conditions = FleetConditions()
+        conditions.dropout = 0.2
+        conditions.secureStages = true
+        let fleet = FleetSimulation(devices: 20, conditions: conditions, seed: 5, rounds: 12)
+        nonisolated(unsafe) var records: [CycleRecord] = []
+        let (_, rounds) = try await FleetHarness.run(
+            fleet, workload: Self.workload(devices: 20), goal: 10, minimumReports: 6,
+            secure: SecureAggregationConfig(parameters: SecureAggregationConfiguration(threshold: 5), stageTimeout: 10), cycles: { records = $0 }
+        )
+        #expect(rounds.count == 12)
+        #expect(records.map(\.cycle) == Array(1...12), "one cycle a round")
+        #expect(records.contains { $0.outcome == .abandoned } && records.contains { $0.outcome == .aggregated }, "both outcomes occur with this seed")
+        let base = try #require(records.first?.openedAt)
+        for (round, cycle) in zip(rounds, records) {
+            #expect((cycle.outcome == .aggregated) == round.aggregated, "round \(round.round)")
+            let opened = try #require(cycle.openedAt) - base
+            #expect(abs(opened - round.virtualStart) < 1, "round \(round.round) starts at \(round.virtualStart) s, its cycle opened at \(opened) s")
+        }
+    }
+
     @Test func evaluatesEveryNthRoundAndTheLast() async throws {
         let every = FleetSimulation(devices: 20, seed: 3, rounds: 7)
         let sparse = FleetSimulation(devices: 20, seed: 3, rounds: 7, evaluateEvery: 3)
