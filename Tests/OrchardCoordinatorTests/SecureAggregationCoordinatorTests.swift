@@ -238,24 +238,24 @@ struct SecureTestDevice {
     @Test func aWaitingDeviceComesBackLaterTheLongerItHasWaitedNeverPastTheStageClose() async throws {
         let harness = try await Harness.start()
         try await harness.stopping {
-            // Stage timeout 30 s: polls start at 3 s (a twelfth) and grow to at most 10 s (a third).
+            // Stage timeout 30 s: polls start at 5 s (a sixth) and grow to at most 10 s (a third).
             var (_, devices) = try await Self.fleet(harness, count: 4, goal: 4, minimum: 3)
             func expectWait(_ reply: SecureAggregationReply, _ seconds: Double, _ comment: Comment) {
                 #expect(reply.next == .wait, comment)
                 #expect(abs((reply.retryAfter ?? -1) - seconds) < 0.01, "\(comment): retry_after \(reply.retryAfter ?? -1), not \(seconds)")
             }
-            expectWait(try await devices[0].advertise(on: harness.http), 3, "just advertised")
-            harness.clock.advance(by: .seconds(5))
-            expectWait(try await devices[0].step(on: harness.http), 5, "waited 5 s for advertise_keys")
+            expectWait(try await devices[0].advertise(on: harness.http), 5, "just advertised")
+            harness.clock.advance(by: .seconds(7))
+            expectWait(try await devices[0].step(on: harness.http), 7, "waited 7 s for advertise_keys")
             harness.clock.advance(by: .seconds(20))
-            expectWait(try await devices[0].step(on: harness.http), 10, "waited 25 s: a third of the stage timeout")
-            for i in 1...2 { expectWait(try await devices[i].advertise(on: harness.http), 3, "device \(i + 1) just advertised") }
+            expectWait(try await devices[0].step(on: harness.http), 10, "waited 27 s: a third of the stage timeout")
+            for i in 1...2 { expectWait(try await devices[i].advertise(on: harness.http), 5, "device \(i + 1) just advertised") }
             // The minimum advertised: advertise_keys closes 30 s from now.
             harness.clock.advance(by: .seconds(28))
             expectWait(try await devices[0].step(on: harness.http), 2.001, "2 s before advertise_keys closes")
             harness.clock.advance(by: .seconds(2))
             await harness.coordinator.tick()
-            for i in 0...1 { expectWait(try await devices[i].step(on: harness.http), 3, "device \(i + 1) shared as share_keys opened") }
+            for i in 0...1 { expectWait(try await devices[i].step(on: harness.http), 5, "device \(i + 1) shared as share_keys opened") }
             harness.clock.advance(by: .seconds(7))
             expectWait(try await devices[0].step(on: harness.http), 7, "share_keys open for 7 s")
             let dropped = try await devices[3].send(devices[3].request(), on: harness.http)
