@@ -120,7 +120,8 @@ public struct HTTPTransport: ClientTransport {
 
     public func secureAggregation(_ request: SecureAggregationRequest, session: String) async throws(OrchardClientError) -> SecureAggregationReply {
         guard request.maskedInput != nil, request.maskedInputFormat == .safetensors else {
-            return try await exchange(.POST, Endpoint.secureAggregation, body: request, session: session)
+            // A poll, the most frequent request, is written directly.
+            return try await exchange(.POST, Endpoint.secureAggregation, body: request, encoded: request.directJSON(), session: session)
         }
         return try await postSafetensors(MaskedInputEnvelope.encode(request), to: Endpoint.secureAggregation, session: session)
     }
@@ -245,10 +246,11 @@ public struct HTTPTransport: ClientTransport {
         return request
     }
 
-    private func exchange<Body: Encodable, Answer: Decodable>(_ method: HTTPMethod, _ path: String, body: Body, session: String?) async throws(OrchardClientError) -> Answer {
+    /// Sends `body` as JSON (`encoded` when the caller wrote it directly) and decodes the answer.
+    private func exchange<Body: Encodable, Answer: Decodable>(_ method: HTTPMethod, _ path: String, body: Body, encoded: [UInt8]? = nil, session: String?) async throws(OrchardClientError) -> Answer {
         var request = try makeRequest(method, path, session: session)
         do {
-            request.body = .bytes(ByteBuffer(bytes: try WireCoding.encoder().encode(body)))
+            request.body = .bytes(ByteBuffer(bytes: try encoded ?? Array(WireCoding.encoder().encode(body))))
         } catch {
             throw OrchardClientError(.invalidConfiguration, "cannot encode \(Body.self): \(error)")
         }

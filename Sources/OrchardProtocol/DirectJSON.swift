@@ -1,6 +1,9 @@
-/// JSON written directly into bytes for the coordinator's hottest answer (the check-in), where Foundation's
-/// `JSONEncoder` costs more than the rest of the request. The output is the same JSON object as ``WireCoding``'s
-/// encoder gives (same keys, sorted; same values after decoding), checked against it in the tests.
+import OrchardPrivacy
+
+/// JSON written directly into bytes for the hottest messages (the check-in's answer; secure aggregation's polls and
+/// waits), where Foundation's `JSONEncoder` costs more than the rest of the request. The output is the same JSON
+/// object as ``WireCoding``'s encoder gives (same keys, sorted; same values after decoding), checked against it in
+/// the tests.
 enum DirectJSON {
     /// Appends `text` as a JSON string (quotes, `\"`, `\\`, and `\u00XX` for control characters).
     static func append(string text: String, to out: inout [UInt8]) {
@@ -21,15 +24,13 @@ enum DirectJSON {
         out.append(0x22)
     }
 
-    /// Appends a finite number in its shortest round-tripping form (`600`, `0.5`, `1e-05`); nil for NaN or infinity,
-    /// which JSON cannot carry.
+    /// Appends a finite number in its shortest round-tripping form, byte for byte as the encoder writes it (`600`,
+    /// `-0`, `0.5`, `1e-05`, `1e+16`: the description without a trailing `.0`); nil for NaN or infinity, which JSON
+    /// cannot carry.
     static func append(number value: Double, to out: inout [UInt8]) -> Void? {
         guard value.isFinite else { return nil }
-        if value == value.rounded(), abs(value) < 1e15 {
-            out.append(contentsOf: String(Int64(value)).utf8)
-        } else {
-            out.append(contentsOf: value.description.utf8)
-        }
+        let text = value.description.utf8
+        out.append(contentsOf: text.count > 2 && text.suffix(2).elementsEqual(".0".utf8) ? text.dropLast(2) : text[...])
         return ()
     }
 
@@ -199,5 +200,61 @@ struct DirectJSONReader {
             return nil
         }
         return value
+    }
+}
+
+extension SecureAggregationReply {
+    /// The reply as JSON (keys sorted, as ``WireCoding/encoder()`` writes them), written directly when it carries no
+    /// stage input (a `wait`, `done`, or a step whose input is only its name); nil otherwise, or if `retry_after` is not
+    /// finite: the encoder writes those.
+    public func directJSON() -> [UInt8]? {
+        guard roster == nil, delivery == nil, consistencyRequest == nil, unmaskRequest == nil else { return nil }
+        var out: [UInt8] = []
+        out.reserveCapacity(128)
+        out.append(0x7B)
+        DirectJSON.append(key: "cycle", to: &out)
+        out.append(contentsOf: String(cycle).utf8)
+        out.append(0x2C)
+        DirectJSON.append(key: "cycle_closed", to: &out)
+        out.append(contentsOf: (cycleClosed ? "true" : "false").utf8)
+        out.append(0x2C)
+        DirectJSON.append(key: "device", to: &out)
+        out.append(contentsOf: String(device).utf8)
+        out.append(0x2C)
+        if let maskedInputFormat {
+            DirectJSON.append(key: "masked_input_format", to: &out)
+            DirectJSON.append(string: maskedInputFormat.rawValue, to: &out)
+            out.append(0x2C)
+        }
+        DirectJSON.append(key: "next", to: &out)
+        DirectJSON.append(string: next.rawValue, to: &out)
+        out.append(0x2C)
+        if let retryAfter {
+            DirectJSON.append(key: "retry_after", to: &out)
+            guard DirectJSON.append(number: retryAfter, to: &out) != nil else { return nil }
+            out.append(0x2C)
+        }
+        DirectJSON.append(key: "stage", to: &out)
+        DirectJSON.append(string: stage.rawValue, to: &out)
+        out.append(0x7D)
+        return out
+    }
+}
+
+extension SecureAggregationRequest {
+    /// A poll (a request without a stage message) as JSON (keys sorted, as ``WireCoding/encoder()`` writes it),
+    /// written directly; nil for a request carrying a message, which the encoder writes.
+    public func directJSON() -> [UInt8]? {
+        guard messageCount == 0 else { return nil }
+        var out: [UInt8] = []
+        out.reserveCapacity(32 + requestKey.utf8.count + workerID.utf8.count)
+        out.append(0x7B)
+        DirectJSON.append(key: "request_key", to: &out)
+        DirectJSON.append(string: requestKey, to: &out)
+        out.append(0x2C)
+        DirectJSON.append(key: "worker_id", to: &out)
+        DirectJSON.append(string: workerID, to: &out)
+        out.append(0x7D)
+        return out
     }
 }

@@ -459,6 +459,8 @@ extension VirtualTransport {
         let up: Int
         if request.maskedInput != nil, request.maskedInputFormat == .safetensors {
             up = MaskedInputEnvelope.byteCount(request)
+        } else if let poll = request.directJSON() {
+            up = poll.count
         } else {
             var light = request
             light.maskedInput?.words = []
@@ -467,7 +469,7 @@ extension VirtualTransport {
         }
         do { try await link.spend(Double(up) / link.profile.uploadBytesPerSecond) } catch { throw interrupted(error) }
         let reply = try await call(effect: { $0.cycleClosed ? .closedCycle : .none }) { () async throws(OrchardClientError) in try await inner.secureAggregation(request, session: session) }
-        let down = (try? WireCoding.encoder().encode(reply).count) ?? 0
+        let down = reply.directJSON()?.count ?? (try? WireCoding.encoder().encode(reply).count) ?? 0
         link.noteUpload(up)
         if let stage { link.noteSecureStep(stage) }
         do { try await link.spend(Double(down) / link.profile.downloadBytesPerSecond) } catch { throw interrupted(error) }

@@ -71,9 +71,7 @@ public enum CoordinatorServer {
             let answer = try await coordinator.requestCycle(message, session: session)
             // The hottest answer is written directly (JSONEncoder would cost more than the rest of the request).
             guard let bytes = answer.directJSON() else { return try json(answer) }
-            var headers = HTTPFields()
-            headers[.contentType] = MediaType.json
-            return Response(status: .ok, headers: headers, body: ResponseBody(byteBuffer: ByteBuffer(bytes: bytes)))
+            return json(bytes: bytes)
         }
         router.get(RouterPath(stringLiteral: Endpoint.model(":\(Endpoint.Parameter.model)"))) { request, context in
             let session = try await deviceSession(request, coordinator)
@@ -135,7 +133,10 @@ public enum CoordinatorServer {
             } else {
                 message = try await decode(SecureAggregationRequest.self, request, limit: limits.maximumReportBytes / 3 * 4 + limits.maximumMessageBytes)
             }
-            return try json(await coordinator.secureAggregation(message, session: session))
+            let reply = try await coordinator.secureAggregation(message, session: session)
+            // Waits, most of the replies, are written directly.
+            guard let bytes = reply.directJSON() else { return try json(reply) }
+            return json(bytes: bytes)
         } }
         router.get(RouterPath(stringLiteral: Endpoint.speedTest)) { request, _ in
             let session = try await deviceSession(request, coordinator)
@@ -327,6 +328,13 @@ public enum CoordinatorServer {
             throw CoordinatorError(.invalidRequest, "query parameter \(Endpoint.requestKeyQuery) is required")
         }
         return String(key)
+    }
+
+    /// A 200 answer of JSON already written.
+    static func json(bytes: [UInt8]) -> Response {
+        var headers = HTTPFields()
+        headers[.contentType] = MediaType.json
+        return Response(status: .ok, headers: headers, body: ResponseBody(byteBuffer: ByteBuffer(bytes: bytes)))
     }
 
     static func json(_ value: some Encodable, status: HTTPResponse.Status = .ok) throws -> Response {
