@@ -44,7 +44,8 @@ extension Coordinator {
         return lock
     }
 
-    /// Seconds a device is told to wait at first: a sixth of the stage timeout, within 1…10 s (``SecureCycle/pollDelay(device:now:pollInterval:cycleDeadline:)`` spaces later polls out).
+    /// Seconds a device is told to wait at first: a sixth of the stage timeout, within 1…10 s
+    /// (``SecureCycle/pollDelay(device:now:pollInterval:cycleDeadline:)`` spaces later polls out).
     static func securePollInterval(_ settings: SecureAggregationConfig) -> Double {
         min(10, max(1, (settings.stageTimeout / 6).rounded(.up)))
     }

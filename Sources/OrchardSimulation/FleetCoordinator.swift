@@ -26,7 +26,6 @@ public actor FleetCoordinator {
     private nonisolated let epoch: WallInstant
     /// The hosted process's identifier.
     public nonisolated let processID: String
-    private var cycle = 0
     /// The coordinator's cycle counts when the round opened.
     private var countsAtOpening: (current: Int, completed: Int, abandoned: Int)?
     /// Seconds each later stage of secure aggregation stays open at most, when the process uses it.
@@ -76,7 +75,6 @@ public actor FleetCoordinator {
         guard let current = try await status().currentCycle else {
             throw SimulationError(.coordinator, "the coordinator has no open cycle for the process")
         }
-        cycle = current.number
         countsAtOpening = await coordinator.cycleCounts(processID: processID)
         return current.deadline - epoch.date.timeIntervalSince1970
     }

@@ -303,7 +303,9 @@ final class DeviceLink: Sendable {
         do throws(OrchardClientError) { result = .success(try await body()) } catch { result = .failure(error) }
         var outcome = FleetTimeline.Effect.none
         if case .success(let value) = result { outcome = effect(value) }
-        if case .none = outcome, await coordinator.roundCycleClosed() { outcome = .closedCycle }
+        // A secure cycle can also close inside a call whose answer does not say so (a stage found past its deadline);
+        // a plain one closes with the report that says it.
+        if case .none = outcome, coordinator.secureStageTimeout != nil, await coordinator.roundCycleClosed() { outcome = .closedCycle }
         await timeline.release(at: time, effect: outcome)
         return result
     }
