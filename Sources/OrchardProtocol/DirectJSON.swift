@@ -42,50 +42,73 @@ enum DirectJSON {
     }
 }
 
+/// One JSON object written member by member, in the order given (the caller gives the keys sorted); the commas
+/// and braces are its business.
+struct DirectJSONObject {
+    private var out: [UInt8]
+    private var empty = true
+
+    init(capacity: Int) {
+        out = []
+        out.reserveCapacity(capacity)
+        out.append(0x7B)
+    }
+
+    private mutating func key(_ key: StaticString) {
+        if !empty { out.append(0x2C) }
+        empty = false
+        DirectJSON.append(key: key, to: &out)
+    }
+
+    mutating func add(_ key: StaticString, string: String) {
+        self.key(key)
+        DirectJSON.append(string: string, to: &out)
+    }
+
+    mutating func add(_ key: StaticString, int: Int) {
+        self.key(key)
+        out.append(contentsOf: String(int).utf8)
+    }
+
+    mutating func add(_ key: StaticString, bool: Bool) {
+        self.key(key)
+        out.append(contentsOf: (bool ? "true" : "false").utf8)
+    }
+
+    /// nil when `number` is not finite (the object is then unusable, as JSON cannot carry it).
+    mutating func add(_ key: StaticString, number: Double) -> Void? {
+        self.key(key)
+        return DirectJSON.append(number: number, to: &out)
+    }
+
+    /// The object's bytes, closed.
+    consuming func bytes() -> [UInt8] {
+        out.append(0x7D)
+        return out
+    }
+}
+
 extension CycleResponse {
     /// The answer as JSON (keys sorted, as ``WireCoding/encoder()`` writes them), written directly; nil if a number
     /// is not finite (which ``WireCoding/encoder()`` refuses too).
     public func directJSON() -> [UInt8]? {
-        var out: [UInt8] = []
-        out.reserveCapacity(256)
-        out.append(0x7B)
+        var object = DirectJSONObject(capacity: 256)
         switch self {
         case .accepted(let assignment):
-            DirectJSON.append(key: "checkpoint", to: &out)
-            out.append(contentsOf: String(assignment.checkpoint).utf8)
-            out.append(0x2C)
-            DirectJSON.append(key: "cycle", to: &out)
-            out.append(contentsOf: String(assignment.cycle).utf8)
-            out.append(0x2C)
-            DirectJSON.append(key: "model_id", to: &out)
-            DirectJSON.append(string: assignment.modelID, to: &out)
-            out.append(0x2C)
-            DirectJSON.append(key: "plan_id", to: &out)
-            DirectJSON.append(string: assignment.planID, to: &out)
-            out.append(0x2C)
-            DirectJSON.append(key: "process_id", to: &out)
-            DirectJSON.append(string: assignment.processID, to: &out)
-            out.append(0x2C)
-            DirectJSON.append(key: "report_within", to: &out)
-            guard DirectJSON.append(number: assignment.reportWithin, to: &out) != nil else { return nil }
-            out.append(0x2C)
-            DirectJSON.append(key: "request_key", to: &out)
-            DirectJSON.append(string: assignment.requestKey, to: &out)
-            out.append(0x2C)
-            DirectJSON.append(key: "status", to: &out)
-            DirectJSON.append(string: "accepted", to: &out)
+            object.add("checkpoint", int: assignment.checkpoint)
+            object.add("cycle", int: assignment.cycle)
+            object.add("model_id", string: assignment.modelID)
+            object.add("plan_id", string: assignment.planID)
+            object.add("process_id", string: assignment.processID)
+            guard object.add("report_within", number: assignment.reportWithin) != nil else { return nil }
+            object.add("request_key", string: assignment.requestKey)
+            object.add("status", string: "accepted")
         case .rejected(let rejection):
-            DirectJSON.append(key: "reason", to: &out)
-            DirectJSON.append(string: rejection.reason, to: &out)
-            out.append(0x2C)
-            DirectJSON.append(key: "retry_after", to: &out)
-            guard DirectJSON.append(number: rejection.retryAfter, to: &out) != nil else { return nil }
-            out.append(0x2C)
-            DirectJSON.append(key: "status", to: &out)
-            DirectJSON.append(string: "rejected", to: &out)
+            object.add("reason", string: rejection.reason)
+            guard object.add("retry_after", number: rejection.retryAfter) != nil else { return nil }
+            object.add("status", string: "rejected")
         }
-        out.append(0x7D)
-        return out
+        return object.bytes()
     }
 }
 
@@ -209,35 +232,15 @@ extension SecureAggregationReply {
     /// finite: the encoder writes those.
     public func directJSON() -> [UInt8]? {
         guard roster == nil, delivery == nil, consistencyRequest == nil, unmaskRequest == nil else { return nil }
-        var out: [UInt8] = []
-        out.reserveCapacity(128)
-        out.append(0x7B)
-        DirectJSON.append(key: "cycle", to: &out)
-        out.append(contentsOf: String(cycle).utf8)
-        out.append(0x2C)
-        DirectJSON.append(key: "cycle_closed", to: &out)
-        out.append(contentsOf: (cycleClosed ? "true" : "false").utf8)
-        out.append(0x2C)
-        DirectJSON.append(key: "device", to: &out)
-        out.append(contentsOf: String(device).utf8)
-        out.append(0x2C)
-        if let maskedInputFormat {
-            DirectJSON.append(key: "masked_input_format", to: &out)
-            DirectJSON.append(string: maskedInputFormat.rawValue, to: &out)
-            out.append(0x2C)
-        }
-        DirectJSON.append(key: "next", to: &out)
-        DirectJSON.append(string: next.rawValue, to: &out)
-        out.append(0x2C)
-        if let retryAfter {
-            DirectJSON.append(key: "retry_after", to: &out)
-            guard DirectJSON.append(number: retryAfter, to: &out) != nil else { return nil }
-            out.append(0x2C)
-        }
-        DirectJSON.append(key: "stage", to: &out)
-        DirectJSON.append(string: stage.rawValue, to: &out)
-        out.append(0x7D)
-        return out
+        var object = DirectJSONObject(capacity: 128)
+        object.add("cycle", int: cycle)
+        object.add("cycle_closed", bool: cycleClosed)
+        object.add("device", int: device)
+        if let maskedInputFormat { object.add("masked_input_format", string: maskedInputFormat.rawValue) }
+        object.add("next", string: next.rawValue)
+        if let retryAfter { guard object.add("retry_after", number: retryAfter) != nil else { return nil } }
+        object.add("stage", string: stage.rawValue)
+        return object.bytes()
     }
 }
 
@@ -246,15 +249,9 @@ extension SecureAggregationRequest {
     /// written directly; nil for a request carrying a message, which the encoder writes.
     public func directJSON() -> [UInt8]? {
         guard messageCount == 0 else { return nil }
-        var out: [UInt8] = []
-        out.reserveCapacity(32 + requestKey.utf8.count + workerID.utf8.count)
-        out.append(0x7B)
-        DirectJSON.append(key: "request_key", to: &out)
-        DirectJSON.append(string: requestKey, to: &out)
-        out.append(0x2C)
-        DirectJSON.append(key: "worker_id", to: &out)
-        DirectJSON.append(string: workerID, to: &out)
-        out.append(0x7D)
-        return out
+        var object = DirectJSONObject(capacity: 32 + requestKey.utf8.count + workerID.utf8.count)
+        object.add("request_key", string: requestKey)
+        object.add("worker_id", string: workerID)
+        return object.bytes()
     }
 }
