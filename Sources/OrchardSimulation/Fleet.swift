@@ -183,6 +183,9 @@ public struct FleetSimulation: Sendable {
             }
             let end = await timeline.roundEnd()
             let aggregated = end.closed ? await coordinator.roundCycleAggregated() : try await coordinator.expireCycle(at: max(cycleDeadline, end.time))
+            // When no device could call before the round's deadline, the round ended where the coordinator's timer closed
+            // the cycle: a secure stage waiting for a device that went away closes at its own deadline, long before that.
+            let endTime = end.closed ? end.time : min(end.time, coordinator.now)
             // The global model is evaluated while the next round runs (it uses the cores the round leaves idle); the
             // round's record is published once its evaluation is in.
             let model = round % evaluateEvery == 0 || round == rounds ? try await coordinator.currentModel() : nil
@@ -191,23 +194,23 @@ public struct FleetSimulation: Sendable {
                 return try await workload.evaluate(model: model)
             }
             let selected = deviceRecords.filter { $0.assignedAt != nil }
-            let accepted = selected.count { ($0.reportedAt ?? .infinity) <= end.time }
+            let accepted = selected.count { ($0.reportedAt ?? .infinity) <= endTime }
             // A device that went away after its input was in (a secure-aggregation stage after masked_input) counts once, as
             // accepted.
-            let dropouts = selected.count { ($0.droppedAt ?? .infinity) <= end.time && ($0.reportedAt ?? .infinity) > end.time }
+            let dropouts = selected.count { ($0.droppedAt ?? .infinity) <= endTime && ($0.reportedAt ?? .infinity) > endTime }
             let privacy = try await coordinator.privacy()
-            let modeled = await timeline.modeledTurnedAway(before: end.time)
+            let modeled = await timeline.modeledTurnedAway(before: endTime)
             var record = RoundMetrics(
-                round: round, wallSeconds: wallStart.duration(to: wallClock.now).inSeconds, virtualStart: start, virtualEnd: end.time,
+                round: round, wallSeconds: wallStart.duration(to: wallClock.now).inSeconds, virtualStart: start, virtualEnd: endTime,
                 availableFraction: conditions.availability.availableFraction(devices: devices, at: start, seed: seed),
                 selected: selected.count, participants: aggregated ? accepted : 0, dropouts: dropouts,
                 late: selected.count - accepted - dropouts,
-                expirations: deviceRecords.reduce(0) { $0 + $1.expirations.count { $0 <= end.time } },
-                resumed: deviceRecords.reduce(0) { $0 + $1.resumptions.count { $0 <= end.time } },
-                bytesUp: deviceRecords.reduce(0) { $0 + $1.uploads.filter { $0.time <= end.time }.reduce(0) { $0 + $1.bytes } },
-                bytesDown: deviceRecords.reduce(0) { $0 + $1.downloads.filter { $0.time <= end.time }.reduce(0) { $0 + $1.bytes } },
+                expirations: deviceRecords.reduce(0) { $0 + $1.expirations.count { $0 <= endTime } },
+                resumed: deviceRecords.reduce(0) { $0 + $1.resumptions.count { $0 <= endTime } },
+                bytesUp: deviceRecords.reduce(0) { $0 + $1.uploads.filter { $0.time <= endTime }.reduce(0) { $0 + $1.bytes } },
+                bytesDown: deviceRecords.reduce(0) { $0 + $1.downloads.filter { $0.time <= endTime }.reduce(0) { $0 + $1.bytes } },
                 aggregated: aggregated, testLoss: nil, testAccuracy: nil, testRMSE: nil, epsilon: privacy?.epsilon, clippingNorm: privacy?.clippingNorm,
-                checkIns: deviceRecords.count { ($0.checkedInAt ?? .infinity) <= end.time }, turnedAwayModeled: modeled
+                checkIns: deviceRecords.count { ($0.checkedInAt ?? .infinity) <= endTime }, turnedAwayModeled: modeled
             )
             if coordinator.secureStageTimeout != nil {
                 func count(_ stage: SecureAggregationStage) -> Int { selected.count { $0.secureSteps.contains(stage) } }
@@ -217,7 +220,7 @@ public struct FleetSimulation: Sendable {
             }
             if let previous = pending { records.append(try await Self.publish(previous, onRound)) }
             pending = (record, evaluation)
-            clock = max(end.time, coordinator.now)
+            clock = max(endTime, coordinator.now)
         }
         if let last = pending { records.append(try await Self.publish(last, onRound)) }
         return (initial, records)

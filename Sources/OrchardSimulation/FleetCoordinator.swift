@@ -109,22 +109,29 @@ public actor FleetCoordinator {
     /// The coordinator's virtual time (it may be past the round's last call when secure-aggregation stages timed out).
     public nonisolated var now: Double { epoch.duration(to: clock.now).inSeconds }
 
-    /// Moves the clock to the cycle's deadline and lets the coordinator close it; true when it aggregated. Under
-    /// secure aggregation, the stages still open then close at their own deadlines.
+    /// Lets the coordinator close the round's cycle once its devices stopped calling, at the time its own timer would:
+    /// the cycle's deadline `time`, or before it the deadline of a secure-aggregation stage still waiting for a device
+    /// that went away (and after it, each later stage's). True when the cycle aggregated.
     public func expireCycle(at time: Double) async throws(SimulationError) -> Bool {
         let before = try await status()
-        // A millisecond past the deadline, so that the coordinator's `now >= deadline` holds whatever the rounding
-        // of the virtual-to-wall-clock conversion.
-        move(to: time + 0.001)
-        await coordinator.tick()
-        var after = try await status()
-        var closes = 0
-        while let secure = after.currentCycle?.secureAggregation, after.currentCycle?.number == before.currentCycle?.number,
-              secure.stage != .advertiseKeys, closes < 8 {
-            move(to: secure.stageDeadline - epoch.date.timeIntervalSince1970 + 0.001)
+        var after = before
+        var pastDeadline = false, moves = 0
+        while moves < 12, after.currentCycle?.number == before.currentCycle?.number {
+            moves += 1
+            let secure = after.currentCycle?.secureAggregation
+            let stageEnd = secure.map { $0.stageDeadline - epoch.date.timeIntervalSince1970 }
+            // A millisecond past a deadline, so that the coordinator's `now >= deadline` holds whatever the rounding
+            // of the virtual-to-wall-clock conversion.
+            if !pastDeadline, !(stageEnd.map { $0 < time } ?? false) {
+                move(to: time + 0.001)
+                pastDeadline = true
+            } else if let secure, let stageEnd, !pastDeadline || secure.stage != .advertiseKeys {
+                move(to: stageEnd + 0.001)
+            } else {
+                break
+            }
             await coordinator.tick()
             after = try await status()
-            closes += 1
         }
         return after.cyclesCompleted > before.cyclesCompleted
     }

@@ -49,9 +49,10 @@ import Testing
 
     /// Under secure aggregation a cycle can close inside a device's call that finds a stage past its deadline (the
     /// coordinator closes the stage, abandons or aggregates, and opens the next cycle at once). The round ends there,
-    /// so the next round runs the whole of the next cycle, and the round's record says whether it aggregated.
-    @Test("a secure cycle closed during a device's call ends its round there, and the next cycle is the next round's")
-    func secureCyclesClosedDuringACallEndTheirRound() async throws {
+    /// so the next round runs the whole of the next cycle, and the round's record says whether it aggregated. A cycle
+    /// whose devices stopped calling closes at its stage's deadline, and its round ends there too.
+    @Test("a secure cycle ends its round where it closed (during a device's call or by a stage's timer), and the next cycle is the next round's")
+    func secureCyclesEndTheirRoundWhereTheyClosed() async throws {
         var conditions = FleetConditions()
         conditions.dropout = 0.2
         conditions.secureStages = true
@@ -69,6 +70,11 @@ import Testing
             #expect((cycle.outcome == .aggregated) == round.aggregated, "round \(round.round)")
             let opened = try #require(cycle.openedAt) - base
             #expect(abs(opened - round.virtualStart) < 1, "round \(round.round) starts at \(round.virtualStart) s, its cycle opened at \(opened) s")
+            // A round whose devices stopped calling (one went away mid-stage) ends where the stage's timer closed the
+            // cycle, not at the round's deadline.
+            let closed = try #require(cycle.closedAt) - base
+            #expect(abs(closed - round.virtualEnd) < 1, "round \(round.round) ends at \(round.virtualEnd) s, its cycle closed at \(closed) s")
+            #expect(round.virtualEnd < opened + 300, "round \(round.round) ran to its cycle's deadline")
         }
     }
 
