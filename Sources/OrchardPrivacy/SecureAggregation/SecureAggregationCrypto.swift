@@ -136,21 +136,41 @@ public enum MaskExpansion {
         return words
     }
 
+    /// One mask to apply: the seed of its keystream, and whether it is subtracted (else added).
+    public struct Stream: Sendable {
+        /// The 32-byte seed.
+        public var seed: Data
+        /// Subtract the expansion instead of adding it.
+        public var subtracting: Bool
+
+        /// A stream of `seed`'s expansion, added or subtracted.
+        public init(seed: Data, subtracting: Bool) {
+            self.seed = seed
+            self.subtracting = subtracting
+        }
+    }
+
     /// Words per keystream chunk: 64 KiB, so a chunk is made and added while it is in cache, and no buffer the
     /// model's size is allocated (and zeroed by the kernel) per stream.
     static let chunkWords = 16_384
     /// A chunk's worth of zero bytes: AES-CTR of zeros is the keystream.
     private static let zeros = Data(count: 4 * chunkWords)
 
-    /// Adds (or subtracts) the expansion of `seed` to `words` modulo 2^`modulusBits`, chunk by chunk: chunk j is the
-    /// keystream from counter block j · (chunk blocks), so the words are exactly those of one AES-256-CTR keystream of
-    /// the whole length from a zero counter block.
+    /// Adds (or subtracts) the expansion of `seed` to `words` modulo 2^`modulusBits`.
     static func apply(seed: Data, to words: inout [UInt32], modulusBits: Int, subtracting: Bool) throws(SecureAggregationError) {
-        guard seed.count == SecureAggregationCrypto.keyByteCount else {
-            throw SecureAggregationError(.cryptographyFailure, "a mask seed must be 32 bytes, not \(seed.count)")
+        try apply([Stream(seed: seed, subtracting: subtracting)], to: &words, modulusBits: modulusBits)
+    }
+
+    /// Adds (or subtracts) every stream's expansion to `words` modulo 2^`modulusBits`, chunk by chunk and every stream
+    /// within a chunk, so the chunk of `words` stays in cache while all the streams are added to it. Chunk j of a
+    /// stream is its keystream from counter block j · (chunk blocks), so the words are exactly those of one AES-256-CTR
+    /// keystream of the whole length from a zero counter block.
+    static func apply(_ streams: [Stream], to words: inout [UInt32], modulusBits: Int) throws(SecureAggregationError) {
+        for stream in streams where stream.seed.count != SecureAggregationCrypto.keyByteCount {
+            throw SecureAggregationError(.cryptographyFailure, "a mask seed must be 32 bytes, not \(stream.seed.count)")
         }
         let mask: UInt32 = modulusBits >= 32 ? .max : (UInt32(1) << UInt32(modulusBits)) &- 1
-        let key = SymmetricKey(data: seed)
+        let keys = streams.map { SymmetricKey(data: $0.seed) }
         let blocksPerChunk = UInt64(4 * chunkWords / 16)
         var start = 0, chunk: UInt64 = 0
         while start < words.count {
@@ -158,24 +178,68 @@ public enum MaskExpansion {
             // The 128-bit big-endian counter block where this chunk starts.
             var counter = [UInt8](repeating: 0, count: 16)
             withUnsafeBytes(of: (chunk * blocksPerChunk).bigEndian) { counter.replaceSubrange(8..<16, with: $0) }
-            let stream: Data
-            do {
-                stream = try AES._CTR.encrypt(zeros.prefix(4 * count), using: key, nonce: AES._CTR.Nonce(nonceBytes: counter))
-            } catch {
-                throw SecureAggregationError(.cryptographyFailure, "expanding a mask seed failed: \(error)")
-            }
-            stream.withUnsafeBytes { raw in
-                words.withUnsafeMutableBufferPointer { all in
-                    let out = UnsafeMutableBufferPointer(rebasing: all[start..<(start + count)])
-                    if subtracting {
-                        for i in 0..<count { out[i] = (out[i] &- UInt32(littleEndian: raw.loadUnaligned(fromByteOffset: 4 * i, as: UInt32.self))) & mask }
-                    } else {
-                        for i in 0..<count { out[i] = (out[i] &+ UInt32(littleEndian: raw.loadUnaligned(fromByteOffset: 4 * i, as: UInt32.self))) & mask }
+            for (key, stream) in zip(keys, streams) {
+                let keystream: Data
+                do {
+                    keystream = try AES._CTR.encrypt(zeros.prefix(4 * count), using: key, nonce: AES._CTR.Nonce(nonceBytes: counter))
+                } catch {
+                    throw SecureAggregationError(.cryptographyFailure, "expanding a mask seed failed: \(error)")
+                }
+                keystream.withUnsafeBytes { raw in
+                    words.withUnsafeMutableBufferPointer { all in
+                        ModularWords.accumulate(
+                            into: UnsafeMutableBufferPointer(rebasing: all[start..<(start + count)]), littleEndian: raw, mask: mask, subtracting: stream.subtracting)
                     }
                 }
             }
             start += count
             chunk += 1
         }
+    }
+}
+
+/// Word arithmetic modulo 2^bits (a power of two: add, then mask), eight words at a time.
+enum ModularWords {
+    /// `out[i] = (out[i] ± w[i]) & mask`, where w is `bytes` read as little-endian UInt32s (at least `out.count` of them).
+    @inline(__always)
+    static func accumulate(into out: UnsafeMutableBufferPointer<UInt32>, littleEndian bytes: UnsafeRawBufferPointer, mask: UInt32, subtracting: Bool) {
+        precondition(bytes.count >= 4 * out.count, "fewer words than the output")
+        let count = out.count
+        guard count > 0, let target = out.baseAddress, let source = bytes.baseAddress else { return }
+        var i = 0
+        #if _endian(little)
+        let lanes = SIMD8<UInt32>(repeating: mask)
+        let raw = UnsafeMutableRawPointer(target)
+        if subtracting {
+            while i + 8 <= count {
+                let sum = raw.loadUnaligned(fromByteOffset: 4 * i, as: SIMD8<UInt32>.self) &- source.loadUnaligned(fromByteOffset: 4 * i, as: SIMD8<UInt32>.self)
+                raw.storeBytes(of: sum & lanes, toByteOffset: 4 * i, as: SIMD8<UInt32>.self)
+                i += 8
+            }
+        } else {
+            while i + 8 <= count {
+                let sum = raw.loadUnaligned(fromByteOffset: 4 * i, as: SIMD8<UInt32>.self) &+ source.loadUnaligned(fromByteOffset: 4 * i, as: SIMD8<UInt32>.self)
+                raw.storeBytes(of: sum & lanes, toByteOffset: 4 * i, as: SIMD8<UInt32>.self)
+                i += 8
+            }
+        }
+        #endif
+        while i < count {
+            let word = UInt32(littleEndian: source.loadUnaligned(fromByteOffset: 4 * i, as: UInt32.self))
+            target[i] = (subtracting ? target[i] &- word : target[i] &+ word) & mask
+            i += 1
+        }
+    }
+
+    /// `sum[i] = (sum[i] + words[i]) & mask` (native words, as many as `sum` has).
+    static func add(_ words: [UInt32], into sum: inout [UInt32], mask: UInt32) {
+        precondition(words.count == sum.count, "adding \(words.count) words to \(sum.count)")
+        #if _endian(little)
+        words.withUnsafeBytes { bytes in
+            sum.withUnsafeMutableBufferPointer { accumulate(into: $0, littleEndian: bytes, mask: mask, subtracting: false) }
+        }
+        #else
+        for i in words.indices { sum[i] = (sum[i] &+ words[i]) & mask }
+        #endif
     }
 }

@@ -265,22 +265,24 @@ public struct SecureAggregationDevice: Sendable, Codable {
                 }
             }
         }
+        var streams: [MaskExpansion.Stream] = []
         if let ahead {
             // All the masks are in, less the pairwise masks of neighbours whose bundles did not arrive (they dropped at
             // share_keys).
             for peer in ahead.peers.subtracting(seedShares.keys).sorted() {
                 let seed = try SecureAggregationCrypto.pairwiseMaskSeed(
                     privateKey: maskKey, peerPublicKey: neighbourKeys[peer]!.maskPublicKey, device: index, peer: peer, context: context)
-                try MaskExpansion.apply(seed: seed, to: &words, modulusBits: configuration.modulusBits, subtracting: !(peer < index))
+                streams.append(MaskExpansion.Stream(seed: seed, subtracting: !(peer < index)))
             }
         } else {
-            try MaskExpansion.apply(seed: selfMaskSeed, to: &words, modulusBits: configuration.modulusBits, subtracting: false)
+            streams.append(MaskExpansion.Stream(seed: selfMaskSeed, subtracting: false))
             for peer in seedShares.keys.sorted() {
                 let seed = try SecureAggregationCrypto.pairwiseMaskSeed(
                     privateKey: maskKey, peerPublicKey: neighbourKeys[peer]!.maskPublicKey, device: index, peer: peer, context: context)
-                try MaskExpansion.apply(seed: seed, to: &words, modulusBits: configuration.modulusBits, subtracting: peer < index)
+                streams.append(MaskExpansion.Stream(seed: seed, subtracting: peer < index))
             }
         }
+        try MaskExpansion.apply(streams, to: &words, modulusBits: configuration.modulusBits)
         heldSelfMaskShares = seedShares
         heldSecretKeyShares = keyShares
         stage = configuration.consistencyCheck ? .consistencyCheck : .unmask
@@ -292,7 +294,7 @@ public struct SecureAggregationDevice: Sendable, Codable {
     public func maskPlan() throws(SecureAggregationError) -> SecureAggregationMaskPlan? {
         guard stage == .maskedInput else { return nil }
         let maskKey = try SecureAggregationCrypto.agreementKey(maskPrivateKey)
-        var streams = [SecureAggregationMaskPlan.Stream(seed: selfMaskSeed, subtracting: false)]
+        var streams = [MaskExpansion.Stream(seed: selfMaskSeed, subtracting: false)]
         for peer in neighbourKeys.keys.sorted() {
             let seed = try SecureAggregationCrypto.pairwiseMaskSeed(
                 privateKey: maskKey, peerPublicKey: neighbourKeys[peer]!.maskPublicKey, device: index, peer: peer, context: context)
@@ -469,23 +471,16 @@ public struct SecureAggregationSecrets: Sendable, Codable {
 /// The seeds of all of a device's masks (its self mask and one pairwise mask per neighbour), to expand before its
 /// delivery arrives; holds secrets, so keep it in memory only.
 public struct SecureAggregationMaskPlan: Sendable {
-    struct Stream: Sendable {
-        var seed: Data
-        var subtracting: Bool
-    }
-
     let device: Int
     let peers: Set<Int>
-    let streams: [Stream]
+    let streams: [MaskExpansion.Stream]
     let length: Int
     let modulusBits: Int
 
     /// Expands and sums every mask (a model's worth of keystream per neighbour, plus one).
     public func compute() throws(SecureAggregationError) -> SecureAggregationPrecomputedMask {
         var words = [UInt32](repeating: 0, count: length)
-        for stream in streams {
-            try MaskExpansion.apply(seed: stream.seed, to: &words, modulusBits: modulusBits, subtracting: stream.subtracting)
-        }
+        try MaskExpansion.apply(streams, to: &words, modulusBits: modulusBits)
         return SecureAggregationPrecomputedMask(device: device, peers: peers, words: words)
     }
 }

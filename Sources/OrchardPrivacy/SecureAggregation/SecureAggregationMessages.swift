@@ -180,7 +180,15 @@ public struct SecureAggregationMaskedInput: Sendable, Hashable, Codable {
     /// Words from little-endian bytes (a multiple of 4).
     public static func words(fromLittleEndian bytes: Data) -> [UInt32] {
         bytes.withUnsafeBytes { raw in
-            (0..<(raw.count / 4)).map { UInt32(littleEndian: raw.loadUnaligned(fromByteOffset: $0 * 4, as: UInt32.self)) }
+            let count = raw.count / 4
+            #if _endian(little)
+            return [UInt32](unsafeUninitializedCapacity: count) { buffer, initialized in
+                if count > 0 { UnsafeMutableRawPointer(buffer.baseAddress!).copyMemory(from: raw.baseAddress!, byteCount: 4 * count) }
+                initialized = count
+            }
+            #else
+            return (0..<count).map { UInt32(littleEndian: raw.loadUnaligned(fromByteOffset: $0 * 4, as: UInt32.self)) }
+            #endif
         }
     }
 }

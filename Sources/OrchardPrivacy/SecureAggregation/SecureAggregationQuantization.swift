@@ -16,21 +16,35 @@ public enum SecureAggregationQuantization {
         guard levels >= 2, clippingRange > 0, clippingRange.isFinite else {
             throw SecureAggregationError(.invalidInput, "quantisation needs at least 2 levels (not \(levels)) and a positive clipping range (not \(clippingRange))")
         }
-        let c = Double(clippingRange), top = levels - 1, scale = Double(top) / (2 * c)
-        var result = [UInt32](repeating: 0, count: values.count)
-        var bits: UInt64 = 0
-        for (i, value) in values.enumerated() {
-            guard !value.isNaN else { throw SecureAggregationError(.invalidInput, "coordinate \(i) of the update is NaN") }
-            // u ∈ [0, Q − 1], so truncation is the floor (a conversion instruction, not a call to floor()).
-            let u = min((min(max(Double(value), -c), c) + c) * scale, Double(top))
-            let floor = UInt32(u)
-            // One 64-bit draw gives two uniform 32-bit fractions (the generic `Double.random(in:using:)` costs
-            // several times the rest of the loop).
-            if i & 1 == 0 { bits = generator.next() }
-            let uniform = Double(UInt32(truncatingIfNeeded: i & 1 == 0 ? bits : bits >> 32)) * 0x1p-32
-            result[i] = min(floor &+ (uniform < u - Double(floor) ? 1 : 0), top)
+        if let nan = values.firstIndex(where: \.isNaN) {
+            throw SecureAggregationError(.invalidInput, "coordinate \(nan) of the update is NaN")
         }
-        return result
+        let c = Double(clippingRange), top = levels - 1, scale = Double(top) / (2 * c), topLevel = Double(top)
+        // u ∈ [0, Q − 1], so truncation is the floor (a conversion instruction, not a call to floor()); `uniform` is a
+        // fraction in [0, 1).
+        @inline(__always) func level(_ value: Float, _ uniform: Double) -> UInt32 {
+            let u = min((min(max(Double(value), -c), c) + c) * scale, topLevel)
+            let floor = UInt32(u)
+            return min(floor &+ (uniform < u - Double(floor) ? 1 : 0), top)
+        }
+        return [UInt32](unsafeUninitializedCapacity: values.count) { result, initialized in
+            values.withUnsafeBufferPointer { input in
+                // One 64-bit draw gives two uniform 32-bit fractions (the generic `Double.random(in:using:)` costs
+                // several times the rest of the loop).
+                var i = 0
+                while i + 2 <= input.count {
+                    let bits: UInt64 = generator.next()
+                    result[i] = level(input[i], Double(UInt32(truncatingIfNeeded: bits)) * 0x1p-32)
+                    result[i + 1] = level(input[i + 1], Double(UInt32(truncatingIfNeeded: bits >> 32)) * 0x1p-32)
+                    i += 2
+                }
+                if i < input.count {
+                    let bits: UInt64 = generator.next()
+                    result[i] = level(input[i], Double(UInt32(truncatingIfNeeded: bits)) * 0x1p-32)
+                }
+            }
+            initialized = values.count
+        }
     }
 
     /// Σ n_i x_i per coordinate from the aggregate levels S and total weight N: S · Δ − c · N.

@@ -239,7 +239,7 @@ public struct SecureAggregationServer: Sendable, Codable {
         guard words.allSatisfy({ $0 & ~mask == 0 }) else {
             throw SecureAggregationError(.invalidMessage, "device \(device) sent a word at or above 2^\(configuration.modulusBits)")
         }
-        for i in words.indices { maskedSum[i] = (maskedSum[i] &+ words[i]) & mask }
+        ModularWords.add(words, into: &maskedSum, mask: mask)
         maskedSenders.insert(device)
     }
 
@@ -452,13 +452,14 @@ public struct SecureAggregationServer: Sendable, Codable {
         guard let graph else { throw SecureAggregationError(.outOfOrder, "no roster") }
         let t = configuration.threshold, bits = configuration.modulusBits
         var sum = maskedSum
+        var streams: [MaskExpansion.Stream] = []
         for device in maskedSenders.sorted() {
             let shares = selfMaskShares[device] ?? []
             guard shares.count >= t else {
                 throw SecureAggregationError(.belowThreshold, "only \(shares.count) shares of device \(device)'s self-mask seed were revealed, fewer than the threshold \(t)")
             }
             let seed = try ShamirSecretSharing.reconstruct(shares, threshold: t, byteCount: SecureAggregationCrypto.keyByteCount)
-            try MaskExpansion.apply(seed: Data(seed), to: &sum, modulusBits: bits, subtracting: true)
+            streams.append(MaskExpansion.Stream(seed: Data(seed), subtracting: true))
         }
         for device in sharers.sorted() where !maskedSenders.contains(device) {
             let shares = secretKeyShares[device] ?? []
@@ -473,9 +474,10 @@ public struct SecureAggregationServer: Sendable, Codable {
                 guard let peerKey = advertisements[survivor]?.maskPublicKey else { continue }
                 let seed = try SecureAggregationCrypto.pairwiseMaskSeed(privateKey: key, peerPublicKey: peerKey, device: device, peer: survivor, context: context)
                 // The survivor added the mask toward a higher index and subtracted it toward a lower one: undo that.
-                try MaskExpansion.apply(seed: seed, to: &sum, modulusBits: bits, subtracting: survivor < device)
+                streams.append(MaskExpansion.Stream(seed: seed, subtracting: survivor < device))
             }
         }
+        try MaskExpansion.apply(streams, to: &sum, modulusBits: bits)
         let total = Int(sum.removeLast())
         let mean = SecureAggregationQuantization.mean(sum, totalSampleCount: total, clippingRange: configuration.clippingRange, levels: configuration.quantizationRange)
         return SecureAggregationResult(sum: sum, totalSampleCount: total, survivors: maskedSenders.sorted(), mean: mean)

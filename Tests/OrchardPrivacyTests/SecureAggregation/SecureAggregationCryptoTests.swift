@@ -25,6 +25,38 @@ import Testing
         #expect(throws: SecureAggregationError.self) { try MaskExpansion.expand(seed: Data(count: 31), count: 4, modulusBits: 32) }
     }
 
+    /// Several streams applied together (chunk by chunk, eight words at a time) give, word for word, the expansions
+    /// added and subtracted one at a time by plain modular arithmetic: lengths that are no multiple of eight, across
+    /// chunk boundaries, in a narrow modulus, with a bad seed anywhere refused before any word changes.
+    @Test func streamsAppliedTogetherMatchOneAtATime() throws {
+        var generator = SplitMix64(seed: 11)
+        let streams = (0..<5).map { k in
+            MaskExpansion.Stream(seed: SecureAggregationCrypto.randomBytes(32, using: &generator), subtracting: k % 2 == 1)
+        }
+        for bits in [32, 21] {
+            let mask: UInt32 = bits == 32 ? .max : (1 << UInt32(bits)) - 1
+            for count in [0, 1, 7, 8, 9, MaskExpansion.chunkWords + 3, 2 * MaskExpansion.chunkWords + 13] {
+                let start = (0..<count).map { _ in UInt32(truncatingIfNeeded: generator.next()) & mask }
+                var expected = start
+                for stream in streams {
+                    let words = try MaskExpansion.expand(seed: stream.seed, count: count, modulusBits: 32)
+                    for i in 0..<count { expected[i] = (stream.subtracting ? expected[i] &- words[i] : expected[i] &+ words[i]) & mask }
+                }
+                var together = start
+                try MaskExpansion.apply(streams, to: &together, modulusBits: bits)
+                #expect(together == expected, "\(count) words modulo 2^\(bits)")
+                var sum = start
+                ModularWords.add(expected, into: &sum, mask: mask)
+                #expect(sum == zip(start, expected).map { ($0 &+ $1) & mask }, "\(count) words added modulo 2^\(bits)")
+            }
+        }
+        var words: [UInt32] = [1, 2, 3]
+        #expect(throws: SecureAggregationError.self) {
+            try MaskExpansion.apply(streams + [MaskExpansion.Stream(seed: Data(count: 31), subtracting: false)], to: &words, modulusBits: 32)
+        }
+        #expect(words == [1, 2, 3])
+    }
+
     @Test func maskExpansionIsDeterministicAndSeedDependent() throws {
         let seedA = Data((0..<32).map { UInt8($0) }), seedB = Data((0..<32).map { UInt8($0 == 31 ? 0 : $0) })
         let a1 = try MaskExpansion.expand(seed: seedA, count: 1000, modulusBits: 32)
