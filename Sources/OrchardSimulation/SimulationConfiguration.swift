@@ -211,6 +211,9 @@ public struct SimulationConfiguration: Sendable {
     public var dropout: Double
     /// Background budget per task, virtual seconds.
     public var windowSeconds: Double
+    /// The least background window `orchard simulate --secure-aggregation` gives its devices unless told otherwise:
+    /// the protocol's four exchanges come after the training, and a window must hold both.
+    public static let secureWindowSeconds: Double = 60
     /// Virtual seconds a round stays open.
     public var cycleSeconds: Double
     /// Median virtual seconds per optimizer update on a device.

@@ -5,6 +5,7 @@ import OrchardData
 import OrchardExamples
 import OrchardFormats
 import OrchardML
+import OrchardPrivacy
 import OrchardProtocol
 import OrchardCoordinator
 import OrchardClient
@@ -111,6 +112,23 @@ public enum SimulationRunner {
         )
     }
 
+    /// Why secure aggregation will mostly fail in `configuration`, or nil: a background window must hold a device's
+    /// training and then the protocol's three later stages, each up to a stage timeout; when the median device's
+    /// training leaves less than that, most devices run out of window between stages and drop out of their cycles.
+    static func secureWindowWarning(_ configuration: SimulationConfiguration, process: HostProcessRequest, workload: any FleetWorkload) -> String? {
+        guard let secure = configuration.secureAggregation, configuration.clients > 0,
+              let training = try? TrainingConfiguration.resolved(architecture: process.model, clientConfig: process.clientConfig, seed: 0) else { return nil }
+        let samples = (0..<configuration.clients).map { workload.sampleCount(device: $0) }.sorted()
+        let trainingSeconds = Double(training.plannedUpdates(samples: samples[samples.count / 2])) * configuration.secondsPerUpdate
+        let stages = secure.parameters.consistencyCheck ? 4.0 : 3.0
+        guard configuration.windowSeconds - trainingSeconds < stages * secure.stageTimeout else { return nil }
+        func seconds(_ value: Double) -> String { String(format: "%.1f s", value) }
+        return "a \(seconds(configuration.windowSeconds)) background window leaves \(seconds(max(0, configuration.windowSeconds - trainingSeconds))) after the "
+            + "median device's \(seconds(trainingSeconds)) of training, less than secure aggregation's \(Int(stages)) later stages of up to "
+            + "\(seconds(secure.stageTimeout)) each: most devices will run out of their window between stages and drop out of their cycles "
+            + "(give a longer --window-seconds)"
+    }
+
     /// The version of every process the simulator hosts.
     static let processVersion = SemanticVersion(1, 0, 0)
 
@@ -122,6 +140,7 @@ public enum SimulationRunner {
         progress: ProgressDisplay, clock: any WallClock, setupStart: WallInstant
     ) async throws(SimulationError) -> SimulationResult {
         let process = try hostedProcess(configuration, model: model, workload: workload)
+        if let warning = secureWindowWarning(configuration, process: process, workload: workload) { progress.note("warning: \(warning)") }
         let fleet = FleetSimulation(devices: configuration.clients, conditions: configuration.conditions, seed: configuration.seed, rounds: configuration.rounds, evaluateEvery: configuration.evaluateEvery, turnedAway: configuration.turnedAway)
         let setupSeconds = setupStart.duration(to: clock.now).inSeconds
         let outcome: (initial: Evaluation, rounds: [RoundMetrics])

@@ -57,7 +57,7 @@ struct SimulateCommand: AsyncParsableCommand {
     var availability: AvailabilityArgument?
     @Option(parsing: .unconditional, help: "Probability that an assigned device goes away before reporting.")
     var dropout: Double?
-    @Option(name: .customLong("window-seconds"), parsing: .unconditional, help: "Background budget per task, in virtual seconds.")
+    @Option(name: .customLong("window-seconds"), parsing: .unconditional, help: "Background budget per task, in virtual seconds (the housing scenario's default 10 becomes 60 with --secure-aggregation: its exchanges after training do not fit in 10).")
     var windowSeconds: Double?
     @Option(name: .customLong("cycle-seconds"), parsing: .unconditional, help: "Virtual seconds a round stays open.")
     var cycleSeconds: Double?
@@ -159,7 +159,11 @@ struct SimulateCommand: AsyncParsableCommand {
         if let aggregator { c.aggregator.kind = aggregator }
         if let availability { c.availability = try availability.availability() }
         if let dropout { c.dropout = dropout }
-        if let windowSeconds { c.windowSeconds = windowSeconds }
+        if let windowSeconds {
+            c.windowSeconds = windowSeconds
+        } else if secureAggregation && coordinator == nil {
+            c.windowSeconds = max(c.windowSeconds, SimulationConfiguration.secureWindowSeconds)
+        }
         if let cycleSeconds { c.cycleSeconds = cycleSeconds }
         if let transport { c.transport = transport }
         if let turnedAway { c.turnedAway = turnedAway }

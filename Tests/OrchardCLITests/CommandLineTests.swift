@@ -245,6 +245,31 @@ let usageError: Int32 = 64
         #expect(!line.keys.contains { $0.hasSuffix("_mb") })
     }
 
+    /// The housing scenario's 10 s windows hold its 7.5 s of training but not secure aggregation's exchanges after it:
+    /// `--secure-aggregation` gives its devices 60 s unless `--window-seconds` says otherwise, and a window too short
+    /// for the protocol is named before the run (whose cycles are then all abandoned).
+    @Test func secureAggregationGetsAWindowThatHoldsItsExchangesOrAWarning() async throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("orchard-cli-sa-\(UUID().uuidString)")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        func summary(_ run: Run) throws -> [String: Any] {
+            #expect(run.status == 0, "\(run.error)")
+            let data = try Data(contentsOf: directory.appendingPathComponent("summary.json"))
+            return try #require(try JSONSerialization.jsonObject(with: data) as? [String: Any])
+        }
+        let fitting = try await Run.orchard(["simulate", "--secure-aggregation", "--rounds", "1", "--dropout", "0", "--output", directory.path])
+        let fitted = try summary(fitting)
+        #expect((fitted["settings"] as? [String: Any])?["window_seconds"] as? String == "60.0")
+        #expect((fitted["aggregated_rounds"] as? NSNumber)?.intValue == 1)
+        #expect(!(fitting.output + fitting.error).contains("warning:"))
+
+        let short = try await Run.orchard(["simulate", "--secure-aggregation", "--window-seconds", "10", "--rounds", "1", "--dropout", "0", "--output", directory.path])
+        let shorted = try summary(short)
+        #expect((shorted["settings"] as? [String: Any])?["window_seconds"] as? String == "10.0")
+        #expect((shorted["aggregated_rounds"] as? NSNumber)?.intValue == 0)
+        let flat = (short.output + " " + short.error).split(whereSeparator: \.isWhitespace).joined(separator: " ")
+        #expect(flat.contains("warning: a 10.0 s background window leaves 2.5 s after the median device's 7.5 s of training"), "\(flat)")
+    }
+
     @Test func benchGEMMPrintsEveryBackend() async throws {
         let line = try object(try await Run.orchard(["bench", "gemm", "--m", "4", "--n", "4", "--k", "4", "--repeats", "1", "--seconds", "0.0001"]))
         let gflops = try #require(line["gflops"] as? [String: Any])
