@@ -136,18 +136,10 @@ public enum MaskExpansion {
         return words
     }
 
-    /// One mask to apply: the seed of its keystream, and whether it is subtracted (else added).
-    public struct Stream: Sendable {
-        /// The 32-byte seed.
-        public var seed: Data
-        /// Subtract the expansion instead of adding it.
-        public var subtracting: Bool
-
-        /// A stream of `seed`'s expansion, added or subtracted.
-        public init(seed: Data, subtracting: Bool) {
-            self.seed = seed
-            self.subtracting = subtracting
-        }
+    /// One mask to apply: the 32-byte seed of its keystream, and whether it is subtracted (else added).
+    struct Stream: Sendable {
+        var seed: Data
+        var subtracting: Bool
     }
 
     /// Words per keystream chunk: 64 KiB, so a chunk is made and added while it is in cache, and no buffer the
