@@ -57,9 +57,10 @@ import Testing
         conditions.dropout = 0.2
         conditions.secureStages = true
         let fleet = FleetSimulation(devices: 20, conditions: conditions, seed: 5, rounds: 12)
+        let cycleSeconds = 300.0
         nonisolated(unsafe) var records: [CycleRecord] = []
         let (_, rounds) = try await FleetHarness.run(
-            fleet, workload: Self.workload(devices: 20), goal: 10, minimumReports: 6,
+            fleet, workload: Self.workload(devices: 20), goal: 10, cycleSeconds: cycleSeconds, minimumReports: 6,
             secure: SecureAggregationConfig(parameters: SecureAggregationConfiguration(threshold: 5), stageTimeout: 10), cycles: { records = $0 }
         )
         #expect(rounds.count == 12)
@@ -74,7 +75,7 @@ import Testing
             // cycle, not at the round's deadline.
             let closed = try #require(cycle.closedAt) - base
             #expect(abs(closed - round.virtualEnd) < 1, "round \(round.round) ends at \(round.virtualEnd) s, its cycle closed at \(closed) s")
-            #expect(round.virtualEnd < opened + 300, "round \(round.round) ran to its cycle's deadline")
+            #expect(round.virtualEnd < opened + cycleSeconds, "round \(round.round) ran to its cycle's deadline")
         }
     }
 
