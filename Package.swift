@@ -262,6 +262,8 @@ let package = Package(
             dependencies: [
                 "OrchardSupport", "OrchardCoordinator", "OrchardCoordinatorPostgres", "OrchardProtocol", "OrchardFormats", "OrchardPrivacy",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "Hummingbird", package: "hummingbird"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),

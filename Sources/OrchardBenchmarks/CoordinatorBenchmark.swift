@@ -26,9 +26,12 @@ public enum CoordinatorBenchmark {
     public enum CheckinTarget: String, Sendable, Hashable, CaseIterable, CustomStringConvertible {
         /// `POST /v1/device/cycle-request` with the device's session: the real check-in.
         case cycleRequest = "cycle-request"
-        /// `GET /health`: a route that does nothing, through the same HTTP server and load generator — the bound
-        /// the framework and the in-process load generator set on this machine.
+        /// `GET /health`: a route that does nothing, through the coordinator's HTTP server and the same load generator.
         case health
+        /// The same cycle requests (headers and body) sent to a bare Hummingbird 2 application started beside the
+        /// coordinator, which reads each body and echoes it (``HummingbirdFloor``): the floor the HTTP library and the
+        /// in-process load generator set for this request on this machine.
+        case hummingbird
 
         public var description: String { rawValue }
     }
@@ -199,8 +202,10 @@ public enum CoordinatorBenchmark {
         var benchDatabase: (name: String, admin: PostgresStoreConfiguration)?
         var servers: [RunningServer] = []
         var client: HTTPClient?
+        var floor: HummingbirdFloor?
         func tearDown() async {
             try? await client?.shutdown()
+            await floor?.stop()
             for server in servers { await server.stop() }
             for instance in instances { await instance.shutdown() }
             if let benchDatabase { try? await PostgresAdministration.dropDatabase(benchDatabase.name, using: benchDatabase.admin) }
@@ -230,7 +235,11 @@ public enum CoordinatorBenchmark {
                 configuration: HTTPClient.Configuration(timeout: .init(connect: .seconds(10), read: .seconds(120)), connectionPool: pool)
             )
             client = http
-            var result = try await measure(configuration, servers.map { LoadGenerator(client: http, port: $0.port, adminToken: adminToken) }, progress: progress)
+            if configuration.checkinTarget == .hummingbird { floor = try await HummingbirdFloor.start() }
+            var result = try await measure(
+                configuration, servers.map { LoadGenerator(client: http, port: $0.port, adminToken: adminToken) }, floorPort: floor?.port,
+                progress: progress
+            )
             result.store = configuration.database == nil ? "sqlite" : "postgres"
             result.instances = configuration.instances
             await tearDown()
@@ -243,7 +252,7 @@ public enum CoordinatorBenchmark {
 
     /// Drives the coordinators: `loads[i % loads.count]` serves device `i`; the first also hosts the process.
     private static func measure(
-        _ configuration: Configuration, _ loads: [LoadGenerator], progress: @Sendable (_ done: Int, _ detail: String) -> Void
+        _ configuration: Configuration, _ loads: [LoadGenerator], floorPort: Int?, progress: @Sendable (_ done: Int, _ detail: String) -> Void
     ) async throws -> Result {
         let load = loads[0]
         let devices = configuration.devices
@@ -277,14 +286,17 @@ public enum CoordinatorBenchmark {
         // the kernel's accept queue (`somaxconn`, 4,096 here), and a connection whose handshake the server dropped
         // looks open to the client but stalls its first request for seconds of TCP retransmission (5,000 devices
         // at once: check-in phases of 26–27 s instead of 0.6 s).
-        @Sendable func connectAll() async throws -> [BenchConnection] {
+        // `port`, when given, replaces every coordinator's: the connections of the bare Hummingbird reference.
+        @Sendable func connectAll(port: Int? = nil) async throws -> [BenchConnection] {
             try await withThrowingTaskGroup(of: (Int, BenchConnection).self) { group in
                 var connections = [BenchConnection?](repeating: nil, count: sessions.count)
                 for index in sessions.indices {
                     if index >= Self.connectWindow, let (done, connection) = try await group.next() { connections[done] = connection }
                     let load = loads[index % loads.count]
                     group.addTask {
-                        let connection = try await BenchConnection.connect(host: "127.0.0.1", port: load.port, group: MultiThreadedEventLoopGroup.singleton)
+                        let connection = try await BenchConnection.connect(
+                            host: "127.0.0.1", port: port ?? load.port, group: MultiThreadedEventLoopGroup.singleton
+                        )
                         let answer = try await connection.exchange(load.head(.GET, Endpoint.health))
                         guard answer.status == 200 else { throw BenchmarkError.status(answer.status, to: "GET \(Endpoint.health)") }
                         return (index, connection)
@@ -299,7 +311,7 @@ public enum CoordinatorBenchmark {
                 for connection in connections { group.addTask { await connection.close() } }
             }
         }
-        var connections = try await connectAll()
+        var connections = try await connectAll(port: floorPort)
         progress(1, "\(devices) devices authenticated and connected")
         let checkinRequests = try sessions.enumerated().map { index, session in
             let body = try WireCoding.encoder().encode(CycleRequest(workerID: session.workerID, processName: "bench", processVersion: SemanticVersion(1)))
@@ -309,6 +321,7 @@ public enum CoordinatorBenchmark {
         let timedRequests: [(head: HTTPRequestHead, body: ByteBuffer)] = switch configuration.checkinTarget {
         case .cycleRequest: checkinRequests
         case .health: sessions.indices.map { index in (head: loads[index % loads.count].head(.GET, Endpoint.health), body: ByteBuffer()) }
+        case .hummingbird: checkinRequests
         }
 
         // Check-in phase: `devices` concurrent loops, `checkins` cycle requests in total.

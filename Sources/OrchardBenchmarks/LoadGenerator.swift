@@ -16,6 +16,11 @@ struct LoadGenerator: Sendable {
     /// A request head for a ``BenchConnection``.
     /// A request head without credentials or body.
     func head(_ method: HTTPMethod, _ path: String) -> HTTPRequestHead {
+        Self.head(method, path, port: port)
+    }
+
+    /// A request head for `path` on the loopback server at `port`.
+    static func head(_ method: HTTPMethod, _ path: String, port: Int) -> HTTPRequestHead {
         var head = HTTPRequestHead(version: .http1_1, method: method, uri: path)
         head.headers.add(name: "Host", value: "127.0.0.1:\(port)")
         return head

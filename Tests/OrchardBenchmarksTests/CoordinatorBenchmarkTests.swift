@@ -1,7 +1,11 @@
 import Synchronization
 import Foundation
-import OrchardBenchmarks
+import NIOCore
+import NIOHTTP1
+import NIOPosix
+@testable import OrchardBenchmarks
 import OrchardCoordinator
+import OrchardProtocol
 import Testing
 
 @Suite struct CoordinatorBenchmarkTests {
@@ -54,6 +58,32 @@ import Testing
         #expect(result.checkinTarget == .health)
         #expect(result.checkinP99Milliseconds > 0)
         #expect(try JSONLine.encode(result).contains(#""checkin_target":"health""#))
+    }
+
+    /// The HTTP library's floor: the check-in phase requests a bare Hummingbird application's one route, and the
+    /// report phase goes back to the coordinator.
+    @Test func theHummingbirdTargetTimesABareApplicationAndReportsToTheCoordinator() async throws {
+        let result = try await CoordinatorBenchmark.run(
+            CoordinatorBenchmark.Configuration(devices: 2, parameters: 10, checkins: 8, rate: 0, rounds: 1, checkinTarget: .hummingbird)
+        )
+        #expect(result.checkins == 8 && result.reports == 2)
+        #expect(try JSONLine.encode(result).contains(#""checkin_target":"hummingbird""#))
+    }
+
+    /// The reference application echoes a cycle request's body, answers `/health`, and has nothing else of the
+    /// coordinator's API.
+    @Test func theBareApplicationEchoesCycleRequests() async throws {
+        let floor = try await HummingbirdFloor.start()
+        let connection = try await BenchConnection.connect(host: "127.0.0.1", port: floor.port, group: MultiThreadedEventLoopGroup.singleton)
+        let health = try await connection.exchange(LoadGenerator.head(.GET, Endpoint.health, port: floor.port), keepBody: true)
+        #expect(health.status == 200 && health.body.map { Array($0.readableBytesView) } == Array(#"{"status":"ok"}"#.utf8))
+        let body = ByteBuffer(string: #"{"worker_id":"w"}"#)
+        let echo = try await connection.exchange(LoadGenerator.head(.POST, Endpoint.cycleRequest, port: floor.port), body: [body], keepBody: true)
+        #expect(echo.status == 200 && echo.body == body)
+        let other = try await connection.exchange(LoadGenerator.head(.GET, Endpoint.openAPI, port: floor.port), keepBody: true)
+        #expect(other.status == 404)
+        await connection.close()
+        await floor.stop()
     }
 
     @Test func anOpenLoopRunWithoutRoundsReportsNothing() async throws {
