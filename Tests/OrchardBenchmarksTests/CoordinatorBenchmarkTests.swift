@@ -60,8 +60,8 @@ import Testing
         #expect(try JSONLine.encode(result).contains(#""checkin_target":"health""#))
     }
 
-    /// The HTTP library's floor: the check-in phase requests a bare Hummingbird application's one route, and the
-    /// report phase goes back to the coordinator.
+    /// The HTTP library's floor: the check-in phase sends its cycle requests to a bare Hummingbird application that
+    /// echoes them, and the report phase goes back to the coordinator.
     @Test func theHummingbirdTargetTimesABareApplicationAndReportsToTheCoordinator() async throws {
         let result = try await CoordinatorBenchmark.run(
             CoordinatorBenchmark.Configuration(devices: 2, parameters: 10, checkins: 8, rate: 0, rounds: 1, checkinTarget: .hummingbird)
