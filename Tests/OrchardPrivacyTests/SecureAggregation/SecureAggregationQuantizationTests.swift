@@ -39,6 +39,17 @@ import Testing
         let q = try SecureAggregationQuantization.quantize([-5, -1, 0, 1, 7, .infinity, -.infinity], clippingRange: 1, levels: 101, using: &generator)
         #expect(q == [0, 0, 50, 100, 100, 100, 0])
         #expect(throws: SecureAggregationError.self) { try SecureAggregationQuantization.quantize([.nan], clippingRange: 1, levels: 3, using: &generator) }
+        // A NaN among eight coordinates done together, in the pairs after them, or last: refused, naming the first.
+        for (length, positions) in [(20, [5, 17]), (19, [17]), (19, [18]), (8, [7, 0])] {
+            var update = [Float](repeating: 0.25, count: length)
+            for position in positions { update[position] = .nan }
+            do {
+                _ = try SecureAggregationQuantization.quantize(update, clippingRange: 1, levels: 3, using: &generator)
+                Issue.record("a NaN at \(positions) of \(length) was accepted")
+            } catch {
+                #expect(error.code == .invalidInput && error.message.contains("coordinate \(positions.min()!) "))
+            }
+        }
     }
 
     /// The loop as first written (floor() per coordinate), against which the faster one must agree level for level.
@@ -58,13 +69,15 @@ import Testing
         return result
     }
 
-    @Test(arguments: [UInt32(2), 101, 1 << 16, UInt32.max])
+    @Test(arguments: [UInt32(2), 4, 101, 1 << 16, UInt32.max])
     func quantisationMatchesTheReferenceLoop(levels: UInt32) throws {
         var values = SplitMix64(seed: UInt64(levels))
-        for length in [0, 1, 2, 3, 1_001] {
+        for length in [0, 1, 2, 3, 7, 8, 9, 15, 16, 17, 1_001] {
             let c: Float = 1.5
             var update = (0..<length).map { _ in Float(Double(values.next() >> 11) * 0x1p-53 * 8 - 4) }
             if length > 3 { update[0] = c; update[1] = -c; update[2] = .infinity; update[3] = -.greatestFiniteMagnitude }
+            // With 4 levels (scale 1) these land on halves and whole numbers of the level scale.
+            if length > 7 { update[4] = 0; update[5] = 0.5; update[6] = -0.5; update[7] = 1 }
             var a = SplitMix64(seed: 99), b = SplitMix64(seed: 99)
             let fast = try SecureAggregationQuantization.quantize(update, clippingRange: c, levels: levels, using: &a)
             #expect(fast == Self.referenceQuantize(update, clippingRange: c, levels: levels, using: &b))
