@@ -8,6 +8,30 @@ let nativeSettings: [SwiftSetting] =
     Context.environment["ORCHARD_NATIVE"] == "1"
         ? [.unsafeFlags(["-Xcc", "-march=native"]), .define("ORCHARD_NATIVE")] : []
 
+/// The Apple frameworks Orchard's Apple-facing targets import, and the modules that stand in for them on Linux
+/// (`Sources/AppleShims`). On Linux those targets are compiled with `-module-alias Framework=Shim`, so `import
+/// BackgroundTasks` there compiles the same Swift an iPhone compiles, against declarations transcribed from Apple's
+/// headers. The alias reaches only the targets that ask for it: SwiftNIO, AsyncHTTPClient, Hummingbird and the rest test
+/// `canImport(Network)` and keep their Linux paths. On Apple hosts nothing is aliased: the real frameworks are used.
+let appleShims = [
+    "BackgroundTasks": "BackgroundTasksShim", "CoreML": "CoreMLShim", "UIKit": "UIKitShim", "Network": "NetworkShim",
+    "os": "OSLogShim", "SwiftUI": "SwiftUIShim",
+]
+
+/// Settings for a target that imports `frameworks` (aliased to their shims on Linux).
+func appleFrameworks(_ frameworks: [String]) -> [SwiftSetting] {
+    #if os(Linux)
+    return [.unsafeFlags(frameworks.flatMap { ["-module-alias", "\($0)=\(appleShims[$0]!)"] })]
+    #else
+    return []
+    #endif
+}
+
+/// The shims of `frameworks`, as dependencies on Linux only.
+func appleShimDependencies(_ frameworks: [String]) -> [Target.Dependency] {
+    frameworks.map { .target(name: appleShims[$0]!, condition: .when(platforms: [.linux])) }
+}
+
 /// One set of compiler settings shared by every target.
 let swiftSettings: [SwiftSetting] = [
     .swiftLanguageMode(.v6),
@@ -18,7 +42,9 @@ let swiftSettings: [SwiftSetting] = [
 
 let package = Package(
     name: "Orchard",
-    platforms: [.macOS(.v14), .iOS(.v17)],
+    // iOS 18 / macOS 15: Orchard uses the Swift 6 runtime's `Synchronization.Mutex` and typed throws throughout; iOS 18
+    // runs on every iPhone iOS 17 runs on (XS/XR and later), so raising the minimum leaves no device behind.
+    platforms: [.macOS(.v15), .iOS(.v18)],
     products: [
         .library(name: "OrchardSupport", targets: ["OrchardSupport"]),
         .library(name: "OrchardFormats", targets: ["OrchardFormats"]),
@@ -45,7 +71,7 @@ let package = Package(
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-argument-parser.git", from: "1.5.0"),
-        .package(url: "https://github.com/apple/swift-log.git", from: "1.6.0"),
+        .package(url: "https://github.com/apple/swift-log.git", from: "1.16.0"),
         .package(url: "https://github.com/apple/swift-metrics.git", from: "2.5.0"),
         .package(url: "https://github.com/apple/swift-protobuf.git", from: "1.28.0"),
         .package(url: "https://github.com/apple/swift-collections.git", from: "1.1.0"),
@@ -113,29 +139,32 @@ let package = Package(
             ],
             swiftSettings: swiftSettings
         ),
-        // A small mirror of Apple's BackgroundTasks API so the Apple adapter compiles and is tested on Linux.
-        .target(name: "BackgroundTasksShim", swiftSettings: swiftSettings),
-        // UIKit's battery, Network's path monitor and ProcessInfo's thermal state, mirrored for Linux.
-        .target(name: "AppleSystemShim", swiftSettings: swiftSettings),
-        // The part of Core ML the Core ML trainer uses (MLUpdateTask and its inputs), mirrored for Linux.
-        .target(name: "CoreMLShim", swiftSettings: swiftSettings),
+        // Apple frameworks' stand-ins for Linux (see `appleShims`), and the simulated system's controls for tests.
+        .target(name: "BackgroundTasksShim", path: "Sources/AppleShims/BackgroundTasks", swiftSettings: swiftSettings),
+        .target(name: "CoreMLShim", path: "Sources/AppleShims/CoreML", swiftSettings: swiftSettings),
+        .target(name: "UIKitShim", path: "Sources/AppleShims/UIKit", swiftSettings: swiftSettings),
+        .target(name: "NetworkShim", path: "Sources/AppleShims/Network", swiftSettings: swiftSettings),
+        .target(name: "OSLogShim", path: "Sources/AppleShims/OSLog", swiftSettings: swiftSettings),
+        .target(name: "SwiftUIShim", dependencies: ["UIKitShim", "BackgroundTasksShim"], path: "Sources/AppleShims/SwiftUI", swiftSettings: swiftSettings),
+        .target(
+            name: "AppleShimTesting",
+            dependencies: ["BackgroundTasksShim", "CoreMLShim", "UIKitShim", "NetworkShim", "OSLogShim", "SwiftUIShim"],
+            path: "Sources/AppleShims/Testing", swiftSettings: swiftSettings
+        ),
         // A LocalTrainer that trains with Core ML's MLUpdateTask.
         .target(
             name: "OrchardCoreMLTrainer",
             dependencies: [
-                "OrchardClient", "OrchardCoreML", "OrchardML", "OrchardFormats",
-                .target(name: "CoreMLShim", condition: .when(platforms: [.linux])),
-            ],
-            swiftSettings: swiftSettings
+                "OrchardClient", "OrchardCoreML", "OrchardML", "OrchardFormats", "OrchardSupport",
+            ] + appleShimDependencies(["CoreML"]),
+            swiftSettings: swiftSettings + appleFrameworks(["CoreML"])
         ),
         .target(
             name: "OrchardSchedulerApple",
             dependencies: [
-                "OrchardSupport", "OrchardScheduler",
-                .target(name: "BackgroundTasksShim", condition: .when(platforms: [.linux, .macOS])),
-                .target(name: "AppleSystemShim", condition: .when(platforms: [.linux])),
-            ],
-            swiftSettings: swiftSettings
+                "OrchardSupport", "OrchardScheduler", .product(name: "Logging", package: "swift-log"),
+            ] + appleShimDependencies(["BackgroundTasks", "UIKit", "Network", "os"]),
+            swiftSettings: swiftSettings + appleFrameworks(["BackgroundTasks", "UIKit", "Network", "os"])
         ),
         // Privacy math without I/O: the RDP accountant, clipping, noise, and secure aggregation's stages (keys,
         // AEAD and stream ciphers from swift-crypto; the protocol logic is ours).
@@ -195,6 +224,9 @@ let package = Package(
                 .product(name: "NIOHTTP1", package: "swift-nio"),
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),
             ],
+            // The SDK's privacy manifest (Apple's required-reason APIs it calls; no tracking, nothing collected by
+            // the SDK itself): an app that links the SDK gets it in the SDK's resource bundle.
+            resources: [.copy("PrivacyInfo.xcprivacy")],
             swiftSettings: swiftSettings
         ),
         // The operator's side of the admin API (`orchard process`): the HTTP client, local checks of the files to host,
@@ -283,6 +315,24 @@ let package = Package(
             ],
             swiftSettings: swiftSettings
         ),
+        // The iPhone app the README's "In an iOS app" quotes: compiled on Linux against the shims, on iOS against the SDK.
+        .executableTarget(
+            name: "OrchardExampleApp",
+            dependencies: [
+                "OrchardClient", "OrchardScheduler", "OrchardSchedulerApple", "OrchardData", "OrchardML", .product(name: "Logging", package: "swift-log"),
+            ] + appleShimDependencies(["SwiftUI", "UIKit", "BackgroundTasks", "os"]),
+            path: "Examples/OrchardExampleApp",
+            swiftSettings: swiftSettings + appleFrameworks(["SwiftUI", "UIKit", "BackgroundTasks", "os"])
+        ),
+        .testTarget(
+            name: "OrchardExampleAppTests",
+            dependencies: [
+                "OrchardExampleApp", "OrchardClient", "OrchardCoordinator", "OrchardProtocol", "OrchardFormats", "OrchardML", "OrchardData",
+                "OrchardSchedulerApple", "OrchardScheduler", "OrchardSupport", "OrchardTesting",
+                .target(name: "AppleShimTesting", condition: .when(platforms: [.linux])),
+            ] + appleShimDependencies(["SwiftUI", "UIKit", "BackgroundTasks", "os"]),
+            swiftSettings: swiftSettings + appleFrameworks(["SwiftUI", "UIKit", "BackgroundTasks", "os"])
+        ),
         .testTarget(name: "OrchardSupportTests", dependencies: ["OrchardSupport"], swiftSettings: swiftSettings),
         .testTarget(name: "OrchardChartsTests", dependencies: ["OrchardCharts"], swiftSettings: swiftSettings),
         // Flower interop: object encodings against bytes flwr wrote (Fixtures), and devices joining a real SuperLink.
@@ -311,21 +361,21 @@ let package = Package(
         .testTarget(
             name: "OrchardCoreMLTests",
             dependencies: [
-                "OrchardCoreML", "OrchardML", "OrchardTesting", "OrchardCoreMLTrainer", "OrchardClient", "OrchardFormats",
-                .target(name: "CoreMLShim", condition: .when(platforms: [.linux])),
+                "OrchardCoreML", "OrchardML", "OrchardTesting", "OrchardCoreMLTrainer", "OrchardClient", "OrchardFormats", "OrchardSupport",
                 .product(name: "SwiftProtobuf", package: "swift-protobuf"),
-            ],
+                .target(name: "AppleShimTesting", condition: .when(platforms: [.linux])),
+            ] + appleShimDependencies(["CoreML"]),
             exclude: ["Python"],  // coremltools cross-check scripts, run through python3 by the tests
-            swiftSettings: swiftSettings
+            swiftSettings: swiftSettings + appleFrameworks(["CoreML"])
         ),
         .testTarget(
             name: "OrchardSchedulerTests",
             dependencies: [
-                "OrchardScheduler", "OrchardSchedulerApple", "OrchardTesting", .product(name: "Clocks", package: "swift-clocks"),
-                .target(name: "BackgroundTasksShim", condition: .when(platforms: [.linux, .macOS])),
-                .target(name: "AppleSystemShim", condition: .when(platforms: [.linux])),
-            ],
-            swiftSettings: swiftSettings
+                "OrchardScheduler", "OrchardSchedulerApple", "OrchardTesting", "OrchardSupport", .product(name: "Clocks", package: "swift-clocks"),
+                .product(name: "Logging", package: "swift-log"),
+                .target(name: "AppleShimTesting", condition: .when(platforms: [.linux])),
+            ] + appleShimDependencies(["BackgroundTasks", "UIKit", "Network", "os"]),
+            swiftSettings: swiftSettings + appleFrameworks(["BackgroundTasks", "UIKit", "Network", "os"])
         ),
         .testTarget(name: "OrchardProtocolTests", dependencies: ["OrchardProtocol", "OrchardFormats", "OrchardTesting", .product(name: "PropertyBased", package: "swift-property-based")], swiftSettings: swiftSettings),
         .testTarget(

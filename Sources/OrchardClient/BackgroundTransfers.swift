@@ -30,17 +30,20 @@ public final class BackgroundTransferTransport: NSObject, ClientTransport, URLSe
         var continuation: CheckedContinuation<Finished, Never>
     }
 
-    /// A finished transfer: the HTTP status, its headers' entity tag, and the body's file (downloads) or bytes.
+    /// A finished transfer: the HTTP status, its headers' entity tag and model digest (`Repr-Digest`), and the body.
     struct Finished: Sendable {
         var status: Int
         var etag: String?
+        var digest: String? = nil
         var body: [UInt8]
         var failure: String?
     }
 
-    private let state = Mutex<(waiters: [String: [Waiter]], inFlight: Set<String>, received: [Int: [UInt8]], eventsDone: (@Sendable () -> Void)?)>(
-        ([:], [], [:], nil)
-    )
+    private let state = Mutex<(waiters: [String: [Waiter]], inFlight: Set<String>, received: [Int: [UInt8]])>(([:], [], [:]))
+    /// The relaunch's events: the app's completion handler, and whether the session already said it delivered them
+    /// (the two can arrive in either order). Main-actor state: UIKit hands the handler over on the main thread.
+    @MainActor private var eventsDone: (() -> Void)?
+    @MainActor private var eventsFinished = false
     private var session: URLSession!
 
     /// Creates the transport and (re)connects to the background session `identifier`: transfers a previous launch
@@ -71,11 +74,20 @@ public final class BackgroundTransferTransport: NSObject, ClientTransport, URLSe
         session = URLSession(configuration: configuration, delegate: self, delegateQueue: nil)
     }
 
-    /// Call from the app delegate's `application(_:handleEventsForBackgroundURLSession:completionHandler:)`: the
-    /// handler runs once the session has delivered the events of the relaunch.
-    public func handleEventsForBackgroundURLSession(_ identifier: String, completionHandler: @escaping @Sendable () -> Void) {
-        guard identifier == self.identifier else { return }
-        state.withLock { $0.eventsDone = completionHandler }
+    /// Call from the app delegate's `application(_:handleEventsForBackgroundURLSession:completionHandler:)` (UIKit
+    /// calls it on the main thread with a plain closure): the handler runs on the main thread once the session has
+    /// delivered the relaunch's events, at once if it already has. Returns `false` for another session's identifier
+    /// (the app handles that one itself).
+    @MainActor @discardableResult
+    public func handleEventsForBackgroundURLSession(_ identifier: String, completionHandler: @escaping () -> Void) -> Bool {
+        guard identifier == self.identifier else { return false }
+        if eventsFinished {
+            eventsFinished = false
+            completionHandler()
+        } else {
+            eventsDone = completionHandler
+        }
+        return true
     }
 
     /// Stops the session (its finished transfers stay kept).
@@ -116,18 +128,16 @@ public final class BackgroundTransferTransport: NSObject, ClientTransport, URLSe
             // Wait for a download already in flight (a prefetch, or one a relaunch is finishing), else start one.
             let attach = state.withLock { !$0.inFlight.insert(key).inserted }
             if attach {
-                finished = await wait(for: key) {}
+                finished = try await wait(for: key) {}
             } else {
-                var started: OrchardClientError?
-                finished = await wait(for: key) {
-                    do throws(OrchardClientError) { try startDownload(request, key: key, session: token) } catch { started = error }
-                }
-                if let started { throw started }
+                finished = try await wait(for: key) { () throws(OrchardClientError) in try startDownload(request, key: key, session: token) }
             }
         }
         if let failure = finished.failure { throw OrchardClientError(.network, "model download failed: \(failure)") }
         guard finished.status == 200 else { throw Self.serverError(status: finished.status, body: finished.body) }
-        try sink.begin(DownloadHead(start: 0, totalLength: finished.body.count, etag: finished.etag, sha256: nil))
+        // The coordinator's SHA-256 of the model travels with it, so the job verifies the bytes as over HTTP.
+        let sha256 = finished.digest.flatMap { ModelIntegrity.parseSHA256(fieldValue: $0) }
+        try sink.begin(DownloadHead(start: 0, totalLength: finished.body.count, etag: finished.etag, sha256: sha256))
         try sink.append(finished.body)
     }
 
@@ -138,7 +148,7 @@ public final class BackgroundTransferTransport: NSObject, ClientTransport, URLSe
             finished = kept
         } else if state.withLock({ !$0.inFlight.insert(key).inserted }) {
             // The same report is already on its way (an earlier call, or a relaunch finishing it): wait for its answer.
-            finished = await wait(for: key) {}
+            finished = try await wait(for: key) {}
         } else {
             // Background sessions upload from files only.
             let staged = directory.appendingPathComponent("\(key).upload")
@@ -155,7 +165,7 @@ public final class BackgroundTransferTransport: NSObject, ClientTransport, URLSe
             urlRequest.setValue(MediaType.safetensors, forHTTPHeaderField: "Content-Type")
             let task = session.uploadTask(with: urlRequest, fromFile: staged)
             task.taskDescription = key
-            finished = await wait(for: key) { task.resume() }
+            finished = try await wait(for: key) { task.resume() }
             try? FileManager.default.removeItem(at: staged)
         }
         if let failure = finished.failure { throw OrchardClientError(.network, "report upload failed: \(failure)") }
@@ -187,16 +197,33 @@ public final class BackgroundTransferTransport: NSObject, ClientTransport, URLSe
 
     // MARK: Waiting and keeping
 
-    private func wait(for key: String, start: () -> Void) async -> Finished {
-        await withCheckedContinuation { continuation in
+    /// Waits for the transfer under `key`, after `start` (which starts it, or nothing when it is already on its way).
+    /// A `start` that throws ends the wait with its error, and the other callers waiting for the same key with a failure:
+    /// nothing is left waiting for a transfer that never started.
+    private func wait(for key: String, start: () throws(OrchardClientError) -> Void) async throws(OrchardClientError) -> Finished {
+        var startError: OrchardClientError?
+        let finished = await withCheckedContinuation { (continuation: CheckedContinuation<Finished, Never>) in
             state.withLock { $0.waiters[key, default: []].append(Waiter(continuation: continuation)) }
-            start()
+            do throws(OrchardClientError) {
+                try start()
+            } catch {
+                startError = error
+                let waiters = state.withLock { state -> [Waiter] in
+                    state.inFlight.remove(key)
+                    return state.waiters.removeValue(forKey: key) ?? []
+                }
+                let failed = Finished(status: 0, etag: nil, body: [], failure: "the transfer could not start: \(error.message)")
+                for waiter in waiters { waiter.continuation.resume(returning: failed) }
+                return
+            }
             // A transfer that finished between the caller's look for a kept result and this registration was kept:
             // hand it over now (a failure included).
             if let finished = kept(key), let waiters = state.withLock({ $0.waiters.removeValue(forKey: key) }) {
                 for waiter in waiters { waiter.continuation.resume(returning: finished) }
             }
         }
+        if let startError { throw startError }
+        return finished
     }
 
     /// Hands a finished transfer to its waiter, or keeps it for the next call with the same key.
@@ -209,7 +236,7 @@ public final class BackgroundTransferTransport: NSObject, ClientTransport, URLSe
             for waiter in waiters { waiter.continuation.resume(returning: finished) }
             return
         }
-        let record = KeptTransfer(status: finished.status, etag: finished.etag, body: Data(finished.body), failure: finished.failure)
+        let record = KeptTransfer(status: finished.status, etag: finished.etag, digest: finished.digest, body: Data(finished.body), failure: finished.failure)
         if let data = try? JSONEncoder().encode(record) {
             try? data.write(to: directory.appendingPathComponent("\(key).kept"), options: .atomic)
         }
@@ -218,6 +245,7 @@ public final class BackgroundTransferTransport: NSObject, ClientTransport, URLSe
     private struct KeptTransfer: Codable {
         var status: Int
         var etag: String?
+        var digest: String?
         var body: Data
         var failure: String?
     }
@@ -228,7 +256,7 @@ public final class BackgroundTransferTransport: NSObject, ClientTransport, URLSe
         guard FileManager.default.fileExists(atPath: url.path) else { return nil }
         defer { try? FileManager.default.removeItem(at: url) }
         guard let data = try? Data(contentsOf: url), let record = try? JSONDecoder().decode(KeptTransfer.self, from: data) else { return nil }
-        return Finished(status: record.status, etag: record.etag, body: [UInt8](record.body), failure: record.failure)
+        return Finished(status: record.status, etag: record.etag, digest: record.digest, body: [UInt8](record.body), failure: record.failure)
     }
 
     /// A kept result to use instead of transferring: a kept failure is not one (the caller transfers again).
@@ -244,7 +272,10 @@ public final class BackgroundTransferTransport: NSObject, ClientTransport, URLSe
         // The file at `location` is removed when this method returns: read it now.
         let body = (try? Data(contentsOf: location)).map { [UInt8]($0) } ?? []
         let response = downloadTask.response as? HTTPURLResponse
-        deliver(key, Finished(status: response?.statusCode ?? 0, etag: response?.value(forHTTPHeaderField: "ETag"), body: body, failure: nil))
+        deliver(key, Finished(
+            status: response?.statusCode ?? 0, etag: response?.value(forHTTPHeaderField: "ETag"),
+            digest: response?.value(forHTTPHeaderField: ModelIntegrity.digestHeader), body: body, failure: nil
+        ))
     }
 
     public func urlSession(_ session: URLSession, dataTask: URLSessionDataTask, didReceive data: Data) {
@@ -264,12 +295,18 @@ public final class BackgroundTransferTransport: NSObject, ClientTransport, URLSe
     }
 
     public func urlSessionDidFinishEvents(forBackgroundURLSession session: URLSession) {
-        let done = state.withLock { state -> (@Sendable () -> Void)? in
-            defer { state.eventsDone = nil }
-            return state.eventsDone
+        // Apple asks for the handler on the main queue; the app may not have handed it over yet.
+        Task { @MainActor in sessionFinishedEvents() }
+    }
+
+    /// The session delivered the relaunch's events: call the app's handler, or remember it for when it arrives.
+    @MainActor func sessionFinishedEvents() {
+        if let done = eventsDone {
+            eventsDone = nil
+            done()
+        } else {
+            eventsFinished = true
         }
-        // Apple asks for the handler on the main queue.
-        if let done { DispatchQueue.main.async { done() } }
     }
 
     // MARK: Helpers

@@ -118,7 +118,7 @@ public final class FederatedJob: Sendable {
         return try await exclusiveCycle(constraints: constraints) { context in
             let task = LocalTrainingTask(model: context.model, training: context.training)
             // An interruption's checkpoint is saved by the state machine (`trainingEnded(.interrupted)`).
-            return try trainer.train(task, on: dataset, resumingFrom: context.savedCheckpoint, progress: { context.report(progress: $0) })
+            return try await trainer.train(task, on: dataset, resumingFrom: context.savedCheckpoint, progress: { context.report(progress: $0) })
         }
     }
 
@@ -199,7 +199,13 @@ public final class FederatedJob: Sendable {
             return machine.backoffElapsed()
 
         case .authenticate(let request):
-            return await call(&machine, { () async throws(OrchardClientError) in try await transport.authenticate(request) }) { machine, response in
+            let client = self.client
+            return await call(&machine, { () async throws(OrchardClientError) in
+                var request = request
+                // A provider's token is asked for now, when it is needed: the one from the last window may have expired.
+                if client.tokenProvider != nil { request.authToken = try await client.currentAuthToken() }
+                return try await transport.authenticate(request)
+            }) { machine, response in
                 machine.authenticated(response, now: now)
             }
         case .uploadReport(let session):

@@ -90,7 +90,9 @@ public enum LocalTrainingOutcome: Sendable {
 public protocol LocalTrainer: Sendable {
     /// The parameter names and shapes of a model, to check downloaded weights against.
     func parameterShapes(of spec: ModelSpec) throws(OrchardClientError) -> [String: [Int]]
-    /// Trains until done or until the current task is cancelled, resuming from `checkpoint` when given.
+    /// Trains until done or until the current task is cancelled, resuming from `checkpoint` when given. Asynchronous,
+    /// so a trainer that waits for another runtime (Core ML's `MLUpdateTask`) suspends instead of blocking a thread
+    /// of the cooperative pool; a synchronous implementation satisfies it too (the engine's does).
     /// - Parameters:
     ///   - task: What to train.
     ///   - dataset: The device's local samples.
@@ -99,7 +101,7 @@ public protocol LocalTrainer: Sendable {
     func train(
         _ task: LocalTrainingTask, on dataset: any Dataset, resumingFrom checkpoint: [UInt8]?,
         progress: @escaping @Sendable (TrainingStep) -> Void
-    ) throws(OrchardClientError) -> LocalTrainingOutcome
+    ) async throws(OrchardClientError) -> LocalTrainingOutcome
     /// The updates a checkpoint of `task` (from ``LocalTrainingOutcome/interrupted(checkpoint:)``) has done.
     func completedUpdates(in checkpoint: [UInt8], of task: LocalTrainingTask) throws(OrchardClientError) -> Int
 }

@@ -95,6 +95,14 @@ public struct StorageDurability: Sendable, Hashable, CustomStringConvertible {
     public var description: String { kind.rawValue }
 }
 
+/// Where a device's token comes from, asked each time the device authenticates: a process with `hs256` or `rs256`
+/// authentication accepts a JWT that the app's backend signs (`sub` names the device, `exp` a few hours away), so a
+/// token that expires between background windows is replaced by the next authentication's, not fatal.
+public protocol DeviceTokenProvider: Sendable {
+    /// A token valid now.
+    func deviceToken() async throws -> String
+}
+
 /// A device's connection to one coordinator: creates jobs for the FL processes it takes part in.
 ///
 /// ```swift
@@ -105,8 +113,10 @@ public struct StorageDurability: Sendable, Hashable, CustomStringConvertible {
 public struct OrchardClient: Sendable {
     /// The settings.
     public let configuration: ClientConfiguration
-    /// The device's credential (a JWT), or nil for coordinators in open mode.
+    /// The device's credential (a JWT), or nil for coordinators in open mode (or when ``tokenProvider`` gives it).
     public let authToken: String?
+    /// Gives the device's token each time the device authenticates; when set, ``authToken`` is not used.
+    public let tokenProvider: (any DeviceTokenProvider)?
     let transport: any ClientTransport
     let server: String
 
@@ -124,6 +134,36 @@ public struct OrchardClient: Sendable {
         self.init(transport: transport, server: transport.baseURL.absoluteString, authToken: authToken, configuration: configuration)
     }
 
+    /// Creates a client for a coordinator reached over HTTP, whose device token comes from `tokenProvider` each time
+    /// the device authenticates (a fresh one after the last expired).
+    /// - Throws: as ``init(url:authToken:configuration:)``.
+    public init(url: String, tokenProvider: any DeviceTokenProvider, configuration: ClientConfiguration = ClientConfiguration()) throws(OrchardClientError) {
+        let transport = try HTTPTransport(
+            url: url, timeout: configuration.requestTimeout, trustRoots: configuration.trustRoots, clock: configuration.environment.clock
+        )
+        self.init(transport: transport, server: transport.baseURL.absoluteString, tokenProvider: tokenProvider, configuration: configuration)
+    }
+
+    /// Creates a client over any transport whose device token comes from `tokenProvider` each time the device
+    /// authenticates.
+    public init(transport: any ClientTransport, server: String, tokenProvider: any DeviceTokenProvider, configuration: ClientConfiguration = ClientConfiguration()) {
+        self.transport = transport
+        self.server = server
+        self.authToken = nil
+        self.tokenProvider = tokenProvider
+        self.configuration = configuration
+    }
+
+    /// The token to authenticate with now: the provider's, or the fixed one.
+    func currentAuthToken() async throws(OrchardClientError) -> String? {
+        guard let tokenProvider else { return authToken }
+        do {
+            return try await tokenProvider.deviceToken()
+        } catch {
+            throw OrchardClientError(.authenticationFailed, "cannot get a device token from the app's provider: \(error)")
+        }
+    }
+
     /// Creates a client over any transport (e.g. `OrchardInProcess`'s in-process transport).
     /// - Parameters:
     ///   - transport: How to reach the coordinator.
@@ -134,6 +174,7 @@ public struct OrchardClient: Sendable {
         self.transport = transport
         self.server = server
         self.authToken = authToken
+        self.tokenProvider = nil
         self.configuration = configuration
     }
 

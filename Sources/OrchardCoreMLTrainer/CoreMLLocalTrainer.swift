@@ -1,15 +1,13 @@
-// Local training with Core ML's MLUpdateTask. On Apple platforms it builds against the real Core ML; elsewhere
-// against CoreMLShim, which mirrors the part used here.
-#if canImport(CoreML)
+// Local training with Core ML's MLUpdateTask. One branch: on Apple platforms it builds against the real Core ML; on
+// Linux against the shim that Package.swift aliases to `CoreML`.
 import CoreML
-#else
-import CoreMLShim
-#endif
 import Foundation
 public import OrchardClient
 public import OrchardFormats
 public import OrchardML
+public import OrchardSupport
 import OrchardCoreML
+import Synchronization
 
 /// A ``OrchardClient/LocalTrainer`` that trains with Core ML on the device: it turns the cycle's model into an
 /// updatable `.mlmodel` (``OrchardCoreML/CoreMLExporter``, with the task's loss, optimizer, learning rate, batch size
@@ -19,9 +17,22 @@ import OrchardCoreML
 ///
 /// Core ML cannot stop at a batch and resume: a cancelled run is cancelled (`.cancelled`), not interrupted, and
 /// `pauseAfterUpdates` is not supported. A task with an update cap (`max_updates`) is refused: Core ML has none.
+///
+/// Waiting for Core ML suspends the Swift task (no thread is blocked). Cancelling it cancels the `MLUpdateTask`, whose
+/// completion handler Apple does not promise to call afterwards: the run ends with `.cancelled` when the handler
+/// reports the cancellation or ``cancellationGrace`` after the cancellation, whichever comes first, so a background
+/// window's expiry is met in time.
 public struct CoreMLLocalTrainer: LocalTrainer {
+    /// How long a cancelled run waits for Core ML to confirm before it ends anyway.
+    public var cancellationGrace: Duration
+    /// The clock the grace is measured on.
+    public var clock: any WallClock
+
     /// Creates a trainer.
-    public init() {}
+    public init(cancellationGrace: Duration = .seconds(2), clock: any WallClock = SystemClock()) {
+        self.cancellationGrace = cancellationGrace
+        self.clock = clock
+    }
 
     public func parameterShapes(of spec: ModelSpec) throws(OrchardClientError) -> [String: [Int]] {
         do {
@@ -38,7 +49,7 @@ public struct CoreMLLocalTrainer: LocalTrainer {
     public func train(
         _ task: LocalTrainingTask, on dataset: any Dataset, resumingFrom checkpoint: [UInt8]?,
         progress: @escaping @Sendable (TrainingStep) -> Void
-    ) throws(OrchardClientError) -> LocalTrainingOutcome {
+    ) async throws(OrchardClientError) -> LocalTrainingOutcome {
         guard checkpoint == nil else { throw OrchardClientError(.training, "Core ML training cannot resume from a checkpoint") }
         guard task.pauseAfterUpdates == nil else { throw OrchardClientError(.invalidConfiguration, "Core ML training cannot pause after a number of updates") }
         let training = task.training
@@ -70,7 +81,7 @@ public struct CoreMLLocalTrainer: LocalTrainer {
             .learningRate: training.optimizer.learningRate, .miniBatchSize: training.batchSize, .epochs: training.epochs,
             .shuffle: training.shuffle,
         ]
-        let updated = try Self.run(model: compiled, samples: samples, configuration: configuration)
+        let updated = try await run(model: compiled, samples: samples, configuration: configuration)
         var diff: [TensorRecord] = []
         for tensor in task.model.weights {
             let parts = tensor.name.split(separator: ".", maxSplits: 1).map(String.init)
@@ -132,33 +143,78 @@ public struct CoreMLLocalTrainer: LocalTrainer {
         return MLArrayBatchProvider(array: providers)
     }
 
-    /// Runs an update task to its end and returns the updated model; cancelling the Swift task cancels it.
-    private static func run(model: URL, samples: MLArrayBatchProvider, configuration: MLModelConfiguration) throws(OrchardClientError) -> MLModel {
-        final class Result: @unchecked Sendable {
-            let done = DispatchSemaphore(value: 0)
-            var context: MLUpdateContext?
+    /// How a run ends: Core ML's completion, or the cancellation's bound.
+    private enum RunEnd: Sendable {
+        case finished(MLUpdateContextBox)
+        case cancelled
+    }
+
+    /// Core ML's context crosses from its queue to the waiting task once.
+    private struct MLUpdateContextBox: @unchecked Sendable { let context: MLUpdateContext }
+
+    /// The one continuation of a run, resumed by whichever end comes first.
+    private final class RunWaiter: Sendable {
+        private struct State {
+            var continuation: CheckedContinuation<RunEnd, Never>?
+            var ended: RunEnd?
         }
-        let result = Result()
+        private let state = Mutex(State())
+
+        func wait() async -> RunEnd {
+            await withCheckedContinuation { continuation in
+                let early = state.withLock { s -> RunEnd? in
+                    if let ended = s.ended { return ended }
+                    s.continuation = continuation
+                    return nil
+                }
+                if let early { continuation.resume(returning: early) }
+            }
+        }
+
+        func end(_ end: RunEnd) {
+            let continuation = state.withLock { s -> CheckedContinuation<RunEnd, Never>? in
+                guard s.ended == nil else { return nil }
+                s.ended = end
+                defer { s.continuation = nil }
+                return s.continuation
+            }
+            continuation?.resume(returning: end)
+        }
+    }
+
+    /// Runs an update task to its end and returns the updated model. Cancelling the Swift task cancels the update task
+    /// and ends the run within ``cancellationGrace``.
+    private func run(model: URL, samples: MLArrayBatchProvider, configuration: MLModelConfiguration) async throws(OrchardClientError) -> MLModel {
+        let waiter = RunWaiter()
         let task: MLUpdateTask
         do {
             task = try MLUpdateTask(forModelAt: model, trainingData: samples, configuration: configuration) { context in
-                result.context = context
-                result.done.signal()
+                waiter.end(.finished(MLUpdateContextBox(context: context)))
             }
         } catch {
             throw OrchardClientError(.training, "Core ML cannot start the update task: \(error)")
         }
-        task.resume()
-        // The trainer's interface is synchronous: wait for Core ML's completion, cancelling its task when the Swift
-        // task is cancelled (the window ended).
-        var cancelled = false
-        while result.done.wait(timeout: .now() + .milliseconds(50)) == .timedOut {
-            if Task.isCancelled, !cancelled {
-                task.cancel()
-                cancelled = true
+        nonisolated(unsafe) let updateTask = task
+        let clock = self.clock
+        let grace = cancellationGrace
+        let bound = Mutex<Task<Void, Never>?>(nil)
+        let end = await withTaskCancellationHandler {
+            updateTask.resume()
+            return await waiter.wait()
+        } onCancel: {
+            updateTask.cancel()
+            bound.withLock {
+                $0 = Task {
+                    try? await clock.sleep(for: grace)
+                    waiter.end(.cancelled)
+                }
             }
         }
-        guard let context = result.context else { throw OrchardClientError(.training, "the update task ended without a result") }
+        bound.withLock { $0?.cancel() }
+        guard case .finished(let box) = end else {
+            throw OrchardClientError(.cancelled, "the Core ML update task was cancelled and did not confirm within \(grace)")
+        }
+        let context = box.context
         switch context.task.state {
         case .completed:
             return context.model

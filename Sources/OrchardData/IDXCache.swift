@@ -37,9 +37,19 @@ public struct IDXCache: Sendable, Hashable {
         guard stat(source.path, &info) == 0, info.st_mode & S_IFMT == S_IFREG else { return nil }
         let name = [
             source.lastPathComponent, String(info.st_dev), String(info.st_ino), String(info.st_size),
-            "\(info.st_mtim.tv_sec).\(info.st_mtim.tv_nsec)", "\(info.st_ctim.tv_sec).\(info.st_ctim.tv_nsec)",
+            Self.stamp(info, modification: true), Self.stamp(info, modification: false),
         ].joined(separator: "-")
         return directory.appendingPathComponent(name + ".idx").path
+    }
+
+    /// A file's modification or change time as `seconds.nanoseconds` (the field names differ between Glibc and Darwin).
+    private static func stamp(_ info: stat, modification: Bool) -> String {
+        #if canImport(Darwin)
+        let time = modification ? info.st_mtimespec : info.st_ctimespec
+        #else
+        let time = modification ? info.st_mtim : info.st_ctim
+        #endif
+        return "\(time.tv_sec).\(time.tv_nsec)"
     }
 
     /// The entry at `path` as an array, or nil when there is none or it is not a whole IDX array (damaged). The

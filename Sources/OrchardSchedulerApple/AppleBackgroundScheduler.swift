@@ -1,17 +1,23 @@
-// The thin adapter from Orchard's scheduling contract to Apple's BGTaskScheduler. On Apple platforms it builds against
-// the real BackgroundTasks framework; elsewhere against BackgroundTasksShim, which mirrors the part used here.
-#if canImport(BackgroundTasks)
+// The thin adapter from Orchard's scheduling contract to Apple's BGTaskScheduler. One branch: on iOS, iPadOS, tvOS,
+// visionOS and Mac Catalyst it builds against the real BackgroundTasks framework; on Linux against the shim that
+// Package.swift aliases to `BackgroundTasks`. macOS has no BGTaskScheduler (its SDK marks the classes unavailable).
+#if !os(macOS)
 @preconcurrency public import BackgroundTasks
-#else
-public import BackgroundTasksShim
-public import OrchardSupport
-#endif
 public import Foundation
 public import OrchardScheduler
+public import OrchardSupport
+import Synchronization
 
 /// Forwards ``BackgroundTaskScheduling`` to `BGTaskScheduler`: the OS decides when tasks run; this maps requests,
 /// launches the async handler with expiry as Swift task cancellation, forwards `setTaskCompleted`, and re-submits
 /// repeating requests after success and failed ones with the request's backoff.
+///
+/// Registration follows Apple's rules, which end the app when broken: every identifier is registered with
+/// ``registerAtLaunch(_:)`` before the app finishes launching, once. ``register(identifier:handler:)`` only attaches
+/// the work to an identifier registered that way and throws `registrationClosed` for any other (registering it with the
+/// system then would raise). A run's follow-up request is submitted before `setTaskCompleted(success:)` (the system may
+/// suspend the app as soon as its last task completes), and at expiry the task is completed at once, before the
+/// handler has unwound.
 ///
 /// Limits: BGTaskScheduler cannot express an unmetered-network requirement (submitting one throws `.unsupported`);
 /// device idleness is implied for processing tasks (iOS runs them only when the device is idle) and battery-not-low
@@ -46,36 +52,41 @@ public final class AppleBackgroundScheduler: BackgroundTaskScheduling, @unchecke
     /// ``register(identifier:handler:)`` — e.g. `FederatedJob.scheduleBackgroundTraining`, which is asynchronous — and
     /// a task the system launches before its handler is attached waits for it (or for its expiry).
     /// - Throws: ``SchedulerError/Code/notPermitted`` when an identifier is not in `BGTaskSchedulerPermittedIdentifiers`
-    ///   (Info.plist) or is already registered.
+    ///   (Info.plist); ``SchedulerError/Code/alreadyRegistered`` when this adapter registered it already (the system
+    ///   would end the app).
     public func registerAtLaunch(_ identifiers: [String]) throws(SchedulerError) {
         for identifier in identifiers {
+            let duplicate = lock.withLock { preRegistered.contains(identifier) }
+            guard !duplicate else {
+                throw SchedulerError(.alreadyRegistered, "'\(identifier)' is already registered with BGTaskScheduler (a second registration ends the app)")
+            }
             let registered = scheduler.register(forTaskWithIdentifier: identifier, using: nil) { [weak self] systemTask in
                 self?.launchedBeforeAttached(systemTask)
             }
             guard registered else {
-                throw SchedulerError(.notPermitted, "BGTaskScheduler refused '\(identifier)': not in BGTaskSchedulerPermittedIdentifiers, or already registered")
+                throw SchedulerError(.notPermitted, "BGTaskScheduler refused '\(identifier)': it is not in Info.plist's BGTaskSchedulerPermittedIdentifiers")
             }
             lock.withLock { _ = preRegistered.insert(identifier) }
         }
     }
 
+    /// Attaches `handler` to an identifier registered with ``registerAtLaunch(_:)``, and runs a task the system
+    /// launched while it was missing.
+    /// - Throws: ``SchedulerError/Code/registrationClosed`` for an identifier not registered at launch: iOS accepts
+    ///   launch handlers only before the app finishes launching, and raises after.
     public func register(identifier: String, handler: @escaping BackgroundTaskHandler) async throws(SchedulerError) {
-        // Registered at launch: attach the handler, and run a task the system launched while it was missing.
         let (attached, waiting): (Bool, BGTask?) = lock.withLock {
             guard preRegistered.contains(identifier) else { return (false, nil) }
             handlers[identifier] = handler
             return (true, waitingLaunches.removeValue(forKey: identifier))
         }
-        if attached {
-            if let waiting { launch(waiting, handler: handler) }
-            return
+        guard attached else {
+            throw SchedulerError(
+                .registrationClosed,
+                "'\(identifier)' was not registered at launch: call registerAtLaunch([\"\(identifier)\"]) before the app finishes launching (BGTaskScheduler raises for a later registration)"
+            )
         }
-        let registered = scheduler.register(forTaskWithIdentifier: identifier, using: nil) { [weak self] systemTask in
-            self?.launch(systemTask, handler: handler)
-        }
-        guard registered else {
-            throw SchedulerError(.notPermitted, "BGTaskScheduler refused '\(identifier)': not in BGTaskSchedulerPermittedIdentifiers, or already registered")
-        }
+        if let waiting { launch(waiting, handler: handler) }
     }
 
     /// A launch of an identifier registered at launch: run its handler, or keep the task until one is attached. A task
@@ -96,7 +107,10 @@ public final class AppleBackgroundScheduler: BackgroundTaskScheduling, @unchecke
         systemTask.expirationHandler = { [weak self] in
             guard let self else { return }
             let expired = lock.withLock { waitingLaunches.removeValue(forKey: identifier) }
-            expired?.setTaskCompleted(success: false)
+            guard let expired else { return }
+            // Submit the retry first: the app may be suspended as soon as the task completes.
+            resubmit(identifier, after: TaskCompletion(success: false, expiredBy: .system))
+            expired.setTaskCompleted(success: false)
         }
     }
 
@@ -109,12 +123,27 @@ public final class AppleBackgroundScheduler: BackgroundTaskScheduling, @unchecke
             timeLimit: kind == .processing ? processingTimeLimit : .seconds(30), previousFailures: previousFailures
         )
         nonisolated(unsafe) let system = systemTask
-        task.onCompletion { [weak self] completion in
-            system.setTaskCompleted(success: completion.success)
+        let reported = Mutex(false)
+        // Once per launch: the follow-up request goes to the system before the task completes, because the system may
+        // suspend the app as soon as its last task completes.
+        let report: @Sendable (TaskCompletion) -> Void = { [weak self] completion in
+            let first = reported.withLock { done in
+                defer { done = true }
+                return !done
+            }
+            guard first else { return }
             self?.resubmit(identifier, after: completion)
+            system.setTaskCompleted(success: completion.success)
         }
+        task.onCompletion(report)
         let run = TaskRun(task: task, handler: handler)
-        systemTask.expirationHandler = { run.expire(.system) }
+        // At expiry the handler's expiration handler runs and its Swift task is cancelled, and the system task is
+        // completed at once, unsuccessfully: iOS ends an app whose task is still running when its expiration handler
+        // returns. The handler unwinding later changes nothing.
+        systemTask.expirationHandler = {
+            run.expire(.system)
+            report(TaskCompletion(success: false, expiredBy: .system))
+        }
     }
 
     private func resubmit(_ identifier: String, after completion: TaskCompletion) {
@@ -203,3 +232,4 @@ public final class AppleBackgroundScheduler: BackgroundTaskScheduling, @unchecke
         }
     }
 }
+#endif

@@ -1,11 +1,8 @@
 // Device conditions on Apple platforms: ProcessInfo's thermal state and Low Power Mode, UIKit's battery state and
-// level (iOS, iPadOS, visionOS), and Network's path (expensive and constrained networks). On Apple platforms it builds
-// against the real frameworks; elsewhere against AppleSystemShim, which mirrors the part used here.
-#if canImport(Network)
+// level (iOS, iPadOS, visionOS), and Network's path (expensive and constrained networks). One branch for iOS and Linux:
+// on Linux, Package.swift aliases the shims to `Network` and `UIKit`. The battery is read where UIKit has it (not macOS
+// or tvOS: no battery API there).
 import Network
-#elseif canImport(AppleSystemShim)
-import AppleSystemShim
-#endif
 #if canImport(UIKit) && !os(tvOS) && !os(watchOS)
 import UIKit
 #endif
@@ -123,7 +120,7 @@ public final class AppleConditionsProvider: DeviceConditionsProvider {
     public func currentReading() async -> AppleSystemReading {
         let info = ProcessInfo.processInfo
         var reading = AppleSystemReading(thermalPressure: Self.pressure(info.thermalState), lowPowerMode: info.isLowPowerModeEnabled)
-        #if (canImport(UIKit) && !os(tvOS) && !os(watchOS)) || canImport(AppleSystemShim)
+        #if canImport(UIKit) && !os(tvOS) && !os(watchOS)
         let (battery, level) = await MainActor.run {
             let device = UIDevice.current
             device.isBatteryMonitoringEnabled = true
@@ -146,7 +143,7 @@ public final class AppleConditionsProvider: DeviceConditionsProvider {
         }
     }
 
-    #if (canImport(UIKit) && !os(tvOS) && !os(watchOS)) || canImport(AppleSystemShim)
+    #if canImport(UIKit) && !os(tvOS) && !os(watchOS)
     private static func battery(_ state: UIDevice.BatteryState) -> AppleSystemReading.Battery {
         switch state {
         case .unknown: .unknown

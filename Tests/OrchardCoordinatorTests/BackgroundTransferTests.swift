@@ -38,6 +38,7 @@ import Testing
             try await transport.downloadModel(request, session: device.sessionToken, into: weights)
             #expect(try Safetensors.decode(weights.bytes).byName.mapValues(\.values) == Dictionary(uniqueKeysWithValues: Fixture.weights.map { ($0.name, $0.values) }))
             #expect(weights.head?.etag == "\"\(assignment.modelID)\"")
+            #expect(weights.head?.sha256?.count == 32, "the coordinator's Repr-Digest travels with the download, so the job can verify it")
             let coreML = Collector()
             try await transport.downloadModel(ModelRequest(modelID: assignment.modelID, requestKey: assignment.requestKey, format: .mlmodel), session: device.sessionToken, into: coreML)
             #expect(try CoreMLImporter().importModel(from: coreML.bytes).weights.map(\.values) == Fixture.weights.map(\.values))

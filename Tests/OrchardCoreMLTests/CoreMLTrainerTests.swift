@@ -1,17 +1,19 @@
-#if !canImport(CoreML)
-import CoreMLShim
+#if os(Linux)
+import AppleShimTesting
+import CoreML
 import Foundation
 import OrchardClient
 import OrchardCoreML
 import OrchardCoreMLTrainer
 import OrchardFormats
 import OrchardML
+import OrchardSupport
 import Testing
 
 /// The Core ML trainer against the Core ML shim: the shim's "on-device training" imports the model Core ML was
 /// given, rebuilds the samples from the Core ML features and trains with Orchard's engine using the update
 /// parameters it was handed — so the diff the trainer reads back must equal the engine trainer's on the same data.
-@Suite(.serialized) struct CoreMLTrainerTests {
+@Suite(.serialized, .timeLimit(.minutes(1))) struct CoreMLTrainerTests {
     static let spec = ModelSpec(name: "small", inputs: [InputSpec(name: "x", shape: [2])], layers: [
         LayerSpec(name: "hidden", type: .dense, inputs: ["x"], frozen: true, units: 3, inputSize: 2),
         LayerSpec(name: "act", type: .relu, inputs: ["hidden"]),
@@ -40,7 +42,7 @@ import Testing
     }
 
     /// The shim trains with Orchard's engine, on the samples rebuilt from the Core ML features.
-    static func engineTraining(seed: UInt64, seen: Seen) -> @Sendable (MLUpdateTask.SimulatedRun) throws -> [MLParameterKey: MLMultiArray] {
+    static func engineTraining(seed: UInt64, seen: Seen) -> @Sendable (SimulatedCoreMLTraining.Run) throws -> [MLParameterKey: MLMultiArray] {
         { run in
             let imported = try CoreMLImporter().importModel(from: [UInt8](Data(contentsOf: run.modelURL)))
             var x: [Float] = [], y: [Float] = []
@@ -76,13 +78,13 @@ import Testing
 
     struct CoreMLTrainerTestError: Error {}
 
-    @Test func coreMLTrainingReportsTheDiffTheEngineComputesOnTheSameSamples() throws {
+    @Test func coreMLTrainingReportsTheDiffTheEngineComputesOnTheSameSamples() async throws {
         let seen = Seen()
-        MLUpdateTask.simulatedTraining = Self.engineTraining(seed: Self.training.seed, seen: seen)
-        defer { MLUpdateTask.simulatedTraining = nil }
+        SimulatedCoreMLTraining.training = Self.engineTraining(seed: Self.training.seed, seen: seen)
+        defer { SimulatedCoreMLTraining.training = nil }
         let task = LocalTrainingTask(model: CycleModel(spec: Self.spec, weights: Self.weights), training: Self.training)
         let data = try Self.dataset()
-        guard case .completed(let coreML) = try CoreMLLocalTrainer().train(task, on: data, resumingFrom: nil, progress: { _ in }),
+        guard case .completed(let coreML) = try await CoreMLLocalTrainer().train(task, on: data, resumingFrom: nil, progress: { _ in }),
               case .completed(let engine) = try EngineLocalTrainer().train(task, on: data, resumingFrom: nil, progress: { _ in })
         else {
             Issue.record("a run did not complete")
@@ -102,22 +104,99 @@ import Testing
         #expect(coreML.diff.first { $0.name == "out.weight" }?.values.contains { $0 != 0 } == true)
     }
 
-    @Test func whatCoreMLCannotDoIsRefusedWithTheReason() throws {
+    @Test func whatCoreMLCannotDoIsRefusedWithTheReason() async throws {
         let data = try Self.dataset()
         var capped = Self.training
         capped.maxUpdates = 2
         let trainer = CoreMLLocalTrainer()
-        #expect { try trainer.train(LocalTrainingTask(model: CycleModel(spec: Self.spec, weights: Self.weights), training: capped), on: data, resumingFrom: nil, progress: { _ in }) }
+        await #expect { try await trainer.train(LocalTrainingTask(model: CycleModel(spec: Self.spec, weights: Self.weights), training: capped), on: data, resumingFrom: nil, progress: { _ in }) }
             throws: { ($0 as? OrchardClientError)?.code == .incompatibleModel && "\($0)".contains("no update cap") }
         let paused = LocalTrainingTask(model: CycleModel(spec: Self.spec, weights: Self.weights), training: Self.training, pauseAfterUpdates: 1)
-        #expect { try trainer.train(paused, on: data, resumingFrom: nil, progress: { _ in }) } throws: { "\($0)".contains("cannot pause") }
+        await #expect { try await trainer.train(paused, on: data, resumingFrom: nil, progress: { _ in }) } throws: { "\($0)".contains("cannot pause") }
         let task = LocalTrainingTask(model: CycleModel(spec: Self.spec, weights: Self.weights), training: Self.training)
-        #expect { try trainer.train(task, on: data, resumingFrom: [1, 2], progress: { _ in }) } throws: { "\($0)".contains("cannot resume") }
+        await #expect { try await trainer.train(task, on: data, resumingFrom: [1, 2], progress: { _ in }) } throws: { "\($0)".contains("cannot resume") }
         // Core ML failing the update is a training error with its reason.
-        MLUpdateTask.simulatedTraining = { _ in throw CoreMLTrainerTestError() }
-        defer { MLUpdateTask.simulatedTraining = nil }
-        #expect { try trainer.train(task, on: data, resumingFrom: nil, progress: { _ in }) } throws: {
+        SimulatedCoreMLTraining.training = { _ in throw CoreMLTrainerTestError() }
+        defer { SimulatedCoreMLTraining.training = nil }
+        await #expect { try await trainer.train(task, on: data, resumingFrom: nil, progress: { _ in }) } throws: {
             ($0 as? OrchardClientError)?.code == .training && "\($0)".contains("update task failed")
+        }
+    }
+
+    /// A clock that says when a sleep starts (the run's bound), on a manual clock.
+    final class ObservedClock: WallClock {
+        let base = ManualClock()
+        let sleeps: AsyncStream<Void>
+        private let started: AsyncStream<Void>.Continuation
+        init() { (sleeps, started) = AsyncStream<Void>.makeStream() }
+        var now: WallInstant { base.now }
+        var minimumResolution: Duration { .zero }
+        func sleep(until deadline: WallInstant, tolerance: Duration? = nil) async throws {
+            started.yield()
+            try await base.sleep(until: deadline, tolerance: tolerance)
+        }
+    }
+
+    @Test func aCancelledRunEndsWithinTheGraceEvenIfCoreMLNeverCallsBack() async throws {
+        // Core ML's documentation does not promise a completion call after cancel(): this one never calls back.
+        let (began, training) = AsyncStream<Void>.makeStream()
+        let release = DispatchSemaphore(value: 0)
+        SimulatedCoreMLTraining.cancellation = .neverCallsBack
+        SimulatedCoreMLTraining.training = { run in
+            training.yield()
+            release.wait()  // Core ML keeps its own thread busy until the test lets it go
+            #expect(run.isCancelled())
+            return [:]
+        }
+        defer {
+            SimulatedCoreMLTraining.training = nil
+            SimulatedCoreMLTraining.cancellation = .completesCancelled
+        }
+        let clock = ObservedClock()
+        let trainer = CoreMLLocalTrainer(cancellationGrace: .seconds(2), clock: clock)
+        let task = LocalTrainingTask(model: CycleModel(spec: Self.spec, weights: Self.weights), training: Self.training)
+        let data = try Self.dataset()
+        let run = Task { try await trainer.train(task, on: data, resumingFrom: nil, progress: { _ in }) }
+        var started = began.makeAsyncIterator()
+        _ = await started.next()
+        run.cancel()
+        var sleeping = clock.sleeps.makeAsyncIterator()
+        _ = await sleeping.next()
+        clock.base.advance(by: .seconds(2))
+        do {
+            _ = try await run.value
+            Issue.record("a cancelled run completed")
+        } catch let error as OrchardClientError {
+            #expect(error.code == .cancelled)
+            #expect(error.message.contains("did not confirm"))
+        }
+        release.signal()
+    }
+
+    @Test func aCancelledRunThatCoreMLConfirmsEndsCancelledAtOnce() async throws {
+        let (began, training) = AsyncStream<Void>.makeStream()
+        let release = DispatchSemaphore(value: 0)
+        SimulatedCoreMLTraining.training = { _ in
+            training.yield()
+            release.wait()
+            return [:]
+        }
+        defer { SimulatedCoreMLTraining.training = nil }
+        let clock = ObservedClock()
+        let trainer = CoreMLLocalTrainer(cancellationGrace: .seconds(3600), clock: clock)
+        let task = LocalTrainingTask(model: CycleModel(spec: Self.spec, weights: Self.weights), training: Self.training)
+        let data = try Self.dataset()
+        let run = Task { try await trainer.train(task, on: data, resumingFrom: nil, progress: { _ in }) }
+        var started = began.makeAsyncIterator()
+        _ = await started.next()
+        run.cancel()
+        release.signal()  // Core ML notices the cancellation and calls back: no need to wait for the grace
+        do {
+            _ = try await run.value
+            Issue.record("a cancelled run completed")
+        } catch let error as OrchardClientError {
+            #expect(error.code == .cancelled)
+            #expect(!error.message.contains("did not confirm"))
         }
     }
 }

@@ -1,13 +1,16 @@
-// Runs where the adapter is built against the shim (Linux, macOS); on iOS the adapter uses the real framework.
-#if !canImport(BackgroundTasks)
-import BackgroundTasksShim
-import OrchardSupport
+// The adapter as an iPhone compiles it (`import BackgroundTasks`: on Linux the shim, aliased by Package.swift), driven by
+// the simulated system in AppleShimTesting. Linux only: on Apple hosts the real framework has no simulation hooks, and
+// macOS has no BGTaskScheduler at all.
+#if os(Linux)
+import AppleShimTesting
+import BackgroundTasks
 import Foundation
 import OrchardScheduler
 import OrchardSchedulerApple
+import OrchardSupport
 import Testing
 
-@Suite("Apple adapter (against the BackgroundTasks shim)", .timeLimit(.minutes(1)))
+@Suite("Apple adapter (the BackgroundTasks code an iPhone compiles, against the simulated system)", .timeLimit(.minutes(1)))
 struct AppleAdapterTests {
     let now = Date(timeIntervalSince1970: 1_700_000_000)
 
@@ -34,11 +37,11 @@ struct AppleAdapterTests {
     }
 
     @Test func systemErrorsMapToSchedulerErrors() async throws {
-        let system = BGTaskScheduler(permittedIdentifiers: ["a", "b"])
+        let system = BGTaskScheduler.simulated(permittedIdentifiers: ["a", "b"])
         let apple = adapter(system)
         do {
-            try await apple.register(identifier: "x") { _ in }
-            Issue.record("unpermitted registration must throw")
+            try apple.registerAtLaunch(["x"])
+            Issue.record("an identifier missing from Info.plist must be refused")
         } catch { #expect(error.code == .notPermitted) }
         do {
             try await apple.submit(.appRefresh("x"))
@@ -49,10 +52,11 @@ struct AppleAdapterTests {
             try await apple.submit(.appRefresh("b"))
             Issue.record("second refresh must throw")
         } catch { #expect(error.code == .tooManyPendingRequests) }
+        #expect(system.simulatedViolations.isEmpty)
     }
 
     @Test func pendingCancelAndCancelAllForward() async throws {
-        let system = BGTaskScheduler(permittedIdentifiers: nil)
+        let system = BGTaskScheduler.simulated(permittedIdentifiers: nil)
         let apple = adapter(system)
         var request = TaskRequest.processing("train", constraints: .powerAndNetwork, priority: .high)
         request.repeatInterval = .seconds(3600)
@@ -65,9 +69,69 @@ struct AppleAdapterTests {
         #expect(await system.pendingTaskRequests().isEmpty)
     }
 
-    @Test func aLaunchRunsTheHandlerAndForwardsCompletion() async throws {
-        let system = BGTaskScheduler(permittedIdentifiers: nil)
+    // MARK: Registration, as iOS enforces it
+
+    @Test func onlyIdentifiersRegisteredAtLaunchTakeWorkAndNothingReachesTheSystemLate() async throws {
+        let system = BGTaskScheduler.simulated(permittedIdentifiers: nil)
         let apple = adapter(system)
+        try apple.registerAtLaunch(["train"])
+        system.simulateFinishLaunching()
+        // Attaching work to an identifier registered at launch is fine after launch.
+        try await apple.register(identifier: "train") { _ in }
+        // Another identifier cannot be registered any more: the adapter refuses without calling the system, which
+        // would raise ('All launch handlers must be registered before application finishes launching').
+        do {
+            try await apple.register(identifier: "late") { _ in }
+            Issue.record("a registration after launch was accepted")
+        } catch {
+            #expect(error.code == .registrationClosed)
+            #expect(error.message.contains("registerAtLaunch"))
+        }
+        #expect(system.simulatedViolations.isEmpty, "\(system.simulatedViolations)")
+    }
+
+    @Test func aSecondRegistrationAtLaunchIsRefusedBeforeTheSystemSeesIt() throws {
+        let system = BGTaskScheduler.simulated(permittedIdentifiers: nil)
+        let apple = adapter(system)
+        try apple.registerAtLaunch(["train"])
+        do {
+            try apple.registerAtLaunch(["train"])
+            Issue.record("a duplicate registration was accepted")
+        } catch { #expect(error.code == .alreadyRegistered) }
+        #expect(system.simulatedViolations.isEmpty, "the system never saw the duplicate, which ends a real app")
+    }
+
+    @Test func theSimulatedSystemCatchesLateDuplicateAndHandlerlessLaunches() {
+        let system = BGTaskScheduler.simulated(permittedIdentifiers: ["a", "b", "c"])
+        #expect(system.register(forTaskWithIdentifier: "a", using: nil) { _ in })
+        #expect(!system.register(forTaskWithIdentifier: "a", using: nil) { _ in })
+        #expect(!system.register(forTaskWithIdentifier: "not-in-info-plist", using: nil) { _ in })
+        system.simulateFinishLaunching()
+        #expect(!system.register(forTaskWithIdentifier: "b", using: nil) { _ in })
+        try? system.submit(BGProcessingTaskRequest(identifier: "c"))
+        #expect(system.simulateLaunch(forTaskWithIdentifier: "c") == nil)
+        let violations = system.simulatedViolations
+        #expect(violations.count == 3, "\(violations)")
+        #expect(violations[0].contains("has already been registered"))
+        #expect(violations[1].contains("must be registered before application finishes launching"))
+        #expect(violations[2].contains("No launch handler registered"))
+    }
+
+    @Test func aLateRegistrationEndsTheAppAsOnAPhone() async {
+        await #expect(processExitsWith: .failure) {
+            let system = BGTaskScheduler.simulated(permittedIdentifiers: nil, violations: .trap)
+            system.simulateFinishLaunching()
+            _ = system.register(forTaskWithIdentifier: "late", using: nil) { _ in }
+        }
+    }
+
+    // MARK: Launches, completion and expiry
+
+    @Test func aLaunchRunsTheHandlerAndSubmitsTheNextRunBeforeTheAppIsSuspended() async throws {
+        let system = BGTaskScheduler.simulated(permittedIdentifiers: nil)
+        let apple = adapter(system)
+        try apple.registerAtLaunch(["train"])
+        system.simulateFinishLaunching()
         let done = Signal()
         try await apple.register(identifier: "train") { task in
             #expect(task.kind == .processing)
@@ -81,14 +145,16 @@ struct AppleAdapterTests {
         #expect(launched is BGProcessingTask)
         await done.wait()
         #expect(launched.simulatedCompletion == true)
-        // Repeating work was re-submitted an interval after the run.
+        // The last task completed: the app is suspended, and the repeat reached the system before that.
+        #expect(system.isSimulatedAppSuspended)
         let pending = await system.pendingTaskRequests()
         #expect(pending.map(\.identifier) == ["train"])
         #expect(pending.first?.earliestBeginDate == now.addingTimeInterval(3600))
+        #expect(system.simulatedViolations.isEmpty, "\(system.simulatedViolations)")
     }
 
     @Test func identifiersRegisteredAtLaunchRunTheHandlerAttachedLater() async throws {
-        let system = BGTaskScheduler(permittedIdentifiers: ["train", "other"])
+        let system = BGTaskScheduler.simulated(permittedIdentifiers: ["train", "other"])
         let apple = adapter(system)
         // iOS: registered synchronously before the app finishes launching; the work is attached asynchronously.
         try apple.registerAtLaunch(["train"])
@@ -107,6 +173,7 @@ struct AppleAdapterTests {
         await done.wait()
         #expect(early.simulatedCompletion == true && runs.value == 1)
         // Later launches run the attached handler at once.
+        system.simulateForeground(true)
         let again = Signal()
         try await apple.register(identifier: "train") { task in
             task.setTaskCompleted(success: true)
@@ -116,16 +183,19 @@ struct AppleAdapterTests {
         let later = try #require(system.simulateLaunch(forTaskWithIdentifier: "train"))
         await again.wait()
         #expect(later.simulatedCompletion == true && runs.value == 1, "the re-attached handler ran, not the first")
+        #expect(system.simulatedViolations.isEmpty, "\(system.simulatedViolations)")
     }
 
-    @Test func aTaskLaunchedBeforeItsHandlerThatExpiresCompletesUnsuccessfully() async throws {
-        let system = BGTaskScheduler(permittedIdentifiers: nil)
+    @Test func aTaskLaunchedBeforeItsHandlerThatExpiresCompletesUnsuccessfullyAndIsRetried() async throws {
+        let system = BGTaskScheduler.simulated(permittedIdentifiers: nil)
         let apple = adapter(system)
         try apple.registerAtLaunch(["train"])
         try await apple.submit(.processing("train", constraints: .powerAndNetwork))
         let launched = try #require(system.simulateLaunch(forTaskWithIdentifier: "train"))
         launched.simulateExpiration()
         #expect(launched.simulatedCompletion == false)
+        #expect(!system.isSimulatedAppTerminated)
+        #expect(await system.pendingTaskRequests().first?.earliestBeginDate == now.addingTimeInterval(30), "retried with the first backoff step")
         // A handler attached afterwards does not run the expired task.
         let ran = Counter()
         try await apple.register(identifier: "train") { task in
@@ -133,35 +203,76 @@ struct AppleAdapterTests {
             task.setTaskCompleted(success: true)
         }
         #expect(ran.value == 0)
+        #expect(system.simulatedViolations.isEmpty, "\(system.simulatedViolations)")
     }
 
-    @Test func systemExpiryCancelsTheHandlersSwiftTask() async throws {
-        let system = BGTaskScheduler(permittedIdentifiers: nil)
+    @Test func expiryCompletesTheTaskAtOnceWhileTheHandlerIsStillUnwinding() async throws {
+        let system = BGTaskScheduler.simulated(permittedIdentifiers: nil)
         let apple = adapter(system)
+        try apple.registerAtLaunch(["refresh"])
         let started = Signal()
+        let release = Signal()
         let finished = Signal()
         let expirations = Counter()
         try await apple.register(identifier: "refresh") { task in
             task.expirationHandler = { expirations.increment() }
             started.raise()
-            do {
-                try await waitForCancellation()
-            } catch {
-                #expect(task.expirationReason == .system)
-                task.setTaskCompleted(success: true)  // too late: recorded as expired
-                finished.raise()
-                throw error
-            }
+            // A handler slow to notice the cancellation: it only unwinds when the test lets it.
+            await release.wait()
+            #expect(task.expirationReason == .system)
+            task.setTaskCompleted(success: true)  // too late: the run already ended as expired
+            finished.raise()
         }
         try await apple.submit(.appRefresh("refresh"))
         let launched = try #require(system.simulateLaunch(forTaskWithIdentifier: "refresh"))
         await started.wait()
         launched.simulateExpiration()
+        // Completed by the time the system's expiration handler returned: the app is not terminated.
+        #expect(launched.simulatedCompletion == false)
+        #expect(!system.isSimulatedAppTerminated)
+        #expect(expirations.value == 1)
+        #expect(!launched.hasExpirationHandler, "the expiration handler is cleared once it ran")
+        // The retry reached the system before the completion (the app is suspended now).
+        #expect(system.isSimulatedAppSuspended)
+        #expect(await system.pendingTaskRequests().first?.earliestBeginDate == now.addingTimeInterval(30))
+        release.raise()
         await finished.wait()
         #expect(launched.simulatedCompletion == false)
-        #expect(expirations.value == 1)
-        // A failed run is re-submitted after the first backoff step.
-        #expect(await system.pendingTaskRequests().first?.earliestBeginDate == now.addingTimeInterval(30))
+        #expect(system.simulatedViolations.isEmpty, "\(system.simulatedViolations)")
+    }
+
+    // MARK: The simulated system's own rules
+
+    @Test func anExpirationHandlerRunsOnceAndAnIncompleteTaskGetsTheAppTerminated() throws {
+        let system = BGTaskScheduler.simulated(permittedIdentifiers: nil)
+        _ = system.register(forTaskWithIdentifier: "t", using: nil) { _ in }
+        try system.submit(BGAppRefreshTaskRequest(identifier: "t"))
+        let task = try #require(system.simulateLaunch(forTaskWithIdentifier: "t"))
+        var calls = 0
+        task.expirationHandler = { calls += 1 }
+        task.simulateExpiration()
+        task.simulateExpiration()
+        #expect(calls == 1)
+        #expect(!task.hasExpirationHandler)
+        #expect(system.isSimulatedAppTerminated)
+        #expect(task.simulatedCompletion == false)
+        #expect(system.simulatedViolations.contains { $0.contains("not completed when its expiration handler returned") })
+    }
+
+    @Test func workAfterTheLastCompletionDoesNotHappen() throws {
+        let system = BGTaskScheduler.simulated(permittedIdentifiers: nil)
+        _ = system.register(forTaskWithIdentifier: "t", using: nil) { _ in }
+        system.simulateFinishLaunching()
+        try system.submit(BGAppRefreshTaskRequest(identifier: "t"))
+        let task = try #require(system.simulateLaunch(forTaskWithIdentifier: "t"))
+        task.setTaskCompleted(success: true)
+        #expect(system.isSimulatedAppSuspended)
+        try system.submit(BGAppRefreshTaskRequest(identifier: "t"))
+        #expect(system.simulatedViolations == ["submit(t) while the app was suspended: it does not reach the system"])
+        // In the foreground the app is not suspended.
+        system.simulateForeground(true)
+        try system.submit(BGAppRefreshTaskRequest(identifier: "t"))
+        #expect(system.simulatedViolations.count == 1)
     }
 }
 #endif

@@ -1,13 +1,15 @@
-#if !canImport(Network)
-import AppleSystemShim
+#if os(Linux)
+import AppleShimTesting
+import Network
+import UIKit
 #endif
 import Foundation
 import OrchardScheduler
 import OrchardSchedulerApple
 import Testing
 
-/// Apple conditions: the mapping from what the APIs report, and the provider reading them (through the shim on
-/// Linux). Serialized: the shim's system state is process-wide.
+/// Apple conditions: the mapping from what the APIs report, and the provider reading them (on Linux, the code an iPhone
+/// compiles, against the simulated system). Serialized: the simulated system's state is process-wide.
 @Suite(.serialized) struct AppleConditionsTests {
     let rules = ConditionRules()
     let training = TaskConstraints(requiresExternalPower: true, requiresNetworkConnectivity: true, requiresUnmeteredNetwork: true)
@@ -60,11 +62,11 @@ import Testing
         #expect(try JSONDecoder().decode(DeviceConditions.self, from: Data(#"{"thermalZones":[]}"#.utf8)).thermalPressure == nil)
     }
 
-    #if !canImport(Network)
-    @Test func theProviderReadsTheSystemThroughTheShim() async throws {
-        ProcessInfo.simulate(thermalState: .nominal, lowPowerMode: false)
-        UIDevice.simulate(batteryState: .charging, level: 0.75)
-        NWPathMonitor.simulate(path: NWPath(status: .satisfied, availableInterfaces: [NWInterface(type: .wifi, name: "en0")]))
+    #if os(Linux)
+    @Test func theProviderReadsTheSimulatedSystem() async throws {
+        SimulatedSystem.set(thermalState: .nominal, lowPowerMode: false)
+        SimulatedSystem.set(batteryState: .charging, level: 0.75)
+        SimulatedSystem.set(path: SimulatedSystem.path(.satisfied, interfaces: [(.wifi, "en0")]))
         let provider = AppleConditionsProvider()
         let first = await provider.currentConditions()
         #expect(first.onExternalPower == true && first.batteryLevel == 0.75)
@@ -73,9 +75,9 @@ import Testing
         #expect(await MainActor.run { UIDevice.current.isBatteryMonitoringEnabled }, "the provider turns battery monitoring on")
 
         // The phone leaves Wi-Fi for cellular, is unplugged and heats up: the next reading says so.
-        NWPathMonitor.simulate(path: NWPath(status: .satisfied, isExpensive: true, availableInterfaces: [NWInterface(type: .cellular, name: "pdp_ip0")]))
-        UIDevice.simulate(batteryState: .unplugged, level: 0.5)
-        ProcessInfo.simulate(thermalState: .serious, lowPowerMode: true)
+        SimulatedSystem.set(path: SimulatedSystem.path(.satisfied, expensive: true, interfaces: [(.cellular, "pdp_ip0")]))
+        SimulatedSystem.set(batteryState: .unplugged, level: 0.5)
+        SimulatedSystem.set(thermalState: .serious, lowPowerMode: true)
         var second = await provider.currentConditions()
         for _ in 0..<200 where second.networkInterfaceKind != .cellular {
             // The monitor delivers paths on its own queue.
@@ -84,7 +86,7 @@ import Testing
         }
         #expect(second.networkInterfaceKind == .cellular && second.networkMetered == true)
         #expect(Set(ConditionRules().unmet(training, in: second).map(\.description)) == ["externalPower", "unmeteredNetwork", "thermalHeadroom", "lowPowerMode"])
-        ProcessInfo.simulate(thermalState: .nominal, lowPowerMode: false)
+        SimulatedSystem.set(thermalState: .nominal, lowPowerMode: false)
     }
     #endif
 }

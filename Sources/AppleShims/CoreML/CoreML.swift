@@ -1,9 +1,11 @@
-// A small mirror of the part of Apple's Core ML that OrchardCoreMLTrainer uses — multi-arrays, feature and batch
-// providers, model compilation, `MLUpdateTask` and reading updated parameters — so the trainer compiles and is tested
-// on Linux. Names and shapes follow Apple's API; `MLUpdateTask.simulatedTraining` is the test hook standing in for the
-// on-device training Core ML does.
-public import Foundation
-import Synchronization
+// The part of Apple's Core ML that OrchardCoreMLTrainer uses, for Linux: multi-arrays, feature and batch providers,
+// model compilation, `MLUpdateTask` and reading updated parameters. Orchard's Apple-facing targets import it as `CoreML`
+// (Package.swift aliases the module on Linux). Declarations are transcribed from the SDK's CoreML headers (MLUpdateTask.h,
+// MLModel.h, MLMultiArray.h, MLFeatureValue.h, MLParameterKey.h) as Swift imports them; see docs/apple-shims.md.
+//
+// The on-device training itself is simulated: AppleShimTesting sets what a task computes, and whether a cancelled task
+// calls its completion handler at all (Apple's documentation of `cancel()` does not promise that it does).
+@_exported public import Foundation
 
 /// Mirror of `MLMultiArrayDataType`.
 public enum MLMultiArrayDataType: Int, Sendable {
@@ -11,7 +13,7 @@ public enum MLMultiArrayDataType: Int, Sendable {
 }
 
 /// Mirror of `MLMultiArray` (values kept as `Double`).
-public final class MLMultiArray: @unchecked Sendable {
+public final class MLMultiArray: NSObject {
     /// The shape.
     public let shape: [NSNumber]
     /// The element type.
@@ -42,7 +44,7 @@ public enum MLFeatureType: Int, Sendable {
 }
 
 /// Mirror of `MLFeatureValue`.
-public final class MLFeatureValue: @unchecked Sendable {
+public final class MLFeatureValue: NSObject {
     /// The value's type.
     public let type: MLFeatureType
     /// The multi-array, for `.multiArray`.
@@ -74,7 +76,7 @@ public protocol MLFeatureProvider {
 }
 
 /// Mirror of `MLDictionaryFeatureProvider`.
-public final class MLDictionaryFeatureProvider: MLFeatureProvider, @unchecked Sendable {
+public final class MLDictionaryFeatureProvider: NSObject, MLFeatureProvider {
     /// The values by name.
     public let dictionary: [String: MLFeatureValue]
 
@@ -106,7 +108,7 @@ public protocol MLBatchProvider {
 }
 
 /// Mirror of `MLArrayBatchProvider`.
-public final class MLArrayBatchProvider: MLBatchProvider, @unchecked Sendable {
+public final class MLArrayBatchProvider: NSObject, MLBatchProvider {
     /// The samples.
     public let array: [any MLFeatureProvider]
 
@@ -117,41 +119,67 @@ public final class MLArrayBatchProvider: MLBatchProvider, @unchecked Sendable {
     public func features(at index: Int) -> any MLFeatureProvider { array[index] }
 }
 
-/// Mirror of `MLParameterKey`: the update parameters, and the parameters of a layer (`scoped(to:)`).
-public struct MLParameterKey: Hashable, Sendable, CustomStringConvertible {
-    /// The parameter's name, and the layer it is scoped to.
+/// `MLKey`: a named key, optionally scoped (to a layer).
+open class MLKey: NSObject, @unchecked Sendable {
+    /// The key's name.
     public let name: String
+    /// The scope (a layer's name), if any.
     public let scope: String?
 
-    private init(_ name: String, scope: String? = nil) {
+    init(name: String, scope: String?) {
         self.name = name
         self.scope = scope
     }
 
-    public static let learningRate = MLParameterKey("learningRate")
-    public static let momentum = MLParameterKey("momentum")
-    public static let miniBatchSize = MLParameterKey("miniBatchSize")
-    public static let beta1 = MLParameterKey("beta1")
-    public static let beta2 = MLParameterKey("beta2")
-    public static let eps = MLParameterKey("eps")
-    public static let epochs = MLParameterKey("epochs")
-    public static let shuffle = MLParameterKey("shuffle")
-    public static let weights = MLParameterKey("weights")
-    public static let biases = MLParameterKey("biases")
+    open override func isEqual(_ object: Any?) -> Bool {
+        guard let other = object as? MLKey else { return false }
+        return type(of: other) == type(of: self) && other.name == name && other.scope == scope
+    }
 
-    /// The key for the layer named `layer`.
-    public func scoped(to layer: String) -> MLParameterKey { MLParameterKey(name, scope: layer) }
+    open override var hash: Int {
+        var hasher = Hasher()
+        hasher.combine(name)
+        hasher.combine(scope)
+        return hasher.finalize()
+    }
 
-    public var description: String { scope.map { "\($0).\(name)" } ?? name }
+    open override var description: String { scope.map { "\($0).\(name)" } ?? name }
+}
+
+/// `MLParameterKey` (a class, as in the SDK): the update parameters, and a layer's parameters (`scoped(to:)`).
+open class MLParameterKey: MLKey, @unchecked Sendable {
+    /// The learning rate.
+    public class var learningRate: MLParameterKey { MLParameterKey(name: "learningRate", scope: nil) }
+    /// The momentum.
+    public class var momentum: MLParameterKey { MLParameterKey(name: "momentum", scope: nil) }
+    /// The mini-batch size.
+    public class var miniBatchSize: MLParameterKey { MLParameterKey(name: "miniBatchSize", scope: nil) }
+    /// Adam's beta1.
+    public class var beta1: MLParameterKey { MLParameterKey(name: "beta1", scope: nil) }
+    /// Adam's beta2.
+    public class var beta2: MLParameterKey { MLParameterKey(name: "beta2", scope: nil) }
+    /// Adam's epsilon.
+    public class var eps: MLParameterKey { MLParameterKey(name: "eps", scope: nil) }
+    /// The number of epochs.
+    public class var epochs: MLParameterKey { MLParameterKey(name: "epochs", scope: nil) }
+    /// Whether to shuffle.
+    public class var shuffle: MLParameterKey { MLParameterKey(name: "shuffle", scope: nil) }
+    /// A layer's weights.
+    public class var weights: MLParameterKey { MLParameterKey(name: "weights", scope: nil) }
+    /// A layer's biases.
+    public class var biases: MLParameterKey { MLParameterKey(name: "biases", scope: nil) }
+
+    /// The key scoped to the layer named `scope`.
+    public func scoped(to scope: String) -> MLParameterKey { MLParameterKey(name: name, scope: scope) }
 }
 
 /// Mirror of `MLModelConfiguration`.
-public final class MLModelConfiguration: @unchecked Sendable {
+public final class MLModelConfiguration: NSObject {
     /// Update parameters overriding the model's defaults.
     public var parameters: [MLParameterKey: Any]?
 
     /// A default configuration.
-    public init() {}
+    public override init() {}
 }
 
 /// Mirror of `MLWritable`.
@@ -161,7 +189,7 @@ public protocol MLWritable {
 }
 
 /// Mirror of `MLModel` (compilation, and the parameters of an updated model).
-public final class MLModel: MLWritable, @unchecked Sendable {
+public final class MLModel: NSObject, MLWritable {
     private let parameters: [MLParameterKey: MLMultiArray]
     private let compiled: Data
 
@@ -208,11 +236,11 @@ public struct MLModelError: Error, Sendable, CustomStringConvertible {
 
 /// Mirror of `MLTaskState`.
 public enum MLTaskState: Int, Sendable {
-    case suspended, running, cancelling, completed, failed
+    case suspended = 1, running, cancelling, completed, failed
 }
 
-/// Mirror of `MLUpdateContext`.
-public final class MLUpdateContext: @unchecked Sendable {
+/// `MLUpdateContext`: what an update task hands its completion handler.
+public final class MLUpdateContext: NSObject {
     /// The task that finished.
     public let task: MLUpdateTask
     /// The updated model.
@@ -224,30 +252,58 @@ public final class MLUpdateContext: @unchecked Sendable {
     }
 }
 
-/// Mirror of `MLUpdateTask`: trains the compiled model at a URL on a batch provider and calls the completion handler
-/// with the updated model, on a queue of its own.
-public final class MLUpdateTask: @unchecked Sendable {
-    /// What the simulated training is given.
-    public struct SimulatedRun: @unchecked Sendable {
-        /// The compiled model (the shim's copy of the `.mlmodel`).
-        public let modelURL: URL
-        /// The training samples.
-        public let trainingData: any MLBatchProvider
-        /// The update parameters the caller set.
-        public let parameters: [MLParameterKey: Any]
-        /// Whether the task was cancelled (checked between steps by a simulation that takes time).
-        public let isCancelled: @Sendable () -> Bool
+/// What the simulated Core ML does when it trains; AppleShimTesting sets it.
+package final class SimulatedCoreML: @unchecked Sendable {
+    /// What a training run is given.
+    package struct Run: @unchecked Sendable {
+        package let modelURL: URL
+        package let trainingData: any MLBatchProvider
+        package let parameters: [MLParameterKey: Any]
+        package let isCancelled: @Sendable () -> Bool
+
+        package init(modelURL: URL, trainingData: any MLBatchProvider, parameters: [MLParameterKey: Any], isCancelled: @escaping @Sendable () -> Bool) {
+            self.modelURL = modelURL
+            self.trainingData = trainingData
+            self.parameters = parameters
+            self.isCancelled = isCancelled
+        }
     }
 
-    /// Test hook: the training the system would do — the updated values of every updatable layer's `.weights` and
-    /// `.biases` (scoped to the layer). Unset, a task fails.
-    nonisolated(unsafe) public static var simulatedTraining: (@Sendable (SimulatedRun) throws -> [MLParameterKey: MLMultiArray])?
+    /// What happens when a running task is cancelled.
+    package enum Cancellation: Sendable {
+        /// The completion handler is called, the task's state `.cancelling`.
+        case completesCancelled
+        /// The completion handler is never called (nothing in Apple's documentation promises it is).
+        case neverCallsBack
+    }
 
+    private let lock = NSLock()
+    private var _training: (@Sendable (Run) throws -> [MLParameterKey: MLMultiArray])?
+    private var _cancellation = Cancellation.completesCancelled
+
+    package static let shared = SimulatedCoreML()
+
+    package var training: (@Sendable (Run) throws -> [MLParameterKey: MLMultiArray])? {
+        get { lock.withLock { _training } }
+        set { lock.withLock { _training = newValue } }
+    }
+
+    package var cancellation: Cancellation {
+        get { lock.withLock { _cancellation } }
+        set { lock.withLock { _cancellation = newValue } }
+    }
+}
+
+/// `MLUpdateTask`: trains the compiled model at a URL on a batch provider and calls the completion handler with the
+/// updated model.
+public final class MLUpdateTask: NSObject {
     private let modelURL: URL
     private let trainingData: any MLBatchProvider
     private let configuration: MLModelConfiguration?
     private let completion: (MLUpdateContext) -> Void
-    private let stateLock = Mutex<(MLTaskState, String?)>((.suspended, nil))
+    private let lock = NSLock()
+    private var taskState = MLTaskState.suspended
+    private var failure: String?
 
     /// A task; call ``resume()`` to start it.
     public init(
@@ -262,33 +318,39 @@ public final class MLUpdateTask: @unchecked Sendable {
     }
 
     /// The task's state.
-    public var state: MLTaskState { stateLock.withLock { $0.0 } }
+    public var state: MLTaskState { lock.withLock { taskState } }
     /// Why the task failed.
-    public var error: (any Error)? { stateLock.withLock { $0.1.map { MLModelError(.update, $0) } } }
+    public var error: (any Error)? { lock.withLock { failure.map { MLModelError(.update, $0) } } }
 
     /// Starts (or continues) the task.
     public func resume() {
-        stateLock.withLock { $0.0 = .running }
-        let run = SimulatedRun(
+        lock.withLock { taskState = .running }
+        // Core ML trains on a queue of its own (the task is not Sendable in the SDK; the shim's queue owns it here).
+        nonisolated(unsafe) let task = self
+        let run = SimulatedCoreML.Run(
             modelURL: modelURL, trainingData: trainingData, parameters: configuration?.parameters ?? [:],
-            isCancelled: { [self] in state == .cancelling }
+            isCancelled: { task.state == .cancelling }
         )
-        DispatchQueue.global().async { [self] in
-            var parameters: [MLParameterKey: MLMultiArray] = [:]
-            do {
-                guard let training = Self.simulatedTraining else { throw MLModelError(.update, "no simulated training is set (MLUpdateTask.simulatedTraining)") }
-                parameters = try training(run)
-                stateLock.withLock { $0.0 = $0.0 == .cancelling ? .cancelling : .completed }
-            } catch {
-                stateLock.withLock { $0 = (.failed, "\(error)") }
-            }
-            let compiled = (try? Data(contentsOf: modelURL)) ?? Data()
-            completion(MLUpdateContext(task: self, model: MLModel(parameters: parameters, compiled: compiled)))
-        }
+        let simulated = SimulatedCoreML.shared
+        DispatchQueue.global().async { task.train(run, simulated) }
     }
 
-    /// Asks the task to stop.
+    private func train(_ run: SimulatedCoreML.Run, _ simulated: SimulatedCoreML) {
+        var parameters: [MLParameterKey: MLMultiArray] = [:]
+        do {
+            guard let training = simulated.training else { throw MLModelError(.update, "no simulated training is set (SimulatedCoreML)") }
+            parameters = try training(run)
+            lock.withLock { taskState = taskState == .cancelling ? .cancelling : .completed }
+        } catch {
+            lock.withLock { (taskState, failure) = (.failed, "\(error)") }
+        }
+        if state == .cancelling, simulated.cancellation == .neverCallsBack { return }
+        let compiled = (try? Data(contentsOf: modelURL)) ?? Data()
+        completion(MLUpdateContext(task: self, model: MLModel(parameters: parameters, compiled: compiled)))
+    }
+
+    /// Cancels the task; whether the completion handler is called afterwards is not promised.
     public func cancel() {
-        stateLock.withLock { if $0.0 == .running || $0.0 == .suspended { $0.0 = .cancelling } }
+        lock.withLock { if taskState == .running || taskState == .suspended { taskState = .cancelling } }
     }
 }

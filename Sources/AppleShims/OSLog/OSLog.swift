@@ -1,0 +1,120 @@
+// The part of Apple's unified logging (`os.Logger`) that Orchard uses, for Linux: Orchard's Apple-facing targets import
+// it as `os` (Package.swift aliases the module on Linux). Declarations are transcribed from the SDK's `os.swiftmodule`
+// interface (Logger, OSLogType, OSLogMessage, OSLogPrivacy); see docs/apple-shims.md. Entries are kept in memory, where
+// AppleShimTesting reads them: what Console.app would show.
+public import Foundation
+
+/// `OSLogType`: the level of a log entry.
+public struct OSLogType: Equatable, Hashable, RawRepresentable, Sendable {
+    /// The level's raw value.
+    public let rawValue: UInt8
+    /// Creates a level.
+    public init(rawValue: UInt8) { self.rawValue = rawValue }
+    /// The default level (what `Logger.notice` writes).
+    public static let `default` = OSLogType(rawValue: 0x00)
+    /// Information that may be helpful, not essential.
+    public static let info = OSLogType(rawValue: 0x01)
+    /// Debug-level messages, for development.
+    public static let debug = OSLogType(rawValue: 0x02)
+    /// Errors.
+    public static let error = OSLogType(rawValue: 0x10)
+    /// Faults: bugs in the program.
+    public static let fault = OSLogType(rawValue: 0x11)
+}
+
+/// `OSLogPrivacy`: whether an interpolated value is shown in the log or redacted.
+public struct OSLogPrivacy: Equatable, Sendable {
+    let isPublic: Bool
+    /// Shown in the log.
+    public static let `public` = OSLogPrivacy(isPublic: true)
+    /// Redacted unless a debugger is attached.
+    public static let `private` = OSLogPrivacy(isPublic: false)
+    /// Redacted outside development.
+    public static let sensitive = OSLogPrivacy(isPublic: false)
+    /// The system decides (dynamic strings are redacted).
+    public static let auto = OSLogPrivacy(isPublic: false)
+}
+
+/// `OSLogMessage`: a message built by string interpolation; interpolated values carry their privacy.
+public struct OSLogMessage: ExpressibleByStringInterpolation, ExpressibleByStringLiteral, Sendable {
+    /// The interpolation that builds a message.
+    public struct StringInterpolation: StringInterpolationProtocol, Sendable {
+        var shown = ""
+        var redacted = ""
+        /// Creates an interpolation.
+        public init(literalCapacity: Int, interpolationCount: Int) {}
+        /// Appends a literal part.
+        public mutating func appendLiteral(_ literal: String) {
+            shown += literal
+            redacted += literal
+        }
+        /// Appends a string with its privacy (`.auto` by default: redacted in the log).
+        public mutating func appendInterpolation(_ argumentString: @autoclosure @escaping () -> String, privacy: OSLogPrivacy = .auto) {
+            let value = argumentString()
+            shown += value
+            redacted += privacy.isPublic ? value : "<private>"
+        }
+        /// Appends an integer with its privacy (integers are public by default).
+        public mutating func appendInterpolation(_ number: @autoclosure @escaping () -> Int, privacy: OSLogPrivacy = .public) {
+            appendInterpolation(String(number()), privacy: privacy)
+        }
+    }
+
+    let interpolation: StringInterpolation
+
+    /// Creates a message from an interpolation.
+    public init(stringInterpolation: StringInterpolation) { interpolation = stringInterpolation }
+    /// Creates a message from a literal.
+    public init(stringLiteral value: String) {
+        var interpolation = StringInterpolation(literalCapacity: 0, interpolationCount: 0)
+        interpolation.appendLiteral(value)
+        self.interpolation = interpolation
+    }
+}
+
+/// One entry written to the simulated unified log: what Console.app shows (private values redacted).
+package struct SimulatedLogEntry: Sendable, Equatable {
+    package let subsystem: String
+    package let category: String
+    package let level: OSLogType
+    package let message: String
+}
+
+/// The simulated unified log.
+package final class SimulatedUnifiedLog: @unchecked Sendable {
+    private let lock = NSLock()
+    private var entries: [SimulatedLogEntry] = []
+    package static let shared = SimulatedUnifiedLog()
+    func append(_ entry: SimulatedLogEntry) { lock.withLock { entries.append(entry) } }
+    package var all: [SimulatedLogEntry] { lock.withLock { entries } }
+}
+
+/// `Logger`: writes to the unified log under a subsystem and category.
+public struct Logger: @unchecked Sendable {
+    let subsystem: String
+    let category: String
+
+    /// A logger for `subsystem` (reverse-DNS, e.g. `dev.orchard`) and `category`.
+    public init(subsystem: String, category: String) {
+        self.subsystem = subsystem
+        self.category = category
+    }
+
+    /// Writes `message` at `level`.
+    public func log(level: OSLogType, _ message: OSLogMessage) {
+        SimulatedUnifiedLog.shared.append(SimulatedLogEntry(subsystem: subsystem, category: category, level: level, message: message.interpolation.redacted))
+    }
+
+    /// Writes `message` at the default level.
+    public func log(_ message: OSLogMessage) { log(level: .default, message) }
+    /// Writes a debug message.
+    public func debug(_ message: OSLogMessage) { log(level: .debug, message) }
+    /// Writes an informative message.
+    public func info(_ message: OSLogMessage) { log(level: .info, message) }
+    /// Writes a message at the default level.
+    public func notice(_ message: OSLogMessage) { log(level: .default, message) }
+    /// Writes an error.
+    public func error(_ message: OSLogMessage) { log(level: .error, message) }
+    /// Writes a fault.
+    public func fault(_ message: OSLogMessage) { log(level: .fault, message) }
+}
