@@ -191,6 +191,7 @@ let package = Package(
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "CryptoExtras", package: "swift-crypto"),
                 .product(name: "JWTKit", package: "jwt-kit"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Metrics", package: "swift-metrics"),
@@ -226,7 +227,7 @@ let package = Package(
             ],
             // The SDK's privacy manifest (Apple's required-reason APIs it calls; no tracking, nothing collected by
             // the SDK itself): an app that links the SDK gets it in the SDK's resource bundle.
-            resources: [.copy("PrivacyInfo.xcprivacy")],
+            resources: [.process("PrivacyInfo.xcprivacy")],
             swiftSettings: swiftSettings
         ),
         // The operator's side of the admin API (`orchard process`): the HTTP client, local checks of the files to host,
@@ -383,6 +384,8 @@ let package = Package(
             dependencies: [
                 "OrchardCoordinator", "OrchardProtocol", "OrchardPrivacy", "OrchardSupport", "OrchardTesting", "OrchardCoreML", "OrchardClient",
                 .product(name: "JWTKit", package: "jwt-kit"),
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "CryptoExtras", package: "swift-crypto"),
                 .product(name: "PropertyBased", package: "swift-property-based"),
                 .product(name: "HummingbirdCore", package: "hummingbird"),
                 .product(name: "NIOCore", package: "swift-nio"),

@@ -389,6 +389,37 @@ private final class CountingTransport: ClientTransport {
     }
 }
 
+/// A token provider that answers from a script, then signs fresh tokens; counts the times it is asked.
+private final class ScriptedTokenProvider: DeviceTokenProvider {
+    enum Answer: Sendable {
+        case token(String)
+        case failure(String)
+    }
+
+    private let script: Mutex<[Answer]>
+    private let asked = Mutex(0)
+    let fresh: @Sendable () async throws -> String
+
+    init(_ script: [Answer], fresh: @escaping @Sendable () async throws -> String) {
+        self.script = Mutex(script)
+        self.fresh = fresh
+    }
+
+    var times: Int { asked.withLock { $0 } }
+
+    struct Refusal: Error, CustomStringConvertible { var description: String }
+
+    func deviceToken() async throws -> String {
+        asked.withLock { $0 += 1 }
+        let next = script.withLock { $0.isEmpty ? nil : $0.removeFirst() }
+        switch next {
+        case .token(let token): return token
+        case .failure(let reason): throw Refusal(description: reason)
+        case nil: return try await fresh()
+        }
+    }
+}
+
 /// What the device SDK does with an expired device token (the behaviour `docs/device-tokens.md` describes).
 @Suite struct DeviceTokenExpiryClientTests {
     @Test func anExpiredTokenFailsTheCycleOnceAndAFreshTokenInANewClientWorks() async throws {
@@ -423,6 +454,41 @@ private final class CountingTransport: ClientTransport {
                 return
             }
             #expect(transport.authentications == 3)
+        }
+    }
+
+    @Test func aProviderIsAskedAtEachAuthenticationSoTheNextRunGetsAFreshToken() async throws {
+        let harness = try await Harness.start()
+        try await harness.stopping {
+            try await host(harness, .hs256(secret: DeviceTokenKeys.secret))
+            let issuer = try DeviceTokenIssuer(hs256Secret: DeviceTokenKeys.secret)
+            let expired = try await issuer.issue(subject: "phone-4", lifetime: .seconds(3600), now: harness.clock.date.addingTimeInterval(-7200))
+            let clock = harness.clock
+            let provider = ScriptedTokenProvider([.token(expired.token), .failure("the backend is unreachable")]) {
+                try await issuer.issue(subject: "phone-4", lifetime: .seconds(3600), now: clock.date).token
+            }
+            let configuration = ClientConfiguration(storageDirectory: harness.directory.appendingPathComponent("device"), durability: .unsynced)
+            let transport = CountingTransport(try HTTPTransport(url: harness.server.baseURL.absoluteString))
+            let job = try OrchardClient(transport: transport, server: "coordinator", tokenProvider: provider, configuration: configuration)
+                .newJob(processName: "tiny", version: "1.0")
+            let update: @Sendable (CycleContext) async throws -> LocalUpdate = { _ in LocalUpdate(diff: Fixture.diff(0.1), sampleCount: 4) }
+
+            // The provider's expired token: refused once, not retried.
+            let refused = await #expect(throws: OrchardClientError.self) { try await job.run(update) }
+            #expect(refused?.code == .authenticationFailed && refused?.message == "auth_token expired")
+            #expect(provider.times == 1 && transport.authentications == 1)
+            // The provider fails: an authentication failure naming it, and nothing is sent.
+            let failed = await #expect(throws: OrchardClientError.self) { try await job.run(update) }
+            #expect(failed?.code == .authenticationFailed && failed?.httpStatus == nil)
+            #expect(failed?.message == "cannot get a device token from the app's provider: the backend is unreachable")
+            #expect(provider.times == 2 && transport.authentications == 1)
+            // The same job's next run asks again and gets a fresh token.
+            let outcome = try await job.run(update)
+            guard case .reported = outcome else {
+                Issue.record("expected a report, got \(outcome)")
+                return
+            }
+            #expect(provider.times == 3 && transport.authentications == 2)
         }
     }
 }

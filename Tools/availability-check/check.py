@@ -729,6 +729,48 @@ def eval_condition(text: str, platform: str):
 # Project sources
 # ---------------------------------------------------------------------------------------------------------------------
 
+def apple_compiled_tokens(toks: list[Tok]) -> list[Tok]:
+    """The tokens compiled for at least one Apple platform: code under `#if os(Linux)` (the project's Linux-only
+    stand-ins for Apple frameworks, say) declares nothing an Apple build sees, so its names must not hide uses."""
+    kept: list[Tok] = []
+    if_stack: list[dict] = []
+    active = {p: True for p in PLATFORMS}
+    n = len(toks)
+    i = 0
+    while i < n:
+        t = toks[i]
+        if t.kind == "hash" and t.text in ("#if", "#elseif", "#else", "#endif"):
+            j = i + 1
+            while j < n and toks[j].kind != "nl":
+                j += 1
+            cond_text = " ".join(x.text for x in toks[i + 1:j])
+            if t.text == "#if":
+                values = {p: eval_condition(cond_text, p) for p in PLATFORMS}
+                frame = {"parent": dict(active), "taken": {p: values[p] is True for p in PLATFORMS}}
+                if_stack.append(frame)
+                active = {p: frame["parent"][p] and values[p] is not False for p in PLATFORMS}
+            elif if_stack:
+                frame = if_stack[-1]
+                if t.text == "#endif":
+                    if_stack.pop()
+                    active = frame["parent"]
+                elif t.text == "#else":
+                    active = {p: frame["parent"][p] and not frame["taken"][p] for p in PLATFORMS}
+                    frame["taken"] = {p: True for p in PLATFORMS}
+                else:
+                    values = {p: eval_condition(cond_text, p) for p in PLATFORMS}
+                    active = {p: frame["parent"][p] and not frame["taken"][p] and values[p] is not False
+                              for p in PLATFORMS}
+                    frame["taken"] = {p: frame["taken"][p] or values[p] is True for p in PLATFORMS}
+            kept.extend(toks[i:j])
+            i = j
+            continue
+        if any(active.values()):
+            kept.append(t)
+        i += 1
+    return kept
+
+
 def project_declared_names(toks: list[Tok]) -> set:
     """Names the project declares: decl names, enum cases, parameters, closure/for bindings, generic parameters."""
     names: set = set()
@@ -1194,7 +1236,7 @@ def run(argv: list[str] | None = None, out=None) -> int:
             text = fh.read()
         code = strip_comments_and_strings(text)
         toks = tokenize(code)
-        own_names |= project_declared_names(toks)
+        own_names |= project_declared_names(apple_compiled_tokens(toks))
         imports = set(_IMPORT.findall(code))
         exported |= set(_EXPORTED_IMPORT.findall(code))
         parsed.append((f, toks, imports))

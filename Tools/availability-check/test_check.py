@@ -256,6 +256,29 @@ class TestGuardsAreWhatSuppress(unittest.TestCase):
                               (line_of(pkg, "Cases.swift", "return lock.withLock"), "withLock"),
                               (line_of(pkg, "Cases.swift", "let inside = Mutex(2)"), "Mutex")})
 
+    def test_names_declared_only_for_linux_do_not_hide_uses(self):
+        # A Linux-only stand-in that declares `withLock` is not compiled for Apple platforms: Mutex's withLock is still
+        # a use there. The same declaration outside `#if os(Linux)` is the project's own name and hides the use.
+        def withlock_findings(shim: str) -> set:
+            with tempfile.TemporaryDirectory() as tmp:
+                pkg = os.path.join(tmp, "pkg")
+                shutil.copytree(PKG17, pkg)
+                path = os.path.join(pkg, "Sources", "Demo", "Cases.swift")
+                with open(path, encoding="utf-8") as f:
+                    src = f.read()
+                src = src.replace("@available(iOS 18, macOS 15, *)\n@MainActor\nfinal class Guarded",
+                                  "@MainActor\nfinal class Guarded", 1)
+                with open(path, "w", encoding="utf-8") as f:
+                    f.write(src)
+                with open(os.path.join(pkg, "Sources", "Demo", "Shim.swift"), "w", encoding="utf-8") as f:
+                    f.write(shim)
+                _, report = run_json("--package", pkg, "--toolchain", TOOLCHAIN)
+                return {n for (_, _, n, _) in found(report) if n == "withLock"}
+
+        box = "final class Box {\n    func withLock() {}\n}\n"
+        self.assertEqual(withlock_findings("#if os(Linux)\n" + box + "#endif\n"), {"withLock"})
+        self.assertEqual(withlock_findings(box), set())
+
 
 class TestFixturePackage18(unittest.TestCase):
     def test_mutex_passes_but_a_later_api_is_flagged(self):

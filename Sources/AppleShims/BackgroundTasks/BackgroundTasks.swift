@@ -13,6 +13,7 @@
 //   that (a late `submit`) does not happen until some later launch, so it is dropped and recorded.
 // The simulation's controls (a launch, the end of app launch, permitted identifiers) live in AppleShimTesting, not
 // here: the real framework has none of them.
+#if os(Linux)  // Apple platforms have the real framework
 @_exported public import Foundation
 public import Dispatch
 
@@ -307,3 +308,4 @@ package final class NSLockedState<Value>: @unchecked Sendable {
         return try body(&value)
     }
 }
+#endif

@@ -5,6 +5,7 @@
 //
 // The on-device training itself is simulated: AppleShimTesting sets what a task computes, and whether a cancelled task
 // calls its completion handler at all (Apple's documentation of `cancel()` does not promise that it does).
+#if os(Linux)  // Apple platforms have the real framework
 @_exported public import Foundation
 
 /// Mirror of `MLMultiArrayDataType`.
@@ -354,3 +355,4 @@ public final class MLUpdateTask: NSObject {
         lock.withLock { if taskState == .running || taskState == .suspended { taskState = .cancelling } }
     }
 }
+#endif

@@ -4,6 +4,7 @@
 // `Network.swiftmodule` interface (NWPathMonitor, NWPath, NWInterface); see docs/apple-shims.md.
 //
 // The simulated path is set through AppleShimTesting.
+#if os(Linux)  // Apple platforms have the real framework
 public import Foundation
 public import Dispatch
 
@@ -123,3 +124,4 @@ public final class NWPathMonitor: @unchecked Sendable {
         queue.async { handler(path) }
     }
 }
+#endif

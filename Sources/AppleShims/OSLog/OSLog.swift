@@ -2,6 +2,7 @@
 // it as `os` (Package.swift aliases the module on Linux). Declarations are transcribed from the SDK's `os.swiftmodule`
 // interface (Logger, OSLogType, OSLogMessage, OSLogPrivacy); see docs/apple-shims.md. Entries are kept in memory, where
 // AppleShimTesting reads them: what Console.app would show.
+#if os(Linux)  // Apple platforms have the real framework
 public import Foundation
 
 /// `OSLogType`: the level of a log entry.
@@ -118,3 +119,4 @@ public struct Logger: @unchecked Sendable {
     /// Writes a fault.
     public func fault(_ message: OSLogMessage) { log(level: .fault, message) }
 }
+#endif

@@ -6,6 +6,7 @@
 // `App.main()` simulates a launch as UIKit performs it: the app value is created (with its delegate adaptor), the
 // delegate's `application(_:didFinishLaunchingWithOptions:)` runs, the launch ends (BGTaskScheduler registration is
 // closed from then on), and the scene's body is built. Nothing is drawn.
+#if os(Linux)  // Apple platforms have the real framework
 @_exported public import UIKitShim
 public import BackgroundTasksShim
 
@@ -139,3 +140,4 @@ public struct UIApplicationDelegateAdaptor<DelegateType: NSObject & UIApplicatio
         }
     }
 }
+#endif

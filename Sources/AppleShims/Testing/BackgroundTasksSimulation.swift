@@ -1,6 +1,7 @@
 // The system's side of the BackgroundTasks shim, for tests: the real framework has no API for any of this (Apple's
 // counterpart is the debugger-only `_simulateLaunchForTaskWithIdentifier:`), so it lives here, not in the module that
 // stands in for `BackgroundTasks`.
+#if os(Linux)  // Apple platforms have the real framework
 public import BackgroundTasksShim
 
 extension BGTaskScheduler {
@@ -52,3 +53,4 @@ extension BGTask {
     /// Whether the task has an expiration handler set now.
     public var hasExpirationHandler: Bool { state.withLock { $0.expirationHandler != nil } }
 }
+#endif

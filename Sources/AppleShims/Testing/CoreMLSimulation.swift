@@ -1,4 +1,5 @@
 // The simulated Core ML training behind the CoreML shim, for tests.
+#if os(Linux)  // Apple platforms have the real framework
 public import CoreMLShim
 public import Foundation
 
@@ -50,3 +51,4 @@ public enum SimulatedCoreMLTraining {
         set { SimulatedCoreML.shared.cancellation = newValue == .neverCallsBack ? .neverCallsBack : .completesCancelled }
     }
 }
+#endif

@@ -1,4 +1,5 @@
 // The simulated device, network and unified log behind the UIKit, Network and os shims, for tests.
+#if os(Linux)  // Apple platforms have the real framework
 public import NetworkShim
 public import OSLogShim
 public import UIKitShim
@@ -48,3 +49,4 @@ public enum SimulatedSystem {
         SimulatedUnifiedLog.shared.all.map { LogEntry(subsystem: $0.subsystem, category: $0.category, level: $0.level, message: $0.message) }
     }
 }
+#endif

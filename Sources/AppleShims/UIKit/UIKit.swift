@@ -5,6 +5,7 @@
 // Foundation on Apple platforms (UIKit re-exports it) but missing from Linux's Foundation.
 //
 // The simulated system's values are set through AppleShimTesting.
+#if os(Linux)  // Apple platforms have the real framework
 @_exported public import Foundation
 public import Dispatch
 
@@ -126,3 +127,4 @@ extension UIApplicationDelegate {
         completionHandler()
     }
 }
+#endif
