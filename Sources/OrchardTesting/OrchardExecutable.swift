@@ -47,3 +47,60 @@ extension OrchardExecutable {
         return (port, line)
     }
 }
+
+extension OrchardExecutable {
+    /// One finished run of the executable: its exit status and what it wrote.
+    public struct Run: Sendable {
+        /// The exit status.
+        public var status: Int32
+        /// Standard output.
+        public var output: String
+        /// Standard error.
+        public var error: String
+
+        /// Creates a run.
+        public init(status: Int32, output: String, error: String) {
+            self.status = status
+            self.output = output
+            self.error = error
+        }
+
+        /// Standard error with every run of whitespace (the help's line wrapping) as one space.
+        public var flatError: String { error.split(whereSeparator: \.isWhitespace).joined(separator: " ") }
+        /// Standard output, likewise.
+        public var flatOutput: String { output.split(whereSeparator: \.isWhitespace).joined(separator: " ") }
+    }
+
+    /// Runs `orchard arguments…` to its end in `directory` (a temporary one when nil), standard output and error
+    /// captured in files there; `environment` is added to this process's (a nil value removes the variable).
+    public static func run(_ arguments: [String], environment: [String: String?] = [:], in directory: URL? = nil) async throws -> Run {
+        let scratch = FileManager.default.temporaryDirectory.appendingPathComponent("orchard-cli-\(UUID().uuidString)")
+        let place = directory ?? scratch
+        if directory == nil { try FileManager.default.createDirectory(at: scratch, withIntermediateDirectories: true) }
+        let outURL = place.appendingPathComponent("stdout-\(UUID().uuidString)"), errURL = place.appendingPathComponent("stderr-\(UUID().uuidString)")
+        defer {
+            try? FileManager.default.removeItem(at: outURL)
+            try? FileManager.default.removeItem(at: errURL)
+            if directory == nil { try? FileManager.default.removeItem(at: scratch) }
+        }
+        _ = FileManager.default.createFile(atPath: outURL.path, contents: nil)
+        _ = FileManager.default.createFile(atPath: errURL.path, contents: nil)
+        let process = Process()
+        process.executableURL = try url()
+        process.arguments = arguments
+        process.currentDirectoryURL = place
+        var merged = ProcessInfo.processInfo.environment
+        for (key, value) in environment { merged[key] = value }
+        process.environment = merged
+        process.standardOutput = try FileHandle(forWritingTo: outURL)
+        process.standardError = try FileHandle(forWritingTo: errURL)
+        let status = try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Int32, any Error>) in
+            process.terminationHandler = { continuation.resume(returning: $0.terminationStatus) }
+            do { try process.run() } catch {
+                process.terminationHandler = nil
+                continuation.resume(throwing: error)
+            }
+        }
+        return Run(status: status, output: try String(contentsOf: outURL, encoding: .utf8), error: try String(contentsOf: errURL, encoding: .utf8))
+    }
+}

@@ -6,40 +6,13 @@ import OrchardTesting
 import Testing
 
 /// One finished run of the `orchard` executable.
-struct Run: Sendable {
-    var status: Int32
-    var output: String
-    var error: String
+typealias Run = OrchardExecutable.Run
 
-    /// Standard error with every run of whitespace (the help's line wrapping) as one space.
-    var flatError: String { error.split(whereSeparator: \.isWhitespace).joined(separator: " ") }
-    /// Standard output, likewise.
-    var flatOutput: String { output.split(whereSeparator: \.isWhitespace).joined(separator: " ") }
-
-    /// Runs `orchard arguments…` to its end, standard output and error captured in temporary files.
-    static func orchard(_ arguments: [String]) async throws -> Run {
-        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("orchard-cli-\(UUID().uuidString)")
-        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
-        defer { try? FileManager.default.removeItem(at: directory) }
-        let outURL = directory.appendingPathComponent("stdout"), errURL = directory.appendingPathComponent("stderr")
-        _ = FileManager.default.createFile(atPath: outURL.path, contents: nil)
-        _ = FileManager.default.createFile(atPath: errURL.path, contents: nil)
-        let process = Process()
-        process.executableURL = try OrchardExecutable.url()
-        process.arguments = arguments
-        process.currentDirectoryURL = directory
-        process.standardOutput = try FileHandle(forWritingTo: outURL)
-        process.standardError = try FileHandle(forWritingTo: errURL)
-        let status = try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Int32, any Error>) in
-            process.terminationHandler = { continuation.resume(returning: $0.terminationStatus) }
-            do { try process.run() } catch {
-                process.terminationHandler = nil
-                continuation.resume(throwing: error)
-            }
-        }
-        return Run(
-            status: status, output: try String(contentsOf: outURL, encoding: .utf8), error: try String(contentsOf: errURL, encoding: .utf8)
-        )
+extension OrchardExecutable.Run {
+    /// Runs `orchard arguments…` to its end in a temporary directory; `environment` is added to this process's (a nil
+    /// value removes the variable).
+    static func orchard(_ arguments: [String], environment: [String: String?] = [:]) async throws -> Run {
+        try await OrchardExecutable.run(arguments, environment: environment)
     }
 }
 

@@ -2,34 +2,12 @@ import Foundation
 import OrchardTesting
 import Testing
 
-extension Run {
+extension OrchardExecutable.Run {
     /// Runs `orchard arguments…` to its end with the device-token variables removed from this process's environment
     /// and `environment` added.
-    static func orchard(_ arguments: [String], environment: [String: String]) async throws -> Run {
-        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("orchard-cli-\(UUID().uuidString)")
-        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
-        defer { try? FileManager.default.removeItem(at: directory) }
-        let outURL = directory.appendingPathComponent("stdout"), errURL = directory.appendingPathComponent("stderr")
-        _ = FileManager.default.createFile(atPath: outURL.path, contents: nil)
-        _ = FileManager.default.createFile(atPath: errURL.path, contents: nil)
-        let process = Process()
-        process.executableURL = try OrchardExecutable.url()
-        process.arguments = arguments
-        process.currentDirectoryURL = directory
-        var merged = ProcessInfo.processInfo.environment
-        merged["ORCHARD_DEVICE_TOKEN_SECRET"] = nil
-        merged["ORCHARD_DEVICE_TOKEN_PRIVATE_KEY"] = nil
-        process.environment = merged.merging(environment) { $1 }
-        process.standardOutput = try FileHandle(forWritingTo: outURL)
-        process.standardError = try FileHandle(forWritingTo: errURL)
-        let status = try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Int32, any Error>) in
-            process.terminationHandler = { continuation.resume(returning: $0.terminationStatus) }
-            do { try process.run() } catch {
-                process.terminationHandler = nil
-                continuation.resume(throwing: error)
-            }
-        }
-        return Run(status: status, output: try String(contentsOf: outURL, encoding: .utf8), error: try String(contentsOf: errURL, encoding: .utf8))
+    static func withoutTokenVariables(_ arguments: [String], environment: [String: String] = [:]) async throws -> Run {
+        let unset: [String: String?] = ["ORCHARD_DEVICE_TOKEN_SECRET": nil, "ORCHARD_DEVICE_TOKEN_PRIVATE_KEY": nil]
+        return try await OrchardExecutable.run(arguments, environment: unset.merging(environment.mapValues { $0 }) { $1 })
     }
 }
 
@@ -56,7 +34,7 @@ extension Run {
 
     /// `orchard token issue` with these options after the command.
     static func issue(_ options: [String], environment: [String: String] = [:]) async throws -> Run {
-        try await Run.orchard(["token", "issue"] + options, environment: environment)
+        try await Run.withoutTokenVariables(["token", "issue"] + options, environment: environment)
     }
 
     /// The one error line of a refused run.

@@ -32,7 +32,7 @@ import Testing
         guard process.terminationStatus == 0 else { throw HarnessError(description: "coremltools could not edit \(input.path)") }
     }
 
-    @Test func aCoreMLDeviceAndAnOrchardDeviceReportToOneCycle() async throws {
+    @Test(PythonModules.requirement(["coremltools"])) func aCoreMLDeviceAndAnOrchardDeviceReportToOneCycle() async throws {
         try PythonModules.require(["coremltools"])
         let harness = try await Harness.start()
         try await harness.stopping {

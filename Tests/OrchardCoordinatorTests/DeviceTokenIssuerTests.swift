@@ -250,27 +250,9 @@ private func host(_ harness: Harness, _ authentication: AuthenticationConfig) as
 @Suite struct TokenIssueExecutableTests {
     /// Runs `orchard arguments…` with `environment` in place of the device-token variables of this process's.
     static func orchard(_ arguments: [String], environment: [String: String] = [:], in directory: URL) async throws -> (status: Int32, output: String, error: String) {
-        let outURL = directory.appendingPathComponent("stdout-\(UUID().uuidString)"), errURL = directory.appendingPathComponent("stderr-\(UUID().uuidString)")
-        _ = FileManager.default.createFile(atPath: outURL.path, contents: nil)
-        _ = FileManager.default.createFile(atPath: errURL.path, contents: nil)
-        let process = Process()
-        process.executableURL = try OrchardExecutable.url()
-        process.arguments = arguments
-        process.currentDirectoryURL = directory
-        var merged = ProcessInfo.processInfo.environment
-        merged["ORCHARD_DEVICE_TOKEN_SECRET"] = nil
-        merged["ORCHARD_DEVICE_TOKEN_PRIVATE_KEY"] = nil
-        process.environment = merged.merging(environment) { $1 }
-        process.standardOutput = try FileHandle(forWritingTo: outURL)
-        process.standardError = try FileHandle(forWritingTo: errURL)
-        let status = try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Int32, any Error>) in
-            process.terminationHandler = { continuation.resume(returning: $0.terminationStatus) }
-            do { try process.run() } catch {
-                process.terminationHandler = nil
-                continuation.resume(throwing: error)
-            }
-        }
-        return (status, try String(contentsOf: outURL, encoding: .utf8), try String(contentsOf: errURL, encoding: .utf8))
+        let unset: [String: String?] = ["ORCHARD_DEVICE_TOKEN_SECRET": nil, "ORCHARD_DEVICE_TOKEN_PRIVATE_KEY": nil]
+        let run = try await OrchardExecutable.run(arguments, environment: unset.merging(environment.mapValues { $0 }) { $1 }, in: directory)
+        return (run.status, run.output, run.error)
     }
 
     @Test func tokensFromTheCommandAreAcceptedForHS256AndRS256() async throws {

@@ -4,6 +4,7 @@ import OrchardFormats
 import OrchardML
 import OrchardOperator
 import OrchardProtocol
+import OrchardTesting
 import Testing
 
 /// The built `orchard` executable: `orchard process …` against a coordinator on loopback, and `orchard data prepare`.

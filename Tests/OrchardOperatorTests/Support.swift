@@ -78,38 +78,13 @@ struct LoopbackCoordinator {
 }
 
 /// One finished run of the `orchard` executable.
-struct Run: Sendable {
-    var status: Int32
-    var output: String
-    var error: String
+typealias Run = OrchardExecutable.Run
 
-    /// Runs `orchard arguments…` with `environment` added to (or, for nil values, removed from) this process's.
+extension OrchardExecutable.Run {
+    /// Runs `orchard arguments…` in `directory` with `environment` added to (or, for nil values, removed from) this
+    /// process's, without the operator's `ORCHARD_ADMIN_TOKEN`.
     static func orchard(_ arguments: [String], environment: [String: String?] = [:], in directory: URL) async throws -> Run {
-        let outURL = directory.appendingPathComponent("stdout-\(UUID().uuidString)"), errURL = directory.appendingPathComponent("stderr-\(UUID().uuidString)")
-        _ = FileManager.default.createFile(atPath: outURL.path, contents: nil)
-        _ = FileManager.default.createFile(atPath: errURL.path, contents: nil)
-        defer {
-            try? FileManager.default.removeItem(at: outURL)
-            try? FileManager.default.removeItem(at: errURL)
-        }
-        let process = Process()
-        process.executableURL = try OrchardExecutable.url()
-        process.arguments = arguments
-        process.currentDirectoryURL = directory
-        var merged = ProcessInfo.processInfo.environment
-        merged["ORCHARD_ADMIN_TOKEN"] = nil
-        for (key, value) in environment { merged[key] = value }
-        process.environment = merged
-        process.standardOutput = try FileHandle(forWritingTo: outURL)
-        process.standardError = try FileHandle(forWritingTo: errURL)
-        let status = try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Int32, any Error>) in
-            process.terminationHandler = { continuation.resume(returning: $0.terminationStatus) }
-            do { try process.run() } catch {
-                process.terminationHandler = nil
-                continuation.resume(throwing: error)
-            }
-        }
-        return Run(status: status, output: try String(contentsOf: outURL, encoding: .utf8), error: try String(contentsOf: errURL, encoding: .utf8))
+        try await OrchardExecutable.run(arguments, environment: ["ORCHARD_ADMIN_TOKEN": nil].merging(environment) { $1 }, in: directory)
     }
 
     /// Standard error's lines.
