@@ -159,7 +159,7 @@ extension Coordinator {
             action = await goalReachedShared(processID: ticket.processID, cycle: ticket.cycle)
         }
         let received = runtime.machine.reported
-        let retryAfter = max(0, runtime.machine.deadline.timeIntervalSince(clock.date)).rounded(.up)
+        var retryAfter = runtime.machine.nextCycleExpected(now: clock.date, jitter: Double.random(in: 0...1, using: &random))
         metrics.openCycleReported.record(received)
         let fold: (sum: [UInt8], weight: Double, reports: Int, unclipped: Int, workers: [String])?
         if action == nil && !runtime.folding && runtime.unfolded.count >= configuration.foldInterval {
@@ -173,6 +173,8 @@ extension Coordinator {
             await perform(action, processID: ticket.processID)
             // Closed when the transition went through: the process moved past the report's cycle (or finished).
             closed = runtimes[ticket.processID].map { $0.machine.cycle != ticket.cycle } ?? true
+            // This report closed the cycle and the next one is open: the device may ask for it at once.
+            if closed { retryAfter = 0 }
         } else if let fold {
             do {
                 try await store.foldReports(

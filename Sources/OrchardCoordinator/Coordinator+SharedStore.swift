@@ -280,7 +280,7 @@ extension Coordinator {
             current.currentKeys.insert(stored.requestKey)
             if let action = current.machine.synchronize(with: [Self.machineAssignment(stored)]) { await perform(action, processID: processID) }
             if stored.reported {
-                return .rejected(CycleRejection(retryAfter: max(0, current.machine.deadline.timeIntervalSince(now)).rounded(.up), reason: "already_reported"))
+                return .rejected(CycleRejection(retryAfter: current.machine.nextCycleExpected(now: now, jitter: Double.random(in: 0...1, using: &random)), reason: "already_reported"))
             }
             return .assigned(Self.machineAssignment(stored))
         case .full:

@@ -192,6 +192,22 @@ public struct CycleStateMachine: Sendable, Hashable {
         return (untilDeadline + spread).rounded(.up)
     }
 
+    /// When a device that reported in this cycle should come back for the next one: when the next cycle is expected
+    /// to open. That is at once when the cycle has already closed; otherwise the goal's expected arrival at the rate
+    /// reports came in so far (`elapsed / reported × (goal − reported)`, at least a second), and never after the
+    /// deadline (the next cycle opens then at the latest). Spread by `jitter` (0…1) over a tenth of the estimate, so the reporters do not all
+    /// return at once.
+    public func nextCycleExpected(now: Date, jitter: Double) -> Double {
+        guard phase == .open else { return 0 }
+        let untilDeadline = max(0, deadline.timeIntervalSince(now))
+        guard reported > 0, reported < configuration.goalCount else { return untilDeadline.rounded(.up) }
+        // At least a second of history, and at least a second's wait: a burst at the opening predicts nothing.
+        let elapsed = max(1, now.timeIntervalSince(openedAt))
+        let expected = elapsed / Double(reported) * Double(configuration.goalCount - reported)
+        let spread = min(max(jitter, 0), 1) * 0.1 * expected
+        return min(untilDeadline, max(1, expected + spread)).rounded(.up)
+    }
+
     /// The seconds a device is told to wait once the process has completed its cycles.
     public static let completedRetryAfter: Double = 86_400
 
@@ -216,7 +232,7 @@ public struct CycleStateMachine: Sendable, Hashable {
         let remaining = deadline.timeIntervalSince(now)
         if let existing = assignments[workerID] {
             if existing.state == .reported {
-                return .rejected(retryAfter: retryAfter(now: now, jitter: jitter), reason: "already_reported")
+                return .rejected(retryAfter: nextCycleExpected(now: now, jitter: jitter), reason: "already_reported")
             }
             return .assigned(existing, reportWithin: remaining, isNew: false)
         }

@@ -77,7 +77,7 @@ public struct FleetSimulation: Sendable {
     /// - Returns: The initial evaluation and one record per round.
     public func run(
         coordinator: FleetCoordinator, transport: any ClientTransport, workload: some FleetWorkload, directory: URL,
-        wallClock: any WallClock, onRound: (RoundMetrics) -> Void = { _ in }
+        wallClock: any WallClock, stop: SimulationStop? = nil, onRound: (RoundMetrics) -> Void = { _ in }
     ) async throws(SimulationError) -> (initial: Evaluation, rounds: [RoundMetrics]) {
         let timeline = FleetTimeline()
         let slots = AsyncSemaphore(permits: max(1, parallelism))
@@ -111,6 +111,7 @@ public struct FleetSimulation: Sendable {
         var pending: (record: RoundMetrics, evaluation: Task<Evaluation?, any Error>)?
         var clock = 0.0
         for round in 1...max(rounds, 1) where rounds > 0 {
+            if stop?.isRequested == true { break }
             let wallStart = wallClock.now
             let start = openingTime(after: clock, goal: coordinator.goal)
             let cycleDeadline = try await coordinator.openRound(at: start)

@@ -203,8 +203,12 @@ public struct SimulationSummary: Sendable, Hashable, Codable {
     public var checkIns: Int
     /// Total devices counted as turned away without running their stack (reached after their round's cycle was full).
     public var turnedAwayModeled: Int
+    /// Set when the run was stopped before its last round (Ctrl-C): the rounds it had been asked for; nil when it ran
+    /// them all.
+    public var plannedRounds: Int?
 
     private enum CodingKeys: String, CodingKey {
+        case plannedRounds = "planned_rounds"
         case settings, rounds, selected, participants, dropouts, late, expirations, resumed, initial, `final`, epsilon
         case checkIns = "check_ins", turnedAwayModeled = "turned_away_modeled"
         case secureAggregation = "secure_aggregation"

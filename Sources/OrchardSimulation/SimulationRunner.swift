@@ -32,8 +32,10 @@ public enum SimulationRunner {
     ///   - configuration: The scenario.
     ///   - progress: Where progress goes.
     ///   - clock: Real time, for the wall-seconds figures (injected; the CLI passes the system clock).
+    ///   - stop: Asked before each round: once requested, the run ends after the round in progress, and the report covers
+    ///     the rounds run (`planned_rounds` in `summary.json` says how many were asked for).
     public static func run(
-        _ configuration: SimulationConfiguration, progress: ProgressDisplay, clock: any WallClock
+        _ configuration: SimulationConfiguration, progress: ProgressDisplay, clock: any WallClock, stop: SimulationStop? = nil
     ) async throws(SimulationError) -> SimulationResult {
         try configuration.validate()
         let setupStart = clock.now
@@ -41,7 +43,9 @@ public enum SimulationRunner {
             .appendingPathComponent("orchard-simulation-\(configuration.seed)-\(UUID().uuidString.prefix(8))")
         let writer = try ReportWriter(directory: directory)
         let prepared = try prepare(configuration, progress: progress)
-        return try await runFleet(configuration, model: prepared.model, workload: prepared.workload, writer: writer, progress: progress, clock: clock, setupStart: setupStart)
+        return try await runFleet(
+            configuration, model: prepared.model, workload: prepared.workload, writer: writer, progress: progress, clock: clock, setupStart: setupStart, stop: stop
+        )
     }
 
     /// The scenario's data and model, the same on every run and every machine for a seed: for images, the zoo's
@@ -137,7 +141,7 @@ public enum SimulationRunner {
 
     private static func runFleet(
         _ configuration: SimulationConfiguration, model: Model, workload: any FleetWorkload, writer: ReportWriter,
-        progress: ProgressDisplay, clock: any WallClock, setupStart: WallInstant
+        progress: ProgressDisplay, clock: any WallClock, setupStart: WallInstant, stop: SimulationStop?
     ) async throws(SimulationError) -> SimulationResult {
         let process = try hostedProcess(configuration, model: model, workload: workload)
         if let warning = secureWindowWarning(configuration, process: process, workload: workload) { progress.note("warning: \(warning)") }
@@ -149,10 +153,17 @@ public enum SimulationRunner {
             do throws(SimulationError) { try writer.append(metrics) } catch { appendFailure = appendFailure ?? error }
             progress.update(metrics, total: configuration.rounds)
         }
-        outcome = try await runAgainstCoordinator(process, fleet: fleet, transport: configuration.transport, workload: workload, seed: configuration.seed, clock: clock, onRound: record)
+        outcome = try await runAgainstCoordinator(
+            process, fleet: fleet, transport: configuration.transport, workload: workload, seed: configuration.seed, clock: clock, stop: stop, onRound: record
+        )
         if let appendFailure { throw appendFailure }
-        let summary = SimulationSummary(settings: configuration.settings, initial: outcome.initial, rounds: outcome.rounds, setupSeconds: setupSeconds)
-        try writer.finish(summary: summary, rounds: outcome.rounds, title: "Orchard fleet simulation — \(configuration.dataset), \(configuration.model)")
+        var summary = SimulationSummary(settings: configuration.settings, initial: outcome.initial, rounds: outcome.rounds, setupSeconds: setupSeconds)
+        var title = "Orchard fleet simulation — \(configuration.dataset), \(configuration.model)"
+        if outcome.rounds.count < configuration.rounds {
+            summary.plannedRounds = configuration.rounds
+            title += " (stopped after \(outcome.rounds.count) of \(configuration.rounds) rounds)"
+        }
+        try writer.finish(summary: summary, rounds: outcome.rounds, title: title)
         return SimulationResult(directory: writer.directory, summary: summary, rounds: outcome.rounds)
     }
 
@@ -161,7 +172,7 @@ public enum SimulationRunner {
     /// loopback port (`http`) or through in-process calls (`memory`). The devices' job directories live beside it.
     private static func runAgainstCoordinator(
         _ process: HostProcessRequest, fleet: FleetSimulation, transport choice: TransportChoice, workload: some FleetWorkload,
-        seed: UInt64, clock: any WallClock, onRound: (RoundMetrics) -> Void
+        seed: UInt64, clock: any WallClock, stop: SimulationStop?, onRound: (RoundMetrics) -> Void
     ) async throws(SimulationError) -> (initial: Evaluation, rounds: [RoundMetrics]) {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("orchard-simulate-\(UUID().uuidString)", isDirectory: true)
         defer { removeScratch(directory) }
@@ -201,7 +212,7 @@ public enum SimulationRunner {
             }
             let outcome = try await fleet.run(
                 coordinator: coordinator, transport: transport, workload: workload,
-                directory: directory.appendingPathComponent("devices", isDirectory: true), wallClock: clock, onRound: onRound
+                directory: directory.appendingPathComponent("devices", isDirectory: true), wallClock: clock, stop: stop, onRound: onRound
             )
             await server?.stop()
             return outcome

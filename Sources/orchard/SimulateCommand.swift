@@ -6,6 +6,7 @@ import OrchardData
 import OrchardPrivacy
 import OrchardProtocol
 import OrchardSimulation
+import UnixSignals
 
 /// `orchard simulate`: a fleet of virtual devices against an in-process coordinator on virtual time, or (with
 /// `--coordinator URL --shard i/n`) a shard of a fleet against a coordinator that runs elsewhere, in real time.
@@ -238,11 +239,26 @@ struct SimulateCommand: AsyncParsableCommand {
             try await runExternal(configuration, coordinator: coordinator, progress: progress)
             return
         }
-        let result = try await SimulationRunner.run(configuration, progress: progress, clock: SystemClock())
+        // Ctrl-C (or SIGTERM) stops after the round in progress: the rounds run are reported and the run's scratch
+        // files removed; a second one quits at once.
+        let stop = SimulationStop()
+        let signals = await UnixSignalsSequence(trapping: .sigint, .sigterm)
+        let watcher = Task {
+            for await _ in signals {
+                guard stop.request() else { Foundation.exit(130) }
+                progress.note("interrupted: finishing the round in progress, then writing the report (interrupt again to quit at once)")
+            }
+        }
+        defer { watcher.cancel() }
+        let result = try await SimulationRunner.run(configuration, progress: progress, clock: SystemClock(), stop: stop)
         print(Self.table(result.summary))
         if let shortfall = result.summary.shortfall { print("note: \(shortfall)") }
         print("report: \(result.directory.appendingPathComponent("report.html").path)")
         print("metrics: \(result.directory.appendingPathComponent("metrics.jsonl").path)")
+        if let planned = result.summary.plannedRounds {
+            print("note: stopped after \(result.summary.rounds) of \(planned) rounds")
+            throw ExitCode(130)
+        }
     }
 
     /// The option behind each field of ``ExternalCoordinator`` and the external checks.

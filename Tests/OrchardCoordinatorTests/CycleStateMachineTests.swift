@@ -1,6 +1,7 @@
 import Foundation
 import OrchardCoordinator
 import OrchardProtocol
+import OrchardSupport
 import Testing
 
 private let t0 = Date(timeIntervalSince1970: 1_000_000)
@@ -38,6 +39,25 @@ private extension CycleStateMachine {
         // 60 s until the deadline, plus half of the 10 s pace-steering window.
         #expect(decision == .rejected(retryAfter: 65, reason: "cycle_full"))
         #expect(m.assignments.count == 3)
+    }
+
+    @Test func aReporterIsToldWhenTheNextCycleIsExpectedNotTheOldDeadline() {
+        var m = machine(goal: 4, capacity: 5, length: 100)
+        for worker in ["a", "b", "c", "d"] { _ = m.admit(worker) }
+        // Nobody reported yet: the deadline is the only bound.
+        #expect(m.nextCycleExpected(now: t0.addingTimeInterval(5), jitter: 0) == 95)
+        // One report 10 s in, three to go at that rate: 30 s, not the 90 s left until the deadline.
+        #expect(m.deliver("a", at: t0.addingTimeInterval(10)) == nil)
+        #expect(m.nextCycleExpected(now: t0.addingTimeInterval(10), jitter: 0) == 30)
+        #expect(m.nextCycleExpected(now: t0.addingTimeInterval(10), jitter: 1) == 33, "spread over a tenth of the estimate")
+        // The same device asking again is told the same.
+        #expect(m.requestCycle(workerID: "a", now: t0.addingTimeInterval(10), newRequestKey: "x", jitter: 0) == .rejected(retryAfter: 30, reason: "already_reported"))
+        // Slow reports: the estimate never passes the deadline.
+        #expect(m.nextCycleExpected(now: t0.addingTimeInterval(80), jitter: 0) == 20)
+        // Closed at the goal: the next cycle opens at once.
+        _ = m.deliver("b"); _ = m.deliver("c")
+        #expect(m.deliver("d") != nil)
+        #expect(m.nextCycleExpected(now: t0.addingTimeInterval(40), jitter: 0) == 0)
     }
 
     @Test func repeatedRequestReturnsTheSameAssignment() {
@@ -121,7 +141,8 @@ private extension CycleStateMachine {
         #expect(m.beginReport(workerID: "a", requestKey: "key-a", now: t0) == .refused(.reportAlreadyReceived, "a report for this request key is being processed"))
         _ = m.commitReport(workerID: "a")
         #expect(m.beginReport(workerID: "a", requestKey: "key-a", now: t0) == .refused(.reportAlreadyReceived, "a report for this request key was already accepted"))
-        #expect(m.requestCycle(workerID: "a", now: t0, newRequestKey: "new", jitter: 0) == .rejected(retryAfter: 100, reason: "already_reported"))
+        // One of three reports in at once: the next cycle is expected two seconds on (a second of history at least).
+        #expect(m.requestCycle(workerID: "a", now: t0, newRequestKey: "new", jitter: 0) == .rejected(retryAfter: 2, reason: "already_reported"))
     }
 
     @Test func abortedReportCanBeResent() {
@@ -166,5 +187,31 @@ private extension CycleStateMachine {
         _ = m.admit("a")
         let decision = m.requestCycle(workerID: "b", now: t0.addingTimeInterval(30), newRequestKey: "k", jitter: jitter)
         #expect(decision == .rejected(retryAfter: (70 + 40 * jitter).rounded(.up), reason: "cycle_full"))
+    }
+}
+
+/// Over loopback HTTP: devices that reported before the goal are told when the next cycle is expected (not the old
+/// deadline), and the device whose report closed the cycle may ask for the next one at once.
+@Suite struct NextCycleRetryTests {
+    @Test func reportersAreToldWhenTheNextCycleOpens() async throws {
+        let harness = try await Harness.start()
+        try await harness.stopping {
+            _ = try await harness.host(Fixture.host(goal: 2, minimum: 1, overSelection: 1, cycleLength: 600))
+            let first = try await harness.device(), second = try await harness.device()
+            let a = try await harness.join(first), b = try await harness.join(second)
+            harness.clock.advance(by: .seconds(30))
+            let early = try await harness.report(first, a, diff: Fixture.diff(0.1), samples: 4).decode(ReportResponse.self)
+            #expect(early.cycleClosed == false)
+            // One of two reports 30 s in: the next cycle is expected about 30 s on (at most 10 % later), not in 570 s.
+            #expect(early.retryAfter >= 30 && early.retryAfter <= 33, "retry_after \(early.retryAfter)")
+            let closing = try await harness.report(second, b, diff: Fixture.diff(0.2), samples: 4).decode(ReportResponse.self)
+            #expect(closing.cycleClosed == true)
+            #expect(closing.retryAfter == 0)
+            // And the next cycle admits the closer at once.
+            guard case .accepted = try await harness.requestCycle(second) else {
+                Issue.record("the next cycle did not admit the device whose report closed the last one")
+                return
+            }
+        }
     }
 }
