@@ -15,7 +15,7 @@ PyTorch framework (Flower, FedML, pfl with torch) runs the paper; `--init he` us
 (±√(6/fan_in)) and zero biases instead, to compare initialisations.
 
 Prints one JSON line: test accuracy after each round, at rounds 20/50/100, and the wall time of the rounds (data
-loading excluded). Not run by CI; a benchmark only (see README, Benchmarks).
+loading excluded). Not run by CI; a benchmark only (see docs/benchmarks.md).
 """
 import argparse
 import gzip

@@ -30,7 +30,7 @@ Benchmark cases (needs `pip install "flwr[simulation]==1.41.0"`, which brings Ra
     python benchmarks/flower_fedavg.py --clients 100 --fraction 0.1 --rounds 100 --workers 2
     python benchmarks/flower_fedavg.py --clients 10000 --fraction 0.01 --rounds 3 --workers 2
 
-Not run by CI; a benchmark only (see README, Benchmarks).
+Not run by CI; a benchmark only (see docs/benchmarks.md).
 """
 import os
 

@@ -12,7 +12,7 @@ were nothing but matrix products at the vendor library's speed:
     python3 benchmarks/sgemm_bound.py --batch 10 --threads 1    # a device's step, one core each
     python3 benchmarks/sgemm_bound.py --batch 256 --threads 2   # `orchard bench train --batch 256`'s step
 
-Prints one JSON line (snake_case keys). Not run by CI; a benchmark only (see README, Benchmarks).
+Prints one JSON line (snake_case keys). Not run by CI; a benchmark only (see docs/benchmarks.md).
 """
 import os
 import sys

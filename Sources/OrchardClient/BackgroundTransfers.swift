@@ -27,7 +27,17 @@ public final class BackgroundTransferTransport: NSObject, ClientTransport, URLSe
     public let identifier: String
 
     private struct Waiter {
+        var id: UInt64
         var continuation: CheckedContinuation<Finished, Never>
+    }
+
+    private struct State {
+        var waiters: [String: [Waiter]] = [:]
+        var inFlight: Set<String> = []
+        var received: [Int: [UInt8]] = [:]
+        /// Transfers that finished while nobody waited, by key (also written to disk, for a later launch).
+        var finished: [String: Finished] = [:]
+        var nextWaiter: UInt64 = 0
     }
 
     /// A finished transfer: the HTTP status, its headers' entity tag and model digest (`Repr-Digest`), and the body.
@@ -39,7 +49,7 @@ public final class BackgroundTransferTransport: NSObject, ClientTransport, URLSe
         var failure: String?
     }
 
-    private let state = Mutex<(waiters: [String: [Waiter]], inFlight: Set<String>, received: [Int: [UInt8]])>(([:], [], [:]))
+    private let state = Mutex(State())
     /// The relaunch's events: the app's completion handler, and whether the session already said it delivered them
     /// (the two can arrive in either order). Main-actor state: UIKit hands the handler over on the main thread.
     @MainActor private var eventsDone: (() -> Void)?
@@ -198,39 +208,64 @@ public final class BackgroundTransferTransport: NSObject, ClientTransport, URLSe
     // MARK: Waiting and keeping
 
     /// Waits for the transfer under `key`, after `start` (which starts it, or nothing when it is already on its way).
-    /// A `start` that throws ends the wait with its error, and the other callers waiting for the same key with a failure:
-    /// nothing is left waiting for a transfer that never started.
+    /// A result that arrived before the wait began (kept in memory, or on disk by an earlier launch) is taken at once;
+    /// looking for it and registering happen under one lock, so a delivery can never fall between them. A `start` that
+    /// throws ends the wait with its error, and the other callers waiting for the same key with a failure: nothing is
+    /// left waiting for a transfer that never started. Cancelling the waiting task ends its wait with `cancelled`; the
+    /// transfer goes on and is kept for the next call.
     private func wait(for key: String, start: () throws(OrchardClientError) -> Void) async throws(OrchardClientError) -> Finished {
+        let onDisk = kept(key)
+        let id = state.withLock { state -> UInt64 in
+            state.nextWaiter += 1
+            return state.nextWaiter
+        }
         var startError: OrchardClientError?
-        let finished = await withCheckedContinuation { (continuation: CheckedContinuation<Finished, Never>) in
-            state.withLock { $0.waiters[key, default: []].append(Waiter(continuation: continuation)) }
-            do throws(OrchardClientError) {
-                try start()
-            } catch {
-                startError = error
-                let waiters = state.withLock { state -> [Waiter] in
-                    state.inFlight.remove(key)
-                    return state.waiters.removeValue(forKey: key) ?? []
+        let finished = await withTaskCancellationHandler {
+            await withCheckedContinuation { (continuation: CheckedContinuation<Finished, Never>) in
+                let ready = state.withLock { state -> Finished? in
+                    if let done = state.finished.removeValue(forKey: key) ?? onDisk { return done }
+                    if Task.isCancelled { return Finished(status: 0, etag: nil, body: [], failure: Self.cancelledFailure) }
+                    state.waiters[key, default: []].append(Waiter(id: id, continuation: continuation))
+                    return nil
                 }
-                let failed = Finished(status: 0, etag: nil, body: [], failure: "the transfer could not start: \(error.message)")
-                for waiter in waiters { waiter.continuation.resume(returning: failed) }
-                return
+                if let ready {
+                    continuation.resume(returning: ready)
+                    return
+                }
+                do throws(OrchardClientError) {
+                    try start()
+                } catch {
+                    startError = error
+                    let waiters = state.withLock { state -> [Waiter] in
+                        state.inFlight.remove(key)
+                        return state.waiters.removeValue(forKey: key) ?? []
+                    }
+                    let failed = Finished(status: 0, etag: nil, body: [], failure: "the transfer could not start: \(error.message)")
+                    for waiter in waiters { waiter.continuation.resume(returning: failed) }
+                }
             }
-            // A transfer that finished between the caller's look for a kept result and this registration was kept:
-            // hand it over now (a failure included).
-            if let finished = kept(key), let waiters = state.withLock({ $0.waiters.removeValue(forKey: key) }) {
-                for waiter in waiters { waiter.continuation.resume(returning: finished) }
+        } onCancel: {
+            let waiter = state.withLock { state -> Waiter? in
+                guard let index = state.waiters[key]?.firstIndex(where: { $0.id == id }) else { return nil }
+                return state.waiters[key]?.remove(at: index)
             }
+            waiter?.continuation.resume(returning: Finished(status: 0, etag: nil, body: [], failure: Self.cancelledFailure))
         }
         if let startError { throw startError }
+        if finished.failure == Self.cancelledFailure { throw OrchardClientError(.cancelled, "the background transfer's wait was cancelled; the transfer goes on") }
         return finished
     }
 
-    /// Hands a finished transfer to its waiter, or keeps it for the next call with the same key.
+    private static let cancelledFailure = "cancelled"
+
+    /// Hands a finished transfer to its waiters, or keeps it (in memory, and on disk for a later launch) for the next
+    /// call with the same key.
     private func deliver(_ key: String, _ finished: Finished) {
         let waiters = state.withLock { state -> [Waiter] in
             state.inFlight.remove(key)
-            return state.waiters.removeValue(forKey: key) ?? []
+            let waiters = state.waiters.removeValue(forKey: key) ?? []
+            if waiters.isEmpty { state.finished[key] = finished }
+            return waiters
         }
         if !waiters.isEmpty {
             for waiter in waiters { waiter.continuation.resume(returning: finished) }
@@ -250,9 +285,14 @@ public final class BackgroundTransferTransport: NSObject, ClientTransport, URLSe
         var failure: String?
     }
 
-    /// The kept result of a transfer that finished while nobody waited (a failure included), removed as it is taken.
+    /// The kept result of a transfer that finished while nobody waited (a failure included), removed as it is taken:
+    /// this launch's from memory, an earlier launch's from disk.
     private func kept(_ key: String) -> Finished? {
         let url = directory.appendingPathComponent("\(key).kept")
+        if let inMemory = state.withLock({ $0.finished.removeValue(forKey: key) }) {
+            try? FileManager.default.removeItem(at: url)
+            return inMemory
+        }
         guard FileManager.default.fileExists(atPath: url.path) else { return nil }
         defer { try? FileManager.default.removeItem(at: url) }
         guard let data = try? Data(contentsOf: url), let record = try? JSONDecoder().decode(KeptTransfer.self, from: data) else { return nil }

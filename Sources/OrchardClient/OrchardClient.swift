@@ -159,8 +159,15 @@ public struct OrchardClient: Sendable {
         guard let tokenProvider else { return authToken }
         do {
             return try await tokenProvider.deviceToken()
+        } catch let error as OrchardClientError {
+            throw error
+        } catch is CancellationError {
+            throw OrchardClientError(.cancelled, "cancelled while getting a device token")
+        } catch let error as URLError {
+            // The app's backend could not be reached: transient, like any network failure.
+            throw OrchardClientError(.network, "cannot reach the app's backend for a device token: \(error.localizedDescription)")
         } catch {
-            throw OrchardClientError(.authenticationFailed, "cannot get a device token from the app's provider: \(error)")
+            throw OrchardClientError(.authenticationFailed, "the app's provider gave no device token: \(error)")
         }
     }
 

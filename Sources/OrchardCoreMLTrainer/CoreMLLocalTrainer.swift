@@ -64,24 +64,27 @@ public struct CoreMLLocalTrainer: LocalTrainer {
             throw OrchardClientError(.incompatibleModel, "the model cannot be trained with Core ML: \(error.description)")
         }
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("orchard-coreml-\(UUID().uuidString)")
-        defer { try? FileManager.default.removeItem(at: directory) }
+        // The model's files are Core ML's until its update task is done with them: removed when the task calls back (or
+        // when it never started); a cancelled task that never confirms leaves them in the temporary directory.
+        var scratch = Scratch(urls: [directory])
+        defer { scratch.removeUnlessHandedOver() }
         let compiled: URL
         do {
             try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
             let source = directory.appendingPathComponent("model.mlmodel")
             try Data(file).write(to: source)
-            compiled = try MLModel.compileModel(at: source)
+            compiled = try await MLModel.compileModel(at: source)
         } catch {
             throw OrchardClientError(.training, "Core ML cannot compile the model: \(error)")
         }
-        defer { try? FileManager.default.removeItem(at: compiled) }
+        scratch.urls.append(compiled)
         let samples = try Self.batch(dataset, spec: spec)
         let configuration = MLModelConfiguration()
         configuration.parameters = [
             .learningRate: training.optimizer.learningRate, .miniBatchSize: training.batchSize, .epochs: training.epochs,
             .shuffle: training.shuffle,
         ]
-        let updated = try await run(model: compiled, samples: samples, configuration: configuration)
+        let updated = try await run(model: compiled, samples: samples, configuration: configuration, scratch: &scratch)
         var diff: [TensorRecord] = []
         for tensor in task.model.weights {
             let parts = tensor.name.split(separator: ".", maxSplits: 1).map(String.init)
@@ -171,25 +174,41 @@ public struct CoreMLLocalTrainer: LocalTrainer {
             }
         }
 
-        func end(_ end: RunEnd) {
-            let continuation = state.withLock { s -> CheckedContinuation<RunEnd, Never>? in
-                guard s.ended == nil else { return nil }
+        /// Ends the run; `false` when it had ended already.
+        @discardableResult
+        func end(_ end: RunEnd) -> Bool {
+            let (first, continuation) = state.withLock { s -> (Bool, CheckedContinuation<RunEnd, Never>?) in
+                guard s.ended == nil else { return (false, nil) }
                 s.ended = end
                 defer { s.continuation = nil }
-                return s.continuation
+                return (true, s.continuation)
             }
             continuation?.resume(returning: end)
+            return first
         }
     }
 
+    /// Files to remove once Core ML is done with them.
+    private struct Scratch: Sendable {
+        var urls: [URL]
+        var handedOver = false
+        func remove() { for url in urls { try? FileManager.default.removeItem(at: url) } }
+        func removeUnlessHandedOver() { if !handedOver { remove() } }
+    }
+
     /// Runs an update task to its end and returns the updated model. Cancelling the Swift task cancels the update task
-    /// and ends the run within ``cancellationGrace``.
-    private func run(model: URL, samples: MLArrayBatchProvider, configuration: MLModelConfiguration) async throws(OrchardClientError) -> MLModel {
+    /// and ends the run within ``cancellationGrace``; a task cancelled before it started is not started. When the run
+    /// ends by the bound, `scratch` is handed over to Core ML's completion handler.
+    private func run(
+        model: URL, samples: MLArrayBatchProvider, configuration: MLModelConfiguration, scratch: inout Scratch
+    ) async throws(OrchardClientError) -> MLModel {
         let waiter = RunWaiter()
         let task: MLUpdateTask
+        let files = scratch
         do {
             task = try MLUpdateTask(forModelAt: model, trainingData: samples, configuration: configuration) { context in
-                waiter.end(.finished(MLUpdateContextBox(context: context)))
+                // Core ML confirmed after the run ended without it: the files are its to clean up now.
+                if !waiter.end(.finished(MLUpdateContextBox(context: context))) { files.remove() }
             }
         } catch {
             throw OrchardClientError(.training, "Core ML cannot start the update task: \(error)")
@@ -198,7 +217,11 @@ public struct CoreMLLocalTrainer: LocalTrainer {
         let clock = self.clock
         let grace = cancellationGrace
         let bound = Mutex<Task<Void, Never>?>(nil)
+        let started = Mutex(false)
         let end = await withTaskCancellationHandler {
+            // Cancelled while the model was prepared: Core ML is never asked to train.
+            guard !Task.isCancelled else { return RunEnd.cancelled }
+            started.withLock { $0 = true }
             updateTask.resume()
             return await waiter.wait()
         } onCancel: {
@@ -211,6 +234,8 @@ public struct CoreMLLocalTrainer: LocalTrainer {
             }
         }
         bound.withLock { $0?.cancel() }
+        // Ended by the bound while Core ML still had the task: the files stay until it calls back, if it ever does.
+        if case .cancelled = end, started.withLock({ $0 }) { scratch.handedOver = true }
         guard case .finished(let box) = end else {
             throw OrchardClientError(.cancelled, "the Core ML update task was cancelled and did not confirm within \(grace)")
         }

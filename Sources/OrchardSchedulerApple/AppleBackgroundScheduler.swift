@@ -33,7 +33,20 @@ public final class AppleBackgroundScheduler: BackgroundTaskScheduling, @unchecke
     /// Identifiers registered by ``registerAtLaunch(_:)``, their handlers once attached, and tasks launched before.
     private var preRegistered: Set<String> = []
     private var handlers: [String: BackgroundTaskHandler] = [:]
-    private var waitingLaunches: [String: BGTask] = [:]
+    private var waitingLaunches: [String: Launch] = [:]
+
+    /// One launch of a system task: waiting for its handler, running it, or ended by the system's expiry. The system
+    /// task's one expiration handler, set before the launch is published, acts on whichever state it finds.
+    private final class Launch: Sendable {
+        enum State {
+            case waiting
+            case running(TaskRun, report: @Sendable (TaskCompletion) -> Void)
+            case expired
+        }
+        nonisolated(unsafe) let system: BGTask
+        let state = Mutex(State.waiting)
+        init(_ system: BGTask) { self.system = system }
+    }
 
     /// Creates an adapter.
     /// - Parameters:
@@ -61,7 +74,7 @@ public final class AppleBackgroundScheduler: BackgroundTaskScheduling, @unchecke
                 throw SchedulerError(.alreadyRegistered, "'\(identifier)' is already registered with BGTaskScheduler (a second registration ends the app)")
             }
             let registered = scheduler.register(forTaskWithIdentifier: identifier, using: nil) { [weak self] systemTask in
-                self?.launchedBeforeAttached(systemTask)
+                self?.launched(systemTask)
             }
             guard registered else {
                 throw SchedulerError(.notPermitted, "BGTaskScheduler refused '\(identifier)': it is not in Info.plist's BGTaskSchedulerPermittedIdentifiers")
@@ -75,7 +88,7 @@ public final class AppleBackgroundScheduler: BackgroundTaskScheduling, @unchecke
     /// - Throws: ``SchedulerError/Code/registrationClosed`` for an identifier not registered at launch: iOS accepts
     ///   launch handlers only before the app finishes launching, and raises after.
     public func register(identifier: String, handler: @escaping BackgroundTaskHandler) async throws(SchedulerError) {
-        let (attached, waiting): (Bool, BGTask?) = lock.withLock {
+        let (attached, waiting): (Bool, Launch?) = lock.withLock {
             guard preRegistered.contains(identifier) else { return (false, nil) }
             handlers[identifier] = handler
             return (true, waitingLaunches.removeValue(forKey: identifier))
@@ -86,43 +99,30 @@ public final class AppleBackgroundScheduler: BackgroundTaskScheduling, @unchecke
                 "'\(identifier)' was not registered at launch: call registerAtLaunch([\"\(identifier)\"]) before the app finishes launching (BGTaskScheduler raises for a later registration)"
             )
         }
-        if let waiting { launch(waiting, handler: handler) }
+        if let waiting { start(waiting, handler: handler) }
     }
 
-    /// A launch of an identifier registered at launch: run its handler, or keep the task until one is attached. A task
-    /// kept that way and expiring first completes unsuccessfully (the request is submitted again with its backoff when
-    /// the handler arrives and runs).
-    private func launchedBeforeAttached(_ systemTask: BGTask) {
+    /// The system launched a task of an identifier registered at launch: run its handler, or keep the task until one
+    /// is attached. Its expiration handler is set first, once: a task kept waiting and expiring completes
+    /// unsuccessfully (its retry submitted first); a running one is expired and completed at once.
+    private func launched(_ systemTask: BGTask) {
         let identifier = systemTask.identifier
-        nonisolated(unsafe) let system = systemTask
+        let launch = Launch(systemTask)
+        systemTask.expirationHandler = { [weak self] in self?.expire(launch) }
         let handler: BackgroundTaskHandler? = lock.withLock {
             if let handler = handlers[identifier] { return handler }
-            waitingLaunches[identifier] = system
+            waitingLaunches[identifier] = launch
             return nil
         }
-        if let handler {
-            launch(systemTask, handler: handler)
-            return
-        }
-        systemTask.expirationHandler = { [weak self] in
-            guard let self else { return }
-            let expired = lock.withLock { waitingLaunches.removeValue(forKey: identifier) }
-            guard let expired else { return }
-            // Submit the retry first: the app may be suspended as soon as the task completes.
-            resubmit(identifier, after: TaskCompletion(success: false, expiredBy: .system))
-            expired.setTaskCompleted(success: false)
-        }
+        if let handler { start(launch, handler: handler) }
     }
 
-    private func launch(_ systemTask: BGTask, handler: @escaping BackgroundTaskHandler) {
-        let identifier = systemTask.identifier
-        let kind: TaskKind = systemTask is BGProcessingTask ? .processing : .appRefresh
+    /// Runs `handler` for a launch still waiting; nothing for one the system expired meanwhile.
+    private func start(_ launch: Launch, handler: @escaping BackgroundTaskHandler) {
+        let system = launch.system
+        let identifier = system.identifier
+        let kind: TaskKind = system is BGProcessingTask ? .processing : .appRefresh
         let previousFailures = lock.withLock { failures[identifier] ?? 0 }
-        let task = BackgroundTask(
-            identifier: identifier, kind: kind,
-            timeLimit: kind == .processing ? processingTimeLimit : .seconds(30), previousFailures: previousFailures
-        )
-        nonisolated(unsafe) let system = systemTask
         let reported = Mutex(false)
         // Once per launch: the follow-up request goes to the system before the task completes, because the system may
         // suspend the app as soon as its last task completes.
@@ -133,16 +133,41 @@ public final class AppleBackgroundScheduler: BackgroundTaskScheduling, @unchecke
             }
             guard first else { return }
             self?.resubmit(identifier, after: completion)
-            system.setTaskCompleted(success: completion.success)
+            launch.system.setTaskCompleted(success: completion.success)
         }
-        task.onCompletion(report)
-        let run = TaskRun(task: task, handler: handler)
-        // At expiry the handler's expiration handler runs and its Swift task is cancelled, and the system task is
-        // completed at once, unsuccessfully: iOS ends an app whose task is still running when its expiration handler
-        // returns. The handler unwinding later changes nothing.
-        systemTask.expirationHandler = {
+        launch.state.withLock { state in
+            guard case .waiting = state else { return }
+            let task = BackgroundTask(
+                identifier: identifier, kind: kind,
+                timeLimit: kind == .processing ? processingTimeLimit : .seconds(30), previousFailures: previousFailures
+            )
+            task.onCompletion(report)
+            state = .running(TaskRun(task: task, handler: handler), report: report)
+        }
+    }
+
+    /// The system's expiry of a launch. A running handler's expiration handler runs and its Swift task is cancelled,
+    /// and the system task is completed at once, unsuccessfully: iOS ends an app whose task is still running when its
+    /// expiration handler returns. The handler unwinding later changes nothing.
+    private func expire(_ launch: Launch) {
+        let previous = launch.state.withLock { state -> Launch.State in
+            defer { state = .expired }
+            return state
+        }
+        switch previous {
+        case .waiting:
+            let identifier = launch.system.identifier
+            lock.withLock {
+                if waitingLaunches[identifier] === launch { waitingLaunches[identifier] = nil }
+            }
+            // Submit the retry first: the app may be suspended as soon as the task completes.
+            resubmit(identifier, after: TaskCompletion(success: false, expiredBy: .system))
+            launch.system.setTaskCompleted(success: false)
+        case .running(let run, let report):
             run.expire(.system)
             report(TaskCompletion(success: false, expiredBy: .system))
+        case .expired:
+            break
         }
     }
 

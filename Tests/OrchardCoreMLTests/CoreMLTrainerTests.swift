@@ -140,12 +140,13 @@ import Testing
     @Test func aCancelledRunEndsWithinTheGraceEvenIfCoreMLNeverCallsBack() async throws {
         // Core ML's documentation does not promise a completion call after cancel(): this one never calls back.
         let (began, training) = AsyncStream<Void>.makeStream()
+        let (sawCancellation, saw) = AsyncStream<Bool>.makeStream()
         let release = DispatchSemaphore(value: 0)
         SimulatedCoreMLTraining.cancellation = .neverCallsBack
         SimulatedCoreMLTraining.training = { run in
             training.yield()
             release.wait()  // Core ML keeps its own thread busy until the test lets it go
-            #expect(run.isCancelled())
+            saw.yield(run.isCancelled())
             return [:]
         }
         defer {
@@ -171,6 +172,34 @@ import Testing
             #expect(error.message.contains("did not confirm"))
         }
         release.signal()
+        var seen = sawCancellation.makeAsyncIterator()
+        #expect(await seen.next() == true, "Core ML was told to cancel")
+    }
+
+    @Test func aRunCancelledBeforeCoreMLStartsIsNeverStarted() async throws {
+        let (began, training) = AsyncStream<Void>.makeStream()
+        SimulatedCoreMLTraining.training = { _ in
+            training.yield()
+            return [:]
+        }
+        defer { SimulatedCoreMLTraining.training = nil }
+        let trainer = CoreMLLocalTrainer(cancellationGrace: .seconds(3600), clock: ObservedClock())
+        let task = LocalTrainingTask(model: CycleModel(spec: Self.spec, weights: Self.weights), training: Self.training)
+        let data = try Self.dataset()
+        let run = Task {
+            withUnsafeCurrentTask { $0?.cancel() }  // the window expired while the model was being prepared
+            return try await trainer.train(task, on: data, resumingFrom: nil, progress: { _ in })
+        }
+        do {
+            _ = try await run.value
+            Issue.record("a cancelled run completed")
+        } catch let error as OrchardClientError {
+            #expect(error.code == .cancelled)
+        }
+        // Core ML was never asked to train (the training would have been announced before the run could end).
+        training.finish()
+        var announced = began.makeAsyncIterator()
+        #expect(await announced.next() == nil)
     }
 
     @Test func aCancelledRunThatCoreMLConfirmsEndsCancelledAtOnce() async throws {

@@ -16,6 +16,7 @@ import OrchardScheduler
 import OrchardSchedulerApple
 import OrchardSupport
 import Testing
+import SwiftUI
 import UIKit
 
 @Suite(.timeLimit(.minutes(2))) @MainActor struct ExampleAppTests {
@@ -94,7 +95,7 @@ import UIKit
         let first = try #require(system.simulateLaunch(forTaskWithIdentifier: Self.identifier))
         let refused = await events.next()
         #expect(refused?.contains("refused the device token") == true, "\(refused ?? "nil")")
-        #expect(await waitForCompletion(first) == false)
+        #expect(await first.waitForCompletion() == false)
         #expect(system.isSimulatedAppSuspended)
         #expect(await training.scheduler.pendingRequests().map(\.identifier) == [Self.identifier], "the retry reached the system before the app was suspended")
 
@@ -102,7 +103,7 @@ import UIKit
         let second = try #require(system.simulateLaunch(forTaskWithIdentifier: Self.identifier))
         let ended = await events.next()
         #expect(ended?.contains("a background run ended") == true, "\(ended ?? "nil")")
-        #expect(await waitForCompletion(second) == true)
+        #expect(await second.waitForCompletion() == true)
         #expect(backend.count == 2)
         let after = try await instance.coordinator.status(processID: status.processID)
         #expect(after.cyclesCompleted == 1 && after.latestCheckpoint == 1, "the one report closed the cycle: \(after)")
@@ -127,13 +128,22 @@ import UIKit
         #expect(calls == ["other", "orchard"])
     }
 
-    /// Waits for the system task's completion (the handler runs on its own Swift task).
-    func waitForCompletion(_ task: BGTask) async -> Bool? {
-        for _ in 0..<10_000 {
-            if let done = task.simulatedCompletion { return done }
-            await Task.yield()
+    /// The app's entry point as UIKit runs it (a child process: the launch bootstraps logging and uses the shared
+    /// scheduler once per process): `App.init` registers before the launch ends, so the launch completes.
+    @Test func theAppLaunchesAndRegistersBeforeItsLaunchEnds() async {
+        await #expect(processExitsWith: .success) {
+            await MainActor.run { ExampleApp.main() }
         }
-        return task.simulatedCompletion
+    }
+
+    /// The same app with its launch already ended (a registration moved out of `App.init`, say) ends as on a phone.
+    @Test func aRegistrationAfterTheLaunchEndedEndsTheApp() async {
+        await #expect(processExitsWith: .failure) {
+            await MainActor.run {
+                BGTaskScheduler.shared.simulateFinishLaunching()
+                ExampleApp.main()
+            }
+        }
     }
 }
 #endif

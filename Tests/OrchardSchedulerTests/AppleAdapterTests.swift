@@ -196,13 +196,16 @@ struct AppleAdapterTests {
         #expect(launched.simulatedCompletion == false)
         #expect(!system.isSimulatedAppTerminated)
         #expect(await system.pendingTaskRequests().first?.earliestBeginDate == now.addingTimeInterval(30), "retried with the first backoff step")
-        // A handler attached afterwards does not run the expired task.
+        // A handler attached afterwards does not run the expired task: it runs once, for the next launch only.
         let ran = Counter()
         try await apple.register(identifier: "train") { task in
             ran.increment()
             task.setTaskCompleted(success: true)
         }
-        #expect(ran.value == 0)
+        system.simulateForeground(true)
+        let next = try #require(system.simulateLaunch(forTaskWithIdentifier: "train"))
+        #expect(await next.waitForCompletion() == true)
+        #expect(ran.value == 1)
         #expect(system.simulatedViolations.isEmpty, "\(system.simulatedViolations)")
     }
 
@@ -257,6 +260,27 @@ struct AppleAdapterTests {
         #expect(system.isSimulatedAppTerminated)
         #expect(task.simulatedCompletion == false)
         #expect(system.simulatedViolations.contains { $0.contains("not completed when its expiration handler returned") })
+    }
+
+    @Test func aTaskWithoutAnExpirationHandlerIsCompletedUnsuccessfullyAtExpiry() throws {
+        let system = BGTaskScheduler.simulated(permittedIdentifiers: nil)
+        _ = system.register(forTaskWithIdentifier: "t", using: nil) { _ in }
+        try system.submit(BGAppRefreshTaskRequest(identifier: "t"))
+        let task = try #require(system.simulateLaunch(forTaskWithIdentifier: "t"))
+        task.simulateExpiration()
+        #expect(task.simulatedCompletion == false)
+        #expect(!system.isSimulatedAppTerminated)
+        #expect(system.simulatedViolations.isEmpty)
+    }
+
+    @Test func completingATaskReleasesItsExpirationHandler() throws {
+        let system = BGTaskScheduler.simulated(permittedIdentifiers: nil)
+        _ = system.register(forTaskWithIdentifier: "t", using: nil) { _ in }
+        try system.submit(BGAppRefreshTaskRequest(identifier: "t"))
+        let task = try #require(system.simulateLaunch(forTaskWithIdentifier: "t"))
+        task.expirationHandler = {}
+        task.setTaskCompleted(success: true)
+        #expect(!task.hasExpirationHandler)
     }
 
     @Test func workAfterTheLastCompletionDoesNotHappen() throws {

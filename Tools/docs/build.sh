@@ -88,7 +88,9 @@ for module in "${modules[@]}"; do
         --output-path "$output/$module.doccarchive" --warnings-as-errors >"$work/$module.docc.log" 2>&1; then
         echo "docs: $module ok ($((SECONDS - began)) s)"
     else
-        grep -v '^Progress\|^Finished\|^Generated' "$work/$module.docc.log" >&2 || true
+        # DocC names files relative to the catalog: name them from the repository's root instead.
+        sed -e "s|--> \.\./|--> Sources/$module/|" -e "s|--> \([^./][^ ]*\.md:\)|--> Sources/$module/$module.docc/\1|" \
+            "$work/$module.docc.log" >&2
         echo "docs: $module FAILED ($((SECONDS - began)) s)" >&2
         failed+=("$module")
     fi

@@ -18,7 +18,7 @@
 public import Dispatch
 
 /// How a simulated app meets a programming error that ends a real app.
-package enum SimulatedViolationPolicy: Sendable {
+@_spi(AppleShimTesting) public enum SimulatedViolationPolicy: Sendable {
     /// End the process, as an uncaught Objective-C exception does on iOS.
     case trap
     /// Record the violation and go on (the call fails), so a test can assert it.
@@ -26,7 +26,7 @@ package enum SimulatedViolationPolicy: Sendable {
 }
 
 /// The simulated app's life as BackgroundTasks sees it.
-package enum SimulatedAppState: Sendable, Equatable {
+@_spi(AppleShimTesting) public enum SimulatedAppState: Sendable, Equatable {
     /// `application(_:didFinishLaunchingWithOptions:)` has not returned: registration is allowed.
     case launching
     /// Launched and running (in the foreground, or in the background with a task running).
@@ -44,7 +44,7 @@ open class BGTaskRequest: NSObject {
     /// The earliest date and time at which to run the task.
     open var earliestBeginDate: Date?
 
-    package init(requestIdentifier identifier: String) { self.identifier = identifier }
+    @_spi(AppleShimTesting) public init(requestIdentifier identifier: String) { self.identifier = identifier }
 
     open override var description: String {
         "<\(type(of: self)): \(identifier), earliestBeginDate: \(earliestBeginDate.map { "\($0)" } ?? "(null)")>"
@@ -77,15 +77,16 @@ open class BGTask: NSObject {
         set { state.withLock { $0.expirationHandler = newValue } }
     }
 
-    package struct State {
-        package var expirationHandler: (() -> Void)?
-        package var completion: Bool?
-        package var expired = false
+    @_spi(AppleShimTesting) public struct State {
+        @_spi(AppleShimTesting) public var expirationHandler: (() -> Void)?
+        @_spi(AppleShimTesting) public var completion: Bool?
+        @_spi(AppleShimTesting) public var expired = false
+        @_spi(AppleShimTesting) public var completionWaiters: [CheckedContinuation<Bool, Never>] = []
     }
-    package let state = NSLockedState(State())
-    package weak var scheduler: BGTaskScheduler?
+    @_spi(AppleShimTesting) public let state = NSLockedState(State())
+    @_spi(AppleShimTesting) public weak var scheduler: BGTaskScheduler?
 
-    package init(taskIdentifier identifier: String, scheduler: BGTaskScheduler) {
+    @_spi(AppleShimTesting) public init(taskIdentifier identifier: String, scheduler: BGTaskScheduler) {
         self.identifier = identifier
         self.scheduler = scheduler
     }
@@ -93,12 +94,17 @@ open class BGTask: NSObject {
     /// Informs the system that the task is complete; the first call counts. The system may suspend the app as soon as
     /// its last running task completes, so submit follow-up requests before calling this.
     open func setTaskCompleted(success: Bool) {
-        let first = state.withLock { s -> Bool in
-            guard s.completion == nil else { return false }
+        let waiters = state.withLock { s -> [CheckedContinuation<Bool, Never>]? in
+            guard s.completion == nil else { return nil }
             s.completion = success
-            return true
+            // A completed task's expiration handler is released.
+            s.expirationHandler = nil
+            defer { s.completionWaiters = [] }
+            return s.completionWaiters
         }
-        if first { scheduler?.taskCompleted(self) }
+        guard let waiters else { return }
+        scheduler?.taskCompleted(self)
+        for waiter in waiters { waiter.resume(returning: success) }
     }
 }
 
@@ -124,26 +130,26 @@ open class BGTaskScheduler: NSObject {
         }
         /// The error's code.
         public let code: Code
-        package init(_ code: Code) { self.code = code }
+        @_spi(AppleShimTesting) public init(_ code: Code) { self.code = code }
     }
 
     /// The shared background task scheduler.
     open class var shared: BGTaskScheduler { sharedScheduler }
     nonisolated(unsafe) private static let sharedScheduler = BGTaskScheduler(permittedIdentifiers: nil, policy: .trap)
 
-    package struct State {
-        package var appState: SimulatedAppState = .launching
-        package var handlers: [String: (queue: DispatchQueue?, handler: (BGTask) -> Void)] = [:]
-        package var pending: [String: BGTaskRequest] = [:]
-        package var running: [ObjectIdentifier: BGTask] = [:]
-        package var foreground = false
-        package var violations: [String] = []
+    @_spi(AppleShimTesting) public struct State {
+        @_spi(AppleShimTesting) public var appState: SimulatedAppState = .launching
+        @_spi(AppleShimTesting) public var handlers: [String: (queue: DispatchQueue?, handler: (BGTask) -> Void)] = [:]
+        @_spi(AppleShimTesting) public var pending: [String: BGTaskRequest] = [:]
+        @_spi(AppleShimTesting) public var running: [ObjectIdentifier: BGTask] = [:]
+        @_spi(AppleShimTesting) public var foreground = false
+        @_spi(AppleShimTesting) public var violations: [String] = []
     }
-    package let permitted: Set<String>?
-    package let policy: SimulatedViolationPolicy
-    package let state = NSLockedState(State())
+    @_spi(AppleShimTesting) public let permitted: Set<String>?
+    @_spi(AppleShimTesting) public let policy: SimulatedViolationPolicy
+    @_spi(AppleShimTesting) public let state = NSLockedState(State())
 
-    package init(permittedIdentifiers: Set<String>?, policy: SimulatedViolationPolicy) {
+    @_spi(AppleShimTesting) public init(permittedIdentifiers: Set<String>?, policy: SimulatedViolationPolicy) {
         self.permitted = permittedIdentifiers
         self.policy = policy
     }
@@ -213,12 +219,12 @@ open class BGTaskScheduler: NSObject {
 
     // MARK: The simulated system (driven by AppleShimTesting)
 
-    package struct Violation: Swift.Error {
-        package let message: String
-        package init(_ message: String) { self.message = message }
+    @_spi(AppleShimTesting) public struct Violation: Swift.Error {
+        @_spi(AppleShimTesting) public let message: String
+        @_spi(AppleShimTesting) public init(_ message: String) { self.message = message }
     }
 
-    package func programmingError(_ violation: Violation) {
+    @_spi(AppleShimTesting) public func programmingError(_ violation: Violation) {
         switch policy {
         case .trap: fatalError("*** Terminating app due to uncaught exception \(violation.message)")
         case .record: state.withLock { $0.violations.append(violation.message) }
@@ -226,14 +232,14 @@ open class BGTaskScheduler: NSObject {
     }
 
     /// Ends the app's launch: later registrations raise.
-    package func finishLaunching() {
+    @_spi(AppleShimTesting) public func finishLaunching() {
         state.withLock { if $0.appState == .launching { $0.appState = .running } }
     }
 
     /// Launches the pending request's task as the system would: the app runs (it is relaunched if it was suspended or
     /// terminated), its launch ends, and the handler is called on its queue. `nil` if nothing is pending; a pending
     /// request without a registered handler is a programming error (iOS raises).
-    package func launch(forTaskWithIdentifier identifier: String) -> BGTask? {
+    @_spi(AppleShimTesting) public func launch(forTaskWithIdentifier identifier: String) -> BGTask? {
         let launched = state.withLock { s -> Result<(BGTask, DispatchQueue?, (BGTask) -> Void), Violation>? in
             guard s.pending[identifier] != nil else { return nil }
             guard let registered = s.handlers[identifier] else {
@@ -254,20 +260,27 @@ open class BGTaskScheduler: NSObject {
             programmingError(violation)
             return nil
         }
-        if let queue { queue.sync { handler(task) } } else { handler(task) }
+        // On the registered queue, or (nil) on a background queue, as the system does.
+        (queue ?? DispatchQueue.global()).sync { handler(task) }
         return task
     }
 
     /// The system's expiry of `task`: its expiration handler runs once and is cleared; a task still not completed when
-    /// the handler returns gets the app terminated.
-    package func expire(_ task: BGTask) {
-        let handler = task.state.withLock { s -> (() -> Void)? in
-            guard s.completion == nil, !s.expired else { return nil }
+    /// the handler returns gets the app terminated. A task without an expiration handler is completed unsuccessfully
+    /// instead (Apple: "the system marks your task as complete and unsuccessful instead of sending a warning").
+    @_spi(AppleShimTesting) public func expire(_ task: BGTask) {
+        let handler = task.state.withLock { s -> (() -> Void)?? in
+            guard s.completion == nil, !s.expired else { return .none }
             s.expired = true
             defer { s.expirationHandler = nil }
-            return s.expirationHandler
+            return .some(s.expirationHandler)
         }
-        handler?()
+        guard let handler else { return }
+        guard let handler else {
+            task.setTaskCompleted(success: false)
+            return
+        }
+        handler()
         let incomplete = task.state.withLock { $0.completion == nil }
         guard incomplete else { return }
         state.withLock { s in
@@ -279,7 +292,7 @@ open class BGTaskScheduler: NSObject {
     }
 
     /// The app comes to the foreground (it is not suspended while it is there) or leaves it.
-    package func setForeground(_ foreground: Bool) {
+    @_spi(AppleShimTesting) public func setForeground(_ foreground: Bool) {
         state.withLock { s in
             s.foreground = foreground
             if foreground, s.appState != .launching { s.appState = .running }
@@ -296,13 +309,13 @@ open class BGTaskScheduler: NSObject {
 }
 
 /// A value behind a lock (Foundation's `NSLock`, which every platform the shims run on has).
-package final class NSLockedState<Value>: @unchecked Sendable {
+@_spi(AppleShimTesting) public final class NSLockedState<Value>: @unchecked Sendable {
     private let lock = NSLock()
     private var value: Value
 
-    package init(_ value: Value) { self.value = value }
+    @_spi(AppleShimTesting) public init(_ value: Value) { self.value = value }
 
-    package func withLock<T, E: Swift.Error>(_ body: (inout Value) throws(E) -> T) throws(E) -> T {
+    @_spi(AppleShimTesting) public func withLock<T, E: Swift.Error>(_ body: (inout Value) throws(E) -> T) throws(E) -> T {
         lock.lock()
         defer { lock.unlock() }
         return try body(&value)

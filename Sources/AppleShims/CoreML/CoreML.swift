@@ -121,7 +121,7 @@ public final class MLArrayBatchProvider: NSObject, MLBatchProvider {
 }
 
 /// `MLKey`: a named key, optionally scoped (to a layer).
-open class MLKey: NSObject, @unchecked Sendable {
+open class MLKey: NSObject {
     /// The key's name.
     public let name: String
     /// The scope (a layer's name), if any.
@@ -148,7 +148,7 @@ open class MLKey: NSObject, @unchecked Sendable {
 }
 
 /// `MLParameterKey` (a class, as in the SDK): the update parameters, and a layer's parameters (`scoped(to:)`).
-open class MLParameterKey: MLKey, @unchecked Sendable {
+open class MLParameterKey: MLKey {
     /// The learning rate.
     public class var learningRate: MLParameterKey { MLParameterKey(name: "learningRate", scope: nil) }
     /// The momentum.
@@ -200,12 +200,20 @@ public final class MLModel: NSObject, MLWritable {
     }
 
     /// Compiles the `.mlmodel` at `url` and returns the compiled model's location (the shim copies the file).
-    public static func compileModel(at url: URL) throws -> URL {
+    public static func compileModel(at url: URL) throws -> URL { try compile(url) }
+
+    private static func compile(_ url: URL) throws -> URL {
         let destination = FileManager.default.temporaryDirectory.appendingPathComponent("\(UUID().uuidString).mlmodelc")
         do { try FileManager.default.copyItem(at: url, to: destination) } catch {
             throw MLModelError(.io, "cannot compile \(url.path): \(error.localizedDescription)")
         }
         return destination
+    }
+
+    /// Compiles the `.mlmodel` at `url` (the async form the SDK's overlay adds from iOS 16 / macOS 13; Swift picks it
+    /// in an async context).
+    public static func compileModel(at url: URL) async throws -> URL {
+        try compile(url)
     }
 
     /// A parameter's value: an update parameter, or an updatable layer's weights or biases (`MLMultiArray`).
@@ -254,15 +262,15 @@ public final class MLUpdateContext: NSObject {
 }
 
 /// What the simulated Core ML does when it trains; AppleShimTesting sets it.
-package final class SimulatedCoreML: @unchecked Sendable {
+@_spi(AppleShimTesting) public final class SimulatedCoreML: @unchecked Sendable {
     /// What a training run is given.
-    package struct Run: @unchecked Sendable {
-        package let modelURL: URL
-        package let trainingData: any MLBatchProvider
-        package let parameters: [MLParameterKey: Any]
-        package let isCancelled: @Sendable () -> Bool
+    @_spi(AppleShimTesting) public struct Run: @unchecked Sendable {
+        @_spi(AppleShimTesting) public let modelURL: URL
+        @_spi(AppleShimTesting) public let trainingData: any MLBatchProvider
+        @_spi(AppleShimTesting) public let parameters: [MLParameterKey: Any]
+        @_spi(AppleShimTesting) public let isCancelled: @Sendable () -> Bool
 
-        package init(modelURL: URL, trainingData: any MLBatchProvider, parameters: [MLParameterKey: Any], isCancelled: @escaping @Sendable () -> Bool) {
+        @_spi(AppleShimTesting) public init(modelURL: URL, trainingData: any MLBatchProvider, parameters: [MLParameterKey: Any], isCancelled: @escaping @Sendable () -> Bool) {
             self.modelURL = modelURL
             self.trainingData = trainingData
             self.parameters = parameters
@@ -271,7 +279,7 @@ package final class SimulatedCoreML: @unchecked Sendable {
     }
 
     /// What happens when a running task is cancelled.
-    package enum Cancellation: Sendable {
+    @_spi(AppleShimTesting) public enum Cancellation: Sendable {
         /// The completion handler is called, the task's state `.cancelling`.
         case completesCancelled
         /// The completion handler is never called (nothing in Apple's documentation promises it is).
@@ -282,14 +290,14 @@ package final class SimulatedCoreML: @unchecked Sendable {
     private var _training: (@Sendable (Run) throws -> [MLParameterKey: MLMultiArray])?
     private var _cancellation = Cancellation.completesCancelled
 
-    package static let shared = SimulatedCoreML()
+    @_spi(AppleShimTesting) public static let shared = SimulatedCoreML()
 
-    package var training: (@Sendable (Run) throws -> [MLParameterKey: MLMultiArray])? {
+    @_spi(AppleShimTesting) public var training: (@Sendable (Run) throws -> [MLParameterKey: MLMultiArray])? {
         get { lock.withLock { _training } }
         set { lock.withLock { _training = newValue } }
     }
 
-    package var cancellation: Cancellation {
+    @_spi(AppleShimTesting) public var cancellation: Cancellation {
         get { lock.withLock { _cancellation } }
         set { lock.withLock { _cancellation = newValue } }
     }
@@ -325,7 +333,18 @@ public final class MLUpdateTask: NSObject {
 
     /// Starts (or continues) the task.
     public func resume() {
-        lock.withLock { taskState = .running }
+        // A task cancelled before it started does not train: it ends as a cancelled one does.
+        let cancelledFirst = lock.withLock { () -> Bool in
+            if taskState == .cancelling { return true }
+            taskState = .running
+            return false
+        }
+        if cancelledFirst {
+            guard SimulatedCoreML.shared.cancellation == .completesCancelled else { return }
+            nonisolated(unsafe) let task = self
+            DispatchQueue.global().async { task.completion(MLUpdateContext(task: task, model: MLModel(parameters: [:], compiled: Data()))) }
+            return
+        }
         // Core ML trains on a queue of its own (the task is not Sendable in the SDK; the shim's queue owns it here).
         nonisolated(unsafe) let task = self
         let run = SimulatedCoreML.Run(

@@ -9,10 +9,10 @@ public import Foundation
 public import Dispatch
 
 /// The path every monitor reports; AppleShimTesting sets it.
-package let simulatedNetwork = SimulatedNetwork()
+@_spi(AppleShimTesting) public let simulatedNetwork = SimulatedNetwork()
 
 /// The simulated path and the started monitors.
-package final class SimulatedNetwork: @unchecked Sendable {
+@_spi(AppleShimTesting) public final class SimulatedNetwork: @unchecked Sendable {
     private let lock = NSLock()
     private var path = NWPath(status: .unsatisfied)
     private var monitors: [ObjectIdentifier: Weak] = [:]
@@ -22,13 +22,13 @@ package final class SimulatedNetwork: @unchecked Sendable {
         init(_ monitor: NWPathMonitor) { self.monitor = monitor }
     }
 
-    package var currentPath: NWPath { lock.withLock { path } }
+    @_spi(AppleShimTesting) public var currentPath: NWPath { lock.withLock { path } }
 
     func started(_ monitor: NWPathMonitor) { lock.withLock { monitors[ObjectIdentifier(monitor)] = Weak(monitor) } }
     func stopped(_ monitor: NWPathMonitor) { lock.withLock { _ = monitors.removeValue(forKey: ObjectIdentifier(monitor)) } }
 
     /// The path the system reports from now on, delivered to every started monitor.
-    package func set(_ newPath: NWPath) {
+    @_spi(AppleShimTesting) public func set(_ newPath: NWPath) {
         let targets = lock.withLock { () -> [NWPathMonitor] in
             path = newPath
             return monitors.values.compactMap(\.monitor)
@@ -49,7 +49,7 @@ public struct NWInterface: Sendable, Hashable {
     /// The interface's name (`en0`).
     public let name: String
 
-    package init(type: InterfaceType, name: String) {
+    @_spi(AppleShimTesting) public init(type: InterfaceType, name: String) {
         self.type = type
         self.name = name
     }
@@ -71,7 +71,7 @@ public struct NWPath: Sendable, Equatable {
     /// The interfaces the path can use, preferred first.
     public let availableInterfaces: [NWInterface]
 
-    package init(status: Status, isExpensive: Bool = false, isConstrained: Bool = false, availableInterfaces: [NWInterface] = []) {
+    @_spi(AppleShimTesting) public init(status: Status, isExpensive: Bool = false, isConstrained: Bool = false, availableInterfaces: [NWInterface] = []) {
         self.status = status
         self.isExpensive = isExpensive
         self.isConstrained = isConstrained

@@ -23,23 +23,25 @@ public struct OSLogType: Equatable, Hashable, RawRepresentable, Sendable {
     public static let fault = OSLogType(rawValue: 0x11)
 }
 
-/// `OSLogPrivacy`: whether an interpolated value is shown in the log or redacted.
-public struct OSLogPrivacy: Equatable, Sendable {
+/// `OSLogPrivacy`: whether an interpolated value is shown in the log or redacted. As in the SDK, an interpolation's
+/// `privacy:` must be one of these constants, not an expression computed at run time.
+public struct OSLogPrivacy: Equatable {
     let isPublic: Bool
+    @_semantics("constant_evaluable") init(isPublic: Bool) { self.isPublic = isPublic }
     /// Shown in the log.
-    public static let `public` = OSLogPrivacy(isPublic: true)
+    @_semantics("constant_evaluable") public static var `public`: OSLogPrivacy { OSLogPrivacy(isPublic: true) }
     /// Redacted unless a debugger is attached.
-    public static let `private` = OSLogPrivacy(isPublic: false)
+    @_semantics("constant_evaluable") public static var `private`: OSLogPrivacy { OSLogPrivacy(isPublic: false) }
     /// Redacted outside development.
-    public static let sensitive = OSLogPrivacy(isPublic: false)
+    @_semantics("constant_evaluable") public static var sensitive: OSLogPrivacy { OSLogPrivacy(isPublic: false) }
     /// The system decides (dynamic strings are redacted).
-    public static let auto = OSLogPrivacy(isPublic: false)
+    @_semantics("constant_evaluable") public static var auto: OSLogPrivacy { OSLogPrivacy(isPublic: false) }
 }
 
 /// `OSLogMessage`: a message built by string interpolation; interpolated values carry their privacy.
-public struct OSLogMessage: ExpressibleByStringInterpolation, ExpressibleByStringLiteral, Sendable {
+public struct OSLogMessage: ExpressibleByStringInterpolation, ExpressibleByStringLiteral {
     /// The interpolation that builds a message.
-    public struct StringInterpolation: StringInterpolationProtocol, Sendable {
+    public struct StringInterpolation: StringInterpolationProtocol {
         var shown = ""
         var redacted = ""
         /// Creates an interpolation.
@@ -50,12 +52,14 @@ public struct OSLogMessage: ExpressibleByStringInterpolation, ExpressibleByStrin
             redacted += literal
         }
         /// Appends a string with its privacy (`.auto` by default: redacted in the log).
+        @_semantics("oslog.requires_constant_arguments")
         public mutating func appendInterpolation(_ argumentString: @autoclosure @escaping () -> String, privacy: OSLogPrivacy = .auto) {
             let value = argumentString()
             shown += value
             redacted += privacy.isPublic ? value : "<private>"
         }
         /// Appends an integer with its privacy (integers are public by default).
+        @_semantics("oslog.requires_constant_arguments")
         public mutating func appendInterpolation(_ number: @autoclosure @escaping () -> Int, privacy: OSLogPrivacy = .public) {
             appendInterpolation(String(number()), privacy: privacy)
         }
@@ -74,20 +78,20 @@ public struct OSLogMessage: ExpressibleByStringInterpolation, ExpressibleByStrin
 }
 
 /// One entry written to the simulated unified log: what Console.app shows (private values redacted).
-package struct SimulatedLogEntry: Sendable, Equatable {
-    package let subsystem: String
-    package let category: String
-    package let level: OSLogType
-    package let message: String
+@_spi(AppleShimTesting) public struct SimulatedLogEntry: Sendable, Equatable {
+    @_spi(AppleShimTesting) public let subsystem: String
+    @_spi(AppleShimTesting) public let category: String
+    @_spi(AppleShimTesting) public let level: OSLogType
+    @_spi(AppleShimTesting) public let message: String
 }
 
 /// The simulated unified log.
-package final class SimulatedUnifiedLog: @unchecked Sendable {
+@_spi(AppleShimTesting) public final class SimulatedUnifiedLog: @unchecked Sendable {
     private let lock = NSLock()
     private var entries: [SimulatedLogEntry] = []
-    package static let shared = SimulatedUnifiedLog()
+    @_spi(AppleShimTesting) public static let shared = SimulatedUnifiedLog()
     func append(_ entry: SimulatedLogEntry) { lock.withLock { entries.append(entry) } }
-    package var all: [SimulatedLogEntry] { lock.withLock { entries } }
+    @_spi(AppleShimTesting) public var all: [SimulatedLogEntry] { lock.withLock { entries } }
 }
 
 /// `Logger`: writes to the unified log under a subsystem and category.

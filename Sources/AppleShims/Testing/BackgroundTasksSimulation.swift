@@ -2,7 +2,7 @@
 // counterpart is the debugger-only `_simulateLaunchForTaskWithIdentifier:`), so it lives here, not in the module that
 // stands in for `BackgroundTasks`.
 #if os(Linux)  // Apple platforms have the real framework
-public import BackgroundTasksShim
+@_spi(AppleShimTesting) public import BackgroundTasksShim
 
 extension BGTaskScheduler {
     /// What a simulated scheduler does with a programming error that ends a real app.
@@ -49,6 +49,18 @@ extension BGTask {
     /// The task's time is up: its expiration handler runs once and is cleared; if the task is still not completed
     /// when the handler returns, the app is terminated.
     public func simulateExpiration() { scheduler?.expire(self) }
+
+    /// Waits until the task is completed and returns the success it reported.
+    nonisolated(nonsending) public func waitForCompletion() async -> Bool {
+        await withCheckedContinuation { continuation in
+            let done = state.withLock { s -> Bool? in
+                if let completion = s.completion { return completion }
+                s.completionWaiters.append(continuation)
+                return nil
+            }
+            if let done { continuation.resume(returning: done) }
+        }
+    }
 
     /// Whether the task has an expiration handler set now.
     public var hasExpirationHandler: Bool { state.withLock { $0.expirationHandler != nil } }

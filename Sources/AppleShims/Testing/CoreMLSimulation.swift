@@ -1,6 +1,6 @@
 // The simulated Core ML training behind the CoreML shim, for tests.
 #if os(Linux)  // Apple platforms have the real framework
-public import CoreMLShim
+@_spi(AppleShimTesting) public import CoreMLShim
 public import Foundation
 
 /// Sets what the simulated Core ML computes when an `MLUpdateTask` runs, and what a cancelled task does.

@@ -1,8 +1,8 @@
 // The simulated device, network and unified log behind the UIKit, Network and os shims, for tests.
 #if os(Linux)  // Apple platforms have the real framework
-public import NetworkShim
-public import OSLogShim
-public import UIKitShim
+@_spi(AppleShimTesting) public import NetworkShim
+@_spi(AppleShimTesting) public import OSLogShim
+@_spi(AppleShimTesting) public import UIKitShim
 
 /// Sets what the shims of UIKit, Foundation's `ProcessInfo` and Network report, and reads what `os.Logger` wrote.
 public enum SimulatedSystem {

@@ -10,22 +10,22 @@
 public import Dispatch
 
 /// The system state the shims report; AppleShimTesting sets it.
-package struct SimulatedDeviceState: Sendable {
-    package var thermalState = ProcessInfo.ThermalState.nominal
-    package var lowPowerMode = false
-    package var batteryState = UIDevice.BatteryState.unknown
-    package var batteryLevel: Float = -1
+@_spi(AppleShimTesting) public struct SimulatedDeviceState: Sendable {
+    @_spi(AppleShimTesting) public var thermalState = ProcessInfo.ThermalState.nominal
+    @_spi(AppleShimTesting) public var lowPowerMode = false
+    @_spi(AppleShimTesting) public var batteryState = UIDevice.BatteryState.unknown
+    @_spi(AppleShimTesting) public var batteryLevel: Float = -1
 }
 
 /// The simulated device.
-package let simulatedDevice = SimulatedDeviceLock(SimulatedDeviceState())
+@_spi(AppleShimTesting) public let simulatedDevice = SimulatedDeviceLock(SimulatedDeviceState())
 
 /// A lock around the simulated device state.
-package final class SimulatedDeviceLock: @unchecked Sendable {
+@_spi(AppleShimTesting) public final class SimulatedDeviceLock: @unchecked Sendable {
     private let lock = NSLock()
     private var value: SimulatedDeviceState
-    package init(_ value: SimulatedDeviceState) { self.value = value }
-    package func withLock<T>(_ body: (inout SimulatedDeviceState) -> T) -> T {
+    @_spi(AppleShimTesting) public init(_ value: SimulatedDeviceState) { self.value = value }
+    @_spi(AppleShimTesting) public func withLock<T>(_ body: (inout SimulatedDeviceState) -> T) -> T {
         lock.lock()
         defer { lock.unlock() }
         return body(&value)
@@ -103,7 +103,7 @@ open class UIApplication: UIResponder {
     /// The app's delegate (SwiftUI's `UIApplicationDelegateAdaptor` sets it).
     open var delegate: (any UIApplicationDelegate)?
 
-    package var simulatedApplicationState = State.active
+    @_spi(AppleShimTesting) public var simulatedApplicationState = State.active
 }
 
 /// `UIApplicationDelegate`: the methods Orchard's example implements. One difference from UIKit: the shim requires
