@@ -113,6 +113,8 @@ let package = Package(
                 .product(name: "CompressNIO", package: "compress-nio"),
                 .product(name: "NIOCore", package: "swift-nio"),
             ],
+            // Its privacy manifest: the IDX cache reads file metadata (`stat`) in the app's container.
+            resources: [.process("PrivacyInfo.xcprivacy")],
             swiftSettings: swiftSettings
         ),
         // Level 3: the seed's housing example (resources + reusable pipeline steps).

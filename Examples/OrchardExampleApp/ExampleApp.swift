@@ -27,7 +27,7 @@ struct ExampleApp: App {
 struct StatusView: View {
     var body: some View {
         VStack(alignment: .leading, spacing: 8) {
-            Text("Orchard trains this app's model while the phone charges on Wi-Fi.")
+            Text("Orchard trains this app's model while the phone charges and is online.")
             Text("Open Console.app and filter on subsystem dev.orchard to follow it.")
         }
     }

@@ -104,7 +104,7 @@ final class Training {
             let job = try client.newJob(processName: configuration.processName, version: configuration.processVersion)
             let samples = configuration.samples
             try await job.scheduleBackgroundTraining(
-                on: scheduler, options: BackgroundTrainingOptions(identifier: configuration.taskIdentifier),  // charging + Wi-Fi
+                on: scheduler, options: BackgroundTrainingOptions(identifier: configuration.taskIdentifier),  // on power, online
                 data: { try LocalSamples.load(from: samples) },
                 onOutcome: { [weak self] outcome in Task { @MainActor in self?.finished(outcome) } }
             )

@@ -97,7 +97,7 @@ for module in "${modules[@]}"; do
 done
 
 if [ ${#failed[@]} -gt 0 ]; then
-    echo "docs: ${#failed[@]} of ${#modules[@]} catalogs have broken links or other warnings: ${failed[*]} ($((SECONDS - start)) s)" >&2
+    echo "docs: ${#failed[@]} of ${#modules[@]} catalog(s) have broken links or other warnings: ${failed[*]} ($((SECONDS - start)) s)" >&2
     exit 1
 fi
-echo "docs: ${#modules[@]} catalogs built without warnings ($((SECONDS - start)) s)"
+echo "docs: ${#modules[@]} catalog(s) built without warnings ($((SECONDS - start)) s)"
