@@ -305,7 +305,29 @@ public struct HTTPTransport: ClientTransport {
                 .tls, "TLS connection to \(url) failed: \(tls); if the coordinator's certificate comes from a private CA, trust it (TrustRoots, orchard --ca-cert)"
             )
         }
-        return OrchardClientError(.network, "request to \(url) failed: \(error)")
+        return OrchardClientError(.network, "request to \(url) failed: \(networkReason(error))")
+    }
+
+    /// A connection failure in a few words: NIO's own descriptions nest the OS error in parentheses of their own
+    /// (`connection reset (error set): Connection refused) (errno: 111)`), which is no sentence to show anyone.
+    static func networkReason(_ error: any Error) -> String {
+        if let client = error as? HTTPClientError {
+            switch client {
+            case .connectTimeout: return "no connection within the timeout"
+            case .readTimeout, .deadlineExceeded: return "no answer within the timeout"
+            case .remoteConnectionClosed: return "the coordinator closed the connection"
+            default: break
+            }
+        }
+        let text = String(describing: error).split(whereSeparator: \.isNewline).joined(separator: " ")
+        let lowered = text.lowercased()
+        if lowered.contains("refused") { return "connection refused" }
+        if ["unknownhost", "unknown host", "name or service not known", "nodename nor servname", "nxdomain"].contains(where: lowered.contains) {
+            return "the host name cannot be resolved"
+        }
+        if lowered.contains("reset") { return "the connection was reset" }
+        if lowered.contains("timed out") || lowered.contains("timeout") { return "the connection timed out" }
+        return text
     }
 
     /// What went wrong in a TLS handshake, or nil when `error` is not a TLS failure.

@@ -188,6 +188,14 @@ public enum Safetensors {
     public static func headerLength(_ prefix: some Collection<UInt8>) throws(FormatError) -> Int {
         let headerLength = try announcedHeaderLength(prefix)
         guard headerLength <= UInt64(maximumHeaderSize) else {
+            // A safetensors file starts with its header's length, and its header with `{`: a file starting with
+            // text is something else (a JSON model file given as the weights, say).
+            if let first = prefix.first, first == UInt8(ascii: "{") || first == UInt8(ascii: "[") {
+                throw FormatError(.invalidHeader, "not safetensors: the file starts with '\(Character(UnicodeScalar(first)))', as JSON does (safetensors starts with an 8-byte header length)")
+            }
+            if prefix.allSatisfy({ (0x20...0x7e).contains($0) || $0 == 0x09 || $0 == 0x0a || $0 == 0x0d }) {
+                throw FormatError(.invalidHeader, "not safetensors: the file starts with text (safetensors starts with an 8-byte header length)")
+            }
             throw FormatError(.invalidHeader, "safetensors header length \(headerLength) exceeds \(maximumHeaderSize) bytes")
         }
         return Int(headerLength)

@@ -52,13 +52,13 @@ struct AgentCommand: AsyncParsableCommand {
     @Option(help: "Interfaces to count as metered (repeatable).")
     var meteredInterface: [String] = []
 
-    @Option(help: "Seconds one background window may last.")
+    @Option(parsing: .unconditional, help: "Seconds one background window may last.")
     var window: Int = 600
 
-    @Option(help: "Seconds between cycles when the coordinator gives no retry-after.")
+    @Option(parsing: .unconditional, help: "Seconds between cycles when the coordinator gives no retry-after.")
     var interval: Int = 3600
 
-    @Option(help: "Seconds between checks of the device's conditions while waiting for them.")
+    @Option(parsing: .unconditional, help: "Seconds between checks of the device's conditions while waiting for them.")
     var pollInterval: Double = 60
 
     @Option(help: "Where sysfs is mounted (power supplies, network interfaces, thermal zones).")
@@ -67,7 +67,7 @@ struct AgentCommand: AsyncParsableCommand {
     @Option(help: "Where procfs is mounted (routes, CPU counters).")
     var procfsRoot = "/proc"
 
-    @Option(help: "Seconds a cycle whose window expired, or that is in flight at shutdown, may take to stop at a batch boundary and save its checkpoint.")
+    @Option(parsing: .unconditional, help: "Seconds a cycle whose window expired, or that is in flight at shutdown, may take to stop at a batch boundary and save its checkpoint.")
     var shutdownGrace: Double = 30
 
     @Option(help: "The lowest level logged (to standard error).")
@@ -297,7 +297,7 @@ struct AgentFlowerOptions: ParsableArguments {
     @Option(help: ArgumentHelp("Flower node configuration, \"key=value …\" (repeatable).", valueName: "k=v"))
     var nodeConfig: [String] = []
 
-    @Option(help: "The heartbeat interval announced to the SuperLink, in seconds.")
+    @Option(parsing: .unconditional, help: "The heartbeat interval announced to the SuperLink, in seconds.")
     var heartbeatInterval: Double = 30
 
     @Option(help: ArgumentHelp("The node's private key, registered with `flwr supernode register` (see `orchard flower join --help`).", valueName: "file"))

@@ -15,13 +15,13 @@ struct BenchGEMM: AsyncParsableCommand {
         """
     )
 
-    @Option(help: "Rows of op(A) and C.")
+    @Option(parsing: .unconditional, help: "Rows of op(A) and C.")
     var m: Int = 10
 
-    @Option(help: "Columns of op(B) and C.")
+    @Option(parsing: .unconditional, help: "Columns of op(B) and C.")
     var n: Int = 200
 
-    @Option(help: "Depth: columns of op(A), rows of op(B).")
+    @Option(parsing: .unconditional, help: "Depth: columns of op(A), rows of op(B).")
     var k: Int = 784
 
     @Flag(help: "Use Aᵀ (A stored k × m).")
@@ -30,13 +30,13 @@ struct BenchGEMM: AsyncParsableCommand {
     @Flag(help: "Use Bᵀ (B stored n × k), as a dense layer's forward pass does.")
     var transposeB = false
 
-    @Option(help: "Threads a multiply may use.")
+    @Option(parsing: .unconditional, help: "Threads a multiply may use.")
     var threads: Int = 1
 
-    @Option(help: "Timed runs per backend; the best is reported.")
+    @Option(parsing: .unconditional, help: "Timed runs per backend; the best is reported.")
     var repeats: Int = 5
 
-    @Option(help: "Approximate seconds per timed run.")
+    @Option(parsing: .unconditional, help: "Approximate seconds per timed run.")
     var seconds: Double = 0.2
 
     func validate() throws {

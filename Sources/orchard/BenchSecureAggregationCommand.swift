@@ -12,22 +12,22 @@ struct BenchSecureAggregation: ParsableCommand {
         """
     )
 
-    @Option(help: "Devices in the cycle.")
+    @Option(parsing: .unconditional, help: "Devices in the cycle.")
     var devices: Int = 100
 
-    @Option(help: "Coordinates of each update (199210: the Fashion-MNIST 2NN).")
+    @Option(parsing: .unconditional, help: "Coordinates of each update (199210: the Fashion-MNIST 2NN).")
     var params: Int = 199_210
 
-    @Option(help: "Neighbours per device, even (SecAgg+); default every other device (SecAgg).")
+    @Option(parsing: .unconditional, help: "Neighbours per device, even (SecAgg+); default every other device (SecAgg).")
     var shares: Int?
 
-    @Option(help: "Shares needed to unmask (default: just above half the neighbours).")
+    @Option(parsing: .unconditional, help: "Shares needed to unmask (default: just above half the neighbours).")
     var threshold: Int?
 
-    @Option(help: "Probability that a device goes away before each stage after advertise_keys.")
+    @Option(parsing: .unconditional, help: "Probability that a device goes away before each stage after advertise_keys.")
     var dropout: Double = 0
 
-    @Option(help: "Seed of the updates and the dropouts.")
+    @Option(parsing: .unconditional, help: "Seed of the updates and the dropouts.")
     var seed: UInt64 = 1
 
     func validate() throws {

@@ -24,10 +24,10 @@ struct BenchTrain: AsyncParsableCommand {
     @Option(help: "The model to train.")
     var model: ReferenceModel = .mlp2nn
 
-    @Option(help: "Samples per update.")
+    @Option(parsing: .unconditional, help: "Samples per update.")
     var batch: Int = 10
 
-    @Option(help: "Synthetic samples per epoch.")
+    @Option(parsing: .unconditional, help: "Synthetic samples per epoch.")
     var samples: Int = 6000
 
     /// `--parallelism`: how the threads share a step.
@@ -52,19 +52,19 @@ struct BenchTrain: AsyncParsableCommand {
         }
     }
 
-    @Option(help: "Threads the training step may use (default: the machine's cores, as PyTorch uses them).")
+    @Option(parsing: .unconditional, help: "Threads the training step may use (default: the machine's cores, as PyTorch uses them).")
     var threads: Int = ProcessInfo.processInfo.activeProcessorCount
 
     @Option(help: "How the threads share a step: batch parts side by side, or each matrix product on all of them (automatic: batch parts when each gets at least 16 samples).")
     var parallelism: Parallelism = .automatic
 
-    @Option(help: "Timed epochs after the warm-up epoch; the median is reported.")
+    @Option(parsing: .unconditional, help: "Timed epochs after the warm-up epoch; the median is reported.")
     var repeats: Int = 3
 
     @Option(help: "Matrix-multiply backend (default: automatic, the fastest per shape).")
     var backend: MatrixBackend?
 
-    @Option(help: "Seed for data, initialisation and shuffling.")
+    @Option(parsing: .unconditional, help: "Seed for data, initialisation and shuffling.")
     var seed: UInt64 = 1
 
     func validate() throws {

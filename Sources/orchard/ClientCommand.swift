@@ -99,10 +99,10 @@ struct DeviceOptions: ParsableArguments {
     @Option(help: "The device's JWT (omit for coordinators in open mode).")
     var token: String?
 
-    @Option(help: "The seed of local training.")
+    @Option(parsing: .unconditional, help: "The seed of local training.")
     var seed: UInt64 = 0
 
-    @Option(help: "Seconds an HTTP request may wait for data.")
+    @Option(parsing: .unconditional, help: "Seconds an HTTP request may wait for data.")
     var timeout: Double = 30
 
     /// `--server`, `--process` and `--version`, each required for a job of an Orchard coordinator.

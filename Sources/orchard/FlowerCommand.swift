@@ -49,10 +49,10 @@ struct FlowerNodeOptions: ParsableArguments {
     @Option(name: .customLong("state-directory"), help: ArgumentHelp("Where the node keeps its key, a message being handled and a reply not yet pushed.", valueName: "dir"))
     var state = ".orchard-flower"
 
-    @Option(help: "The heartbeat interval announced to the SuperLink, in seconds.")
+    @Option(parsing: .unconditional, help: "The heartbeat interval announced to the SuperLink, in seconds.")
     var heartbeatInterval: Double = 30
 
-    @Option(help: "Seconds between pulls when the SuperLink has no message.")
+    @Option(parsing: .unconditional, help: "Seconds between pulls when the SuperLink has no message.")
     var pollInterval: Double = 1
 
     func validate() throws { try setup.validate() }

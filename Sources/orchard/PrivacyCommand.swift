@@ -14,13 +14,13 @@ struct PrivacyCommand: AsyncParsableCommand {
 
 /// Options both subcommands share.
 struct PrivacySchedule: ParsableArguments {
-    @Option(help: "The Poisson sampling rate q: devices per cycle / population, in 0...1.")
+    @Option(parsing: .unconditional, help: "The Poisson sampling rate q: devices per cycle / population, in 0...1.")
     var samplingRate: Double
 
-    @Option(help: "Steps (cycles) composed.")
+    @Option(parsing: .unconditional, help: "Steps (cycles) composed.")
     var steps: Int
 
-    @Option(help: "δ of the (ε, δ) guarantee, in (0, 1).")
+    @Option(parsing: .unconditional, help: "δ of the (ε, δ) guarantee, in (0, 1).")
     var delta: Double
 
     @Flag(help: "Print one JSON line instead of text.")
@@ -36,7 +36,7 @@ struct PrivacyEpsilon: AsyncParsableCommand {
 
     @OptionGroup var schedule: PrivacySchedule
 
-    @Option(help: "The noise multiplier z: the noise's standard deviation over the clipping norm.")
+    @Option(parsing: .unconditional, help: "The noise multiplier z: the noise's standard deviation over the clipping norm.")
     var noiseMultiplier: Double
 
     struct Output: Encodable {
@@ -75,7 +75,7 @@ struct PrivacyNoise: AsyncParsableCommand {
 
     @OptionGroup var schedule: PrivacySchedule
 
-    @Option(help: "The ε not to exceed.")
+    @Option(parsing: .unconditional, help: "The ε not to exceed.")
     var targetEpsilon: Double
 
     struct Output: Encodable {

@@ -41,7 +41,7 @@ struct CoordinatorOptions: ParsableArguments {
     @Option(help: ArgumentHelp("Trust only the CA certificates in this PEM file for an https --server (a private CA).", valueName: "pem"))
     var caCert: String?
 
-    @Option(help: "Seconds to wait to connect, and for each piece of an answer.")
+    @Option(parsing: .unconditional, help: "Seconds to wait to connect, and for each piece of an answer.")
     var timeout: Double = 30
 
     /// The admin client, with the token from the environment or the file.
@@ -102,31 +102,31 @@ struct ProcessCreateCommand: AsyncParsableCommand {
     @Option(help: ArgumentHelp("A JSON file with the client_config object (batch_size, learning_rate, local_epochs, max_updates, free keys).", valueName: "file"))
     var clientConfig: String?
 
-    @Option(help: "client_config.batch_size: samples per local update.")
+    @Option(parsing: .unconditional, help: "client_config.batch_size: samples per local update.")
     var batchSize: Int?
 
-    @Option(help: "client_config.learning_rate: the devices' learning rate.")
+    @Option(parsing: .unconditional, help: "client_config.learning_rate: the devices' learning rate.")
     var learningRate: Double?
 
-    @Option(help: "client_config.local_epochs: passes over the local data per cycle.")
+    @Option(parsing: .unconditional, help: "client_config.local_epochs: passes over the local data per cycle.")
     var localEpochs: Int?
 
-    @Option(help: "client_config.max_updates: local updates per cycle at most.")
+    @Option(parsing: .unconditional, help: "client_config.max_updates: local updates per cycle at most.")
     var maxUpdates: Int?
 
     @Option(help: ArgumentHelp("A JSON file with the server_config object (see the README's Configuration).", valueName: "file"))
     var serverConfig: String?
 
-    @Option(help: "server_config.goal_count: reports that close a cycle.")
+    @Option(parsing: .unconditional, help: "server_config.goal_count: reports that close a cycle.")
     var goal: Int?
 
-    @Option(help: "server_config.cycle_length: seconds from a cycle's opening to its deadline.")
+    @Option(parsing: .unconditional, help: "server_config.cycle_length: seconds from a cycle's opening to its deadline.")
     var cycleLength: Double?
 
-    @Option(help: "server_config.cycles: cycles to complete (0: without end).")
+    @Option(parsing: .unconditional, help: "server_config.cycles: cycles to complete (0: without end).")
     var cycles: Int?
 
-    @Option(help: "server_config.minimum_reports: reports needed at the deadline to aggregate.")
+    @Option(parsing: .unconditional, help: "server_config.minimum_reports: reports needed at the deadline to aggregate.")
     var minimumReports: Int?
 
     @Option(help: "server_config.aggregator.kind: the server optimizer.")
@@ -240,7 +240,7 @@ struct ProcessWatchCommand: AsyncParsableCommand {
     @Argument(help: "The process id (p_…, from `orchard process list`).")
     var id: String
 
-    @Option(help: "Seconds between two polls.")
+    @Option(parsing: .unconditional, help: "Seconds between two polls.")
     var interval: Double = 2
 
     @Flag(help: "Show one frame and stop.")

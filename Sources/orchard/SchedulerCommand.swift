@@ -23,7 +23,7 @@ struct SchedulerCommand: AsyncParsableCommand {
         @Option(help: "Output format: table or json.")
         var format: Format = .table
 
-        @Option(help: "Seconds between the two CPU samples the idle fraction is measured over (0: since boot).")
+        @Option(parsing: .unconditional, help: "Seconds between the two CPU samples the idle fraction is measured over (0: since boot).")
         var sample: Double = 1
 
         @Option(help: "Interfaces to count as metered (repeatable).")

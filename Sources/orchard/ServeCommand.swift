@@ -55,7 +55,7 @@ struct Serve: AsyncParsableCommand {
     @Option(help: "This instance's name among coordinators sharing a PostgreSQL database: unique and stable across restarts (default: <hostname>-<port>).")
     var instanceID: String?
 
-    @Option(help: "Seconds a cycle may stay sealed by an instance that stopped answering before another closes it (PostgreSQL).")
+    @Option(parsing: .unconditional, help: "Seconds a cycle may stay sealed by an instance that stopped answering before another closes it (PostgreSQL).")
     var sealLease: Double = 60
 
     @Option(help: "SQLite durability: normal (survives kill -9) or full (fsync every commit, survives power loss).")
@@ -97,7 +97,7 @@ struct Serve: AsyncParsableCommand {
     @Option(help: "Workers one open-mode process may register (0: no cap).")
     var maxOpenWorkers = CoordinatorConfiguration.defaultMaximumOpenWorkers
 
-    @Option(help: "Seconds between two speed tests in the same direction by one device (0: no limit).")
+    @Option(parsing: .unconditional, help: "Seconds between two speed tests in the same direction by one device (0: no limit).")
     var speedTestInterval: Double = 30
 
     @Option(help: "The lowest level logged (to standard error).")

@@ -92,7 +92,7 @@ struct SimulateCommand: AsyncParsableCommand {
     var saStageTimeout: Double?
     @Flag(name: .customLong("sa-consistency-check"), help: "Secure aggregation against an actively malicious coordinator: devices sign their keys with identities a simulated authority certified, and sign the survivors in a consistency_check stage before revealing shares (--dropout applies to it too).")
     var saConsistencyCheck = false
-    @Option(help: "Seed of every random choice.")
+    @Option(parsing: .unconditional, help: "Seed of every random choice.")
     var seed: UInt64?
     @Option(help: "Directory for metrics.jsonl, summary.json and report.html (default: a new temporary directory).")
     var output: String?

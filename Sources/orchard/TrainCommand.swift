@@ -27,13 +27,13 @@ struct TrainHousing: ParsableCommand {
         """
     )
 
-    @Option(help: "Passes over the training rows, for each model.")
+    @Option(parsing: .unconditional, help: "Passes over the training rows, for each model.")
     var epochs: Int = HousingConfiguration().training.epochs
 
-    @Option(help: "Samples per update.")
+    @Option(parsing: .unconditional, help: "Samples per update.")
     var batchSize: Int = HousingConfiguration().training.batchSize
 
-    @Option(help: "Optimizer step size.")
+    @Option(parsing: .unconditional, help: "Optimizer step size.")
     var learningRate: Double = HousingConfiguration().training.optimizer.learningRate
 
     /// `--optimizer`.
@@ -44,13 +44,13 @@ struct TrainHousing: ParsableCommand {
     @Option(help: "The optimizer.")
     var optimizer: Optimizer = Optimizer(rawValue: HousingConfiguration().training.optimizer.type) ?? .adam
 
-    @Option(help: "SGD momentum (ignored by adam).")
+    @Option(parsing: .unconditional, help: "SGD momentum (ignored by adam).")
     var momentum: Double = 0.9
 
-    @Option(help: "Seed of the split, the initialisation and the shuffle order.")
+    @Option(parsing: .unconditional, help: "Seed of the split, the initialisation and the shuffle order.")
     var seed: UInt64 = HousingConfiguration().seed
 
-    @Option(help: "Share of rows held out for testing.")
+    @Option(parsing: .unconditional, help: "Share of rows held out for testing.")
     var testFraction: Double = HousingConfiguration().testFraction
 
     @Flag(help: "Print the results as JSON instead of a table.")
