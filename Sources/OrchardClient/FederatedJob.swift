@@ -8,7 +8,7 @@ public import OrchardScheduler
 import OrchardSupport
 import Synchronization
 
-/// What ``FederatedJob/run(_:)`` hands the caller's training code: the assignment, the plan and the model.
+/// What ``FederatedJob/run(constraints:_:)`` hands the caller's training code: the assignment, the plan and the model.
 public struct CycleContext: Sendable {
     /// The assignment (request key, cycle, checkpoint, deadline).
     public let assignment: CycleAssignment

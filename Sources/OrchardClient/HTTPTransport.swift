@@ -198,7 +198,7 @@ public struct HTTPTransport: ClientTransport {
         return try decodeAnswer(SpeedTestUploadResponse.self, bytes: data, head: head).bytes
     }
 
-    /// An operator's call to the coordinator's admin API (``OrchardProtocol/Endpoint/processes`` and the paths under
+    /// An operator's call to the coordinator's admin API (`Endpoint.processes` and the paths under
     /// it) or another path of it such as `/metrics`, over this transport's connection and trust roots, with
     /// `Authorization: Bearer <adminToken>` and an optional JSON body. Answers the status and the body whatever the
     /// status (no retries; the fleet simulator's `--coordinator` mode hosts and watches its process with it).

@@ -30,13 +30,13 @@ public struct SpeedTestDirection: Sendable, Hashable, CustomStringConvertible {
     public var description: String { kind.rawValue }
 }
 
-/// How the client measures its link when a process asks for link speeds (``OrchardProtocol/AuthenticateResponse/requiresSpeedTest``):
+/// How the client measures its link when a process asks for link speeds (`AuthenticateResponse.requiresSpeedTest`):
 /// one timed download and one timed upload through the client's transport, of the sizes the coordinator announced
 /// when it authenticated the device (these settings' sizes serve coordinators before protocol 2.1, which announce none).
 public struct LinkSpeedTest: Sendable {
-    /// Bytes downloaded, 1 to ``OrchardProtocol/SpeedTest/maximumBytes``, unless the coordinator announces a size.
+    /// Bytes downloaded, 1 to `SpeedTest.maximumBytes`, unless the coordinator announces a size.
     public var downloadBytes: Int
-    /// Bytes uploaded, 1 to ``OrchardProtocol/SpeedTest/maximumBytes``, unless the coordinator announces a size.
+    /// Bytes uploaded, 1 to `SpeedTest.maximumBytes`, unless the coordinator announces a size.
     public var uploadBytes: Int
     /// The clock the transfers are timed on.
     public var clock: any Clock<Duration>
@@ -49,7 +49,7 @@ public struct LinkSpeedTest: Sendable {
     }
 
     /// Times a download and an upload of the configured sizes through `transport`, with the device's `session`.
-    /// - Throws: ``OrchardClientError/Code/invalidConfiguration`` for sizes outside 1…``OrchardProtocol/SpeedTest/maximumBytes``;
+    /// - Throws: ``OrchardClientError/Code/invalidConfiguration`` for sizes outside 1…`SpeedTest.maximumBytes`;
     ///   ``OrchardClientError/Code/network`` when a transfer moved fewer bytes than asked; the transport's errors.
     public func measure(over transport: any ClientTransport, session: String) async throws(OrchardClientError) -> LinkSpeed {
         for (name, bytes) in [("downloadBytes", downloadBytes), ("uploadBytes", uploadBytes)] where !(1...SpeedTest.maximumBytes).contains(bytes) {

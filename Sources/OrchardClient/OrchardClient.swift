@@ -16,7 +16,7 @@ public struct ClientConfiguration: Sendable {
     public var environment: ClientEnvironment
     /// The seed of local training; each cycle trains with a seed derived from it and the cycle number.
     public var trainingSeed: UInt64
-    /// The local trainer used by ``FederatedJob/train(on:requirements:)``.
+    /// The local trainer used by ``FederatedJob/train(on:constraints:)``.
     public var trainer: any LocalTrainer
     /// Where the device's power and network state comes from; nil reads every condition as unknown, so a
     /// cycle with constraints reports them unmet.

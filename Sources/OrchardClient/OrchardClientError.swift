@@ -45,7 +45,7 @@ public struct OrchardClientError: OrchardError, Hashable {
     public var message: String
     /// The HTTP status of the coordinator's answer, when there was one.
     public var httpStatus: Int?
-    /// The coordinator's error code, when it answered with an ``OrchardProtocol/ErrorBody``.
+    /// The coordinator's error code, when it answered with an `ErrorBody`.
     public var serverCode: WireErrorCode?
     /// Seconds to wait before asking again: for ``Code/rejected``, and for a coordinator's 429 or 503 answer
     /// that carried `Retry-After`.

@@ -129,7 +129,7 @@ public struct SecureAggregationExchange: Sendable {
     /// Prepares the exchange for an update: draws the device's secrets from `generator` (cryptographically secure
     /// outside tests and simulations).
     /// - Parameters:
-    ///   - plan: The plan's ``OrchardProtocol/TrainingPlan/secureAggregation``.
+    ///   - plan: The plan's `TrainingPlan.secureAggregation`.
     ///   - processID: The assignment's process id.
     ///   - cycle: The assignment's cycle.
     ///   - workerID: The worker.
@@ -137,11 +137,12 @@ public struct SecureAggregationExchange: Sendable {
     ///   - update: The update flattened by ``flatten(_:)``.
     ///   - sampleCount: The update's weight, 1…`plan.maximumSampleCount`.
     ///   - retry: Retries of transient failures.
-    ///   - waitLimit: The most seconds to wait in all (``SecureAggregationWaitLimit/seconds(reportWithin:)``).
+    ///   - waitLimit: The most seconds to wait in all (``SecureAggregationWaitLimit/seconds(reportWithin:stageTimeout:laterStages:)``).
     ///   - identity: The device's certified identity; required by a plan with `consistency_check`, which signs the
     ///     advertised keys and the survivors with it.
     ///   - trust: The authorities the device accepts; with it, the device requires `consistency_check` and checks every
     ///     peer's certificate.
+    ///   - generator: The source of the device's secrets (cryptographically secure outside tests and simulations).
     /// - Throws: ``OrchardClientError/Code/training`` for an empty or non-finite update or a sample count outside
     ///   1…`plan.maximumSampleCount`; ``OrchardClientError/Code/incompatibleModel`` for a plan whose maximum sample
     ///   count is below 1; ``OrchardClientError/Code/invalidConfiguration`` for a plan with `consistency_check` and no

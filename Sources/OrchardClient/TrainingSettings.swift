@@ -7,7 +7,7 @@ extension TrainingConfiguration {
     ///
     ///     Orchard's built-in defaults  <  the architecture's `training` section  <  the process's client config
     ///
-    /// The built-in defaults are ``OrchardML/TrainingConfiguration/init(loss:optimizer:epochs:batchSize:maxUpdates:seed:shuffle:)``'s
+    /// The built-in defaults are `TrainingConfiguration.init(loss:optimizer:epochs:batchSize:maxUpdates:seed:shuffle:batchShards:)`'s
     /// (mean squared error, SGD at 0.01, one epoch, batches of 32, no update cap). An architecture with a training
     /// section replaces them all (loss, optimizer and its hyper-parameters, epochs, batch size, cap). The process's
     /// client config then replaces each field it sets: `batch_size`, `learning_rate` (the architecture's optimizer

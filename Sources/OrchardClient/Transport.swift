@@ -13,13 +13,13 @@ public protocol ClientTransport: Sendable {
     func plan(_ planID: String, requestKey: String, session: String) async throws(OrchardClientError) -> TrainingPlan
     /// Downloads the model's weights, from `request.offset` when resuming, streaming them into `sink`.
     func downloadModel(_ request: ModelRequest, session: String, into sink: any DownloadSink) async throws(OrchardClientError)
-    /// Uploads a report (a ``OrchardProtocol/ReportEnvelope``).
+    /// Uploads a report (a `ReportEnvelope`).
     func report(_ body: [UInt8], session: String) async throws(OrchardClientError) -> ReportResponse
-    /// Moves `bytes` bytes through the coordinator's speed-test endpoint (``OrchardProtocol/Endpoint/speedTest``),
+    /// Moves `bytes` bytes through the coordinator's speed-test endpoint (`Endpoint.speedTest`),
     /// `direction` from the device's side, with the device's session; returns the bytes moved. The client times it
     /// (``LinkSpeedTest``).
     func speedTest(_ direction: SpeedTestDirection, bytes: Int, session: String) async throws(OrchardClientError) -> Int
-    /// Sends one step of the device's secure aggregation (``OrchardProtocol/Endpoint/secureAggregation``) with the
+    /// Sends one step of the device's secure aggregation (`Endpoint.secureAggregation`) with the
     /// device's session; returns what the device does next.
     func secureAggregation(_ request: SecureAggregationRequest, session: String) async throws(OrchardClientError) -> SecureAggregationReply
 }

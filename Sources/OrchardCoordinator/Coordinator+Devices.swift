@@ -294,7 +294,7 @@ extension Coordinator {
         return runtime
     }
 
-    /// The model a device was assigned, for download: the checkpoint's safetensors, or (``ModelFormat/mlmodel``) the
+    /// The model a device was assigned, for download: the checkpoint's safetensors, or (`ModelFormat.mlmodel`) the
     /// process's architecture with the checkpoint's weights and its training settings as an updatable Core ML model,
     /// made once per checkpoint.
     /// - Throws: ``CoordinatorError`` `unsupported_format` when the model has something Core ML cannot express.

@@ -8,7 +8,7 @@ import Synchronization
 
 // The report pipeline: checks in the actor, validation and the durable commit outside it, the fold into the running sum.
 extension Coordinator {
-    /// Accepts a report held whole in memory (a ``ReportEnvelope``); returns only after its contribution is
+    /// Accepts a report held whole in memory (a `ReportEnvelope`); returns only after its contribution is
     /// committed. The same path as an upload (``beginUpload(session:)``) fed one chunk.
     /// - Parameters:
     ///   - body: The safetensors body.

@@ -5,11 +5,11 @@ public import OrchardSupport
 ///
 /// The domain knows nothing of HTTP: the HTTP edge maps each code to its status (``httpStatus``).
 public struct CoordinatorError: OrchardError, Hashable {
-    /// The machine-readable code sent in ``ErrorBody``.
+    /// The machine-readable code sent in `ErrorBody`.
     public var code: WireErrorCode
     /// A human-readable explanation.
     public var message: String
-    /// Seconds the caller should wait before asking again, for a refusal that passes (``WireErrorCode/rateLimited``).
+    /// Seconds the caller should wait before asking again, for a refusal that passes (`WireErrorCode.rateLimited`).
     public var retryAfter: Double?
 
     /// Creates an error.

@@ -144,7 +144,7 @@ public struct CoordinatorInstance: Sendable {
     }
 }
 
-/// An HTTP server started by ``CoordinatorInstance/serve(host:port:timerInterval:)``.
+/// An HTTP server started by ``CoordinatorInstance/serve(host:port:tls:timerInterval:)``.
 public struct RunningServer: Sendable {
     /// The bound address.
     public let host: String

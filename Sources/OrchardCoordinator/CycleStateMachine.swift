@@ -9,7 +9,7 @@ public import OrchardProtocol
 /// is reached or at its deadline, and is then aggregated (if at least the minimum reported) or abandoned; either
 /// way the next cycle opens, until the configured number of cycles has completed.
 public struct CycleStateMachine: Sendable, Hashable {
-    /// The knobs of the state machine, taken from a process's ``ServerConfig``.
+    /// The knobs of the state machine, taken from a process's `ServerConfig`.
     public struct Configuration: Sendable, Hashable {
         /// Reports that close a cycle early.
         public var goalCount: Int

@@ -49,7 +49,7 @@ public struct DeviceTokenError: OrchardError, Hashable {
     }
 }
 
-/// How a device token is signed: the two modes of ``OrchardProtocol/AuthenticationConfig`` that take a JWT.
+/// How a device token is signed: the two modes of `AuthenticationConfig` that take a JWT.
 public enum DeviceTokenAlgorithm: String, Sendable, Hashable, CaseIterable, CustomStringConvertible {
     /// HMAC-SHA256 with the secret shared with the coordinator (`server_config.authentication.secret`).
     case hs256
@@ -138,7 +138,7 @@ public struct DeviceTokenKeySource: Sendable, Hashable, CustomStringConvertible 
 }
 
 /// Signs device tokens: the JWTs a device presents to `/authenticate` for a process whose
-/// ``OrchardProtocol/AuthenticationConfig`` mode is hs256 or rs256.
+/// `AuthenticationConfig` mode is hs256 or rs256.
 ///
 /// A token carries `sub` (the device), `iat`, `exp` (`iat` + the lifetime, in whole seconds) and, when given, `iss`
 /// and `aud`, which the coordinator checks against the process's `issuer` and `audience`. The key material is checked
@@ -267,7 +267,9 @@ public struct DeviceTokenIssuer: Sendable {
 
     /// Parses a lifetime written as a whole number and a unit: `90s`, `30m`, `24h`, `7d`. A bare number is refused
     /// (it is unclear whether `24` means seconds or hours).
-    /// - Parameter name: What messages call the value (an option such as `--lifetime`).
+    /// - Parameters:
+    ///   - text: The lifetime as written.
+    ///   - name: What messages call the value (an option such as `--lifetime`).
     /// - Throws: ``DeviceTokenError/Code/invalidLifetime`` for anything else, a zero or negative lifetime, or one
     ///   over ``maximumLifetime``.
     public static func parseLifetime(_ text: String, name: String = "lifetime") throws(DeviceTokenError) -> Duration {

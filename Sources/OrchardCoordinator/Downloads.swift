@@ -14,6 +14,8 @@ public enum DownloadSelection: Sendable, Hashable {
 
     /// Selects what to send of `total` bytes tagged `etag`.
     /// - Parameters:
+    ///   - total: The entity's size in bytes.
+    ///   - etag: The entity's tag.
     ///   - range: The requested range (`bytes=a-b`, `bytes=a-`, `bytes=-n`), if any.
     ///   - ifRange: The entity tag the requested range belongs to, if given.
     ///   - ifNoneMatch: Entity tags the caller holds (comma-separated, or `*`), if given.

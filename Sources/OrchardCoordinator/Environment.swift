@@ -1,6 +1,6 @@
 import Foundation
 
-/// Settings of a coordinator instance (per-process settings live in ``OrchardProtocol/ServerConfig``).
+/// Settings of a coordinator instance (per-process settings live in `ServerConfig`).
 public struct CoordinatorConfiguration: Sendable {
     /// The bearer token for the admin API; nil disables the admin API.
     public var adminToken: String?

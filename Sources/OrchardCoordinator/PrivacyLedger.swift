@@ -36,7 +36,7 @@ public struct PrivacyMechanism: Sendable, Hashable {
     /// The sampling rate the accountant assumes: the most devices a cycle admits (`goal_count × over_selection`,
     /// all of whose reports may be summed) over the population.
     public let samplingRate: Double
-    /// The noise multiplier the accountant charges per release (see ``PrivacyConfig/aggregateNoiseMultiplier(minimumReports:)``).
+    /// The noise multiplier the accountant charges per release (see `PrivacyConfig.aggregateNoiseMultiplier(minimumReports:)`).
     public let accountedNoiseMultiplier: Double
     /// The noise multiplier of the update itself (larger than z when adaptive clipping takes a share).
     public let updateNoiseMultiplier: Double

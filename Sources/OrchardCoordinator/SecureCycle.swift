@@ -3,7 +3,7 @@ public import OrchardPrivacy
 public import OrchardProtocol
 
 /// One persisted step of a cycle's secure aggregation, in the order it was applied. Replaying a cycle's events
-/// into a fresh ``SecureCycle`` rebuilds the state the coordinator had acknowledged, so a crash loses nothing a
+/// into a fresh `SecureCycle` rebuilds the state the coordinator had acknowledged, so a crash loses nothing a
 /// device was told was received and counts nothing twice.
 public enum SecureCycleEvent: Sendable, Hashable, Codable {
     /// A worker advertised its keys at `at` and was given (or kept, when replacing them during advertise_keys) an index.

@@ -9,7 +9,7 @@ extension FlowerNode {
     /// store already holds one for this identifier). Each window the scheduler grants runs ``runWindow()``: the node
     /// is active and answers messages until the window expires (its Swift task is cancelled, a training in progress
     /// stops at a batch boundary and its message is kept), then deactivates; the next window is requested
-    /// ``OrchardClient/BackgroundTrainingOptions/defaultInterval`` later.
+    /// `BackgroundTrainingOptions.defaultInterval` later.
     /// - Parameters:
     ///   - scheduler: The scheduler (register before it starts).
     ///   - options: Identifier, constraints, the interval between windows and the priority.

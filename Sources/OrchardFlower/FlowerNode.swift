@@ -72,7 +72,7 @@ public enum FlowerNodeEvent: Sendable {
 
 /// An Orchard device as a Flower SuperNode: in each background window it activates, pulls messages, answers `train`
 /// and `evaluate` with the Orchard engine (``FlowerLocalApp``), pushes the replies, sends heartbeats, and deactivates
-/// when the window ends. The round's logic is ``FlowerNodeMachine``; this type performs its actions.
+/// when the window ends. The round's logic is `FlowerNodeMachine`; this type performs its actions.
 public actor FlowerNode {
     /// The configuration.
     public let configuration: FlowerNodeConfiguration

@@ -4,7 +4,7 @@ public import OrchardFormats
 /// A model: named inputs, a list of layers each reading earlier layers or inputs, and an output layer.
 ///
 /// Build one with the layer DSL, from a list of layers (the classic API), or from an architecture JSON
-/// ``ModelSpec``; ``spec`` gives the JSON back. Parameters are addressable by name (`<layer>.weight`,
+/// `ModelSpec`; ``spec`` gives the JSON back. Parameters are addressable by name (`<layer>.weight`,
 /// `<layer>.bias`) and as one flat vector ordered by name.
 ///
 /// ```swift

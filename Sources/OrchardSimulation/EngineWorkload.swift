@@ -5,7 +5,7 @@ public import OrchardFormats
 public import OrchardML
 public import OrchardClient
 
-/// Real local training through the device SDK's own trainer (``OrchardClient/EngineLocalTrainer``): each device
+/// Real local training through the device SDK's own trainer (`EngineLocalTrainer`): each device
 /// trains its own data slice from the downloaded global model under the settings the coordinator sent, pausing
 /// with a training-state checkpoint when its background window ends and resuming from it in the next; the global
 /// model is evaluated on a held-out test set.

@@ -59,7 +59,7 @@ public struct ExternalCoordinator: Sendable {
     public var url: String
     /// The slice of the fleet this process runs.
     public var shard: FleetShard
-    /// The certificate authorities trusted for `https` (a private CA's with ``OrchardClient/TrustRoots/certificateFile(_:)``).
+    /// The certificate authorities trusted for `https` (a private CA's with `TrustRoots.certificateFile(_:)`).
     public var trustRoots: TrustRoots
     /// Most local trainings at the same time (devices wait for a slot after their download).
     public var concurrency: Int
@@ -142,7 +142,7 @@ public struct ShardRoundMetrics: Sendable, Hashable, Codable {
 /// A shard's whole run, as written to its `summary.json` (snake_case keys).
 public struct ShardSummary: Sendable, Hashable, Codable {
     /// The scenario's settings as strings, with the coordinator, shard, process and concurrency.
-    public var settings: [String: String]
+    public var settings: SimulationSettings
     /// `i/n`.
     public var shard: String
     /// Devices this shard ran.
@@ -224,10 +224,10 @@ public struct ShardResult: Sendable {
 /// --shard i/n`), in real time: an external coordinator's deadlines run on its own wall clock, so the simulation's
 /// virtual time cannot drive it.
 ///
-/// Shard 1 hosts the process through the admin API — the same ``OrchardProtocol/HostProcessRequest`` the
+/// Shard 1 hosts the process through the admin API — the same `HostProcessRequest` the
 /// in-process mode hosts, with `cycles` = the rounds — unless a process of that name and version exists, which it
 /// then uses; the other shards wait for it to appear. Each device of the shard is the real device SDK over HTTP: its
-/// own ``OrchardClient/FederatedJob`` with its state in its own directory, its data slice from the seed's partition,
+/// own `FederatedJob` with its state in its own directory, its data slice from the seed's partition,
 /// cycles run back to back as the coordinator's `retry_after` says (sleeps on the injected clock). An admitted device
 /// goes away with the fleet's dropout probability (a seeded draw per device and cycle) after its download and stays
 /// away until the cycle's deadline. At most ``ExternalCoordinator/concurrency`` trainings run at once. The shard
@@ -243,7 +243,7 @@ public enum ExternalFleet {
     /// - Parameters:
     ///   - configuration: The scenario (every shard takes the same one); `availability` must be `always`, and the
     ///     transport, window and seconds-per-update settings are not used.
-    ///   - coordinator: Where the coordinator is and which shard this is.
+    ///   - options: Where the coordinator is and which shard this is.
     ///   - environment: Where ``adminTokenVariable`` is read (the CLI passes the process environment).
     ///   - progress: Where progress goes.
     ///   - clock: Real time: the devices' waits, the polls, the wall-seconds figures (injected; tests shorten it).

@@ -13,7 +13,7 @@ public protocol FleetWorkload: Sendable {
     func sampleCount(device: Int) -> Int
     /// Runs the device SDK's trainer on `device`'s data for `task`, whose settings are what the coordinator sent
     /// as the SDK resolved them; resumes from a checkpoint of an earlier stretch of the same cycle, and pauses at
-    /// ``OrchardClient/LocalTrainingTask/pauseAfterUpdates``.
+    /// `LocalTrainingTask.pauseAfterUpdates`.
     func train(device: Int, _ task: LocalTrainingTask, resumingFrom checkpoint: [UInt8]?) throws(OrchardClientError) -> LocalTrainingOutcome
     /// The updates a checkpoint of `device`'s `task` has done.
     func completedUpdates(device: Int, in checkpoint: [UInt8], of task: LocalTrainingTask) throws(OrchardClientError) -> Int
@@ -23,8 +23,8 @@ public protocol FleetWorkload: Sendable {
 
 /// Runs a fleet of virtual devices against a coordinator, round by round, on virtual time.
 ///
-/// Every device is a ``VirtualDevice``: its own clock, its own ``OrchardScheduler/BackgroundScheduler`` (power
-/// and network scripted from the availability trace), its own ``OrchardClient/FederatedJob`` with its state on
+/// Every device is a `VirtualDevice`: its own clock, its own `BackgroundScheduler` (power
+/// and network scripted from the availability trace), its own `FederatedJob` with its state on
 /// disk, its own link speeds and data slice. The simulation plays the OS: each round, eligible devices are
 /// granted a background window at their check-in time (spread over a few virtual seconds); the device's
 /// scheduler launches the training task, whose job asks the coordinator for the cycle, downloads the model,
@@ -33,7 +33,7 @@ public protocol FleetWorkload: Sendable {
 /// same cycle. A device that drops out is killed at a seeded point of its work.
 ///
 /// Devices run in parallel (at most `parallelism` trainings at a time); their calls to the coordinator are put
-/// in virtual-time order by a ``FleetTimeline``, so the coordinator sees the same sequence on every run whatever
+/// in virtual-time order by a `FleetTimeline`, so the coordinator sees the same sequence on every run whatever
 /// the thread scheduling. The round ends when the coordinator closes the cycle or at its deadline; a device's
 /// calls after that are refused and it stops (its late work stays in its job's state, as on a phone).
 public struct FleetSimulation: Sendable {
@@ -73,6 +73,7 @@ public struct FleetSimulation: Sendable {
     ///   - workload: The devices' computation.
     ///   - directory: Where the devices keep their job state (one subdirectory each).
     ///   - wallClock: Real time, for the wall-seconds figures (injected).
+    ///   - stop: Asked before each round: once requested, the run ends after the round in progress.
     ///   - onRound: Called after each round with its record.
     /// - Returns: The initial evaluation and one record per round.
     public func run(

@@ -7,7 +7,7 @@ import OrchardClient
 public import OrchardML
 
 /// The coordinator a fleet runs against, as the simulation drives it: a real
-/// ``OrchardCoordinator/Coordinator`` hosting the process, its manual clock following the simulation's virtual
+/// `Coordinator` hosting the process, its manual clock following the simulation's virtual
 /// time (virtual time 0 is the clock's time when the process is hosted). The round's cycle is the coordinator's
 /// own: admission, over-selection, deadline, aggregation and its store. Devices reach it through their own
 /// transports; this type opens rounds, moves the clock to each call's virtual time, and expires cycles.

@@ -159,8 +159,8 @@ extension SimulationSummary {
 
 /// The whole run, as written to `summary.json` (keys in snake_case).
 public struct SimulationSummary: Sendable, Hashable, Codable {
-    /// The scenario's settings, as strings (what the command line said, defaults filled in).
-    public var settings: [String: String]
+    /// The scenario's settings (what the command line said, defaults filled in).
+    public var settings: SimulationSettings
     /// Rounds run.
     public var rounds: Int
     /// Rounds that produced a checkpoint.
@@ -206,9 +206,12 @@ public struct SimulationSummary: Sendable, Hashable, Codable {
     /// Set when the run was stopped before its last round (Ctrl-C): the rounds it had been asked for; nil when it ran
     /// them all.
     public var plannedRounds: Int?
+    /// The same model trained centrally on all the training rows, evaluated on the same test set (the housing
+    /// scenario's central pretraining): the reference the federated curve is read against. Nil when not trained.
+    public var centralRMSE: Double?
 
     private enum CodingKeys: String, CodingKey {
-        case plannedRounds = "planned_rounds"
+        case plannedRounds = "planned_rounds", centralRMSE = "central_rmse"
         case settings, rounds, selected, participants, dropouts, late, expirations, resumed, initial, `final`, epsilon
         case checkIns = "check_ins", turnedAwayModeled = "turned_away_modeled"
         case secureAggregation = "secure_aggregation"
@@ -218,7 +221,7 @@ public struct SimulationSummary: Sendable, Hashable, Codable {
     }
 
     /// Summarises round records.
-    public init(settings: [String: String], initial: Evaluation, rounds records: [RoundMetrics], setupSeconds: Double) {
+    public init(settings: SimulationSettings, initial: Evaluation, rounds records: [RoundMetrics], setupSeconds: Double) {
         self.settings = settings
         rounds = records.count
         aggregatedRounds = records.count { $0.aggregated }

@@ -110,11 +110,36 @@ public enum HTMLReport {
             let line = quality("accuracy", .blue, initial: summary.initial.accuracy, \.testAccuracy)
             charts.append(perRound("Test accuracy", Axis("accuracy", format: .percent), [line], headline: true))
         }
+        // The housing targets are median home values in thousands of dollars.
+        let rmseAxis = Axis(summary.settings["dataset"] == "housing" ? "RMSE, $1000s" : "RMSE")
         if rmse {
-            charts.append(perRound("Test RMSE", Axis("RMSE"), [quality("RMSE", .blue, initial: summary.initial.rmse, \.testRMSE)], headline: !accuracy))
+            var line = quality("federated", .blue, initial: summary.initial.rmse, \.testRMSE)
+            var notes: [String] = []
+            // The initial model's error can dwarf the rounds': left off, the scale shows what the rounds did.
+            if let initial = summary.initial.rmse, let peak = rounds.compactMap(\.testRMSE).max(), initial > 2 * peak {
+                line.points.removeAll { $0.x == 0 }
+                notes.append("Round 0, the initial model, is left off the scale: RMSE \(String(format: "%.2f", initial)).")
+            }
+            var lines = [line]
+            if let central = summary.centralRMSE, let first = line.points.first?.x, let last = line.points.last?.x {
+                lines.append(Series("trained centrally", [(first, central), (last, central)], color: .grey, style: .outline))
+                notes.append("The dashed line is the same model trained centrally on all the devices' rows: RMSE \(String(format: "%.2f", central)).")
+            }
+            charts.append(perRound("Test RMSE", rmseAxis, lines, headline: !accuracy, note: notes.isEmpty ? nil : notes.joined(separator: " ")))
         }
-        let loss = quality("loss", .red, initial: summary.initial.loss, \.testLoss)
-        charts.append(perRound("Test loss", Axis("loss"), [loss], headline: !accuracy && !rmse))
+        // A regressor's loss is its mean squared error, the RMSE chart squared: drawn once.
+        if accuracy || !rmse {
+            let loss = quality("loss", .red, initial: summary.initial.loss, \.testLoss)
+            charts.append(perRound("Test loss", Axis("loss"), [loss], headline: !accuracy && !rmse))
+        }
+        if rounds.contains(where: { $0.testRMSE != nil && $0.epsilon != nil }) {
+            // Differential privacy on a regressor: what each step of error cost.
+            let caption = "Test RMSE vs privacy spent (ε at δ = \(summary.settings["dp_delta"] ?? "?"))"
+            let points = rounds.compactMap { r in r.testRMSE.flatMap { e in r.epsilon.map { (x: $0, y: e) } } }
+            charts.append(figure(caption) {
+                LineChart(title: caption, x: Axis("privacy spent ε"), y: rmseAxis, series: [Series("RMSE", points, color: .purple)], width: $0, height: $1).render()
+            })
+        }
         if rounds.contains(where: { $0.testAccuracy != nil && $0.epsilon != nil }) {
             // Differential privacy: what each point of accuracy cost.
             let caption = "Test accuracy vs privacy spent (ε at δ = \(summary.settings["dp_delta"] ?? "?"))"
@@ -154,9 +179,12 @@ public enum HTMLReport {
         charts.append(perRound("Data transferred per round", Axis("bytes", format: .bytes), [
             series("down (models)", .blue) { Double($0.bytesDown) }, series("up (reports)", .green) { Double($0.bytesUp) },
         ]))
-        charts.append(figure("Fleet eligible at round start") {
+        let eligibility = "The share of the fleet whose conditions allow background work (on power, online, within the owner's routine) "
+            + "when each round opens, against virtual time since the start (18:00 for a device without a time-zone shift). The first "
+            + "round opens only once enough devices are eligible for a cycle's goal, so the chart starts hours in."
+        charts.append(figure("Fleet eligible at round start", note: summary.settings["availability"] == "always" ? nil : eligibility) {
             LineChart(
-                title: "Fleet eligible at round start", x: Axis("virtual time", format: .seconds), y: Axis("eligible", format: .percent),
+                title: "Fleet eligible at round start", x: Axis("virtual time", format: .seconds), y: Axis("eligible", format: .percent, range: 0...1),
                 series: [Series("eligible fraction", rounds.map { ($0.virtualStart, $0.availableFraction) }, color: .brown)], width: $0, height: $1
             ).render()
         })
@@ -188,6 +216,7 @@ public enum HTMLReport {
         }
         if let r = summary.final.rmse, let r0 = summary.initial.rmse {
             totals.append(("test RMSE initial → final", String(format: "%.4f → %.4f", r0, r)))
+            if let central = summary.centralRMSE { totals.append(("test RMSE, the model trained centrally", String(format: "%.4f", central))) }
         }
         let totalRows = totals.map { "<tr><th>\(escapeXML($0.0))</th><td>\(escapeXML($0.1))</td></tr>" }.joined()
         return """

@@ -232,7 +232,7 @@ public struct SimulationConfiguration: Sendable {
     /// applies before each stage after advertise_keys (going away before advertising is the usual dropout during the
     /// download and training).
     public var secureAggregation: SecureAggregationConfig?
-    /// Where decompressed copies of gzip-compressed image datasets are kept between runs (``IDXCache/standard(environment:)``
+    /// Where decompressed copies of gzip-compressed image datasets are kept between runs (`IDXCache.standard(environment:)`
     /// by default; nil decompresses on every run).
     public var datasetCache: IDXCache? = IDXCache.standard()
 
@@ -321,8 +321,8 @@ public struct SimulationConfiguration: Sendable {
     }
 
     /// The settings as strings, for the summary and the report.
-    public var settings: [String: String] {
-        [
+    public var settings: SimulationSettings {
+        SimulationSettings([
             "dataset": dataset.description, "model": model.description, "clients": String(clients), "fraction": String(fraction),
             "goal": String(goal), "over_selection": String(overSelection), "local_epochs": String(localEpochs),
             "batch_size": String(batchSize), "lr": String(learningRate), "rounds": String(rounds), "eval_every": String(evaluateEvery), "partition": partition.description,
@@ -330,7 +330,7 @@ public struct SimulationConfiguration: Sendable {
             "window_seconds": String(windowSeconds), "cycle_seconds": String(cycleSeconds),
             "seconds_per_update": String(secondsPerUpdate), "transport": transport.description, "seed": String(seed),
             "turned_away": turnedAway.description,
-        ].merging(privacySettings, uniquingKeysWith: { first, _ in first }).merging(secureSettings, uniquingKeysWith: { first, _ in first })
+        ].merging(privacySettings, uniquingKeysWith: { first, _ in first }).merging(secureSettings, uniquingKeysWith: { first, _ in first }))
     }
 
     private var secureSettings: [String: String] {

@@ -44,7 +44,8 @@ public enum SimulationRunner {
         let writer = try ReportWriter(directory: directory)
         let prepared = try prepare(configuration, progress: progress)
         return try await runFleet(
-            configuration, model: prepared.model, workload: prepared.workload, writer: writer, progress: progress, clock: clock, setupStart: setupStart, stop: stop
+            configuration, model: prepared.model, workload: prepared.workload, centralRMSE: prepared.centralRMSE, writer: writer, progress: progress,
+            clock: clock, setupStart: setupStart, stop: stop
         )
     }
 
@@ -52,7 +53,9 @@ public enum SimulationRunner {
     /// model with PyTorch's initialisation; for housing, central pretraining of the embeddings, then the device
     /// model with them imported frozen. The workload deals the training set to `configuration.clients` devices
     /// (the seed's partition) and evaluates on the test set.
-    static func prepare(_ configuration: SimulationConfiguration, progress: ProgressDisplay) throws(SimulationError) -> (model: Model, workload: any FleetWorkload) {
+    static func prepare(
+        _ configuration: SimulationConfiguration, progress: ProgressDisplay
+    ) throws(SimulationError) -> (model: Model, workload: any FleetWorkload, centralRMSE: Double?) {
         if let imageDirectory = configuration.dataset.imageDirectory {
             let (train, test) = try loadImages(imageDirectory, cache: configuration.datasetCache)
             let spec = configuration.model == .cnn
@@ -66,7 +69,7 @@ public enum SimulationRunner {
             }
             let slices = try partition(train, configuration: configuration)
             progress.note("\(configuration.dataset): \(train.count) training and \(test.count) test images over \(configuration.clients) devices; \(configuration.model) with \(model.parameterCount) parameters")
-            return (model, EngineWorkload(model: model, slices: slices, testSet: test))
+            return (model, EngineWorkload(model: model, slices: slices, testSet: test), nil)
         }
         // Housing: central pretraining, then the device model with the embeddings imported frozen.
         let housing = HousingConfiguration(seed: configuration.seed)
@@ -84,7 +87,7 @@ public enum SimulationRunner {
         }
         progress.note(String(format: "central pretraining: test RMSE %.3f after %d epochs (%.2f s); embeddings frozen for the fleet", central.metrics.testRMSE, central.metrics.epochs, central.metrics.seconds))
         let slices = try partition(data.train, configuration: configuration)
-        return (device, EngineWorkload(model: device, slices: slices, testSet: data.test))
+        return (device, EngineWorkload(model: device, slices: slices, testSet: data.test), central.metrics.testRMSE)
     }
 
     /// The process the simulator hosts for `configuration` — in process, and on an external coordinator
@@ -140,7 +143,7 @@ public enum SimulationRunner {
     static func defaultProcessName(_ configuration: SimulationConfiguration) -> String { "simulation-\(configuration.model)" }
 
     private static func runFleet(
-        _ configuration: SimulationConfiguration, model: Model, workload: any FleetWorkload, writer: ReportWriter,
+        _ configuration: SimulationConfiguration, model: Model, workload: any FleetWorkload, centralRMSE: Double?, writer: ReportWriter,
         progress: ProgressDisplay, clock: any WallClock, setupStart: WallInstant, stop: SimulationStop?
     ) async throws(SimulationError) -> SimulationResult {
         let process = try hostedProcess(configuration, model: model, workload: workload)
@@ -158,7 +161,11 @@ public enum SimulationRunner {
         )
         if let appendFailure { throw appendFailure }
         var summary = SimulationSummary(settings: configuration.settings, initial: outcome.initial, rounds: outcome.rounds, setupSeconds: setupSeconds)
-        var title = "Orchard fleet simulation — \(configuration.dataset), \(configuration.model)"
+        summary.centralRMSE = centralRMSE
+        // "housing, housing" says the same thing twice: the housing scenario has one model.
+        let scenario = configuration.dataset.description == configuration.model.description
+            ? configuration.dataset.description : "\(configuration.dataset), \(configuration.model)"
+        var title = "Orchard fleet simulation — \(scenario)"
         if outcome.rounds.count < configuration.rounds {
             summary.plannedRounds = configuration.rounds
             title += " (stopped after \(outcome.rounds.count) of \(configuration.rounds) rounds)"

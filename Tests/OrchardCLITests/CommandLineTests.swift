@@ -231,13 +231,13 @@ let usageError: Int32 = 64
         }
         let fitting = try await Run.orchard(["simulate", "--secure-aggregation", "--rounds", "1", "--dropout", "0", "--output", directory.path])
         let fitted = try summary(fitting)
-        #expect((fitted["settings"] as? [String: Any])?["window_seconds"] as? String == "60.0")
+        #expect((fitted["settings"] as? [String: Any])?["window_seconds"] as? Double == 60, "settings are numbers in summary.json")
         #expect((fitted["aggregated_rounds"] as? NSNumber)?.intValue == 1)
         #expect(!(fitting.output + fitting.error).contains("warning:"))
 
         let short = try await Run.orchard(["simulate", "--secure-aggregation", "--window-seconds", "10", "--rounds", "1", "--dropout", "0", "--output", directory.path])
         let shorted = try summary(short)
-        #expect((shorted["settings"] as? [String: Any])?["window_seconds"] as? String == "10.0")
+        #expect((shorted["settings"] as? [String: Any])?["window_seconds"] as? Double == 10)
         #expect((shorted["aggregated_rounds"] as? NSNumber)?.intValue == 0)
         let flat = (short.output + " " + short.error).split(whereSeparator: \.isWhitespace).joined(separator: " ")
         #expect(flat.contains("warning: a 10.0 s background window leaves 2.5 s after the median device's 7.5 s of training"), "\(flat)")

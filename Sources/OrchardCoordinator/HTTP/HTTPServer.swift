@@ -31,7 +31,7 @@ public struct CoordinatorRequestContext: RequestContext, RemoteAddressRequestCon
 
 /// The coordinator's HTTP API (Hummingbird 2): thin routes over ``Coordinator``.
 public enum CoordinatorServer {
-    /// Builds the router for every endpoint in ``OrchardProtocol/Endpoint``.
+    /// Builds the router for every endpoint in `Endpoint`.
     /// - Parameters:
     ///   - coordinator: The started coordinator.
     ///   - registry: The Prometheus registry served at `/metrics`.

@@ -113,11 +113,16 @@ public enum GEMM {
     ///   - m: Rows of op(A) and C.
     ///   - n: Columns of op(B) and C.
     ///   - k: Columns of op(A), rows of op(B).
+    ///   - alpha: The scale of op(A) · op(B).
+    ///   - a: A, row-major.
     ///   - lda: Row stride of A as stored.
+    ///   - b: B, row-major.
     ///   - ldb: Row stride of B as stored.
+    ///   - beta: The scale of C's current contents.
+    ///   - c: C, row-major; receives the result.
     ///   - ldc: Row stride of C.
     ///   - chosen: Run on this backend instead of the configured one (an unavailable one falls back as
-    ///     ``resolve(_:transposeA:transposeB:m:n:k:)`` says: `.blas` and `.avx2` to `.portable`).
+    ///     `resolve(_:transposeA:transposeB:m:n:k:)` says: `.blas` and `.avx2` to `.portable`).
     public static func multiply(
         transposeA: Bool = false, transposeB: Bool = false,
         m: Int, n: Int, k: Int, alpha: Float = 1,

@@ -4,8 +4,8 @@ public import OrchardFormats
 /// A model compiled for a batch size: every activation, gradient, parameter and scratch buffer allocated once.
 ///
 /// The plan holds the parameters as one flat vector ordered by name (the same layout as
-/// ``Model/flatParameters()``) and their gradients alongside. ``forward(batch:training:)`` and
-/// ``backward(batch:)`` allocate nothing. Frozen layers compute no weight gradients, and no layer computes an
+/// ``Model/flatParameters()``) and their gradients alongside. `forward(batch:training:)` and
+/// `backward(batch:descentRate:)` allocate nothing. Frozen layers compute no weight gradients, and no layer computes an
 /// input gradient that no trainable parameter needs, so layers before the first trainable one do no backward
 /// work at all. Not thread-safe: one plan belongs to one training run.
 public final class CompiledModel {

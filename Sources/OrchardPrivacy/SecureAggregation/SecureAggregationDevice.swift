@@ -5,7 +5,7 @@ import OrchardSupport
 /// The device side of secure aggregation as a pure state machine: each call takes the server's message for the
 /// stage and returns the device's answer, or throws and leaves the state unchanged.
 ///
-/// Stages: ``advertiseKeys()`` → ``shareKeys(_:using:)`` → ``maskedInput(_:update:sampleCount:using:)`` →
+/// Stages: ``advertiseKeys()`` → ``shareKeys(_:using:)`` → ``maskedInput(_:update:sampleCount:precomputed:using:)`` →
 /// ``unmask(_:)`` (repeatable). The device never reveals both the self-mask share and the s-key share of one
 /// peer: it records every reveal and refuses a request that contradicts an earlier one.
 ///
