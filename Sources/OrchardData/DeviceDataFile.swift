@@ -95,7 +95,8 @@ extension TabularPreprocessor {
     ///   - targetColumn: The column holding the target, when it is not named as in training (``target``).
     /// - Returns: One tensor per model input (``inputSpecs``) and the targets.
     /// - Throws: ``DataError`` naming the line and column of a bad value, a missing column, an unknown category.
-    public func deviceData(csv: URL, targetColumn: String? = nil) throws(DataError) -> TensorDataset {
+    ///   - onUnseen: Told of each categorical value training never saw (encoded as the reserved index).
+    public func deviceData(csv: URL, targetColumn: String? = nil, onUnseen: (UnseenCategory) -> Void = { _ in }) throws(DataError) -> TensorDataset {
         let data: Data
         do {
             data = try Data(contentsOf: csv)
@@ -103,11 +104,11 @@ extension TabularPreprocessor {
             throw DataError(.unreadable, "cannot read \(csv.path): \(FileAccessError(error).message)")
         }
         guard let text = String(data: data, encoding: .utf8) else { throw DataError(.unreadable, "\(csv.path) is not UTF-8 text") }
-        return try deviceData(csvText: text, targetColumn: targetColumn)
+        return try deviceData(csvText: text, targetColumn: targetColumn, onUnseen: onUnseen)
     }
 
     /// ``deviceData(csv:targetColumn:)`` on text in memory.
-    public func deviceData(csvText text: String, targetColumn: String? = nil) throws(DataError) -> TensorDataset {
+    public func deviceData(csvText text: String, targetColumn: String? = nil, onUnseen: (UnseenCategory) -> Void = { _ in }) throws(DataError) -> TensorDataset {
         // The header alone first, to know which columns to read as text.
         let configuration = TabularReader.Configuration()
         let headerLine = text.split(whereSeparator: \.isNewline).first { line in
@@ -124,6 +125,7 @@ extension TabularPreprocessor {
             }
             table = try Table(columnNames: table.columnNames.map { $0 == targetColumn ? target : $0 }, columns: table.columns)
         }
+        for unseen in try unseenCategories(in: table) { onUnseen(unseen) }
         return try transform(table)
     }
 }

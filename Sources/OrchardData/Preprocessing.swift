@@ -236,6 +236,37 @@ public struct TabularPreprocessor: Sendable, Hashable, Codable {
         return encoders[i].vocabularySize
     }
 
+    /// A value of a categorical feature that training never saw: encoded as the reserved index, which is worth a
+    /// warning naming the row (a typo, or data the model was not trained for).
+    public struct UnseenCategory: Sendable, Hashable {
+        /// The data row (1-based, header and comments not counted).
+        public var row: Int
+        /// The feature.
+        public var column: String
+        /// The value.
+        public var value: String
+
+        /// Creates a report of an unseen value.
+        public init(row: Int, column: String, value: String) {
+            self.row = row
+            self.column = column
+            self.value = value
+        }
+    }
+
+    /// The values of `table` that the fitted categories lack, where they are encoded as the reserved index (under the
+    /// `.error` policy encoding refuses them instead).
+    public func unseenCategories(in table: Table) throws(DataError) -> [UnseenCategory] {
+        var unseen: [UnseenCategory] = []
+        for (name, encoder) in zip(categoricalFeatures, encoders) where encoder.unknownPolicy.reservesIndex {
+            let known = Set(encoder.categories)
+            for (index, value) in try table.categories(name).enumerated() where !known.contains(value) {
+                unseen.append(UnseenCategory(row: index + 1, column: name, value: value))
+            }
+        }
+        return unseen.sorted { ($0.row, $0.column) < ($1.row, $1.column) }
+    }
+
     /// Applies the fitted transforms to a table (training, test, or a device's own rows).
     /// - Returns: A dataset with the inputs of ``inputSpecs`` and the target, shape `[1]`, as read.
     public func transform(_ table: Table) throws(DataError) -> TensorDataset {

@@ -104,7 +104,11 @@ struct DataPrepareCommand: ParsableCommand {
         }
         _ = try read(csv, "--csv")
         do throws(DataError) {
-            return try preprocessor.deviceData(csv: URL(fileURLWithPath: csv), targetColumn: target)
+            return try preprocessor.deviceData(csv: URL(fileURLWithPath: csv), targetColumn: target) { unseen in
+                FileHandle.standardError.write(Data(
+                    "warning: --csv row \(unseen.row): \(unseen.column) '\(unseen.value)' was not seen in training; it is encoded as the reserved index for unseen categories\n".utf8
+                ))
+            }
         } catch {
             let missingTarget = target == nil && error.code == .unknownColumn && error.message.hasPrefix("no column '\(preprocessor.target)'")
             var location = ""

@@ -124,7 +124,7 @@ struct Serve: AsyncParsableCommand {
             throw ValidationError(namingOption(failure, ["instanceID": "--instance-id", "sealLease": "--seal-lease"]))
         }
         // A busy port is found before the database is opened, so it leaves no files behind.
-        if port != 0, Self.addressInUse(host: host, port: port) { throw ValidationError(Self.portInUse(host: host, port: port)) }
+        if port != 0, Self.addressInUse(host: host, port: port) { throw CommandFailure(code: "address_in_use", message: Self.portInUse(host: host, port: port)) }
     }
 
     /// Where the coordinator keeps its state.
@@ -238,7 +238,7 @@ struct Serve: AsyncParsableCommand {
         } catch {
             await instance.shutdown()
             // Taken between the check above and the bind.
-            if "\(error)".contains("Address already in use") { throw ValidationError(Self.portInUse(host: host, port: port)) }
+            if "\(error)".contains("Address already in use") { throw CommandFailure(code: "address_in_use", message: Self.portInUse(host: host, port: port)) }
             throw error
         }
         await instance.shutdown()

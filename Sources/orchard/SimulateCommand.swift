@@ -35,7 +35,12 @@ struct SimulateCommand: AsyncParsableCommand {
     @Option(help: "The model (default: housing for housing data, mlp2nn for images).")
     var model: ModelChoice?
     @Option(parsing: .unconditional, help: "Number of virtual devices.")
-    var clients: Int?
+    var devices: Int?
+    /// `--clients`, the option's name before the glossary's word for it (kept, hidden, for a release).
+    @Option(name: .customLong("clients"), parsing: .unconditional, help: .hidden)
+    var clientsAlias: Int?
+    /// The number of devices, by either name.
+    var clients: Int? { devices ?? clientsAlias }
     @Option(parsing: .unconditional, help: "Reports that close a round, as a fraction of the devices.")
     var fraction: Double?
     @Option(name: .customLong("over-selection"), parsing: .unconditional, help: "Devices admitted per round, as a multiple of the goal.")
@@ -76,7 +81,7 @@ struct SimulateCommand: AsyncParsableCommand {
     var dpMode: PrivacyModeArgument?
     @Option(name: .customLong("dp-delta"), parsing: .unconditional, help: "Differential privacy: δ of the (ε, δ) guarantee (default 1e-5).")
     var dpDelta: Double?
-    @Option(parsing: .unconditional, help: "Differential privacy: the device population the sampling rate is computed from (default: --clients; e.g. 1000000 for the cross-device setting).")
+    @Option(parsing: .unconditional, help: "Differential privacy: the device population the sampling rate is computed from (default: --devices; e.g. 1000000 for the cross-device setting).")
     var population: Int?
     @Flag(name: .customLong("secure-aggregation"), help: "Secure aggregation: the coordinator learns only each round's sum (--dropout then also applies before each of its later stages: share_keys, masked_input, unmask).")
     var secureAggregation = false
@@ -111,9 +116,17 @@ struct SimulateCommand: AsyncParsableCommand {
 
     /// The option behind each configuration field.
     static let flags = [
-        "dataset": "--dataset", "model": "--model", "clients": "--clients", "fraction": "--fraction", "overSelection": "--over-selection",
+        "dataset": "--dataset", "model": "--model", "clients": "--devices", "fraction": "--fraction", "overSelection": "--over-selection",
         "localEpochs": "--local-epochs", "batchSize": "--batch-size", "learningRate": "--lr", "rounds": "--rounds",
         "evaluateEvery": "--eval-every", "dropout": "--dropout", "windowSeconds": "--window-seconds", "cycleSeconds": "--cycle-seconds",
+    ]
+
+    /// The options behind the fields the library's checks of a configuration name.
+    static let libraryFieldFlags = [
+        ("privacy.mode distributed needs secureAggregation", "--dp-mode distributed needs --secure-aggregation"),
+        ("secure_aggregation: threshold", "--sa-threshold"), ("secure_aggregation: shares", "--sa-shares"),
+        ("secure_aggregation: clipping_range", "--sa-clipping-range"), ("secure_aggregation: quantization_range", "--sa-quantization-range"),
+        ("secure_aggregation: stage_timeout", "--sa-stage-timeout"),
     ]
 
     /// The option behind each `server_config.privacy` field, longest names first.
@@ -121,7 +134,7 @@ struct SimulateCommand: AsyncParsableCommand {
         ("server_config.privacy.adaptive_clipping.target_quantile", "--dp-adaptive-quantile"),
         ("server_config.privacy.adaptive_clipping.initial_norm", "--dp-clip"), ("server_config.privacy.clipping_norm", "--dp-clip"),
         ("server_config.privacy.noise_multiplier", "--dp-noise-multiplier"), ("server_config.privacy.delta", "--dp-delta"),
-        ("server_config.privacy.population", "--population"), ("goal_count × over_selection", "the goal (--fraction × --clients) × --over-selection"),
+        ("server_config.privacy.population", "--population"), ("goal_count × over_selection", "the goal (--fraction × --devices) × --over-selection"),
         ("server_config.privacy.adaptive_clipping.count_stddev", "the count noise"),
     ]
 
@@ -148,6 +161,9 @@ struct SimulateCommand: AsyncParsableCommand {
             throw SimulationError(.invalidOption, "\(stray.0) needs --coordinator (it is about running against a coordinator elsewhere)")
         }
         if let model { c.model = model }
+        if devices != nil, clientsAlias != nil {
+            throw SimulationError(.invalidOption, "--clients is the old name of --devices: give one of them")
+        }
         if let clients { c.clients = clients }
         if let fraction { c.fraction = fraction }
         if let overSelection { c.overSelection = overSelection }
@@ -176,7 +192,12 @@ struct SimulateCommand: AsyncParsableCommand {
             for (field, flag) in Self.privacyFlags { failure = failure.replacingOccurrences(of: field, with: flag) }
             throw SimulationError(.invalidOption, failure)
         }
-        try c.validate()
+        do throws(SimulationError) { try c.validate() } catch {
+            // The library names its own fields; say the options the user typed.
+            var message = error.message
+            for (field, flag) in Self.libraryFieldFlags { message = message.replacingOccurrences(of: field, with: flag) }
+            throw SimulationError(error.code, message)
+        }
         return c
     }
 
@@ -191,6 +212,15 @@ struct SimulateCommand: AsyncParsableCommand {
         }
         // advertise_keys closes at the goal: a roster holds at most `goal` devices, however many were over-selected.
         let neighbours = min(saShares ?? (goal - 1), goal - 1)
+        if let saThreshold, saThreshold < 2 {
+            throw SimulationError(.invalidOption, "--sa-threshold must be at least 2, not \(saThreshold): with 1, a single neighbour's share would reveal a device's secrets")
+        }
+        if let saThreshold, saThreshold > neighbours {
+            throw SimulationError(
+                .invalidOption,
+                "--sa-threshold \(saThreshold) is more than the \(neighbours) neighbours a device has (a cycle's goal of \(goal) devices, --fraction × --devices, less itself\(saShares == nil ? "" : ", or --sa-shares")): at most \(neighbours)"
+            )
+        }
         var parameters = SecureAggregationConfiguration(shares: saShares, threshold: saThreshold ?? max(2, neighbours / 2 + 1))
         if let saClippingRange { parameters.clippingRange = saClippingRange }
         if let saQuantizationRange { parameters.quantizationRange = saQuantizationRange }
@@ -264,7 +294,7 @@ struct SimulateCommand: AsyncParsableCommand {
     /// The option behind each field of ``ExternalCoordinator`` and the external checks.
     static let externalFlags = [
         "coordinator": "--coordinator", "shard": "--shard", "concurrency": "--concurrency", "hostTimeout": "--host-timeout",
-        "clients": "--clients", "CA certificate file": "--ca-cert",
+        "clients": "--devices", "CA certificate file": "--ca-cert",
     ]
 
     /// A shard against `--coordinator`.

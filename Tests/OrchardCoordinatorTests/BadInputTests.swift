@@ -121,3 +121,4 @@ private func rawSafetensors(_ tensors: [(name: String, dtype: String, shape: [In
         }
     }
 }
+

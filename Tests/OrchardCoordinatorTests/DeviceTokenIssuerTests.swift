@@ -462,7 +462,7 @@ private final class ScriptedTokenProvider: DeviceTokenProvider {
             // The provider fails: an authentication failure naming it, and nothing is sent.
             let failed = await #expect(throws: OrchardClientError.self) { try await job.run(update) }
             #expect(failed?.code == .authenticationFailed && failed?.httpStatus == nil)
-            #expect(failed?.message == "cannot get a device token from the app's provider: the backend is unreachable")
+            #expect(failed?.message == "the app's provider gave no device token: the backend is unreachable")
             #expect(provider.times == 2 && transport.authentications == 1)
             // The same job's next run asks again and gets a fresh token.
             let outcome = try await job.run(update)

@@ -89,6 +89,21 @@ struct PreprocessingTests {
         #expect { try TabularPreprocessor.decode(json: Data("{}".utf8)) } throws: { ($0 as? DataError)?.code == .unreadable }
     }
 
+    @Test("a category training never saw is reported with its row, then encoded as the reserved index")
+    func unseenCategoriesAreReported() throws {
+        let train = try TabularReader(configuration: .init(textColumns: ["cat"])).read(text: "x,cat,t\n1,a,1\n2,b,2\n4,a,3\n")
+        let p = try TabularPreprocessor(fitting: train, numeric: ["x"], categorical: ["cat"], target: "t", unknownCategories: .reservedIndex)
+        var unseen: [TabularPreprocessor.UnseenCategory] = []
+        let data = try p.deviceData(csvText: "x,cat,t\n1,a,1\n2,zz,2\n3,b,1\n4,q,0\n") { unseen.append($0) }
+        #expect(unseen == [.init(row: 2, column: "cat", value: "zz"), .init(row: 4, column: "cat", value: "q")])
+        #expect(data.count == 4)
+        // Under the strict policy nothing is reported: encoding refuses the value instead.
+        let strict = try TabularPreprocessor(fitting: train, numeric: ["x"], categorical: ["cat"], target: "t")
+        var told = 0
+        #expect(throws: DataError.self) { try strict.deviceData(csvText: "x,cat,t\n2,zz,2\n") { _ in told += 1 } }
+        #expect(told == 0)
+    }
+
     @Test("a column cannot be both a feature and the target")
     func overlappingColumns() throws {
         let train = try TabularReader().read(text: "x,t\n1,1\n2,2\n")

@@ -2,6 +2,8 @@ import Foundation
 public import Hummingbird
 import HTTPTypes
 import Logging
+import NIOCore
+import NIOHTTP1
 public import OrchardProtocol
 
 extension CoordinatorError {
@@ -64,8 +66,23 @@ struct ErrorMiddleware<Context: RequestContext>: RouterMiddleware {
             let body = ErrorBody(code: code, message: error.body ?? error.status.reasonPhrase)
             return (try? CoordinatorServer.json(body, status: error.status)) ?? Response(status: error.status)
         } catch {
+            if Self.isClientDisconnect(error) {
+                // Nothing was kept of the request (an upload is abandoned and its resend accepted), and nobody is
+                // there to read an answer: what happened, not a failure of the coordinator.
+                logger.info("the client went away before its request was complete", metadata: ["path": "\(request.uri.path)"])
+                let body = ErrorBody(code: .invalidRequest, message: "the request ended before its body was complete")
+                return (try? CoordinatorServer.json(body, status: .badRequest)) ?? Response(status: .badRequest)
+            }
             logger.error("unhandled error", metadata: ["path": "\(request.uri.path)", "error": "\(error)"])
             return (try? CoordinatorError.internalError("unexpected failure").response(from: request, context: context)) ?? Response(status: .internalServerError)
         }
+    }
+
+    /// Whether `error` is the client closing its connection in the middle of a request (NIO's HTTP parser meets the end
+    /// of the stream before the body's end).
+    static func isClientDisconnect(_ error: any Error) -> Bool {
+        if let parser = error as? HTTPParserError, parser == .invalidEOFState { return true }
+        if let channel = error as? ChannelError, channel == .ioOnClosedChannel || channel == .eof || channel == .outputClosed { return true }
+        return false
     }
 }
