@@ -729,12 +729,39 @@ def eval_condition(text: str, platform: str):
 # Project sources
 # ---------------------------------------------------------------------------------------------------------------------
 
+class IfTracker:
+    """Which platforms compile the code at this point of a file, through `#if` / `#elseif` / `#else` / `#endif`."""
+
+    def __init__(self):
+        self.stack: list[dict] = []  # per #if: {'parent': {p: bool}, 'taken': {p: bool}}
+        self.active = {p: True for p in PLATFORMS}
+
+    def step(self, directive: str, cond_text: str) -> None:
+        if directive == "#if":
+            values = {p: eval_condition(cond_text, p) for p in PLATFORMS}
+            frame = {"parent": dict(self.active), "taken": {p: values[p] is True for p in PLATFORMS}}
+            self.stack.append(frame)
+            self.active = {p: frame["parent"][p] and values[p] is not False for p in PLATFORMS}
+        elif self.stack:
+            frame = self.stack[-1]
+            if directive == "#endif":
+                self.stack.pop()
+                self.active = frame["parent"]
+            elif directive == "#else":
+                self.active = {p: frame["parent"][p] and not frame["taken"][p] for p in PLATFORMS}
+                frame["taken"] = {p: True for p in PLATFORMS}
+            else:
+                values = {p: eval_condition(cond_text, p) for p in PLATFORMS}
+                self.active = {p: frame["parent"][p] and not frame["taken"][p] and values[p] is not False
+                               for p in PLATFORMS}
+                frame["taken"] = {p: frame["taken"][p] or values[p] is True for p in PLATFORMS}
+
+
 def apple_compiled_tokens(toks: list[Tok]) -> list[Tok]:
     """The tokens compiled for at least one Apple platform: code under `#if os(Linux)` (the project's Linux-only
     stand-ins for Apple frameworks, say) declares nothing an Apple build sees, so its names must not hide uses."""
     kept: list[Tok] = []
-    if_stack: list[dict] = []
-    active = {p: True for p in PLATFORMS}
+    tracker = IfTracker()
     n = len(toks)
     i = 0
     while i < n:
@@ -743,29 +770,11 @@ def apple_compiled_tokens(toks: list[Tok]) -> list[Tok]:
             j = i + 1
             while j < n and toks[j].kind != "nl":
                 j += 1
-            cond_text = " ".join(x.text for x in toks[i + 1:j])
-            if t.text == "#if":
-                values = {p: eval_condition(cond_text, p) for p in PLATFORMS}
-                frame = {"parent": dict(active), "taken": {p: values[p] is True for p in PLATFORMS}}
-                if_stack.append(frame)
-                active = {p: frame["parent"][p] and values[p] is not False for p in PLATFORMS}
-            elif if_stack:
-                frame = if_stack[-1]
-                if t.text == "#endif":
-                    if_stack.pop()
-                    active = frame["parent"]
-                elif t.text == "#else":
-                    active = {p: frame["parent"][p] and not frame["taken"][p] for p in PLATFORMS}
-                    frame["taken"] = {p: True for p in PLATFORMS}
-                else:
-                    values = {p: eval_condition(cond_text, p) for p in PLATFORMS}
-                    active = {p: frame["parent"][p] and not frame["taken"][p] and values[p] is not False
-                              for p in PLATFORMS}
-                    frame["taken"] = {p: frame["taken"][p] or values[p] is True for p in PLATFORMS}
+            tracker.step(t.text, " ".join(x.text for x in toks[i + 1:j]))
             kept.extend(toks[i:j])
             i = j
             continue
-        if any(active.values()):
+        if any(tracker.active.values()):
             kept.append(t)
         i += 1
     return kept
@@ -980,8 +989,7 @@ def scan_file(path: str, toks: list[Tok], table: dict, targets: dict, visible_mo
     region: _Region | None = None
     cond: dict | None = None  # {'kind', 'brace', 'paren', 'av', 'unav'}
     pending_else: tuple | None = None  # (ctx, brace, paren)
-    if_stack: list[dict] = []  # per #if: {'parent': {p: bool}, 'taken': {p: bool|None}, 'active': {p: bool}}
-    active = {p: True for p in PLATFORMS}
+    tracker = IfTracker()
     n = len(toks)
     i = 0
     while i < n:
@@ -999,25 +1007,7 @@ def scan_file(path: str, toks: list[Tok], table: dict, targets: dict, visible_mo
             j = i + 1
             while j < n and toks[j].kind != "nl":
                 j += 1
-            cond_text = " ".join(x.text for x in toks[i + 1:j])
-            if text == "#if":
-                values = {p: eval_condition(cond_text, p) for p in PLATFORMS}
-                frame = {"parent": dict(active), "taken": {p: values[p] is True for p in PLATFORMS}}
-                if_stack.append(frame)
-                active = {p: frame["parent"][p] and values[p] is not False for p in PLATFORMS}
-            elif if_stack:
-                frame = if_stack[-1]
-                if text == "#endif":
-                    if_stack.pop()
-                    active = frame["parent"]
-                elif text == "#else":
-                    active = {p: frame["parent"][p] and not frame["taken"][p] for p in PLATFORMS}
-                    frame["taken"] = {p: True for p in PLATFORMS}
-                else:
-                    values = {p: eval_condition(cond_text, p) for p in PLATFORMS}
-                    active = {p: frame["parent"][p] and not frame["taken"][p] and values[p] is not False
-                              for p in PLATFORMS}
-                    frame["taken"] = {p: frame["taken"][p] or values[p] is True for p in PLATFORMS}
+            tracker.step(text, " ".join(x.text for x in toks[i + 1:j]))
             i = j
             continue
 
@@ -1122,18 +1112,18 @@ def scan_file(path: str, toks: list[Tok], table: dict, targets: dict, visible_mo
             modules_ok = [m for m in entry.modules if m in IMPLICIT_MODULES or m in visible_modules
                           or (member and m in member_visible_modules)]
             reachable = member or entry.top_level or bool(entry.parents & in_context)
-            if not is_label and modules_ok and reachable and any(active.values()):
+            if not is_label and modules_ok and reachable and any(tracker.active.values()):
                 ctx = stack[-1].ctx
                 if region is not None and region.brace == brace:
                     ctx = _max_ctx(ctx, region.ctx)
                 hits += 1
-                failing = [p for p in PLATFORMS if active[p] and entry.req[p] is not None
+                failing = [p for p in PLATFORMS if tracker.active[p] and entry.req[p] is not None
                            and entry.req[p] > ctx[p]]
                 if failing:
                     findings.append(Finding(path, t.line, t.col, name, entry.modules, member,
                                             {p: entry.req[p] for p in PLATFORMS},
                                             {p: ctx[p] for p in failing}, failing,
-                                            [p for p in PLATFORMS if not active[p]]))
+                                            [p for p in PLATFORMS if not tracker.active[p]]))
         i += 1
     return findings, hits
 
