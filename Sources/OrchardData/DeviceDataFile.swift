@@ -5,7 +5,7 @@ public import OrchardML
 
 /// The file a device trains from (`orchard client --data`, `orchard agent --data`): safetensors holding one
 /// batch-first F32 tensor per model input, named as the input, and the targets as `target`. `orchard data prepare`
-/// writes it from a CSV file with the model's saved preprocessing (``TabularPreprocessor/deviceData(csv:targetColumn:)``).
+/// writes it from a CSV file with the model's saved preprocessing (``TabularPreprocessor/deviceData(csv:targetColumn:onUnseen:)``).
 public enum DeviceDataFile {
     /// The name of the targets' tensor.
     public static let targetName = "target"
@@ -93,9 +93,10 @@ extension TabularPreprocessor {
     /// - Parameters:
     ///   - csv: The file: a header naming the columns, one row per sample.
     ///   - targetColumn: The column holding the target, when it is not named as in training (``target``).
+    ///   - onUnseen: Told of each categorical value training never saw (encoded as the reserved index), once the rows
+    ///     became data.
     /// - Returns: One tensor per model input (``inputSpecs``) and the targets.
     /// - Throws: ``DataError`` naming the line and column of a bad value, a missing column, an unknown category.
-    ///   - onUnseen: Told of each categorical value training never saw (encoded as the reserved index).
     public func deviceData(csv: URL, targetColumn: String? = nil, onUnseen: (UnseenCategory) -> Void = { _ in }) throws(DataError) -> TensorDataset {
         let data: Data
         do {
@@ -107,7 +108,7 @@ extension TabularPreprocessor {
         return try deviceData(csvText: text, targetColumn: targetColumn, onUnseen: onUnseen)
     }
 
-    /// ``deviceData(csv:targetColumn:)`` on text in memory.
+    /// ``deviceData(csv:targetColumn:onUnseen:)`` on text in memory.
     public func deviceData(csvText text: String, targetColumn: String? = nil, onUnseen: (UnseenCategory) -> Void = { _ in }) throws(DataError) -> TensorDataset {
         // The header alone first, to know which columns to read as text.
         let configuration = TabularReader.Configuration()
@@ -125,7 +126,9 @@ extension TabularPreprocessor {
             }
             table = try Table(columnNames: table.columnNames.map { $0 == targetColumn ? target : $0 }, columns: table.columns)
         }
+        let data = try transform(table)
+        // Warnings only for rows that became data: a file refused for another reason says that alone.
         for unseen in try unseenCategories(in: table) { onUnseen(unseen) }
-        return try transform(table)
+        return data
     }
 }

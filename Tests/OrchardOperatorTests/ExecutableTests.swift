@@ -95,6 +95,8 @@ import Testing
         let run = try await Run.orchard(["data", "prepare", "--model", spec.path, "--csv", csv, "--target", "price", "-o", out], in: files.url)
         #expect(run.status == 0, "\(run.error)")
         #expect(run.output == "wrote 3 rows to \(out): c [3, 1], numeric [3, 2], target [3, 1]\n")
+        // Row 3's category was never seen in training: written as the reserved index, with a warning naming it.
+        #expect(run.errorLines == ["warning: --csv row 3: c '7' was not seen in training; it is encoded as the reserved index for unseen categories"])
         let read = try DeviceDataFile.read(contentsOf: URL(fileURLWithPath: out))
         #expect(read.targets.scalars == DataPrepareTests.targets)
         #expect(read.inputs[0].scalars == DataPrepareTests.categories)
