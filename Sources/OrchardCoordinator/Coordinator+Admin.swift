@@ -147,7 +147,7 @@ extension Coordinator {
         server.authentication.secret = server.authentication.secret == nil ? nil : "<redacted>"
         return ProcessStatus(
             processID: processID, name: current.process.name, version: current.process.version,
-            state: machine.phase == .completed ? "completed" : "running", latestCheckpoint: current.process.latestCheckpoint,
+            state: machine.phase == .completed ? .completed : .running, latestCheckpoint: current.process.latestCheckpoint,
             checkpoints: numbers, cyclesCompleted: machine.completedCycles, cyclesAbandoned: machine.abandonedCycles,
             currentCycle: cycle, clientConfig: current.process.clientConfig, serverConfig: server,
             privacy: current.privacy.map { mechanism, ledger in

@@ -55,7 +55,7 @@ public enum OperatorFormat {
         let rows = list.processes.map { p -> [String] in
             let cycle = p.currentCycle
             return [
-                p.processID, p.name, p.version.description, p.state, cycle.map { "\($0.number)" } ?? "—",
+                p.processID, p.name, p.version.description, p.state.rawValue, cycle.map { "\($0.number)" } ?? "—",
                 cycle.map { "\($0.reported)/\($0.goal)" } ?? "—", "\(p.latestCheckpoint)",
                 cycle.map { countdown(to: $0.deadline, now: now) } ?? "—",
             ]
@@ -68,7 +68,7 @@ public enum OperatorFormat {
         var rows: [(String, String)] = [
             ("process", status.processID),
             ("name", "\(status.name) \(status.version)"),
-            ("state", status.state),
+            ("state", status.state.rawValue),
             ("checkpoint", "\(status.latestCheckpoint) (stored: \(status.checkpoints.map(String.init).joined(separator: ", ")))"),
             ("cycles", "\(status.cyclesCompleted) completed, \(status.cyclesAbandoned) abandoned" + (status.serverConfig.cycles > 0 ? " of \(status.serverConfig.cycles)" : "")),
         ]
@@ -210,7 +210,7 @@ public enum ProcessWatcher {
                 throw error
             }
             show(status, clock.date)
-            if status.state == "completed" { return .completed }
+            if status.state == .completed { return .completed }
             if once { return .once }
             do {
                 try await clock.sleep(until: clock.now.advanced(by: interval), tolerance: nil)

@@ -460,6 +460,16 @@ public struct PrivacyStatus: Sendable, Hashable, Codable {
     }
 }
 
+/// Whether a process still runs cycles (`"running"` / `"completed"` on the wire).
+public enum ProcessState: String, Sendable, Hashable, Codable, CustomStringConvertible {
+    /// It opens cycles.
+    case running
+    /// It completed its cycles (`server_config.cycles`).
+    case completed
+
+    public var description: String { rawValue }
+}
+
 /// Admin view of a process.
 public struct ProcessStatus: Sendable, Hashable, Codable {
     /// The process's id.
@@ -468,8 +478,8 @@ public struct ProcessStatus: Sendable, Hashable, Codable {
     public var name: String
     /// Its version.
     public var version: SemanticVersion
-    /// `running` or `completed`.
-    public var state: String
+    /// Running or completed.
+    public var state: ProcessState
     /// The latest published checkpoint.
     public var latestCheckpoint: Int
     /// Checkpoints still stored (older ones were pruned).
@@ -499,7 +509,7 @@ public struct ProcessStatus: Sendable, Hashable, Codable {
     }
 
     /// Creates a status.
-    public init(processID: String, name: String, version: SemanticVersion, state: String, latestCheckpoint: Int, checkpoints: [Int], cyclesCompleted: Int, cyclesAbandoned: Int, currentCycle: CycleStatus?, clientConfig: ClientConfig, serverConfig: ServerConfig, privacy: PrivacyStatus? = nil) {
+    public init(processID: String, name: String, version: SemanticVersion, state: ProcessState, latestCheckpoint: Int, checkpoints: [Int], cyclesCompleted: Int, cyclesAbandoned: Int, currentCycle: CycleStatus?, clientConfig: ClientConfig, serverConfig: ServerConfig, privacy: PrivacyStatus? = nil) {
         self.privacy = privacy
         self.processID = processID
         self.name = name

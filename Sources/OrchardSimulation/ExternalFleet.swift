@@ -664,10 +664,10 @@ struct ShardRun: Sendable {
         var last = process
         var rows: [ShardRoundMetrics] = []
         var answered = clock.now
-        if last.cyclesCompleted >= configuration.rounds || last.state == "completed" {
+        if last.cyclesCompleted >= configuration.rounds || last.state == .completed {
             progress.note("process \(processID) has already aggregated \(last.cyclesCompleted) cycles (\(last.state)): nothing to run; name another process for a new run")
         }
-        while last.cyclesCompleted < configuration.rounds && last.state != "completed" {
+        while last.cyclesCompleted < configuration.rounds && last.state != .completed {
             do { try await clock.sleep(for: .seconds(options.pollInterval)) } catch { throw SimulationError(.coordinator, "stopped") }
             let counts = counters.snapshot()
             if counts.broken.count == devices.count {

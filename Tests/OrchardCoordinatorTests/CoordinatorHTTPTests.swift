@@ -162,7 +162,7 @@ import Testing
                 #expect(try await harness.report(device, assignment, diff: Fixture.diff(0.1), samples: 1).status == 200)
             }
             let status = try await harness.status(hosted.processID)
-            #expect(status.state == "completed")
+            #expect(status.state == .completed)
             #expect(status.checkpoints == [2, 3])
             #expect(status.currentCycle == nil)
             guard case .rejected(let rejection) = try await harness.requestCycle(device) else {

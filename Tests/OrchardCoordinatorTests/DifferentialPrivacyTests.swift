@@ -75,7 +75,7 @@ func privateHostRequest(goal: Int = 2, minimum: Int? = nil, privacy: PrivacyConf
             #expect(try await harness.report(a, assignmentA, diff: Fixture.diff(0.01), samples: 1).status == 200)
             #expect(try await harness.report(b, assignmentB, diff: Fixture.diff(0.01), samples: 1).status == 200)
             let status = try await harness.status(hosted.processID)
-            #expect(status.state == "completed")
+            #expect(status.state == .completed)
             #expect(status.currentCycle == nil)
             #expect(status.latestCheckpoint == 1)
             let spent = try #require(status.privacy)

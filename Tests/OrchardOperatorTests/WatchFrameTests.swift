@@ -10,11 +10,11 @@ import Testing
 @Suite struct WatchFrameTests {
     static let now = Date(timeIntervalSince1970: 1_700_000_000)
 
-    static func status(state: String = "running", reported: Int = 17, cycles: Int = 10) -> ProcessStatus {
+    static func status(state: ProcessState = .running, reported: Int = 17, cycles: Int = 10) -> ProcessStatus {
         ProcessStatus(
             processID: "p_0123456789abcdef", name: "housing", version: SemanticVersion(1, 2), state: state, latestCheckpoint: 3,
             checkpoints: [1, 2, 3], cyclesCompleted: 3, cyclesAbandoned: 1,
-            currentCycle: state == "completed" ? nil : CycleStatus(
+            currentCycle: state == .completed ? nil : CycleStatus(
                 number: 5, checkpoint: 3, openedAt: now.timeIntervalSince1970 - 100, deadline: now.timeIntervalSince1970 + 252,
                 assigned: 40, reported: reported, goal: 100, capacity: 130
             ),
@@ -39,7 +39,7 @@ import Testing
         #expect(WatchFrame.lines(Self.status(), now: Self.now, style: .plain) == [
             "2023-11-14T22:13:20Z p_0123456789abcdef running cycle 5/10: assigned 40/130, reported 17/100, deadline in 4m 12s, checkpoint 3",
         ])
-        #expect(WatchFrame.lines(Self.status(state: "completed"), now: Self.now, style: .plain) == [
+        #expect(WatchFrame.lines(Self.status(state: .completed), now: Self.now, style: .plain) == [
             "2023-11-14T22:13:20Z p_0123456789abcdef completed: checkpoint 3, 3 cycles completed, 1 abandoned",
         ])
         let late = Self.now.addingTimeInterval(300)
@@ -65,7 +65,7 @@ import Testing
 
     @Test func theLoopPollsEveryIntervalOnTheClockAndStopsWhenTheProcessCompletes() async throws {
         let clock = RecordingClock()
-        let answers = Mutex([Self.status(reported: 1), Self.status(reported: 50), Self.status(state: "completed")])
+        let answers = Mutex([Self.status(reported: 1), Self.status(reported: 50), Self.status(state: .completed)])
         var frames: [(Int?, Date)] = []
         let ending = try await ProcessWatcher.run(interval: .seconds(2), clock: clock) { () throws(OperatorError) in
             answers.withLock { $0.removeFirst() }

@@ -105,7 +105,7 @@ final class JumpingClock: WallClock {
         #expect(r1.summary.processID == process.processID && r2.summary.processID == process.processID)
         #expect(process.name == "simulation-housing" && process.serverConfig.cycles == 2 && process.serverConfig.goalCount == 6)
         // The rounds completed, and both shards saw it.
-        #expect(process.cyclesCompleted == 2 && process.state == "completed")
+        #expect(process.cyclesCompleted == 2 && process.state == .completed)
         #expect(r1.summary.aggregatedRounds == 2 && r2.summary.aggregatedRounds == 2)
         #expect(r1.rounds.last?.cyclesCompleted == 2 && r2.rounds.last?.cyclesCompleted == 2)
 
