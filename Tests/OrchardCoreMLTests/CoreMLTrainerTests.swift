@@ -137,6 +137,18 @@ import Testing
         }
     }
 
+    /// Starts a Core ML run, waits until the simulated Core ML has begun training (`began`), and cancels it.
+    static func startThenCancel(grace: Duration, clock: ObservedClock, began: AsyncStream<Void>) async throws -> Task<LocalTrainingOutcome, any Error> {
+        let trainer = CoreMLLocalTrainer(cancellationGrace: grace, clock: clock)
+        let task = LocalTrainingTask(model: CycleModel(spec: spec, weights: weights), training: training)
+        let data = try dataset()
+        let run = Task { try await trainer.train(task, on: data, resumingFrom: nil, progress: { _ in }) }
+        var started = began.makeAsyncIterator()
+        _ = await started.next()
+        run.cancel()
+        return run
+    }
+
     @Test func aCancelledRunEndsWithinTheGraceEvenIfCoreMLNeverCallsBack() async throws {
         // Core ML's documentation does not promise a completion call after cancel(): this one never calls back.
         let (began, training) = AsyncStream<Void>.makeStream()
@@ -154,13 +166,7 @@ import Testing
             SimulatedCoreMLTraining.cancellation = .completesCancelled
         }
         let clock = ObservedClock()
-        let trainer = CoreMLLocalTrainer(cancellationGrace: .seconds(2), clock: clock)
-        let task = LocalTrainingTask(model: CycleModel(spec: Self.spec, weights: Self.weights), training: Self.training)
-        let data = try Self.dataset()
-        let run = Task { try await trainer.train(task, on: data, resumingFrom: nil, progress: { _ in }) }
-        var started = began.makeAsyncIterator()
-        _ = await started.next()
-        run.cancel()
+        let run = try await Self.startThenCancel(grace: .seconds(2), clock: clock, began: began)
         var sleeping = clock.sleeps.makeAsyncIterator()
         _ = await sleeping.next()
         clock.base.advance(by: .seconds(2))
@@ -211,14 +217,7 @@ import Testing
             return [:]
         }
         defer { SimulatedCoreMLTraining.training = nil }
-        let clock = ObservedClock()
-        let trainer = CoreMLLocalTrainer(cancellationGrace: .seconds(3600), clock: clock)
-        let task = LocalTrainingTask(model: CycleModel(spec: Self.spec, weights: Self.weights), training: Self.training)
-        let data = try Self.dataset()
-        let run = Task { try await trainer.train(task, on: data, resumingFrom: nil, progress: { _ in }) }
-        var started = began.makeAsyncIterator()
-        _ = await started.next()
-        run.cancel()
+        let run = try await Self.startThenCancel(grace: .seconds(3600), clock: ObservedClock(), began: began)
         release.signal()  // Core ML notices the cancellation and calls back: no need to wait for the grace
         do {
             _ = try await run.value

@@ -233,21 +233,27 @@ class TestFixturePackage17(unittest.TestCase):
         self.assertRegex(text.splitlines()[-1], r"^availability-check: 21 unguarded use\(s\) of 8 API name\(s\)")
 
 
+def unguarded_copy(tmp: str, also_if_available: bool = False) -> str:
+    """A copy of the iOS 17 fixture in `tmp` with `Guarded`'s @available removed (and its `if #available`, if asked)."""
+    pkg = os.path.join(tmp, "pkg")
+    shutil.copytree(PKG17, pkg)
+    path = os.path.join(pkg, "Sources", "Demo", "Cases.swift")
+    with open(path, encoding="utf-8") as f:
+        src = f.read()
+    src = src.replace("@available(iOS 18, macOS 15, *)\n@MainActor\nfinal class Guarded", "@MainActor\nfinal class Guarded", 1)
+    if also_if_available:
+        src = src.replace("if #available(iOS 18.0, macOS 15.0, *) {", "if Bool.random() {", 1)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(src)
+    return pkg
+
+
 class TestGuardsAreWhatSuppress(unittest.TestCase):
     """Removing a guard from the fixture must produce a finding (the test would catch a checker that flags nothing)."""
 
     def test_removing_guards_adds_findings(self):
         with tempfile.TemporaryDirectory() as tmp:
-            pkg = os.path.join(tmp, "pkg")
-            shutil.copytree(PKG17, pkg)
-            path = os.path.join(pkg, "Sources", "Demo", "Cases.swift")
-            with open(path, encoding="utf-8") as f:
-                src = f.read()
-            src = src.replace("@available(iOS 18, macOS 15, *)\n@MainActor\nfinal class Guarded",
-                              "@MainActor\nfinal class Guarded", 1)
-            src = src.replace("if #available(iOS 18.0, macOS 15.0, *) {", "if Bool.random() {", 1)
-            with open(path, "w", encoding="utf-8") as f:
-                f.write(src)
+            pkg = unguarded_copy(tmp, also_if_available=True)
             _, report = run_json("--package", pkg, "--toolchain", TOOLCHAIN)
             new = found(report) - expected(pkg)
             self.assertEqual({(ln, n) for (_, ln, n, _) in new},
@@ -261,15 +267,7 @@ class TestGuardsAreWhatSuppress(unittest.TestCase):
         # a use there. The same declaration outside `#if os(Linux)` is the project's own name and hides the use.
         def withlock_findings(shim: str) -> set:
             with tempfile.TemporaryDirectory() as tmp:
-                pkg = os.path.join(tmp, "pkg")
-                shutil.copytree(PKG17, pkg)
-                path = os.path.join(pkg, "Sources", "Demo", "Cases.swift")
-                with open(path, encoding="utf-8") as f:
-                    src = f.read()
-                src = src.replace("@available(iOS 18, macOS 15, *)\n@MainActor\nfinal class Guarded",
-                                  "@MainActor\nfinal class Guarded", 1)
-                with open(path, "w", encoding="utf-8") as f:
-                    f.write(src)
+                pkg = unguarded_copy(tmp)
                 with open(os.path.join(pkg, "Sources", "Demo", "Shim.swift"), "w", encoding="utf-8") as f:
                     f.write(shim)
                 _, report = run_json("--package", pkg, "--toolchain", TOOLCHAIN)
