@@ -1,4 +1,4 @@
-// swift-tools-version: 6.1
+// swift-tools-version: 6.2
 import PackageDescription
 
 /// `ORCHARD_NATIVE=1 swift build -c release` compiles for the build machine's CPU (AVX2/FMA on x86-64) — for
