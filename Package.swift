@@ -57,6 +57,7 @@ let package = Package(
         .library(name: "OrchardProtocol", targets: ["OrchardProtocol"]),
         .library(name: "OrchardCoordinator", targets: ["OrchardCoordinator"]),
         .library(name: "OrchardCoordinatorPostgres", targets: ["OrchardCoordinatorPostgres"]),
+        .library(name: "OrchardHTTPClient", targets: ["OrchardHTTPClient"]),
         .library(name: "OrchardClient", targets: ["OrchardClient"]),
         .library(name: "OrchardOperator", targets: ["OrchardOperator"]),
         .library(name: "OrchardCoreML", targets: ["OrchardCoreML"]),
@@ -83,6 +84,7 @@ let package = Package(
         .package(url: "https://github.com/adam-fowler/compress-nio.git", from: "1.5.0"),
         .package(url: "https://github.com/groue/GRDB.swift.git", from: "7.0.0"),
         .package(url: "https://github.com/hummingbird-project/hummingbird.git", from: "2.5.0"),
+        .package(url: "https://github.com/apple/swift-http-types.git", from: "1.0.0"),
         .package(url: "https://github.com/pointfreeco/swift-clocks.git", from: "1.0.0"),
         .package(url: "https://github.com/swift-server/async-http-client.git", from: "1.23.0"),
         .package(url: "https://github.com/swift-server/swift-prometheus.git", from: "2.0.0"),
@@ -109,7 +111,7 @@ let package = Package(
         .target(
             name: "OrchardData",
             dependencies: [
-                "OrchardSupport", "OrchardML",
+                "OrchardFormats", "OrchardSupport", "OrchardML",
                 .product(name: "CompressNIO", package: "compress-nio"),
                 .product(name: "NIOCore", package: "swift-nio"),
             ],
@@ -120,7 +122,7 @@ let package = Package(
         // Level 3: the seed's housing example (resources + reusable pipeline steps).
         .target(
             name: "OrchardExamples",
-            dependencies: ["OrchardML", "OrchardData"],
+            dependencies: ["OrchardSupport", "OrchardFormats", "OrchardML", "OrchardData"],
             resources: [.copy("Resources")],
             swiftSettings: swiftSettings
         ),
@@ -150,7 +152,7 @@ let package = Package(
         .target(name: "SwiftUIShim", dependencies: ["UIKitShim", "BackgroundTasksShim"], path: "Sources/AppleShims/SwiftUI", swiftSettings: swiftSettings),
         .target(
             name: "AppleShimTesting",
-            dependencies: ["BackgroundTasksShim", "CoreMLShim", "UIKitShim", "NetworkShim", "OSLogShim", "SwiftUIShim"],
+            dependencies: ["BackgroundTasksShim", "CoreMLShim", "UIKitShim", "NetworkShim", "OSLogShim"],
             path: "Sources/AppleShims/Testing", swiftSettings: swiftSettings
         ),
         // A LocalTrainer that trains with Core ML's MLUpdateTask.
@@ -180,12 +182,15 @@ let package = Package(
             swiftSettings: swiftSettings
         ),
         // Wire types shared by device and server.
-        .target(name: "OrchardProtocol", dependencies: ["OrchardSupport", "OrchardFormats", "OrchardPrivacy"], resources: [.copy("openapi.json")], swiftSettings: swiftSettings),
+        .target(name: "OrchardProtocol", dependencies: ["OrchardFormats", "OrchardPrivacy"], resources: [.copy("openapi.json")], swiftSettings: swiftSettings),
         // The federated-learning server.
         .target(
             name: "OrchardCoordinator",
             dependencies: [
                 "OrchardSupport", "OrchardFormats", "OrchardProtocol", "OrchardPrivacy", "OrchardCharts", "OrchardCoreML",
+                .product(name: "CoreMetrics", package: "swift-metrics"),
+                .product(name: "HTTPTypes", package: "swift-http-types"),
+                .product(name: "UnixSignals", package: "swift-service-lifecycle"),
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "HummingbirdCore", package: "hummingbird"),
                 .product(name: "HummingbirdTLS", package: "hummingbird"),
@@ -216,17 +221,29 @@ let package = Package(
             ],
             swiftSettings: swiftSettings
         ),
+        // The AsyncHTTPClient plumbing every Orchard HTTP client shares (device transport, Flower node, admin client):
+        // trust roots, timeouts, answer limits, failures sorted into cancelled, TLS and network.
+        .target(
+            name: "OrchardHTTPClient",
+            dependencies: [
+                "OrchardSupport",
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+                .product(name: "NIOSSL", package: "swift-nio-ssl"),
+            ],
+            swiftSettings: swiftSettings
+        ),
         // The device SDK (HTTP over AsyncHTTPClient, so a private CA can be trusted on every platform).
         .target(
             name: "OrchardClient",
             dependencies: [
-                "OrchardSupport", "OrchardFormats", "OrchardML", "OrchardProtocol", "OrchardScheduler", "OrchardPrivacy",
+                "OrchardSupport", "OrchardFormats", "OrchardML", "OrchardProtocol", "OrchardScheduler", "OrchardPrivacy", "OrchardHTTPClient",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
-                .product(name: "NIOSSL", package: "swift-nio-ssl"),
             ],
             // The SDK's privacy manifest (Apple's required-reason APIs it calls; no tracking, nothing collected by
             // the SDK itself): an app that links the SDK gets it in the SDK's resource bundle.
@@ -238,11 +255,10 @@ let package = Package(
         .target(
             name: "OrchardOperator",
             dependencies: [
-                "OrchardSupport", "OrchardFormats", "OrchardProtocol", "OrchardPrivacy",
+                "OrchardSupport", "OrchardFormats", "OrchardProtocol", "OrchardPrivacy", "OrchardHTTPClient",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
-                .product(name: "NIOSSL", package: "swift-nio-ssl"),
             ],
             swiftSettings: swiftSettings
         ),
@@ -251,29 +267,29 @@ let package = Package(
         .target(
             name: "OrchardFlower",
             dependencies: [
-                "OrchardSupport", "OrchardFormats", "OrchardML", "OrchardScheduler", "OrchardClient",
+                "OrchardSupport", "OrchardFormats", "OrchardML", "OrchardScheduler", "OrchardHTTPClient",
                 .product(name: "SwiftProtobuf", package: "swift-protobuf"),
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
-                .product(name: "NIOSSL", package: "swift-nio-ssl"),
             ],
             swiftSettings: swiftSettings
         ),
         // The coordinator's core as the client's in-process coordinator (simulator, tests, single-process apps).
         .target(
             name: "OrchardInProcess",
-            dependencies: ["OrchardClient", "OrchardCoordinator", "OrchardProtocol", .product(name: "Crypto", package: "swift-crypto")],
+            dependencies: ["OrchardClient", "OrchardCoordinator", "OrchardProtocol"],
             swiftSettings: swiftSettings
         ),
         // Fleet simulator.
         .target(
             name: "OrchardSimulation",
             dependencies: [
-                "OrchardSupport", "OrchardML", "OrchardData", "OrchardExamples", "OrchardScheduler", "OrchardProtocol",
-                "OrchardCoordinator", "OrchardClient", "OrchardInProcess", "OrchardPrivacy", "OrchardCharts",
+                "OrchardFormats", "OrchardSupport", "OrchardML", "OrchardData", "OrchardExamples", "OrchardScheduler", "OrchardProtocol",
+                "OrchardCoordinator", "OrchardClient", "OrchardInProcess", "OrchardPrivacy", "OrchardCharts", "OrchardOperator",
+                "OrchardHTTPClient",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "HeapModule", package: "swift-collections"),
             ],
@@ -283,8 +299,7 @@ let package = Package(
         .target(
             name: "OrchardTesting",
             dependencies: [
-                "OrchardSupport", "OrchardFormats", "OrchardML", "OrchardProtocol",
-                .product(name: "Clocks", package: "swift-clocks"),
+                "OrchardSupport", "OrchardFormats", "OrchardProtocol",
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "SwiftASN1", package: "swift-asn1"),
                 .product(name: "X509", package: "swift-certificates"),
@@ -297,6 +312,7 @@ let package = Package(
             name: "OrchardBenchmarks",
             dependencies: [
                 "OrchardSupport", "OrchardCoordinator", "OrchardCoordinatorPostgres", "OrchardProtocol", "OrchardFormats", "OrchardPrivacy",
+                .product(name: "Logging", package: "swift-log"),
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
@@ -311,7 +327,7 @@ let package = Package(
             dependencies: [
                 "OrchardSupport", "OrchardFormats", "OrchardML", "OrchardData", "OrchardExamples", "OrchardCoreML",
                 "OrchardScheduler", "OrchardProtocol", "OrchardCoordinator", "OrchardClient", "OrchardSimulation",
-                "OrchardBenchmarks", "OrchardPrivacy", "OrchardCoordinatorPostgres", "OrchardOperator", "OrchardFlower",
+                "OrchardBenchmarks", "OrchardPrivacy", "OrchardCoordinatorPostgres", "OrchardOperator", "OrchardFlower", "OrchardHTTPClient",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
@@ -324,18 +340,18 @@ let package = Package(
             name: "OrchardExampleApp",
             dependencies: [
                 "OrchardClient", "OrchardScheduler", "OrchardSchedulerApple", "OrchardData", "OrchardML", .product(name: "Logging", package: "swift-log"),
-            ] + appleShimDependencies(["SwiftUI", "UIKit", "BackgroundTasks", "os"]),
+            ] + appleShimDependencies(["SwiftUI", "UIKit"]),
             path: "Examples/OrchardExampleApp",
-            swiftSettings: swiftSettings + appleFrameworks(["SwiftUI", "UIKit", "BackgroundTasks", "os"])
+            swiftSettings: swiftSettings + appleFrameworks(["SwiftUI", "UIKit"])
         ),
         .testTarget(
             name: "OrchardExampleAppTests",
             dependencies: [
                 "OrchardExampleApp", "OrchardClient", "OrchardCoordinator", "OrchardProtocol", "OrchardFormats", "OrchardML", "OrchardData",
-                "OrchardSchedulerApple", "OrchardScheduler", "OrchardSupport", "OrchardTesting",
+                "OrchardSchedulerApple", "OrchardScheduler", "OrchardSupport",
                 .target(name: "AppleShimTesting", condition: .when(platforms: [.linux])),
-            ] + appleShimDependencies(["SwiftUI", "UIKit", "BackgroundTasks", "os"]),
-            swiftSettings: swiftSettings + appleFrameworks(["SwiftUI", "UIKit", "BackgroundTasks", "os"])
+            ] + appleShimDependencies(["SwiftUI", "UIKit", "BackgroundTasks"]),
+            swiftSettings: swiftSettings + appleFrameworks(["SwiftUI", "UIKit", "BackgroundTasks"])
         ),
         .testTarget(name: "OrchardSupportTests", dependencies: ["OrchardSupport"], swiftSettings: swiftSettings),
         .testTarget(name: "OrchardChartsTests", dependencies: ["OrchardCharts"], swiftSettings: swiftSettings),
@@ -343,7 +359,7 @@ let package = Package(
         .testTarget(
             name: "OrchardFlowerTests",
             dependencies: [
-                "OrchardFlower", "OrchardML", "OrchardFormats", "OrchardSupport", "OrchardTesting", "OrchardData", "OrchardClient",
+                "OrchardFlower", "OrchardML", "OrchardFormats", "OrchardSupport", "OrchardTesting", "OrchardData",
                 .product(name: "SwiftProtobuf", package: "swift-protobuf"),
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "PropertyBased", package: "swift-property-based"),
@@ -359,9 +375,9 @@ let package = Package(
             ],
             swiftSettings: swiftSettings
         ),
-        .testTarget(name: "OrchardFormatsTests", dependencies: ["OrchardFormats", "OrchardTesting", .product(name: "PropertyBased", package: "swift-property-based")], swiftSettings: swiftSettings),
-        .testTarget(name: "OrchardMLTests", dependencies: ["OrchardML", "OrchardTesting"], swiftSettings: swiftSettings),
-        .testTarget(name: "OrchardDataTests", dependencies: ["OrchardData", "OrchardExamples", "OrchardTesting"], swiftSettings: swiftSettings),
+        .testTarget(name: "OrchardFormatsTests", dependencies: ["OrchardSupport", "OrchardProtocol", "OrchardFormats", "OrchardTesting", .product(name: "PropertyBased", package: "swift-property-based")], swiftSettings: swiftSettings),
+        .testTarget(name: "OrchardMLTests", dependencies: ["OrchardSupport", "OrchardFormats", "OrchardML", "OrchardTesting"], swiftSettings: swiftSettings),
+        .testTarget(name: "OrchardDataTests", dependencies: ["OrchardSupport", "OrchardML", "OrchardFormats", "OrchardData", "OrchardExamples", "OrchardTesting"], swiftSettings: swiftSettings),
         .testTarget(
             name: "OrchardCoreMLTests",
             dependencies: [
@@ -375,17 +391,18 @@ let package = Package(
         .testTarget(
             name: "OrchardSchedulerTests",
             dependencies: [
-                "OrchardScheduler", "OrchardSchedulerApple", "OrchardTesting", "OrchardSupport", .product(name: "Clocks", package: "swift-clocks"),
+                "OrchardScheduler", "OrchardSchedulerApple", "OrchardSupport", .product(name: "Clocks", package: "swift-clocks"),
                 .product(name: "Logging", package: "swift-log"),
                 .target(name: "AppleShimTesting", condition: .when(platforms: [.linux])),
             ] + appleShimDependencies(["BackgroundTasks", "UIKit", "Network", "os"]),
             swiftSettings: swiftSettings + appleFrameworks(["BackgroundTasks", "UIKit", "Network", "os"])
         ),
-        .testTarget(name: "OrchardProtocolTests", dependencies: ["OrchardProtocol", "OrchardFormats", "OrchardTesting", .product(name: "PropertyBased", package: "swift-property-based")], swiftSettings: swiftSettings),
+        .testTarget(name: "OrchardProtocolTests", dependencies: ["OrchardSupport", "OrchardPrivacy", "OrchardProtocol", "OrchardFormats", "OrchardTesting", .product(name: "PropertyBased", package: "swift-property-based")], swiftSettings: swiftSettings),
         .testTarget(
             name: "OrchardCoordinatorTests",
             dependencies: [
-                "OrchardCoordinator", "OrchardProtocol", "OrchardPrivacy", "OrchardSupport", "OrchardTesting", "OrchardCoreML", "OrchardClient",
+                "OrchardFormats", "OrchardCoordinator", "OrchardProtocol", "OrchardPrivacy", "OrchardSupport", "OrchardTesting", "OrchardCoreML", "OrchardClient",
+                .product(name: "Logging", package: "swift-log"),
                 .product(name: "JWTKit", package: "jwt-kit"),
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "CryptoExtras", package: "swift-crypto"),
@@ -408,11 +425,11 @@ let package = Package(
             ],
             swiftSettings: swiftSettings
         ),
-        .testTarget(name: "OrchardClientTests", dependencies: ["OrchardClient", "OrchardCoordinator", "OrchardSupport", "OrchardFormats", "OrchardInProcess", "OrchardTesting", .product(name: "Crypto", package: "swift-crypto"), .product(name: "Clocks", package: "swift-clocks")], swiftSettings: swiftSettings),
+        .testTarget(name: "OrchardClientTests", dependencies: ["OrchardScheduler", "OrchardProtocol", "OrchardPrivacy", "OrchardML", "OrchardClient", "OrchardCoordinator", "OrchardSupport", "OrchardFormats", "OrchardInProcess", "OrchardTesting", .product(name: "Crypto", package: "swift-crypto"), .product(name: "Clocks", package: "swift-clocks")], swiftSettings: swiftSettings),
         .testTarget(
             name: "OrchardBenchmarksTests",
             dependencies: [
-                "OrchardBenchmarks", "OrchardCoordinator", "OrchardProtocol", "OrchardFormats",
+                "OrchardBenchmarks", "OrchardCoordinator", "OrchardProtocol",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
@@ -430,6 +447,6 @@ let package = Package(
         ),
         // The `orchard` executable run as a child process: option parsing, help, one-line outputs.
         .testTarget(name: "OrchardCLITests", dependencies: ["OrchardTesting"], swiftSettings: swiftSettings),
-        .testTarget(name: "OrchardSimulationTests", dependencies: ["OrchardSimulation", "OrchardTesting", "OrchardPrivacy", "OrchardSupport", "OrchardCoordinator", "OrchardClient", "OrchardInProcess", "OrchardProtocol", "OrchardFormats"], swiftSettings: swiftSettings),
+        .testTarget(name: "OrchardSimulationTests", dependencies: ["OrchardML", "OrchardData", "OrchardSimulation", "OrchardPrivacy", "OrchardSupport", "OrchardCoordinator", "OrchardClient", "OrchardInProcess", "OrchardProtocol", "OrchardFormats", "OrchardOperator", .product(name: "Logging", package: "swift-log")], swiftSettings: swiftSettings),
     ]
 )

@@ -90,16 +90,16 @@ final class Training {
     /// authenticates, so one that expired between windows is replaced, not fatal.
     func schedule() async {
         do {
-            let settings = ClientConfiguration(
+            let settings = DeviceConfiguration(
                 storageDirectory: configuration.directory, environment: configuration.environment, conditions: configuration.conditions, logger: logger
             )
-            let client: OrchardClient
+            let client: CoordinatorConnection
             if let transfers {
-                client = OrchardClient(
+                client = CoordinatorConnection(
                     transport: transfers, server: configuration.coordinator.absoluteString, tokenProvider: configuration.tokens, configuration: settings
                 )
             } else {
-                client = try OrchardClient(url: configuration.coordinator.absoluteString, tokenProvider: configuration.tokens, configuration: settings)
+                client = try CoordinatorConnection(url: configuration.coordinator.absoluteString, tokenProvider: configuration.tokens, configuration: settings)
             }
             let job = try client.newJob(processName: configuration.processName, version: configuration.processVersion)
             let samples = configuration.samples

@@ -96,7 +96,7 @@ public enum SecureAggregationBenchmark {
 
         // Secure: the four stages, each message encoded and decoded as the endpoint carries it.
         let neighbours = min(options.shares ?? (n - 1), n - 1)
-        let parameters = SecureAggregationConfiguration(shares: options.shares, threshold: options.threshold ?? max(2, neighbours / 2 + 1))
+        let parameters = SecureAggregationParameters(shares: options.shares, threshold: options.threshold ?? max(2, neighbours / 2 + 1))
         let context = "bench/\(options.seed)"
         var server = try SecureAggregationServer(configuration: parameters, context: context, maximumDevices: n, maximumSampleCount: 50, modelLength: d)
         var client = [Duration](repeating: .zero, count: n), up = [Int](repeating: 0, count: n), down = [Int](repeating: 0, count: n)

@@ -48,7 +48,7 @@ public final class FederatedJob: Sendable {
     public let version: SemanticVersion
     /// The directory holding this job's durable state.
     public let directory: URL
-    let client: OrchardClient
+    let client: CoordinatorConnection
     let store: ClientStore
     private let observers = Mutex<[UInt64: AsyncStream<JobEvent>.Continuation]>([:])
     private let nextObserver = Mutex<UInt64>(0)
@@ -56,7 +56,7 @@ public final class FederatedJob: Sendable {
     /// One cycle at a time, in arrival order.
     private let gate = AsyncSemaphore(permits: 1)
 
-    init(client: OrchardClient, processName: String, version: SemanticVersion, directory: URL) {
+    init(client: CoordinatorConnection, processName: String, version: SemanticVersion, directory: URL) {
         self.client = client
         self.processName = processName
         self.version = version
@@ -64,7 +64,7 @@ public final class FederatedJob: Sendable {
         store = ClientStore(directory: directory, durability: client.configuration.durability)
     }
 
-    private var configuration: ClientConfiguration { client.configuration }
+    private var configuration: DeviceConfiguration { client.configuration }
     private var logger: Logger { client.configuration.logger }
 
     // MARK: Observation

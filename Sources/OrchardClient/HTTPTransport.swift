@@ -2,60 +2,9 @@ import AsyncHTTPClient
 public import Foundation
 import NIOCore
 import NIOHTTP1
-package import NIOSSL
+public import OrchardHTTPClient
 public import OrchardProtocol
 public import OrchardSupport
-
-/// The certificate authorities an HTTPS transport trusts.
-public struct TrustRoots: Sendable, Hashable, CustomStringConvertible {
-    private enum Source: Sendable, Hashable {
-        case system
-        case pem([UInt8], origin: String)
-    }
-    private let source: Source
-
-    /// The platform's trust store.
-    public static let system = TrustRoots(source: .system)
-
-    /// Only the CA certificates in `pem` (one or more PEM certificates), e.g. a private CA's.
-    public static func certificates(pem: String) -> TrustRoots {
-        TrustRoots(source: .pem(Array(pem.utf8), origin: "the CA certificates given"))
-    }
-
-    /// Only the CA certificates in the PEM file at `path` (read when the transport is created).
-    /// - Throws: ``OrchardClientError/Code/invalidConfiguration`` when the file is missing or unreadable.
-    public static func certificateFile(_ path: String) throws(OrchardClientError) -> TrustRoots {
-        let data: Data
-        do throws(FileAccessError) { data = try LocalFile.read(path) } catch {
-            throw OrchardClientError(.invalidConfiguration, "CA certificate file '\(path)': \(error.message)")
-        }
-        return TrustRoots(source: .pem([UInt8](data), origin: "CA certificate file '\(path)'"))
-    }
-
-    public var description: String {
-        switch source {
-        case .system: "the system's trust store"
-        case .pem(_, let origin): origin
-        }
-    }
-
-    /// The client TLS settings trusting these roots.
-    package func tlsConfiguration() throws(OrchardClientError) -> TLSConfiguration {
-        var configuration = TLSConfiguration.makeClientConfiguration()
-        guard case .pem(let bytes, let origin) = source else { return configuration }
-        let certificates: [NIOSSLCertificate]
-        do {
-            certificates = try NIOSSLCertificate.fromPEMBytes(bytes)
-        } catch {
-            throw OrchardClientError(.invalidConfiguration, "\(origin) is not PEM (\(error))")
-        }
-        guard !certificates.isEmpty else {
-            throw OrchardClientError(.invalidConfiguration, "\(origin) holds no PEM certificate (-----BEGIN CERTIFICATE-----)")
-        }
-        configuration.trustRoots = .certificates(certificates)
-        return configuration
-    }
-}
 
 /// The coordinator's HTTP API over AsyncHTTPClient (SwiftNIO; Network.framework on Apple platforms), HTTPS with the
 /// system's or a private CA's trust roots.
@@ -71,7 +20,7 @@ public struct HTTPTransport: ClientTransport {
     public let timeout: Double
     /// The certificate authorities trusted for `https`.
     public let trustRoots: TrustRoots
-    private let connection: Connection
+    private let connection: HTTPConnection
     private let clock: any WallClock
 
     /// The largest JSON answer read (a plan with its model architecture included).
@@ -86,28 +35,18 @@ public struct HTTPTransport: ClientTransport {
     /// - Throws: ``OrchardClientError/Code/invalidConfiguration`` when the URL is not an absolute HTTP(S) URL, the
     ///   timeout is not positive, or the trust roots are not PEM certificates.
     public init(url: String, timeout: Double = 30, trustRoots: TrustRoots = .system, clock: any WallClock = SystemClock()) throws(OrchardClientError) {
-        guard let parsed = URL(string: url), let scheme = parsed.scheme?.lowercased(), scheme == "http" || scheme == "https",
-              let host = parsed.host, !host.isEmpty
-        else {
+        guard let parsed = HTTPConnection.baseURL(url) else {
             throw OrchardClientError(.invalidConfiguration, "'\(url)' is not a coordinator URL such as https://fl.example.com or http://127.0.0.1:8080")
-        }
-        guard timeout > 0, timeout.isFinite else {
-            throw OrchardClientError(.invalidConfiguration, "timeout must be a positive number of seconds, not \(timeout)")
         }
         baseURL = parsed
         self.timeout = timeout
         self.trustRoots = trustRoots
         self.clock = clock
-        let wait = TimeAmount.nanoseconds(Int64(min(timeout, 86_400) * 1e9))
-        var pool = HTTPClient.Configuration.ConnectionPool()
-        // A failed connection (refused, TLS handshake) fails the call at once; the client's retry policy decides
-        // whether to try again.
-        pool.retryConnectionEstablishment = false
-        let configuration = HTTPClient.Configuration(
-            tlsConfiguration: try trustRoots.tlsConfiguration(), redirectConfiguration: .disallow,
-            timeout: HTTPClient.Configuration.Timeout(connect: wait, read: wait), connectionPool: pool
-        )
-        connection = Connection(HTTPClient(eventLoopGroup: HTTPClient.defaultEventLoopGroup, configuration: configuration))
+        do throws(ConnectionError) {
+            connection = try HTTPConnection(timeout: timeout, trustRoots: trustRoots)
+        } catch {
+            throw OrchardClientError(.invalidConfiguration, error.message)
+        }
     }
 
     public func authenticate(_ request: AuthenticateRequest) async throws(OrchardClientError) -> AuthenticateResponse {
@@ -155,7 +94,7 @@ public struct HTTPTransport: ClientTransport {
         }
         let url = request.url
         do {
-            let response = try await connection.client.execute(request, deadline: .distantFuture)
+            let response = try await connection.execute(request)
             let status = Int(response.status.code)
             guard status == 200 || status == 206 else {
                 let bytes = try await Self.collect(response.body, url: url)
@@ -198,30 +137,7 @@ public struct HTTPTransport: ClientTransport {
         return try decodeAnswer(SpeedTestUploadResponse.self, bytes: data, head: head).bytes
     }
 
-    /// An operator's call to the coordinator's admin API (`Endpoint.processes` and the paths under
-    /// it) or another path of it such as `/metrics`, over this transport's connection and trust roots, with
-    /// `Authorization: Bearer <adminToken>` and an optional JSON body. Answers the status and the body whatever the
-    /// status (no retries; the fleet simulator's `--coordinator` mode hosts and watches its process with it).
-    /// - Throws: ``OrchardClientError/Code/network`` or ``OrchardClientError/Code/tls`` when the coordinator cannot be
-    ///   reached, ``OrchardClientError/Code/serverError`` for an answer larger than 64 MiB.
-    public func adminRequest(_ method: String, _ path: String, json body: [UInt8]? = nil, adminToken: String) async throws(OrchardClientError) -> (status: Int, body: [UInt8]) {
-        var request = try makeRequest(HTTPMethod(rawValue: method), path, session: adminToken)
-        if let body {
-            request.headers.replaceOrAdd(name: "Content-Type", value: MediaType.json)
-            request.body = .bytes(ByteBuffer(bytes: body))
-        }
-        let (bytes, head) = try await send(request)
-        return (head.status, bytes)
-    }
-
     // MARK: Helpers
-
-    /// Owns the HTTP client and shuts it down when the last copy of the transport is gone.
-    private final class Connection: Sendable {
-        let client: HTTPClient
-        init(_ client: HTTPClient) { self.client = client }
-        deinit { client.shutdown { _ in } }
-    }
 
     private struct Head {
         var status: Int
@@ -229,16 +145,11 @@ public struct HTTPTransport: ClientTransport {
     }
 
     private func makeRequest(_ method: HTTPMethod, _ path: String, query: [String: String] = [:], session: String?) throws(OrchardClientError) -> HTTPClientRequest {
-        guard var components = URLComponents(url: baseURL, resolvingAgainstBaseURL: false) else {
-            throw OrchardClientError(.invalidConfiguration, "cannot build a request URL from \(baseURL)")
+        let url: String
+        do throws(ConnectionError) { url = try HTTPConnection.url(baseURL, path: path, query: query) } catch {
+            throw OrchardClientError(.invalidConfiguration, error.message)
         }
-        let prefix = components.path.hasSuffix("/") ? String(components.path.dropLast()) : components.path
-        components.path = prefix + path
-        if !query.isEmpty { components.queryItems = query.sorted { $0.key < $1.key }.map { URLQueryItem(name: $0.key, value: $0.value) } }
-        guard let url = components.url else {
-            throw OrchardClientError(.invalidConfiguration, "cannot build a request URL for \(path) from \(baseURL)")
-        }
-        var request = HTTPClientRequest(url: url.absoluteString)
+        var request = HTTPClientRequest(url: url)
         request.method = method
         request.headers.add(name: WireProtocol.versionHeader, value: WireProtocol.version.description)
         request.headers.add(name: "Accept", value: MediaType.json + ", " + MediaType.safetensors)
@@ -260,23 +171,17 @@ public struct HTTPTransport: ClientTransport {
     }
 
     private func send(_ request: HTTPClientRequest) async throws(OrchardClientError) -> ([UInt8], Head) {
-        do {
-            let response = try await connection.client.execute(request, deadline: .distantFuture)
-            let bytes = try await Self.collect(response.body, url: request.url)
-            return (bytes, Head(status: Int(response.status.code), headers: response.headers))
-        } catch let error as OrchardClientError {
-            throw error
+        do throws(ConnectionError) {
+            let answer = try await connection.send(request, limit: Self.maximumAnswerBytes)
+            return (answer.body, Head(status: answer.status, headers: answer.headers))
         } catch {
-            throw Self.networkError(error, url: request.url)
+            throw Self.clientError(error, url: request.url)
         }
     }
 
-    private static func collect(_ body: HTTPClientResponse.Body, url: String, limit: Int = HTTPTransport.maximumAnswerBytes) async throws -> [UInt8] {
-        do {
-            var buffer = try await body.collect(upTo: limit)
-            return buffer.readBytes(length: buffer.readableBytes) ?? []
-        } catch is NIOTooManyBytesError {
-            throw OrchardClientError(.serverError, "the answer from \(url) exceeds \(limit) bytes")
+    private static func collect(_ body: HTTPClientResponse.Body, url: String) async throws(OrchardClientError) -> [UInt8] {
+        do throws(ConnectionError) { return try await HTTPConnection.collect(body, limit: maximumAnswerBytes) } catch {
+            throw clientError(error, url: url)
         }
     }
 
@@ -298,54 +203,21 @@ public struct HTTPTransport: ClientTransport {
     /// Maps a connection failure to a client error: cancellation, a TLS failure (not retried: the certificate will
     /// not change by itself), or a network error.
     package static func networkError(_ error: any Error, url: String) -> OrchardClientError {
-        if error is CancellationError || Task.isCancelled { return cancelledError() }
-        if let client = error as? HTTPClientError, client == .cancelled { return cancelledError() }
-        if let tls = tlsFailure(error) {
+        clientError(HTTPConnection.failure(error), url: url)
+    }
+
+    /// The client error of a connection failure on `url`.
+    static func clientError(_ error: ConnectionError, url: String) -> OrchardClientError {
+        switch error.code {
+        case .cancelled: return cancelledError()
+        case .tls:
             return OrchardClientError(
-                .tls, "TLS connection to \(url) failed: \(tls); if the coordinator's certificate comes from a private CA, trust it (TrustRoots, orchard --ca-cert)"
+                .tls, "TLS connection to \(url) failed: \(error.message); if the coordinator's certificate comes from a private CA, trust it (TrustRoots, orchard --ca-cert)"
             )
+        case .answerTooLarge: return OrchardClientError(.serverError, "the answer from \(url) exceeds \(maximumAnswerBytes) bytes")
+        case .invalidConfiguration: return OrchardClientError(.invalidConfiguration, error.message)
+        default: return OrchardClientError(.network, "request to \(url) failed: \(error.message)")
         }
-        return OrchardClientError(.network, "request to \(url) failed: \(networkReason(error))")
-    }
-
-    /// A connection failure in a few words: NIO's own descriptions nest the OS error in parentheses of their own
-    /// (`connection reset (error set): Connection refused) (errno: 111)`), which is no sentence to show anyone.
-    static func networkReason(_ error: any Error) -> String {
-        if let client = error as? HTTPClientError {
-            switch client {
-            case .connectTimeout: return "no connection within the timeout"
-            case .readTimeout, .deadlineExceeded: return "no answer within the timeout"
-            case .remoteConnectionClosed: return "the coordinator closed the connection"
-            default: break
-            }
-        }
-        let text = String(describing: error).split(whereSeparator: \.isNewline).joined(separator: " ")
-        let lowered = text.lowercased()
-        if lowered.contains("refused") { return "connection refused" }
-        if ["unknownhost", "unknown host", "name or service not known", "nodename nor servname", "nxdomain"].contains(where: lowered.contains) {
-            return "the host name cannot be resolved"
-        }
-        if lowered.contains("reset") { return "the connection was reset" }
-        if lowered.contains("timed out") || lowered.contains("timeout") { return "the connection timed out" }
-        return text
-    }
-
-    /// What went wrong in a TLS handshake, or nil when `error` is not a TLS failure.
-    private static func tlsFailure(_ error: any Error) -> String? {
-        if let error = error as? NIOSSLError {
-            switch error {
-            case .handshakeFailed(let reasons):
-                let text = "\(reasons)"
-                return text.contains("CERTIFICATE_VERIFY_FAILED") ? "the server's certificate is not trusted (\(text))" : "the handshake failed (\(text))"
-            case .unableToValidateCertificate: return "the server's certificate cannot be validated"
-            default: return "\(error)"
-            }
-        }
-        if let error = error as? NIOSSLExtraError, error == .failedToValidateHostname {
-            return "the server's certificate is not for this host"
-        }
-        if let error = error as? BoringSSLError { return "\(error)" }
-        return nil
     }
 
     /// Parses `bytes a-b/total`.

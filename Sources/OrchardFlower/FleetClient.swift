@@ -3,8 +3,7 @@ public import Crypto
 public import Foundation
 import NIOCore
 import NIOHTTP1
-import NIOSSL
-public import OrchardClient
+public import OrchardHTTPClient
 package import OrchardSupport
 package import SwiftProtobuf
 
@@ -116,7 +115,7 @@ package struct FleetClient: Sendable {
     package let address: SuperLinkAddress
     private let identity: NodeIdentity
     private let clock: any WallClock
-    private let connection: Connection
+    private let connection: HTTPConnection
 
     /// The largest answer read: a pulled object is at most a 5 MiB array chunk plus its header.
     static let maximumAnswerBytes = 64 << 20
@@ -129,18 +128,11 @@ package struct FleetClient: Sendable {
         self.address = address
         self.identity = identity
         self.clock = clock
-        var tls: TLSConfiguration?
-        if let roots = address.trustRoots {
-            do { tls = try roots.tlsConfiguration() } catch { throw FlowerError(.invalidConfiguration, error.message) }
+        do throws(ConnectionError) {
+            connection = try HTTPConnection(timeout: max(timeout, 0.001), trustRoots: address.trustRoots ?? .system)
+        } catch {
+            throw FlowerError(.invalidConfiguration, error.message)
         }
-        let wait = TimeAmount.nanoseconds(Int64(min(max(timeout, 0.001), 86_400) * 1e9))
-        var pool = HTTPClient.Configuration.ConnectionPool()
-        pool.retryConnectionEstablishment = false
-        let configuration = HTTPClient.Configuration(
-            tlsConfiguration: tls, redirectConfiguration: .disallow,
-            timeout: HTTPClient.Configuration.Timeout(connect: wait, read: wait), connectionPool: pool
-        )
-        connection = Connection(HTTPClient(eventLoopGroup: HTTPClient.defaultEventLoopGroup, configuration: configuration))
     }
 
     /// Sends `request` to `call`'s path and decodes its answer.
@@ -166,17 +158,19 @@ package struct FleetClient: Sendable {
         http.body = .bytes(ByteBuffer(bytes: body))
         let status: Int
         let bytes: [UInt8]
-        do {
-            let response = try await connection.client.execute(http, deadline: .distantFuture)
-            status = Int(response.status.code)
-            var buffer = try await response.body.collect(upTo: Self.maximumAnswerBytes)
-            bytes = buffer.readBytes(length: buffer.readableBytes) ?? []
-        } catch is NIOTooManyBytesError {
-            throw FlowerError(.invalidAnswer, "the answer to \(call.path) exceeds \(Self.maximumAnswerBytes) bytes")
+        do throws(ConnectionError) {
+            (status, _, bytes) = try await connection.send(http, limit: Self.maximumAnswerBytes)
         } catch {
-            let mapped = HTTPTransport.networkError(error, url: url)
-            if mapped.code == .cancelled { throw FlowerError(.cancelled, mapped.message) }
-            throw FlowerError(.superlinkUnreachable, "SuperLink at \(address): \(mapped.message)")
+            switch error.code {
+            case .answerTooLarge: throw FlowerError(.invalidAnswer, "the answer to \(call.path) exceeds \(Self.maximumAnswerBytes) bytes")
+            case .cancelled: throw FlowerError(.cancelled, "cancelled")
+            case .tls:
+                throw FlowerError(
+                    .superlinkUnreachable,
+                    "SuperLink at \(address): TLS connection to \(url) failed: \(error.message); if the SuperLink's certificate comes from a private CA, trust it (--ca-cert)"
+                )
+            default: throw FlowerError(.superlinkUnreachable, "SuperLink at \(address): request to \(url) failed: \(error.message)")
+            }
         }
         guard (200..<300).contains(status) else {
             let detail = Self.detail(bytes)
@@ -217,11 +211,5 @@ package struct FleetClient: Sendable {
     static func apiCode(_ bytes: [UInt8]) -> Int? {
         guard let object = try? JSONSerialization.jsonObject(with: Data(bytes)) as? [String: Any] else { return nil }
         return (object["code"] as? NSNumber)?.intValue
-    }
-
-    private final class Connection: Sendable {
-        let client: HTTPClient
-        init(_ client: HTTPClient) { self.client = client }
-        deinit { client.shutdown { _ in } }
     }
 }

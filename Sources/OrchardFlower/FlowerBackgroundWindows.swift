@@ -1,7 +1,7 @@
 import Foundation
 import Logging
 import OrchardSupport
-public import OrchardClient
+
 public import OrchardScheduler
 
 extension FlowerNode {

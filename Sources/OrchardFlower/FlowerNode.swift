@@ -1,6 +1,6 @@
 public import Foundation
 public import Logging
-import OrchardClient
+
 public import OrchardSupport
 import SwiftProtobuf
 

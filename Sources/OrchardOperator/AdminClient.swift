@@ -1,11 +1,11 @@
 import AsyncHTTPClient
 public import Foundation
-import OrchardSupport
 import NIOCore
 import NIOHTTP1
-import NIOSSL
 import OrchardFormats
+public import OrchardHTTPClient
 public import OrchardProtocol
+import OrchardSupport
 
 /// A coordinator's answer: the decoded value and the JSON exactly as the coordinator sent it (for `--json`).
 public struct AdminAnswer<Value: Sendable>: Sendable {
@@ -45,8 +45,8 @@ public enum CheckpointSelector: Sendable, Hashable, CustomStringConvertible {
     }
 }
 
-/// The coordinator's admin API (`/v1/admin/processes…`) over AsyncHTTPClient, with `Authorization: Bearer <admin
-/// token>`, for `orchard process`. Every failure is an ``OperatorError`` whose description is one line: the
+/// The coordinator's admin API (`/v1/admin/processes…`, and `/metrics`) over AsyncHTTPClient, with `Authorization:
+/// Bearer <admin token>`: the one admin client, used by `orchard process` and by the fleet simulator's external mode. Every failure is an ``OperatorError`` whose description is one line: the
 /// coordinator's own `code: message`, `unauthorized` when it refuses the token, `unreachable` naming the URL when
 /// it cannot be reached, `tls` when the handshake fails.
 public final class AdminClient: Sendable {
@@ -55,62 +55,51 @@ public final class AdminClient: Sendable {
     /// Seconds a request may wait to connect, and for each piece of the answer.
     public let timeout: Double
     private let adminToken: String
-    private let client: HTTPClient
+    private let connection: HTTPConnection
 
     /// The largest JSON answer read.
     static let maximumJSONBytes = 64 << 20
     /// The largest checkpoint read.
     static let maximumCheckpointBytes = Int(UInt32.max)
 
-    /// Creates a client.
+    /// Creates a client that trusts the CA certificates in a PEM file (alone), or the system's.
     /// - Parameters:
     ///   - server: The coordinator's base URL, `http://…` or `https://…`.
     ///   - adminToken: The admin token (see ``AdminToken``).
     ///   - caCertificateFile: A PEM file of CA certificates to trust (alone) for an `https` server.
     ///   - timeout: Seconds to connect and to wait for each piece of an answer.
     /// - Throws: ``OperatorError`` (`invalid_argument`, `missing_file`) for a bad URL, timeout or CA file.
-    public init(server: String, adminToken: String, caCertificateFile: String? = nil, timeout: Double = 30) throws(OperatorError) {
-        guard let url = URL(string: server), let scheme = url.scheme?.lowercased(), scheme == "http" || scheme == "https",
-              let host = url.host, !host.isEmpty
-        else {
+    public convenience init(server: String, adminToken: String, caCertificateFile: String? = nil, timeout: Double = 30) throws(OperatorError) {
+        var roots = TrustRoots.system
+        if let caCertificateFile {
+            do throws(ConnectionError) { roots = try TrustRoots.certificateFile(caCertificateFile) } catch {
+                throw OperatorError(.missingFile, "--ca-cert \(error.message.replacingOccurrences(of: "CA certificate file ", with: ""))")
+            }
+        }
+        try self.init(server: server, adminToken: adminToken, trustRoots: roots, timeout: timeout)
+    }
+
+    /// Creates a client.
+    /// - Parameters:
+    ///   - server: The coordinator's base URL, `http://…` or `https://…`.
+    ///   - adminToken: The admin token (see ``AdminToken``).
+    ///   - trustRoots: The certificate authorities trusted for an `https` server.
+    ///   - timeout: Seconds to connect and to wait for each piece of an answer.
+    /// - Throws: ``OperatorError`` (`invalid_argument`) for a bad URL, timeout or trust roots.
+    public init(server: String, adminToken: String, trustRoots: TrustRoots, timeout: Double = 30) throws(OperatorError) {
+        guard let url = HTTPConnection.baseURL(server) else {
             throw OperatorError(.invalidArgument, "--server '\(server)' is not a coordinator URL such as http://127.0.0.1:8080 or https://fl.example.com")
         }
         guard timeout > 0, timeout.isFinite else {
             throw OperatorError(.invalidArgument, "--timeout must be a positive number of seconds, not \(timeout)")
         }
-        var tls = TLSConfiguration.makeClientConfiguration()
-        if let caCertificateFile {
-            let pem: Data
-            do throws(FileAccessError) { pem = try LocalFile.read(caCertificateFile) } catch {
-                throw OperatorError(.missingFile, "--ca-cert '\(caCertificateFile)': \(error.message)")
-            }
-            let certificates: [NIOSSLCertificate]
-            do {
-                certificates = try NIOSSLCertificate.fromPEMBytes([UInt8](pem))
-            } catch {
-                throw OperatorError(.invalidArgument, "--ca-cert '\(caCertificateFile)' is not a PEM certificate file")
-            }
-            guard !certificates.isEmpty else {
-                throw OperatorError(.invalidArgument, "--ca-cert '\(caCertificateFile)' holds no PEM certificate (-----BEGIN CERTIFICATE-----)")
-            }
-            tls.trustRoots = .certificates(certificates)
+        do throws(ConnectionError) { connection = try HTTPConnection(timeout: timeout, trustRoots: trustRoots) } catch {
+            throw OperatorError(.invalidArgument, "--ca-cert \(error.message.replacingOccurrences(of: "CA certificate file ", with: ""))")
         }
         baseURL = url
         self.timeout = timeout
         self.adminToken = adminToken
-        let wait = TimeAmount.nanoseconds(Int64(min(timeout, 86_400) * 1e9))
-        var pool = HTTPClient.Configuration.ConnectionPool()
-        pool.retryConnectionEstablishment = false
-        client = HTTPClient(
-            eventLoopGroup: HTTPClient.defaultEventLoopGroup,
-            configuration: HTTPClient.Configuration(
-                tlsConfiguration: tls, redirectConfiguration: .disallow, timeout: HTTPClient.Configuration.Timeout(connect: wait, read: wait),
-                connectionPool: pool
-            )
-        )
     }
-
-    deinit { client.shutdown { _ in } }
 
     /// `POST /v1/admin/processes`: hosts a process (201 with its status).
     public func host(_ request: HostProcessRequest) async throws(OperatorError) -> AdminAnswer<ProcessStatus> {
@@ -152,9 +141,16 @@ public final class AdminClient: Sendable {
         guard (200..<300).contains(status) else { throw serverError(status: status, bytes: bytes, url: url) }
     }
 
+    /// `GET /metrics`: the coordinator's Prometheus text.
+    public func metrics() async throws(OperatorError) -> String {
+        let (status, bytes, url) = try await send(.GET, Endpoint.metrics, limit: Self.maximumJSONBytes)
+        guard (200..<300).contains(status) else { throw serverError(status: status, bytes: bytes, url: url) }
+        return String(decoding: bytes, as: UTF8.self)
+    }
+
     /// Shuts the HTTP client down (otherwise done when the client is released).
     public func shutdown() async {
-        try? await client.shutdown()
+        try? await connection.client.shutdown()
     }
 
     // MARK: Plumbing
@@ -178,14 +174,9 @@ public final class AdminClient: Sendable {
     }
 
     private func send(_ method: HTTPMethod, _ path: String, body: [UInt8]? = nil, limit: Int) async throws(OperatorError) -> (Int, [UInt8], String) {
-        let prefix = baseURL.path.hasSuffix("/") ? String(baseURL.path.dropLast()) : baseURL.path
-        guard var components = URLComponents(url: baseURL, resolvingAgainstBaseURL: false) else {
-            throw OperatorError(.invalidArgument, "cannot build a request URL from \(baseURL)")
-        }
-        components.path = prefix + path
-        components.query = nil
-        guard let url = components.url?.absoluteString else {
-            throw OperatorError(.invalidArgument, "cannot build a request URL for \(path) from \(baseURL)")
+        let url: String
+        do throws(ConnectionError) { url = try HTTPConnection.url(baseURL, path: path) } catch {
+            throw OperatorError(.invalidArgument, error.message)
         }
         var request = HTTPClientRequest(url: url)
         request.method = method
@@ -196,14 +187,11 @@ public final class AdminClient: Sendable {
             request.headers.add(name: "Content-Type", value: MediaType.json)
             request.body = .bytes(ByteBuffer(bytes: body))
         }
-        do {
-            let response = try await client.execute(request, timeout: .nanoseconds(Int64(min(timeout, 86_400) * 1e9)))
-            var buffer = try await response.body.collect(upTo: limit)
-            return (Int(response.status.code), buffer.readBytes(length: buffer.readableBytes) ?? [], url)
-        } catch is NIOTooManyBytesError {
-            throw OperatorError(.unexpectedAnswer, "the answer from \(url) exceeds \(limit) bytes")
+        do throws(ConnectionError) {
+            let answer = try await connection.send(request, limit: limit)
+            return (answer.status, answer.body, url)
         } catch {
-            throw Self.connectionError(error, server: baseURL.absoluteString, timeout: timeout)
+            throw Self.connectionError(error, server: baseURL.absoluteString, url: url, timeout: timeout)
         }
     }
 
@@ -225,41 +213,19 @@ public final class AdminClient: Sendable {
         return OperatorError(.server(body.error.code), body.error.message, httpStatus: status)
     }
 
-    /// A failure to talk to the coordinator at all: TLS, refused, timed out, unknown host.
-    static func connectionError(_ error: any Error, server: String, timeout: Double) -> OperatorError {
-        if let reason = tlsFailure(error) {
-            return OperatorError(.tls, "TLS connection to \(server) failed: \(reason); for a coordinator whose certificate comes from a private CA, give --ca-cert FILE")
+    /// A failure to talk to the coordinator at all: TLS, refused, timed out, unknown host, or an answer over the limit.
+    static func connectionError(_ error: ConnectionError, server: String, url: String, timeout: Double) -> OperatorError {
+        switch error.code {
+        case .tls:
+            return OperatorError(.tls, "TLS connection to \(server) failed: \(error.message); for a coordinator whose certificate comes from a private CA, give --ca-cert FILE")
+        case .answerTooLarge:
+            return OperatorError(.unexpectedAnswer, "the answer from \(url) \(error.message.replacingOccurrences(of: "the answer ", with: ""))")
+        case .cancelled:
+            return OperatorError(.unreachable, "cancelled while talking to the coordinator at \(server)")
+        default:
+            let reason = error.message.contains("within the timeout") ? "no answer within \(timeout.formatted()) s" : error.message
+            return OperatorError(.unreachable, "cannot reach the coordinator at \(server) (\(reason)); check that `orchard serve` is running there and --server is right")
         }
-        let text = String(describing: error)
-        let lowered = text.lowercased()
-        let reason: String
-        if let client = error as? HTTPClientError, client == .connectTimeout || client == .deadlineExceeded || client == .readTimeout {
-            reason = "no answer within \(timeout.formatted()) s"
-        } else if lowered.contains("refused") {
-            reason = "connection refused"
-        } else if ["unknownhost", "unknown host", "name or service not known", "nodename nor servname", "nxdomain", "resolve"].contains(where: lowered.contains) {
-            reason = "its host name cannot be resolved"
-        } else if error is HTTPClientError {
-            reason = text
-        } else {
-            reason = text.split(whereSeparator: \.isNewline).joined(separator: " ")
-        }
-        return OperatorError(.unreachable, "cannot reach the coordinator at \(server) (\(reason)); check that `orchard serve` is running there and --server is right")
-    }
-
-    private static func tlsFailure(_ error: any Error) -> String? {
-        if let error = error as? NIOSSLError {
-            switch error {
-            case .handshakeFailed(let reasons):
-                let text = "\(reasons)"
-                return text.contains("CERTIFICATE_VERIFY_FAILED") ? "the server's certificate is not trusted" : "the handshake failed (\(text))"
-            case .unableToValidateCertificate: return "the server's certificate cannot be validated"
-            default: return "\(error)"
-            }
-        }
-        if let error = error as? NIOSSLExtraError, error == .failedToValidateHostname { return "the server's certificate is not for this host" }
-        if let error = error as? BoringSSLError { return "\(error)" }
-        return nil
     }
 }
 

@@ -227,7 +227,7 @@ public struct TrainingPlan: Sendable, Hashable, Codable {
 /// What a device needs to take part in a process's secure aggregation.
 public struct SecureAggregationPlan: Sendable, Hashable, Codable {
     /// The protocol's parameters.
-    public var parameters: SecureAggregationConfiguration
+    public var parameters: SecureAggregationParameters
     /// The largest sample count a device may weight its update with.
     public var maximumSampleCount: Int
     /// Seconds each stage after advertise_keys stays open at most (the device waits that long for the others).
@@ -240,7 +240,7 @@ public struct SecureAggregationPlan: Sendable, Hashable, Codable {
     }
 
     /// Creates a plan.
-    public init(parameters: SecureAggregationConfiguration, maximumSampleCount: Int, stageTimeout: Double? = nil) {
+    public init(parameters: SecureAggregationParameters, maximumSampleCount: Int, stageTimeout: Double? = nil) {
         self.parameters = parameters
         self.maximumSampleCount = maximumSampleCount
         self.stageTimeout = stageTimeout

@@ -12,7 +12,7 @@ public import OrchardPrivacy
 /// device still in has answered, or `stage_timeout` seconds after it opened.
 public struct SecureAggregationConfig: Sendable, Hashable, Codable {
     /// The protocol's parameters: `shares`, `threshold`, `clipping_range`, `quantization_range`, `modulus_bits`.
-    public var parameters: SecureAggregationConfiguration
+    public var parameters: SecureAggregationParameters
     /// Seconds each stage after advertise_keys stays open at most.
     public var stageTimeout: Double
 
@@ -29,7 +29,7 @@ public struct SecureAggregationConfig: Sendable, Hashable, Codable {
     public static let defaultStageTimeout: Double = 60
 
     /// Creates a configuration.
-    public init(parameters: SecureAggregationConfiguration, stageTimeout: Double = Self.defaultStageTimeout) {
+    public init(parameters: SecureAggregationParameters, stageTimeout: Double = Self.defaultStageTimeout) {
         self.parameters = parameters
         self.stageTimeout = stageTimeout
     }
@@ -37,8 +37,8 @@ public struct SecureAggregationConfig: Sendable, Hashable, Codable {
     public init(from decoder: any Decoder) throws {
         try decoder.refuseUnknownKeys(Set(CodingKeys.allCases.map(\.rawValue)), in: "server_config.secure_aggregation")
         let c = try decoder.container(keyedBy: CodingKeys.self)
-        let d = SecureAggregationConfiguration(threshold: 2)
-        parameters = SecureAggregationConfiguration(
+        let d = SecureAggregationParameters(threshold: 2)
+        parameters = SecureAggregationParameters(
             shares: try c.decodeIfPresent(Int.self, forKey: .shares),
             threshold: try c.decode(Int.self, forKey: .threshold),
             clippingRange: try c.decodeIfPresent(Float.self, forKey: .clippingRange) ?? d.clippingRange,

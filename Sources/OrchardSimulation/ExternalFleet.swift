@@ -1,6 +1,8 @@
 public import Foundation
 public import OrchardSupport
-public import OrchardClient
+import OrchardClient
+public import OrchardHTTPClient
+import OrchardOperator
 import OrchardML
 import OrchardPrivacy
 import OrchardProtocol
@@ -106,9 +108,15 @@ public struct ExternalCoordinator: Sendable {
 /// What a shard observed when a cycle of the process closed: one line of its `metrics.jsonl` (snake_case keys). The
 /// device counters are this shard's, cumulative since it started; the test metrics are shard 1's evaluation of the
 /// latest checkpoint (nil on other shards and on rounds not evaluated).
-public struct ShardRoundMetrics: Sendable, Hashable, Codable {
+public struct ShardCycleMetrics: Sendable, Hashable, Codable {
     /// The cycle's number on the coordinator (cycles are numbered 1, 2, … whether aggregated or abandoned).
-    public var round: Int
+    public var cycle: Int
+    /// The former name of ``cycle``.
+    @available(*, deprecated, renamed: "cycle")
+    public var round: Int {
+        get { cycle }
+        set { cycle = newValue }
+    }
     /// Whether it produced a checkpoint (false: abandoned for too few reports).
     public var aggregated: Bool
     /// The latest checkpoint when it was observed.
@@ -132,10 +140,79 @@ public struct ShardRoundMetrics: Sendable, Hashable, Codable {
     /// The privacy clipping bound of the next cycle, nil without privacy.
     public var clippingNorm: Double?
 
+    /// Creates a row.
+    public init(
+        cycle: Int, aggregated: Bool, checkpoint: Int, cyclesCompleted: Int, cyclesAbandoned: Int, wallSeconds: Double, checkIns: Int,
+        admitted: Int, rejected: Int, reported: Int, dropped: Int, late: Int, failed: Int, testLoss: Double? = nil,
+        testAccuracy: Double? = nil, testRMSE: Double? = nil, epsilon: Double? = nil, clippingNorm: Double? = nil
+    ) {
+        self.cycle = cycle
+        self.aggregated = aggregated
+        self.checkpoint = checkpoint
+        self.cyclesCompleted = cyclesCompleted
+        self.cyclesAbandoned = cyclesAbandoned
+        self.wallSeconds = wallSeconds
+        (self.checkIns, self.admitted, self.rejected, self.reported) = (checkIns, admitted, rejected, reported)
+        (self.dropped, self.late, self.failed) = (dropped, late, failed)
+        (self.testLoss, self.testAccuracy, self.testRMSE) = (testLoss, testAccuracy, testRMSE)
+        (self.epsilon, self.clippingNorm) = (epsilon, clippingNorm)
+    }
+
+    // `cycle` is written under both `cycle` and its former key `round`, which scripts reading `metrics.jsonl` know;
+    // either is read.
     private enum CodingKeys: String, CodingKey {
-        case round, aggregated, checkpoint, admitted, rejected, reported, dropped, late, failed, epsilon
+        case cycle, round, aggregated, checkpoint, admitted, rejected, reported, dropped, late, failed, epsilon
         case cyclesCompleted = "cycles_completed", cyclesAbandoned = "cycles_abandoned", wallSeconds = "wall_seconds", checkIns = "check_ins"
         case testLoss = "test_loss", testAccuracy = "test_accuracy", testRMSE = "test_rmse", clippingNorm = "clipping_norm"
+    }
+
+    public init(from decoder: any Decoder) throws {
+        let c = try decoder.container(keyedBy: CodingKeys.self)
+        if let cycle = try c.decodeIfPresent(Int.self, forKey: .cycle) {
+            self.cycle = cycle
+        } else {
+            self.cycle = try c.decode(Int.self, forKey: .round)
+        }
+        aggregated = try c.decode(Bool.self, forKey: .aggregated)
+        checkpoint = try c.decode(Int.self, forKey: .checkpoint)
+        cyclesCompleted = try c.decode(Int.self, forKey: .cyclesCompleted)
+        cyclesAbandoned = try c.decode(Int.self, forKey: .cyclesAbandoned)
+        wallSeconds = try c.decode(Double.self, forKey: .wallSeconds)
+        checkIns = try c.decode(Int.self, forKey: .checkIns)
+        admitted = try c.decode(Int.self, forKey: .admitted)
+        rejected = try c.decode(Int.self, forKey: .rejected)
+        reported = try c.decode(Int.self, forKey: .reported)
+        dropped = try c.decode(Int.self, forKey: .dropped)
+        late = try c.decode(Int.self, forKey: .late)
+        failed = try c.decode(Int.self, forKey: .failed)
+        testLoss = try c.decodeIfPresent(Double.self, forKey: .testLoss)
+        testAccuracy = try c.decodeIfPresent(Double.self, forKey: .testAccuracy)
+        testRMSE = try c.decodeIfPresent(Double.self, forKey: .testRMSE)
+        epsilon = try c.decodeIfPresent(Double.self, forKey: .epsilon)
+        clippingNorm = try c.decodeIfPresent(Double.self, forKey: .clippingNorm)
+    }
+
+    public func encode(to encoder: any Encoder) throws {
+        var c = encoder.container(keyedBy: CodingKeys.self)
+        try c.encode(cycle, forKey: .cycle)
+        try c.encode(cycle, forKey: .round)
+        try c.encode(aggregated, forKey: .aggregated)
+        try c.encode(checkpoint, forKey: .checkpoint)
+        try c.encode(cyclesCompleted, forKey: .cyclesCompleted)
+        try c.encode(cyclesAbandoned, forKey: .cyclesAbandoned)
+        try c.encode(wallSeconds, forKey: .wallSeconds)
+        try c.encode(checkIns, forKey: .checkIns)
+        try c.encode(admitted, forKey: .admitted)
+        try c.encode(rejected, forKey: .rejected)
+        try c.encode(reported, forKey: .reported)
+        try c.encode(dropped, forKey: .dropped)
+        try c.encode(late, forKey: .late)
+        try c.encode(failed, forKey: .failed)
+        try c.encodeIfPresent(testLoss, forKey: .testLoss)
+        try c.encodeIfPresent(testAccuracy, forKey: .testAccuracy)
+        try c.encodeIfPresent(testRMSE, forKey: .testRMSE)
+        try c.encodeIfPresent(epsilon, forKey: .epsilon)
+        try c.encodeIfPresent(clippingNorm, forKey: .clippingNorm)
     }
 }
 
@@ -215,7 +292,7 @@ public struct ShardResult: Sendable {
     /// The summary.
     public var summary: ShardSummary
     /// One record per closed cycle observed.
-    public var rounds: [ShardRoundMetrics]
+    public var rounds: [ShardCycleMetrics]
     /// This shard's devices.
     public var devices: [ShardDevice]
 }
@@ -338,49 +415,36 @@ public enum ExternalFleet {
     }
 }
 
-/// The coordinator's admin API as a shard uses it: list, host, status, checkpoint.
+/// The coordinator's admin API as a shard uses it (list, host, status, checkpoint), over the operator's admin client,
+/// with its failures in the simulator's words.
 struct CoordinatorAdmin: Sendable {
-    let transport: HTTPTransport
-    let token: String
+    let client: AdminClient
     let clock: any WallClock
 
-    var url: String { transport.baseURL.absoluteString }
+    var url: String { client.baseURL.absoluteString }
 
     init(url: String, token: String, trustRoots: TrustRoots, timeout: Double, clock: any WallClock) throws(SimulationError) {
-        do { transport = try HTTPTransport(url: url, timeout: timeout, trustRoots: trustRoots, clock: clock) } catch {
-            throw SimulationError(error.code == .invalidConfiguration && error.message.contains("CA") ? .unreadable : .invalidOption, error.message)
+        do { client = try AdminClient(server: url, adminToken: token, trustRoots: trustRoots, timeout: timeout) } catch {
+            throw SimulationError(.invalidOption, error.message.replacingOccurrences(of: "--server ", with: ""))
         }
-        self.token = token
         self.clock = clock
     }
 
-    /// One call; a coordinator that cannot be reached fails it with the reason.
-    func send(_ method: String, _ path: String, body: [UInt8]? = nil) async throws(SimulationError) -> (status: Int, body: [UInt8]) {
-        do { return try await transport.adminRequest(method, path, json: body, adminToken: token) } catch {
-            if error.code == .cancelled { throw SimulationError(.coordinator, "stopped") }
-            throw SimulationError(.coordinator, "cannot reach the coordinator at \(url): \(error.message)")
-        }
-    }
-
-    /// The error of a refused call.
-    func refusal(_ status: Int, _ body: [UInt8], _ what: String) -> SimulationError {
-        let error = try? WireCoding.decoder().decode(ErrorBody.self, from: Data(body))
-        let detail = error.map { "\($0.error.code): \($0.error.message)" } ?? "HTTP \(status)"
-        if status == 401 {
-            return SimulationError(.coordinator, "the coordinator at \(url) refused the admin token from \(ExternalFleet.adminTokenVariable) (\(detail))")
-        }
-        return SimulationError(.coordinator, "the coordinator at \(url) refused to \(what): HTTP \(status) \(detail)")
-    }
-
-    func decode<T: Decodable>(_ type: T.Type, _ answer: (status: Int, body: [UInt8]), _ what: String) throws(SimulationError) -> T {
-        guard (200..<300).contains(answer.status) else { throw refusal(answer.status, answer.body, what) }
-        do { return try WireCoding.decoder().decode(T.self, from: Data(answer.body)) } catch {
-            throw SimulationError(.coordinator, "the answer of \(url) to \(what) is not a valid \(T.self) (is it an Orchard coordinator?): \(error)")
+    /// The simulator's error for a failed call `what`.
+    func failure(_ error: OperatorError, _ what: String) -> SimulationError {
+        switch error.code {
+        case .unauthorized:
+            return SimulationError(.coordinator, "the coordinator at \(url) refused the admin token from \(ExternalFleet.adminTokenVariable) (\(error.message))")
+        case .unreachable, .tls:
+            return SimulationError(.coordinator, error.message)
+        default:
+            let status = error.httpStatus.map { "HTTP \($0) " } ?? ""
+            return SimulationError(.coordinator, "the coordinator at \(url) refused to \(what): \(status)\(error.code): \(error.message)")
         }
     }
 
     func processes() async throws(SimulationError) -> [ProcessStatus] {
-        try decode(ProcessList.self, try await send("GET", Endpoint.processes), "list the processes").processes
+        do { return try await client.processes().value.processes } catch { throw failure(error, "list the processes") }
     }
 
     func find(name: String, version: SemanticVersion) async throws(SimulationError) -> ProcessStatus? {
@@ -388,30 +452,34 @@ struct CoordinatorAdmin: Sendable {
     }
 
     func status(_ processID: String) async throws(SimulationError) -> ProcessStatus {
-        try decode(ProcessStatus.self, try await send("GET", Endpoint.process(processID)), "read the status of process \(processID)")
+        do { return try await client.status(processID).value } catch { throw failure(error, "read the status of process \(processID)") }
     }
 
     /// Checkpoint `number`'s safetensors bytes; the latest when `number` was pruned meanwhile.
     func checkpoint(_ processID: String, _ number: Int) async throws(SimulationError) -> [UInt8] {
-        var answer = try await send("GET", Endpoint.checkpoint(processID, String(number)))
-        if answer.status == 404 { answer = try await send("GET", Endpoint.checkpoint(processID, "latest")) }
-        guard answer.status == 200 else { throw refusal(answer.status, answer.body, "send checkpoint \(number) of process \(processID)") }
-        return answer.body
+        do {
+            do {
+                return try await client.checkpoint(processID, .number(number)).bytes
+            } catch where error.httpStatus == 404 {
+                return try await client.checkpoint(processID, .latest).bytes
+            }
+        } catch {
+            throw failure(error, "send checkpoint \(number) of process \(processID)")
+        }
     }
 
     /// Hosts `request` unless a process of its name and version exists; true when this call hosted it.
     func hostOnce(_ request: HostProcessRequest) async throws(SimulationError) -> (ProcessStatus, Bool) {
         if let existing = try await find(name: request.name, version: request.version) { return (existing, false) }
-        let body: [UInt8]
-        do { body = Array(try WireCoding.encoder().encode(request)) } catch {
-            throw SimulationError(.invalidOption, "cannot encode the process: \(error)")
-        }
-        let answer = try await send("POST", Endpoint.processes, body: body)
-        if answer.status == 409, let existing = try await find(name: request.name, version: request.version) {
+        do {
+            return (try await client.host(request).value, true)
+        } catch where error.httpStatus == 409 {
             // Hosted by someone else between the list and the call.
-            return (existing, false)
+            if let existing = try await find(name: request.name, version: request.version) { return (existing, false) }
+            throw failure(error, "host process '\(request.name)' \(request.version)")
+        } catch {
+            throw failure(error, "host process '\(request.name)' \(request.version)")
         }
-        return (try decode(ProcessStatus.self, answer, "host process '\(request.name)' \(request.version)"), true)
     }
 
     /// Polls, with backoff, until a process of `name` and `version` exists, for at most `timeout` seconds.
@@ -530,7 +598,7 @@ struct ShardRun: Sendable {
     }
 
     struct Outcome {
-        var rows: [ShardRoundMetrics]
+        var rows: [ShardCycleMetrics]
         var initial: Evaluation?
         var final: ProcessStatus
         var started: WallInstant
@@ -552,7 +620,7 @@ struct ShardRun: Sendable {
         for device in devices {
             // The same seeds as the device's virtual counterpart.
             var random = OrchardRandom.derived(seed: configuration.seed ^ 0x7EA1_7123, stream: UInt64(device))
-            var clientConfiguration = ClientConfiguration(
+            var clientConfiguration = DeviceConfiguration(
                 storageDirectory: directory.appendingPathComponent("device-\(device)", isDirectory: true), requestTimeout: options.requestTimeout,
                 environment: ClientEnvironment.seeded(configuration.seed ^ 0xC11E_57 &+ UInt64(device), clock: clock, seedNoise: true),
                 trainingSeed: random.next(), logger: silent, durability: .unsynced
@@ -561,7 +629,7 @@ struct ShardRun: Sendable {
                 (clientConfiguration.secureAggregationIdentity, clientConfiguration.secureAggregationAuthorities) =
                     try SimulatedAttestation.credentials(seed: configuration.seed, device: device)
             }
-            let client = OrchardClient(
+            let client = CoordinatorConnection(
                 transport: CountingTransport(inner: transport, device: device, counters: counters), server: admin.url, configuration: clientConfiguration)
             do { jobs.append((device, try client.newJob(processName: processName, version: SimulationRunner.processVersion.description))) } catch {
                 throw SimulationError(.training, "device \(device) cannot be set up: \(error.message)")
@@ -572,11 +640,11 @@ struct ShardRun: Sendable {
         let slots = AsyncSemaphore(permits: options.concurrency)
         let started = clock.now
         progress.note("shard \(options.shard): \(devices.count) devices of \(configuration.clients) against \(admin.url), until \(configuration.rounds) cycles are aggregated")
-        let watched: Result<(rows: [ShardRoundMetrics], final: ProcessStatus), SimulationError> = await withTaskGroup(of: Void.self) { group in
+        let watched: Result<(rows: [ShardCycleMetrics], final: ProcessStatus), SimulationError> = await withTaskGroup(of: Void.self) { group in
             for (device, job) in jobs {
                 group.addTask { await live(device: device, job: job, slots: slots) }
             }
-            let result: Result<(rows: [ShardRoundMetrics], final: ProcessStatus), SimulationError>
+            let result: Result<(rows: [ShardCycleMetrics], final: ProcessStatus), SimulationError>
             do throws(SimulationError) { result = .success(try await watch(from: process, started: started)) } catch { result = .failure(error) }
             group.cancelAll()
             await group.waitForAll()
@@ -660,9 +728,9 @@ struct ShardRun: Sendable {
     }
 
     /// Reads the process's status until it has aggregated the rounds (or completed), writing a row per closed cycle.
-    func watch(from process: ProcessStatus, started: WallInstant) async throws(SimulationError) -> (rows: [ShardRoundMetrics], final: ProcessStatus) {
+    func watch(from process: ProcessStatus, started: WallInstant) async throws(SimulationError) -> (rows: [ShardCycleMetrics], final: ProcessStatus) {
         var last = process
-        var rows: [ShardRoundMetrics] = []
+        var rows: [ShardCycleMetrics] = []
         var answered = clock.now
         if last.cyclesCompleted >= configuration.rounds || last.state == .completed {
             progress.note("process \(processID) has already aggregated \(last.cyclesCompleted) cycles (\(last.state)): nothing to run; name another process for a new run")
@@ -695,20 +763,20 @@ struct ShardRun: Sendable {
 
     /// The rows of the cycles that closed between two statuses. When several closed between two reads, the
     /// abandoned ones are put first (the status says how many, not which).
-    func observe(from previous: ProcessStatus, to status: ProcessStatus, started: WallInstant) async throws(SimulationError) -> [ShardRoundMetrics] {
+    func observe(from previous: ProcessStatus, to status: ProcessStatus, started: WallInstant) async throws(SimulationError) -> [ShardCycleMetrics] {
         let before = previous.cyclesCompleted + previous.cyclesAbandoned
         let now = status.cyclesCompleted + status.cyclesAbandoned
         guard now > before else { return [] }
         let abandoned = max(0, status.cyclesAbandoned - previous.cyclesAbandoned)
         let counts = counters.snapshot()
         let wall = started.duration(to: clock.now).inSeconds
-        var rows: [ShardRoundMetrics] = []
+        var rows: [ShardCycleMetrics] = []
         var completed = previous.cyclesCompleted, dropped = previous.cyclesAbandoned
         for (offset, cycle) in ((before + 1)...now).enumerated() {
             let aggregated = offset >= abandoned
             if aggregated { completed += 1 } else { dropped += 1 }
-            rows.append(ShardRoundMetrics(
-                round: cycle, aggregated: aggregated, checkpoint: status.latestCheckpoint, cyclesCompleted: completed, cyclesAbandoned: dropped,
+            rows.append(ShardCycleMetrics(
+                cycle: cycle, aggregated: aggregated, checkpoint: status.latestCheckpoint, cyclesCompleted: completed, cyclesAbandoned: dropped,
                 wallSeconds: wall, checkIns: counts.checkIns, admitted: counts.admitted, rejected: counts.rejected, reported: counts.reported,
                 dropped: counts.dropped, late: counts.late, failed: counts.failed, testLoss: nil, testAccuracy: nil, testRMSE: nil,
                 epsilon: status.privacy?.epsilon, clippingNorm: status.privacy?.clippingNorm
@@ -736,8 +804,8 @@ struct ShardRun: Sendable {
         return String(format: "test loss %.4f", evaluation.loss)
     }
 
-    func describe(_ row: ShardRoundMetrics) -> String {
-        var line = "cycle \(row.round) \(row.aggregated ? "aggregated" : "abandoned") (\(row.cyclesCompleted)/\(configuration.rounds)); shard \(options.shard): "
+    func describe(_ row: ShardCycleMetrics) -> String {
+        var line = "cycle \(row.cycle) \(row.aggregated ? "aggregated" : "abandoned") (\(row.cyclesCompleted)/\(configuration.rounds)); shard \(options.shard): "
             + "\(row.checkIns) check-ins, \(row.admitted) admitted, \(row.reported) reported, \(row.late) late, \(row.dropped) dropped, \(row.failed) failed"
         if let loss = row.testLoss { line += "; " + describe(Evaluation(loss: loss, accuracy: row.testAccuracy, rmse: row.testRMSE)) }
         return line

@@ -26,7 +26,7 @@ public struct ReportWriter: Sendable {
     /// `DIR/report.html`.
     public var reportURL: URL { directory.appendingPathComponent("report.html") }
 
-    /// Appends one round's record (a ``RoundMetrics``, or a ``ShardRoundMetrics`` against an external coordinator) as a
+    /// Appends one round's record (a ``RoundMetrics``, or a ``ShardCycleMetrics`` against an external coordinator) as a
     /// JSON line and flushes it to disk.
     public func append(_ record: some Encodable) throws(SimulationError) {
         let encoder = JSONEncoder()

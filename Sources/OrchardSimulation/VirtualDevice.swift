@@ -84,12 +84,12 @@ final class VirtualDevice: Sendable {
         // A retry's backoff passes on the device's clock, and ends with the window like any other wait.
         let environment = ClientEnvironment.seeded(seed ^ 0xC11E_57 &+ UInt64(index), clock: DeviceClock(link: link), seedNoise: true)
         var random = OrchardRandom.derived(seed: seed ^ 0x7EA1_7123, stream: UInt64(index))
-        var configuration = ClientConfiguration(
+        var configuration = DeviceConfiguration(
             storageDirectory: directory, environment: environment, trainingSeed: random.next(), conditions: conditions, logger: silent, durability: .unsynced)
         if coordinator.secureConsistencyCheck {
             (configuration.secureAggregationIdentity, configuration.secureAggregationAuthorities) = try SimulatedAttestation.credentials(seed: seed, device: index)
         }
-        let client = OrchardClient(transport: VirtualTransport(inner: transport, link: link), server: "orchard-simulation", configuration: configuration)
+        let client = CoordinatorConnection(transport: VirtualTransport(inner: transport, link: link), server: "orchard-simulation", configuration: configuration)
         do {
             job = try client.newJob(processName: processName, version: processVersion)
             scheduler = try BackgroundScheduler(

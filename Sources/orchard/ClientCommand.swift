@@ -1,6 +1,7 @@
 import ArgumentParser
 import Foundation
 import Logging
+import OrchardHTTPClient
 import OrchardClient
 import OrchardData
 import OrchardML
@@ -115,18 +116,18 @@ struct DeviceOptions: ParsableArguments {
 
     func makeJob(logger: Logger, conditions: (any DeviceConditionsProvider)? = nil) throws -> FederatedJob {
         let (server, process, version) = try coordinator()
-        var configuration = ClientConfiguration(storageDirectory: URL(fileURLWithPath: state, isDirectory: true), requestTimeout: timeout, trainingSeed: seed, logger: logger)
+        var configuration = DeviceConfiguration(storageDirectory: URL(fileURLWithPath: state, isDirectory: true), requestTimeout: timeout, trainingSeed: seed, logger: logger)
         configuration.conditions = conditions
         if let caCert {
-            do throws(OrchardClientError) {
+            do throws(ConnectionError) {
                 configuration.trustRoots = try TrustRoots.certificateFile(caCert)
             } catch {
                 throw ValidationError(namingOption(error.message, ["CA certificate file": "--ca-cert"]))
             }
         }
-        let client: OrchardClient
+        let client: CoordinatorConnection
         do throws(OrchardClientError) {
-            client = try OrchardClient(url: server, authToken: token, configuration: configuration)
+            client = try CoordinatorConnection(url: server, authToken: token, configuration: configuration)
         } catch {
             throw ValidationError(namingOption(error.message, ["CA certificate file": "--ca-cert"]))
         }

@@ -1,6 +1,7 @@
 import ArgumentParser
 import Foundation
 import Logging
+import OrchardHTTPClient
 import OrchardClient
 import OrchardData
 import OrchardFlower
@@ -120,7 +121,7 @@ struct FlowerNodeSetup {
     func makeNode(logger: Logger, onEvent: @escaping @Sendable (FlowerNodeEvent) -> Void) throws -> FlowerNode {
         let trust: TrustRoots?
         if let caCert {
-            do throws(OrchardClientError) { trust = try TrustRoots.certificateFile(caCert) } catch { throw ValidationError("--ca-cert: \(error.message)") }
+            do throws(ConnectionError) { trust = try TrustRoots.certificateFile(caCert) } catch { throw ValidationError("--ca-cert: \(error.message)") }
         } else {
             trust = nil
         }

@@ -1,4 +1,5 @@
 import ArgumentParser
+import OrchardHTTPClient
 import OrchardClient
 import OrchardSupport
 import Foundation
@@ -221,7 +222,7 @@ struct SimulateCommand: AsyncParsableCommand {
                 "--sa-threshold \(saThreshold) is more than the \(neighbours) neighbours a device has (a cycle's goal of \(goal) devices, --fraction × --devices, less itself\(saShares == nil ? "" : ", or --sa-shares")): at most \(neighbours)"
             )
         }
-        var parameters = SecureAggregationConfiguration(shares: saShares, threshold: saThreshold ?? max(2, neighbours / 2 + 1))
+        var parameters = SecureAggregationParameters(shares: saShares, threshold: saThreshold ?? max(2, neighbours / 2 + 1))
         if let saClippingRange { parameters.clippingRange = saClippingRange }
         if let saQuantizationRange { parameters.quantizationRange = saQuantizationRange }
         parameters.consistencyCheck = saConsistencyCheck
@@ -317,7 +318,7 @@ struct SimulateCommand: AsyncParsableCommand {
             }
         }
         if let caCert {
-            do throws(OrchardClientError) { external.trustRoots = try TrustRoots.certificateFile(caCert) } catch {
+            do throws(ConnectionError) { external.trustRoots = try TrustRoots.certificateFile(caCert) } catch {
                 throw ValidationError(namingOption(error.message, Self.externalFlags))
             }
         }

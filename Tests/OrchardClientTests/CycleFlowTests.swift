@@ -96,13 +96,13 @@ struct CycleFlowTests {
         let directory: URL
         let coordinator: ScriptedCoordinator
 
-        func client(trainer: any LocalTrainer = EngineLocalTrainer(), retry: RequestRetryPolicy = RequestRetryPolicy(maximumAttempts: 3), token: String? = nil, conditions: (any DeviceConditionsProvider)? = nil) -> (OrchardClient, RecordingTransport) {
+        func client(trainer: any LocalTrainer = EngineLocalTrainer(), retry: RequestRetryPolicy = RequestRetryPolicy(maximumAttempts: 3), token: String? = nil, conditions: (any DeviceConditionsProvider)? = nil) -> (CoordinatorConnection, RecordingTransport) {
             let transport = RecordingTransport(coordinator)
-            let configuration = ClientConfiguration(
+            let configuration = DeviceConfiguration(
                 storageDirectory: directory, retry: retry, environment: .seeded(1, clock: RecordingClock()), trainingSeed: 42,
                 trainer: trainer, conditions: conditions
             )
-            return (OrchardClient(transport: transport, server: "scripted", authToken: token, configuration: configuration), transport)
+            return (CoordinatorConnection(transport: transport, server: "scripted", authToken: token, configuration: configuration), transport)
         }
     }
 

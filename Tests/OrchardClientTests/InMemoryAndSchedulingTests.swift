@@ -21,8 +21,8 @@ func withInProcessCoordinator(_ body: (Coordinator, ManualClock, URL) async thro
     try await body(instance.coordinator, clock, directory)
 }
 
-func inMemoryConfiguration(_ directory: URL, device: String, clock: ManualClock, trainer: any LocalTrainer = EngineLocalTrainer()) -> ClientConfiguration {
-    ClientConfiguration(
+func inMemoryConfiguration(_ directory: URL, device: String, clock: ManualClock, trainer: any LocalTrainer = EngineLocalTrainer()) -> DeviceConfiguration {
+    DeviceConfiguration(
         storageDirectory: directory.appendingPathComponent(device), retry: RequestRetryPolicy(maximumAttempts: 2),
         environment: .seeded(1, clock: RecordingClock(base: clock)), trainingSeed: 42, trainer: trainer
     )
@@ -50,7 +50,7 @@ struct InMemoryAndSchedulingTests {
             let config = ClientConfig(batchSize: 8, learningRate: 0.05, localEpochs: 3)
             let process = try await coordinator.host(Fixture.host(clientConfig: config))
             let transport = RecordingTransport(InProcessTransport(coordinator: coordinator))
-            let client = OrchardClient(transport: transport, server: "in-process", configuration: inMemoryConfiguration(directory, device: "a", clock: clock))
+            let client = CoordinatorConnection(transport: transport, server: "in-process", configuration: inMemoryConfiguration(directory, device: "a", clock: clock))
             let outcome = try await client.newJob(processName: "regressor", version: "1.0").train(on: Fixture.dataset())
             guard case .reported(let receipt) = outcome else {
                 Issue.record("expected a report, got \(outcome)")
@@ -70,7 +70,7 @@ struct InMemoryAndSchedulingTests {
             _ = try await coordinator.host(Fixture.host(clientConfig: config))
             var configuration = inMemoryConfiguration(directory, device: "d", clock: clock)
             configuration.durability = durability
-            let client = OrchardClient(transport: InProcessTransport(coordinator: coordinator), server: "in-process", configuration: configuration)
+            let client = CoordinatorConnection(transport: InProcessTransport(coordinator: coordinator), server: "in-process", configuration: configuration)
             let job = try client.newJob(processName: "regressor", version: "1.0")
             guard case .reported = try await job.train(on: Fixture.dataset()) else {
                 Issue.record("expected a report")
@@ -126,7 +126,7 @@ struct InMemoryAndSchedulingTests {
             let scheduler = RecordingScheduler()
             let outcomes = Mutex<[Result<CycleOutcome, OrchardClientError>]>([])
             let configuration = inMemoryConfiguration(directory, device: "a", clock: clock, trainer: InterruptingTrainer(cancelAfterUpdates: 4))
-            let client = OrchardClient(transport: InProcessTransport(coordinator: coordinator), server: "in-process", configuration: configuration)
+            let client = CoordinatorConnection(transport: InProcessTransport(coordinator: coordinator), server: "in-process", configuration: configuration)
             let job = try client.newJob(processName: "regressor", version: "1.0")
             let dataset = try Fixture.dataset()
             try await job.scheduleBackgroundTraining(on: scheduler, options: BackgroundTrainingOptions(identifier: "train"), data: { dataset }) { result in

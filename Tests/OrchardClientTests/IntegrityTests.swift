@@ -76,7 +76,7 @@ struct IntegrityTests {
         try await withHarness { harness in
             _ = try await harness.host(Fixture.host(clientConfig: Self.config))
             let recording = RecordingTransport(WrongDigestTransport(inner: try HTTPTransport(url: harness.url)))
-            let client = OrchardClient(transport: recording, server: harness.url, configuration: harness.configuration(device: "liar"))
+            let client = CoordinatorConnection(transport: recording, server: harness.url, configuration: harness.configuration(device: "liar"))
             let job = try client.newJob(processName: "regressor", version: "1.0")
             let error = await #expect(throws: OrchardClientError.self) { try await job.train(on: Fixture.dataset()) }
             #expect(error?.code == .incompatibleModel)

@@ -70,7 +70,7 @@ struct LinkSpeedTests {
         let transport = RecordingTransport(TimedLinkTransport(inner: try HTTPTransport(url: harness.url), clock: clock, download: download, upload: upload))
         var configuration = harness.configuration(device: name)
         configuration.linkSpeedTest = LinkSpeedTest(downloadBytes: 1000, uploadBytes: 1000, clock: clock)
-        let client = OrchardClient(transport: transport, server: harness.url, configuration: configuration)
+        let client = CoordinatorConnection(transport: transport, server: harness.url, configuration: configuration)
         return (try client.newJob(processName: "regressor", version: "1.0"), transport)
     }
 
@@ -128,7 +128,7 @@ struct LinkSpeedTests {
         try await withHarness { harness in
             _ = try await harness.host(Self.gatedProcess())
             let wrapped = ForwardingOnlyTransport(inner: try HTTPTransport(url: harness.url))
-            let client = OrchardClient(transport: wrapped, server: harness.url, configuration: harness.configuration(device: "old"))
+            let client = CoordinatorConnection(transport: wrapped, server: harness.url, configuration: harness.configuration(device: "old"))
             let error = await #expect(throws: OrchardClientError.self) {
                 try await client.newJob(processName: "regressor", version: "1.0").train(on: Fixture.dataset())
             }

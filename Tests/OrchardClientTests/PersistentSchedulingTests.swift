@@ -32,7 +32,7 @@ struct PersistentSchedulingTests {
                     configuration: SchedulerConfiguration(permittedIdentifiers: ["train"]), clock: testClock, startDate: clock.date,
                     conditions: ScriptedConditionsProvider(.ideal), store: try SQLiteSchedulerStore(path: storePath)
                 )
-                let client = OrchardClient(
+                let client = CoordinatorConnection(
                     transport: InProcessTransport(coordinator: coordinator), server: "in-process", configuration: inMemoryConfiguration(directory, device: "a", clock: clock)
                 )
                 try await client.newJob(processName: "regressor", version: "1.0").scheduleBackgroundTraining(on: scheduler, options: options, data: { dataset }) { result in

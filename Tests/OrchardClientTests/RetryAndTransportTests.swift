@@ -67,14 +67,14 @@ struct RetryAndTransportTests {
 
     @Test("invalid coordinator URLs are a clear configuration error", arguments: ["", "not a url", "ftp://example.com", "http://", "/relative/path"])
     func invalidURL(url: String) {
-        let error = #expect(throws: OrchardClientError.self) { try OrchardClient(url: url) }
+        let error = #expect(throws: OrchardClientError.self) { try CoordinatorConnection(url: url) }
         #expect(error?.code == .invalidConfiguration)
         #expect(error?.message.contains("coordinator URL") == true)
     }
 
     @Test("malformed versions and empty names are refused when a job is created")
     func invalidJob() throws {
-        let client = try OrchardClient(url: "http://127.0.0.1:9")
+        let client = try CoordinatorConnection(url: "http://127.0.0.1:9")
         #expect(throws: OrchardClientError.self) { try client.newJob(processName: "m", version: "1.x") }
         #expect(throws: OrchardClientError.self) { try client.newJob(processName: "", version: "1.0") }
         let job = try client.newJob(processName: "m/../x", version: "1.0")
@@ -88,13 +88,13 @@ struct RetryAndTransportTests {
         let sleeps = Mutex<[Duration]>([])
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("orchard-unreachable-\(UUID().uuidString)")
         defer { try? FileManager.default.removeItem(at: directory) }
-        let configuration = ClientConfiguration(
+        let configuration = DeviceConfiguration(
             storageDirectory: directory, requestTimeout: 5,
             retry: RequestRetryPolicy(maximumAttempts: 4, initialDelay: .seconds(1), maximumDelay: .seconds(60), jitter: 0.5),
             environment: .seeded(1, clock: RecordingClock { duration in sleeps.withLock { $0.append(duration) } })
         )
         // Port 9 (discard) on loopback is closed: connections are refused at once.
-        let client = try OrchardClient(url: "http://127.0.0.1:9", configuration: configuration)
+        let client = try CoordinatorConnection(url: "http://127.0.0.1:9", configuration: configuration)
         let job = try client.newJob(processName: "m", version: "1")
         let error = await #expect(throws: OrchardClientError.self) { try await job.run { _ in LocalUpdate(diff: [], sampleCount: 1) } }
         #expect(error?.code == .network)

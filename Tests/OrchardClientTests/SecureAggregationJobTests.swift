@@ -137,7 +137,7 @@ struct SecureAggregationJobTests {
     /// Runs one cycle on each of `count` jobs at once; returns their outcomes (or errors), the transport and the
     /// events of job 0.
     static func runJobs(
-        count: Int, plan: TrainingPlan, coordinator: FakeSecureCoordinator, configure: (inout ClientConfiguration) -> Void = { _ in },
+        count: Int, plan: TrainingPlan, coordinator: FakeSecureCoordinator, configure: (inout DeviceConfiguration) -> Void = { _ in },
         update: @escaping @Sendable (Int, CycleContext) -> LocalUpdate
     ) async throws -> (outcomes: [Result<CycleOutcome, OrchardClientError>], transport: SecureProcessTransport, events: [JobEvent], directories: [URL]) {
         let transport = try SecureProcessTransport(plan: plan, coordinator: coordinator)
@@ -146,12 +146,12 @@ struct SecureAggregationJobTests {
         var jobs: [FederatedJob] = []
         var directories: [URL] = []
         for i in 0..<count {
-            var configuration = ClientConfiguration(
+            var configuration = DeviceConfiguration(
                 storageDirectory: root.appendingPathComponent("device-\(i)"), retry: RequestRetryPolicy(maximumAttempts: 3),
                 environment: .seeded(UInt64(i), clock: RecordingClock(), seedNoise: true), trainingSeed: 42, durability: .unsynced
             )
             configure(&configuration)
-            let client = OrchardClient(transport: transport, server: "memory", authToken: "w\(i)", configuration: configuration)
+            let client = CoordinatorConnection(transport: transport, server: "memory", authToken: "w\(i)", configuration: configuration)
             let job = try client.newJob(processName: "regressor", version: "1.0")
             jobs.append(job)
             directories.append(job.directory)
@@ -295,8 +295,8 @@ struct SecureAggregationJobTests {
         )
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("orchard-secure-\(UUID().uuidString)")
         defer { try? FileManager.default.removeItem(at: directory) }
-        let configuration = ClientConfiguration(storageDirectory: directory, environment: .seeded(1, clock: RecordingClock()), durability: .unsynced)
-        let client = OrchardClient(transport: ForwardingOnlyTransport(inner: inner), server: "memory", authToken: "w0", configuration: configuration)
+        let configuration = DeviceConfiguration(storageDirectory: directory, environment: .seeded(1, clock: RecordingClock()), durability: .unsynced)
+        let client = CoordinatorConnection(transport: ForwardingOnlyTransport(inner: inner), server: "memory", authToken: "w0", configuration: configuration)
         let job = try client.newJob(processName: "regressor", version: "1.0")
         do {
             _ = try await job.run { context in LocalUpdate(diff: Self.diff(device: 0, weights: context.model.weights), sampleCount: 5) }

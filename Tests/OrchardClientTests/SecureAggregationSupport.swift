@@ -37,7 +37,7 @@ struct FakeSecureCoordinator {
     private(set) var errors: [(worker: String, code: WireErrorCode)] = []
     private var random = SplitMix64(state: 99)
 
-    init(configuration: SecureAggregationConfiguration, processID: String = "p", cycle: Int = 7, goal: Int, maximumSampleCount: Int, modelLength: Int) throws {
+    init(configuration: SecureAggregationParameters, processID: String = "p", cycle: Int = 7, goal: Int, maximumSampleCount: Int, modelLength: Int) throws {
         server = try SecureAggregationServer(
             configuration: configuration, context: SecureAggregationPlan.context(processID: processID, cycle: cycle), maximumDevices: goal,
             maximumSampleCount: maximumSampleCount, modelLength: modelLength
@@ -271,7 +271,7 @@ enum SecureFixture {
     static let cycle = 7
 
     static func plan(threshold: Int = 2, maximumSampleCount: Int = 100) -> SecureAggregationPlan {
-        SecureAggregationPlan(parameters: SecureAggregationConfiguration(threshold: threshold, clippingRange: 4), maximumSampleCount: maximumSampleCount)
+        SecureAggregationPlan(parameters: SecureAggregationParameters(threshold: threshold, clippingRange: 4), maximumSampleCount: maximumSampleCount)
     }
 
     /// A deterministic update of `length` values in -1…1.

@@ -56,9 +56,9 @@ struct TLSTests {
             // The whole job through `OrchardClient(url:)` with the CA in its configuration: plan, model and report too.
             let caFile = coordinator.directory.appendingPathComponent("ca.pem")
             try Data(coordinator.certificates.caCertificatePEM.utf8).write(to: caFile)
-            var configuration = ClientConfiguration(storageDirectory: coordinator.directory.appendingPathComponent("device"), trainingSeed: 42)
+            var configuration = DeviceConfiguration(storageDirectory: coordinator.directory.appendingPathComponent("device"), trainingSeed: 42)
             configuration.trustRoots = try TrustRoots.certificateFile(caFile.path)
-            let client = try OrchardClient(url: coordinator.httpsURL, configuration: configuration)
+            let client = try CoordinatorConnection(url: coordinator.httpsURL, configuration: configuration)
             let outcome = try await client.newJob(processName: "regressor", version: "1.0").train(on: Fixture.dataset())
             guard case .reported(let receipt) = outcome else {
                 Issue.record("expected a report, got \(outcome)")
@@ -84,11 +84,11 @@ struct TLSTests {
             }
             // A job fails with it without backing off.
             let sleeps = Mutex<[Duration]>([])
-            let configuration = ClientConfiguration(
+            let configuration = DeviceConfiguration(
                 storageDirectory: coordinator.directory.appendingPathComponent("device"),
                 environment: .seeded(1, clock: RecordingClock { duration in sleeps.withLock { $0.append(duration) } })
             )
-            let client = try OrchardClient(url: coordinator.httpsURL, configuration: configuration)
+            let client = try CoordinatorConnection(url: coordinator.httpsURL, configuration: configuration)
             let error = await #expect(throws: OrchardClientError.self) { try await client.newJob(processName: "regressor", version: "1.0").train(on: Fixture.dataset()) }
             #expect(error?.code == .tls)
             #expect(sleeps.withLock { $0.isEmpty })
@@ -112,7 +112,7 @@ struct TLSTests {
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(at: directory) }
         for path in [directory.appendingPathComponent("missing.pem").path, directory.path] {
-            let error = #expect(throws: OrchardClientError.self) { try TrustRoots.certificateFile(path) }
+            let error = #expect(throws: ConnectionError.self) { try TrustRoots.certificateFile(path) }
             #expect(error?.code == .invalidConfiguration && error?.message.contains(path) == true)
         }
         let key = try TestCertificates.make().serverPrivateKeyPEM

@@ -299,7 +299,7 @@ import Testing
             var secure = Self.host(goal: 6)
             secure.name = "secure"
             secure.serverConfig.minimumReports = 3
-            secure.serverConfig.secureAggregation = SecureAggregationConfig(parameters: SecureAggregationConfiguration(threshold: 2), stageTimeout: 30)
+            secure.serverConfig.secureAggregation = SecureAggregationConfig(parameters: SecureAggregationParameters(threshold: 2), stageTimeout: 30)
             await #expect(throws: CoordinatorError.self) { _ = try await group[1].host(secure) }
         }
     }

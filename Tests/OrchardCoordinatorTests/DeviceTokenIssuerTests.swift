@@ -411,11 +411,11 @@ private final class ScriptedTokenProvider: DeviceTokenProvider {
             let issuer = try DeviceTokenIssuer(hs256Secret: DeviceTokenKeys.secret)
             let expired = try await issuer.issue(subject: "phone-3", lifetime: .seconds(3600), now: harness.clock.date.addingTimeInterval(-7200))
             // The default retry policy (5 attempts for transient failures) and the system clock for its backoff.
-            let configuration = ClientConfiguration(storageDirectory: harness.directory.appendingPathComponent("device"), durability: .unsynced)
+            let configuration = DeviceConfiguration(storageDirectory: harness.directory.appendingPathComponent("device"), durability: .unsynced)
             let transport = CountingTransport(try HTTPTransport(url: harness.server.baseURL.absoluteString))
             let update: @Sendable (CycleContext) async throws -> LocalUpdate = { _ in LocalUpdate(diff: Fixture.diff(0.1), sampleCount: 4) }
 
-            let job = try OrchardClient(transport: transport, server: "coordinator", authToken: expired.token, configuration: configuration)
+            let job = try CoordinatorConnection(transport: transport, server: "coordinator", authToken: expired.token, configuration: configuration)
                 .newJob(processName: "tiny", version: "1.0")
             let error = await #expect(throws: OrchardClientError.self) { try await job.run(update) }
             #expect(error?.code == .authenticationFailed && error?.httpStatus == 401 && error?.serverCode == .unauthorized)
@@ -428,7 +428,7 @@ private final class ScriptedTokenProvider: DeviceTokenProvider {
 
             // The remedy: a fresh token from the backend, in a new client and job over the same storage.
             let fresh = try await issuer.issue(subject: "phone-3", lifetime: .seconds(3600), now: harness.clock.date)
-            let renewed = try OrchardClient(transport: transport, server: "coordinator", authToken: fresh.token, configuration: configuration)
+            let renewed = try CoordinatorConnection(transport: transport, server: "coordinator", authToken: fresh.token, configuration: configuration)
                 .newJob(processName: "tiny", version: "1.0")
             let outcome = try await renewed.run(update)
             guard case .reported = outcome else {
@@ -449,9 +449,9 @@ private final class ScriptedTokenProvider: DeviceTokenProvider {
             let provider = ScriptedTokenProvider([.token(expired.token), .failure("the backend is unreachable")]) {
                 try await issuer.issue(subject: "phone-4", lifetime: .seconds(3600), now: clock.date).token
             }
-            let configuration = ClientConfiguration(storageDirectory: harness.directory.appendingPathComponent("device"), durability: .unsynced)
+            let configuration = DeviceConfiguration(storageDirectory: harness.directory.appendingPathComponent("device"), durability: .unsynced)
             let transport = CountingTransport(try HTTPTransport(url: harness.server.baseURL.absoluteString))
-            let job = try OrchardClient(transport: transport, server: "coordinator", tokenProvider: provider, configuration: configuration)
+            let job = try CoordinatorConnection(transport: transport, server: "coordinator", tokenProvider: provider, configuration: configuration)
                 .newJob(processName: "tiny", version: "1.0")
             let update: @Sendable (CycleContext) async throws -> LocalUpdate = { _ in LocalUpdate(diff: Fixture.diff(0.1), sampleCount: 4) }
 

@@ -9,7 +9,7 @@ import Testing
 
 /// Secure aggregation settings for the tiny fixture: threshold 2 of a complete graph, the default quantisation.
 enum SecureFixture {
-    static let settings = SecureAggregationConfig(parameters: SecureAggregationConfiguration(threshold: 2), stageTimeout: 30)
+    static let settings = SecureAggregationConfig(parameters: SecureAggregationParameters(threshold: 2), stageTimeout: 30)
 
     /// The fixture's process under secure aggregation: goal `goal`, no over-selection.
     static func host(goal: Int, minimum: Int, settings: SecureAggregationConfig = settings) -> HostProcessRequest {
@@ -34,7 +34,7 @@ struct SecureTestDevice {
     let assignment: CycleAssignment
     let update: [Float]
     let samples: Int
-    let parameters: SecureAggregationConfiguration
+    let parameters: SecureAggregationParameters
     var secrets: SecureAggregationSecrets
     var machine: SecureAggregationDevice?
     var generator: SplitMix64
@@ -45,7 +45,7 @@ struct SecureTestDevice {
     var identity: SecureAggregationIdentity?
     var trust: SecureAggregationTrust?
 
-    init(auth: AuthenticateResponse, assignment: CycleAssignment, scale: Float, samples: Int, seed: UInt64, parameters: SecureAggregationConfiguration = SecureFixture.settings.parameters) {
+    init(auth: AuthenticateResponse, assignment: CycleAssignment, scale: Float, samples: Int, seed: UInt64, parameters: SecureAggregationParameters = SecureFixture.settings.parameters) {
         self.parameters = parameters
         self.auth = auth
         self.assignment = assignment

@@ -1,6 +1,6 @@
 import Foundation
 import OrchardData
-import OrchardClient
+
 import OrchardFlower
 import OrchardFormats
 import OrchardML

@@ -2,6 +2,7 @@ import Foundation
 import Logging
 import OrchardClient
 import OrchardCoordinator
+import OrchardOperator
 import OrchardProtocol
 import OrchardSupport
 import Synchronization
@@ -77,8 +78,7 @@ final class JumpingClock: WallClock {
 
     /// The value of a Prometheus sample line on the coordinator's `/metrics`.
     static func metric(_ line: String, at server: RunningServer) async throws -> Int {
-        let answer = try await HTTPTransport(url: server.baseURL.absoluteString).adminRequest("GET", Endpoint.metrics, adminToken: token)
-        let text = String(decoding: answer.body, as: UTF8.self)
+        let text = try await AdminClient(server: server.baseURL.absoluteString, adminToken: token).metrics()
         let sample = try #require(text.split(separator: "\n").first { $0.hasPrefix(line + " ") })
         return try #require(Int(sample.dropFirst(line.count + 1)))
     }
@@ -133,7 +133,7 @@ final class JumpingClock: WallClock {
         for (result, dir) in [(r1, one), (r2, two)] {
             #expect(result.directory == dir)
             let lines = try String(contentsOf: dir.appendingPathComponent("metrics.jsonl"), encoding: .utf8).split(separator: "\n")
-            #expect(try lines.map { try JSONDecoder().decode(ShardRoundMetrics.self, from: Data($0.utf8)) } == result.rounds)
+            #expect(try lines.map { try JSONDecoder().decode(ShardCycleMetrics.self, from: Data($0.utf8)) } == result.rounds)
             #expect(lines.first?.contains("\"cycles_completed\"") == true && lines.first?.contains("\"check_ins\"") == true)
             #expect(try JSONDecoder().decode(ShardSummary.self, from: Data(contentsOf: dir.appendingPathComponent("summary.json"))) == result.summary)
         }

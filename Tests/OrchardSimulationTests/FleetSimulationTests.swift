@@ -25,7 +25,7 @@ import Testing
 
         var configuration = SimulationConfiguration(dataset: .housing, seed: 1)
         #expect(!configuration.conditions.secureStages)
-        configuration.secureAggregation = SecureAggregationConfig(parameters: SecureAggregationConfiguration(threshold: 5), stageTimeout: 10)
+        configuration.secureAggregation = SecureAggregationConfig(parameters: SecureAggregationParameters(threshold: 5), stageTimeout: 10)
         #expect(configuration.conditions.secureStages)
     }
 }
@@ -61,7 +61,7 @@ import Testing
         nonisolated(unsafe) var records: [CycleRecord] = []
         let (_, rounds) = try await FleetHarness.run(
             fleet, workload: Self.workload(devices: 20), goal: 10, cycleSeconds: cycleSeconds, minimumReports: 6,
-            secure: SecureAggregationConfig(parameters: SecureAggregationConfiguration(threshold: 5), stageTimeout: 10), cycles: { records = $0 }
+            secure: SecureAggregationConfig(parameters: SecureAggregationParameters(threshold: 5), stageTimeout: 10), cycles: { records = $0 }
         )
         #expect(rounds.count == 12)
         #expect(records.map(\.cycle) == Array(1...12), "one cycle a round")

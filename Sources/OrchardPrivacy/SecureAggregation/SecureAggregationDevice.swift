@@ -21,7 +21,7 @@ public struct SecureAggregationDevice: Sendable, Codable {
     /// The device's index (≥ 1).
     public let index: Int
     /// The cycle's configuration.
-    public let configuration: SecureAggregationConfiguration
+    public let configuration: SecureAggregationParameters
     /// The cycle's context string (e.g. task and cycle id), bound into every derived key.
     public let context: String
     /// The largest sample count any device may weight its update with.
@@ -78,7 +78,7 @@ public struct SecureAggregationDevice: Sendable, Codable {
     /// - Throws: `invalid_input` for an index below 1, a model length below 1 or a sample bound below 1; see
     ///   ``init(index:configuration:context:maximumSampleCount:modelLength:secrets:identity:trust:)`` for the rest.
     public init(
-        index: Int, configuration: SecureAggregationConfiguration, context: String, maximumSampleCount: Int, modelLength: Int,
+        index: Int, configuration: SecureAggregationParameters, context: String, maximumSampleCount: Int, modelLength: Int,
         identity: SecureAggregationIdentity? = nil, trust: SecureAggregationTrust? = nil, using generator: inout some RandomNumberGenerator
     ) throws(SecureAggregationError) {
         try self.init(
@@ -92,7 +92,7 @@ public struct SecureAggregationDevice: Sendable, Codable {
     ///   would turn it off), without an identity, or with an identity whose certificate the trust refuses;
     ///   `invalid_configuration` for `consistency_check` without an identity.
     public init(
-        index: Int, configuration: SecureAggregationConfiguration, context: String, maximumSampleCount: Int, modelLength: Int, secrets: SecureAggregationSecrets,
+        index: Int, configuration: SecureAggregationParameters, context: String, maximumSampleCount: Int, modelLength: Int, secrets: SecureAggregationSecrets,
         identity: SecureAggregationIdentity? = nil, trust: SecureAggregationTrust? = nil
     ) throws(SecureAggregationError) {
         guard index >= 1 else { throw SecureAggregationError(.invalidInput, "device indices start at 1, not \(index)") }

@@ -52,7 +52,7 @@ public enum SecureAggregationServerEvent: Sendable, Hashable {
 /// (participants × neighbours) are kept besides. The state is `Codable`, to be persisted between stages.
 public struct SecureAggregationServer: Sendable, Codable {
     /// The cycle's configuration.
-    public let configuration: SecureAggregationConfiguration
+    public let configuration: SecureAggregationParameters
     /// The cycle's context string, as the devices have it.
     public let context: String
     /// The most devices the cycle admits.
@@ -110,9 +110,9 @@ public struct SecureAggregationServer: Sendable, Codable {
     }
 
     /// A server for a cycle of at most `maximumDevices` devices.
-    /// - Throws: `invalid_configuration` from ``SecureAggregationConfiguration/validate(devices:maximumSampleCount:)``,
+    /// - Throws: `invalid_configuration` from ``SecureAggregationParameters/validate(devices:maximumSampleCount:)``,
     ///   or for a model length below 1.
-    public init(configuration: SecureAggregationConfiguration, context: String, maximumDevices: Int, maximumSampleCount: Int, modelLength: Int) throws(SecureAggregationError) {
+    public init(configuration: SecureAggregationParameters, context: String, maximumDevices: Int, maximumSampleCount: Int, modelLength: Int) throws(SecureAggregationError) {
         try configuration.validate(devices: maximumDevices, maximumSampleCount: maximumSampleCount)
         guard modelLength >= 1 else { throw SecureAggregationError(.invalidConfiguration, "the model length must be at least 1, not \(modelLength)") }
         self.configuration = configuration

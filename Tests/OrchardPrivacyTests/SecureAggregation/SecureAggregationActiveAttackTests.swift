@@ -96,14 +96,14 @@ import Testing
     @Test func trustHoldingDevicesRequireTheActiveProtocol() throws {
         var generator = SplitMix64(seed: 7)
         let pki = try SignedFixture(devices: 2, generator: &generator)
-        func make(_ configuration: SecureAggregationConfiguration, identity: SecureAggregationIdentity?, trust: SecureAggregationTrust?) -> SecureAggregationError.Code? {
+        func make(_ configuration: SecureAggregationParameters, identity: SecureAggregationIdentity?, trust: SecureAggregationTrust?) -> SecureAggregationError.Code? {
             secAggCode {
                 _ = try SecureAggregationDevice(
                     index: 1, configuration: configuration, context: Self.context, maximumSampleCount: 10, modelLength: 4, identity: identity, trust: trust, using: &generator)
             }
         }
-        let plain = SecureAggregationConfiguration(threshold: 2)
-        let checked = SecureAggregationConfiguration(threshold: 2, consistencyCheck: true)
+        let plain = SecureAggregationParameters(threshold: 2)
+        let checked = SecureAggregationParameters(threshold: 2, consistencyCheck: true)
         #expect(make(plain, identity: pki.identities[1], trust: pki.trust) == .verificationFailed)
         #expect(make(checked, identity: nil, trust: pki.trust) == .verificationFailed)
         #expect(make(checked, identity: nil, trust: nil) == .invalidConfiguration)

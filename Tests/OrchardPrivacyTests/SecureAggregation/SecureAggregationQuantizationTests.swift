@@ -21,7 +21,7 @@ import Testing
             total += input.sampleCount
         }
         let mean = SecureAggregationQuantization.mean(sum, totalSampleCount: total, clippingRange: c, levels: levels)
-        let scaled = inputs.mapValues { SecureAggregationRound.Input(update: $0.update.map { $0 * 2 }, sampleCount: $0.sampleCount) }
+        let scaled = inputs.mapValues { SecureAggregationCycle.Input(update: $0.update.map { $0 * 2 }, sampleCount: $0.sampleCount) }
         let expected = SecAggFixture.expectedMean(scaled, devices: Array(1...20), clippingRange: c)
         let step = 2 * Double(c) / Double(levels - 1)
         let error = SecAggFixture.maximumError(mean, expected)
@@ -86,7 +86,7 @@ import Testing
     }
 
     @Test func configurationValidationNamesTheProblem() throws {
-        func code(_ configuration: SecureAggregationConfiguration, devices: Int = 10, samples: Int = 100) -> String? {
+        func code(_ configuration: SecureAggregationParameters, devices: Int = 10, samples: Int = 100) -> String? {
             do { try configuration.validate(devices: devices, maximumSampleCount: samples); return nil } catch { return error.message }
         }
         #expect(code(.init(threshold: 6)) == nil)
@@ -107,7 +107,7 @@ import Testing
         #expect(code(.init(threshold: 6, quantizationRange: 1 << 22), samples: 102) == nil)  // 4194303 · 10 · 102 < 2^32
         #expect(code(.init(threshold: 6, quantizationRange: 1 << 22), samples: 103)?.contains("wrap") == true)
         do {
-            try SecureAggregationConfiguration(threshold: 1).validate(devices: 10, maximumSampleCount: 1)
+            try SecureAggregationParameters(threshold: 1).validate(devices: 10, maximumSampleCount: 1)
             Issue.record("threshold 1 accepted")
         } catch {
             #expect(error.code == .invalidConfiguration)
@@ -115,10 +115,10 @@ import Testing
     }
 
     @Test func configurationUsesSnakeCaseKeys() throws {
-        let configuration = SecureAggregationConfiguration(shares: 4, threshold: 3, clippingRange: 2, quantizationRange: 1000, modulusBits: 30)
+        let configuration = SecureAggregationParameters(shares: 4, threshold: 3, clippingRange: 2, quantizationRange: 1000, modulusBits: 30)
         let json = try #require(String(data: JSONEncoder().encode(configuration), encoding: .utf8))
         for key in ["\"shares\"", "\"threshold\"", "\"clipping_range\"", "\"quantization_range\"", "\"modulus_bits\""] { #expect(json.contains(key)) }
-        #expect(try JSONDecoder().decode(SecureAggregationConfiguration.self, from: Data(json.utf8)) == configuration)
+        #expect(try JSONDecoder().decode(SecureAggregationParameters.self, from: Data(json.utf8)) == configuration)
     }
 
     @Test(arguments: [2, 4, 8])

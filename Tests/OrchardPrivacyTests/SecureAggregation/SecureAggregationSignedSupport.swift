@@ -30,7 +30,7 @@ struct SignedFixture {
 
 /// Seven signed devices (threshold 4, SecAgg, consistency_check) and an honest server, driven stage by stage.
 struct SignedCycle: DrivenCycle {
-    static let configuration = SecureAggregationConfiguration(threshold: 4, clippingRange: 1, quantizationRange: 1 << 12, consistencyCheck: true)
+    static let configuration = SecureAggregationParameters(threshold: 4, clippingRange: 1, quantizationRange: 1 << 12, consistencyCheck: true)
     static let length = 16
 
     var generator: SplitMix64

@@ -5,7 +5,7 @@ import Testing
 
 /// The device and server state machines step by step: transitions, and the messages each refuses.
 @Suite struct SecureAggregationStageTests {
-    static let configuration = SecureAggregationConfiguration(threshold: 4, clippingRange: 1, quantizationRange: 1 << 12)
+    static let configuration = SecureAggregationParameters(threshold: 4, clippingRange: 1, quantizationRange: 1 << 12)
     static let length = 16
 
     static func code(_ body: () throws -> Void) -> SecureAggregationError.Code? {

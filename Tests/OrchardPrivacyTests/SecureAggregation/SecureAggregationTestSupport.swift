@@ -8,9 +8,9 @@ enum SecAggFixture {
     static let maximumSampleCount = 100
 
     /// Random updates in ±1.5 (some beyond the clipping range 1) and sample counts 1…100, for devices 1…n.
-    static func inputs(devices n: Int, length: Int, seed: UInt64) -> [Int: SecureAggregationRound.Input] {
+    static func inputs(devices n: Int, length: Int, seed: UInt64) -> [Int: SecureAggregationCycle.Input] {
         var generator = OrchardRandom(seed: seed)
-        var inputs: [Int: SecureAggregationRound.Input] = [:]
+        var inputs: [Int: SecureAggregationCycle.Input] = [:]
         for index in 1...n {
             let update = (0..<length).map { _ in generator.nextFloat(symmetric: 1.5) }
             inputs[index] = .init(update: update, sampleCount: 1 + generator.nextInt(below: maximumSampleCount))
@@ -19,7 +19,7 @@ enum SecAggFixture {
     }
 
     /// The weighted mean of the clipped updates of `devices`, in Double.
-    static func expectedMean(_ inputs: [Int: SecureAggregationRound.Input], devices: [Int], clippingRange: Float) -> [Double] {
+    static func expectedMean(_ inputs: [Int: SecureAggregationCycle.Input], devices: [Int], clippingRange: Float) -> [Double] {
         let length = inputs.values.first!.update.count
         var sum = [Double](repeating: 0, count: length)
         var total = 0.0
@@ -39,7 +39,7 @@ enum SecAggFixture {
     }
 
     /// A device at stage share_keys, with its advertisement.
-    static func devices(_ count: Int, configuration: SecureAggregationConfiguration, length: Int, generator: inout some RandomNumberGenerator) throws -> [SecureAggregationDevice] {
+    static func devices(_ count: Int, configuration: SecureAggregationParameters, length: Int, generator: inout some RandomNumberGenerator) throws -> [SecureAggregationDevice] {
         try (1...count).map {
             try SecureAggregationDevice(index: $0, configuration: configuration, context: context, maximumSampleCount: maximumSampleCount, modelLength: length, using: &generator)
         }

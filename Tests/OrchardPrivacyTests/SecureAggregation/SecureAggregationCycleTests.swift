@@ -6,10 +6,10 @@ import Testing
 /// Whole cycles: the unmasked aggregate equals the plaintext weighted mean of the survivors within the quantisation
 /// bound, with dropouts at every stage.
 @Suite struct SecureAggregationRoundTests {
-    static let secAgg = SecureAggregationConfiguration(threshold: 6, clippingRange: 1, quantizationRange: 1 << 16)
-    static let secAggPlus = SecureAggregationConfiguration(shares: 8, threshold: 5, clippingRange: 1, quantizationRange: 1 << 16)
+    static let secAgg = SecureAggregationParameters(threshold: 6, clippingRange: 1, quantizationRange: 1 << 16)
+    static let secAggPlus = SecureAggregationParameters(shares: 8, threshold: 5, clippingRange: 1, quantizationRange: 1 << 16)
 
-    static func check(_ outcome: SecureAggregationRound.Outcome, inputs: [Int: SecureAggregationRound.Input], survivors: [Int], configuration: SecureAggregationConfiguration) throws {
+    static func check(_ outcome: SecureAggregationCycle.Outcome, inputs: [Int: SecureAggregationCycle.Input], survivors: [Int], configuration: SecureAggregationParameters) throws {
         guard case .finished(let result) = outcome else {
             Issue.record("the cycle did not finish: \(outcome)")
             return
@@ -27,7 +27,7 @@ import Testing
     @Test func secAggWithoutDropouts() throws {
         var generator = SplitMix64(seed: 1)
         let inputs = SecAggFixture.inputs(devices: 10, length: 1000, seed: 1)
-        let outcome = try SecureAggregationRound.run(
+        let outcome = try SecureAggregationCycle.run(
             configuration: Self.secAgg, context: SecAggFixture.context, inputs: inputs, maximumSampleCount: SecAggFixture.maximumSampleCount, using: &generator)
         try Self.check(outcome, inputs: inputs, survivors: Array(1...10), configuration: Self.secAgg)
     }
@@ -35,9 +35,9 @@ import Testing
     @Test func secAggWithDropoutsAtEveryStage() throws {
         var generator = SplitMix64(seed: 2)
         let inputs = SecAggFixture.inputs(devices: 12, length: 1000, seed: 2)
-        let configuration = SecureAggregationConfiguration(threshold: 6, clippingRange: 1, quantizationRange: 1 << 16)
-        let dropouts = SecureAggregationRound.Dropouts(advertiseKeys: [1], shareKeys: [5], maskedInput: [7, 12], unmask: [3])
-        let outcome = try SecureAggregationRound.run(
+        let configuration = SecureAggregationParameters(threshold: 6, clippingRange: 1, quantizationRange: 1 << 16)
+        let dropouts = SecureAggregationCycle.Dropouts(advertiseKeys: [1], shareKeys: [5], maskedInput: [7, 12], unmask: [3])
+        let outcome = try SecureAggregationCycle.run(
             configuration: configuration, context: SecAggFixture.context, inputs: inputs, maximumSampleCount: SecAggFixture.maximumSampleCount,
             dropouts: dropouts, using: &generator)
         // Device 3 dropped at unmask after sending its input: its input counts.
@@ -47,8 +47,8 @@ import Testing
     @Test func secAggPlusWithDropoutsAtEveryStage() throws {
         var generator = SplitMix64(seed: 3)
         let inputs = SecAggFixture.inputs(devices: 30, length: 1000, seed: 3)
-        let dropouts = SecureAggregationRound.Dropouts(advertiseKeys: [4, 17], shareKeys: [9], maskedInput: [2, 20, 26], unmask: [11, 30])
-        let outcome = try SecureAggregationRound.run(
+        let dropouts = SecureAggregationCycle.Dropouts(advertiseKeys: [4, 17], shareKeys: [9], maskedInput: [2, 20, 26], unmask: [11, 30])
+        let outcome = try SecureAggregationCycle.run(
             configuration: Self.secAggPlus, context: SecAggFixture.context, inputs: inputs, maximumSampleCount: SecAggFixture.maximumSampleCount,
             dropouts: dropouts, using: &generator)
         let survivors = (1...30).filter { ![4, 17, 9, 2, 20, 26].contains($0) }
@@ -56,9 +56,9 @@ import Testing
     }
 
     @Test func tooFewAtAnyStageAbandons() throws {
-        let configuration = SecureAggregationConfiguration(threshold: 4, clippingRange: 1, quantizationRange: 1 << 16)
+        let configuration = SecureAggregationParameters(threshold: 4, clippingRange: 1, quantizationRange: 1 << 16)
         let inputs = SecAggFixture.inputs(devices: 7, length: 50, seed: 4)
-        let plans: [(SecureAggregationRound.Dropouts, String)] = [
+        let plans: [(SecureAggregationCycle.Dropouts, String)] = [
             (.init(advertiseKeys: [1, 2, 3]), "advertise_keys"),        // 4 left: threshold + 1 = 5
             (.init(shareKeys: [1, 2, 3]), "share_keys"),
             (.init(shareKeys: [1], maskedInput: [2, 3]), "masked_input"),
@@ -66,7 +66,7 @@ import Testing
         ]
         for (plan, stage) in plans {
             var generator = SplitMix64(seed: 4)
-            let outcome = try SecureAggregationRound.run(
+            let outcome = try SecureAggregationCycle.run(
                 configuration: configuration, context: SecAggFixture.context, inputs: inputs, maximumSampleCount: SecAggFixture.maximumSampleCount,
                 dropouts: plan, using: &generator)
             guard case .abandoned(let reason) = outcome else {
@@ -77,7 +77,7 @@ import Testing
         }
         // Exactly threshold + 1 devices still finish.
         var generator = SplitMix64(seed: 5)
-        let outcome = try SecureAggregationRound.run(
+        let outcome = try SecureAggregationCycle.run(
             configuration: configuration, context: SecAggFixture.context, inputs: inputs, maximumSampleCount: SecAggFixture.maximumSampleCount,
             dropouts: .init(shareKeys: [1], maskedInput: [2]), using: &generator)
         try Self.check(outcome, inputs: inputs, survivors: Array(3...7), configuration: configuration)
@@ -88,7 +88,7 @@ import Testing
         let inputs = SecAggFixture.inputs(devices: 12, length: 200, seed: 6)
         var stages: [SecureAggregationStage] = []
         var generator = SplitMix64(seed: 6)
-        let outcome = try SecureAggregationRound.run(
+        let outcome = try SecureAggregationCycle.run(
             configuration: Self.secAggPlus, context: SecAggFixture.context, inputs: inputs, maximumSampleCount: SecAggFixture.maximumSampleCount,
             dropouts: .init(shareKeys: [2], maskedInput: [5]), using: &generator
         ) { server in

@@ -7,7 +7,7 @@ import Foundation
 /// ``quantizationRange`` levels, multiplies it by its sample count and masks the words modulo 2^``modulusBits``.
 /// Secrets are shared among a device's neighbours: all other devices (``shares`` nil, SecAgg) or ``shares`` of
 /// them on a random ring (SecAgg+); ``threshold`` of those neighbours must stay to unmask.
-public struct SecureAggregationConfiguration: Sendable, Hashable, Codable {
+public struct SecureAggregationParameters: Sendable, Hashable, Codable {
     /// Neighbours per device (even, below the device count); nil for every other device (SecAgg).
     public var shares: Int?
     /// Shares needed to reconstruct a secret: at least 2, at most the neighbour count, above half of it.
@@ -108,3 +108,7 @@ public struct SecureAggregationConfiguration: Sendable, Hashable, Codable {
         }
     }
 }
+
+/// The former name of ``SecureAggregationParameters`` (the process's setting is the wire type `SecureAggregationConfig`).
+@available(*, deprecated, renamed: "SecureAggregationParameters")
+public typealias SecureAggregationConfiguration = SecureAggregationParameters

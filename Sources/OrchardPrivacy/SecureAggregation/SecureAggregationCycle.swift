@@ -3,7 +3,7 @@ import Foundation
 /// An in-memory run of one secure-aggregation cycle: devices and server exchange messages directly, and chosen
 /// devices drop out at chosen stages. For tests and the simulator; a real deployment drives the same state machines
 /// over the network.
-public enum SecureAggregationRound {
+public enum SecureAggregationCycle {
     /// Which devices go silent at which stage (a device listed at a stage sends nothing from that stage on).
     public struct Dropouts: Sendable, Hashable {
         /// Devices that never advertise.
@@ -55,7 +55,7 @@ public enum SecureAggregationRound {
     /// replace it (e.g. with a decoded copy of its persisted state).
     /// - Throws: any refusal by a device or the server (an honest run has none).
     public static func run(
-        configuration: SecureAggregationConfiguration, context: String, inputs: [Int: Input], maximumSampleCount: Int,
+        configuration: SecureAggregationParameters, context: String, inputs: [Int: Input], maximumSampleCount: Int,
         dropouts: Dropouts = Dropouts(), identities: [Int: SecureAggregationIdentity]? = nil, trust: SecureAggregationTrust? = nil,
         using generator: inout some RandomNumberGenerator, inspect: (inout SecureAggregationServer) throws -> Void = { _ in }
     ) throws -> Outcome {
@@ -115,3 +115,7 @@ public enum SecureAggregationRound {
         return .abandoned(server.abandonReason ?? "the cycle did not finish")
     }
 }
+
+/// The former name of ``SecureAggregationCycle`` (a coordinator's aggregation is a cycle; see the glossary).
+@available(*, deprecated, renamed: "SecureAggregationCycle")
+public typealias SecureAggregationRound = SecureAggregationCycle

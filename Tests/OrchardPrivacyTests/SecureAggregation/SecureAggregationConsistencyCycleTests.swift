@@ -6,18 +6,18 @@ import Testing
 /// Whole actively-secure cycles (signed advertisements, the consistency_check stage): the aggregate equals the
 /// plaintext weighted mean of the survivors within the quantisation bound, with dropouts at every stage.
 @Suite struct SecureAggregationConsistencyRoundTests {
-    static func configuration(shares: Int? = nil, threshold: Int) -> SecureAggregationConfiguration {
-        SecureAggregationConfiguration(shares: shares, threshold: threshold, clippingRange: 1, quantizationRange: 1 << 16, consistencyCheck: true)
+    static func configuration(shares: Int? = nil, threshold: Int) -> SecureAggregationParameters {
+        SecureAggregationParameters(shares: shares, threshold: threshold, clippingRange: 1, quantizationRange: 1 << 16, consistencyCheck: true)
     }
 
     static func run(
-        _ configuration: SecureAggregationConfiguration, devices n: Int, length: Int = 300, seed: UInt64, dropouts: SecureAggregationRound.Dropouts = .init(),
+        _ configuration: SecureAggregationParameters, devices n: Int, length: Int = 300, seed: UInt64, dropouts: SecureAggregationCycle.Dropouts = .init(),
         inspect: (inout SecureAggregationServer) throws -> Void = { _ in }
-    ) throws -> (SecureAggregationRound.Outcome, [Int: SecureAggregationRound.Input]) {
+    ) throws -> (SecureAggregationCycle.Outcome, [Int: SecureAggregationCycle.Input]) {
         var generator = SplitMix64(seed: seed)
         let pki = try SignedFixture(devices: n, generator: &generator)
         let inputs = SecAggFixture.inputs(devices: n, length: length, seed: seed)
-        let outcome = try SecureAggregationRound.run(
+        let outcome = try SecureAggregationCycle.run(
             configuration: configuration, context: SecAggFixture.context, inputs: inputs, maximumSampleCount: SecAggFixture.maximumSampleCount,
             dropouts: dropouts, identities: pki.identities, trust: pki.trust, using: &generator, inspect: inspect)
         return (outcome, inputs)
@@ -35,7 +35,7 @@ import Testing
 
     @Test func signedRoundWithDropoutsAtEveryStage() throws {
         let configuration = Self.configuration(threshold: 7)
-        let dropouts = SecureAggregationRound.Dropouts(advertiseKeys: [1], shareKeys: [5], maskedInput: [7, 12], consistencyCheck: [9], unmask: [3])
+        let dropouts = SecureAggregationCycle.Dropouts(advertiseKeys: [1], shareKeys: [5], maskedInput: [7, 12], consistencyCheck: [9], unmask: [3])
         var dropped: [Int] = []
         let (outcome, inputs) = try Self.run(configuration, devices: 14, seed: 22, dropouts: dropouts) { server in dropped = server.dropped }
         // Device 9 sent its input but did not sign: its input counts, it is dropped before unmask; device 3 likewise at unmask.
@@ -45,7 +45,7 @@ import Testing
 
     @Test func signedSecAggPlusWithDropouts() throws {
         let configuration = Self.configuration(shares: 8, threshold: 5)
-        let dropouts = SecureAggregationRound.Dropouts(advertiseKeys: [4], shareKeys: [9], maskedInput: [20], consistencyCheck: [15], unmask: [30])
+        let dropouts = SecureAggregationCycle.Dropouts(advertiseKeys: [4], shareKeys: [9], maskedInput: [20], consistencyCheck: [15], unmask: [30])
         let (outcome, inputs) = try Self.run(configuration, devices: 30, length: 200, seed: 23, dropouts: dropouts)
         try SecureAggregationRoundTests.check(outcome, inputs: inputs, survivors: (1...30).filter { ![4, 9, 20].contains($0) }, configuration: configuration)
     }
@@ -114,13 +114,13 @@ import Testing
     @Test func unsignedWireFormatIsUnchanged() throws {
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.sortedKeys]
-        let plain = SecureAggregationConfiguration(threshold: 3)
+        let plain = SecureAggregationParameters(threshold: 3)
         #expect(String(decoding: try encoder.encode(plain), as: UTF8.self) == #"{"clipping_range":8,"modulus_bits":32,"quantization_range":65536,"threshold":3}"#)
-        let decoded = try JSONDecoder().decode(SecureAggregationConfiguration.self, from: Data(#"{"clipping_range":8,"modulus_bits":32,"quantization_range":65536,"threshold":3}"#.utf8))
+        let decoded = try JSONDecoder().decode(SecureAggregationParameters.self, from: Data(#"{"clipping_range":8,"modulus_bits":32,"quantization_range":65536,"threshold":3}"#.utf8))
         #expect(decoded == plain && !decoded.consistencyCheck)
-        let checked = SecureAggregationConfiguration(threshold: 3, consistencyCheck: true)
+        let checked = SecureAggregationParameters(threshold: 3, consistencyCheck: true)
         #expect(String(decoding: try encoder.encode(checked), as: UTF8.self).contains(#""consistency_check":true"#))
-        #expect(try JSONDecoder().decode(SecureAggregationConfiguration.self, from: try encoder.encode(checked)) == checked)
+        #expect(try JSONDecoder().decode(SecureAggregationParameters.self, from: try encoder.encode(checked)) == checked)
 
         let request = SecureAggregationUnmaskRequest(device: 1, survivors: [2], dropped: [3])
         #expect(String(decoding: try encoder.encode(request), as: UTF8.self) == #"{"device":1,"dropped":[3],"survivors":[2]}"#)
