@@ -6,7 +6,7 @@ import PackageDescription
 /// versioned dependency, and a baseline binary runs on every CPU of its architecture.
 let nativeSettings: [SwiftSetting] =
     Context.environment["ORCHARD_NATIVE"] == "1"
-        ? [.unsafeFlags(["-Xcc", "-march=native"]), .define("ORCHARD_NATIVE")] : []
+    ? [.unsafeFlags(["-Xcc", "-march=native"]), .define("ORCHARD_NATIVE")] : []
 
 /// The Apple frameworks Orchard's Apple-facing targets import, and the modules that stand in for them on Linux
 /// (`Sources/AppleShims`). On Linux those targets are compiled with `-module-alias Framework=Shim`, so `import
@@ -33,12 +33,13 @@ func appleShimDependencies(_ frameworks: [String]) -> [Target.Dependency] {
 }
 
 /// One set of compiler settings shared by every target.
-let swiftSettings: [SwiftSetting] = [
-    .swiftLanguageMode(.v6),
-    .enableUpcomingFeature("ExistentialAny"),
-    .enableUpcomingFeature("InternalImportsByDefault"),
-    .enableUpcomingFeature("MemberImportVisibility"),
-] + nativeSettings
+let swiftSettings: [SwiftSetting] =
+    [
+        .swiftLanguageMode(.v6),
+        .enableUpcomingFeature("ExistentialAny"),
+        .enableUpcomingFeature("InternalImportsByDefault"),
+        .enableUpcomingFeature("MemberImportVisibility"),
+    ] + nativeSettings
 
 let package = Package(
     name: "Orchard",
@@ -375,9 +376,15 @@ let package = Package(
             ],
             swiftSettings: swiftSettings
         ),
-        .testTarget(name: "OrchardFormatsTests", dependencies: ["OrchardSupport", "OrchardProtocol", "OrchardFormats", "OrchardTesting", .product(name: "PropertyBased", package: "swift-property-based")], swiftSettings: swiftSettings),
+        .testTarget(
+            name: "OrchardFormatsTests",
+            dependencies: [
+                "OrchardSupport", "OrchardProtocol", "OrchardFormats", "OrchardTesting", .product(name: "PropertyBased", package: "swift-property-based"),
+            ], swiftSettings: swiftSettings),
         .testTarget(name: "OrchardMLTests", dependencies: ["OrchardSupport", "OrchardFormats", "OrchardML", "OrchardTesting"], swiftSettings: swiftSettings),
-        .testTarget(name: "OrchardDataTests", dependencies: ["OrchardSupport", "OrchardML", "OrchardFormats", "OrchardData", "OrchardExamples", "OrchardTesting"], swiftSettings: swiftSettings),
+        .testTarget(
+            name: "OrchardDataTests", dependencies: ["OrchardSupport", "OrchardML", "OrchardFormats", "OrchardData", "OrchardExamples", "OrchardTesting"],
+            swiftSettings: swiftSettings),
         .testTarget(
             name: "OrchardCoreMLTests",
             dependencies: [
@@ -397,11 +404,17 @@ let package = Package(
             ] + appleShimDependencies(["BackgroundTasks", "UIKit", "Network", "os"]),
             swiftSettings: swiftSettings + appleFrameworks(["BackgroundTasks", "UIKit", "Network", "os"])
         ),
-        .testTarget(name: "OrchardProtocolTests", dependencies: ["OrchardSupport", "OrchardPrivacy", "OrchardProtocol", "OrchardFormats", "OrchardTesting", .product(name: "PropertyBased", package: "swift-property-based")], swiftSettings: swiftSettings),
+        .testTarget(
+            name: "OrchardProtocolTests",
+            dependencies: [
+                "OrchardSupport", "OrchardPrivacy", "OrchardProtocol", "OrchardFormats", "OrchardTesting",
+                .product(name: "PropertyBased", package: "swift-property-based"),
+            ], swiftSettings: swiftSettings),
         .testTarget(
             name: "OrchardCoordinatorTests",
             dependencies: [
-                "OrchardFormats", "OrchardCoordinator", "OrchardProtocol", "OrchardPrivacy", "OrchardSupport", "OrchardTesting", "OrchardCoreML", "OrchardClient",
+                "OrchardFormats", "OrchardCoordinator", "OrchardProtocol", "OrchardPrivacy", "OrchardSupport", "OrchardTesting", "OrchardCoreML",
+                "OrchardClient",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "JWTKit", package: "jwt-kit"),
                 .product(name: "Crypto", package: "swift-crypto"),
@@ -425,7 +438,12 @@ let package = Package(
             ],
             swiftSettings: swiftSettings
         ),
-        .testTarget(name: "OrchardClientTests", dependencies: ["OrchardScheduler", "OrchardProtocol", "OrchardPrivacy", "OrchardML", "OrchardClient", "OrchardCoordinator", "OrchardSupport", "OrchardFormats", "OrchardInProcess", "OrchardTesting", .product(name: "Crypto", package: "swift-crypto"), .product(name: "Clocks", package: "swift-clocks")], swiftSettings: swiftSettings),
+        .testTarget(
+            name: "OrchardClientTests",
+            dependencies: [
+                "OrchardScheduler", "OrchardProtocol", "OrchardPrivacy", "OrchardML", "OrchardClient", "OrchardCoordinator", "OrchardSupport", "OrchardFormats",
+                "OrchardInProcess", "OrchardTesting", .product(name: "Crypto", package: "swift-crypto"), .product(name: "Clocks", package: "swift-clocks"),
+            ], swiftSettings: swiftSettings),
         .testTarget(
             name: "OrchardBenchmarksTests",
             dependencies: [
@@ -447,6 +465,11 @@ let package = Package(
         ),
         // The `orchard` executable run as a child process: option parsing, help, one-line outputs.
         .testTarget(name: "OrchardCLITests", dependencies: ["OrchardTesting"], swiftSettings: swiftSettings),
-        .testTarget(name: "OrchardSimulationTests", dependencies: ["OrchardML", "OrchardData", "OrchardSimulation", "OrchardPrivacy", "OrchardSupport", "OrchardCoordinator", "OrchardClient", "OrchardInProcess", "OrchardProtocol", "OrchardFormats", "OrchardOperator", .product(name: "Logging", package: "swift-log")], swiftSettings: swiftSettings),
+        .testTarget(
+            name: "OrchardSimulationTests",
+            dependencies: [
+                "OrchardML", "OrchardData", "OrchardSimulation", "OrchardPrivacy", "OrchardSupport", "OrchardCoordinator", "OrchardClient", "OrchardInProcess",
+                "OrchardProtocol", "OrchardFormats", "OrchardOperator", .product(name: "Logging", package: "swift-log"),
+            ], swiftSettings: swiftSettings),
     ]
 )

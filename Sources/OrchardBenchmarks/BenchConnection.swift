@@ -140,7 +140,10 @@ private final class RepeatedRequests: ExchangeAnswer, NIOScheduledCallbackHandle
     /// What the pending request's latency counts from.
     var reference = NIODeadline.uptimeNanoseconds(0)
 
-    init(channel: any Channel, handler: ExchangeHandler, request: ByteBuffer, name: String, count: Int, schedule: [NIODeadline]?, done: EventLoopPromise<[Double]>) {
+    init(
+        channel: any Channel, handler: ExchangeHandler, request: ByteBuffer, name: String, count: Int, schedule: [NIODeadline]?,
+        done: EventLoopPromise<[Double]>
+    ) {
         self.channel = channel
         self.handler = handler
         self.request = request
@@ -349,7 +352,7 @@ struct ResponseParser {
         let prefix: [UInt8] = Array("HTTP/1.".utf8)
         func digit(_ i: Int) -> Int? { head[i] >= 48 && head[i] <= 57 ? Int(head[i] - 48) : nil }
         guard head.count >= 12, prefix.indices.allSatisfy({ head[$0] == prefix[$0] }), head[8] == 32,
-              let d0 = digit(9), let d1 = digit(10), let d2 = digit(11)
+            let d0 = digit(9), let d1 = digit(10), let d2 = digit(11)
         else { throw malformed("status line '\(String(decoding: head.prefix(64), as: UTF8.self))'") }
         status = d0 * 100 + d1 * 10 + d2
         var length: Int?

@@ -89,7 +89,8 @@ public enum CoordinatorBenchmark {
             if reportConcurrency < 1 { throw BenchmarkError.invalid("reportConcurrency", "at least 1", not: reportConcurrency) }
             if instances < 1 { throw BenchmarkError.invalid("instances", "at least 1", not: instances) }
             if instances > 1 && database == nil {
-                throw BenchmarkError(.invalidConfiguration, "instances must be 1 without a PostgreSQL database: SQLite serves one coordinator, not \(instances)")
+                throw BenchmarkError(
+                    .invalidConfiguration, "instances must be 1 without a PostgreSQL database: SQLite serves one coordinator, not \(instances)")
             }
             if let problem = database?.problem { throw BenchmarkError(.invalidConfiguration, "database: \(problem)") }
         }
@@ -221,9 +222,10 @@ public enum CoordinatorBenchmark {
                     instances.append(try await CoordinatorInstance.open(store: store, configuration: settings(index), release: { await store.shutdown() }))
                 }
             } else {
-                instances.append(try await CoordinatorInstance.open(
-                    database: directory.appendingPathComponent("bench.sqlite").path, durability: configuration.durability, configuration: settings(0)
-                ))
+                instances.append(
+                    try await CoordinatorInstance.open(
+                        database: directory.appendingPathComponent("bench.sqlite").path, durability: configuration.durability, configuration: settings(0)
+                    ))
             }
             for instance in instances { servers.append(try await instance.serve(host: "127.0.0.1", port: 0, timerInterval: .milliseconds(250))) }
             var pool = HTTPClient.Configuration.ConnectionPool()
@@ -258,9 +260,11 @@ public enum CoordinatorBenchmark {
         let devices = configuration.devices
         let inputSize = configuration.parameters / 10
         let parameterCount = configuration.modelParameters
-        let model = ModelSpec(name: "bench", inputs: [InputSpec(name: "x", shape: [inputSize])], layers: [
-            LayerSpec(name: "dense", type: .dense, inputs: ["x"], units: 10, inputSize: inputSize, useBias: false),
-        ])
+        let model = ModelSpec(
+            name: "bench", inputs: [InputSpec(name: "x", shape: [inputSize])],
+            layers: [
+                LayerSpec(name: "dense", type: .dense, inputs: ["x"], units: 10, inputSize: inputSize, useBias: false)
+            ])
         let weights = Safetensors.encode([TensorRecord(name: "dense.weight", shape: [10, inputSize], values: [Float](repeating: 0.01, count: parameterCount))])
         let serverConfig = ServerConfig(cycleLength: 3600, goalCount: devices, overSelection: 1, minimumReports: 1, paceSteeringWindow: 30)
         let host = HostProcessRequest(name: "bench", version: SemanticVersion(1), model: model, initialWeights: weights, serverConfig: serverConfig)
@@ -318,11 +322,12 @@ public enum CoordinatorBenchmark {
             let load = loads[index % loads.count]
             return (head: load.head(.POST, Endpoint.cycleRequest, session: session.sessionToken, contentType: MediaType.json), body: ByteBuffer(bytes: body))
         }
-        let timedRequests: [(head: HTTPRequestHead, body: ByteBuffer)] = switch configuration.checkinTarget {
-        case .cycleRequest: checkinRequests
-        case .health: sessions.indices.map { index in (head: loads[index % loads.count].head(.GET, Endpoint.health), body: ByteBuffer()) }
-        case .hummingbird: checkinRequests
-        }
+        let timedRequests: [(head: HTTPRequestHead, body: ByteBuffer)] =
+            switch configuration.checkinTarget {
+            case .cycleRequest: checkinRequests
+            case .health: sessions.indices.map { index in (head: loads[index % loads.count].head(.GET, Endpoint.health), body: ByteBuffer()) }
+            case .hummingbird: checkinRequests
+            }
 
         // Check-in phase: `devices` concurrent loops, `checkins` cycle requests in total.
         let perDevice = configuration.checkins / devices
@@ -338,7 +343,8 @@ public enum CoordinatorBenchmark {
                 let connection = connections[index]
                 let request = timedRequests[index]
                 // Open loop: device `index` sends its k-th request at (index + k × devices) / rate.
-                let schedule = rate > 0
+                let schedule =
+                    rate > 0
                     ? (0..<count).map { k in scheduleStart + .nanoseconds(Int64(Double(index + k * devices) / rate * 1e9)) }
                     : nil
                 group.addTask {
@@ -399,9 +405,10 @@ public enum CoordinatorBenchmark {
             // order), so the generator copies no diff per report.
             let shapes = modelArchive.tensors.map { TensorRecord(name: $0.name, shape: $0.shape, values: [Float](repeating: 0, count: $0.values.count)) }
             let variants = (0..<7).map { variant in
-                let data = Safetensors.encode(modelArchive.tensors.map {
-                    TensorRecord(name: $0.name, shape: $0.shape, values: [Float](repeating: Float(variant) * 1e-4, count: $0.values.count))
-                })
+                let data = Safetensors.encode(
+                    modelArchive.tensors.map {
+                        TensorRecord(name: $0.name, shape: $0.shape, values: [Float](repeating: Float(variant) * 1e-4, count: $0.values.count))
+                    })
                 let headerLength = data[0..<8].enumerated().reduce(0) { $0 | Int($1.element) << (8 * $1.offset) }
                 return ByteBuffer(bytes: data[(8 + headerLength)...])
             }

@@ -27,7 +27,7 @@ public enum PeakMemory {
     /// The `VmHWM` line of a `/proc/<pid>/status` text, in bytes (the kernel writes it in kB, i.e. KiB).
     public static func highWaterMark(_ status: String) -> Int? {
         guard let line = status.split(separator: "\n").first(where: { $0.hasPrefix("VmHWM:") }),
-              let kibibytes = line.split(whereSeparator: { $0 == " " || $0 == "\t" }).dropFirst().first.flatMap({ Int($0) })
+            let kibibytes = line.split(whereSeparator: { $0 == " " || $0 == "\t" }).dropFirst().first.flatMap({ Int($0) })
         else { return nil }
         return kibibytes * 1024
     }

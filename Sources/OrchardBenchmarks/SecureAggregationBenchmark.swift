@@ -83,7 +83,9 @@ public enum SecureAggregationBenchmark {
         for i in 0..<n {
             let clock = ContinuousClock()
             var body: [UInt8] = []
-            plainClient += clock.measure { body = ReportEnvelope.encode(diff: [TensorRecord(name: "w", shape: [d], values: updates[i])], metadata: metadata[i]) }
+            plainClient += clock.measure {
+                body = ReportEnvelope.encode(diff: [TensorRecord(name: "w", shape: [d], values: updates[i])], metadata: metadata[i])
+            }
             plainUp += body.count
             plainDown += answer.count
             plainServer += try clock.measure {
@@ -118,7 +120,8 @@ public enum SecureAggregationBenchmark {
             client[index - 1] += clock.measure { made = SecureAggregationSecrets(using: &crypto) }
             let keys = try made!.publicKeys()
             secrets.append(made!)
-            devices.append(try SecureAggregationDevice(index: index, configuration: parameters, context: context, maximumSampleCount: 50, modelLength: d, secrets: made!))
+            devices.append(
+                try SecureAggregationDevice(index: index, configuration: parameters, context: context, maximumSampleCount: 50, modelLength: d, secrets: made!))
             _ = try devices[index - 1]!.advertiseKeys()
             let advertisement = SecureAggregationAdvertisement(device: index, channelPublicKey: keys.channel, maskPublicKey: keys.mask)
             try exchange(index, advertisement, reply: Optional<SecureAggregationReply>.none) { try server.receiveAdvertisement($0) }
@@ -195,7 +198,8 @@ public enum SecureAggregationBenchmark {
             plainClientMs: plainClientMs, secureClientMs: secureClient, clientRatio: secureClient / plainClientMs,
             plainServerMs: plainServerMs, secureServerMs: ms(serverTime), serverRatio: ms(serverTime) / plainServerMs,
             plainBytesUp: Double(plainUp) / Double(n), secureBytesUp: secureUp, bytesUpRatio: secureUp / (Double(plainUp) / Double(n)),
-            plainBytesDown: Double(plainDown) / Double(n), secureBytesDown: secureDown, bytesDownRatio: secureDown / (Double(plainDown) / Double(n)), modelBytes: 4 * d
+            plainBytesDown: Double(plainDown) / Double(n), secureBytesDown: secureDown, bytesDownRatio: secureDown / (Double(plainDown) / Double(n)),
+            modelBytes: 4 * d
         )
     }
 }

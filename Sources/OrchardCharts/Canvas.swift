@@ -93,8 +93,10 @@ struct Canvas {
 
         let yUnit = y.format.displayUnit(for: magnitude(y.range.map { [$0.lowerBound, $0.upperBound] } ?? yValues))
         let yCount = max(3, min(8, Int(plotHeight / 38) + 1))
-        let yScale = y.range.map { NiceScale(fixed: $0.lowerBound / yUnit.divisor...$0.upperBound / yUnit.divisor, maxCount: yCount, integral: yUnit.integral) }
-            ?? NiceScale(covering: yValues.map { $0 / yUnit.divisor }, includesZero: y.includesZero ?? y.format.isAmount, maxCount: yCount, integral: yUnit.integral)
+        let yScale =
+            y.range.map { NiceScale(fixed: $0.lowerBound / yUnit.divisor...$0.upperBound / yUnit.divisor, maxCount: yCount, integral: yUnit.integral) }
+            ?? NiceScale(
+                covering: yValues.map { $0 / yUnit.divisor }, includesZero: y.includesZero ?? y.format.isAmount, maxCount: yCount, integral: yUnit.integral)
         let yTicks = yScale.ticks
         let yLabelWidth = yTicks.map { textWidth(tickLabel($0, step: yScale.step)) }.max() ?? 0
         let left = 36 + yLabelWidth
@@ -104,7 +106,9 @@ struct Canvas {
         var lo = x.range.map { $0.lowerBound / xUnit.divisor } ?? finite.min() ?? 0
         var hi = x.range.map { $0.upperBound / xUnit.divisor } ?? finite.max() ?? 1
         let padding = xPadding.isFinite ? xPadding / xUnit.divisor : 0
-        if lo == hi && padding == 0 { (lo, hi) = xUnit.integral || x.format.isIntegral ? (lo - 1, hi + 1) : (lo - max(abs(lo) / 10, 1), hi + max(abs(hi) / 10, 1)) }
+        if lo == hi && padding == 0 {
+            (lo, hi) = xUnit.integral || x.format.isIntegral ? (lo - 1, hi + 1) : (lo - max(abs(lo) / 10, 1), hi + max(abs(hi) / 10, 1))
+        }
         let integral = xUnit.integral || (x.format.isIntegral && xUnit.divisor == 1)
         // As many ticks as fit under the plot without their labels touching.
         var right = 16.0, xTicks: [Double] = [], step = 1.0
@@ -170,10 +174,12 @@ struct Canvas {
             case (.box, .solid):
                 body += "<rect x=\"\(coordinate(x))\" y=\"\(coordinate(y + 1))\" width=\"14\" height=\"14\" rx=\"2\" fill=\"currentColor\"/>"
             case (.box, .outline):
-                body += "<rect x=\"\(coordinate(x + 0.7))\" y=\"\(coordinate(y + 1.7))\" width=\"12.6\" height=\"12.6\" rx=\"2\" fill=\"currentColor\" fill-opacity=\"0.14\" "
+                body +=
+                    "<rect x=\"\(coordinate(x + 0.7))\" y=\"\(coordinate(y + 1.7))\" width=\"12.6\" height=\"12.6\" rx=\"2\" fill=\"currentColor\" fill-opacity=\"0.14\" "
                 body += "stroke=\"currentColor\" stroke-width=\"1.4\" stroke-dasharray=\"4 3\"/>"
             case (.line, let style):
-                body += "<line x1=\"\(coordinate(x))\" x2=\"\(coordinate(x + 16))\" y1=\"\(coordinate(y + 8))\" y2=\"\(coordinate(y + 8))\" stroke=\"currentColor\" stroke-width=\"3\""
+                body +=
+                    "<line x1=\"\(coordinate(x))\" x2=\"\(coordinate(x + 16))\" y1=\"\(coordinate(y + 8))\" y2=\"\(coordinate(y + 8))\" stroke=\"currentColor\" stroke-width=\"3\""
                 body += style == .outline ? " stroke-dasharray=\"5 3\"/>" : "/>"
             }
             body += "</g><text x=\"\(coordinate(x + 20))\" y=\"\(coordinate(y + 12.5))\">\(escapeXML(entry.name))</text>"

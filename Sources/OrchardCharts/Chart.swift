@@ -137,7 +137,8 @@ public struct LineChart: Sendable, Hashable {
             canvas.openSeries(s, index: index)
             for segment in s.segments where segment.count > 1 {
                 let path = segment.map { "\(coordinate(frame.px($0.x))),\(coordinate(frame.py($0.y)))" }.joined(separator: " ")
-                canvas.body += "<polyline points=\"\(path)\" fill=\"none\" stroke=\"currentColor\" stroke-width=\"2.2\" stroke-linejoin=\"round\" stroke-linecap=\"round\""
+                canvas.body +=
+                    "<polyline points=\"\(path)\" fill=\"none\" stroke=\"currentColor\" stroke-width=\"2.2\" stroke-linejoin=\"round\" stroke-linecap=\"round\""
                 canvas.body += s.style == .outline ? " stroke-dasharray=\"6 4\"/>" : "/>"
             }
             if showMarkers {
@@ -187,11 +188,14 @@ public struct BarChart: Sendable, Hashable {
         let values = series.map { s in Dictionary(s.finitePoints.map { ($0.x, max(0, $0.y)) }, uniquingKeysWith: +) }
         return categories.map { category in
             var bottom = 0.0
-            return (category, values.map { value in
-                let top = bottom + (value[category] ?? 0)
-                defer { bottom = top }
-                return (bottom, top)
-            })
+            return (
+                category,
+                values.map { value in
+                    let top = bottom + (value[category] ?? 0)
+                    defer { bottom = top }
+                    return (bottom, top)
+                }
+            )
         }
     }
 
@@ -216,8 +220,10 @@ public struct BarChart: Sendable, Hashable {
                 let (bottom, top) = stack.segments[index]
                 guard top > bottom else { continue }
                 let y0 = frame.py(bottom), y1 = frame.py(top)
-                canvas.body += "<rect x=\"\(coordinate(frame.px(stack.x) - barWidth / 2))\" y=\"\(coordinate(y1))\" width=\"\(coordinate(barWidth))\" height=\"\(coordinate(y0 - y1))\""
-                canvas.body += s.style == .outline
+                canvas.body +=
+                    "<rect x=\"\(coordinate(frame.px(stack.x) - barWidth / 2))\" y=\"\(coordinate(y1))\" width=\"\(coordinate(barWidth))\" height=\"\(coordinate(y0 - y1))\""
+                canvas.body +=
+                    s.style == .outline
                     ? " fill=\"currentColor\" fill-opacity=\"0.14\" stroke=\"currentColor\" stroke-width=\"1.4\" stroke-dasharray=\"4 3\">"
                     : " fill=\"currentColor\">"
                 canvas.body += "<title>\(escapeXML("\(x.label) \(x.format.format(stack.x)), \(s.name): \(y.format.format(top - bottom))"))</title></rect>"

@@ -32,9 +32,11 @@ extension FederatedJob {
             let kept = await scheduler.pendingRequests().first { $0.identifier == options.identifier }
             let wanted = request(options, begin: kept?.earliestBeginDate)
             if let kept {
-                client.configuration.logger.info("keeping the background request pending in the scheduler's store", metadata: [
-                    "task": "\(options.identifier)", "earliest_begin": "\(kept.earliestBeginDate.map { "\($0)" } ?? "as soon as possible")",
-                ])
+                client.configuration.logger.info(
+                    "keeping the background request pending in the scheduler's store",
+                    metadata: [
+                        "task": "\(options.identifier)", "earliest_begin": "\(kept.earliestBeginDate.map { "\($0)" } ?? "as soon as possible")",
+                    ])
                 // The same request: leave it as it is (its submission date, which ages it, included).
                 if kept.kind == wanted.kind && kept.constraints == wanted.constraints && kept.priority == wanted.priority { return }
             }

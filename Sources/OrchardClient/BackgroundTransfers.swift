@@ -192,9 +192,11 @@ public final class BackgroundTransferTransport: NSObject, ClientTransport, URLSe
     private func startDownload(_ request: ModelRequest, key: String, session token: String) throws(OrchardClientError) {
         var urlRequest: URLRequest
         do throws(OrchardClientError) {
-            urlRequest = try makeRequest(Endpoint.model(request.modelID), query: [
-                Endpoint.requestKeyQuery: request.requestKey, Endpoint.formatQuery: request.format.rawValue,
-            ], session: token)
+            urlRequest = try makeRequest(
+                Endpoint.model(request.modelID),
+                query: [
+                    Endpoint.requestKeyQuery: request.requestKey, Endpoint.formatQuery: request.format.rawValue,
+                ], session: token)
         } catch {
             state.withLock { _ = $0.inFlight.remove(key) }
             throw error
@@ -252,7 +254,9 @@ public final class BackgroundTransferTransport: NSObject, ClientTransport, URLSe
             waiter?.continuation.resume(returning: Finished(status: 0, etag: nil, body: [], failure: Self.cancelledFailure))
         }
         if let startError { throw startError }
-        if finished.failure == Self.cancelledFailure { throw OrchardClientError(.cancelled, "the background transfer's wait was cancelled; the transfer goes on") }
+        if finished.failure == Self.cancelledFailure {
+            throw OrchardClientError(.cancelled, "the background transfer's wait was cancelled; the transfer goes on")
+        }
         return finished
     }
 
@@ -312,10 +316,12 @@ public final class BackgroundTransferTransport: NSObject, ClientTransport, URLSe
         // The file at `location` is removed when this method returns: read it now.
         let body = (try? Data(contentsOf: location)).map { [UInt8]($0) } ?? []
         let response = downloadTask.response as? HTTPURLResponse
-        deliver(key, Finished(
-            status: response?.statusCode ?? 0, etag: response?.value(forHTTPHeaderField: "ETag"),
-            digest: response?.value(forHTTPHeaderField: ModelIntegrity.digestHeader), body: body, failure: nil
-        ))
+        deliver(
+            key,
+            Finished(
+                status: response?.statusCode ?? 0, etag: response?.value(forHTTPHeaderField: "ETag"),
+                digest: response?.value(forHTTPHeaderField: ModelIntegrity.digestHeader), body: body, failure: nil
+            ))
     }
 
     public func urlSession(_ session: URLSession, dataTask: URLSessionDataTask, didReceive data: Data) {

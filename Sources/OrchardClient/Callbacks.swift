@@ -26,7 +26,9 @@ public struct ReportHandle: Sendable {
 
 extension FederatedJob {
     /// Called once per started cycle when the model and plan are ready: train, then call `report` once.
-    public func onReady(_ handler: @escaping @Sendable (_ model: CycleModel, _ plan: TrainingPlan, _ clientConfig: ClientConfig, _ report: ReportHandle) -> Void) {
+    public func onReady(
+        _ handler: @escaping @Sendable (_ model: CycleModel, _ plan: TrainingPlan, _ clientConfig: ClientConfig, _ report: ReportHandle) -> Void
+    ) {
         callbacks.withLock { $0.onReady = handler }
     }
 

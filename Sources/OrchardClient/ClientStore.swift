@@ -143,7 +143,7 @@ struct ClientStore: Sendable {
         for i in 0..<4 { length |= Int(bytes[magic.count + i]) << (8 * i) }
         let headerStart = magic.count + 4
         guard headerStart + length <= bytes.count,
-              let key = try? JSONDecoder().decode(CheckpointKey.self, from: Data(bytes[headerStart..<(headerStart + length)]))
+            let key = try? JSONDecoder().decode(CheckpointKey.self, from: Data(bytes[headerStart..<(headerStart + length)]))
         else {
             try remove(checkpointURL)
             return nil
@@ -171,7 +171,7 @@ struct ClientStore: Sendable {
     /// The complete model and what the coordinator announced for it, if it is the one named.
     func model(_ modelID: String) throws(OrchardClientError) -> (bytes: [UInt8], info: ModelInfo)? {
         guard let info = try readJSON(ModelInfo.self, modelInfoURL), info.modelID == modelID,
-              let data = try read(modelURL)
+            let data = try read(modelURL)
         else { return nil }
         return ([UInt8](data), info)
     }
@@ -202,7 +202,7 @@ struct ClientStore: Sendable {
     func partialModel(_ modelID: String) throws(OrchardClientError) -> (info: ModelInfo, length: Int)? {
         guard let info = try readJSON(ModelInfo.self, partialInfoURL), info.modelID == modelID else { return nil }
         guard let attributes = try? FileManager.default.attributesOfItem(atPath: partialModelURL.path),
-              let size = attributes[.size] as? NSNumber
+            let size = attributes[.size] as? NSNumber
         else { return nil }
         return (info, size.intValue)
     }

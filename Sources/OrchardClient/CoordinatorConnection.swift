@@ -55,7 +55,9 @@ public struct CoordinatorConnection: Sendable {
 
     /// Creates a client over any transport whose device token comes from `tokenProvider` each time the device
     /// authenticates.
-    public init(transport: any ClientTransport, server: String, tokenProvider: any DeviceTokenProvider, configuration: DeviceConfiguration = DeviceConfiguration()) {
+    public init(
+        transport: any ClientTransport, server: String, tokenProvider: any DeviceTokenProvider, configuration: DeviceConfiguration = DeviceConfiguration()
+    ) {
         self.transport = transport
         self.server = server
         self.authToken = nil

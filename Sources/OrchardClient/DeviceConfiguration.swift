@@ -74,7 +74,8 @@ public struct DeviceConfiguration: Sendable {
 
     /// The platform's application-support directory (`~/.local/share` style on Linux), subdirectory `Orchard`.
     public static var defaultStorageDirectory: URL {
-        let base = FileManager.default.urls(for: .applicationSupportDirectory, in: .userDomainMask).first
+        let base =
+            FileManager.default.urls(for: .applicationSupportDirectory, in: .userDomainMask).first
             ?? URL(fileURLWithPath: NSTemporaryDirectory())
         return base.appendingPathComponent("Orchard", isDirectory: true)
     }
@@ -95,4 +96,3 @@ public struct StorageDurability: Sendable, Hashable, CustomStringConvertible {
 
     public var description: String { kind.rawValue }
 }
-

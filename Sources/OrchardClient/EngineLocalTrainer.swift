@@ -52,9 +52,10 @@ public struct EngineLocalTrainer: LocalTrainer {
             let trainer = try Trainer(model: original, configuration: configuration)
             let resumed = try checkpoint.map { bytes throws(EngineError) in try TrainingState(checkpoint: bytes, model: original) }
             outcome = try trainer.train(on: dataset, resumingFrom: resumed) { step in
-                progress(TrainingStep(epoch: step.epoch, batch: step.batch, batchesPerEpoch: step.batchesPerEpoch, updates: step.updates, loss: Double(step.loss)))
+                progress(
+                    TrainingStep(epoch: step.epoch, batch: step.batch, batchesPerEpoch: step.batchesPerEpoch, updates: step.updates, loss: Double(step.loss)))
             }
-        } catch where error.code == .cancelled {
+        } catch  where error.code == .cancelled {
             throw OrchardClientError(.cancelled, error.message)
         } catch {
             throw OrchardClientError(.training, "local training failed: \(error)")

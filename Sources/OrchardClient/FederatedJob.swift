@@ -101,7 +101,9 @@ public final class FederatedJob: Sendable {
     /// - Parameters:
     ///   - constraints: Device conditions the cycle needs (read from the configured provider); none by default.
     ///   - body: Trains and returns the update; cancellation should stop it and throw.
-    public func run(constraints: TaskConstraints = .none, _ body: @Sendable (CycleContext) async throws -> LocalUpdate) async throws(OrchardClientError) -> CycleOutcome {
+    public func run(constraints: TaskConstraints = .none, _ body: @Sendable (CycleContext) async throws -> LocalUpdate) async throws(OrchardClientError)
+        -> CycleOutcome
+    {
         try await exclusiveCycle(constraints: constraints) { context in .completed(try await body(context)) }
     }
 
@@ -123,7 +125,9 @@ public final class FederatedJob: Sendable {
     }
 
     /// Runs one cycle at a time and publishes its end to observers.
-    private func exclusiveCycle(constraints: TaskConstraints, _ body: @Sendable (CycleContext) async throws -> LocalTrainingOutcome) async throws(OrchardClientError) -> CycleOutcome {
+    private func exclusiveCycle(constraints: TaskConstraints, _ body: @Sendable (CycleContext) async throws -> LocalTrainingOutcome)
+        async throws(OrchardClientError) -> CycleOutcome
+    {
         try await gate.withPermit { () async throws(OrchardClientError) -> CycleOutcome in
             let outcome: CycleOutcome
             do throws(OrchardClientError) {
@@ -140,12 +144,15 @@ public final class FederatedJob: Sendable {
 
     /// Drives a ``JobCycleStateMachine``: performs its actions (files, coordinator calls, training, backoff)
     /// and feeds each result back, until it finishes or fails.
-    private func cycle(constraints: TaskConstraints, _ body: @Sendable (CycleContext) async throws -> LocalTrainingOutcome) async throws(OrchardClientError) -> CycleOutcome {
-        var machine = JobCycleStateMachine(setup: JobCycleStateMachine.Setup(
-            server: client.server, authToken: client.authToken, processName: processName, version: version,
-            retry: configuration.retry, conditionRules: configuration.conditionRules, trainingSeed: configuration.trainingSeed,
-            secureAggregationWait: configuration.secureAggregationWait
-        ))
+    private func cycle(constraints: TaskConstraints, _ body: @Sendable (CycleContext) async throws -> LocalTrainingOutcome) async throws(OrchardClientError)
+        -> CycleOutcome
+    {
+        var machine = JobCycleStateMachine(
+            setup: JobCycleStateMachine.Setup(
+                server: client.server, authToken: client.authToken, processName: processName, version: version,
+                retry: configuration.retry, conditionRules: configuration.conditionRules, trainingSeed: configuration.trainingSeed,
+                secureAggregationWait: configuration.secureAggregationWait
+            ))
         var actions = machine.start(constraints: constraints)
         while true {
             var next: [JobCycleStateMachine.Action]?
@@ -184,13 +191,16 @@ public final class FederatedJob: Sendable {
             return machine.conditionsRead(await configuration.conditions?.currentConditions() ?? .unknown)
         case .loadState:
             try store.prepare()
-            let stored = JobCycleStateMachine.Stored(session: try store.identity(), hasPendingReport: try store.pendingReport() != nil, checkpoint: try store.checkpoint())
+            let stored = JobCycleStateMachine.Stored(
+                session: try store.identity(), hasPendingReport: try store.pendingReport() != nil, checkpoint: try store.checkpoint())
             return machine.stateLoaded(stored, now: now)
         case .loadCachedModel(let modelID):
             let cached = try store.model(modelID)
             return machine.cachedModelLoaded(cached?.bytes, info: cached?.info)
         case .backoff(let retry, let seconds):
-            let delay = seconds.map { Duration.nanoseconds(Int64($0 * 1e9)) } ?? configuration.retry.delay(beforeRetry: retry, random: configuration.environment.random())
+            let delay =
+                seconds.map { Duration.nanoseconds(Int64($0 * 1e9)) }
+                ?? configuration.retry.delay(beforeRetry: retry, random: configuration.environment.random())
             do {
                 try await configuration.environment.clock.sleep(for: delay)
             } catch {
@@ -200,48 +210,62 @@ public final class FederatedJob: Sendable {
 
         case .authenticate(let request):
             let client = self.client
-            return await call(&machine, { () async throws(OrchardClientError) in
-                var request = request
-                // A provider's token is asked for now, when it is needed: the one from the last window may have expired.
-                if client.tokenProvider != nil { request.authToken = try await client.currentAuthToken() }
-                return try await transport.authenticate(request)
-            }) { machine, response in
+            return await call(
+                &machine,
+                { () async throws(OrchardClientError) in
+                    var request = request
+                    // A provider's token is asked for now, when it is needed: the one from the last window may have expired.
+                    if client.tokenProvider != nil { request.authToken = try await client.currentAuthToken() }
+                    return try await transport.authenticate(request)
+                }
+            ) { machine, response in
                 machine.authenticated(response, now: now)
             }
         case .uploadReport(let session):
             let store = self.store
-            return await call(&machine, { () async throws(OrchardClientError) in
-                guard let body = try store.pendingReport() else {
-                    throw OrchardClientError(.storage, "the report to upload is missing from \(store.directory.path)")
+            return await call(
+                &machine,
+                { () async throws(OrchardClientError) in
+                    guard let body = try store.pendingReport() else {
+                        throw OrchardClientError(.storage, "the report to upload is missing from \(store.directory.path)")
+                    }
+                    return try await transport.report(body, session: session)
                 }
-                return try await transport.report(body, session: session)
-            }) { machine, response in machine.reportAnswered(response) }
+            ) { machine, response in machine.reportAnswered(response) }
         case .measureLinkSpeed(let session, let downloadBytes, let uploadBytes):
             var test = configuration.linkSpeedTest
             if let downloadBytes { test.downloadBytes = downloadBytes }
             if let uploadBytes { test.uploadBytes = uploadBytes }
-            return await call(&machine, { () async throws(OrchardClientError) in try await test.measure(over: transport, session: session) }) { machine, speed in
+            return await call(&machine, { () async throws(OrchardClientError) in try await test.measure(over: transport, session: session) }) {
+                machine, speed in
                 machine.linkSpeedMeasured(speed)
             }
         case .requestCycle(let request, let session):
-            return await call(&machine, { () async throws(OrchardClientError) in try await transport.requestCycle(request, session: session) }) { machine, response in
+            return await call(&machine, { () async throws(OrchardClientError) in try await transport.requestCycle(request, session: session) }) {
+                machine, response in
                 machine.cycleAnswered(response)
             }
         case .downloadPlan(let planID, let requestKey, let session):
             let trainer = configuration.trainer
-            return await call(&machine, { () async throws(OrchardClientError) in
-                let plan = try await transport.plan(planID, requestKey: requestKey, session: session)
-                return (plan, try trainer.parameterShapes(of: plan.model))
-            }) { machine, answer in machine.planDownloaded(answer.0, shapes: answer.1) }
+            return await call(
+                &machine,
+                { () async throws(OrchardClientError) in
+                    let plan = try await transport.plan(planID, requestKey: requestKey, session: session)
+                    return (plan, try trainer.parameterShapes(of: plan.model))
+                }
+            ) { machine, answer in machine.planDownloaded(answer.0, shapes: answer.1) }
         case .downloadModel(let modelID, let requestKey, let session):
             let store = self.store
-            return await call(&machine, { () async throws(OrchardClientError) in
-                try await fetch(ModelRequest(modelID: modelID, requestKey: requestKey), session: session)
-                guard let partial = try store.partialModel(modelID) else {
-                    throw OrchardClientError(.storage, "the downloaded model is missing from \(store.directory.path)")
+            return await call(
+                &machine,
+                { () async throws(OrchardClientError) in
+                    try await fetch(ModelRequest(modelID: modelID, requestKey: requestKey), session: session)
+                    guard let partial = try store.partialModel(modelID) else {
+                        throw OrchardClientError(.storage, "the downloaded model is missing from \(store.directory.path)")
+                    }
+                    return (try store.partialModelBytes(), partial.info)
                 }
-                return (try store.partialModelBytes(), partial.info)
-            }) { machine, download in machine.modelDownloaded(download.0, info: download.1) }
+            ) { machine, download in machine.modelDownloaded(download.0, info: download.1) }
         case .train(let input):
             let store = self.store
             let key = input.checkpointKey

@@ -144,7 +144,9 @@ public struct HTTPTransport: ClientTransport {
         var headers: HTTPHeaders
     }
 
-    private func makeRequest(_ method: HTTPMethod, _ path: String, query: [String: String] = [:], session: String?) throws(OrchardClientError) -> HTTPClientRequest {
+    private func makeRequest(_ method: HTTPMethod, _ path: String, query: [String: String] = [:], session: String?) throws(OrchardClientError)
+        -> HTTPClientRequest
+    {
         let url: String
         do throws(ConnectionError) { url = try HTTPConnection.url(baseURL, path: path, query: query) } catch {
             throw OrchardClientError(.invalidConfiguration, error.message)
@@ -158,7 +160,9 @@ public struct HTTPTransport: ClientTransport {
     }
 
     /// Sends `body` as JSON (`encoded` when the caller wrote it directly) and decodes the answer.
-    private func exchange<Body: Encodable, Answer: Decodable>(_ method: HTTPMethod, _ path: String, body: Body, encoded: [UInt8]? = nil, session: String?) async throws(OrchardClientError) -> Answer {
+    private func exchange<Body: Encodable, Answer: Decodable>(_ method: HTTPMethod, _ path: String, body: Body, encoded: [UInt8]? = nil, session: String?)
+        async throws(OrchardClientError) -> Answer
+    {
         var request = try makeRequest(method, path, session: session)
         do {
             request.body = .bytes(ByteBuffer(bytes: try encoded ?? Array(WireCoding.encoder().encode(body))))
@@ -212,7 +216,8 @@ public struct HTTPTransport: ClientTransport {
         case .cancelled: return cancelledError()
         case .tls:
             return OrchardClientError(
-                .tls, "TLS connection to \(url) failed: \(error.message); if the coordinator's certificate comes from a private CA, trust it (TrustRoots, orchard --ca-cert)"
+                .tls,
+                "TLS connection to \(url) failed: \(error.message); if the coordinator's certificate comes from a private CA, trust it (TrustRoots, orchard --ca-cert)"
             )
         case .answerTooLarge: return OrchardClientError(.serverError, "the answer from \(url) exceeds \(maximumAnswerBytes) bytes")
         case .invalidConfiguration: return OrchardClientError(.invalidConfiguration, error.message)

@@ -216,7 +216,9 @@ struct JobCycleStateMachine {
     mutating func authenticated(_ response: AuthenticateResponse, now: Double) -> [Action] {
         expect(.calling(.authenticate))
         guard WireProtocol.isCompatible(response.protocolVersion) else {
-            return fail(OrchardClientError(.incompatibleModel, "the coordinator speaks protocol \(response.protocolVersion); this client speaks \(WireProtocol.version)"))
+            return fail(
+                OrchardClientError(
+                    .incompatibleModel, "the coordinator speaks protocol \(response.protocolVersion); this client speaks \(WireProtocol.version)"))
         }
         let identity = ClientStore.Identity(
             workerID: response.workerID, sessionToken: response.sessionToken, expiresAt: now + response.expiresIn, server: setup.server,
@@ -243,7 +245,8 @@ struct JobCycleStateMachine {
     /// The coordinator accepted the report on disk.
     mutating func reportAnswered(_ response: ReportResponse) -> [Action] {
         guard case .calling(.uploadReport(let fromEarlierWindow)) = phase else { unexpected("a report answer") }
-        let receipt = ReportReceipt(cycle: response.cycle, reportsReceived: response.reportsReceived, retryAfter: response.retryAfter, fromEarlierWindow: fromEarlierWindow)
+        let receipt = ReportReceipt(
+            cycle: response.cycle, reportsReceived: response.reportsReceived, retryAfter: response.retryAfter, fromEarlierWindow: fromEarlierWindow)
         return [.clearPendingReport, .log(.info, "report accepted: cycle \(response.cycle), \(response.reportsReceived) reports")] + finish(.reported(receipt))
     }
 
@@ -302,7 +305,8 @@ struct JobCycleStateMachine {
     mutating func cachedModelLoaded(_ bytes: [UInt8]?, info: ClientStore.ModelInfo?) -> [Action] {
         expect(.loading)
         if let bytes, let info,
-           let weights = try? ModelIntegrity.verify(bytes, sha256: info.sha256.map { [UInt8]($0) }, totalLength: info.totalLength, shapes: shapes) {
+            let weights = try? ModelIntegrity.verify(bytes, sha256: info.sha256.map { [UInt8]($0) }, totalLength: info.totalLength, shapes: shapes)
+        {
             return [.emit(.downloaded(bytes: bytes.count, of: bytes.count))] + beginTraining(weights)
         }
         return issue(.downloadModel)
@@ -344,12 +348,14 @@ struct JobCycleStateMachine {
                 phase = .secureAggregating
                 let input = SecureAggregationInput(
                     assignment: assignment, plan: secure, workerID: session.workerID, session: session.sessionToken, update: flat,
-                    sampleCount: update.sampleCount, waitLimit: setup.secureAggregationWait.seconds(
+                    sampleCount: update.sampleCount,
+                    waitLimit: setup.secureAggregationWait.seconds(
                         reportWithin: assignment.reportWithin, stageTimeout: secure.stageTimeout, laterStages: secure.parameters.consistencyCheck ? 4 : 3)
                 )
                 return [.emit(.phase(.secureAggregation)), .discardCheckpoint, .secureAggregate(input)]
             }
-            let metadata = ReportMetadata(workerID: session.workerID, requestKey: assignment.requestKey, sampleCount: update.sampleCount, metrics: update.metrics)
+            let metadata = ReportMetadata(
+                workerID: session.workerID, requestKey: assignment.requestKey, sampleCount: update.sampleCount, metrics: update.metrics)
             hasPendingReport = true
             return [.emit(.phase(.reporting)), .savePendingReport(ReportEnvelope.encode(diff: update.diff, metadata: metadata)), .discardCheckpoint]
                 + issue(.uploadReport(fromEarlierWindow: false))
@@ -429,7 +435,10 @@ struct JobCycleStateMachine {
             let retry = attempt
             attempt += 1
             phase = .backingOff(call)
-            return [.log(.debug, "retry \(retry) after \(error)"), .emit(.retrying(attempt: retry, error: error)), .backoff(retry: retry, seconds: error.retryAfter)]
+            return [
+                .log(.debug, "retry \(retry) after \(error)"), .emit(.retrying(attempt: retry, error: error)),
+                .backoff(retry: retry, seconds: error.retryAfter),
+            ]
         }
         return fail(error)
     }

@@ -1,4 +1,3 @@
-
 /// A stage of a job's cycle.
 public struct JobPhase: Sendable, Hashable, CustomStringConvertible {
     private enum Kind: String, Sendable, Hashable {

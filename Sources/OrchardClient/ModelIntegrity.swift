@@ -23,7 +23,7 @@ enum ModelIntegrity {
             var value = trimmed[trimmed.index(after: equals)...]
             if let parameters = value.firstIndex(of: ";") { value = value[..<parameters] }
             guard value.count >= 2, value.first == ":", value.last == ":",
-                  let data = Data(base64Encoded: String(value.dropFirst().dropLast())), data.count == SHA256.byteCount
+                let data = Data(base64Encoded: String(value.dropFirst().dropLast())), data.count == SHA256.byteCount
             else { return nil }
             return [UInt8](data)
         }

@@ -50,7 +50,9 @@ public struct ClientEnvironment: Sendable {
     /// Creates an environment; `noiseBits` defaults to the system's cryptographically secure generator.
     public init(
         clock: any WallClock, random: @escaping @Sendable () -> Double,
-        noiseBits: @escaping @Sendable () -> UInt64 = { var system = SystemRandomNumberGenerator(); return system.next() }
+        noiseBits: @escaping @Sendable () -> UInt64 = {
+            var system = SystemRandomNumberGenerator(); return system.next()
+        }
     ) {
         self.clock = clock
         self.random = random

@@ -160,7 +160,8 @@ public struct SecureAggregationExchange: Sendable {
         }
         if trust != nil && !plan.parameters.consistencyCheck {
             throw OrchardClientError(
-                .invalidConfiguration, "this device takes part only in signed secure aggregation (it holds secureAggregationAuthorities), and the plan has no consistency_check")
+                .invalidConfiguration,
+                "this device takes part only in signed secure aggregation (it holds secureAggregationAuthorities), and the plan has no consistency_check")
         }
         let secrets = SecureAggregationSecrets(using: &generator)
         let keys: (channel: Data, mask: Data)
@@ -272,7 +273,9 @@ public struct SecureAggregationExchange: Sendable {
                 return fail(Self.refused(error, at: "masked_input"))
             }
         case .consistencyCheck:
-            guard let request = reply.consistencyRequest else { return fail(Self.invalidReply("asks for consistency_check but carries no consistency request")) }
+            guard let request = reply.consistencyRequest else {
+                return fail(Self.invalidReply("asks for consistency_check but carries no consistency request"))
+            }
             do throws(SecureAggregationError) {
                 let message = try device.consistencyCheck(request)
                 return send(SecureAggregationRequest(workerID: workerID, requestKey: requestKey, consistencyCheck: message), fresh: true)
@@ -347,7 +350,9 @@ public struct SecureAggregationExchange: Sendable {
     }
 
     /// Waits `seconds` (cut to what the limit has left) before `request`; gives up once the limit is spent.
-    private mutating func wait(_ seconds: Double, then request: SecureAggregationRequest, fresh: Bool, retry: (number: Int, error: OrchardClientError)?) -> Action {
+    private mutating func wait(_ seconds: Double, then request: SecureAggregationRequest, fresh: Bool, retry: (number: Int, error: OrchardClientError)?)
+        -> Action
+    {
         let remaining = waitLimit - waited
         guard remaining > 0 else {
             return finish(.rejected(retryAfter: lastRetryAfter ?? Self.defaultRejectionRetryAfter, reason: "secure_aggregation_timeout"))
@@ -387,7 +392,8 @@ public struct SecureAggregationExchange: Sendable {
     /// Why an update cannot go through secure aggregation under `plan`, or nil.
     static func validationFailure(plan: SecureAggregationPlan, update: [Float], sampleCount: Int) -> OrchardClientError? {
         guard plan.maximumSampleCount >= 1 else {
-            return OrchardClientError(.incompatibleModel, "the plan's secure aggregation admits a maximum sample count of \(plan.maximumSampleCount); it must be at least 1")
+            return OrchardClientError(
+                .incompatibleModel, "the plan's secure aggregation admits a maximum sample count of \(plan.maximumSampleCount); it must be at least 1")
         }
         guard sampleCount >= 1, sampleCount <= plan.maximumSampleCount else {
             return OrchardClientError(
@@ -411,7 +417,8 @@ public struct SecureAggregationExchange: Sendable {
             return OrchardClientError(.training, "the update cannot take part in secure aggregation (\(step)): \(error.message)")
         }
         return OrchardClientError(
-            .serverError, "secure aggregation stopped at \(step): the device refused the coordinator's message (\(error.code): \(error.message)); nothing more is sent in this cycle"
+            .serverError,
+            "secure aggregation stopped at \(step): the device refused the coordinator's message (\(error.code): \(error.message)); nothing more is sent in this cycle"
         )
     }
 }

@@ -28,13 +28,17 @@ extension ClientTransport {
     /// Transports with no link of their own (wrappers that only forward the five cycle calls) cannot take part
     /// in a process that asks for link speeds: they fail the measurement with this error, naming themselves.
     public func speedTest(_ direction: SpeedTestDirection, bytes: Int, session: String) async throws(OrchardClientError) -> Int {
-        throw OrchardClientError(.invalidConfiguration, "\(Self.self) cannot run the coordinator's speed test, which this process requires; implement speedTest(_:bytes:session:) to forward it")
+        throw OrchardClientError(
+            .invalidConfiguration,
+            "\(Self.self) cannot run the coordinator's speed test, which this process requires; implement speedTest(_:bytes:session:) to forward it")
     }
 
     /// Transports that only forward the five cycle calls cannot take part in a process that uses secure
     /// aggregation: they fail its first step with this error, naming themselves.
     public func secureAggregation(_ request: SecureAggregationRequest, session: String) async throws(OrchardClientError) -> SecureAggregationReply {
-        throw OrchardClientError(.invalidConfiguration, "\(Self.self) cannot send secure-aggregation messages, which this process requires; implement secureAggregation(_:session:) to forward them")
+        throw OrchardClientError(
+            .invalidConfiguration,
+            "\(Self.self) cannot send secure-aggregation messages, which this process requires; implement secureAggregation(_:session:) to forward them")
     }
 }
 

@@ -184,7 +184,9 @@ public struct RunningSum: Sendable, Hashable {
         #if _endian(little)
         bytes.withUnsafeBytes { add($0.bindMemory(to: Float.self), weight: weight, unclipped: unclipped) }
         #else
-        let floats = bytes.withUnsafeBytes { raw in (0..<(raw.count / 4)).map { Float(bitPattern: UInt32(littleEndian: raw.loadUnaligned(fromByteOffset: $0 * 4, as: UInt32.self))) } }
+        let floats = bytes.withUnsafeBytes { raw in
+            (0..<(raw.count / 4)).map { Float(bitPattern: UInt32(littleEndian: raw.loadUnaligned(fromByteOffset: $0 * 4, as: UInt32.self))) }
+        }
         floats.withUnsafeBufferPointer { add($0, weight: weight, unclipped: unclipped) }
         #endif
     }

@@ -49,7 +49,8 @@ struct DeviceAuthenticator: Sendable {
             do {
                 key = try JWTKit.Insecure.RSA.PublicKey(pem: config.publicKeyPEM ?? "")
             } catch {
-                throw CoordinatorError(.invalidConfiguration, "server_config.authentication.public_key_pem is not an RSA public key of at least 2048 bits: \(error)")
+                throw CoordinatorError(
+                    .invalidConfiguration, "server_config.authentication.public_key_pem is not an RSA public key of at least 2048 bits: \(error)")
             }
             let keys = JWTKeyCollection()
             await keys.add(rsa: key, digestAlgorithm: .sha256)

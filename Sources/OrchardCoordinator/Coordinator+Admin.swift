@@ -137,12 +137,15 @@ extension Coordinator {
         }
         guard let current = runtimes[processID] else { throw CoordinatorError(.unknownProcess, "no process '\(processID)'") }
         let machine = current.machine
-        let cycle: CycleStatus? = machine.phase == .completed ? nil : CycleStatus(
-            number: machine.cycle, checkpoint: machine.checkpoint, openedAt: machine.openedAt.timeIntervalSince1970,
-            deadline: machine.deadline.timeIntervalSince1970, assigned: machine.assignments.count, reported: machine.reported,
-            goal: machine.configuration.goalCount, capacity: machine.configuration.capacity,
-            secureAggregation: current.secure?.status(cycleDeadline: machine.deadline)
-        )
+        let cycle: CycleStatus? =
+            machine.phase == .completed
+            ? nil
+            : CycleStatus(
+                number: machine.cycle, checkpoint: machine.checkpoint, openedAt: machine.openedAt.timeIntervalSince1970,
+                deadline: machine.deadline.timeIntervalSince1970, assigned: machine.assignments.count, reported: machine.reported,
+                goal: machine.configuration.goalCount, capacity: machine.configuration.capacity,
+                secureAggregation: current.secure?.status(cycleDeadline: machine.deadline)
+            )
         var server = runtime.process.serverConfig
         server.authentication.secret = server.authentication.secret == nil ? nil : "<redacted>"
         return ProcessStatus(

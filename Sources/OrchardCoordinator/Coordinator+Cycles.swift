@@ -68,17 +68,21 @@ extension Coordinator {
                 let minimum = runtime.process.serverConfig.minimumReports
                 if runtime.privacy != nil && result.totalSampleCount < minimum {
                     // Distributed DP: fewer noise shares than the guarantee counts on; nothing is published.
-                    logger.notice("secure aggregation abandoned", metadata: [
-                        "process": "\(processID)", "cycle": "\(cycle)",
-                        "reason": "\(result.totalSampleCount) masked updates carry less noise than minimum_reports \(minimum) of them",
-                    ])
+                    logger.notice(
+                        "secure aggregation abandoned",
+                        metadata: [
+                            "process": "\(processID)", "cycle": "\(cycle)",
+                            "reason": "\(result.totalSampleCount) masked updates carry less noise than minimum_reports \(minimum) of them",
+                        ])
                     action = .abandon(cycle: cycle, reports: reports)
                 } else {
                     secureMean = result.mean
                     action = .aggregate(cycle: cycle, reports: result.survivors.count)
                 }
             case .abandoned:
-                logger.notice("secure aggregation abandoned", metadata: ["process": "\(processID)", "cycle": "\(cycle)", "reason": "\(secure.server.abandonReason ?? "")"])
+                logger.notice(
+                    "secure aggregation abandoned",
+                    metadata: ["process": "\(processID)", "cycle": "\(cycle)", "reason": "\(secure.server.abandonReason ?? "")"])
                 action = .abandon(cycle: cycle, reports: reports)
             }
         }
@@ -118,28 +122,36 @@ extension Coordinator {
                     metadata["orchard.delta"] = "\(privacy.mechanism.config.delta)"
                     if transition.nextCycle != nil, try !privacy.mechanism.allowsRelease(after: released.ledger) {
                         transition.nextCycle = nil
-                        logger.notice("privacy budget reached: the process completes", metadata: [
-                            "process": "\(processID)", "epsilon": "\(released.ledger.epsilon)",
-                            "target_epsilon": "\(privacy.mechanism.config.targetEpsilon ?? .infinity)",
-                        ])
+                        logger.notice(
+                            "privacy budget reached: the process completes",
+                            metadata: [
+                                "process": "\(processID)", "epsilon": "\(released.ledger.epsilon)",
+                                "target_epsilon": "\(privacy.mechanism.config.targetEpsilon ?? .infinity)",
+                            ])
                     }
                 } else if let secure {
                     delta = secure.mean
                 } else {
                     delta = runtime.sum.mean()
                 }
-                ServerOptimizer.step(weights: &weights, delta: delta, state: &newOptimizer, config: runtime.process.serverConfig.aggregator, layout: runtime.layout)
-                if let entry = runtime.layout.entries.first(where: { entry in weights[entry.offset..<(entry.offset + entry.count)].contains { !$0.isFinite } }) {
+                ServerOptimizer.step(
+                    weights: &weights, delta: delta, state: &newOptimizer, config: runtime.process.serverConfig.aggregator, layout: runtime.layout)
+                if let entry = runtime.layout.entries.first(where: { entry in weights[entry.offset..<(entry.offset + entry.count)].contains { !$0.isFinite } })
+                {
                     nonFinite = true
-                    logger.error("aggregate is not finite; cycle abandoned, the previous checkpoint stays published", metadata: [
-                        "process": "\(processID)", "cycle": "\(transition.closedCycle)", "tensor": "\(entry.name)",
-                        "aggregator": "\(runtime.process.serverConfig.aggregator.kind)",
-                    ])
+                    logger.error(
+                        "aggregate is not finite; cycle abandoned, the previous checkpoint stays published",
+                        metadata: [
+                            "process": "\(processID)", "cycle": "\(transition.closedCycle)", "tensor": "\(entry.name)",
+                            "aggregator": "\(runtime.process.serverConfig.aggregator.kind)",
+                        ])
                 } else if !newOptimizer.isFinite {
                     nonFinite = true
-                    logger.error("server optimizer state is not finite; cycle abandoned, the previous checkpoint and state are kept", metadata: [
-                        "process": "\(processID)", "cycle": "\(transition.closedCycle)", "aggregator": "\(runtime.process.serverConfig.aggregator.kind)",
-                    ])
+                    logger.error(
+                        "server optimizer state is not finite; cycle abandoned, the previous checkpoint and state are kept",
+                        metadata: [
+                            "process": "\(processID)", "cycle": "\(transition.closedCycle)", "aggregator": "\(runtime.process.serverConfig.aggregator.kind)",
+                        ])
                 } else {
                     newWeights = Safetensors.encode(runtime.layout.records(weights), metadata: metadata)
                 }
@@ -214,7 +226,9 @@ extension Coordinator {
         case .aggregate(let cycle, let reports) where nonFinite:
             logger.notice("cycle abandoned", metadata: ["process": "\(processID)", "cycle": "\(cycle)", "reports": "\(reports)", "reason": "non_finite"])
         case .aggregate(let cycle, let reports):
-            logger.info("cycle aggregated", metadata: ["process": "\(processID)", "cycle": "\(cycle)", "reports": "\(reports)", "checkpoint": "\(transition.checkpoint)"])
+            logger.info(
+                "cycle aggregated",
+                metadata: ["process": "\(processID)", "cycle": "\(cycle)", "reports": "\(reports)", "checkpoint": "\(transition.checkpoint)"])
         case .abandon(let cycle, let reports):
             logger.notice("cycle abandoned", metadata: ["process": "\(processID)", "cycle": "\(cycle)", "reports": "\(reports)"])
         }

@@ -26,7 +26,7 @@ extension Coordinator {
             await refreshProcesses()
         }
         guard let processID = processByName[NameVersion(name: request.processName, version: request.processVersion)],
-              let runtime = runtimes[processID]
+            let runtime = runtimes[processID]
         else {
             throw CoordinatorError(.unknownProcess, "no process '\(request.processName)' version \(request.processVersion)")
         }
@@ -44,7 +44,9 @@ extension Coordinator {
                 "process '\(request.processName)' uses secure aggregation, which needs protocol \(WireProtocol.secureAggregationVersion) or later; this device speaks \(request.protocolVersion)"
             )
         }
-        if runtime.process.serverConfig.secureAggregation?.parameters.consistencyCheck == true && request.protocolVersion < WireProtocol.signedSecureAggregationVersion {
+        if runtime.process.serverConfig.secureAggregation?.parameters.consistencyCheck == true
+            && request.protocolVersion < WireProtocol.signedSecureAggregationVersion
+        {
             throw CoordinatorError(
                 .unsupportedVersion,
                 "process '\(request.processName)' signs its secure aggregation (consistency_check), which needs protocol \(WireProtocol.signedSecureAggregationVersion) or later; this device speaks \(request.protocolVersion)"
@@ -126,7 +128,8 @@ extension Coordinator {
         }
         if let wait = speedTestLimiter?.take(SpeedTestKey(workerID: session.workerID, direction: direction), at: clock.date) {
             metrics.speedTestsLimited.increment()
-            throw .rateLimited("worker '\(session.workerID)' ran a speed-test \(direction) less than \(configuration.speedTestInterval) s ago", retryAfter: wait)
+            throw .rateLimited(
+                "worker '\(session.workerID)' ran a speed-test \(direction) less than \(configuration.speedTestInterval) s ago", retryAfter: wait)
         }
         return allowed
     }
@@ -195,7 +198,7 @@ extension Coordinator {
         }
         try await requireKnownWorker(request.workerID)
         guard let processID = processByName[NameVersion(name: request.processName, version: request.processVersion)],
-              let runtime = runtimes[processID]
+            let runtime = runtimes[processID]
         else {
             throw CoordinatorError(.unknownProcess, "no process '\(request.processName)' version \(request.processVersion)")
         }
@@ -278,11 +281,12 @@ extension Coordinator {
                 metrics.openCycleAssigned.record(runtimes[processID]?.machine.assignments.count ?? 0)
             }
             metrics.checkinsAccepted.increment()
-            return .accepted(CycleAssignment(
-                requestKey: assignment.requestKey, processID: processID, cycle: cycle, checkpoint: checkpoint,
-                modelID: "\(processID).\(checkpoint)", planID: processID,
-                reportWithin: reportWithin
-            ))
+            return .accepted(
+                CycleAssignment(
+                    requestKey: assignment.requestKey, processID: processID, cycle: cycle, checkpoint: checkpoint,
+                    modelID: "\(processID).\(checkpoint)", planID: processID,
+                    reportWithin: reportWithin
+                ))
         }
     }
 
@@ -298,7 +302,9 @@ extension Coordinator {
     /// process's architecture with the checkpoint's weights and its training settings as an updatable Core ML model,
     /// made once per checkpoint.
     /// - Throws: ``CoordinatorError`` `unsupported_format` when the model has something Core ML cannot express.
-    public func model(_ modelID: String, requestKey: String, session: DeviceSession, format: ModelFormat = .safetensors) async throws(CoordinatorError) -> ModelDownload {
+    public func model(_ modelID: String, requestKey: String, session: DeviceSession, format: ModelFormat = .safetensors) async throws(CoordinatorError)
+        -> ModelDownload
+    {
         try await adoptSharedKey(requestKey)
         let runtime = try assignedRuntime(requestKey: requestKey, session: session)
         let checkpoint = runtime.machine.checkpoint
@@ -353,7 +359,9 @@ extension Coordinator {
         let server = runtime.process.serverConfig
         return TrainingPlan(
             planID: planID, model: runtime.process.model, clientConfig: runtime.process.clientConfig, localPrivacy: local,
-            secureAggregation: server.secureAggregation.map { SecureAggregationPlan(parameters: $0.parameters, maximumSampleCount: server.maximumSampleCount, stageTimeout: $0.stageTimeout) }
+            secureAggregation: server.secureAggregation.map {
+                SecureAggregationPlan(parameters: $0.parameters, maximumSampleCount: server.maximumSampleCount, stageTimeout: $0.stageTimeout)
+            }
         )
     }
 }

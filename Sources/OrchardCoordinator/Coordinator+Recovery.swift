@@ -81,7 +81,8 @@ extension Coordinator {
             let shared = store.isShared
             let instance = foldInstance
             for (name, stored) in open.partialSums.sorted(by: { $0.key < $1.key }) where !shared || name == instance {
-                sum.add(try RunningSum(bytes: stored.bytes, weight: stored.weight, reports: stored.reports, unclipped: stored.unclipped, count: layout.totalCount))
+                sum.add(
+                    try RunningSum(bytes: stored.bytes, weight: stored.weight, reports: stored.reports, unclipped: stored.unclipped, count: layout.totalCount))
             }
             let accumulator = RecoveryAccumulator(sum: sum)
             let count = layout.totalCount
@@ -117,7 +118,8 @@ extension Coordinator {
         processByName[NameVersion(name: process.name, version: process.version)] = process.id
         try await recoverSecureCycle(processID: process.id)
         if !unfolded.isEmpty {
-            logger.info("resumed cycle with unfolded reports", metadata: ["process": "\(process.id)", "cycle": "\(machine.cycle)", "reports": "\(unfolded.count)"])
+            logger.info(
+                "resumed cycle with unfolded reports", metadata: ["process": "\(process.id)", "cycle": "\(machine.cycle)", "reports": "\(unfolded.count)"])
         }
     }
 

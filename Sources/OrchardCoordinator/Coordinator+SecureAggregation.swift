@@ -27,7 +27,8 @@ extension Coordinator {
         let (processID, runtime) = try keyedRuntime(requestKey: request.requestKey, session: session)
         guard runtime.process.serverConfig.secureAggregation != nil else {
             throw CoordinatorError(
-                .aggregationModeMismatch, "process '\(runtime.process.name)' version \(runtime.process.version) does not use secure aggregation; send a report to \(Endpoint.report)"
+                .aggregationModeMismatch,
+                "process '\(runtime.process.name)' version \(runtime.process.version) does not use secure aggregation; send a report to \(Endpoint.report)"
             )
         }
         let lock = secureLock(processID)
@@ -106,7 +107,9 @@ extension Coordinator {
 
     /// advertise_keys: records the worker's keys (replacing them when it advertised before in this stage) and counts
     /// a first advertisement toward the cycle's goal; returns the worker's index.
-    private func secureAdvertise(_ keys: SecureAggregationPublicKeys, worker: String, requestKey: String, processID: String, now: Date) async throws(CoordinatorError) -> Int {
+    private func secureAdvertise(_ keys: SecureAggregationPublicKeys, worker: String, requestKey: String, processID: String, now: Date)
+        async throws(CoordinatorError) -> Int
+    {
         guard let runtime = runtimes[processID], let secure = runtime.secure else {
             throw CoordinatorError(.stageClosed, "process \(processID) has no open cycle")
         }
@@ -141,7 +144,9 @@ extension Coordinator {
     /// Checks `event` on a copy of the cycle's state, persists it, then keeps the copy; returns the protocol's
     /// actions. The caller holds the process's lock.
     @discardableResult
-    func commitSecure(_ event: SecureCycleEvent, words: [UInt32]? = nil, processID: String, reportedWorker: String? = nil) async throws(CoordinatorError) -> [SecureAggregationServerAction] {
+    func commitSecure(_ event: SecureCycleEvent, words: [UInt32]? = nil, processID: String, reportedWorker: String? = nil) async throws(CoordinatorError)
+        -> [SecureAggregationServerAction]
+    {
         guard let runtime = runtimes[processID], var trial = runtime.secure else {
             throw CoordinatorError(.stageClosed, "process \(processID) has no open cycle")
         }
@@ -159,7 +164,8 @@ extension Coordinator {
         } catch {
             throw .internalError("could not encode a secure-aggregation step: \(error)")
         }
-        let stored = StoredSecureAggregationEvent(sequence: sequence, body: [UInt8](body), words: words.map { [UInt8](SecureAggregationMaskedInput.littleEndianBytes($0)) })
+        let stored = StoredSecureAggregationEvent(
+            sequence: sequence, body: [UInt8](body), words: words.map { [UInt8](SecureAggregationMaskedInput.littleEndianBytes($0)) })
         do {
             try await store.appendSecureAggregationEvent(stored, processID: processID, cycle: cycle, reportedWorker: reportedWorker)
         } catch {
@@ -168,7 +174,9 @@ extension Coordinator {
         guard let current = runtimes[processID], current.machine.cycle == cycle else { return actions }
         current.secure = trial
         for case .dropped(let devices, let stage) in actions {
-            logger.info("devices dropped from secure aggregation", metadata: ["process": "\(processID)", "cycle": "\(cycle)", "stage": "\(stage.rawValue)", "devices": "\(devices.count)"])
+            logger.info(
+                "devices dropped from secure aggregation",
+                metadata: ["process": "\(processID)", "cycle": "\(cycle)", "stage": "\(stage.rawValue)", "devices": "\(devices.count)"])
         }
         return actions
     }
@@ -268,7 +276,9 @@ extension Coordinator {
         }
         runtime.secure = secure
         if secure.sequence > 0 {
-            logger.info("resumed secure aggregation", metadata: ["process": "\(processID)", "cycle": "\(cycle)", "stage": "\(secure.stage.rawValue)", "steps": "\(secure.sequence)"])
+            logger.info(
+                "resumed secure aggregation",
+                metadata: ["process": "\(processID)", "cycle": "\(cycle)", "stage": "\(secure.stage.rawValue)", "steps": "\(secure.sequence)"])
         }
         if secure.stage != .advertiseKeys, let action = runtime.machine.closeAdmission() {
             await perform(action, processID: processID)

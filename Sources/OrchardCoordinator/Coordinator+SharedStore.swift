@@ -120,9 +120,11 @@ extension Coordinator {
             let mine = sealedHere.contains(SealKey(processID: processID, cycle: progress.number))
             if !mine {
                 guard let sealedAt = progress.sealedAt, now.timeIntervalSince(sealedAt) >= configuration.sealLease else { return }
-                logger.warning("taking over the closing of a cycle sealed by another instance", metadata: [
-                    "process": "\(processID)", "cycle": "\(progress.number)", "sealed_at": "\(sealedAt)",
-                ])
+                logger.warning(
+                    "taking over the closing of a cycle sealed by another instance",
+                    metadata: [
+                        "process": "\(processID)", "cycle": "\(progress.number)", "sealed_at": "\(sealedAt)",
+                    ])
             }
             if let action = await combineShared(processID: processID, takeover: true) {
                 await perform(action, processID: processID, combined: true)
@@ -212,7 +214,8 @@ extension Coordinator {
             _ = await reload(processID: processID)
             return nil
         } catch {
-            logger.error("could not combine the instances' partial sums; retrying on the next tick", metadata: ["process": "\(processID)", "error": "\(error)"])
+            logger.error(
+                "could not combine the instances' partial sums; retrying on the next tick", metadata: ["process": "\(processID)", "error": "\(error)"])
             runtimes[processID]?.machine.transitionFailed()
             return nil
         }
@@ -258,7 +261,8 @@ extension Coordinator {
         let outcome: StoredAdmission
         do {
             outcome = try await store.admit(
-                processID: processID, cycle: cycle, workerID: workerID, requestKey: assignment.requestKey, at: now, limit: runtime.machine.configuration.capacity
+                processID: processID, cycle: cycle, workerID: workerID, requestKey: assignment.requestKey, at: now,
+                limit: runtime.machine.configuration.capacity
             )
         } catch let error as StoreError where error.code == .cycleClosed {
             revoke(processID: processID, cycle: cycle, workerID: workerID, requestKey: assignment.requestKey)
@@ -280,7 +284,9 @@ extension Coordinator {
             current.currentKeys.insert(stored.requestKey)
             if let action = current.machine.synchronize(with: [Self.machineAssignment(stored)]) { await perform(action, processID: processID) }
             if stored.reported {
-                return .rejected(CycleRejection(retryAfter: current.machine.nextCycleExpected(now: now, jitter: Double.random(in: 0...1, using: &random)), reason: "already_reported"))
+                return .rejected(
+                    CycleRejection(
+                        retryAfter: current.machine.nextCycleExpected(now: now, jitter: Double.random(in: 0...1, using: &random)), reason: "already_reported"))
             }
             return .assigned(Self.machineAssignment(stored))
         case .full:
@@ -319,7 +325,7 @@ extension Coordinator {
         guard let runtime = runtimes[processID] else { return nil }
         do {
             guard let progress = try await store.cycleProgress(processID: processID), progress.number == cycle,
-                  progress.reported >= runtime.machine.configuration.goalCount
+                progress.reported >= runtime.machine.configuration.goalCount
             else { return nil }
         } catch {
             logger.warning("could not count the cycle's reports in the shared store", metadata: ["process": "\(processID)", "error": "\(error)"])

@@ -25,7 +25,9 @@ public struct CycleStateMachine: Sendable, Hashable {
         public var paceSteeringWindow: Double
 
         /// Creates a configuration.
-        public init(goalCount: Int = 100, capacity: Int = 130, minimumReports: Int = 1, cycleLength: Double = 600, cycles: Int = 0, paceSteeringWindow: Double = 60) {
+        public init(
+            goalCount: Int = 100, capacity: Int = 130, minimumReports: Int = 1, cycleLength: Double = 600, cycles: Int = 0, paceSteeringWindow: Double = 60
+        ) {
             self.goalCount = goalCount
             self.capacity = capacity
             self.minimumReports = minimumReports

@@ -44,11 +44,13 @@ public final class DatabaseLock: Sendable {
 
     /// Releases the lock (also done when the lock is deallocated, and by the kernel when the process exits).
     public func release() {
-        guard let fd = descriptor.withLock({ held in
-            let fd = held
-            held = nil
-            return fd
-        }) else { return }
+        guard
+            let fd = descriptor.withLock({ held in
+                let fd = held
+                held = nil
+                return fd
+            })
+        else { return }
         close(fd)
     }
 

@@ -205,22 +205,29 @@ public struct DeviceTokenIssuer: Sendable {
     }
 
     /// An issuer for `algorithm` with the secret or key read from `source`.
-    public init(algorithm: DeviceTokenAlgorithm, source: DeviceTokenKeySource, environment: [String: String] = ProcessInfo.processInfo.environment) throws(DeviceTokenError) {
+    public init(algorithm: DeviceTokenAlgorithm, source: DeviceTokenKeySource, environment: [String: String] = ProcessInfo.processInfo.environment)
+        throws(DeviceTokenError)
+    {
         try self.init(algorithm: algorithm, keyMaterial: try source.read(environment: environment), source: source.description)
     }
 
     private static func rsaKey(_ pem: String, source: String) throws(DeviceTokenError) -> JWTKit.Insecure.RSA.PrivateKey {
         guard let label = pemLabel(pem) else {
-            throw DeviceTokenError(.invalidKey, "\(source) is not PEM: expected an RSA private key between '-----BEGIN PRIVATE KEY-----' (or 'RSA PRIVATE KEY') and its END line")
+            throw DeviceTokenError(
+                .invalidKey, "\(source) is not PEM: expected an RSA private key between '-----BEGIN PRIVATE KEY-----' (or 'RSA PRIVATE KEY') and its END line")
         }
         switch label {
         case "PRIVATE KEY", "RSA PRIVATE KEY": break
         case "PUBLIC KEY", "RSA PUBLIC KEY", "CERTIFICATE":
-            throw DeviceTokenError(.invalidKey, "\(source) holds a PEM '\(label)', not a private key; rs256 signs with the RSA private key whose public half is the process's public_key_pem")
+            throw DeviceTokenError(
+                .invalidKey,
+                "\(source) holds a PEM '\(label)', not a private key; rs256 signs with the RSA private key whose public half is the process's public_key_pem")
         case "ENCRYPTED PRIVATE KEY":
-            throw DeviceTokenError(.invalidKey, "\(source) holds an encrypted private key; give the RSA private key unencrypted (e.g. `openssl pkey -in key.pem -out plain.pem`)")
+            throw DeviceTokenError(
+                .invalidKey, "\(source) holds an encrypted private key; give the RSA private key unencrypted (e.g. `openssl pkey -in key.pem -out plain.pem`)")
         case "EC PRIVATE KEY":
-            throw DeviceTokenError(.invalidKey, "\(source) holds an EC private key, not an RSA one; rs256 needs an RSA private key of at least \(minimumRSABits) bits")
+            throw DeviceTokenError(
+                .invalidKey, "\(source) holds an EC private key, not an RSA one; rs256 needs an RSA private key of at least \(minimumRSABits) bits")
         default:
             throw DeviceTokenError(.invalidKey, "\(source) holds a PEM '\(label)', not an RSA private key ('PRIVATE KEY' or 'RSA PRIVATE KEY')")
         }
@@ -230,10 +237,14 @@ public struct DeviceTokenIssuer: Sendable {
             parsed = try _RSA.Signing.PrivateKey(unsafePEMRepresentation: pem)
         } catch {
             if isECKey(pem) {
-                throw DeviceTokenError(.invalidKey, "\(source) holds an EC private key, not an RSA one; rs256 needs an RSA private key of at least \(minimumRSABits) bits")
+                throw DeviceTokenError(
+                    .invalidKey, "\(source) holds an EC private key, not an RSA one; rs256 needs an RSA private key of at least \(minimumRSABits) bits")
             }
             if case CryptoKitError.incorrectParameterSize = error {
-                throw DeviceTokenError(.invalidKey, "\(source) holds an RSA key shorter than 1024 bits; rs256 needs at least \(minimumRSABits) bits (the coordinator's rule for public_key_pem)")
+                throw DeviceTokenError(
+                    .invalidKey,
+                    "\(source) holds an RSA key shorter than 1024 bits; rs256 needs at least \(minimumRSABits) bits (the coordinator's rule for public_key_pem)"
+                )
             }
             throw DeviceTokenError(.invalidKey, "\(source) holds no readable RSA private key: rs256 needs an unencrypted RSA key as PKCS #1 or PKCS #8 PEM")
         }
@@ -256,7 +267,9 @@ public struct DeviceTokenIssuer: Sendable {
         guard let begin = text.range(of: "-----BEGIN ") else { return nil }
         guard let close = text.range(of: "-----", range: begin.upperBound..<text.endIndex) else { return nil }
         let label = String(text[begin.upperBound..<close.lowerBound])
-        guard !label.isEmpty, !label.contains("\n"), text.range(of: "-----END \(label)-----", range: close.upperBound..<text.endIndex) != nil else { return nil }
+        guard !label.isEmpty, !label.contains("\n"), text.range(of: "-----END \(label)-----", range: close.upperBound..<text.endIndex) != nil else {
+            return nil
+        }
         return label
     }
 
@@ -340,8 +353,12 @@ public struct DeviceTokenIssuer: Sendable {
             throw DeviceTokenError(.invalidSubject, "subject is empty: it names the device (the token's sub claim)")
         }
         try Self.checkLifetime(lifetime, name: "lifetime \(lifetime)")
-        if let issuer, issuer.isEmpty { throw DeviceTokenError(.invalidClaim, "issuer is empty: leave it out, or give the process's server_config.authentication.issuer") }
-        if let audience, audience.isEmpty { throw DeviceTokenError(.invalidClaim, "audience is empty: leave it out, or give the process's server_config.authentication.audience") }
+        if let issuer, issuer.isEmpty {
+            throw DeviceTokenError(.invalidClaim, "issuer is empty: leave it out, or give the process's server_config.authentication.issuer")
+        }
+        if let audience, audience.isEmpty {
+            throw DeviceTokenError(.invalidClaim, "audience is empty: leave it out, or give the process's server_config.authentication.audience")
+        }
         let issuedAt = Date(timeIntervalSince1970: now.timeIntervalSince1970.rounded(.down))
         let expiresAt = issuedAt.addingTimeInterval(Double(lifetime.components.seconds))
         let claims = IssuedDeviceClaims(

@@ -98,16 +98,16 @@ package final class DiffSpool: Sendable {
     }
 
     private static func isSafe(_ component: String) -> Bool {
-        !component.isEmpty && component.utf8.allSatisfy { byte in
-            (byte >= 0x30 && byte <= 0x39) || (byte >= 0x41 && byte <= 0x5A) || (byte >= 0x61 && byte <= 0x7A) || byte == 0x5F || byte == 0x2D
-        }
+        !component.isEmpty
+            && component.utf8.allSatisfy { byte in
+                (byte >= 0x30 && byte <= 0x39) || (byte >= 0x41 && byte <= 0x5A) || (byte >= 0x61 && byte <= 0x7A) || byte == 0x5F || byte == 0x2D
+            }
     }
 
     static func failure(_ action: String, _ path: String) -> StoreError {
         StoreError(.io, "cannot \(action) spool file \(path): \(String(cString: strerror(errno)))")
     }
 }
-
 
 /// A spool file written while its report arrives: positioned writes and reads of the flat diff, a sync before the
 /// report's row commits, and deletion if the report is refused or abandoned. The descriptor closes with the object.

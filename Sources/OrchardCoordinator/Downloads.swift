@@ -21,10 +21,12 @@ public enum DownloadSelection: Sendable, Hashable {
     ///   - ifNoneMatch: Entity tags the caller holds (comma-separated, or `*`), if given.
     /// - Throws: `range_not_satisfiable` when the range is malformed, multi-part or past the end.
     public static func select(total: Int, etag: String, range: String?, ifRange: String?, ifNoneMatch: String?) throws(CoordinatorError) -> DownloadSelection {
-        if let ifNoneMatch, ifNoneMatch.split(separator: ",").contains(where: {
-            let tag = $0.trimmingCharacters(in: .whitespaces)
-            return tag == etag || tag == "*"
-        }) {
+        if let ifNoneMatch,
+            ifNoneMatch.split(separator: ",").contains(where: {
+                let tag = $0.trimmingCharacters(in: .whitespaces)
+                return tag == etag || tag == "*"
+            })
+        {
             return .notModified
         }
         guard let range else { return .whole }

@@ -80,7 +80,11 @@ public struct CoordinatorConfiguration: Sendable {
         if maximumUploadsInFlight < 1 { return "maximumUploadsInFlight must be at least 1, not \(maximumUploadsInFlight)" }
         if !(1...3600).contains(uploadRetryAfter) { return "uploadRetryAfter must be in 1...3600 seconds, not \(uploadRetryAfter)" }
         if maximumReportHeaderBytes < 64 { return "maximumReportHeaderBytes must be at least 64, not \(maximumReportHeaderBytes)" }
-        if instanceID.isEmpty || instanceID.utf8.count > 64 || !instanceID.unicodeScalars.allSatisfy({ $0.isASCII && ($0.properties.isAlphabetic || ("0"..."9").contains($0) || "-_.".unicodeScalars.contains($0)) }) {
+        if instanceID.isEmpty || instanceID.utf8.count > 64
+            || !instanceID.unicodeScalars.allSatisfy({
+                $0.isASCII && ($0.properties.isAlphabetic || ("0"..."9").contains($0) || "-_.".unicodeScalars.contains($0))
+            })
+        {
             return "instanceID must be 1 to 64 ASCII letters, digits, '-', '_' or '.', not '\(instanceID)'"
         }
         if !(sealLease > 0) || !sealLease.isFinite { return "sealLease must be a positive number of seconds, not \(sealLease)" }

@@ -110,10 +110,11 @@ public final class ReportUpload {
             if !unclipped { try await clip(to: bound) }
         }
         if let ceiling = ticket.localNormCeiling, norm > ceiling {
-            throw await fail(CoordinatorError(
-                .updateNormExceeded,
-                "the diff's L2 norm \(norm) exceeds \(ceiling), more than a report clipped to server_config.privacy.clipping_norm and noised as the plan says can have"
-            ))
+            throw await fail(
+                CoordinatorError(
+                    .updateNormExceeded,
+                    "the diff's L2 norm \(norm) exceeds \(ceiling), more than a report clipped to server_config.privacy.clipping_norm and noised as the plan says can have"
+                ))
         }
         if let bound = ticket.updateNormBound, norm > bound {
             switch ticket.updateNormPolicy {

@@ -74,30 +74,31 @@ public final class SQLiteStore: CoordinatorStore {
     private static var migrator: DatabaseMigrator {
         var migrator = DatabaseMigrator()
         migrator.registerMigration("v1") { db in
-            try db.execute(sql: """
-                CREATE TABLE processes (
-                    id TEXT PRIMARY KEY, name TEXT NOT NULL, version TEXT NOT NULL, model TEXT NOT NULL,
-                    client_config TEXT NOT NULL, server_config TEXT NOT NULL, created_at REAL NOT NULL,
-                    completed INTEGER NOT NULL DEFAULT 0, latest_checkpoint INTEGER NOT NULL DEFAULT 0,
-                    cycles_completed INTEGER NOT NULL DEFAULT 0, cycles_abandoned INTEGER NOT NULL DEFAULT 0,
-                    optimizer_state BLOB, UNIQUE (name, version));
-                CREATE TABLE checkpoints (
-                    process_id TEXT NOT NULL REFERENCES processes(id) ON DELETE CASCADE, number INTEGER NOT NULL,
-                    weights BLOB NOT NULL, PRIMARY KEY (process_id, number));
-                CREATE TABLE cycles (
-                    process_id TEXT NOT NULL REFERENCES processes(id) ON DELETE CASCADE, number INTEGER NOT NULL,
-                    checkpoint INTEGER NOT NULL, opened_at REAL NOT NULL, status TEXT NOT NULL,
-                    sum BLOB, sum_weight REAL NOT NULL DEFAULT 0, sum_reports INTEGER NOT NULL DEFAULT 0,
-                    PRIMARY KEY (process_id, number));
-                CREATE TABLE assignments (
-                    process_id TEXT NOT NULL, cycle INTEGER NOT NULL, worker_id TEXT NOT NULL,
-                    request_key TEXT NOT NULL UNIQUE, assigned_at REAL NOT NULL, reported INTEGER NOT NULL DEFAULT 0,
-                    sample_count INTEGER, metrics TEXT, diff BLOB,
-                    PRIMARY KEY (process_id, cycle, worker_id),
-                    FOREIGN KEY (process_id, cycle) REFERENCES cycles(process_id, number) ON DELETE CASCADE);
-                CREATE TABLE workers (id TEXT PRIMARY KEY, subject TEXT UNIQUE, created_at REAL NOT NULL);
-                CREATE TABLE secrets (name TEXT PRIMARY KEY, value BLOB NOT NULL);
-                """)
+            try db.execute(
+                sql: """
+                    CREATE TABLE processes (
+                        id TEXT PRIMARY KEY, name TEXT NOT NULL, version TEXT NOT NULL, model TEXT NOT NULL,
+                        client_config TEXT NOT NULL, server_config TEXT NOT NULL, created_at REAL NOT NULL,
+                        completed INTEGER NOT NULL DEFAULT 0, latest_checkpoint INTEGER NOT NULL DEFAULT 0,
+                        cycles_completed INTEGER NOT NULL DEFAULT 0, cycles_abandoned INTEGER NOT NULL DEFAULT 0,
+                        optimizer_state BLOB, UNIQUE (name, version));
+                    CREATE TABLE checkpoints (
+                        process_id TEXT NOT NULL REFERENCES processes(id) ON DELETE CASCADE, number INTEGER NOT NULL,
+                        weights BLOB NOT NULL, PRIMARY KEY (process_id, number));
+                    CREATE TABLE cycles (
+                        process_id TEXT NOT NULL REFERENCES processes(id) ON DELETE CASCADE, number INTEGER NOT NULL,
+                        checkpoint INTEGER NOT NULL, opened_at REAL NOT NULL, status TEXT NOT NULL,
+                        sum BLOB, sum_weight REAL NOT NULL DEFAULT 0, sum_reports INTEGER NOT NULL DEFAULT 0,
+                        PRIMARY KEY (process_id, number));
+                    CREATE TABLE assignments (
+                        process_id TEXT NOT NULL, cycle INTEGER NOT NULL, worker_id TEXT NOT NULL,
+                        request_key TEXT NOT NULL UNIQUE, assigned_at REAL NOT NULL, reported INTEGER NOT NULL DEFAULT 0,
+                        sample_count INTEGER, metrics TEXT, diff BLOB,
+                        PRIMARY KEY (process_id, cycle, worker_id),
+                        FOREIGN KEY (process_id, cycle) REFERENCES cycles(process_id, number) ON DELETE CASCADE);
+                    CREATE TABLE workers (id TEXT PRIMARY KEY, subject TEXT UNIQUE, created_at REAL NOT NULL);
+                    CREATE TABLE secrets (name TEXT PRIMARY KEY, value BLOB NOT NULL);
+                    """)
         }
         migrator.registerMigration("v2-diff-spool") { db in
             try db.execute(sql: "ALTER TABLE assignments ADD COLUMN diff_file TEXT")
@@ -105,60 +106,65 @@ public final class SQLiteStore: CoordinatorStore {
         // Workers belong to one process and one issuer: the same subject elsewhere is another worker. Rows from
         // before this version keep their ids (process and issuer NULL) but no device identity maps to them again.
         migrator.registerMigration("v3-worker-scope") { db in
-            try db.execute(sql: """
-                CREATE TABLE workers_scoped (
-                    id TEXT PRIMARY KEY, process_id TEXT, issuer TEXT, subject TEXT, created_at REAL NOT NULL,
-                    UNIQUE (process_id, issuer, subject));
-                INSERT INTO workers_scoped (id, subject, created_at) SELECT id, subject, created_at FROM workers;
-                DROP TABLE workers;
-                ALTER TABLE workers_scoped RENAME TO workers;
-                """)
+            try db.execute(
+                sql: """
+                    CREATE TABLE workers_scoped (
+                        id TEXT PRIMARY KEY, process_id TEXT, issuer TEXT, subject TEXT, created_at REAL NOT NULL,
+                        UNIQUE (process_id, issuer, subject));
+                    INSERT INTO workers_scoped (id, subject, created_at) SELECT id, subject, created_at FROM workers;
+                    DROP TABLE workers;
+                    ALTER TABLE workers_scoped RENAME TO workers;
+                    """)
         }
         // Differential privacy: the ledger of released aggregates, and which reports were within the adaptive
         // clipping bound (counted across a crash like the running sum).
         migrator.registerMigration("v4-privacy") { db in
-            try db.execute(sql: """
-                ALTER TABLE processes ADD COLUMN privacy_state BLOB;
-                ALTER TABLE cycles ADD COLUMN sum_unclipped INTEGER NOT NULL DEFAULT 0;
-                ALTER TABLE assignments ADD COLUMN unclipped INTEGER NOT NULL DEFAULT 0;
-                """)
+            try db.execute(
+                sql: """
+                    ALTER TABLE processes ADD COLUMN privacy_state BLOB;
+                    ALTER TABLE cycles ADD COLUMN sum_unclipped INTEGER NOT NULL DEFAULT 0;
+                    ALTER TABLE assignments ADD COLUMN unclipped INTEGER NOT NULL DEFAULT 0;
+                    """)
         }
         // Secure aggregation: each cycle's protocol steps, replayed after a restart.
         migrator.registerMigration("v5-secure-aggregation") { db in
-            try db.execute(sql: """
-                CREATE TABLE secure_aggregation_events (
-                    process_id TEXT NOT NULL, cycle INTEGER NOT NULL, sequence INTEGER NOT NULL, body BLOB NOT NULL, words BLOB,
-                    PRIMARY KEY (process_id, cycle, sequence),
-                    FOREIGN KEY (process_id, cycle) REFERENCES cycles(process_id, number) ON DELETE CASCADE);
-                """)
+            try db.execute(
+                sql: """
+                    CREATE TABLE secure_aggregation_events (
+                        process_id TEXT NOT NULL, cycle INTEGER NOT NULL, sequence INTEGER NOT NULL, body BLOB NOT NULL, words BLOB,
+                        PRIMARY KEY (process_id, cycle, sequence),
+                        FOREIGN KEY (process_id, cycle) REFERENCES cycles(process_id, number) ON DELETE CASCADE);
+                    """)
         }
         // Several coordinator instances: each folds into its own partial sum, and a cycle is sealed before it closes.
         // A running sum stored by an earlier version becomes the default instance's partial sum.
         migrator.registerMigration("v6-partial-sums") { db in
-            try db.execute(sql: """
-                CREATE TABLE partial_sums (
-                    process_id TEXT NOT NULL, cycle INTEGER NOT NULL, instance TEXT NOT NULL, sum BLOB NOT NULL,
-                    weight REAL NOT NULL, reports INTEGER NOT NULL, unclipped INTEGER NOT NULL,
-                    PRIMARY KEY (process_id, cycle, instance),
-                    FOREIGN KEY (process_id, cycle) REFERENCES cycles(process_id, number) ON DELETE CASCADE);
-                INSERT INTO partial_sums (process_id, cycle, instance, sum, weight, reports, unclipped)
-                    SELECT process_id, number, '\(CoordinatorConfiguration.defaultInstanceID)', sum, sum_weight, sum_reports, sum_unclipped
-                    FROM cycles WHERE sum IS NOT NULL AND status = 'open';
-                UPDATE cycles SET sum = NULL;
-                ALTER TABLE cycles ADD COLUMN sealed_at REAL;
-                ALTER TABLE assignments ADD COLUMN instance TEXT;
-                UPDATE assignments SET instance = '\(CoordinatorConfiguration.defaultInstanceID)' WHERE reported = 1;
-                """)
+            try db.execute(
+                sql: """
+                    CREATE TABLE partial_sums (
+                        process_id TEXT NOT NULL, cycle INTEGER NOT NULL, instance TEXT NOT NULL, sum BLOB NOT NULL,
+                        weight REAL NOT NULL, reports INTEGER NOT NULL, unclipped INTEGER NOT NULL,
+                        PRIMARY KEY (process_id, cycle, instance),
+                        FOREIGN KEY (process_id, cycle) REFERENCES cycles(process_id, number) ON DELETE CASCADE);
+                    INSERT INTO partial_sums (process_id, cycle, instance, sum, weight, reports, unclipped)
+                        SELECT process_id, number, '\(CoordinatorConfiguration.defaultInstanceID)', sum, sum_weight, sum_reports, sum_unclipped
+                        FROM cycles WHERE sum IS NOT NULL AND status = 'open';
+                    UPDATE cycles SET sum = NULL;
+                    ALTER TABLE cycles ADD COLUMN sealed_at REAL;
+                    ALTER TABLE assignments ADD COLUMN instance TEXT;
+                    UPDATE assignments SET instance = '\(CoordinatorConfiguration.defaultInstanceID)' WHERE reported = 1;
+                    """)
         }
         // The durable cycle history (the dashboard's): each closed cycle's participation, metrics and closing time.
         migrator.registerMigration("v7-cycle-history") { db in
-            try db.execute(sql: """
-                ALTER TABLE cycles ADD COLUMN closed_at REAL;
-                ALTER TABLE cycles ADD COLUMN assigned INTEGER;
-                ALTER TABLE cycles ADD COLUMN reported INTEGER;
-                ALTER TABLE cycles ADD COLUMN metrics TEXT;
-                ALTER TABLE cycles ADD COLUMN published INTEGER;
-                """)
+            try db.execute(
+                sql: """
+                    ALTER TABLE cycles ADD COLUMN closed_at REAL;
+                    ALTER TABLE cycles ADD COLUMN assigned INTEGER;
+                    ALTER TABLE cycles ADD COLUMN reported INTEGER;
+                    ALTER TABLE cycles ADD COLUMN metrics TEXT;
+                    ALTER TABLE cycles ADD COLUMN published INTEGER;
+                    """)
         }
         // A masked input's words go to the spool as a report's diff does (written once, not twice through the WAL);
         // rows written before keep theirs in `words`.
@@ -185,7 +191,9 @@ public final class SQLiteStore: CoordinatorStore {
         let client = try Self.json(process.clientConfig)
         let server = try Self.json(process.serverConfig)
         try await pool.write { db in
-            let existing = try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM processes WHERE name = ? AND version = ?", arguments: [process.name, process.version.description]) ?? 0
+            let existing =
+                try Int.fetchOne(
+                    db, sql: "SELECT COUNT(*) FROM processes WHERE name = ? AND version = ?", arguments: [process.name, process.version.description]) ?? 0
             guard existing == 0 else {
                 throw StoreError(.duplicate, "process '\(process.name)' version \(process.version) already exists")
             }
@@ -263,37 +271,53 @@ public final class SQLiteStore: CoordinatorStore {
 
     public func openCycle(processID: String) async throws -> RecoveredCycle? {
         try await pool.read { db in
-            guard let row = try Row.fetchOne(db, sql: "SELECT number, checkpoint, opened_at, status, sealed_at FROM cycles WHERE process_id = ? AND status IN ('open', 'closing')", arguments: [processID]) else {
+            guard
+                let row = try Row.fetchOne(
+                    db, sql: "SELECT number, checkpoint, opened_at, status, sealed_at FROM cycles WHERE process_id = ? AND status IN ('open', 'closing')",
+                    arguments: [processID])
+            else {
                 return nil
             }
             let number: Int = row["number"]
             let cycle = StoredCycle(number: number, checkpoint: row["checkpoint"], openedAt: Date(timeIntervalSince1970: row["opened_at"]))
-            let assignments = try Row.fetchAll(db, sql: "SELECT worker_id, request_key, reported, instance FROM assignments WHERE process_id = ? AND cycle = ?", arguments: [processID, number]).map {
+            let assignments = try Row.fetchAll(
+                db, sql: "SELECT worker_id, request_key, reported, instance FROM assignments WHERE process_id = ? AND cycle = ?",
+                arguments: [processID, number]
+            ).map {
                 StoredAssignment(workerID: $0["worker_id"], requestKey: $0["request_key"], reported: $0["reported"], instance: $0["instance"])
             }
             var sums: [String: StoredPartialSum] = [:]
-            for sum in try Row.fetchAll(db, sql: "SELECT instance, sum, weight, reports, unclipped FROM partial_sums WHERE process_id = ? AND cycle = ?", arguments: [processID, number]) {
-                sums[sum["instance"]] = StoredPartialSum(bytes: [UInt8](sum["sum"] as Data), weight: sum["weight"], reports: sum["reports"], unclipped: sum["unclipped"])
+            for sum in try Row.fetchAll(
+                db, sql: "SELECT instance, sum, weight, reports, unclipped FROM partial_sums WHERE process_id = ? AND cycle = ?",
+                arguments: [processID, number])
+            {
+                sums[sum["instance"]] = StoredPartialSum(
+                    bytes: [UInt8](sum["sum"] as Data), weight: sum["weight"], reports: sum["reports"], unclipped: sum["unclipped"])
             }
             let sealed: Double? = row["sealed_at"]
             return RecoveredCycle(
-                cycle: cycle, status: try Self.status(row["status"]), sealedAt: sealed.map { Date(timeIntervalSince1970: $0) }, assignments: assignments, partialSums: sums
+                cycle: cycle, status: try Self.status(row["status"]), sealedAt: sealed.map { Date(timeIntervalSince1970: $0) }, assignments: assignments,
+                partialSums: sums
             )
         }
     }
 
     public func cycleProgress(processID: String) async throws -> StoredCycleProgress? {
         try await pool.read { db in
-            guard let row = try Row.fetchOne(db, sql: """
-                SELECT number, checkpoint, opened_at, status, sealed_at,
-                    (SELECT COUNT(*) FROM assignments a WHERE a.process_id = c.process_id AND a.cycle = c.number) AS assigned,
-                    (SELECT COUNT(*) FROM assignments a WHERE a.process_id = c.process_id AND a.cycle = c.number AND a.reported = 1) AS reported
-                FROM cycles c WHERE process_id = ? AND status IN ('open', 'closing')
-                """, arguments: [processID])
+            guard
+                let row = try Row.fetchOne(
+                    db,
+                    sql: """
+                        SELECT number, checkpoint, opened_at, status, sealed_at,
+                            (SELECT COUNT(*) FROM assignments a WHERE a.process_id = c.process_id AND a.cycle = c.number) AS assigned,
+                            (SELECT COUNT(*) FROM assignments a WHERE a.process_id = c.process_id AND a.cycle = c.number AND a.reported = 1) AS reported
+                        FROM cycles c WHERE process_id = ? AND status IN ('open', 'closing')
+                        """, arguments: [processID])
             else { return nil }
             let sealed: Double? = row["sealed_at"]
             return StoredCycleProgress(
-                number: row["number"], checkpoint: row["checkpoint"], openedAt: Date(timeIntervalSince1970: row["opened_at"]), status: try Self.status(row["status"]),
+                number: row["number"], checkpoint: row["checkpoint"], openedAt: Date(timeIntervalSince1970: row["opened_at"]),
+                status: try Self.status(row["status"]),
                 sealedAt: sealed.map { Date(timeIntervalSince1970: $0) }, assigned: row["assigned"], reported: row["reported"]
             )
         }
@@ -302,10 +326,12 @@ public final class SQLiteStore: CoordinatorStore {
     public func forEachPendingDiff(processID: String, cycle: Int, _ body: @Sendable (PendingDiff) throws -> Void) async throws {
         let spool = self.spool
         try await pool.read { db in
-            let cursor = try Row.fetchCursor(db, sql: """
-                SELECT worker_id, sample_count, unclipped, diff, diff_file, instance FROM assignments
-                WHERE process_id = ? AND cycle = ? AND reported = 1 AND (diff IS NOT NULL OR diff_file IS NOT NULL)
-                """, arguments: [processID, cycle])
+            let cursor = try Row.fetchCursor(
+                db,
+                sql: """
+                    SELECT worker_id, sample_count, unclipped, diff, diff_file, instance FROM assignments
+                    WHERE process_id = ? AND cycle = ? AND reported = 1 AND (diff IS NOT NULL OR diff_file IS NOT NULL)
+                    """, arguments: [processID, cycle])
             while let row = try cursor.next() {
                 let bytes: [UInt8]
                 if let file: String = row["diff_file"] {
@@ -315,10 +341,11 @@ public final class SQLiteStore: CoordinatorStore {
                     bytes = [UInt8](diff)
                 }
                 let instance: String? = row["instance"]
-                try body(PendingDiff(
-                    workerID: row["worker_id"], sampleCount: row["sample_count"], unclipped: row["unclipped"], diff: bytes,
-                    instance: instance ?? CoordinatorConfiguration.defaultInstanceID
-                ))
+                try body(
+                    PendingDiff(
+                        workerID: row["worker_id"], sampleCount: row["sample_count"], unclipped: row["unclipped"], diff: bytes,
+                        instance: instance ?? CoordinatorConfiguration.defaultInstanceID
+                    ))
             }
         }
     }
@@ -326,7 +353,9 @@ public final class SQLiteStore: CoordinatorStore {
     public func registerWorker(id: String, processID: String, issuer: String?, subject: String?, at date: Date) async throws {
         try await pool.write { db in
             // A second registration of the same identity (a concurrent first authentication) keeps the first.
-            try db.execute(sql: "INSERT INTO workers (id, process_id, issuer, subject, created_at) VALUES (?, ?, ?, ?, ?) ON CONFLICT (process_id, issuer, subject) DO NOTHING",
+            try db.execute(
+                sql:
+                    "INSERT INTO workers (id, process_id, issuer, subject, created_at) VALUES (?, ?, ?, ?, ?) ON CONFLICT (process_id, issuer, subject) DO NOTHING",
                 arguments: [id, processID, issuer, subject, date.timeIntervalSince1970])
         }
     }
@@ -364,7 +393,10 @@ public final class SQLiteStore: CoordinatorStore {
         try await pool.write { db in
             let status = try String.fetchOne(db, sql: "SELECT status FROM cycles WHERE process_id = ? AND number = ?", arguments: [processID, cycle])
             guard status == "open" else { throw StoreError(.cycleClosed, "cycle \(cycle) of process \(processID) is not open") }
-            if let row = try Row.fetchOne(db, sql: "SELECT request_key, reported, instance FROM assignments WHERE process_id = ? AND cycle = ? AND worker_id = ?", arguments: [processID, cycle, workerID]) {
+            if let row = try Row.fetchOne(
+                db, sql: "SELECT request_key, reported, instance FROM assignments WHERE process_id = ? AND cycle = ? AND worker_id = ?",
+                arguments: [processID, cycle, workerID])
+            {
                 return .existing(StoredAssignment(workerID: workerID, requestKey: row["request_key"], reported: row["reported"], instance: row["instance"]))
             }
             let count = try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM assignments WHERE process_id = ? AND cycle = ?", arguments: [processID, cycle]) ?? 0
@@ -383,11 +415,14 @@ public final class SQLiteStore: CoordinatorStore {
 
     public func assignment(requestKey: String) async throws -> StoredKeyedAssignment? {
         try await pool.read { db in
-            guard let row = try Row.fetchOne(db, sql: """
-                SELECT a.process_id, a.cycle, a.worker_id, a.reported, a.instance FROM assignments a
-                JOIN cycles c ON c.process_id = a.process_id AND c.number = a.cycle
-                WHERE a.request_key = ? AND c.status IN ('open', 'closing')
-                """, arguments: [requestKey])
+            guard
+                let row = try Row.fetchOne(
+                    db,
+                    sql: """
+                        SELECT a.process_id, a.cycle, a.worker_id, a.reported, a.instance FROM assignments a
+                        JOIN cycles c ON c.process_id = a.process_id AND c.number = a.cycle
+                        WHERE a.request_key = ? AND c.status IN ('open', 'closing')
+                        """, arguments: [requestKey])
             else { return nil }
             return StoredKeyedAssignment(
                 processID: row["process_id"], cycle: row["cycle"],
@@ -431,10 +466,13 @@ public final class SQLiteStore: CoordinatorStore {
                     case .assignment(let processID, let cycle, let workerID, let requestKey, let date):
                         // Cached: an admission burst runs this statement thousands of times a second.
                         do {
-                            try db.cachedStatement(sql: "INSERT INTO assignments (process_id, cycle, worker_id, request_key, assigned_at) VALUES (?, ?, ?, ?, ?)")
-                                .execute(arguments: [processID, cycle, workerID, requestKey, date.timeIntervalSince1970])
+                            try db.cachedStatement(
+                                sql: "INSERT INTO assignments (process_id, cycle, worker_id, request_key, assigned_at) VALUES (?, ?, ?, ?, ?)"
+                            )
+                            .execute(arguments: [processID, cycle, workerID, requestKey, date.timeIntervalSince1970])
                         } catch let error as DatabaseError where error.resultCode == .SQLITE_CONSTRAINT {
-                            throw StoreError(.duplicate, "worker \(workerID) or its request key already holds an assignment in cycle \(cycle): \(error.message ?? "")")
+                            throw StoreError(
+                                .duplicate, "worker \(workerID) or its request key already holds an assignment in cycle \(cycle): \(error.message ?? "")")
                         }
                     case .report(let report, let file):
                         let key = "\(report.processID)/\(report.cycle)"
@@ -442,17 +480,22 @@ public final class SQLiteStore: CoordinatorStore {
                         if let known = cycleOpen[key] {
                             open = known
                         } else {
-                            open = try String.fetchOne(db, sql: "SELECT status FROM cycles WHERE process_id = ? AND number = ?", arguments: [report.processID, report.cycle]) == "open"
+                            open =
+                                try String.fetchOne(
+                                    db, sql: "SELECT status FROM cycles WHERE process_id = ? AND number = ?", arguments: [report.processID, report.cycle])
+                                == "open"
                             cycleOpen[key] = open
                         }
                         guard open else { throw StoreError(.cycleClosed, "cycle \(report.cycle) is not open") }
-                        try db.cachedStatement(sql: """
-                            UPDATE assignments SET reported = 1, sample_count = ?, metrics = ?, diff_file = ?, unclipped = ?, instance = ?
-                            WHERE process_id = ? AND cycle = ? AND worker_id = ? AND request_key = ? AND reported = 0
-                            """).execute(arguments: [
-                                report.sampleCount, report.metricsJSON, file, report.unclipped, report.instance, report.processID, report.cycle, report.workerID,
-                                report.requestKey,
-                            ])
+                        try db.cachedStatement(
+                            sql: """
+                                UPDATE assignments SET reported = 1, sample_count = ?, metrics = ?, diff_file = ?, unclipped = ?, instance = ?
+                                WHERE process_id = ? AND cycle = ? AND worker_id = ? AND request_key = ? AND reported = 0
+                                """
+                        ).execute(arguments: [
+                            report.sampleCount, report.metricsJSON, file, report.unclipped, report.instance, report.processID, report.cycle, report.workerID,
+                            report.requestKey,
+                        ])
                         guard db.changesCount == 1 else {
                             throw StoreError(.duplicate, "no unreported assignment for this worker and request key in cycle \(report.cycle)")
                         }
@@ -476,10 +519,14 @@ public final class SQLiteStore: CoordinatorStore {
             )
             var files: [String] = []
             for worker in workers {
-                if let file = try String.fetchOne(db, sql: "SELECT diff_file FROM assignments WHERE process_id = ? AND cycle = ? AND worker_id = ?", arguments: [processID, cycle, worker]) {
+                if let file = try String.fetchOne(
+                    db, sql: "SELECT diff_file FROM assignments WHERE process_id = ? AND cycle = ? AND worker_id = ?", arguments: [processID, cycle, worker])
+                {
                     files.append(file)
                 }
-                try db.execute(sql: "UPDATE assignments SET diff = NULL, diff_file = NULL WHERE process_id = ? AND cycle = ? AND worker_id = ?", arguments: [processID, cycle, worker])
+                try db.execute(
+                    sql: "UPDATE assignments SET diff = NULL, diff_file = NULL WHERE process_id = ? AND cycle = ? AND worker_id = ?",
+                    arguments: [processID, cycle, worker])
             }
             return files
         }
@@ -530,15 +577,19 @@ public final class SQLiteStore: CoordinatorStore {
             )
             try db.execute(sql: "DELETE FROM partial_sums WHERE process_id = ? AND cycle = ?", arguments: [closure.processID, closure.closedCycle])
             try db.execute(sql: "DELETE FROM assignments WHERE process_id = ? AND cycle = ?", arguments: [closure.processID, closure.closedCycle])
-            try db.execute(sql: "DELETE FROM secure_aggregation_events WHERE process_id = ? AND cycle = ?", arguments: [closure.processID, closure.closedCycle])
+            try db.execute(
+                sql: "DELETE FROM secure_aggregation_events WHERE process_id = ? AND cycle = ?", arguments: [closure.processID, closure.closedCycle])
             if let checkpoint = closure.checkpoint {
-                try db.execute(sql: "INSERT INTO checkpoints (process_id, number, weights) VALUES (?, ?, ?)", arguments: [closure.processID, checkpoint.number, Data(checkpoint.weights)])
+                try db.execute(
+                    sql: "INSERT INTO checkpoints (process_id, number, weights) VALUES (?, ?, ?)",
+                    arguments: [closure.processID, checkpoint.number, Data(checkpoint.weights)])
                 try db.execute(
                     sql: "DELETE FROM checkpoints WHERE process_id = ? AND number <= ?",
                     arguments: [closure.processID, checkpoint.number - max(1, closure.retention)]
                 )
                 try db.execute(
-                    sql: "UPDATE processes SET latest_checkpoint = ?, cycles_completed = cycles_completed + 1, optimizer_state = ?, privacy_state = ? WHERE id = ?",
+                    sql:
+                        "UPDATE processes SET latest_checkpoint = ?, cycles_completed = cycles_completed + 1, optimizer_state = ?, privacy_state = ? WHERE id = ?",
                     arguments: [checkpoint.number, closure.optimizerState.map { Data($0) }, closure.privacyState.map { Data($0) }, closure.processID]
                 )
             } else {
@@ -559,7 +610,8 @@ public final class SQLiteStore: CoordinatorStore {
     public func cycleRecords(processID: String, limit: Int) async throws -> [CycleRecord] {
         try await pool.read { db in
             try Row.fetchAll(
-                db, sql: """
+                db,
+                sql: """
                     SELECT number, status, published, opened_at, closed_at, assigned, reported, metrics FROM cycles
                     WHERE process_id = ? AND status IN ('aggregated', 'abandoned') AND assigned IS NOT NULL ORDER BY number DESC LIMIT ?
                     """,
@@ -601,7 +653,9 @@ public final class SQLiteStore: CoordinatorStore {
         }
     }
 
-    private func insertSecureAggregationEvent(_ event: StoredSecureAggregationEvent, wordsFile: String?, processID: String, cycle: Int, reportedWorker: String?) async throws {
+    private func insertSecureAggregationEvent(_ event: StoredSecureAggregationEvent, wordsFile: String?, processID: String, cycle: Int, reportedWorker: String?)
+        async throws
+    {
         try await pool.write { db in
             let status = try String.fetchOne(db, sql: "SELECT status FROM cycles WHERE process_id = ? AND number = ?", arguments: [processID, cycle])
             guard status == "open" else { throw StoreError(.cycleClosed, "cycle \(cycle) of process \(processID) is not open") }

@@ -46,7 +46,9 @@ struct SecureCycle: Sendable {
     /// A fresh cycle's secure aggregation. advertise_keys closes at `goalCount` advertisements, so the roster holds at
     /// most that many devices, however many the cycle admitted (over-selection).
     /// - Throws: `invalid_configuration` when the settings do not hold for `goalCount` devices.
-    init(settings: SecureAggregationConfig, context: String, goalCount: Int, minimumAdvertisements: Int, maximumSampleCount: Int, modelLength: Int) throws(SecureAggregationError) {
+    init(settings: SecureAggregationConfig, context: String, goalCount: Int, minimumAdvertisements: Int, maximumSampleCount: Int, modelLength: Int)
+        throws(SecureAggregationError)
+    {
         self.settings = settings
         self.minimumAdvertisements = minimumAdvertisements
         server = try SecureAggregationServer(
@@ -114,7 +116,9 @@ struct SecureCycle: Sendable {
     /// The status shown in the process's cycle.
     func status(cycleDeadline: Date) -> SecureAggregationStatus {
         SecureAggregationStatus(
-            stage: stage, stageDeadline: (stage == .advertiseKeys ? min(stageDeadline ?? cycleDeadline, cycleDeadline) : stageDeadline ?? cycleDeadline).timeIntervalSince1970, advertised: server.advertisedDevices.count,
+            stage: stage,
+            stageDeadline: (stage == .advertiseKeys ? min(stageDeadline ?? cycleDeadline, cycleDeadline) : stageDeadline ?? cycleDeadline)
+                .timeIntervalSince1970, advertised: server.advertisedDevices.count,
             shared: server.sharedDevices.count, masked: server.maskedDevices.count, signed: server.signedDevices.count,
             unmasked: server.unmaskedDevices.count, dropped: server.dropped.count
         )

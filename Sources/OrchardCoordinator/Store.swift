@@ -64,7 +64,10 @@ public struct StoredProcess: Sendable, Hashable {
     public var cyclesAbandoned: Int
 
     /// Creates a record.
-    public init(id: String, name: String, version: SemanticVersion, model: ModelSpec, clientConfig: ClientConfig, serverConfig: ServerConfig, createdAt: Date, completed: Bool = false, latestCheckpoint: Int = 0, cyclesCompleted: Int = 0, cyclesAbandoned: Int = 0) {
+    public init(
+        id: String, name: String, version: SemanticVersion, model: ModelSpec, clientConfig: ClientConfig, serverConfig: ServerConfig, createdAt: Date,
+        completed: Bool = false, latestCheckpoint: Int = 0, cyclesCompleted: Int = 0, cyclesAbandoned: Int = 0
+    ) {
         self.id = id
         self.name = name
         self.version = version
@@ -238,7 +241,9 @@ public struct RecoveredCycle: Sendable {
     public var partialSums: [String: StoredPartialSum]
 
     /// Creates a record.
-    public init(cycle: StoredCycle, status: StoredCycleStatus = .open, sealedAt: Date? = nil, assignments: [StoredAssignment], partialSums: [String: StoredPartialSum]) {
+    public init(
+        cycle: StoredCycle, status: StoredCycleStatus = .open, sealedAt: Date? = nil, assignments: [StoredAssignment], partialSums: [String: StoredPartialSum]
+    ) {
         self.cycle = cycle
         self.status = status
         self.sealedAt = sealedAt

@@ -7,7 +7,8 @@ import PostgresNIO
 public enum PostgresAdministration {
     /// Creates database `name` (letters, digits and '_' only). Throws ``OrchardCoordinator/StoreError/Code/duplicate``
     /// when it exists and ``OrchardCoordinator/StoreError/Code/io`` when the server cannot be reached.
-    public static func createDatabase(_ name: String, using admin: PostgresStoreConfiguration, logger: Logger = Logger(label: "orchard.postgres")) async throws {
+    public static func createDatabase(_ name: String, using admin: PostgresStoreConfiguration, logger: Logger = Logger(label: "orchard.postgres")) async throws
+    {
         try checkName(name)
         try await withConnection(admin, logger: logger, "create database \(name)") { connection in
             do {
@@ -27,7 +28,9 @@ public enum PostgresAdministration {
     }
 
     /// The database names on the server that start with `prefix`.
-    public static func databases(prefix: String, using admin: PostgresStoreConfiguration, logger: Logger = Logger(label: "orchard.postgres")) async throws -> [String] {
+    public static func databases(prefix: String, using admin: PostgresStoreConfiguration, logger: Logger = Logger(label: "orchard.postgres")) async throws
+        -> [String]
+    {
         try await withConnection(admin, logger: logger, "list databases") { connection in
             try await connection.rows("SELECT datname FROM pg_database ORDER BY datname", logger: logger)
                 .map { try $0.decode(String.self) }.filter { $0.hasPrefix(prefix) }

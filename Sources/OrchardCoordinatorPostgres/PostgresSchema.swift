@@ -22,113 +22,121 @@ enum PostgresSchema {
 
     /// Every migration, oldest first.
     static let migrations: [Migration] = [
-        Migration(version: "1-initial", statements: [
-            """
-            CREATE TABLE processes (
-                id TEXT PRIMARY KEY, name TEXT NOT NULL, version TEXT NOT NULL, model TEXT NOT NULL,
-                client_config TEXT NOT NULL, server_config TEXT NOT NULL, created_at DOUBLE PRECISION NOT NULL,
-                completed BOOLEAN NOT NULL DEFAULT FALSE, latest_checkpoint BIGINT NOT NULL DEFAULT 0,
-                cycles_completed BIGINT NOT NULL DEFAULT 0, cycles_abandoned BIGINT NOT NULL DEFAULT 0,
-                optimizer_state BYTEA, privacy_state BYTEA,
-                UNIQUE (name, version))
-            """,
-            """
-            CREATE TABLE checkpoints (
-                process_id TEXT NOT NULL REFERENCES processes(id) ON DELETE CASCADE, number BIGINT NOT NULL,
-                weights BYTEA NOT NULL, PRIMARY KEY (process_id, number))
-            """,
-            """
-            CREATE TABLE cycles (
-                process_id TEXT NOT NULL REFERENCES processes(id) ON DELETE CASCADE, number BIGINT NOT NULL,
-                checkpoint BIGINT NOT NULL, opened_at DOUBLE PRECISION NOT NULL,
-                status TEXT NOT NULL CHECK (status IN ('open', 'closing', 'aggregated', 'abandoned')),
-                sealed_at DOUBLE PRECISION,
-                PRIMARY KEY (process_id, number))
-            """,
-            // At most one cycle of a process is not closed.
-            "CREATE UNIQUE INDEX cycles_current ON cycles (process_id) WHERE status IN ('open', 'closing')",
-            """
-            CREATE TABLE assignments (
-                process_id TEXT NOT NULL, cycle BIGINT NOT NULL, worker_id TEXT NOT NULL,
-                request_key TEXT NOT NULL UNIQUE, assigned_at DOUBLE PRECISION NOT NULL,
-                reported BOOLEAN NOT NULL DEFAULT FALSE, sample_count BIGINT, metrics TEXT,
-                unclipped BOOLEAN NOT NULL DEFAULT FALSE, instance TEXT, diff BYTEA,
-                PRIMARY KEY (process_id, cycle, worker_id),
-                FOREIGN KEY (process_id, cycle) REFERENCES cycles(process_id, number) ON DELETE CASCADE)
-            """,
-            // Workers belong to one process and one issuer (NULLs are distinct: anonymous workers never collide).
-            """
-            CREATE TABLE workers (
-                id TEXT PRIMARY KEY, process_id TEXT, issuer TEXT, subject TEXT, created_at DOUBLE PRECISION NOT NULL,
-                UNIQUE (process_id, issuer, subject))
-            """,
-            "CREATE TABLE secrets (name TEXT PRIMARY KEY, value BYTEA NOT NULL)",
-            // Each instance's running sum of a cycle.
-            """
-            CREATE TABLE partial_sums (
-                process_id TEXT NOT NULL, cycle BIGINT NOT NULL, instance TEXT NOT NULL, sum BYTEA NOT NULL,
-                weight DOUBLE PRECISION NOT NULL, reports BIGINT NOT NULL, unclipped BIGINT NOT NULL,
-                PRIMARY KEY (process_id, cycle, instance),
-                FOREIGN KEY (process_id, cycle) REFERENCES cycles(process_id, number) ON DELETE CASCADE)
-            """,
-            """
-            CREATE TABLE secure_aggregation_events (
-                process_id TEXT NOT NULL, cycle BIGINT NOT NULL, sequence BIGINT NOT NULL, body BYTEA NOT NULL, words BYTEA,
-                PRIMARY KEY (process_id, cycle, sequence),
-                FOREIGN KEY (process_id, cycle) REFERENCES cycles(process_id, number) ON DELETE CASCADE)
-            """,
-        ]),
+        Migration(
+            version: "1-initial",
+            statements: [
+                """
+                CREATE TABLE processes (
+                    id TEXT PRIMARY KEY, name TEXT NOT NULL, version TEXT NOT NULL, model TEXT NOT NULL,
+                    client_config TEXT NOT NULL, server_config TEXT NOT NULL, created_at DOUBLE PRECISION NOT NULL,
+                    completed BOOLEAN NOT NULL DEFAULT FALSE, latest_checkpoint BIGINT NOT NULL DEFAULT 0,
+                    cycles_completed BIGINT NOT NULL DEFAULT 0, cycles_abandoned BIGINT NOT NULL DEFAULT 0,
+                    optimizer_state BYTEA, privacy_state BYTEA,
+                    UNIQUE (name, version))
+                """,
+                """
+                CREATE TABLE checkpoints (
+                    process_id TEXT NOT NULL REFERENCES processes(id) ON DELETE CASCADE, number BIGINT NOT NULL,
+                    weights BYTEA NOT NULL, PRIMARY KEY (process_id, number))
+                """,
+                """
+                CREATE TABLE cycles (
+                    process_id TEXT NOT NULL REFERENCES processes(id) ON DELETE CASCADE, number BIGINT NOT NULL,
+                    checkpoint BIGINT NOT NULL, opened_at DOUBLE PRECISION NOT NULL,
+                    status TEXT NOT NULL CHECK (status IN ('open', 'closing', 'aggregated', 'abandoned')),
+                    sealed_at DOUBLE PRECISION,
+                    PRIMARY KEY (process_id, number))
+                """,
+                // At most one cycle of a process is not closed.
+                "CREATE UNIQUE INDEX cycles_current ON cycles (process_id) WHERE status IN ('open', 'closing')",
+                """
+                CREATE TABLE assignments (
+                    process_id TEXT NOT NULL, cycle BIGINT NOT NULL, worker_id TEXT NOT NULL,
+                    request_key TEXT NOT NULL UNIQUE, assigned_at DOUBLE PRECISION NOT NULL,
+                    reported BOOLEAN NOT NULL DEFAULT FALSE, sample_count BIGINT, metrics TEXT,
+                    unclipped BOOLEAN NOT NULL DEFAULT FALSE, instance TEXT, diff BYTEA,
+                    PRIMARY KEY (process_id, cycle, worker_id),
+                    FOREIGN KEY (process_id, cycle) REFERENCES cycles(process_id, number) ON DELETE CASCADE)
+                """,
+                // Workers belong to one process and one issuer (NULLs are distinct: anonymous workers never collide).
+                """
+                CREATE TABLE workers (
+                    id TEXT PRIMARY KEY, process_id TEXT, issuer TEXT, subject TEXT, created_at DOUBLE PRECISION NOT NULL,
+                    UNIQUE (process_id, issuer, subject))
+                """,
+                "CREATE TABLE secrets (name TEXT PRIMARY KEY, value BYTEA NOT NULL)",
+                // Each instance's running sum of a cycle.
+                """
+                CREATE TABLE partial_sums (
+                    process_id TEXT NOT NULL, cycle BIGINT NOT NULL, instance TEXT NOT NULL, sum BYTEA NOT NULL,
+                    weight DOUBLE PRECISION NOT NULL, reports BIGINT NOT NULL, unclipped BIGINT NOT NULL,
+                    PRIMARY KEY (process_id, cycle, instance),
+                    FOREIGN KEY (process_id, cycle) REFERENCES cycles(process_id, number) ON DELETE CASCADE)
+                """,
+                """
+                CREATE TABLE secure_aggregation_events (
+                    process_id TEXT NOT NULL, cycle BIGINT NOT NULL, sequence BIGINT NOT NULL, body BYTEA NOT NULL, words BYTEA,
+                    PRIMARY KEY (process_id, cycle, sequence),
+                    FOREIGN KEY (process_id, cycle) REFERENCES cycles(process_id, number) ON DELETE CASCADE)
+                """,
+            ]),
         // An admission in one round trip: the cycle row's lock is held for the function and its commit only, not for
         // four round trips between the coordinator and the database (the lock serialises a cycle's admissions).
-        Migration(version: "2-admit-function", statements: [
-            """
-            CREATE FUNCTION orchard_admit(p_process TEXT, p_cycle BIGINT, p_worker TEXT, p_key TEXT, p_at DOUBLE PRECISION, p_limit BIGINT)
-            RETURNS TABLE (outcome TEXT, existing_key TEXT, existing_reported BOOLEAN, existing_instance TEXT)
-            LANGUAGE plpgsql AS $$
-            DECLARE
-                cycle_status TEXT;
-                held BIGINT;
-                found_key TEXT;
-                found_reported BOOLEAN;
-                found_instance TEXT;
-            BEGIN
-                SELECT c.status INTO cycle_status FROM cycles c WHERE c.process_id = p_process AND c.number = p_cycle FOR UPDATE;
-                IF cycle_status IS DISTINCT FROM 'open' THEN
-                    RETURN QUERY SELECT 'closed'::TEXT, NULL::TEXT, NULL::BOOLEAN, NULL::TEXT;
-                    RETURN;
-                END IF;
-                SELECT a.request_key, a.reported, a.instance INTO found_key, found_reported, found_instance
-                    FROM assignments a WHERE a.process_id = p_process AND a.cycle = p_cycle AND a.worker_id = p_worker;
-                IF found_key IS NOT NULL THEN
-                    RETURN QUERY SELECT 'existing'::TEXT, found_key, found_reported, found_instance;
-                    RETURN;
-                END IF;
-                SELECT COUNT(*) INTO held FROM assignments a WHERE a.process_id = p_process AND a.cycle = p_cycle;
-                IF held >= p_limit THEN
-                    RETURN QUERY SELECT 'full'::TEXT, NULL::TEXT, NULL::BOOLEAN, NULL::TEXT;
-                    RETURN;
-                END IF;
-                INSERT INTO assignments (process_id, cycle, worker_id, request_key, assigned_at) VALUES (p_process, p_cycle, p_worker, p_key, p_at);
-                RETURN QUERY SELECT 'admitted'::TEXT, NULL::TEXT, NULL::BOOLEAN, NULL::TEXT;
-            END
-            $$
-            """,
-        ]),
+        Migration(
+            version: "2-admit-function",
+            statements: [
+                """
+                CREATE FUNCTION orchard_admit(p_process TEXT, p_cycle BIGINT, p_worker TEXT, p_key TEXT, p_at DOUBLE PRECISION, p_limit BIGINT)
+                RETURNS TABLE (outcome TEXT, existing_key TEXT, existing_reported BOOLEAN, existing_instance TEXT)
+                LANGUAGE plpgsql AS $$
+                DECLARE
+                    cycle_status TEXT;
+                    held BIGINT;
+                    found_key TEXT;
+                    found_reported BOOLEAN;
+                    found_instance TEXT;
+                BEGIN
+                    SELECT c.status INTO cycle_status FROM cycles c WHERE c.process_id = p_process AND c.number = p_cycle FOR UPDATE;
+                    IF cycle_status IS DISTINCT FROM 'open' THEN
+                        RETURN QUERY SELECT 'closed'::TEXT, NULL::TEXT, NULL::BOOLEAN, NULL::TEXT;
+                        RETURN;
+                    END IF;
+                    SELECT a.request_key, a.reported, a.instance INTO found_key, found_reported, found_instance
+                        FROM assignments a WHERE a.process_id = p_process AND a.cycle = p_cycle AND a.worker_id = p_worker;
+                    IF found_key IS NOT NULL THEN
+                        RETURN QUERY SELECT 'existing'::TEXT, found_key, found_reported, found_instance;
+                        RETURN;
+                    END IF;
+                    SELECT COUNT(*) INTO held FROM assignments a WHERE a.process_id = p_process AND a.cycle = p_cycle;
+                    IF held >= p_limit THEN
+                        RETURN QUERY SELECT 'full'::TEXT, NULL::TEXT, NULL::BOOLEAN, NULL::TEXT;
+                        RETURN;
+                    END IF;
+                    INSERT INTO assignments (process_id, cycle, worker_id, request_key, assigned_at) VALUES (p_process, p_cycle, p_worker, p_key, p_at);
+                    RETURN QUERY SELECT 'admitted'::TEXT, NULL::TEXT, NULL::BOOLEAN, NULL::TEXT;
+                END
+                $$
+                """
+            ]),
         // Diffs, sums and weights are float arrays that pglz cannot shrink: stored out of line without the attempt.
-        Migration(version: "3-uncompressed-blobs", statements: [
-            "ALTER TABLE assignments ALTER COLUMN diff SET STORAGE EXTERNAL",
-            "ALTER TABLE partial_sums ALTER COLUMN sum SET STORAGE EXTERNAL",
-            "ALTER TABLE checkpoints ALTER COLUMN weights SET STORAGE EXTERNAL",
-            "ALTER TABLE secure_aggregation_events ALTER COLUMN words SET STORAGE EXTERNAL",
-        ]),
+        Migration(
+            version: "3-uncompressed-blobs",
+            statements: [
+                "ALTER TABLE assignments ALTER COLUMN diff SET STORAGE EXTERNAL",
+                "ALTER TABLE partial_sums ALTER COLUMN sum SET STORAGE EXTERNAL",
+                "ALTER TABLE checkpoints ALTER COLUMN weights SET STORAGE EXTERNAL",
+                "ALTER TABLE secure_aggregation_events ALTER COLUMN words SET STORAGE EXTERNAL",
+            ]),
         // The durable cycle history (the dashboard's): each closed cycle's participation, metrics and closing time.
-        Migration(version: "4-cycle-history", statements: [
-            "ALTER TABLE cycles ADD COLUMN closed_at DOUBLE PRECISION",
-            "ALTER TABLE cycles ADD COLUMN assigned BIGINT",
-            "ALTER TABLE cycles ADD COLUMN reported BIGINT",
-            "ALTER TABLE cycles ADD COLUMN metrics TEXT",
-            "ALTER TABLE cycles ADD COLUMN published BIGINT",
-        ]),
+        Migration(
+            version: "4-cycle-history",
+            statements: [
+                "ALTER TABLE cycles ADD COLUMN closed_at DOUBLE PRECISION",
+                "ALTER TABLE cycles ADD COLUMN assigned BIGINT",
+                "ALTER TABLE cycles ADD COLUMN reported BIGINT",
+                "ALTER TABLE cycles ADD COLUMN metrics TEXT",
+                "ALTER TABLE cycles ADD COLUMN published BIGINT",
+            ]),
     ]
 
     /// Applies the migrations not yet applied, each in its own transaction; returns the versions it applied.

@@ -51,7 +51,10 @@ public final class PostgresStore: CoordinatorStore {
         let connection = try await connect(configuration, logger: logger)
         do {
             let applied = try await PostgresSchema.migrate(connection, logger: logger)
-            if !applied.isEmpty { logger.info("applied PostgreSQL schema migrations", metadata: ["versions": "\(applied.joined(separator: ", "))", "database": "\(configuration)"]) }
+            if !applied.isEmpty {
+                logger.info(
+                    "applied PostgreSQL schema migrations", metadata: ["versions": "\(applied.joined(separator: ", "))", "database": "\(configuration)"])
+            }
         } catch {
             try? await connection.close()
             throw StoreError(.io, "cannot apply the schema migrations to PostgreSQL at \(target): \(PostgresErrors.detail(error))")
@@ -210,7 +213,8 @@ public final class PostgresStore: CoordinatorStore {
 
     /// Locks a cycle's row (`FOR SHARE` or `FOR UPDATE`) and returns its status, nil when absent.
     private func lockCycle(_ connection: PostgresConnection, processID: String, cycle: Int, exclusive: Bool) async throws -> String? {
-        let query: PostgresQuery = exclusive
+        let query: PostgresQuery =
+            exclusive
             ? "SELECT status FROM cycles WHERE process_id = \(processID) AND number = \(cycle) FOR UPDATE"
             : "SELECT status FROM cycles WHERE process_id = \(processID) AND number = \(cycle) FOR SHARE"
         return try await run(connection, query).first.map { try $0.decode(String.self) }
@@ -235,12 +239,16 @@ public final class PostgresStore: CoordinatorStore {
         let version = process.version.description
         do {
             try await transaction("host process '\(process.name)' version \(version)") { connection in
-                try await run(connection, """
+                try await run(
+                    connection,
+                    """
                     INSERT INTO processes (id, name, version, model, client_config, server_config, created_at)
                     VALUES (\(process.id), \(process.name), \(version), \(model), \(client), \(server), \(process.createdAt.timeIntervalSince1970))
                     """)
                 try await run(connection, "INSERT INTO checkpoints (process_id, number, weights) VALUES (\(process.id), 0, \(Self.buffer(initialWeights)))")
-                try await run(connection, """
+                try await run(
+                    connection,
+                    """
                     INSERT INTO cycles (process_id, number, checkpoint, opened_at, status)
                     VALUES (\(process.id), \(firstCycle.number), \(firstCycle.checkpoint), \(firstCycle.openedAt.timeIntervalSince1970), 'open')
                     """)
@@ -251,7 +259,9 @@ public final class PostgresStore: CoordinatorStore {
     }
 
     public func processes() async throws -> [StoredProcess] {
-        let rows = try await rows("list processes", """
+        let rows = try await rows(
+            "list processes",
+            """
             SELECT id, name, version, model, client_config, server_config, created_at, completed, latest_checkpoint, cycles_completed, cycles_abandoned
             FROM processes ORDER BY created_at, id
             """)
@@ -259,7 +269,9 @@ public final class PostgresStore: CoordinatorStore {
             return try rows.map { row in
                 let (id, name, versionText, model, client, server, createdAt, completed, latest, aggregated, abandoned) =
                     try row.decode((String, String, String, String, String, String, Double, Bool, Int, Int, Int).self)
-                guard let version = SemanticVersion(versionText) else { throw StoreError(.corrupt, "stored version '\(versionText)' of process '\(id)' is invalid") }
+                guard let version = SemanticVersion(versionText) else {
+                    throw StoreError(.corrupt, "stored version '\(versionText)' of process '\(id)' is invalid")
+                }
                 return StoredProcess(
                     id: id, name: name, version: version, model: try Self.decode(ModelSpec.self, model, "model of process '\(id)'"),
                     clientConfig: try Self.decode(ClientConfig.self, client, "client config of process '\(id)'"),
@@ -283,7 +295,8 @@ public final class PostgresStore: CoordinatorStore {
     }
 
     public func checkpoint(processID: String, number: Int) async throws -> [UInt8]? {
-        let rows = try await rows("read checkpoint \(number) of process '\(processID)'", "SELECT weights FROM checkpoints WHERE process_id = \(processID) AND number = \(number)")
+        let rows = try await rows(
+            "read checkpoint \(number) of process '\(processID)'", "SELECT weights FROM checkpoints WHERE process_id = \(processID) AND number = \(number)")
         do {
             return try rows.first.map { Self.bytes(try $0.decode(ByteBuffer.self)) }
         } catch {
@@ -292,7 +305,8 @@ public final class PostgresStore: CoordinatorStore {
     }
 
     public func checkpointNumbers(processID: String) async throws -> [Int] {
-        let rows = try await rows("list the checkpoints of process '\(processID)'", "SELECT number FROM checkpoints WHERE process_id = \(processID) ORDER BY number")
+        let rows = try await rows(
+            "list the checkpoints of process '\(processID)'", "SELECT number FROM checkpoints WHERE process_id = \(processID) ORDER BY number")
         do {
             return try rows.map { try $0.decode(Int.self) }
         } catch {
@@ -327,20 +341,30 @@ public final class PostgresStore: CoordinatorStore {
 
     public func openCycle(processID: String) async throws -> RecoveredCycle? {
         try await transaction("read the open cycle of process '\(processID)'", readOnly: true) { connection -> RecoveredCycle? in
-            guard let row = try await run(connection, """
-                SELECT number, checkpoint, opened_at, status, sealed_at FROM cycles
-                WHERE process_id = \(processID) AND status IN ('open', 'closing') ORDER BY number DESC LIMIT 1
-                """).first else { return nil }
+            guard
+                let row = try await run(
+                    connection,
+                    """
+                    SELECT number, checkpoint, opened_at, status, sealed_at FROM cycles
+                    WHERE process_id = \(processID) AND status IN ('open', 'closing') ORDER BY number DESC LIMIT 1
+                    """
+                ).first
+            else { return nil }
             let (number, checkpoint, openedAt, statusText, sealedAt) = try row.decode((Int, Int, Double, String, Double?).self)
-            let assignments = try await run(connection, """
+            let assignments = try await run(
+                connection,
+                """
                 SELECT worker_id, request_key, reported, instance FROM assignments
                 WHERE process_id = \(processID) AND cycle = \(number) ORDER BY assigned_at, worker_id
-                """).map { row in
+                """
+            ).map { row in
                 let (worker, key, reported, instance) = try row.decode((String, String, Bool, String?).self)
                 return StoredAssignment(workerID: worker, requestKey: key, reported: reported, instance: instance)
             }
             var sums: [String: StoredPartialSum] = [:]
-            for row in try await run(connection, "SELECT instance, sum, weight, reports, unclipped FROM partial_sums WHERE process_id = \(processID) AND cycle = \(number)") {
+            for row in try await run(
+                connection, "SELECT instance, sum, weight, reports, unclipped FROM partial_sums WHERE process_id = \(processID) AND cycle = \(number)")
+            {
                 let (instance, sum, weight, reports, unclipped) = try row.decode((String, ByteBuffer, Double, Int, Int).self)
                 sums[instance] = StoredPartialSum(bytes: Self.bytes(sum), weight: weight, reports: reports, unclipped: unclipped)
             }
@@ -354,7 +378,9 @@ public final class PostgresStore: CoordinatorStore {
 
     public func cycleProgress(processID: String) async throws -> StoredCycleProgress? {
         let what = "read the progress of process '\(processID)'"
-        let rows = try await rows(what, """
+        let rows = try await rows(
+            what,
+            """
             SELECT c.number, c.checkpoint, c.opened_at, c.status, c.sealed_at,
                 (SELECT COUNT(*) FROM assignments a WHERE a.process_id = c.process_id AND a.cycle = c.number),
                 (SELECT COUNT(*) FROM assignments a WHERE a.process_id = c.process_id AND a.cycle = c.number AND a.reported)
@@ -378,16 +404,18 @@ public final class PostgresStore: CoordinatorStore {
         do {
             // Streamed row by row: one diff in memory at a time.
             try await client.withConnection { connection in
-                let rows = try await connection.query("""
+                let rows = try await connection.query(
+                    """
                     SELECT worker_id, sample_count, unclipped, diff, instance FROM assignments
                     WHERE process_id = \(processID) AND cycle = \(cycle) AND reported AND diff IS NOT NULL ORDER BY worker_id
                     """, logger: logger)
                 for try await row in rows {
                     let (worker, samples, unclipped, diff, instance) = try row.decode((String, Int?, Bool, ByteBuffer, String?).self)
-                    try body(PendingDiff(
-                        workerID: worker, sampleCount: samples ?? 0, unclipped: unclipped, diff: Self.bytes(diff),
-                        instance: instance ?? CoordinatorConfiguration.defaultInstanceID
-                    ))
+                    try body(
+                        PendingDiff(
+                            workerID: worker, sampleCount: samples ?? 0, unclipped: unclipped, diff: Self.bytes(diff),
+                            instance: instance ?? CoordinatorConfiguration.defaultInstanceID
+                        ))
                 }
             }
         } catch {
@@ -399,7 +427,9 @@ public final class PostgresStore: CoordinatorStore {
 
     public func registerWorker(id: String, processID: String, issuer: String?, subject: String?, at date: Date) async throws {
         // A second registration of the same identity (a concurrent first authentication) keeps the first.
-        try await rows("register worker '\(id)'", """
+        try await rows(
+            "register worker '\(id)'",
+            """
             INSERT INTO workers (id, process_id, issuer, subject, created_at) VALUES (\(id), \(processID), \(issuer), \(subject), \(date.timeIntervalSince1970))
             ON CONFLICT (process_id, issuer, subject) DO NOTHING
             """)
@@ -438,12 +468,15 @@ public final class PostgresStore: CoordinatorStore {
 
     public func recordAssignment(processID: String, cycle: Int, workerID: String, requestKey: String, at date: Date) async throws {
         do {
-            _ = try await client.query("""
+            _ = try await client.query(
+                """
                 INSERT INTO assignments (process_id, cycle, worker_id, request_key, assigned_at)
                 VALUES (\(processID), \(cycle), \(workerID), \(requestKey), \(date.timeIntervalSince1970))
-                """, logger: logger).collect()
+                """, logger: logger
+            ).collect()
         } catch let error where PostgresErrors.isUniqueViolation(error) {
-            throw StoreError(.duplicate, "worker '\(workerID)' or request key '\(requestKey)' already holds an assignment in cycle \(cycle) of process '\(processID)'")
+            throw StoreError(
+                .duplicate, "worker '\(workerID)' or request key '\(requestKey)' already holds an assignment in cycle \(cycle) of process '\(processID)'")
         } catch let error where PostgresErrors.isForeignKeyViolation(error) {
             throw StoreError(.notFound, "cycle \(cycle) of process '\(processID)' does not exist")
         } catch {
@@ -486,7 +519,9 @@ public final class PostgresStore: CoordinatorStore {
 
     public func assignment(requestKey: String) async throws -> StoredKeyedAssignment? {
         let what = "look up request key '\(requestKey)'"
-        let rows = try await rows(what, """
+        let rows = try await rows(
+            what,
+            """
             SELECT a.process_id, a.cycle, a.worker_id, a.request_key, a.reported, a.instance
             FROM assignments a JOIN cycles c ON c.process_id = a.process_id AND c.number = a.cycle
             WHERE a.request_key = \(requestKey) AND c.status IN ('open', 'closing')
@@ -494,7 +529,8 @@ public final class PostgresStore: CoordinatorStore {
         do {
             return try rows.first.map { row in
                 let (process, cycle, worker, key, reported, instance) = try row.decode((String, Int, String, String, Bool, String?).self)
-                return StoredKeyedAssignment(processID: process, cycle: cycle, assignment: StoredAssignment(workerID: worker, requestKey: key, reported: reported, instance: instance))
+                return StoredKeyedAssignment(
+                    processID: process, cycle: cycle, assignment: StoredAssignment(workerID: worker, requestKey: key, reported: reported, instance: instance))
             }
         } catch {
             throw PostgresErrors.map(error, what)
@@ -526,7 +562,9 @@ public final class PostgresStore: CoordinatorStore {
         try await transaction("record the report of key '\(report.requestKey)' in cycle \(report.cycle)") { connection in
             let status = try await lockCycle(connection, processID: report.processID, cycle: report.cycle, exclusive: false)
             try Self.requireOpen(status, processID: report.processID, cycle: report.cycle)
-            let updated = try await run(connection, """
+            let updated = try await run(
+                connection,
+                """
                 UPDATE assignments SET reported = TRUE, sample_count = \(report.sampleCount), metrics = \(report.metricsJSON),
                     unclipped = \(report.unclipped), instance = \(report.instance), diff = \(staged)
                 WHERE process_id = \(report.processID) AND cycle = \(report.cycle) AND worker_id = \(report.workerID)
@@ -534,7 +572,8 @@ public final class PostgresStore: CoordinatorStore {
                 RETURNING 1
                 """)
             guard !updated.isEmpty else {
-                throw StoreError(.duplicate, "no unreported assignment for worker '\(report.workerID)' and request key '\(report.requestKey)' in cycle \(report.cycle)")
+                throw StoreError(
+                    .duplicate, "no unreported assignment for worker '\(report.workerID)' and request key '\(report.requestKey)' in cycle \(report.cycle)")
             }
         }
     }
@@ -543,26 +582,33 @@ public final class PostgresStore: CoordinatorStore {
         try await transaction("fold reports of instance '\(instance)' into cycle \(cycle) of process '\(processID)'") { connection in
             let status = try await lockCycle(connection, processID: processID, cycle: cycle, exclusive: false)
             try Self.requireOpen(status, processID: processID, cycle: cycle)
-            try await run(connection, """
+            try await run(
+                connection,
+                """
                 INSERT INTO partial_sums (process_id, cycle, instance, sum, weight, reports, unclipped)
                 VALUES (\(processID), \(cycle), \(instance), \(Self.buffer(sum.bytes)), \(sum.weight), \(sum.reports), \(sum.unclipped))
                 ON CONFLICT (process_id, cycle, instance) DO UPDATE
                 SET sum = EXCLUDED.sum, weight = EXCLUDED.weight, reports = EXCLUDED.reports, unclipped = EXCLUDED.unclipped
                 """)
             if !workers.isEmpty {
-                try await run(connection, "UPDATE assignments SET diff = NULL WHERE process_id = \(processID) AND cycle = \(cycle) AND worker_id = ANY(\(workers))")
+                try await run(
+                    connection, "UPDATE assignments SET diff = NULL WHERE process_id = \(processID) AND cycle = \(cycle) AND worker_id = ANY(\(workers))")
             }
         }
     }
 
     public func sealCycle(processID: String, cycle: Int, at date: Date) async throws -> Bool {
         try await transaction("seal cycle \(cycle) of process '\(processID)'") { connection -> Bool in
-            let sealed = try await run(connection, """
+            let sealed = try await run(
+                connection,
+                """
                 UPDATE cycles SET status = 'closing', sealed_at = \(date.timeIntervalSince1970)
                 WHERE process_id = \(processID) AND number = \(cycle) AND status = 'open' RETURNING 1
                 """)
             if !sealed.isEmpty { return true }
-            let status = try await run(connection, "SELECT status FROM cycles WHERE process_id = \(processID) AND number = \(cycle)").first.map { try $0.decode(String.self) }
+            let status = try await run(connection, "SELECT status FROM cycles WHERE process_id = \(processID) AND number = \(cycle)").first.map {
+                try $0.decode(String.self)
+            }
             switch status {
             case "closing": return false
             case nil: throw StoreError(.cycleClosed, "cycle \(cycle) of process '\(processID)' does not exist")
@@ -577,21 +623,30 @@ public final class PostgresStore: CoordinatorStore {
         try await transaction("close cycle \(cycle) of process '\(processID)'") { connection in
             let aggregated = closure.checkpoint != nil
             // Exactly once: a concurrent close waits on the row, then finds it closed.
-            let closed = try await run(connection, """
+            let closed = try await run(
+                connection,
+                """
                 UPDATE cycles SET status = \(aggregated ? "aggregated" : "abandoned")
                 WHERE process_id = \(processID) AND number = \(cycle) AND status IN ('open', 'closing') RETURNING 1
                 """)
             guard !closed.isEmpty else { throw StoreError(.cycleClosed, "cycle \(cycle) of process '\(processID)' is not open") }
             // The history record, from the assignment rows about to be deleted.
-            let participation = try await run(connection, """
+            let participation = try await run(
+                connection,
+                """
                 SELECT COUNT(*), COUNT(*) FILTER (WHERE reported) FROM assignments WHERE process_id = \(processID) AND cycle = \(cycle)
                 """)
             let (assigned, reported) = try participation.first?.decode((Int, Int).self) ?? (0, 0)
-            let metrics = try await run(connection, """
+            let metrics = try await run(
+                connection,
+                """
                 SELECT metrics FROM assignments WHERE process_id = \(processID) AND cycle = \(cycle) AND reported AND metrics IS NOT NULL
-                """).map { try $0.decode(String.self) }
+                """
+            ).map { try $0.decode(String.self) }
             let means = CycleRecordSummary.json(CycleRecordSummary.means(metrics))
-            try await run(connection, """
+            try await run(
+                connection,
+                """
                 UPDATE cycles SET closed_at = \(closure.closedAt?.timeIntervalSince1970), assigned = \(assigned), reported = \(reported),
                     metrics = \(means), published = \(closure.checkpoint?.number)
                 WHERE process_id = \(processID) AND number = \(cycle)
@@ -600,11 +655,16 @@ public final class PostgresStore: CoordinatorStore {
             try await run(connection, "DELETE FROM partial_sums WHERE process_id = \(processID) AND cycle = \(cycle)")
             try await run(connection, "DELETE FROM secure_aggregation_events WHERE process_id = \(processID) AND cycle = \(cycle)")
             if let checkpoint = closure.checkpoint {
-                try await run(connection, "INSERT INTO checkpoints (process_id, number, weights) VALUES (\(processID), \(checkpoint.number), \(Self.buffer(checkpoint.weights)))")
-                try await run(connection, "DELETE FROM checkpoints WHERE process_id = \(processID) AND number <= \(checkpoint.number - max(1, closure.retention))")
+                try await run(
+                    connection,
+                    "INSERT INTO checkpoints (process_id, number, weights) VALUES (\(processID), \(checkpoint.number), \(Self.buffer(checkpoint.weights)))")
+                try await run(
+                    connection, "DELETE FROM checkpoints WHERE process_id = \(processID) AND number <= \(checkpoint.number - max(1, closure.retention))")
                 let optimizer = closure.optimizerState.map(Self.buffer)
                 let privacy = closure.privacyState.map(Self.buffer)
-                try await run(connection, """
+                try await run(
+                    connection,
+                    """
                     UPDATE processes SET latest_checkpoint = \(checkpoint.number), cycles_completed = cycles_completed + 1,
                         optimizer_state = \(optimizer), privacy_state = \(privacy)
                     WHERE id = \(processID)
@@ -613,7 +673,9 @@ public final class PostgresStore: CoordinatorStore {
                 try await run(connection, "UPDATE processes SET cycles_abandoned = cycles_abandoned + 1 WHERE id = \(processID)")
             }
             if let next = closure.nextCycle {
-                try await run(connection, """
+                try await run(
+                    connection,
+                    """
                     INSERT INTO cycles (process_id, number, checkpoint, opened_at, status)
                     VALUES (\(processID), \(next.number), \(next.checkpoint), \(next.openedAt.timeIntervalSince1970), 'open')
                     """)
@@ -625,7 +687,9 @@ public final class PostgresStore: CoordinatorStore {
 
     public func cycleRecords(processID: String, limit: Int) async throws -> [CycleRecord] {
         let what = "read the cycle history of process '\(processID)'"
-        let rows = try await rows(what, """
+        let rows = try await rows(
+            what,
+            """
             SELECT number, status, published, opened_at, closed_at, assigned, reported, metrics FROM cycles
             WHERE process_id = \(processID) AND status IN ('aggregated', 'abandoned') AND assigned IS NOT NULL
             ORDER BY number DESC LIMIT \(max(0, limit))
@@ -652,7 +716,9 @@ public final class PostgresStore: CoordinatorStore {
             let status = try await lockCycle(connection, processID: processID, cycle: cycle, exclusive: false)
             try Self.requireOpen(status, processID: processID, cycle: cycle)
             do {
-                try await run(connection, """
+                try await run(
+                    connection,
+                    """
                     INSERT INTO secure_aggregation_events (process_id, cycle, sequence, body, words)
                     VALUES (\(processID), \(cycle), \(event.sequence), \(Self.buffer(event.body)), \(event.words.map(Self.buffer)))
                     """)
@@ -660,7 +726,9 @@ public final class PostgresStore: CoordinatorStore {
                 throw StoreError(.duplicate, "secure-aggregation event \(event.sequence) of cycle \(cycle) exists")
             }
             if let reportedWorker {
-                let updated = try await run(connection, """
+                let updated = try await run(
+                    connection,
+                    """
                     UPDATE assignments SET reported = TRUE WHERE process_id = \(processID) AND cycle = \(cycle) AND worker_id = \(reportedWorker) RETURNING 1
                     """)
                 guard !updated.isEmpty else { throw StoreError(.notFound, "worker \(reportedWorker) holds no assignment in cycle \(cycle)") }
@@ -670,7 +738,8 @@ public final class PostgresStore: CoordinatorStore {
 
     public func secureAggregationEvents(processID: String, cycle: Int) async throws -> [StoredSecureAggregationEvent] {
         let what = "read the secure-aggregation events of cycle \(cycle) of process '\(processID)'"
-        let rows = try await rows(what, "SELECT sequence, body, words FROM secure_aggregation_events WHERE process_id = \(processID) AND cycle = \(cycle) ORDER BY sequence")
+        let rows = try await rows(
+            what, "SELECT sequence, body, words FROM secure_aggregation_events WHERE process_id = \(processID) AND cycle = \(cycle) ORDER BY sequence")
         do {
             return try rows.map { row in
                 let (sequence, body, words) = try row.decode((Int, ByteBuffer, ByteBuffer?).self)

@@ -89,11 +89,13 @@ public struct PostgresStoreConfiguration: Sendable, Hashable, CustomStringConver
 
     /// A mirror without the password.
     public var customMirror: Mirror {
-        Mirror(self, children: [
-            "host": host, "port": port, "user": user, "password": password == nil ? "nil" : "***", "database": database,
-            "tlsMode": tlsMode, "rootCertificatePath": rootCertificatePath as Any, "poolSize": poolSize,
-            "connectTimeout": connectTimeout, "spoolDirectory": spoolDirectory as Any,
-        ])
+        Mirror(
+            self,
+            children: [
+                "host": host, "port": port, "user": user, "password": password == nil ? "nil" : "***", "database": database,
+                "tlsMode": tlsMode, "rootCertificatePath": rootCertificatePath as Any, "poolSize": poolSize,
+                "connectTimeout": connectTimeout, "spoolDirectory": spoolDirectory as Any,
+            ])
     }
 
     /// The same configuration for another database on the same server (e.g. a test database from an admin URL).

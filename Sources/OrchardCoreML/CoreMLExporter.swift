@@ -43,8 +43,10 @@ public struct CoreMLExporter: Sendable {
                 throw CoreMLError(.unsupportedFeature, "input '\(input.name)' has shape \(input.shape); Core ML neural networks take [n] or [C, H, W]")
             }
             inputShapes[input.name] = input.shape
-            model.description_p.input.append(feature(input.name, shape: input.shape, dataType: options.arrayDataType.proto,
-                                                      note: input.categorical ? "category index" : ""))
+            model.description_p.input.append(
+                feature(
+                    input.name, shape: input.shape, dataType: options.arrayDataType.proto,
+                    note: input.categorical ? "category index" : ""))
         }
 
         var alias: [String: String] = [:]
@@ -54,7 +56,8 @@ public struct CoreMLExporter: Sendable {
             let inputs = layer.inputs.map { alias[$0] ?? $0 }
             if layer.type == .dropout {
                 guard options.dropout.omits else {
-                    throw CoreMLError(.unsupportedLayer, "Core ML neural networks have no dropout; export with dropout handling 'omit' to leave it out", layer: layer.name)
+                    throw CoreMLError(
+                        .unsupportedLayer, "Core ML neural networks have no dropout; export with dropout handling 'omit' to leave it out", layer: layer.name)
                 }
                 alias[layer.name] = inputs[0]
                 continue
@@ -79,7 +82,10 @@ public struct CoreMLExporter: Sendable {
         var network = CoreML_Specification_NeuralNetwork()
         if options.updatable {
             guard let training = spec.training else {
-                throw CoreMLError(.invalidModel, "an updatable export needs the model's training settings (loss, optimizer, epochs); export with updatable: false for a prediction-only model")
+                throw CoreMLError(
+                    .invalidModel,
+                    "an updatable export needs the model's training settings (loss, optimizer, epochs); export with updatable: false for a prediction-only model"
+                )
             }
             for index in layers.indices where trainable[layers[index].name] == true {
                 try markUpdatable(&layers[index])
@@ -89,7 +95,8 @@ public struct CoreMLExporter: Sendable {
             guard inputShapes[target] == nil else {
                 throw CoreMLError(.invalidModel, "the loss target name '\(target)' is already a model input")
             }
-            let targetFeature = training.loss == .crossEntropy
+            let targetFeature =
+                training.loss == .crossEntropy
                 ? feature(target, shape: [1], dataType: .int32, note: "class index")
                 : feature(target, shape: outputShape, dataType: options.arrayDataType.proto, note: "")
             model.description_p.trainingInput = model.description_p.input + [targetFeature]
@@ -241,9 +248,11 @@ public struct CoreMLExporter: Sendable {
             let inputs = layer.input.compactMap { shapes[$0] }
             switch layer.layer {
             case .concat where inputs.contains { $0.count != 1 }:
-                throw CoreMLError(.unsupportedLayer, "concat of [C, H, W] inputs: Core ML joins channels, Orchard the last axis; flatten the inputs first", layer: layer.name)
+                throw CoreMLError(
+                    .unsupportedLayer, "concat of [C, H, W] inputs: Core ML joins channels, Orchard the last axis; flatten the inputs first", layer: layer.name)
             case .softmax where inputs.contains { $0.count != 1 }:
-                throw CoreMLError(.unsupportedLayer, "softmax of a [C, H, W] input: Core ML normalizes channels, Orchard the last axis; flatten first", layer: layer.name)
+                throw CoreMLError(
+                    .unsupportedLayer, "softmax of a [C, H, W] input: Core ML normalizes channels, Orchard the last axis; flatten first", layer: layer.name)
             case .embedding where inputs.contains { $0 != [1] }:
                 throw CoreMLError(.unsupportedLayer, "embedding input must have shape [1] (one category index), not \(inputs.first ?? [])", layer: layer.name)
             default: break
@@ -262,7 +271,10 @@ public struct CoreMLExporter: Sendable {
             if p.hasBias_p { p.bias.isUpdatable = true }
             layer.convolution = p
         case .embedding:
-            throw CoreMLError(.updateRules, "the embedding is trainable, but Core ML updates only inner-product and convolution layers; freeze it (frozen: true) to export it as a fixed table", layer: layer.name)
+            throw CoreMLError(
+                .updateRules,
+                "the embedding is trainable, but Core ML updates only inner-product and convolution layers; freeze it (frozen: true) to export it as a fixed table",
+                layer: layer.name)
         default:
             return
         }
@@ -302,10 +314,15 @@ public struct CoreMLExporter: Sendable {
         let optimizer = training.optimizer
         if !options.dropsUnrepresentableTrainingSettings {
             if optimizer.weightDecay != 0 {
-                throw CoreMLError(.unsupportedFeature, "Core ML optimizers have no weight decay (the spec asks for \(optimizer.weightDecay)); set it to 0 or allow dropping unrepresentable training settings")
+                throw CoreMLError(
+                    .unsupportedFeature,
+                    "Core ML optimizers have no weight decay (the spec asks for \(optimizer.weightDecay)); set it to 0 or allow dropping unrepresentable training settings"
+                )
             }
             if let cap = training.maxUpdates {
-                throw CoreMLError(.unsupportedFeature, "Core ML has no update cap (the spec asks for at most \(cap) updates); remove it or allow dropping unrepresentable training settings")
+                throw CoreMLError(
+                    .unsupportedFeature,
+                    "Core ML has no update cap (the spec asks for at most \(cap) updates); remove it or allow dropping unrepresentable training settings")
             }
         }
         let ranges = options.ranges

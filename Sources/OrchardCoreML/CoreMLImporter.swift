@@ -64,7 +64,8 @@ public struct CoreMLImporter: Sendable {
             inputShapes[feature.name] = shape
             inputRanks[feature.name] = rank
         }
-        let shapes = exact
+        let shapes =
+            exact
             ? try CoreMLShapes.exactBlobShapes(inputs: inputShapes, ranks: inputRanks, layers: network.layers, lenient: false)
             : try CoreMLShapes.blobShapes(inputs: inputShapes, layers: network.layers, lenient: false)
 
@@ -87,7 +88,9 @@ public struct CoreMLImporter: Sendable {
             let inputShapes = layer.input.map { shapes[$0] ?? [] }
             if case .activation(let a) = layer.layer, case .linear(let linear) = a.nonlinearityType {
                 guard linear.alpha == 1, linear.beta == 0 else {
-                    throw CoreMLError(.unsupportedLayer, "linear activation \(linear.alpha)·x + \(linear.beta) has no Orchard counterpart (only the identity does)", layer: layer.name)
+                    throw CoreMLError(
+                        .unsupportedLayer, "linear activation \(linear.alpha)·x + \(linear.beta) has no Orchard counterpart (only the identity does)",
+                        layer: layer.name)
                 }
                 blobToName[layer.output[0]] = sources[0]
                 continue
@@ -118,7 +121,8 @@ public struct CoreMLImporter: Sendable {
                 let table = try record("\(name).weight", [width, vocabulary], p.weights, layer: layer, role: "weight")
                 weights.append(TensorRecord(name: table.name, shape: [vocabulary, width], values: transpose(table.values, rows: width, columns: vocabulary)))
                 if inputShapes[0] != [1] {
-                    throw CoreMLError(.unsupportedLayer, "the embedding reads shape \(inputShapes[0]); Orchard embeddings read one index of shape [1]", layer: layer.name)
+                    throw CoreMLError(
+                        .unsupportedLayer, "the embedding reads shape \(inputShapes[0]); Orchard embeddings read one index of shape [1]", layer: layer.name)
                 }
                 categorical.insert(sources[0])
             case .activation(let a):
@@ -131,7 +135,9 @@ public struct CoreMLImporter: Sendable {
                 }
             case .softmax:
                 guard inputShapes[0].count == 1 else {
-                    throw CoreMLError(.unsupportedLayer, "softmax over the channels of a \(inputShapes[0]) input; Orchard's softmax normalizes the last axis of a vector", layer: layer.name)
+                    throw CoreMLError(
+                        .unsupportedLayer, "softmax over the channels of a \(inputShapes[0]) input; Orchard's softmax normalizes the last axis of a vector",
+                        layer: layer.name)
                 }
                 spec.type = .softmax
             case .flatten(let p):
@@ -176,14 +182,16 @@ public struct CoreMLImporter: Sendable {
         }
         return CoreMLImportedModel(
             spec: spec, weights: weights, classLabels: network.classLabels, ranges: ranges,
-            metadata: CoreMLMetadata(shortDescription: metadata.shortDescription, author: metadata.author,
-                                     license: metadata.license, version: metadata.versionString))
+            metadata: CoreMLMetadata(
+                shortDescription: metadata.shortDescription, author: metadata.author,
+                license: metadata.license, version: metadata.versionString))
     }
 
     /// A multi-array feature's per-sample shape (see ``CoreMLShapes/perSample(_:exact:)``) and its declared rank.
     private func arrayShape(_ feature: ProtoFeature, role: String, exact: Bool) throws(CoreMLError) -> (shape: [Int], rank: Int) {
         guard case .multiArrayType(let array) = feature.type.type else {
-            let type = feature.type.type.map { "\($0)".prefix { $0 != "(" } }.map(String.init)
+            let type =
+                feature.type.type.map { "\($0)".prefix { $0 != "(" } }.map(String.init)
                 ?? UnknownFields.caseName(in: feature.type.unknownFields, table: CoreMLCaseNames.featureTypes) ?? "unknown"
             throw CoreMLError(.unsupportedFeature, "\(role) '\(feature.name)' is of type \(type); Orchard reads multi-array features")
         }
@@ -210,13 +218,20 @@ public struct CoreMLImporter: Sendable {
     private func record(_ name: String, _ shape: [Int], _ params: ProtoWeights, layer: ProtoLayer, role: String) throws(CoreMLError) -> TensorRecord {
         let values = try params.floats(layer: layer.name, role: role)
         guard let count = CoreMLShapes.elementCount(shape), values.count == count else {
-            throw CoreMLError(.weightMismatch, "the \(role) has \(values.count) values; shape \(shape) needs \(CoreMLShapes.elementCount(shape).map(String.init) ?? "too many")", layer: layer.name)
+            throw CoreMLError(
+                .weightMismatch,
+                "the \(role) has \(values.count) values; shape \(shape) needs \(CoreMLShapes.elementCount(shape).map(String.init) ?? "too many")",
+                layer: layer.name)
         }
         return TensorRecord(name: name, shape: shape, values: values)
     }
 
-    private func convolution(_ p: CoreML_Specification_ConvolutionLayerParams, into spec: inout LayerSpec, weights: inout [TensorRecord], layer: ProtoLayer, frozen: Bool) throws(CoreMLError) {
-        func unsupported(_ what: String) -> CoreMLError { CoreMLError(.unsupportedFeature, "convolution with \(what) is not supported by Orchard", layer: layer.name) }
+    private func convolution(
+        _ p: CoreML_Specification_ConvolutionLayerParams, into spec: inout LayerSpec, weights: inout [TensorRecord], layer: ProtoLayer, frozen: Bool
+    ) throws(CoreMLError) {
+        func unsupported(_ what: String) -> CoreMLError {
+            CoreMLError(.unsupportedFeature, "convolution with \(what) is not supported by Orchard", layer: layer.name)
+        }
         guard !p.isDeconvolution else { throw unsupported("deconvolution") }
         guard p.nGroups <= 1 else { throw unsupported("\(p.nGroups) groups") }
         guard p.dilationFactor.allSatisfy({ $0 == 1 }) else { throw unsupported("dilation \(p.dilationFactor)") }
@@ -252,7 +267,8 @@ public struct CoreMLImporter: Sendable {
         case .average:
             spec.type = .avgPool2d
         default:
-            throw CoreMLError(.unsupportedLayer, "layer type '\(layer.typeName)' has no Orchard counterpart (Orchard pools with max or average)", layer: layer.name)
+            throw CoreMLError(
+                .unsupportedLayer, "layer type '\(layer.typeName)' has no Orchard counterpart (Orchard pools with max or average)", layer: layer.name)
         }
         // Orchard's average leaves padded positions out; Core ML's counts them unless `avgPoolExcludePadding`.
         let padded: Bool
@@ -263,7 +279,8 @@ public struct CoreMLImporter: Sendable {
         case nil: padded = false
         }
         if p.type == .average, padded, !p.avgPoolExcludePadding, !p.globalPooling {
-            throw CoreMLError(.unsupportedFeature, "average pooling that counts padded zeros (avgPoolExcludePadding is false) is not supported by Orchard", layer: layer.name)
+            throw CoreMLError(
+                .unsupportedFeature, "average pooling that counts padded zeros (avgPoolExcludePadding is false) is not supported by Orchard", layer: layer.name)
         }
         if p.globalPooling {
             // Global pooling is pooling with the whole image as the window.
@@ -301,17 +318,21 @@ public struct CoreMLImporter: Sendable {
         let borders = valid.paddingAmounts.borderAmounts
         if borders.isEmpty { return .valid }
         guard borders.count == 2, borders.allSatisfy({ $0.startEdgeSize == $0.endEdgeSize }) else {
-            throw CoreMLError(.unsupportedFeature, "asymmetric padding \(borders.map { ($0.startEdgeSize, $0.endEdgeSize) }) is not supported by Orchard", layer: layer.name)
+            throw CoreMLError(
+                .unsupportedFeature, "asymmetric padding \(borders.map { ($0.startEdgeSize, $0.endEdgeSize) }) is not supported by Orchard", layer: layer.name)
         }
         let (h, w) = (Int(borders[0].startEdgeSize), Int(borders[1].startEdgeSize))
         return h == 0 && w == 0 ? .valid : .explicit(height: h, width: w)
     }
 
-    private func trainingSettings(_ update: ProtoUpdateParameters, outputBlob: String, blobToName: [String: String], output: String) throws(CoreMLError) -> (TrainingSpec, CoreMLUpdateRanges) {
+    private func trainingSettings(_ update: ProtoUpdateParameters, outputBlob: String, blobToName: [String: String], output: String) throws(CoreMLError) -> (
+        TrainingSpec, CoreMLUpdateRanges
+    ) {
         let loss = update.lossLayers[0]
         let (input, _) = try CoreMLUpdateRules.lossEndpoints(loss)
         guard blobToName[input] == output else {
-            throw CoreMLError(.unsupportedFeature, "the loss reads '\(input)', not the model output '\(outputBlob)'; Orchard trains against its output", layer: loss.name)
+            throw CoreMLError(
+                .unsupportedFeature, "the loss reads '\(input)', not the model output '\(outputBlob)'; Orchard trains against its output", layer: loss.name)
         }
         let lossType: LossType
         if case .categoricalCrossEntropyLossLayer = loss.lossLayerType { lossType = .crossEntropy } else { lossType = .meanSquaredError }

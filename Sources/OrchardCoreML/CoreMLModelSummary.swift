@@ -83,13 +83,15 @@ public struct CoreMLModelSummary: Sendable, Hashable, CustomStringConvertible {
                 inputRanks[feature.name] = declared.count
             }
         }
-        let shapes = (try? exact
-            ? CoreMLShapes.exactBlobShapes(inputs: inputShapes, ranks: inputRanks, layers: network.layers, lenient: true)
-            : CoreMLShapes.blobShapes(inputs: inputShapes, layers: network.layers, lenient: true)) ?? inputShapes
+        let shapes =
+            (try? exact
+                ? CoreMLShapes.exactBlobShapes(inputs: inputShapes, ranks: inputRanks, layers: network.layers, lenient: true)
+                : CoreMLShapes.blobShapes(inputs: inputShapes, layers: network.layers, lenient: true)) ?? inputShapes
         layers = network.layers.map { layer in
-            Layer(name: layer.name, type: layer.typeName, inputs: layer.input, outputs: layer.output,
-                  outputShape: layer.output.first.flatMap { shapes[$0] }, isUpdatable: layer.isUpdatable,
-                  parameterCount: layer.weightParams.reduce(0) { $0 + Self.count($1.params) })
+            Layer(
+                name: layer.name, type: layer.typeName, inputs: layer.input, outputs: layer.output,
+                outputShape: layer.output.first.flatMap { shapes[$0] }, isUpdatable: layer.isUpdatable,
+                parameterCount: layer.weightParams.reduce(0) { $0 + Self.count($1.params) })
         }
 
         if let update = network.updateParams {
@@ -103,11 +105,14 @@ public struct CoreMLModelSummary: Sendable, Hashable, CustomStringConvertible {
             }
             switch update.optimizer.optimizerType {
             case .sgdOptimizer(let o):
-                optimizer = "SGD(learningRate: \(Self.double(o.learningRate)), miniBatchSize: \(Self.integer(o.miniBatchSize)), momentum: \(Self.double(o.momentum)))"
+                optimizer =
+                    "SGD(learningRate: \(Self.double(o.learningRate)), miniBatchSize: \(Self.integer(o.miniBatchSize)), momentum: \(Self.double(o.momentum)))"
             case .adamOptimizer(let o):
-                optimizer = "Adam(learningRate: \(Self.double(o.learningRate)), miniBatchSize: \(Self.integer(o.miniBatchSize)), beta1: \(Self.double(o.beta1)), beta2: \(Self.double(o.beta2)), eps: \(Self.double(o.eps)))"
+                optimizer =
+                    "Adam(learningRate: \(Self.double(o.learningRate)), miniBatchSize: \(Self.integer(o.miniBatchSize)), beta1: \(Self.double(o.beta1)), beta2: \(Self.double(o.beta2)), eps: \(Self.double(o.eps)))"
             case nil:
-                optimizer = update.hasOptimizer ? UnknownFields.caseName(in: update.optimizer.unknownFields, table: CoreMLCaseNames.optimizerTypes) ?? "unknown" : nil
+                optimizer =
+                    update.hasOptimizer ? UnknownFields.caseName(in: update.optimizer.unknownFields, table: CoreMLCaseNames.optimizerTypes) ?? "unknown" : nil
             }
             epochs = update.hasEpochs ? Self.integer(update.epochs) : nil
             shuffle = update.hasShuffle ? update.shuffle.defaultValue : nil
@@ -132,9 +137,11 @@ public struct CoreMLModelSummary: Sendable, Hashable, CustomStringConvertible {
         if classLabelCount > 0 { lines.append("class labels: \(classLabelCount)") }
         lines.append("layers:")
         let rows = layers.map { layer -> [String] in
-            [layer.name, layer.type, layer.inputs.joined(separator: ", ") + " -> " + layer.outputs.joined(separator: ", "),
-             layer.outputShape.map { "\($0)" } ?? "?", layer.parameterCount > 0 ? "\(layer.parameterCount) params" : "",
-             layer.isUpdatable ? "updatable" : ""]
+            [
+                layer.name, layer.type, layer.inputs.joined(separator: ", ") + " -> " + layer.outputs.joined(separator: ", "),
+                layer.outputShape.map { "\($0)" } ?? "?", layer.parameterCount > 0 ? "\(layer.parameterCount) params" : "",
+                layer.isUpdatable ? "updatable" : "",
+            ]
         }
         let widths = (0..<6).map { column in rows.map { $0[column].count }.max() ?? 0 }
         for row in rows {

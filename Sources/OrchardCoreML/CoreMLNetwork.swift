@@ -21,14 +21,17 @@ struct CoreMLNetwork {
     init(_ model: ProtoModel) throws(CoreMLError) {
         switch model.type {
         case .neuralNetwork(let nn):
-            self.init(kind: "neuralNetwork", layers: nn.layers, update: nn.hasUpdateParams ? nn.updateParams : nil,
-                      mapping: nn.arrayInputShapeMapping)
+            self.init(
+                kind: "neuralNetwork", layers: nn.layers, update: nn.hasUpdateParams ? nn.updateParams : nil,
+                mapping: nn.arrayInputShapeMapping)
         case .neuralNetworkRegressor(let nn):
-            self.init(kind: "neuralNetworkRegressor", layers: nn.layers, update: nn.hasUpdateParams ? nn.updateParams : nil,
-                      mapping: nn.arrayInputShapeMapping)
+            self.init(
+                kind: "neuralNetworkRegressor", layers: nn.layers, update: nn.hasUpdateParams ? nn.updateParams : nil,
+                mapping: nn.arrayInputShapeMapping)
         case .neuralNetworkClassifier(let nn):
-            self.init(kind: "neuralNetworkClassifier", layers: nn.layers, update: nn.hasUpdateParams ? nn.updateParams : nil,
-                      mapping: nn.arrayInputShapeMapping)
+            self.init(
+                kind: "neuralNetworkClassifier", layers: nn.layers, update: nn.hasUpdateParams ? nn.updateParams : nil,
+                mapping: nn.arrayInputShapeMapping)
             switch nn.classLabels {
             case .stringClassLabels(let labels): classLabels = labels.vector
             case .int64ClassLabels(let labels): classLabels = labels.vector.map(String.init)
@@ -37,13 +40,17 @@ struct CoreMLNetwork {
             labelProbabilityLayerName = nn.labelProbabilityLayerName
         case nil:
             let name = UnknownFields.caseName(in: model.unknownFields, table: CoreMLCaseNames.modelTypes)
-            throw CoreMLError(.unsupportedFeature, name.map { "the file holds a '\($0)' model; Orchard reads neural networks only" }
-                ?? "the file holds no model of a known type")
+            throw CoreMLError(
+                .unsupportedFeature,
+                name.map { "the file holds a '\($0)' model; Orchard reads neural networks only" }
+                    ?? "the file holds no model of a known type")
         }
     }
 
-    private init(kind: String, layers: [ProtoLayer], update: ProtoUpdateParameters?,
-                 mapping: CoreML_Specification_NeuralNetworkMultiArrayShapeMapping) {
+    private init(
+        kind: String, layers: [ProtoLayer], update: ProtoUpdateParameters?,
+        mapping: CoreML_Specification_NeuralNetworkMultiArrayShapeMapping
+    ) {
         self.kind = kind
         self.layers = layers
         self.updateParams = update

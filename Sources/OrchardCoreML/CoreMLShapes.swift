@@ -215,7 +215,9 @@ enum CoreMLShapes {
         guard borders.count == 2 else {
             throw CoreMLError(.invalidModel, "padding amounts must cover height and width", layer: layer.name)
         }
-        return (try size(borders[axis].startEdgeSize, "padding", layer: layer.name, allowZero: true),
-                try size(borders[axis].endEdgeSize, "padding", layer: layer.name, allowZero: true))
+        return (
+            try size(borders[axis].startEdgeSize, "padding", layer: layer.name, allowZero: true),
+            try size(borders[axis].endEdgeSize, "padding", layer: layer.name, allowZero: true)
+        )
     }
 }

@@ -11,9 +11,12 @@ public enum CoreMLUpdateDiff {
         let before = try CoreMLImporter().importModel(from: received)
         let after = try CoreMLImporter().importModel(from: updated)
         guard before.spec.layers.map(\.name) == after.spec.layers.map(\.name), before.spec.inputs == after.spec.inputs,
-              before.spec.output == after.spec.output
+            before.spec.output == after.spec.output
         else {
-            throw CoreMLError(.invalidModel, "the updated model's architecture differs from the one received (layers \(after.spec.layers.map(\.name)), expected \(before.spec.layers.map(\.name)))")
+            throw CoreMLError(
+                .invalidModel,
+                "the updated model's architecture differs from the one received (layers \(after.spec.layers.map(\.name)), expected \(before.spec.layers.map(\.name)))"
+            )
         }
         let updatedByName = Dictionary(after.weights.map { ($0.name, $0) }, uniquingKeysWith: { first, _ in first })
         guard after.weights.count == before.weights.count else {

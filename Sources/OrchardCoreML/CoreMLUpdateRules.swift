@@ -42,8 +42,11 @@ enum CoreMLUpdateRules {
         }
         let crossEntropy: Bool
         if case .categoricalCrossEntropyLossLayer = loss.lossLayerType { crossEntropy = true } else { crossEntropy = false }
-        if crossEntropy, case .softmax = source.layer {} else if crossEntropy {
-            throw CoreMLError(.updateRules, "categorical cross-entropy must read a softmax output, but '\(input)' comes from \(source.typeName) layer '\(source.name)'", layer: loss.name)
+        if crossEntropy, case .softmax = source.layer {
+        } else if crossEntropy {
+            throw CoreMLError(
+                .updateRules, "categorical cross-entropy must read a softmax output, but '\(input)' comes from \(source.typeName) layer '\(source.name)'",
+                layer: loss.name)
         }
         try checkBackPropagation(network.layers, lossSource: source, crossEntropy: crossEntropy, lossName: loss.name)
         try checkOptimizer(update)
@@ -57,7 +60,8 @@ enum CoreMLUpdateRules {
         case .meanSquaredErrorLossLayer(let l): return (l.input, l.target)
         case nil:
             let name = UnknownFields.caseName(in: loss.unknownFields, table: CoreMLCaseNames.lossTypes) ?? "unknown"
-            throw CoreMLError(.unsupportedFeature, "loss type '\(name)' is not supported; Core ML updates with MSE or categorical cross-entropy", layer: loss.name)
+            throw CoreMLError(
+                .unsupportedFeature, "loss type '\(name)' is not supported; Core ML updates with MSE or categorical cross-entropy", layer: loss.name)
         }
     }
 
@@ -149,7 +153,8 @@ enum CoreMLUpdateRules {
 
     private static func checkTrainingInputs(_ description: CoreML_Specification_ModelDescription, target: String) throws(CoreMLError) {
         let training = description.trainingInput
-        guard training.contains(where: { $0.name == target }) || training.contains(where: { $0.name == description.predictedFeatureName && !$0.name.isEmpty }) else {
+        guard training.contains(where: { $0.name == target }) || training.contains(where: { $0.name == description.predictedFeatureName && !$0.name.isEmpty })
+        else {
             throw CoreMLError(.updateRules, "the training inputs must include the loss target '\(target)'")
         }
         let inputs = Set(description.input.map(\.name))

@@ -109,7 +109,8 @@ extension TabularPreprocessor {
     }
 
     /// ``deviceData(csv:targetColumn:onUnseen:)`` on text in memory.
-    public func deviceData(csvText text: String, targetColumn: String? = nil, onUnseen: (UnseenCategory) -> Void = { _ in }) throws(DataError) -> TensorDataset {
+    public func deviceData(csvText text: String, targetColumn: String? = nil, onUnseen: (UnseenCategory) -> Void = { _ in }) throws(DataError) -> TensorDataset
+    {
         // The header alone first, to know which columns to read as text.
         let configuration = TabularReader.Configuration()
         let headerLine = text.split(whereSeparator: \.isNewline).first { line in
@@ -122,7 +123,8 @@ extension TabularPreprocessor {
         if let targetColumn, targetColumn != target {
             _ = try table.columnIndex(targetColumn)
             guard !table.columnNames.contains(target) else {
-                throw DataError(.invalidArgument, "the CSV file has a column '\(target)' (the target in training) besides the target column '\(targetColumn)'; rename one")
+                throw DataError(
+                    .invalidArgument, "the CSV file has a column '\(target)' (the target in training) besides the target column '\(targetColumn)'; rename one")
             }
             table = try Table(columnNames: table.columnNames.map { $0 == targetColumn ? target : $0 }, columns: table.columns)
         }

@@ -115,7 +115,8 @@ public struct IDXArray: Sendable, Hashable {
         let raw = bytes.starts(with: [0x1F, 0x8B]) ? try Self.gunzip(bytes) : bytes
         let header = try Self.header(raw)
         guard raw.count - header.size == header.payloadBytes else {
-            throw DataError(.sizeMismatch, "shape \(header.shape) of \(header.type) needs \(header.payloadBytes) bytes after the header, found \(raw.count - header.size)")
+            throw DataError(
+                .sizeMismatch, "shape \(header.shape) of \(header.type) needs \(header.payloadBytes) bytes after the header, found \(raw.count - header.size)")
         }
         try self.init(elementType: header.type, shape: header.shape, payload: Array(raw[header.size...]))
     }

@@ -75,11 +75,16 @@ public struct IDXCache: Sendable, Hashable {
         guard info.st_size >= 4, head.withUnsafeMutableBytes({ readFully($0, at: 0) }) else { return nil }
         var dimensions = [UInt8](repeating: 0, count: 4 * Int(head[3]))
         guard info.st_size >= 4 + dimensions.count, dimensions.withUnsafeMutableBytes({ readFully($0, at: 4) }),
-              let header = try? IDXArray.header(head + dimensions), Int(info.st_size) - header.size == header.payloadBytes else { return nil }
-        guard let payload = try? [UInt8](unsafeUninitializedCapacity: header.payloadBytes, initializingWith: { buffer, initialized in
-            guard readFully(UnsafeMutableRawBufferPointer(buffer), at: header.size) else { throw DataError(.unreadable, "short read") }
-            initialized = buffer.count
-        }) else { return nil }
+            let header = try? IDXArray.header(head + dimensions), Int(info.st_size) - header.size == header.payloadBytes
+        else { return nil }
+        guard
+            let payload = try? [UInt8](
+                unsafeUninitializedCapacity: header.payloadBytes,
+                initializingWith: { buffer, initialized in
+                    guard readFully(UnsafeMutableRawBufferPointer(buffer), at: header.size) else { throw DataError(.unreadable, "short read") }
+                    initialized = buffer.count
+                })
+        else { return nil }
         return try? IDXArray(elementType: header.type, shape: header.shape, payload: payload)
     }
 

@@ -77,7 +77,8 @@ public struct PartitionStrategy: Sendable, Hashable, CustomStringConvertible {
     ///   ``sampled(perClient:)``).
     public func assign(count: Int, labels: [Int]? = nil, clients: Int, using generator: inout OrchardRandom) throws(DataError) -> [[Int]] {
         guard clients >= 1 else { throw DataError(.invalidArgument, "need at least one client, not \(clients)") }
-        if case .sampled = kind {} else if count < clients {
+        if case .sampled = kind {
+        } else if count < clients {
             throw DataError(.tooFewSamples, "\(count) samples cannot be dealt to \(clients) clients")
         }
         if let labels, labels.count != count {
@@ -90,7 +91,9 @@ public struct PartitionStrategy: Sendable, Hashable, CustomStringConvertible {
             }
             let (draws, overflow) = clients.multipliedReportingOverflow(by: perClient)
             guard !overflow && draws <= Self.maximumSampledDraws else {
-                throw DataError(.invalidArgument, "\(clients) clients drawing \(perClient) samples each hold more than \(Self.maximumSampledDraws) sample indices; draw fewer per client")
+                throw DataError(
+                    .invalidArgument,
+                    "\(clients) clients drawing \(perClient) samples each hold more than \(Self.maximumSampledDraws) sample indices; draw fewer per client")
             }
             // A partial Fisher–Yates shuffle per client: its first `perClient` positions are a uniform draw whatever the
             // order the previous clients left.
@@ -161,7 +164,8 @@ public struct PartitionStrategy: Sendable, Hashable, CustomStringConvertible {
             let parts = draw()
             if parts.allSatisfy({ $0.count >= minimum }) { return parts }
         }
-        throw DataError(.tooFewSamples, "1000 draws of \(self) all left a client with fewer than \(minimum) samples; raise the concentration or lower the minimum")
+        throw DataError(
+            .tooFewSamples, "1000 draws of \(self) all left a client with fewer than \(minimum) samples; raise the concentration or lower the minimum")
     }
 }
 

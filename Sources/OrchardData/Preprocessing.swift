@@ -312,8 +312,8 @@ public struct TabularPreprocessor: Sendable, Hashable, Codable {
             throw DataError(.unreadable, "preprocessor format version \(decoded.formatVersion) is not supported (expected \(currentFormatVersion))")
         }
         guard decoded.encoders.count == decoded.categoricalFeatures.count,
-              decoded.standardizer.means.count == decoded.numericFeatures.count,
-              decoded.standardizer.standardDeviations.count == decoded.numericFeatures.count
+            decoded.standardizer.means.count == decoded.numericFeatures.count,
+            decoded.standardizer.standardDeviations.count == decoded.numericFeatures.count
         else {
             throw DataError(.sizeMismatch, "preprocessor JSON: fitted transforms do not match the feature lists")
         }

@@ -70,10 +70,11 @@ public enum HousingExample {
         var layers: [LayerSpec] = []
         for feature in categoricalFeatures {
             inputs.append(InputSpec(name: feature, shape: [1], categorical: true))
-            layers.append(LayerSpec(
-                name: embeddingLayer(for: feature), type: .embedding, inputs: [feature], frozen: frozenEmbeddings,
-                vocabularySize: try preprocessor.vocabularySize(of: feature), embeddingSize: configuration.embeddingSize(for: feature)
-            ))
+            layers.append(
+                LayerSpec(
+                    name: embeddingLayer(for: feature), type: .embedding, inputs: [feature], frozen: frozenEmbeddings,
+                    vocabularySize: try preprocessor.vocabularySize(of: feature), embeddingSize: configuration.embeddingSize(for: feature)
+                ))
         }
         layers.append(LayerSpec(name: "features", type: .concat, inputs: [numericInput] + embeddingLayers))
         var previous = "features"

@@ -18,8 +18,8 @@ public struct SuperLinkAddress: Sendable, Hashable, CustomStringConvertible {
     /// - Throws: ``FlowerError/Code/invalidConfiguration`` when `hostPort` is not `HOST:PORT` with a port in 1…65535.
     public init(_ hostPort: String, trustRoots: TrustRoots?) throws(FlowerError) {
         guard let colon = hostPort.lastIndex(of: ":"), colon != hostPort.startIndex,
-              let port = Int(hostPort[hostPort.index(after: colon)...]), (1...65535).contains(port),
-              !hostPort.contains("/"), !hostPort.contains(" ")
+            let port = Int(hostPort[hostPort.index(after: colon)...]), (1...65535).contains(port),
+            !hostPort.contains("/"), !hostPort.contains(" ")
         else {
             throw FlowerError(.invalidConfiguration, "'\(hostPort)' is not a SuperLink address HOST:PORT, such as 127.0.0.1:9092")
         }
@@ -41,7 +41,9 @@ package struct FleetCall<Request: SwiftProtobuf.Message, Response: SwiftProtobuf
     package static var registerNode: FleetCall<Flwr_Proto_RegisterNodeFleetRequest, Flwr_Proto_RegisterNodeFleetResponse> { .init(path: "register-node") }
     package static var activateNode: FleetCall<Flwr_Proto_ActivateNodeRequest, Flwr_Proto_ActivateNodeResponse> { .init(path: "activate-node") }
     package static var deactivateNode: FleetCall<Flwr_Proto_DeactivateNodeRequest, Flwr_Proto_DeactivateNodeResponse> { .init(path: "deactivate-node") }
-    package static var unregisterNode: FleetCall<Flwr_Proto_UnregisterNodeFleetRequest, Flwr_Proto_UnregisterNodeFleetResponse> { .init(path: "unregister-node") }
+    package static var unregisterNode: FleetCall<Flwr_Proto_UnregisterNodeFleetRequest, Flwr_Proto_UnregisterNodeFleetResponse> {
+        .init(path: "unregister-node")
+    }
     package static var heartbeat: FleetCall<Flwr_Proto_SendNodeHeartbeatRequest, Flwr_Proto_SendNodeHeartbeatResponse> { .init(path: "send-node-heartbeat") }
     package static var pullMessages: FleetCall<Flwr_Proto_PullMessagesRequest, Flwr_Proto_PullMessagesResponse> { .init(path: "pull-messages") }
     package static var pushMessages: FleetCall<Flwr_Proto_PushMessagesRequest, Flwr_Proto_PushMessagesResponse> { .init(path: "push-messages") }
@@ -175,7 +177,8 @@ package struct FleetClient: Sendable {
         guard (200..<300).contains(status) else {
             let detail = Self.detail(bytes)
             if status == 401 {
-                throw FlowerError(.unauthorized, "the SuperLink refused the node's signature or identity on \(call.path) (401\(detail.map { ": \($0)" } ?? ""))")
+                throw FlowerError(
+                    .unauthorized, "the SuperLink refused the node's signature or identity on \(call.path) (401\(detail.map { ": \($0)" } ?? ""))")
             }
             throw FlowerError(
                 .superlinkRefused, "\(call.path) answered HTTP \(status)\(detail.map { ": \($0)" } ?? "")", httpStatus: status, apiCode: Self.apiCode(bytes)

@@ -34,7 +34,7 @@ extension FlowerNode {
                 task.expirationHandler = { logger.info("flower: background window expired; deactivating", metadata: ["task": "\(task.identifier)"]) }
                 do throws(FlowerError) {
                     try await runWindow()
-                } catch where error.code == .registrationRefused {
+                } catch  where error.code == .registrationRefused {
                     // The SuperLink's operator may register the node's key before the next window: ask for it.
                     onWindowEnd(error)
                     try await scheduler.submit(request(after: interval))

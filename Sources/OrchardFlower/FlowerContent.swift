@@ -35,7 +35,9 @@ enum FlowerContent {
         }
         let arrayRecords = content.arrayRecords
         guard let record = content["arrays"]?.arrayRecord ?? (arrayRecords.count == 1 ? arrayRecords.first?.value : nil) else {
-            throw FlowerError(.unsupportedMessage, "the \(type) message has no ArrayRecord named 'arrays' (it has \(content.names.map { "'\($0)'" }.joined(separator: ", ")))")
+            throw FlowerError(
+                .unsupportedMessage, "the \(type) message has no ArrayRecord named 'arrays' (it has \(content.names.map { "'\($0)'" }.joined(separator: ", ")))"
+            )
         }
         var arrays: [NamedArray] = []
         for (name, array) in record {
@@ -65,7 +67,9 @@ enum FlowerContent {
         }
         func integer(_ key: String) throws(FlowerError) -> Int? {
             guard let value = try number(key) else { return nil }
-            guard value.rounded() == value, abs(value) < 1e9 else { throw FlowerError(.invalidConfiguration, "config '\(key)' must be an integer, not \(value)") }
+            guard value.rounded() == value, abs(value) < 1e9 else {
+                throw FlowerError(.invalidConfiguration, "config '\(key)' must be an integer, not \(value)")
+            }
             return Int(value)
         }
         var learningRate = try number("lr")
@@ -100,7 +104,8 @@ enum FlowerContent {
     }
 
     /// The reply to a decoded message carrying the app's answer, as objects to keep and push.
-    static func reply(to kept: FlowerNodeStore.KeptMessage, message: FlowerMessage, answer: Answer, now: Date) throws(FlowerError) -> FlowerNodeStore.KeptReply {
+    static func reply(to kept: FlowerNodeStore.KeptMessage, message: FlowerMessage, answer: Answer, now: Date) throws(FlowerError) -> FlowerNodeStore.KeptReply
+    {
         try keep(FlowerMessage(replyingTo: message, with: .content(replyContent(answer)), at: WallInstant(now)), replyTo: kept.messageID)
     }
 
@@ -114,7 +119,9 @@ enum FlowerContent {
         try errorReply(metadata: pulled.metadata, messageID: pulled.metadata.messageID, error: error, now: now)
     }
 
-    private static func errorReply(metadata: Flwr_Proto_Metadata, messageID: String, error: FlowerError, now: Date) throws(FlowerError) -> FlowerNodeStore.KeptReply {
+    private static func errorReply(metadata: Flwr_Proto_Metadata, messageID: String, error: FlowerError, now: Date) throws(FlowerError)
+        -> FlowerNodeStore.KeptReply
+    {
         var original = FlowerMetadata(proto: metadata)
         original.messageID = messageID
         let code = [.missingObject, .objectIDMismatch, .invalidObject].contains(error.code) ? unavailableCode : appErrorCode

@@ -101,7 +101,9 @@ public struct FlowerLocalApp: Sendable {
         let names = Set(built.parameterNames)
         let mapped = mapping.parameters ?? mapping.byName.map { Array($0.values) } ?? []
         if let unknown = mapped.first(where: { !names.contains($0) }) {
-            throw FlowerError(.invalidConfiguration, "the array mapping names '\(unknown)', which model '\(model.name)' does not have (it has \(built.parameterNames.joined(separator: ", ")))")
+            throw FlowerError(
+                .invalidConfiguration,
+                "the array mapping names '\(unknown)', which model '\(model.name)' does not have (it has \(built.parameterNames.joined(separator: ", ")))")
         }
         if Set(mapped).count != mapped.count {
             throw FlowerError(.invalidConfiguration, "the array mapping names a parameter twice")
@@ -121,7 +123,8 @@ public struct FlowerLocalApp: Sendable {
         for (array, name) in zip(arrays, targets) {
             let expected = built.parameter(name)?.shape ?? []
             guard array.shape == expected else {
-                throw FlowerError(.arrayMismatch, "array '\(array.name)' has shape \(array.shape), but parameter '\(name)' of model '\(model.name)' has shape \(expected)")
+                throw FlowerError(
+                    .arrayMismatch, "array '\(array.name)' has shape \(array.shape), but parameter '\(name)' of model '\(model.name)' has shape \(expected)")
             }
             do { try built.setParameter(name, to: Tensor(shape: array.shape, scalars: array.values)) } catch {
                 throw FlowerError(.arrayMismatch, "array '\(array.name)' cannot be loaded into '\(name)': \(error.message)")
@@ -140,7 +143,8 @@ public struct FlowerLocalApp: Sendable {
             var names: [String] = []
             for array in arrays {
                 guard let name = byName[array.name] else {
-                    throw FlowerError(.arrayMismatch, "array '\(array.name)' is not in the array mapping (it maps \(byName.keys.sorted().joined(separator: ", ")))")
+                    throw FlowerError(
+                        .arrayMismatch, "array '\(array.name)' is not in the array mapping (it maps \(byName.keys.sorted().joined(separator: ", ")))")
                 }
                 names.append(name)
             }
@@ -148,7 +152,10 @@ public struct FlowerLocalApp: Sendable {
         }
         let names = mapping.parameters ?? ArrayMapping.positionalNames(of: built)
         guard arrays.count == names.count, names.count == all.count else {
-            throw FlowerError(.arrayMismatch, "the server sent \(arrays.count) arrays; model '\(model.name)' has \(all.count) parameters (\(ArrayMapping.positionalNames(of: built).joined(separator: ", ")))")
+            throw FlowerError(
+                .arrayMismatch,
+                "the server sent \(arrays.count) arrays; model '\(model.name)' has \(all.count) parameters (\(ArrayMapping.positionalNames(of: built).joined(separator: ", ")))"
+            )
         }
         return names
     }
@@ -174,17 +181,21 @@ public struct FlowerLocalApp: Sendable {
             configuration.optimizer.learningRate = lr
         }
         if let epochs = settings.localEpochs {
-            guard (1...ModelSpec.maximumEpochs).contains(epochs) else { throw FlowerError(.invalidConfiguration, "local-epochs must be in 1...\(ModelSpec.maximumEpochs), not \(epochs)") }
+            guard (1...ModelSpec.maximumEpochs).contains(epochs) else {
+                throw FlowerError(.invalidConfiguration, "local-epochs must be in 1...\(ModelSpec.maximumEpochs), not \(epochs)")
+            }
             configuration.epochs = epochs
         }
         if let batch = settings.batchSize {
-            guard (1...ModelSpec.maximumBatchSize).contains(batch) else { throw FlowerError(.invalidConfiguration, "batch-size must be in 1...\(ModelSpec.maximumBatchSize), not \(batch)") }
+            guard (1...ModelSpec.maximumBatchSize).contains(batch) else {
+                throw FlowerError(.invalidConfiguration, "batch-size must be in 1...\(ModelSpec.maximumBatchSize), not \(batch)")
+            }
             configuration.batchSize = batch
         }
         let outcome: TrainingOutcome
         do {
             outcome = try Trainer(model: start, configuration: configuration).train(on: dataset)
-        } catch where error.code == .cancelled {
+        } catch  where error.code == .cancelled {
             throw FlowerError(.cancelled, "training stopped: \(error.message)")
         } catch {
             throw FlowerError(.training, "local training failed: \(error.message)")

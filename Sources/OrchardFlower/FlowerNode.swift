@@ -133,7 +133,7 @@ public actor FlowerNode {
             default:
                 do throws(FlowerError) {
                     event = try await perform(action, machine: machine)
-                } catch where error.code == .storage {
+                } catch  where error.code == .storage {
                     throw error
                 } catch {
                     if error.code == .cancelled {
@@ -164,10 +164,12 @@ public actor FlowerNode {
             onEvent(.registered)
             return .registered
         case .activate:
-            let answer = try await client.send(.activateNode, .with {
-                $0.publicKey = identity.publicKeyPEM
-                $0.heartbeatInterval = configuration.heartbeatInterval
-            })
+            let answer = try await client.send(
+                .activateNode,
+                .with {
+                    $0.publicKey = identity.publicKeyPEM
+                    $0.heartbeatInterval = configuration.heartbeatInterval
+                })
             onEvent(.activated(nodeID: answer.nodeID))
             return .activated(nodeID: answer.nodeID)
         case .pull:
@@ -186,17 +188,19 @@ public actor FlowerNode {
                 pending = nil
                 onEvent(.received(runID: offered.runID, messageID: offered.messageID, messageType: offered.messageType))
                 return .fetched
-            } catch where [.superlinkUnreachable, .cancelled, .storage, .unauthorized].contains(error.code) {
+            } catch  where [.superlinkUnreachable, .cancelled, .storage, .unauthorized].contains(error.code) {
                 throw error
             } catch {
                 return .fetchFailed(error)
             }
         case .confirm(let offered):
-            _ = try await client.send(.confirmReceived, .with {
-                $0.node = node
-                $0.runID = offered.runID
-                $0.messageObjectID = offered.messageID
-            })
+            _ = try await client.send(
+                .confirmReceived,
+                .with {
+                    $0.node = node
+                    $0.runID = offered.runID
+                    $0.messageObjectID = offered.messageID
+                })
             return .confirmed
         case .handle:
             guard let kept = try store.keptMessage() else { return .handled }
@@ -234,30 +238,38 @@ public actor FlowerNode {
 
     /// Pulls every object of the message's tree (retrying an object the SuperLink has not made available yet) and
     /// checks that they decode.
-    private func fetch(_ message: Flwr_Proto_Message, tree: Flwr_Proto_ObjectTree, node: Flwr_Proto_Node) async throws(FlowerError) -> FlowerNodeStore.KeptMessage {
+    private func fetch(_ message: Flwr_Proto_Message, tree: Flwr_Proto_ObjectTree, node: Flwr_Proto_Node) async throws(FlowerError)
+        -> FlowerNodeStore.KeptMessage
+    {
         let runID = message.metadata.runID
         var objects: [String: Data] = [:]
         let ids = FlowerContent.objectIDs(in: tree)
         guard ids.count <= configuration.maximumMessageObjects else {
             throw FlowerError(
-                .invalidObject, "message \(message.metadata.messageID) has \(ids.count) objects, more than the \(configuration.maximumMessageObjects) a node fetches"
+                .invalidObject,
+                "message \(message.metadata.messageID) has \(ids.count) objects, more than the \(configuration.maximumMessageObjects) a node fetches"
             )
         }
         var total = 0
         for id in ids where objects[id] == nil {
             var attempts = 0
             while true {
-                let answer = try await client.send(.pullObject, .with {
-                    $0.node = node
-                    $0.runID = runID
-                    $0.objectID = id
-                })
-                guard answer.objectFound else { throw FlowerError(.missingObject, "the SuperLink has no object \(id) of message \(message.metadata.messageID)") }
+                let answer = try await client.send(
+                    .pullObject,
+                    .with {
+                        $0.node = node
+                        $0.runID = runID
+                        $0.objectID = id
+                    })
+                guard answer.objectFound else {
+                    throw FlowerError(.missingObject, "the SuperLink has no object \(id) of message \(message.metadata.messageID)")
+                }
                 if answer.objectAvailable {
                     total += answer.objectContent.count
                     guard total <= configuration.maximumMessageBytes else {
                         throw FlowerError(
-                            .invalidObject, "message \(message.metadata.messageID) holds more than the \(configuration.maximumMessageBytes) bytes a node fetches"
+                            .invalidObject,
+                            "message \(message.metadata.messageID) holds more than the \(configuration.maximumMessageBytes) bytes a node fetches"
                         )
                     }
                     objects[id] = answer.objectContent
@@ -289,7 +301,7 @@ public actor FlowerNode {
             let answer = try FlowerContent.answer(message, app: app)
             onEvent(.answered(messageID: kept.messageID, messageType: kept.messageType, arrays: answer.arrays, metrics: answer.metrics))
             return try FlowerContent.reply(to: kept, message: message, answer: answer, now: clock.date)
-        } catch where error.code == .cancelled {
+        } catch  where error.code == .cancelled {
             throw error
         } catch {
             onEvent(.answeredWithError(messageID: kept.messageID, error: error))
@@ -302,22 +314,26 @@ public actor FlowerNode {
     private func push(_ reply: FlowerNodeStore.KeptReply, node: Flwr_Proto_Node) async throws(FlowerError) {
         let message = try FlowerContent.parse(Flwr_Proto_Message.self, reply.message)
         let tree = try FlowerContent.parse(Flwr_Proto_ObjectTree.self, reply.tree)
-        let answer = try await client.send(.pushMessages, .with {
-            $0.node = node
-            $0.messagesList = [message]
-            $0.messageObjectTrees = [tree]
-            $0.clientappRuntimeList = [0]
-        })
+        let answer = try await client.send(
+            .pushMessages,
+            .with {
+                $0.node = node
+                $0.messagesList = [message]
+                $0.messageObjectTrees = [tree]
+                $0.clientappRuntimeList = [0]
+            })
         let wanted = Set(answer.objectsToPush)
         for id in reply.order where wanted.contains(id) {
             guard let content = reply.objects[id] else { throw FlowerError(.storage, "the kept reply lacks object \(id)") }
-            _ = try await client.send(.pushObject, .with {
-                $0.node = node
-                $0.runID = reply.runID
-                $0.objectID = id
-                $0.objectContent = content
-                $0.sessionID = answer.sessionID
-            })
+            _ = try await client.send(
+                .pushObject,
+                .with {
+                    $0.node = node
+                    $0.runID = reply.runID
+                    $0.objectID = id
+                    $0.objectContent = content
+                    $0.sessionID = answer.sessionID
+                })
         }
     }
 
@@ -345,10 +361,12 @@ public actor FlowerNode {
             while !Task.isCancelled {
                 do { try await clock.sleep(for: .milliseconds(Int64(interval * 800))) } catch { return }
                 do throws(FlowerError) {
-                    let answer = try await client.send(.heartbeat, .with {
-                        $0.node = .with { $0.nodeID = nodeID }
-                        $0.heartbeatInterval = interval
-                    })
+                    let answer = try await client.send(
+                        .heartbeat,
+                        .with {
+                            $0.node = .with { $0.nodeID = nodeID }
+                            $0.heartbeatInterval = interval
+                        })
                     if !answer.success { logger.warning("flower: the SuperLink does not recognise node \(nodeID) in its heartbeat") }
                 } catch {
                     if error.code == .cancelled { return }

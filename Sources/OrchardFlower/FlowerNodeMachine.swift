@@ -271,13 +271,14 @@ package struct FlowerNodeMachine: Sendable {
             return .discardReply(error)
         case .registering where error.apiCode == FlowerAPICode.registrationDisabled:
             phase = .finished
-            return .stop(FlowerError(
-                .registrationRefused,
-                "the SuperLink refuses to register the node (\(error.message)): it admits only SuperNodes its operator registered "
-                    + "(flower-superlink --enable-supernode-auth). Make a key with `orchard flower keygen --output KEY`, have KEY.pub registered "
-                    + "with `flwr supernode register KEY.pub`, and start the node with --auth-key KEY",
-                httpStatus: error.httpStatus, apiCode: error.apiCode
-            ))
+            return .stop(
+                FlowerError(
+                    .registrationRefused,
+                    "the SuperLink refuses to register the node (\(error.message)): it admits only SuperNodes its operator registered "
+                        + "(flower-superlink --enable-supernode-auth). Make a key with `orchard flower keygen --output KEY`, have KEY.pub registered "
+                        + "with `flwr supernode register KEY.pub`, and start the node with --auth-key KEY",
+                    httpStatus: error.httpStatus, apiCode: error.apiCode
+                ))
         case .registering where error.apiCode == FlowerAPICode.publicKeyInUse:
             // The SuperLink knows the key already (it kept the registration the node's own record lost): activate.
             registered = true
@@ -292,12 +293,13 @@ package struct FlowerNodeMachine: Sendable {
             if preRegistered {
                 if refusedActivationWait + pause > timing.activationPatience {
                     phase = .finished
-                    return .stop(FlowerError(
-                        .registrationRefused,
-                        "the SuperLink refused to activate the node for \(refusedActivationWait) (\(error.message)): it does not know this node's "
-                            + "key. Have the key's public half registered with `flwr supernode register KEY.pub`",
-                        httpStatus: error.httpStatus, apiCode: error.apiCode
-                    ))
+                    return .stop(
+                        FlowerError(
+                            .registrationRefused,
+                            "the SuperLink refused to activate the node for \(refusedActivationWait) (\(error.message)): it does not know this node's "
+                                + "key. Have the key's public half registered with `flwr supernode register KEY.pub`",
+                            httpStatus: error.httpStatus, apiCode: error.apiCode
+                        ))
                 }
                 refusedActivationWait += pause
                 return wait(pause, then: .activating)

@@ -76,7 +76,8 @@ package struct FlowerNodeStore: Sendable {
         let identity = NodeIdentity()
         // Created readable by its owner only, then renamed into place: the key is never readable by others.
         let temporary = directory.appendingPathComponent(".flower-node-key-\(UUID().uuidString)")
-        guard FileManager.default.createFile(atPath: temporary.path, contents: identity.privateKey.rawRepresentation, attributes: [.posixPermissions: 0o600]) else {
+        guard FileManager.default.createFile(atPath: temporary.path, contents: identity.privateKey.rawRepresentation, attributes: [.posixPermissions: 0o600])
+        else {
             throw FlowerError(.storage, "cannot write the node's key into \(directory.path)")
         }
         guard rename(temporary.path, keyURL.path) == 0 else {

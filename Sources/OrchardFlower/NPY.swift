@@ -16,19 +16,20 @@ public enum NumPyDType: String, Sendable, Hashable, CaseIterable {
 
     /// The `.npy` type descriptor NumPy writes for this type on a little-endian machine, e.g. `<f4`, `|u1`.
     public var descr: String {
-        let kind: Character = switch self {
-        case .float32, .float64: "f"
-        case .int8, .int16, .int32, .int64: "i"
-        case .uint8, .uint16, .uint32, .uint64: "u"
-        case .bool: "b"
-        }
+        let kind: Character =
+            switch self {
+            case .float32, .float64: "f"
+            case .int8, .int16, .int32, .int64: "i"
+            case .uint8, .uint16, .uint32, .uint64: "u"
+            case .bool: "b"
+            }
         return "\(itemSize == 1 ? "|" : "<")\(kind)\(itemSize)"
     }
 
     /// The type of a `.npy` descriptor; one-byte types may say `|`, `<` or `=`, wider ones must be little-endian.
     public init?(descr: String) {
         guard let order = descr.first, let type = Self.allCases.first(where: { $0.descr.dropFirst() == descr.dropFirst() }),
-              order == "<" || (type.itemSize == 1 && (order == "|" || order == "="))
+            order == "<" || (type.itemSize == 1 && (order == "|" || order == "="))
         else { return nil }
         self = type
     }

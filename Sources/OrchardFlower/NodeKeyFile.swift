@@ -143,7 +143,9 @@ public enum NodeKeyFile {
         }
         var secret = SSHReader(try reader.bytes())
         guard try secret.uint32() == secret.uint32() else { throw FlowerError(.invalidConfiguration, "is damaged (its check numbers differ)") }
-        guard try secret.text() == keyType, try secret.text() == curve else { throw FlowerError(.invalidConfiguration, "is damaged (its private part is not \(keyType))") }
+        guard try secret.text() == keyType, try secret.text() == curve else {
+            throw FlowerError(.invalidConfiguration, "is damaged (its private part is not \(keyType))")
+        }
         let point = try secret.bytes()
         let scalar = try secret.bytes().drop(while: { $0 == 0 })
         guard scalar.count <= scalarBytes else { throw FlowerError(.invalidConfiguration, "is damaged (its private scalar is longer than P-384's)") }

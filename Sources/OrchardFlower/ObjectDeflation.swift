@@ -30,7 +30,10 @@ extension FlowerObjects {
         pushed.metadata.messageID = tree.objectID
         switch message.body {
         case .content: pushed.content = Flwr_Proto_RecordDict()
-        case .error(let code, let reason): pushed.error = .with { $0.code = code; $0.reason = reason }
+        case .error(let code, let reason):
+            pushed.error = .with {
+                $0.code = code; $0.reason = reason
+            }
         }
         return DeflatedMessage(messageID: tree.objectID, objects: deflater.objects, pushOrder: deflater.order, objectTree: tree, pushedMessage: pushed)
     }
@@ -76,7 +79,10 @@ private struct Deflater {
         var children: [Flwr_Proto_ObjectTree] = []
         switch message.body {
         case .content(let records): children = [recordDict(records)]
-        case .error(let code, let reason): proto.error = .with { $0.code = code; $0.reason = reason }
+        case .error(let code, let reason):
+            proto.error = .with {
+                $0.code = code; $0.reason = reason
+            }
         }
         return add(.message, children: children, body: proto.deterministicBytes())
     }

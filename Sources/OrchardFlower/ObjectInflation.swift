@@ -44,7 +44,9 @@ private struct Inflater {
     }
 
     /// Each child of `parent` (the classes `expected`), decoded once, by id.
-    func children<T>(of parent: InflatableObject, _ expected: [ObjectClass], _ read: (InflatableObject) throws(FlowerError) -> T) throws(FlowerError) -> [String: T] {
+    func children<T>(of parent: InflatableObject, _ expected: [ObjectClass], _ read: (InflatableObject) throws(FlowerError) -> T) throws(FlowerError)
+        -> [String: T]
+    {
         var decoded: [String: T] = [:]
         for id in parent.children { decoded[id] = try decode(try load(id, expected, parent: parent), read) }
         return decoded
@@ -124,7 +126,7 @@ private struct Inflater {
         }
         let fields = Dictionary(members, uniquingKeysWith: { _, last in last })
         guard let dtypeName = fields["dtype"]?.string, let stype = fields["stype"]?.string,
-              case .array(let shapeJSON)? = fields["shape"], case .array(let indexJSON)? = fields["arraychunk_ids"]
+            case .array(let shapeJSON)? = fields["shape"], case .array(let indexJSON)? = fields["arraychunk_ids"]
         else { throw FlowerError(.invalidObject, "the Array body needs strings dtype and stype and lists shape and arraychunk_ids") }
         let shape = shapeJSON.compactMap(\.int)
         guard shape.count == shapeJSON.count, shape.allSatisfy({ $0 >= 0 }) else {
@@ -132,13 +134,15 @@ private struct Inflater {
         }
         let indices = indexJSON.compactMap(\.int)
         guard indices.count == indexJSON.count, Set(indices) == Set(object.children.indices) else {
-            throw FlowerError(.invalidObject, "the Array's arraychunk_ids (\(indexJSON.count) entries) do not index each of its \(object.children.count) chunks")
+            throw FlowerError(
+                .invalidObject, "the Array's arraychunk_ids (\(indexJSON.count) entries) do not index each of its \(object.children.count) chunks")
         }
         guard stype == FlowerObjects.numpyStype else {
             throw FlowerError(.unsupportedEncoding, "the Array is serialised as '\(stype.prefix(80))'; Orchard reads '\(FlowerObjects.numpyStype)' only")
         }
         guard let dtype = NumPyDType(rawValue: dtypeName) else {
-            throw FlowerError(.unsupportedDtype, "the Array's dtype '\(dtypeName.prefix(40))' is not one of \(NumPyDType.allCases.map(\.rawValue).joined(separator: ", "))")
+            throw FlowerError(
+                .unsupportedDtype, "the Array's dtype '\(dtypeName.prefix(40))' is not one of \(NumPyDType.allCases.map(\.rawValue).joined(separator: ", "))")
         }
         let chunks = try children(of: object, [.arrayChunk]) { chunk throws(FlowerError) in try leafBody(chunk) }
         var npy: [UInt8] = []

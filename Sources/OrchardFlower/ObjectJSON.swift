@@ -155,8 +155,8 @@ indirect enum ObjectJSON {
         mutating func escapedScalar() throws(FlowerError) -> Unicode.Scalar {
             func unit() -> UInt32? {
                 guard current == UInt8(ascii: "u"), position + 5 <= bytes.endIndex,
-                      bytes[(position + 1)..<(position + 5)].allSatisfy({ Character(Unicode.Scalar($0)).isHexDigit }),
-                      let value = UInt32(String(decoding: bytes[(position + 1)..<(position + 5)], as: UTF8.self), radix: 16)
+                    bytes[(position + 1)..<(position + 5)].allSatisfy({ Character(Unicode.Scalar($0)).isHexDigit }),
+                    let value = UInt32(String(decoding: bytes[(position + 1)..<(position + 5)], as: UTF8.self), radix: 16)
                 else { return nil }
                 position += 5
                 return value

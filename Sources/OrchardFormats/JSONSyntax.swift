@@ -130,7 +130,7 @@ private struct JSONSyntaxScanner {
                 guard i < bytes.count else { break }
                 switch bytes[i] {
                 case UInt8(ascii: "\""), UInt8(ascii: "\\"), UInt8(ascii: "/"), UInt8(ascii: "b"), UInt8(ascii: "f"),
-                     UInt8(ascii: "n"), UInt8(ascii: "r"), UInt8(ascii: "t"):
+                    UInt8(ascii: "n"), UInt8(ascii: "r"), UInt8(ascii: "t"):
                     i += 1
                 case UInt8(ascii: "u"):
                     i += 1

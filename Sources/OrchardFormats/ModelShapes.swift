@@ -50,12 +50,14 @@ extension ModelSpec {
         let byName = Dictionary(expected.map { ($0.name, $0) }, uniquingKeysWith: { first, _ in first })
         for parameter in expected {
             guard let shape = shapes[parameter.name] else {
-                throw FormatError(.missingTensor, "weight '\(parameter.name)' of layer '\(parameter.layer)' (\(parameter.type)) is missing; its shape is \(parameter.shape)")
+                throw FormatError(
+                    .missingTensor, "weight '\(parameter.name)' of layer '\(parameter.layer)' (\(parameter.type)) is missing; its shape is \(parameter.shape)")
             }
             guard shape == parameter.shape else {
                 var detail = ""
                 if shape.count == parameter.shape.count,
-                   let axis = zip(shape, parameter.shape).enumerated().first(where: { $0.element.0 != $0.element.1 })?.offset {
+                    let axis = zip(shape, parameter.shape).enumerated().first(where: { $0.element.0 != $0.element.1 })?.offset
+                {
                     detail = ": dimension \(axis) is the layer's '\(parameter.fields[axis])', \(parameter.shape[axis]), not \(shape[axis])"
                 }
                 throw FormatError(

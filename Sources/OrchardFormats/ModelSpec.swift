@@ -72,7 +72,10 @@ public struct ModelSpec: Sendable, Hashable, Codable {
     /// Checks structural rules: known format version, unique names, inputs defined before use, a defined output.
     public func validate() throws(FormatError) {
         guard formatVersion == Self.currentFormatVersion else {
-            throw FormatError(.invalidSpec, "model format version \(formatVersion) is not supported (this reader writes \(Self.currentFormatVersion) and reads \(Self.oldestReadableFormatVersion)...\(Self.currentFormatVersion))")
+            throw FormatError(
+                .invalidSpec,
+                "model format version \(formatVersion) is not supported (this reader writes \(Self.currentFormatVersion) and reads \(Self.oldestReadableFormatVersion)...\(Self.currentFormatVersion))"
+            )
         }
         var known = Set<String>()
         for input in inputs {
@@ -114,15 +117,18 @@ public struct ModelSpec: Sendable, Hashable, Codable {
         let snake = try c.decodeIfPresent(Int.self, forKey: SpecKey("format_version"))
         let camel = try c.decodeIfPresent(Int.self, forKey: SpecKey("formatVersion"))
         guard let version = snake ?? camel else {
-            throw DecodingError.keyNotFound(SpecKey("format_version"), .init(codingPath: decoder.codingPath, debugDescription: "the model JSON has no format_version"))
+            throw DecodingError.keyNotFound(
+                SpecKey("format_version"), .init(codingPath: decoder.codingPath, debugDescription: "the model JSON has no format_version"))
         }
         // Version 1 spelled its keys in camelCase, version 2 in snake_case; a version in the other spelling is refused.
         let expected = camel != nil && snake == nil ? Self.oldestReadableFormatVersion : Self.currentFormatVersion
         guard version == expected, (Self.oldestReadableFormatVersion...Self.currentFormatVersion).contains(version) else {
-            throw DecodingError.dataCorrupted(.init(
-                codingPath: decoder.codingPath + [SpecKey(snake != nil ? "format_version" : "formatVersion")],
-                debugDescription: "model format version \(version) is not supported (this reader reads version \(Self.currentFormatVersion) with snake_case keys and version \(Self.oldestReadableFormatVersion) with camelCase keys)"
-            ))
+            throw DecodingError.dataCorrupted(
+                .init(
+                    codingPath: decoder.codingPath + [SpecKey(snake != nil ? "format_version" : "formatVersion")],
+                    debugDescription:
+                        "model format version \(version) is not supported (this reader reads version \(Self.currentFormatVersion) with snake_case keys and version \(Self.oldestReadableFormatVersion) with camelCase keys)"
+                ))
         }
         formatVersion = Self.currentFormatVersion
         name = try c.required(String.self, "name")
@@ -215,7 +221,9 @@ public struct LayerType: RawRepresentable, Sendable, Hashable, Codable, CustomSt
     public static let dropout = LayerType(rawValue: "dropout")
 
     /// Every type a model may use.
-    public static let known: Set<LayerType> = [.dense, .embedding, .relu, .sigmoid, .tanh, .softmax, .flatten, .concat, .conv2d, .maxPool2d, .avgPool2d, .dropout]
+    public static let known: Set<LayerType> = [
+        .dense, .embedding, .relu, .sigmoid, .tanh, .softmax, .flatten, .concat, .conv2d, .maxPool2d, .avgPool2d, .dropout,
+    ]
 }
 
 /// How a convolution or pooling layer pads its input.
@@ -358,10 +366,11 @@ public struct LayerSpec: Sendable, Hashable, Codable {
     public init(from decoder: any Decoder) throws {
         let c = try decoder.container(keyedBy: SpecKey.self)
         name = try c.required(String.self, "name")
-        try c.rejectUnknown([
-            "name", "type", "inputs", "frozen", "units", "input_size", "use_bias", "vocabulary_size", "embedding_size",
-            "kernel_size", "strides", "padding", "in_channels", "rate",
-        ], in: "layer '\(name)'")
+        try c.rejectUnknown(
+            [
+                "name", "type", "inputs", "frozen", "units", "input_size", "use_bias", "vocabulary_size", "embedding_size",
+                "kernel_size", "strides", "padding", "in_channels", "rate",
+            ], in: "layer '\(name)'")
         type = try c.required(LayerType.self, "type")
         inputs = try c.required([String].self, "inputs")
         frozen = try c.optional(Bool.self, "frozen") ?? false
@@ -431,7 +440,9 @@ public struct OptimizerSpec: Sendable, Hashable, Codable {
     }
 
     /// Adam (Kingma & Ba 2015).
-    public static func adam(learningRate: Double = 0.001, beta1: Double = 0.9, beta2: Double = 0.999, epsilon: Double = 1e-8, weightDecay: Double = 0) -> OptimizerSpec {
+    public static func adam(learningRate: Double = 0.001, beta1: Double = 0.9, beta2: Double = 0.999, epsilon: Double = 1e-8, weightDecay: Double = 0)
+        -> OptimizerSpec
+    {
         OptimizerSpec(type: "adam", learningRate: learningRate, momentum: 0, weightDecay: weightDecay, beta1: beta1, beta2: beta2, epsilon: epsilon)
     }
 

@@ -93,7 +93,9 @@ public enum Safetensors {
         }
         if !metadata.isEmpty {
             appendKey("__metadata__")
-            header += "{" + metadata.sorted { $0.key < $1.key }
+            header +=
+                "{"
+                + metadata.sorted { $0.key < $1.key }
                 .map { jsonString($0.key) + ":" + jsonString($0.value) }
                 .joined(separator: ",") + "}"
         }
@@ -174,7 +176,8 @@ public enum Safetensors {
         let header = try self.header(data[8..<(8 + headerLength)])
         let bufferSize = data.count - header.dataStart
         if let last = header.index.entries.last, last.byteRange.upperBound - header.dataStart > bufferSize {
-            throw FormatError(.truncated, "tensor '\(last.name)' ends at byte \(last.byteRange.upperBound - header.dataStart) but the buffer holds \(bufferSize)")
+            throw FormatError(
+                .truncated, "tensor '\(last.name)' ends at byte \(last.byteRange.upperBound - header.dataStart) but the buffer holds \(bufferSize)")
         }
         guard header.dataSize == bufferSize else {
             throw FormatError(.invalidOffsets, "safetensors buffer holds \(bufferSize) bytes but tensors cover \(header.dataSize)")
@@ -191,7 +194,10 @@ public enum Safetensors {
             // A safetensors file starts with its header's length, and its header with `{`: a file starting with
             // text is something else (a JSON model file given as the weights, say).
             if let first = prefix.first, first == UInt8(ascii: "{") || first == UInt8(ascii: "[") {
-                throw FormatError(.invalidHeader, "not safetensors: the file starts with '\(Character(UnicodeScalar(first)))', as JSON does (safetensors starts with an 8-byte header length)")
+                throw FormatError(
+                    .invalidHeader,
+                    "not safetensors: the file starts with '\(Character(UnicodeScalar(first)))', as JSON does (safetensors starts with an 8-byte header length)"
+                )
             }
             if prefix.allSatisfy({ (0x20...0x7e).contains($0) || $0 == 0x09 || $0 == 0x0a || $0 == 0x0d }) {
                 throw FormatError(.invalidHeader, "not safetensors: the file starts with text (safetensors starts with an 8-byte header length)")
@@ -255,9 +261,9 @@ public enum Safetensors {
                 continue
             }
             guard let info = value as? [String: Any],
-                  let dtypeName = info["dtype"] as? String,
-                  let shapeAny = info["shape"] as? [Any],
-                  let offsetsAny = info["data_offsets"] as? [Any], offsetsAny.count == 2
+                let dtypeName = info["dtype"] as? String,
+                let shapeAny = info["shape"] as? [Any],
+                let offsetsAny = info["data_offsets"] as? [Any], offsetsAny.count == 2
             else {
                 throw FormatError(.invalidHeader, "tensor '\(key)' needs dtype, shape and data_offsets")
             }
@@ -284,22 +290,27 @@ public enum Safetensors {
         located.reserveCapacity(entries.count)
         for entry in entries {
             guard entry.start == cursor, entry.end >= entry.start else {
-                throw FormatError(.invalidOffsets, "tensor '\(entry.name)' occupies bytes \(entry.start)..<\(entry.end); expected to start at \(cursor) with no gap or overlap")
+                throw FormatError(
+                    .invalidOffsets,
+                    "tensor '\(entry.name)' occupies bytes \(entry.start)..<\(entry.end); expected to start at \(cursor) with no gap or overlap")
             }
             let (count, overflow) = entry.shape.reduce((1, false)) { acc, d in
                 let (p, o) = acc.0.multipliedReportingOverflow(by: d)
                 return (p, acc.1 || o)
             }
             guard !overflow, count.multipliedReportingOverflow(by: entry.dtype.byteCount).overflow == false,
-                  entry.end - entry.start == count * entry.dtype.byteCount
+                entry.end - entry.start == count * entry.dtype.byteCount
             else {
-                throw FormatError(.invalidOffsets, "tensor '\(entry.name)' of shape \(entry.shape) and dtype \(entry.dtype.rawValue) does not match its \(entry.end - entry.start) bytes")
+                throw FormatError(
+                    .invalidOffsets,
+                    "tensor '\(entry.name)' of shape \(entry.shape) and dtype \(entry.dtype.rawValue) does not match its \(entry.end - entry.start) bytes")
             }
             cursor = entry.end
-            located.append(SafetensorsIndex.Entry(
-                name: entry.name, dtype: entry.dtype, shape: entry.shape, count: count,
-                byteRange: (bufferStart + entry.start)..<(bufferStart + entry.end)
-            ))
+            located.append(
+                SafetensorsIndex.Entry(
+                    name: entry.name, dtype: entry.dtype, shape: entry.shape, count: count,
+                    byteRange: (bufferStart + entry.start)..<(bufferStart + entry.end)
+                ))
         }
         return Header(index: SafetensorsIndex(entries: located, metadata: metadata), dataStart: bufferStart, dataSize: cursor)
     }

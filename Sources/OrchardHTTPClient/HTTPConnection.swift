@@ -39,7 +39,7 @@ package final class HTTPConnection: Sendable {
     /// An absolute `http(s)` URL with a host, or nil.
     package static func baseURL(_ text: String) -> URL? {
         guard let url = URL(string: text), let scheme = url.scheme?.lowercased(), scheme == "http" || scheme == "https",
-              let host = url.host, !host.isEmpty
+            let host = url.host, !host.isEmpty
         else { return nil }
         return url
     }

@@ -54,7 +54,8 @@ public struct InProcessTransport: ClientTransport {
             let download = try await coordinator.model(request.modelID, requestKey: request.requestKey, session: proven, format: request.format)
             // What the HTTP transport asks for: the rest of the held bytes, if they are of the same entity.
             let range = request.offset > 0 && request.etag != nil ? "bytes=\(request.offset)-" : nil
-            let selection = try DownloadSelection.select(total: download.bytes.count, etag: download.etag, range: range, ifRange: request.etag, ifNoneMatch: nil)
+            let selection = try DownloadSelection.select(
+                total: download.bytes.count, etag: download.etag, range: range, ifRange: request.etag, ifNoneMatch: nil)
             return (download.bytes, download.etag, selection)
         }
         let start: Int

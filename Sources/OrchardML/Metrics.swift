@@ -81,7 +81,8 @@ extension Model {
     /// Classification accuracy over a dataset whose targets are class indices.
     public func accuracy(on dataset: some Dataset, batchSize: Int = 256) throws(EngineError) -> Double {
         let predictions = try predict(dataset, batchSize: batchSize)
-        return try Metrics.accuracy(predictions: predictions.reshaped([dataset.count, predictions.count / max(dataset.count, 1)]), labels: Self.targets(of: dataset).scalars)
+        return try Metrics.accuracy(
+            predictions: predictions.reshaped([dataset.count, predictions.count / max(dataset.count, 1)]), labels: Self.targets(of: dataset).scalars)
     }
 
     /// Root mean squared error over a regression dataset.

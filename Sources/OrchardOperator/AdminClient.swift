@@ -124,7 +124,8 @@ public final class AdminClient: Sendable {
 
     /// `GET /v1/admin/processes/{id}/checkpoints/{n|latest}`: a stored checkpoint.
     public func checkpoint(_ processID: String, _ which: CheckpointSelector) async throws(OperatorError) -> FetchedCheckpoint {
-        let (status, bytes, url) = try await send(.GET, Endpoint.checkpoint(try Self.pathComponent(processID), which.description), limit: Self.maximumCheckpointBytes)
+        let (status, bytes, url) = try await send(
+            .GET, Endpoint.checkpoint(try Self.pathComponent(processID), which.description), limit: Self.maximumCheckpointBytes)
         guard (200..<300).contains(status) else { throw serverError(status: status, bytes: bytes, url: url) }
         let metadata: [String: String]
         do throws(FormatError) {
@@ -157,19 +158,25 @@ public final class AdminClient: Sendable {
 
     /// A process id as one path component; ids have the shape `p_` + 16 hex digits, anything else cannot name one.
     static func pathComponent(_ processID: String) throws(OperatorError) -> String {
-        guard !processID.isEmpty, processID.unicodeScalars.allSatisfy({ $0.isASCII && ($0.properties.isAlphabetic || ("0"..."9").contains($0) || $0 == "_" || $0 == "-") }) else {
+        guard !processID.isEmpty,
+            processID.unicodeScalars.allSatisfy({ $0.isASCII && ($0.properties.isAlphabetic || ("0"..."9").contains($0) || $0 == "_" || $0 == "-") })
+        else {
             throw OperatorError(.invalidArgument, "'\(processID)' is not a process id (ids look like p_0123456789abcdef; `orchard process list` shows them)")
         }
         return processID
     }
 
-    private func json<Answer: Decodable & Sendable>(_ method: HTTPMethod, _ path: String, body: [UInt8]? = nil) async throws(OperatorError) -> AdminAnswer<Answer> {
+    private func json<Answer: Decodable & Sendable>(_ method: HTTPMethod, _ path: String, body: [UInt8]? = nil) async throws(OperatorError) -> AdminAnswer<
+        Answer
+    > {
         let (status, bytes, url) = try await send(method, path, body: body, limit: Self.maximumJSONBytes)
         guard (200..<300).contains(status) else { throw serverError(status: status, bytes: bytes, url: url) }
         do {
             return AdminAnswer(value: try WireCoding.decoder().decode(Answer.self, from: Data(bytes)), json: bytes)
         } catch {
-            throw OperatorError(.unexpectedAnswer, "the answer from \(url) is not a valid \(Answer.self); is --server an Orchard coordinator of this version?", httpStatus: status)
+            throw OperatorError(
+                .unexpectedAnswer, "the answer from \(url) is not a valid \(Answer.self); is --server an Orchard coordinator of this version?",
+                httpStatus: status)
         }
     }
 
@@ -201,7 +208,8 @@ public final class AdminClient: Sendable {
         if status == 401 {
             let detail = body.map { " (\($0.error.message))" } ?? ""
             return OperatorError(
-                .unauthorized, "the admin token was refused by \(baseURL.absoluteString)\(detail); check \(AdminToken.environmentVariable) or --admin-token-file",
+                .unauthorized,
+                "the admin token was refused by \(baseURL.absoluteString)\(detail); check \(AdminToken.environmentVariable) or --admin-token-file",
                 httpStatus: status
             )
         }
@@ -217,14 +225,16 @@ public final class AdminClient: Sendable {
     static func connectionError(_ error: ConnectionError, server: String, url: String, timeout: Double) -> OperatorError {
         switch error.code {
         case .tls:
-            return OperatorError(.tls, "TLS connection to \(server) failed: \(error.message); for a coordinator whose certificate comes from a private CA, give --ca-cert FILE")
+            return OperatorError(
+                .tls, "TLS connection to \(server) failed: \(error.message); for a coordinator whose certificate comes from a private CA, give --ca-cert FILE")
         case .answerTooLarge:
             return OperatorError(.unexpectedAnswer, "the answer from \(url) \(error.message.replacingOccurrences(of: "the answer ", with: ""))")
         case .cancelled:
             return OperatorError(.unreachable, "cancelled while talking to the coordinator at \(server)")
         default:
             let reason = error.message.contains("within the timeout") ? "no answer within \(timeout.formatted()) s" : error.message
-            return OperatorError(.unreachable, "cannot reach the coordinator at \(server) (\(reason)); check that `orchard serve` is running there and --server is right")
+            return OperatorError(
+                .unreachable, "cannot reach the coordinator at \(server) (\(reason)); check that `orchard serve` is running there and --server is right")
         }
     }
 }

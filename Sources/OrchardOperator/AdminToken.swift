@@ -66,7 +66,9 @@ public enum AdminTokenSource {
 
     /// The token (nil when none was given) and the warnings to log about how it was given.
     public static func resolve(file: String?, environment: String?, argument: String?) throws(AdminTokenError) -> (token: String?, warnings: [String]) {
-        let given = [file.map { _ in "--admin-token-file" }, environment.map { _ in environmentVariable }, argument.map { _ in "--admin-token" }].compactMap { $0 }
+        let given = [file.map { _ in "--admin-token-file" }, environment.map { _ in environmentVariable }, argument.map { _ in "--admin-token" }].compactMap {
+            $0
+        }
         guard given.count <= 1 else {
             throw AdminTokenError(.conflictingSources, "the admin token is given \(given.count) ways (\(given.joined(separator: ", "))); give it one way")
         }
@@ -79,7 +81,8 @@ public enum AdminTokenSource {
             return (try checked(environment, source: environmentVariable), [])
         }
         if let argument {
-            let warning = "--admin-token is deprecated and will be removed: a token on the command line can be read by every local user (ps, /proc); use --admin-token-file or \(environmentVariable)"
+            let warning =
+                "--admin-token is deprecated and will be removed: a token on the command line can be read by every local user (ps, /proc); use --admin-token-file or \(environmentVariable)"
             return (try checked(argument, source: "--admin-token"), [warning])
         }
         return (nil, [])
@@ -98,7 +101,8 @@ public enum AdminTokenSource {
         let token = text.trimmingCharacters(in: .whitespacesAndNewlines)
         guard !token.isEmpty else { throw AdminTokenError(.emptyToken, "\(source) holds an empty admin token") }
         guard token.unicodeScalars.allSatisfy({ $0.value > 0x20 && $0.value != 0x7F }) else {
-            throw AdminTokenError(.malformedToken, "\(source) holds an admin token with spaces or control characters inside; no Authorization header can carry it")
+            throw AdminTokenError(
+                .malformedToken, "\(source) holds an admin token with spaces or control characters inside; no Authorization header can carry it")
         }
         return token
     }

@@ -70,7 +70,11 @@ public enum OperatorFormat {
             ("name", "\(status.name) \(status.version)"),
             ("state", status.state.rawValue),
             ("checkpoint", "\(status.latestCheckpoint) (stored: \(status.checkpoints.map(String.init).joined(separator: ", ")))"),
-            ("cycles", "\(status.cyclesCompleted) completed, \(status.cyclesAbandoned) abandoned" + (status.serverConfig.cycles > 0 ? " of \(status.serverConfig.cycles)" : "")),
+            (
+                "cycles",
+                "\(status.cyclesCompleted) completed, \(status.cyclesAbandoned) abandoned"
+                    + (status.serverConfig.cycles > 0 ? " of \(status.serverConfig.cycles)" : "")
+            ),
         ]
         if let cycle = status.currentCycle {
             rows += [
@@ -82,14 +86,22 @@ public enum OperatorFormat {
             if let secure = cycle.secureAggregation { rows.append(("secure agg.", secureAggregation(secure, now: now))) }
         }
         let server = status.serverConfig
-        rows.append(("server", [
-            "goal_count \(server.goalCount)", "over_selection \(number(server.overSelection))", "cycle_length \(duration(server.cycleLength))",
-            "aggregator \(server.aggregator.kind)", "authentication \(server.authentication.mode)",
-        ].joined(separator: ", ")))
+        rows.append(
+            (
+                "server",
+                [
+                    "goal_count \(server.goalCount)", "over_selection \(number(server.overSelection))", "cycle_length \(duration(server.cycleLength))",
+                    "aggregator \(server.aggregator.kind)", "authentication \(server.authentication.mode)",
+                ].joined(separator: ", ")
+            ))
         rows.append(("client", clientConfig(status.clientConfig)))
         if let privacy = status.privacy {
             let target = privacy.targetEpsilon.map { " of \(number($0))" } ?? ""
-            rows.append(("privacy", "ε \(String(format: "%.3f", privacy.epsilon))\(target) at δ \(privacy.delta), \(privacy.releases) releases, noise multiplier \(number(privacy.noiseMultiplier))"))
+            rows.append(
+                (
+                    "privacy",
+                    "ε \(String(format: "%.3f", privacy.epsilon))\(target) at δ \(privacy.delta), \(privacy.releases) releases, noise multiplier \(number(privacy.noiseMultiplier))"
+                ))
         }
         let width = rows.map(\.0.count).max() ?? 0
         return rows.map { $0.0.padding(toLength: width, withPad: " ", startingAt: 0) + "  " + $0.1 }
@@ -132,15 +144,20 @@ public enum WatchFrame {
         case .plain:
             var line = "\(OperatorFormat.timestamp(now)) \(status.processID) \(status.state)"
             if let cycle = status.currentCycle {
-                line += " cycle \(cycle.number)\(cycles): assigned \(cycle.assigned)/\(cycle.capacity), reported \(cycle.reported)/\(cycle.goal), deadline \(OperatorFormat.countdown(to: cycle.deadline, now: now)), checkpoint \(status.latestCheckpoint)"
+                line +=
+                    " cycle \(cycle.number)\(cycles): assigned \(cycle.assigned)/\(cycle.capacity), reported \(cycle.reported)/\(cycle.goal), deadline \(OperatorFormat.countdown(to: cycle.deadline, now: now)), checkpoint \(status.latestCheckpoint)"
             } else {
                 line += ": checkpoint \(status.latestCheckpoint), \(status.cyclesCompleted) cycles completed, \(status.cyclesAbandoned) abandoned"
             }
             return [line]
         case .terminal(let width):
-            var lines = ["\(head)  \(status.state)  checkpoint \(status.latestCheckpoint)  cycles \(status.cyclesCompleted)\(cycles) done, \(status.cyclesAbandoned) abandoned"]
+            var lines = [
+                "\(head)  \(status.state)  checkpoint \(status.latestCheckpoint)  cycles \(status.cyclesCompleted)\(cycles) done, \(status.cyclesAbandoned) abandoned"
+            ]
             if let cycle = status.currentCycle {
-                lines.append("cycle \(cycle.number)  assigned \(cycle.assigned)/\(cycle.capacity)  reported \(cycle.reported)/\(cycle.goal)  deadline \(OperatorFormat.countdown(to: cycle.deadline, now: now))")
+                lines.append(
+                    "cycle \(cycle.number)  assigned \(cycle.assigned)/\(cycle.capacity)  reported \(cycle.reported)/\(cycle.goal)  deadline \(OperatorFormat.countdown(to: cycle.deadline, now: now))"
+                )
                 lines.append(bar(reported: cycle.reported, goal: cycle.goal))
                 if let secure = cycle.secureAggregation { lines.append("secure aggregation: " + OperatorFormat.secureAggregation(secure, now: now)) }
             } else {
@@ -220,4 +237,3 @@ public enum ProcessWatcher {
         }
     }
 }
-

@@ -62,7 +62,9 @@ public struct AdaptiveClipping: Sendable, Hashable, Codable {
     public init(initialNorm: Double, targetQuantile: Double, learningRate: Double) throws(PrivacyError) {
         guard initialNorm > 0, initialNorm.isFinite else { throw PrivacyError(.invalidParameter, "initial_norm must be a positive number, not \(initialNorm)") }
         guard targetQuantile > 0, targetQuantile < 1 else { throw PrivacyError(.invalidParameter, "target_quantile must be in (0, 1), not \(targetQuantile)") }
-        guard learningRate > 0, learningRate.isFinite else { throw PrivacyError(.invalidParameter, "learning_rate must be a positive number, not \(learningRate)") }
+        guard learningRate > 0, learningRate.isFinite else {
+            throw PrivacyError(.invalidParameter, "learning_rate must be a positive number, not \(learningRate)")
+        }
         norm = initialNorm
         self.targetQuantile = targetQuantile
         self.learningRate = learningRate

@@ -172,7 +172,9 @@ public struct PrivacyAccountant: Sendable, Hashable, Codable {
     }
 
     /// ε after `steps` steps at rate `q` and noise multiplier `z`, at `delta`, with the optimal order.
-    public static func epsilon(samplingRate q: Double, noiseMultiplier z: Double, steps: Int, delta: Double, orders: [Double] = RenyiDP.defaultOrders) throws(PrivacyError) -> (epsilon: Double, order: Double) {
+    public static func epsilon(samplingRate q: Double, noiseMultiplier z: Double, steps: Int, delta: Double, orders: [Double] = RenyiDP.defaultOrders)
+        throws(PrivacyError) -> (epsilon: Double, order: Double)
+    {
         try check(samplingRate: q, noiseMultiplier: z, steps: steps)
         try check(delta: delta)
         if steps == 0 { return (0, orders.first ?? 0) }
@@ -183,13 +185,17 @@ public struct PrivacyAccountant: Sendable, Hashable, Codable {
     /// The smallest noise multiplier (to 0.1 % relative) with which `steps` steps at rate `q` spend at most
     /// `targetEpsilon` at `delta`.
     /// - Throws: `invalid_parameter` for inputs out of range; `unreachable_target` if even a multiplier of 10⁴ spends more.
-    public static func noiseMultiplier(samplingRate q: Double, steps: Int, delta: Double, targetEpsilon: Double, orders: [Double] = RenyiDP.defaultOrders) throws(PrivacyError) -> Double {
+    public static func noiseMultiplier(samplingRate q: Double, steps: Int, delta: Double, targetEpsilon: Double, orders: [Double] = RenyiDP.defaultOrders)
+        throws(PrivacyError) -> Double
+    {
         try check(samplingRate: q, noiseMultiplier: 1, steps: steps)
         try check(delta: delta)
         guard targetEpsilon > 0, targetEpsilon.isFinite else {
             throw PrivacyError(.invalidParameter, "target epsilon must be a positive number, not \(targetEpsilon)")
         }
-        func spent(_ z: Double) throws(PrivacyError) -> Double { try epsilon(samplingRate: q, noiseMultiplier: z, steps: steps, delta: delta, orders: orders).epsilon }
+        func spent(_ z: Double) throws(PrivacyError) -> Double {
+            try epsilon(samplingRate: q, noiseMultiplier: z, steps: steps, delta: delta, orders: orders).epsilon
+        }
         var high = 1.0
         while try spent(high) > targetEpsilon {
             guard high < 1e4 else {

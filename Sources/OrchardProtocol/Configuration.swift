@@ -404,7 +404,8 @@ public struct ServerConfig: Sendable, Hashable, Codable {
         if let privacy {
             if let failure = privacy.validationFailure(goalCount: goalCount, capacity: capacity) { return failure }
             if privacy.mode == .distributed && secureAggregation == nil {
-                return "server_config.privacy.mode distributed needs server_config.secure_aggregation: the devices' noise shares protect only a sum the coordinator cannot take apart"
+                return
+                    "server_config.privacy.mode distributed needs server_config.secure_aggregation: the devices' noise shares protect only a sum the coordinator cannot take apart"
             }
             if updateNormBound != nil {
                 return "server_config.update_norm_bound and server_config.privacy cannot both be set: privacy clips every report to its own bound"
@@ -413,23 +414,27 @@ public struct ServerConfig: Sendable, Hashable, Codable {
         if let secureAggregation {
             if let failure = secureAggregation.validationFailure(goalCount: goalCount, maximumSampleCount: maximumSampleCount) { return failure }
             if updateNormBound != nil {
-                return "server_config.update_norm_bound and server_config.secure_aggregation cannot both be set: the coordinator never sees a single update's norm; secure_aggregation.clipping_range bounds every coordinate on the device"
+                return
+                    "server_config.update_norm_bound and server_config.secure_aggregation cannot both be set: the coordinator never sees a single update's norm; secure_aggregation.clipping_range bounds every coordinate on the device"
             }
             if let privacy {
                 if privacy.mode == .central {
-                    return "server_config.privacy.mode central cannot be used with server_config.secure_aggregation: the coordinator never sees an update to clip or noise; use mode distributed (each device adds its share of the noise) or local"
+                    return
+                        "server_config.privacy.mode central cannot be used with server_config.secure_aggregation: the coordinator never sees an update to clip or noise; use mode distributed (each device adds its share of the noise) or local"
                 }
                 if let clip = privacy.clippingNorm, let device = privacy.devicePrivacy(minimumReports: minimumReports) {
                     // A coordinate of a clipped update is at most C, its noise's standard deviation z'·C: clipping the
                     // noised value to ±clipping_range would cut the noise the guarantee counts on.
                     let needed = clip * (1 + 6 * device.noiseMultiplier)
                     if Double(secureAggregation.parameters.clippingRange) < needed {
-                        return "server_config.secure_aggregation.clipping_range must be at least clipping_norm * (1 + 6 * the devices' noise multiplier) = \(needed) under privacy, so that no noised coordinate is clipped, not \(secureAggregation.parameters.clippingRange)"
+                        return
+                            "server_config.secure_aggregation.clipping_range must be at least clipping_norm * (1 + 6 * the devices' noise multiplier) = \(needed) under privacy, so that no noised coordinate is clipped, not \(secureAggregation.parameters.clippingRange)"
                     }
                 }
             }
             if minimumReports <= secureAggregation.parameters.threshold {
-                return "server_config.minimum_reports must exceed server_config.secure_aggregation.threshold (\(secureAggregation.parameters.threshold)): fewer advertisements cannot be unmasked, not \(minimumReports)"
+                return
+                    "server_config.minimum_reports must exceed server_config.secure_aggregation.threshold (\(secureAggregation.parameters.threshold)): fewer advertisements cannot be unmasked, not \(minimumReports)"
             }
         }
         switch authentication.mode {

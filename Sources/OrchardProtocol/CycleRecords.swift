@@ -33,7 +33,10 @@ public struct CycleRecord: Sendable, Hashable, Codable {
     }
 
     /// Creates a record.
-    public init(cycle: Int, outcome: ClosedCycleOutcome, assigned: Int, reported: Int, checkpoint: Int? = nil, openedAt: Double? = nil, closedAt: Double?, metrics: [String: Double] = [:]) {
+    public init(
+        cycle: Int, outcome: ClosedCycleOutcome, assigned: Int, reported: Int, checkpoint: Int? = nil, openedAt: Double? = nil, closedAt: Double?,
+        metrics: [String: Double] = [:]
+    ) {
         self.cycle = cycle
         self.outcome = outcome
         self.assigned = assigned

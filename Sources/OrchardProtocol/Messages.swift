@@ -215,7 +215,9 @@ public struct TrainingPlan: Sendable, Hashable, Codable {
     }
 
     /// Creates a plan.
-    public init(planID: String, model: ModelSpec, clientConfig: ClientConfig, localPrivacy: LocalPrivacy? = nil, secureAggregation: SecureAggregationPlan? = nil) {
+    public init(
+        planID: String, model: ModelSpec, clientConfig: ClientConfig, localPrivacy: LocalPrivacy? = nil, secureAggregation: SecureAggregationPlan? = nil
+    ) {
         self.planID = planID
         self.model = model
         self.clientConfig = clientConfig
@@ -272,7 +274,9 @@ public struct LocalPrivacy: Sendable, Hashable, Codable {
     /// Describes the first unusable field (a plan from a coordinator is checked before the device trusts it).
     public func validationFailure() -> String? {
         if !(clippingNorm > 0 && clippingNorm.isFinite) { return "local_privacy.clipping_norm must be a positive finite number, not \(clippingNorm)" }
-        if !(noiseMultiplier > 0 && noiseMultiplier.isFinite) { return "local_privacy.noise_multiplier must be a positive finite number, not \(noiseMultiplier)" }
+        if !(noiseMultiplier > 0 && noiseMultiplier.isFinite) {
+            return "local_privacy.noise_multiplier must be a positive finite number, not \(noiseMultiplier)"
+        }
         return nil
     }
 }
@@ -344,7 +348,10 @@ public struct HostProcessRequest: Sendable, Hashable, Codable {
     }
 
     /// Creates a request.
-    public init(name: String, version: SemanticVersion, model: ModelSpec, initialWeights: [UInt8], clientConfig: ClientConfig = ClientConfig(), serverConfig: ServerConfig = ServerConfig()) {
+    public init(
+        name: String, version: SemanticVersion, model: ModelSpec, initialWeights: [UInt8], clientConfig: ClientConfig = ClientConfig(),
+        serverConfig: ServerConfig = ServerConfig()
+    ) {
         self.name = name
         self.version = version
         self.model = model
@@ -509,7 +516,10 @@ public struct ProcessStatus: Sendable, Hashable, Codable {
     }
 
     /// Creates a status.
-    public init(processID: String, name: String, version: SemanticVersion, state: ProcessState, latestCheckpoint: Int, checkpoints: [Int], cyclesCompleted: Int, cyclesAbandoned: Int, currentCycle: CycleStatus?, clientConfig: ClientConfig, serverConfig: ServerConfig, privacy: PrivacyStatus? = nil) {
+    public init(
+        processID: String, name: String, version: SemanticVersion, state: ProcessState, latestCheckpoint: Int, checkpoints: [Int], cyclesCompleted: Int,
+        cyclesAbandoned: Int, currentCycle: CycleStatus?, clientConfig: ClientConfig, serverConfig: ServerConfig, privacy: PrivacyStatus? = nil
+    ) {
         self.privacy = privacy
         self.processID = processID
         self.name = name

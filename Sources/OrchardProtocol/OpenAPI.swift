@@ -5,7 +5,7 @@ public enum OpenAPI {
     /// The document's bytes (JSON).
     public static let document: [UInt8] = {
         guard let url = Bundle.module.url(forResource: "openapi", withExtension: "json"),
-              let data = try? Data(contentsOf: url)
+            let data = try? Data(contentsOf: url)
         else {
             preconditionFailure("OrchardProtocol's openapi.json resource is missing from the bundle")
         }

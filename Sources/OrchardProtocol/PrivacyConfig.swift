@@ -26,7 +26,8 @@ public struct PrivacyConfig: Sendable, Hashable, Codable {
             let container = try decoder.singleValueContainer()
             let raw = try container.decode(String.self)
             guard let value = Value(rawValue: raw) else {
-                throw DecodingError.dataCorruptedError(in: container, debugDescription: "server_config.privacy.mode '\(raw)' is not one of central, local, distributed")
+                throw DecodingError.dataCorruptedError(
+                    in: container, debugDescription: "server_config.privacy.mode '\(raw)' is not one of central, local, distributed")
             }
             self.value = value
         }
@@ -167,7 +168,8 @@ public struct PrivacyConfig: Sendable, Hashable, Codable {
     /// populations of 10⁶, but the coordinator says so when a process is hosted.)
     public var deltaCaution: String? {
         guard delta >= 1 / Double(population) else { return nil }
-        return "server_config.privacy.delta \(delta) is not below 1/population (\(1 / Double(population))): the guarantee allows one device in \(Int((1 / delta).rounded())) to be exposed; consider delta <= 1/population"
+        return
+            "server_config.privacy.delta \(delta) is not below 1/population (\(1 / Double(population))): the guarantee allows one device in \(Int((1 / delta).rounded())) to be exposed; consider delta <= 1/population"
     }
 
     /// Describes the first invalid field, or nil when the configuration is usable.
@@ -186,7 +188,9 @@ public struct PrivacyConfig: Sendable, Hashable, Codable {
             return "server_config.privacy.clipping_norm must be a positive finite number, not \(norm)"
         }
         if let adaptive = adaptiveClipping {
-            if mode != .central { return "server_config.privacy.adaptive_clipping needs mode central (devices that noise their own updates clip to a fixed clipping_norm)" }
+            if mode != .central {
+                return "server_config.privacy.adaptive_clipping needs mode central (devices that noise their own updates clip to a fixed clipping_norm)"
+            }
             if !(adaptive.targetQuantile > 0 && adaptive.targetQuantile < 1) {
                 return "server_config.privacy.adaptive_clipping.target_quantile must be in (0, 1), not \(adaptive.targetQuantile)"
             }
@@ -213,7 +217,8 @@ public struct PrivacyConfig: Sendable, Hashable, Codable {
 
         if updateNoiseMultiplier(expectedReports: goalCount) == nil {
             let sigmaB = countStandardDeviation(expectedReports: goalCount)
-            return "server_config.privacy.adaptive_clipping.count_stddev \(sigmaB) leaves no noise for the update: noise_multiplier \(noiseMultiplier) must be below 2·count_stddev"
+            return
+                "server_config.privacy.adaptive_clipping.count_stddev \(sigmaB) leaves no noise for the update: noise_multiplier \(noiseMultiplier) must be below 2·count_stddev"
         }
         return nil
     }

@@ -65,12 +65,14 @@ public struct SecureAggregationConfig: Sendable, Hashable, Codable {
     /// up to `maximumSampleCount`, or nil.
     public func validationFailure(goalCount: Int, maximumSampleCount: Int) -> String? {
         if !(stageTimeout > 0 && stageTimeout <= WireLimits.maximumSeconds) {
-            return "server_config.secure_aggregation.stage_timeout must be a positive number of seconds, at most \(WireLimits.maximumSeconds), not \(stageTimeout)"
+            return
+                "server_config.secure_aggregation.stage_timeout must be a positive number of seconds, at most \(WireLimits.maximumSeconds), not \(stageTimeout)"
         }
         do {
             try parameters.validate(devices: goalCount, maximumSampleCount: maximumSampleCount)
         } catch {
-            return "server_config.secure_aggregation: \(error.message) (a roster holds at most goal_count = \(goalCount) devices; maximum_sample_count = \(maximumSampleCount))"
+            return
+                "server_config.secure_aggregation: \(error.message) (a roster holds at most goal_count = \(goalCount) devices; maximum_sample_count = \(maximumSampleCount))"
         }
         return nil
     }

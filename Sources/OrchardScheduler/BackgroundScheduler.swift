@@ -239,7 +239,8 @@ public actor BackgroundScheduler<C: Clock>: BackgroundTaskScheduling, Service wh
     /// Registers the handler launched for `identifier`.
     public func register(identifier: String, handler: @escaping BackgroundTaskHandler) throws(SchedulerError) {
         guard !started else {
-            throw SchedulerError(.registrationClosed, "cannot register '\(identifier)': the scheduler has started (register before start, as iOS requires before launch ends)")
+            throw SchedulerError(
+                .registrationClosed, "cannot register '\(identifier)': the scheduler has started (register before start, as iOS requires before launch ends)")
         }
         guard configuration.permittedIdentifiers.contains(identifier) else {
             throw SchedulerError(.notPermitted, "'\(identifier)' is not in the scheduler's permitted identifiers")
@@ -262,7 +263,9 @@ public actor BackgroundScheduler<C: Clock>: BackgroundTaskScheduling, Service wh
             throw SchedulerError(.notPermitted, "'\(request.identifier)' is not in the scheduler's permitted identifiers")
         }
         if let timeout = request.timeout, timeout > configuration.budget(for: request.kind) {
-            throw SchedulerError(.invalidRequest, "request '\(request.identifier)': timeout \(timeout) exceeds the \(request.kind) budget \(configuration.budget(for: request.kind))")
+            throw SchedulerError(
+                .invalidRequest,
+                "request '\(request.identifier)': timeout \(timeout) exceeds the \(request.kind) budget \(configuration.budget(for: request.kind))")
         }
         let sameKind = pending.values.filter { $0.request.kind == request.kind && $0.request.identifier != request.identifier }.count
         let limit = configuration.pendingLimit(for: request.kind)
@@ -345,14 +348,15 @@ public actor BackgroundScheduler<C: Clock>: BackgroundTaskScheduling, Service wh
             let unmet = configuration.rules.unmet(request.constraints, kind: request.kind, in: snapshot)
             guard unmet.isEmpty else { result.deferred[id] = .unmet(unmet); continue }
             let kindBudget = configuration.budget(for: request.kind)
-            result.candidates.append(SchedulingPolicy.Candidate(
-                identifier: id,
-                priority: request.priority,
-                eligibleSince: max(task.submittedAt, request.earliestBeginDate ?? task.submittedAt),
-                history: histories[id],
-                expectedDuration: request.expectedDuration,
-                timeLimit: min(request.timeout ?? kindBudget, kindBudget)
-            ))
+            result.candidates.append(
+                SchedulingPolicy.Candidate(
+                    identifier: id,
+                    priority: request.priority,
+                    eligibleSince: max(task.submittedAt, request.earliestBeginDate ?? task.submittedAt),
+                    history: histories[id],
+                    expectedDuration: request.expectedDuration,
+                    timeLimit: min(request.timeout ?? kindBudget, kindBudget)
+                ))
         }
         return result
     }

@@ -147,7 +147,8 @@ public final class BackgroundTask: Sendable {
     }
 
     private func complete(_ reported: TaskCompletion) {
-        let (waiters, observers, completion) = state.withLock { s -> ([CheckedContinuation<TaskCompletion?, Never>], [@Sendable (TaskCompletion) -> Void], TaskCompletion?) in
+        let (waiters, observers, completion) = state.withLock {
+            s -> ([CheckedContinuation<TaskCompletion?, Never>], [@Sendable (TaskCompletion) -> Void], TaskCompletion?) in
             guard s.completion == nil else { return ([], [], nil) }
             var completion = reported
             if let reason = s.expiredBy {

@@ -10,7 +10,9 @@ public struct BackgroundTrainingOptions: Sendable {
     public var priority: TaskPriorityLevel
 
     /// Creates options.
-    public init(identifier: String, constraints: TaskConstraints = .powerAndNetwork, defaultInterval: Duration = .seconds(3600), priority: TaskPriorityLevel = .normal) {
+    public init(
+        identifier: String, constraints: TaskConstraints = .powerAndNetwork, defaultInterval: Duration = .seconds(3600), priority: TaskPriorityLevel = .normal
+    ) {
         self.identifier = identifier
         self.constraints = constraints
         self.defaultInterval = defaultInterval

@@ -120,7 +120,8 @@ public final class LinuxConditionsProvider: DeviceConditionsProvider {
             for line in table.split(separator: "\n").dropFirst() {
                 let fields = line.split(whereSeparator: { $0 == " " || $0 == "\t" })
                 guard fields.count >= 8, fields[1] == "00000000", fields[7] == "00000000",
-                      let flags = UInt32(fields[3], radix: 16), flags & 0x1 != 0 else { continue }
+                    let flags = UInt32(fields[3], radix: 16), flags & 0x1 != 0
+                else { continue }
                 return String(fields[0])
             }
         }
@@ -128,7 +129,8 @@ public final class LinuxConditionsProvider: DeviceConditionsProvider {
             for line in table.split(separator: "\n") {
                 let fields = line.split(separator: " ", omittingEmptySubsequences: true)
                 guard fields.count >= 10, fields[0] == String(repeating: "0", count: 32), fields[1] == "00",
-                      fields[9] != "lo", let flags = UInt32(fields[8], radix: 16), flags & 0x1 != 0 else { continue }
+                    fields[9] != "lo", let flags = UInt32(fields[8], radix: 16), flags & 0x1 != 0
+                else { continue }
                 return String(fields[9])
             }
         }
@@ -149,7 +151,8 @@ public final class LinuxConditionsProvider: DeviceConditionsProvider {
     }
 
     private func readNetwork(into conditions: inout DeviceConditions) {
-        let haveRoutes = FileManager.default.fileExists(atPath: configuration.procfsRoot + "/net/route")
+        let haveRoutes =
+            FileManager.default.fileExists(atPath: configuration.procfsRoot + "/net/route")
             || FileManager.default.fileExists(atPath: configuration.procfsRoot + "/net/ipv6_route")
         guard haveRoutes else { return }
         guard let name = defaultRouteInterface() else {

@@ -118,10 +118,11 @@ public final class SQLiteSchedulerStore: SchedulerStore {
         try database.write { db in
             let check = try String.fetchOne(db, sql: "PRAGMA quick_check") ?? "no answer"
             guard check == "ok" else { throw SchedulerError(.storeFailure, "integrity check: \(check)") }
-            try db.execute(sql: """
-                CREATE TABLE IF NOT EXISTS pending (identifier TEXT PRIMARY KEY NOT NULL, json TEXT NOT NULL);
-                CREATE TABLE IF NOT EXISTS history (identifier TEXT PRIMARY KEY NOT NULL, json TEXT NOT NULL);
-                """)
+            try db.execute(
+                sql: """
+                    CREATE TABLE IF NOT EXISTS pending (identifier TEXT PRIMARY KEY NOT NULL, json TEXT NOT NULL);
+                    CREATE TABLE IF NOT EXISTS history (identifier TEXT PRIMARY KEY NOT NULL, json TEXT NOT NULL);
+                    """)
         }
         _ = try read(database)
         return database

@@ -160,7 +160,10 @@ public struct SchedulingPolicy: Sendable, Hashable {
         public var timeLimit: Duration
 
         /// Creates a candidate.
-        public init(identifier: String, priority: TaskPriorityLevel, eligibleSince: Date, history: TaskHistory? = nil, expectedDuration: Duration? = nil, timeLimit: Duration) {
+        public init(
+            identifier: String, priority: TaskPriorityLevel, eligibleSince: Date, history: TaskHistory? = nil, expectedDuration: Duration? = nil,
+            timeLimit: Duration
+        ) {
             self.identifier = identifier
             self.priority = priority
             self.eligibleSince = eligibleSince
@@ -211,7 +214,8 @@ public struct SchedulingPolicy: Sendable, Hashable {
 
     /// Ranks the candidates and fits them greedily into `budget`.
     public func plan(_ candidates: [Candidate], budget: Duration, now: Date) -> Plan {
-        let ranked = candidates
+        let ranked =
+            candidates
             .map { Ranked(identifier: $0.identifier, score: score($0, now: now), estimate: estimate($0, now: now)) }
             .sorted { $0.score != $1.score ? $0.score > $1.score : $0.identifier < $1.identifier }
         var remaining = budget

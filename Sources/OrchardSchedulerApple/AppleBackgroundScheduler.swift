@@ -245,9 +245,11 @@ public final class AppleBackgroundScheduler: BackgroundTaskScheduling, @unchecke
         let system = await scheduler.pendingTaskRequests()
         let known = lock.withLock { requests }
         return system.map { systemRequest in
-            var request = known[systemRequest.identifier] ?? TaskRequest(
-                identifier: systemRequest.identifier, kind: systemRequest is BGProcessingTaskRequest ? .processing : .appRefresh
-            )
+            var request =
+                known[systemRequest.identifier]
+                ?? TaskRequest(
+                    identifier: systemRequest.identifier, kind: systemRequest is BGProcessingTaskRequest ? .processing : .appRefresh
+                )
             request.earliestBeginDate = systemRequest.earliestBeginDate
             if let processing = systemRequest as? BGProcessingTaskRequest {
                 request.constraints.requiresExternalPower = processing.requiresExternalPower

@@ -94,14 +94,21 @@ public struct ExternalCoordinator: Sendable {
     /// Throws an error whose message starts with the first invalid field's name.
     public func validate() throws(SimulationError) {
         guard let parsed = URL(string: url), let scheme = parsed.scheme?.lowercased(), scheme == "http" || scheme == "https",
-              let host = parsed.host, !host.isEmpty
+            let host = parsed.host, !host.isEmpty
         else {
-            throw SimulationError(.invalidOption, "coordinator must be an http or https URL with a host, such as http://127.0.0.1:8080 or https://fl.example.com, not '\(url)'")
+            throw SimulationError(
+                .invalidOption, "coordinator must be an http or https URL with a host, such as http://127.0.0.1:8080 or https://fl.example.com, not '\(url)'")
         }
         if concurrency < 1 { throw SimulationError(.invalidOption, "concurrency must be at least 1, not \(concurrency)") }
-        if !(hostTimeout > 0) || !hostTimeout.isFinite { throw SimulationError(.invalidOption, "hostTimeout must be a positive number of seconds, not \(hostTimeout)") }
-        if !(pollInterval > 0) || !pollInterval.isFinite { throw SimulationError(.invalidOption, "pollInterval must be a positive number of seconds, not \(pollInterval)") }
-        if !(requestTimeout > 0) || !requestTimeout.isFinite { throw SimulationError(.invalidOption, "requestTimeout must be a positive number of seconds, not \(requestTimeout)") }
+        if !(hostTimeout > 0) || !hostTimeout.isFinite {
+            throw SimulationError(.invalidOption, "hostTimeout must be a positive number of seconds, not \(hostTimeout)")
+        }
+        if !(pollInterval > 0) || !pollInterval.isFinite {
+            throw SimulationError(.invalidOption, "pollInterval must be a positive number of seconds, not \(pollInterval)")
+        }
+        if !(requestTimeout > 0) || !requestTimeout.isFinite {
+            throw SimulationError(.invalidOption, "requestTimeout must be a positive number of seconds, not \(requestTimeout)")
+        }
     }
 }
 
@@ -337,7 +344,9 @@ public enum ExternalFleet {
         // Reach the coordinator (and check the token) before preparing the data, so a wrong URL or token fails at once.
         _ = try await admin.processes()
         let shard = options.shard
-        let directory = configuration.output ?? FileManager.default.temporaryDirectory
+        let directory =
+            configuration.output
+            ?? FileManager.default.temporaryDirectory
             .appendingPathComponent("orchard-simulation-\(configuration.seed)-shard-\(shard.index)-of-\(shard.count)-\(UUID().uuidString.prefix(8))")
         let writer = try ReportWriter(directory: directory)
         let prepared = try SimulationRunner.prepare(configuration, progress: progress)
@@ -348,9 +357,11 @@ public enum ExternalFleet {
         let hosted: Bool
         if shard.index == 1 {
             (process, hosted) = try await admin.hostOnce(request)
-            progress.note(hosted
-                ? "hosted process \(process.processID) ('\(request.name)' \(request.version)) on \(admin.url)"
-                : "using the existing process \(process.processID) ('\(request.name)' \(request.version)) on \(admin.url): \(process.cyclesCompleted) cycles aggregated so far")
+            progress.note(
+                hosted
+                    ? "hosted process \(process.processID) ('\(request.name)' \(request.version)) on \(admin.url)"
+                    : "using the existing process \(process.processID) ('\(request.name)' \(request.version)) on \(admin.url): \(process.cyclesCompleted) cycles aggregated so far"
+            )
         } else {
             progress.note("waiting for shard 1 to host '\(request.name)' \(request.version) on \(admin.url)")
             process = try await admin.waitForProcess(name: request.name, version: request.version, timeout: options.hostTimeout)
@@ -398,7 +409,9 @@ public enum ExternalFleet {
             )
         }
         if configuration.clients < options.shard.count {
-            throw SimulationError(.invalidOption, "clients (\(configuration.clients)) must be at least the number of shards (\(options.shard.count)), or some shard has no devices")
+            throw SimulationError(
+                .invalidOption,
+                "clients (\(configuration.clients)) must be at least the number of shards (\(options.shard.count)), or some shard has no devices")
         }
     }
 
@@ -434,7 +447,8 @@ struct CoordinatorAdmin: Sendable {
     func failure(_ error: OperatorError, _ what: String) -> SimulationError {
         switch error.code {
         case .unauthorized:
-            return SimulationError(.coordinator, "the coordinator at \(url) refused the admin token from \(ExternalFleet.adminTokenVariable) (\(error.message))")
+            return SimulationError(
+                .coordinator, "the coordinator at \(url) refused the admin token from \(ExternalFleet.adminTokenVariable) (\(error.message))")
         case .unreachable, .tls:
             return SimulationError(.coordinator, error.message)
         default:
@@ -460,7 +474,7 @@ struct CoordinatorAdmin: Sendable {
         do {
             do {
                 return try await client.checkpoint(processID, .number(number)).bytes
-            } catch where error.httpStatus == 404 {
+            } catch  where error.httpStatus == 404 {
                 return try await client.checkpoint(processID, .latest).bytes
             }
         } catch {
@@ -473,7 +487,7 @@ struct CoordinatorAdmin: Sendable {
         if let existing = try await find(name: request.name, version: request.version) { return (existing, false) }
         do {
             return (try await client.host(request).value, true)
-        } catch where error.httpStatus == 409 {
+        } catch  where error.httpStatus == 409 {
             // Hosted by someone else between the list and the call.
             if let existing = try await find(name: request.name, version: request.version) { return (existing, false) }
             throw failure(error, "host process '\(request.name)' \(request.version)")
@@ -639,7 +653,9 @@ struct ShardRun: Sendable {
         if let initial { progress.note("checkpoint \(process.latestCheckpoint): \(describe(initial))") }
         let slots = AsyncSemaphore(permits: options.concurrency)
         let started = clock.now
-        progress.note("shard \(options.shard): \(devices.count) devices of \(configuration.clients) against \(admin.url), until \(configuration.rounds) cycles are aggregated")
+        progress.note(
+            "shard \(options.shard): \(devices.count) devices of \(configuration.clients) against \(admin.url), until \(configuration.rounds) cycles are aggregated"
+        )
         let watched: Result<(rows: [ShardCycleMetrics], final: ProcessStatus), SimulationError> = await withTaskGroup(of: Void.self) { group in
             for (device, job) in jobs {
                 group.addTask { await live(device: device, job: job, slots: slots) }
@@ -662,7 +678,9 @@ struct ShardRun: Sendable {
         let seed = configuration.seed, dropout = configuration.dropout, workload = self.workload
         // First check-ins spread over a few seconds, so the shard does not arrive as one burst.
         let spread = min(FleetConditions().checkInSpread, configuration.cycleSeconds)
-        do { try await clock.sleep(for: .seconds(OrchardRandomAccess.uniform(seed: seed, a: UInt64(device), b: 0, salt: 0x5747_A27) * spread)) } catch { return }
+        do { try await clock.sleep(for: .seconds(OrchardRandomAccess.uniform(seed: seed, a: UInt64(device), b: 0, salt: 0x5747_A27) * spread)) } catch {
+            return
+        }
         var failures = 0
         while !Task.isCancelled {
             let away = Note<Double>()
@@ -714,7 +732,8 @@ struct ShardRun: Sendable {
                     wait = 1
                 } else {
                     failures += 1
-                    let permanent = [OrchardClientError.Code.authenticationFailed, .tls, .incompatibleModel, .invalidConfiguration, .storage].contains(error.code)
+                    let permanent = [OrchardClientError.Code.authenticationFailed, .tls, .incompatibleModel, .invalidConfiguration, .storage].contains(
+                        error.code)
                     counters.update {
                         $0.failed += 1
                         $0.lastError = "device \(device): \(error)"
@@ -733,7 +752,9 @@ struct ShardRun: Sendable {
         var rows: [ShardCycleMetrics] = []
         var answered = clock.now
         if last.cyclesCompleted >= configuration.rounds || last.state == .completed {
-            progress.note("process \(processID) has already aggregated \(last.cyclesCompleted) cycles (\(last.state)): nothing to run; name another process for a new run")
+            progress.note(
+                "process \(processID) has already aggregated \(last.cyclesCompleted) cycles (\(last.state)): nothing to run; name another process for a new run"
+            )
         }
         while last.cyclesCompleted < configuration.rounds && last.state != .completed {
             do { try await clock.sleep(for: .seconds(options.pollInterval)) } catch { throw SimulationError(.coordinator, "stopped") }
@@ -775,12 +796,13 @@ struct ShardRun: Sendable {
         for (offset, cycle) in ((before + 1)...now).enumerated() {
             let aggregated = offset >= abandoned
             if aggregated { completed += 1 } else { dropped += 1 }
-            rows.append(ShardCycleMetrics(
-                cycle: cycle, aggregated: aggregated, checkpoint: status.latestCheckpoint, cyclesCompleted: completed, cyclesAbandoned: dropped,
-                wallSeconds: wall, checkIns: counts.checkIns, admitted: counts.admitted, rejected: counts.rejected, reported: counts.reported,
-                dropped: counts.dropped, late: counts.late, failed: counts.failed, testLoss: nil, testAccuracy: nil, testRMSE: nil,
-                epsilon: status.privacy?.epsilon, clippingNorm: status.privacy?.clippingNorm
-            ))
+            rows.append(
+                ShardCycleMetrics(
+                    cycle: cycle, aggregated: aggregated, checkpoint: status.latestCheckpoint, cyclesCompleted: completed, cyclesAbandoned: dropped,
+                    wallSeconds: wall, checkIns: counts.checkIns, admitted: counts.admitted, rejected: counts.rejected, reported: counts.reported,
+                    dropped: counts.dropped, late: counts.late, failed: counts.failed, testLoss: nil, testAccuracy: nil, testRMSE: nil,
+                    epsilon: status.privacy?.epsilon, clippingNorm: status.privacy?.clippingNorm
+                ))
         }
         let aggregatedNow = status.cyclesCompleted > previous.cyclesCompleted
         let due = status.cyclesCompleted % configuration.evaluateEvery == 0 || status.cyclesCompleted >= configuration.rounds
@@ -805,7 +827,8 @@ struct ShardRun: Sendable {
     }
 
     func describe(_ row: ShardCycleMetrics) -> String {
-        var line = "cycle \(row.cycle) \(row.aggregated ? "aggregated" : "abandoned") (\(row.cyclesCompleted)/\(configuration.rounds)); shard \(options.shard): "
+        var line =
+            "cycle \(row.cycle) \(row.aggregated ? "aggregated" : "abandoned") (\(row.cyclesCompleted)/\(configuration.rounds)); shard \(options.shard): "
             + "\(row.checkIns) check-ins, \(row.admitted) admitted, \(row.reported) reported, \(row.late) late, \(row.dropped) dropped, \(row.failed) failed"
         if let loss = row.testLoss { line += "; " + describe(Evaluation(loss: loss, accuracy: row.testAccuracy, rmse: row.testRMSE)) }
         return line

@@ -94,7 +94,8 @@ public struct FleetSimulation: Sendable {
         var granted = [Double](repeating: 0, count: devices)
         func virtualDevice(_ index: Int) async throws(SimulationError) -> VirtualDevice {
             if let device = fleet[index] { return device }
-            let profile = DeviceProfile.sample(device: index, seed: seed, medianSecondsPerUpdate: conditions.medianSecondsPerUpdate, spread: conditions.speedSpread,
+            let profile = DeviceProfile.sample(
+                device: index, seed: seed, medianSecondsPerUpdate: conditions.medianSecondsPerUpdate, spread: conditions.speedSpread,
                 megabitsPerSecond: conditions.megabitsPerSecond
             )
             let device = try await VirtualDevice(
@@ -152,19 +153,21 @@ public struct FleetSimulation: Sendable {
                         await timeline.started(index, clock: device.clock)
                         let conditions = self.conditions, seed = self.seed
                         let updates = coordinator.training.plannedUpdates(samples: workload.sampleCount(device: index))
-                        tasks.append(Task {
-                            let result: Result<DeviceRoundRecord, SimulationError>
-                            do throws(SimulationError) {
-                                result = .success(try await device.runRound(
-                                    round: round, deadline: deadline, updates: updates, modelBytes: modelBytes, conditions: conditions,
-                                    seed: seed, timeline: timeline
-                                ))
-                            } catch {
-                                result = .failure(error)
-                            }
-                            await timeline.leave(device.index)
-                            return result
-                        })
+                        tasks.append(
+                            Task {
+                                let result: Result<DeviceRoundRecord, SimulationError>
+                                do throws(SimulationError) {
+                                    result = .success(
+                                        try await device.runRound(
+                                            round: round, deadline: deadline, updates: updates, modelBytes: modelBytes, conditions: conditions,
+                                            seed: seed, timeline: timeline
+                                        ))
+                                } catch {
+                                    result = .failure(error)
+                                }
+                                await timeline.leave(device.index)
+                                return result
+                            })
                     }
                 }
                 // One task per device, awaited in order. (Not a task group: the runtime unlinks a finished child by walking

@@ -144,7 +144,9 @@ extension SimulationSummary {
         var causes: [String] = []
         let goal = settings["goal"].flatMap { Int($0) }
         if let goal, selected < goal * rounds {
-            causes.append("\(plural(selected, "device")) were admitted over \(plural(rounds, "round")) against a goal of \(goal) a round: more devices (--clients) or wider availability (--availability)")
+            causes.append(
+                "\(plural(selected, "device")) were admitted over \(plural(rounds, "round")) against a goal of \(goal) a round: more devices (--clients) or wider availability (--availability)"
+            )
         }
         if late > 0 {
             causes.append(
@@ -244,9 +246,12 @@ public struct SimulationSummary: Sendable, Hashable, Codable {
         bestRMSE = records.compactMap(\.testRMSE).min()
         epsilon = records.last(where: { $0.epsilon != nil })?.epsilon
         let steps = records.compactMap(\.secureAggregation)
-        secureAggregation = steps.isEmpty ? nil : SecureStageCounts(
-            advertised: steps.reduce(0) { $0 + $1.advertised }, shared: steps.reduce(0) { $0 + $1.shared },
-            masked: steps.reduce(0) { $0 + $1.masked }, signed: steps.contains { $0.signed != nil } ? steps.reduce(0) { $0 + ($1.signed ?? 0) } : nil,
-            unmasked: steps.reduce(0) { $0 + $1.unmasked })
+        secureAggregation =
+            steps.isEmpty
+            ? nil
+            : SecureStageCounts(
+                advertised: steps.reduce(0) { $0 + $1.advertised }, shared: steps.reduce(0) { $0 + $1.shared },
+                masked: steps.reduce(0) { $0 + $1.masked }, signed: steps.contains { $0.signed != nil } ? steps.reduce(0) { $0 + ($1.signed ?? 0) } : nil,
+                unmasked: steps.reduce(0) { $0 + $1.unmasked })
     }
 }

@@ -25,8 +25,12 @@ public struct ProgressDisplay: Sendable {
 
     /// Reports that `record.round` of `total` rounds finished.
     public func update(_ record: RoundMetrics, total: Int) {
-        let quality = record.testAccuracy.map { "acc \(format($0, 4))" } ?? record.testRMSE.map { "rmse \(format($0, 4))" } ?? record.testLoss.map { "loss \(format($0, 4))" } ?? "not evaluated"
-        let counts = "\(record.participants)/\(record.selected) aggregated, \(record.dropouts) dropped, \(record.expirations) expired, \(record.resumed) resumed"
+        let quality =
+            record.testAccuracy.map { "acc \(format($0, 4))" } ?? record.testRMSE.map { "rmse \(format($0, 4))" } ?? record.testLoss.map {
+                "loss \(format($0, 4))"
+            } ?? "not evaluated"
+        let counts =
+            "\(record.participants)/\(record.selected) aggregated, \(record.dropouts) dropped, \(record.expirations) expired, \(record.resumed) resumed"
         if interactive {
             let width = 30
             let filled = total > 0 ? width * record.round / total : width

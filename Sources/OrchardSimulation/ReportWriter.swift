@@ -136,18 +136,23 @@ public enum HTMLReport {
             // Differential privacy on a regressor: what each step of error cost.
             let caption = "Test RMSE vs privacy spent (ε at δ = \(summary.settings["dp_delta"] ?? "?"))"
             let points = rounds.compactMap { r in r.testRMSE.flatMap { e in r.epsilon.map { (x: $0, y: e) } } }
-            charts.append(figure(caption) {
-                LineChart(title: caption, x: Axis("privacy spent ε"), y: rmseAxis, series: [Series("RMSE", points, color: .purple)], width: $0, height: $1).render()
-            })
+            charts.append(
+                figure(caption) {
+                    LineChart(title: caption, x: Axis("privacy spent ε"), y: rmseAxis, series: [Series("RMSE", points, color: .purple)], width: $0, height: $1)
+                        .render()
+                })
         }
         if rounds.contains(where: { $0.testAccuracy != nil && $0.epsilon != nil }) {
             // Differential privacy: what each point of accuracy cost.
             let caption = "Test accuracy vs privacy spent (ε at δ = \(summary.settings["dp_delta"] ?? "?"))"
             let points = rounds.compactMap { r in r.testAccuracy.flatMap { a in r.epsilon.map { (x: $0, y: a) } } }
-            charts.append(figure(caption) {
-                LineChart(title: caption, x: Axis("privacy spent ε"), y: Axis("accuracy", format: .percent), series: [Series("accuracy", points, color: .purple)],
-                          width: $0, height: $1).render()
-            })
+            charts.append(
+                figure(caption) {
+                    LineChart(
+                        title: caption, x: Axis("privacy spent ε"), y: Axis("accuracy", format: .percent), series: [Series("accuracy", points, color: .purple)],
+                        width: $0, height: $1
+                    ).render()
+                })
         }
         if rounds.contains(where: { $0.clippingNorm != nil }) {
             charts.append(perRound("Privacy clipping bound", Axis("clipping norm"), [series("clipping norm", .brown, \.clippingNorm)]))
@@ -159,35 +164,49 @@ public enum HTMLReport {
             series("dropped out", .red) { Double($0.dropouts) },
             series("late", .orange, style: .outline) { Double($0.late) },
         ]
-        charts.append(figure("Participation per round", note: "Each bar is the devices assigned to the round, by what became of them.") {
-            BarChart(title: "Participation per round", x: round, y: Axis("devices", format: .count), series: participation, width: $0, height: $1).render()
-        })
+        charts.append(
+            figure("Participation per round", note: "Each bar is the devices assigned to the round, by what became of them.") {
+                BarChart(title: "Participation per round", x: round, y: Axis("devices", format: .count), series: participation, width: $0, height: $1).render()
+            })
         if rounds.contains(where: { $0.expirations > 0 || $0.resumed > 0 }) {
-            charts.append(perRound("Background windows per round", Axis("trainings", format: .count), [
-                series("window expired mid-training", .orange) { Double($0.expirations) }, series("resumed from a checkpoint", .teal) { Double($0.resumed) },
-            ]))
+            charts.append(
+                perRound(
+                    "Background windows per round", Axis("trainings", format: .count),
+                    [
+                        series("window expired mid-training", .orange) { Double($0.expirations) },
+                        series("resumed from a checkpoint", .teal) { Double($0.resumed) },
+                    ]))
         }
         if rounds.contains(where: { $0.secureAggregation != nil }) {
             // Secure aggregation: how many devices each stage kept.
             func stage(_ name: String, _ color: ChartColor, _ count: @escaping (SecureStageCounts) -> Int) -> Series {
                 series(name, color) { r in r.secureAggregation.map { Double(count($0)) } }
             }
-            charts.append(perRound("Secure aggregation: devices per stage", Axis("devices", format: .count), [
-                stage("advertised", .blue, \.advertised), stage("shared", .orange, \.shared), stage("masked input", .green, \.masked), stage("unmasked", .red, \.unmasked),
-            ]))
+            charts.append(
+                perRound(
+                    "Secure aggregation: devices per stage", Axis("devices", format: .count),
+                    [
+                        stage("advertised", .blue, \.advertised), stage("shared", .orange, \.shared), stage("masked input", .green, \.masked),
+                        stage("unmasked", .red, \.unmasked),
+                    ]))
         }
-        charts.append(perRound("Data transferred per round", Axis("bytes", format: .bytes), [
-            series("down (models)", .blue) { Double($0.bytesDown) }, series("up (reports)", .green) { Double($0.bytesUp) },
-        ]))
-        let eligibility = "The share of the fleet whose conditions allow background work (on power, online, within the owner's routine) "
+        charts.append(
+            perRound(
+                "Data transferred per round", Axis("bytes", format: .bytes),
+                [
+                    series("down (models)", .blue) { Double($0.bytesDown) }, series("up (reports)", .green) { Double($0.bytesUp) },
+                ]))
+        let eligibility =
+            "The share of the fleet whose conditions allow background work (on power, online, within the owner's routine) "
             + "when each round opens, against virtual time since the start (18:00 for a device without a time-zone shift). The first "
             + "round opens only once enough devices are eligible for a cycle's goal, so the chart starts hours in."
-        charts.append(figure("Fleet eligible at round start", note: summary.settings["availability"] == "always" ? nil : eligibility) {
-            LineChart(
-                title: "Fleet eligible at round start", x: Axis("virtual time", format: .seconds), y: Axis("eligible", format: .percent, range: 0...1),
-                series: [Series("eligible fraction", rounds.map { ($0.virtualStart, $0.availableFraction) }, color: .brown)], width: $0, height: $1
-            ).render()
-        })
+        charts.append(
+            figure("Fleet eligible at round start", note: summary.settings["availability"] == "always" ? nil : eligibility) {
+                LineChart(
+                    title: "Fleet eligible at round start", x: Axis("virtual time", format: .seconds), y: Axis("eligible", format: .percent, range: 0...1),
+                    series: [Series("eligible fraction", rounds.map { ($0.virtualStart, $0.availableFraction) }, color: .brown)], width: $0, height: $1
+                ).render()
+            })
         let settings = summary.settings.keys.sorted().map { "<tr><th>\(escapeXML($0))</th><td>\(escapeXML(summary.settings[$0]!))</td></tr>" }.joined()
         func percent(_ value: Double) -> String { ValueFormat.percent.format(value) }
         var totals: [(String, String)] = [
@@ -209,9 +228,17 @@ public enum HTMLReport {
         }
         if let steps = summary.secureAggregation {
             if let signed = steps.signed {
-                totals.append(("secure aggregation: advertised / shared / masked / signed / unmasked", "\(steps.advertised) / \(steps.shared) / \(steps.masked) / \(signed) / \(steps.unmasked)"))
+                totals.append(
+                    (
+                        "secure aggregation: advertised / shared / masked / signed / unmasked",
+                        "\(steps.advertised) / \(steps.shared) / \(steps.masked) / \(signed) / \(steps.unmasked)"
+                    ))
             } else {
-                totals.append(("secure aggregation: advertised / shared / masked / unmasked", "\(steps.advertised) / \(steps.shared) / \(steps.masked) / \(steps.unmasked)"))
+                totals.append(
+                    (
+                        "secure aggregation: advertised / shared / masked / unmasked",
+                        "\(steps.advertised) / \(steps.shared) / \(steps.masked) / \(steps.unmasked)"
+                    ))
             }
         }
         if let r = summary.final.rmse, let r0 = summary.initial.rmse {

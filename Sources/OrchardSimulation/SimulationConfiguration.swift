@@ -316,21 +316,24 @@ public struct SimulationConfiguration: Sendable {
         }
         let isHousing = dataset == .housing
         if isHousing != (model == .housing) {
-            throw SimulationError(.incompatible, "model \(model) does not fit dataset \(dataset): housing data goes with the housing model, images with mlp2nn or cnn")
+            throw SimulationError(
+                .incompatible, "model \(model) does not fit dataset \(dataset): housing data goes with the housing model, images with mlp2nn or cnn")
         }
     }
 
     /// The settings as strings, for the summary and the report.
     public var settings: SimulationSettings {
-        SimulationSettings([
-            "dataset": dataset.description, "model": model.description, "clients": String(clients), "fraction": String(fraction),
-            "goal": String(goal), "over_selection": String(overSelection), "local_epochs": String(localEpochs),
-            "batch_size": String(batchSize), "lr": String(learningRate), "rounds": String(rounds), "eval_every": String(evaluateEvery), "partition": partition.description,
-            "aggregator": aggregator.kind.description, "availability": availability.description, "dropout": String(dropout),
-            "window_seconds": String(windowSeconds), "cycle_seconds": String(cycleSeconds),
-            "seconds_per_update": String(secondsPerUpdate), "transport": transport.description, "seed": String(seed),
-            "turned_away": turnedAway.description,
-        ].merging(privacySettings, uniquingKeysWith: { first, _ in first }).merging(secureSettings, uniquingKeysWith: { first, _ in first }))
+        SimulationSettings(
+            [
+                "dataset": dataset.description, "model": model.description, "clients": String(clients), "fraction": String(fraction),
+                "goal": String(goal), "over_selection": String(overSelection), "local_epochs": String(localEpochs),
+                "batch_size": String(batchSize), "lr": String(learningRate), "rounds": String(rounds), "eval_every": String(evaluateEvery),
+                "partition": partition.description,
+                "aggregator": aggregator.kind.description, "availability": availability.description, "dropout": String(dropout),
+                "window_seconds": String(windowSeconds), "cycle_seconds": String(cycleSeconds),
+                "seconds_per_update": String(secondsPerUpdate), "transport": transport.description, "seed": String(seed),
+                "turned_away": turnedAway.description,
+            ].merging(privacySettings, uniquingKeysWith: { first, _ in first }).merging(secureSettings, uniquingKeysWith: { first, _ in first }))
     }
 
     private var secureSettings: [String: String] {

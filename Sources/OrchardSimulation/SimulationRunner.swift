@@ -39,7 +39,9 @@ public enum SimulationRunner {
     ) async throws(SimulationError) -> SimulationResult {
         try configuration.validate()
         let setupStart = clock.now
-        let directory = configuration.output ?? FileManager.default.temporaryDirectory
+        let directory =
+            configuration.output
+            ?? FileManager.default.temporaryDirectory
             .appendingPathComponent("orchard-simulation-\(configuration.seed)-\(UUID().uuidString.prefix(8))")
         let writer = try ReportWriter(directory: directory)
         let prepared = try prepare(configuration, progress: progress)
@@ -58,7 +60,8 @@ public enum SimulationRunner {
     ) throws(SimulationError) -> (model: Model, workload: any FleetWorkload, centralRMSE: Double?) {
         if let imageDirectory = configuration.dataset.imageDirectory {
             let (train, test) = try loadImages(imageDirectory, cache: configuration.datasetCache)
-            let spec = configuration.model == .cnn
+            let spec =
+                configuration.model == .cnn
                 ? ModelZoo.cnn(imageShape: train.inputSpecs[0].shape, learningRate: configuration.learningRate)
                 : ModelZoo.mlp2nn(imageShape: train.inputSpecs[0].shape, learningRate: configuration.learningRate)
             // Same initial distribution as the PyTorch frameworks FedAvg baselines come from (see ModelZoo).
@@ -68,7 +71,9 @@ public enum SimulationRunner {
                 return model
             }
             let slices = try partition(train, configuration: configuration)
-            progress.note("\(configuration.dataset): \(train.count) training and \(test.count) test images over \(configuration.clients) devices; \(configuration.model) with \(model.parameterCount) parameters")
+            progress.note(
+                "\(configuration.dataset): \(train.count) training and \(test.count) test images over \(configuration.clients) devices; \(configuration.model) with \(model.parameterCount) parameters"
+            )
             return (model, EngineWorkload(model: model, slices: slices, testSet: test), nil)
         }
         // Housing: central pretraining, then the device model with the embeddings imported frozen.
@@ -85,7 +90,10 @@ public enum SimulationRunner {
         } catch {
             throw SimulationError(.training, "central pretraining failed: \(error)")
         }
-        progress.note(String(format: "central pretraining: test RMSE %.3f after %d epochs (%.2f s); embeddings frozen for the fleet", central.metrics.testRMSE, central.metrics.epochs, central.metrics.seconds))
+        progress.note(
+            String(
+                format: "central pretraining: test RMSE %.3f after %d epochs (%.2f s); embeddings frozen for the fleet", central.metrics.testRMSE,
+                central.metrics.epochs, central.metrics.seconds))
         let slices = try partition(data.train, configuration: configuration)
         return (device, EngineWorkload(model: device, slices: slices, testSet: data.test), central.metrics.testRMSE)
     }
@@ -124,7 +132,8 @@ public enum SimulationRunner {
     /// training leaves less than that, most devices run out of window between stages and drop out of their cycles.
     static func secureWindowWarning(_ configuration: SimulationConfiguration, process: HostProcessRequest, workload: any FleetWorkload) -> String? {
         guard let secure = configuration.secureAggregation, configuration.clients > 0,
-              let training = try? TrainingConfiguration.resolved(architecture: process.model, clientConfig: process.clientConfig, seed: 0) else { return nil }
+            let training = try? TrainingConfiguration.resolved(architecture: process.model, clientConfig: process.clientConfig, seed: 0)
+        else { return nil }
         let samples = (0..<configuration.clients).map { workload.sampleCount(device: $0) }.sorted()
         let trainingSeconds = Double(training.plannedUpdates(samples: samples[samples.count / 2])) * configuration.secondsPerUpdate
         let stages = secure.parameters.consistencyCheck ? 4.0 : 3.0
@@ -148,7 +157,9 @@ public enum SimulationRunner {
     ) async throws(SimulationError) -> SimulationResult {
         let process = try hostedProcess(configuration, model: model, workload: workload)
         if let warning = secureWindowWarning(configuration, process: process, workload: workload) { progress.note("warning: \(warning)") }
-        let fleet = FleetSimulation(devices: configuration.clients, conditions: configuration.conditions, seed: configuration.seed, rounds: configuration.rounds, evaluateEvery: configuration.evaluateEvery, turnedAway: configuration.turnedAway)
+        let fleet = FleetSimulation(
+            devices: configuration.clients, conditions: configuration.conditions, seed: configuration.seed, rounds: configuration.rounds,
+            evaluateEvery: configuration.evaluateEvery, turnedAway: configuration.turnedAway)
         let setupSeconds = setupStart.duration(to: clock.now).inSeconds
         let outcome: (initial: Evaluation, rounds: [RoundMetrics])
         var appendFailure: SimulationError?
@@ -163,7 +174,8 @@ public enum SimulationRunner {
         var summary = SimulationSummary(settings: configuration.settings, initial: outcome.initial, rounds: outcome.rounds, setupSeconds: setupSeconds)
         summary.centralRMSE = centralRMSE
         // "housing, housing" says the same thing twice: the housing scenario has one model.
-        let scenario = configuration.dataset.description == configuration.model.description
+        let scenario =
+            configuration.dataset.description == configuration.model.description
             ? configuration.dataset.description : "\(configuration.dataset), \(configuration.model)"
         var title = "Orchard fleet simulation — \(scenario)"
         if outcome.rounds.count < configuration.rounds {
@@ -263,7 +275,9 @@ public enum SimulationRunner {
     private static func partition<D: Dataset>(_ data: D, configuration: SimulationConfiguration) throws(SimulationError) -> [DatasetSlice<D>] {
         var random = OrchardRandom.derived(seed: configuration.seed, stream: 0x9A27)
         do { return try data.partitioned(into: configuration.clients, strategy: configuration.partition, using: &random) } catch {
-            throw SimulationError(.invalidOption, "cannot partition \(data.count) samples over \(configuration.clients) devices with partition \(configuration.partition): \(error)")
+            throw SimulationError(
+                .invalidOption,
+                "cannot partition \(data.count) samples over \(configuration.clients) devices with partition \(configuration.partition): \(error)")
         }
     }
 

@@ -87,9 +87,11 @@ final class VirtualDevice: Sendable {
         var configuration = DeviceConfiguration(
             storageDirectory: directory, environment: environment, trainingSeed: random.next(), conditions: conditions, logger: silent, durability: .unsynced)
         if coordinator.secureConsistencyCheck {
-            (configuration.secureAggregationIdentity, configuration.secureAggregationAuthorities) = try SimulatedAttestation.credentials(seed: seed, device: index)
+            (configuration.secureAggregationIdentity, configuration.secureAggregationAuthorities) = try SimulatedAttestation.credentials(
+                seed: seed, device: index)
         }
-        let client = CoordinatorConnection(transport: VirtualTransport(inner: transport, link: link), server: "orchard-simulation", configuration: configuration)
+        let client = CoordinatorConnection(
+            transport: VirtualTransport(inner: transport, link: link), server: "orchard-simulation", configuration: configuration)
         do {
             job = try client.newJob(processName: processName, version: processVersion)
             scheduler = try BackgroundScheduler(
@@ -110,7 +112,7 @@ final class VirtualDevice: Sendable {
                 do throws(OrchardClientError) {
                     _ = try await job.run { context in try await trainer.train(context) }
                     task.setTaskCompleted(success: true)
-                } catch where error.code == .cancelled {
+                } catch  where error.code == .cancelled {
                     // The window expired (checkpoint saved), the device went away, or the round ended.
                     task.setTaskCompleted(success: false)
                 } catch {
@@ -143,15 +145,19 @@ final class VirtualDevice: Sendable {
     ///   - seed: The simulation seed.
     ///   - timeline: The round's timeline (the device's clock must already be at its check-in time, and the device
     ///     in the timeline).
-    func runRound(round: Int, deadline: Double, updates: Int, modelBytes: Int, conditions: FleetConditions, seed: UInt64, timeline: FleetTimeline) async throws(SimulationError) -> DeviceRoundRecord {
+    func runRound(round: Int, deadline: Double, updates: Int, modelBytes: Int, conditions: FleetConditions, seed: UInt64, timeline: FleetTimeline)
+        async throws(SimulationError) -> DeviceRoundRecord
+    {
         let checkIn = clock.seconds
         var random = OrchardRandom.derived(seed: seed ^ 0xD0_0D1E, stream: UInt64(index) << 32 | UInt64(UInt32(truncatingIfNeeded: round)))
         var state = DeviceRoundState(record: DeviceRoundRecord(device: index), stageDropout: conditions.dropout, seed: seed, round: round)
         if random.nextDouble() < conditions.dropout {
             // It goes away somewhere between check-in and the moment its work would be done without interruptions.
-            state.killAt = checkIn + random.nextDouble() * Self.dropoutSpan(
-                modelBytes: modelBytes, updates: updates, profile: link.profile, secureStages: conditions.secureStages
-            )
+            state.killAt =
+                checkIn + random.nextDouble()
+                * Self.dropoutSpan(
+                    modelBytes: modelBytes, updates: updates, profile: link.profile, secureStages: conditions.secureStages
+                )
         } else {
             _ = random.nextDouble()
         }
@@ -166,10 +172,11 @@ final class VirtualDevice: Sendable {
         do {
             // An expired run may run again as soon as the OS grants a window (the OS's delay is the fleet's
             // `resumeDelay`), not after an exponential backoff that would grow over the rounds.
-            try await scheduler.submit(TaskRequest(
-                identifier: Self.taskIdentifier, kind: .processing, constraints: .powerAndNetwork,
-                retry: RetryPolicy(base: .zero, multiplier: 1, cap: .zero)
-            ))
+            try await scheduler.submit(
+                TaskRequest(
+                    identifier: Self.taskIdentifier, kind: .processing, constraints: .powerAndNetwork,
+                    retry: RetryPolicy(base: .zero, multiplier: 1, cap: .zero)
+                ))
         } catch {
             throw SimulationError(.training, "device \(index) cannot submit its background task: \(error)")
         }
@@ -283,7 +290,9 @@ final class DeviceLink: Sendable {
 
     /// Makes one coordinator call at the device's current virtual time, in the fleet's order; `effect` tells from the
     /// call's answer what it did to the round (a report closing the cycle, a check-in turned away as `cycle_full`).
-    func call<T: Sendable>(effect: (T) -> FleetTimeline.Effect = { _ in .none }, _ body: () async throws(OrchardClientError) -> T) async throws(Interruption) -> Result<T, OrchardClientError> {
+    func call<T: Sendable>(effect: (T) -> FleetTimeline.Effect = { _ in .none }, _ body: () async throws(OrchardClientError) -> T) async throws(Interruption)
+        -> Result<T, OrchardClientError>
+    {
         let time = clock.seconds
         if let killAt = state.withLock({ $0.round.killAt }), time >= killAt {
             state.withLock {
@@ -341,13 +350,14 @@ final class DeviceLink: Sendable {
     /// Whether the device goes away before sending `stage`'s message (a draw of its own per device, round and stage);
     /// if so it is recorded as gone now.
     func dropsBefore(_ stage: SecureAggregationStage) async -> Bool {
-        let salt: UInt64 = switch stage {
-        case .advertiseKeys: 1
-        case .shareKeys: 2
-        case .maskedInput: 3
-        case .consistencyCheck: 5
-        default: 4
-        }
+        let salt: UInt64 =
+            switch stage {
+            case .advertiseKeys: 1
+            case .shareKeys: 2
+            case .maskedInput: 3
+            case .consistencyCheck: 5
+            default: 4
+            }
         let now = clock.seconds
         let dropped = state.withLock { state in
             let round = state.round
@@ -390,7 +400,9 @@ struct VirtualTransport: ClientTransport {
         }
     }
 
-    func call<T: Sendable>(effect: (T) -> FleetTimeline.Effect = { _ in .none }, _ body: () async throws(OrchardClientError) -> T) async throws(OrchardClientError) -> T {
+    func call<T: Sendable>(effect: (T) -> FleetTimeline.Effect = { _ in .none }, _ body: () async throws(OrchardClientError) -> T)
+        async throws(OrchardClientError) -> T
+    {
         do {
             return try await link.call(effect: effect, body).get()
         } catch let error as DeviceLink.Interruption {
@@ -442,7 +454,9 @@ struct VirtualTransport: ClientTransport {
 
     func report(_ body: [UInt8], session: String) async throws(OrchardClientError) -> ReportResponse {
         do { try await link.spend(Double(body.count) / link.profile.uploadBytesPerSecond) } catch { throw interrupted(error) }
-        let response = try await call(effect: { $0.cycleClosed ? .closedCycle : .none }) { () async throws(OrchardClientError) in try await inner.report(body, session: session) }
+        let response = try await call(effect: { $0.cycleClosed ? .closedCycle : .none }) { () async throws(OrchardClientError) in
+            try await inner.report(body, session: session)
+        }
         link.noteUpload(body.count)
         link.noteReported()
         return response
@@ -454,8 +468,12 @@ extension VirtualTransport {
     /// (the fleet's dropout, drawn per stage; going away before advertise_keys is the dropout during its download and
     /// training); the request's and the answer's bytes take the device's link time.
     func secureAggregation(_ request: SecureAggregationRequest, session: String) async throws(OrchardClientError) -> SecureAggregationReply {
-        let stage: SecureAggregationStage? = request.advertiseKeys != nil ? .advertiseKeys : request.shareKeys != nil ? .shareKeys
-            : request.maskedInput != nil ? .maskedInput : request.consistencyCheck != nil ? .consistencyCheck : request.unmask != nil ? .unmask : nil
+        let stage: SecureAggregationStage? =
+            request.advertiseKeys != nil
+            ? .advertiseKeys
+            : request.shareKeys != nil
+                ? .shareKeys
+                : request.maskedInput != nil ? .maskedInput : request.consistencyCheck != nil ? .consistencyCheck : request.unmask != nil ? .unmask : nil
         if let stage, stage != .advertiseKeys, await link.dropsBefore(stage) { throw interrupted(.killed) }
         // The bytes the request takes on the wire; a masked input's words are counted, not encoded twice.
         let up: Int
@@ -470,7 +488,9 @@ extension VirtualTransport {
             up = ((try? WireCoding.encoder().encode(light).count) ?? 0) + (wordBytes + 2) / 3 * 4
         }
         do { try await link.spend(Double(up) / link.profile.uploadBytesPerSecond) } catch { throw interrupted(error) }
-        let reply = try await call(effect: { $0.cycleClosed ? .closedCycle : .none }) { () async throws(OrchardClientError) in try await inner.secureAggregation(request, session: session) }
+        let reply = try await call(effect: { $0.cycleClosed ? .closedCycle : .none }) { () async throws(OrchardClientError) in
+            try await inner.secureAggregation(request, session: session)
+        }
         let down = reply.directJSON()?.count ?? (try? WireCoding.encoder().encode(reply).count) ?? 0
         link.noteUpload(up)
         if let stage { link.noteSecureStep(stage) }

@@ -18,7 +18,8 @@ public enum Allocator {
         // mallopt is not in Swift's Glibc module; glibc has had it forever. RTLD_DEFAULT is the null handle.
         typealias Mallopt = @convention(c) (Int32, Int32) -> Int32
         guard let symbol = dlsym(nil, "mallopt"), mmapThreshold > 0, trimThreshold > 0,
-              let mmap = Int32(exactly: mmapThreshold), let trim = Int32(exactly: trimThreshold) else { return false }
+            let mmap = Int32(exactly: mmapThreshold), let trim = Int32(exactly: trimThreshold)
+        else { return false }
         let mallopt = unsafeBitCast(symbol, to: Mallopt.self)
         let mmapThresholdOption: Int32 = -3, trimThresholdOption: Int32 = -1  // M_MMAP_THRESHOLD, M_TRIM_THRESHOLD
         return mallopt(mmapThresholdOption, mmap) == 1 && mallopt(trimThresholdOption, trim) == 1

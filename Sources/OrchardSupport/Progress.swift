@@ -79,7 +79,8 @@ public struct ProgressMeter: Sendable {
             return "\r\u{1B}[2K" + String(terminalLine(completed, fraction: fraction, detail: detail, seconds: seconds).prefix(max(1, width - 1)))
         case .plain:
             let sinceLast = seconds - lastWrite
-            let due = done
+            let due =
+                done
                 ? seconds >= Self.plainInterval
                 : (fraction - lastPlainFraction >= Self.plainStep - 1e-9 && sinceLast >= Self.plainInterval)
                     || (sinceLast >= Self.heartbeatInterval && completed > lastCompleted)

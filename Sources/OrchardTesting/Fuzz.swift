@@ -161,7 +161,10 @@ public enum SafetensorsMutation: String, CaseIterable, Sendable {
         case .appendGarbage:
             return body + (0..<Int.random(in: 1...64, using: &random)).map { _ in UInt8.random(in: 0...255, using: &random) }
         case .headerLengthLie:
-            let lengths: [UInt64] = [0, 1, 7, UInt64(max(0, headerLength - 1)), UInt64(headerLength + 1), UInt64(valid.count), 100_000_001, UInt64(Int.max), UInt64.max, UInt64.random(in: 0...UInt64.max, using: &random)]
+            let lengths: [UInt64] = [
+                0, 1, 7, UInt64(max(0, headerLength - 1)), UInt64(headerLength + 1), UInt64(valid.count), 100_000_001, UInt64(Int.max), UInt64.max,
+                UInt64.random(in: 0...UInt64.max, using: &random),
+            ]
             let length = lengths.randomElement(using: &random)!
             withUnsafeBytes(of: length.littleEndian) { for i in 0..<8 where i < body.count { body[i] = $0[i] } }
             return body
@@ -174,7 +177,7 @@ public enum SafetensorsMutation: String, CaseIterable, Sendable {
             return body
         case .shapeEdit, .dtypeEdit, .offsetEdit, .tensorEdit, .metadataEdit:
             guard valid.count >= 8, 8 + headerLength <= valid.count,
-                  case .object(var header)? = try? JSONValue.parse(valid[8..<(8 + headerLength)])
+                case .object(var header)? = try? JSONValue.parse(valid[8..<(8 + headerLength)])
             else { return body }
             let names = header.keys.filter { $0 != "__metadata__" }.sorted()
             let name = names.randomElement(using: &random)
@@ -209,7 +212,7 @@ public enum SafetensorsMutation: String, CaseIterable, Sendable {
                 header[name] = .object(tensor)
             case .offsetEdit:
                 guard let name, case .object(var tensor)? = header[name], case .array(let offsets)? = tensor["data_offsets"], offsets.count == 2,
-                      let start = offsets[0].numberValue, let end = offsets[1].numberValue
+                    let start = offsets[0].numberValue, let end = offsets[1].numberValue
                 else { break }
                 let pairs: [[Double]] = [
                     [end, start], [start + 4, end + 4], [start - 4, end], [-1, end], [start, 1e19], [start, Double(valid.count)],
@@ -227,7 +230,9 @@ public enum SafetensorsMutation: String, CaseIterable, Sendable {
                 }
             default:
                 var metadata = header["__metadata__"]?.objectValue ?? [:]
-                if let metadataKey, let text = metadata[metadataKey]?.stringValue, let json = try? JSONValue.parse(Array(text.utf8)), Bool.random(using: &random) {
+                if let metadataKey, let text = metadata[metadataKey]?.stringValue, let json = try? JSONValue.parse(Array(text.utf8)),
+                    Bool.random(using: &random)
+                {
                     metadata[metadataKey] = .string(String(decoding: Fuzz.json(Fuzz.mutate(json, edits: 2, using: &random)), as: UTF8.self))
                     header["__metadata__"] = .object(metadata)
                 } else {

@@ -86,11 +86,12 @@ public struct JSONSchemaValidator: Sendable {
         if case .null = instance, s["nullable"] == .bool(true) { return }
 
         if let type = s["type"] {
-            let allowed: [String] = switch type {
-            case .string(let one): [one]
-            case .array(let many): many.compactMap(\.stringValue)
-            default: []
-            }
+            let allowed: [String] =
+                switch type {
+                case .string(let one): [one]
+                case .array(let many): many.compactMap(\.stringValue)
+                default: []
+                }
             if !allowed.contains(where: { Self.matches(instance, type: $0) }) {
                 return fail("expected \(allowed.joined(separator: " or ")), found \(Self.kind(of: instance))")
             }
@@ -102,8 +103,12 @@ public struct JSONSchemaValidator: Sendable {
         switch instance {
         case .string(let text):
             let length = text.unicodeScalars.count
-            if let minimum = s["minLength"]?.numberValue, Double(length) < minimum { fail("length \(length) is below minLength \(Self.render(.number(minimum)))") }
-            if let maximum = s["maxLength"]?.numberValue, Double(length) > maximum { fail("length \(length) is above maxLength \(Self.render(.number(maximum)))") }
+            if let minimum = s["minLength"]?.numberValue, Double(length) < minimum {
+                fail("length \(length) is below minLength \(Self.render(.number(minimum)))")
+            }
+            if let maximum = s["maxLength"]?.numberValue, Double(length) > maximum {
+                fail("length \(length) is above maxLength \(Self.render(.number(maximum)))")
+            }
             if case .string(let pattern)? = s["pattern"] {
                 if let expression = patterns.expression(pattern) {
                     let range = NSRange(text.startIndex..<text.endIndex, in: text)
@@ -115,17 +120,29 @@ public struct JSONSchemaValidator: Sendable {
         case .number(let value):
             if let minimum = s["minimum"]?.numberValue {
                 let exclusive = s["exclusiveMinimum"] == .bool(true)
-                if exclusive ? !(value > minimum) : !(value >= minimum) { fail("\(Self.render(instance)) is below the minimum \(Self.render(.number(minimum)))\(exclusive ? " (exclusive)" : "")") }
+                if exclusive ? !(value > minimum) : !(value >= minimum) {
+                    fail("\(Self.render(instance)) is below the minimum \(Self.render(.number(minimum)))\(exclusive ? " (exclusive)" : "")")
+                }
             }
-            if let minimum = s["exclusiveMinimum"]?.numberValue, !(value > minimum) { fail("\(Self.render(instance)) is not above \(Self.render(.number(minimum)))") }
+            if let minimum = s["exclusiveMinimum"]?.numberValue, !(value > minimum) {
+                fail("\(Self.render(instance)) is not above \(Self.render(.number(minimum)))")
+            }
             if let maximum = s["maximum"]?.numberValue {
                 let exclusive = s["exclusiveMaximum"] == .bool(true)
-                if exclusive ? !(value < maximum) : !(value <= maximum) { fail("\(Self.render(instance)) is above the maximum \(Self.render(.number(maximum)))\(exclusive ? " (exclusive)" : "")") }
+                if exclusive ? !(value < maximum) : !(value <= maximum) {
+                    fail("\(Self.render(instance)) is above the maximum \(Self.render(.number(maximum)))\(exclusive ? " (exclusive)" : "")")
+                }
             }
-            if let maximum = s["exclusiveMaximum"]?.numberValue, !(value < maximum) { fail("\(Self.render(instance)) is not below \(Self.render(.number(maximum)))") }
+            if let maximum = s["exclusiveMaximum"]?.numberValue, !(value < maximum) {
+                fail("\(Self.render(instance)) is not below \(Self.render(.number(maximum)))")
+            }
         case .array(let items):
-            if let minimum = s["minItems"]?.numberValue, Double(items.count) < minimum { fail("\(items.count) items, fewer than minItems \(Self.render(.number(minimum)))") }
-            if let maximum = s["maxItems"]?.numberValue, Double(items.count) > maximum { fail("\(items.count) items, more than maxItems \(Self.render(.number(maximum)))") }
+            if let minimum = s["minItems"]?.numberValue, Double(items.count) < minimum {
+                fail("\(items.count) items, fewer than minItems \(Self.render(.number(minimum)))")
+            }
+            if let maximum = s["maxItems"]?.numberValue, Double(items.count) > maximum {
+                fail("\(items.count) items, more than maxItems \(Self.render(.number(maximum)))")
+            }
             if let itemSchema = s["items"] {
                 for (index, item) in items.enumerated() { check(item, itemSchema, "\(path)[\(index)]", &out, depth: depth + 1) }
             }

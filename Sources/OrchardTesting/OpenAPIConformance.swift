@@ -20,7 +20,10 @@ public struct HTTPExchange: Sendable {
     public var responseBody: [UInt8]
 
     /// Creates an exchange.
-    public init(method: String, target: String, requestHeaders: [String: String], requestBody: [UInt8]?, status: Int, responseHeaders: [String: String], responseBody: [UInt8]) {
+    public init(
+        method: String, target: String, requestHeaders: [String: String], requestBody: [UInt8]?, status: Int, responseHeaders: [String: String],
+        responseBody: [UInt8]
+    ) {
         self.method = method
         self.target = target
         self.requestHeaders = requestHeaders
@@ -158,7 +161,9 @@ public struct OpenAPIConformance: Sendable {
         if content.isEmpty {
             if !exchange.responseBody.isEmpty { problems.append("\(label): the response has a body but none is documented") }
         } else {
-            let mediaType = header("Content-Type", in: exchange.responseHeaders)?.split(separator: ";").first.map { $0.trimmingCharacters(in: .whitespaces).lowercased() }
+            let mediaType = header("Content-Type", in: exchange.responseHeaders)?.split(separator: ";").first.map {
+                $0.trimmingCharacters(in: .whitespaces).lowercased()
+            }
             guard let mediaType, let entry = content[mediaType] else {
                 return problems + ["\(label): Content-Type \(mediaType ?? "(none)") is not one of \(content.keys.sorted().joined(separator: ", "))"]
             }
@@ -168,7 +173,8 @@ public struct OpenAPIConformance: Sendable {
                 }
                 problems += validator.validate(body, against: schema).map { "\(label): response \($0)" }
                 if case .array(let codes)? = response["x-error-codes"], let code = body["error"]?["code"], !codes.contains(code) {
-                    problems.append("\(label): error code \(code.stringValue ?? "?") is not among this response's x-error-codes \(codes.compactMap(\.stringValue))")
+                    problems.append(
+                        "\(label): error code \(code.stringValue ?? "?") is not among this response's x-error-codes \(codes.compactMap(\.stringValue))")
                 }
             }
         }
@@ -179,7 +185,9 @@ public struct OpenAPIConformance: Sendable {
         return problems
     }
 
-    private func requestProblems(_ exchange: HTTPExchange, pathItem: JSONValue, operation: JSONValue, pathParameters: [String: String], label: String) -> [String] {
+    private func requestProblems(_ exchange: HTTPExchange, pathItem: JSONValue, operation: JSONValue, pathParameters: [String: String], label: String)
+        -> [String]
+    {
         var problems: [String] = []
         var declared: [JSONValue] = []
         if case .array(let shared)? = pathItem["parameters"] { declared += shared }
@@ -187,12 +195,13 @@ public struct OpenAPIConformance: Sendable {
         let query = exchange.query
         for parameter in declared.map(dereference) {
             guard let name = parameter["name"]?.stringValue, let location = parameter["in"]?.stringValue else { continue }
-            let value: String? = switch location {
-            case "path": pathParameters[name]
-            case "query": query[name]
-            case "header": header(name, in: exchange.requestHeaders)
-            default: nil
-            }
+            let value: String? =
+                switch location {
+                case "path": pathParameters[name]
+                case "query": query[name]
+                case "header": header(name, in: exchange.requestHeaders)
+                default: nil
+                }
             guard let value else {
                 if parameter["required"] == .bool(true) { problems.append("\(label): accepted without the required \(location) parameter '\(name)'") }
                 continue
@@ -269,10 +278,11 @@ public struct OpenAPIConformance: Sendable {
         walk(document, "#")
 
         var schemas: [(String, JSONValue)] = (document["components"]?["schemas"]?.objectValue ?? [:]).map { ("#/components/schemas/\($0.key)", $0.value) }
-        let knownCodes = Set((document["components"]?["schemas"]?["ErrorCode"]?["enum"]).flatMap { value -> [String]? in
-            if case .array(let codes) = value { return codes.compactMap(\.stringValue) }
-            return nil
-        } ?? [])
+        let knownCodes = Set(
+            (document["components"]?["schemas"]?["ErrorCode"]?["enum"]).flatMap { value -> [String]? in
+                if case .array(let codes) = value { return codes.compactMap(\.stringValue) }
+                return nil
+            } ?? [])
         if knownCodes.isEmpty { problems.append("#/components/schemas/ErrorCode lists no codes") }
         for (template, item) in document["paths"]?.objectValue ?? [:] {
             let names = Set(template.split(separator: "/").filter { $0.hasPrefix("{") }.map { String($0.dropFirst().dropLast()) })

@@ -33,7 +33,9 @@ public enum PythonModules {
     public struct Unavailable: Error, Sendable, Hashable, CustomStringConvertible {
         /// The modules that are missing.
         public var missing: [Missing]
-        public var description: String { "python3 cannot import \(missing.map(\.description).joined(separator: ", ")); \(PythonModules.installHint(missing.map(\.module)))" }
+        public var description: String {
+            "python3 cannot import \(missing.map(\.description).joined(separator: ", ")); \(PythonModules.installHint(missing.map(\.module)))"
+        }
     }
 
     private static let cache = Mutex<[String: Missing?]>([:])
@@ -67,7 +69,8 @@ public enum PythonModules {
     public static func requirement(_ modules: [String], environment: [String: String] = ProcessInfo.processInfo.environment) -> ConditionTrait {
         let missing = missing(modules)
         let runs = missing.isEmpty || isRequired(in: environment)
-        let comment = missing.isEmpty
+        let comment =
+            missing.isEmpty
             ? "needs Python's \(modules.joined(separator: ", ")), which import"
             : "python3 cannot import \(missing.map(\.description).joined(separator: ", ")); \(installHint(missing.map(\.module))), or set \(requireVariable)=1 to make this a failure"
         return .enabled(if: runs, Comment(rawValue: comment))

@@ -22,7 +22,8 @@ public enum SystemDatasets {
         file: String, package: String, environment: [String: String] = ProcessInfo.processInfo.environment
     ) -> ConditionTrait {
         let present = FileManager.default.fileExists(atPath: file)
-        let comment = present
+        let comment =
+            present
             ? "needs \(file) (Debian's \(package)), which is present"
             : "\(file) is missing; install it with `apt-get install \(package)`, or set \(requireVariable)=1 to make this a failure"
         return .enabled(if: present || isRequired(in: environment), Comment(rawValue: comment))

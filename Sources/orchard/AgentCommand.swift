@@ -15,28 +15,28 @@ struct AgentCommand: AsyncParsableCommand {
         commandName: "agent",
         abstract: "Run as a device daemon: train a cycle whenever power and network conditions allow.",
         discussion: """
-        Conditions are read from sysfs and procfs (power supplies, network interfaces, CPU idleness, thermal \
-        zones); --sysfs-root and --procfs-root point at other copies (a container that mounts the host's /sys \
-        and /proc elsewhere). A window that closes mid-training (conditions lost, time limit, SIGTERM) saves a \
-        checkpoint that the next window resumes. Stops gracefully on SIGINT or SIGTERM.
+            Conditions are read from sysfs and procfs (power supplies, network interfaces, CPU idleness, thermal \
+            zones); --sysfs-root and --procfs-root point at other copies (a container that mounts the host's /sys \
+            and /proc elsewhere). A window that closes mid-training (conditions lost, time limit, SIGTERM) saves a \
+            checkpoint that the next window resumes. Stops gracefully on SIGINT or SIGTERM.
 
-        The scheduler's queue is kept in --state-directory (agent-scheduler-<process>.sqlite, next to the job's \
-        state): after a restart a pending request keeps its earliest begin (the coordinator's retry_after), so \
-        the agent waits for it instead of asking the coordinator again at once.
+            The scheduler's queue is kept in --state-directory (agent-scheduler-<process>.sqlite, next to the job's \
+            state): after a restart a pending request keeps its earliest begin (the coordinator's retry_after), so \
+            the agent waits for it instead of asking the coordinator again at once.
 
-        Status goes to standard output as JSON lines: {"event":"started"}, one {"event":"conditions",...} per \
-        check (with "met" and the "unmet" constraints), {"event":"scheduled",...} once the request is queued (with \
-        "restored" when it came from the store and "earliest_begin" in seconds since 1970 when it waits for a \
-        date), {"event":"phase","phase":...} as a cycle advances, \
-        {"event":"resumed_training"} when training continues from a checkpoint, {"event":"cycle",...} per \
-        finished cycle, {"event":"error",...} per failed one and {"event":"stopped"} at the end. Logs go to \
-        standard error.
+            Status goes to standard output as JSON lines: {"event":"started"}, one {"event":"conditions",...} per \
+            check (with "met" and the "unmet" constraints), {"event":"scheduled",...} once the request is queued (with \
+            "restored" when it came from the store and "earliest_begin" in seconds since 1970 when it waits for a \
+            date), {"event":"phase","phase":...} as a cycle advances, \
+            {"event":"resumed_training"} when training continues from a checkpoint, {"event":"cycle",...} per \
+            finished cycle, {"event":"error",...} per failed one and {"event":"stopped"} at the end. Logs go to \
+            standard error.
 
-        With --flower-superlink HOST:PORT the agent is a Flower SuperNode instead (see `orchard flower join`): in each \
-        window it activates, answers the SuperLink's train and evaluate messages with --model on --data, and \
-        deactivates when the window ends (a message in training is kept for the next window); --interval is the \
-        wait between windows. Its status lines are flower join's, plus {"event":"window_ended"}.
-        """
+            With --flower-superlink HOST:PORT the agent is a Flower SuperNode instead (see `orchard flower join`): in each \
+            window it activates, answers the SuperLink's train and evaluate messages with --model on --data, and \
+            deactivates when the window ends (a message in training is kept for the next window); --interval is the \
+            wait between windows. Its status lines are flower join's, plus {"event":"window_ended"}.
+            """
     )
 
     @OptionGroup var device: DeviceOptions
@@ -67,7 +67,9 @@ struct AgentCommand: AsyncParsableCommand {
     @Option(help: "Where procfs is mounted (routes, CPU counters).")
     var procfsRoot = "/proc"
 
-    @Option(parsing: .unconditional, help: "Seconds a cycle whose window expired, or that is in flight at shutdown, may take to stop at a batch boundary and save its checkpoint.")
+    @Option(
+        parsing: .unconditional,
+        help: "Seconds a cycle whose window expired, or that is in flight at shutdown, may take to stop at a batch boundary and save its checkpoint.")
     var shutdownGrace: Double = 30
 
     @Option(help: "The lowest level logged (to standard error).")
@@ -75,10 +77,13 @@ struct AgentCommand: AsyncParsableCommand {
 
     func validate() throws {
         if let superlink = flower.flowerSuperlink {
-            for (option, value) in [("--server", device.server), ("--process", device.process), ("--version", device.version), ("--token", device.token)] where value != nil {
+            for (option, value) in [("--server", device.server), ("--process", device.process), ("--version", device.version), ("--token", device.token)]
+            where value != nil {
                 throw ValidationError("\(option) is for an Orchard coordinator; with --flower-superlink \(superlink) the SuperLink sends the work")
             }
-            guard flower.model != nil else { throw ValidationError("--model is required with --flower-superlink: the architecture Flower's arrays are loaded into") }
+            guard flower.model != nil else {
+                throw ValidationError("--model is required with --flower-superlink: the architecture Flower's arrays are loaded into")
+            }
             try flowerSetup(superlink: superlink).validate()
         } else {
             _ = try device.coordinator()

@@ -46,7 +46,10 @@ struct BenchCoordinator: AsyncParsableCommand {
     @Option(help: "SQLite durability.")
     var durability: SQLiteStore.Durability = .normal
 
-    @Option(help: "What the check-in phase requests: cycle-request (the real check-in), health (the coordinator's no-op route) or hummingbird (the same requests to a bare Hummingbird application that echoes each body: the floor the HTTP library and the load generator set).")
+    @Option(
+        help:
+            "What the check-in phase requests: cycle-request (the real check-in), health (the coordinator's no-op route) or hummingbird (the same requests to a bare Hummingbird application that echoes each body: the floor the HTTP library and the load generator set)."
+    )
     var checkinTarget: CoordinatorBenchmark.CheckinTarget = .cycleRequest
 
     @Option(help: "A PostgreSQL server URL to benchmark on instead of SQLite (a temporary database is created there).")

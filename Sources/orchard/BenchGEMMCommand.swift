@@ -10,9 +10,9 @@ struct BenchGEMM: AsyncParsableCommand {
         commandName: "gemm",
         abstract: "Time C = op(A)·op(B) for one shape on every available backend; print GFLOP/s as one JSON line.",
         discussion: """
-        Operands are seeded uniform values; each backend runs the product repeatedly for about --seconds, and the \
-        best of --repeats such runs is reported. 'automatic' is the backend the engine picks for the shape.
-        """
+            Operands are seeded uniform values; each backend runs the product repeatedly for about --seconds, and the \
+            best of --repeats such runs is reported. 'automatic' is the backend the engine picks for the shape.
+            """
     )
 
     @Option(parsing: .unconditional, help: "Rows of op(A) and C.")
@@ -85,10 +85,11 @@ struct BenchGEMM: AsyncParsableCommand {
             }
             gflops[backend.description] = (flops * Double(iterations) / best / 1e8).rounded() / 10
         }
-        try JSONLine.write(Result(
-            m: m, n: n, k: k, transposeA: transposeA, transposeB: transposeB, threads: threads, gflops: gflops,
-            automaticRunsOn: GEMM.backend(transposeA: transposeA, transposeB: transposeB, m: m, n: n, k: k).description
-        ))
+        try JSONLine.write(
+            Result(
+                m: m, n: n, k: k, transposeA: transposeA, transposeB: transposeB, threads: threads, gflops: gflops,
+                automaticRunsOn: GEMM.backend(transposeA: transposeA, transposeB: transposeB, m: m, n: n, k: k).description
+            ))
     }
 
     /// The JSON line `orchard bench gemm` prints: GFLOP/s by backend name.

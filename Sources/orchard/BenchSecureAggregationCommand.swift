@@ -7,9 +7,9 @@ struct BenchSecureAggregation: ParsableCommand {
         commandName: "secure-aggregation",
         abstract: "Time one secure-aggregation cycle against plain reports for the same devices; print the ratios as one JSON line.",
         discussion: """
-        Client CPU per device, server CPU per cycle, bytes per device each way (the wire encoding included; the model \
-        download, the same in both, is left out and printed as model_bytes). Every ratio is secure / plain.
-        """
+            Client CPU per device, server CPU per cycle, bytes per device each way (the wire encoding included; the model \
+            download, the same in both, is left out and printed as model_bytes). Every ratio is secure / plain.
+            """
     )
 
     @Option(parsing: .unconditional, help: "Devices in the cycle.")
@@ -36,7 +36,8 @@ struct BenchSecureAggregation: ParsableCommand {
     }
 
     func run() throws {
-        let result = try SecureAggregationBenchmark.run(.init(devices: devices, parameters: params, shares: shares, threshold: threshold, dropout: dropout, seed: seed))
+        let result = try SecureAggregationBenchmark.run(
+            .init(devices: devices, parameters: params, shares: shares, threshold: threshold, dropout: dropout, seed: seed))
         try JSONLine.write(result)
     }
 }

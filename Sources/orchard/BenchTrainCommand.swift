@@ -11,9 +11,9 @@ struct BenchTrain: AsyncParsableCommand {
         commandName: "train",
         abstract: "Train a reference model on synthetic data; print samples/s, peak RSS (MiB) and settings as one JSON line.",
         discussion: """
-        The model 'mlp2nn' is McMahan et al.'s 2NN: 784-200-200-10 with ReLU, softmax cross-entropy and plain SGD. \
-        The first epoch warms up; the reported figure is the median over the following --repeats epochs.
-        """
+            The model 'mlp2nn' is McMahan et al.'s 2NN: 784-200-200-10 with ReLU, softmax cross-entropy and plain SGD. \
+            The first epoch warms up; the reported figure is the median over the following --repeats epochs.
+            """
     )
 
     /// `--model`: the reference models.
@@ -55,7 +55,10 @@ struct BenchTrain: AsyncParsableCommand {
     @Option(parsing: .unconditional, help: "Threads the training step may use (default: the machine's cores, as PyTorch uses them).")
     var threads: Int = ProcessInfo.processInfo.activeProcessorCount
 
-    @Option(help: "How the threads share a step: batch parts side by side, or each matrix product on all of them (automatic: batch parts when each gets at least 16 samples).")
+    @Option(
+        help:
+            "How the threads share a step: batch parts side by side, or each matrix product on all of them (automatic: batch parts when each gets at least 16 samples)."
+    )
     var parallelism: Parallelism = .automatic
 
     @Option(parsing: .unconditional, help: "Timed epochs after the warm-up epoch; the median is reported.")
@@ -87,9 +90,11 @@ struct BenchTrain: AsyncParsableCommand {
             Dense(units: 10)
             Softmax()
         }
-        let trainer = try Trainer(model: network, configuration: TrainingConfiguration(
-            loss: .crossEntropy, optimizer: .sgd(learningRate: 0.05), epochs: repeats + 1, batchSize: batch, seed: seed, batchShards: shards
-        ))
+        let trainer = try Trainer(
+            model: network,
+            configuration: TrainingConfiguration(
+                loss: .crossEntropy, optimizer: .sgd(learningRate: 0.05), epochs: repeats + 1, batchSize: batch, seed: seed, batchShards: shards
+            ))
         let clock = ContinuousClock()
         var epochStart = clock.now
         var seconds: [Double] = []
@@ -109,23 +114,24 @@ struct BenchTrain: AsyncParsableCommand {
         let median = seconds[seconds.count / 2]
         let datasetMiB = Double(dataset.byteCount) / PeakMemory.bytesPerMiB
         let peak = PeakMemory.residentMiB()
-        try JSONLine.write(Result(
-            model: model.rawValue,
-            samplesPerSecond: (Double(samples) / median).rounded(),
-            batch: batch,
-            threads: threads,
-            batchShards: shards,
-            samples: samples,
-            epochs: repeats,
-            stepsPerEpoch: (samples + batch - 1) / batch,
-            backend: GEMM.backend.description,
-            peakRSSMiB: peak.map { ($0 * 10).rounded() / 10 },
-            datasetMiB: (datasetMiB * 10).rounded() / 10,
-            peakRSSMinusDatasetMiB: peak.map { (($0 - datasetMiB) * 10).rounded() / 10 },
-            epochSeconds: seconds.map { ($0 * 1e4).rounded() / 1e4 },
-            finalLoss: Double(lastLoss),
-            engine: "orchard"
-        ))
+        try JSONLine.write(
+            Result(
+                model: model.rawValue,
+                samplesPerSecond: (Double(samples) / median).rounded(),
+                batch: batch,
+                threads: threads,
+                batchShards: shards,
+                samples: samples,
+                epochs: repeats,
+                stepsPerEpoch: (samples + batch - 1) / batch,
+                backend: GEMM.backend.description,
+                peakRSSMiB: peak.map { ($0 * 10).rounded() / 10 },
+                datasetMiB: (datasetMiB * 10).rounded() / 10,
+                peakRSSMinusDatasetMiB: peak.map { (($0 - datasetMiB) * 10).rounded() / 10 },
+                epochSeconds: seconds.map { ($0 * 1e4).rounded() / 1e4 },
+                finalLoss: Double(lastLoss),
+                engine: "orchard"
+            ))
     }
 
     /// The JSON line `orchard bench train` prints; `benchmarks/pytorch_2nn.py` prints the same keys.
@@ -150,7 +156,8 @@ struct BenchTrain: AsyncParsableCommand {
         var engine: String
 
         private enum CodingKeys: String, CodingKey {
-            case model, samplesPerSecond = "samples_per_second", batch, threads, batchShards = "batch_shards", samples, epochs, stepsPerEpoch = "steps_per_epoch"
+            case model, samplesPerSecond = "samples_per_second", batch, threads, batchShards = "batch_shards", samples, epochs, stepsPerEpoch =
+                "steps_per_epoch"
             case backend, peakRSSMiB = "peak_rss_mib", datasetMiB = "dataset_mib", peakRSSMinusDatasetMiB = "peak_rss_minus_dataset_mib"
             case epochSeconds = "epoch_seconds", finalLoss = "final_loss", engine
         }

@@ -13,10 +13,10 @@ struct ClientCommand: AsyncParsableCommand {
         commandName: "client",
         abstract: "Run one federated cycle as a device: authenticate, download, train locally, report.",
         discussion: """
-        The data file is safetensors holding one batch-first tensor per model input (named as the input) and the \
-        targets as a tensor named 'target'. State (session, training checkpoint, pending report, model download) \
-        lives in --state-directory, so an interrupted run resumes where it stopped.
-        """
+            The data file is safetensors holding one batch-first tensor per model input (named as the input) and the \
+            targets as a tensor named 'target'. State (session, training checkpoint, pending report, model download) \
+            lives in --state-directory, so an interrupted run resumes where it stopped.
+            """
     )
 
     @OptionGroup var device: DeviceOptions
@@ -67,7 +67,8 @@ struct DeviceOptions: ParsableArguments {
     @Option(help: "The coordinator's base URL, e.g. https://fl.example.com or http://127.0.0.1:8080 (required, except for `agent --flower-superlink`).")
     var server: String?
 
-    @Option(help: ArgumentHelp("Trust only the CA certificates in this PEM file for an https --server (a private CA); default: the system's.", valueName: "pem"))
+    @Option(
+        help: ArgumentHelp("Trust only the CA certificates in this PEM file for an https --server (a private CA); default: the system's.", valueName: "pem"))
     var caCert: String?
 
     @Option(help: "The FL process's name (as hosted on the coordinator; required with --server).")
@@ -116,7 +117,8 @@ struct DeviceOptions: ParsableArguments {
 
     func makeJob(logger: Logger, conditions: (any DeviceConditionsProvider)? = nil) throws -> FederatedJob {
         let (server, process, version) = try coordinator()
-        var configuration = DeviceConfiguration(storageDirectory: URL(fileURLWithPath: state, isDirectory: true), requestTimeout: timeout, trainingSeed: seed, logger: logger)
+        var configuration = DeviceConfiguration(
+            storageDirectory: URL(fileURLWithPath: state, isDirectory: true), requestTimeout: timeout, trainingSeed: seed, logger: logger)
         configuration.conditions = conditions
         if let caCert {
             do throws(ConnectionError) {

@@ -30,7 +30,9 @@ struct DataPrepareCommand: ParsableCommand {
     @Option(help: ArgumentHelp("The model architecture (JSON).", valueName: "file"))
     var model: String
 
-    @Option(help: ArgumentHelp("The weights whose metadata holds the preprocessing (default: the --model file with the extension .safetensors).", valueName: "file"))
+    @Option(
+        help: ArgumentHelp("The weights whose metadata holds the preprocessing (default: the --model file with the extension .safetensors).", valueName: "file")
+    )
     var weights: String?
 
     @Option(help: ArgumentHelp("The device's rows: CSV with a header line naming the columns.", valueName: "file"))
@@ -105,9 +107,11 @@ struct DataPrepareCommand: ParsableCommand {
         _ = try read(csv, "--csv")
         do throws(DataError) {
             return try preprocessor.deviceData(csv: URL(fileURLWithPath: csv), targetColumn: target) { unseen in
-                FileHandle.standardError.write(Data(
-                    "warning: --csv row \(unseen.row): \(unseen.column) '\(unseen.value)' was not seen in training; it is encoded as the reserved index for unseen categories\n".utf8
-                ))
+                FileHandle.standardError.write(
+                    Data(
+                        "warning: --csv row \(unseen.row): \(unseen.column) '\(unseen.value)' was not seen in training; it is encoded as the reserved index for unseen categories\n"
+                            .utf8
+                    ))
             }
         } catch {
             let missingTarget = target == nil && error.code == .unknownColumn && error.message.hasPrefix("no column '\(preprocessor.target)'")

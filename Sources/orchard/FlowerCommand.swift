@@ -35,19 +35,30 @@ struct FlowerNodeOptions: ParsableArguments {
     @Option(help: ArgumentHelp("The model architecture (JSON, with a training section) the Flower arrays are loaded into.", valueName: "file"))
     var model: String
 
-    @Option(help: ArgumentHelp("The local training data (safetensors: one tensor per model input, plus 'target'), as `orchard data prepare` writes it.", valueName: "file"))
+    @Option(
+        help: ArgumentHelp(
+            "The local training data (safetensors: one tensor per model input, plus 'target'), as `orchard data prepare` writes it.", valueName: "file"))
     var data: String
 
-    @Option(help: ArgumentHelp("How Flower's arrays map to the model's parameters: a JSON array of parameter names in the arrays' order, or an object {\"flower name\": \"parameter\"} (default: positional, in layer order, weights before biases).", valueName: "file"))
+    @Option(
+        help: ArgumentHelp(
+            "How Flower's arrays map to the model's parameters: a JSON array of parameter names in the arrays' order, or an object {\"flower name\": \"parameter\"} (default: positional, in layer order, weights before biases).",
+            valueName: "file"))
     var arrayMap: String?
 
-    @Option(help: ArgumentHelp("Node configuration as Flower writes it, \"key=value key=value\" (repeatable); `seed` seeds the local shuffling.", valueName: "k=v"))
+    @Option(
+        help: ArgumentHelp("Node configuration as Flower writes it, \"key=value key=value\" (repeatable); `seed` seeds the local shuffling.", valueName: "k=v"))
     var nodeConfig: [String] = []
 
-    @Option(help: ArgumentHelp("The node's private key (OpenSSH or PEM, P-384, owner-only), registered by the SuperLink's operator with `flwr supernode register KEY.pub`: for a SuperLink started with --enable-supernode-auth. Without it the node makes its own key and registers itself.", valueName: "file"))
+    @Option(
+        help: ArgumentHelp(
+            "The node's private key (OpenSSH or PEM, P-384, owner-only), registered by the SuperLink's operator with `flwr supernode register KEY.pub`: for a SuperLink started with --enable-supernode-auth. Without it the node makes its own key and registers itself.",
+            valueName: "file"))
     var authKey: String?
 
-    @Option(name: .customLong("state-directory"), help: ArgumentHelp("Where the node keeps its key, a message being handled and a reply not yet pushed.", valueName: "dir"))
+    @Option(
+        name: .customLong("state-directory"),
+        help: ArgumentHelp("Where the node keeps its key, a message being handled and a reply not yet pushed.", valueName: "dir"))
     var state = ".orchard-flower"
 
     @Option(parsing: .unconditional, help: "The heartbeat interval announced to the SuperLink, in seconds.")
@@ -101,7 +112,9 @@ struct FlowerNodeSetup {
         guard (10...1800).contains(heartbeatInterval) else {
             throw ValidationError("--heartbeat-interval must be 10…1800 seconds (the bounds a SuperLink accepts), not \(heartbeatInterval)")
         }
-        guard pollInterval > 0, pollInterval.isFinite else { throw ValidationError("--poll-interval must be a positive number of seconds, not \(pollInterval)") }
+        guard pollInterval > 0, pollInterval.isFinite else {
+            throw ValidationError("--poll-interval must be a positive number of seconds, not \(pollInterval)")
+        }
         _ = try parsedNodeConfig()
     }
 
@@ -126,19 +139,27 @@ struct FlowerNodeSetup {
             trust = nil
         }
         let address: SuperLinkAddress
-        do throws(FlowerError) { address = try SuperLinkAddress(superlink, trustRoots: trust) } catch { throw ValidationError("\(options.superlink): \(error.message)") }
+        do throws(FlowerError) { address = try SuperLinkAddress(superlink, trustRoots: trust) } catch {
+            throw ValidationError("\(options.superlink): \(error.message)")
+        }
         let spec: ModelSpec
         do throws(OperatorError) { spec = try ProcessFiles.model(at: model, option: options.model) } catch { throw ValidationError(error.message) }
         let dataset: TensorDataset
-        do throws(DataError) { dataset = try DeviceDataFile.read(contentsOf: URL(fileURLWithPath: data)) } catch { throw ValidationError("--data \(data): \(error.message)") }
+        do throws(DataError) { dataset = try DeviceDataFile.read(contentsOf: URL(fileURLWithPath: data)) } catch {
+            throw ValidationError("--data \(data): \(error.message)")
+        }
         var mapping = ArrayMapping.positional
         if let arrayMap {
             guard let bytes = FileManager.default.contents(atPath: arrayMap) else { throw ValidationError("\(options.arrayMap) \(arrayMap): no such file") }
-            do throws(FlowerError) { mapping = try ArrayMapping.decode(json: [UInt8](bytes)) } catch { throw ValidationError("\(options.arrayMap) \(arrayMap): \(error.message)") }
+            do throws(FlowerError) { mapping = try ArrayMapping.decode(json: [UInt8](bytes)) } catch {
+                throw ValidationError("\(options.arrayMap) \(arrayMap): \(error.message)")
+            }
         }
         let seed = try parsedNodeConfig()["seed"].flatMap(UInt64.init) ?? 0
         let app: FlowerLocalApp
-        do throws(FlowerError) { app = try FlowerLocalApp(model: spec, mapping: mapping, dataset: dataset, seed: seed) } catch { throw ValidationError(error.message) }
+        do throws(FlowerError) { app = try FlowerLocalApp(model: spec, mapping: mapping, dataset: dataset, seed: seed) } catch {
+            throw ValidationError(error.message)
+        }
         var key: NodeIdentity?
         if let authKey {
             do throws(FlowerError) { key = try NodeKeyFile.readPrivateKey(at: URL(fileURLWithPath: authKey)) } catch {

@@ -51,15 +51,17 @@ struct PrivacyEpsilon: AsyncParsableCommand {
     func run() async throws {
         let result: (epsilon: Double, order: Double)
         do {
-            result = try PrivacyAccountant.epsilon(samplingRate: schedule.samplingRate, noiseMultiplier: noiseMultiplier, steps: schedule.steps, delta: schedule.delta)
+            result = try PrivacyAccountant.epsilon(
+                samplingRate: schedule.samplingRate, noiseMultiplier: noiseMultiplier, steps: schedule.steps, delta: schedule.delta)
         } catch {
             throw ValidationError(error.message)
         }
         if schedule.json {
-            try JSONLine.write(Output(
-                samplingRate: schedule.samplingRate, noiseMultiplier: noiseMultiplier, steps: schedule.steps, delta: schedule.delta,
-                epsilon: result.epsilon, optimalOrder: result.order
-            ))
+            try JSONLine.write(
+                Output(
+                    samplingRate: schedule.samplingRate, noiseMultiplier: noiseMultiplier, steps: schedule.steps, delta: schedule.delta,
+                    epsilon: result.epsilon, optimalOrder: result.order
+                ))
         } else {
             print("ε = \(result.epsilon) at δ = \(schedule.delta) (optimal RDP order \(String(format: "%g", result.order)))")
         }
@@ -91,13 +93,17 @@ struct PrivacyNoise: AsyncParsableCommand {
         let z: Double
         let spent: Double
         do {
-            z = try PrivacyAccountant.noiseMultiplier(samplingRate: schedule.samplingRate, steps: schedule.steps, delta: schedule.delta, targetEpsilon: targetEpsilon)
+            z = try PrivacyAccountant.noiseMultiplier(
+                samplingRate: schedule.samplingRate, steps: schedule.steps, delta: schedule.delta, targetEpsilon: targetEpsilon)
             spent = try PrivacyAccountant.epsilon(samplingRate: schedule.samplingRate, noiseMultiplier: z, steps: schedule.steps, delta: schedule.delta).epsilon
         } catch {
             throw ValidationError(error.message)
         }
         if schedule.json {
-            try JSONLine.write(Output(samplingRate: schedule.samplingRate, steps: schedule.steps, delta: schedule.delta, targetEpsilon: targetEpsilon, noiseMultiplier: z, epsilon: spent))
+            try JSONLine.write(
+                Output(
+                    samplingRate: schedule.samplingRate, steps: schedule.steps, delta: schedule.delta, targetEpsilon: targetEpsilon, noiseMultiplier: z,
+                    epsilon: spent))
         } else {
             print("noise multiplier z = \(z) (spends ε = \(spent) at δ = \(schedule.delta))")
         }

@@ -99,7 +99,8 @@ struct ProcessCreateCommand: AsyncParsableCommand {
     @Option(help: ArgumentHelp("The initial weights (safetensors).", valueName: "file"))
     var weights: String
 
-    @Option(help: ArgumentHelp("A JSON file with the client_config object (batch_size, learning_rate, local_epochs, max_updates, free keys).", valueName: "file"))
+    @Option(
+        help: ArgumentHelp("A JSON file with the client_config object (batch_size, learning_rate, local_epochs, max_updates, free keys).", valueName: "file"))
     var clientConfig: String?
 
     @Option(parsing: .unconditional, help: "client_config.batch_size: samples per local update.")
@@ -149,10 +150,14 @@ struct ProcessCreateCommand: AsyncParsableCommand {
         if let localEpochs { client.localEpochs = localEpochs }
         if let maxUpdates { client.maxUpdates = maxUpdates }
         if let failure = client.validationFailure() {
-            throw OperatorError(.invalidConfiguration, namingOption(failure, [
-                "client_config.batch_size": "--batch-size", "client_config.learning_rate": "--learning-rate",
-                "client_config.local_epochs": "--local-epochs", "client_config.max_updates": "--max-updates",
-            ]))
+            throw OperatorError(
+                .invalidConfiguration,
+                namingOption(
+                    failure,
+                    [
+                        "client_config.batch_size": "--batch-size", "client_config.learning_rate": "--learning-rate",
+                        "client_config.local_epochs": "--local-epochs", "client_config.max_updates": "--max-updates",
+                    ]))
         }
         var server = try serverConfig.map { path throws(OperatorError) in try ProcessFiles.serverConfig(at: path) } ?? ServerConfig()
         if let goal { server.goalCount = goal }
@@ -161,10 +166,14 @@ struct ProcessCreateCommand: AsyncParsableCommand {
         if let minimumReports { server.minimumReports = minimumReports }
         if let aggregator { server.aggregator.kind = aggregator }
         if let failure = server.validationFailure() {
-            throw OperatorError(.invalidConfiguration, namingOption(failure, [
-                "server_config.goal_count": "--goal", "server_config.cycle_length": "--cycle-length", "server_config.cycles": "--cycles",
-                "server_config.minimum_reports": "--minimum-reports",
-            ]))
+            throw OperatorError(
+                .invalidConfiguration,
+                namingOption(
+                    failure,
+                    [
+                        "server_config.goal_count": "--goal", "server_config.cycle_length": "--cycle-length", "server_config.cycles": "--cycles",
+                        "server_config.minimum_reports": "--minimum-reports",
+                    ]))
         }
         return HostProcessRequest(name: name, version: semantic, model: spec, initialWeights: bytes, clientConfig: client, serverConfig: server)
     }
@@ -176,7 +185,8 @@ struct ProcessCreateCommand: AsyncParsableCommand {
             let answer = try await client.host(request)
             await client.shutdown()
             if json { return printJSON(answer.json) }
-            printLines(["hosted process \(answer.value.processID) (\(answer.value.name) \(answer.value.version))"] + OperatorFormat.status(answer.value, now: Date()))
+            printLines(
+                ["hosted process \(answer.value.processID) (\(answer.value.name) \(answer.value.version))"] + OperatorFormat.status(answer.value, now: Date()))
         }
     }
 }
@@ -247,7 +257,9 @@ struct ProcessWatchCommand: AsyncParsableCommand {
     var once = false
 
     func validate() throws {
-        guard interval > 0, interval.isFinite, interval <= 86_400 else { throw ValidationError("--interval must be a positive number of seconds, at most 86400") }
+        guard interval > 0, interval.isFinite, interval <= 86_400 else {
+            throw ValidationError("--interval must be a positive number of seconds, at most 86400")
+        }
     }
 
     func run() async throws {
@@ -264,10 +276,11 @@ struct ProcessWatchCommand: AsyncParsableCommand {
                     try await client.status(id).value
                 } show: { status, now in
                     let lines = WatchFrame.lines(status, now: now, style: style)
-                    let text = switch style {
-                    case .plain: lines.joined(separator: "\n") + "\n"
-                    case .terminal: WatchFrame.redraw(previous: previous, lines: lines)
-                    }
+                    let text =
+                        switch style {
+                        case .plain: lines.joined(separator: "\n") + "\n"
+                        case .terminal: WatchFrame.redraw(previous: previous, lines: lines)
+                        }
                     FileHandle.standardOutput.write(Data(text.utf8))
                     previous = lines.count
                 }

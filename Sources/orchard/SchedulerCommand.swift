@@ -40,9 +40,10 @@ struct SchedulerCommand: AsyncParsableCommand {
         }
 
         func run() async throws {
-            let provider = LinuxConditionsProvider(configuration: .init(
-                sysfsRoot: sysfsRoot, procfsRoot: procfsRoot, meteredInterfaces: Set(meteredInterface)
-            ))
+            let provider = LinuxConditionsProvider(
+                configuration: .init(
+                    sysfsRoot: sysfsRoot, procfsRoot: procfsRoot, meteredInterfaces: Set(meteredInterface)
+                ))
             var conditions = provider.read()
             if sample > 0 {
                 try await Task.sleep(for: .seconds(sample))

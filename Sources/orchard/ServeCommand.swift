@@ -108,7 +108,9 @@ struct Serve: AsyncParsableCommand {
         guard maxReportBytes > 0, foldInterval > 0 else { throw ValidationError("--max-report-bytes and --fold-interval must be positive") }
         guard maxUploadsInFlight > 0 else { throw ValidationError("--max-uploads-in-flight must be positive") }
         guard (1...3600).contains(uploadRetryAfter) else { throw ValidationError("--upload-retry-after must be in 1...3600 seconds") }
-        guard connectionIdleTimeout > 0, connectionIdleTimeout.isFinite else { throw ValidationError("--connection-idle-timeout must be a positive number of seconds") }
+        guard connectionIdleTimeout > 0, connectionIdleTimeout.isFinite else {
+            throw ValidationError("--connection-idle-timeout must be a positive number of seconds")
+        }
         switch (tlsCert, tlsKey) {
         case (nil, .some): throw ValidationError("--tls-key needs --tls-cert: give both to serve HTTPS, or neither for HTTP")
         case (.some, nil): throw ValidationError("--tls-cert needs --tls-key: give both to serve HTTPS, or neither for HTTP")
@@ -117,14 +119,18 @@ struct Serve: AsyncParsableCommand {
         guard openAuthBurst >= 1 else { throw ValidationError("--open-auth-burst must be at least 1") }
         guard openAuthPerSecond >= 0, openAuthPerSecond.isFinite else { throw ValidationError("--open-auth-per-second must be a non-negative number") }
         guard maxOpenWorkers >= 0 else { throw ValidationError("--max-open-workers must be non-negative (0: no cap)") }
-        guard speedTestInterval >= 0, speedTestInterval.isFinite else { throw ValidationError("--speed-test-interval must be a non-negative number of seconds") }
+        guard speedTestInterval >= 0, speedTestInterval.isFinite else {
+            throw ValidationError("--speed-test-interval must be a non-negative number of seconds")
+        }
         guard sealLease > 0, sealLease.isFinite else { throw ValidationError("--seal-lease must be a positive number of seconds") }
         _ = try databaseLocation()
         if let failure = CoordinatorConfiguration(instanceID: resolvedInstanceID(), sealLease: sealLease).validationFailure() {
             throw ValidationError(namingOption(failure, ["instanceID": "--instance-id", "sealLease": "--seal-lease"]))
         }
         // A busy port is found before the database is opened, so it leaves no files behind.
-        if port != 0, Self.addressInUse(host: host, port: port) { throw CommandFailure(code: "address_in_use", message: Self.portInUse(host: host, port: port)) }
+        if port != 0, Self.addressInUse(host: host, port: port) {
+            throw CommandFailure(code: "address_in_use", message: Self.portInUse(host: host, port: port))
+        }
     }
 
     /// Where the coordinator keeps its state.
@@ -177,7 +183,8 @@ struct Serve: AsyncParsableCommand {
     func resolvedInstanceID() -> String {
         if let instanceID { return instanceID }
         let host = ProcessInfo.processInfo.hostName.unicodeScalars.map { scalar -> Character in
-            scalar.isASCII && (scalar.properties.isAlphabetic || ("0"..."9").contains(scalar) || "-_.".unicodeScalars.contains(scalar)) ? Character(scalar) : "-"
+            scalar.isASCII && (scalar.properties.isAlphabetic || ("0"..."9").contains(scalar) || "-_.".unicodeScalars.contains(scalar))
+                ? Character(scalar) : "-"
         }
         return String(String(host).prefix(50)) + "-\(port)"
     }
@@ -211,15 +218,19 @@ struct Serve: AsyncParsableCommand {
             instanceID: resolvedInstanceID(), sealLease: sealLease
         )
         if let failure = configuration.validationFailure() {
-            throw ValidationError(namingOption(failure, ["instanceID": "--instance-id", "sealLease": "--seal-lease", "maximumUploadsInFlight": "--max-uploads-in-flight"]))
+            throw ValidationError(
+                namingOption(failure, ["instanceID": "--instance-id", "sealLease": "--seal-lease", "maximumUploadsInFlight": "--max-uploads-in-flight"]))
         }
         let instance: CoordinatorInstance
         switch try databaseLocation() {
         case .sqlite(let path):
-            instance = try await CoordinatorInstance.open(database: path, durability: durability, configuration: configuration, logger: Logger(label: "orchard.coordinator"))
+            instance = try await CoordinatorInstance.open(
+                database: path, durability: durability, configuration: configuration, logger: Logger(label: "orchard.coordinator"))
         case .postgres(let database, let passwordOnCommandLine):
             if passwordOnCommandLine {
-                logger.warning("the database password is in the --database URL, where every local user can read it; use --database-password-file or ORCHARD_DATABASE_PASSWORD")
+                logger.warning(
+                    "the database password is in the --database URL, where every local user can read it; use --database-password-file or ORCHARD_DATABASE_PASSWORD"
+                )
             }
             logger.info("opening the PostgreSQL store", metadata: ["database": "\(database)", "instance": "\(configuration.instanceID)"])
             let store = try await PostgresStore.open(configuration: database, logger: Logger(label: "orchard.postgres"))
@@ -284,4 +295,3 @@ struct Serve: AsyncParsableCommand {
         }
     }
 }
-

@@ -16,19 +16,19 @@ struct SimulateCommand: AsyncParsableCommand {
         commandName: "simulate",
         abstract: "Run a fleet of virtual devices against a real coordinator and write a report.",
         discussion: """
-        Without options, runs the housing scenario: central pretraining of the embeddings, then federated training \
-        of the device model across 20 devices with a diurnal availability trace, dropouts and short background \
-        windows. Image datasets default to McMahan et al.'s FedAvg setup (100 devices, C=0.1, E=1, B=10, lr 0.05).
-        Trace files (--availability trace:FILE) are CSV with a device,start,end header or JSON Lines \
-        {"device":0,"start":0,"end":3600}; times are virtual seconds, end may be inf (CSV) or omitted (JSONL).
-        With --coordinator URL the devices run against that coordinator (e.g. orchard serve) in REAL time — its \
-        deadlines run on its own wall clock, so virtual time cannot drive it — with the admin token from \
-        ORCHARD_ADMIN_TOKEN. --shard i/n runs the devices d with d mod n = i-1, so several machines simulate one \
-        fleet: start every shard with the same options; shard 1 hosts the process (or uses an existing one of that \
-        name), the others wait for it; each stops once the process has aggregated --rounds cycles. --transport, \
-        --window-seconds and --availability other than always are virtual-time options and are refused there; \
-        --cycle-seconds and --sa-stage-timeout are then real seconds, and --dropout still applies.
-        """
+            Without options, runs the housing scenario: central pretraining of the embeddings, then federated training \
+            of the device model across 20 devices with a diurnal availability trace, dropouts and short background \
+            windows. Image datasets default to McMahan et al.'s FedAvg setup (100 devices, C=0.1, E=1, B=10, lr 0.05).
+            Trace files (--availability trace:FILE) are CSV with a device,start,end header or JSON Lines \
+            {"device":0,"start":0,"end":3600}; times are virtual seconds, end may be inf (CSV) or omitted (JSONL).
+            With --coordinator URL the devices run against that coordinator (e.g. orchard serve) in REAL time — its \
+            deadlines run on its own wall clock, so virtual time cannot drive it — with the admin token from \
+            ORCHARD_ADMIN_TOKEN. --shard i/n runs the devices d with d mod n = i-1, so several machines simulate one \
+            fleet: start every shard with the same options; shard 1 hosts the process (or uses an existing one of that \
+            name), the others wait for it; each stops once the process has aggregated --rounds cycles. --transport, \
+            --window-seconds and --availability other than always are virtual-time options and are refused there; \
+            --cycle-seconds and --sa-stage-timeout are then real seconds, and --dropout still applies.
+            """
     )
 
     @Option(help: "The data; idx:PATH is an MNIST-layout directory.")
@@ -56,7 +56,10 @@ struct SimulateCommand: AsyncParsableCommand {
     var rounds: Int?
     @Option(name: .customLong("eval-every"), parsing: .unconditional, help: "Evaluate the global model on the test set after every N-th round (and the last).")
     var evaluateEvery: Int?
-    @Option(help: "How samples are dealt to devices: iid, two label shards per device, Dirichlet(α) label skew, or N samples drawn by each device (a population larger than the dataset).")
+    @Option(
+        help:
+            "How samples are dealt to devices: iid, two label shards per device, Dirichlet(α) label skew, or N samples drawn by each device (a population larger than the dataset)."
+    )
     var partition: PartitionStrategy?
     @Option(help: "The server optimizer.")
     var aggregator: AggregatorConfig.Kind?
@@ -64,55 +67,104 @@ struct SimulateCommand: AsyncParsableCommand {
     var availability: AvailabilityArgument?
     @Option(parsing: .unconditional, help: "Probability that an assigned device goes away before reporting.")
     var dropout: Double?
-    @Option(name: .customLong("window-seconds"), parsing: .unconditional, help: "Background budget per task, in virtual seconds (the housing scenario's default 10 becomes 60 with --secure-aggregation: its exchanges after training do not fit in 10).")
+    @Option(
+        name: .customLong("window-seconds"), parsing: .unconditional,
+        help:
+            "Background budget per task, in virtual seconds (the housing scenario's default 10 becomes 60 with --secure-aggregation: its exchanges after training do not fit in 10)."
+    )
     var windowSeconds: Double?
     @Option(name: .customLong("cycle-seconds"), parsing: .unconditional, help: "Virtual seconds a round stays open.")
     var cycleSeconds: Double?
     @Option(help: "How devices reach the coordinator: http (loopback port) or memory (direct calls; deterministic for a seed).")
     var transport: TransportChoice?
-    @Option(name: .customLong("turned-away"), help: "Devices that check in once the round's cycle is full: modeled (counted as turned away without running their stack; a round costs what its participants do) or full-stack (every eligible device runs its scheduler and job and is turned away by the coordinator).")
+    @Option(
+        name: .customLong("turned-away"),
+        help:
+            "Devices that check in once the round's cycle is full: modeled (counted as turned away without running their stack; a round costs what its participants do) or full-stack (every eligible device runs its scheduler and job and is turned away by the coordinator)."
+    )
     var turnedAway: TurnedAwayChoice?
-    @Option(name: .customLong("dp-noise-multiplier"), parsing: .unconditional, help: "Differential privacy: the noise's standard deviation as a multiple of the clipping bound (turns DP-FedAvg on).")
+    @Option(
+        name: .customLong("dp-noise-multiplier"), parsing: .unconditional,
+        help: "Differential privacy: the noise's standard deviation as a multiple of the clipping bound (turns DP-FedAvg on).")
     var dpNoiseMultiplier: Double?
-    @Option(name: .customLong("dp-clip"), parsing: .unconditional, help: "Differential privacy: the L2 clipping bound C of each update (the initial bound with --dp-adaptive-quantile; default 1).")
+    @Option(
+        name: .customLong("dp-clip"), parsing: .unconditional,
+        help: "Differential privacy: the L2 clipping bound C of each update (the initial bound with --dp-adaptive-quantile; default 1).")
     var dpClip: Double?
-    @Option(name: .customLong("dp-adaptive-quantile"), parsing: .unconditional, help: "Differential privacy: let the clipping bound follow this quantile of the update norms (Andrew et al. 2021).")
+    @Option(
+        name: .customLong("dp-adaptive-quantile"), parsing: .unconditional,
+        help: "Differential privacy: let the clipping bound follow this quantile of the update norms (Andrew et al. 2021).")
     var dpAdaptiveQuantile: Double?
-    @Option(name: .customLong("dp-mode"), help: "Differential privacy: central (the coordinator clips and noises), local (each device does), or distributed (with --secure-aggregation: each device clips and adds its share of the noise).")
+    @Option(
+        name: .customLong("dp-mode"),
+        help:
+            "Differential privacy: central (the coordinator clips and noises), local (each device does), or distributed (with --secure-aggregation: each device clips and adds its share of the noise)."
+    )
     var dpMode: PrivacyModeArgument?
     @Option(name: .customLong("dp-delta"), parsing: .unconditional, help: "Differential privacy: δ of the (ε, δ) guarantee (default 1e-5).")
     var dpDelta: Double?
-    @Option(parsing: .unconditional, help: "Differential privacy: the device population the sampling rate is computed from (default: --devices; e.g. 1000000 for the cross-device setting).")
+    @Option(
+        parsing: .unconditional,
+        help: "Differential privacy: the device population the sampling rate is computed from (default: --devices; e.g. 1000000 for the cross-device setting).")
     var population: Int?
-    @Flag(name: .customLong("secure-aggregation"), help: "Secure aggregation: the coordinator learns only each round's sum (--dropout then also applies before each of its later stages: share_keys, masked_input, unmask).")
+    @Flag(
+        name: .customLong("secure-aggregation"),
+        help:
+            "Secure aggregation: the coordinator learns only each round's sum (--dropout then also applies before each of its later stages: share_keys, masked_input, unmask)."
+    )
     var secureAggregation = false
-    @Option(name: .customLong("sa-shares"), parsing: .unconditional, help: "Secure aggregation: neighbours per device, even (SecAgg+); default every other device (SecAgg).")
+    @Option(
+        name: .customLong("sa-shares"), parsing: .unconditional,
+        help: "Secure aggregation: neighbours per device, even (SecAgg+); default every other device (SecAgg).")
     var saShares: Int?
-    @Option(name: .customLong("sa-threshold"), parsing: .unconditional, help: "Secure aggregation: shares needed to unmask (default: just above half the neighbours).")
+    @Option(
+        name: .customLong("sa-threshold"), parsing: .unconditional,
+        help: "Secure aggregation: shares needed to unmask (default: just above half the neighbours).")
     var saThreshold: Int?
-    @Option(name: .customLong("sa-clipping-range"), parsing: .unconditional, help: "Secure aggregation: each coordinate of an update is clipped to ± this (default 8).")
+    @Option(
+        name: .customLong("sa-clipping-range"), parsing: .unconditional,
+        help: "Secure aggregation: each coordinate of an update is clipped to ± this (default 8).")
     var saClippingRange: Float?
     @Option(name: .customLong("sa-quantization-range"), parsing: .unconditional, help: "Secure aggregation: quantisation levels (default 65536).")
     var saQuantizationRange: UInt32?
-    @Option(name: .customLong("sa-stage-timeout"), parsing: .unconditional, help: "Secure aggregation: virtual seconds a stage waits for late devices (default: a sixth of --window-seconds; with --coordinator, real seconds, default a sixth of --cycle-seconds).")
+    @Option(
+        name: .customLong("sa-stage-timeout"), parsing: .unconditional,
+        help:
+            "Secure aggregation: virtual seconds a stage waits for late devices (default: a sixth of --window-seconds; with --coordinator, real seconds, default a sixth of --cycle-seconds)."
+    )
     var saStageTimeout: Double?
-    @Flag(name: .customLong("sa-consistency-check"), help: "Secure aggregation against an actively malicious coordinator: devices sign their keys with identities a simulated authority certified, and sign the survivors in a consistency_check stage before revealing shares (--dropout applies to it too).")
+    @Flag(
+        name: .customLong("sa-consistency-check"),
+        help:
+            "Secure aggregation against an actively malicious coordinator: devices sign their keys with identities a simulated authority certified, and sign the survivors in a consistency_check stage before revealing shares (--dropout applies to it too)."
+    )
     var saConsistencyCheck = false
     @Option(parsing: .unconditional, help: "Seed of every random choice.")
     var seed: UInt64?
     @Option(help: "Directory for metrics.jsonl, summary.json and report.html (default: a new temporary directory).")
     var output: String?
-    @Option(help: ArgumentHelp("Run against the coordinator at this http(s) URL in real time instead of an in-process one on virtual time (admin token from ORCHARD_ADMIN_TOKEN).", valueName: "url"))
+    @Option(
+        help: ArgumentHelp(
+            "Run against the coordinator at this http(s) URL in real time instead of an in-process one on virtual time (admin token from ORCHARD_ADMIN_TOKEN).",
+            valueName: "url"))
     var coordinator: String?
-    @Option(help: ArgumentHelp("With --coordinator: run shard i of n of the fleet (devices d with d mod n = i-1); shard 1 hosts the process (default 1/1).", valueName: "i/n"))
+    @Option(
+        help: ArgumentHelp(
+            "With --coordinator: run shard i of n of the fleet (devices d with d mod n = i-1); shard 1 hosts the process (default 1/1).", valueName: "i/n"))
     var shard: String?
-    @Option(name: .customLong("ca-cert"), help: ArgumentHelp("With --coordinator: trust only the CA certificates in this PEM file for an https coordinator.", valueName: "pem"))
+    @Option(
+        name: .customLong("ca-cert"),
+        help: ArgumentHelp("With --coordinator: trust only the CA certificates in this PEM file for an https coordinator.", valueName: "pem"))
     var caCert: String?
     @Option(parsing: .unconditional, help: "With --coordinator: most local trainings at the same time (default: twice the cores).")
     var concurrency: Int?
-    @Option(name: .customLong("host-timeout"), parsing: .unconditional, help: "With --coordinator: seconds shards 2…n wait for shard 1 to host the process, and the longest silence of the coordinator tolerated (default 300).")
+    @Option(
+        name: .customLong("host-timeout"), parsing: .unconditional,
+        help: "With --coordinator: seconds shards 2…n wait for shard 1 to host the process, and the longest silence of the coordinator tolerated (default 300)."
+    )
     var hostTimeout: Double?
-    @Option(help: "With --coordinator: the process's name (default simulation-<model>, version 1.0); an existing process of that name is used, not hosted again.")
+    @Option(
+        help: "With --coordinator: the process's name (default simulation-<model>, version 1.0); an existing process of that name is used, not hosted again.")
     var process: String?
 
     /// The option behind each configuration field.
@@ -145,20 +197,29 @@ struct SimulateCommand: AsyncParsableCommand {
         if coordinator != nil {
             // Virtual-time options have no meaning against a coordinator that runs on its own wall clock.
             if turnedAway != nil {
-                throw SimulationError(.invalidOption, "--turned-away cannot be used with --coordinator: against an external coordinator every device runs its stack in real time")
+                throw SimulationError(
+                    .invalidOption, "--turned-away cannot be used with --coordinator: against an external coordinator every device runs its stack in real time")
             }
             if transport != nil {
                 throw SimulationError(.invalidOption, "--transport cannot be used with --coordinator: the devices reach that coordinator over HTTP(S)")
             }
             if windowSeconds != nil {
-                throw SimulationError(.invalidOption, "--window-seconds cannot be used with --coordinator: background windows are virtual time; against an external coordinator devices run in real time and each cycle runs to its end")
+                throw SimulationError(
+                    .invalidOption,
+                    "--window-seconds cannot be used with --coordinator: background windows are virtual time; against an external coordinator devices run in real time and each cycle runs to its end"
+                )
             }
             if let availability, availability.description != "always" {
-                throw SimulationError(.invalidOption, "--availability \(availability) cannot be used with --coordinator: availability is played on virtual time, and an external coordinator runs on its own wall clock (every device is available)")
+                throw SimulationError(
+                    .invalidOption,
+                    "--availability \(availability) cannot be used with --coordinator: availability is played on virtual time, and an external coordinator runs on its own wall clock (every device is available)"
+                )
             }
             c.availability = .always
-        } else if let stray = [("--shard", shard != nil), ("--ca-cert", caCert != nil), ("--concurrency", concurrency != nil),
-                               ("--host-timeout", hostTimeout != nil), ("--process", process != nil)].first(where: { $0.1 }) {
+        } else if let stray = [
+            ("--shard", shard != nil), ("--ca-cert", caCert != nil), ("--concurrency", concurrency != nil),
+            ("--host-timeout", hostTimeout != nil), ("--process", process != nil),
+        ].first(where: { $0.1 }) {
             throw SimulationError(.invalidOption, "\(stray.0) needs --coordinator (it is about running against a coordinator elsewhere)")
         }
         if let model { c.model = model }
@@ -205,16 +266,19 @@ struct SimulateCommand: AsyncParsableCommand {
     /// The secure aggregation the `--sa-*` options ask for; nil without `--secure-aggregation`.
     func secure(goal: Int, windowSeconds: Double) throws(SimulationError) -> SecureAggregationConfig? {
         guard secureAggregation else {
-            let stray = [("--sa-shares", saShares != nil), ("--sa-threshold", saThreshold != nil), ("--sa-clipping-range", saClippingRange != nil),
-                         ("--sa-quantization-range", saQuantizationRange != nil), ("--sa-stage-timeout", saStageTimeout != nil),
-                         ("--sa-consistency-check", saConsistencyCheck)].first { $0.1 }
+            let stray = [
+                ("--sa-shares", saShares != nil), ("--sa-threshold", saThreshold != nil), ("--sa-clipping-range", saClippingRange != nil),
+                ("--sa-quantization-range", saQuantizationRange != nil), ("--sa-stage-timeout", saStageTimeout != nil),
+                ("--sa-consistency-check", saConsistencyCheck),
+            ].first { $0.1 }
             if let stray { throw SimulationError(.invalidOption, "\(stray.0) needs --secure-aggregation") }
             return nil
         }
         // advertise_keys closes at the goal: a roster holds at most `goal` devices, however many were over-selected.
         let neighbours = min(saShares ?? (goal - 1), goal - 1)
         if let saThreshold, saThreshold < 2 {
-            throw SimulationError(.invalidOption, "--sa-threshold must be at least 2, not \(saThreshold): with 1, a single neighbour's share would reveal a device's secrets")
+            throw SimulationError(
+                .invalidOption, "--sa-threshold must be at least 2, not \(saThreshold): with 1, a single neighbour's share would reveal a device's secrets")
         }
         if let saThreshold, saThreshold > neighbours {
             throw SimulationError(
@@ -232,8 +296,10 @@ struct SimulateCommand: AsyncParsableCommand {
     /// The differential privacy the `--dp-*` options ask for; nil without `--dp-noise-multiplier`.
     func privacy(clients: Int) throws(SimulationError) -> PrivacyConfig? {
         guard let noise = dpNoiseMultiplier else {
-            let stray = [("--dp-clip", dpClip != nil), ("--dp-adaptive-quantile", dpAdaptiveQuantile != nil), ("--dp-mode", dpMode != nil),
-                         ("--dp-delta", dpDelta != nil), ("--population", population != nil)].first { $0.1 }
+            let stray = [
+                ("--dp-clip", dpClip != nil), ("--dp-adaptive-quantile", dpAdaptiveQuantile != nil), ("--dp-mode", dpMode != nil),
+                ("--dp-delta", dpDelta != nil), ("--population", population != nil),
+            ].first { $0.1 }
             if let stray { throw SimulationError(.invalidOption, "\(stray.0) needs --dp-noise-multiplier (which turns differential privacy on)") }
             return nil
         }
@@ -302,7 +368,8 @@ struct SimulateCommand: AsyncParsableCommand {
     func runExternal(_ configuration: SimulationConfiguration, coordinator url: String, progress: ProgressDisplay) async throws {
         let external = try externalCoordinator(url)
         let result = try await Self.validated { () async throws(SimulationError) in
-            try await ExternalFleet.run(configuration, coordinator: external, environment: ProcessInfo.processInfo.environment, progress: progress, clock: SystemClock())
+            try await ExternalFleet.run(
+                configuration, coordinator: external, environment: ProcessInfo.processInfo.environment, progress: progress, clock: SystemClock())
         }
         print(Self.table(result.summary))
         print("summary: \(result.directory.appendingPathComponent("summary.json").path)")
@@ -347,7 +414,11 @@ struct SimulateCommand: AsyncParsableCommand {
             ("wall time", "\(f(s.wallSeconds, 2)) s devices + \(f(s.setupSeconds, 2)) s setup"),
             ("check-ins / admitted", "\(s.checkIns) / \(s.admitted)"),
             ("reported / late / dropped", "\(s.reported) / \(s.late) / \(s.dropped)"),
-            ("rejected", "\(s.rejected)" + (s.rejections.isEmpty ? "" : " (" + s.rejections.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", ") + ")")),
+            (
+                "rejected",
+                "\(s.rejected)"
+                    + (s.rejections.isEmpty ? "" : " (" + s.rejections.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", ") + ")")
+            ),
             ("failed", "\(s.failed)" + (s.lastError.map { " (last: \($0))" } ?? "")),
         ]
         if let initial = s.initial, let final = s.final {
@@ -383,7 +454,11 @@ struct SimulateCommand: AsyncParsableCommand {
         if let a = s.final.accuracy { rows.append(("test accuracy", "\(f(s.initial.accuracy ?? 0)) → \(f(a)) (best \(f(s.bestAccuracy ?? a)))")) }
         if let steps = s.secureAggregation {
             let signed = steps.signed.map { ", signed \($0)" } ?? ""
-            rows.append(("secure aggregation steps", "advertised \(steps.advertised), shared \(steps.shared), masked \(steps.masked)\(signed), unmasked \(steps.unmasked)"))
+            rows.append(
+                (
+                    "secure aggregation steps",
+                    "advertised \(steps.advertised), shared \(steps.shared), masked \(steps.masked)\(signed), unmasked \(steps.unmasked)"
+                ))
         }
         if let epsilon = s.epsilon { rows.append(("privacy spent", "ε = \(f(epsilon, 3)) at δ = \(s.settings["dp_delta"] ?? "?")")) }
         if let r = s.final.rmse { rows.append(("test RMSE", "\(f(s.initial.rmse ?? 0)) → \(f(r)) (best \(f(s.bestRMSE ?? r)))")) }

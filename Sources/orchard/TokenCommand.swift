@@ -58,7 +58,9 @@ struct TokenIssueCommand: AsyncParsableCommand {
     var subject: String
 
     // Unconditional, so `--lifetime -1h` reaches the lifetime's own check instead of reading as an option.
-    @Option(parsing: .unconditional, help: ArgumentHelp("How long the token is valid: a whole number and a unit s, m, h or d (30m, 24h, 7d); at most 400d.", valueName: "lifetime"))
+    @Option(
+        parsing: .unconditional,
+        help: ArgumentHelp("How long the token is valid: a whole number and a unit s, m, h or d (30m, 24h, 7d); at most 400d.", valueName: "lifetime"))
     var lifetime: String
 
     @Option(help: "The iss claim (the process's server_config.authentication.issuer, if it sets one).")
@@ -88,7 +90,8 @@ struct TokenIssueCommand: AsyncParsableCommand {
                 throw DeviceTokenError(.conflictingSources, "\(option) is for --algorithm rs256; hs256 takes --secret-file or --secret-env")
             }
             return try DeviceTokenKeySource.choose(
-                file: secretFile.map { ($0, "--secret-file") }, environment: secretEnv.map { ($0, "--secret-env") }, defaultVariable: Self.defaultSecretVariable,
+                file: secretFile.map { ($0, "--secret-file") }, environment: secretEnv.map { ($0, "--secret-env") },
+                defaultVariable: Self.defaultSecretVariable,
                 material: "the secret"
             )
         case .rs256:
@@ -109,7 +112,7 @@ struct TokenIssueCommand: AsyncParsableCommand {
         let issuer: DeviceTokenIssuer
         do throws(DeviceTokenError) {
             issuer = try DeviceTokenIssuer(algorithm: algorithm, source: source)
-        } catch where error.code == .missingSecret {
+        } catch  where error.code == .missingSecret {
             let options = algorithm == .hs256 ? "--secret-file FILE or --secret-env NAME" : "--private-key-file FILE or --private-key-env NAME"
             throw DeviceTokenError(error.code, "\(error.message): set it, or give \(options)")
         }
@@ -129,9 +132,10 @@ struct TokenIssueCommand: AsyncParsableCommand {
             throw ExitCode(1)
         }
         guard json else { return print(token.token) }
-        try JSONLine.write(Output(
-            token: token.token, subject: token.subject, expiresAt: ISO8601DateFormatter().string(from: token.expiresAt),
-            algorithm: token.algorithm.rawValue, issuer: token.issuer, audience: token.audience
-        ))
+        try JSONLine.write(
+            Output(
+                token: token.token, subject: token.subject, expiresAt: ISO8601DateFormatter().string(from: token.expiresAt),
+                algorithm: token.algorithm.rawValue, issuer: token.issuer, audience: token.audience
+            ))
     }
 }

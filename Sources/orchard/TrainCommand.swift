@@ -21,10 +21,10 @@ struct TrainHousing: ParsableCommand {
         commandName: "housing",
         abstract: "Boston housing: a central model learns CHAS and RAD embeddings; a device model reuses them frozen.",
         discussion: """
-        Trains the central model (embeddings, Dense+ReLU layers, MSE), then a device model of the same \
-        architecture whose embeddings are copied from the central model and frozen while its dense layers train \
-        from scratch. Prints train/test RMSE and MAE (in $1000s) of both models.
-        """
+            Trains the central model (embeddings, Dense+ReLU layers, MSE), then a device model of the same \
+            architecture whose embeddings are copied from the central model and frozen while its dense layers train \
+            from scratch. Prints train/test RMSE and MAE (in $1000s) of both models.
+            """
     )
 
     @Option(parsing: .unconditional, help: "Passes over the training rows, for each model.")
@@ -56,9 +56,10 @@ struct TrainHousing: ParsableCommand {
     @Flag(help: "Print the results as JSON instead of a table.")
     var json = false
 
-    @Option(help: ArgumentHelp(
-        "Directory to write both trained models to (central/device .json + .safetensors, preprocessing in the metadata).",
-        valueName: "directory"))
+    @Option(
+        help: ArgumentHelp(
+            "Directory to write both trained models to (central/device .json + .safetensors, preprocessing in the metadata).",
+            valueName: "directory"))
     var output: String?
 
     func validate() throws {
@@ -69,10 +70,11 @@ struct TrainHousing: ParsableCommand {
     }
 
     func run() throws {
-        let optimizerSpec: OptimizerSpec = switch optimizer {
-        case .adam: .adam(learningRate: learningRate)
-        case .sgd: .sgd(learningRate: learningRate, momentum: momentum)
-        }
+        let optimizerSpec: OptimizerSpec =
+            switch optimizer {
+            case .adam: .adam(learningRate: learningRate)
+            case .sgd: .sgd(learningRate: learningRate, momentum: momentum)
+            }
         let configuration = HousingConfiguration(
             seed: seed, testFraction: testFraction,
             training: TrainingSpec(loss: .meanSquaredError, optimizer: optimizerSpec, epochs: epochs, batchSize: batchSize)
@@ -94,7 +96,8 @@ struct TrainHousing: ParsableCommand {
                 do {
                     try run.data.preprocessor.save(with: trained.model, to: directory, name: trained.metrics.model)
                 } catch {
-                    throw ValidationError("--output '\(output)': cannot write the \(trained.metrics.model) model: \(FileAccessError(error, writing: true).message)")
+                    throw ValidationError(
+                        "--output '\(output)': cannot write the \(trained.metrics.model) model: \(FileAccessError(error, writing: true).message)")
                 }
             }
         }
@@ -132,12 +135,14 @@ struct HousingOutput: Codable {
         let widths = header.indices.map { i in ([header[i]] + rows.map { $0[i] }).map(\.count).max()! }
         func line(_ cells: [String]) -> String {
             cells.enumerated().map { i, cell in
-                i == 0 ? cell.padding(toLength: widths[i], withPad: " ", startingAt: 0)
+                i == 0
+                    ? cell.padding(toLength: widths[i], withPad: " ", startingAt: 0)
                     : String(repeating: " ", count: widths[i] - cell.count) + cell
             }.joined(separator: "  ")
         }
         let rule = widths.map { String(repeating: "-", count: $0) }.joined(separator: "  ")
-        let summary = "Boston housing: \(trainSamples) training rows, \(testSamples) test rows, \(optimizer) lr \(learningRate), batch \(batchSize), seed \(seed); errors in $1000s"
+        let summary =
+            "Boston housing: \(trainSamples) training rows, \(testSamples) test rows, \(optimizer) lr \(learningRate), batch \(batchSize), seed \(seed); errors in $1000s"
         return ([summary, line(header), rule] + rows.map(line)).joined(separator: "\n")
     }
 

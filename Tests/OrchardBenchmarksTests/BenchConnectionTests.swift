@@ -122,7 +122,8 @@ struct LoopbackCoordinator {
 
         // No session token: the coordinator refuses the cycle request.
         let error = await #expect(throws: BenchmarkError.self) {
-            try await connection.repeatedly(coordinator.head(.POST, Endpoint.cycleRequest, contentType: MediaType.json), body: [ByteBuffer(string: "{}")], count: 3)
+            try await connection.repeatedly(
+                coordinator.head(.POST, Endpoint.cycleRequest, contentType: MediaType.json), body: [ByteBuffer(string: "{}")], count: 3)
         }
         #expect(error?.code == .unexpectedResponse)
         #expect(error?.context["request"] == "POST \(Endpoint.cycleRequest)")

@@ -150,8 +150,10 @@ let usageError: Int32 = 64
         (["serve", "--max-open-workers=-1"], "--max-open-workers must be non-negative"),
         (["serve", "--speed-test-interval", "nan"], "--speed-test-interval must be a non-negative number of seconds"),
         (["serve", "--tls-cert", "/nonexistent/server.pem"], "--tls-cert needs --tls-key"),
-        (["client", "--server", "https://127.0.0.1:1", "--process", "m", "--version", "1", "--data", "d", "--ca-cert", "/nonexistent/ca.pem"],
-         "'/nonexistent/ca.pem': no such file"),
+        (
+            ["client", "--server", "https://127.0.0.1:1", "--process", "m", "--version", "1", "--data", "d", "--ca-cert", "/nonexistent/ca.pem"],
+            "'/nonexistent/ca.pem': no such file"
+        ),
     ])
     func libraryErrorsAreShownWithTheOptionThatSetsTheField(_ arguments: [String], _ message: String) async throws {
         let run = try await Run.orchard(arguments)
@@ -239,7 +241,9 @@ let usageError: Int32 = 64
         #expect((fitted["aggregated_rounds"] as? NSNumber)?.intValue == 1)
         #expect(!(fitting.output + fitting.error).contains("warning:"))
 
-        let short = try await Run.orchard(["simulate", "--secure-aggregation", "--window-seconds", "10", "--rounds", "1", "--dropout", "0", "--output", directory.path])
+        let short = try await Run.orchard([
+            "simulate", "--secure-aggregation", "--window-seconds", "10", "--rounds", "1", "--dropout", "0", "--output", directory.path,
+        ])
         let shorted = try summary(short)
         #expect((shorted["settings"] as? [String: Any])?["window_seconds"] as? Double == 10)
         #expect((shorted["aggregated_rounds"] as? NSNumber)?.intValue == 0)
@@ -259,14 +263,18 @@ let usageError: Int32 = 64
 /// `orchard privacy`: the accountant's answers as JSON lines, and bad values refused naming the value.
 @Suite struct PrivacyCommandTests {
     @Test func epsilonAndNoiseAnswerAsJSONLines() async throws {
-        let epsilon = try await Run.orchard(["privacy", "epsilon", "--sampling-rate", "0.01", "--noise-multiplier", "1.1", "--steps", "10000", "--delta", "1e-5", "--json"])
+        let epsilon = try await Run.orchard([
+            "privacy", "epsilon", "--sampling-rate", "0.01", "--noise-multiplier", "1.1", "--steps", "10000", "--delta", "1e-5", "--json",
+        ])
         #expect(epsilon.status == 0, "\(epsilon.error)")
         let line = try #require(try JSONSerialization.jsonObject(with: Data(epsilon.output.utf8)) as? [String: Any])
         // dp-accounting 0.6.0 gives 5.6543 at the same orders (see RDPAccountantTests).
         #expect(abs((line["epsilon"] as? Double ?? 0) - 5.6543) < 0.001)
         #expect((line["optimal_order"] as? NSNumber)?.doubleValue == 5)
 
-        let noise = try await Run.orchard(["privacy", "noise", "--sampling-rate", "0.01", "--steps", "10000", "--delta", "1e-5", "--target-epsilon", "2", "--json"])
+        let noise = try await Run.orchard([
+            "privacy", "noise", "--sampling-rate", "0.01", "--steps", "10000", "--delta", "1e-5", "--target-epsilon", "2", "--json",
+        ])
         #expect(noise.status == 0, "\(noise.error)")
         let answer = try #require(try JSONSerialization.jsonObject(with: Data(noise.output.utf8)) as? [String: Any])
         let z = try #require(answer["noise_multiplier"] as? Double)

@@ -7,15 +7,15 @@ import Testing
 @Suite struct CoreMLFileErrorTests {
     /// A dense layer 2 → 1, with its training settings (an updatable export needs them).
     static let model = #"""
-    {
-      "format_version": 2,
-      "name": "tiny",
-      "inputs": [{"name": "x", "shape": [2], "categorical": false}],
-      "layers": [{"name": "d", "type": "dense", "inputs": ["x"], "units": 1}],
-      "output": "d",
-      "training": {"loss": "mse", "optimizer": {"type": "sgd", "learning_rate": 0.1}, "epochs": 1, "batch_size": 1}
-    }
-    """#
+        {
+          "format_version": 2,
+          "name": "tiny",
+          "inputs": [{"name": "x", "shape": [2], "categorical": false}],
+          "layers": [{"name": "d", "type": "dense", "inputs": ["x"], "units": 1}],
+          "output": "d",
+          "training": {"loss": "mse", "optimizer": {"type": "sgd", "learning_rate": 0.1}, "epochs": 1, "batch_size": 1}
+        }
+        """#
 
     /// Safetensors bytes of F32 tensors (all zero) with these names and shapes.
     static func safetensors(_ tensors: [(name: String, shape: [Int])]) -> Data {
@@ -69,8 +69,9 @@ import Testing
         let out = files.path("out.mlmodel")
 
         #expect(try await errorLine(["coreml", "export", missing, weights, "-o", out]) == "Error: <model> '\(missing)': no such file")
-        #expect(try await errorLine(["coreml", "export", files.directory.path, weights, "-o", out])
-            == "Error: <model> '\(files.directory.path)': is a directory")
+        #expect(
+            try await errorLine(["coreml", "export", files.directory.path, weights, "-o", out])
+                == "Error: <model> '\(files.directory.path)': is a directory")
         #expect(try await errorLine(["coreml", "export", model, missing, "-o", out]) == "Error: <weights> '\(missing)': no such file")
         #expect(try await errorLine(["coreml", "inspect", missing]) == "Error: <input> '\(missing)': no such file")
         #expect(try await errorLine(["coreml", "inspect", files.directory.path]) == "Error: <input> '\(files.directory.path)': is a directory")
@@ -91,11 +92,15 @@ import Testing
         let model = try files.write("model.json", Data(Self.model.utf8))
         let out = files.path("out.mlmodel")
         let garbage = try files.write("garbage.safetensors", Data("abc".utf8))
-        #expect(try await errorLine(["coreml", "export", model, garbage, "-o", out])
-            == "Error: <weights> '\(garbage)': safetensors data is 3 bytes; the 8-byte header length is missing")
+        #expect(
+            try await errorLine(["coreml", "export", model, garbage, "-o", out])
+                == "Error: <weights> '\(garbage)': safetensors data is 3 bytes; the 8-byte header length is missing")
         let wide = try files.write("wide.safetensors", Self.safetensors([("d.weight", [1, 3]), ("d.bias", [1])]))
         let line = try await errorLine(["coreml", "export", model, wide, "-o", out])
-        #expect(line == "Error: <weights> '\(wide)': does not match the model 'tiny': weight 'd.weight' has shape [1, 3]; layer 'd' (dense) implies [1, 2]: dimension 1 is the layer's 'input_size', 2, not 3")
+        #expect(
+            line
+                == "Error: <weights> '\(wide)': does not match the model 'tiny': weight 'd.weight' has shape [1, 3]; layer 'd' (dense) implies [1, 2]: dimension 1 is the layer's 'input_size', 2, not 3"
+        )
         #expect(!FileManager.default.fileExists(atPath: out))
     }
 
@@ -104,11 +109,13 @@ import Testing
         defer { files.remove() }
         let weights = try files.write("w.safetensors", Self.safetensors([("d.weight", [1, 2]), ("d.bias", [1])]))
         let bad = try files.write("bad.json", Data("{\n  \"format_version\": 2,\n  \"name\": tiny\n}\n".utf8))
-        #expect(try await errorLine(["coreml", "export", bad, weights, "-o", files.path("out.mlmodel")])
-            == "Error: <model> '\(bad)': line 3, column 11: expected a value (strings take double quotes), found 'tiny'")
+        #expect(
+            try await errorLine(["coreml", "export", bad, weights, "-o", files.path("out.mlmodel")])
+                == "Error: <model> '\(bad)': line 3, column 11: expected a value (strings take double quotes), found 'tiny'")
         let comma = try files.write("comma.json", Data(Self.model.replacingOccurrences(of: "\"tiny\",", with: "\"tiny\"").utf8))
-        #expect(try await errorLine(["coreml", "export", comma, weights, "-o", files.path("out.mlmodel")])
-            == "Error: <model> '\(comma)': line 4, column 3: expected ',' or '}', found '\"'")
+        #expect(
+            try await errorLine(["coreml", "export", comma, weights, "-o", files.path("out.mlmodel")])
+                == "Error: <model> '\(comma)': line 4, column 3: expected ',' or '}', found '\"'")
         // A semantic error keeps its own message.
         let unknown = try files.write("unknown.json", Data(Self.model.replacingOccurrences(of: "\"dense\"", with: "\"dence\"").utf8))
         let line = try await errorLine(["coreml", "export", unknown, weights, "-o", files.path("out.mlmodel")])

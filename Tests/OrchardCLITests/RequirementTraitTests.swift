@@ -59,7 +59,9 @@ import Testing
             let text = try String(contentsOf: file, encoding: .utf8)
             checked += text.components(separatedBy: "PythonModules.require(").count - 1
             for place in Self.uncovered(in: text) {
-                Issue.record("\(file.lastPathComponent):\(place.line): PythonModules.require(\(place.modules)) without PythonModules.requirement(\(place.modules)) on its test or suite")
+                Issue.record(
+                    "\(file.lastPathComponent):\(place.line): PythonModules.require(\(place.modules)) without PythonModules.requirement(\(place.modules)) on its test or suite"
+                )
             }
         }
         #expect(checked >= 5, "the scan finds the requirements it is meant to check")

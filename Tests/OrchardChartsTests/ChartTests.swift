@@ -117,7 +117,8 @@ import Testing
     }
 
     @Test func theSVGFillsItsContainerAndIsLabelled() {
-        let svg = LineChart(title: "Test accuracy", x: rounds, y: Axis("accuracy", format: .percent), series: [Series("accuracy", [(1, 0.5), (2, 0.7)])]).render()
+        let svg = LineChart(title: "Test accuracy", x: rounds, y: Axis("accuracy", format: .percent), series: [Series("accuracy", [(1, 0.5), (2, 0.7)])])
+            .render()
         #expect(svg.hasPrefix("<svg xmlns=\"http://www.w3.org/2000/svg\""))
         #expect(svg.contains("viewBox=\"0 0 720 280\"") && svg.contains("width=\"100%\"") && svg.contains("role=\"img\""))
         #expect(svg.contains("aria-label=\"Test accuracy\"") && svg.contains("<title>Test accuracy</title>") && svg.contains("<desc>"))
@@ -151,11 +152,13 @@ import Testing
     }
 
     @Test func stackedBarsSumToTheirTotals() throws {
-        let chart = BarChart(title: "Participation", x: rounds, y: Axis("devices", format: .count), series: [
-            Series("aggregated", [(1, 5), (2, 0), (3, 7)], color: .blue),
-            Series("dropouts", [(1, 2), (2, 3), (3, 1)], color: .red),
-            Series("late", [(1, 1), (2, 4), (3, 0)], color: .orange, style: .outline),
-        ])
+        let chart = BarChart(
+            title: "Participation", x: rounds, y: Axis("devices", format: .count),
+            series: [
+                Series("aggregated", [(1, 5), (2, 0), (3, 7)], color: .blue),
+                Series("dropouts", [(1, 2), (2, 3), (3, 1)], color: .red),
+                Series("late", [(1, 1), (2, 4), (3, 0)], color: .orange, style: .outline),
+            ])
         let stacks = chart.stacks()
         #expect(stacks.map(\.x) == [1, 2, 3])
         #expect(stacks.map { $0.segments.last!.top } == [8, 7, 8])

@@ -22,7 +22,8 @@ struct FakeDeviceRoot {
         try write("80\n", "class/power_supply/BAT0/capacity", under: sysfs)
         try write("up\n", "class/net/eth0/operstate", under: sysfs)
         try write("1\n", "class/net/eth0/type", under: sysfs)
-        try write("""
+        try write(
+            """
             Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT
             eth0\t00000000\t0102A8C0\t0003\t0\t0\t100\t00000000\t0\t0\t0
 
@@ -237,7 +238,8 @@ struct AgentProcessTests {
             // Another device holds the cycle's only place: the agent's request is rejected with a retry-after.
             let other = try await harness.coordinator.authenticate(AuthenticateRequest(processName: "regressor", processVersion: SemanticVersion(1, 0)))
             _ = try await harness.coordinator.requestCycle(
-                CycleRequest(workerID: other.workerID, processName: "regressor", processVersion: SemanticVersion(1, 0)), session: try await harness.coordinator.session(forToken: other.sessionToken)
+                CycleRequest(workerID: other.workerID, processName: "regressor", processVersion: SemanticVersion(1, 0)),
+                session: try await harness.coordinator.session(forToken: other.sessionToken)
             )
             let device = try Device(harness: harness, onMains: true)
             let first = try device.launch(harness)

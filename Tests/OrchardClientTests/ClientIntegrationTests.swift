@@ -71,7 +71,8 @@ struct ClientIntegrationTests {
             // Another device takes the only place in the cycle.
             let other = try await harness.coordinator.authenticate(AuthenticateRequest(processName: "regressor", processVersion: SemanticVersion(1, 0)))
             _ = try await harness.coordinator.requestCycle(
-                CycleRequest(workerID: other.workerID, processName: "regressor", processVersion: SemanticVersion(1, 0)), session: await harness.coordinator.session(forToken: other.sessionToken)
+                CycleRequest(workerID: other.workerID, processName: "regressor", processVersion: SemanticVersion(1, 0)),
+                session: await harness.coordinator.session(forToken: other.sessionToken)
             )
 
             var configuration = harness.configuration(device: "b")
@@ -137,9 +138,10 @@ struct ClientIntegrationTests {
             _ = try await harness.host(Fixture.host())
             var configuration = harness.configuration(device: "d")
             // On the charger with a full battery that no longer charges: "charging" holds.
-            configuration.conditions = ScriptedConditionsProvider(DeviceConditions(
-                onExternalPower: true, hasBattery: true, batteryLevel: 1, batteryCharging: false, networkConnected: true, networkMetered: false
-            ))
+            configuration.conditions = ScriptedConditionsProvider(
+                DeviceConditions(
+                    onExternalPower: true, hasBattery: true, batteryLevel: 1, batteryCharging: false, networkConnected: true, networkMetered: false
+                ))
             let (client, transport) = try harness.httpClient(device: "d", configuration: configuration)
             let job = try client.newJob(processName: "regressor", version: "1.0")
             let counter = Counter()
@@ -177,12 +179,15 @@ struct ClientIntegrationTests {
         try await withHarness { harness in
             _ = try await harness.host(Fixture.host())
             var configuration = harness.configuration(device: "e")
-            configuration.conditions = ScriptedConditionsProvider(DeviceConditions(
-                onExternalPower: false, hasBattery: true, batteryLevel: 0.9, batteryCharging: false, networkConnected: true, networkMetered: true
-            ))
+            configuration.conditions = ScriptedConditionsProvider(
+                DeviceConditions(
+                    onExternalPower: false, hasBattery: true, batteryLevel: 0.9, batteryCharging: false, networkConnected: true, networkMetered: true
+                ))
             let (client, transport) = try harness.httpClient(device: "e", configuration: configuration)
             let job = try client.newJob(processName: "regressor", version: "1.0")
-            let outcome = try await job.train(on: Fixture.dataset(), constraints: TaskConstraints(requiresExternalPower: true, requiresNetworkConnectivity: true, requiresUnmeteredNetwork: true))
+            let outcome = try await job.train(
+                on: Fixture.dataset(),
+                constraints: TaskConstraints(requiresExternalPower: true, requiresNetworkConnectivity: true, requiresUnmeteredNetwork: true))
             #expect(outcome == .conditionsNotMet(["externalPower", "unmeteredNetwork"]))
             #expect(transport.log.withLock { $0.cycleResponses.isEmpty })
         }
@@ -193,12 +198,14 @@ struct ClientIntegrationTests {
         try await withHarness { harness in
             _ = try await harness.host(Fixture.host(clientConfig: Self.config))
             let restarted = Mutex(false)
-            let configuration = harness.configuration(device: "f", onSleep: {
-                // The first backoff after the cut connection: restart the coordinator on the same database and port.
-                guard !restarted.withLock({ $0 }) else { return }
-                restarted.withLock { $0 = true }
-                try await harness.restart()
-            })
+            let configuration = harness.configuration(
+                device: "f",
+                onSleep: {
+                    // The first backoff after the cut connection: restart the coordinator on the same database and port.
+                    guard !restarted.withLock({ $0 }) else { return }
+                    restarted.withLock { $0 = true }
+                    try await harness.restart()
+                })
             let (client, transport) = try harness.httpClient(device: "f", configuration: configuration)
             transport.downloadFaults.withLock { $0 = [.cutDownload(after: 100)] }
             let job = try client.newJob(processName: "regressor", version: "1.0")

@@ -59,14 +59,19 @@ final class ClientHarness: @unchecked Sendable {
     }
 
     /// A device's configuration: its own state directory, the harness clock, instant recorded backoff.
-    func configuration(device: String, seed: UInt64 = 5, retry: RequestRetryPolicy = RequestRetryPolicy(maximumAttempts: 3), trainer: any LocalTrainer = EngineLocalTrainer(), onSleep: @escaping @Sendable () async throws -> Void = {}) -> DeviceConfiguration {
+    func configuration(
+        device: String, seed: UInt64 = 5, retry: RequestRetryPolicy = RequestRetryPolicy(maximumAttempts: 3), trainer: any LocalTrainer = EngineLocalTrainer(),
+        onSleep: @escaping @Sendable () async throws -> Void = {}
+    ) -> DeviceConfiguration {
         DeviceConfiguration(
             storageDirectory: directory.appendingPathComponent("device-\(device)", isDirectory: true),
             retry: retry,
-            environment: .seeded(seed, clock: RecordingClock(base: clock) { duration in
-                self.sleeps.withLock { $0.append(duration) }
-                try await onSleep()
-            }),
+            environment: .seeded(
+                seed,
+                clock: RecordingClock(base: clock) { duration in
+                    self.sleeps.withLock { $0.append(duration) }
+                    try await onSleep()
+                }),
             trainingSeed: 42, trainer: trainer
         )
     }
@@ -74,8 +79,8 @@ final class ClientHarness: @unchecked Sendable {
     /// A client over HTTP, optionally through a recording transport.
     func httpClient(device: String, authToken: String? = nil, configuration: DeviceConfiguration? = nil) throws -> (CoordinatorConnection, RecordingTransport) {
         let transport = RecordingTransport(try HTTPTransport(url: url))
-        let client = CoordinatorConnection(transport: transport, server: url, authToken: authToken, configuration: configuration ?? self.configuration(device: device))
+        let client = CoordinatorConnection(
+            transport: transport, server: url, authToken: authToken, configuration: configuration ?? self.configuration(device: device))
         return (client, transport)
     }
 }
-

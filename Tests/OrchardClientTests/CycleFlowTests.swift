@@ -96,7 +96,10 @@ struct CycleFlowTests {
         let directory: URL
         let coordinator: ScriptedCoordinator
 
-        func client(trainer: any LocalTrainer = EngineLocalTrainer(), retry: RequestRetryPolicy = RequestRetryPolicy(maximumAttempts: 3), token: String? = nil, conditions: (any DeviceConditionsProvider)? = nil) -> (CoordinatorConnection, RecordingTransport) {
+        func client(
+            trainer: any LocalTrainer = EngineLocalTrainer(), retry: RequestRetryPolicy = RequestRetryPolicy(maximumAttempts: 3), token: String? = nil,
+            conditions: (any DeviceConditionsProvider)? = nil
+        ) -> (CoordinatorConnection, RecordingTransport) {
             let transport = RecordingTransport(coordinator)
             let configuration = DeviceConfiguration(
                 storageDirectory: directory, retry: retry, environment: .seeded(1, clock: RecordingClock()), trainingSeed: 42,
@@ -109,7 +112,8 @@ struct CycleFlowTests {
     func withDevice(capacity: Int = 10, requiredToken: String? = nil, _ body: (Device) async throws -> Void) async throws {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("orchard-flow-\(UUID().uuidString)")
         defer { try? FileManager.default.removeItem(at: directory) }
-        try await body(Device(directory: directory, coordinator: try ScriptedCoordinator(capacity: capacity, requiredToken: requiredToken, clientConfig: Self.config)))
+        try await body(
+            Device(directory: directory, coordinator: try ScriptedCoordinator(capacity: capacity, requiredToken: requiredToken, clientConfig: Self.config)))
     }
 
     @Test("a full cycle: phases in order, one event per batch, the engine's diff reported")

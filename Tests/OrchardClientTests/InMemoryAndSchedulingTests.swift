@@ -50,7 +50,8 @@ struct InMemoryAndSchedulingTests {
             let config = ClientConfig(batchSize: 8, learningRate: 0.05, localEpochs: 3)
             let process = try await coordinator.host(Fixture.host(clientConfig: config))
             let transport = RecordingTransport(InProcessTransport(coordinator: coordinator))
-            let client = CoordinatorConnection(transport: transport, server: "in-process", configuration: inMemoryConfiguration(directory, device: "a", clock: clock))
+            let client = CoordinatorConnection(
+                transport: transport, server: "in-process", configuration: inMemoryConfiguration(directory, device: "a", clock: clock))
             let outcome = try await client.newJob(processName: "regressor", version: "1.0").train(on: Fixture.dataset())
             guard case .reported(let receipt) = outcome else {
                 Issue.record("expected a report, got \(outcome)")
@@ -89,9 +90,12 @@ struct InMemoryAndSchedulingTests {
         try await withInProcessCoordinator { coordinator, _, _ in
             _ = try await coordinator.host(Fixture.host())
             let device = try await coordinator.authenticate(AuthenticateRequest(processName: "regressor", processVersion: SemanticVersion(1, 0)))
-            guard case .accepted(let assignment) = try await coordinator.requestCycle(
-                CycleRequest(workerID: device.workerID, processName: "regressor", processVersion: SemanticVersion(1, 0)), session: await coordinator.session(forToken: device.sessionToken)
-            ) else {
+            guard
+                case .accepted(let assignment) = try await coordinator.requestCycle(
+                    CycleRequest(workerID: device.workerID, processName: "regressor", processVersion: SemanticVersion(1, 0)),
+                    session: await coordinator.session(forToken: device.sessionToken)
+                )
+            else {
                 Issue.record("not admitted")
                 return
             }
@@ -103,17 +107,22 @@ struct InMemoryAndSchedulingTests {
                 func append(_ chunk: [UInt8]) throws(OrchardClientError) { bytes.withLock { $0 += chunk } }
             }
             let whole = Collect()
-            try await transport.downloadModel(ModelRequest(modelID: assignment.modelID, requestKey: assignment.requestKey), session: device.sessionToken, into: whole)
+            try await transport.downloadModel(
+                ModelRequest(modelID: assignment.modelID, requestKey: assignment.requestKey), session: device.sessionToken, into: whole)
             let all = whole.bytes.withLock { $0 }
             let etag = try #require(whole.heads.withLock { $0.first?.etag })
 
             let resumed = Collect()
-            try await transport.downloadModel(ModelRequest(modelID: assignment.modelID, requestKey: assignment.requestKey, offset: 50, etag: etag), session: device.sessionToken, into: resumed)
+            try await transport.downloadModel(
+                ModelRequest(modelID: assignment.modelID, requestKey: assignment.requestKey, offset: 50, etag: etag), session: device.sessionToken,
+                into: resumed)
             #expect(resumed.heads.withLock { $0.first?.start } == 50)
             #expect(resumed.bytes.withLock { $0 } == Array(all[50...]))
 
             let changed = Collect()
-            try await transport.downloadModel(ModelRequest(modelID: assignment.modelID, requestKey: assignment.requestKey, offset: 50, etag: "\"other\""), session: device.sessionToken, into: changed)
+            try await transport.downloadModel(
+                ModelRequest(modelID: assignment.modelID, requestKey: assignment.requestKey, offset: 50, etag: "\"other\""), session: device.sessionToken,
+                into: changed)
             #expect(changed.heads.withLock { $0.first?.start } == 0)
             #expect(changed.bytes.withLock { $0 } == all)
         }
@@ -155,7 +164,9 @@ struct InMemoryAndSchedulingTests {
             clock.advance(bySeconds: 3601)
             await coordinator.tick()
             await coordinator.tick()
-            _ = try await coordinator.requestCycle(CycleRequest(workerID: other.workerID, processName: "regressor", processVersion: SemanticVersion(1, 0)), session: await coordinator.session(forToken: other.sessionToken))
+            _ = try await coordinator.requestCycle(
+                CycleRequest(workerID: other.workerID, processName: "regressor", processVersion: SemanticVersion(1, 0)),
+                session: await coordinator.session(forToken: other.sessionToken))
             let second = TaskRun(task: BackgroundTask(identifier: "train", kind: .processing, timeLimit: .seconds(60)), handler: handler)
             let secondCompletion = try #require(await second.waitForCompletion())
             #expect(secondCompletion.success)

@@ -10,7 +10,9 @@ struct WrongDigestTransport: ClientTransport {
     let inner: any ClientTransport
 
     func authenticate(_ request: AuthenticateRequest) async throws(OrchardClientError) -> AuthenticateResponse { try await inner.authenticate(request) }
-    func requestCycle(_ request: CycleRequest, session: String) async throws(OrchardClientError) -> CycleResponse { try await inner.requestCycle(request, session: session) }
+    func requestCycle(_ request: CycleRequest, session: String) async throws(OrchardClientError) -> CycleResponse {
+        try await inner.requestCycle(request, session: session)
+    }
     func plan(_ planID: String, requestKey: String, session: String) async throws(OrchardClientError) -> TrainingPlan {
         try await inner.plan(planID, requestKey: requestKey, session: session)
     }
@@ -87,13 +89,15 @@ struct IntegrityTests {
         }
     }
 
-    @Test("Repr-Digest values parse per RFC 9530; anything but a 32-byte sha-256 member is no digest", arguments: [
-        ("sha-256=:\(Data(repeating: 7, count: 32).base64EncodedString()):", true),
-        ("sha-512=:AAAA:, sha-256=:\(Data(repeating: 7, count: 32).base64EncodedString()):", true),
-        ("sha-256=:AAAA:", false),
-        ("sha-256=\(Data(repeating: 7, count: 32).base64EncodedString())", false),
-        ("md5=:AAAA:", false),
-    ])
+    @Test(
+        "Repr-Digest values parse per RFC 9530; anything but a 32-byte sha-256 member is no digest",
+        arguments: [
+            ("sha-256=:\(Data(repeating: 7, count: 32).base64EncodedString()):", true),
+            ("sha-512=:AAAA:, sha-256=:\(Data(repeating: 7, count: 32).base64EncodedString()):", true),
+            ("sha-256=:AAAA:", false),
+            ("sha-256=\(Data(repeating: 7, count: 32).base64EncodedString())", false),
+            ("md5=:AAAA:", false),
+        ])
     func digestParsing(field: String, valid: Bool) {
         let parsed = ModelIntegrity.parseSHA256(fieldValue: field)
         #expect((parsed == [UInt8](repeating: 7, count: 32)) == valid)

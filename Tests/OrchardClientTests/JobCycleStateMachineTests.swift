@@ -17,10 +17,11 @@ struct JobCycleStateMachineTests {
     static let config = ClientConfig(batchSize: 8, learningRate: 0.05, localEpochs: 3)
 
     static func machine(maximumAttempts: Int = 3, rules: ConditionRules = ConditionRules()) -> Machine {
-        Machine(setup: Machine.Setup(
-            server: server, authToken: "jwt", processName: "regressor", version: SemanticVersion(1, 0),
-            retry: RequestRetryPolicy(maximumAttempts: maximumAttempts), conditionRules: rules, trainingSeed: 42
-        ))
+        Machine(
+            setup: Machine.Setup(
+                server: server, authToken: "jwt", processName: "regressor", version: SemanticVersion(1, 0),
+                retry: RequestRetryPolicy(maximumAttempts: maximumAttempts), conditionRules: rules, trainingSeed: 42
+            ))
     }
 
     static func session(expiresAt: Double = now + 3600, server: String = server, requiresSpeedTest: Bool? = false) -> ClientStore.Identity {
@@ -38,7 +39,9 @@ struct JobCycleStateMachineTests {
         ClientStore.ModelInfo(modelID: "p.2", etag: "\"p.2\"", totalLength: bytes.count, sha256: Data(sha256 ?? ModelIntegrity.sha256(bytes)))
     }
 
-    static func stored(session: ClientStore.Identity? = session(), pending: Bool = false, checkpoint: (key: ClientStore.CheckpointKey, state: [UInt8])? = nil) -> Machine.Stored {
+    static func stored(session: ClientStore.Identity? = session(), pending: Bool = false, checkpoint: (key: ClientStore.CheckpointKey, state: [UInt8])? = nil)
+        -> Machine.Stored
+    {
         Machine.Stored(session: session, hasPendingReport: pending, checkpoint: checkpoint)
     }
 
@@ -127,7 +130,8 @@ struct JobCycleStateMachineTests {
         let afterAuth = machine.authenticated(response, now: Self.now)
         #expect(Self.names(afterAuth) == ["saveSession", "phase:requestingCycle", "requestCycle"])
         if case .saveSession(let identity) = afterAuth.first {
-            #expect(identity == ClientStore.Identity(workerID: "w9", sessionToken: "t9", expiresAt: Self.now + 3600, server: Self.server, requiresSpeedTest: false))
+            #expect(
+                identity == ClientStore.Identity(workerID: "w9", sessionToken: "t9", expiresAt: Self.now + 3600, server: Self.server, requiresSpeedTest: false))
         }
         if case .requestCycle(let request, let token) = afterAuth.last {
             #expect(request.workerID == "w9" && request.processName == "regressor" && token == "t9")
@@ -177,9 +181,11 @@ struct JobCycleStateMachineTests {
         #expect(Self.names(plugged.conditionsRead(full)) == ["loadState"])
     }
 
-    @Test("a saved session is reused only for the same server while it has time left", arguments: [
-        (Self.session(), false), (Self.session(expiresAt: Self.now + 30), true), (Self.session(server: "http://other"), true),
-    ])
+    @Test(
+        "a saved session is reused only for the same server while it has time left",
+        arguments: [
+            (Self.session(), false), (Self.session(expiresAt: Self.now + 30), true), (Self.session(server: "http://other"), true),
+        ])
     func sessionReuse(saved: ClientStore.Identity, authenticates: Bool) {
         var machine = Self.machine()
         _ = machine.start(constraints: .none)
@@ -246,7 +252,10 @@ struct JobCycleStateMachineTests {
     func linkSpeedWithSavedSession() {
         var gated = Self.machine(maximumAttempts: 2)
         _ = gated.start(constraints: .none)
-        #expect(Self.names(gated.stateLoaded(Self.stored(session: Self.session(requiresSpeedTest: true)), now: Self.now)) == ["phase:measuringLinkSpeed", "measureLinkSpeed"])
+        #expect(
+            Self.names(gated.stateLoaded(Self.stored(session: Self.session(requiresSpeedTest: true)), now: Self.now)) == [
+                "phase:measuringLinkSpeed", "measureLinkSpeed",
+            ])
         // A failed measurement is retried like any call, then fails the cycle.
         let broken = OrchardClientError(.network, "connection reset")
         #expect(Self.names(gated.requestFailed(broken)) == ["retrying:1", "backoff:1"])
@@ -259,7 +268,8 @@ struct JobCycleStateMachineTests {
 
         var old = Self.machine()
         _ = old.start(constraints: .none)
-        #expect(Self.names(old.stateLoaded(Self.stored(session: Self.session(requiresSpeedTest: nil)), now: Self.now)) == ["phase:authenticating", "authenticate"])
+        #expect(
+            Self.names(old.stateLoaded(Self.stored(session: Self.session(requiresSpeedTest: nil)), now: Self.now)) == ["phase:authenticating", "authenticate"])
     }
 
     @Test("a session renewed after a refused cycle request measures the link first when the process now asks for it")
@@ -445,11 +455,13 @@ struct JobCycleStateMachineTests {
 
     // MARK: Retries
 
-    @Test("transient failures back off with increasing retry numbers, then fail; other failures fail at once", arguments: [
-        (OrchardClientError(.network, "reset"), true),
-        (OrchardClientError.server(status: 503, body: nil), true),
-        (OrchardClientError.server(status: 400, body: ErrorBody(code: .invalidRequest, message: "bad")), false),
-    ])
+    @Test(
+        "transient failures back off with increasing retry numbers, then fail; other failures fail at once",
+        arguments: [
+            (OrchardClientError(.network, "reset"), true),
+            (OrchardClientError.server(status: 503, body: nil), true),
+            (OrchardClientError.server(status: 400, body: ErrorBody(code: .invalidRequest, message: "bad")), false),
+        ])
     func retries(error: OrchardClientError, transient: Bool) {
         var machine = Self.machine(maximumAttempts: 3)
         _ = machine.start(constraints: .none)
@@ -465,7 +477,9 @@ struct JobCycleStateMachineTests {
         #expect(Self.names(machine.requestFailed(error)) == ["fail:\(error.code)"])
     }
 
-    @Test("a 429 or 503 with Retry-After waits exactly that long; a wait longer than the policy's cap, or after the last attempt, ends the cycle as rejected with it")
+    @Test(
+        "a 429 or 503 with Retry-After waits exactly that long; a wait longer than the policy's cap, or after the last attempt, ends the cycle as rejected with it"
+    )
     func retryAfterIsTheBackoff() {
         let limited = OrchardClientError.server(status: 429, body: ErrorBody(code: .rateLimited, message: "slow down"), retryAfter: 7)
         var machine = Self.machine(maximumAttempts: 2)
@@ -494,7 +508,8 @@ struct JobCycleStateMachineTests {
         var machine = Self.machine()
         _ = machine.start(constraints: .none)
         _ = machine.stateLoaded(Self.stored(session: nil), now: Self.now)
-        let response = AuthenticateResponse(workerID: "w2", sessionToken: "t2", expiresIn: 3600, requiresSpeedTest: true, speedTestDownloadBytes: 5000, speedTestUploadBytes: 700)
+        let response = AuthenticateResponse(
+            workerID: "w2", sessionToken: "t2", expiresIn: 3600, requiresSpeedTest: true, speedTestDownloadBytes: 5000, speedTestUploadBytes: 700)
         let actions = machine.authenticated(response, now: Self.now)
         guard case .measureLinkSpeed(let session, let down, let up) = actions.last else {
             Issue.record("expected a measurement, got \(Self.names(actions))")

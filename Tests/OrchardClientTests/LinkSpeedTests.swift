@@ -16,7 +16,9 @@ struct TimedLinkTransport: ClientTransport {
     let upload: Duration
 
     func authenticate(_ request: AuthenticateRequest) async throws(OrchardClientError) -> AuthenticateResponse { try await inner.authenticate(request) }
-    func requestCycle(_ request: CycleRequest, session: String) async throws(OrchardClientError) -> CycleResponse { try await inner.requestCycle(request, session: session) }
+    func requestCycle(_ request: CycleRequest, session: String) async throws(OrchardClientError) -> CycleResponse {
+        try await inner.requestCycle(request, session: session)
+    }
     func plan(_ planID: String, requestKey: String, session: String) async throws(OrchardClientError) -> OrchardProtocol.TrainingPlan {
         try await inner.plan(planID, requestKey: requestKey, session: session)
     }
@@ -37,7 +39,9 @@ struct ForwardingOnlyTransport: ClientTransport {
     let inner: any ClientTransport
 
     func authenticate(_ request: AuthenticateRequest) async throws(OrchardClientError) -> AuthenticateResponse { try await inner.authenticate(request) }
-    func requestCycle(_ request: CycleRequest, session: String) async throws(OrchardClientError) -> CycleResponse { try await inner.requestCycle(request, session: session) }
+    func requestCycle(_ request: CycleRequest, session: String) async throws(OrchardClientError) -> CycleResponse {
+        try await inner.requestCycle(request, session: session)
+    }
     func plan(_ planID: String, requestKey: String, session: String) async throws(OrchardClientError) -> OrchardProtocol.TrainingPlan {
         try await inner.plan(planID, requestKey: requestKey, session: session)
     }
@@ -159,7 +163,9 @@ struct LinkSpeedTests {
                 #expect(server?.serverCode == .invalidRequest)
             }
             // More than the process asks for is refused each way; the sizes it asks for pass once per interval.
-            let tooMuch = await #expect(throws: OrchardClientError.self) { try await http.speedTest(.upload, bytes: Self.uploadBytes + 1, session: device.sessionToken) }
+            let tooMuch = await #expect(throws: OrchardClientError.self) {
+                try await http.speedTest(.upload, bytes: Self.uploadBytes + 1, session: device.sessionToken)
+            }
             #expect(tooMuch?.httpStatus == 413 && tooMuch?.serverCode == .payloadTooLarge)
             #expect(try await http.speedTest(.upload, bytes: Self.uploadBytes, session: device.sessionToken) == Self.uploadBytes)
             #expect(try await http.speedTest(.download, bytes: Self.downloadBytes, session: device.sessionToken) == Self.downloadBytes)

@@ -8,7 +8,9 @@ import Testing
 /// Local differential privacy on the device: the whole update is clipped as one vector, then noised.
 @Suite struct LocalPrivacyTests {
     func update(_ values: [[Float]]) -> LocalUpdate {
-        LocalUpdate(diff: values.enumerated().map { TensorRecord(name: "t\($0.offset)", shape: [$0.element.count], values: $0.element) }, sampleCount: 9, metrics: ["loss": 1])
+        LocalUpdate(
+            diff: values.enumerated().map { TensorRecord(name: "t\($0.offset)", shape: [$0.element.count], values: $0.element) }, sampleCount: 9,
+            metrics: ["loss": 1])
     }
 
     @Test func theUpdateIsClippedAcrossEveryTensorBeforeNoise() throws {
@@ -26,11 +28,13 @@ import Testing
 
     @Test func frozenLayersStayZeroAndDoNotCountTowardTheNorm() throws {
         var generator = SplitMix64(seed: 4)
-        let diff = LocalUpdate(diff: [
-            TensorRecord(name: "embed.weight", shape: [2], values: [0, 0]),
-            TensorRecord(name: "out.weight", shape: [2], values: [3, 4]),
-        ], sampleCount: 1)
-        let noised = try LocalDifferentialPrivacy.apply(LocalPrivacy(clippingNorm: 1, noiseMultiplier: 0.1), to: diff, frozenLayers: ["embed"], using: &generator)
+        let diff = LocalUpdate(
+            diff: [
+                TensorRecord(name: "embed.weight", shape: [2], values: [0, 0]),
+                TensorRecord(name: "out.weight", shape: [2], values: [3, 4]),
+            ], sampleCount: 1)
+        let noised = try LocalDifferentialPrivacy.apply(
+            LocalPrivacy(clippingNorm: 1, noiseMultiplier: 0.1), to: diff, frozenLayers: ["embed"], using: &generator)
         #expect(noised.diff[0].values == [0, 0])
         // Clipped to (0.6, 0.8), then noise of σ = 0.1.
         #expect(abs(noised.diff[1].values[0] - 0.6) < 0.5 && abs(noised.diff[1].values[1] - 0.8) < 0.5)
@@ -40,7 +44,8 @@ import Testing
     @Test func theNoiseHasStandardDeviationZTimesC() throws {
         var generator = SplitMix64(seed: 2)
         let n = 30_000
-        let noised = try LocalDifferentialPrivacy.apply(LocalPrivacy(clippingNorm: 2, noiseMultiplier: 0.5), to: update([[Float](repeating: 0, count: n)]), using: &generator)
+        let noised = try LocalDifferentialPrivacy.apply(
+            LocalPrivacy(clippingNorm: 2, noiseMultiplier: 0.5), to: update([[Float](repeating: 0, count: n)]), using: &generator)
         let values = noised.diff[0].values.map(Double.init)
         let mean = values.reduce(0, +) / Double(n)
         let variance = values.reduce(0) { $0 + ($1 - mean) * ($1 - mean) } / Double(n - 1)
@@ -52,8 +57,11 @@ import Testing
     @Test func unusableSettingsFromAPlanAreRefused() {
         var generator = SplitMix64(seed: 3)
         // A coordinator cannot turn the noise off: z = 0 is refused like any unusable value.
-        for privacy in [LocalPrivacy(clippingNorm: 0, noiseMultiplier: 1), LocalPrivacy(clippingNorm: 1, noiseMultiplier: -1), LocalPrivacy(clippingNorm: .nan, noiseMultiplier: 1),
-                        LocalPrivacy(clippingNorm: 1, noiseMultiplier: 0)] {
+        for privacy in [
+            LocalPrivacy(clippingNorm: 0, noiseMultiplier: 1), LocalPrivacy(clippingNorm: 1, noiseMultiplier: -1),
+            LocalPrivacy(clippingNorm: .nan, noiseMultiplier: 1),
+            LocalPrivacy(clippingNorm: 1, noiseMultiplier: 0),
+        ] {
             #expect(throws: OrchardClientError.self) { try LocalDifferentialPrivacy.apply(privacy, to: update([[1]]), using: &generator) }
         }
     }

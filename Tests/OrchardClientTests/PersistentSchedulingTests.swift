@@ -20,7 +20,8 @@ struct PersistentSchedulingTests {
             // Another device holds the cycle's only place, so this device's request is turned away with a retry-after.
             let other = try await coordinator.authenticate(AuthenticateRequest(processName: "regressor", processVersion: SemanticVersion(1, 0)))
             _ = try await coordinator.requestCycle(
-                CycleRequest(workerID: other.workerID, processName: "regressor", processVersion: SemanticVersion(1, 0)), session: try await coordinator.session(forToken: other.sessionToken)
+                CycleRequest(workerID: other.workerID, processName: "regressor", processVersion: SemanticVersion(1, 0)),
+                session: try await coordinator.session(forToken: other.sessionToken)
             )
             let storePath = directory.appendingPathComponent("agent-scheduler.sqlite").path
             let dataset = try Fixture.dataset()
@@ -33,9 +34,11 @@ struct PersistentSchedulingTests {
                     conditions: ScriptedConditionsProvider(.ideal), store: try SQLiteSchedulerStore(path: storePath)
                 )
                 let client = CoordinatorConnection(
-                    transport: InProcessTransport(coordinator: coordinator), server: "in-process", configuration: inMemoryConfiguration(directory, device: "a", clock: clock)
+                    transport: InProcessTransport(coordinator: coordinator), server: "in-process",
+                    configuration: inMemoryConfiguration(directory, device: "a", clock: clock)
                 )
-                try await client.newJob(processName: "regressor", version: "1.0").scheduleBackgroundTraining(on: scheduler, options: options, data: { dataset }) { result in
+                try await client.newJob(processName: "regressor", version: "1.0").scheduleBackgroundTraining(on: scheduler, options: options, data: { dataset })
+                { result in
                     outcomes.withLock { $0.append(result) }
                 }
                 await scheduler.start()

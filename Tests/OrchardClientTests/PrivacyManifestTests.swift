@@ -64,7 +64,9 @@ import Testing
         var calling: [String: Set<String>] = [:]
         for module in appLinked {
             let directory = Self.sources.appendingPathComponent(module)
-            let files = FileManager.default.enumerator(at: directory, includingPropertiesForKeys: nil)?.compactMap { $0 as? URL }.filter { $0.pathExtension == "swift" } ?? []
+            let files =
+                FileManager.default.enumerator(at: directory, includingPropertiesForKeys: nil)?.compactMap { $0 as? URL }.filter { $0.pathExtension == "swift" }
+                ?? []
             #expect(!files.isEmpty, "\(module) has sources")
             for file in files {
                 let text = try String(contentsOf: file, encoding: .utf8)
@@ -74,7 +76,9 @@ import Testing
         #expect(calling["OrchardClient"] != nil && calling["OrchardData"] != nil, "the scan finds the calls it is meant to")
         for (module, categories) in calling {
             let declared = try Self.declared(in: module)
-            for category in categories { #expect(declared[category] != nil, "\(module) calls a \(category) API: declare it in \(module)/PrivacyInfo.xcprivacy") }
+            for category in categories {
+                #expect(declared[category] != nil, "\(module) calls a \(category) API: declare it in \(module)/PrivacyInfo.xcprivacy")
+            }
         }
     }
 }

@@ -15,7 +15,9 @@ struct SecureAggregationExchangeTests {
     static let length = 6
 
     /// `count` exchanges with their updates and sample counts.
-    static func devices(_ count: Int, counts: [Int]? = nil, plan: SecureAggregationPlan = SecureFixture.plan()) throws -> (exchanges: [SecureAggregationExchange], updates: [[Float]], counts: [Int]) {
+    static func devices(_ count: Int, counts: [Int]? = nil, plan: SecureAggregationPlan = SecureFixture.plan()) throws -> (
+        exchanges: [SecureAggregationExchange], updates: [[Float]], counts: [Int]
+    ) {
         let counts = counts ?? (0..<count).map { 10 * ($0 + 1) }
         let updates = (0..<count).map { SecureFixture.update(device: $0, length: length) }
         let exchanges = try (0..<count).map { i in try SecureFixture.exchange(device: i, plan: plan, update: updates[i], sampleCount: counts[i]) }
@@ -111,7 +113,9 @@ struct SecureAggregationExchangeTests {
         var exchanges = [try SecureFixture.exchange(device: 0, plan: signed, update: update, sampleCount: 5, identity: identity, trust: trust)]
         for i in 1..<3 {
             let sybil = try SecureAggregationIdentity(authority: rogue, subject: "sybil-\(i)", expiresAt: now.addingTimeInterval(3600), using: &generator)
-            exchanges.append(try SecureFixture.exchange(device: i, plan: signed, update: SecureFixture.update(device: i, length: Self.length), sampleCount: 5, identity: sybil))
+            exchanges.append(
+                try SecureFixture.exchange(
+                    device: i, plan: signed, update: SecureFixture.update(device: i, length: Self.length), sampleCount: 5, identity: sybil))
         }
         var driver = LockstepDriver(exchanges: exchanges, coordinator: try Self.coordinator(goal: 3, plan: signed))
         driver.run()
@@ -205,7 +209,9 @@ struct SecureAggregationExchangeTests {
         var fresh = try SecureFixture.exchange(device: 0, update: [1, 2], sampleCount: 1)
         _ = fresh.start()
         let closed = FakeSecureCoordinator.error(409, .stageClosed, "advertise_keys closed")
-        #expect(fresh.requestFailed(closed, random: 0) == .finished(.rejected(retryAfter: SecureAggregationExchange.defaultRejectionRetryAfter, reason: "stage_closed")))
+        #expect(
+            fresh.requestFailed(closed, random: 0)
+                == .finished(.rejected(retryAfter: SecureAggregationExchange.defaultRejectionRetryAfter, reason: "stage_closed")))
         #expect(fresh.isOver)
 
         var retried = try SecureFixture.exchange(device: 0, update: [1, 2], sampleCount: 1)
@@ -214,7 +220,8 @@ struct SecureAggregationExchangeTests {
         #expect(backoff == .backoff(retry: 1, seconds: 0.5, error: OrchardClientError(.network, "answer lost")))
         #expect(retried.waitElapsed() == .send(advertise))
         #expect(retried.requestFailed(closed, random: 0) == .send(SecureAggregationRequest(workerID: "w0", requestKey: "k0")))
-        let next = retried.replied(SecureAggregationReply(cycle: SecureFixture.cycle, device: 2, stage: .advertiseKeys, next: .wait, retryAfter: 3), using: &generator)
+        let next = retried.replied(
+            SecureAggregationReply(cycle: SecureFixture.cycle, device: 2, stage: .advertiseKeys, next: .wait, retryAfter: 3), using: &generator)
         #expect(next == .wait(seconds: 3))
     }
 
@@ -270,7 +277,8 @@ struct SecureAggregationExchangeTests {
         // The failed exchange keeps answering with its failure, never with a request.
         var generator = OrchardRandom(seed: 4)
         var failed = driver.exchanges[0]
-        #expect(failed.replied(SecureAggregationReply(cycle: SecureFixture.cycle, device: 1, stage: .shareKeys, next: .wait), using: &generator) == .failed(error))
+        #expect(
+            failed.replied(SecureAggregationReply(cycle: SecureFixture.cycle, device: 1, stage: .shareKeys, next: .wait), using: &generator) == .failed(error))
         #expect(failed.requestFailed(OrchardClientError(.network, "x"), random: 0) == .failed(error))
     }
 

@@ -34,10 +34,12 @@ final class SecureProcessTransport: ClientTransport {
     }
 
     func requestCycle(_ request: CycleRequest, session: String) async throws(OrchardClientError) -> CycleResponse {
-        .accepted(CycleAssignment(
-            requestKey: "key-\(request.workerID)", processID: SecureFixture.processID, cycle: SecureFixture.cycle, checkpoint: 1, modelID: "m1", planID: "p1",
-            reportWithin: reportWithin
-        ))
+        .accepted(
+            CycleAssignment(
+                requestKey: "key-\(request.workerID)", processID: SecureFixture.processID, cycle: SecureFixture.cycle, checkpoint: 1, modelID: "m1",
+                planID: "p1",
+                reportWithin: reportWithin
+            ))
     }
 
     func plan(_ planID: String, requestKey: String, session: String) async throws(OrchardClientError) -> TrainingPlan { plan }
@@ -255,9 +257,12 @@ struct SecureAggregationJobTests {
             configuration: plan.secureAggregation!.parameters, goal: 3, maximumSampleCount: 100, modelLength: length
         )
         coordinator.retryAfter = 4
-        let (outcomes, _, _, _) = try await Self.runJobs(count: 1, plan: plan, coordinator: coordinator, configure: { configuration in
-            configuration.secureAggregationWait = SecureAggregationWaitLimit(margin: 0, maximum: 10)
-        }) { i, context in
+        let (outcomes, _, _, _) = try await Self.runJobs(
+            count: 1, plan: plan, coordinator: coordinator,
+            configure: { configuration in
+                configuration.secureAggregationWait = SecureAggregationWaitLimit(margin: 0, maximum: 10)
+            }
+        ) { i, context in
             LocalUpdate(diff: Self.diff(device: i, weights: context.model.weights), sampleCount: 5)
         }
         #expect(try outcomes[0].get() == .rejected(retryAfter: 4, reason: "secure_aggregation_timeout"))
@@ -272,9 +277,12 @@ struct SecureAggregationJobTests {
             configuration: plan.secureAggregation!.parameters, goal: 3, maximumSampleCount: 100, modelLength: length
         )
         // The background window expires during the first wait.
-        let (outcomes, transport, _, _) = try await Self.runJobs(count: 1, plan: plan, coordinator: coordinator, configure: { configuration in
-            configuration.environment = .seeded(1, clock: RecordingClock { _ in throw CancellationError() }, seedNoise: true)
-        }) { i, context in
+        let (outcomes, transport, _, _) = try await Self.runJobs(
+            count: 1, plan: plan, coordinator: coordinator,
+            configure: { configuration in
+                configuration.environment = .seeded(1, clock: RecordingClock { _ in throw CancellationError() }, seedNoise: true)
+            }
+        ) { i, context in
             LocalUpdate(diff: Self.diff(device: i, weights: context.model.weights), sampleCount: 5)
         }
         guard case .failure(let error) = outcomes[0] else {
@@ -291,7 +299,8 @@ struct SecureAggregationJobTests {
         let length = shapes.values.reduce(0) { $0 + $1.reduce(1, *) }
         let plan = Self.securePlan()
         let inner = try SecureProcessTransport(
-            plan: plan, coordinator: FakeSecureCoordinator(configuration: plan.secureAggregation!.parameters, goal: 3, maximumSampleCount: 100, modelLength: length)
+            plan: plan,
+            coordinator: FakeSecureCoordinator(configuration: plan.secureAggregation!.parameters, goal: 3, maximumSampleCount: 100, modelLength: length)
         )
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("orchard-secure-\(UUID().uuidString)")
         defer { try? FileManager.default.removeItem(at: directory) }

@@ -66,7 +66,8 @@ struct FakeSecureCoordinator {
             let index = known ?? indices.count + 1
             try absorb { () throws(SecureAggregationError) in
                 try server.receiveAdvertisement(
-                    SecureAggregationAdvertisement(device: index, channelPublicKey: keys.channelPublicKey, maskPublicKey: keys.maskPublicKey, signed: keys.signed))
+                    SecureAggregationAdvertisement(
+                        device: index, channelPublicKey: keys.channelPublicKey, maskPublicKey: keys.maskPublicKey, signed: keys.signed))
             }
             indices[request.workerID] = index
         }
@@ -280,7 +281,8 @@ enum SecureFixture {
     }
 
     static func exchange(
-        device: Int, plan: SecureAggregationPlan = plan(), update: [Float], sampleCount: Int, retry: RequestRetryPolicy = RequestRetryPolicy(maximumAttempts: 3, jitter: 0),
+        device: Int, plan: SecureAggregationPlan = plan(), update: [Float], sampleCount: Int,
+        retry: RequestRetryPolicy = RequestRetryPolicy(maximumAttempts: 3, jitter: 0),
         waitLimit: Double = 1000, seed: UInt64? = nil, identity: SecureAggregationIdentity? = nil, trust: SecureAggregationTrust? = nil
     ) throws(OrchardClientError) -> SecureAggregationExchange {
         var generator = OrchardRandom(seed: seed ?? UInt64(device) &* 7919)

@@ -146,11 +146,15 @@ enum Fixture {
         return (x, y)
     }
 
-    static func host(name: String = "regressor", goal: Int = 5, overSelection: Double = 1.3, authentication: AuthenticationConfig = .open, clientConfig: ClientConfig = ClientConfig(batchSize: 8, learningRate: 0.05, localEpochs: 3)) throws -> HostProcessRequest {
+    static func host(
+        name: String = "regressor", goal: Int = 5, overSelection: Double = 1.3, authentication: AuthenticationConfig = .open,
+        clientConfig: ClientConfig = ClientConfig(batchSize: 8, learningRate: 0.05, localEpochs: 3)
+    ) throws -> HostProcessRequest {
         HostProcessRequest(
             name: name, version: SemanticVersion(1, 0), model: spec, initialWeights: try initialWeights(),
             clientConfig: clientConfig,
-            serverConfig: ServerConfig(cycleLength: 3600, goalCount: goal, overSelection: overSelection, minimumReports: 1, paceSteeringWindow: 30, authentication: authentication)
+            serverConfig: ServerConfig(
+                cycleLength: 3600, goalCount: goal, overSelection: overSelection, minimumReports: 1, paceSteeringWindow: 30, authentication: authentication)
         )
     }
 }
@@ -165,7 +169,9 @@ struct InterruptingTrainer: LocalTrainer {
         try inner.parameterShapes(of: spec)
     }
 
-    func train(_ task: LocalTrainingTask, on dataset: any Dataset, resumingFrom checkpoint: [UInt8]?, progress: @escaping @Sendable (TrainingStep) -> Void) throws(OrchardClientError) -> LocalTrainingOutcome {
+    func train(_ task: LocalTrainingTask, on dataset: any Dataset, resumingFrom checkpoint: [UInt8]?, progress: @escaping @Sendable (TrainingStep) -> Void)
+        throws(OrchardClientError) -> LocalTrainingOutcome
+    {
         let limit = cancelAfterUpdates
         return try inner.train(task, on: dataset, resumingFrom: checkpoint) { step in
             progress(step)

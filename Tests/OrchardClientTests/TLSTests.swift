@@ -20,8 +20,10 @@ final class TLSCoordinator: @unchecked Sendable {
         directory = FileManager.default.temporaryDirectory.appendingPathComponent("orchard-tls-\(UUID().uuidString)")
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
         certificates = try TestCertificates.make()
-        instance = try await CoordinatorInstance.open(database: directory.appendingPathComponent("c.sqlite").path, clock: ManualClock(), random: SplitMix64(seed: 4))
-        let tls = try CoordinatorTLS(certificateChainPEM: Array(certificates.serverCertificatePEM.utf8), privateKeyPEM: Array(certificates.serverPrivateKeyPEM.utf8))
+        instance = try await CoordinatorInstance.open(
+            database: directory.appendingPathComponent("c.sqlite").path, clock: ManualClock(), random: SplitMix64(seed: 4))
+        let tls = try CoordinatorTLS(
+            certificateChainPEM: Array(certificates.serverCertificatePEM.utf8), privateKeyPEM: Array(certificates.serverPrivateKeyPEM.utf8))
         server = try await instance.serve(tls: tls)
     }
 
@@ -46,7 +48,8 @@ struct TLSTests {
             _ = try await coordinator.instance.coordinator.host(try Fixture.host(goal: 2, overSelection: 1, clientConfig: ClientIntegrationTests.config))
             let transport = try HTTPTransport(url: coordinator.httpsURL, timeout: 10, trustRoots: .certificates(pem: coordinator.certificates.caCertificatePEM))
             let session = try await transport.authenticate(AuthenticateRequest(processName: "regressor", processVersion: SemanticVersion(1)))
-            let answer = try await transport.requestCycle(CycleRequest(workerID: session.workerID, processName: "regressor", processVersion: SemanticVersion(1)), session: session.sessionToken)
+            let answer = try await transport.requestCycle(
+                CycleRequest(workerID: session.workerID, processName: "regressor", processVersion: SemanticVersion(1)), session: session.sessionToken)
             guard case .accepted(let assignment) = answer else {
                 Issue.record("expected an assignment, got \(answer)")
                 return
@@ -89,7 +92,9 @@ struct TLSTests {
                 environment: .seeded(1, clock: RecordingClock { duration in sleeps.withLock { $0.append(duration) } })
             )
             let client = try CoordinatorConnection(url: coordinator.httpsURL, configuration: configuration)
-            let error = await #expect(throws: OrchardClientError.self) { try await client.newJob(processName: "regressor", version: "1.0").train(on: Fixture.dataset()) }
+            let error = await #expect(throws: OrchardClientError.self) {
+                try await client.newJob(processName: "regressor", version: "1.0").train(on: Fixture.dataset())
+            }
             #expect(error?.code == .tls)
             #expect(sleeps.withLock { $0.isEmpty })
         }
@@ -203,7 +208,8 @@ struct TLSCommandLineTests {
         #expect(untrusted.error.contains("TLS connection to https://127.0.0.1:\(port)"), "\(untrusted.error)")
         #expect(untrusted.error.contains("--ca-cert"), "\(untrusted.error)")
 
-        let trusted = try OrchardChild(["client"] + device + ["--ca-cert", files.ca, "--state-directory", directory.appendingPathComponent("trusted").path], in: directory)
+        let trusted = try OrchardChild(
+            ["client"] + device + ["--ca-cert", files.ca, "--state-directory", directory.appendingPathComponent("trusted").path], in: directory)
         let run = try await trusted.finish(within: 120)
         #expect(run.status == 0, "\(trusted.error)")
         #expect(run.output.contains("reported to cycle 1"), "\(run.output)")

@@ -6,9 +6,11 @@ import Testing
 
 @Suite("training settings: built-in defaults < architecture < process client config")
 struct TrainingSettingsTests {
-    static let bare = ModelSpec(name: "m", inputs: [InputSpec(name: "x", shape: [2])], layers: [
-        LayerSpec(name: "d", type: .dense, inputs: ["x"], units: 1, inputSize: 2),
-    ])
+    static let bare = ModelSpec(
+        name: "m", inputs: [InputSpec(name: "x", shape: [2])],
+        layers: [
+            LayerSpec(name: "d", type: .dense, inputs: ["x"], units: 1, inputSize: 2)
+        ])
 
     static var withTraining: ModelSpec {
         var spec = bare
@@ -41,7 +43,10 @@ struct TrainingSettingsTests {
         #expect(all.batchSize == 1 && all.optimizer.learningRate == 1 && all.epochs == 2 && all.maxUpdates == 3)
     }
 
-    @Test(arguments: [ClientConfig(batchSize: 0), ClientConfig(learningRate: -1), ClientConfig(learningRate: .infinity), ClientConfig(localEpochs: 0), ClientConfig(maxUpdates: 0)])
+    @Test(arguments: [
+        ClientConfig(batchSize: 0), ClientConfig(learningRate: -1), ClientConfig(learningRate: .infinity), ClientConfig(localEpochs: 0),
+        ClientConfig(maxUpdates: 0),
+    ])
     func anUnusableClientConfigIsAnIncompatibleModel(config: ClientConfig) {
         let error = #expect(throws: OrchardClientError.self) {
             try TrainingConfiguration.resolved(architecture: Self.bare, clientConfig: config, seed: 0)
@@ -62,7 +67,8 @@ struct TrainingSettingsTests {
     @Test("a paused run resumes to the same diff as an uninterrupted one, and its checkpoint says how far it got")
     func pausedRunResumesExactly() throws {
         let weights = try Safetensors.decode(Fixture.initialWeights()).tensors
-        let training = try TrainingConfiguration.resolved(architecture: Fixture.spec, clientConfig: ClientConfig(batchSize: 4, learningRate: 0.05, localEpochs: 3), seed: 7)
+        let training = try TrainingConfiguration.resolved(
+            architecture: Fixture.spec, clientConfig: ClientConfig(batchSize: 4, learningRate: 0.05, localEpochs: 3), seed: 7)
         let trainer = EngineLocalTrainer()
         let whole = LocalTrainingTask(model: CycleModel(spec: Fixture.spec, weights: weights), training: training)
         guard case .completed(let reference) = try trainer.train(whole, on: Fixture.dataset(), resumingFrom: nil, progress: { _ in }) else {

@@ -13,9 +13,11 @@ import Testing
 /// share is not lost.
 @Suite struct MultiInstanceTests {
     /// A one-layer model (3 → 2 with bias).
-    static let model = ModelSpec(name: "multi", inputs: [InputSpec(name: "x", shape: [3])], layers: [
-        LayerSpec(name: "out", type: .dense, inputs: ["x"], units: 2, inputSize: 3, useBias: true)
-    ])
+    static let model = ModelSpec(
+        name: "multi", inputs: [InputSpec(name: "x", shape: [3])],
+        layers: [
+            LayerSpec(name: "out", type: .dense, inputs: ["x"], units: 2, inputSize: 3, useBias: true)
+        ])
     static let weights = [
         TensorRecord(name: "out.weight", shape: [2, 3], values: [0.5, -0.5, 0.25, 1, 2, -1]),
         TensorRecord(name: "out.bias", shape: [2], values: [0, 0.1]),

@@ -60,7 +60,9 @@ import Testing
             }
         }
 
-        func send(_ method: String, _ path: String, body: [UInt8]? = nil, token: String? = nil, contentType: String = MediaType.json) async throws -> (status: Int, body: [UInt8]) {
+        func send(_ method: String, _ path: String, body: [UInt8]? = nil, token: String? = nil, contentType: String = MediaType.json) async throws -> (
+            status: Int, body: [UInt8]
+        ) {
             var request = URLRequest(url: URL(string: "http://127.0.0.1:\(port)\(path)")!)
             request.httpMethod = method
             if let body {
@@ -100,7 +102,8 @@ import Testing
     }
 
     static func join(_ server: Server, name: String) async throws -> Device {
-        let auth = try await server.json(AuthenticateResponse.self, "POST", Endpoint.authenticate, AuthenticateRequest(processName: name, processVersion: SemanticVersion(1, 0)))
+        let auth = try await server.json(
+            AuthenticateResponse.self, "POST", Endpoint.authenticate, AuthenticateRequest(processName: name, processVersion: SemanticVersion(1, 0)))
         let response = try await server.json(
             CycleResponse.self, "POST", Endpoint.cycleRequest, CycleRequest(workerID: auth.workerID, processName: name, processVersion: SemanticVersion(1, 0)),
             token: auth.sessionToken
@@ -194,9 +197,10 @@ import Testing
     @Test func aTinyRunOverThreeInstancesCountsEveryCheckInAndReport() async throws {
         let admin = try TestDatabase.adminConfiguration()
         let before = try await PostgresAdministration.databases(prefix: "orchard_bench_", using: admin, logger: TestDatabase.logger)
-        let result = try await CoordinatorBenchmark.run(CoordinatorBenchmark.Configuration(
-            devices: 6, parameters: 105, checkins: 12, rate: 0, rounds: 3, reportConcurrency: 2, database: admin, instances: 3
-        ))
+        let result = try await CoordinatorBenchmark.run(
+            CoordinatorBenchmark.Configuration(
+                devices: 6, parameters: 105, checkins: 12, rate: 0, rounds: 3, reportConcurrency: 2, database: admin, instances: 3
+            ))
         #expect(result.store == "postgres" && result.instances == 3)
         #expect(result.checkins == 12 && result.reports == 6 * 3)
         #expect(result.reportBytes > result.reports * 100 * 4)

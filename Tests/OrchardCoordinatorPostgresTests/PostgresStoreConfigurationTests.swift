@@ -5,7 +5,8 @@ import Testing
 /// Database URLs: what parses, what is refused and how, and that the password never shows.
 @Suite struct PostgresStoreConfigurationTests {
     @Test func aFullURLParses() throws {
-        let configuration = try PostgresStoreConfiguration(url: "postgres://orchard:pa%3Ass%40word@db.example.org:6543/fl?sslmode=verify-full&sslrootcert=/etc/orchard/ca.pem&pool_size=16&connect_timeout=3")
+        let configuration = try PostgresStoreConfiguration(
+            url: "postgres://orchard:pa%3Ass%40word@db.example.org:6543/fl?sslmode=verify-full&sslrootcert=/etc/orchard/ca.pem&pool_size=16&connect_timeout=3")
         #expect(configuration.host == "db.example.org")
         #expect(configuration.port == 6543)
         #expect(configuration.user == "orchard")

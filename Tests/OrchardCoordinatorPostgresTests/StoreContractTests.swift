@@ -63,10 +63,11 @@ import Testing
             try await F.host(store)
             for cycle in 1...4 {
                 let weights = [UInt8](repeating: UInt8(cycle), count: 8)
-                try await store.closeCycle(CycleClosure(
-                    processID: "p", closedCycle: cycle, checkpoint: (cycle, weights), optimizerState: [UInt8(cycle)],
-                    nextCycle: F.next(cycle + 1, checkpoint: cycle), retention: 2
-                ))
+                try await store.closeCycle(
+                    CycleClosure(
+                        processID: "p", closedCycle: cycle, checkpoint: (cycle, weights), optimizerState: [UInt8(cycle)],
+                        nextCycle: F.next(cycle + 1, checkpoint: cycle), retention: 2
+                    ))
             }
             #expect(try await store.checkpointNumbers(processID: "p") == [3, 4])
             #expect(try await stores.peer.checkpoint(processID: "p", number: 4) == [UInt8](repeating: 4, count: 8))
@@ -85,18 +86,21 @@ import Testing
             try await F.host(store)
             let optimizer: [UInt8] = [0, 1, 2, 255, 0]
             let privacy = Array("{\"epsilon\":1.5}".utf8)
-            try await store.closeCycle(CycleClosure(
-                processID: "p", closedCycle: 1, checkpoint: (1, [9]), optimizerState: optimizer, privacyState: privacy,
-                nextCycle: F.next(2, checkpoint: 1), retention: 5
-            ))
+            try await store.closeCycle(
+                CycleClosure(
+                    processID: "p", closedCycle: 1, checkpoint: (1, [9]), optimizerState: optimizer, privacyState: privacy,
+                    nextCycle: F.next(2, checkpoint: 1), retention: 5
+                ))
             #expect(try await stores.peer.optimizerState(processID: "p") == optimizer)
             #expect(try await stores.peer.privacyState(processID: "p") == privacy)
             // An abandoned cycle leaves both as they were.
-            try await store.closeCycle(CycleClosure(processID: "p", closedCycle: 2, checkpoint: nil, optimizerState: nil, nextCycle: F.next(3, checkpoint: 1), retention: 5))
+            try await store.closeCycle(
+                CycleClosure(processID: "p", closedCycle: 2, checkpoint: nil, optimizerState: nil, nextCycle: F.next(3, checkpoint: 1), retention: 5))
             #expect(try await store.optimizerState(processID: "p") == optimizer)
             #expect(try await store.privacyState(processID: "p") == privacy)
             // An aggregated cycle without them clears them.
-            try await store.closeCycle(CycleClosure(processID: "p", closedCycle: 3, checkpoint: (2, [8]), optimizerState: nil, nextCycle: F.next(4, checkpoint: 2), retention: 5))
+            try await store.closeCycle(
+                CycleClosure(processID: "p", closedCycle: 3, checkpoint: (2, [8]), optimizerState: nil, nextCycle: F.next(4, checkpoint: 2), retention: 5))
             #expect(try await store.optimizerState(processID: "p") == nil)
             #expect(try await store.privacyState(processID: "p") == nil)
             #expect(try await store.optimizerState(processID: "absent") == nil)
@@ -114,26 +118,31 @@ import Testing
             try await store.recordReport(F.report(0), bytes: F.diff(0))
             try await stores.peer.recordReport(F.report(1, instance: "b"), bytes: F.diff(1))
             let closed = F.epoch.addingTimeInterval(30)
-            try await store.closeCycle(CycleClosure(
-                processID: "p", closedCycle: 1, checkpoint: (1, [1]), optimizerState: nil, nextCycle: F.next(2, checkpoint: 1), retention: 5, closedAt: closed
-            ))
+            try await store.closeCycle(
+                CycleClosure(
+                    processID: "p", closedCycle: 1, checkpoint: (1, [1]), optimizerState: nil, nextCycle: F.next(2, checkpoint: 1), retention: 5,
+                    closedAt: closed
+                ))
             // Cycle 2: one assigned, nobody reports: abandoned. Cycle 3 stays open and is not listed.
             try await F.assign(store, 3..<4, cycle: 2)
-            try await stores.peer.closeCycle(CycleClosure(
-                processID: "p", closedCycle: 2, checkpoint: nil, optimizerState: nil, nextCycle: F.next(3, checkpoint: 1), retention: 5,
-                closedAt: closed.addingTimeInterval(60)
-            ))
+            try await stores.peer.closeCycle(
+                CycleClosure(
+                    processID: "p", closedCycle: 2, checkpoint: nil, optimizerState: nil, nextCycle: F.next(3, checkpoint: 1), retention: 5,
+                    closedAt: closed.addingTimeInterval(60)
+                ))
             let records = try await stores.peer.cycleRecords(processID: "p", limit: 10)
-            #expect(records == [
-                CycleRecord(
-                    cycle: 1, outcome: .aggregated, assigned: 3, reported: 2, checkpoint: 1, openedAt: F.epoch.timeIntervalSince1970,
-                    closedAt: closed.timeIntervalSince1970, metrics: ["loss": 0.5]
-                ),
-                CycleRecord(
-                    cycle: 2, outcome: .abandoned, assigned: 1, reported: 0, checkpoint: nil, openedAt: F.next(2, checkpoint: 1).openedAt.timeIntervalSince1970,
-                    closedAt: closed.timeIntervalSince1970 + 60, metrics: [:]
-                ),
-            ])
+            #expect(
+                records == [
+                    CycleRecord(
+                        cycle: 1, outcome: .aggregated, assigned: 3, reported: 2, checkpoint: 1, openedAt: F.epoch.timeIntervalSince1970,
+                        closedAt: closed.timeIntervalSince1970, metrics: ["loss": 0.5]
+                    ),
+                    CycleRecord(
+                        cycle: 2, outcome: .abandoned, assigned: 1, reported: 0, checkpoint: nil,
+                        openedAt: F.next(2, checkpoint: 1).openedAt.timeIntervalSince1970,
+                        closedAt: closed.timeIntervalSince1970 + 60, metrics: [:]
+                    ),
+                ])
             #expect(try await store.cycleRecords(processID: "p", limit: 1).map(\.cycle) == [2], "the newest, oldest first")
             #expect(try await store.cycleRecords(processID: "absent", limit: 10).isEmpty)
             try await store.deleteProcess(id: "p")
@@ -192,17 +201,20 @@ import Testing
             let store = stores.main
             try await F.host(store)
             try await F.assign(store, 0..<2)
-            #expect(try await storeErrorCode {
-                try await stores.peer.recordAssignment(processID: "p", cycle: 1, workerID: "w0", requestKey: "k9", at: F.epoch)
-            } == .duplicate)
-            #expect(try await storeErrorCode {
-                try await store.recordAssignment(processID: "p", cycle: 1, workerID: "w9", requestKey: "k1", at: F.epoch)
-            } == .duplicate)
+            #expect(
+                try await storeErrorCode {
+                    try await stores.peer.recordAssignment(processID: "p", cycle: 1, workerID: "w0", requestKey: "k9", at: F.epoch)
+                } == .duplicate)
+            #expect(
+                try await storeErrorCode {
+                    try await store.recordAssignment(processID: "p", cycle: 1, workerID: "w9", requestKey: "k1", at: F.epoch)
+                } == .duplicate)
             let open = try #require(try await stores.peer.openCycle(processID: "p"))
-            #expect(Set(open.assignments) == [
-                StoredAssignment(workerID: "w0", requestKey: "k0", reported: false),
-                StoredAssignment(workerID: "w1", requestKey: "k1", reported: false),
-            ])
+            #expect(
+                Set(open.assignments) == [
+                    StoredAssignment(workerID: "w0", requestKey: "k0", reported: false),
+                    StoredAssignment(workerID: "w1", requestKey: "k1", reported: false),
+                ])
         }
     }
 
@@ -212,19 +224,22 @@ import Testing
             try await F.host(stores.main)
             let at = F.epoch
             #expect(try await stores.main.admit(processID: "p", cycle: 1, workerID: "w0", requestKey: "k0", at: at, limit: 2) == .admitted)
-            #expect(try await stores.peer.admit(processID: "p", cycle: 1, workerID: "w0", requestKey: "k0-again", at: at, limit: 2)
-                == .existing(StoredAssignment(workerID: "w0", requestKey: "k0", reported: false)))
+            #expect(
+                try await stores.peer.admit(processID: "p", cycle: 1, workerID: "w0", requestKey: "k0-again", at: at, limit: 2)
+                    == .existing(StoredAssignment(workerID: "w0", requestKey: "k0", reported: false)))
             #expect(try await stores.peer.admit(processID: "p", cycle: 1, workerID: "w1", requestKey: "k1", at: at, limit: 2) == .admitted)
             #expect(try await stores.main.admit(processID: "p", cycle: 1, workerID: "w2", requestKey: "k2", at: at, limit: 2) == .full)
             // A worker already admitted still finds its assignment when the cycle is full.
-            #expect(try await stores.main.admit(processID: "p", cycle: 1, workerID: "w1", requestKey: "k1b", at: at, limit: 2)
-                == .existing(StoredAssignment(workerID: "w1", requestKey: "k1", reported: false)))
+            #expect(
+                try await stores.main.admit(processID: "p", cycle: 1, workerID: "w1", requestKey: "k1b", at: at, limit: 2)
+                    == .existing(StoredAssignment(workerID: "w1", requestKey: "k1", reported: false)))
             let progress = try #require(try await stores.main.cycleProgress(processID: "p"))
             #expect(progress.assigned == 2 && progress.reported == 0)
             // A cycle that does not exist is not open.
-            #expect(try await storeErrorCode {
-                _ = try await stores.main.admit(processID: "p", cycle: 7, workerID: "w3", requestKey: "k3", at: at, limit: 2)
-            } == .cycleClosed)
+            #expect(
+                try await storeErrorCode {
+                    _ = try await stores.main.admit(processID: "p", cycle: 7, workerID: "w3", requestKey: "k3", at: at, limit: 2)
+                } == .cycleClosed)
         }
     }
 
@@ -234,17 +249,21 @@ import Testing
             try await F.host(stores.main)
             #expect(try await stores.main.admit(processID: "p", cycle: 1, workerID: "w0", requestKey: "k0", at: F.epoch, limit: 10) == .admitted)
             #expect(try await stores.peer.sealCycle(processID: "p", cycle: 1, at: F.epoch.addingTimeInterval(5)))
-            #expect(try await storeErrorCode {
-                _ = try await stores.main.admit(processID: "p", cycle: 1, workerID: "w1", requestKey: "k1", at: F.epoch, limit: 10)
-            } == .cycleClosed)
+            #expect(
+                try await storeErrorCode {
+                    _ = try await stores.main.admit(processID: "p", cycle: 1, workerID: "w1", requestKey: "k1", at: F.epoch, limit: 10)
+                } == .cycleClosed)
             // Even the worker already holding an assignment is refused: the cycle takes nothing more.
-            #expect(try await storeErrorCode {
-                _ = try await stores.main.admit(processID: "p", cycle: 1, workerID: "w0", requestKey: "k0", at: F.epoch, limit: 10)
-            } == .cycleClosed)
-            try await stores.main.closeCycle(CycleClosure(processID: "p", closedCycle: 1, checkpoint: nil, optimizerState: nil, nextCycle: F.next(2, checkpoint: 0), retention: 2))
-            #expect(try await storeErrorCode {
-                _ = try await stores.peer.admit(processID: "p", cycle: 1, workerID: "w1", requestKey: "k1", at: F.epoch, limit: 10)
-            } == .cycleClosed)
+            #expect(
+                try await storeErrorCode {
+                    _ = try await stores.main.admit(processID: "p", cycle: 1, workerID: "w0", requestKey: "k0", at: F.epoch, limit: 10)
+                } == .cycleClosed)
+            try await stores.main.closeCycle(
+                CycleClosure(processID: "p", closedCycle: 1, checkpoint: nil, optimizerState: nil, nextCycle: F.next(2, checkpoint: 0), retention: 2))
+            #expect(
+                try await storeErrorCode {
+                    _ = try await stores.peer.admit(processID: "p", cycle: 1, workerID: "w1", requestKey: "k1", at: F.epoch, limit: 10)
+                } == .cycleClosed)
             #expect(try await stores.peer.admit(processID: "p", cycle: 2, workerID: "w1", requestKey: "k1", at: F.epoch, limit: 10) == .admitted)
         }
     }
@@ -254,14 +273,18 @@ import Testing
         try await withStores(kind) { stores in
             try await F.host(stores.main)
             #expect(try await stores.main.admit(processID: "p", cycle: 1, workerID: "w0", requestKey: "k0", at: F.epoch, limit: 10) == .admitted)
-            #expect(try await stores.peer.assignment(requestKey: "k0")
-                == StoredKeyedAssignment(processID: "p", cycle: 1, assignment: StoredAssignment(workerID: "w0", requestKey: "k0", reported: false)))
+            #expect(
+                try await stores.peer.assignment(requestKey: "k0")
+                    == StoredKeyedAssignment(processID: "p", cycle: 1, assignment: StoredAssignment(workerID: "w0", requestKey: "k0", reported: false)))
             #expect(try await stores.peer.assignment(requestKey: "nope") == nil)
             try await stores.peer.recordReport(F.report(0, instance: "b"), bytes: F.diff(0))
-            #expect(try await stores.main.assignment(requestKey: "k0")?.assignment == StoredAssignment(workerID: "w0", requestKey: "k0", reported: true, instance: "b"))
+            #expect(
+                try await stores.main.assignment(requestKey: "k0")?.assignment
+                    == StoredAssignment(workerID: "w0", requestKey: "k0", reported: true, instance: "b"))
             #expect(try await stores.main.sealCycle(processID: "p", cycle: 1, at: F.epoch))
             #expect(try await stores.peer.assignment(requestKey: "k0")?.cycle == 1)
-            try await stores.main.closeCycle(CycleClosure(processID: "p", closedCycle: 1, checkpoint: nil, optimizerState: nil, nextCycle: F.next(2, checkpoint: 0), retention: 2))
+            try await stores.main.closeCycle(
+                CycleClosure(processID: "p", closedCycle: 1, checkpoint: nil, optimizerState: nil, nextCycle: F.next(2, checkpoint: 0), retention: 2))
             #expect(try await stores.peer.assignment(requestKey: "k0") == nil)
         }
     }
@@ -322,11 +345,12 @@ import Testing
             #expect(pending[1].diff == F.diff(1) && pending[1].sampleCount == 2 && !pending[1].unclipped && pending[1].instance == "b")
 
             let open = try #require(try await stores.main.openCycle(processID: "p"))
-            #expect(Set(open.assignments) == [
-                StoredAssignment(workerID: "w0", requestKey: "k0", reported: true, instance: "a"),
-                StoredAssignment(workerID: "w1", requestKey: "k1", reported: true, instance: "b"),
-                StoredAssignment(workerID: "w2", requestKey: "k2", reported: false),
-            ])
+            #expect(
+                Set(open.assignments) == [
+                    StoredAssignment(workerID: "w0", requestKey: "k0", reported: true, instance: "a"),
+                    StoredAssignment(workerID: "w1", requestKey: "k1", reported: true, instance: "b"),
+                    StoredAssignment(workerID: "w2", requestKey: "k2", reported: false),
+                ])
             #expect(try await stores.main.cycleProgress(processID: "p")?.reported == 2)
         }
     }
@@ -342,7 +366,8 @@ import Testing
             // The refused report left nothing behind; the committed one is still pending for the closing instance.
             #expect(try await PendingCollector.pending(stores.main).map(\.workerID) == ["w0"])
             #expect(try await stores.main.cycleProgress(processID: "p")?.reported == 1)
-            try await stores.peer.closeCycle(CycleClosure(processID: "p", closedCycle: 1, checkpoint: nil, optimizerState: nil, nextCycle: F.next(2, checkpoint: 0), retention: 2))
+            try await stores.peer.closeCycle(
+                CycleClosure(processID: "p", closedCycle: 1, checkpoint: nil, optimizerState: nil, nextCycle: F.next(2, checkpoint: 0), retention: 2))
             #expect(try await storeErrorCode { try await stores.main.recordReport(F.report(2), bytes: F.diff(2)) } == .cycleClosed)
             #expect(try await PendingCollector.pending(stores.main).isEmpty)
         }
@@ -374,13 +399,15 @@ import Testing
             // The convenience fold writes the default instance's sum.
             try await stores.main.foldReports(processID: "p", cycle: 1, sum: [9, 9, 9, 9, 9, 9, 9, 9], weight: 0, reports: 0, workers: [])
             #expect(try await stores.main.openCycle(processID: "p")?.partialSums.count == 3)
-            #expect(try await stores.main.openCycle(processID: "p")?.partialSums[CoordinatorConfiguration.defaultInstanceID]?.bytes == [9, 9, 9, 9, 9, 9, 9, 9])
+            #expect(
+                try await stores.main.openCycle(processID: "p")?.partialSums[CoordinatorConfiguration.defaultInstanceID]?.bytes == [9, 9, 9, 9, 9, 9, 9, 9])
 
             // Once sealed, folds are refused and the sums read are final.
             #expect(try await stores.main.sealCycle(processID: "p", cycle: 1, at: F.epoch))
-            #expect(try await storeErrorCode {
-                try await stores.peer.foldReports(processID: "p", cycle: 1, instance: "b", sum: sumA, workers: [])
-            } == .cycleClosed)
+            #expect(
+                try await storeErrorCode {
+                    try await stores.peer.foldReports(processID: "p", cycle: 1, instance: "b", sum: sumA, workers: [])
+                } == .cycleClosed)
             let sealed = try #require(try await stores.peer.openCycle(processID: "p"))
             #expect(sealed.partialSums["b"] == sumB)
         }
@@ -394,9 +421,11 @@ import Testing
             try await stores.main.recordReport(F.report(0, instance: "a"), bytes: F.diff(0))
             try await stores.peer.recordReport(F.report(1, instance: "b"), bytes: F.diff(1))
             #expect(try await stores.peer.sealCycle(processID: "p", cycle: 1, at: F.epoch))
-            #expect(try await storeErrorCode {
-                try await stores.main.foldReports(processID: "p", cycle: 1, instance: "a", sum: StoredPartialSum(bytes: [1], weight: 1, reports: 1, unclipped: 0), workers: ["w0"])
-            } == .cycleClosed)
+            #expect(
+                try await storeErrorCode {
+                    try await stores.main.foldReports(
+                        processID: "p", cycle: 1, instance: "a", sum: StoredPartialSum(bytes: [1], weight: 1, reports: 1, unclipped: 0), workers: ["w0"])
+                } == .cycleClosed)
             let pending = try await PendingCollector.pending(stores.peer)
             #expect(pending.map(\.workerID) == ["w0", "w1"])
             #expect(pending.map(\.instance) == ["a", "b"])
@@ -421,7 +450,8 @@ import Testing
             let open = try #require(try await stores.peer.openCycle(processID: "p"))
             #expect(open.status == .closing && open.sealedAt == sealedAt && open.cycle.number == 1)
 
-            try await stores.main.closeCycle(CycleClosure(processID: "p", closedCycle: 1, checkpoint: (1, [1]), optimizerState: nil, nextCycle: F.next(2, checkpoint: 1), retention: 2))
+            try await stores.main.closeCycle(
+                CycleClosure(processID: "p", closedCycle: 1, checkpoint: (1, [1]), optimizerState: nil, nextCycle: F.next(2, checkpoint: 1), retention: 2))
             #expect(try await storeErrorCode { _ = try await stores.peer.sealCycle(processID: "p", cycle: 1, at: sealedAt) } == .cycleClosed)
             #expect(try await storeErrorCode { _ = try await stores.peer.sealCycle(processID: "p", cycle: 9, at: sealedAt) } == .cycleClosed)
             let next = try #require(try await stores.peer.cycleProgress(processID: "p"))
@@ -435,8 +465,10 @@ import Testing
             try await F.host(stores.main)
             try await F.assign(stores.main, 0..<3)
             try await stores.main.recordReport(F.report(0), bytes: F.diff(0))
-            try await stores.main.foldReports(processID: "p", cycle: 1, instance: "a", sum: StoredPartialSum(bytes: [1], weight: 1, reports: 1, unclipped: 0), workers: ["w0"])
-            try await stores.main.appendSecureAggregationEvent(StoredSecureAggregationEvent(sequence: 0, body: [1]), processID: "p", cycle: 1, reportedWorker: nil)
+            try await stores.main.foldReports(
+                processID: "p", cycle: 1, instance: "a", sum: StoredPartialSum(bytes: [1], weight: 1, reports: 1, unclipped: 0), workers: ["w0"])
+            try await stores.main.appendSecureAggregationEvent(
+                StoredSecureAggregationEvent(sequence: 0, body: [1]), processID: "p", cycle: 1, reportedWorker: nil)
             let closure = CycleClosure(
                 processID: "p", closedCycle: 1, checkpoint: (1, [5, 5]), optimizerState: [3], privacyState: [4],
                 nextCycle: F.next(2, checkpoint: 1), retention: 3
@@ -467,22 +499,29 @@ import Testing
         try await withStores(kind) { stores in
             try await F.host(stores.main)
             try await F.assign(stores.main, 0..<2)
-            try await stores.main.closeCycle(CycleClosure(processID: "p", closedCycle: 1, checkpoint: nil, optimizerState: nil, nextCycle: F.next(2, checkpoint: 0), retention: 2))
+            try await stores.main.closeCycle(
+                CycleClosure(processID: "p", closedCycle: 1, checkpoint: nil, optimizerState: nil, nextCycle: F.next(2, checkpoint: 0), retention: 2))
             var process = try #require(try await stores.peer.processes().first)
             #expect(process.cyclesAbandoned == 1 && process.cyclesCompleted == 0 && process.latestCheckpoint == 0 && !process.completed)
             #expect(try await stores.peer.checkpointNumbers(processID: "p") == [0])
             #expect(try await stores.peer.openCycle(processID: "p")?.cycle.number == 2)
 
             // The last cycle: no next one, and the process completes.
-            try await stores.peer.closeCycle(CycleClosure(processID: "p", closedCycle: 2, checkpoint: (1, [1]), optimizerState: nil, nextCycle: nil, retention: 2))
+            try await stores.peer.closeCycle(
+                CycleClosure(processID: "p", closedCycle: 2, checkpoint: (1, [1]), optimizerState: nil, nextCycle: nil, retention: 2))
             process = try #require(try await stores.main.processes().first)
             #expect(process.completed && process.cyclesCompleted == 1 && process.cyclesAbandoned == 1 && process.latestCheckpoint == 1)
             #expect(try await stores.main.openCycle(processID: "p") == nil)
             #expect(try await stores.main.cycleProgress(processID: "p") == nil)
-            #expect(try await storeErrorCode { try await stores.main.closeCycle(CycleClosure(processID: "p", closedCycle: 2, checkpoint: nil, optimizerState: nil, nextCycle: nil, retention: 2)) } == .cycleClosed)
-            #expect(try await storeErrorCode {
-                _ = try await stores.main.admit(processID: "p", cycle: 2, workerID: "w9", requestKey: "k9", at: F.epoch, limit: 5)
-            } == .cycleClosed)
+            #expect(
+                try await storeErrorCode {
+                    try await stores.main.closeCycle(
+                        CycleClosure(processID: "p", closedCycle: 2, checkpoint: nil, optimizerState: nil, nextCycle: nil, retention: 2))
+                } == .cycleClosed)
+            #expect(
+                try await storeErrorCode {
+                    _ = try await stores.main.admit(processID: "p", cycle: 2, workerID: "w9", requestKey: "k9", at: F.epoch, limit: 5)
+                } == .cycleClosed)
         }
     }
 
@@ -493,7 +532,8 @@ import Testing
             try await F.assign(stores.main, 0..<2)
             try await stores.main.recordReport(F.report(0, instance: "a"), bytes: F.diff(0))
             #expect(try await stores.main.sealCycle(processID: "p", cycle: 1, at: F.epoch))
-            try await stores.peer.closeCycle(CycleClosure(processID: "p", closedCycle: 1, checkpoint: (1, [7]), optimizerState: nil, nextCycle: F.next(2, checkpoint: 1), retention: 2))
+            try await stores.peer.closeCycle(
+                CycleClosure(processID: "p", closedCycle: 1, checkpoint: (1, [7]), optimizerState: nil, nextCycle: F.next(2, checkpoint: 1), retention: 2))
             let progress = try #require(try await stores.main.cycleProgress(processID: "p"))
             #expect(progress.number == 2 && progress.status == .open && progress.assigned == 0 && progress.reported == 0)
             #expect(try await stores.main.checkpoint(processID: "p", number: 1) == [7])
@@ -512,10 +552,11 @@ import Testing
                     for (index, store) in [stores.main, stores.peer].enumerated() {
                         group.addTask {
                             try await storeErrorCode {
-                                try await store.closeCycle(CycleClosure(
-                                    processID: "p", closedCycle: cycle, checkpoint: (cycle, [UInt8(index)]), optimizerState: [UInt8(index)],
-                                    nextCycle: F.next(cycle + 1, checkpoint: cycle), retention: 10
-                                ))
+                                try await store.closeCycle(
+                                    CycleClosure(
+                                        processID: "p", closedCycle: cycle, checkpoint: (cycle, [UInt8(index)]), optimizerState: [UInt8(index)],
+                                        nextCycle: F.next(cycle + 1, checkpoint: cycle), retention: 10
+                                    ))
                             }
                         }
                     }
@@ -564,28 +605,36 @@ import Testing
             let second = StoredSecureAggregationEvent(sequence: 1, body: Array("{\"masked\":1}".utf8), words: [1, 0, 0, 0, 2, 0, 0, 0])
             try await stores.peer.appendSecureAggregationEvent(second, processID: "p", cycle: 1, reportedWorker: nil)
             try await stores.main.appendSecureAggregationEvent(first, processID: "p", cycle: 1, reportedWorker: "w0")
-            #expect(try await storeErrorCode {
-                try await stores.peer.appendSecureAggregationEvent(StoredSecureAggregationEvent(sequence: 1, body: [0]), processID: "p", cycle: 1, reportedWorker: nil)
-            } == .duplicate)
+            #expect(
+                try await storeErrorCode {
+                    try await stores.peer.appendSecureAggregationEvent(
+                        StoredSecureAggregationEvent(sequence: 1, body: [0]), processID: "p", cycle: 1, reportedWorker: nil)
+                } == .duplicate)
             #expect(try await stores.main.secureAggregationEvents(processID: "p", cycle: 1) == [first, second])
             // The advertisement counted the worker as reported (in the same transaction).
             #expect(try await stores.peer.cycleProgress(processID: "p")?.reported == 1)
             #expect(try await stores.peer.assignment(requestKey: "k0")?.assignment.reported == true)
             // A worker without an assignment: refused, and the event is not kept.
-            #expect(try await storeErrorCode {
-                try await stores.main.appendSecureAggregationEvent(StoredSecureAggregationEvent(sequence: 2, body: [2]), processID: "p", cycle: 1, reportedWorker: "w9")
-            } == .notFound)
+            #expect(
+                try await storeErrorCode {
+                    try await stores.main.appendSecureAggregationEvent(
+                        StoredSecureAggregationEvent(sequence: 2, body: [2]), processID: "p", cycle: 1, reportedWorker: "w9")
+                } == .notFound)
             #expect(try await stores.main.secureAggregationEvents(processID: "p", cycle: 1).count == 2)
 
             #expect(try await stores.main.sealCycle(processID: "p", cycle: 1, at: F.epoch))
-            #expect(try await storeErrorCode {
-                try await stores.peer.appendSecureAggregationEvent(StoredSecureAggregationEvent(sequence: 2, body: [2]), processID: "p", cycle: 1, reportedWorker: nil)
-            } == .cycleClosed)
-            try await stores.main.closeCycle(CycleClosure(processID: "p", closedCycle: 1, checkpoint: nil, optimizerState: nil, nextCycle: F.next(2, checkpoint: 0), retention: 2))
+            #expect(
+                try await storeErrorCode {
+                    try await stores.peer.appendSecureAggregationEvent(
+                        StoredSecureAggregationEvent(sequence: 2, body: [2]), processID: "p", cycle: 1, reportedWorker: nil)
+                } == .cycleClosed)
+            try await stores.main.closeCycle(
+                CycleClosure(processID: "p", closedCycle: 1, checkpoint: nil, optimizerState: nil, nextCycle: F.next(2, checkpoint: 0), retention: 2))
             #expect(try await stores.peer.secureAggregationEvents(processID: "p", cycle: 1).isEmpty)
-            #expect(try await storeErrorCode {
-                try await stores.peer.appendSecureAggregationEvent(first, processID: "p", cycle: 1, reportedWorker: nil)
-            } == .cycleClosed)
+            #expect(
+                try await storeErrorCode {
+                    try await stores.peer.appendSecureAggregationEvent(first, processID: "p", cycle: 1, reportedWorker: nil)
+                } == .cycleClosed)
             try await stores.peer.appendSecureAggregationEvent(first, processID: "p", cycle: 2, reportedWorker: nil)
             #expect(try await stores.main.secureAggregationEvents(processID: "p", cycle: 2) == [first])
         }

@@ -42,7 +42,10 @@ enum TestDatabase {
     /// The parsed administrative URL; a clear failure when it is missing or does not parse.
     static func adminConfiguration() throws -> PostgresStoreConfiguration {
         guard let url else {
-            throw Unavailable(message: "\(urlVariable) is not set; .ci/run starts a PostgreSQL cluster and sets it (e.g. postgres://orchard:orchard@127.0.0.1:5432/postgres), and \(requireVariable)=1 makes its absence a failure")
+            throw Unavailable(
+                message:
+                    "\(urlVariable) is not set; .ci/run starts a PostgreSQL cluster and sets it (e.g. postgres://orchard:orchard@127.0.0.1:5432/postgres), and \(requireVariable)=1 makes its absence a failure"
+            )
         }
         do {
             return try PostgresStoreConfiguration(url: url)
@@ -142,9 +145,11 @@ func withStores<T: Sendable>(_ kind: StoreKind, _ body: (Stores) async throws ->
 
 /// A process record and its first cycle.
 enum ContractFixture {
-    static let model = ModelSpec(name: "tiny", inputs: [InputSpec(name: "x", shape: [3])], layers: [
-        LayerSpec(name: "out", type: .dense, inputs: ["x"], units: 2, inputSize: 3, useBias: true),
-    ])
+    static let model = ModelSpec(
+        name: "tiny", inputs: [InputSpec(name: "x", shape: [3])],
+        layers: [
+            LayerSpec(name: "out", type: .dense, inputs: ["x"], units: 2, inputSize: 3, useBias: true)
+        ])
 
     /// A date with a fractional part, to check dates read back exactly.
     static let epoch = Date(timeIntervalSince1970: 1_700_000_000.125)
@@ -177,7 +182,9 @@ enum ContractFixture {
     }
 
     static func report(_ i: Int, cycle: Int = 1, instance: String = CoordinatorConfiguration.defaultInstanceID, unclipped: Bool = false) -> ReportRecord {
-        ReportRecord(processID: "p", cycle: cycle, workerID: "w\(i)", requestKey: "k\(i)", sampleCount: i + 1, metricsJSON: "{\"loss\":\(i)}", unclipped: unclipped, instance: instance)
+        ReportRecord(
+            processID: "p", cycle: cycle, workerID: "w\(i)", requestKey: "k\(i)", sampleCount: i + 1, metricsJSON: "{\"loss\":\(i)}", unclipped: unclipped,
+            instance: instance)
     }
 
     static func diff(_ i: Int, count: Int = 16) -> [UInt8] { (0..<count).map { UInt8(truncatingIfNeeded: $0 * (i + 3) + i) } }

@@ -134,7 +134,8 @@ struct OpenModeLimitTests {
             CoordinatorConfiguration(speedTestInterval: -1),
         ] {
             let error = await #expect(throws: CoordinatorError.self) {
-                _ = try await CoordinatorInstance.open(database: directory.appendingPathComponent("\(UUID().uuidString).sqlite").path, configuration: configuration)
+                _ = try await CoordinatorInstance.open(
+                    database: directory.appendingPathComponent("\(UUID().uuidString).sqlite").path, configuration: configuration)
             }
             #expect(error?.code == .invalidConfiguration)
         }
@@ -144,7 +145,8 @@ struct OpenModeLimitTests {
 @Suite("Speed test: sized and rate-limited by the session's process, over loopback HTTP", .serialized)
 struct SpeedTestEndpointTests {
     @Test func theDownloadNeedsAValidSessionOfAGatedProcessAndIsLimitedPerWorker() async throws {
-        let harness = try await Harness.start(configuration: CoordinatorConfiguration(adminToken: Harness.adminToken, sessionLifetime: 600, speedTestInterval: 20))
+        let harness = try await Harness.start(
+            configuration: CoordinatorConfiguration(adminToken: Harness.adminToken, sessionLifetime: 600, speedTestInterval: 20))
         try await harness.stopping {
             _ = try await harness.host(gatedHost(download: 2000))
             let device = try await harness.device()

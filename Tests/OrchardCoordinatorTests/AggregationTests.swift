@@ -3,10 +3,12 @@ import OrchardFormats
 import OrchardProtocol
 import Testing
 
-private let model = ModelSpec(name: "m", inputs: [InputSpec(name: "x", shape: [2])], layers: [
-    LayerSpec(name: "frozen", type: .dense, inputs: ["x"], frozen: true, units: 2, inputSize: 2, useBias: false),
-    LayerSpec(name: "head", type: .dense, inputs: ["frozen"], units: 1, inputSize: 2, useBias: true),
-])
+private let model = ModelSpec(
+    name: "m", inputs: [InputSpec(name: "x", shape: [2])],
+    layers: [
+        LayerSpec(name: "frozen", type: .dense, inputs: ["x"], frozen: true, units: 2, inputSize: 2, useBias: false),
+        LayerSpec(name: "head", type: .dense, inputs: ["frozen"], units: 1, inputSize: 2, useBias: true),
+    ])
 
 private let weights = [
     TensorRecord(name: "head.weight", shape: [1, 2], values: [0.5, -0.5]),
@@ -107,8 +109,8 @@ private let weights = [
         let v: Float = kind == .fedAdam ? 0.99 * v0 + 0.01 * d * d : v0 + 0.01 * d * d
         let expected: Float = 0.1 + 0.1 * m / (v.squareRoot() + 0.01)
         #expect(abs(w[4] - expected) < 1e-6)
-        #expect(w[0...3] == [1, 0, 0, 1]) // frozen untouched
-        #expect(w[5] == 0.5) // zero delta: m = 0, no move
+        #expect(w[0...3] == [1, 0, 0, 1])  // frozen untouched
+        #expect(w[5] == 0.5)  // zero delta: m = 0, no move
         let restored = try ServerOptimizerState(bytes: state.bytes)
         #expect(restored == state)
     }

@@ -36,11 +36,14 @@ import Testing
             let request = ModelRequest(modelID: assignment.modelID, requestKey: assignment.requestKey)
             let weights = Collector()
             try await transport.downloadModel(request, session: device.sessionToken, into: weights)
-            #expect(try Safetensors.decode(weights.bytes).byName.mapValues(\.values) == Dictionary(uniqueKeysWithValues: Fixture.weights.map { ($0.name, $0.values) }))
+            #expect(
+                try Safetensors.decode(weights.bytes).byName.mapValues(\.values)
+                    == Dictionary(uniqueKeysWithValues: Fixture.weights.map { ($0.name, $0.values) }))
             #expect(weights.head?.etag == "\"\(assignment.modelID)\"")
             #expect(weights.head?.sha256?.count == 32, "the coordinator's Repr-Digest travels with the download, so the job can verify it")
             let coreML = Collector()
-            try await transport.downloadModel(ModelRequest(modelID: assignment.modelID, requestKey: assignment.requestKey, format: .mlmodel), session: device.sessionToken, into: coreML)
+            try await transport.downloadModel(
+                ModelRequest(modelID: assignment.modelID, requestKey: assignment.requestKey, format: .mlmodel), session: device.sessionToken, into: coreML)
             #expect(try CoreMLImporter().importModel(from: coreML.bytes).weights.map(\.values) == Fixture.weights.map(\.values))
 
             // A prefetch finishes while nobody waits (as while the app is suspended); the next call takes the kept result.
@@ -65,7 +68,8 @@ import Testing
 
             // The report is uploaded from a file; a second one is the coordinator's refusal, with its code.
             let body = ReportEnvelope.encode(
-                diff: Fixture.diff(0.1), metadata: ReportMetadata(workerID: device.workerID, requestKey: assignment.requestKey, sampleCount: 5, metrics: ["loss": 0.5])
+                diff: Fixture.diff(0.1),
+                metadata: ReportMetadata(workerID: device.workerID, requestKey: assignment.requestKey, sampleCount: 5, metrics: ["loss": 0.5])
             )
             let answer = try await transport.report(body, session: device.sessionToken)
             #expect(answer.cycle == 1 && answer.reportsReceived == 1)

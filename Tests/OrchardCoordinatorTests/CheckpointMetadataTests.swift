@@ -10,9 +10,11 @@ import Testing
         let harness = try await Harness.start()
         try await harness.stopping {
             var request = Fixture.host(goal: 1)
-            request.initialWeights = Safetensors.encode(Fixture.weights, metadata: [
-                "orchard.preprocessing": #"{"numeric":["x"]}"#, "format": "pt", "orchard.checkpoint": "41", "orchard.epsilon": "9",
-            ])
+            request.initialWeights = Safetensors.encode(
+                Fixture.weights,
+                metadata: [
+                    "orchard.preprocessing": #"{"numeric":["x"]}"#, "format": "pt", "orchard.checkpoint": "41", "orchard.epsilon": "9",
+                ])
             let hosted = try await harness.host(request)
             let device = try await harness.device()
             let assignment = try await harness.join(device)

@@ -23,7 +23,9 @@ import Testing
 
             // Over capacity: rejected with a numeric retry_after.
             let fifth = try await harness.device()
-            let rejection = try await harness.http.json("POST", Endpoint.cycleRequest, CycleRequest(workerID: fifth.workerID, processName: "tiny", processVersion: SemanticVersion(1)), token: fifth.sessionToken)
+            let rejection = try await harness.http.json(
+                "POST", Endpoint.cycleRequest, CycleRequest(workerID: fifth.workerID, processName: "tiny", processVersion: SemanticVersion(1)),
+                token: fifth.sessionToken)
             let object = try JSONSerialization.jsonObject(with: Data(rejection.body)) as? [String: Any]
             #expect(object?["status"] as? String == "rejected")
             #expect(object?["retry_after"] is NSNumber)
@@ -46,7 +48,9 @@ import Testing
             #expect(notModified.status == 304)
             let unsatisfiable = try await harness.http.send("GET", modelPath, token: devices[0].sessionToken, headers: ["Range": "bytes=\(whole.body.count)-"])
             #expect(unsatisfiable.status == 416)
-            let plan = try await harness.http.send("GET", Endpoint.plan(assignments[0].planID) + "?request_key=\(assignments[0].requestKey)", token: devices[0].sessionToken).decode(TrainingPlan.self)
+            let plan = try await harness.http.send(
+                "GET", Endpoint.plan(assignments[0].planID) + "?request_key=\(assignments[0].requestKey)", token: devices[0].sessionToken
+            ).decode(TrainingPlan.self)
             #expect(plan.model == Fixture.model)
             #expect(plan.clientConfig.batchSize == 4)
             #expect(plan.clientConfig.extra["note"] == .string("test"))
@@ -216,9 +220,11 @@ import Testing
             let document = try #require(try JSONSerialization.jsonObject(with: Data(result.body)) as? [String: Any])
             #expect((document["openapi"] as? String)?.hasPrefix("3.") == true)
             let paths = try #require(document["paths"] as? [String: Any])
-            for path in [Endpoint.health, Endpoint.metrics, Endpoint.openAPI, Endpoint.authenticate, Endpoint.cycleRequest, "/v1/device/models/{model_id}",
-                         "/v1/device/plans/{plan_id}", Endpoint.report, Endpoint.speedTest, Endpoint.processes, "/v1/admin/processes/{process_id}",
-                         "/v1/admin/processes/{process_id}/checkpoints/{checkpoint}"] {
+            for path in [
+                Endpoint.health, Endpoint.metrics, Endpoint.openAPI, Endpoint.authenticate, Endpoint.cycleRequest, "/v1/device/models/{model_id}",
+                "/v1/device/plans/{plan_id}", Endpoint.report, Endpoint.speedTest, Endpoint.processes, "/v1/admin/processes/{process_id}",
+                "/v1/admin/processes/{process_id}/checkpoints/{checkpoint}",
+            ] {
                 #expect(paths[path] != nil, "\(path) missing from openapi.json")
             }
         }

@@ -61,18 +61,25 @@ private func temporaryDirectory(_ prefix: String) throws -> URL {
         var server = try ServerProcess(database: database, foldInterval: 2)
         defer { server.terminate() }
         var http = server.http
-        let hosted = try await http.json("POST", Endpoint.processes, Fixture.host(goal: 5, minimum: 1, overSelection: 1), token: Harness.adminToken).decode(ProcessStatus.self)
+        let hosted = try await http.json("POST", Endpoint.processes, Fixture.host(goal: 5, minimum: 1, overSelection: 1), token: Harness.adminToken).decode(
+            ProcessStatus.self)
 
         var devices: [(AuthenticateResponse, CycleAssignment)] = []
         for _ in 0..<5 {
-            let device = try await http.json("POST", Endpoint.authenticate, AuthenticateRequest(processName: "tiny", processVersion: SemanticVersion(1))).decode(AuthenticateResponse.self)
-            let response = try await http.json("POST", Endpoint.cycleRequest, CycleRequest(workerID: device.workerID, processName: "tiny", processVersion: SemanticVersion(1)), token: device.sessionToken).decode(CycleResponse.self)
+            let device = try await http.json("POST", Endpoint.authenticate, AuthenticateRequest(processName: "tiny", processVersion: SemanticVersion(1)))
+                .decode(AuthenticateResponse.self)
+            let response = try await http.json(
+                "POST", Endpoint.cycleRequest, CycleRequest(workerID: device.workerID, processName: "tiny", processVersion: SemanticVersion(1)),
+                token: device.sessionToken
+            ).decode(CycleResponse.self)
             guard case .accepted(let assignment) = response else { throw HarnessError(description: "device rejected: \(response)") }
             devices.append((device, assignment))
         }
         let reports: [(scale: Float, samples: Int)] = [(0.1, 3), (-0.3, 1), (0.2, 7), (0.5, 2), (-0.4, 4)]
         func send(_ i: Int, on http: HTTP) async throws -> HTTPResult {
-            let body = ReportEnvelope.encode(diff: Fixture.diff(reports[i].scale), metadata: ReportMetadata(workerID: devices[i].0.workerID, requestKey: devices[i].1.requestKey, sampleCount: reports[i].samples))
+            let body = ReportEnvelope.encode(
+                diff: Fixture.diff(reports[i].scale),
+                metadata: ReportMetadata(workerID: devices[i].0.workerID, requestKey: devices[i].1.requestKey, sampleCount: reports[i].samples))
             return try await http.send("POST", Endpoint.report, body: body, token: devices[i].0.sessionToken)
         }
         // Three acknowledged reports: two folded into the stored sum (fold interval 2), one only as a diff row.
@@ -80,7 +87,9 @@ private func temporaryDirectory(_ prefix: String) throws -> URL {
             #expect(try await send(i, on: http).status == 200)
         }
         // A fourth report races the kill: it may or may not have been committed.
-        let racingBody = ReportEnvelope.encode(diff: Fixture.diff(reports[3].scale), metadata: ReportMetadata(workerID: devices[3].0.workerID, requestKey: devices[3].1.requestKey, sampleCount: reports[3].samples))
+        let racingBody = ReportEnvelope.encode(
+            diff: Fixture.diff(reports[3].scale),
+            metadata: ReportMetadata(workerID: devices[3].0.workerID, requestKey: devices[3].1.requestKey, sampleCount: reports[3].samples))
         let racingToken = devices[3].0.sessionToken
         let racing = Task { [http] in try? await http.send("POST", Endpoint.report, body: racingBody, token: racingToken) }
         server.kill9()
@@ -120,12 +129,17 @@ private func temporaryDirectory(_ prefix: String) throws -> URL {
         var server = try ServerProcess(database: database, foldInterval: 2)
         defer { server.terminate() }
         var http = server.http
-        let hosted = try await http.json("POST", Endpoint.processes, SecureFixture.host(goal: 4, minimum: 3), token: Harness.adminToken).decode(ProcessStatus.self)
+        let hosted = try await http.json("POST", Endpoint.processes, SecureFixture.host(goal: 4, minimum: 3), token: Harness.adminToken).decode(
+            ProcessStatus.self)
         let inputs: [(scale: Float, samples: Int)] = [(0.1, 3), (-0.3, 1), (0.2, 7), (0.5, 2)]
         var devices: [SecureTestDevice] = []
         for (i, input) in inputs.enumerated() {
-            let auth = try await http.json("POST", Endpoint.authenticate, AuthenticateRequest(processName: "tiny", processVersion: SemanticVersion(1))).decode(AuthenticateResponse.self)
-            let response = try await http.json("POST", Endpoint.cycleRequest, CycleRequest(workerID: auth.workerID, processName: "tiny", processVersion: SemanticVersion(1)), token: auth.sessionToken).decode(CycleResponse.self)
+            let auth = try await http.json("POST", Endpoint.authenticate, AuthenticateRequest(processName: "tiny", processVersion: SemanticVersion(1))).decode(
+                AuthenticateResponse.self)
+            let response = try await http.json(
+                "POST", Endpoint.cycleRequest, CycleRequest(workerID: auth.workerID, processName: "tiny", processVersion: SemanticVersion(1)),
+                token: auth.sessionToken
+            ).decode(CycleResponse.self)
             guard case .accepted(let assignment) = response else { throw HarnessError(description: "device rejected: \(response)") }
             devices.append(SecureTestDevice(auth: auth, assignment: assignment, scale: input.scale, samples: input.samples, seed: UInt64(7 + i)))
         }

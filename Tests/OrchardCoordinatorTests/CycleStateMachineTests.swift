@@ -51,7 +51,9 @@ private extension CycleStateMachine {
         #expect(m.nextCycleExpected(now: t0.addingTimeInterval(10), jitter: 0) == 30)
         #expect(m.nextCycleExpected(now: t0.addingTimeInterval(10), jitter: 1) == 33, "spread over a tenth of the estimate")
         // The same device asking again is told the same.
-        #expect(m.requestCycle(workerID: "a", now: t0.addingTimeInterval(10), newRequestKey: "x", jitter: 0) == .rejected(retryAfter: 30, reason: "already_reported"))
+        #expect(
+            m.requestCycle(workerID: "a", now: t0.addingTimeInterval(10), newRequestKey: "x", jitter: 0)
+                == .rejected(retryAfter: 30, reason: "already_reported"))
         // Slow reports: the estimate never passes the deadline.
         #expect(m.nextCycleExpected(now: t0.addingTimeInterval(80), jitter: 0) == 20)
         // Closed at the goal: the next cycle opens at once.
@@ -82,7 +84,7 @@ private extension CycleStateMachine {
         _ = m.admit("a"); _ = m.admit("b"); _ = m.admit("c")
         #expect(m.beginReport(workerID: "c", requestKey: "key-c", now: t0) == .proceed(cycle: 1))
         #expect(m.deliver("a") == nil)
-        #expect(m.deliver("b") == nil) // goal reached, but c is still committing
+        #expect(m.deliver("b") == nil)  // goal reached, but c is still committing
         #expect(m.phase == .closing)
         #expect(m.commitReport(workerID: "c") == .aggregate(cycle: 1, reports: 3))
     }
@@ -110,7 +112,9 @@ private extension CycleStateMachine {
         #expect(m.deadline == t0.addingTimeInterval(250))
         #expect(m.assignments.isEmpty)
         // The abandoned cycle's key now reads as "too late", an unknown key as invalid.
-        #expect(m.beginReport(workerID: "a", requestKey: "key-a", now: t0.addingTimeInterval(151)) == .refused(.deadlinePassed, "request key belongs to cycle 1, which has closed"))
+        #expect(
+            m.beginReport(workerID: "a", requestKey: "key-a", now: t0.addingTimeInterval(151))
+                == .refused(.deadlinePassed, "request key belongs to cycle 1, which has closed"))
         if case .refused(let code, _) = m.beginReport(workerID: "a", requestKey: "nonsense", now: t0.addingTimeInterval(151)) {
             #expect(code == .invalidRequestKey)
         } else {
@@ -130,7 +134,9 @@ private extension CycleStateMachine {
         }
         #expect(m.phase == .completed)
         #expect(m.completedCycles == 2 && m.checkpoint == 2)
-        #expect(m.requestCycle(workerID: "x", now: t0, newRequestKey: "k", jitter: 0) == .rejected(retryAfter: CycleStateMachine.completedRetryAfter, reason: "process_completed"))
+        #expect(
+            m.requestCycle(workerID: "x", now: t0, newRequestKey: "k", jitter: 0)
+                == .rejected(retryAfter: CycleStateMachine.completedRetryAfter, reason: "process_completed"))
     }
 
     @Test func refusesWrongAndReusedKeys() {
@@ -138,9 +144,12 @@ private extension CycleStateMachine {
         _ = m.admit("a"); _ = m.admit("b")
         #expect(m.beginReport(workerID: "a", requestKey: "key-b", now: t0) == .refused(.invalidRequestKey, "request key was issued to another worker"))
         #expect(m.beginReport(workerID: "a", requestKey: "key-a", now: t0) == .proceed(cycle: 1))
-        #expect(m.beginReport(workerID: "a", requestKey: "key-a", now: t0) == .refused(.reportAlreadyReceived, "a report for this request key is being processed"))
+        #expect(
+            m.beginReport(workerID: "a", requestKey: "key-a", now: t0) == .refused(.reportAlreadyReceived, "a report for this request key is being processed"))
         _ = m.commitReport(workerID: "a")
-        #expect(m.beginReport(workerID: "a", requestKey: "key-a", now: t0) == .refused(.reportAlreadyReceived, "a report for this request key was already accepted"))
+        #expect(
+            m.beginReport(workerID: "a", requestKey: "key-a", now: t0) == .refused(.reportAlreadyReceived, "a report for this request key was already accepted")
+        )
         // One of three reports in at once: the next cycle is expected two seconds on (a second of history at least).
         #expect(m.requestCycle(workerID: "a", now: t0, newRequestKey: "new", jitter: 0) == .rejected(retryAfter: 2, reason: "already_reported"))
     }
@@ -157,7 +166,9 @@ private extension CycleStateMachine {
     @Test func reportAfterTheDeadlineIsRefusedEvenBeforeTheTimerFires() {
         var m = machine(length: 100)
         _ = m.admit("a")
-        #expect(m.beginReport(workerID: "a", requestKey: "key-a", now: t0.addingTimeInterval(100)) == .refused(.deadlinePassed, "cycle 1 stopped accepting reports"))
+        #expect(
+            m.beginReport(workerID: "a", requestKey: "key-a", now: t0.addingTimeInterval(100)) == .refused(.deadlinePassed, "cycle 1 stopped accepting reports")
+        )
     }
 
     @Test func failedTransitionIsRetriedOnTheNextTick() {

@@ -126,7 +126,9 @@ extension HTTPResult {
             #expect(try await harness.http.send("GET", Endpoint.checkpoint(hosted.processID, "0")).status == 401)
             // A forged cookie changes nothing.
             #expect(try await browser.send(Endpoint.dashboard, cookie: "forged").text.contains("login URL"))
-            #expect(try await harness.http.send("GET", Endpoint.processes, headers: ["Cookie": "\(Dashboard.cookieName)=\(String(repeating: "0", count: 64))"]).status == 401)
+            #expect(
+                try await harness.http.send("GET", Endpoint.processes, headers: ["Cookie": "\(Dashboard.cookieName)=\(String(repeating: "0", count: 64))"])
+                    .status == 401)
         }
     }
 
@@ -176,7 +178,10 @@ extension HTTPResult {
     @Test func theCookieIsSecureOverTLS() {
         // The router sets `secureCookie` when the application serves TLS (`CoordinatorServer.application(tls:)`).
         let attributes = { (secure: Bool) in
-            Set(CoordinatorServer.sessionCookie("abc", maxAge: 60, secure: secure).split(separator: ";").map { $0.trimmingCharacters(in: .whitespaces).lowercased() })
+            Set(
+                CoordinatorServer.sessionCookie("abc", maxAge: 60, secure: secure).split(separator: ";").map {
+                    $0.trimmingCharacters(in: .whitespaces).lowercased()
+                })
         }
         #expect(attributes(true).isSuperset(of: ["orchard_dashboard=abc", "secure", "httponly", "samesite=strict", "path=/", "max-age=60"]))
         #expect(!attributes(false).contains("secure"))
@@ -266,7 +271,8 @@ extension HTTPResult {
             #expect(result.status == 200)
             let cycles = try result.decode(ProcessCycles.self).cycles
             try #require(cycles.count == 2)
-            #expect(cycles[0].cycle == 1 && cycles[0].outcome == .abandoned && cycles[0].assigned == 1 && cycles[0].reported == 1 && cycles[0].checkpoint == nil)
+            #expect(
+                cycles[0].cycle == 1 && cycles[0].outcome == .abandoned && cycles[0].assigned == 1 && cycles[0].reported == 1 && cycles[0].checkpoint == nil)
             #expect(cycles[1].cycle == 2 && cycles[1].outcome == .aggregated && cycles[1].assigned == 2 && cycles[1].reported == 2 && cycles[1].checkpoint == 1)
             #expect(cycles.allSatisfy { $0.metrics == ["loss": 0.5] })
             #expect(cycles[0].closedAt == harness.clock.date.timeIntervalSince1970)
@@ -352,10 +358,11 @@ extension HTTPResult {
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(at: directory) }
         let output = directory.appendingPathComponent("dom.html")
-        let words = [
-            "timeout", "90", executable, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
-            "--user-data-dir=\(directory.appendingPathComponent("profile").path)", "--virtual-time-budget=5000",
-        ] + arguments
+        let words =
+            [
+                "timeout", "90", executable, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
+                "--user-data-dir=\(directory.appendingPathComponent("profile").path)", "--virtual-time-budget=5000",
+            ] + arguments
         let quoted = words.map { "'" + $0.replacingOccurrences(of: "'", with: "'\\''") + "'" }.joined(separator: " ")
         let process = Process()
         process.executableURL = URL(fileURLWithPath: "/bin/sh")
@@ -404,7 +411,8 @@ extension HTTPResult {
             // Screenshots at a phone's and a laptop's width, for a person to look at.
             if let directory = ProcessInfo.processInfo.environment["ORCHARD_DASHBOARD_SCREENSHOTS"] {
                 for (width, height) in [(375, 1800), (1280, 1400)] {
-                    _ = try await run(executable, ["--window-size=\(width),\(height)", "--screenshot=\(directory)/dashboard-\(width).png", "--hide-scrollbars", login()])
+                    _ = try await run(
+                        executable, ["--window-size=\(width),\(height)", "--screenshot=\(directory)/dashboard-\(width).png", "--hide-scrollbars", login()])
                 }
             }
         }

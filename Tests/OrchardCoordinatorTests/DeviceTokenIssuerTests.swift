@@ -57,7 +57,8 @@ private func host(_ harness: Harness, _ authentication: AuthenticationConfig) as
             #expect(try await authenticate(harness, again.token).decode(AuthenticateResponse.self).workerID == first.decode(AuthenticateResponse.self).workerID)
 
             // The process's issuer and audience are checked.
-            let wrongIssuer = try await issuer.issue(subject: "device-42", lifetime: .seconds(3600), issuer: "someone-else", audience: "orchard-tests", now: now)
+            let wrongIssuer = try await issuer.issue(
+                subject: "device-42", lifetime: .seconds(3600), issuer: "someone-else", audience: "orchard-tests", now: now)
             let refusedIssuer = try await authenticate(harness, wrongIssuer.token)
             #expect(refusedIssuer.status == 401 && message(refusedIssuer) == "auth_token issuer is not 'backend.example'")
             let noAudience = try await issuer.issue(subject: "device-42", lifetime: .seconds(3600), issuer: "backend.example", now: now)
@@ -72,11 +73,13 @@ private func host(_ harness: Harness, _ authentication: AuthenticationConfig) as
             try await host(harness, .rs256(publicKeyPEM: DeviceTokenKeys.rsaPublicPEM, issuer: "backend.example", audience: "orchard-tests"))
             let issuer = try DeviceTokenIssuer(rs256PrivateKeyPEM: DeviceTokenKeys.rsaPEM)
             #expect(issuer.algorithm == .rs256)
-            let token = try await issuer.issue(subject: "phone-1", lifetime: .seconds(86_400), issuer: "backend.example", audience: "orchard-tests", now: harness.clock.date)
+            let token = try await issuer.issue(
+                subject: "phone-1", lifetime: .seconds(86_400), issuer: "backend.example", audience: "orchard-tests", now: harness.clock.date)
             let accepted = try await authenticate(harness, token.token)
             #expect(accepted.status == 200, "\(message(accepted) ?? "")")
 
-            let wrongAudience = try await issuer.issue(subject: "phone-1", lifetime: .seconds(86_400), issuer: "backend.example", audience: "elsewhere", now: harness.clock.date)
+            let wrongAudience = try await issuer.issue(
+                subject: "phone-1", lifetime: .seconds(86_400), issuer: "backend.example", audience: "elsewhere", now: harness.clock.date)
             let refused = try await authenticate(harness, wrongAudience.token)
             #expect(refused.status == 401 && message(refused) == "auth_token audience does not include 'orchard-tests'")
             // An hs256 token is no rs256 token, whatever its secret.
@@ -122,10 +125,12 @@ private func host(_ harness: Harness, _ authentication: AuthenticationConfig) as
 
     @Test func badSecretsAreRefusedByTheCoordinatorsRule() throws {
         #expect(throws: DeviceTokenError(.invalidSecret, "the secret holds an empty secret")) { try DeviceTokenIssuer(hs256Secret: "") }
-        #expect(throws: DeviceTokenError(
-            .invalidSecret,
-            "S holds a secret of 31 bytes; an hs256 secret must be at least 32 bytes (the coordinator's rule for server_config.authentication.secret)"
-        )) { try DeviceTokenIssuer(hs256Secret: String(repeating: "x", count: 31), source: "S") }
+        #expect(
+            throws: DeviceTokenError(
+                .invalidSecret,
+                "S holds a secret of 31 bytes; an hs256 secret must be at least 32 bytes (the coordinator's rule for server_config.authentication.secret)"
+            )
+        ) { try DeviceTokenIssuer(hs256Secret: String(repeating: "x", count: 31), source: "S") }
         // 32 bytes: the coordinator's own minimum.
         _ = try DeviceTokenIssuer(hs256Secret: String(repeating: "x", count: 32))
         // Bytes, not characters: 16 two-byte characters are 32 bytes.
@@ -144,10 +149,14 @@ private func host(_ harness: Harness, _ authentication: AuthenticationConfig) as
         }
         let short = try _RSA.Signing.PrivateKey(unsafeKeySize: .init(bitCount: 1024))
         #expect(refusal(short.pemRepresentation) == "K holds a 1024-bit RSA key; rs256 needs at least 2048 bits (the coordinator's rule for public_key_pem)")
-        #expect(refusal(P256.Signing.PrivateKey().pemRepresentation) == "K holds an EC private key, not an RSA one; rs256 needs an RSA private key of at least 2048 bits")
+        #expect(
+            refusal(P256.Signing.PrivateKey().pemRepresentation)
+                == "K holds an EC private key, not an RSA one; rs256 needs an RSA private key of at least 2048 bits")
         #expect(refusal(DeviceTokenKeys.rsaPublicPEM)?.hasPrefix("K holds a PEM 'PUBLIC KEY', not a private key") == true)
         #expect(refusal("not a key")?.hasPrefix("K is not PEM:") == true)
-        #expect(refusal("-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n") == "K holds no readable RSA private key: rs256 needs an unencrypted RSA key as PKCS #1 or PKCS #8 PEM")
+        #expect(
+            refusal("-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n")
+                == "K holds no readable RSA private key: rs256 needs an unencrypted RSA key as PKCS #1 or PKCS #8 PEM")
         // PKCS #8 and PKCS #1 both work.
         _ = try DeviceTokenIssuer(rs256PrivateKeyPEM: DeviceTokenKeys.rsaPEM)
         let pkcs8 = DeviceTokenKeys.rsa.pkcs8DERRepresentation.base64EncodedString(options: [.lineLength64Characters, .endLineWithLineFeed])
@@ -188,9 +197,10 @@ private func host(_ harness: Harness, _ authentication: AuthenticationConfig) as
         return try? JSONSerialization.jsonObject(with: data) as? [String: Any]
     }
 
-    @Test(arguments: [
-        ("30s", 30), ("30m", 1800), ("24h", 86_400), ("7d", 604_800), ("400d", 34_560_000), ("+2h", 7200),
-    ] as [(String, Int64)])
+    @Test(
+        arguments: [
+            ("30s", 30), ("30m", 1800), ("24h", 86_400), ("7d", 604_800), ("400d", 34_560_000), ("+2h", 7200),
+        ] as [(String, Int64)])
     func lifetimesParse(_ text: String, _ seconds: Int64) throws {
         #expect(try DeviceTokenIssuer.parseLifetime(text) == .seconds(seconds))
     }
@@ -203,10 +213,19 @@ private func host(_ harness: Harness, _ authentication: AuthenticationConfig) as
         ("soon", "lifetime 'soon' is not a lifetime: write a whole number and a unit s, m, h or d, such as 30m, 24h or 7d"),
         ("", "lifetime '' is not a lifetime: write a whole number and a unit s, m, h or d, such as 30m, 24h or 7d"),
         ("h", "lifetime 'h' is not a lifetime: write a whole number and a unit s, m, h or d, such as 30m, 24h or 7d"),
-        ("401d", "lifetime '401d' is more than 400 days: the coordinator cannot revoke a device token before it expires, so a longer one would outlive any rotation of devices' credentials (hours to a day is recommended)"),
-        ("99999999999999999999d", "lifetime '99999999999999999999d' is more than 400 days: the coordinator cannot revoke a device token before it expires, so a longer one would outlive any rotation of devices' credentials (hours to a day is recommended)"),
+        (
+            "401d",
+            "lifetime '401d' is more than 400 days: the coordinator cannot revoke a device token before it expires, so a longer one would outlive any rotation of devices' credentials (hours to a day is recommended)"
+        ),
+        (
+            "99999999999999999999d",
+            "lifetime '99999999999999999999d' is more than 400 days: the coordinator cannot revoke a device token before it expires, so a longer one would outlive any rotation of devices' credentials (hours to a day is recommended)"
+        ),
         ("-0s", "lifetime '-0s' must be more than zero"),
-        ("9999999999999999d", "lifetime '9999999999999999d' is more than 400 days: the coordinator cannot revoke a device token before it expires, so a longer one would outlive any rotation of devices' credentials (hours to a day is recommended)"),
+        (
+            "9999999999999999d",
+            "lifetime '9999999999999999d' is more than 400 days: the coordinator cannot revoke a device token before it expires, so a longer one would outlive any rotation of devices' credentials (hours to a day is recommended)"
+        ),
     ])
     func badLifetimesAreRefused(_ text: String, _ expected: String) {
         #expect(throws: DeviceTokenError(.invalidLifetime, expected)) { try DeviceTokenIssuer.parseLifetime(text) }
@@ -222,7 +241,9 @@ private func host(_ harness: Harness, _ authentication: AuthenticationConfig) as
         // A trailing line break (echo) is not part of the secret; nothing else is trimmed.
         #expect(try DeviceTokenKeySource.file(file).read() == DeviceTokenKeySource.environment("S").read(environment: ["S": DeviceTokenKeys.secret + "\r\n"]))
         #expect(try DeviceTokenKeySource.environment("S").read(environment: ["S": " padded "]) == " padded ")
-        #expect(throws: DeviceTokenError(.missingSecret, "the environment variable S is not set")) { try DeviceTokenKeySource.environment("S").read(environment: [:]) }
+        #expect(throws: DeviceTokenError(.missingSecret, "the environment variable S is not set")) {
+            try DeviceTokenKeySource.environment("S").read(environment: [:])
+        }
         let missing = directory.appendingPathComponent("missing").path
         #expect(throws: DeviceTokenError(.unreadableFile, "--secret-file '\(missing)': no such file")) {
             try DeviceTokenKeySource.file(missing, name: "--secret-file").read()
@@ -249,7 +270,9 @@ private func host(_ harness: Harness, _ authentication: AuthenticationConfig) as
 /// matching authentication.
 @Suite struct TokenIssueExecutableTests {
     /// Runs `orchard arguments…` with `environment` in place of the device-token variables of this process's.
-    static func orchard(_ arguments: [String], environment: [String: String] = [:], in directory: URL) async throws -> (status: Int32, output: String, error: String) {
+    static func orchard(_ arguments: [String], environment: [String: String] = [:], in directory: URL) async throws -> (
+        status: Int32, output: String, error: String
+    ) {
         let unset: [String: String?] = ["ORCHARD_DEVICE_TOKEN_SECRET": nil, "ORCHARD_DEVICE_TOKEN_PRIVATE_KEY": nil]
         let run = try await OrchardExecutable.run(arguments, environment: unset.merging(environment.mapValues { $0 }) { $1 }, in: directory)
         return (run.status, run.output, run.error)
@@ -267,14 +290,16 @@ private func host(_ harness: Harness, _ authentication: AuthenticationConfig) as
 
             // hs256: the secret from a file; the token alone on standard output.
             try await host(harness, .hs256(secret: DeviceTokenKeys.secret, issuer: "backend.example", audience: "orchard-tests"))
-            let hs = try await Self.orchard(["token", "issue", "--algorithm", "hs256", "--secret-file", secretFile, "--subject", "device-1", "--lifetime", "24h"] + claims, in: directory)
+            let hs = try await Self.orchard(
+                ["token", "issue", "--algorithm", "hs256", "--secret-file", secretFile, "--subject", "device-1", "--lifetime", "24h"] + claims, in: directory)
             #expect(hs.status == 0 && hs.error.isEmpty, "\(hs.error)")
             let hsToken = hs.output.trimmingCharacters(in: .newlines)
             #expect(hs.output == hsToken + "\n" && hsToken.split(separator: ".").count == 3)
             #expect(try await authenticate(harness, hsToken).status == 200)
             // ... and from the default variable, which a token without the process's issuer does not pass.
             let unclaimed = try await Self.orchard(
-                ["token", "issue", "--algorithm", "hs256", "--subject", "device-1", "--lifetime", "1h"], environment: ["ORCHARD_DEVICE_TOKEN_SECRET": DeviceTokenKeys.secret], in: directory
+                ["token", "issue", "--algorithm", "hs256", "--subject", "device-1", "--lifetime", "1h"],
+                environment: ["ORCHARD_DEVICE_TOKEN_SECRET": DeviceTokenKeys.secret], in: directory
             )
             #expect(unclaimed.status == 0, "\(unclaimed.error)")
             let refused = try await authenticate(harness, unclaimed.output.trimmingCharacters(in: .newlines))
@@ -301,7 +326,8 @@ private func host(_ harness: Harness, _ authentication: AuthenticationConfig) as
             )
             #expect(accepted.status == 200, "\(message(accepted) ?? "")")
             // The key file works too, and signs for the same device.
-            let fromFile = try await Self.orchard(["token", "issue", "--algorithm", "rs256", "--private-key-file", keyFile, "--subject", "phone-9", "--lifetime", "1h"] + claims, in: directory)
+            let fromFile = try await Self.orchard(
+                ["token", "issue", "--algorithm", "rs256", "--private-key-file", keyFile, "--subject", "phone-9", "--lifetime", "1h"] + claims, in: directory)
             let again = try await harness.http.json(
                 "POST", Endpoint.authenticate,
                 AuthenticateRequest(authToken: fromFile.output.trimmingCharacters(in: .newlines), processName: "tiny-rsa", processVersion: SemanticVersion(1))
@@ -327,12 +353,22 @@ private func host(_ harness: Harness, _ authentication: AuthenticationConfig) as
         try Data(DeviceTokenKeys.rsaPublicPEM.utf8).write(to: URL(fileURLWithPath: publicKey))
 
         let cases: [(file: String, line: String)] = [
-            (short, "error: invalid_key: --private-key-file '\(short)' holds a 1024-bit RSA key; rs256 needs at least 2048 bits (the coordinator's rule for public_key_pem)"),
-            (ec, "error: invalid_key: --private-key-file '\(ec)' holds an EC private key, not an RSA one; rs256 needs an RSA private key of at least 2048 bits"),
-            (publicKey, "error: invalid_key: --private-key-file '\(publicKey)' holds a PEM 'PUBLIC KEY', not a private key; rs256 signs with the RSA private key whose public half is the process's public_key_pem"),
+            (
+                short,
+                "error: invalid_key: --private-key-file '\(short)' holds a 1024-bit RSA key; rs256 needs at least 2048 bits (the coordinator's rule for public_key_pem)"
+            ),
+            (
+                ec,
+                "error: invalid_key: --private-key-file '\(ec)' holds an EC private key, not an RSA one; rs256 needs an RSA private key of at least 2048 bits"
+            ),
+            (
+                publicKey,
+                "error: invalid_key: --private-key-file '\(publicKey)' holds a PEM 'PUBLIC KEY', not a private key; rs256 signs with the RSA private key whose public half is the process's public_key_pem"
+            ),
         ]
         for (file, line) in cases {
-            let run = try await Self.orchard(["token", "issue", "--algorithm", "rs256", "--private-key-file", file, "--subject", "d", "--lifetime", "1h"], in: directory)
+            let run = try await Self.orchard(
+                ["token", "issue", "--algorithm", "rs256", "--private-key-file", file, "--subject", "d", "--lifetime", "1h"], in: directory)
             #expect(run.status == 1)
             #expect(run.output.isEmpty)
             #expect(run.error == line + "\n", "\(run.error)")

@@ -22,7 +22,9 @@ func privateHostRequest(goal: Int = 2, minimum: Int? = nil, privacy: PrivacyConf
             // z = 0.001 keeps the noise (σ/goal = 0.001 per value) far below the tolerance, so the arithmetic shows.
             let privacy = PrivacyConfig(clippingNorm: 2, noiseMultiplier: 0.001, delta: 1e-5, population: 1000)
             let hosted = try await harness.host(privateHostRequest(goal: 2, privacy: privacy))
-            #expect(hosted.privacy == PrivacyStatus(epsilon: 0, delta: 1e-5, releases: 0, samplingRate: 0.002, noiseMultiplier: 0.001, clippingNorm: 2, targetEpsilon: nil))
+            #expect(
+                hosted.privacy
+                    == PrivacyStatus(epsilon: 0, delta: 1e-5, releases: 0, samplingRate: 0.002, noiseMultiplier: 0.001, clippingNorm: 2, targetEpsilon: nil))
             let big = try await harness.device(), small = try await harness.device()
             let bigAssignment = try await harness.join(big), smallAssignment = try await harness.join(small)
             // √35 ≈ 5.92 > 2: clipped to 2; 0.1·√35 ≈ 0.59: kept. Sample counts (3 and 5,000) do not weigh.
@@ -69,7 +71,8 @@ func privateHostRequest(goal: Int = 2, minimum: Int? = nil, privacy: PrivacyConf
             #expect(try refused.decode(ErrorBody.self).error.message.contains("target_epsilon"))
 
             let budget = (first + second) / 2
-            let hosted = try await harness.host(privateHostRequest(privacy: PrivacyConfig(clippingNorm: 1, noiseMultiplier: z, targetEpsilon: budget, population: 10)))
+            let hosted = try await harness.host(
+                privateHostRequest(privacy: PrivacyConfig(clippingNorm: 1, noiseMultiplier: z, targetEpsilon: budget, population: 10)))
             let a = try await harness.device(), b = try await harness.device()
             let assignmentA = try await harness.join(a), assignmentB = try await harness.join(b)
             #expect(try await harness.report(a, assignmentA, diff: Fixture.diff(0.01), samples: 1).status == 200)
@@ -168,7 +171,9 @@ func privateHostRequest(goal: Int = 2, minimum: Int? = nil, privacy: PrivacyConf
 
             let device = try await harness.device()
             let assignment = try await harness.join(device)
-            let plan = try await harness.http.send("GET", Endpoint.plan(assignment.planID) + "?request_key=\(assignment.requestKey)", token: device.sessionToken).decode(TrainingPlan.self)
+            let plan = try await harness.http.send(
+                "GET", Endpoint.plan(assignment.planID) + "?request_key=\(assignment.requestKey)", token: device.sessionToken
+            ).decode(TrainingPlan.self)
             #expect(plan.localPrivacy == LocalPrivacy(clippingNorm: 1, noiseMultiplier: 0.5))
             // A report beyond what a clipped and noised one can reach, C·(1 + z(√6 + 6)) ≈ 5.22, is refused: one device
             // cannot move the model further than an honest one.
@@ -198,7 +203,10 @@ func privateHostRequest(goal: Int = 2, minimum: Int? = nil, privacy: PrivacyConf
                 (privateHostRequest(privacy: PrivacyConfig(clippingNorm: 1, noiseMultiplier: 0, population: 100)), "noise_multiplier"),
                 (privateHostRequest(privacy: PrivacyConfig(clippingNorm: 1, noiseMultiplier: 1, delta: 1, population: 100)), "delta"),
                 (privateHostRequest(privacy: PrivacyConfig(clippingNorm: -1, noiseMultiplier: 1, population: 100)), "clipping_norm"),
-                (privateHostRequest(privacy: PrivacyConfig(adaptiveClipping: .init(countStandardDeviation: 0.1), noiseMultiplier: 1, population: 100)), "count_stddev"),
+                (
+                    privateHostRequest(privacy: PrivacyConfig(adaptiveClipping: .init(countStandardDeviation: 0.1), noiseMultiplier: 1, population: 100)),
+                    "count_stddev"
+                ),
             ]
             for (request, fragment) in cases {
                 let result = try await harness.http.json("POST", Endpoint.processes, request, token: Harness.adminToken)
@@ -217,7 +225,8 @@ func privateHostRequest(goal: Int = 2, minimum: Int? = nil, privacy: PrivacyConf
                 var server = try #require(json["server_config"] as? [String: Any])
                 server["privacy"] = try JSONSerialization.jsonObject(with: Data(body.utf8))
                 json["server_config"] = server
-                let result = try await harness.http.send("POST", Endpoint.processes, body: Array(try JSONSerialization.data(withJSONObject: json)), token: Harness.adminToken)
+                let result = try await harness.http.send(
+                    "POST", Endpoint.processes, body: Array(try JSONSerialization.data(withJSONObject: json)), token: Harness.adminToken)
                 #expect(result.status == 400)
                 #expect(try result.decode(ErrorBody.self).error.message.contains(fragment), "\(fragment)")
             }
@@ -233,7 +242,8 @@ func privateHostRequest(goal: Int = 2, minimum: Int? = nil, privacy: PrivacyConf
         let mechanism = PrivacyMechanism(config: PrivacyConfig(clippingNorm: 2, noiseMultiplier: 1, population: 1000), server: server)
         var generator = SplitMix64(seed: 7)
         let count = 40_000
-        let released = try mechanism.release(sum: [Double](repeating: 8, count: count), reports: 4, unclipped: 0, ledger: mechanism.initialLedger, using: &generator)
+        let released = try mechanism.release(
+            sum: [Double](repeating: 8, count: count), reports: 4, unclipped: 0, ledger: mechanism.initialLedger, using: &generator)
         let mean = released.mean.reduce(0.0) { $0 + Double($1) } / Double(count)
         let variance = released.mean.reduce(0.0) { $0 + (Double($1) - mean) * (Double($1) - mean) } / Double(count - 1)
         // Mean 8/4 = 2; σ = z·C/goal = 0.5 (σ² = 0.25; the sample variance's relative error is ~√(2/n) = 0.7 %).
@@ -278,7 +288,8 @@ func privateHostRequest(goal: Int = 2, minimum: Int? = nil, privacy: PrivacyConf
         // σ_b = 5 on the centred count Σ(bᵢ − ½): b̃ = (Σ(bᵢ − ½) + N(0, 25))/100 + ½. With 60 of 100 unclipped,
         // b̃ has mean 0.6 and standard deviation 0.05; the bound moves by exp(−η(b̃ − γ)).
         let server = ServerConfig(goalCount: 100, minimumReports: 50)
-        let config = PrivacyConfig(adaptiveClipping: .init(targetQuantile: 0.5, learningRate: 1, initialNorm: 1, countStandardDeviation: 5), noiseMultiplier: 1, population: 10_000)
+        let config = PrivacyConfig(
+            adaptiveClipping: .init(targetQuantile: 0.5, learningRate: 1, initialNorm: 1, countStandardDeviation: 5), noiseMultiplier: 1, population: 10_000)
         let mechanism = PrivacyMechanism(config: config, server: server)
         var generator = SplitMix64(seed: 11)
         let fractions = try (0..<4000).map { _ in

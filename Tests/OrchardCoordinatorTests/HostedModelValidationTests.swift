@@ -7,7 +7,9 @@ import Testing
 /// Models are checked when hosted, with errors naming the layer and the field.
 @Suite(.serialized) struct HostedModelValidationTests {
     /// Posts `Fixture.host()` as JSON after `edit` changes its model layers (as dictionaries).
-    private func host(_ harness: Harness, editLayers edit: (inout [[String: Any]]) -> Void, weights: [TensorRecord] = Fixture.weights) async throws -> HTTPResult {
+    private func host(_ harness: Harness, editLayers edit: (inout [[String: Any]]) -> Void, weights: [TensorRecord] = Fixture.weights) async throws
+        -> HTTPResult
+    {
         var request = Fixture.host()
         request.initialWeights = Safetensors.encode(weights)
         var json = try #require(try JSONSerialization.jsonObject(with: WireCoding.encoder().encode(request)) as? [String: Any])
@@ -36,7 +38,8 @@ import Testing
             try expectRefused(try await host(harness) { $0[0]["input_size"] = 4 }, ["'embed'", "'input_size'"], "input_size against the input")
             try expectRefused(try await host(harness) { $0[1]["units"] = nil }, ["'out'", "'units'", "required"], "missing units")
             try expectRefused(try await host(harness) { $0[1]["use_bias"] = false }, ["'out.bias'", "use_bias"], "bias given, use_bias false")
-            try expectRefused(try await host(harness, editLayers: { _ in }, weights: Array(Fixture.weights.dropLast())), ["'out.bias'", "missing"], "missing bias")
+            try expectRefused(
+                try await host(harness, editLayers: { _ in }, weights: Array(Fixture.weights.dropLast())), ["'out.bias'", "missing"], "missing bias")
             try expectRefused(
                 try await host(harness, editLayers: { _ in }, weights: Fixture.weights + [TensorRecord(name: "ghost.weight", shape: [1], values: [0])]),
                 ["'ghost.weight'"], "tensor of no layer"

@@ -56,7 +56,9 @@ private struct DeviceClaims: JWTPayload {
             method: "POST", target: Endpoint.authenticate, requestHeaders: ["Content-Type": MediaType.json],
             requestBody: Array(#"{"process_name":"tiny","process_version":"1.0","protocol_version":"2.0.0"}"#.utf8), status: 200,
             responseHeaders: ["Content-Type": MediaType.json],
-            responseBody: Array(#"{"expires_in":60,"protocol_version":"2.0.0","requires_speed_test":false,"session_token":"a.b.c","worker_id":"w_0123456789abcdef01234567"}"#.utf8)
+            responseBody: Array(
+                #"{"expires_in":60,"protocol_version":"2.0.0","requires_speed_test":false,"session_token":"a.b.c","worker_id":"w_0123456789abcdef01234567"}"#
+                    .utf8)
         )
         #expect(conformance.problems(with: authenticated).isEmpty, "\(conformance.problems(with: authenticated))")
 
@@ -68,10 +70,13 @@ private struct DeviceClaims: JWTPayload {
         missing.responseBody = Array(#"{"expires_in":60,"protocol_version":"2.0.0","requires_speed_test":false,"session_token":"a.b.c"}"#.utf8)
         expectProblem(missing, "required property 'worker_id' is missing")
         var badPattern = authenticated
-        badPattern.responseBody = Array(#"{"expires_in":60,"protocol_version":"2.0.0","requires_speed_test":false,"session_token":"a.b.c","worker_id":"worker-1"}"#.utf8)
+        badPattern.responseBody = Array(
+            #"{"expires_in":60,"protocol_version":"2.0.0","requires_speed_test":false,"session_token":"a.b.c","worker_id":"worker-1"}"#.utf8)
         expectProblem(badPattern, "does not match")
         var extra = authenticated
-        extra.responseBody = Array(#"{"expires_in":60,"protocol_version":"2.0.0","requires_speed_test":false,"session_token":"a.b.c","worker_id":"w_0123456789abcdef01234567","x":1}"#.utf8)
+        extra.responseBody = Array(
+            #"{"expires_in":60,"protocol_version":"2.0.0","requires_speed_test":false,"session_token":"a.b.c","worker_id":"w_0123456789abcdef01234567","x":1}"#
+                .utf8)
         expectProblem(extra, "property 'x' is not allowed")
         var undocumentedStatus = authenticated
         undocumentedStatus.status = 409
@@ -87,8 +92,9 @@ private struct DeviceClaims: JWTPayload {
         var unknownPath = authenticated
         unknownPath.target = "/v1/device/nothing"
         expectProblem(unknownPath, "not a documented operation")
-        var badQuery = HTTPExchange(method: "GET", target: Endpoint.speedTest + "?bytes=0", requestHeaders: [:], requestBody: nil, status: 200,
-                                    responseHeaders: ["Content-Type": "application/octet-stream"], responseBody: [0x5A])
+        var badQuery = HTTPExchange(
+            method: "GET", target: Endpoint.speedTest + "?bytes=0", requestHeaders: [:], requestBody: nil, status: 200,
+            responseHeaders: ["Content-Type": "application/octet-stream"], responseBody: [0x5A])
         expectProblem(badQuery, "query parameter bytes: 0 is below the minimum 1")
         badQuery.target = Endpoint.speedTest + "?bytes=10"
         #expect(conformance.problems(with: badQuery).isEmpty)
@@ -103,7 +109,9 @@ private struct DeviceClaims: JWTPayload {
             let schemas = try #require(Conformance.document.document["components"]?["schemas"]?.objectValue)
             let base = try JSONValue.parse(WireCoding.encoder().encode(Fixture.host()))
             var cases: [(path: [String], value: Double, accepted: Bool)] = []
-            for (schema, path) in [("ClientConfig", ["client_config"]), ("ServerConfig", ["server_config"]), ("AggregatorConfig", ["server_config", "aggregator"])] {
+            for (schema, path) in [
+                ("ClientConfig", ["client_config"]), ("ServerConfig", ["server_config"]), ("AggregatorConfig", ["server_config", "aggregator"]),
+            ] {
                 for (field, property) in schemas[schema]?["properties"]?.objectValue ?? [:] {
                     let integer = property["type"]?.stringValue == "integer"
                     let step = integer ? 1 : 1e-6
@@ -133,16 +141,21 @@ private struct DeviceClaims: JWTPayload {
                     let other = bound.path.last == "goal_count" ? "minimum_reports" : "goal_count"
                     body = setting(.number(bound.path.last == "goal_count" ? 1 : 1_000_000), at: ["server_config", other], in: body)
                 }
-                let result = try await harness.http.send("POST", Endpoint.processes, body: Fuzz.json(body), token: Harness.adminToken, headers: ["Content-Type": MediaType.json])
+                let result = try await harness.http.send(
+                    "POST", Endpoint.processes, body: Fuzz.json(body), token: Harness.adminToken, headers: ["Content-Type": MediaType.json])
                 let label = "\(bound.path.joined(separator: ".")) = \(bound.value)"
                 if bound.accepted {
                     #expect(result.status == 201, "\(label): \(result.status) \(String(decoding: result.body, as: UTF8.self))")
                 } else {
-                    #expect(result.status == 400 && result.errorCode == "invalid_configuration", "\(label): \(result.status) \(String(decoding: result.body, as: UTF8.self))")
+                    #expect(
+                        result.status == 400 && result.errorCode == "invalid_configuration",
+                        "\(label): \(result.status) \(String(decoding: result.body, as: UTF8.self))")
                 }
             }
             // Names: 200 characters are a name, 201 or a control character are not.
-            for (name, accepted) in [(String(repeating: "é", count: 200), true), (String(repeating: "n", count: 201), false), ("tab\there", false), ("", false)] {
+            for (name, accepted) in [
+                (String(repeating: "é", count: 200), true), (String(repeating: "n", count: 201), false), ("tab\there", false), ("", false),
+            ] {
                 let result = try await harness.http.json("POST", Endpoint.processes, Fixture.host(name: name), token: Harness.adminToken)
                 #expect(result.status == (accepted ? 201 : 400), "\(name.prefix(8))…: \(result.status)")
             }
@@ -152,9 +165,10 @@ private struct DeviceClaims: JWTPayload {
     /// A session that exercises every documented operation and nearly every documented status; every exchange is
     /// checked by ``HTTP`` as it happens.
     @Test func aSessionOverEveryOperationConformsToTheDocument() async throws {
-        let harness = try await Harness.start(configuration: CoordinatorConfiguration(
-            adminToken: Harness.adminToken, maximumReportBytes: 64 << 10, maximumAdminBodyBytes: 64 << 10, maximumMessageBytes: 4096
-        ))
+        let harness = try await Harness.start(
+            configuration: CoordinatorConfiguration(
+                adminToken: Harness.adminToken, maximumReportBytes: 64 << 10, maximumAdminBodyBytes: 64 << 10, maximumMessageBytes: 4096
+            ))
         try await harness.stopping {
             let http = harness.http
             let admin = Harness.adminToken
@@ -188,7 +202,9 @@ private struct DeviceClaims: JWTPayload {
             badWeights.initialWeights = [1, 2, 3]
             expectStatus(try await http.json("POST", Endpoint.processes, badWeights, token: admin), 400, "malformed_safetensors", "bad weights")
             expectStatus(try await http.send("POST", Endpoint.processes, body: Array("{".utf8), token: admin), 400, "malformed_json", "bad JSON")
-            expectStatus(try await http.send("POST", Endpoint.processes, body: [UInt8](repeating: 0x20, count: 70 << 10), token: admin), 413, "payload_too_large", "oversized")
+            expectStatus(
+                try await http.send("POST", Endpoint.processes, body: [UInt8](repeating: 0x20, count: 70 << 10), token: admin), 413, "payload_too_large",
+                "oversized")
             expectStatus(try await http.send("GET", Endpoint.processes, token: admin), 200, nil, "list")
             expectStatus(try await http.send("GET", Endpoint.processes), 401, "unauthorized", "list without token")
             expectStatus(try await http.send("GET", Endpoint.process(hosted.processID), token: admin), 200, nil, "status")
@@ -205,13 +221,19 @@ private struct DeviceClaims: JWTPayload {
                 try await http.send("POST", Endpoint.authenticate, body: Array(body.utf8), headers: ["Content-Type": MediaType.json])
             }
             expectStatus(try await authenticate(#"{"process_name":"tiny"}"#), 400, "malformed_json", "missing fields")
-            expectStatus(try await authenticate(#"{"process_name":"tiny","process_version":"1","protocol_version":"1.0"}"#), 400, "unsupported_version", "protocol 1")
-            expectStatus(try await authenticate(#"{"process_name":"a\u0001b","process_version":"1","protocol_version":"2.0"}"#), 400, "invalid_request", "control character")
-            expectStatus(try await authenticate(#"{"process_name":"nope","process_version":"1","protocol_version":"2.0"}"#), 404, "unknown_process", "unknown process")
-            expectStatus(try await authenticate(#"{"process_name":"signed","process_version":"1","protocol_version":"2.0"}"#), 401, "unauthorized", "no device token")
+            expectStatus(
+                try await authenticate(#"{"process_name":"tiny","process_version":"1","protocol_version":"1.0"}"#), 400, "unsupported_version", "protocol 1")
+            expectStatus(
+                try await authenticate(#"{"process_name":"a\u0001b","process_version":"1","protocol_version":"2.0"}"#), 400, "invalid_request",
+                "control character")
+            expectStatus(
+                try await authenticate(#"{"process_name":"nope","process_version":"1","protocol_version":"2.0"}"#), 404, "unknown_process", "unknown process")
+            expectStatus(
+                try await authenticate(#"{"process_name":"signed","process_version":"1","protocol_version":"2.0"}"#), 401, "unauthorized", "no device token")
             expectStatus(try await http.send("POST", Endpoint.authenticate, body: [UInt8](repeating: 0x20, count: 5000)), 413, "payload_too_large", "oversized")
             let jwt = try await Self.deviceToken(subject: "phone-1", expires: harness.clock.date.addingTimeInterval(3600))
-            let signedDevice = try await http.json("POST", Endpoint.authenticate, AuthenticateRequest(authToken: jwt, processName: "signed", processVersion: SemanticVersion(1)))
+            let signedDevice = try await http.json(
+                "POST", Endpoint.authenticate, AuthenticateRequest(authToken: jwt, processName: "signed", processVersion: SemanticVersion(1)))
             expectStatus(signedDevice, 200, nil, "signed device")
             let gatedDevice = try await harness.device(name: "gated")
 
@@ -230,7 +252,8 @@ private struct DeviceClaims: JWTPayload {
             expectStatus(rejected, 200, nil, "cycle full")
             #expect(String(decoding: rejected.body, as: UTF8.self).contains("\"rejected\""))
             let gatedRequest = { (download: Double?, upload: Double?) in
-                CycleRequest(workerID: gatedDevice.workerID, processName: "gated", processVersion: SemanticVersion(1), downloadMbps: download, uploadMbps: upload)
+                CycleRequest(
+                    workerID: gatedDevice.workerID, processName: "gated", processVersion: SemanticVersion(1), downloadMbps: download, uploadMbps: upload)
             }
             expectStatus(try await cycle(gatedRequest(1, 5), token: gatedDevice.sessionToken), 200, nil, "too slow")
             expectStatus(try await cycle(gatedRequest(nil, nil), token: gatedDevice.sessionToken), 400, "invalid_request", "no speeds")
@@ -241,8 +264,11 @@ private struct DeviceClaims: JWTPayload {
             expectStatus(try await cycle(mismatch, token: device.sessionToken), 403, "session_process_mismatch", "another process")
             let unknown = CycleRequest(workerID: device.workerID, processName: "nope", processVersion: SemanticVersion(1))
             expectStatus(try await cycle(unknown, token: device.sessionToken), 404, "unknown_process", "unknown process")
-            expectStatus(try await http.send("POST", Endpoint.cycleRequest, body: Array("[]".utf8), token: device.sessionToken), 400, "malformed_json", "not an object")
-            expectStatus(try await http.send("POST", Endpoint.cycleRequest, body: [UInt8](repeating: 0x20, count: 5000), token: device.sessionToken), 413, "payload_too_large", "oversized")
+            expectStatus(
+                try await http.send("POST", Endpoint.cycleRequest, body: Array("[]".utf8), token: device.sessionToken), 400, "malformed_json", "not an object")
+            expectStatus(
+                try await http.send("POST", Endpoint.cycleRequest, body: [UInt8](repeating: 0x20, count: 5000), token: device.sessionToken), 413,
+                "payload_too_large", "oversized")
 
             // Model and plan downloads.
             let key = "?request_key=\(assignment.requestKey)"
@@ -252,11 +278,15 @@ private struct DeviceClaims: JWTPayload {
             let etag = try #require(whole.header("ETag"))
             expectStatus(try await http.send("GET", modelPath + key, token: device.sessionToken, headers: ["Range": "bytes=0-9"]), 206, nil, "range")
             expectStatus(try await http.send("GET", modelPath + key, token: device.sessionToken, headers: ["If-None-Match": etag]), 304, nil, "not modified")
-            expectStatus(try await http.send("GET", modelPath + key, token: device.sessionToken, headers: ["Range": "bytes=\(whole.body.count)-"]), 416, "range_not_satisfiable", "past the end")
+            expectStatus(
+                try await http.send("GET", modelPath + key, token: device.sessionToken, headers: ["Range": "bytes=\(whole.body.count)-"]), 416,
+                "range_not_satisfiable", "past the end")
             expectStatus(try await http.send("GET", modelPath, token: device.sessionToken), 400, "invalid_request", "no key")
             expectStatus(try await http.send("GET", modelPath + key), 401, "unauthorized", "no session")
             expectStatus(try await http.send("GET", modelPath + key, token: other.sessionToken), 403, "invalid_request_key", "another's key")
-            expectStatus(try await http.send("GET", Endpoint.model(hosted.processID + ".7") + key, token: device.sessionToken), 404, "unknown_checkpoint", "another model")
+            expectStatus(
+                try await http.send("GET", Endpoint.model(hosted.processID + ".7") + key, token: device.sessionToken), 404, "unknown_checkpoint",
+                "another model")
             expectStatus(try await http.send("GET", modelPath + key + "&format=mlmodel", token: device.sessionToken), 200, nil, "model as Core ML")
             expectStatus(try await http.send("GET", modelPath + key + "&format=onnx", token: device.sessionToken), 400, "invalid_request", "unknown format")
             let planPath = Endpoint.plan(assignment.planID)
@@ -270,7 +300,9 @@ private struct DeviceClaims: JWTPayload {
             func report(_ body: [UInt8], token: String? = device.sessionToken) async throws -> HTTPResult {
                 try await http.send("POST", Endpoint.report, body: body, token: token, headers: ["Content-Type": MediaType.safetensors])
             }
-            func envelope(_ diff: [TensorRecord] = Fixture.diff(0.1), worker: String = device.workerID, key: String = assignment.requestKey, samples: Int = 5) -> [UInt8] {
+            func envelope(_ diff: [TensorRecord] = Fixture.diff(0.1), worker: String = device.workerID, key: String = assignment.requestKey, samples: Int = 5)
+                -> [UInt8]
+            {
                 ReportEnvelope.encode(diff: diff, metadata: ReportMetadata(workerID: worker, requestKey: key, sampleCount: samples))
             }
             expectStatus(try await report([1, 2, 3]), 400, "malformed_safetensors", "not safetensors")
@@ -292,12 +324,20 @@ private struct DeviceClaims: JWTPayload {
             expectStatus(try await http.send("GET", Endpoint.speedTest + "?bytes=1024", token: gatedToken), 200, nil, "speed down")
             expectStatus(try await http.send("GET", Endpoint.speedTest + "?bytes=1024", token: gatedToken), 429, "rate_limited", "speed down again")
             expectStatus(try await http.send("GET", Endpoint.speedTest + "?bytes=1024"), 401, "unauthorized", "speed down without session")
-            expectStatus(try await http.send("GET", Endpoint.speedTest + "?bytes=1024", token: device.sessionToken), 403, "forbidden", "speed down, ungated process")
-            expectStatus(try await http.send("POST", Endpoint.speedTest, body: [UInt8](repeating: 1, count: SpeedTest.maximumBytes + 1), token: gatedToken), 413, "payload_too_large", "speed up too much")
+            expectStatus(
+                try await http.send("GET", Endpoint.speedTest + "?bytes=1024", token: device.sessionToken), 403, "forbidden", "speed down, ungated process")
+            expectStatus(
+                try await http.send("POST", Endpoint.speedTest, body: [UInt8](repeating: 1, count: SpeedTest.maximumBytes + 1), token: gatedToken), 413,
+                "payload_too_large", "speed up too much")
             expectStatus(try await http.send("POST", Endpoint.speedTest, body: [UInt8](repeating: 1, count: 1024), token: gatedToken), 200, nil, "speed up")
-            expectStatus(try await http.send("POST", Endpoint.speedTest, body: [UInt8](repeating: 1, count: 1024), token: gatedToken), 429, "rate_limited", "speed up again")
-            expectStatus(try await http.send("POST", Endpoint.speedTest, body: [UInt8](repeating: 1, count: 1024)), 401, "unauthorized", "speed up without session")
-            expectStatus(try await http.send("POST", Endpoint.speedTest, body: [UInt8](repeating: 1, count: 1024), token: device.sessionToken), 403, "forbidden", "speed up, ungated process")
+            expectStatus(
+                try await http.send("POST", Endpoint.speedTest, body: [UInt8](repeating: 1, count: 1024), token: gatedToken), 429, "rate_limited",
+                "speed up again")
+            expectStatus(
+                try await http.send("POST", Endpoint.speedTest, body: [UInt8](repeating: 1, count: 1024)), 401, "unauthorized", "speed up without session")
+            expectStatus(
+                try await http.send("POST", Endpoint.speedTest, body: [UInt8](repeating: 1, count: 1024), token: device.sessionToken), 403, "forbidden",
+                "speed up, ungated process")
 
             // Checkpoints.
             let checkpointPath = Endpoint.checkpoint(hosted.processID, "latest")
@@ -305,9 +345,13 @@ private struct DeviceClaims: JWTPayload {
             expectStatus(latest, 200, nil, "checkpoint")
             #expect(latest.header("Orchard-Checkpoint") == "1")
             let checkpointTag = try #require(latest.header("ETag"))
-            expectStatus(try await http.send("GET", Endpoint.checkpoint(hosted.processID, "0"), token: admin, headers: ["Range": "bytes=-8"]), 206, nil, "checkpoint range")
-            expectStatus(try await http.send("GET", checkpointPath, token: admin, headers: ["If-None-Match": checkpointTag]), 304, nil, "checkpoint not modified")
-            expectStatus(try await http.send("GET", checkpointPath, token: admin, headers: ["Range": "bytes=a-b"]), 416, "range_not_satisfiable", "malformed range")
+            expectStatus(
+                try await http.send("GET", Endpoint.checkpoint(hosted.processID, "0"), token: admin, headers: ["Range": "bytes=-8"]), 206, nil,
+                "checkpoint range")
+            expectStatus(
+                try await http.send("GET", checkpointPath, token: admin, headers: ["If-None-Match": checkpointTag]), 304, nil, "checkpoint not modified")
+            expectStatus(
+                try await http.send("GET", checkpointPath, token: admin, headers: ["Range": "bytes=a-b"]), 416, "range_not_satisfiable", "malformed range")
             expectStatus(try await http.send("GET", Endpoint.checkpoint(hosted.processID, "first"), token: admin), 400, "invalid_request", "not a number")
             expectStatus(try await http.send("GET", Endpoint.checkpoint(hosted.processID, "9"), token: admin), 404, "unknown_checkpoint", "no such checkpoint")
             expectStatus(try await http.send("GET", checkpointPath), 401, "unauthorized", "checkpoint without token")
@@ -351,7 +395,10 @@ private struct DeviceClaims: JWTPayload {
             let lonely = SecureAggregationShareKeys(device: 1, shares: [])
             expectStatus(try await first.send(first.request(shareKeys: lonely), on: http), 422, "invalid_secure_aggregation_message", "no bundles")
             let oversized = Array(repeating: UInt8(ascii: " "), count: (64 << 10) / 3 * 4 + 4097)
-            expectStatus(try await http.send("POST", Endpoint.secureAggregation, body: oversized, token: first.auth.sessionToken, headers: ["Content-Type": MediaType.json]), 413, "payload_too_large", "oversized step")
+            expectStatus(
+                try await http.send(
+                    "POST", Endpoint.secureAggregation, body: oversized, token: first.auth.sessionToken, headers: ["Content-Type": MediaType.json]), 413,
+                "payload_too_large", "oversized step")
             for _ in 0..<3 {
                 for i in secureDevices.indices { _ = try await secureDevices[i].step(on: http) }
             }
@@ -360,7 +407,9 @@ private struct DeviceClaims: JWTPayload {
             expectStatus(try await http.send("DELETE", Endpoint.process(signedStatus.processID)), 401, "unauthorized", "delete without token")
             expectStatus(try await http.send("DELETE", Endpoint.process(signedStatus.processID), token: admin), 204, nil, "delete")
             expectStatus(try await http.send("DELETE", Endpoint.process(signedStatus.processID), token: admin), 404, "unknown_process", "delete again")
-            expectStatus(try await http.send("GET", Endpoint.checkpoint(signedStatus.processID, "latest"), token: admin), 404, "unknown_process", "checkpoint of a deleted process")
+            expectStatus(
+                try await http.send("GET", Endpoint.checkpoint(signedStatus.processID, "latest"), token: admin), 404, "unknown_process",
+                "checkpoint of a deleted process")
             expectStatus(try await http.send("GET", "/v1/nothing"), 404, "not_found", "no route")
 
             // Coverage: every documented operation was exercised, and every documented status but the listed ones.

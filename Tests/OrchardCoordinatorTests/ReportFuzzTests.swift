@@ -60,12 +60,14 @@ import Testing
             var random = SplitMix64(state: 0x5EED)
             var counts: [String: Int] = [:]
             func valid(_ assignment: CycleAssignment) -> [UInt8] {
-                ReportEnvelope.encode(diff: Fixture.diff(0.01), metadata: ReportMetadata(workerID: device.workerID, requestKey: assignment.requestKey, sampleCount: 5))
+                ReportEnvelope.encode(
+                    diff: Fixture.diff(0.01), metadata: ReportMetadata(workerID: device.workerID, requestKey: assignment.requestKey, sampleCount: 5))
             }
             for iteration in 0..<400 {
                 let mutation = Mutation.allCases[iteration % Mutation.allCases.count]
                 let body = Self.mutate(valid(assignment), mutation, &random)
-                let result = try await harness.http.send("POST", Endpoint.report, body: body, token: device.sessionToken, headers: ["Content-Type": MediaType.safetensors])
+                let result = try await harness.http.send(
+                    "POST", Endpoint.report, body: body, token: device.sessionToken, headers: ["Content-Type": MediaType.safetensors])
                 #expect(result.status < 500, "\(mutation) #\(iteration): \(result.status) \(String(decoding: result.body, as: UTF8.self))")
                 counts["\(result.status) \(result.errorCode ?? "")", default: 0] += 1
                 let status = try await harness.status(hosted.processID)
@@ -100,7 +102,10 @@ import Testing
             func state() async throws -> (checkpoint: [UInt8], status: String) {
                 let checkpoint = try await harness.http.send("GET", Endpoint.checkpoint(hosted.processID, "latest"), token: Harness.adminToken).body
                 let status = try await harness.status(hosted.processID)
-                return (checkpoint, "\(status.latestCheckpoint) \(status.cyclesCompleted) \(status.cyclesAbandoned) \(status.currentCycle.map { "\($0.number) \($0.assigned) \($0.reported)" } ?? "-")")
+                return (
+                    checkpoint,
+                    "\(status.latestCheckpoint) \(status.cyclesCompleted) \(status.cyclesAbandoned) \(status.currentCycle.map { "\($0.number) \($0.assigned) \($0.reported)" } ?? "-")"
+                )
             }
             var before = try await state()
             var codes: [String: Int] = [:]
@@ -109,16 +114,21 @@ import Testing
             }
             func check(_ mutations: [SafetensorsMutation], _ seed: UInt64) async throws {
                 var random = SplitMix64(state: seed)
-                var body = ReportEnvelope.encode(diff: Fixture.diff(0.01), metadata: ReportMetadata(workerID: device.workerID, requestKey: assignment.requestKey, sampleCount: 5, metrics: ["loss": 0.5]))
+                var body = ReportEnvelope.encode(
+                    diff: Fixture.diff(0.01),
+                    metadata: ReportMetadata(workerID: device.workerID, requestKey: assignment.requestKey, sampleCount: 5, metrics: ["loss": 0.5]))
                 for mutation in mutations { body = mutation.apply(to: body, metadataKey: ReportEnvelope.metadataKey, using: &random) }
-                let result = try await harness.http.send("POST", Endpoint.report, body: body, token: device.sessionToken, headers: ["Content-Type": MediaType.safetensors])
+                let result = try await harness.http.send(
+                    "POST", Endpoint.report, body: body, token: device.sessionToken, headers: ["Content-Type": MediaType.safetensors])
                 codes["\(result.status) \(result.errorCode ?? "")", default: 0] += 1
                 let after = try await state()
                 if result.status == 200 {
                     assignment = try await harness.join(device)
                     before = try await state()
                 } else {
-                    #expect((400..<500).contains(result.status) && result.errorCode != nil, "\(mutations): \(result.status) \(String(decoding: result.body, as: UTF8.self))")
+                    #expect(
+                        (400..<500).contains(result.status) && result.errorCode != nil,
+                        "\(mutations): \(result.status) \(String(decoding: result.body, as: UTF8.self))")
                     #expect(after.checkpoint == before.checkpoint, "\(mutations) changed the checkpoint")
                     #expect(after.status == before.status, "\(mutations) changed the cycle")
                 }
@@ -129,7 +139,10 @@ import Testing
                 for seed in UInt64(0)..<4 { try await check([mutation], seed) }
             }
             // The refusals come from the checks behind the parser too, not only from it.
-            #expect(Set(codes.keys).isSuperset(of: ["400 malformed_safetensors", "400 invalid_request", "422 dtype_mismatch", "422 shape_mismatch", "422 tensor_mismatch"]), "\(codes)")
+            #expect(
+                Set(codes.keys).isSuperset(of: [
+                    "400 malformed_safetensors", "400 invalid_request", "422 dtype_mismatch", "422 shape_mismatch", "422 tensor_mismatch",
+                ]), "\(codes)")
         }
     }
 }

@@ -30,7 +30,9 @@ import Testing
             start = end
         }
         try stream.finish()
-        let values = flat.withUnsafeBytes { raw in (0..<layout.totalCount).map { Float(bitPattern: UInt32(littleEndian: raw.loadUnaligned(fromByteOffset: $0 * 4, as: UInt32.self))) } }
+        let values = flat.withUnsafeBytes { raw in
+            (0..<layout.totalCount).map { Float(bitPattern: UInt32(littleEndian: raw.loadUnaligned(fromByteOffset: $0 * 4, as: UInt32.self))) }
+        }
         return (values, stream.sumOfSquares)
     }
 
@@ -61,7 +63,8 @@ import Testing
         var data: [UInt8] = []
         for (index, tensor) in diff.sorted(by: { $0.name > $1.name }).enumerated() {
             let count = tensor.values.count * 4
-            header += (index == 0 ? "" : ",") + "\"\(tensor.name)\":{\"dtype\":\"F32\",\"shape\":\(tensor.shape),\"data_offsets\":[\(offset),\(offset + count)]}"
+            header +=
+                (index == 0 ? "" : ",") + "\"\(tensor.name)\":{\"dtype\":\"F32\",\"shape\":\(tensor.shape),\"data_offsets\":[\(offset),\(offset + count)]}"
             offset += count
             for value in tensor.values { withUnsafeBytes(of: value.bitPattern.littleEndian) { data.append(contentsOf: $0) } }
         }
@@ -92,7 +95,9 @@ import Testing
     @Test func truncatedAndOverlongBodiesAreRefused() throws {
         let bytes = body(Fixture.diff(0.2))
         for cut in [3, 8, 20, bytes.count - 1] {
-            #expect("cut at \(cut)", performing: { try stream(Array(bytes[0..<cut]), chunk: 4) }, throws: { ($0 as? CoordinatorError)?.code == .malformedSafetensors })
+            #expect(
+                "cut at \(cut)", performing: { try stream(Array(bytes[0..<cut]), chunk: 4) },
+                throws: { ($0 as? CoordinatorError)?.code == .malformedSafetensors })
         }
         #expect(performing: { try stream(bytes + [0, 0, 0, 0], chunk: 16) }, throws: { ($0 as? CoordinatorError)?.code == .malformedSafetensors })
     }
@@ -100,7 +105,8 @@ import Testing
     @Test func aHeaderAboveTheLimitIsRefusedBeforeItArrives() {
         let bytes = body(Fixture.diff(0.2))
         // Only the 8-byte length is fed: the refusal comes from the announced length, not from reading it.
-        #expect(performing: { try stream(Array(bytes[0..<8]), chunk: 8, maximumHeaderBytes: 64) }, throws: { ($0 as? CoordinatorError)?.code == .payloadTooLarge })
+        #expect(
+            performing: { try stream(Array(bytes[0..<8]), chunk: 8, maximumHeaderBytes: 64) }, throws: { ($0 as? CoordinatorError)?.code == .payloadTooLarge })
     }
 
     @Test func tensorsThatDoNotMatchTheModelAreRefused() throws {

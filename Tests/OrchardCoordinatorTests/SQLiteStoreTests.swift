@@ -25,7 +25,8 @@ import Testing
             id: "p", name: host.name, version: host.version, model: host.model, clientConfig: host.clientConfig,
             serverConfig: host.serverConfig, createdAt: Date(timeIntervalSince1970: 0)
         )
-        try await store.createProcess(process, initialWeights: host.initialWeights, firstCycle: StoredCycle(number: 1, checkpoint: 0, openedAt: Date(timeIntervalSince1970: 0)))
+        try await store.createProcess(
+            process, initialWeights: host.initialWeights, firstCycle: StoredCycle(number: 1, checkpoint: 0, openedAt: Date(timeIntervalSince1970: 0)))
         for i in 0..<workers {
             try await store.registerWorker(id: "w\(i)", processID: "p", issuer: nil, subject: nil, at: Date(timeIntervalSince1970: 0))
             try await store.recordAssignment(processID: "p", cycle: 1, workerID: "w\(i)", requestKey: "k\(i)", at: Date(timeIntervalSince1970: 0))
@@ -59,7 +60,10 @@ import Testing
         #expect(spooledFiles().count == 1)
         #expect(try await pending(store) == ["w2": diffs[2]])
 
-        try await store.closeCycle(CycleClosure(processID: "p", closedCycle: 1, checkpoint: nil, optimizerState: nil, nextCycle: StoredCycle(number: 2, checkpoint: 0, openedAt: Date(timeIntervalSince1970: 1)), retention: 2))
+        try await store.closeCycle(
+            CycleClosure(
+                processID: "p", closedCycle: 1, checkpoint: nil, optimizerState: nil,
+                nextCycle: StoredCycle(number: 2, checkpoint: 0, openedAt: Date(timeIntervalSince1970: 1)), retention: 2))
         #expect(!FileManager.default.fileExists(atPath: spool.appendingPathComponent("p/1").path))
     }
 
@@ -113,14 +117,18 @@ import Testing
             #expect(try await store.secureAggregationEvents(processID: "p", cycle: 1) == events)
             // A step refused as a duplicate leaves no file behind and the committed one in place.
             await #expect(throws: StoreError.self) {
-                try await store.appendSecureAggregationEvent(StoredSecureAggregationEvent(sequence: 1, body: [0], words: [9, 9, 9, 9]), processID: "p", cycle: 1, reportedWorker: nil)
+                try await store.appendSecureAggregationEvent(
+                    StoredSecureAggregationEvent(sequence: 1, body: [0], words: [9, 9, 9, 9]), processID: "p", cycle: 1, reportedWorker: nil)
             }
             #expect(spooledFiles().count == 1)
         }
         // Reopened (as after a crash): the file a committed row names survives the sweep and replays the same words.
         let reopened = try SQLiteStore(path: path)
         #expect(try await reopened.secureAggregationEvents(processID: "p", cycle: 1) == events)
-        try await reopened.closeCycle(CycleClosure(processID: "p", closedCycle: 1, checkpoint: nil, optimizerState: nil, nextCycle: StoredCycle(number: 2, checkpoint: 0, openedAt: Date(timeIntervalSince1970: 1)), retention: 2))
+        try await reopened.closeCycle(
+            CycleClosure(
+                processID: "p", closedCycle: 1, checkpoint: nil, optimizerState: nil,
+                nextCycle: StoredCycle(number: 2, checkpoint: 0, openedAt: Date(timeIntervalSince1970: 1)), retention: 2))
         #expect(!FileManager.default.fileExists(atPath: spool.appendingPathComponent("p/1").path))
         #expect(try await reopened.secureAggregationEvents(processID: "p", cycle: 1).isEmpty)
     }
@@ -128,7 +136,8 @@ import Testing
     @Test func aMaskedInputForAClosedCycleLeavesNoFile() async throws {
         let store = try await openStore(workers: 1)
         await #expect(throws: StoreError.self) {
-            try await store.appendSecureAggregationEvent(StoredSecureAggregationEvent(sequence: 0, body: [0], words: [1, 2, 3, 4]), processID: "p", cycle: 5, reportedWorker: nil)
+            try await store.appendSecureAggregationEvent(
+                StoredSecureAggregationEvent(sequence: 0, body: [0], words: [1, 2, 3, 4]), processID: "p", cycle: 5, reportedWorker: nil)
         }
         let closed = spool.appendingPathComponent("p/5")
         #expect(((try? FileManager.default.contentsOfDirectory(atPath: closed.path)) ?? []).isEmpty)

@@ -45,7 +45,10 @@ struct SecureTestDevice {
     var identity: SecureAggregationIdentity?
     var trust: SecureAggregationTrust?
 
-    init(auth: AuthenticateResponse, assignment: CycleAssignment, scale: Float, samples: Int, seed: UInt64, parameters: SecureAggregationParameters = SecureFixture.settings.parameters) {
+    init(
+        auth: AuthenticateResponse, assignment: CycleAssignment, scale: Float, samples: Int, seed: UInt64,
+        parameters: SecureAggregationParameters = SecureFixture.settings.parameters
+    ) {
         self.parameters = parameters
         self.auth = auth
         self.assignment = assignment
@@ -59,7 +62,8 @@ struct SecureTestDevice {
         advertise: SecureAggregationPublicKeys? = nil, shareKeys: SecureAggregationShareKeys? = nil, masked: SecureAggregationMaskedInput? = nil,
         unmask: SecureAggregationUnmaskResponse? = nil
     ) -> SecureAggregationRequest {
-        SecureAggregationRequest(workerID: auth.workerID, requestKey: assignment.requestKey, advertiseKeys: advertise, shareKeys: shareKeys, maskedInput: masked, unmask: unmask)
+        SecureAggregationRequest(
+            workerID: auth.workerID, requestKey: assignment.requestKey, advertiseKeys: advertise, shareKeys: shareKeys, maskedInput: masked, unmask: unmask)
     }
 
     func send(_ request: SecureAggregationRequest, on http: HTTP) async throws -> HTTPResult {
@@ -76,7 +80,8 @@ struct SecureTestDevice {
         let keys = try secrets.publicKeys()
         let context = SecureAggregationPlan.context(processID: assignment.processID, cycle: assignment.cycle)
         let signed = try identity?.advertisementSignature(context: context, channelPublicKey: keys.channel, maskPublicKey: keys.mask)
-        let result = try await send(request(advertise: SecureAggregationPublicKeys(channelPublicKey: keys.channel, maskPublicKey: keys.mask, signed: signed)), on: http)
+        let result = try await send(
+            request(advertise: SecureAggregationPublicKeys(channelPublicKey: keys.channel, maskPublicKey: keys.mask, signed: signed)), on: http)
         #expect(result.status == 200, "\(String(decoding: result.body, as: UTF8.self))")
         let reply = try result.decode(SecureAggregationReply.self)
         index = reply.device
@@ -128,7 +133,10 @@ struct SecureTestDevice {
         for i in 0..<count {
             let auth = try await harness.device()
             let assignment = try await harness.join(auth)
-            devices.append(SecureTestDevice(auth: auth, assignment: assignment, scale: inputs[i].scale, samples: inputs[i].samples, seed: UInt64(100 + i), parameters: settings.parameters))
+            devices.append(
+                SecureTestDevice(
+                    auth: auth, assignment: assignment, scale: inputs[i].scale, samples: inputs[i].samples, seed: UInt64(100 + i),
+                    parameters: settings.parameters))
         }
         return (hosted, devices)
     }
@@ -203,7 +211,8 @@ struct SecureTestDevice {
             }
             status = try await harness.status(hosted.processID)
             #expect(status.latestCheckpoint == 1)
-            expectClose(try await harness.checkpoint(hosted.processID), Fixture.expectedAfterFedAvg(Array(Self.inputs.prefix(4))), tolerance: SecureFixture.step)
+            expectClose(
+                try await harness.checkpoint(hosted.processID), Fixture.expectedAfterFedAvg(Array(Self.inputs.prefix(4))), tolerance: SecureFixture.step)
         }
     }
 
@@ -214,7 +223,9 @@ struct SecureTestDevice {
             for i in 0..<2 { _ = try await devices[i].advertise(on: harness.http) }
             harness.clock.advance(by: .seconds(31))
             await harness.coordinator.tick()
-            #expect(try await harness.status(hosted.processID).currentCycle?.secureAggregation?.stage == .advertiseKeys, "below the minimum, the goal or the cycle's deadline closes it")
+            #expect(
+                try await harness.status(hosted.processID).currentCycle?.secureAggregation?.stage == .advertiseKeys,
+                "below the minimum, the goal or the cycle's deadline closes it")
             let third = try await devices[2].advertise(on: harness.http)
             #expect(third.next == .wait)
             #expect(third.retryAfter ?? 0 <= 30)
@@ -223,7 +234,10 @@ struct SecureTestDevice {
             let status = try await harness.status(hosted.processID)
             #expect(status.currentCycle?.secureAggregation?.stage == .shareKeys)
             #expect(status.currentCycle?.secureAggregation?.advertised == 3)
-            let late = try await devices[3].send(devices[3].request(advertise: SecureAggregationPublicKeys(channelPublicKey: Data(repeating: 9, count: 32), maskPublicKey: Data(repeating: 8, count: 32))), on: harness.http)
+            let late = try await devices[3].send(
+                devices[3].request(
+                    advertise: SecureAggregationPublicKeys(channelPublicKey: Data(repeating: 9, count: 32), maskPublicKey: Data(repeating: 8, count: 32))),
+                on: harness.http)
             #expect(late.status == 409)
             #expect(late.errorCode == "stage_closed")
             for stage in 0..<3 {
@@ -231,7 +245,8 @@ struct SecureTestDevice {
                 _ = stage
             }
             #expect(try await harness.status(hosted.processID).latestCheckpoint == 1)
-            expectClose(try await harness.checkpoint(hosted.processID), Fixture.expectedAfterFedAvg(Array(Self.inputs.prefix(3))), tolerance: SecureFixture.step)
+            expectClose(
+                try await harness.checkpoint(hosted.processID), Fixture.expectedAfterFedAvg(Array(Self.inputs.prefix(3))), tolerance: SecureFixture.step)
         }
     }
 
@@ -307,7 +322,8 @@ struct SecureTestDevice {
             for i in 2..<4 { _ = try await devices[i].step(on: harness.http) }
             for i in devices.indices { _ = try await devices[i].step(on: harness.http) }
             #expect(try await harness.status(hosted.processID).latestCheckpoint == 1)
-            expectClose(try await harness.checkpoint(hosted.processID), Fixture.expectedAfterFedAvg(Array(Self.inputs.prefix(4))), tolerance: SecureFixture.step)
+            expectClose(
+                try await harness.checkpoint(hosted.processID), Fixture.expectedAfterFedAvg(Array(Self.inputs.prefix(4))), tolerance: SecureFixture.step)
         }
     }
 
@@ -320,14 +336,17 @@ struct SecureTestDevice {
             #expect(plain.status == 409)
             #expect(plain.errorCode == "aggregation_mode_mismatch")
             // A stage message before advertising.
-            let early = try await devices[0].send(devices[0].request(unmask: SecureAggregationUnmaskResponse(device: 1, selfMaskShares: [], secretKeyShares: [])), on: harness.http)
+            let early = try await devices[0].send(
+                devices[0].request(unmask: SecureAggregationUnmaskResponse(device: 1, selfMaskShares: [], secretKeyShares: [])), on: harness.http)
             #expect(early.status == 409)
             #expect(early.errorCode == "stage_closed")
             for i in devices.indices { _ = try await devices[i].advertise(on: harness.http) }
             // Two messages in one request.
             let keys = try devices[0].secrets.publicKeys()
             let advertise = SecureAggregationPublicKeys(channelPublicKey: keys.channel, maskPublicKey: keys.mask)
-            let two = try await devices[0].send(devices[0].request(advertise: advertise, unmask: SecureAggregationUnmaskResponse(device: 1, selfMaskShares: [], secretKeyShares: [])), on: harness.http)
+            let two = try await devices[0].send(
+                devices[0].request(advertise: advertise, unmask: SecureAggregationUnmaskResponse(device: 1, selfMaskShares: [], secretKeyShares: [])),
+                on: harness.http)
             #expect(two.status == 400)
             // Advertising after advertise_keys closed.
             let late = try await devices[0].send(devices[0].request(advertise: advertise), on: harness.http)
@@ -348,9 +367,11 @@ struct SecureTestDevice {
             #expect(short.status == 422)
             #expect(short.errorCode == "invalid_secure_aggregation_message")
             // Malformed JSON and base64.
-            let garbage = try await harness.http.send("POST", Endpoint.secureAggregation, body: Array(#"{"worker_id": 3}"#.utf8), token: devices[0].auth.sessionToken)
+            let garbage = try await harness.http.send(
+                "POST", Endpoint.secureAggregation, body: Array(#"{"worker_id": 3}"#.utf8), token: devices[0].auth.sessionToken)
             #expect(garbage.status == 400)
-            let words = #"{"worker_id":"\#(devices[0].auth.workerID)","request_key":"\#(devices[0].assignment.requestKey)","masked_input":{"device":1,"words":"!!"}}"#
+            let words =
+                #"{"worker_id":"\#(devices[0].auth.workerID)","request_key":"\#(devices[0].assignment.requestKey)","masked_input":{"device":1,"words":"!!"}}"#
             let badWords = try await harness.http.send("POST", Endpoint.secureAggregation, body: Array(words.utf8), token: devices[0].auth.sessionToken)
             #expect(badWords.status == 400)
             // No session; a session of another process with this cycle's request key; a forged token.
@@ -369,11 +390,13 @@ struct SecureTestDevice {
             padded += Array(repeating: UInt8(ascii: " "), count: harness.configuration.maximumMessageBytes)
             let places = harness.configuration.maximumUploadsInFlight
             for _ in 0..<places { try harness.coordinator.takeUploadPlace() }
-            let busy = try await harness.http.send("POST", Endpoint.secureAggregation, body: padded, token: devices[0].auth.sessionToken, headers: ["Content-Type": MediaType.json])
+            let busy = try await harness.http.send(
+                "POST", Endpoint.secureAggregation, body: padded, token: devices[0].auth.sessionToken, headers: ["Content-Type": MediaType.json])
             #expect(busy.status == 503)
             #expect(busy.errorCode == "too_many_uploads")
             for _ in 0..<places { harness.coordinator.endUpload() }
-            let served = try await harness.http.send("POST", Endpoint.secureAggregation, body: padded, token: devices[0].auth.sessionToken, headers: ["Content-Type": MediaType.json])
+            let served = try await harness.http.send(
+                "POST", Endpoint.secureAggregation, body: padded, token: devices[0].auth.sessionToken, headers: ["Content-Type": MediaType.json])
             #expect(served.status == 200, "\(String(decoding: served.body, as: UTF8.self))")
             #expect(harness.coordinator.uploadsInFlight == 0)
         }
@@ -401,12 +424,16 @@ struct SecureTestDevice {
             }
             // Unsigned keys, and keys signed for another cycle, are refused; nothing is counted.
             let keys = try devices[0].secrets.publicKeys()
-            let unsigned = try await devices[0].send(devices[0].request(advertise: SecureAggregationPublicKeys(channelPublicKey: keys.channel, maskPublicKey: keys.mask)), on: harness.http)
+            let unsigned = try await devices[0].send(
+                devices[0].request(advertise: SecureAggregationPublicKeys(channelPublicKey: keys.channel, maskPublicKey: keys.mask)), on: harness.http)
             #expect(unsigned.status == 422)
             #expect(unsigned.errorCode == "invalid_secure_aggregation_message")
             let identity = try #require(devices[0].identity)
-            let elsewhere = try identity.advertisementSignature(context: "orchard/secure-aggregation/other/1", channelPublicKey: keys.channel, maskPublicKey: keys.mask)
-            let replayed = try await devices[0].send(devices[0].request(advertise: SecureAggregationPublicKeys(channelPublicKey: keys.channel, maskPublicKey: keys.mask, signed: elsewhere)), on: harness.http)
+            let elsewhere = try identity.advertisementSignature(
+                context: "orchard/secure-aggregation/other/1", channelPublicKey: keys.channel, maskPublicKey: keys.mask)
+            let replayed = try await devices[0].send(
+                devices[0].request(advertise: SecureAggregationPublicKeys(channelPublicKey: keys.channel, maskPublicKey: keys.mask, signed: elsewhere)),
+                on: harness.http)
             #expect(replayed.status == 422)
             #expect(try await harness.status(hosted.processID).currentCycle?.secureAggregation?.advertised == 0)
             for i in devices.indices { _ = try await devices[i].advertise(on: harness.http) }
@@ -419,7 +446,8 @@ struct SecureTestDevice {
             #expect(polled.next == .consistencyCheck)
             #expect(polled.consistencyRequest?.survivors == [1, 2, 3, 4])
             var forged = devices[0].request()
-            forged.consistencyCheck = try SecureAggregationConsistencySignature(device: 1, signing: [1, 2, 3], context: SecureAggregationPlan.context(processID: hosted.processID, cycle: 1), identity: identity)
+            forged.consistencyCheck = try SecureAggregationConsistencySignature(
+                device: 1, signing: [1, 2, 3], context: SecureAggregationPlan.context(processID: hosted.processID, cycle: 1), identity: identity)
             let wrong = try await devices[0].send(forged, on: harness.http)
             #expect(wrong.status == 422)
             #expect(wrong.errorCode == "invalid_secure_aggregation_message")
@@ -456,7 +484,8 @@ struct SecureTestDevice {
             for i in 0..<3 { _ = try await devices[i].step(on: harness.http) }
             status = try await harness.status(hosted.processID)
             #expect(status.latestCheckpoint == 1)
-            expectClose(try await harness.checkpoint(hosted.processID), Fixture.expectedAfterFedAvg(Array(Self.inputs.prefix(4))), tolerance: SecureFixture.step)
+            expectClose(
+                try await harness.checkpoint(hosted.processID), Fixture.expectedAfterFedAvg(Array(Self.inputs.prefix(4))), tolerance: SecureFixture.step)
         }
     }
 
@@ -470,17 +499,22 @@ struct SecureTestDevice {
             var devices: [SecureTestDevice] = []
             for i in 0..<6 {
                 let auth = try await harness.device()
-                devices.append(SecureTestDevice(auth: auth, assignment: try await harness.join(auth), scale: Self.inputs[i].scale, samples: Self.inputs[i].samples, seed: UInt64(300 + i)))
+                devices.append(
+                    SecureTestDevice(
+                        auth: auth, assignment: try await harness.join(auth), scale: Self.inputs[i].scale, samples: Self.inputs[i].samples,
+                        seed: UInt64(300 + i)))
             }
             for i in 0..<4 { _ = try await devices[i].advertise(on: harness.http) }
             #expect(try await harness.status(hosted.processID).currentCycle?.secureAggregation?.stage == .shareKeys)
             let keys = try devices[4].secrets.publicKeys()
-            let late = try await devices[4].send(devices[4].request(advertise: SecureAggregationPublicKeys(channelPublicKey: keys.channel, maskPublicKey: keys.mask)), on: harness.http)
+            let late = try await devices[4].send(
+                devices[4].request(advertise: SecureAggregationPublicKeys(channelPublicKey: keys.channel, maskPublicKey: keys.mask)), on: harness.http)
             #expect(late.status == 409)
             #expect(late.errorCode == "stage_closed")
             for _ in 0..<3 { for i in 0..<4 { _ = try await devices[i].step(on: harness.http) } }
             #expect(try await harness.status(hosted.processID).latestCheckpoint == 1)
-            expectClose(try await harness.checkpoint(hosted.processID), Fixture.expectedAfterFedAvg(Array(Self.inputs.prefix(4))), tolerance: SecureFixture.step)
+            expectClose(
+                try await harness.checkpoint(hosted.processID), Fixture.expectedAfterFedAvg(Array(Self.inputs.prefix(4))), tolerance: SecureFixture.step)
             // The rule still holds against the goal: threshold 2 of a goal of 6 (5 neighbours) is refused.
             var tooLow = SecureFixture.host(goal: 6, minimum: 3)
             tooLow.name = "too-low"
@@ -503,7 +537,9 @@ struct SecureTestDevice {
             let body = MaskedInputEnvelope.encode(message)
             let token = devices[0].auth.sessionToken
             func post(_ bytes: [UInt8], token: String? = nil) async throws -> HTTPResult {
-                try await harness.http.send("POST", Endpoint.secureAggregation, body: bytes, token: token ?? devices[0].auth.sessionToken, headers: ["Content-Type": MediaType.safetensors])
+                try await harness.http.send(
+                    "POST", Endpoint.secureAggregation, body: bytes, token: token ?? devices[0].auth.sessionToken,
+                    headers: ["Content-Type": MediaType.safetensors])
             }
             func envelope(_ layout: [(name: String, dtype: DType, shape: [Int])], metadata: [String: String], words: Int) -> [UInt8] {
                 Safetensors.encodeHeader(layout: layout, metadata: metadata) + Array(repeating: 0, count: words * 4)
@@ -514,14 +550,41 @@ struct SecureTestDevice {
                 ("empty body", [], 400, "malformed_safetensors"),
                 ("truncated", Array(body.dropLast(4)), 400, "malformed_safetensors"),
                 ("JSON sent as safetensors", Array(try WireCoding.encoder().encode(message)), 400, "malformed_safetensors"),
-                ("F32 words", envelope([("masked_input", .float32, [length])], metadata: [MaskedInputEnvelope.metadataKey: header], words: length), 400, "malformed_safetensors"),
-                ("rank 2", envelope([("masked_input", .uint32, [1, length])], metadata: [MaskedInputEnvelope.metadataKey: header], words: length), 400, "malformed_safetensors"),
-                ("another tensor name", envelope([("words", .uint32, [length])], metadata: [MaskedInputEnvelope.metadataKey: header], words: length), 400, "malformed_safetensors"),
-                ("two tensors", envelope([("masked_input", .uint32, [length]), ("z", .uint32, [1])], metadata: [MaskedInputEnvelope.metadataKey: header], words: length + 1), 400, "malformed_safetensors"),
+                (
+                    "F32 words", envelope([("masked_input", .float32, [length])], metadata: [MaskedInputEnvelope.metadataKey: header], words: length), 400,
+                    "malformed_safetensors"
+                ),
+                (
+                    "rank 2", envelope([("masked_input", .uint32, [1, length])], metadata: [MaskedInputEnvelope.metadataKey: header], words: length), 400,
+                    "malformed_safetensors"
+                ),
+                (
+                    "another tensor name", envelope([("words", .uint32, [length])], metadata: [MaskedInputEnvelope.metadataKey: header], words: length), 400,
+                    "malformed_safetensors"
+                ),
+                (
+                    "two tensors",
+                    envelope(
+                        [("masked_input", .uint32, [length]), ("z", .uint32, [1])], metadata: [MaskedInputEnvelope.metadataKey: header], words: length + 1),
+                    400, "malformed_safetensors"
+                ),
                 ("no metadata", envelope([("masked_input", .uint32, [length])], metadata: [:], words: length), 400, "malformed_safetensors"),
-                ("an unknown metadata key", envelope([("masked_input", .uint32, [length])], metadata: [MaskedInputEnvelope.metadataKey: String(header.dropLast()) + #","extra":1}"#], words: length), 400, "malformed_safetensors"),
-                ("another metadata pair", envelope([("masked_input", .uint32, [length])], metadata: [MaskedInputEnvelope.metadataKey: header, "x": "y"], words: length), 400, "malformed_safetensors"),
-                ("one word short", envelope([("masked_input", .uint32, [length - 1])], metadata: [MaskedInputEnvelope.metadataKey: header], words: length - 1), 422, "invalid_secure_aggregation_message"),
+                (
+                    "an unknown metadata key",
+                    envelope(
+                        [("masked_input", .uint32, [length])], metadata: [MaskedInputEnvelope.metadataKey: String(header.dropLast()) + #","extra":1}"#],
+                        words: length), 400, "malformed_safetensors"
+                ),
+                (
+                    "another metadata pair",
+                    envelope([("masked_input", .uint32, [length])], metadata: [MaskedInputEnvelope.metadataKey: header, "x": "y"], words: length), 400,
+                    "malformed_safetensors"
+                ),
+                (
+                    "one word short",
+                    envelope([("masked_input", .uint32, [length - 1])], metadata: [MaskedInputEnvelope.metadataKey: header], words: length - 1), 422,
+                    "invalid_secure_aggregation_message"
+                ),
             ]
             for (name, bytes, status, code) in bad {
                 let result = try await post(bytes)
@@ -537,7 +600,9 @@ struct SecureTestDevice {
             var impostor = message
             impostor.maskedInput = SecureAggregationMaskedInput(device: 2, words: message.maskedInput!.words)
             #expect(try await post(MaskedInputEnvelope.encode(impostor)).status == 403)
-            let huge = try await post(body + Array(repeating: 0, count: harness.configuration.maximumReportBytes + harness.configuration.maximumMessageBytes + 1 - body.count), token: token)
+            let huge = try await post(
+                body + Array(repeating: 0, count: harness.configuration.maximumReportBytes + harness.configuration.maximumMessageBytes + 1 - body.count),
+                token: token)
             #expect(huge.status == 413)
             #expect(huge.errorCode == "payload_too_large")
             // Nothing above changed the cycle: the real input is taken once, and again is a duplicate.
@@ -549,7 +614,8 @@ struct SecureTestDevice {
             for i in 1..<3 { _ = try await devices[i].step(on: harness.http) }
             for i in devices.indices { _ = try await devices[i].step(on: harness.http) }
             #expect(try await harness.status(hosted.processID).latestCheckpoint == 1)
-            expectClose(try await harness.checkpoint(hosted.processID), Fixture.expectedAfterFedAvg(Array(Self.inputs.prefix(3))), tolerance: SecureFixture.step)
+            expectClose(
+                try await harness.checkpoint(hosted.processID), Fixture.expectedAfterFedAvg(Array(Self.inputs.prefix(3))), tolerance: SecureFixture.step)
         }
     }
 
@@ -598,7 +664,9 @@ struct SecureTestDevice {
             let unsignedDevice = try await harness.http.json("POST", Endpoint.authenticate, unsigned)
             #expect(unsignedDevice.status == 400)
             #expect(unsignedDevice.errorCode == "unsupported_version")
-            #expect(try await harness.http.json("POST", Endpoint.authenticate, AuthenticateRequest(processName: "signed", processVersion: SemanticVersion(1))).status == 200)
+            #expect(
+                try await harness.http.json("POST", Endpoint.authenticate, AuthenticateRequest(processName: "signed", processVersion: SemanticVersion(1)))
+                    .status == 200)
         }
     }
 
@@ -624,9 +692,11 @@ struct SecureTestDevice {
                 let auth = try await harness.device()
                 let assignment = try await harness.join(auth)
                 // Under privacy every device weighs 1 (the SDK sets the sample count of a noised update to 1).
-                devices.append(SecureTestDevice(auth: auth, assignment: assignment, scale: Self.inputs[i].scale, samples: 1, seed: UInt64(40 + i), parameters: parameters))
+                devices.append(
+                    SecureTestDevice(auth: auth, assignment: assignment, scale: Self.inputs[i].scale, samples: 1, seed: UInt64(40 + i), parameters: parameters))
             }
-            let planResult = try await harness.http.send("GET", Endpoint.plan(devices[0].assignment.planID) + "?request_key=\(devices[0].assignment.requestKey)", token: devices[0].auth.sessionToken)
+            let planResult = try await harness.http.send(
+                "GET", Endpoint.plan(devices[0].assignment.planID) + "?request_key=\(devices[0].assignment.requestKey)", token: devices[0].auth.sessionToken)
             let plan = try planResult.decode(TrainingPlan.self)
             #expect(plan.localPrivacy?.clippingNorm == 1)
             #expect(abs((plan.localPrivacy?.noiseMultiplier ?? 0) - 1 / 5.0.squareRoot()) < 1e-12, "z / sqrt(minimum_reports)")
@@ -659,7 +729,8 @@ struct SecureTestDevice {
             var next: [SecureTestDevice] = []
             for i in 0..<5 {
                 let assignment = try await harness.join(devices[i].auth)
-                next.append(SecureTestDevice(auth: devices[i].auth, assignment: assignment, scale: 0.1, samples: 1, seed: UInt64(60 + i), parameters: parameters))
+                next.append(
+                    SecureTestDevice(auth: devices[i].auth, assignment: assignment, scale: 0.1, samples: 1, seed: UInt64(60 + i), parameters: parameters))
             }
             for i in next.indices { _ = try await next[i].advertise(on: harness.http) }
             for i in next.indices { _ = try await next[i].step(on: harness.http) }
@@ -689,10 +760,11 @@ struct SecureTestDevice {
             #expect(try await failure { $0.serverConfig.privacy?.mode = .central }.contains("mode central"))
             #expect(try await failure { $0.serverConfig.secureAggregation = nil }.contains("needs server_config.secure_aggregation"))
             #expect(try await failure { $0.serverConfig.secureAggregation?.parameters.clippingRange = 2 }.contains("clipping_range"))
-            #expect(try await failure {
-                $0.serverConfig.privacy?.clippingNorm = nil
-                $0.serverConfig.privacy?.adaptiveClipping = PrivacyConfig.AdaptiveClipping()
-            }.contains("adaptive_clipping"))
+            #expect(
+                try await failure {
+                    $0.serverConfig.privacy?.clippingNorm = nil
+                    $0.serverConfig.privacy?.adaptiveClipping = PrivacyConfig.AdaptiveClipping()
+                }.contains("adaptive_clipping"))
         }
     }
 }

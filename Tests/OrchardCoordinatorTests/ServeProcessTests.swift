@@ -69,7 +69,9 @@ private enum AdminToken {
     }
 
     /// Starts `orchard serve` and checks the admin API accepts `token` (and nothing else) without the listening line naming it.
-    private func expectServes(_ arguments: [String], environment: [String: String] = [:], token: String) async throws -> (status: Int32, output: String, error: String) {
+    private func expectServes(_ arguments: [String], environment: [String: String] = [:], token: String) async throws -> (
+        status: Int32, output: String, error: String
+    ) {
         let child = try ServeChild(["--database", database] + arguments, environment: environment, in: directory)
         guard let line = child.listening(), let port = (line["port"] as? NSNumber)?.intValue else {
             let ended = child.stop()
@@ -167,7 +169,9 @@ private enum AdminToken {
         let first = try ServeChild(["--database", database], environment: environment, in: directory)
         #expect(first.listening() != nil)
         let refusal = expectRefusal([], environment: environment)
-        #expect(refusal.contains("locked: database '\(database)' is in use by another coordinator (process \(first.process.processIdentifier)) holding '\(database).lock'"))
+        #expect(
+            refusal.contains(
+                "locked: database '\(database)' is in use by another coordinator (process \(first.process.processIdentifier)) holding '\(database).lock'"))
         // The first coordinator is unaffected.
         _ = first.stop(crash: true)
 

@@ -25,11 +25,13 @@ private struct ScopedDeviceToken: JWTPayload {
     }
 
     private func authenticate(_ harness: Harness, process: String, secret: String, issuer: String?, subject: String) async throws -> HTTPResult {
-        let token = try await keys(secret).sign(ScopedDeviceToken(
-            sub: SubjectClaim(value: subject), exp: ExpirationClaim(value: harness.clock.date.addingTimeInterval(3600)),
-            iss: issuer.map { IssuerClaim(value: $0) }
-        ))
-        return try await harness.http.json("POST", Endpoint.authenticate, AuthenticateRequest(authToken: token, processName: process, processVersion: SemanticVersion(1)))
+        let token = try await keys(secret).sign(
+            ScopedDeviceToken(
+                sub: SubjectClaim(value: subject), exp: ExpirationClaim(value: harness.clock.date.addingTimeInterval(3600)),
+                iss: issuer.map { IssuerClaim(value: $0) }
+            ))
+        return try await harness.http.json(
+            "POST", Endpoint.authenticate, AuthenticateRequest(authToken: token, processName: process, processVersion: SemanticVersion(1)))
     }
 
     private func hosted(_ name: String, _ authentication: AuthenticationConfig? = nil, goal: Int = 3) -> HostProcessRequest {
@@ -43,7 +45,8 @@ private struct ScopedDeviceToken: JWTPayload {
     }
 
     private func sendReport(_ harness: Harness, worker: String, key: String, token: String) async throws -> HTTPResult {
-        try await harness.http.send("POST", Endpoint.report, body: reportBody(worker: worker, key: key), token: token, headers: ["Content-Type": MediaType.safetensors])
+        try await harness.http.send(
+            "POST", Endpoint.report, body: reportBody(worker: worker, key: key), token: token, headers: ["Content-Type": MediaType.safetensors])
     }
 
     private func expectRefused(_ result: HTTPResult, _ code: String, containing text: String, sourceLocation: SourceLocation = #_sourceLocation) {
@@ -59,7 +62,8 @@ private struct ScopedDeviceToken: JWTPayload {
             _ = try await harness.host(hosted("open-a"))
             _ = try await harness.host(hosted("secured-b", .hs256(secret: Self.secretB, issuer: "issuer-b")))
             let fromA = try await harness.device(name: "open-a")
-            let fromB = try await authenticate(harness, process: "secured-b", secret: Self.secretB, issuer: "issuer-b", subject: "phone-1").decode(AuthenticateResponse.self)
+            let fromB = try await authenticate(harness, process: "secured-b", secret: Self.secretB, issuer: "issuer-b", subject: "phone-1").decode(
+                AuthenticateResponse.self)
             guard case .accepted(let assignmentB) = try await harness.requestCycle(fromB, name: "secured-b") else {
                 Issue.record("B's device was not admitted")
                 return
@@ -67,19 +71,29 @@ private struct ScopedDeviceToken: JWTPayload {
 
             // Cycle request for B with A's session (and A's own worker id).
             let cycle = try await harness.http.json(
-                "POST", Endpoint.cycleRequest, CycleRequest(workerID: fromA.workerID, processName: "secured-b", processVersion: SemanticVersion(1)), token: fromA.sessionToken
+                "POST", Endpoint.cycleRequest, CycleRequest(workerID: fromA.workerID, processName: "secured-b", processVersion: SemanticVersion(1)),
+                token: fromA.sessionToken
             )
             expectRefused(cycle, "session_process_mismatch", containing: "issued for process 'open-a' version 1.0.0, not for process 'secured-b'")
             // Plan and model downloads of B's assignment with A's session.
             let query = "?\(Endpoint.requestKeyQuery)=\(assignmentB.requestKey)"
-            expectRefused(try await harness.http.send("GET", Endpoint.plan(assignmentB.planID) + query, token: fromA.sessionToken), "session_process_mismatch", containing: "'secured-b'")
-            expectRefused(try await harness.http.send("GET", Endpoint.model(assignmentB.modelID) + query, token: fromA.sessionToken), "session_process_mismatch", containing: "'secured-b'")
+            expectRefused(
+                try await harness.http.send("GET", Endpoint.plan(assignmentB.planID) + query, token: fromA.sessionToken), "session_process_mismatch",
+                containing: "'secured-b'")
+            expectRefused(
+                try await harness.http.send("GET", Endpoint.model(assignmentB.modelID) + query, token: fromA.sessionToken), "session_process_mismatch",
+                containing: "'secured-b'")
             // A report for B's request key with A's session, naming A's worker or B's.
-            expectRefused(try await sendReport(harness, worker: fromA.workerID, key: assignmentB.requestKey, token: fromA.sessionToken), "session_process_mismatch", containing: "'secured-b'")
-            expectRefused(try await sendReport(harness, worker: fromB.workerID, key: assignmentB.requestKey, token: fromA.sessionToken), "forbidden", containing: "another worker")
+            expectRefused(
+                try await sendReport(harness, worker: fromA.workerID, key: assignmentB.requestKey, token: fromA.sessionToken), "session_process_mismatch",
+                containing: "'secured-b'")
+            expectRefused(
+                try await sendReport(harness, worker: fromB.workerID, key: assignmentB.requestKey, token: fromA.sessionToken), "forbidden",
+                containing: "another worker")
             // The other direction: B's session for the open process A.
             let reverse = try await harness.http.json(
-                "POST", Endpoint.cycleRequest, CycleRequest(workerID: fromB.workerID, processName: "open-a", processVersion: SemanticVersion(1)), token: fromB.sessionToken
+                "POST", Endpoint.cycleRequest, CycleRequest(workerID: fromB.workerID, processName: "open-a", processVersion: SemanticVersion(1)),
+                token: fromB.sessionToken
             )
             expectRefused(reverse, "session_process_mismatch", containing: "issued for process 'secured-b'")
 
@@ -100,13 +114,22 @@ private struct ScopedDeviceToken: JWTPayload {
             _ = try await harness.join(second)
             let query = "?\(Endpoint.requestKeyQuery)=\(one.requestKey)"
 
-            expectRefused(try await harness.http.send("GET", Endpoint.plan(one.planID) + query, token: second.sessionToken), "invalid_request_key", containing: "another worker")
-            expectRefused(try await harness.http.send("GET", Endpoint.model(one.modelID) + query, token: second.sessionToken), "invalid_request_key", containing: "another worker")
-            expectRefused(try await sendReport(harness, worker: second.workerID, key: one.requestKey, token: second.sessionToken), "invalid_request_key", containing: "another worker")
+            expectRefused(
+                try await harness.http.send("GET", Endpoint.plan(one.planID) + query, token: second.sessionToken), "invalid_request_key",
+                containing: "another worker")
+            expectRefused(
+                try await harness.http.send("GET", Endpoint.model(one.modelID) + query, token: second.sessionToken), "invalid_request_key",
+                containing: "another worker")
+            expectRefused(
+                try await sendReport(harness, worker: second.workerID, key: one.requestKey, token: second.sessionToken), "invalid_request_key",
+                containing: "another worker")
             // Naming the first worker with the second's session is refused before the key is looked at.
-            expectRefused(try await sendReport(harness, worker: first.workerID, key: one.requestKey, token: second.sessionToken), "forbidden", containing: "another worker")
+            expectRefused(
+                try await sendReport(harness, worker: first.workerID, key: one.requestKey, token: second.sessionToken), "forbidden",
+                containing: "another worker")
             let crossed = try await harness.http.json(
-                "POST", Endpoint.cycleRequest, CycleRequest(workerID: first.workerID, processName: "tiny", processVersion: SemanticVersion(1)), token: second.sessionToken
+                "POST", Endpoint.cycleRequest, CycleRequest(workerID: first.workerID, processName: "tiny", processVersion: SemanticVersion(1)),
+                token: second.sessionToken
             )
             expectRefused(crossed, "forbidden", containing: "another worker")
 
@@ -124,17 +147,24 @@ private struct ScopedDeviceToken: JWTPayload {
             // One process that names no issuer: the token's own `iss` scopes the subject.
             _ = try await harness.host(hosted("gamma", .hs256(secret: Self.secretA)))
 
-            let alpha = try await authenticate(harness, process: "alpha", secret: Self.secretA, issuer: "issuer-a", subject: "device-42").decode(AuthenticateResponse.self)
-            let alphaAgain = try await authenticate(harness, process: "alpha", secret: Self.secretA, issuer: "issuer-a", subject: "device-42").decode(AuthenticateResponse.self)
-            let beta = try await authenticate(harness, process: "beta", secret: Self.secretB, issuer: "issuer-b", subject: "device-42").decode(AuthenticateResponse.self)
-            let betaAgain = try await authenticate(harness, process: "beta", secret: Self.secretB, issuer: "issuer-b", subject: "device-42").decode(AuthenticateResponse.self)
+            let alpha = try await authenticate(harness, process: "alpha", secret: Self.secretA, issuer: "issuer-a", subject: "device-42").decode(
+                AuthenticateResponse.self)
+            let alphaAgain = try await authenticate(harness, process: "alpha", secret: Self.secretA, issuer: "issuer-a", subject: "device-42").decode(
+                AuthenticateResponse.self)
+            let beta = try await authenticate(harness, process: "beta", secret: Self.secretB, issuer: "issuer-b", subject: "device-42").decode(
+                AuthenticateResponse.self)
+            let betaAgain = try await authenticate(harness, process: "beta", secret: Self.secretB, issuer: "issuer-b", subject: "device-42").decode(
+                AuthenticateResponse.self)
             #expect(alpha.workerID == alphaAgain.workerID)
             #expect(beta.workerID == betaAgain.workerID)
             #expect(alpha.workerID != beta.workerID)
 
-            let gammaX = try await authenticate(harness, process: "gamma", secret: Self.secretA, issuer: "x", subject: "device-42").decode(AuthenticateResponse.self)
-            let gammaY = try await authenticate(harness, process: "gamma", secret: Self.secretA, issuer: "y", subject: "device-42").decode(AuthenticateResponse.self)
-            let gammaXAgain = try await authenticate(harness, process: "gamma", secret: Self.secretA, issuer: "x", subject: "device-42").decode(AuthenticateResponse.self)
+            let gammaX = try await authenticate(harness, process: "gamma", secret: Self.secretA, issuer: "x", subject: "device-42").decode(
+                AuthenticateResponse.self)
+            let gammaY = try await authenticate(harness, process: "gamma", secret: Self.secretA, issuer: "y", subject: "device-42").decode(
+                AuthenticateResponse.self)
+            let gammaXAgain = try await authenticate(harness, process: "gamma", secret: Self.secretA, issuer: "x", subject: "device-42").decode(
+                AuthenticateResponse.self)
             #expect(gammaX.workerID != gammaY.workerID)
             #expect(gammaX.workerID == gammaXAgain.workerID)
             #expect(Set([alpha.workerID, beta.workerID, gammaX.workerID, gammaY.workerID]).count == 4)
@@ -144,10 +174,12 @@ private struct ScopedDeviceToken: JWTPayload {
 
             // The scoping survives a restart: the same identity maps to the same worker, and the sessions still hold.
             try await harness.restart()
-            let alphaAfter = try await authenticate(harness, process: "alpha", secret: Self.secretA, issuer: "issuer-a", subject: "device-42").decode(AuthenticateResponse.self)
+            let alphaAfter = try await authenticate(harness, process: "alpha", secret: Self.secretA, issuer: "issuer-a", subject: "device-42").decode(
+                AuthenticateResponse.self)
             #expect(alphaAfter.workerID == alpha.workerID)
             let refused = try await harness.http.json(
-                "POST", Endpoint.cycleRequest, CycleRequest(workerID: alpha.workerID, processName: "beta", processVersion: SemanticVersion(1)), token: alpha.sessionToken
+                "POST", Endpoint.cycleRequest, CycleRequest(workerID: alpha.workerID, processName: "beta", processVersion: SemanticVersion(1)),
+                token: alpha.sessionToken
             )
             expectRefused(refused, "session_process_mismatch", containing: "'alpha'")
             #expect(try await harness.requestCycle(alpha, name: "alpha").isAccepted)

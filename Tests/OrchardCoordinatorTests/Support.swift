@@ -79,7 +79,8 @@ struct HTTP: Sendable {
         var fields: [String: String] = [:]
         for (key, value) in http.allHeaderFields { fields["\(key)"] = "\(value)" }
         let result = HTTPResult(status: http.statusCode, headers: fields, body: [UInt8](data))
-        let exchange = HTTPExchange(method: method, target: path, requestHeaders: sent, requestBody: body, status: result.status, responseHeaders: fields, responseBody: result.body)
+        let exchange = HTTPExchange(
+            method: method, target: path, requestHeaders: sent, requestBody: body, status: result.status, responseHeaders: fields, responseBody: result.body)
         log?.append(exchange)
         for problem in Conformance.document.problems(with: exchange) {
             Issue.record("openapi.json: \(problem)")
@@ -94,10 +95,12 @@ struct HTTP: Sendable {
 
 /// A small model with a frozen layer, its initial weights, and helpers to build diffs.
 enum Fixture {
-    static let model = ModelSpec(name: "tiny", inputs: [InputSpec(name: "x", shape: [3])], layers: [
-        LayerSpec(name: "embed", type: .dense, inputs: ["x"], frozen: true, units: 2, inputSize: 3, useBias: false),
-        LayerSpec(name: "out", type: .dense, inputs: ["embed"], units: 2, inputSize: 2, useBias: true),
-    ])
+    static let model = ModelSpec(
+        name: "tiny", inputs: [InputSpec(name: "x", shape: [3])],
+        layers: [
+            LayerSpec(name: "embed", type: .dense, inputs: ["x"], frozen: true, units: 2, inputSize: 3, useBias: false),
+            LayerSpec(name: "out", type: .dense, inputs: ["embed"], units: 2, inputSize: 2, useBias: true),
+        ])
 
     static let weights = [
         TensorRecord(name: "embed.weight", shape: [2, 3], values: [1, 2, 3, 4, 5, 6]),
@@ -113,11 +116,16 @@ enum Fixture {
         }
     }
 
-    static func host(name: String = "tiny", goal: Int = 3, minimum: Int = 1, overSelection: Double = 1.3, cycleLength: Double = 600, cycles: Int = 0, aggregator: AggregatorConfig = AggregatorConfig()) -> HostProcessRequest {
+    static func host(
+        name: String = "tiny", goal: Int = 3, minimum: Int = 1, overSelection: Double = 1.3, cycleLength: Double = 600, cycles: Int = 0,
+        aggregator: AggregatorConfig = AggregatorConfig()
+    ) -> HostProcessRequest {
         HostProcessRequest(
             name: name, version: SemanticVersion(1, 0), model: model, initialWeights: Safetensors.encode(weights),
             clientConfig: ClientConfig(batchSize: 4, learningRate: 0.05, localEpochs: 1, extra: ["note": .string("test")]),
-            serverConfig: ServerConfig(cycleLength: cycleLength, cycles: cycles, goalCount: goal, overSelection: overSelection, minimumReports: minimum, paceSteeringWindow: 20, checkpointRetention: 2, aggregator: aggregator)
+            serverConfig: ServerConfig(
+                cycleLength: cycleLength, cycles: cycles, goalCount: goal, overSelection: overSelection, minimumReports: minimum, paceSteeringWindow: 20,
+                checkpointRetention: 2, aggregator: aggregator)
         )
     }
 
@@ -227,7 +235,8 @@ final class Harness: @unchecked Sendable {
     }
 
     func report(_ device: AuthenticateResponse, _ assignment: CycleAssignment, diff: [TensorRecord], samples: Int) async throws -> HTTPResult {
-        let body = ReportEnvelope.encode(diff: diff, metadata: ReportMetadata(workerID: device.workerID, requestKey: assignment.requestKey, sampleCount: samples, metrics: ["loss": 0.5]))
+        let body = ReportEnvelope.encode(
+            diff: diff, metadata: ReportMetadata(workerID: device.workerID, requestKey: assignment.requestKey, sampleCount: samples, metrics: ["loss": 0.5]))
         return try await http.send("POST", Endpoint.report, body: body, token: device.sessionToken, headers: ["Content-Type": MediaType.safetensors])
     }
 

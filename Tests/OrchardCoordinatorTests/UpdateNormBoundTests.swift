@@ -11,7 +11,8 @@ func initialWeights() -> [String: [Float]] {
     Dictionary(uniqueKeysWithValues: Fixture.weights.map { ($0.name, $0.values) })
 }
 
-func hostRequest(goal: Int = 1, aggregator: AggregatorConfig = AggregatorConfig(), bound: Double? = nil, policy: UpdateNormPolicy = .clip) -> HostProcessRequest {
+func hostRequest(goal: Int = 1, aggregator: AggregatorConfig = AggregatorConfig(), bound: Double? = nil, policy: UpdateNormPolicy = .clip) -> HostProcessRequest
+{
     var request = Fixture.host(goal: goal, minimum: goal, overSelection: 1, aggregator: aggregator)
     request.serverConfig.updateNormBound = bound
     request.serverConfig.updateNormPolicy = policy
@@ -88,7 +89,8 @@ func hostRequest(goal: Int = 1, aggregator: AggregatorConfig = AggregatorConfig(
             var server = try #require(json["server_config"] as? [String: Any])
             server["update_norm_policy"] = "squash"
             json["server_config"] = server
-            let unknownPolicy = try await harness.http.send("POST", Endpoint.processes, body: Array(try JSONSerialization.data(withJSONObject: json)), token: Harness.adminToken)
+            let unknownPolicy = try await harness.http.send(
+                "POST", Endpoint.processes, body: Array(try JSONSerialization.data(withJSONObject: json)), token: Harness.adminToken)
             #expect(unknownPolicy.status == 400)
             #expect(unknownPolicy.errorCode == "invalid_configuration")
             #expect(try unknownPolicy.decode(ErrorBody.self).error.message.contains("squash"))

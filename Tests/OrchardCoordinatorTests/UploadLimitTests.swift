@@ -11,7 +11,8 @@ import Testing
 /// whose device goes away mid-body, which leaves nothing behind.
 @Suite struct UploadLimitTests {
     @Test func uploadsBeyondTheCapAreTurnedAwayWithRetryAfter() async throws {
-        let harness = try await Harness.start(configuration: CoordinatorConfiguration(adminToken: Harness.adminToken, maximumUploadsInFlight: 1, uploadRetryAfter: 7))
+        let harness = try await Harness.start(
+            configuration: CoordinatorConfiguration(adminToken: Harness.adminToken, maximumUploadsInFlight: 1, uploadRetryAfter: 7))
         try await harness.stopping {
             _ = try await harness.host()
             let first = try await harness.device()
@@ -47,9 +48,11 @@ import Testing
             _ = try await harness.host()
             let device = try await harness.device()
             let assignment = try await harness.join(device)
-            let body = ReportEnvelope.encode(diff: Fixture.diff(0.3), metadata: ReportMetadata(workerID: device.workerID, requestKey: assignment.requestKey, sampleCount: 4))
+            let body = ReportEnvelope.encode(
+                diff: Fixture.diff(0.3), metadata: ReportMetadata(workerID: device.workerID, requestKey: assignment.requestKey, sampleCount: 4))
 
-            let head = "POST \(Endpoint.report) HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer \(device.sessionToken)\r\n"
+            let head =
+                "POST \(Endpoint.report) HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer \(device.sessionToken)\r\n"
                 + "Content-Type: \(MediaType.safetensors)\r\nContent-Length: \(body.count)\r\n\r\n"
             let port = try #require(harness.server.baseURL.port)
             let ended = harness.coordinator.uploadsEnded
@@ -84,8 +87,10 @@ import Testing
             let other = try await harness.device()
             let stalledAssignment = try await harness.join(stalled)
             let otherAssignment = try await harness.join(other)
-            let body = ReportEnvelope.encode(diff: Fixture.diff(0.3), metadata: ReportMetadata(workerID: stalled.workerID, requestKey: stalledAssignment.requestKey, sampleCount: 4))
-            let head = "POST \(Endpoint.report) HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer \(stalled.sessionToken)\r\n"
+            let body = ReportEnvelope.encode(
+                diff: Fixture.diff(0.3), metadata: ReportMetadata(workerID: stalled.workerID, requestKey: stalledAssignment.requestKey, sampleCount: 4))
+            let head =
+                "POST \(Endpoint.report) HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer \(stalled.sessionToken)\r\n"
                 + "Content-Type: \(MediaType.safetensors)\r\nContent-Length: \(body.count)\r\n\r\n"
             let port = try #require(harness.server.baseURL.port)
             let fd = try connectLoopback(port: port)

@@ -36,7 +36,8 @@ import Testing
     }
 
     @Test func jsonEndpointsAnswerEveryBodyWith2xxOr4xxAndLeaveTheModelAlone() async throws {
-        let harness = try await Harness.start(configuration: CoordinatorConfiguration(adminToken: Harness.adminToken, maximumAdminBodyBytes: 1 << 20, maximumMessageBytes: 16 << 10))
+        let harness = try await Harness.start(
+            configuration: CoordinatorConfiguration(adminToken: Harness.adminToken, maximumAdminBodyBytes: 1 << 20, maximumMessageBytes: 16 << 10))
         try await harness.stopping {
             let hosted = try await harness.host(Fixture.host(goal: 2, minimum: 2))
             let device = try await harness.device()
@@ -44,7 +45,8 @@ import Testing
             let before = try await snapshot(harness, hosted.processID)
 
             let authenticate = try JSONValue.parse(WireCoding.encoder().encode(AuthenticateRequest(processName: "tiny", processVersion: SemanticVersion(1))))
-            let cycle = try JSONValue.parse(WireCoding.encoder().encode(CycleRequest(workerID: device.workerID, processName: "tiny", processVersion: SemanticVersion(1))))
+            let cycle = try JSONValue.parse(
+                WireCoding.encoder().encode(CycleRequest(workerID: device.workerID, processName: "tiny", processVersion: SemanticVersion(1))))
             var host = try JSONValue.parse(WireCoding.encoder().encode(Fixture.host(name: "fuzzed")))
             if case .object(var members) = host {
                 // The fuzzed hosts must not take the fixture's name and version.
@@ -59,8 +61,9 @@ import Testing
                 await propertyCheck(count: 150, input: Self.arbitraryOrMutated(valid)) { body in
                     let result = try await harness.http.send("POST", path, body: body, token: token, headers: ["Content-Type": MediaType.json])
                     statuses["\(path) \(result.status) \(result.errorCode ?? "")", default: 0] += 1
-                    #expect((200..<300).contains(result.status) || ((400..<500).contains(result.status) && result.errorCode != nil),
-                            "\(path) \(result.status): \(String(decoding: result.body, as: UTF8.self)) for \(String(decoding: body, as: UTF8.self))")
+                    #expect(
+                        (200..<300).contains(result.status) || ((400..<500).contains(result.status) && result.errorCode != nil),
+                        "\(path) \(result.status): \(String(decoding: result.body, as: UTF8.self)) for \(String(decoding: body, as: UTF8.self))")
                 }
             }
             #expect(try await snapshot(harness, hosted.processID) == before, "\(statuses)")
@@ -105,4 +108,3 @@ import Testing
         }
     }
 }
-

@@ -41,7 +41,10 @@ struct CoreMLToolsInteropTests {
 
         let layers = list(described["layers"])
         #expect(layers.map { $0["name"] as? String } == spec.layers.map(\.name))
-        #expect(layers.map { $0["type"] as? String } == ["embedding", "embedding", "concat", "innerProduct", "activation", "innerProduct", "activation", "innerProduct"])
+        #expect(
+            layers.map { $0["type"] as? String } == [
+                "embedding", "embedding", "concat", "innerProduct", "activation", "innerProduct", "activation", "innerProduct",
+            ])
         #expect(layers.map { $0["isUpdatable"] as? Bool } == [false, false, false, true, false, true, false, true])
         for layer in layers where layer["type"] as? String == "innerProduct" {
             let name = layer["name"] as! String
@@ -170,9 +173,10 @@ struct CoreMLToolsInteropTests {
     @Test func coreMLToolsModelsImportWithWeightsAndTrainingSettings() throws {
         try PythonModules.require(Python.modules)
         let built = try buildWithCoreMLTools()
-        #expect(built.imported.keys.sorted() == [
-            "avgpool", "ce_adam", "classifier", "conv", "conv_1to4", "exact_classifier", "exact_conv", "exact_mse_sgd", "mse_sgd",
-        ])
+        #expect(
+            built.imported.keys.sorted() == [
+                "avgpool", "ce_adam", "classifier", "conv", "conv_1to4", "exact_classifier", "exact_conv", "exact_mse_sgd", "mse_sgd",
+            ])
         #expect(built.imported["avgpool"]?.spec.layers.map(\.type) == [.conv2d, .avgPool2d, .avgPool2d, .flatten, .dense, .softmax])
         #expect(built.imported["avgpool"]?.spec.layers[1].padding == .same)
         for (name, model) in built.imported {

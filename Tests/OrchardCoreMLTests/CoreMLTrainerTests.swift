@@ -14,11 +14,13 @@ import Testing
 /// given, rebuilds the samples from the Core ML features and trains with Orchard's engine using the update
 /// parameters it was handed — so the diff the trainer reads back must equal the engine trainer's on the same data.
 @Suite(.serialized, .timeLimit(.minutes(1))) struct CoreMLTrainerTests {
-    static let spec = ModelSpec(name: "small", inputs: [InputSpec(name: "x", shape: [2])], layers: [
-        LayerSpec(name: "hidden", type: .dense, inputs: ["x"], frozen: true, units: 3, inputSize: 2),
-        LayerSpec(name: "act", type: .relu, inputs: ["hidden"]),
-        LayerSpec(name: "out", type: .dense, inputs: ["act"], units: 1, inputSize: 3),
-    ])
+    static let spec = ModelSpec(
+        name: "small", inputs: [InputSpec(name: "x", shape: [2])],
+        layers: [
+            LayerSpec(name: "hidden", type: .dense, inputs: ["x"], frozen: true, units: 3, inputSize: 2),
+            LayerSpec(name: "act", type: .relu, inputs: ["hidden"]),
+            LayerSpec(name: "out", type: .dense, inputs: ["act"], units: 1, inputSize: 3),
+        ])
 
     static let weights = [
         TensorRecord(name: "hidden.weight", shape: [3, 2], values: [0.5, -0.2, 0.1, 0.4, -0.3, 0.8]),
@@ -55,7 +57,8 @@ import Testing
             }
             seen.samples = run.trainingData.count
             seen.parameters = Dictionary(uniqueKeysWithValues: run.parameters.map { ("\($0.key)", "\($0.value)") })
-            let data = try TensorDataset(inputs: ["x": Tensor(shape: [run.trainingData.count, 2], scalars: x)], targets: Tensor(shape: [run.trainingData.count, 1], scalars: y))
+            let data = try TensorDataset(
+                inputs: ["x": Tensor(shape: [run.trainingData.count, 2], scalars: x)], targets: Tensor(shape: [run.trainingData.count, 1], scalars: y))
             let configuration = TrainingConfiguration(
                 loss: imported.spec.training!.loss, optimizer: .sgd(learningRate: run.parameters[.learningRate] as! Double),
                 epochs: run.parameters[.epochs] as! Int, batchSize: run.parameters[.miniBatchSize] as! Int, seed: seed,
@@ -85,7 +88,7 @@ import Testing
         let task = LocalTrainingTask(model: CycleModel(spec: Self.spec, weights: Self.weights), training: Self.training)
         let data = try Self.dataset()
         guard case .completed(let coreML) = try await CoreMLLocalTrainer().train(task, on: data, resumingFrom: nil, progress: { _ in }),
-              case .completed(let engine) = try EngineLocalTrainer().train(task, on: data, resumingFrom: nil, progress: { _ in })
+            case .completed(let engine) = try EngineLocalTrainer().train(task, on: data, resumingFrom: nil, progress: { _ in })
         else {
             Issue.record("a run did not complete")
             return
@@ -109,8 +112,10 @@ import Testing
         var capped = Self.training
         capped.maxUpdates = 2
         let trainer = CoreMLLocalTrainer()
-        await #expect { try await trainer.train(LocalTrainingTask(model: CycleModel(spec: Self.spec, weights: Self.weights), training: capped), on: data, resumingFrom: nil, progress: { _ in }) }
-            throws: { ($0 as? OrchardClientError)?.code == .incompatibleModel && "\($0)".contains("no update cap") }
+        await #expect {
+            try await trainer.train(
+                LocalTrainingTask(model: CycleModel(spec: Self.spec, weights: Self.weights), training: capped), on: data, resumingFrom: nil, progress: { _ in })
+        } throws: { ($0 as? OrchardClientError)?.code == .incompatibleModel && "\($0)".contains("no update cap") }
         let paused = LocalTrainingTask(model: CycleModel(spec: Self.spec, weights: Self.weights), training: Self.training, pauseAfterUpdates: 1)
         await #expect { try await trainer.train(paused, on: data, resumingFrom: nil, progress: { _ in }) } throws: { "\($0)".contains("cannot pause") }
         let task = LocalTrainingTask(model: CycleModel(spec: Self.spec, weights: Self.weights), training: Self.training)

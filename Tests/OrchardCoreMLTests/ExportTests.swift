@@ -6,13 +6,17 @@ import Testing
 @testable import OrchardCoreML
 
 @Suite struct ExportTests {
-    private func export(_ spec: ModelSpec, options: CoreMLExportOptions = CoreMLExportOptions(), weights: [TensorRecord]? = nil) throws -> CoreML_Specification_Model {
+    private func export(_ spec: ModelSpec, options: CoreMLExportOptions = CoreMLExportOptions(), weights: [TensorRecord]? = nil) throws
+        -> CoreML_Specification_Model
+    {
         let bytes = try CoreMLExporter(options: options).export(spec, weights: weights ?? Models.weights(for: spec))
         return try CoreML_Specification_Model(serializedBytes: bytes)
     }
 
-    private func expectError(_ code: CoreMLError.Code, layer: String?, containing text: String,
-                             _ body: () throws -> Void, sourceLocation: SourceLocation = #_sourceLocation) {
+    private func expectError(
+        _ code: CoreMLError.Code, layer: String?, containing text: String,
+        _ body: () throws -> Void, sourceLocation: SourceLocation = #_sourceLocation
+    ) {
         do {
             try body()
             Issue.record("expected a \(code) error", sourceLocation: sourceLocation)
@@ -33,7 +37,10 @@ import Testing
         #expect(model.isUpdatable)
         let network = model.neuralNetwork
         #expect(network.layers.map(\.name) == spec.layers.map(\.name))
-        #expect(network.layers.map(\.typeName) == ["embedding", "embedding", "concat", "innerProduct", "activation.ReLU", "innerProduct", "activation.ReLU", "innerProduct"])
+        #expect(
+            network.layers.map(\.typeName) == [
+                "embedding", "embedding", "concat", "innerProduct", "activation.ReLU", "innerProduct", "activation.ReLU", "innerProduct",
+            ])
         #expect(network.layers.filter(\.isUpdatable).map(\.name) == ["dense1", "dense2", "out"])
         for layer in network.layers where layer.isUpdatable {
             #expect(layer.innerProduct.weights.isUpdatable && layer.innerProduct.bias.isUpdatable)
@@ -197,7 +204,8 @@ import Testing
         weights.append(TensorRecord(name: "stray.weight", shape: [2], values: [1, 2]))
         expectError(.weightMismatch, layer: nil, containing: "'stray.weight' belongs to no layer") { _ = try export(spec, weights: weights) }
         var wrong = Models.weights(for: spec)
-        wrong[wrong.firstIndex { $0.name == "dense2.weight" }!] = TensorRecord(name: "dense2.weight", shape: [32, 63], values: .init(repeating: 0, count: 32 * 63))
+        wrong[wrong.firstIndex { $0.name == "dense2.weight" }!] = TensorRecord(
+            name: "dense2.weight", shape: [32, 63], values: .init(repeating: 0, count: 32 * 63))
         expectError(.weightMismatch, layer: "dense2", containing: "inputSize is 64 but the weight says 63") { _ = try export(spec, weights: wrong) }
     }
 
@@ -224,8 +232,9 @@ import Testing
                 name: "pad",
                 inputs: [InputSpec(name: "image", shape: [1, input, input])],
                 layers: [
-                    LayerSpec(name: "conv", type: .conv2d, inputs: ["image"], units: 1, useBias: false, kernelSize: [kernel, kernel],
-                              strides: [stride, stride], padding: padding, inChannels: 1),
+                    LayerSpec(
+                        name: "conv", type: .conv2d, inputs: ["image"], units: 1, useBias: false, kernelSize: [kernel, kernel],
+                        strides: [stride, stride], padding: padding, inChannels: 1),
                     LayerSpec(name: "pool", type: .maxPool2d, inputs: ["image"], kernelSize: [kernel, kernel], strides: [stride, stride], padding: padding),
                 ],
                 output: "conv"

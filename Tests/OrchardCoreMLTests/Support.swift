@@ -35,19 +35,22 @@ enum Models {
             name: "digits",
             inputs: [InputSpec(name: "image", shape: [1, 12, 12])],
             layers: [
-                LayerSpec(name: "conv1", type: .conv2d, inputs: ["image"], frozen: true, units: 4, useBias: true,
-                          kernelSize: [3, 3], strides: [2, 2], padding: .same, inChannels: 1),
+                LayerSpec(
+                    name: "conv1", type: .conv2d, inputs: ["image"], frozen: true, units: 4, useBias: true,
+                    kernelSize: [3, 3], strides: [2, 2], padding: .same, inChannels: 1),
                 LayerSpec(name: "act1", type: .relu, inputs: ["conv1"]),
-                LayerSpec(name: "conv2", type: .conv2d, inputs: ["act1"], units: 6, useBias: false,
-                          kernelSize: [3, 3], strides: [1, 1], padding: .explicit(height: 1, width: 1), inChannels: 4),
+                LayerSpec(
+                    name: "conv2", type: .conv2d, inputs: ["act1"], units: 6, useBias: false,
+                    kernelSize: [3, 3], strides: [1, 1], padding: .explicit(height: 1, width: 1), inChannels: 4),
                 LayerSpec(name: "act2", type: .tanh, inputs: ["conv2"]),
                 LayerSpec(name: "pool", type: .maxPool2d, inputs: ["act2"], kernelSize: [2, 2], strides: [2, 2], padding: .valid),
                 LayerSpec(name: "flat", type: .flatten, inputs: ["pool"]),
                 LayerSpec(name: "fc", type: .dense, inputs: ["flat"], units: 3, inputSize: 54, useBias: true),
                 LayerSpec(name: "probs", type: .softmax, inputs: ["fc"]),
             ],
-            training: TrainingSpec(loss: .crossEntropy, optimizer: .adam(learningRate: 0.003, beta1: 0.8, beta2: 0.99, epsilon: 1e-6),
-                                   epochs: 4, batchSize: 8)
+            training: TrainingSpec(
+                loss: .crossEntropy, optimizer: .adam(learningRate: 0.003, beta1: 0.8, beta2: 0.99, epsilon: 1e-6),
+                epochs: 4, batchSize: 8)
         )
     }
 
@@ -62,7 +65,8 @@ enum Models {
                 return [("\(layer.name).weight", [layer.vocabularySize!, layer.embeddingSize!])]
             case .conv2d:
                 let units = layer.units!
-                return [("\(layer.name).weight", [units, layer.inChannels!] + layer.kernelSize!)] + ((layer.useBias ?? true) ? [("\(layer.name).bias", [units])] : [])
+                return [("\(layer.name).weight", [units, layer.inChannels!] + layer.kernelSize!)]
+                    + ((layer.useBias ?? true) ? [("\(layer.name).bias", [units])] : [])
             default:
                 return []
             }
@@ -111,7 +115,8 @@ enum Python {
         process.waitUntilExit()
         guard process.terminationStatus == 0 else {
             let log = (try? String(contentsOf: errorLog, encoding: .utf8)) ?? ""
-            let hint = process.terminationStatus == 127
+            let hint =
+                process.terminationStatus == 127
                 ? "python3 is not installed"
                 : "run `python3 -m pip install coremltools numpy safetensors` if a package is missing"
             throw Failure(description: "\(script) exited with \(process.terminationStatus) (\(hint)):\n\(log.suffix(3000))")

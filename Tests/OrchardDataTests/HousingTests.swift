@@ -122,9 +122,10 @@ struct TrainCommandJSONTests {
         let models = try #require(object["models"] as? [[String: Any]])
         #expect(models.count == 2)
         for model in models {
-            #expect(Set(model.keys) == [
-                "model", "train_rmse", "train_mae", "test_rmse", "test_mae", "epochs", "final_loss", "trainable_parameters", "seconds",
-            ])
+            #expect(
+                Set(model.keys) == [
+                    "model", "train_rmse", "train_mae", "test_rmse", "test_mae", "epochs", "final_loss", "trainable_parameters", "seconds",
+                ])
         }
     }
 }

@@ -50,25 +50,29 @@ struct IDXTests {
         #expect(float64.floats() == [-2.5])
     }
 
-    @Test("malformed files are rejected with the reason", arguments: [
-        ([1, 0, 8, 1, 0, 0, 0, 1, 5] as [UInt8], DataError.Code.invalidIDX),  // bad magic
-        ([0, 0, 7, 1, 0, 0, 0, 1, 5], .invalidIDX),  // unknown element type
-        ([0, 0, 8, 0], .invalidIDX),  // no dimensions
-        ([0, 0, 8, 2, 0, 0, 0, 1], .invalidIDX),  // header cut short
-        ([0, 0, 8, 1, 0, 0, 0, 0], .invalidIDX),  // zero dimension
-        ([0, 0, 8, 1, 0, 0, 0, 3, 5, 6], .sizeMismatch),  // truncated payload
-        ([0, 0, 8, 1, 0, 0, 0, 1, 5, 6], .sizeMismatch),  // trailing bytes
-        ([0, 0], .invalidIDX),  // too short
-        ([0, 0, 8, 3] + [UInt8](repeating: 0xFF, count: 12), .invalidIDX),  // 3 × (2³² − 1) elements: the size overflows
-        ([0x1F, 0x8B, 0x08, 0x00, 0x00, 0x00, 0x00, 0x00, 0x02, 0x03, 0x63, 0x60, 0xE0, 0x60], .unreadable),  // truncated gzip
-    ])
+    @Test(
+        "malformed files are rejected with the reason",
+        arguments: [
+            ([1, 0, 8, 1, 0, 0, 0, 1, 5] as [UInt8], DataError.Code.invalidIDX),  // bad magic
+            ([0, 0, 7, 1, 0, 0, 0, 1, 5], .invalidIDX),  // unknown element type
+            ([0, 0, 8, 0], .invalidIDX),  // no dimensions
+            ([0, 0, 8, 2, 0, 0, 0, 1], .invalidIDX),  // header cut short
+            ([0, 0, 8, 1, 0, 0, 0, 0], .invalidIDX),  // zero dimension
+            ([0, 0, 8, 1, 0, 0, 0, 3, 5, 6], .sizeMismatch),  // truncated payload
+            ([0, 0, 8, 1, 0, 0, 0, 1, 5, 6], .sizeMismatch),  // trailing bytes
+            ([0, 0], .invalidIDX),  // too short
+            ([0, 0, 8, 3] + [UInt8](repeating: 0xFF, count: 12), .invalidIDX),  // 3 × (2³² − 1) elements: the size overflows
+            ([0x1F, 0x8B, 0x08, 0x00, 0x00, 0x00, 0x00, 0x00, 0x02, 0x03, 0x63, 0x60, 0xE0, 0x60], .unreadable),  // truncated gzip
+        ])
     func malformed(bytes: [UInt8], code: DataError.Code) {
         #expect { try IDXArray(bytes: bytes) } throws: { ($0 as? DataError)?.code == code }
     }
 
-    @Test("a gzip file whose data does not match its trailer (CRC-32, size) or that is cut short is rejected", arguments: [
-        "crc", "size", "cut",
-    ])
+    @Test(
+        "a gzip file whose data does not match its trailer (CRC-32, size) or that is cut short is rejected",
+        arguments: [
+            "crc", "size", "cut",
+        ])
     func corruptGzip(damage: String) {
         var bytes = Self.gzipImages
         switch damage {
@@ -160,7 +164,8 @@ struct IDXTests {
     /// `ORCHARD_REQUIRE_DATASETS=1`, under which a missing dataset fails this test.
     @Test(
         "reads Fashion-MNIST from the Debian package, and McMahan shards hold two labels per client",
-        SystemDatasets.requirement(file: IDXImageDataset.fashionMNISTDirectory.appendingPathComponent("train-images-idx3-ubyte.gz").path, package: "dataset-fashion-mnist")
+        SystemDatasets.requirement(
+            file: IDXImageDataset.fashionMNISTDirectory.appendingPathComponent("train-images-idx3-ubyte.gz").path, package: "dataset-fashion-mnist")
     )
     func fashionMNIST() throws {
         let train = try IDXImageDataset(directory: IDXImageDataset.fashionMNISTDirectory, split: .train)

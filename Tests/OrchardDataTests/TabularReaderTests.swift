@@ -28,12 +28,14 @@ struct TabularReaderTests {
         #expect(try named.numeric("y") == [2, 5])
     }
 
-    @Test("a malformed number names its line and column", arguments: [
-        ("a,b\n1,2\n3,oops\n", 3, 2),
-        ("a,b\n\n# note\n1,\n", 4, 2),
-        ("a,b\n1,2\nnan,4\n", 3, 1),
-        ("a,b\n1,inf\n", 2, 2),
-    ])
+    @Test(
+        "a malformed number names its line and column",
+        arguments: [
+            ("a,b\n1,2\n3,oops\n", 3, 2),
+            ("a,b\n\n# note\n1,\n", 4, 2),
+            ("a,b\n1,2\nnan,4\n", 3, 1),
+            ("a,b\n1,inf\n", 2, 2),
+        ])
     func malformedValue(text: String, line: Int, column: Int) {
         #expect {
             try TabularReader().read(text: text)

@@ -57,11 +57,12 @@ import UIKit
         let clock = ManualClock()
         let instance = try await CoordinatorInstance.open(database: directory.appendingPathComponent("coordinator.sqlite").path, clock: clock)
         let server = try await instance.serve()
-        let status = try await instance.coordinator.host(HostProcessRequest(
-            name: "keyboard", version: SemanticVersion(1, 0), model: Self.spec, initialWeights: try Model(spec: Self.spec, seed: 1).weightsSafetensors(),
-            clientConfig: ClientConfig(batchSize: 4, learningRate: 0.05, localEpochs: 1),
-            serverConfig: ServerConfig(cycleLength: 3600, goalCount: 1, overSelection: 1, minimumReports: 1, authentication: .hs256(secret: Self.secret))
-        ))
+        let status = try await instance.coordinator.host(
+            HostProcessRequest(
+                name: "keyboard", version: SemanticVersion(1, 0), model: Self.spec, initialWeights: try Model(spec: Self.spec, seed: 1).weightsSafetensors(),
+                clientConfig: ClientConfig(batchSize: 4, learningRate: 0.05, localEpochs: 1),
+                serverConfig: ServerConfig(cycleLength: 3600, goalCount: 1, overSelection: 1, minimumReports: 1, authentication: .hs256(secret: Self.secret))
+            ))
 
         // The samples the app collected, in its Application Support directory.
         let samples = LocalSamples.file(in: directory)

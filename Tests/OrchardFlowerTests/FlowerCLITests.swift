@@ -57,16 +57,22 @@ import Testing
     @Test func joinNamesAMissingModelOrDataFile() async throws {
         let (inputs, model, data) = try files()
         defer { try? FileManager.default.removeItem(at: inputs) }
-        let missingModel = try await run(["flower", "join", "--superlink", "127.0.0.1:9092", "--insecure", "--model", "/nonexistent/model.json", "--data", data])
+        let missingModel = try await run([
+            "flower", "join", "--superlink", "127.0.0.1:9092", "--insecure", "--model", "/nonexistent/model.json", "--data", data,
+        ])
         #expect(missingModel.status != 0)
         #expect(missingModel.errors.contains("--model") && missingModel.errors.contains("/nonexistent/model.json"), "\(missingModel.errors)")
-        let missingData = try await run(["flower", "join", "--superlink", "127.0.0.1:9092", "--insecure", "--model", model, "--data", "/nonexistent/data.safetensors"])
+        let missingData = try await run([
+            "flower", "join", "--superlink", "127.0.0.1:9092", "--insecure", "--model", model, "--data", "/nonexistent/data.safetensors",
+        ])
         #expect(missingData.status != 0)
         #expect(missingData.errors.contains("--data /nonexistent/data.safetensors"), "\(missingData.errors)")
         let badMap = FileManager.default.temporaryDirectory.appendingPathComponent("orchard-map-\(UUID().uuidString).json")
         try #"["fc1.weight", "nope"]"#.write(to: badMap, atomically: true, encoding: .utf8)
         defer { try? FileManager.default.removeItem(at: badMap) }
-        let unknown = try await run(["flower", "join", "--superlink", "127.0.0.1:9092", "--insecure", "--model", model, "--data", data, "--array-map", badMap.path])
+        let unknown = try await run([
+            "flower", "join", "--superlink", "127.0.0.1:9092", "--insecure", "--model", model, "--data", data, "--array-map", badMap.path,
+        ])
         #expect(unknown.status != 0)
         #expect(unknown.errors.contains("'nope'"), "\(unknown.errors)")
     }
@@ -97,7 +103,9 @@ import Testing
         let open = try await run(["flower", "join", "--superlink", "127.0.0.1:9", "--insecure", "--model", model, "--data", data, "--auth-key", key])
         #expect(open.status != 0)
         #expect(open.errors.contains("--auth-key: the node key '\(key)' is readable by others (mode 640)"), "\(open.errors)")
-        let agent = try await run(["agent", "--flower-superlink", "127.0.0.1:9", "--flower-insecure", "--model", model, "--data", data, "--flower-auth-key", key])
+        let agent = try await run([
+            "agent", "--flower-superlink", "127.0.0.1:9", "--flower-insecure", "--model", model, "--data", data, "--flower-auth-key", key,
+        ])
         #expect(agent.status != 0)
         #expect(agent.errors.contains("--flower-auth-key: the node key"), "\(agent.errors)")
         let wrongKind = directory.appendingPathComponent("ed25519")
@@ -111,7 +119,9 @@ import Testing
     @Test func theAgentTakesEitherACoordinatorOrASuperLink() async throws {
         let (inputs, model, data) = try files()
         defer { try? FileManager.default.removeItem(at: inputs) }
-        let both = try await run(["agent", "--flower-superlink", "127.0.0.1:9092", "--flower-insecure", "--model", model, "--data", data, "--server", "http://127.0.0.1:8080"])
+        let both = try await run([
+            "agent", "--flower-superlink", "127.0.0.1:9092", "--flower-insecure", "--model", model, "--data", data, "--server", "http://127.0.0.1:8080",
+        ])
         #expect(both.status != 0)
         #expect(both.errors.contains("--server is for an Orchard coordinator"), "\(both.errors)")
         let noModel = try await run(["agent", "--flower-superlink", "127.0.0.1:9092", "--flower-insecure", "--data", data])
@@ -120,7 +130,9 @@ import Testing
         let neither = try await run(["agent", "--data", data])
         #expect(neither.status != 0)
         #expect(neither.errors.contains("--server is required"), "\(neither.errors)")
-        let flowerOptionsAlone = try await run(["agent", "--server", "http://127.0.0.1:8080", "--process", "p", "--version", "1", "--data", data, "--model", model])
+        let flowerOptionsAlone = try await run([
+            "agent", "--server", "http://127.0.0.1:8080", "--process", "p", "--version", "1", "--data", data, "--model", model,
+        ])
         #expect(flowerOptionsAlone.status != 0)
         #expect(flowerOptionsAlone.errors.contains("are for --flower-superlink"), "\(flowerOptionsAlone.errors)")
     }

@@ -16,14 +16,14 @@ import Testing
 struct FlowerFederationTests {
     /// The Orchard twin of mlp.py's model: dense 4→8, ReLU, dense 8→3, softmax; cross-entropy, SGD.
     static let modelJSON = #"""
-    {"format_version":2,"name":"flower-mlp","inputs":[{"name":"x","shape":[4],"categorical":false}],
-     "layers":[{"name":"fc1","type":"dense","inputs":["x"],"units":8,"input_size":4},
-               {"name":"act","type":"relu","inputs":["fc1"]},
-               {"name":"fc2","type":"dense","inputs":["act"],"units":3,"input_size":8},
-               {"name":"probs","type":"softmax","inputs":["fc2"]}],
-     "output":"probs",
-     "training":{"loss":"crossEntropy","optimizer":{"type":"sgd","learning_rate":0.1},"epochs":1,"batch_size":8}}
-    """#
+        {"format_version":2,"name":"flower-mlp","inputs":[{"name":"x","shape":[4],"categorical":false}],
+         "layers":[{"name":"fc1","type":"dense","inputs":["x"],"units":8,"input_size":4},
+                   {"name":"act","type":"relu","inputs":["fc1"]},
+                   {"name":"fc2","type":"dense","inputs":["act"],"units":3,"input_size":8},
+                   {"name":"probs","type":"softmax","inputs":["fc2"]}],
+         "output":"probs",
+         "training":{"loss":"crossEntropy","optimizer":{"type":"sgd","learning_rate":0.1},"epochs":1,"batch_size":8}}
+        """#
 
     static func model() throws -> ModelSpec { try ModelSpec.decode(json: Data(modelJSON.utf8)) }
 
@@ -168,7 +168,9 @@ struct FlowerFederationTests {
             superlink: try SuperLinkAddress(link.address, trustRoots: try TrustRoots.certificateFile(other.ca)),
             stateDirectory: directory.appendingPathComponent("node"), pollInterval: .milliseconds(200)
         )
-        let node = try FlowerNode(configuration: configuration, app: try FlowerLocalApp(model: try Self.model(), dataset: try Self.dataset(seed: 1, samples: 8))) {
+        let node = try FlowerNode(
+            configuration: configuration, app: try FlowerLocalApp(model: try Self.model(), dataset: try Self.dataset(seed: 1, samples: 8))
+        ) {
             recorder.record($0)
         }
         let window = Task { try await node.runWindow() }
@@ -281,7 +283,11 @@ extension FlowerFederationTests {
         let task = Mutex<Task<Void, any Error>?>(nil)
         let ended = Mutex(false)
         func endOnce() {
-            guard ended.withLock({ done in defer { done = true }; return !done }) else { return }
+            guard
+                ended.withLock({ done in
+                    defer { done = true }; return !done
+                })
+            else { return }
             task.withLock { $0?.cancel() }
         }
     }
@@ -301,7 +307,8 @@ extension FlowerFederationTests {
             firstWindow.record(event)
             if case .received(_, _, "train") = event { holder.endOnce() }
         }
-        let (other, _) = try FlowerFederationTests.node(link, state: directory.appendingPathComponent("b"), data: try FlowerFederationTests.dataset(seed: 2, samples: 24))
+        let (other, _) = try FlowerFederationTests.node(
+            link, state: directory.appendingPathComponent("b"), data: try FlowerFederationTests.dataset(seed: 2, samples: 24))
         let otherWindow = Task { try await other.runWindow() }
         let window = Task { try await first.runWindow() }
         holder.task.withLock { $0 = window }

@@ -59,7 +59,8 @@ func deterministic(_ message: some SwiftProtobuf.Message) throws -> [UInt8] {
         for name in FlowerFixtures.messageNames {
             for record in try FlowerFixtures.message(name).expected.content ?? [] where record.kind == "arrays" {
                 for item in record.items {
-                    let array = try FlowerArray(dtype: try #require(NumPyDType(rawValue: item.dtype!)), shape: item.shape!, data: FlowerFixtures.bytes(item.data!))
+                    let array = try FlowerArray(
+                        dtype: try #require(NumPyDType(rawValue: item.dtype!)), shape: item.shape!, data: FlowerFixtures.bytes(item.data!))
                     guard let values = item.values else { continue }
                     #expect(try array.floats() == values.map { Float($0) }, "\(name): \(item.name!)")
                     checked += 1

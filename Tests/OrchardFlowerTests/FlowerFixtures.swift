@@ -77,10 +77,15 @@ struct ExpectedMessage: Decodable {
 
         init(from decoder: any Decoder) throws {
             let container = try decoder.singleValueContainer()
-            if let value = try? container.decode(Bool.self) { self = .bool(value) }
-            else if let value = try? container.decode(Double.self) { self = .number(value) }
-            else if let value = try? container.decode(String.self) { self = .string(value) }
-            else { self = .list(try container.decode([Value].self)) }
+            if let value = try? container.decode(Bool.self) {
+                self = .bool(value)
+            } else if let value = try? container.decode(Double.self) {
+                self = .number(value)
+            } else if let value = try? container.decode(String.self) {
+                self = .string(value)
+            } else {
+                self = .list(try container.decode([Value].self))
+            }
         }
     }
 
@@ -106,10 +111,12 @@ struct ExpectedMessage: Decodable {
         for record in try #require(content) {
             switch record.kind {
             case "arrays":
-                records[record.name] = .arrays(ArrayRecord(try record.items.map { item in
-                    let dtype = try #require(NumPyDType(rawValue: item.dtype ?? ""))
-                    return (item.name!, try FlowerArray(dtype: dtype, shape: item.shape!, data: FlowerFixtures.bytes(item.data!)))
-                }))
+                records[record.name] = .arrays(
+                    ArrayRecord(
+                        try record.items.map { item in
+                            let dtype = try #require(NumPyDType(rawValue: item.dtype ?? ""))
+                            return (item.name!, try FlowerArray(dtype: dtype, shape: item.shape!, data: FlowerFixtures.bytes(item.data!)))
+                        }))
             case "metrics":
                 records[record.name] = .metrics(MetricRecord(try record.items.map { ($0.key!, try #require(try Self.value($0).metric)) }))
             default:

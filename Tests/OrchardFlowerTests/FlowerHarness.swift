@@ -22,12 +22,17 @@ enum FlowerInstallation {
     static var requirement: ConditionTrait {
         .enabled(
             if: isInstalled || ProcessInfo.processInfo.environment[requireVariable] == "1",
-            Comment(rawValue: "needs flwr 1.41.0 in \(bin.deletingLastPathComponent().path) (python3 -m venv /opt/flwr-venv && /opt/flwr-venv/bin/pip install flwr==1.41.0), or set ORCHARD_FLOWER_VENV; \(requireVariable)=1 makes its absence a failure")
+            Comment(
+                rawValue:
+                    "needs flwr 1.41.0 in \(bin.deletingLastPathComponent().path) (python3 -m venv /opt/flwr-venv && /opt/flwr-venv/bin/pip install flwr==1.41.0), or set ORCHARD_FLOWER_VENV; \(requireVariable)=1 makes its absence a failure"
+            )
         )
     }
 
     struct Missing: Error, CustomStringConvertible {
-        var description: String { "flwr is not installed in \(FlowerInstallation.bin.deletingLastPathComponent().path): python3 -m venv /opt/flwr-venv && /opt/flwr-venv/bin/pip install flwr==1.41.0" }
+        var description: String {
+            "flwr is not installed in \(FlowerInstallation.bin.deletingLastPathComponent().path): python3 -m venv /opt/flwr-venv && /opt/flwr-venv/bin/pip install flwr==1.41.0"
+        }
     }
 
     static func require() throws {
@@ -112,7 +117,8 @@ final class FlowerProcess: @unchecked Sendable {
             guard let pid = Int32(entry) else { continue }
             // /proc/<pid>/stat: "pid (comm) state ppid …"; comm may hold spaces, so read after the last ')'.
             if let stat = FileManager.default.contents(atPath: "/proc/\(entry)/stat").map({ String(decoding: $0, as: UTF8.self) }),
-               let close = stat.lastIndex(of: ")") {
+                let close = stat.lastIndex(of: ")")
+            {
                 let fields = stat[stat.index(after: close)...].split(separator: " ")
                 if fields.count > 1, let ppid = Int32(fields[1]) { children[ppid, default: []].append(pid) }
             }
@@ -248,7 +254,8 @@ final class SuperLinkFixture: @unchecked Sendable {
         while process.isRunning {
             if clock.now > deadline {
                 process.terminate()
-                throw FlowerRunError("flwr \(arguments.first ?? "") did not finish within \(timeout): \((try? String(contentsOf: log, encoding: .utf8))?.suffix(3000) ?? "")")
+                throw FlowerRunError(
+                    "flwr \(arguments.first ?? "") did not finish within \(timeout): \((try? String(contentsOf: log, encoding: .utf8))?.suffix(3000) ?? "")")
             }
             try await Task.sleep(for: .milliseconds(100))
         }
@@ -258,7 +265,8 @@ final class SuperLinkFixture: @unchecked Sendable {
     /// Starts a Python SuperNode of the test app on partition `partition`.
     func startPythonNode(partition: Int, directory: URL) throws {
         let node = try FlowerProcess(
-            "flower-supernode", ["--insecure", "--superlink", address, "--port", String(try freePort()), "--node-config", "partition-id=\(partition) num-partitions=2"],
+            "flower-supernode",
+            ["--insecure", "--superlink", address, "--port", String(try freePort()), "--node-config", "partition-id=\(partition) num-partitions=2"],
             home: home, log: directory.appendingPathComponent("supernode-\(partition).log")
         )
         nodes.append(node)

@@ -4,7 +4,6 @@ import OrchardTesting
 import PropertyBased
 import Testing
 
-
 /// Damage to a message's objects. All but `flipByte` and `dropObject` re-hash the damaged object (and the objects
 /// above it), so they reach the checks behind the id check.
 enum ObjectMutation: CaseIterable {
@@ -49,7 +48,9 @@ enum ObjectMutation: CaseIterable {
                 fields[1] = children.joined(separator: ",")
             }
         case .headerLength:
-            set.edit(id) { fields, body in fields[2] = ["0", "-1", "", "+\(body.count)", "0\(body.count)", String(body.count + 1), "1e3"].randomElement(using: &rng)! }
+            set.edit(id) { fields, body in
+                fields[2] = ["0", "-1", "", "+\(body.count)", "0\(body.count)", String(body.count + 1), "1e3"].randomElement(using: &rng)!
+            }
         case .bodyToken:
             set.editBody(id) { body in
                 // Replaces a run of digits or letters (a number, a dtype, a JSON keyword) by another token.
@@ -145,11 +146,14 @@ enum FlowerGen {
     }
 
     @Test func arbitraryBytesAreAMessageOrAFlowerError() async {
-        await propertyCheck(count: 500, input: fuzzed { rng in
-            let body = Fuzz.bytes(maximum: 256, using: &rng)
-            let prefix = ["", "Message  \(body.count)\u{0}", "Message \(String(repeating: "a", count: 64)) \(body.count)\u{0}"].randomElement(using: &rng)!
-            return Array(prefix.utf8) + body
-        }) { bytes in
+        await propertyCheck(
+            count: 500,
+            input: fuzzed { rng in
+                let body = Fuzz.bytes(maximum: 256, using: &rng)
+                let prefix = ["", "Message  \(body.count)\u{0}", "Message \(String(repeating: "a", count: 64)) \(body.count)\u{0}"].randomElement(using: &rng)!
+                return Array(prefix.utf8) + body
+            }
+        ) { bytes in
             // `inflate` throws only `FlowerError` (typed throws); the property is that it returns.
             _ = try? FlowerObjects.inflate(messageID: FlowerObjects.objectID(of: bytes), objects: [FlowerObjects.objectID(of: bytes): bytes])
             _ = try? NPY.decode(bytes)
@@ -159,31 +163,40 @@ enum FlowerGen {
     @Test func damagedFixturesAreAMessageOrAFlowerError() async throws {
         let fixtures = try FlowerFixtures.messageNames.map { ObjectSet(try FlowerFixtures.message($0)) }
         var codes: [String: Int] = [:]
-        await propertyCheck(count: 1500, input: fuzzed { rng in
-            var set = fixtures.randomElement(using: &rng)!
-            for _ in 0..<Int.random(in: 1...2, using: &rng) { ObjectMutation.allCases.randomElement(using: &rng)!.apply(to: &set, using: &rng) }
-            return set
-        }) { set in
+        await propertyCheck(
+            count: 1500,
+            input: fuzzed { rng in
+                var set = fixtures.randomElement(using: &rng)!
+                for _ in 0..<Int.random(in: 1...2, using: &rng) { ObjectMutation.allCases.randomElement(using: &rng)!.apply(to: &set, using: &rng) }
+                return set
+            }
+        ) { set in
             codes[set.error().map(\.code.description) ?? "ok", default: 0] += 1
         }
         // The damage reaches every layer: ids, headers, JSON and protobuf bodies, chunks, the .npy data.
-        #expect(Set(codes.keys).isSuperset(of: ["ok", "object_id_mismatch", "missing_object", "invalid_object", "invalid_npy", "shape_mismatch", "unsupported_dtype"]), "\(codes)")
+        #expect(
+            Set(codes.keys).isSuperset(of: [
+                "ok", "object_id_mismatch", "missing_object", "invalid_object", "invalid_npy", "shape_mismatch", "unsupported_dtype",
+            ]), "\(codes)")
     }
 
     @Test func damagedNPYFilesAreAnArrayOrAFlowerError() async throws {
         let files = try FlowerFixtures.npy().written.map { FlowerFixtures.bytes($0.npy) }
-        await propertyCheck(count: 1000, input: fuzzed { rng in
-            var bytes = files.randomElement(using: &rng)!
-            switch Int.random(in: 0...2, using: &rng) {
-            case 0: bytes[Int.random(in: bytes.indices, using: &rng)] ^= UInt8.random(in: 1...255, using: &rng)
-            case 1: bytes = Array(bytes.prefix(Int.random(in: 0..<bytes.count, using: &rng)))
-            default:
-                // A character of the header text replaced, so the literal parser sees every kind of damage.
-                let index = Int.random(in: 10..<min(bytes.count, 128), using: &rng)
-                bytes[index] = Array("'\"(),:{}[] -0123456789TrueFalseL<|f\\\n".utf8).randomElement(using: &rng)!
+        await propertyCheck(
+            count: 1000,
+            input: fuzzed { rng in
+                var bytes = files.randomElement(using: &rng)!
+                switch Int.random(in: 0...2, using: &rng) {
+                case 0: bytes[Int.random(in: bytes.indices, using: &rng)] ^= UInt8.random(in: 1...255, using: &rng)
+                case 1: bytes = Array(bytes.prefix(Int.random(in: 0..<bytes.count, using: &rng)))
+                default:
+                    // A character of the header text replaced, so the literal parser sees every kind of damage.
+                    let index = Int.random(in: 10..<min(bytes.count, 128), using: &rng)
+                    bytes[index] = Array("'\"(),:{}[] -0123456789TrueFalseL<|f\\\n".utf8).randomElement(using: &rng)!
+                }
+                return bytes
             }
-            return bytes
-        }) { bytes in
+        ) { bytes in
             do throws(FlowerError) {
                 let array = try NPY.decode(bytes)
                 #expect(array.data.count == array.count * array.dtype.itemSize)

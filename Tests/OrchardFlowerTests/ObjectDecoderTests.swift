@@ -72,7 +72,9 @@ struct ObjectSet {
 @Suite struct ObjectDecoderTests {
     func objects(_ name: String = "train") throws -> ObjectSet { ObjectSet(try FlowerFixtures.message(name)) }
 
-    func expectRefusal(_ set: ObjectSet, _ code: FlowerError.Code, object: String?, mentioning text: String? = nil, sourceLocation: SourceLocation = #_sourceLocation) {
+    func expectRefusal(
+        _ set: ObjectSet, _ code: FlowerError.Code, object: String?, mentioning text: String? = nil, sourceLocation: SourceLocation = #_sourceLocation
+    ) {
         let error = set.error()
         #expect(error?.code == code, "\(String(describing: error))", sourceLocation: sourceLocation)
         if let object { #expect(error?.objectID == object, "\(String(describing: error))", sourceLocation: sourceLocation) }

@@ -19,11 +19,14 @@ enum FormatGen {
         for index in 0..<Int.random(in: 0...4, using: &rng) {
             let shape = (0..<Int.random(in: 0...3, using: &rng)).map { _ in Int.random(in: 0...4, using: &rng) }
             let count = shape.reduce(1, *)
-            tensors.append(TensorRecord(name: "t\(index).\(Fuzz.string(using: &rng))", shape: shape, values: (0..<count).map { _ in Float.random(in: -10...10, using: &rng) }))
+            tensors.append(
+                TensorRecord(
+                    name: "t\(index).\(Fuzz.string(using: &rng))", shape: shape, values: (0..<count).map { _ in Float.random(in: -10...10, using: &rng) }))
         }
         var metadata: [String: String] = [:]
         for _ in 0..<Int.random(in: 0...2, using: &rng) { metadata[Fuzz.string(using: &rng)] = Fuzz.string(using: &rng) }
-        return SafetensorsArchive(tensors: Dictionary(tensors.map { ($0.name, $0) }, uniquingKeysWith: { a, _ in a }).values.sorted { $0.name < $1.name }, metadata: metadata)
+        return SafetensorsArchive(
+            tensors: Dictionary(tensors.map { ($0.name, $0) }, uniquingKeysWith: { a, _ in a }).values.sorted { $0.name < $1.name }, metadata: metadata)
     }
 
     /// A valid file with 1–3 mutations of every kind.
@@ -143,7 +146,9 @@ private func expectConsistent(_ index: SafetensorsIndex, of bytes: [UInt8], sour
             spec([LayerSpec(name: "f", type: .flatten, inputs: ["x"])], shape: [1 << 24, 1 << 24, 1 << 24]),
             spec([LayerSpec(name: "e", type: .embedding, inputs: ["x"], vocabularySize: 2, embeddingSize: 1 << 24)], shape: [1 << 24]),
             spec([LayerSpec(name: "d", type: .dense, inputs: ["x"], units: Int.max)], shape: [4]),
-            spec([LayerSpec(name: "c", type: .conv2d, inputs: ["x"], units: 1, kernelSize: [1, 1], padding: .explicit(height: Int.max, width: 0))], shape: [1, 2, 2]),
+            spec(
+                [LayerSpec(name: "c", type: .conv2d, inputs: ["x"], units: 1, kernelSize: [1, 1], padding: .explicit(height: Int.max, width: 0))],
+                shape: [1, 2, 2]),
             spec([LayerSpec(name: "d", type: .dense, inputs: ["x"], units: 1 << 24)], shape: [1 << 24]),
         ]
         for model in cases {
@@ -155,7 +160,9 @@ private func expectConsistent(_ index: SafetensorsIndex, of bytes: [UInt8], sour
         let base = ModelSpec(name: "m", inputs: [InputSpec(name: "x", shape: [2])], layers: [LayerSpec(name: "d", type: .dense, inputs: ["x"], units: 1)])
         let bad: [TrainingSpec] = [
             TrainingSpec(loss: LossType(rawValue: "hinge")),
-            TrainingSpec(loss: .meanSquaredError, optimizer: OptimizerSpec(type: "rmsprop", learningRate: 0.1, momentum: 0, weightDecay: 0, beta1: 0.9, beta2: 0.99, epsilon: 1e-8)),
+            TrainingSpec(
+                loss: .meanSquaredError,
+                optimizer: OptimizerSpec(type: "rmsprop", learningRate: 0.1, momentum: 0, weightDecay: 0, beta1: 0.9, beta2: 0.99, epsilon: 1e-8)),
             TrainingSpec(loss: .meanSquaredError, optimizer: .sgd(learningRate: 0)),
             TrainingSpec(loss: .meanSquaredError, optimizer: .sgd(learningRate: .infinity)),
             TrainingSpec(loss: .meanSquaredError, optimizer: .sgd(momentum: 1)),
@@ -174,8 +181,8 @@ private func expectConsistent(_ index: SafetensorsIndex, of bytes: [UInt8], sour
             #expect(throws: FormatError.self, "\(training)") { try spec.validateLimits() }
         }
         var good = base
-        good.training = TrainingSpec(loss: .meanSquaredError, optimizer: .adam(), epochs: ModelSpec.maximumEpochs, batchSize: ModelSpec.maximumBatchSize, maxUpdates: 1)
+        good.training = TrainingSpec(
+            loss: .meanSquaredError, optimizer: .adam(), epochs: ModelSpec.maximumEpochs, batchSize: ModelSpec.maximumBatchSize, maxUpdates: 1)
         #expect(throws: Never.self) { try good.validateLimits() }
     }
 }
-

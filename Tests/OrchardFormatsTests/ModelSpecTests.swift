@@ -48,8 +48,10 @@ import Testing
     @Test func formatVersion1WithCamelCaseKeysIsStillRead() throws {
         let json = String(decoding: try Self.housing.jsonData(), as: UTF8.self)
         var version1 = json.replacingOccurrences(of: "\"format_version\" : 2", with: "\"formatVersion\" : 1")
-        for (snake, camel) in [("vocabulary_size", "vocabularySize"), ("embedding_size", "embeddingSize"), ("learning_rate", "learningRate"),
-                               ("weight_decay", "weightDecay"), ("batch_size", "batchSize")] {
+        for (snake, camel) in [
+            ("vocabulary_size", "vocabularySize"), ("embedding_size", "embeddingSize"), ("learning_rate", "learningRate"),
+            ("weight_decay", "weightDecay"), ("batch_size", "batchSize"),
+        ] {
             version1 = version1.replacingOccurrences(of: "\"\(snake)\"", with: "\"\(camel)\"")
         }
         #expect(version1 != json)
@@ -64,7 +66,10 @@ import Testing
         (#"{"format_version":1,"name":"x","inputs":[],"layers":[],"output":"a"}"#, "format version 1 is not supported"),
         (#"{"formatVersion":2,"name":"x","inputs":[],"layers":[],"output":"a"}"#, "format version 2 is not supported"),
         (#"{"name":"x","inputs":[],"layers":[],"output":"a"}"#, "format_version"),
-        (#"{"format_version":2,"name":"x","inputs":[{"name":"i","shape":[1],"categorical":false}],"layers":[{"name":"d","type":"dense","inputs":["i"],"units":1}],"output":"d","training":{"loss":"mse","optimizer":{"type":"sgd"},"epochs":1,"batch_size":1}}"#, "learning_rate"),
+        (
+            #"{"format_version":2,"name":"x","inputs":[{"name":"i","shape":[1],"categorical":false}],"layers":[{"name":"d","type":"dense","inputs":["i"],"units":1}],"output":"d","training":{"loss":"mse","optimizer":{"type":"sgd"},"epochs":1,"batch_size":1}}"#,
+            "learning_rate"
+        ),
     ])
     func unreadableVersionsAndMissingKeysAreNamed(json: String, expected: String) {
         let error = #expect(throws: FormatError.self) { try ModelSpec.decode(json: Data(json.utf8)) }
@@ -116,7 +121,8 @@ import Testing
     }
 
     @Test func unknownKeysAreRefusedNamingTheKeyAndTheLayer() throws {
-        let json = #"{"format_version":2,"name":"x","inputs":[{"name":"in","shape":[3],"categorical":false}],"layers":[{"name":"d","type":"dense","inputs":["in"],"unit":64}],"output":"d"}"#
+        let json =
+            #"{"format_version":2,"name":"x","inputs":[{"name":"in","shape":[3],"categorical":false}],"layers":[{"name":"d","type":"dense","inputs":["in"],"unit":64}],"output":"d"}"#
         #expect { try ModelSpec.decode(json: Data(json.utf8)) } throws: { error in
             let message = (error as? FormatError)?.message ?? ""
             return message.contains("layer 'd'") && message.contains("'unit'") && message.contains("units") && message.contains("input_size")
@@ -124,7 +130,9 @@ import Testing
         let topLevel = json.replacingOccurrences(of: #""output":"d""#, with: #""output":"d","outputs":"d""#)
         #expect { try ModelSpec.decode(json: Data(topLevel.utf8)) } throws: { ($0 as? FormatError)?.message.contains("'outputs'") == true }
         let training = json.replacingOccurrences(of: #","unit":64"#, with: #","units":64"#)
-            .replacingOccurrences(of: #""output":"d""#, with: #""output":"d","training":{"loss":"mse","optimizer":{"type":"sgd","learning_rate":0.1,"lr":1},"epochs":1,"batch_size":4}"#)
+            .replacingOccurrences(
+                of: #""output":"d""#,
+                with: #""output":"d","training":{"loss":"mse","optimizer":{"type":"sgd","learning_rate":0.1,"lr":1},"epochs":1,"batch_size":4}"#)
         #expect { try ModelSpec.decode(json: Data(training.utf8)) } throws: { error in
             let message = (error as? FormatError)?.message ?? ""
             return message.contains("'lr'") && message.contains("learning_rate") && !message.contains("learningRate")
@@ -135,7 +143,8 @@ import Testing
     }
 
     @Test func unknownKeysAreRefusedInFormatVersion1ButItsCamelCaseKeysAreKnown() throws {
-        let json = #"{"formatVersion":1,"name":"x","inputs":[{"name":"in","shape":[3],"categorical":false}],"layers":[{"name":"d","type":"dense","inputs":["in"],"units":64,"inputSize":3,"useBias":true,"unit":64}],"output":"d","training":{"loss":"mse","optimizer":{"type":"sgd","learningRate":0.1,"weightDecay":0},"epochs":1,"batchSize":4,"maxUpdates":2}}"#
+        let json =
+            #"{"formatVersion":1,"name":"x","inputs":[{"name":"in","shape":[3],"categorical":false}],"layers":[{"name":"d","type":"dense","inputs":["in"],"units":64,"inputSize":3,"useBias":true,"unit":64}],"output":"d","training":{"loss":"mse","optimizer":{"type":"sgd","learningRate":0.1,"weightDecay":0},"epochs":1,"batchSize":4,"maxUpdates":2}}"#
         #expect { try ModelSpec.decode(json: Data(json.utf8)) } throws: { error in
             let message = (error as? FormatError)?.message ?? ""
             return message.contains("layer 'd'") && message.contains("'unit'") && message.contains("input_size")
@@ -155,10 +164,11 @@ import Testing
     @Test func parametersAreDerivedFromTheArchitecture() throws {
         let parameters = try Self.housing.parameters()
         #expect(parameters.map(\.name) == ["chasEmbedding.weight", "dense1.bias", "dense1.weight", "out.bias", "out.weight", "radEmbedding.weight"])
-        #expect(Dictionary(uniqueKeysWithValues: parameters.map { ($0.name, $0.shape) }) == [
-            "chasEmbedding.weight": [2, 2], "radEmbedding.weight": [9, 5], "dense1.weight": [64, 18], "dense1.bias": [64],
-            "out.weight": [1, 64], "out.bias": [1],
-        ])
+        #expect(
+            Dictionary(uniqueKeysWithValues: parameters.map { ($0.name, $0.shape) }) == [
+                "chasEmbedding.weight": [2, 2], "radEmbedding.weight": [9, 5], "dense1.weight": [64, 18], "dense1.bias": [64],
+                "out.weight": [1, 64], "out.bias": [1],
+            ])
         var shapes = Dictionary(uniqueKeysWithValues: parameters.map { ($0.name, $0.shape) })
         try Self.housing.checkWeights(shapes)
         shapes["dense1.weight"] = [65, 18]
@@ -218,8 +228,10 @@ import Testing
     /// formats use and for every name of up to four characters over `a`, `Z`, `9`, `é` and `_` (leading, repeated and
     /// trailing underscores, digits and upper case after one, non-ASCII).
     @Test func byteWiseConversionMatchesTheReference() {
-        var names = ["input_size", "use_bias", "format_version", "learning_rate", "weight_decay", "batch_size", "max_updates",
-                     "vocabulary_size", "embedding_size", "kernel_size", "units", "", "_", "__a", "a__b", "a_", "a_9b", "a_B"]
+        var names = [
+            "input_size", "use_bias", "format_version", "learning_rate", "weight_decay", "batch_size", "max_updates",
+            "vocabulary_size", "embedding_size", "kernel_size", "units", "", "_", "__a", "a__b", "a_", "a_9b", "a_B",
+        ]
         let alphabet: [String] = ["a", "Z", "9", "é", "_"]
         var level = [""]
         for _ in 0..<4 {
@@ -238,7 +250,9 @@ import Testing
     /// 100 000 underscores and letters.
     @Test func unusualKeysAreRefusedOrReadAsBefore() throws {
         func layer(_ extra: String) -> Data {
-            Data(#"{"format_version":2,"name":"x","inputs":[{"name":"in","shape":[3],"categorical":false}],"layers":[{"name":"d","type":"dense","inputs":["in"],"units":4\#(extra)}],"output":"d"}"#.utf8)
+            Data(
+                #"{"format_version":2,"name":"x","inputs":[{"name":"in","shape":[3],"categorical":false}],"layers":[{"name":"d","type":"dense","inputs":["in"],"units":4\#(extra)}],"output":"d"}"#
+                    .utf8)
         }
         #expect { try ModelSpec.decode(json: layer(#","ünits":4"#)) } throws: { ($0 as? FormatError)?.message.contains("'ünits'") == true }
         #expect(try ModelSpec.decode(json: layer(#","inputSize":3"#)).layers[0].inputSize == 3)

@@ -95,10 +95,12 @@ import Testing
     }
 
     /// Rows split between threads give the same products.
-    @Test(.enabled(if: AVX2GEMM.isAvailable), arguments: [
-        Shape(m: 1000, n: 200, k: 100, ta: false, tb: true), Shape(m: 200, n: 40, k: 10, ta: true, tb: false),
-        Shape(m: 131, n: 17, k: 9, ta: false, tb: false),
-    ])
+    @Test(
+        .enabled(if: AVX2GEMM.isAvailable),
+        arguments: [
+            Shape(m: 1000, n: 200, k: 100, ta: false, tb: true), Shape(m: 200, n: 40, k: 10, ta: true, tb: false),
+            Shape(m: 131, n: 17, k: 9, ta: false, tb: false),
+        ])
     func avx2SplitsRowsBetweenThreads(_ t: Shape) {
         Self.check(t, backend: .avx2, threads: 2)
     }
@@ -109,8 +111,9 @@ import Testing
         let a: [Float] = [1, 2, 3, 4], b: [Float] = [5, 6, 7, 8]
         for (k, alpha) in [(0, Float(1)), (2, Float(0))] {
             var c: [Float] = [1, 2, 3, 4]
-            AVX2GEMM.multiply(transposeA: false, transposeB: transposeB, m: 2, n: 2, k: k, alpha: alpha,
-                              a: a, lda: 2, b: b, ldb: 2, beta: 0.5, c: &c, ldc: 2, threads: 1)
+            AVX2GEMM.multiply(
+                transposeA: false, transposeB: transposeB, m: 2, n: 2, k: k, alpha: alpha,
+                a: a, lda: 2, b: b, ldb: 2, beta: 0.5, c: &c, ldc: 2, threads: 1)
             #expect(c == [0.5, 1, 1.5, 2])
         }
     }
@@ -120,24 +123,24 @@ import Testing
     /// short untransposed A and large products to BLAS when it is there; never a doubly transposed one to AVX2.
     @Test func automaticRouting() {
         let avx2Shapes: [(Bool, Bool, Int, Int, Int)] = [
-            (false, true, 10, 200, 784),   // batch-10 forward
-            (true, false, 200, 784, 10),   // batch-10 weight gradient
+            (false, true, 10, 200, 784),  // batch-10 forward
+            (true, false, 200, 784, 10),  // batch-10 weight gradient
             (false, false, 10, 200, 200),  // batch-10 input gradient
-            (true, false, 200, 784, 64),   // batch-64 weight gradient
+            (true, false, 200, 784, 64),  // batch-64 weight gradient
             (true, false, 200, 200, 64),
             (true, false, 200, 784, 128),  // a weight gradient of one half of a batch-256 step
             (true, false, 200, 200, 128),
-            (false, false, 256, 200, 200), // batch-256 input gradient
-            (false, true, 256, 10, 200),   // batch-256 output layer
+            (false, false, 256, 200, 200),  // batch-256 input gradient
+            (false, true, 256, 10, 200),  // batch-256 output layer
         ]
         let blasShapes: [(Bool, Bool, Int, Int, Int)] = [
             (false, true, 256, 200, 784),  // batch-256 forward
-            (false, true, 64, 200, 784),   // batch-64 forward
-            (false, true, 1000, 200, 784), // an evaluation batch's forward
+            (false, true, 64, 200, 784),  // batch-64 forward
+            (false, true, 1000, 200, 784),  // an evaluation batch's forward
             (true, false, 200, 784, 256),  // batch-256 weight gradient
             (true, false, 200, 784, 192),
             (false, false, 64, 200, 200),  // a short untransposed A
-            (false, false, 512, 512, 512), // large
+            (false, false, 512, 512, 512),  // large
         ]
         let toAVX2 = avx2Shapes.map { GEMM.resolve(.automatic, transposeA: $0.0, transposeB: $0.1, m: $0.2, n: $0.3, k: $0.4) }
         let toBLAS = blasShapes.map { GEMM.resolve(.automatic, transposeA: $0.0, transposeB: $0.1, m: $0.2, n: $0.3, k: $0.4) }

@@ -7,10 +7,13 @@ import Testing
 /// batch, up to float rounding (the parts' products sum in another order).
 @Suite struct BatchShardTests {
     /// Trains `model` on `data` with `shards` parts per batch; returns the flat parameters and the epoch losses.
-    private func train(_ model: Model, on data: TensorDataset, loss: LossType, optimizer: OptimizerSpec, batch: Int, shards: Int) throws -> ([Float], [Double]) {
-        let trainer = try Trainer(model: model, configuration: TrainingConfiguration(
-            loss: loss, optimizer: optimizer, epochs: 3, batchSize: batch, seed: 4, batchShards: shards
-        ))
+    private func train(_ model: Model, on data: TensorDataset, loss: LossType, optimizer: OptimizerSpec, batch: Int, shards: Int) throws -> ([Float], [Double])
+    {
+        let trainer = try Trainer(
+            model: model,
+            configuration: TrainingConfiguration(
+                loss: loss, optimizer: optimizer, epochs: 3, batchSize: batch, seed: 4, batchShards: shards
+            ))
         guard case .completed(let report) = try trainer.train(on: data) else {
             Issue.record("training was interrupted")
             return ([], [])
@@ -25,9 +28,11 @@ import Testing
         for (x, y) in zip(a.1, b.1) { #expect(abs(x - y) <= Double(tolerance) * max(1, abs(y)), sourceLocation: sourceLocation) }
     }
 
-    @Test("cross-entropy with plain SGD (fused into back-propagation when whole) and with Adam", arguments: [
-        OptimizerSpec.sgd(learningRate: 0.1), .adam(learningRate: 0.01),
-    ])
+    @Test(
+        "cross-entropy with plain SGD (fused into back-propagation when whole) and with Adam",
+        arguments: [
+            OptimizerSpec.sgd(learningRate: 0.1), .adam(learningRate: 0.01),
+        ])
     func crossEntropy(optimizer: OptimizerSpec) throws {
         let model = try Model(name: "mlp", inputShape: [6], seed: 3) {
             Dense(units: 16)
@@ -56,7 +61,8 @@ import Testing
         let whole = try train(model, on: data, loss: .meanSquaredError, optimizer: .sgd(learningRate: 0.01, momentum: 0.9), batch: 20, shards: 1)
         let parts = try train(model, on: data, loss: .meanSquaredError, optimizer: .sgd(learningRate: 0.01, momentum: 0.9), batch: 20, shards: 2)
         expectClose(parts, whole, tolerance: 1e-5)
-        let trained = try Trainer(model: model, configuration: TrainingConfiguration(optimizer: .sgd(learningRate: 0.01), epochs: 1, batchSize: 20, batchShards: 2))
+        let trained = try Trainer(
+            model: model, configuration: TrainingConfiguration(optimizer: .sgd(learningRate: 0.01), epochs: 1, batchSize: 20, batchShards: 2))
         let after = try trained.train(on: data).model
         #expect(after.parameter("chasEmbedding.weight") == model.parameter("chasEmbedding.weight"))
         #expect(after.parameter("dense1.weight") != model.parameter("dense1.weight"))

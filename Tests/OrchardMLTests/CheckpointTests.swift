@@ -9,7 +9,9 @@ import Testing
     )
 
     /// Trains in a task that cancels itself after `stopAfter` updates; returns the outcome.
-    static func trainCancelling(after stopAfter: Int, model: Model, resumingFrom state: TrainingState? = nil, configuration: TrainingConfiguration = configuration) async throws -> TrainingOutcome {
+    static func trainCancelling(
+        after stopAfter: Int, model: Model, resumingFrom state: TrainingState? = nil, configuration: TrainingConfiguration = configuration
+    ) async throws -> TrainingOutcome {
         let data = try Fixtures.housingData()
         let task = Task { () throws -> TrainingOutcome in
             let trainer = try Trainer(model: model, configuration: configuration)

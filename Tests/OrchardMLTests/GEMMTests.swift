@@ -55,8 +55,9 @@ import Testing
         let a = (0..<(rowsA * lda)).map { _ in rng.nextFloat() }
         let b = (0..<(rowsB * ldb)).map { _ in rng.nextFloat() }
         let c0 = (0..<(t.m * ldc)).map { _ in rng.nextFloat() }
-        let expected = Self.reference(transposeA: t.ta, transposeB: t.tb, m: t.m, n: t.n, k: t.k, alpha: t.alpha,
-                                      a: a, lda: lda, b: b, ldb: ldb, beta: t.beta, c: c0, ldc: ldc)
+        let expected = Self.reference(
+            transposeA: t.ta, transposeB: t.tb, m: t.m, n: t.n, k: t.k, alpha: t.alpha,
+            a: a, lda: lda, b: b, ldb: ldb, beta: t.beta, c: c0, ldc: ldc)
         for backend in Self.backends {
             var c = c0
             GEMMTestSupport.run(t, a: a, lda: lda, b: b, ldb: ldb, c: &c, ldc: ldc, backend: backend, threads: threads)
@@ -75,21 +76,25 @@ import Testing
 }
 
 enum GEMMTestSupport {
-    static func run(_ t: GEMMTests.Case, a: [Float], lda: Int, b: [Float], ldb: Int, c: inout [Float], ldc: Int,
-                    backend: MatrixBackend, threads: Int) {
+    static func run(
+        _ t: GEMMTests.Case, a: [Float], lda: Int, b: [Float], ldb: Int, c: inout [Float], ldc: Int,
+        backend: MatrixBackend, threads: Int
+    ) {
         // The portable kernel is called directly so that the thread count is explicit: tests run in
         // parallel, and the process-wide setting must not change under other tests.
         a.withUnsafeBufferPointer { pa in
             b.withUnsafeBufferPointer { pb in
                 c.withUnsafeMutableBufferPointer { pc in
                     if backend == .portable {
-                        PortableGEMM.multiply(transposeA: t.ta, transposeB: t.tb, m: t.m, n: t.n, k: t.k, alpha: t.alpha,
-                                              a: pa.baseAddress!, lda: lda, b: pb.baseAddress!, ldb: ldb, beta: t.beta,
-                                              c: pc.baseAddress!, ldc: ldc, threads: threads)
+                        PortableGEMM.multiply(
+                            transposeA: t.ta, transposeB: t.tb, m: t.m, n: t.n, k: t.k, alpha: t.alpha,
+                            a: pa.baseAddress!, lda: lda, b: pb.baseAddress!, ldb: ldb, beta: t.beta,
+                            c: pc.baseAddress!, ldc: ldc, threads: threads)
                     } else {
-                        GEMM.multiply(transposeA: t.ta, transposeB: t.tb, m: t.m, n: t.n, k: t.k, alpha: t.alpha,
-                                      a: pa.baseAddress!, lda: lda, b: pb.baseAddress!, ldb: ldb, beta: t.beta,
-                                      c: pc.baseAddress!, ldc: ldc, using: backend)
+                        GEMM.multiply(
+                            transposeA: t.ta, transposeB: t.tb, m: t.m, n: t.n, k: t.k, alpha: t.alpha,
+                            a: pa.baseAddress!, lda: lda, b: pb.baseAddress!, ldb: ldb, beta: t.beta,
+                            c: pc.baseAddress!, ldc: ldc, using: backend)
                     }
                 }
             }

@@ -27,15 +27,29 @@ import Testing
         Case(label: "softmax inside a network", inputs: vector, loss: .meanSquaredError) { [Dense(units: 4), Softmax(), Dense(units: 2)] },
         Case(label: "cross-entropy fused with softmax", inputs: vector, loss: .crossEntropy) { [Dense(units: 4), Tanh(), Dense(units: 3), Softmax()] },
         Case(label: "cross-entropy on logits", inputs: vector, loss: .crossEntropy) { [Dense(units: 3)] },
-        Case(label: "dense without bias", inputs: vector, loss: .meanSquaredError) { [Dense(units: 3, useBias: false), Tanh(), Dense(units: 2, useBias: false)] },
-        Case(label: "embedding + concat", inputs: [InputSpec(name: "x", shape: [3]), InputSpec(name: "c", shape: [2], categorical: true)], loss: .meanSquaredError) {
-            [Embedding(vocabularySize: 4, embeddingSize: 3, name: "emb", inputs: ["c"]), Concat(name: "cat", inputs: ["x", "emb"]), Dense(units: 4), Tanh(), Dense(units: 2)]
+        Case(label: "dense without bias", inputs: vector, loss: .meanSquaredError) {
+            [Dense(units: 3, useBias: false), Tanh(), Dense(units: 2, useBias: false)]
+        },
+        Case(
+            label: "embedding + concat", inputs: [InputSpec(name: "x", shape: [3]), InputSpec(name: "c", shape: [2], categorical: true)],
+            loss: .meanSquaredError
+        ) {
+            [
+                Embedding(vocabularySize: 4, embeddingSize: 3, name: "emb", inputs: ["c"]), Concat(name: "cat", inputs: ["x", "emb"]), Dense(units: 4), Tanh(),
+                Dense(units: 2),
+            ]
         },
         Case(label: "conv2d same stride 2 + maxpool + flatten", inputs: image, loss: .meanSquaredError) {
-            [Conv2D(filters: 3, kernelSize: [3, 3], strides: [2, 2], padding: .same), Tanh(), MaxPool2D(poolSize: [2, 2], strides: [1, 1]), Flatten(), Dense(units: 2)]
+            [
+                Conv2D(filters: 3, kernelSize: [3, 3], strides: [2, 2], padding: .same), Tanh(), MaxPool2D(poolSize: [2, 2], strides: [1, 1]), Flatten(),
+                Dense(units: 2),
+            ]
         },
         Case(label: "conv2d valid + explicit padding", inputs: image, loss: .meanSquaredError) {
-            [Conv2D(filters: 2, kernelSize: [2, 3]), Tanh(), Conv2D(filters: 2, kernelSize: [3, 3], padding: .explicit(height: 1, width: 1)), Flatten(), Dense(units: 2)]
+            [
+                Conv2D(filters: 2, kernelSize: [2, 3]), Tanh(), Conv2D(filters: 2, kernelSize: [3, 3], padding: .explicit(height: 1, width: 1)), Flatten(),
+                Dense(units: 2),
+            ]
         },
         Case(label: "maxpool same padding", inputs: image, loss: .meanSquaredError) {
             [Conv2D(filters: 2, kernelSize: [1, 1]), MaxPool2D(poolSize: [2, 2], padding: .same), Flatten(), Dense(units: 2)]

@@ -6,26 +6,26 @@ import Testing
 @Suite struct ModelTests {
     /// The housing model written as architecture JSON, the way a server ships it.
     static let housingJSON = """
-    {
-      "format_version": 2, "name": "housing", "output": "out",
-      "inputs": [
-        {"name": "numeric", "shape": [10], "categorical": false},
-        {"name": "chas", "shape": [1], "categorical": true},
-        {"name": "rad", "shape": [1], "categorical": true}
-      ],
-      "layers": [
-        {"name": "chasEmbedding", "type": "embedding", "inputs": ["chas"], "frozen": true, "vocabulary_size": 2, "embedding_size": 2},
-        {"name": "radEmbedding", "type": "embedding", "inputs": ["rad"], "frozen": true, "vocabulary_size": 9, "embedding_size": 5},
-        {"name": "features", "type": "concat", "inputs": ["numeric", "chasEmbedding", "radEmbedding"]},
-        {"name": "dense1", "type": "dense", "inputs": ["features"], "units": 64},
-        {"name": "relu1", "type": "relu", "inputs": ["dense1"]},
-        {"name": "dense2", "type": "dense", "inputs": ["relu1"], "units": 32},
-        {"name": "relu2", "type": "relu", "inputs": ["dense2"]},
-        {"name": "out", "type": "dense", "inputs": ["relu2"], "units": 1}
-      ],
-      "training": {"loss": "mse", "optimizer": {"type": "sgd", "learning_rate": 0.01}, "epochs": 5, "batch_size": 16}
-    }
-    """
+        {
+          "format_version": 2, "name": "housing", "output": "out",
+          "inputs": [
+            {"name": "numeric", "shape": [10], "categorical": false},
+            {"name": "chas", "shape": [1], "categorical": true},
+            {"name": "rad", "shape": [1], "categorical": true}
+          ],
+          "layers": [
+            {"name": "chasEmbedding", "type": "embedding", "inputs": ["chas"], "frozen": true, "vocabulary_size": 2, "embedding_size": 2},
+            {"name": "radEmbedding", "type": "embedding", "inputs": ["rad"], "frozen": true, "vocabulary_size": 9, "embedding_size": 5},
+            {"name": "features", "type": "concat", "inputs": ["numeric", "chasEmbedding", "radEmbedding"]},
+            {"name": "dense1", "type": "dense", "inputs": ["features"], "units": 64},
+            {"name": "relu1", "type": "relu", "inputs": ["dense1"]},
+            {"name": "dense2", "type": "dense", "inputs": ["relu1"], "units": 32},
+            {"name": "relu2", "type": "relu", "inputs": ["dense2"]},
+            {"name": "out", "type": "dense", "inputs": ["relu2"], "units": 1}
+          ],
+          "training": {"loss": "mse", "optimizer": {"type": "sgd", "learning_rate": 0.01}, "epochs": 5, "batch_size": 16}
+        }
+        """
 
     @Test func architectureParameterShapesMatchTheBuiltModel() throws {
         let convolutional = ModelSpec(
@@ -33,7 +33,8 @@ import Testing
             layers: [
                 LayerSpec(name: "conv1", type: .conv2d, inputs: ["image"], units: 4, kernelSize: [3, 3], strides: [2, 2], padding: .same),
                 LayerSpec(name: "act1", type: .relu, inputs: ["conv1"]),
-                LayerSpec(name: "conv2", type: .conv2d, inputs: ["act1"], units: 6, useBias: false, kernelSize: [3, 3], padding: .explicit(height: 1, width: 1)),
+                LayerSpec(
+                    name: "conv2", type: .conv2d, inputs: ["act1"], units: 6, useBias: false, kernelSize: [3, 3], padding: .explicit(height: 1, width: 1)),
                 LayerSpec(name: "pool", type: .maxPool2d, inputs: ["conv2"], kernelSize: [2, 2]),
                 LayerSpec(name: "drop", type: .dropout, inputs: ["pool"], rate: 0.25),
                 LayerSpec(name: "flat", type: .flatten, inputs: ["drop"]),
@@ -54,11 +55,12 @@ import Testing
         let model = try Model(spec: spec, seed: 3)
         #expect(model.outputShape == [1])
         #expect(model.shapes["features"] == [17])
-        #expect(model.parameterShapes == [
-            "chasEmbedding.weight": [2, 2], "radEmbedding.weight": [9, 5],
-            "dense1.weight": [64, 17], "dense1.bias": [64], "dense2.weight": [32, 64], "dense2.bias": [32],
-            "out.weight": [1, 32], "out.bias": [1],
-        ])
+        #expect(
+            model.parameterShapes == [
+                "chasEmbedding.weight": [2, 2], "radEmbedding.weight": [9, 5],
+                "dense1.weight": [64, 17], "dense1.bias": [64], "dense2.weight": [32, 64], "dense2.bias": [32],
+                "out.weight": [1, 32], "out.bias": [1],
+            ])
         #expect(model.trainableParameterNames == ["dense1.bias", "dense1.weight", "dense2.bias", "dense2.weight", "out.bias", "out.weight"])
         // The spec the model gives back rebuilds the same architecture, with inferred sizes filled in.
         let again = try Model(spec: try ModelSpec.decode(json: try model.spec.jsonData()), seed: 3)
@@ -72,7 +74,10 @@ import Testing
         let dsl = try Fixtures.housingModel(seed: 7)
         let classic = try Model(
             name: "housing",
-            inputs: [InputSpec(name: "numeric", shape: [10]), InputSpec(name: "chas", shape: [1], categorical: true), InputSpec(name: "rad", shape: [1], categorical: true)],
+            inputs: [
+                InputSpec(name: "numeric", shape: [10]), InputSpec(name: "chas", shape: [1], categorical: true),
+                InputSpec(name: "rad", shape: [1], categorical: true),
+            ],
             layers: [
                 Embedding(vocabularySize: 2, embeddingSize: 2, name: "chasEmbedding", inputs: ["chas"], frozen: true),
                 Embedding(vocabularySize: 9, embeddingSize: 5, name: "radEmbedding", inputs: ["rad"], frozen: true),
@@ -89,20 +94,34 @@ import Testing
     }
 
     @Test func inferenceMatchesAHandComputedDenseLayer() throws {
-        let model = try Model(name: "tiny", inputs: [InputSpec(name: "x", shape: [2])], layers: [
-            Dense(weight: Tensor(rows: [[1, 2], [-1, 0.5]]), bias: Tensor(shape: [2], scalars: [0.5, -1])),
-            ReLU(),
-        ])
+        let model = try Model(
+            name: "tiny", inputs: [InputSpec(name: "x", shape: [2])],
+            layers: [
+                Dense(weight: Tensor(rows: [[1, 2], [-1, 0.5]]), bias: Tensor(shape: [2], scalars: [0.5, -1])),
+                ReLU(),
+            ])
         let y = try model(Tensor(rows: [[1, 1], [2, -2]]))
         // Row 1: [1+2+0.5, -1+0.5-1] = [3.5, -1.5] → relu [3.5, 0]; row 2: [2-4+0.5, -2-1-1] → [0, 0].
         #expect(y.scalars == [3.5, 0, 0, 0])
     }
 
     @Test(arguments: [
-        ("{\"format_version\":2,\"name\":\"m\",\"inputs\":[{\"name\":\"x\",\"shape\":[4],\"categorical\":false}],\"layers\":[{\"name\":\"d\",\"type\":\"dense\",\"inputs\":[\"x\"]}],\"output\":\"d\"}", "needs 'units'"),
-        ("{\"format_version\":2,\"name\":\"m\",\"inputs\":[{\"name\":\"x\",\"shape\":[4],\"categorical\":false}],\"layers\":[{\"name\":\"e\",\"type\":\"embedding\",\"inputs\":[\"x\"],\"vocabulary_size\":3,\"embedding_size\":2}],\"output\":\"e\"}", "not categorical"),
-        ("{\"format_version\":2,\"name\":\"m\",\"inputs\":[{\"name\":\"x\",\"shape\":[2,3],\"categorical\":false}],\"layers\":[{\"name\":\"d\",\"type\":\"dense\",\"inputs\":[\"x\"],\"units\":2}],\"output\":\"d\"}", "flatten"),
-        ("{\"format_version\":2,\"name\":\"m\",\"inputs\":[{\"name\":\"x\",\"shape\":[1,4,4],\"categorical\":false}],\"layers\":[{\"name\":\"c\",\"type\":\"conv2d\",\"inputs\":[\"x\"],\"units\":2,\"kernel_size\":[5,5]}],\"output\":\"c\"}", "does not fit"),
+        (
+            "{\"format_version\":2,\"name\":\"m\",\"inputs\":[{\"name\":\"x\",\"shape\":[4],\"categorical\":false}],\"layers\":[{\"name\":\"d\",\"type\":\"dense\",\"inputs\":[\"x\"]}],\"output\":\"d\"}",
+            "needs 'units'"
+        ),
+        (
+            "{\"format_version\":2,\"name\":\"m\",\"inputs\":[{\"name\":\"x\",\"shape\":[4],\"categorical\":false}],\"layers\":[{\"name\":\"e\",\"type\":\"embedding\",\"inputs\":[\"x\"],\"vocabulary_size\":3,\"embedding_size\":2}],\"output\":\"e\"}",
+            "not categorical"
+        ),
+        (
+            "{\"format_version\":2,\"name\":\"m\",\"inputs\":[{\"name\":\"x\",\"shape\":[2,3],\"categorical\":false}],\"layers\":[{\"name\":\"d\",\"type\":\"dense\",\"inputs\":[\"x\"],\"units\":2}],\"output\":\"d\"}",
+            "flatten"
+        ),
+        (
+            "{\"format_version\":2,\"name\":\"m\",\"inputs\":[{\"name\":\"x\",\"shape\":[1,4,4],\"categorical\":false}],\"layers\":[{\"name\":\"c\",\"type\":\"conv2d\",\"inputs\":[\"x\"],\"units\":2,\"kernel_size\":[5,5]}],\"output\":\"c\"}",
+            "does not fit"
+        ),
     ])
     func invalidArchitecturesFailWithAClearMessage(json: String, fragment: String) throws {
         let spec = try ModelSpec.decode(json: Data(json.utf8))
@@ -112,10 +131,12 @@ import Testing
     }
 
     @Test func unknownLayerTypesAreRefusedByTheSpecAndTheEngine() throws {
-        let json = "{\"format_version\":2,\"name\":\"m\",\"inputs\":[{\"name\":\"x\",\"shape\":[4],\"categorical\":false}],\"layers\":[{\"name\":\"q\",\"type\":\"quantum\",\"inputs\":[\"x\"]}],\"output\":\"q\"}"
+        let json =
+            "{\"format_version\":2,\"name\":\"m\",\"inputs\":[{\"name\":\"x\",\"shape\":[4],\"categorical\":false}],\"layers\":[{\"name\":\"q\",\"type\":\"quantum\",\"inputs\":[\"x\"]}],\"output\":\"q\"}"
         let decodeError = #expect(throws: FormatError.self) { try ModelSpec.decode(json: Data(json.utf8)) }
         #expect(decodeError?.message.contains("layer 'q' has unknown type 'quantum'") == true)
-        let spec = ModelSpec(name: "m", inputs: [InputSpec(name: "x", shape: [4])], layers: [LayerSpec(name: "q", type: LayerType(rawValue: "quantum"), inputs: ["x"])])
+        let spec = ModelSpec(
+            name: "m", inputs: [InputSpec(name: "x", shape: [4])], layers: [LayerSpec(name: "q", type: LayerType(rawValue: "quantum"), inputs: ["x"])])
         let engineError = #expect(throws: EngineError.self) { try Model(spec: spec) }
         #expect(engineError?.message.contains("unknown type") == true)
     }

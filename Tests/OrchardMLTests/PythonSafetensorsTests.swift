@@ -50,17 +50,17 @@ struct PythonSafetensorsTests {
         try state.write(to: stateURL)
 
         let script = """
-        import json, sys
-        from safetensors.numpy import load_file
-        from safetensors import safe_open
-        out = {}
-        for path in sys.argv[1:]:
-            tensors = load_file(path)
-            with safe_open(path, framework="numpy") as f:
-                meta = f.metadata()
-            out[path] = {"tensors": {k: {"dtype": str(v.dtype), "shape": list(v.shape), "sum": float(v.astype("float64").sum()), "first": float(v.flat[0])} for k, v in tensors.items()}, "meta": meta}
-        print(json.dumps(out))
-        """
+            import json, sys
+            from safetensors.numpy import load_file
+            from safetensors import safe_open
+            out = {}
+            for path in sys.argv[1:]:
+                tensors = load_file(path)
+                with safe_open(path, framework="numpy") as f:
+                    meta = f.metadata()
+                out[path] = {"tensors": {k: {"dtype": str(v.dtype), "shape": list(v.shape), "sum": float(v.astype("float64").sum()), "first": float(v.flat[0])} for k, v in tensors.items()}, "meta": meta}
+            print(json.dumps(out))
+            """
         let text = try Self.python(script, [weights.path, stateURL.path])
         let parsed = try #require(try JSONSerialization.jsonObject(with: Data(text.utf8)) as? [String: [String: Any]])
         let weightInfo = try #require(parsed[weights.path]?["tensors"] as? [String: [String: Any]])
@@ -92,16 +92,16 @@ struct PythonSafetensorsTests {
         let shapes = try JSONSerialization.data(withJSONObject: model.parameterShapes)
         // Each tensor holds 0.5 · (its flat index) + (its position in name order).
         let script = """
-        import json, sys
-        import numpy as np
-        from safetensors.numpy import save_file
-        shapes = json.loads(sys.argv[2])
-        tensors = {}
-        for i, name in enumerate(sorted(shapes)):
-            n = int(np.prod(shapes[name]))
-            tensors[name] = (np.arange(n, dtype=np.float32) * 0.5 + i).reshape(shapes[name])
-        save_file(tensors, sys.argv[1], metadata={"format": "np"})
-        """
+            import json, sys
+            import numpy as np
+            from safetensors.numpy import save_file
+            shapes = json.loads(sys.argv[2])
+            tensors = {}
+            for i, name in enumerate(sorted(shapes)):
+                n = int(np.prod(shapes[name]))
+                tensors[name] = (np.arange(n, dtype=np.float32) * 0.5 + i).reshape(shapes[name])
+            save_file(tensors, sys.argv[1], metadata={"format": "np"})
+            """
         _ = try Self.python(script, [url.path, String(decoding: shapes, as: UTF8.self)])
         try model.readWeights(from: url)
         for (i, name) in model.parameterNames.enumerated() {
@@ -110,11 +110,12 @@ struct PythonSafetensorsTests {
         }
         // A float64 file is refused with a clear error.
         let wrong = directory.appendingPathComponent("f64.safetensors")
-        _ = try Self.python("""
-        import sys, numpy as np
-        from safetensors.numpy import save_file
-        save_file({"dense3.bias": np.zeros([1], dtype=np.float64)}, sys.argv[1])
-        """, [wrong.path])
+        _ = try Self.python(
+            """
+            import sys, numpy as np
+            from safetensors.numpy import save_file
+            save_file({"dense3.bias": np.zeros([1], dtype=np.float64)}, sys.argv[1])
+            """, [wrong.path])
         let error = #expect(throws: EngineError.self) { try model.readWeights(from: wrong) }
         #expect(error?.code == .incompatibleCheckpoint)
     }

@@ -80,9 +80,11 @@ enum Fixtures {
             Softmax()
         }
         let data = try Fixtures.xor()
-        let trainer = try Trainer(model: model, configuration: TrainingConfiguration(
-            loss: .crossEntropy, optimizer: .adam(learningRate: 0.05), epochs: 300, batchSize: 4, seed: 1
-        ))
+        let trainer = try Trainer(
+            model: model,
+            configuration: TrainingConfiguration(
+                loss: .crossEntropy, optimizer: .adam(learningRate: 0.05), epochs: 300, batchSize: 4, seed: 1
+            ))
         guard case .completed(let report) = try trainer.train(on: data) else {
             Issue.record("training was interrupted")
             return
@@ -98,9 +100,11 @@ enum Fixtures {
     @Test func linearRegressionRecoversItsCoefficientsWithMomentumSGD() throws {
         let model = try Model(name: "linear", inputShape: [3], seed: 2) { Dense(units: 1) }
         let data = try Fixtures.linear()
-        let trainer = try Trainer(model: model, configuration: TrainingConfiguration(
-            loss: .meanSquaredError, optimizer: .sgd(learningRate: 0.05, momentum: 0.9), epochs: 60, batchSize: 16, seed: 4
-        ))
+        let trainer = try Trainer(
+            model: model,
+            configuration: TrainingConfiguration(
+                loss: .meanSquaredError, optimizer: .sgd(learningRate: 0.05, momentum: 0.9), epochs: 60, batchSize: 16, seed: 4
+            ))
         let trained = try trainer.train(on: data).model
         let w = try #require(trained.parameter("dense1.weight"))
         let b = try #require(trained.parameter("dense1.bias"))
@@ -114,9 +118,11 @@ enum Fixtures {
         let model = try Fixtures.housingModel()
         let data = try Fixtures.housingData()
         let before = try model.rootMeanSquaredError(on: data)
-        let trainer = try Trainer(model: model, configuration: TrainingConfiguration(
-            loss: .meanSquaredError, optimizer: .adam(learningRate: 0.01), epochs: 40, batchSize: 16, seed: 9
-        ))
+        let trainer = try Trainer(
+            model: model,
+            configuration: TrainingConfiguration(
+                loss: .meanSquaredError, optimizer: .adam(learningRate: 0.01), epochs: 40, batchSize: 16, seed: 9
+            ))
         let trained = try trainer.train(on: data).model
         #expect(try trained.rootMeanSquaredError(on: data) < before / 3)
         #expect(trained.parameter("chasEmbedding.weight") == model.parameter("chasEmbedding.weight"))
@@ -136,12 +142,15 @@ enum Fixtures {
     @Test func fixedSeedGivesBitIdenticalWeights() throws {
         func run() throws -> [Float] {
             let model = try Fixtures.housingModel(seed: 21)
-            let trainer = try Trainer(model: model, configuration: TrainingConfiguration(optimizer: .sgd(learningRate: 0.01, momentum: 0.9), epochs: 3, batchSize: 10, seed: 8))
+            let trainer = try Trainer(
+                model: model, configuration: TrainingConfiguration(optimizer: .sgd(learningRate: 0.01, momentum: 0.9), epochs: 3, batchSize: 10, seed: 8))
             return try trainer.train(on: try Fixtures.housingData()).model.flatParameters()
         }
         let a = try run(), b = try run()
         #expect(a.map(\.bitPattern) == b.map(\.bitPattern))
-        let other = try Trainer(model: try Fixtures.housingModel(seed: 21), configuration: TrainingConfiguration(optimizer: .sgd(learningRate: 0.01, momentum: 0.9), epochs: 3, batchSize: 10, seed: 9))
+        let other = try Trainer(
+            model: try Fixtures.housingModel(seed: 21),
+            configuration: TrainingConfiguration(optimizer: .sgd(learningRate: 0.01, momentum: 0.9), epochs: 3, batchSize: 10, seed: 9))
         #expect(try other.train(on: try Fixtures.housingData()).model.flatParameters() != a)
     }
 
@@ -201,9 +210,11 @@ enum Fixtures {
         let model = try Self.model(frozenEmbeddings: frozenEmbeddings)
         let data = try Fixtures.housingData(count: 44)
         let batch = 8, rate: Float = 0.05
-        let trainer = try Trainer(model: model, configuration: TrainingConfiguration(
-            loss: .meanSquaredError, optimizer: .sgd(learningRate: Double(rate)), epochs: 2, batchSize: batch, shuffle: false
-        ))
+        let trainer = try Trainer(
+            model: model,
+            configuration: TrainingConfiguration(
+                loss: .meanSquaredError, optimizer: .sgd(learningRate: Double(rate)), epochs: 2, batchSize: batch, shuffle: false
+            ))
         let trained = try trainer.train(on: data).model.flatParameters()
 
         let plan = try CompiledModel(model: model, batchCapacity: batch, loss: .meanSquaredError)
@@ -216,14 +227,17 @@ enum Fixtures {
                     var values = [Float](repeating: 0, count: samples.count * spec.elementCount)
                     values.withUnsafeMutableBufferPointer { buffer in
                         for (row, sample) in samples.enumerated() {
-                            data.copyInput(i, of: sample, into: UnsafeMutableBufferPointer(rebasing: buffer[(row * spec.elementCount)..<((row + 1) * spec.elementCount)]))
+                            data.copyInput(
+                                i, of: sample, into: UnsafeMutableBufferPointer(rebasing: buffer[(row * spec.elementCount)..<((row + 1) * spec.elementCount)]))
                         }
                     }
                     inputs[spec.name] = Tensor(shape: [samples.count] + spec.shape, scalars: values)
                 }
                 var targets = [Float](repeating: 0, count: samples.count)
                 targets.withUnsafeMutableBufferPointer { buffer in
-                    for (row, sample) in samples.enumerated() { data.copyTarget(of: sample, into: UnsafeMutableBufferPointer(rebasing: buffer[row..<(row + 1)])) }
+                    for (row, sample) in samples.enumerated() {
+                        data.copyTarget(of: sample, into: UnsafeMutableBufferPointer(rebasing: buffer[row..<(row + 1)]))
+                    }
                 }
                 try plan.setFlatParameters(weights)
                 _ = try plan.computeGradients(inputs: inputs, targets: Tensor(shape: [samples.count, 1], scalars: targets))

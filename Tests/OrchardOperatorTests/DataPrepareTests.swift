@@ -15,7 +15,9 @@ import Testing
         let spec = ModelSpec(
             name: "device", inputs: [InputSpec(name: "numeric", shape: [2]), InputSpec(name: "c", shape: [1], categorical: true)],
             layers: [
-                LayerSpec(name: "c_embedding", type: .embedding, inputs: ["c"], frozen: true, vocabularySize: try preprocessor.vocabularySize(of: "c"), embeddingSize: 2),
+                LayerSpec(
+                    name: "c_embedding", type: .embedding, inputs: ["c"], frozen: true, vocabularySize: try preprocessor.vocabularySize(of: "c"),
+                    embeddingSize: 2),
                 LayerSpec(name: "features", type: .concat, inputs: ["numeric", "c_embedding"]),
                 LayerSpec(name: "output", type: .dense, inputs: ["features"], units: 1),
             ]

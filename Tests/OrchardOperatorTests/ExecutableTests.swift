@@ -19,7 +19,9 @@ import Testing
         let server = ["--server", coordinator.url]
 
         let created = try await Run.orchard(
-            ["process", "create"] + server + ["--name", "small", "--version", "1.0", "--model", model, "--weights", weights, "--goal", "3", "--batch-size", "16", "--json"],
+            ["process", "create"] + server + [
+                "--name", "small", "--version", "1.0", "--model", model, "--weights", weights, "--goal", "3", "--batch-size", "16", "--json",
+            ],
             environment: token, in: files.url
         )
         #expect(created.status == 0, "\(created.error)")
@@ -43,7 +45,8 @@ import Testing
         let fetched = try await Run.orchard(["process", "checkpoint", id, "latest", "-o", out] + server, environment: token, in: files.url)
         #expect(fetched.status == 0, "\(fetched.error)")
         #expect(fetched.output.hasPrefix("wrote checkpoint 0 of \(id) to \(out) ("))
-        #expect(try Safetensors.decode([UInt8](try Data(contentsOf: URL(fileURLWithPath: out)))).tensors.map(\.name) == SmallModel.spec().parameters().map(\.name))
+        #expect(
+            try Safetensors.decode([UInt8](try Data(contentsOf: URL(fileURLWithPath: out)))).tensors.map(\.name) == SmallModel.spec().parameters().map(\.name))
 
         let deleted = try await Run.orchard(["process", "delete", id] + server, environment: token, in: files.url)
         #expect(deleted.status == 0 && deleted.output == "deleted \(id)\n")
@@ -64,11 +67,13 @@ import Testing
 
         let refused = try await Run.orchard(["process", "list", "--admin-token-file", wrongToken] + server, in: files.url)
         #expect(refused.status == 1)
-        #expect(refused.errorLines == [
-            "error: unauthorized: the admin token was refused by \(coordinator.url) (admin token required); check ORCHARD_ADMIN_TOKEN or --admin-token-file",
-        ])
+        #expect(
+            refused.errorLines == [
+                "error: unauthorized: the admin token was refused by \(coordinator.url) (admin token required); check ORCHARD_ADMIN_TOKEN or --admin-token-file"
+            ])
 
-        let both = try await Run.orchard(["process", "list", "--admin-token-file", wrongToken] + server, environment: ["ORCHARD_ADMIN_TOKEN": "x"], in: files.url)
+        let both = try await Run.orchard(
+            ["process", "list", "--admin-token-file", wrongToken] + server, environment: ["ORCHARD_ADMIN_TOKEN": "x"], in: files.url)
         #expect(both.errorLines == ["error: unauthorized: the admin token is given 2 ways (--admin-token-file, ORCHARD_ADMIN_TOKEN); give it one way"])
 
         let mismatch = try await Run.orchard(
@@ -77,12 +82,17 @@ import Testing
         )
         #expect(mismatch.status == 1)
         #expect(mismatch.errorLines.count == 1)
-        #expect(mismatch.errorLines.first?.hasPrefix("error: invalid_weights: --weights '\(weights)' does not match the model 'small': weight 'dense1.bias' has shape [5]") == true, "\(mismatch.error)")
+        #expect(
+            mismatch.errorLines.first?.hasPrefix(
+                "error: invalid_weights: --weights '\(weights)' does not match the model 'small': weight 'dense1.bias' has shape [5]") == true,
+            "\(mismatch.error)")
 
-        let unreachable = try await Run.orchard(["process", "list", "--server", "http://127.0.0.1:1"], environment: ["ORCHARD_ADMIN_TOKEN": "t"], in: files.url)
-        #expect(unreachable.errorLines == [
-            "error: unreachable: cannot reach the coordinator at http://127.0.0.1:1 (connection refused); check that `orchard serve` is running there and --server is right",
-        ])
+        let unreachable = try await Run.orchard(
+            ["process", "list", "--server", "http://127.0.0.1:1"], environment: ["ORCHARD_ADMIN_TOKEN": "t"], in: files.url)
+        #expect(
+            unreachable.errorLines == [
+                "error: unreachable: cannot reach the coordinator at http://127.0.0.1:1 (connection refused); check that `orchard serve` is running there and --server is right"
+            ])
         await coordinator.stop()
     }
 
@@ -104,7 +114,10 @@ import Testing
 
         let missingTarget = try await Run.orchard(["data", "prepare", "--model", spec.path, "--csv", csv, "-o", out], in: files.url)
         #expect(missingTarget.status == 1)
-        #expect(missingTarget.errorLines == ["error: unknown_column: --csv '\(csv)': no column 'y' (columns: note, price, c, b, a); name the target column with --target"])
+        #expect(
+            missingTarget.errorLines == [
+                "error: unknown_column: --csv '\(csv)': no column 'y' (columns: note, price, c, b, a); name the target column with --target"
+            ])
 
         let badValue = try files.write("bad.csv", "y,c,b,a\n5,3,12,2\n6,1,x,5\n")
         let bad = try await Run.orchard(["data", "prepare", "--model", spec.path, "--csv", badValue, "-o", out], in: files.url)

@@ -111,7 +111,8 @@ import Testing
         defer { files.remove() }
         let certificates = try TestCertificates.make()
         let instance = try await CoordinatorInstance.open(database: files.path("c.sqlite"), configuration: CoordinatorConfiguration(adminToken: "t"))
-        let tls = try CoordinatorTLS(certificateChainPEM: Array(certificates.serverCertificatePEM.utf8), privateKeyPEM: Array(certificates.serverPrivateKeyPEM.utf8))
+        let tls = try CoordinatorTLS(
+            certificateChainPEM: Array(certificates.serverCertificatePEM.utf8), privateKeyPEM: Array(certificates.serverPrivateKeyPEM.utf8))
         let server = try await instance.serve(tls: tls)
         let url = "https://127.0.0.1:\(server.port)"
         let ca = try files.write("ca.pem", certificates.caCertificatePEM)
@@ -156,7 +157,9 @@ import Testing
         #expect(error?.description.hasPrefix("invalid_model: --model '\(path)' is not valid JSON: line 3, column 11: ") == true, "\(String(describing: error))")
         let config = try files.write("server.json", "{\"goal_count\": 3 \"cycles\": 2}")
         let configError = #expect(throws: OperatorError.self) { try ProcessFiles.serverConfig(at: config) }
-        #expect(configError?.description.hasPrefix("invalid_configuration: --server-config '\(config)' is not valid JSON: line 1, column ") == true, "\(String(describing: configError))")
+        #expect(
+            configError?.description.hasPrefix("invalid_configuration: --server-config '\(config)' is not valid JSON: line 1, column ") == true,
+            "\(String(describing: configError))")
     }
 
     @Test func anUnknownLayerTypeIsNamed() throws {

@@ -65,7 +65,8 @@ struct LoopbackCoordinator {
 
     static func start() async throws -> LoopbackCoordinator {
         let directory = try TemporaryDirectory()
-        let instance = try await CoordinatorInstance.open(database: directory.path("coordinator.sqlite"), configuration: CoordinatorConfiguration(adminToken: token))
+        let instance = try await CoordinatorInstance.open(
+            database: directory.path("coordinator.sqlite"), configuration: CoordinatorConfiguration(adminToken: token))
         let server = try await instance.serve(port: 0)
         return LoopbackCoordinator(instance: instance, server: server, directory: directory)
     }

@@ -14,21 +14,24 @@ import Testing
         ProcessStatus(
             processID: "p_0123456789abcdef", name: "housing", version: SemanticVersion(1, 2), state: state, latestCheckpoint: 3,
             checkpoints: [1, 2, 3], cyclesCompleted: 3, cyclesAbandoned: 1,
-            currentCycle: state == .completed ? nil : CycleStatus(
-                number: 5, checkpoint: 3, openedAt: now.timeIntervalSince1970 - 100, deadline: now.timeIntervalSince1970 + 252,
-                assigned: 40, reported: reported, goal: 100, capacity: 130
-            ),
+            currentCycle: state == .completed
+                ? nil
+                : CycleStatus(
+                    number: 5, checkpoint: 3, openedAt: now.timeIntervalSince1970 - 100, deadline: now.timeIntervalSince1970 + 252,
+                    assigned: 40, reported: reported, goal: 100, capacity: 130
+                ),
             clientConfig: ClientConfig(), serverConfig: ServerConfig(cycles: cycles, goalCount: 100)
         )
     }
 
     @Test func aTerminalFrameHasTheCycleTheCountsTheCountdownAndABar() {
         let lines = WatchFrame.lines(Self.status(), now: Self.now, style: .terminal(width: 120))
-        #expect(lines == [
-            "housing 1.2.0 (p_0123456789abcdef)  running  checkpoint 3  cycles 3/10 done, 1 abandoned",
-            "cycle 5  assigned 40/130  reported 17/100  deadline in 4m 12s",
-            "[█████░░░░░░░░░░░░░░░░░░░░░░░░░]  17% of goal",
-        ])
+        #expect(
+            lines == [
+                "housing 1.2.0 (p_0123456789abcdef)  running  checkpoint 3  cycles 3/10 done, 1 abandoned",
+                "cycle 5  assigned 40/130  reported 17/100  deadline in 4m 12s",
+                "[█████░░░░░░░░░░░░░░░░░░░░░░░░░]  17% of goal",
+            ])
         // Cut to the terminal's width, so a redraw moves up exactly one row per line.
         let narrow = WatchFrame.lines(Self.status(), now: Self.now, style: .terminal(width: 40))
         #expect(narrow.allSatisfy { $0.count < 40 })
@@ -36,12 +39,14 @@ import Testing
     }
 
     @Test func aPlainFrameIsOneLineStartingWithTheTime() {
-        #expect(WatchFrame.lines(Self.status(), now: Self.now, style: .plain) == [
-            "2023-11-14T22:13:20Z p_0123456789abcdef running cycle 5/10: assigned 40/130, reported 17/100, deadline in 4m 12s, checkpoint 3",
-        ])
-        #expect(WatchFrame.lines(Self.status(state: .completed), now: Self.now, style: .plain) == [
-            "2023-11-14T22:13:20Z p_0123456789abcdef completed: checkpoint 3, 3 cycles completed, 1 abandoned",
-        ])
+        #expect(
+            WatchFrame.lines(Self.status(), now: Self.now, style: .plain) == [
+                "2023-11-14T22:13:20Z p_0123456789abcdef running cycle 5/10: assigned 40/130, reported 17/100, deadline in 4m 12s, checkpoint 3"
+            ])
+        #expect(
+            WatchFrame.lines(Self.status(state: .completed), now: Self.now, style: .plain) == [
+                "2023-11-14T22:13:20Z p_0123456789abcdef completed: checkpoint 3, 3 cycles completed, 1 abandoned"
+            ])
         let late = Self.now.addingTimeInterval(300)
         #expect(WatchFrame.lines(Self.status(), now: late, style: .plain)[0].contains("deadline passed 48s ago"))
     }
@@ -83,12 +88,15 @@ import Testing
         var shown = 0
         let ending = try await ProcessWatcher.run(interval: .seconds(5), once: true, clock: clock) { () throws(OperatorError) in
             Self.status()
-        } show: { _, _ in shown += 1 }
+        } show: { _, _ in
+            shown += 1
+        }
         #expect(ending == .once && shown == 1 && clock.sleeps.isEmpty)
         let error = await #expect(throws: OperatorError.self) {
             try await ProcessWatcher.run(interval: .seconds(1), clock: clock) { () throws(OperatorError) in
                 throw OperatorError(.unreachable, "gone")
-            } show: { _, _ in }
+            } show: { _, _ in
+            }
         }
         #expect(error?.description == "unreachable: gone")
     }
@@ -96,7 +104,10 @@ import Testing
     @Test func cancellingTheTaskEndsTheLoop() async throws {
         let clock = RecordingClock { _ in try await Task.sleep(for: .seconds(60)) }
         let task = Task {
-            try await ProcessWatcher.run(interval: .seconds(1), clock: clock) { () throws(OperatorError) in Self.status() } show: { _, _ in }
+            try await ProcessWatcher.run(interval: .seconds(1), clock: clock) { () throws(OperatorError) in
+                Self.status()
+            } show: { _, _ in
+            }
         }
         try await Task.sleep(for: .milliseconds(50))
         task.cancel()

@@ -5,14 +5,17 @@ import Testing
 @Suite("Wire 2.1: speed-test sizes, rate limits and worker caps")
 struct AbuseLimitsProtocolTests {
     @Test func theAuthenticateAnswerCarriesSpeedTestSizesOnlyWhenSetAndDecodesWithout() throws {
-        let gated = AuthenticateResponse(workerID: "w", sessionToken: "t", expiresIn: 60, requiresSpeedTest: true, speedTestDownloadBytes: 1000, speedTestUploadBytes: 500)
+        let gated = AuthenticateResponse(
+            workerID: "w", sessionToken: "t", expiresIn: 60, requiresSpeedTest: true, speedTestDownloadBytes: 1000, speedTestUploadBytes: 500)
         let object = try JSONSerialization.jsonObject(with: WireCoding.encoder().encode(gated)) as? [String: Any]
         #expect(object?["speed_test_download_bytes"] as? Int == 1000 && object?["speed_test_upload_bytes"] as? Int == 500)
         let plain = AuthenticateResponse(workerID: "w", sessionToken: "t", expiresIn: 60, requiresSpeedTest: false)
         let keys = try JSONSerialization.jsonObject(with: WireCoding.encoder().encode(plain)) as? [String: Any]
         #expect(keys?["speed_test_download_bytes"] == nil && keys?["speed_test_upload_bytes"] == nil)
         // A 2.0 coordinator's answer has no sizes.
-        let old = try WireCoding.decoder().decode(AuthenticateResponse.self, from: Data(#"{"worker_id":"w","session_token":"t","expires_in":60,"requires_speed_test":true,"protocol_version":"2.0.0"}"#.utf8))
+        let old = try WireCoding.decoder().decode(
+            AuthenticateResponse.self,
+            from: Data(#"{"worker_id":"w","session_token":"t","expires_in":60,"requires_speed_test":true,"protocol_version":"2.0.0"}"#.utf8))
         #expect(old.speedTestDownloadBytes == nil && old.speedTestUploadBytes == nil)
         #expect(WireProtocol.isCompatible(old.protocolVersion))
     }

@@ -8,7 +8,8 @@ import Testing
 /// The check-in read without `JSONDecoder` (`CycleRequest.directDecode`): where it answers, it answers what the
 /// strict decoder does; everything it does not handle is left to that decoder.
 @Suite(.shrinking(false)) struct DirectDecodeTests {
-    static let valid = CycleRequest(workerID: "w_0123456789abcdef01234567", processName: "tiny", processVersion: SemanticVersion(1, 2), downloadMbps: 10.5, uploadMbps: 2)
+    static let valid = CycleRequest(
+        workerID: "w_0123456789abcdef01234567", processName: "tiny", processVersion: SemanticVersion(1, 2), downloadMbps: 10.5, uploadMbps: 2)
 
     func direct(_ text: String) -> CycleRequest? {
         Array(text.utf8).withUnsafeBytes { CycleRequest.directDecode($0) }
@@ -37,10 +38,13 @@ import Testing
     }
 
     @Test func whitespaceAndKeyOrderDoNotMatter() {
-        let text = " {\n\t\"process_version\" : \"1.2.0\" ,\"process_name\":\"tiny\",\r\n \"upload_mbps\":2E0, \"worker_id\":\"w_0123456789abcdef01234567\",\"download_mbps\":1.05e1 } \n"
+        let text =
+            " {\n\t\"process_version\" : \"1.2.0\" ,\"process_name\":\"tiny\",\r\n \"upload_mbps\":2E0, \"worker_id\":\"w_0123456789abcdef01234567\",\"download_mbps\":1.05e1 } \n"
         #expect(direct(text) == Self.valid)
         #expect(strict(Array(text.utf8)) == Self.valid)
-        #expect(direct(#"{"worker_id":"w","process_name":"p","process_version":"1"}"#) == CycleRequest(workerID: "w", processName: "p", processVersion: SemanticVersion(1)))
+        #expect(
+            direct(#"{"worker_id":"w","process_name":"p","process_version":"1"}"#)
+                == CycleRequest(workerID: "w", processName: "p", processVersion: SemanticVersion(1)))
     }
 
     @Test(arguments: [
@@ -69,7 +73,9 @@ import Testing
         let mutated = fuzzed { Fuzz.mutate(Self.template, edits: 3, using: &$0) }
         await propertyCheck(count: 500, input: mutated) { json in
             let bytes = Fuzz.json(json)
-            if let fast = bytes.withUnsafeBytes({ CycleRequest.directDecode($0) }) { #expect(fast == strict(bytes), "\(String(decoding: bytes, as: UTF8.self))") }
+            if let fast = bytes.withUnsafeBytes({ CycleRequest.directDecode($0) }) {
+                #expect(fast == strict(bytes), "\(String(decoding: bytes, as: UTF8.self))")
+            }
         }
         let arbitrary = fuzzed { Fuzz.bytes(maximum: 300, using: &$0) }
         await propertyCheck(count: 500, input: arbitrary) { bytes in

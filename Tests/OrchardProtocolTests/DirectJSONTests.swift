@@ -8,7 +8,9 @@ import Testing
 /// `JSONEncoder` writes — over seeded random answers with awkward strings and numbers.
 @Suite struct DirectJSONTests {
     static let strings = ["", "p_0123abcd", "a\"quote", "back\\slash", "tab\tnew\nline\r", "\u{01}\u{1F}", "ünïcødé 🌳", "</script>", "/slash"]
-    static let numbers: [Double] = [0, -0.0, 1, 600, 599.5, 0.1, 1e-5, 1e-300, 3.141592653589793, 1e15, 1e16, 1e20, -42.25, 123456789.123, Double.greatestFiniteMagnitude]
+    static let numbers: [Double] = [
+        0, -0.0, 1, 600, 599.5, 0.1, 1e-5, 1e-300, 3.141592653589793, 1e15, 1e16, 1e20, -42.25, 123456789.123, Double.greatestFiniteMagnitude,
+    ]
 
     func objects(_ bytes: [UInt8]) throws -> NSDictionary {
         try #require(try JSONSerialization.jsonObject(with: Data(bytes)) as? NSDictionary)
@@ -18,12 +20,15 @@ import Testing
         var random = SplitMix64(seed: 42)
         func pick<T>(_ values: [T]) -> T { values[Int(random.next() % UInt64(values.count))] }
         for round in 0..<400 {
-            let answer: CycleResponse = round % 3 == 0
+            let answer: CycleResponse =
+                round % 3 == 0
                 ? .rejected(CycleRejection(retryAfter: pick(Self.numbers), reason: pick(Self.strings)))
-                : .accepted(CycleAssignment(
-                    requestKey: pick(Self.strings), processID: pick(Self.strings), cycle: Int(random.next() % 1_000_000), checkpoint: Int(random.next() % 1000),
-                    modelID: pick(Self.strings), planID: pick(Self.strings), reportWithin: pick(Self.numbers)
-                ))
+                : .accepted(
+                    CycleAssignment(
+                        requestKey: pick(Self.strings), processID: pick(Self.strings), cycle: Int(random.next() % 1_000_000),
+                        checkpoint: Int(random.next() % 1000),
+                        modelID: pick(Self.strings), planID: pick(Self.strings), reportWithin: pick(Self.numbers)
+                    ))
             let direct = try #require(answer.directJSON())
             let encoded = Array(try WireCoding.encoder().encode(answer))
             #expect(try WireCoding.decoder().decode(CycleResponse.self, from: Data(direct)) == answer)

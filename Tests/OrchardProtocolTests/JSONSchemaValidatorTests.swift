@@ -6,20 +6,23 @@ import Testing
 /// The validator behind the OpenAPI conformance checks: each keyword accepts what it should and refuses what it
 /// should, and the document uses no keyword it does not understand.
 @Suite struct JSONSchemaValidatorTests {
-    let validator = JSONSchemaValidator(root: try! JSONValue.parse(Array(#"""
-    {"components": {"schemas": {
-        "Name": {"type": "string", "minLength": 1, "maxLength": 3, "pattern": "^[a-z]+$"},
-        "Thing": {"type": "object", "required": ["name"], "additionalProperties": false,
-                  "properties": {"name": {"$ref": "#/components/schemas/Name"}, "size": {"type": "integer", "minimum": 1, "maximum": 9},
-                                 "rate": {"type": "number", "minimum": 0, "exclusiveMinimum": true, "exclusiveMaximum": 1},
-                                 "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "minItems": 1, "maxItems": 2},
-                                 "note": {"type": "string", "nullable": true}}},
-        "Either": {"oneOf": [{"type": "string"}, {"type": "integer"}]},
-        "Loose": {"type": "object", "additionalProperties": {"type": "number"}},
-        "Any": {"anyOf": [{"type": "string"}, {"type": "number", "minimum": 5}]},
-        "Broken": {"$ref": "#/components/schemas/Nowhere"}
-    }}}
-    """#.utf8)))
+    let validator = JSONSchemaValidator(
+        root: try! JSONValue.parse(
+            Array(
+                #"""
+                {"components": {"schemas": {
+                    "Name": {"type": "string", "minLength": 1, "maxLength": 3, "pattern": "^[a-z]+$"},
+                    "Thing": {"type": "object", "required": ["name"], "additionalProperties": false,
+                              "properties": {"name": {"$ref": "#/components/schemas/Name"}, "size": {"type": "integer", "minimum": 1, "maximum": 9},
+                                             "rate": {"type": "number", "minimum": 0, "exclusiveMinimum": true, "exclusiveMaximum": 1},
+                                             "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "minItems": 1, "maxItems": 2},
+                                             "note": {"type": "string", "nullable": true}}},
+                    "Either": {"oneOf": [{"type": "string"}, {"type": "integer"}]},
+                    "Loose": {"type": "object", "additionalProperties": {"type": "number"}},
+                    "Any": {"anyOf": [{"type": "string"}, {"type": "number", "minimum": 5}]},
+                    "Broken": {"$ref": "#/components/schemas/Nowhere"}
+                }}}
+                """#.utf8)))
 
     private func problems(_ json: String, _ schema: String) -> [SchemaViolation] {
         validator.validate(try! JSONValue.parse(Array(json.utf8)), against: .object(["$ref": .string("#/components/schemas/\(schema)")]))

@@ -18,7 +18,8 @@ import Testing
         var random = SplitMix64(seed: 3)
         for count in [1, 2, 5, 1000, 199_211] {
             var request = Self.request
-            request.maskedInput = SecureAggregationMaskedInput(device: 1 + Int(random.next() % 1000), words: (0..<count).map { _ in UInt32(truncatingIfNeeded: random.next()) })
+            request.maskedInput = SecureAggregationMaskedInput(
+                device: 1 + Int(random.next() % 1000), words: (0..<count).map { _ in UInt32(truncatingIfNeeded: random.next()) })
             let body = MaskedInputEnvelope.encode(request)
             #expect(try MaskedInputEnvelope.decode(body) == request)
             // The words take 4 bytes each; the JSON form takes a third more in base64 alone.
@@ -39,7 +40,12 @@ import Testing
         let key = MaskedInputEnvelope.metadataKey
         let cases: [(String, [UInt8])] = [
             ("empty", []),
-            ("a report", ReportEnvelope.encode(diff: [TensorRecord(name: "masked_input", shape: [5], values: [0, 0, 0, 0, 0])], metadata: ReportMetadata(workerID: "w", requestKey: "k", sampleCount: 1))),
+            (
+                "a report",
+                ReportEnvelope.encode(
+                    diff: [TensorRecord(name: "masked_input", shape: [5], values: [0, 0, 0, 0, 0])],
+                    metadata: ReportMetadata(workerID: "w", requestKey: "k", sampleCount: 1))
+            ),
             ("F32", body([("masked_input", .float32, [words])], [key: header], bytes: words * 4)),
             ("I32", body([("masked_input", .int32, [words])], [key: header], bytes: words * 4)),
             ("rank 0", body([("masked_input", .uint32, [])], [key: header], bytes: 4)),

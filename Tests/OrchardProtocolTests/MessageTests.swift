@@ -88,9 +88,11 @@ private func roundTrip<T: Codable & Equatable>(_ value: T) throws -> T {
 
     @Test func hostRequestCarriesWeightsAsBase64() throws {
         let weights = Safetensors.encode([TensorRecord(name: "d.weight", shape: [1, 2], values: [1, 2])])
-        let model = ModelSpec(name: "m", inputs: [InputSpec(name: "x", shape: [2])], layers: [
-            LayerSpec(name: "d", type: .dense, inputs: ["x"], units: 1, inputSize: 2, useBias: false),
-        ])
+        let model = ModelSpec(
+            name: "m", inputs: [InputSpec(name: "x", shape: [2])],
+            layers: [
+                LayerSpec(name: "d", type: .dense, inputs: ["x"], units: 1, inputSize: 2, useBias: false)
+            ])
         let request = HostProcessRequest(name: "m", version: SemanticVersion(1), model: model, initialWeights: weights)
         let object = try json(request)
         #expect(object["initial_weights"] as? String == Data(weights).base64EncodedString())
@@ -114,7 +116,9 @@ private func roundTrip<T: Codable & Equatable>(_ value: T) throws -> T {
     }
 
     @Test func endpointPathsAreVersioned() {
-        for path in [Endpoint.authenticate, Endpoint.cycleRequest, Endpoint.report, Endpoint.processes, Endpoint.model("m"), Endpoint.checkpoint("p", "latest")] {
+        for path in [
+            Endpoint.authenticate, Endpoint.cycleRequest, Endpoint.report, Endpoint.processes, Endpoint.model("m"), Endpoint.checkpoint("p", "latest"),
+        ] {
             #expect(path.hasPrefix(WireProtocol.pathPrefix + "/"))
         }
     }

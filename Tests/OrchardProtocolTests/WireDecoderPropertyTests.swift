@@ -9,27 +9,38 @@ import Testing
 /// Arbitrary and mutated JSON through every wire message the coordinator decodes: a message decodes (and then
 /// survives an encode–decode round trip and its validation) or fails with a `DecodingError`, never anything else.
 @Suite(.shrinking(false)) struct WireDecoderPropertyTests {
-    static let authenticate = try! JSONValue.parse(WireCoding.encoder().encode(AuthenticateRequest(authToken: "a.b.c", processName: "tiny", processVersion: SemanticVersion(1))))
-    static let cycle = try! JSONValue.parse(WireCoding.encoder().encode(CycleRequest(workerID: "w_0123456789abcdef01234567", processName: "tiny", processVersion: SemanticVersion(1, 2), downloadMbps: 10, uploadMbps: 2)))
+    static let authenticate = try! JSONValue.parse(
+        WireCoding.encoder().encode(AuthenticateRequest(authToken: "a.b.c", processName: "tiny", processVersion: SemanticVersion(1))))
+    static let cycle = try! JSONValue.parse(
+        WireCoding.encoder().encode(
+            CycleRequest(workerID: "w_0123456789abcdef01234567", processName: "tiny", processVersion: SemanticVersion(1, 2), downloadMbps: 10, uploadMbps: 2)))
     static let host: JSONValue = {
-        let model = ModelSpec(name: "m", inputs: [InputSpec(name: "x", shape: [2])], layers: [LayerSpec(name: "d", type: .dense, inputs: ["x"], units: 1)],
-                              training: TrainingSpec(loss: .meanSquaredError))
+        let model = ModelSpec(
+            name: "m", inputs: [InputSpec(name: "x", shape: [2])], layers: [LayerSpec(name: "d", type: .dense, inputs: ["x"], units: 1)],
+            training: TrainingSpec(loss: .meanSquaredError))
         let request = HostProcessRequest(
             name: "tiny", version: SemanticVersion(1), model: model,
-            initialWeights: Safetensors.encode([TensorRecord(name: "d.weight", shape: [1, 2], values: [1, 2]), TensorRecord(name: "d.bias", shape: [1], values: [0])]),
+            initialWeights: Safetensors.encode([
+                TensorRecord(name: "d.weight", shape: [1, 2], values: [1, 2]), TensorRecord(name: "d.bias", shape: [1], values: [0]),
+            ]),
             clientConfig: ClientConfig(batchSize: 4, learningRate: 0.1, localEpochs: 1, maxUpdates: 3, extra: ["k": .string("v")]),
-            serverConfig: ServerConfig(minimumDownloadMbps: 1, authentication: .hs256(secret: String(repeating: "s", count: 32), issuer: "i", audience: "a"),
-                                       aggregator: AggregatorConfig(kind: .fedAdam), updateNormBound: 3, updateNormPolicy: .reject)
+            serverConfig: ServerConfig(
+                minimumDownloadMbps: 1, authentication: .hs256(secret: String(repeating: "s", count: 32), issuer: "i", audience: "a"),
+                aggregator: AggregatorConfig(kind: .fedAdam), updateNormBound: 3, updateNormPolicy: .reject)
         )
         return try! JSONValue.parse(WireCoding.encoder().encode(request))
     }()
-    static let metadata = try! JSONValue.parse(WireCoding.encoder().encode(ReportMetadata(workerID: "w_0123456789abcdef01234567", requestKey: "0123456789abcdef0123456789abcdef", sampleCount: 3, metrics: ["loss": 0.5])))
+    static let metadata = try! JSONValue.parse(
+        WireCoding.encoder().encode(
+            ReportMetadata(workerID: "w_0123456789abcdef01234567", requestKey: "0123456789abcdef0123456789abcdef", sampleCount: 3, metrics: ["loss": 0.5])))
 
     static func arbitrary() -> Generator<JSONValue, Shrink.None<JSONValue>> { fuzzed { Fuzz.value(depth: 4, using: &$0) } }
     static func mutated(_ valid: JSONValue) -> Generator<JSONValue, Shrink.None<JSONValue>> { fuzzed { Fuzz.mutate(valid, edits: 3, using: &$0) } }
 
     /// Decodes `json` as `T` with `decoder`: nil for a `DecodingError`; any other error is an issue.
-    private func decode<T: Codable & Hashable>(_ messageType: T.Type, _ json: JSONValue, _ decoder: JSONDecoder = WireCoding.decoder(), sourceLocation: SourceLocation = #_sourceLocation) -> T? {
+    private func decode<T: Codable & Hashable>(
+        _ messageType: T.Type, _ json: JSONValue, _ decoder: JSONDecoder = WireCoding.decoder(), sourceLocation: SourceLocation = #_sourceLocation
+    ) -> T? {
         do {
             let value = try decoder.decode(T.self, from: Data(Fuzz.json(json)))
             // What decodes re-encodes to something that decodes to the same value.
@@ -128,4 +139,3 @@ import Testing
         }
     }
 }
-

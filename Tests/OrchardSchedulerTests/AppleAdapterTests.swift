@@ -23,7 +23,8 @@ struct AppleAdapterTests {
         let refresh = try AppleBackgroundScheduler.systemRequest(for: .appRefresh("r", earliestBeginDate: begin))
         #expect(refresh is BGAppRefreshTaskRequest)
         #expect(refresh.earliestBeginDate == begin)
-        let processing = try #require(try AppleBackgroundScheduler.systemRequest(for: .processing("p", constraints: .powerAndNetwork)) as? BGProcessingTaskRequest)
+        let processing = try #require(
+            try AppleBackgroundScheduler.systemRequest(for: .processing("p", constraints: .powerAndNetwork)) as? BGProcessingTaskRequest)
         #expect(processing.requiresExternalPower)
         #expect(processing.requiresNetworkConnectivity)
         do {
@@ -33,7 +34,10 @@ struct AppleAdapterTests {
         #expect(throws: SchedulerError.self) {
             try AppleBackgroundScheduler.systemRequest(for: .processing("p", constraints: TaskConstraints(requiresBatteryNotLow: true)))
         }
-        #expect(try AppleBackgroundScheduler.systemRequest(for: .processing("p", constraints: TaskConstraints(requiresExternalPower: true, requiresDeviceIdle: true, requiresBatteryNotLow: true))) is BGProcessingTaskRequest)
+        #expect(
+            try AppleBackgroundScheduler.systemRequest(
+                for: .processing("p", constraints: TaskConstraints(requiresExternalPower: true, requiresDeviceIdle: true, requiresBatteryNotLow: true)))
+                is BGProcessingTaskRequest)
     }
 
     @Test func systemErrorsMapToSchedulerErrors() async throws {

@@ -48,7 +48,8 @@ import Testing
         // macOS/tvOS: no battery API. Before the first path: no network reading. UIKit's -1 level: unknown.
         let bare = AppleSystemReading(thermalPressure: .nominal, lowPowerMode: false).conditions
         #expect(bare.hasBattery == nil && bare.onExternalPower == nil && bare.networkConnected == nil)
-        #expect(rules.unmet(training, in: bare).map(\.description) == ["externalPower (unknown)", "networkConnectivity (unknown)", "unmeteredNetwork (unknown)"])
+        #expect(
+            rules.unmet(training, in: bare).map(\.description) == ["externalPower (unknown)", "networkConnectivity (unknown)", "unmeteredNetwork (unknown)"])
         let unknownBattery = AppleSystemReading(thermalPressure: .nominal, lowPowerMode: false, battery: .unknown, batteryLevel: -1).conditions
         #expect(unknownBattery.hasBattery == true && unknownBattery.onExternalPower == nil && unknownBattery.batteryLevel == nil)
     }
@@ -85,7 +86,8 @@ import Testing
             second = await provider.currentConditions()
         }
         #expect(second.networkInterfaceKind == .cellular && second.networkMetered == true)
-        #expect(Set(ConditionRules().unmet(training, in: second).map(\.description)) == ["externalPower", "unmeteredNetwork", "thermalHeadroom", "lowPowerMode"])
+        #expect(
+            Set(ConditionRules().unmet(training, in: second).map(\.description)) == ["externalPower", "unmeteredNetwork", "thermalHeadroom", "lowPowerMode"])
         SimulatedSystem.set(thermalState: .nominal, lowPowerMode: false)
     }
     #endif

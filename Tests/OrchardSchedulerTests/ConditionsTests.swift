@@ -7,7 +7,9 @@ struct ConditionRulesTests {
     let rules = ConditionRules()
 
     @Test func idealConditionsMeetEveryConstraint() {
-        let all = TaskConstraints(requiresExternalPower: true, requiresNetworkConnectivity: true, requiresUnmeteredNetwork: true, requiresDeviceIdle: true, requiresBatteryNotLow: true)
+        let all = TaskConstraints(
+            requiresExternalPower: true, requiresNetworkConnectivity: true, requiresUnmeteredNetwork: true, requiresDeviceIdle: true,
+            requiresBatteryNotLow: true)
         #expect(rules.unmet(all, in: .ideal).isEmpty)
     }
 

@@ -8,7 +8,9 @@ struct PolicyTests {
     let now = Date(timeIntervalSince1970: 1_700_000_000)
     let policy = SchedulingPolicy()
 
-    func candidate(_ id: String, priority: Int, waited: Double, runs: [Double] = [], lastRunAgo: Double = 0, expected: Double? = nil, limit: Double = 30) -> SchedulingPolicy.Candidate {
+    func candidate(_ id: String, priority: Int, waited: Double, runs: [Double] = [], lastRunAgo: Double = 0, expected: Double? = nil, limit: Double = 30)
+        -> SchedulingPolicy.Candidate
+    {
         var history: TaskHistory?
         if !runs.isEmpty {
             var h = TaskHistory(identifier: id)

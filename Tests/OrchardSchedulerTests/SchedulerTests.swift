@@ -101,7 +101,9 @@ struct SchedulerTests {
     @Test func constraintsGateAndUngate() async throws {
         let clock = TestClock<Duration>()
         let conditions = ScriptedConditionsProvider(.ideal)
-        conditions.update { $0.onExternalPower = false; $0.batteryCharging = false }
+        conditions.update {
+            $0.onExternalPower = false; $0.batteryCharging = false
+        }
         let scheduler = try makeScheduler(clock: clock, permitted: ["train"], conditions: conditions)
         let runs = Counter()
         try await scheduler.register(identifier: "train") { _ in runs.increment() }
@@ -111,7 +113,9 @@ struct SchedulerTests {
         #expect(report.runs.isEmpty)
         #expect(report.deferred["train"]?.unmetConstraints == [UnmetConstraint(.externalPower)])
 
-        conditions.update { $0.onExternalPower = true; $0.networkConnected = nil }
+        conditions.update {
+            $0.onExternalPower = true; $0.networkConnected = nil
+        }
         report = try await scheduler.runWindow(budget: .seconds(60))
         #expect(report.deferred["train"]?.unmetConstraints == [UnmetConstraint(.networkConnectivity, becauseUnknown: true)])
 
@@ -322,7 +326,9 @@ struct SchedulerTests {
         try await scheduler.submit(.processing("train", constraints: .powerAndNetwork))
         let window = Task { try await scheduler.runWindow(budget: .seconds(300)) }
         await started.wait()
-        conditions.update { $0.onExternalPower = false; $0.batteryCharging = false }
+        conditions.update {
+            $0.onExternalPower = false; $0.batteryCharging = false
+        }
         await clock.advance(by: .seconds(5))  // the first poll sees the charger unplugged
         let report = try await window.value
         let run = try #require(report.runs.first)
@@ -374,10 +380,11 @@ struct SchedulerTests {
         var history = TaskHistory(identifier: "big")
         history.recentRunTimes = [.seconds(20), .seconds(20), .seconds(20)]
         history.lastRunEnd = startDate
-        let store = InMemorySchedulerStore(SchedulerSnapshot(
-            pending: ["big": PendingTask(request: .appRefresh("big"), submittedAt: startDate)],
-            histories: ["big": history]
-        ))
+        let store = InMemorySchedulerStore(
+            SchedulerSnapshot(
+                pending: ["big": PendingTask(request: .appRefresh("big"), submittedAt: startDate)],
+                histories: ["big": history]
+            ))
         let scheduler = try makeScheduler(clock: clock, permitted: ["big"], store: store)
         let runs = Counter()
         try await scheduler.register(identifier: "big") { _ in runs.increment() }

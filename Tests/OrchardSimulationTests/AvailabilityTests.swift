@@ -70,7 +70,9 @@ import Testing
 /// One device's round through its own scheduler and job, on its virtual clock: the window arithmetic, expiry and
 /// resumption, the deadline, and dropout.
 @Suite struct DeviceRoundTests {
-    static func conditions(_ availability: Availability = .always, windowSeconds: Double, resumeDelay: ClosedRange<Double> = 30...180, dropout: Double = 0) -> FleetConditions {
+    static func conditions(_ availability: Availability = .always, windowSeconds: Double, resumeDelay: ClosedRange<Double> = 30...180, dropout: Double = 0)
+        -> FleetConditions
+    {
         FleetConditions(
             availability: availability, dropout: dropout, windowSeconds: windowSeconds, resumeDelay: resumeDelay, checkInSpread: 0,
             medianSecondsPerUpdate: 1, speedSpread: 0

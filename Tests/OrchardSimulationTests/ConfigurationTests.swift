@@ -50,9 +50,12 @@ import Testing
         #expect(message { $0.learningRate = .nan }?.hasPrefix("learningRate ") == true)
         #expect(message { $0.model = .cnn }?.contains("does not fit") == true)
         let parseErrors: [SimulationError?] = [
-            Self.error { () throws(SimulationError) in _ = try DatasetChoice(parsing: "csv") }, Self.error { () throws(SimulationError) in _ = try ModelChoice(parsing: "gpt") },
-            Self.error { () throws(SimulationError) in _ = try TransportChoice(parsing: "udp") }, Self.error { () throws(SimulationError) in _ = try PartitionStrategy(parsing: "noniid") },
-            Self.error { () throws(SimulationError) in _ = try AggregatorConfig.Kind(parsing: "sgd") }, Self.error { () throws(SimulationError) in _ = try Availability(parsing: "weekly") },
+            Self.error { () throws(SimulationError) in _ = try DatasetChoice(parsing: "csv") },
+            Self.error { () throws(SimulationError) in _ = try ModelChoice(parsing: "gpt") },
+            Self.error { () throws(SimulationError) in _ = try TransportChoice(parsing: "udp") },
+            Self.error { () throws(SimulationError) in _ = try PartitionStrategy(parsing: "noniid") },
+            Self.error { () throws(SimulationError) in _ = try AggregatorConfig.Kind(parsing: "sgd") },
+            Self.error { () throws(SimulationError) in _ = try Availability(parsing: "weekly") },
         ]
         for error in parseErrors {
             #expect(error?.code == .invalidOption)

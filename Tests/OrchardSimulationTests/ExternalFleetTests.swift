@@ -89,8 +89,10 @@ final class JumpingClock: WallClock {
         let (instance, server) = try await Self.coordinator(in: directory)
         let first = try Self.shard("1/2", of: server), second = try Self.shard("2/2", of: server)
         let one = directory.appendingPathComponent("shard-1"), two = directory.appendingPathComponent("shard-2")
-        async let a = ExternalFleet.run(Self.configuration(output: one), coordinator: first, environment: Self.environment, progress: Self.quiet, clock: HurriedClock())
-        async let b = ExternalFleet.run(Self.configuration(output: two), coordinator: second, environment: Self.environment, progress: Self.quiet, clock: HurriedClock())
+        async let a = ExternalFleet.run(
+            Self.configuration(output: one), coordinator: first, environment: Self.environment, progress: Self.quiet, clock: HurriedClock())
+        async let b = ExternalFleet.run(
+            Self.configuration(output: two), coordinator: second, environment: Self.environment, progress: Self.quiet, clock: HurriedClock())
         let (r1, r2) = try await (a, b)
         let reports = try await Self.metric("orchard_reports_total{result=\"accepted\"}", at: server)
         let admissions = try await Self.metric("orchard_checkins_total{result=\"accepted\"}", at: server)
@@ -180,7 +182,9 @@ final class JumpingClock: WallClock {
         #expect(noScheme?.code == .invalidOption && noScheme?.message.contains("http or https URL") == true, "\(String(describing: noScheme))")
         // Nothing listens there: refused before any data is prepared.
         let unreachable = await Self.failure(c, ExternalCoordinator(url: "http://127.0.0.1:1"))
-        #expect(unreachable?.code == .coordinator && unreachable?.message.contains("cannot reach the coordinator at http://127.0.0.1:1") == true, "\(String(describing: unreachable))")
+        #expect(
+            unreachable?.code == .coordinator && unreachable?.message.contains("cannot reach the coordinator at http://127.0.0.1:1") == true,
+            "\(String(describing: unreachable))")
         // No admin token in the environment.
         let noToken = await Self.failure(c, ExternalCoordinator(url: "http://127.0.0.1:1"), environment: [:])
         #expect(noToken?.code == .invalidOption && noToken?.message.contains(ExternalFleet.adminTokenVariable) == true)
@@ -202,12 +206,15 @@ final class JumpingClock: WallClock {
         let directory = Self.temporaryDirectory()
         defer { try? FileManager.default.removeItem(at: directory) }
         let (instance, server) = try await Self.coordinator(in: directory)
-        let wrong = await Self.failure(c, ExternalCoordinator(url: server.baseURL.absoluteString), environment: [ExternalFleet.adminTokenVariable: "wrong-token"])
+        let wrong = await Self.failure(
+            c, ExternalCoordinator(url: server.baseURL.absoluteString), environment: [ExternalFleet.adminTokenVariable: "wrong-token"])
         #expect(wrong?.code == .coordinator && wrong?.message.contains("refused the admin token") == true, "\(String(describing: wrong))")
         var lonely = try Self.shard("2/2", of: server)
         lonely.hostTimeout = 30
         let waited = await Self.failure(c, lonely, clock: JumpingClock())
-        #expect(waited?.code == .coordinator && waited?.message.contains("did not appear") == true && waited?.message.contains("within 30") == true, "\(String(describing: waited))")
+        #expect(
+            waited?.code == .coordinator && waited?.message.contains("did not appear") == true && waited?.message.contains("within 30") == true,
+            "\(String(describing: waited))")
         #expect(try await instance.coordinator.processList().processes.isEmpty)
         await server.stop()
         instance.close()

@@ -70,9 +70,11 @@ struct FakeWorkload: FleetWorkload {
 /// The fake workload's model: one bias-free dense layer from one input to three outputs, i.e. one weight
 /// tensor of three numbers, hosted on a real coordinator.
 enum FakeModel {
-    static let spec = ModelSpec(name: "fake", inputs: [InputSpec(name: "x", shape: [1])], layers: [
-        LayerSpec(name: "w", type: .dense, inputs: ["x"], units: 3, inputSize: 1, useBias: false),
-    ])
+    static let spec = ModelSpec(
+        name: "fake", inputs: [InputSpec(name: "x", shape: [1])],
+        layers: [
+            LayerSpec(name: "w", type: .dense, inputs: ["x"], units: 3, inputSize: 1, useBias: false)
+        ])
 
     static func records(_ values: [Float]) -> [TensorRecord] { [TensorRecord(name: "w.weight", shape: [3, 1], values: values)] }
 
@@ -90,7 +92,9 @@ enum FakeModel {
         ClientConfig(batchSize: 1, learningRate: Double(step), localEpochs: updates, maxUpdates: updates)
     }
 
-    static func process(goal: Int, overSelection: Double, cycleSeconds: Double, minimumReports: Int, clientConfig: ClientConfig, training: TrainingSpec? = nil) -> HostProcessRequest {
+    static func process(goal: Int, overSelection: Double, cycleSeconds: Double, minimumReports: Int, clientConfig: ClientConfig, training: TrainingSpec? = nil)
+        -> HostProcessRequest
+    {
         var model = spec
         model.training = training
         return HostProcessRequest(
@@ -109,7 +113,8 @@ enum FakeModel {
 enum FleetHarness {
     static func run(
         _ fleet: FleetSimulation, workload: FakeWorkload, goal: Int, overSelection: Double = 1, cycleSeconds: Double = 300,
-        minimumReports: Int = 1, http: Bool = false, clientConfig: ClientConfig? = nil, architectureTraining: TrainingSpec? = nil, modelBytes: ((Int) -> Void)? = nil,
+        minimumReports: Int = 1, http: Bool = false, clientConfig: ClientConfig? = nil, architectureTraining: TrainingSpec? = nil,
+        modelBytes: ((Int) -> Void)? = nil,
         devices inspect: ((URL) throws -> Void)? = nil, secure: SecureAggregationConfig? = nil, cycles: (([CycleRecord]) -> Void)? = nil
     ) async throws -> (initial: Evaluation, rounds: [RoundMetrics]) {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("orchard-fleet-test-\(UUID().uuidString)")
@@ -147,7 +152,9 @@ enum FleetHarness {
             }
         }
         let transport = InProcessTransport(coordinator: instance.coordinator)
-        let outcome = try await fleet.run(coordinator: coordinator, transport: transport, workload: workload, directory: directory.appendingPathComponent("devices"), wallClock: ManualClock())
+        let outcome = try await fleet.run(
+            coordinator: coordinator, transport: transport, workload: workload, directory: directory.appendingPathComponent("devices"), wallClock: ManualClock()
+        )
         try inspect?(directory.appendingPathComponent("devices"))
         cycles?(try await instance.coordinator.cycles(processID: coordinator.processID).cycles)
         return outcome

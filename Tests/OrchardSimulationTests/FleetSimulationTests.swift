@@ -157,9 +157,11 @@ import Testing
         func run(_ choice: TurnedAwayChoice) async throws -> (rounds: [RoundMetrics], devices: Int) {
             let fleet = FleetSimulation(devices: 80, conditions: conditions, seed: 11, rounds: 6, parallelism: 2, turnedAway: choice)
             var devices = 0
-            let (_, rounds) = try await FleetHarness.run(fleet, workload: Self.workload(devices: 80), goal: 5, overSelection: 1.4, devices: { directory in
-                devices = try FileManager.default.contentsOfDirectory(atPath: directory.path).count
-            })
+            let (_, rounds) = try await FleetHarness.run(
+                fleet, workload: Self.workload(devices: 80), goal: 5, overSelection: 1.4,
+                devices: { directory in
+                    devices = try FileManager.default.contentsOfDirectory(atPath: directory.path).count
+                })
             return (rounds, devices)
         }
         let modeled = try await run(.modeled), full = try await run(.fullStack)
@@ -189,9 +191,11 @@ import Testing
         // Every device is granted its window as the round opens (ties in device order), so the round reaches all of them.
         let fleet = FleetSimulation(devices: devices, conditions: FleetConditions(checkInSpread: 0), seed: 4, rounds: rounds, parallelism: parallelism)
         var started = 0
-        let (_, records) = try await FleetHarness.run(fleet, workload: Self.workload(devices: devices), goal: goal, devices: { directory in
-            started = try FileManager.default.contentsOfDirectory(atPath: directory.path).count
-        })
+        let (_, records) = try await FleetHarness.run(
+            fleet, workload: Self.workload(devices: devices), goal: goal,
+            devices: { directory in
+                started = try FileManager.default.contentsOfDirectory(atPath: directory.path).count
+            })
         for r in records {
             #expect(r.aggregated && r.participants == goal)
             // Those not run were turned away without running. Run: at most the goal, the look-ahead and the one check-in
@@ -241,11 +245,12 @@ import Testing
         // What a person or a pandas script reads uses snake_case keys.
         let firstLine = try #require(try String(contentsOf: writer.metricsURL, encoding: .utf8).split(separator: "\n").first)
         let record = try #require(try JSONSerialization.jsonObject(with: Data(firstLine.utf8)) as? [String: Any])
-        #expect(Set(record.keys) == [
-            "round", "wall_seconds", "virtual_start", "virtual_end", "available_fraction", "selected", "participants", "dropouts",
-            "late", "expirations", "resumed", "bytes_up", "bytes_down", "aggregated", "test_loss", "test_accuracy", "check_ins",
-            "turned_away_modeled",
-        ])
+        #expect(
+            Set(record.keys) == [
+                "round", "wall_seconds", "virtual_start", "virtual_end", "available_fraction", "selected", "participants", "dropouts",
+                "late", "expirations", "resumed", "bytes_up", "bytes_down", "aggregated", "test_loss", "test_accuracy", "check_ins",
+                "turned_away_modeled",
+            ])
         let summaryObject = try #require(try JSONSerialization.jsonObject(with: Data(contentsOf: writer.summaryURL)) as? [String: Any])
         for key in ["aggregated_rounds", "wall_seconds", "setup_seconds", "virtual_seconds", "bytes_up", "bytes_down", "best_accuracy", "final", "initial"] {
             #expect(summaryObject[key] != nil, "summary.json lacks \(key)")
@@ -311,7 +316,9 @@ import Testing
     func unsetFieldsFallBackToTheArchitecture() async throws {
         let workload = FleetSimulationTests.workload(devices: 3)
         let fleet = FleetSimulation(devices: 3, conditions: FleetConditions(), seed: 5, rounds: 1)
-        let (_, rounds) = try await FleetHarness.run(fleet, workload: workload, goal: 3, clientConfig: ClientConfig(learningRate: 0.5), architectureTraining: TrainingSpec(loss: .crossEntropy, optimizer: .sgd(learningRate: 0.01), epochs: 3, batchSize: 4, maxUpdates: 7))
+        let (_, rounds) = try await FleetHarness.run(
+            fleet, workload: workload, goal: 3, clientConfig: ClientConfig(learningRate: 0.5),
+            architectureTraining: TrainingSpec(loss: .crossEntropy, optimizer: .sgd(learningRate: 0.01), epochs: 3, batchSize: 4, maxUpdates: 7))
         #expect(rounds.allSatisfy { $0.aggregated })
         #expect(workload.seen.all == [SeenSettings.TrainingConfigurationKey(batchSize: 4, learningRate: 0.5, epochs: 3, maxUpdates: 7, loss: .crossEntropy)])
     }

@@ -12,7 +12,8 @@ import Testing
         let spec = name == "cnn" ? ModelZoo.cnn(imageShape: [1, 28, 28]) : ModelZoo.mlp2nn(imageShape: [1, 28, 28])
         var model = try Model(spec: spec, seed: 3)
         try ModelZoo.initializeAsPyTorch(&model, seed: 3)
-        let fanIns: [String: Int] = name == "cnn"
+        let fanIns: [String: Int] =
+            name == "cnn"
             ? ["conv1": 25, "conv2": 32 * 25, "hidden": 64 * 7 * 7, "logits": 512]
             : ["hidden1": 784, "hidden2": 200, "logits": 200]
         for (layer, fanIn) in fanIns {

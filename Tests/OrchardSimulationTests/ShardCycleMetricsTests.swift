@@ -20,7 +20,8 @@ import Testing
     @Test func readsItsOwnRowsAndOldRows() throws {
         #expect(try JSONDecoder().decode(ShardCycleMetrics.self, from: JSONEncoder().encode(Self.row)) == Self.row)
         // A row written before the rename has only `round`.
-        let old = #"{"round":7,"aggregated":true,"checkpoint":5,"cycles_completed":5,"cycles_abandoned":2,"wall_seconds":1.5,"check_ins":10,"admitted":8,"rejected":2,"reported":7,"dropped":1,"late":0,"failed":0,"test_loss":0.25}"#
+        let old =
+            #"{"round":7,"aggregated":true,"checkpoint":5,"cycles_completed":5,"cycles_abandoned":2,"wall_seconds":1.5,"check_ins":10,"admitted":8,"rejected":2,"reported":7,"dropped":1,"late":0,"failed":0,"test_loss":0.25}"#
         #expect(try JSONDecoder().decode(ShardCycleMetrics.self, from: Data(old.utf8)) == Self.row)
         // Neither key: an error naming what is missing.
         let neither = old.replacingOccurrences(of: #""round":7,"#, with: "")

@@ -113,7 +113,8 @@ import Testing
         c.windowSeconds = 120
         c.dropout = 0.05
         c.overSelection = 1
-        c.secureAggregation = SecureAggregationConfig(parameters: SecureAggregationParameters(threshold: 5, consistencyCheck: consistencyCheck), stageTimeout: 10)
+        c.secureAggregation = SecureAggregationConfig(
+            parameters: SecureAggregationParameters(threshold: 5, consistencyCheck: consistencyCheck), stageTimeout: 10)
         return c
     }
 

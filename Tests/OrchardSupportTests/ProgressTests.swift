@@ -16,26 +16,28 @@ import Testing
         #expect(percents == (1...10).map { "bench gemm: \($0 * 10)" })
         var fast = ProgressMeter("bench gemm", total: 100, unit: "runs", style: .plain)
         // A unit every 1/16 s: 10 % takes 0.625 s, so a line comes every second (16 units), and one at the end.
-        #expect(texts(&fast, (1...100).map { ($0, Double($0) / 16) }) == [
-            "bench gemm: 16% (16/100 runs), 1.0 s\n",
-            "bench gemm: 32% (32/100 runs), 2.0 s\n",
-            "bench gemm: 48% (48/100 runs), 3.0 s\n",
-            "bench gemm: 64% (64/100 runs), 4.0 s\n",
-            "bench gemm: 80% (80/100 runs), 5.0 s\n",
-            "bench gemm: 96% (96/100 runs), 6.0 s\n",
-            "bench gemm: 100% (100/100 runs), 6.3 s\n",
-        ])
+        #expect(
+            texts(&fast, (1...100).map { ($0, Double($0) / 16) }) == [
+                "bench gemm: 16% (16/100 runs), 1.0 s\n",
+                "bench gemm: 32% (32/100 runs), 2.0 s\n",
+                "bench gemm: 48% (48/100 runs), 3.0 s\n",
+                "bench gemm: 64% (64/100 runs), 4.0 s\n",
+                "bench gemm: 80% (80/100 runs), 5.0 s\n",
+                "bench gemm: 96% (96/100 runs), 6.0 s\n",
+                "bench gemm: 100% (100/100 runs), 6.3 s\n",
+            ])
     }
 
     @Test func aSlowJobGetsAPlainLineAtLeastEveryTenSecondsWhileItAdvances() {
         var meter = ProgressMeter("train housing", total: 1000, unit: "epochs", style: .plain)
         // 1 % every 4 s: a 10 % step takes 40 s, so the 10-second heartbeat speaks first.
         let lines = texts(&meter, (1...10).map { ($0 * 10, Double($0) * 4) }, detail: "central model")
-        #expect(lines == [
-            "train housing: 3% (30/1000 epochs), central model, 12.0 s\n",
-            "train housing: 6% (60/1000 epochs), central model, 24.0 s\n",
-            "train housing: 9% (90/1000 epochs), central model, 36.0 s\n",
-        ])
+        #expect(
+            lines == [
+                "train housing: 3% (30/1000 epochs), central model, 12.0 s\n",
+                "train housing: 6% (60/1000 epochs), central model, 24.0 s\n",
+                "train housing: 9% (90/1000 epochs), central model, 36.0 s\n",
+            ])
         // Standing still says nothing, however long it takes.
         #expect(meter.update(100, at: 100) == nil)
         #expect(meter.update(100, at: 200) == nil)
@@ -49,11 +51,12 @@ import Testing
     @Test func theTerminalLineIsRedrawnAtMostTenTimesASecondAndClearedAtTheEnd() {
         var meter = ProgressMeter("bench train", total: 4, unit: "epochs", style: .terminal(width: 200))
         let texts = texts(&meter, [(1, 0.01), (2, 0.05), (3, 0.2), (4, 0.3)], detail: "warm-up")
-        #expect(texts == [
-            "\r\u{1B}[2Kbench train  [██████░░░░░░░░░░░░░░░░░░]   25%  1/4 epochs  0.0 s  warm-up",
-            "\r\u{1B}[2Kbench train  [██████████████████░░░░░░]   75%  3/4 epochs  0.2 s  warm-up",
-            "\r\u{1B}[2K",
-        ])
+        #expect(
+            texts == [
+                "\r\u{1B}[2Kbench train  [██████░░░░░░░░░░░░░░░░░░]   25%  1/4 epochs  0.0 s  warm-up",
+                "\r\u{1B}[2Kbench train  [██████████████████░░░░░░]   75%  3/4 epochs  0.2 s  warm-up",
+                "\r\u{1B}[2K",
+            ])
         #expect(!meter.isDrawn)
         #expect(meter.update(4, at: 1) == nil, "nothing after completion")
         #expect(meter.interruption() == nil)

@@ -95,10 +95,11 @@ import Testing
         let started = AsyncStream<Int>.makeStream()
         var tasks: [Task<Void, Never>] = []
         for i in 0..<5 {
-            tasks.append(Task {
-                started.continuation.yield(i)
-                await semaphore.withPermit { order.withLock { $0.append(i) } }
-            })
+            tasks.append(
+                Task {
+                    started.continuation.yield(i)
+                    await semaphore.withPermit { order.withLock { $0.append(i) } }
+                })
             // Enqueue one at a time so the arrival order is known.
             var iterator = started.stream.makeAsyncIterator()
             _ = await iterator.next()
@@ -116,7 +117,9 @@ import Testing
             for _ in 0..<8 {
                 group.addTask {
                     await semaphore.withPermit {
-                        state.withLock { $0.current += 1; $0.peak = max($0.peak, $0.current) }
+                        state.withLock {
+                            $0.current += 1; $0.peak = max($0.peak, $0.current)
+                        }
                         await Task.yield()
                         state.withLock { $0.current -= 1 }
                     }

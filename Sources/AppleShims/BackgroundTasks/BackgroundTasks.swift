@@ -162,10 +162,15 @@ open class BGTaskScheduler: NSObject {
     ) -> Bool {
         let outcome = state.withLock { s -> Result<Bool, Violation> in
             guard s.appState == .launching else {
-                return .failure(Violation("'NSInternalInconsistencyException', reason: 'All launch handlers must be registered before application finishes launching' (\(identifier))"))
+                return .failure(
+                    Violation(
+                        "'NSInternalInconsistencyException', reason: 'All launch handlers must be registered before application finishes launching' (\(identifier))"
+                    ))
             }
             guard s.handlers[identifier] == nil else {
-                return .failure(Violation("'NSInternalInconsistencyException', reason: 'Launch handler for task with identifier \(identifier) has already been registered'"))
+                return .failure(
+                    Violation("'NSInternalInconsistencyException', reason: 'Launch handler for task with identifier \(identifier) has already been registered'")
+                )
             }
             guard permitted?.contains(identifier) ?? true else { return .success(false) }
             s.handlers[identifier] = (queue, launchHandler)
@@ -246,7 +251,8 @@ open class BGTaskScheduler: NSObject {
                 return .failure(Violation("'NSInternalInconsistencyException', reason: 'No launch handler registered for task with identifier \(identifier)'"))
             }
             let request = s.pending.removeValue(forKey: identifier)!
-            let task: BGTask = request is BGProcessingTaskRequest
+            let task: BGTask =
+                request is BGProcessingTaskRequest
                 ? BGProcessingTask(taskIdentifier: identifier, scheduler: self) : BGAppRefreshTask(taskIdentifier: identifier, scheduler: self)
             s.appState = .running
             s.running[ObjectIdentifier(task)] = task

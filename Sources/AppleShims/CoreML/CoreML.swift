@@ -270,7 +270,9 @@ public final class MLUpdateContext: NSObject {
         @_spi(AppleShimTesting) public let parameters: [MLParameterKey: Any]
         @_spi(AppleShimTesting) public let isCancelled: @Sendable () -> Bool
 
-        @_spi(AppleShimTesting) public init(modelURL: URL, trainingData: any MLBatchProvider, parameters: [MLParameterKey: Any], isCancelled: @escaping @Sendable () -> Bool) {
+        @_spi(AppleShimTesting) public init(
+            modelURL: URL, trainingData: any MLBatchProvider, parameters: [MLParameterKey: Any], isCancelled: @escaping @Sendable () -> Bool
+        ) {
             self.modelURL = modelURL
             self.trainingData = trainingData
             self.parameters = parameters

@@ -20,52 +20,56 @@ enum DashboardPage {
     /// The page for a browser without a session: no admin data, how to sign in.
     static func signIn(message: String?) -> String {
         let notice = message.map { "<p class=\"notice\" role=\"alert\">\(escape($0))</p>\n" } ?? ""
-        return document(title: "Orchard — sign in", body: """
-            <main class="narrow">
-            <h1>Orchard dashboard</h1>
-            \(notice)<p>Sign in with the login URL that <code>orchard serve</code> printed when it started (the
-            <code>dashboard_url</code> of its <code>listening</code> line). Each link works once.</p>
-            <form method="post" action="/dashboard/login">
-            <label for="token">Or enter the admin token</label>
-            <input id="token" name="token" type="password" autocomplete="current-password" required>
-            <button type="submit">Sign in</button>
-            </form>
-            </main>
-            """, script: false)
+        return document(
+            title: "Orchard — sign in",
+            body: """
+                <main class="narrow">
+                <h1>Orchard dashboard</h1>
+                \(notice)<p>Sign in with the login URL that <code>orchard serve</code> printed when it started (the
+                <code>dashboard_url</code> of its <code>listening</code> line). Each link works once.</p>
+                <form method="post" action="/dashboard/login">
+                <label for="token">Or enter the admin token</label>
+                <input id="token" name="token" type="password" autocomplete="current-password" required>
+                <button type="submit">Sign in</button>
+                </form>
+                </main>
+                """, script: false)
     }
 
     /// The page for a signed-in browser (its data comes from the admin API).
-    static let signedIn: String = document(title: "Orchard dashboard", body: """
-        <header class="bar">
-        <h1>Orchard dashboard</h1>
-        <p id="updated" class="muted" aria-live="polite">Loading…</p>
-        <form method="post" action="/dashboard/logout"><button type="submit">Sign out</button></form>
-        </header>
-        <main>
-        <p id="problem" class="notice" role="alert" hidden></p>
-        <section aria-labelledby="processes-title">
-        <h2 id="processes-title">Processes</h2>
-        <div class="scroll"><table id="processes">
-        <caption class="visually-hidden">Hosted processes</caption>
-        <thead><tr><th scope="col">Process</th><th scope="col">State</th><th scope="col">Cycle</th><th scope="col">Reported / goal</th><th scope="col">Checkpoint</th><th scope="col">ε spent</th></tr></thead>
-        <tbody></tbody>
-        </table></div>
-        <p id="none" class="muted" hidden>No process is hosted. Create one with <code>orchard process create</code>.</p>
-        </section>
-        <section id="detail" aria-live="off" hidden>
-        <h2 id="detail-title"></h2>
-        <div class="cards">
-        <article class="card" aria-labelledby="cycle-title"><h3 id="cycle-title">Open cycle</h3><div id="cycle"></div></article>
-        <article class="card" aria-labelledby="privacy-title"><h3 id="privacy-title">Differential privacy</h3><div id="privacy"></div></article>
-        <article class="card" aria-labelledby="checkpoints-title"><h3 id="checkpoints-title">Checkpoints</h3><ul id="checkpoints" class="plain"></ul></article>
-        </div>
-        <div id="charts"><article class="card wide"><h3>Reports per cycle</h3><p class="muted">Loading…</p></article></div>
-        <details class="card wide"><summary>Cycles as a table</summary><div class="scroll"><table id="cycles">
-        <thead><tr><th scope="col">Cycle</th><th scope="col">Outcome</th><th scope="col">Assigned</th><th scope="col">Reported</th><th scope="col">Checkpoint</th><th scope="col">Closed</th><th scope="col">Metrics (mean)</th></tr></thead>
-        <tbody></tbody></table></div></details>
-        </section>
-        </main>
-        """, script: true)
+    static let signedIn: String = document(
+        title: "Orchard dashboard",
+        body: """
+            <header class="bar">
+            <h1>Orchard dashboard</h1>
+            <p id="updated" class="muted" aria-live="polite">Loading…</p>
+            <form method="post" action="/dashboard/logout"><button type="submit">Sign out</button></form>
+            </header>
+            <main>
+            <p id="problem" class="notice" role="alert" hidden></p>
+            <section aria-labelledby="processes-title">
+            <h2 id="processes-title">Processes</h2>
+            <div class="scroll"><table id="processes">
+            <caption class="visually-hidden">Hosted processes</caption>
+            <thead><tr><th scope="col">Process</th><th scope="col">State</th><th scope="col">Cycle</th><th scope="col">Reported / goal</th><th scope="col">Checkpoint</th><th scope="col">ε spent</th></tr></thead>
+            <tbody></tbody>
+            </table></div>
+            <p id="none" class="muted" hidden>No process is hosted. Create one with <code>orchard process create</code>.</p>
+            </section>
+            <section id="detail" aria-live="off" hidden>
+            <h2 id="detail-title"></h2>
+            <div class="cards">
+            <article class="card" aria-labelledby="cycle-title"><h3 id="cycle-title">Open cycle</h3><div id="cycle"></div></article>
+            <article class="card" aria-labelledby="privacy-title"><h3 id="privacy-title">Differential privacy</h3><div id="privacy"></div></article>
+            <article class="card" aria-labelledby="checkpoints-title"><h3 id="checkpoints-title">Checkpoints</h3><ul id="checkpoints" class="plain"></ul></article>
+            </div>
+            <div id="charts"><article class="card wide"><h3>Reports per cycle</h3><p class="muted">Loading…</p></article></div>
+            <details class="card wide"><summary>Cycles as a table</summary><div class="scroll"><table id="cycles">
+            <thead><tr><th scope="col">Cycle</th><th scope="col">Outcome</th><th scope="col">Assigned</th><th scope="col">Reported</th><th scope="col">Checkpoint</th><th scope="col">Closed</th><th scope="col">Metrics (mean)</th></tr></thead>
+            <tbody></tbody></table></div></details>
+            </section>
+            </main>
+            """, script: true)
 
     private static func document(title: String, body: String, script: Bool) -> String {
         """
@@ -111,7 +115,8 @@ enum DashboardPage {
         func count(_ value: (CycleRecord) -> Int) -> [(x: Double, y: Double)] { cycles.map { (Double($0.cycle), Double(value($0))) } }
         let participation = sized {
             BarChart(
-                title: "Reports per cycle of \(name): each bar is the devices assigned, split into reports aggregated or abandoned and devices that did not report",
+                title:
+                    "Reports per cycle of \(name): each bar is the devices assigned, split into reports aggregated or abandoned and devices that did not report",
                 x: cycleAxis, y: Axis("devices", format: .count),
                 series: [
                     Series("reported, aggregated", count { $0.outcome == .aggregated ? $0.reported : 0 }, color: .blue),

@@ -28,7 +28,8 @@ extension CoordinatorServer {
             let status = try await coordinator.status(processID: processID)  // 404 unknown_process
             // Drawn at the width the page shows them (CSS pixels), within what a phone and a wide screen need.
             let width = request.uri.queryParameters.get("width").flatMap { Double(String($0)) }.map { min(max($0, 280), 1600) } ?? 720
-            let html = DashboardPage.charts(name: status.name, cycles: try await coordinator.cycles(processID: processID).cycles, width: width.isFinite ? width : 720)
+            let html = DashboardPage.charts(
+                name: status.name, cycles: try await coordinator.cycles(processID: processID).cycles, width: width.isFinite ? width : 720)
             return page(html, status: .ok)
         }
         router.get(RouterPath(stringLiteral: Endpoint.dashboardLogin)) { request, _ in
@@ -67,7 +68,8 @@ extension CoordinatorServer {
 
     /// 303 to the dashboard, setting the session cookie.
     private static func signedIn(session: String, dashboard: Dashboard, secure: Bool) -> Response {
-        var response = Response(status: .seeOther, headers: [.location: Endpoint.dashboard, .cacheControl: "no-store", HTTPField.Name("Referrer-Policy")!: "no-referrer"])
+        var response = Response(
+            status: .seeOther, headers: [.location: Endpoint.dashboard, .cacheControl: "no-store", HTTPField.Name("Referrer-Policy")!: "no-referrer"])
         response.headers[.setCookie] = sessionCookie(session, maxAge: dashboard.sessionSeconds, secure: secure)
         return response
     }

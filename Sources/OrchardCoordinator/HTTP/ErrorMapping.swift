@@ -23,7 +23,8 @@ extension CoordinatorError {
         case .rangeNotSatisfiable: 416
         case .rateLimited: 429
         case .tensorMismatch, .shapeMismatch, .dtypeMismatch, .nonFiniteValues, .frozenTensorChanged, .invalidSampleCount, .updateNormExceeded,
-             .invalidSecureAggregationMessage, .unsupportedFormat: 422
+            .invalidSecureAggregationMessage, .unsupportedFormat:
+            422
         case .tooManyUploads: 503
         default: 500
         }
@@ -56,13 +57,14 @@ struct ErrorMiddleware<Context: RequestContext>: RouterMiddleware {
             return (try? error.response(from: request, context: context)) ?? Response(status: .internalServerError)
         } catch let error as HTTPError {
             // Hummingbird's own refusals keep their status; the code names the nearest wire code.
-            let code: WireErrorCode = switch error.status.code {
-            case 404: .notFound
-            case 405: .methodNotAllowed
-            case 413: .payloadTooLarge
-            case 400: .invalidRequest
-            default: .internalError
-            }
+            let code: WireErrorCode =
+                switch error.status.code {
+                case 404: .notFound
+                case 405: .methodNotAllowed
+                case 413: .payloadTooLarge
+                case 400: .invalidRequest
+                default: .internalError
+                }
             let body = ErrorBody(code: code, message: error.body ?? error.status.reasonPhrase)
             return (try? CoordinatorServer.json(body, status: error.status)) ?? Response(status: error.status)
         } catch {
@@ -74,7 +76,8 @@ struct ErrorMiddleware<Context: RequestContext>: RouterMiddleware {
                 return (try? CoordinatorServer.json(body, status: .badRequest)) ?? Response(status: .badRequest)
             }
             logger.error("unhandled error", metadata: ["path": "\(request.uri.path)", "error": "\(error)"])
-            return (try? CoordinatorError.internalError("unexpected failure").response(from: request, context: context)) ?? Response(status: .internalServerError)
+            return (try? CoordinatorError.internalError("unexpected failure").response(from: request, context: context))
+                ?? Response(status: .internalServerError)
         }
     }
 

@@ -97,48 +97,52 @@ public enum CoordinatorServer {
             let key = try requestKey(request)
             return try json(await coordinator.plan(context.parameters.get(Endpoint.Parameter.plan) ?? "", requestKey: key, session: session))
         }
-        router.post(RouterPath(stringLiteral: Endpoint.report)) { request, _ in try await offTheEventLoop {
-            let session = try await deviceSession(request, coordinator)
-            if let length = request.headers[.contentLength].flatMap({ Int($0) }), length > limits.maximumReportBytes {
-                throw CoordinatorError(.payloadTooLarge, "body of \(length) bytes exceeds the limit of \(limits.maximumReportBytes)")
-            }
-            // Streamed: each chunk is checked and spooled as it arrives, never the whole body in memory.
-            let upload = try coordinator.beginUpload(session: session)
-            do {
-                for try await chunk in request.body {
-                    try await upload.consume(chunk.readableBytesView)
+        router.post(RouterPath(stringLiteral: Endpoint.report)) { request, _ in
+            try await offTheEventLoop {
+                let session = try await deviceSession(request, coordinator)
+                if let length = request.headers[.contentLength].flatMap({ Int($0) }), length > limits.maximumReportBytes {
+                    throw CoordinatorError(.payloadTooLarge, "body of \(length) bytes exceeds the limit of \(limits.maximumReportBytes)")
                 }
-                return try json(await upload.finish())
-            } catch {
-                await upload.abandon()
-                throw error
-            }
-        } }
-        router.post(RouterPath(stringLiteral: Endpoint.secureAggregation)) { request, _ in try await offTheEventLoop {
-            let session = try await deviceSession(request, coordinator)
-            // A masked input is the model's words: 4 bytes a word as a MaskedInputEnvelope (safetensors), a third more
-            // in base64 JSON. A body larger than a message takes one of the upload places, so that large bodies held
-            // at once stay bounded.
-            let length = request.headers[.contentLength].flatMap { Int($0) } ?? Int.max
-            let large = length > limits.maximumMessageBytes
-            if large { try coordinator.takeUploadPlace() }
-            defer { if large { coordinator.endUpload() } }
-            let message: SecureAggregationRequest
-            if isSafetensors(request) {
-                let body = try await collect(request, limit: limits.maximumReportBytes + limits.maximumMessageBytes)
-                do throws(FormatError) {
-                    message = try MaskedInputEnvelope.decode(body)
+                // Streamed: each chunk is checked and spooled as it arrives, never the whole body in memory.
+                let upload = try coordinator.beginUpload(session: session)
+                do {
+                    for try await chunk in request.body {
+                        try await upload.consume(chunk.readableBytesView)
+                    }
+                    return try json(await upload.finish())
                 } catch {
-                    throw CoordinatorError(.malformedSafetensors, "the masked input: \(error.message)")
+                    await upload.abandon()
+                    throw error
                 }
-            } else {
-                message = try await decode(SecureAggregationRequest.self, request, limit: limits.maximumReportBytes / 3 * 4 + limits.maximumMessageBytes)
             }
-            let reply = try await coordinator.secureAggregation(message, session: session)
-            // Waits, most of the replies, are written directly.
-            guard let bytes = reply.directJSON() else { return try json(reply) }
-            return json(bytes: bytes)
-        } }
+        }
+        router.post(RouterPath(stringLiteral: Endpoint.secureAggregation)) { request, _ in
+            try await offTheEventLoop {
+                let session = try await deviceSession(request, coordinator)
+                // A masked input is the model's words: 4 bytes a word as a MaskedInputEnvelope (safetensors), a third more
+                // in base64 JSON. A body larger than a message takes one of the upload places, so that large bodies held
+                // at once stay bounded.
+                let length = request.headers[.contentLength].flatMap { Int($0) } ?? Int.max
+                let large = length > limits.maximumMessageBytes
+                if large { try coordinator.takeUploadPlace() }
+                defer { if large { coordinator.endUpload() } }
+                let message: SecureAggregationRequest
+                if isSafetensors(request) {
+                    let body = try await collect(request, limit: limits.maximumReportBytes + limits.maximumMessageBytes)
+                    do throws(FormatError) {
+                        message = try MaskedInputEnvelope.decode(body)
+                    } catch {
+                        throw CoordinatorError(.malformedSafetensors, "the masked input: \(error.message)")
+                    }
+                } else {
+                    message = try await decode(SecureAggregationRequest.self, request, limit: limits.maximumReportBytes / 3 * 4 + limits.maximumMessageBytes)
+                }
+                let reply = try await coordinator.secureAggregation(message, session: session)
+                // Waits, most of the replies, are written directly.
+                guard let bytes = reply.directJSON() else { return try json(reply) }
+                return json(bytes: bytes)
+            }
+        }
         router.get(RouterPath(stringLiteral: Endpoint.speedTest)) { request, _ in
             let session = try await deviceSession(request, coordinator)
             var requested: Int?
@@ -161,11 +165,13 @@ public enum CoordinatorServer {
         }
 
         // Admin API.
-        router.post(RouterPath(stringLiteral: Endpoint.processes)) { request, _ in try await offTheEventLoop {
-            try requireAdmin(request, coordinator)
-            let message = try await decode(HostProcessRequest.self, request, limit: limits.maximumAdminBodyBytes)
-            return try json(await coordinator.host(message), status: .created)
-        } }
+        router.post(RouterPath(stringLiteral: Endpoint.processes)) { request, _ in
+            try await offTheEventLoop {
+                try requireAdmin(request, coordinator)
+                let message = try await decode(HostProcessRequest.self, request, limit: limits.maximumAdminBodyBytes)
+                return try json(await coordinator.host(message), status: .created)
+            }
+        }
         router.get(RouterPath(stringLiteral: Endpoint.processes)) { request, _ in
             try requireAdmin(request, coordinator, dashboard)
             return try json(await coordinator.processList())
@@ -213,7 +219,8 @@ public enum CoordinatorServer {
             router: router(coordinator: coordinator, registry: registry, dashboard: dashboard, secureCookie: tls != nil),
             server: HTTPServerBuilder { responder in
                 if let tls {
-                    return EventLoopBoundChannel(base: try TLSChannel(HTTP1Channel(responder: responder, configuration: http1), tlsConfiguration: tls.configuration))
+                    return EventLoopBoundChannel(
+                        base: try TLSChannel(HTTP1Channel(responder: responder, configuration: http1), tlsConfiguration: tls.configuration))
                 }
                 return EventLoopBoundChannel(base: HTTP1Channel(responder: responder, configuration: http1))
             },
@@ -232,7 +239,6 @@ public enum CoordinatorServer {
     private static func offTheEventLoop(_ work: () async throws -> Response) async throws -> Response {
         try await withTaskExecutorPreference(globalConcurrentExecutor, operation: work)
     }
-
 
     private static func collect(_ request: Request, limit: Int) async throws -> [UInt8] {
         if let length = request.headers[.contentLength].flatMap({ Int($0) }), length > limit {
@@ -269,7 +275,8 @@ public enum CoordinatorServer {
             // A process whose model or configurations do not decode (an unknown key, an unknown enum value) is an
             // invalid configuration, not malformed JSON.
             if T.self == HostProcessRequest.self, let error = error as? DecodingError, let context = error.context,
-               let first = context.codingPath.first?.stringValue, ["model", "client_config", "server_config"].contains(first) {
+                let first = context.codingPath.first?.stringValue, ["model", "client_config", "server_config"].contains(first)
+            {
                 throw CoordinatorError(.invalidConfiguration, "\(describe(error))")
             }
             throw CoordinatorError(.malformedJSON, "body is not a valid \(T.self): \(describe(error))")
@@ -317,9 +324,11 @@ public enum CoordinatorServer {
 
     /// Admits the admin token as a bearer header, or (for reading: `GET`) a live dashboard session cookie.
     static func requireAdmin(_ request: Request, _ coordinator: Coordinator, _ dashboard: Dashboard? = nil) throws {
-        guard coordinator.isAdmin(token: bearer(request))
-            || (request.method == .get && coordinator.configuration.adminToken != nil
-                && dashboard?.isValid(session: request.cookies[Dashboard.cookieName]?.value) == true) else {
+        guard
+            coordinator.isAdmin(token: bearer(request))
+                || (request.method == .get && coordinator.configuration.adminToken != nil
+                    && dashboard?.isValid(session: request.cookies[Dashboard.cookieName]?.value) == true)
+        else {
             throw CoordinatorError.unauthorized(coordinator.configuration.adminToken == nil ? "the admin API is disabled" : "admin token required")
         }
     }

@@ -22,7 +22,8 @@ public struct CoordinatorTLS: Sendable {
     /// Creates the identity from PEM bytes.
     /// - Throws: ``CoordinatorError`` `invalid_configuration` when either is not usable PEM or they do not match.
     public init(certificateChainPEM: [UInt8], privateKeyPEM: [UInt8]) throws(CoordinatorError) {
-        try self.init(certificateChainPEM: certificateChainPEM, privateKeyPEM: privateKeyPEM, certificateSource: "the TLS certificate", keySource: "the TLS private key")
+        try self.init(
+            certificateChainPEM: certificateChainPEM, privateKeyPEM: privateKeyPEM, certificateSource: "the TLS certificate", keySource: "the TLS private key")
     }
 
     private init(certificateChainPEM: [UInt8], privateKeyPEM: [UInt8], certificateSource: String, keySource: String) throws(CoordinatorError) {

@@ -35,19 +35,22 @@ enum AVX2GEMM {
                 let j0 = min(n, blocks * worker / byColumns * columnAlignment)
                 let j1 = min(n, blocks * (worker + 1) / byColumns * columnAlignment)
                 let b = UnsafePointer<Float>(bitPattern: bAddress)!
-                run(transposeA: transposeA, transposeB: transposeB, rows: 0..<m, n: j1 - j0, k: k, alpha: alpha,
+                run(
+                    transposeA: transposeA, transposeB: transposeB, rows: 0..<m, n: j1 - j0, k: k, alpha: alpha,
                     a: UnsafePointer(bitPattern: aAddress)!, lda: lda, b: transposeB ? b + j0 * ldb : b + j0, ldb: ldb,
                     beta: beta, c: UnsafeMutablePointer<Float>(bitPattern: cAddress)! + j0, ldc: ldc)
             }
             return
         }
         if byRows == 1 {
-            run(transposeA: transposeA, transposeB: transposeB, rows: 0..<m, n: n, k: k, alpha: alpha,
+            run(
+                transposeA: transposeA, transposeB: transposeB, rows: 0..<m, n: n, k: k, alpha: alpha,
                 a: a, lda: lda, b: b, ldb: ldb, beta: beta, c: c, ldc: ldc)
             return
         }
         DispatchQueue.concurrentPerform(iterations: byRows) { worker in
-            run(transposeA: transposeA, transposeB: transposeB,
+            run(
+                transposeA: transposeA, transposeB: transposeB,
                 rows: (m * worker / byRows)..<(m * (worker + 1) / byRows), n: n, k: k, alpha: alpha,
                 a: UnsafePointer(bitPattern: aAddress)!, lda: lda, b: UnsafePointer(bitPattern: bAddress)!, ldb: ldb,
                 beta: beta, c: UnsafeMutablePointer(bitPattern: cAddress)!, ldc: ldc)

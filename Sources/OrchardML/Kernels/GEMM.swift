@@ -58,7 +58,9 @@ public enum GEMM {
     /// Selects the backend; selecting `.blas` or `.avx2` when it is not available is an error.
     public static func setBackend(_ backend: MatrixBackend) throws(EngineError) {
         if backend == .blas && BLASLibrary.shared == nil {
-            throw EngineError(.unavailable, "no system BLAS could be loaded (looked for \(BLASLibrary.candidates.joined(separator: ", ")); ORCHARD_BLAS=off also disables it)")
+            throw EngineError(
+                .unavailable, "no system BLAS could be loaded (looked for \(BLASLibrary.candidates.joined(separator: ", ")); ORCHARD_BLAS=off also disables it)"
+            )
         }
         if backend == .avx2 && !AVX2GEMM.isAvailable {
             throw EngineError(.unavailable, "the AVX2 kernels need an x86-64 CPU with AVX2 and FMA")
@@ -98,7 +100,8 @@ public enum GEMM {
             // operands: the forward products A·Bᵀ at batch 64 and 256 (122 against 95 at 256 × 200 × 784) and the
             // deeper weight gradients (127 against 103 at 200 × 784 × 256; 85 against 70 at depth 192, one thread).
             // Best of five, same run.
-            let small = m * n * k <= 1 << 26 && min(m, n, k) <= 256
+            let small =
+                m * n * k <= 1 << 26 && min(m, n, k) <= 256
                 && ((transposeA && k <= 128) || (!transposeA && !transposeB && m > 64))
             if avx2 && (thin || small) { return .avx2 }
             if BLASLibrary.shared != nil { return .blas }
@@ -153,10 +156,11 @@ public enum GEMM {
 
 /// The system BLAS, opened with `dlopen` so that nothing is linked at build time.
 final class BLASLibrary: Sendable {
-    typealias SgemmFunction = @convention(c) (
-        Int32, Int32, Int32, Int32, Int32, Int32, Float,
-        UnsafePointer<Float>?, Int32, UnsafePointer<Float>?, Int32, Float, UnsafeMutablePointer<Float>?, Int32
-    ) -> Void
+    typealias SgemmFunction =
+        @convention(c) (
+            Int32, Int32, Int32, Int32, Int32, Int32, Float,
+            UnsafePointer<Float>?, Int32, UnsafePointer<Float>?, Int32, Float, UnsafeMutablePointer<Float>?, Int32
+        ) -> Void
     typealias SetThreadsFunction = @convention(c) (Int32) -> Void
 
     static let candidates: [String] = {

@@ -45,8 +45,9 @@ enum PortableGEMM {
         guard k > 0, alpha != 0 else { return }
         if m <= SmallGEMM.maximumRows {
             if !transposeB {
-                SmallGEMM.multiplyRowsOfB(transposeA: transposeA, m: m, n: n, k: k, alpha: alpha,
-                                          a: a, lda: lda, b: b, ldb: ldb, c: c, ldc: ldc)
+                SmallGEMM.multiplyRowsOfB(
+                    transposeA: transposeA, m: m, n: n, k: k, alpha: alpha,
+                    a: a, lda: lda, b: b, ldb: ldb, c: c, ldc: ldc)
                 return
             }
             if !transposeA {
@@ -62,8 +63,9 @@ enum PortableGEMM {
             let w = takeWorkspace()
             defer { returnWorkspace(w) }
             for jc in 0..<columnBlocks {
-                blockColumn(jc: jc, rowRange: 0..<rowBlocks, w: w, transposeA: transposeA, transposeB: transposeB,
-                            m: m, n: n, k: k, alpha: alpha, a: a, lda: lda, b: b, ldb: ldb, c: c, ldc: ldc)
+                blockColumn(
+                    jc: jc, rowRange: 0..<rowBlocks, w: w, transposeA: transposeA, transposeB: transposeB,
+                    m: m, n: n, k: k, alpha: alpha, a: a, lda: lda, b: b, ldb: ldb, c: c, ldc: ldc)
             }
             return
         }
@@ -75,11 +77,12 @@ enum PortableGEMM {
             let w = takeWorkspace()
             defer { returnWorkspace(w) }
             for jc in 0..<columnBlocks {
-                blockColumn(jc: jc, rowRange: lo..<hi, w: w, transposeA: transposeA, transposeB: transposeB,
-                            m: m, n: n, k: k, alpha: alpha,
-                            a: UnsafePointer(bitPattern: aAddress)!, lda: lda,
-                            b: UnsafePointer(bitPattern: bAddress)!, ldb: ldb,
-                            c: UnsafeMutablePointer(bitPattern: cAddress)!, ldc: ldc)
+                blockColumn(
+                    jc: jc, rowRange: lo..<hi, w: w, transposeA: transposeA, transposeB: transposeB,
+                    m: m, n: n, k: k, alpha: alpha,
+                    a: UnsafePointer(bitPattern: aAddress)!, lda: lda,
+                    b: UnsafePointer(bitPattern: bAddress)!, ldb: ldb,
+                    c: UnsafeMutablePointer(bitPattern: cAddress)!, ldc: ldc)
             }
         }
     }

@@ -109,10 +109,13 @@ public struct Dense: Layer {
                 out.withUnsafeMutableBufferPointer { y in
                     if let bias {
                         bias.withUnsafeBufferPointer { b in
-                            Ops.denseForward(batch: batch, inSize: inputSize, outSize: units, x: x.baseAddress!, weight: w.baseAddress!, bias: b.baseAddress!, y: y.baseAddress!)
+                            Ops.denseForward(
+                                batch: batch, inSize: inputSize, outSize: units, x: x.baseAddress!, weight: w.baseAddress!, bias: b.baseAddress!,
+                                y: y.baseAddress!)
                         }
                     } else {
-                        Ops.denseForward(batch: batch, inSize: inputSize, outSize: units, x: x.baseAddress!, weight: w.baseAddress!, bias: nil, y: y.baseAddress!)
+                        Ops.denseForward(
+                            batch: batch, inSize: inputSize, outSize: units, x: x.baseAddress!, weight: w.baseAddress!, bias: nil, y: y.baseAddress!)
                     }
                 }
             }
@@ -200,7 +203,8 @@ public struct Embedding: Layer {
             }
             weight.withUnsafeBufferPointer { w in
                 out.withUnsafeMutableBufferPointer { y in
-                    Ops.embeddingForward(batch: batch, indicesPerSample: n, dim: embeddingSize, indices: x.baseAddress!, table: w.baseAddress!, y: y.baseAddress!)
+                    Ops.embeddingForward(
+                        batch: batch, indicesPerSample: n, dim: embeddingSize, indices: x.baseAddress!, table: w.baseAddress!, y: y.baseAddress!)
                 }
             }
         }

@@ -40,7 +40,8 @@ enum Ops {
             GEMM.multiply(m: batch, n: inSize, k: outSize, a: dy, lda: outSize, b: weight, ldb: inSize, beta: accumulateDx ? 1 : 0, c: dx, ldc: inSize)
         }
         if let rate = descentRate, dWeight != nil {
-            GEMM.multiply(transposeA: true, m: outSize, n: inSize, k: batch, alpha: -rate, a: dy, lda: outSize, b: x, ldb: inSize, beta: 1, c: weight, ldc: inSize)
+            GEMM.multiply(
+                transposeA: true, m: outSize, n: inSize, k: batch, alpha: -rate, a: dy, lda: outSize, b: x, ldb: inSize, beta: 1, c: weight, ldc: inSize)
             if let bias, dBias != nil {
                 for j in 0..<outSize {
                     var sum: Float = 0

@@ -72,7 +72,9 @@ public final class CompiledModel {
     /// A plan for forward passes only (``Model/predict(_:batchSize:)``): no gradient buffers, which for an evaluation
     /// batch of 1,000 are about half of what a training plan allocates and zero-fills.
     convenience init(inferenceOf model: Model, batchCapacity: Int) throws(EngineError) {
-        try self.init(model: model, batchCapacity: batchCapacity, loss: .meanSquaredError, targetShape: nil, dropoutSeed: 0, sharingParametersOf: nil, inferenceOnly: true)
+        try self.init(
+            model: model, batchCapacity: batchCapacity, loss: .meanSquaredError, targetShape: nil, dropoutSeed: 0, sharingParametersOf: nil, inferenceOnly: true
+        )
     }
 
     /// A replica of `owner` for batch shards: its own activations and gradient vector, `owner`'s parameter vector
@@ -206,7 +208,8 @@ public final class CompiledModel {
             expectedTarget = model.outputShape
         }
         if let targetShape, targetShape.reduce(1, *) != expectedTarget.reduce(1, *) {
-            throw EngineError(.shapeMismatch, "targets of shape \(targetShape) do not fit loss \(loss) on output \(model.outputShape) (expected \(expectedTarget))")
+            throw EngineError(
+                .shapeMismatch, "targets of shape \(targetShape) do not fit loss \(loss) on output \(model.outputShape) (expected \(expectedTarget))")
         }
         targetCount = expectedTarget.reduce(1, *)
         targets = allocate(batchCapacity * targetCount)

@@ -192,7 +192,9 @@ public final class Trainer {
             throw EngineError(.invalidArgument, "batchShards must be ≥ 1, not \(configuration.batchShards)")
         }
         if configuration.batchShards > 1, let dropout = model.layers.first(where: { $0 is Dropout }) {
-            throw EngineError(.invalidArgument, "batchShards \(configuration.batchShards) needs a model without dropout: layer '\(dropout.name)' draws its masks from one seeded stream")
+            throw EngineError(
+                .invalidArgument,
+                "batchShards \(configuration.batchShards) needs a model without dropout: layer '\(dropout.name)' draws its masks from one seeded stream")
         }
         self.configuration = configuration
         plan = try CompiledModel(model: model, batchCapacity: configuration.batchSize, loss: configuration.loss, dropoutSeed: configuration.seed)
@@ -277,10 +279,11 @@ public final class Trainer {
                 position.epochUpdates += 1
                 position.epochLossSum += lossSum
                 position.epochSamples += b
-                progress?(TrainingProgress(
-                    epoch: position.epoch, batch: position.batch - 1, batchesPerEpoch: batchesPerEpoch,
-                    updates: position.updates, loss: Float(lossSum / Double(b))
-                ))
+                progress?(
+                    TrainingProgress(
+                        epoch: position.epoch, batch: position.batch - 1, batchesPerEpoch: batchesPerEpoch,
+                        updates: position.updates, loss: Float(lossSum / Double(b))
+                    ))
             }
             closeEpoch()
         }
@@ -288,10 +291,11 @@ public final class Trainer {
     }
 
     private func closeEpoch() {
-        completedEpochs.append(EpochMetrics(
-            epoch: position.epoch, loss: position.epochSamples > 0 ? position.epochLossSum / Double(position.epochSamples) : 0,
-            samples: position.epochSamples, updates: position.epochUpdates
-        ))
+        completedEpochs.append(
+            EpochMetrics(
+                epoch: position.epoch, loss: position.epochSamples > 0 ? position.epochLossSum / Double(position.epochSamples) : 0,
+                samples: position.epochSamples, updates: position.epochUpdates
+            ))
         position.epoch += 1
         position.batch = 0
         position.epochLossSum = 0
@@ -302,10 +306,11 @@ public final class Trainer {
     private func finish() -> TrainingOutcome {
         var epochs = completedEpochs
         if position.epochSamples > 0 {
-            epochs.append(EpochMetrics(
-                epoch: position.epoch, loss: position.epochLossSum / Double(position.epochSamples),
-                samples: position.epochSamples, updates: position.epochUpdates
-            ))
+            epochs.append(
+                EpochMetrics(
+                    epoch: position.epoch, loss: position.epochLossSum / Double(position.epochSamples),
+                    samples: position.epochSamples, updates: position.epochUpdates
+                ))
         }
         let state = self.state
         return .completed(TrainingReport(model: state.model, epochs: epochs, updates: position.updates, state: state))
@@ -411,7 +416,9 @@ extension CompiledModel {
             routes.append(i)
         }
         guard !checkTargets || dataset.targetSpec.elementCount == targetCount else {
-            throw EngineError(.shapeMismatch, "dataset targets have shape \(dataset.targetSpec.shape); loss \(loss) on output \(model.outputShape) needs \(targetCount) value(s) per sample")
+            throw EngineError(
+                .shapeMismatch,
+                "dataset targets have shape \(dataset.targetSpec.shape); loss \(loss) on output \(model.outputShape) needs \(targetCount) value(s) per sample")
         }
         return routes
     }

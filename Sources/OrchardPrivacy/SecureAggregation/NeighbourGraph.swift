@@ -35,9 +35,10 @@ public struct NeighbourGraph: Sendable, Hashable, Codable {
 
     public init(from decoder: any Decoder) throws {
         let container = try decoder.container(keyedBy: CodingKeys.self)
-        self.init(participants: try container.decode([Int].self, forKey: .participants),
-                  shares: try container.decodeIfPresent(Int.self, forKey: .shares),
-                  seed: try container.decode(Data.self, forKey: .seed))
+        self.init(
+            participants: try container.decode([Int].self, forKey: .participants),
+            shares: try container.decodeIfPresent(Int.self, forKey: .shares),
+            seed: try container.decode(Data.self, forKey: .seed))
     }
 
     public func encode(to encoder: any Encoder) throws {

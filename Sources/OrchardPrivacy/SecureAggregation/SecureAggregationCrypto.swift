@@ -32,7 +32,9 @@ public enum SecureAggregationCrypto {
         try pairwiseMaskSeed(privateKey: try agreementKey(privateKey), peerPublicKey: peerPublicKey, device: device, peer: peer, context: context)
     }
 
-    static func pairwiseMaskSeed(privateKey: Curve25519.KeyAgreement.PrivateKey, peerPublicKey: Data, device: Int, peer: Int, context: String) throws(SecureAggregationError) -> Data {
+    static func pairwiseMaskSeed(privateKey: Curve25519.KeyAgreement.PrivateKey, peerPublicKey: Data, device: Int, peer: Int, context: String)
+        throws(SecureAggregationError) -> Data
+    {
         let key = try derivedKey(privateKey: privateKey, peerPublicKey: peerPublicKey, label: "pairwise-mask", device: device, peer: peer, context: context)
         return key.withUnsafeBytes { Data($0) }
     }
@@ -41,24 +43,37 @@ public enum SecureAggregationCrypto {
     /// c-keys' shared secret (label `share-channel`); the associated data binds sender, receiver and context. The
     /// result is nonce ‖ ciphertext ‖ tag, the nonce drawn from `generator`.
     /// - Throws: `cryptography_failure` for a malformed or degenerate key.
-    public static func seal(_ plaintext: Data, privateKey: Data, peerPublicKey: Data, sender: Int, receiver: Int, context: String, using generator: inout some RandomNumberGenerator) throws(SecureAggregationError) -> Data {
-        try seal(plaintext, privateKey: try agreementKey(privateKey), peerPublicKey: peerPublicKey, sender: sender, receiver: receiver, context: context, using: &generator)
+    public static func seal(
+        _ plaintext: Data, privateKey: Data, peerPublicKey: Data, sender: Int, receiver: Int, context: String, using generator: inout some RandomNumberGenerator
+    ) throws(SecureAggregationError) -> Data {
+        try seal(
+            plaintext, privateKey: try agreementKey(privateKey), peerPublicKey: peerPublicKey, sender: sender, receiver: receiver, context: context,
+            using: &generator)
     }
 
-    static func seal(_ plaintext: Data, privateKey: Curve25519.KeyAgreement.PrivateKey, peerPublicKey: Data, sender: Int, receiver: Int, context: String, using generator: inout some RandomNumberGenerator) throws(SecureAggregationError) -> Data {
+    static func seal(
+        _ plaintext: Data, privateKey: Curve25519.KeyAgreement.PrivateKey, peerPublicKey: Data, sender: Int, receiver: Int, context: String,
+        using generator: inout some RandomNumberGenerator
+    ) throws(SecureAggregationError) -> Data {
         let key = try channelKey(privateKey: privateKey, peerPublicKey: peerPublicKey, device: sender, peer: receiver, context: context)
         return try seal(plaintext, key: key, sender: sender, receiver: receiver, context: context, using: &generator)
     }
 
     /// The share-channel key of a pair (the same from either side; the associated data tells the directions apart).
-    static func channelKey(privateKey: Curve25519.KeyAgreement.PrivateKey, peerPublicKey: Data, device: Int, peer: Int, context: String) throws(SecureAggregationError) -> SymmetricKey {
+    static func channelKey(privateKey: Curve25519.KeyAgreement.PrivateKey, peerPublicKey: Data, device: Int, peer: Int, context: String)
+        throws(SecureAggregationError) -> SymmetricKey
+    {
         try derivedKey(privateKey: privateKey, peerPublicKey: peerPublicKey, label: "share-channel", device: device, peer: peer, context: context)
     }
 
-    static func seal(_ plaintext: Data, key: SymmetricKey, sender: Int, receiver: Int, context: String, using generator: inout some RandomNumberGenerator) throws(SecureAggregationError) -> Data {
+    static func seal(_ plaintext: Data, key: SymmetricKey, sender: Int, receiver: Int, context: String, using generator: inout some RandomNumberGenerator)
+        throws(SecureAggregationError) -> Data
+    {
         do {
             let nonce = try ChaChaPoly.Nonce(data: randomBytes(12, using: &generator))
-            return try ChaChaPoly.seal(plaintext, using: key, nonce: nonce, authenticating: associatedData(sender: sender, receiver: receiver, context: context)).combined
+            return try ChaChaPoly.seal(
+                plaintext, using: key, nonce: nonce, authenticating: associatedData(sender: sender, receiver: receiver, context: context)
+            ).combined
         } catch {
             throw SecureAggregationError(.cryptographyFailure, "sealing a share from device \(sender) to device \(receiver) failed: \(error)")
         }
@@ -66,11 +81,15 @@ public enum SecureAggregationCrypto {
 
     /// Decrypts and authenticates what ``seal(_:privateKey:peerPublicKey:sender:receiver:context:using:)`` produced.
     /// - Throws: `cryptography_failure` when the ciphertext was altered, or was sealed for another pair or context.
-    public static func open(_ ciphertext: Data, privateKey: Data, peerPublicKey: Data, sender: Int, receiver: Int, context: String) throws(SecureAggregationError) -> Data {
+    public static func open(_ ciphertext: Data, privateKey: Data, peerPublicKey: Data, sender: Int, receiver: Int, context: String)
+        throws(SecureAggregationError) -> Data
+    {
         try open(ciphertext, privateKey: try agreementKey(privateKey), peerPublicKey: peerPublicKey, sender: sender, receiver: receiver, context: context)
     }
 
-    static func open(_ ciphertext: Data, privateKey: Curve25519.KeyAgreement.PrivateKey, peerPublicKey: Data, sender: Int, receiver: Int, context: String) throws(SecureAggregationError) -> Data {
+    static func open(_ ciphertext: Data, privateKey: Curve25519.KeyAgreement.PrivateKey, peerPublicKey: Data, sender: Int, receiver: Int, context: String)
+        throws(SecureAggregationError) -> Data
+    {
         let key = try channelKey(privateKey: privateKey, peerPublicKey: peerPublicKey, device: sender, peer: receiver, context: context)
         return try open(ciphertext, key: key, sender: sender, receiver: receiver, context: context)
     }
@@ -92,7 +111,9 @@ public enum SecureAggregationCrypto {
         return data
     }
 
-    static func derivedKey(privateKey own: Curve25519.KeyAgreement.PrivateKey, peerPublicKey: Data, label: String, device: Int, peer: Int, context: String) throws(SecureAggregationError) -> SymmetricKey {
+    static func derivedKey(privateKey own: Curve25519.KeyAgreement.PrivateKey, peerPublicKey: Data, label: String, device: Int, peer: Int, context: String)
+        throws(SecureAggregationError) -> SymmetricKey
+    {
         let secret: SharedSecret
         do {
             let other = try Curve25519.KeyAgreement.PublicKey(rawRepresentation: peerPublicKey)
@@ -180,7 +201,8 @@ public enum MaskExpansion {
                 keystream.withUnsafeBytes { raw in
                     words.withUnsafeMutableBufferPointer { all in
                         ModularWords.accumulate(
-                            into: UnsafeMutableBufferPointer(rebasing: all[start..<(start + count)]), littleEndian: raw, mask: mask, subtracting: stream.subtracting)
+                            into: UnsafeMutableBufferPointer(rebasing: all[start..<(start + count)]), littleEndian: raw, mask: mask,
+                            subtracting: stream.subtracting)
                     }
                 }
             }
@@ -204,13 +226,15 @@ enum ModularWords {
         let raw = UnsafeMutableRawPointer(target)
         if subtracting {
             while i + 8 <= count {
-                let sum = raw.loadUnaligned(fromByteOffset: 4 * i, as: SIMD8<UInt32>.self) &- source.loadUnaligned(fromByteOffset: 4 * i, as: SIMD8<UInt32>.self)
+                let sum =
+                    raw.loadUnaligned(fromByteOffset: 4 * i, as: SIMD8<UInt32>.self) &- source.loadUnaligned(fromByteOffset: 4 * i, as: SIMD8<UInt32>.self)
                 raw.storeBytes(of: sum & lanes, toByteOffset: 4 * i, as: SIMD8<UInt32>.self)
                 i += 8
             }
         } else {
             while i + 8 <= count {
-                let sum = raw.loadUnaligned(fromByteOffset: 4 * i, as: SIMD8<UInt32>.self) &+ source.loadUnaligned(fromByteOffset: 4 * i, as: SIMD8<UInt32>.self)
+                let sum =
+                    raw.loadUnaligned(fromByteOffset: 4 * i, as: SIMD8<UInt32>.self) &+ source.loadUnaligned(fromByteOffset: 4 * i, as: SIMD8<UInt32>.self)
                 raw.storeBytes(of: sum & lanes, toByteOffset: 4 * i, as: SIMD8<UInt32>.self)
                 i += 8
             }

@@ -18,7 +18,8 @@ public enum SecureAggregationCycle {
         public var unmask: Set<Int>
 
         /// Creates a dropout plan.
-        public init(advertiseKeys: Set<Int> = [], shareKeys: Set<Int> = [], maskedInput: Set<Int> = [], consistencyCheck: Set<Int> = [], unmask: Set<Int> = []) {
+        public init(advertiseKeys: Set<Int> = [], shareKeys: Set<Int> = [], maskedInput: Set<Int> = [], consistencyCheck: Set<Int> = [], unmask: Set<Int> = [])
+        {
             self.advertiseKeys = advertiseKeys
             self.shareKeys = shareKeys
             self.maskedInput = maskedInput

@@ -112,7 +112,9 @@ public struct SecureAggregationDevice: Sendable, Codable {
             guard configuration.consistencyCheck else {
                 throw SecureAggregationError(.verificationFailed, "device \(index) trusts an authority and refuses a cycle without consistency_check")
             }
-            guard let identity else { throw SecureAggregationError(.verificationFailed, "device \(index) trusts an authority but has no identity to sign with") }
+            guard let identity else {
+                throw SecureAggregationError(.verificationFailed, "device \(index) trusts an authority but has no identity to sign with")
+            }
             try identity.certificate.verify(authorityPublicKeys: trust.authorityPublicKeys, now: trust.now)
         }
         guard !configuration.consistencyCheck || identity != nil else {
@@ -145,7 +147,9 @@ public struct SecureAggregationDevice: Sendable, Codable {
     ///   the graph of the participants and seed; `duplicate_key` for a device listed twice or a public key used
     ///   twice; `invalid_message` when its own keys are missing or changed; `below_threshold` for fewer neighbours
     ///   than the threshold; `invalid_configuration` when the configuration does not hold for the participants.
-    public mutating func shareKeys(_ roster: SecureAggregationRoster, using generator: inout some RandomNumberGenerator) throws(SecureAggregationError) -> SecureAggregationShareKeys {
+    public mutating func shareKeys(_ roster: SecureAggregationRoster, using generator: inout some RandomNumberGenerator) throws(SecureAggregationError)
+        -> SecureAggregationShareKeys
+    {
         try expect(.shareKeys)
         try configuration.validate(devices: roster.participants.count, maximumSampleCount: maximumSampleCount, actualParticipants: true)
         guard Set(roster.participants).count == roster.participants.count else {
@@ -168,7 +172,7 @@ public struct SecureAggregationDevice: Sendable, Codable {
         // The device's own entry: its keys and certificate (an ECDSA signature is randomised, so the one the driver
         // sent may differ from this value's; the keys and certificate are what matter).
         guard let own = byDevice.removeValue(forKey: index), own.channelPublicKey == ownAdvertisement.channelPublicKey,
-              own.maskPublicKey == ownAdvertisement.maskPublicKey, own.signed?.certificate == ownAdvertisement.signed?.certificate
+            own.maskPublicKey == ownAdvertisement.maskPublicKey, own.signed?.certificate == ownAdvertisement.signed?.certificate
         else {
             throw SecureAggregationError(.invalidMessage, "the roster's keys for device \(index) are missing or not the ones it advertised")
         }
@@ -178,7 +182,8 @@ public struct SecureAggregationDevice: Sendable, Codable {
             throw SecureAggregationError(.invalidMessage, "the roster's keys (\(byDevice.keys.sorted())) are not device \(index)'s neighbours \(neighbours)")
         }
         guard neighbours.count >= configuration.threshold else {
-            throw SecureAggregationError(.belowThreshold, "device \(index) has \(neighbours.count) neighbours, fewer than the threshold \(configuration.threshold)")
+            throw SecureAggregationError(
+                .belowThreshold, "device \(index) has \(neighbours.count) neighbours, fewer than the threshold \(configuration.threshold)")
         }
         let t = configuration.threshold
         let seedShares = try ShamirSecretSharing.split(selfMaskSeed, threshold: t, indices: neighbours, using: &generator)
@@ -226,12 +231,14 @@ public struct SecureAggregationDevice: Sendable, Codable {
         var seedShares: [Int: ShamirShare] = [:], keyShares: [Int: ShamirShare] = [:]
         for share in delivery.shares {
             guard share.receiver == index, let key = channelKeys[share.sender] else {
-                throw SecureAggregationError(.invalidMessage, "a bundle from device \(share.sender) to \(share.receiver) is not from a neighbour of device \(index) to it")
+                throw SecureAggregationError(
+                    .invalidMessage, "a bundle from device \(share.sender) to \(share.receiver) is not from a neighbour of device \(index) to it")
             }
             guard seedShares[share.sender] == nil else {
                 throw SecureAggregationError(.invalidMessage, "device \(share.sender) sent device \(index) two bundles")
             }
-            let plaintext = try SecureAggregationCrypto.open(share.ciphertext, key: SymmetricKey(data: key), sender: share.sender, receiver: index, context: context)
+            let plaintext = try SecureAggregationCrypto.open(
+                share.ciphertext, key: SymmetricKey(data: key), sender: share.sender, receiver: index, context: context)
             guard let bundle = ShareBundle(plaintext), bundle.sender == share.sender, bundle.receiver == index else {
                 throw SecureAggregationError(.invalidMessage, "the bundle from device \(share.sender) is malformed or names other devices")
             }
@@ -239,13 +246,15 @@ public struct SecureAggregationDevice: Sendable, Codable {
             keyShares[share.sender] = bundle.secretKeyShare
         }
         guard seedShares.count >= configuration.threshold else {
-            throw SecureAggregationError(.belowThreshold, "device \(index) received \(seedShares.count) bundles, fewer than the threshold \(configuration.threshold)")
+            throw SecureAggregationError(
+                .belowThreshold, "device \(index) received \(seedShares.count) bundles, fewer than the threshold \(configuration.threshold)")
         }
         let mask = configuration.modulusMask
         // The rounding's coin flips need no secrecy (the rounded update is masked): a fast generator seeded once from
         // the caller's, rather than one draw of the caller's (possibly locked, system) generator per two coordinates.
         var rounding = OrchardRandom(seed: generator.next())
-        let quantized = try SecureAggregationQuantization.quantize(update, clippingRange: configuration.clippingRange, levels: configuration.quantizationRange, using: &rounding)
+        let quantized = try SecureAggregationQuantization.quantize(
+            update, clippingRange: configuration.clippingRange, levels: configuration.quantizationRange, using: &rounding)
         let n = UInt64(sampleCount)
         let ahead = precomputed.flatMap { $0.device == index && $0.peers == Set(neighbourKeys.keys) && $0.words.count == quantized.count + 1 ? $0 : nil }
         let masks = ahead?.words
@@ -300,7 +309,8 @@ public struct SecureAggregationDevice: Sendable, Codable {
                 privateKey: maskKey, peerPublicKey: neighbourKeys[peer]!.maskPublicKey, device: index, peer: peer, context: context)
             streams.append(.init(seed: seed, subtracting: peer < index))
         }
-        return SecureAggregationMaskPlan(device: index, peers: Set(neighbourKeys.keys), streams: streams, length: modelLength + 1, modulusBits: configuration.modulusBits)
+        return SecureAggregationMaskPlan(
+            device: index, peers: Set(neighbourKeys.keys), streams: streams, length: modelLength + 1, modulusBits: configuration.modulusBits)
     }
 
     /// Stage unmask: the self-mask seed shares of `survivors` and the s-key shares of `dropped`. May be asked again;
@@ -323,7 +333,8 @@ public struct SecureAggregationDevice: Sendable, Codable {
             throw SecureAggregationError(.invalidMessage, "the unmask request lists a device twice")
         }
         guard survivors.isDisjoint(with: dropped) else {
-            throw SecureAggregationError(.inconsistentRequest, "devices \(survivors.intersection(dropped).sorted()) are listed both as survivors and as dropped")
+            throw SecureAggregationError(
+                .inconsistentRequest, "devices \(survivors.intersection(dropped).sorted()) are listed both as survivors and as dropped")
         }
         guard !dropped.contains(index) else {
             throw SecureAggregationError(.invalidMessage, "device \(index) is asked to reveal shares as though it had dropped")
@@ -353,7 +364,9 @@ public struct SecureAggregationDevice: Sendable, Codable {
     ///   addressed elsewhere, a list not strictly ascending, naming non-participants or neighbours that sent no shares,
     ///   or without this device; `below_threshold` when a device to unmask keeps fewer than `threshold` neighbours in
     ///   the list; `inconsistent_request` for a list other than the one already signed.
-    public mutating func consistencyCheck(_ request: SecureAggregationConsistencyRequest) throws(SecureAggregationError) -> SecureAggregationConsistencySignature {
+    public mutating func consistencyCheck(_ request: SecureAggregationConsistencyRequest) throws(SecureAggregationError)
+        -> SecureAggregationConsistencySignature
+    {
         guard configuration.consistencyCheck else { throw SecureAggregationError(.outOfOrder, "this cycle has no consistency_check stage") }
         // Asked again after signing (a reply that was lost), the device is at unmask and answers the same signature.
         if !(stage == .unmask && consistencySurvivors != nil) { try expect(.consistencyCheck) }
@@ -375,7 +388,9 @@ public struct SecureAggregationDevice: Sendable, Codable {
         guard live.isSubset(of: graph.participants) else {
             throw SecureAggregationError(.invalidMessage, "the survivors name devices outside the roster: \(live.subtracting(graph.participants).sorted())")
         }
-        guard live.contains(index) else { throw SecureAggregationError(.invalidMessage, "the survivors do not include device \(index), which sent its masked input") }
+        guard live.contains(index) else {
+            throw SecureAggregationError(.invalidMessage, "the survivors do not include device \(index), which sent its masked input")
+        }
         let neverShared = live.intersection(neighbourKeys.keys).subtracting(heldSelfMaskShares.keys)
         guard neverShared.isEmpty else {
             throw SecureAggregationError(.invalidMessage, "the survivors include neighbours that sent no shares: \(neverShared.sorted())")
@@ -385,7 +400,8 @@ public struct SecureAggregationDevice: Sendable, Codable {
         for device in live.union(heldSelfMaskShares.keys).sorted() {
             let kept = graph.isComplete ? live.count - (live.contains(device) ? 1 : 0) : graph.neighbours(of: device).filter { live.contains($0) }.count
             guard kept >= t else {
-                throw SecureAggregationError(.belowThreshold, "device \(device) keeps \(kept) of its neighbours among the survivors, fewer than the threshold \(t)")
+                throw SecureAggregationError(
+                    .belowThreshold, "device \(device) keeps \(kept) of its neighbours among the survivors, fewer than the threshold \(t)")
             }
         }
         let signature = try identity.sign(consistencySignedBytes(context: context, survivors: survivors))
@@ -404,7 +420,8 @@ public struct SecureAggregationDevice: Sendable, Codable {
                 throw SecureAggregationError(.verificationFailed, "the roster's entry for device \(key.device) is not signed")
             }
             if let trust { try signed.certificate.verify(authorityPublicKeys: trust.authorityPublicKeys, now: trust.now) }
-            guard SecureAggregationSigning.isValid(signed.signature, of: key.signedBytes(context: context), publicKey: signed.certificate.signingPublicKey) else {
+            guard SecureAggregationSigning.isValid(signed.signature, of: key.signedBytes(context: context), publicKey: signed.certificate.signingPublicKey)
+            else {
                 throw SecureAggregationError(.verificationFailed, "the roster's entry for device \(key.device) does not carry its identity key's signature")
             }
             guard identityKeys.insert(signed.certificate.signingPublicKey).inserted, subjects.insert(signed.certificate.subject).inserted else {
@@ -422,12 +439,14 @@ public struct SecureAggregationDevice: Sendable, Codable {
         var signers = Set<Int>()
         for signature in request.signatures ?? [] where !signers.contains(signature.device) {
             guard let key = neighbourKeys[signature.device]?.signed?.certificate.signingPublicKey,
-                  signature.isValid(survivors: signed, context: context, publicKey: key)
+                signature.isValid(survivors: signed, context: context, publicKey: key)
             else { continue }
             signers.insert(signature.device)
         }
         guard signers.count >= configuration.threshold else {
-            throw SecureAggregationError(.verificationFailed, "device \(index) has \(signers.count) valid neighbour signatures on its survivor set, fewer than the threshold \(configuration.threshold)")
+            throw SecureAggregationError(
+                .verificationFailed,
+                "device \(index) has \(signers.count) valid neighbour signatures on its survivor set, fewer than the threshold \(configuration.threshold)")
         }
         let live = Set(signed), sharing = Set(heldSelfMaskShares.keys)
         guard Set(request.survivors).subtracting([index]) == sharing.intersection(live), Set(request.dropped) == sharing.subtracting(live) else {

@@ -37,11 +37,13 @@ public struct SecureAggregationAuthority: Sendable {
             throw SecureAggregationError(.invalidInput, "a certified key must be a raw 64-byte P-256 public key, not \(signingPublicKey.count) bytes")
         }
         guard subject.utf8.count <= SecureAggregationCertificate.maximumSubjectBytes else {
-            throw SecureAggregationError(.invalidInput, "a certificate subject has at most \(SecureAggregationCertificate.maximumSubjectBytes) bytes, not \(subject.utf8.count)")
+            throw SecureAggregationError(
+                .invalidInput, "a certificate subject has at most \(SecureAggregationCertificate.maximumSubjectBytes) bytes, not \(subject.utf8.count)")
         }
         let expires = Int64(expiresAt.timeIntervalSince1970.rounded(.down))
         let bytes = SecureAggregationCertificate.signedBytes(signingPublicKey: signingPublicKey, subject: subject, expiresAt: expires)
-        return SecureAggregationCertificate(signingPublicKey: signingPublicKey, subject: subject, expiresAt: expires, signature: try SecureAggregationSigning.sign(bytes, with: key))
+        return SecureAggregationCertificate(
+            signingPublicKey: signingPublicKey, subject: subject, expiresAt: expires, signature: try SecureAggregationSigning.sign(bytes, with: key))
     }
 }
 
@@ -85,7 +87,9 @@ public struct SecureAggregationCertificate: Sendable, Hashable, Codable {
     /// Checks the certificate: a well-formed key and subject, not expired at `now`, signed by one of `authorityPublicKeys`.
     /// - Throws: `verification_failed` naming the first problem.
     public func verify(authorityPublicKeys: [Data], now: Date) throws(SecureAggregationError) {
-        func fail(_ message: String) -> SecureAggregationError { SecureAggregationError(.verificationFailed, "the certificate of '\(subject.prefix(64))' \(message)") }
+        func fail(_ message: String) -> SecureAggregationError {
+            SecureAggregationError(.verificationFailed, "the certificate of '\(subject.prefix(64))' \(message)")
+        }
         guard (try? P256.Signing.PublicKey(rawRepresentation: signingPublicKey)) != nil else { throw fail("holds no valid P-256 public key") }
         guard subject.utf8.count <= Self.maximumSubjectBytes else { throw fail("has a subject longer than \(Self.maximumSubjectBytes) bytes") }
         guard now.timeIntervalSince1970 < Double(expiresAt) else { throw fail("expired at \(expiresAt) (now \(Int64(now.timeIntervalSince1970)))") }
@@ -122,15 +126,21 @@ public struct SecureAggregationIdentity: Sendable, Hashable, Codable {
 
     /// A fresh key drawn from `generator`, certified by `authority` for `subject` until `expiresAt` (tests, simulator).
     /// - Throws: `invalid_input` for a subject longer than 256 bytes.
-    public init(authority: SecureAggregationAuthority, subject: String, expiresAt: Date, using generator: inout some RandomNumberGenerator) throws(SecureAggregationError) {
+    public init(authority: SecureAggregationAuthority, subject: String, expiresAt: Date, using generator: inout some RandomNumberGenerator)
+        throws(SecureAggregationError)
+    {
         let key = SecureAggregationSigning.generateKey(using: &generator)
-        try self.init(signingPrivateKey: key.rawRepresentation, certificate: try authority.certify(signingPublicKey: key.publicKey.rawRepresentation, subject: subject, expiresAt: expiresAt))
+        try self.init(
+            signingPrivateKey: key.rawRepresentation,
+            certificate: try authority.certify(signingPublicKey: key.publicKey.rawRepresentation, subject: subject, expiresAt: expiresAt))
     }
 
     public init(from decoder: any Decoder) throws {
         let c = try decoder.container(keyedBy: CodingKeys.self)
         do {
-            try self.init(signingPrivateKey: try c.decode(Data.self, forKey: .signingPrivateKey), certificate: try c.decode(SecureAggregationCertificate.self, forKey: .certificate))
+            try self.init(
+                signingPrivateKey: try c.decode(Data.self, forKey: .signingPrivateKey),
+                certificate: try c.decode(SecureAggregationCertificate.self, forKey: .certificate))
         } catch let error as SecureAggregationError {
             throw DecodingError.dataCorruptedError(forKey: .signingPrivateKey, in: c, debugDescription: error.message)
         }
@@ -139,7 +149,9 @@ public struct SecureAggregationIdentity: Sendable, Hashable, Codable {
     /// The certificate and this identity's signature for an advertisement of `channelPublicKey` and `maskPublicKey` in
     /// the cycle `context` (a device signs before it knows its index; see
     /// ``SecureAggregationAdvertisement/signedBytes(context:channelPublicKey:maskPublicKey:)``).
-    public func advertisementSignature(context: String, channelPublicKey: Data, maskPublicKey: Data) throws(SecureAggregationError) -> SecureAggregationAdvertisementSignature {
+    public func advertisementSignature(context: String, channelPublicKey: Data, maskPublicKey: Data) throws(SecureAggregationError)
+        -> SecureAggregationAdvertisementSignature
+    {
         let bytes = SecureAggregationAdvertisement.signedBytes(context: context, channelPublicKey: channelPublicKey, maskPublicKey: maskPublicKey)
         return SecureAggregationAdvertisementSignature(certificate: certificate, signature: try sign(bytes))
     }
@@ -215,7 +227,8 @@ extension SecureAggregationAdvertisement {
     public func verifySignature(context: String) throws(SecureAggregationError) {
         guard let signed else { throw SecureAggregationError(.invalidMessage, "device \(device)'s advertisement is not signed") }
         guard signed.certificate.subject.utf8.count <= SecureAggregationCertificate.maximumSubjectBytes else {
-            throw SecureAggregationError(.invalidMessage, "device \(device)'s certificate subject exceeds \(SecureAggregationCertificate.maximumSubjectBytes) bytes")
+            throw SecureAggregationError(
+                .invalidMessage, "device \(device)'s certificate subject exceeds \(SecureAggregationCertificate.maximumSubjectBytes) bytes")
         }
         guard SecureAggregationSigning.isValid(signed.signature, of: signedBytes(context: context), publicKey: signed.certificate.signingPublicKey) else {
             throw SecureAggregationError(.invalidMessage, "device \(device)'s advertisement signature does not verify under its certificate's key")
@@ -285,7 +298,7 @@ enum SecureAggregationSigning {
 
     static func isValid(_ signature: Data, of bytes: Data, publicKey: Data) -> Bool {
         guard let key = try? P256.Signing.PublicKey(rawRepresentation: publicKey),
-              let signature = try? P256.Signing.ECDSASignature(rawRepresentation: signature)
+            let signature = try? P256.Signing.ECDSASignature(rawRepresentation: signature)
         else { return false }
         return key.isValidSignature(signature, for: bytes)
     }

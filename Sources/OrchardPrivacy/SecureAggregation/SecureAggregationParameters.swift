@@ -90,12 +90,16 @@ public struct SecureAggregationParameters: Sendable, Hashable, Codable {
         guard actualParticipants || devices >= 3 else { throw fail("secure aggregation needs at least 3 devices, not \(devices)") }
         if let shares, !actualParticipants {
             guard shares >= 2, shares <= devices - 1 else { throw fail("shares must be in 2...\(devices - 1) (devices - 1), not \(shares)") }
-            guard shares % 2 == 0 || shares == devices - 1 else { throw fail("shares must be even (half the neighbours on each side of the ring), not \(shares)") }
+            guard shares % 2 == 0 || shares == devices - 1 else {
+                throw fail("shares must be even (half the neighbours on each side of the ring), not \(shares)")
+            }
         }
         let neighbours = neighbourCount(devices: devices)
         guard threshold >= 2 else { throw fail("threshold must be at least 2, not \(threshold)") }
         guard actualParticipants || threshold <= neighbours else { throw fail("threshold \(threshold) exceeds the \(neighbours) neighbours that hold shares") }
-        guard 2 * threshold > (actualParticipants ? (shares ?? neighbours) : neighbours) else { throw fail("threshold \(threshold) must be above half of the \(neighbours) neighbours") }
+        guard 2 * threshold > (actualParticipants ? (shares ?? neighbours) : neighbours) else {
+            throw fail("threshold \(threshold) must be above half of the \(neighbours) neighbours")
+        }
         guard clippingRange > 0, clippingRange.isFinite else { throw fail("clipping_range must be a positive number, not \(clippingRange)") }
         guard quantizationRange >= 2 else { throw fail("quantization_range must be at least 2, not \(quantizationRange)") }
         guard (1...32).contains(modulusBits) else { throw fail("modulus_bits must be in 1...32, not \(modulusBits)") }
@@ -104,7 +108,9 @@ public struct SecureAggregationParameters: Sendable, Hashable, Codable {
         let (weight, overflowA) = UInt64(devices).multipliedReportingOverflow(by: UInt64(maximumSampleCount))
         let (largest, overflowB) = weight.multipliedReportingOverflow(by: UInt64(quantizationRange - 1))
         guard !overflowA, !overflowB, largest < (UInt64(1) << UInt64(modulusBits)) else {
-            throw fail("(quantization_range - 1) * devices * maximum sample count = \(quantizationRange - 1) * \(devices) * \(maximumSampleCount) reaches 2^\(modulusBits): the sum would wrap")
+            throw fail(
+                "(quantization_range - 1) * devices * maximum sample count = \(quantizationRange - 1) * \(devices) * \(maximumSampleCount) reaches 2^\(modulusBits): the sum would wrap"
+            )
         }
     }
 }

@@ -12,9 +12,12 @@ import Foundation
 public enum SecureAggregationQuantization {
     /// The levels q ∈ [0, Q − 1] of `values`, clipped to ±`clippingRange` and stochastically rounded.
     /// - Throws: `invalid_input` for a NaN, fewer than 2 levels or a clipping range that is not a positive number.
-    public static func quantize(_ values: [Float], clippingRange: Float, levels: UInt32, using generator: inout some RandomNumberGenerator) throws(SecureAggregationError) -> [UInt32] {
+    public static func quantize(_ values: [Float], clippingRange: Float, levels: UInt32, using generator: inout some RandomNumberGenerator)
+        throws(SecureAggregationError) -> [UInt32]
+    {
         guard levels >= 2, clippingRange > 0, clippingRange.isFinite else {
-            throw SecureAggregationError(.invalidInput, "quantisation needs at least 2 levels (not \(levels)) and a positive clipping range (not \(clippingRange))")
+            throw SecureAggregationError(
+                .invalidInput, "quantisation needs at least 2 levels (not \(levels)) and a positive clipping range (not \(clippingRange))")
         }
         let c = Double(clippingRange), top = levels - 1, scale = Double(top) / (2 * c), topLevel = Double(top)
         // A NaN is noted where it is met (the rounding goes on with a placeholder) and refused after the pass.
@@ -44,12 +47,13 @@ public enum SecureAggregationQuantization {
                 while i + 8 <= input.count {
                     let a: UInt64 = generator.next(), b: UInt64 = generator.next()
                     let d: UInt64 = generator.next(), e: UInt64 = generator.next()
-                    let uniform = SIMD8<Double>(
-                        Double(UInt32(truncatingIfNeeded: a)), Double(UInt32(truncatingIfNeeded: a >> 32)),
-                        Double(UInt32(truncatingIfNeeded: b)), Double(UInt32(truncatingIfNeeded: b >> 32)),
-                        Double(UInt32(truncatingIfNeeded: d)), Double(UInt32(truncatingIfNeeded: d >> 32)),
-                        Double(UInt32(truncatingIfNeeded: e)), Double(UInt32(truncatingIfNeeded: e >> 32))
-                    ) * 0x1p-32
+                    let uniform =
+                        SIMD8<Double>(
+                            Double(UInt32(truncatingIfNeeded: a)), Double(UInt32(truncatingIfNeeded: a >> 32)),
+                            Double(UInt32(truncatingIfNeeded: b)), Double(UInt32(truncatingIfNeeded: b >> 32)),
+                            Double(UInt32(truncatingIfNeeded: d)), Double(UInt32(truncatingIfNeeded: d >> 32)),
+                            Double(UInt32(truncatingIfNeeded: e)), Double(UInt32(truncatingIfNeeded: e >> 32))
+                        ) * 0x1p-32
                     let value = UnsafeRawPointer(input.baseAddress! + i).loadUnaligned(as: SIMD8<Float>.self)
                     if any(value .!= value) { sawNaN = true }
                     let u = pointwiseMin((pointwiseMin(pointwiseMax(SIMD8<Double>(value), low), high) + high) * scales, tops)

@@ -112,7 +112,9 @@ public struct SecureAggregationServer: Sendable, Codable {
     /// A server for a cycle of at most `maximumDevices` devices.
     /// - Throws: `invalid_configuration` from ``SecureAggregationParameters/validate(devices:maximumSampleCount:)``,
     ///   or for a model length below 1.
-    public init(configuration: SecureAggregationParameters, context: String, maximumDevices: Int, maximumSampleCount: Int, modelLength: Int) throws(SecureAggregationError) {
+    public init(configuration: SecureAggregationParameters, context: String, maximumDevices: Int, maximumSampleCount: Int, modelLength: Int)
+        throws(SecureAggregationError)
+    {
         try configuration.validate(devices: maximumDevices, maximumSampleCount: maximumSampleCount)
         guard modelLength >= 1 else { throw SecureAggregationError(.invalidConfiguration, "the model length must be at least 1, not \(modelLength)") }
         self.configuration = configuration
@@ -124,7 +126,9 @@ public struct SecureAggregationServer: Sendable, Codable {
     }
 
     /// Handles one event: messages return no actions, ``SecureAggregationServerEvent/closeStage`` returns the stage's.
-    public mutating func handle(_ event: SecureAggregationServerEvent, using generator: inout some RandomNumberGenerator) throws(SecureAggregationError) -> [SecureAggregationServerAction] {
+    public mutating func handle(_ event: SecureAggregationServerEvent, using generator: inout some RandomNumberGenerator) throws(SecureAggregationError)
+        -> [SecureAggregationServerAction]
+    {
         switch event {
         case .advertisement(let message): try receiveAdvertisement(message)
         case .shareKeys(let message): try receiveShareKeys(message)
@@ -217,7 +221,8 @@ public struct SecureAggregationServer: Sendable, Codable {
         }
         let receivers = message.shares.map(\.receiver)
         guard message.shares.allSatisfy({ $0.sender == message.device }), receivers.sorted() == graph.neighbours(of: message.device) else {
-            throw SecureAggregationError(.invalidMessage, "device \(message.device) must send one bundle to each of its neighbours \(graph.neighbours(of: message.device))")
+            throw SecureAggregationError(
+                .invalidMessage, "device \(message.device) must send one bundle to each of its neighbours \(graph.neighbours(of: message.device))")
         }
         for share in message.shares { bundles[share.receiver, default: []].append(share) }
         sharers.insert(message.device)
@@ -253,7 +258,7 @@ public struct SecureAggregationServer: Sendable, Codable {
             throw SecureAggregationError(.duplicateMessage, "device \(message.device) already signed the survivors")
         }
         guard let key = advertisements[message.device]?.signed?.certificate.signingPublicKey,
-              message.isValid(survivors: maskedSenders.sorted(), context: context, publicKey: key)
+            message.isValid(survivors: maskedSenders.sorted(), context: context, publicKey: key)
         else {
             throw SecureAggregationError(.invalidMessage, "device \(message.device)'s consistency signature does not verify under its certified key")
         }
@@ -273,7 +278,7 @@ public struct SecureAggregationServer: Sendable, Codable {
         let chunks = ShamirSecretSharing.chunkCount(byteCount: SecureAggregationCrypto.keyByteCount)
         let all = message.selfMaskShares + message.secretKeyShares
         guard message.selfMaskShares.map(\.owner) == request.survivors, message.secretKeyShares.map(\.owner) == request.dropped,
-              all.allSatisfy({ $0.share.index == message.device && $0.share.values.count == chunks })
+            all.allSatisfy({ $0.share.index == message.device && $0.share.values.count == chunks })
         else {
             throw SecureAggregationError(.invalidMessage, "device \(message.device) did not reveal exactly the requested shares")
         }
@@ -425,7 +430,8 @@ public struct SecureAggregationServer: Sendable, Codable {
         for device in devices {
             let count = graph.isComplete ? live.count - (live.contains(device) ? 1 : 0) : graph.neighbours(of: device).filter { live.contains($0) }.count
             if count < configuration.threshold {
-                return "after \(stage), device \(device) keeps \(count) of its neighbours, fewer than the threshold \(configuration.threshold) (\(live.count) devices remain)"
+                return
+                    "after \(stage), device \(device) keeps \(count) of its neighbours, fewer than the threshold \(configuration.threshold) (\(live.count) devices remain)"
             }
         }
         return nil
@@ -456,7 +462,8 @@ public struct SecureAggregationServer: Sendable, Codable {
         for device in maskedSenders.sorted() {
             let shares = selfMaskShares[device] ?? []
             guard shares.count >= t else {
-                throw SecureAggregationError(.belowThreshold, "only \(shares.count) shares of device \(device)'s self-mask seed were revealed, fewer than the threshold \(t)")
+                throw SecureAggregationError(
+                    .belowThreshold, "only \(shares.count) shares of device \(device)'s self-mask seed were revealed, fewer than the threshold \(t)")
             }
             let seed = try ShamirSecretSharing.reconstruct(shares, threshold: t, byteCount: SecureAggregationCrypto.keyByteCount)
             streams.append(MaskExpansion.Stream(seed: Data(seed), subtracting: true))
@@ -464,22 +471,26 @@ public struct SecureAggregationServer: Sendable, Codable {
         for device in sharers.sorted() where !maskedSenders.contains(device) {
             let shares = secretKeyShares[device] ?? []
             guard shares.count >= t else {
-                throw SecureAggregationError(.belowThreshold, "only \(shares.count) shares of dropped device \(device)'s key were revealed, fewer than the threshold \(t)")
+                throw SecureAggregationError(
+                    .belowThreshold, "only \(shares.count) shares of dropped device \(device)'s key were revealed, fewer than the threshold \(t)")
             }
-            let key = try SecureAggregationCrypto.agreementKey(Data(try ShamirSecretSharing.reconstruct(shares, threshold: t, byteCount: SecureAggregationCrypto.keyByteCount)))
+            let key = try SecureAggregationCrypto.agreementKey(
+                Data(try ShamirSecretSharing.reconstruct(shares, threshold: t, byteCount: SecureAggregationCrypto.keyByteCount)))
             guard let advertised = advertisements[device], key.publicKey.rawRepresentation == advertised.maskPublicKey else {
                 throw SecureAggregationError(.reconstructionFailed, "the key reconstructed for dropped device \(device) does not match its advertised key")
             }
             for survivor in graph.neighbours(of: device) where maskedSenders.contains(survivor) {
                 guard let peerKey = advertisements[survivor]?.maskPublicKey else { continue }
-                let seed = try SecureAggregationCrypto.pairwiseMaskSeed(privateKey: key, peerPublicKey: peerKey, device: device, peer: survivor, context: context)
+                let seed = try SecureAggregationCrypto.pairwiseMaskSeed(
+                    privateKey: key, peerPublicKey: peerKey, device: device, peer: survivor, context: context)
                 // The survivor added the mask toward a higher index and subtracted it toward a lower one: undo that.
                 streams.append(MaskExpansion.Stream(seed: seed, subtracting: survivor < device))
             }
         }
         try MaskExpansion.apply(streams, to: &sum, modulusBits: bits)
         let total = Int(sum.removeLast())
-        let mean = SecureAggregationQuantization.mean(sum, totalSampleCount: total, clippingRange: configuration.clippingRange, levels: configuration.quantizationRange)
+        let mean = SecureAggregationQuantization.mean(
+            sum, totalSampleCount: total, clippingRange: configuration.clippingRange, levels: configuration.quantizationRange)
         return SecureAggregationResult(sum: sum, totalSampleCount: total, survivors: maskedSenders.sorted(), mean: mean)
     }
 

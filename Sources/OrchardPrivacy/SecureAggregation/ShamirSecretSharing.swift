@@ -70,7 +70,9 @@ public enum ShamirSecretSharing {
     /// Splits `secret` into one share per index, any `threshold` of which reconstruct it.
     /// - Throws: `invalid_share` for a threshold outside 1…indices.count, an index below 1 or at least p, or an index
     ///   given twice.
-    public static func split(_ secret: some DataProtocol, threshold: Int, indices: [Int], using generator: inout some RandomNumberGenerator) throws(SecureAggregationError) -> [ShamirShare] {
+    public static func split(_ secret: some DataProtocol, threshold: Int, indices: [Int], using generator: inout some RandomNumberGenerator)
+        throws(SecureAggregationError) -> [ShamirShare]
+    {
         guard threshold >= 1, threshold <= indices.count else {
             throw SecureAggregationError(.invalidShare, "threshold must be in 1...\(indices.count) (the number of shares), not \(threshold)")
         }

@@ -16,7 +16,9 @@ import Testing
     }
 
     /// Device 1's refusal of its roster with entry `device` replaced by `entry`.
-    static func rosterRefusal(_ cycle: SignedCycle, replacing device: Int = 2, with entries: [SecureAggregationAdvertisement]) throws -> SecureAggregationError.Code? {
+    static func rosterRefusal(_ cycle: SignedCycle, replacing device: Int = 2, with entries: [SecureAggregationAdvertisement]) throws -> SecureAggregationError
+        .Code?
+    {
         let roster = try #require(cycle.roster(1))
         let replaced = entries.map(\.device)
         let keys = (roster.keys.filter { !replaced.contains($0.device) } + entries).sorted { $0.device < $1.device }
@@ -36,20 +38,26 @@ import Testing
         #expect(try Self.rosterRefusal(cycle, with: [unsigned]) == .verificationFailed)
         // Keys the server controls under device 2's certificate and signature (a forged signature).
         let fake = try Self.fakeAdvertisement(device: 2, generator: &generator)
-        let stolen = SecureAggregationAdvertisement(device: 2, channelPublicKey: fake.channelPublicKey, maskPublicKey: fake.maskPublicKey, signed: honest.signed)
+        let stolen = SecureAggregationAdvertisement(
+            device: 2, channelPublicKey: fake.channelPublicKey, maskPublicKey: fake.maskPublicKey, signed: honest.signed)
         #expect(try Self.rosterRefusal(cycle, with: [stolen]) == .verificationFailed)
         // A flipped signature bit; device 2's signed entry moved to index 3.
         var bits = try #require(honest.signed).signature
         bits[bits.startIndex] ^= 0x01
         let flipped = SecureAggregationAdvertisement(
-            device: 2, channelPublicKey: honest.channelPublicKey, maskPublicKey: honest.maskPublicKey, signed: .init(certificate: honest.signed!.certificate, signature: bits))
+            device: 2, channelPublicKey: honest.channelPublicKey, maskPublicKey: honest.maskPublicKey,
+            signed: .init(certificate: honest.signed!.certificate, signature: bits))
         #expect(try Self.rosterRefusal(cycle, with: [flipped]) == .verificationFailed)
         let entry3 = try #require(cycle.roster(1)?.keys.first { $0.device == 3 })
-        let moved = SecureAggregationAdvertisement(device: 3, channelPublicKey: honest.channelPublicKey, maskPublicKey: honest.maskPublicKey, signed: honest.signed)
+        let moved = SecureAggregationAdvertisement(
+            device: 3, channelPublicKey: honest.channelPublicKey, maskPublicKey: honest.maskPublicKey, signed: honest.signed)
         // Signed entries swapped between indices 2 and 3: the index is not signed (a device signs before it has one), so
         // device 1 shares with them; but HKDF binds both indices into each pair's channel key, so what it sealed for
         // "3" (device 2's keys) does not open at device 2, which is index 2: the swap only makes the exchange fail.
-        let swapped = [moved, SecureAggregationAdvertisement(device: 2, channelPublicKey: entry3.channelPublicKey, maskPublicKey: entry3.maskPublicKey, signed: entry3.signed)]
+        let swapped = [
+            moved,
+            SecureAggregationAdvertisement(device: 2, channelPublicKey: entry3.channelPublicKey, maskPublicKey: entry3.maskPublicKey, signed: entry3.signed),
+        ]
         #expect(try Self.rosterRefusal(cycle, replacing: 3, with: swapped) == nil)
         var deviceOne = cycle.devices[0]
         let roster = try #require(cycle.roster(1))
@@ -58,8 +66,11 @@ import Testing
         let forThree = try #require(sealed.shares.first { $0.receiver == 3 })
         var deviceTwo = cycle.devices[1]
         _ = try deviceTwo.shareKeys(try #require(cycle.roster(2)), using: &generator)
-        let delivery = SecureAggregationShareDelivery(device: 2, shares: [SecureAggregationEncryptedShare(sender: 1, receiver: 2, ciphertext: forThree.ciphertext)])
-        #expect(secAggCode { _ = try deviceTwo.maskedInput(delivery, update: [Float](repeating: 0, count: SignedCycle.length), sampleCount: 1, using: &generator) } == .cryptographyFailure)
+        let delivery = SecureAggregationShareDelivery(
+            device: 2, shares: [SecureAggregationEncryptedShare(sender: 1, receiver: 2, ciphertext: forThree.ciphertext)])
+        #expect(
+            secAggCode { _ = try deviceTwo.maskedInput(delivery, update: [Float](repeating: 0, count: SignedCycle.length), sampleCount: 1, using: &generator) }
+                == .cryptographyFailure)
         // Certified by an authority the device does not trust.
         let rogue = SecureAggregationAuthority(using: &generator)
         let rogueIdentity = try SecureAggregationIdentity(authority: rogue, subject: "device-2", expiresAt: SignedFixture.expiry, using: &generator)
@@ -68,7 +79,9 @@ import Testing
         let expired = try cycle.pki.extraIdentity(subject: "device-2b", expiresAt: SignedFixture.now.addingTimeInterval(-1), generator: &generator)
         #expect(try Self.rosterRefusal(cycle, with: [try fake.signed(by: expired, context: Self.context)]) == .verificationFailed)
         // Signed for another cycle.
-        #expect(try Self.rosterRefusal(cycle, with: [try fake.signed(by: try cycle.pki.extraIdentity(subject: "x", generator: &generator), context: "other")]) == .verificationFailed)
+        #expect(
+            try Self.rosterRefusal(cycle, with: [try fake.signed(by: try cycle.pki.extraIdentity(subject: "x", generator: &generator), context: "other")])
+                == .verificationFailed)
         // A valid, trusted, unexpired identity the server holds still works for one entry (the PKI's promise is one per subject).
         let held = try cycle.pki.extraIdentity(subject: "server-held", generator: &generator)
         #expect(try Self.rosterRefusal(cycle, with: [try fake.signed(by: held, context: Self.context)]) == nil)
@@ -88,7 +101,10 @@ import Testing
         #expect(try Self.rosterRefusal(cycle, replacing: 3, with: [real2]) == .duplicateKey)
         // Two keys certified for one subject.
         let again = try cycle.pki.extraIdentity(subject: "device-2", generator: &generator)
-        #expect(try Self.rosterRefusal(cycle, replacing: 3, with: [try Self.fakeAdvertisement(device: 3, generator: &generator).signed(by: again, context: Self.context)]) == .duplicateKey)
+        #expect(
+            try Self.rosterRefusal(
+                cycle, replacing: 3, with: [try Self.fakeAdvertisement(device: 3, generator: &generator).signed(by: again, context: Self.context)])
+                == .duplicateKey)
         // The honest roster passes.
         #expect(try Self.rosterRefusal(cycle, with: []) == nil)
     }
@@ -96,10 +112,13 @@ import Testing
     @Test func trustHoldingDevicesRequireTheActiveProtocol() throws {
         var generator = SplitMix64(seed: 7)
         let pki = try SignedFixture(devices: 2, generator: &generator)
-        func make(_ configuration: SecureAggregationParameters, identity: SecureAggregationIdentity?, trust: SecureAggregationTrust?) -> SecureAggregationError.Code? {
+        func make(_ configuration: SecureAggregationParameters, identity: SecureAggregationIdentity?, trust: SecureAggregationTrust?) -> SecureAggregationError
+            .Code?
+        {
             secAggCode {
                 _ = try SecureAggregationDevice(
-                    index: 1, configuration: configuration, context: Self.context, maximumSampleCount: 10, modelLength: 4, identity: identity, trust: trust, using: &generator)
+                    index: 1, configuration: configuration, context: Self.context, maximumSampleCount: 10, modelLength: 4, identity: identity, trust: trust,
+                    using: &generator)
             }
         }
         let plain = SecureAggregationParameters(threshold: 2)
@@ -132,7 +151,8 @@ import Testing
         }
         for device in 1...7 {
             let others = full.filter { $0 != device }
-            let request = device <= 4
+            let request =
+                device <= 4
                 ? SecureAggregationUnmaskRequest(device: device, survivors: others, dropped: [], signatures: signatures)
                 : SecureAggregationUnmaskRequest(device: device, survivors: others.filter { $0 != 4 }, dropped: [4], signatures: signatures)
             var copy = cycle.devices[device - 1]
@@ -154,14 +174,19 @@ import Testing
         #expect(honest.signatures?.map(\.device) == [2, 3, 4, 5, 6, 7])
         func refusal(_ signatures: [SecureAggregationConsistencySignature]?, survivors: [Int]? = nil, dropped: [Int]? = nil) -> SecureAggregationError.Code? {
             var copy = cycle.devices[0]
-            let request = SecureAggregationUnmaskRequest(device: 1, survivors: survivors ?? honest.survivors, dropped: dropped ?? honest.dropped, signatures: signatures)
+            let request = SecureAggregationUnmaskRequest(
+                device: 1, survivors: survivors ?? honest.survivors, dropped: dropped ?? honest.dropped, signatures: signatures)
             return secAggCode { _ = try copy.unmask(request) }
         }
         let identities = cycle.pki.identities
         // Neighbours' genuine signatures, but on another list, or on this list in another cycle.
-        let otherList = try (2...7).map { try SecureAggregationConsistencySignature(device: $0, signing: Array(2...7), context: Self.context, identity: identities[$0]!) }
+        let otherList = try (2...7).map {
+            try SecureAggregationConsistencySignature(device: $0, signing: Array(2...7), context: Self.context, identity: identities[$0]!)
+        }
         #expect(refusal(otherList) == .verificationFailed)
-        let otherCycle = try (2...7).map { try SecureAggregationConsistencySignature(device: $0, signing: Array(1...7), context: "task-7/cycle-2", identity: identities[$0]!) }
+        let otherCycle = try (2...7).map {
+            try SecureAggregationConsistencySignature(device: $0, signing: Array(1...7), context: "task-7/cycle-2", identity: identities[$0]!)
+        }
         #expect(refusal(otherCycle) == .verificationFailed)
         // One neighbour's signature repeated, signatures relabelled, the device's own, or none at all.
         let first = honest.signatures![0]
@@ -208,12 +233,12 @@ import Testing
         }
         #expect(refusal([1, 2, 3, 4, 5, 7]) == nil)
         #expect(refusal([1, 2, 3, 4, 5, 7], device: 2) == .invalidMessage)
-        #expect(refusal([1, 3, 2, 4, 5, 7]) == .invalidMessage)          // not ascending
-        #expect(refusal([1, 2, 2, 3, 4, 5, 7]) == .invalidMessage)       // a device twice
-        #expect(refusal([1, 2, 3, 4, 5, 7, 8]) == .invalidMessage)       // not a participant
-        #expect(refusal([2, 3, 4, 5, 7]) == .invalidMessage)             // without the device itself
-        #expect(refusal([1, 2, 3, 4, 5, 6, 7]) == .invalidMessage)       // device 6 sent no shares
-        #expect(refusal([1, 2, 3, 4]) == .belowThreshold)                // 3 neighbours left for device 1
+        #expect(refusal([1, 3, 2, 4, 5, 7]) == .invalidMessage)  // not ascending
+        #expect(refusal([1, 2, 2, 3, 4, 5, 7]) == .invalidMessage)  // a device twice
+        #expect(refusal([1, 2, 3, 4, 5, 7, 8]) == .invalidMessage)  // not a participant
+        #expect(refusal([2, 3, 4, 5, 7]) == .invalidMessage)  // without the device itself
+        #expect(refusal([1, 2, 3, 4, 5, 6, 7]) == .invalidMessage)  // device 6 sent no shares
+        #expect(refusal([1, 2, 3, 4]) == .belowThreshold)  // 3 neighbours left for device 1
         // A cycle without consistency_check has no such stage.
         var plain = try SecureAggregationStageTests.Cycle()
         #expect(secAggCode { _ = try plain.devices[0].consistencyCheck(.init(device: 1, survivors: [1])) } == .outOfOrder)
@@ -241,9 +266,11 @@ import Testing
         // A certificate subject over 256 bytes (the devices would refuse the certificate; the server refuses it early).
         let longSubject = SecureAggregationAdvertisement(
             device: 2, channelPublicKey: two.channelPublicKey, maskPublicKey: two.maskPublicKey,
-            signed: .init(certificate: .init(signingPublicKey: two.signed!.certificate.signingPublicKey, subject: String(repeating: "x", count: 257),
-                                             expiresAt: two.signed!.certificate.expiresAt, signature: two.signed!.certificate.signature),
-                          signature: two.signed!.signature))
+            signed: .init(
+                certificate: .init(
+                    signingPublicKey: two.signed!.certificate.signingPublicKey, subject: String(repeating: "x", count: 257),
+                    expiresAt: two.signed!.certificate.expiresAt, signature: two.signed!.certificate.signature),
+                signature: two.signed!.signature))
         #expect(secAggCode { try cycle.server.receiveAdvertisement(longSubject) } == .invalidMessage)
         // Nothing was recorded; the honest advertisement goes in.
         #expect(cycle.server.advertisedDevices == [1])
@@ -275,7 +302,9 @@ import Testing
         #expect(secAggCode { try cycle.server.receiveConsistencySignature(.init(device: 2, signature: one.signature)) } == .invalidMessage)
         // The dispatcher takes signatures too; then the stage closes and only signers are asked to unmask.
         for device in 2...5 {
-            #expect(try cycle.server.handle(.consistencySignature(try cycle.devices[device - 1].consistencyCheck(requests[device]!)), using: &cycle.generator).isEmpty)
+            #expect(
+                try cycle.server.handle(.consistencySignature(try cycle.devices[device - 1].consistencyCheck(requests[device]!)), using: &cycle.generator)
+                    .isEmpty)
         }
         cycle.actions = try cycle.server.closeStage(using: &cycle.generator)
         #expect(cycle.server.dropped == [6, 7] && cycle.server.awaitedDevices == Array(1...5))

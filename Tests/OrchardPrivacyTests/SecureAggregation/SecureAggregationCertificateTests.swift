@@ -31,19 +31,30 @@ import Testing
         #expect(Self.verifyCode(certificate, keys: [authority.publicKey], now: SignedFixture.expiry.addingTimeInterval(86400)) == .verificationFailed)
 
         // Altered subject, key, expiry; truncated or flipped signature.
-        let otherKey = try SecureAggregationIdentity(authority: authority, subject: "device-2", expiresAt: SignedFixture.expiry, using: &generator).certificate.signingPublicKey
+        let otherKey = try SecureAggregationIdentity(authority: authority, subject: "device-2", expiresAt: SignedFixture.expiry, using: &generator).certificate
+            .signingPublicKey
         let altered = [
-            SecureAggregationCertificate(signingPublicKey: certificate.signingPublicKey, subject: "device-2", expiresAt: certificate.expiresAt, signature: certificate.signature),
-            SecureAggregationCertificate(signingPublicKey: otherKey, subject: certificate.subject, expiresAt: certificate.expiresAt, signature: certificate.signature),
-            SecureAggregationCertificate(signingPublicKey: certificate.signingPublicKey, subject: certificate.subject, expiresAt: certificate.expiresAt + 86400, signature: certificate.signature),
-            SecureAggregationCertificate(signingPublicKey: certificate.signingPublicKey, subject: certificate.subject, expiresAt: certificate.expiresAt, signature: certificate.signature.prefix(63)),
-            SecureAggregationCertificate(signingPublicKey: certificate.signingPublicKey, subject: certificate.subject, expiresAt: certificate.expiresAt, signature: Data()),
-            SecureAggregationCertificate(signingPublicKey: certificate.signingPublicKey.prefix(63), subject: certificate.subject, expiresAt: certificate.expiresAt, signature: certificate.signature),
+            SecureAggregationCertificate(
+                signingPublicKey: certificate.signingPublicKey, subject: "device-2", expiresAt: certificate.expiresAt, signature: certificate.signature),
+            SecureAggregationCertificate(
+                signingPublicKey: otherKey, subject: certificate.subject, expiresAt: certificate.expiresAt, signature: certificate.signature),
+            SecureAggregationCertificate(
+                signingPublicKey: certificate.signingPublicKey, subject: certificate.subject, expiresAt: certificate.expiresAt + 86400,
+                signature: certificate.signature),
+            SecureAggregationCertificate(
+                signingPublicKey: certificate.signingPublicKey, subject: certificate.subject, expiresAt: certificate.expiresAt,
+                signature: certificate.signature.prefix(63)),
+            SecureAggregationCertificate(
+                signingPublicKey: certificate.signingPublicKey, subject: certificate.subject, expiresAt: certificate.expiresAt, signature: Data()),
+            SecureAggregationCertificate(
+                signingPublicKey: certificate.signingPublicKey.prefix(63), subject: certificate.subject, expiresAt: certificate.expiresAt,
+                signature: certificate.signature),
         ]
         for certificate in altered { #expect(Self.verifyCode(certificate, keys: [authority.publicKey]) == .verificationFailed) }
         var flipped = certificate.signature
         flipped[flipped.startIndex + 10] ^= 0x01
-        let forged = SecureAggregationCertificate(signingPublicKey: certificate.signingPublicKey, subject: certificate.subject, expiresAt: certificate.expiresAt, signature: flipped)
+        let forged = SecureAggregationCertificate(
+            signingPublicKey: certificate.signingPublicKey, subject: certificate.subject, expiresAt: certificate.expiresAt, signature: flipped)
         #expect(Self.verifyCode(forged, keys: [authority.publicKey]) == .verificationFailed)
     }
 
@@ -55,8 +66,12 @@ import Testing
         let c = SecureAggregationCertificate.signedBytes(signingPublicKey: key, subject: "ab", expiresAt: 6)
         #expect(a != b && a != c && b != c)
         #expect(String(decoding: a, as: UTF8.self).contains("orchard.secure-aggregation.certificate.v1"))
-        #expect(SecureAggregationConsistencySignature.signedBytes(context: "x", survivors: [1, 2]) != SecureAggregationConsistencySignature.signedBytes(context: "x", survivors: [1, 2, 3]))
-        #expect(SecureAggregationConsistencySignature.signedBytes(context: "x", survivors: [1, 2]) != SecureAggregationConsistencySignature.signedBytes(context: "y", survivors: [1, 2]))
+        #expect(
+            SecureAggregationConsistencySignature.signedBytes(context: "x", survivors: [1, 2])
+                != SecureAggregationConsistencySignature.signedBytes(context: "x", survivors: [1, 2, 3]))
+        #expect(
+            SecureAggregationConsistencySignature.signedBytes(context: "x", survivors: [1, 2])
+                != SecureAggregationConsistencySignature.signedBytes(context: "y", survivors: [1, 2]))
     }
 
     @Test func identityMustMatchItsCertificate() throws {
@@ -71,7 +86,11 @@ import Testing
         // The authority restored from its raw key certifies alike; an over-long subject or a bad key is refused.
         let restored = try SecureAggregationAuthority(privateKey: authority.privateKey)
         #expect(restored.publicKey == authority.publicKey)
-        #expect(secAggCode { _ = try authority.certify(signingPublicKey: one.certificate.signingPublicKey, subject: String(repeating: "x", count: 257), expiresAt: SignedFixture.expiry) } == .invalidInput)
+        #expect(
+            secAggCode {
+                _ = try authority.certify(
+                    signingPublicKey: one.certificate.signingPublicKey, subject: String(repeating: "x", count: 257), expiresAt: SignedFixture.expiry)
+            } == .invalidInput)
         #expect(secAggCode { _ = try authority.certify(signingPublicKey: Data(count: 64), subject: "x", expiresAt: SignedFixture.expiry) } == .invalidInput)
         // Identities and certificates round-trip through JSON with snake_case keys; a mismatched identity does not decode.
         let encoder = JSONEncoder()

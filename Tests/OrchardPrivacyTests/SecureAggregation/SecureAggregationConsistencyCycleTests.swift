@@ -69,7 +69,8 @@ import Testing
     @Test func serverStateSurvivesARestartAtEveryStage() throws {
         let configuration = Self.configuration(shares: 8, threshold: 5)
         var checking: [Bool] = []
-        let (outcome, inputs) = try Self.run(configuration, devices: 12, length: 200, seed: 26, dropouts: .init(shareKeys: [2], consistencyCheck: [5])) { server in
+        let (outcome, inputs) = try Self.run(configuration, devices: 12, length: 200, seed: 26, dropouts: .init(shareKeys: [2], consistencyCheck: [5])) {
+            server in
             let data = try JSONEncoder().encode(server)
             let json = try #require(String(data: data, encoding: .utf8))
             if server.isCheckingConsistency { #expect(json.contains("\"consistency_signatures\"")) }
@@ -115,8 +116,10 @@ import Testing
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.sortedKeys]
         let plain = SecureAggregationParameters(threshold: 3)
-        #expect(String(decoding: try encoder.encode(plain), as: UTF8.self) == #"{"clipping_range":8,"modulus_bits":32,"quantization_range":65536,"threshold":3}"#)
-        let decoded = try JSONDecoder().decode(SecureAggregationParameters.self, from: Data(#"{"clipping_range":8,"modulus_bits":32,"quantization_range":65536,"threshold":3}"#.utf8))
+        #expect(
+            String(decoding: try encoder.encode(plain), as: UTF8.self) == #"{"clipping_range":8,"modulus_bits":32,"quantization_range":65536,"threshold":3}"#)
+        let decoded = try JSONDecoder().decode(
+            SecureAggregationParameters.self, from: Data(#"{"clipping_range":8,"modulus_bits":32,"quantization_range":65536,"threshold":3}"#.utf8))
         #expect(decoded == plain && !decoded.consistencyCheck)
         let checked = SecureAggregationParameters(threshold: 3, consistencyCheck: true)
         #expect(String(decoding: try encoder.encode(checked), as: UTF8.self).contains(#""consistency_check":true"#))

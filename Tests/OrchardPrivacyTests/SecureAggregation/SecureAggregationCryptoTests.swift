@@ -13,8 +13,10 @@ import Testing
         let seed = Data((0..<32).map { UInt8(7 &* $0 &+ 1) })
         for count in [1, MaskExpansion.chunkWords - 1, MaskExpansion.chunkWords, MaskExpansion.chunkWords + 1, 3 * MaskExpansion.chunkWords + 7] {
             // The reference: one AES-256-CTR keystream from a zero counter block, made in one call.
-            let stream = try AES._CTR.encrypt(Data(count: 4 * count), using: SymmetricKey(data: seed), nonce: AES._CTR.Nonce(nonceBytes: [UInt8](repeating: 0, count: 16)))
-            let expected = stream.withUnsafeBytes { raw in (0..<count).map { UInt32(littleEndian: raw.loadUnaligned(fromByteOffset: 4 * $0, as: UInt32.self)) } }
+            let stream = try AES._CTR.encrypt(
+                Data(count: 4 * count), using: SymmetricKey(data: seed), nonce: AES._CTR.Nonce(nonceBytes: [UInt8](repeating: 0, count: 16)))
+            let expected = stream.withUnsafeBytes { raw in (0..<count).map { UInt32(littleEndian: raw.loadUnaligned(fromByteOffset: 4 * $0, as: UInt32.self)) }
+            }
             #expect(try MaskExpansion.expand(seed: seed, count: count, modulusBits: 32) == expected, "\(count) words")
             var words = expected
             try MaskExpansion.apply(seed: seed, to: &words, modulusBits: 32, subtracting: true)

@@ -9,7 +9,9 @@ import Testing
     static let secAgg = SecureAggregationParameters(threshold: 6, clippingRange: 1, quantizationRange: 1 << 16)
     static let secAggPlus = SecureAggregationParameters(shares: 8, threshold: 5, clippingRange: 1, quantizationRange: 1 << 16)
 
-    static func check(_ outcome: SecureAggregationCycle.Outcome, inputs: [Int: SecureAggregationCycle.Input], survivors: [Int], configuration: SecureAggregationParameters) throws {
+    static func check(
+        _ outcome: SecureAggregationCycle.Outcome, inputs: [Int: SecureAggregationCycle.Input], survivors: [Int], configuration: SecureAggregationParameters
+    ) throws {
         guard case .finished(let result) = outcome else {
             Issue.record("the cycle did not finish: \(outcome)")
             return
@@ -59,10 +61,10 @@ import Testing
         let configuration = SecureAggregationParameters(threshold: 4, clippingRange: 1, quantizationRange: 1 << 16)
         let inputs = SecAggFixture.inputs(devices: 7, length: 50, seed: 4)
         let plans: [(SecureAggregationCycle.Dropouts, String)] = [
-            (.init(advertiseKeys: [1, 2, 3]), "advertise_keys"),        // 4 left: threshold + 1 = 5
+            (.init(advertiseKeys: [1, 2, 3]), "advertise_keys"),  // 4 left: threshold + 1 = 5
             (.init(shareKeys: [1, 2, 3]), "share_keys"),
             (.init(shareKeys: [1], maskedInput: [2, 3]), "masked_input"),
-            (.init(unmask: [1, 2, 3, 4]), "shares"),                     // 3 responders < threshold 4
+            (.init(unmask: [1, 2, 3, 4]), "shares"),  // 3 responders < threshold 4
         ]
         for (plan, stage) in plans {
             var generator = SplitMix64(seed: 4)

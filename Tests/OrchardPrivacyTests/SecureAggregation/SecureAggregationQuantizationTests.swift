@@ -143,7 +143,8 @@ import Testing
         #expect(all.neighbours(of: 3) == [1, 2, 4, 5])
         let capped = NeighbourGraph(participants: [1, 2, 3, 4, 5], shares: 6, seed: Data(count: 32))
         #expect(capped.isComplete && capped.neighbours(of: 5) == [1, 2, 3, 4])
-        let decoded = try JSONDecoder().decode(NeighbourGraph.self, from: JSONEncoder().encode(NeighbourGraph(participants: [1, 4, 9, 16, 25, 36], shares: 2, seed: Data(count: 32))))
+        let decoded = try JSONDecoder().decode(
+            NeighbourGraph.self, from: JSONEncoder().encode(NeighbourGraph(participants: [1, 4, 9, 16, 25, 36], shares: 2, seed: Data(count: 32))))
         #expect(decoded.neighbours(of: 9) == NeighbourGraph(participants: [1, 4, 9, 16, 25, 36], shares: 2, seed: Data(count: 32)).neighbours(of: 9))
     }
 }

@@ -44,9 +44,10 @@ struct SignedCycle: DrivenCycle {
         pki = try SignedFixture(devices: count, generator: &generator)
         var devices: [SecureAggregationDevice] = []
         for index in 1...count {
-            devices.append(try SecureAggregationDevice(
-                index: index, configuration: Self.configuration, context: SecAggFixture.context, maximumSampleCount: SecAggFixture.maximumSampleCount,
-                modelLength: Self.length, identity: pki.identities[index], trust: pki.trust, using: &generator))
+            devices.append(
+                try SecureAggregationDevice(
+                    index: index, configuration: Self.configuration, context: SecAggFixture.context, maximumSampleCount: SecAggFixture.maximumSampleCount,
+                    modelLength: Self.length, identity: pki.identities[index], trust: pki.trust, using: &generator))
         }
         self.devices = devices
         server = try SecureAggregationServer(

@@ -21,7 +21,8 @@ import Testing
         var actions: [SecureAggregationServerAction] = []
 
         init(devices count: Int = 7) throws {
-            devices = try SecAggFixture.devices(count, configuration: SecureAggregationStageTests.configuration, length: SecureAggregationStageTests.length, generator: &generator)
+            devices = try SecAggFixture.devices(
+                count, configuration: SecureAggregationStageTests.configuration, length: SecureAggregationStageTests.length, generator: &generator)
             server = try SecureAggregationServer(
                 configuration: SecureAggregationStageTests.configuration, context: SecAggFixture.context, maximumDevices: count,
                 maximumSampleCount: SecAggFixture.maximumSampleCount, modelLength: SecureAggregationStageTests.length)
@@ -137,8 +138,13 @@ import Testing
         #expect(Self.code { try cycle.server.receiveAdvertisement(first) } == .duplicateMessage)
         let copied = SecureAggregationAdvertisement(device: 2, channelPublicKey: first.maskPublicKey, maskPublicKey: Data(repeating: 9, count: 32))
         #expect(Self.code { try cycle.server.receiveAdvertisement(copied) } == .duplicateKey)
-        #expect(Self.code { try cycle.server.receiveAdvertisement(.init(device: 2, channelPublicKey: Data(count: 31), maskPublicKey: Data(count: 32))) } == .invalidMessage)
-        #expect(Self.code { try cycle.server.receiveAdvertisement(.init(device: 0, channelPublicKey: Data(count: 32), maskPublicKey: Data(repeating: 1, count: 32))) } == .invalidMessage)
+        #expect(
+            Self.code { try cycle.server.receiveAdvertisement(.init(device: 2, channelPublicKey: Data(count: 31), maskPublicKey: Data(count: 32))) }
+                == .invalidMessage)
+        #expect(
+            Self.code {
+                try cycle.server.receiveAdvertisement(.init(device: 0, channelPublicKey: Data(count: 32), maskPublicKey: Data(repeating: 1, count: 32)))
+            } == .invalidMessage)
         #expect(Self.code { try cycle.server.addMaskedInput(device: 1, words: []) } == .outOfOrder)
         #expect(Self.code { try cycle.server.receiveShareKeys(.init(device: 1, shares: [])) } == .outOfOrder)
         for i in 1..<6 { try cycle.server.receiveAdvertisement(try cycle.devices[i].advertiseKeys()) }
@@ -226,7 +232,8 @@ import Testing
         let json = try #require(String(data: JSONEncoder().encode(roster), encoding: .utf8))
         #expect(json.contains("\"graph_seed\"") && json.contains("\"channel_public_key\"") && json.contains("\"mask_public_key\""))
         #expect(try JSONDecoder().decode(SecureAggregationRoster.self, from: Data(json.utf8)) == roster)
-        let response = SecureAggregationUnmaskResponse(device: 1, selfMaskShares: [.init(owner: 2, share: .init(index: 1, values: [1, 2]))], secretKeyShares: [])
+        let response = SecureAggregationUnmaskResponse(
+            device: 1, selfMaskShares: [.init(owner: 2, share: .init(index: 1, values: [1, 2]))], secretKeyShares: [])
         let text = try #require(String(data: JSONEncoder().encode(response), encoding: .utf8))
         #expect(text.contains("\"self_mask_shares\"") && text.contains("\"secret_key_shares\""))
     }

@@ -39,9 +39,12 @@ enum SecAggFixture {
     }
 
     /// A device at stage share_keys, with its advertisement.
-    static func devices(_ count: Int, configuration: SecureAggregationParameters, length: Int, generator: inout some RandomNumberGenerator) throws -> [SecureAggregationDevice] {
+    static func devices(_ count: Int, configuration: SecureAggregationParameters, length: Int, generator: inout some RandomNumberGenerator) throws
+        -> [SecureAggregationDevice]
+    {
         try (1...count).map {
-            try SecureAggregationDevice(index: $0, configuration: configuration, context: context, maximumSampleCount: maximumSampleCount, modelLength: length, using: &generator)
+            try SecureAggregationDevice(
+                index: $0, configuration: configuration, context: context, maximumSampleCount: maximumSampleCount, modelLength: length, using: &generator)
         }
     }
 }

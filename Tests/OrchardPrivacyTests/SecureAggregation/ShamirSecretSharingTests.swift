@@ -53,7 +53,9 @@ import Testing
         var generator = SplitMix64(seed: 1)
         let secret = Self.secret(1)
         for indices in [[0, 1, 2], [1, 2, 2], [-3, 1, 2]] {
-            let error = #expect(throws: SecureAggregationError.self) { try ShamirSecretSharing.split(secret, threshold: 2, indices: indices, using: &generator) }
+            let error = #expect(throws: SecureAggregationError.self) {
+                try ShamirSecretSharing.split(secret, threshold: 2, indices: indices, using: &generator)
+            }
             #expect(error?.code == .invalidShare)
         }
         #expect(throws: SecureAggregationError.self) { try ShamirSecretSharing.split(secret, threshold: 4, indices: [1, 2, 3], using: &generator) }
