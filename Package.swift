@@ -68,6 +68,7 @@ let package = Package(
         .library(name: "OrchardFlower", targets: ["OrchardFlower"]),
         .library(name: "OrchardSimulation", targets: ["OrchardSimulation"]),
         .library(name: "OrchardTesting", targets: ["OrchardTesting"]),
+        .library(name: "OrchardCoordinatorTesting", targets: ["OrchardCoordinatorTesting"]),
         .library(name: "OrchardBenchmarks", targets: ["OrchardBenchmarks"]),
         .executable(name: "orchard", targets: ["orchard"]),
     ],
@@ -308,6 +309,13 @@ let package = Package(
             ],
             swiftSettings: swiftSettings
         ),
+        // The loopback coordinator every test target that needs one on the wire starts (a real SQLite file, real HTTP or
+        // HTTPS, an injected clock): test support that sits above the coordinator, as HummingbirdTesting does.
+        .target(
+            name: "OrchardCoordinatorTesting",
+            dependencies: ["OrchardCoordinator", "OrchardSupport", .product(name: "Logging", package: "swift-log")],
+            swiftSettings: swiftSettings
+        ),
         // Benchmarks the CLI runs: the coordinator load generator (raw NIO connections), peak RSS, JSON lines.
         .target(
             name: "OrchardBenchmarks",
@@ -413,7 +421,8 @@ let package = Package(
         .testTarget(
             name: "OrchardCoordinatorTests",
             dependencies: [
-                "OrchardFormats", "OrchardCoordinator", "OrchardProtocol", "OrchardPrivacy", "OrchardSupport", "OrchardTesting", "OrchardCoreML",
+                "OrchardCoordinatorTesting", "OrchardFormats", "OrchardCoordinator", "OrchardProtocol", "OrchardPrivacy", "OrchardSupport", "OrchardTesting",
+                "OrchardCoreML",
                 "OrchardClient",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "JWTKit", package: "jwt-kit"),
@@ -441,13 +450,14 @@ let package = Package(
         .testTarget(
             name: "OrchardClientTests",
             dependencies: [
-                "OrchardScheduler", "OrchardProtocol", "OrchardPrivacy", "OrchardML", "OrchardClient", "OrchardCoordinator", "OrchardSupport", "OrchardFormats",
+                "OrchardCoordinatorTesting", "OrchardScheduler", "OrchardProtocol", "OrchardPrivacy", "OrchardML", "OrchardClient", "OrchardCoordinator",
+                "OrchardSupport", "OrchardFormats",
                 "OrchardInProcess", "OrchardTesting", .product(name: "Crypto", package: "swift-crypto"), .product(name: "Clocks", package: "swift-clocks"),
             ], swiftSettings: swiftSettings),
         .testTarget(
             name: "OrchardBenchmarksTests",
             dependencies: [
-                "OrchardBenchmarks", "OrchardCoordinator", "OrchardProtocol",
+                "OrchardCoordinatorTesting", "OrchardBenchmarks", "OrchardCoordinator", "OrchardProtocol",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
@@ -458,7 +468,8 @@ let package = Package(
         .testTarget(
             name: "OrchardOperatorTests",
             dependencies: [
-                "OrchardOperator", "OrchardCoordinator", "OrchardProtocol", "OrchardFormats", "OrchardML", "OrchardData", "OrchardSupport",
+                "OrchardCoordinatorTesting", "OrchardOperator", "OrchardCoordinator", "OrchardProtocol", "OrchardFormats", "OrchardML", "OrchardData",
+                "OrchardSupport",
                 "OrchardTesting",
             ],
             swiftSettings: swiftSettings
@@ -468,7 +479,8 @@ let package = Package(
         .testTarget(
             name: "OrchardSimulationTests",
             dependencies: [
-                "OrchardML", "OrchardData", "OrchardSimulation", "OrchardPrivacy", "OrchardSupport", "OrchardCoordinator", "OrchardClient", "OrchardInProcess",
+                "OrchardCoordinatorTesting", "OrchardML", "OrchardData", "OrchardSimulation", "OrchardPrivacy", "OrchardSupport", "OrchardCoordinator",
+                "OrchardClient", "OrchardInProcess",
                 "OrchardProtocol", "OrchardFormats", "OrchardOperator", .product(name: "Logging", package: "swift-log"),
             ], swiftSettings: swiftSettings),
     ]

@@ -9,8 +9,8 @@ public import OrchardScheduler
 public struct DeviceConfiguration: Sendable {
     /// The directory holding every job's durable state (one subdirectory per job).
     public var storageDirectory: URL
-    /// Seconds an HTTP request may wait for data.
-    public var requestTimeout: Double
+    /// How long an HTTP request may wait to connect and for each piece of data.
+    public var requestTimeout: Duration
     /// Retries of calls that fail transiently.
     public var retry: RequestRetryPolicy
     /// Clock, sleep and randomness.
@@ -45,9 +45,12 @@ public struct DeviceConfiguration: Sendable {
     /// devices different survivor sets cannot unmask anyone.
     public var secureAggregationAuthorities: [Data]
 
+    /// The default ``requestTimeout``.
+    public static let defaultRequestTimeout: Duration = .seconds(30)
+
     /// Creates a configuration.
     public init(
-        storageDirectory: URL = DeviceConfiguration.defaultStorageDirectory, requestTimeout: Double = 30,
+        storageDirectory: URL = DeviceConfiguration.defaultStorageDirectory, requestTimeout: Duration = defaultRequestTimeout,
         retry: RequestRetryPolicy = RequestRetryPolicy(), environment: ClientEnvironment = .system, trainingSeed: UInt64 = 0,
         trainer: any LocalTrainer = EngineLocalTrainer(), conditions: (any DeviceConditionsProvider)? = nil,
         conditionRules: ConditionRules = ConditionRules(), logger: Logger = Logger(label: "orchard.client"),

@@ -16,8 +16,8 @@ public import OrchardSupport
 public struct HTTPTransport: ClientTransport {
     /// The coordinator's base URL.
     public let baseURL: URL
-    /// Seconds a request may wait to connect, and for each piece of data.
-    public let timeout: Double
+    /// How long a request may wait to connect, and for each piece of data.
+    public let timeout: Duration
     /// The certificate authorities trusted for `https`.
     public let trustRoots: TrustRoots
     private let connection: HTTPConnection
@@ -29,12 +29,14 @@ public struct HTTPTransport: ClientTransport {
     /// Creates a transport.
     /// - Parameters:
     ///   - url: The coordinator's base URL, `http` or `https` with a host.
-    ///   - timeout: Seconds a request may wait to connect, and for each piece of data.
+    ///   - timeout: How long a request may wait to connect, and for each piece of data.
     ///   - trustRoots: The certificate authorities trusted for `https` (the system's by default).
     ///   - clock: The clock an HTTP-date `Retry-After` is read against.
     /// - Throws: ``OrchardClientError/Code/invalidConfiguration`` when the URL is not an absolute HTTP(S) URL, the
     ///   timeout is not positive, or the trust roots are not PEM certificates.
-    public init(url: String, timeout: Double = 30, trustRoots: TrustRoots = .system, clock: any WallClock = SystemClock()) throws(OrchardClientError) {
+    public init(url: String, timeout: Duration = .seconds(30), trustRoots: TrustRoots = .system, clock: any WallClock = SystemClock())
+        throws(OrchardClientError)
+    {
         guard let parsed = HTTPConnection.baseURL(url) else {
             throw OrchardClientError(.invalidConfiguration, "'\(url)' is not a coordinator URL such as https://fl.example.com or http://127.0.0.1:8080")
         }

@@ -380,13 +380,10 @@ public struct SecureAggregationExchange: Sendable {
 
     // MARK: Pure helpers
 
-    /// The update as the coordinator's model layout orders it: every tensor (frozen layers' included) sorted by
-    /// name, concatenated.
+    /// The update in the flat order device and coordinator share (`FlatOrder`): every tensor, frozen layers'
+    /// included, by name, end to end.
     public static func flatten(_ tensors: [TensorRecord]) -> [Float] {
-        var flat: [Float] = []
-        flat.reserveCapacity(tensors.reduce(0) { $0 + $1.values.count })
-        for tensor in tensors.sorted(by: { $0.name < $1.name }) { flat.append(contentsOf: tensor.values) }
-        return flat
+        FlatOrder.flatten(tensors)
     }
 
     /// Why an update cannot go through secure aggregation under `plan`, or nil.

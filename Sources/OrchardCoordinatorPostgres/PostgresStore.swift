@@ -5,6 +5,7 @@ import NIOCore
 import NIOSSL
 import OrchardFormats
 public import OrchardProtocol
+import OrchardSupport
 import PostgresNIO
 
 /// A ``OrchardCoordinator/CoordinatorStore`` in PostgreSQL, shared by several coordinator instances.
@@ -73,7 +74,7 @@ public final class PostgresStore: CoordinatorStore {
         }
         pooled.options.maximumConnections = configuration.poolSize
         pooled.options.minimumConnections = 0
-        pooled.options.connectTimeout = .milliseconds(Int64(configuration.connectTimeout * 1000))
+        pooled.options.connectTimeout = .nanoseconds(configuration.connectTimeout.inNanoseconds)
         let client = PostgresClient(configuration: pooled, backgroundLogger: logger)
         let runner = Task { await client.run() }
         logger.debug("opened PostgreSQL store", metadata: ["database": "\(configuration)"])
@@ -94,7 +95,7 @@ public final class PostgresStore: CoordinatorStore {
             host: configuration.host, port: configuration.port, username: configuration.user, password: configuration.password,
             database: configuration.database, tls: .disable
         )
-        direct.options.connectTimeout = .milliseconds(Int64(configuration.connectTimeout * 1000))
+        direct.options.connectTimeout = .nanoseconds(configuration.connectTimeout.inNanoseconds)
         do {
             switch (configuration.tlsMode, try tlsConfiguration(configuration)) {
             case (.disable, _), (_, nil): direct.tls = .disable

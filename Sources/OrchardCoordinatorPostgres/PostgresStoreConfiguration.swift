@@ -35,8 +35,8 @@ public struct PostgresStoreConfiguration: Sendable, Hashable, CustomStringConver
     public var rootCertificatePath: String?
     /// Connections the store keeps open at most.
     public var poolSize: Int
-    /// Seconds a connection attempt may take.
-    public var connectTimeout: Double
+    /// How long a connection attempt may take.
+    public var connectTimeout: Duration
     /// The directory where report diffs are staged before their transaction (a temporary directory when nil).
     public var spoolDirectory: String?
 
@@ -45,12 +45,12 @@ public struct PostgresStoreConfiguration: Sendable, Hashable, CustomStringConver
     /// The port when the URL names none.
     public static let defaultPort = 5432
     /// The connection timeout (seconds) when the URL sets none.
-    public static let defaultConnectTimeout: Double = 10
+    public static let defaultConnectTimeout: Duration = .seconds(10)
 
     /// Creates a configuration.
     public init(
         host: String, port: Int = Self.defaultPort, user: String, password: String? = nil, database: String, tlsMode: TLSMode = .prefer,
-        rootCertificatePath: String? = nil, poolSize: Int = Self.defaultPoolSize, connectTimeout: Double = Self.defaultConnectTimeout,
+        rootCertificatePath: String? = nil, poolSize: Int = Self.defaultPoolSize, connectTimeout: Duration = Self.defaultConnectTimeout,
         spoolDirectory: String? = nil
     ) {
         self.host = host
@@ -80,7 +80,7 @@ public struct PostgresStoreConfiguration: Sendable, Hashable, CustomStringConver
         var query = ["sslmode=\(tlsMode.rawValue)"]
         if let rootCertificatePath { query.append("sslrootcert=\(rootCertificatePath)") }
         if poolSize != Self.defaultPoolSize { query.append("pool_size=\(poolSize)") }
-        if connectTimeout != Self.defaultConnectTimeout { query.append("connect_timeout=\(Self.seconds(connectTimeout))") }
+        if connectTimeout != Self.defaultConnectTimeout { query.append("connect_timeout=\(connectTimeout.secondsText)") }
         return "postgres://\(userInfo)@\(hostPart):\(port)/\(Self.percentEncoded(database))?\(query.joined(separator: "&"))"
     }
 
@@ -112,7 +112,7 @@ public struct PostgresStoreConfiguration: Sendable, Hashable, CustomStringConver
         if user.isEmpty { return "the user is empty" }
         if database.isEmpty { return "the database is empty" }
         if poolSize < 1 { return "pool size must be at least 1, not \(poolSize)" }
-        if !(connectTimeout > 0) || !connectTimeout.isFinite { return "connect timeout must be a positive number of seconds, not \(connectTimeout)" }
+        if connectTimeout <= .zero { return "connect timeout must be a positive number of seconds, not \(connectTimeout.secondsText)" }
         if rootCertificatePath != nil && tlsMode != .verifyFull {
             // libpq would verify the chain (but not the host) here; Orchard keeps the modes distinct and says so.
             return "sslrootcert is used only with sslmode=verify-full, not sslmode=\(tlsMode.rawValue)"
@@ -227,7 +227,7 @@ public struct PostgresStoreConfiguration: Sendable, Hashable, CustomStringConver
                 guard let seconds = Double(value), seconds > 0, seconds.isFinite else {
                     throw fail("the database URL's connect_timeout '\(value)' is not a positive number of seconds")
                 }
-                configuration.connectTimeout = seconds
+                configuration.connectTimeout = .seconds(seconds)
             default:
                 throw fail("unknown parameter '\(name)' in the database URL; Orchard reads \(parameters.joined(separator: ", "))")
             }
@@ -242,9 +242,6 @@ public struct PostgresStoreConfiguration: Sendable, Hashable, CustomStringConver
         return text.addingPercentEncoding(withAllowedCharacters: allowed) ?? text
     }
 
-    private static func seconds(_ value: Double) -> String {
-        value == value.rounded() && abs(value) < 1e15 ? String(Int(value)) : String(value)
-    }
 }
 
 /// A database URL that cannot be used; the message names what is wrong (never the password).

@@ -126,12 +126,13 @@ package struct FleetClient: Sendable {
     package static let flowerVersion = "1.41.0"
 
     /// Creates a client; `timeout` bounds connecting and each wait for data.
-    package init(address: SuperLinkAddress, identity: NodeIdentity, timeout: Double = 30, clock: any WallClock = SystemClock()) throws(FlowerError) {
+    package init(address: SuperLinkAddress, identity: NodeIdentity, timeout: Duration = .seconds(30), clock: any WallClock = SystemClock()) throws(FlowerError)
+    {
         self.address = address
         self.identity = identity
         self.clock = clock
         do throws(ConnectionError) {
-            connection = try HTTPConnection(timeout: max(timeout, 0.001), trustRoots: address.trustRoots ?? .system)
+            connection = try HTTPConnection(timeout: max(timeout, .milliseconds(1)), trustRoots: address.trustRoots ?? .system)
         } catch {
             throw FlowerError(.invalidConfiguration, error.message)
         }

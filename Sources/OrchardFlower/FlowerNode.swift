@@ -10,13 +10,13 @@ public struct FlowerNodeConfiguration: Sendable {
     public var superlink: SuperLinkAddress
     /// Where the node keeps its key, a fetched message and an unpushed reply across windows.
     public var stateDirectory: URL
-    /// The heartbeat interval the node announces, in seconds (Flower's default 30); a heartbeat goes out every
-    /// 0.8 × this while the node is active, as Flower's SuperNode sends them.
-    public var heartbeatInterval: Double
+    /// The heartbeat interval the node announces (Flower's default 30 s; sent in whole milliseconds); a heartbeat
+    /// goes out every 0.8 × this while the node is active, as Flower's SuperNode sends them.
+    public var heartbeatInterval: Duration
     /// The wait between `pull-messages` calls when none is offered.
     public var pollInterval: Duration
-    /// Seconds a Fleet call may wait to connect and for each piece of data.
-    public var timeout: Double
+    /// How long a Fleet call may wait to connect and for each piece of data.
+    public var timeout: Duration
     /// Where the node logs.
     public var logger: Logger
     /// The key the SuperLink's operator registered (`flwr supernode register`) for a SuperLink started with
@@ -33,9 +33,17 @@ public struct FlowerNodeConfiguration: Sendable {
     /// The most bytes one message's objects may hold together.
     public var maximumMessageBytes = 2 << 30
 
+    /// Flower's heartbeat interval.
+    public static let defaultHeartbeatInterval: Duration = .seconds(30)
+    /// The default wait between pulls.
+    public static let defaultPollInterval: Duration = .seconds(1)
+    /// The default wait for a Fleet call.
+    public static let defaultTimeout: Duration = .seconds(30)
+
     /// Creates a configuration.
     public init(
-        superlink: SuperLinkAddress, stateDirectory: URL, heartbeatInterval: Double = 30, pollInterval: Duration = .seconds(1), timeout: Double = 30,
+        superlink: SuperLinkAddress, stateDirectory: URL, heartbeatInterval: Duration = defaultHeartbeatInterval, pollInterval: Duration = defaultPollInterval,
+        timeout: Duration = defaultTimeout,
         authenticationKey: NodeIdentity? = nil, logger: Logger = Logger(label: "orchard.flower")
     ) {
         self.superlink = superlink
@@ -112,7 +120,7 @@ public actor FlowerNode {
             preRegistered: configuration.authenticationKey != nil,
             timing: .init(
                 pollInterval: configuration.pollInterval,
-                activationPatience: configuration.activationPatience ?? .milliseconds(Int64(configuration.heartbeatInterval * 2000)) + .seconds(5)
+                activationPatience: configuration.activationPatience ?? configuration.heartbeatInterval * 2 + .seconds(5)
             )
         )
         var heartbeat: Task<Void, Never>?
@@ -168,7 +176,7 @@ public actor FlowerNode {
                 .activateNode,
                 .with {
                     $0.publicKey = identity.publicKeyPEM
-                    $0.heartbeatInterval = configuration.heartbeatInterval
+                    $0.heartbeatInterval = configuration.heartbeatInterval.inSeconds
                 })
             onEvent(.activated(nodeID: answer.nodeID))
             return .activated(nodeID: answer.nodeID)
@@ -359,13 +367,13 @@ public actor FlowerNode {
         let logger = configuration.logger
         return Task {
             while !Task.isCancelled {
-                do { try await clock.sleep(for: .milliseconds(Int64(interval * 800))) } catch { return }
+                do { try await clock.sleep(for: interval * 0.8) } catch { return }
                 do throws(FlowerError) {
                     let answer = try await client.send(
                         .heartbeat,
                         .with {
                             $0.node = .with { $0.nodeID = nodeID }
-                            $0.heartbeatInterval = interval
+                            $0.heartbeatInterval = interval.inSeconds
                         })
                     if !answer.success { logger.warning("flower: the SuperLink does not recognise node \(nodeID) in its heartbeat") }
                 } catch {

@@ -1,8 +1,9 @@
 package import AsyncHTTPClient
 package import Foundation
-package import NIOCore
+import NIOCore
 package import NIOHTTP1
 import NIOSSL
+import OrchardSupport
 
 /// The AsyncHTTPClient plumbing every Orchard HTTP client shares (the device transport, the Flower node's Fleet
 /// client, the operator's admin client): one client per connection with the trust roots, a timeout for connecting and
@@ -11,18 +12,18 @@ import NIOSSL
 package final class HTTPConnection: Sendable {
     /// The underlying client (for streaming a body as it arrives).
     package let client: HTTPClient
-    /// Seconds to connect, and to wait for each piece of an answer.
-    package let timeout: Double
+    /// How long to wait to connect, and for each piece of an answer.
+    package let timeout: Duration
 
     /// Creates a connection.
-    /// - Throws: ``ConnectionError/Code/invalidConfiguration`` for a timeout that is not a positive number or trust
-    ///   roots that are not PEM certificates.
-    package init(timeout: Double, trustRoots: TrustRoots = .system) throws(ConnectionError) {
-        guard timeout > 0, timeout.isFinite else {
-            throw ConnectionError(.invalidConfiguration, "timeout must be a positive number of seconds, not \(timeout)")
+    /// - Throws: ``ConnectionError/Code/invalidConfiguration`` for a timeout that is not positive or trust roots that
+    ///   are not PEM certificates.
+    package init(timeout: Duration, trustRoots: TrustRoots = .system) throws(ConnectionError) {
+        guard timeout > .zero else {
+            throw ConnectionError(.invalidConfiguration, "timeout must be positive, not \(timeout)")
         }
         self.timeout = timeout
-        let wait = TimeAmount.nanoseconds(Int64(min(timeout, 86_400) * 1e9))
+        let wait = TimeAmount.nanoseconds(min(timeout, .seconds(86_400)).inNanoseconds)
         var pool = HTTPClient.Configuration.ConnectionPool()
         // A failed connection (refused, TLS handshake) fails the call at once; the caller's retry policy decides
         // whether to try again.

@@ -53,7 +53,7 @@ public final class AdminClient: Sendable {
     /// The coordinator's base URL.
     public let baseURL: URL
     /// Seconds a request may wait to connect, and for each piece of the answer.
-    public let timeout: Double
+    public let timeout: Duration
     private let adminToken: String
     private let connection: HTTPConnection
 
@@ -67,9 +67,9 @@ public final class AdminClient: Sendable {
     ///   - server: The coordinator's base URL, `http://…` or `https://…`.
     ///   - adminToken: The admin token (see ``AdminToken``).
     ///   - caCertificateFile: A PEM file of CA certificates to trust (alone) for an `https` server.
-    ///   - timeout: Seconds to connect and to wait for each piece of an answer.
+    ///   - timeout: How long to wait to connect and for each piece of an answer.
     /// - Throws: ``OperatorError`` (`invalid_argument`, `missing_file`) for a bad URL, timeout or CA file.
-    public convenience init(server: String, adminToken: String, caCertificateFile: String? = nil, timeout: Double = 30) throws(OperatorError) {
+    public convenience init(server: String, adminToken: String, caCertificateFile: String? = nil, timeout: Duration = .seconds(30)) throws(OperatorError) {
         var roots = TrustRoots.system
         if let caCertificateFile {
             do throws(ConnectionError) { roots = try TrustRoots.certificateFile(caCertificateFile) } catch {
@@ -84,14 +84,14 @@ public final class AdminClient: Sendable {
     ///   - server: The coordinator's base URL, `http://…` or `https://…`.
     ///   - adminToken: The admin token (see ``AdminToken``).
     ///   - trustRoots: The certificate authorities trusted for an `https` server.
-    ///   - timeout: Seconds to connect and to wait for each piece of an answer.
+    ///   - timeout: How long to wait to connect and for each piece of an answer.
     /// - Throws: ``OperatorError`` (`invalid_argument`) for a bad URL, timeout or trust roots.
-    public init(server: String, adminToken: String, trustRoots: TrustRoots, timeout: Double = 30) throws(OperatorError) {
+    public init(server: String, adminToken: String, trustRoots: TrustRoots, timeout: Duration = .seconds(30)) throws(OperatorError) {
         guard let url = HTTPConnection.baseURL(server) else {
             throw OperatorError(.invalidArgument, "--server '\(server)' is not a coordinator URL such as http://127.0.0.1:8080 or https://fl.example.com")
         }
-        guard timeout > 0, timeout.isFinite else {
-            throw OperatorError(.invalidArgument, "--timeout must be a positive number of seconds, not \(timeout)")
+        guard timeout > .zero else {
+            throw OperatorError(.invalidArgument, "--timeout must be a positive number of seconds, not \(timeout.secondsText)")
         }
         do throws(ConnectionError) { connection = try HTTPConnection(timeout: timeout, trustRoots: trustRoots) } catch {
             throw OperatorError(.invalidArgument, "--ca-cert \(error.message.replacingOccurrences(of: "CA certificate file ", with: ""))")
@@ -222,7 +222,7 @@ public final class AdminClient: Sendable {
     }
 
     /// A failure to talk to the coordinator at all: TLS, refused, timed out, unknown host, or an answer over the limit.
-    static func connectionError(_ error: ConnectionError, server: String, url: String, timeout: Double) -> OperatorError {
+    static func connectionError(_ error: ConnectionError, server: String, url: String, timeout: Duration) -> OperatorError {
         switch error.code {
         case .tls:
             return OperatorError(
@@ -232,15 +232,9 @@ public final class AdminClient: Sendable {
         case .cancelled:
             return OperatorError(.unreachable, "cancelled while talking to the coordinator at \(server)")
         default:
-            let reason = error.message.contains("within the timeout") ? "no answer within \(timeout.formatted()) s" : error.message
+            let reason = error.message.contains("within the timeout") ? "no answer within \(timeout.secondsText) s" : error.message
             return OperatorError(
                 .unreachable, "cannot reach the coordinator at \(server) (\(reason)); check that `orchard serve` is running there and --server is right")
         }
-    }
-}
-
-extension Double {
-    fileprivate func formatted() -> String {
-        self == rounded() && abs(self) < 1e15 ? String(Int64(self)) : String(self)
     }
 }

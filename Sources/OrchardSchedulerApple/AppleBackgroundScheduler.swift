@@ -3,7 +3,7 @@
 // Package.swift aliases to `BackgroundTasks`. macOS has no BGTaskScheduler (its SDK marks the classes unavailable).
 #if !os(macOS)
 @preconcurrency public import BackgroundTasks
-public import Foundation
+import Foundation
 public import OrchardScheduler
 public import OrchardSupport
 import Synchronization

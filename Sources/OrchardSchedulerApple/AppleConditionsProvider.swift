@@ -6,7 +6,7 @@ import Network
 #if canImport(UIKit) && !os(tvOS) && !os(watchOS)
 import UIKit
 #endif
-public import Foundation
+import Foundation
 public import OrchardScheduler
 import Synchronization
 

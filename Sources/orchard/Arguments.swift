@@ -156,3 +156,9 @@ func bootstrapStandardErrorLogging(level: Logger.Level) {
         return handler
     }
 }
+
+/// A positive, finite number of seconds given for `option`, as a duration (a NaN or infinite `Double` cannot become one).
+func positiveSeconds(_ value: Double, option: String) throws -> Duration {
+    guard value > 0, value.isFinite else { throw ValidationError("\(option) must be a positive number of seconds, not \(value)") }
+    return .seconds(value)
+}

@@ -2,6 +2,7 @@ import ArgumentParser
 import Foundation
 import Logging
 import OrchardHTTPClient
+import OrchardSupport
 import OrchardClient
 import OrchardData
 import OrchardML
@@ -104,8 +105,8 @@ struct DeviceOptions: ParsableArguments {
     @Option(parsing: .unconditional, help: "The seed of local training.")
     var seed: UInt64 = 0
 
-    @Option(parsing: .unconditional, help: "Seconds an HTTP request may wait for data.")
-    var timeout: Double = 30
+    @Option(parsing: .unconditional, help: "Seconds an HTTP request may wait to connect and for each piece of data.")
+    var timeout: Double = DeviceConfiguration.defaultRequestTimeout.inSeconds
 
     /// `--server`, `--process` and `--version`, each required for a job of an Orchard coordinator.
     func coordinator() throws -> (server: String, process: String, version: String) {
@@ -118,7 +119,8 @@ struct DeviceOptions: ParsableArguments {
     func makeJob(logger: Logger, conditions: (any DeviceConditionsProvider)? = nil) throws -> FederatedJob {
         let (server, process, version) = try coordinator()
         var configuration = DeviceConfiguration(
-            storageDirectory: URL(fileURLWithPath: state, isDirectory: true), requestTimeout: timeout, trainingSeed: seed, logger: logger)
+            storageDirectory: URL(fileURLWithPath: state, isDirectory: true), requestTimeout: try positiveSeconds(timeout, option: "--timeout"),
+            trainingSeed: seed, logger: logger)
         configuration.conditions = conditions
         if let caCert {
             do throws(ConnectionError) {

@@ -62,10 +62,10 @@ struct FlowerNodeOptions: ParsableArguments {
     var state = ".orchard-flower"
 
     @Option(parsing: .unconditional, help: "The heartbeat interval announced to the SuperLink, in seconds.")
-    var heartbeatInterval: Double = 30
+    var heartbeatInterval: Double = FlowerNodeConfiguration.defaultHeartbeatInterval.inSeconds
 
     @Option(parsing: .unconditional, help: "Seconds between pulls when the SuperLink has no message.")
-    var pollInterval: Double = 1
+    var pollInterval: Double = FlowerNodeConfiguration.defaultPollInterval.inSeconds
 
     func validate() throws { try setup.validate() }
 
@@ -167,8 +167,8 @@ struct FlowerNodeSetup {
             }
         }
         let configuration = FlowerNodeConfiguration(
-            superlink: address, stateDirectory: URL(fileURLWithPath: state, isDirectory: true), heartbeatInterval: heartbeatInterval,
-            pollInterval: .milliseconds(Int64(pollInterval * 1000)), authenticationKey: key, logger: logger
+            superlink: address, stateDirectory: URL(fileURLWithPath: state, isDirectory: true), heartbeatInterval: .seconds(heartbeatInterval),
+            pollInterval: .seconds(pollInterval), authenticationKey: key, logger: logger
         )
         do throws(FlowerError) { return try FlowerNode(configuration: configuration, app: app, onEvent: onEvent) } catch {
             throw ValidationError("--state-directory \(state): \(error.message)")

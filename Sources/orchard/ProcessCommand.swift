@@ -47,7 +47,11 @@ struct CoordinatorOptions: ParsableArguments {
     /// The admin client, with the token from the environment or the file.
     func client() throws(OperatorError) -> AdminClient {
         let token = try AdminToken.resolve(file: adminTokenFile, environment: ProcessInfo.processInfo.environment[AdminToken.environmentVariable])
-        return try AdminClient(server: server, adminToken: token, caCertificateFile: caCert, timeout: timeout)
+        guard timeout > 0, timeout.isFinite else {
+            throw OperatorError(.invalidArgument, "--timeout must be a positive number of seconds, not \(timeout)")
+        }
+        // Checked above: a NaN or infinite number of seconds cannot become a duration.
+        return try AdminClient(server: server, adminToken: token, caCertificateFile: caCert, timeout: .seconds(timeout))
     }
 }
 

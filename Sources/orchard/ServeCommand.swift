@@ -40,6 +40,9 @@ struct Serve: AsyncParsableCommand {
             """
     )
 
+    /// The library's defaults, which the options' defaults repeat rather than restate.
+    static let defaults = CoordinatorConfiguration()
+
     @Option(help: "The address to bind.")
     var host = "127.0.0.1"
 
@@ -56,7 +59,7 @@ struct Serve: AsyncParsableCommand {
     var instanceID: String?
 
     @Option(parsing: .unconditional, help: "Seconds a cycle may stay sealed by an instance that stopped answering before another closes it (PostgreSQL).")
-    var sealLease: Double = 60
+    var sealLease: Double = Self.defaults.sealLease.inSeconds
 
     @Option(help: "SQLite durability: normal (survives kill -9) or full (fsync every commit, survives power loss).")
     var durability: SQLiteStore.Durability = .normal
@@ -68,19 +71,19 @@ struct Serve: AsyncParsableCommand {
     var adminToken: String?
 
     @Option(help: "The largest report body accepted, in bytes.")
-    var maxReportBytes = 256 << 20
+    var maxReportBytes = Self.defaults.maximumReportBytes
 
     @Option(help: "Reports folded in memory before the running sum is written back.")
-    var foldInterval = 32
+    var foldInterval = Self.defaults.foldInterval
 
     @Option(help: "Report uploads received at once; one more gets 503 too_many_uploads with Retry-After.")
-    var maxUploadsInFlight = 64
+    var maxUploadsInFlight = Self.defaults.maximumUploadsInFlight
 
     @Option(help: "Seconds a device turned away by --max-uploads-in-flight is told to wait (Retry-After).")
-    var uploadRetryAfter = 2
+    var uploadRetryAfter = Int(Self.defaults.uploadRetryAfter.components.seconds)
 
     @Option(help: "Seconds a connection may send nothing before it is closed (an idle keep-alive, or an upload stalled mid-body, which is abandoned).")
-    var connectionIdleTimeout = 30.0
+    var connectionIdleTimeout: Double = Self.defaults.connectionIdleTimeout?.inSeconds ?? 30
 
     @Option(help: ArgumentHelp("The TLS certificate chain (PEM, leaf first); serves HTTPS. Needs --tls-key.", valueName: "pem"))
     var tlsCert: String?
@@ -98,7 +101,7 @@ struct Serve: AsyncParsableCommand {
     var maxOpenWorkers = CoordinatorConfiguration.defaultMaximumOpenWorkers
 
     @Option(parsing: .unconditional, help: "Seconds between two speed tests in the same direction by one device (0: no limit).")
-    var speedTestInterval: Double = 30
+    var speedTestInterval: Double = Self.defaults.speedTestInterval.inSeconds
 
     @Option(help: "The lowest level logged (to standard error).")
     var logLevel: Logger.Level = .info
@@ -124,7 +127,7 @@ struct Serve: AsyncParsableCommand {
         }
         guard sealLease > 0, sealLease.isFinite else { throw ValidationError("--seal-lease must be a positive number of seconds") }
         _ = try databaseLocation()
-        if let failure = CoordinatorConfiguration(instanceID: resolvedInstanceID(), sealLease: sealLease).validationFailure() {
+        if let failure = CoordinatorConfiguration(instanceID: resolvedInstanceID(), sealLease: .seconds(sealLease)).validationFailure() {
             throw ValidationError(namingOption(failure, ["instanceID": "--instance-id", "sealLease": "--seal-lease"]))
         }
         // A busy port is found before the database is opened, so it leaves no files behind.
@@ -213,9 +216,9 @@ struct Serve: AsyncParsableCommand {
         let configuration = CoordinatorConfiguration(
             adminToken: token, maximumReportBytes: maxReportBytes, foldInterval: foldInterval,
             openAuthenticationRate: openAuthPerSecond > 0 ? RateLimit(burst: openAuthBurst, perSecond: openAuthPerSecond) : nil,
-            maximumOpenWorkers: maxOpenWorkers > 0 ? maxOpenWorkers : nil, speedTestInterval: speedTestInterval,
-            maximumUploadsInFlight: maxUploadsInFlight, uploadRetryAfter: uploadRetryAfter, connectionIdleTimeout: connectionIdleTimeout,
-            instanceID: resolvedInstanceID(), sealLease: sealLease
+            maximumOpenWorkers: maxOpenWorkers > 0 ? maxOpenWorkers : nil, speedTestInterval: .seconds(speedTestInterval),
+            maximumUploadsInFlight: maxUploadsInFlight, uploadRetryAfter: .seconds(uploadRetryAfter), connectionIdleTimeout: .seconds(connectionIdleTimeout),
+            instanceID: resolvedInstanceID(), sealLease: .seconds(sealLease)
         )
         if let failure = configuration.validationFailure() {
             throw ValidationError(

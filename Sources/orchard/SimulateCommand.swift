@@ -390,7 +390,7 @@ struct SimulateCommand: AsyncParsableCommand {
             }
         }
         if let concurrency { external.concurrency = concurrency }
-        if let hostTimeout { external.hostTimeout = hostTimeout }
+        if let hostTimeout { external.hostTimeout = try positiveSeconds(hostTimeout, option: "--host-timeout") }
         external.processName = process
         return external
     }

@@ -4,26 +4,11 @@ import NIOHTTP1
 import NIOPosix
 import OrchardBenchmarks
 import OrchardCoordinator
+import OrchardCoordinatorTesting
 import OrchardProtocol
 import Testing
 
-/// A coordinator serving its HTTP API on a free loopback port, with its SQLite file in a temporary directory.
-struct LoopbackCoordinator {
-    static let adminToken = "test-admin"
-    let server: RunningServer
-    let directory: URL
-
-    static func start() async throws -> LoopbackCoordinator {
-        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("orchard-bench-test-\(UUID().uuidString)")
-        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
-        let instance = try await CoordinatorInstance.open(
-            database: directory.appendingPathComponent("test.sqlite").path,
-            configuration: CoordinatorConfiguration(adminToken: adminToken)
-        )
-        let server = try await instance.serve(host: "127.0.0.1", port: 0)
-        return LoopbackCoordinator(server: server, directory: directory)
-    }
-
+extension LoopbackCoordinator {
     func connect() async throws -> BenchConnection {
         try await BenchConnection.connect(host: "127.0.0.1", port: server.port, group: MultiThreadedEventLoopGroup.singleton)
     }
@@ -33,11 +18,6 @@ struct LoopbackCoordinator {
         head.headers.add(name: "Host", value: "127.0.0.1:\(server.port)")
         if let contentType { head.headers.add(name: "Content-Type", value: contentType) }
         return head
-    }
-
-    func stop() async {
-        await server.stop()
-        try? FileManager.default.removeItem(at: directory)
     }
 }
 

@@ -2,6 +2,7 @@ import Foundation
 import OrchardSupport
 import OrchardClient
 import OrchardCoordinator
+import OrchardCoordinatorTesting
 import OrchardFormats
 import OrchardInProcess
 import OrchardProtocol
@@ -12,46 +13,34 @@ import Testing
 /// A coordinator on a real SQLite file, served on loopback HTTP, with a manual clock; plus client factories
 /// with per-device state directories and a recorded, instant backoff.
 final class ClientHarness: @unchecked Sendable {
-    let directory: URL
+    let loopback: LoopbackCoordinator
     let clock: ManualClock
-    private(set) var instance: CoordinatorInstance
-    private(set) var server: RunningServer
     let sleeps = Mutex<[Duration]>([])
 
-    var databasePath: String { directory.appendingPathComponent("coordinator.sqlite").path }
-    var url: String { "http://127.0.0.1:\(server.port)" }
+    var directory: URL { loopback.directory }
+    var instance: CoordinatorInstance { loopback.instance }
+    var server: RunningServer { loopback.server }
+    var databasePath: String { loopback.databasePath }
+    var url: String { loopback.url }
     var coordinator: Coordinator { instance.coordinator }
 
-    private init(directory: URL, clock: ManualClock, instance: CoordinatorInstance, server: RunningServer) {
-        self.directory = directory
+    private init(loopback: LoopbackCoordinator, clock: ManualClock) {
+        self.loopback = loopback
         self.clock = clock
-        self.instance = instance
-        self.server = server
     }
 
     static func start() async throws -> ClientHarness {
-        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("orchard-client-\(UUID().uuidString)")
-        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
         let clock = ManualClock()
-        let instance = try await CoordinatorInstance.open(
-            database: directory.appendingPathComponent("coordinator.sqlite").path, clock: clock, random: SplitMix64(seed: 11)
-        )
-        let server = try await instance.serve()
-        return ClientHarness(directory: directory, clock: clock, instance: instance, server: server)
+        return ClientHarness(loopback: try await LoopbackCoordinator.start(configuration: CoordinatorConfiguration(), clock: clock, seed: 11), clock: clock)
     }
 
     /// Stops the HTTP server, reopens the coordinator on the same SQLite file and serves it on the same port.
     func restart() async throws {
-        let port = server.port
-        await server.stop()
-        instance.close()
-        instance = try await CoordinatorInstance.open(database: databasePath, clock: clock, random: SplitMix64(seed: 12))
-        server = try await instance.serve(port: port)
+        try await loopback.restart(seed: 12)
     }
 
     func stop() async {
-        await server.stop()
-        try? FileManager.default.removeItem(at: directory)
+        await loopback.stop()
     }
 
     func host(_ request: HostProcessRequest) async throws -> ProcessStatus {

@@ -89,7 +89,7 @@ struct RetryAndTransportTests {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("orchard-unreachable-\(UUID().uuidString)")
         defer { try? FileManager.default.removeItem(at: directory) }
         let configuration = DeviceConfiguration(
-            storageDirectory: directory, requestTimeout: 5,
+            storageDirectory: directory, requestTimeout: .seconds(5),
             retry: RequestRetryPolicy(maximumAttempts: 4, initialDelay: .seconds(1), maximumDelay: .seconds(60), jitter: 0.5),
             environment: .seeded(1, clock: RecordingClock { duration in sleeps.withLock { $0.append(duration) } })
         )

@@ -1,6 +1,7 @@
 import Foundation
 import OrchardClient
 import OrchardCoordinator
+import OrchardCoordinatorTesting
 import OrchardProtocol
 import OrchardSupport
 import OrchardTesting
@@ -8,33 +9,23 @@ import Synchronization
 import Testing
 
 /// A coordinator serving HTTPS on loopback with a server certificate for 127.0.0.1 signed by a CA made for the test.
-final class TLSCoordinator: @unchecked Sendable {
-    let directory: URL
+struct TLSCoordinator {
+    let loopback: LoopbackCoordinator
     let certificates: TestCertificates
-    let instance: CoordinatorInstance
-    let server: RunningServer
 
-    var httpsURL: String { "https://127.0.0.1:\(server.port)" }
-
-    init() async throws {
-        directory = FileManager.default.temporaryDirectory.appendingPathComponent("orchard-tls-\(UUID().uuidString)")
-        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
-        certificates = try TestCertificates.make()
-        instance = try await CoordinatorInstance.open(
-            database: directory.appendingPathComponent("c.sqlite").path, clock: ManualClock(), random: SplitMix64(seed: 4))
-        let tls = try CoordinatorTLS(
-            certificateChainPEM: Array(certificates.serverCertificatePEM.utf8), privateKeyPEM: Array(certificates.serverPrivateKeyPEM.utf8))
-        server = try await instance.serve(tls: tls)
-    }
-
-    func stop() async {
-        await server.stop()
-        try? FileManager.default.removeItem(at: directory)
-    }
+    var directory: URL { loopback.directory }
+    var instance: CoordinatorInstance { loopback.instance }
+    var server: RunningServer { loopback.server }
+    var httpsURL: String { loopback.url }
 
     /// Runs `body` against a fresh coordinator and stops it afterwards (awaited), whether `body` returns or throws.
     static func with(_ body: (TLSCoordinator) async throws -> Void) async throws {
-        try await withCleanup(try await TLSCoordinator(), stop: { await $0.stop() }, body)
+        let certificates = try TestCertificates.make()
+        let tls = try CoordinatorTLS(
+            certificateChainPEM: Array(certificates.serverCertificatePEM.utf8), privateKeyPEM: Array(certificates.serverPrivateKeyPEM.utf8))
+        try await LoopbackCoordinator.with(configuration: CoordinatorConfiguration(), clock: ManualClock(), seed: 4, tls: tls) { loopback in
+            try await body(TLSCoordinator(loopback: loopback, certificates: certificates))
+        }
     }
 }
 
@@ -46,7 +37,8 @@ struct TLSTests {
             #expect(coordinator.server.baseURL.absoluteString == coordinator.httpsURL)
             // Room for two devices: the bare transport's and the job's.
             _ = try await coordinator.instance.coordinator.host(try Fixture.host(goal: 2, overSelection: 1, clientConfig: ClientIntegrationTests.config))
-            let transport = try HTTPTransport(url: coordinator.httpsURL, timeout: 10, trustRoots: .certificates(pem: coordinator.certificates.caCertificatePEM))
+            let transport = try HTTPTransport(
+                url: coordinator.httpsURL, timeout: .seconds(10), trustRoots: .certificates(pem: coordinator.certificates.caCertificatePEM))
             let session = try await transport.authenticate(AuthenticateRequest(processName: "regressor", processVersion: SemanticVersion(1)))
             let answer = try await transport.requestCycle(
                 CycleRequest(workerID: session.workerID, processName: "regressor", processVersion: SemanticVersion(1)), session: session.sessionToken)
@@ -77,7 +69,7 @@ struct TLSTests {
             _ = try await coordinator.instance.coordinator.host(try Fixture.host(clientConfig: ClientIntegrationTests.config))
             let other = try TestCertificates.make(commonName: "Another CA")
             for roots in [TrustRoots.system, .certificates(pem: other.caCertificatePEM)] {
-                let transport = try HTTPTransport(url: coordinator.httpsURL, timeout: 10, trustRoots: roots)
+                let transport = try HTTPTransport(url: coordinator.httpsURL, timeout: .seconds(10), trustRoots: roots)
                 let error = await #expect(throws: OrchardClientError.self) {
                     try await transport.authenticate(AuthenticateRequest(processName: "regressor", processVersion: SemanticVersion(1)))
                 }
@@ -103,7 +95,7 @@ struct TLSTests {
     @Test("plain http to the TLS port fails as a network error instead of hanging")
     func plainHTTPToTheTLSPortFails() async throws {
         try await TLSCoordinator.with { coordinator in
-            let transport = try HTTPTransport(url: "http://127.0.0.1:\(coordinator.server.port)", timeout: 10)
+            let transport = try HTTPTransport(url: "http://127.0.0.1:\(coordinator.server.port)", timeout: .seconds(10))
             let error = await #expect(throws: OrchardClientError.self) {
                 try await transport.authenticate(AuthenticateRequest(processName: "regressor", processVersion: SemanticVersion(1)))
             }

@@ -62,7 +62,8 @@ import Testing
             for (index, store) in stores.enumerated() {
                 let coordinator = Coordinator(
                     store: store,
-                    configuration: CoordinatorConfiguration(adminToken: "admin", foldInterval: foldInterval, instanceID: "instance-\(index)", sealLease: 30),
+                    configuration: CoordinatorConfiguration(
+                        adminToken: "admin", foldInterval: foldInterval, instanceID: "instance-\(index)", sealLease: .seconds(30)),
                     clock: clock, random: SplitMix64(seed: UInt64(index + 1))
                 )
                 try await coordinator.start()

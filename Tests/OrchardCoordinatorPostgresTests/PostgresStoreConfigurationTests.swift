@@ -15,7 +15,7 @@ import Testing
         #expect(configuration.tlsMode == .verifyFull)
         #expect(configuration.rootCertificatePath == "/etc/orchard/ca.pem")
         #expect(configuration.poolSize == 16)
-        #expect(configuration.connectTimeout == 3)
+        #expect(configuration.connectTimeout == .seconds(3))
     }
 
     @Test func defaultsApply() throws {

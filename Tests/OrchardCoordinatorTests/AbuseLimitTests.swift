@@ -131,7 +131,7 @@ struct OpenModeLimitTests {
             CoordinatorConfiguration(openAuthenticationRate: RateLimit(burst: 0, perSecond: 1)),
             CoordinatorConfiguration(openAuthenticationRate: RateLimit(burst: 1, perSecond: .nan)),
             CoordinatorConfiguration(maximumOpenWorkers: 0),
-            CoordinatorConfiguration(speedTestInterval: -1),
+            CoordinatorConfiguration(speedTestInterval: .seconds(-1)),
         ] {
             let error = await #expect(throws: CoordinatorError.self) {
                 _ = try await CoordinatorInstance.open(
@@ -146,7 +146,7 @@ struct OpenModeLimitTests {
 struct SpeedTestEndpointTests {
     @Test func theDownloadNeedsAValidSessionOfAGatedProcessAndIsLimitedPerWorker() async throws {
         let harness = try await Harness.start(
-            configuration: CoordinatorConfiguration(adminToken: Harness.adminToken, sessionLifetime: 600, speedTestInterval: 20))
+            configuration: CoordinatorConfiguration(adminToken: Harness.adminToken, sessionLifetime: .seconds(600), speedTestInterval: .seconds(20)))
         try await harness.stopping {
             _ = try await harness.host(gatedHost(download: 2000))
             let device = try await harness.device()
@@ -178,7 +178,7 @@ struct SpeedTestEndpointTests {
     }
 
     @Test func theUploadIsBoundedByTheProcessAndLimitedPerWorker() async throws {
-        let harness = try await Harness.start(configuration: CoordinatorConfiguration(adminToken: Harness.adminToken, speedTestInterval: 20))
+        let harness = try await Harness.start(configuration: CoordinatorConfiguration(adminToken: Harness.adminToken, speedTestInterval: .seconds(20)))
         try await harness.stopping {
             _ = try await harness.host(gatedHost(upload: 3000))
             let device = try await harness.device()

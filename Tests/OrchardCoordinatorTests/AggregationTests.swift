@@ -27,6 +27,25 @@ private let weights = [
         #expect(layout.records(flat).sorted { $0.name < $1.name } == weights.sorted { $0.name < $1.name })
     }
 
+    /// The device flattens its update with `FlatOrder` (secure aggregation masks that vector); the coordinator places
+    /// tensors by `ModelLayout`: the two agree coordinate by coordinate, whatever the names (case, digits, non-ASCII).
+    @Test func layoutAndTheDevicesFlatOrderAgree() throws {
+        let names = ["head", "Head", "layer10", "layer2", "éta", "_b", "a"]
+        let spec = ModelSpec(
+            name: "m", inputs: [InputSpec(name: "x", shape: [1])],
+            layers: names.map { LayerSpec(name: $0, type: .dense, inputs: ["x"], units: 1, inputSize: 1, useBias: true) })
+        var tensors: [TensorRecord] = []
+        for (i, name) in names.enumerated() {
+            tensors.append(TensorRecord(name: "\(name).weight", shape: [1, 1], values: [Float(i) + 0.25]))
+            tensors.append(TensorRecord(name: "\(name).bias", shape: [1], values: [Float(i) + 0.75]))
+        }
+        for shuffled in [tensors, tensors.reversed(), tensors.enumerated().sorted { ($0.offset * 7) % 11 < ($1.offset * 7) % 11 }.map(\.element)] {
+            let layout = try ModelLayout(weights: shuffled, model: spec)
+            #expect(try layout.flatten(shuffled) == FlatOrder.flatten(shuffled))
+            #expect(try layout.flatten(shuffled) == FlatOrder.flatten(tensors))
+        }
+    }
+
     @Test func layoutRejectsWeightsOfUnknownLayers() {
         #expect(throws: CoordinatorError.self) {
             try ModelLayout(weights: [TensorRecord(name: "ghost.weight", shape: [1], values: [0])], model: model)

@@ -93,7 +93,7 @@ private struct DeviceToken: JWTPayload {
     }
 
     @Test func aSessionTokenStopsWorkingWhenItExpiresEvenAfterItWasAccepted() async throws {
-        let harness = try await Harness.start(configuration: CoordinatorConfiguration(adminToken: Harness.adminToken, sessionLifetime: 600))
+        let harness = try await Harness.start(configuration: CoordinatorConfiguration(adminToken: Harness.adminToken, sessionLifetime: .seconds(600)))
         try await harness.stopping {
             _ = try await harness.host(Fixture.host())
             let device = try await harness.device()

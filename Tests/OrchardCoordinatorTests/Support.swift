@@ -4,6 +4,7 @@ import OrchardSupport
 import FoundationNetworking
 #endif
 import OrchardCoordinator
+import OrchardCoordinatorTesting
 import OrchardFormats
 import OrchardProtocol
 import OrchardTesting
@@ -145,56 +146,41 @@ enum Fixture {
     }
 }
 
-/// A coordinator on loopback HTTP with a real SQLite file in a temporary directory and a manual clock.
+/// The shared loopback coordinator (a real SQLite file, real HTTP, a manual clock) with this target's HTTP helpers.
 final class Harness: @unchecked Sendable {
     static let adminToken = "test-admin-token"
-    let directory: URL
-    let clock: ManualClock
-    let configuration: CoordinatorConfiguration
-    private(set) var instance: CoordinatorInstance
-    private(set) var server: RunningServer
+    let loopback: LoopbackCoordinator
     private(set) var http: HTTP
     /// Every exchange of ``http``, across restarts.
     let log = ExchangeLog()
 
-    var databasePath: String { directory.appendingPathComponent("coordinator.sqlite").path }
+    var directory: URL { loopback.directory }
+    let clock: ManualClock
+    var configuration: CoordinatorConfiguration { loopback.configuration }
+    var instance: CoordinatorInstance { loopback.instance }
+    var server: RunningServer { loopback.server }
+    var databasePath: String { loopback.databasePath }
     var coordinator: Coordinator { instance.coordinator }
 
-    private init(directory: URL, clock: ManualClock, configuration: CoordinatorConfiguration, instance: CoordinatorInstance, server: RunningServer) {
-        self.directory = directory
+    private init(loopback: LoopbackCoordinator, clock: ManualClock) {
+        self.loopback = loopback
         self.clock = clock
-        self.configuration = configuration
-        self.instance = instance
-        self.server = server
-        self.http = HTTP(base: server.baseURL, log: log, closesConnections: (configuration.connectionIdleTimeout ?? .infinity) < 10)
+        http = HTTP(base: loopback.server.baseURL, log: log, closesConnections: (loopback.configuration.connectionIdleTimeout ?? .seconds(3600)) < .seconds(10))
     }
 
     static func start(configuration: CoordinatorConfiguration = CoordinatorConfiguration(adminToken: adminToken), seed: UInt64 = 1) async throws -> Harness {
-        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("orchard-coordinator-\(UUID().uuidString)")
-        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
-        LeftoverDirectories.register(directory)
         let clock = ManualClock()
-        let instance = try await CoordinatorInstance.open(
-            database: directory.appendingPathComponent("coordinator.sqlite").path, configuration: configuration,
-            clock: clock, random: SplitMix64(seed: seed)
-        )
-        let server = try await instance.serve()
-        return Harness(directory: directory, clock: clock, configuration: configuration, instance: instance, server: server)
+        return Harness(loopback: try await LoopbackCoordinator.start(configuration: configuration, clock: clock, seed: seed), clock: clock)
     }
 
     /// Stops the server and opens a fresh coordinator on the same database (an orderly restart).
     func restart(seed: UInt64 = 99) async throws {
-        await server.stop()
-        instance.close()
-        instance = try await CoordinatorInstance.open(database: databasePath, configuration: configuration, clock: clock, random: SplitMix64(seed: seed))
-        server = try await instance.serve()
-        http = HTTP(base: server.baseURL, log: log, closesConnections: (configuration.connectionIdleTimeout ?? .infinity) < 10)
+        try await loopback.restart(seed: seed)
+        http = HTTP(base: server.baseURL, log: log, closesConnections: (configuration.connectionIdleTimeout ?? .seconds(3600)) < .seconds(10))
     }
 
     func stop() async {
-        await server.stop()
-        try? FileManager.default.removeItem(at: directory)
-        LeftoverDirectories.unregister(directory)
+        await loopback.stop()
     }
 
     /// Runs `body`, then stops the harness (awaited) whether `body` returns or throws: the next test never meets this
@@ -260,24 +246,5 @@ func expectClose(_ actual: [String: [Float]], _ expected: [String: [Float]], tol
             Issue.record("\(name): \(got) != \(values)", sourceLocation: sourceLocation)
             break
         }
-    }
-}
-
-/// Harness directories not yet removed when the test process exits (a harness a test never stopped, or one whose test
-/// was cut short by its time limit) are removed at exit.
-enum LeftoverDirectories {
-    private static let paths: Mutex<Set<String>> = {
-        atexit {
-            for path in LeftoverDirectories.paths.withLock({ $0 }) { try? FileManager.default.removeItem(atPath: path) }
-        }
-        return Mutex([])
-    }()
-
-    static func register(_ directory: URL) {
-        _ = paths.withLock { $0.insert(directory.path) }
-    }
-
-    static func unregister(_ directory: URL) {
-        _ = paths.withLock { $0.remove(directory.path) }
     }
 }

@@ -12,7 +12,7 @@ import Testing
 @Suite struct UploadLimitTests {
     @Test func uploadsBeyondTheCapAreTurnedAwayWithRetryAfter() async throws {
         let harness = try await Harness.start(
-            configuration: CoordinatorConfiguration(adminToken: Harness.adminToken, maximumUploadsInFlight: 1, uploadRetryAfter: 7))
+            configuration: CoordinatorConfiguration(adminToken: Harness.adminToken, maximumUploadsInFlight: 1, uploadRetryAfter: .seconds(7)))
         try await harness.stopping {
             _ = try await harness.host()
             let first = try await harness.device()
@@ -80,7 +80,7 @@ import Testing
     /// the idle timeout the connection is closed and the upload abandoned, so it holds neither its place nor its
     /// cycle (which then closes on the goal of the other reports).
     @Test func aStalledUploadIsAbandonedAfterTheIdleTimeout() async throws {
-        let harness = try await Harness.start(configuration: CoordinatorConfiguration(adminToken: Harness.adminToken, connectionIdleTimeout: 1))
+        let harness = try await Harness.start(configuration: CoordinatorConfiguration(adminToken: Harness.adminToken, connectionIdleTimeout: .seconds(1)))
         try await harness.stopping {
             let hosted = try await harness.host(Fixture.host(goal: 2, overSelection: 1))
             let stalled = try await harness.device()

@@ -1,4 +1,5 @@
 import Foundation
+import OrchardCoordinatorTesting
 import OrchardData
 import OrchardFormats
 import OrchardML
@@ -15,7 +16,7 @@ import Testing
         defer { files.remove() }
         let model = try files.write("model.json", SmallModel.json())
         let weights = try files.write("weights.safetensors", bytes: SmallModel.weights())
-        let token: [String: String?] = ["ORCHARD_ADMIN_TOKEN": LoopbackCoordinator.token]
+        let token: [String: String?] = ["ORCHARD_ADMIN_TOKEN": LoopbackCoordinator.adminToken]
         let server = ["--server", coordinator.url]
 
         let created = try await Run.orchard(
@@ -78,7 +79,7 @@ import Testing
 
         let mismatch = try await Run.orchard(
             ["process", "create"] + server + ["--name", "small", "--version", "1", "--model", model, "--weights", weights],
-            environment: ["ORCHARD_ADMIN_TOKEN": LoopbackCoordinator.token], in: files.url
+            environment: ["ORCHARD_ADMIN_TOKEN": LoopbackCoordinator.adminToken], in: files.url
         )
         #expect(mismatch.status == 1)
         #expect(mismatch.errorLines.count == 1)

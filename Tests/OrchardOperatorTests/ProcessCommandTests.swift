@@ -1,5 +1,6 @@
 import Foundation
 import OrchardCoordinator
+import OrchardCoordinatorTesting
 import OrchardFormats
 import OrchardOperator
 import OrchardProtocol
@@ -22,7 +23,7 @@ import Testing
         let coordinator = try await LoopbackCoordinator.start()
         let files = try TemporaryDirectory()
         defer { files.remove() }
-        let client = try AdminClient(server: coordinator.url, adminToken: LoopbackCoordinator.token)
+        let client = try AdminClient(server: coordinator.url, adminToken: LoopbackCoordinator.adminToken)
 
         let hosted = try await client.host(try Self.request(files))
         let id = hosted.value.processID
@@ -67,7 +68,7 @@ import Testing
         let coordinator = try await LoopbackCoordinator.start()
         let files = try TemporaryDirectory()
         defer { files.remove() }
-        let client = try AdminClient(server: coordinator.url, adminToken: LoopbackCoordinator.token)
+        let client = try AdminClient(server: coordinator.url, adminToken: LoopbackCoordinator.adminToken)
         _ = try await client.host(try Self.request(files))
         let error = await #expect(throws: OperatorError.self) { try await client.host(try Self.request(files)) }
         #expect(error?.code == .server(.processExists))
@@ -92,7 +93,7 @@ import Testing
     }
 
     @Test func anUnreachableServerIsNamed() async throws {
-        let client = try AdminClient(server: "http://127.0.0.1:1", adminToken: "t", timeout: 5)
+        let client = try AdminClient(server: "http://127.0.0.1:1", adminToken: "t", timeout: .seconds(5))
         let error = await #expect(throws: OperatorError.self) { try await client.processes() }
         #expect(
             error?.description
@@ -117,11 +118,11 @@ import Testing
         let url = "https://127.0.0.1:\(server.port)"
         let ca = try files.write("ca.pem", certificates.caCertificatePEM)
 
-        let trusting = try AdminClient(server: url, adminToken: "t", caCertificateFile: ca, timeout: 10)
+        let trusting = try AdminClient(server: url, adminToken: "t", caCertificateFile: ca, timeout: .seconds(10))
         #expect(try await trusting.processes().value.processes.isEmpty)
         await trusting.shutdown()
 
-        let system = try AdminClient(server: url, adminToken: "t", timeout: 10)
+        let system = try AdminClient(server: url, adminToken: "t", timeout: .seconds(10))
         let error = await #expect(throws: OperatorError.self) { try await system.processes() }
         #expect(error?.code == .tls)
         #expect(error?.description.hasPrefix("tls: TLS connection to \(url) failed: ") == true, "\(String(describing: error))")

@@ -1,5 +1,6 @@
 import Foundation
 import OrchardCoordinator
+
 import OrchardFormats
 import OrchardML
 import OrchardTesting
@@ -51,30 +52,6 @@ enum SmallModel {
 
     static func weights(hidden: Int = 4) throws -> [UInt8] {
         try Model(spec: spec(hidden: hidden), seed: 3).weightsSafetensors()
-    }
-}
-
-/// A coordinator with admin token ``token`` on a loopback port, on a temporary SQLite file.
-struct LoopbackCoordinator {
-    static let token = "t0ken-for-tests"
-    let instance: CoordinatorInstance
-    let server: RunningServer
-    let directory: TemporaryDirectory
-
-    var url: String { server.baseURL.absoluteString }
-
-    static func start() async throws -> LoopbackCoordinator {
-        let directory = try TemporaryDirectory()
-        let instance = try await CoordinatorInstance.open(
-            database: directory.path("coordinator.sqlite"), configuration: CoordinatorConfiguration(adminToken: token))
-        let server = try await instance.serve(port: 0)
-        return LoopbackCoordinator(instance: instance, server: server, directory: directory)
-    }
-
-    func stop() async {
-        await server.stop()
-        await instance.shutdown()
-        directory.remove()
     }
 }
 

@@ -2,6 +2,7 @@ import Foundation
 import Logging
 import OrchardClient
 import OrchardCoordinator
+import OrchardCoordinatorTesting
 import OrchardOperator
 import OrchardProtocol
 import OrchardSupport
@@ -47,13 +48,8 @@ final class JumpingClock: WallClock {
     }
 
     /// A real coordinator on a loopback port: SQLite in `directory`, the admin token set, its cycle timer ticking.
-    static func coordinator(in directory: URL) async throws -> (CoordinatorInstance, RunningServer) {
-        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
-        let instance = try await CoordinatorInstance.open(
-            database: directory.appendingPathComponent("coordinator.sqlite").path, configuration: CoordinatorConfiguration(adminToken: token),
-            logger: Logger(label: "test") { _ in SwiftLogNoOpLogHandler() }
-        )
-        return (instance, try await instance.serve(port: 0, timerInterval: .milliseconds(50)))
+    static func coordinator() async throws -> LoopbackCoordinator {
+        try await LoopbackCoordinator.start(configuration: CoordinatorConfiguration(adminToken: token), timerInterval: .milliseconds(50))
     }
 
     /// Eight housing devices; a goal of six with room for all eight, so each shard of four has reports in every
@@ -73,7 +69,7 @@ final class JumpingClock: WallClock {
     }
 
     static func shard(_ text: String, of server: RunningServer) throws -> ExternalCoordinator {
-        ExternalCoordinator(url: server.baseURL.absoluteString, shard: try FleetShard(parsing: text), concurrency: 2, hostTimeout: 60)
+        ExternalCoordinator(url: server.baseURL.absoluteString, shard: try FleetShard(parsing: text), concurrency: 2, hostTimeout: .seconds(60))
     }
 
     /// The value of a Prometheus sample line on the coordinator's `/metrics`.
@@ -86,7 +82,8 @@ final class JumpingClock: WallClock {
     @Test func twoShardsTrainOneProcessHostedOnce() async throws {
         let directory = Self.temporaryDirectory()
         defer { try? FileManager.default.removeItem(at: directory) }
-        let (instance, server) = try await Self.coordinator(in: directory)
+        let loopback = try await Self.coordinator()
+        let (instance, server) = (loopback.instance, loopback.server)
         let first = try Self.shard("1/2", of: server), second = try Self.shard("2/2", of: server)
         let one = directory.appendingPathComponent("shard-1"), two = directory.appendingPathComponent("shard-2")
         async let a = ExternalFleet.run(
@@ -97,7 +94,6 @@ final class JumpingClock: WallClock {
         let reports = try await Self.metric("orchard_reports_total{result=\"accepted\"}", at: server)
         let admissions = try await Self.metric("orchard_checkins_total{result=\"accepted\"}", at: server)
         await server.stop()
-        defer { instance.close() }
 
         // Hosted once, by shard 1, with the rounds as its cycles; shard 2 found it.
         let processes = try await instance.coordinator.processList().processes
@@ -140,6 +136,7 @@ final class JumpingClock: WallClock {
             #expect(try JSONDecoder().decode(ShardSummary.self, from: Data(contentsOf: dir.appendingPathComponent("summary.json"))) == result.summary)
         }
         #expect(r1.summary.settings["shard"] == "1/2" && r2.summary.settings["coordinator"] == server.baseURL.absoluteString)
+        await loopback.stop()
     }
 
     @Test func theShardParserTakesIOfN() throws {
@@ -205,18 +202,18 @@ final class JumpingClock: WallClock {
         // Against a running coordinator: a wrong admin token, and a shard 2 whose shard 1 never hosts the process.
         let directory = Self.temporaryDirectory()
         defer { try? FileManager.default.removeItem(at: directory) }
-        let (instance, server) = try await Self.coordinator(in: directory)
+        let loopback = try await Self.coordinator()
+        let (instance, server) = (loopback.instance, loopback.server)
         let wrong = await Self.failure(
             c, ExternalCoordinator(url: server.baseURL.absoluteString), environment: [ExternalFleet.adminTokenVariable: "wrong-token"])
         #expect(wrong?.code == .coordinator && wrong?.message.contains("refused the admin token") == true, "\(String(describing: wrong))")
         var lonely = try Self.shard("2/2", of: server)
-        lonely.hostTimeout = 30
+        lonely.hostTimeout = .seconds(30)
         let waited = await Self.failure(c, lonely, clock: JumpingClock())
         #expect(
             waited?.code == .coordinator && waited?.message.contains("did not appear") == true && waited?.message.contains("within 30") == true,
             "\(String(describing: waited))")
         #expect(try await instance.coordinator.processList().processes.isEmpty)
-        await server.stop()
-        instance.close()
+        await loopback.stop()
     }
 }

@@ -5,7 +5,7 @@
 //
 // The simulated path is set through AppleShimTesting.
 #if os(Linux)  // Apple platforms have the real framework
-public import Foundation
+import Foundation
 public import Dispatch
 
 /// The path every monitor reports; AppleShimTesting sets it.

@@ -3,7 +3,7 @@
 // interface (Logger, OSLogType, OSLogMessage, OSLogPrivacy); see docs/apple-shims.md. Entries are kept in memory, where
 // AppleShimTesting reads them: what Console.app would show.
 #if os(Linux)  // Apple platforms have the real framework
-public import Foundation
+import Foundation
 
 /// `OSLogType`: the level of a log entry.
 public struct OSLogType: Equatable, Hashable, RawRepresentable, Sendable {

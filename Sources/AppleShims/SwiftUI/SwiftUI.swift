@@ -8,7 +8,7 @@
 // closed from then on), and the scene's body is built. Nothing is drawn.
 #if os(Linux)  // Apple platforms have the real framework
 @_exported public import UIKitShim
-@_spi(AppleShimTesting) public import BackgroundTasksShim
+@_spi(AppleShimTesting) import BackgroundTasksShim
 
 /// `View`: a piece of user interface.
 @MainActor @preconcurrency

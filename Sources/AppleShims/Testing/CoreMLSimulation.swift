@@ -1,7 +1,7 @@
 // The simulated Core ML training behind the CoreML shim, for tests.
 #if os(Linux)  // Apple platforms have the real framework
 @_spi(AppleShimTesting) public import CoreMLShim
-public import Foundation
+import Foundation
 
 /// Sets what the simulated Core ML computes when an `MLUpdateTask` runs, and what a cancelled task does.
 public enum SimulatedCoreMLTraining {

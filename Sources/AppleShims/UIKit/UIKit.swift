@@ -7,7 +7,7 @@
 // The simulated system's values are set through AppleShimTesting.
 #if os(Linux)  // Apple platforms have the real framework
 @_exported public import Foundation
-public import Dispatch
+import Dispatch
 
 /// The system state the shims report; AppleShimTesting sets it.
 @_spi(AppleShimTesting) public struct SimulatedDeviceState: Sendable {

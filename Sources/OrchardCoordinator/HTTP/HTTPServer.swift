@@ -8,6 +8,7 @@ public import Logging
 public import NIOCore
 import OrchardFormats
 import OrchardProtocol
+import OrchardSupport
 public import Prometheus
 public import ServiceLifecycle
 import Synchronization
@@ -213,7 +214,7 @@ public enum CoordinatorServer {
         services: [any Service] = [], logger: Logger = Logger(label: "orchard.http"), dashboard: Dashboard? = nil,
         onServerRunning: @escaping @Sendable (Int) async -> Void = { _ in }
     ) throws -> some ApplicationProtocol {
-        let idle = coordinator.configuration.connectionIdleTimeout.map { TimeAmount.nanoseconds(Int64($0 * 1e9)) }
+        let idle = coordinator.configuration.connectionIdleTimeout.map { TimeAmount.nanoseconds($0.inNanoseconds) }
         let http1 = HTTP1Channel.Configuration(additionalChannelHandlers: [ReceiveBufferLimit()], idleTimeout: idle)
         return Application(
             router: router(coordinator: coordinator, registry: registry, dashboard: dashboard, secureCookie: tls != nil),

@@ -1,8 +1,8 @@
-public import OrchardSupport
+import OrchardSupport
 import CoreMetrics
 import Foundation
 import OrchardPrivacy
-public import Logging
+import Logging
 import OrchardFormats
 public import OrchardProtocol
 import Synchronization

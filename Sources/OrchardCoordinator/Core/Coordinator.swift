@@ -152,7 +152,7 @@ public actor Coordinator {
         self.metrics = metrics
         self.logger = logger
         authenticationLimiter = configuration.openAuthenticationRate.map { RateLimiter($0) }
-        speedTestLimiter = configuration.speedTestInterval > 0 ? RateLimiter(.once(per: configuration.speedTestInterval)) : nil
+        speedTestLimiter = configuration.speedTestInterval > .zero ? RateLimiter(.once(per: configuration.speedTestInterval.inSeconds)) : nil
     }
 }
 

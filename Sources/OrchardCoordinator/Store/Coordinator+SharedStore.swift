@@ -119,7 +119,7 @@ extension Coordinator {
             // combining the partial sums: if it has not finished within the lease, it is presumed dead.
             let mine = sealedHere.contains(SealKey(processID: processID, cycle: progress.number))
             if !mine {
-                guard let sealedAt = progress.sealedAt, now.timeIntervalSince(sealedAt) >= configuration.sealLease else { return }
+                guard let sealedAt = progress.sealedAt, now.timeIntervalSince(sealedAt) >= configuration.sealLease.inSeconds else { return }
                 logger.warning(
                     "taking over the closing of a cycle sealed by another instance",
                     metadata: [

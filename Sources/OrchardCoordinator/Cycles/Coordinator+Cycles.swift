@@ -1,10 +1,10 @@
-public import OrchardSupport
+import OrchardSupport
 import CoreMetrics
 import Foundation
-public import Logging
+import Logging
 import OrchardFormats
 import OrchardPrivacy
-public import OrchardProtocol
+import OrchardProtocol
 import Synchronization
 
 // The cycle timer and the transitions the cycle state machine asks for (close, aggregate, publish, open).
@@ -106,7 +106,7 @@ extension Coordinator {
                 let secure = secureMean.map { mean -> (mean: [Float], survivors: Int) in
                     (runtime.layout.zeroingFrozen(mean), runtime.secure?.server.result?.totalSampleCount ?? 0)
                 }
-                if let secure { metadata["orchard.secure_aggregation_survivors"] = "\(runtime.secure?.server.result?.survivors.count ?? 0)" }
+                if secure != nil { metadata["orchard.secure_aggregation_survivors"] = "\(runtime.secure?.server.result?.survivors.count ?? 0)" }
                 if let privacy = runtime.privacy {
                     // DP-FedAvg: the sum of clipped reports (central mode: noised here; distributed mode: already carrying
                     // the devices' noise shares) divided by goal_count; the ledger records the release, and the process

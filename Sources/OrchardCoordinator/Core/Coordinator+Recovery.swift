@@ -1,9 +1,9 @@
-public import OrchardSupport
+import OrchardSupport
 import CoreMetrics
 import Foundation
-public import Logging
+import Logging
 import OrchardFormats
-public import OrchardProtocol
+import OrchardProtocol
 import Synchronization
 
 // Start-up: every stored process is loaded and its open cycle resumed.

@@ -40,7 +40,7 @@ public struct ModelLayout: Sendable, Hashable {
         let layers = Dictionary(model.layers.map { ($0.name, $0) }, uniquingKeysWith: { first, _ in first })
         var entries: [Entry] = []
         var offset = 0
-        for tensor in weights.sorted(by: { $0.name < $1.name }) {
+        for tensor in FlatOrder.sorted(weights) {
             let layerName = String(tensor.name.split(separator: ".", maxSplits: 1).first ?? "")
             guard let layer = layers[layerName] else {
                 throw CoordinatorError(.invalidConfiguration, "weight '\(tensor.name)' does not belong to a layer of model '\(model.name)'")

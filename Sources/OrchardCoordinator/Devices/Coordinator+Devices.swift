@@ -1,8 +1,8 @@
-public import OrchardSupport
+import OrchardSupport
 import CoreMetrics
 import Foundation
 import OrchardCoreML
-public import Logging
+import Logging
 import OrchardFormats
 import OrchardPrivacy
 public import OrchardProtocol
@@ -97,10 +97,10 @@ extension Coordinator {
         knownWorkers.insert(workerID)
         guard let sessions = sessionIssuer.withLock({ $0 }) else { throw .internalError("coordinator not started") }
         let session = DeviceSession(workerID: workerID, processID: processID, processName: runtime.process.name, processVersion: runtime.process.version)
-        let token = try await sessions.issue(session, expires: now.addingTimeInterval(configuration.sessionLifetime))
+        let token = try await sessions.issue(session, expires: now.addingTimeInterval(configuration.sessionLifetime.inSeconds))
         let server = runtime.process.serverConfig
         return AuthenticateResponse(
-            workerID: workerID, sessionToken: token, expiresIn: configuration.sessionLifetime, requiresSpeedTest: server.requiresSpeedTest,
+            workerID: workerID, sessionToken: token, expiresIn: configuration.sessionLifetime.inSeconds, requiresSpeedTest: server.requiresSpeedTest,
             speedTestDownloadBytes: server.requiresSpeedTest ? server.speedTestDownloadBytes : nil,
             speedTestUploadBytes: server.requiresSpeedTest ? server.speedTestUploadBytes : nil
         )
@@ -129,7 +129,7 @@ extension Coordinator {
         if let wait = speedTestLimiter?.take(SpeedTestKey(workerID: session.workerID, direction: direction), at: clock.date) {
             metrics.speedTestsLimited.increment()
             throw .rateLimited(
-                "worker '\(session.workerID)' ran a speed-test \(direction) less than \(configuration.speedTestInterval) s ago", retryAfter: wait)
+                "worker '\(session.workerID)' ran a speed-test \(direction) less than \(configuration.speedTestInterval.secondsText) s ago", retryAfter: wait)
         }
         return allowed
     }

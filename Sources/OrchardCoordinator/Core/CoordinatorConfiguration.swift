@@ -1,4 +1,5 @@
 import Foundation
+import OrchardSupport
 
 /// Settings of a coordinator instance (per-process settings live in `ServerConfig`).
 public struct CoordinatorConfiguration: Sendable {
@@ -12,31 +13,31 @@ public struct CoordinatorConfiguration: Sendable {
     public var maximumMessageBytes: Int
     /// Reports folded in memory before the running sum is written back and their diffs dropped.
     public var foldInterval: Int
-    /// Seconds a session token stays valid.
-    public var sessionLifetime: Double
+    /// How long a session token stays valid.
+    public var sessionLifetime: Duration
     /// How often one client address may authenticate to processes in open mode (where every call registers a
     /// worker); nil for no limit. Calls from the in-process transport carry no address and are not limited.
     public var openAuthenticationRate: RateLimit?
     /// The most workers one process in open mode may register; nil for no limit.
     public var maximumOpenWorkers: Int?
-    /// Seconds between two speed tests in the same direction by the same worker.
-    public var speedTestInterval: Double
+    /// The least time between two speed tests in the same direction by the same worker (zero: no limit).
+    public var speedTestInterval: Duration
     /// Report uploads received at once; one more is refused with `too_many_uploads` (503) and ``uploadRetryAfter``.
     public var maximumUploadsInFlight: Int
-    /// Seconds a device refused for ``maximumUploadsInFlight`` is told to wait (`Retry-After`).
-    public var uploadRetryAfter: Int
+    /// How long a device refused for ``maximumUploadsInFlight`` is told to wait (`Retry-After`, whole seconds in 1…3600).
+    public var uploadRetryAfter: Duration
     /// The largest safetensors header a report may announce (its tensors' names, shapes and offsets and the report
     /// metadata: about 100 bytes a tensor); more is refused with `payload_too_large` before it is read.
     public var maximumReportHeaderBytes: Int
-    /// Seconds a connection may send nothing before it is closed: an idle keep-alive connection, or an upload that
+    /// How long a connection may send nothing before it is closed: an idle keep-alive connection, or an upload that
     /// stalled mid-body (which is then abandoned, so it cannot hold its cycle open or its upload place); nil never.
-    public var connectionIdleTimeout: Double?
+    public var connectionIdleTimeout: Duration?
     /// This instance's name among the coordinator instances sharing a store (each folds the reports it accepts into
     /// its own partial sum under this name); unique per instance, stable across its restarts.
     public var instanceID: String
-    /// Seconds a cycle may stay sealed by another instance before this one takes its closing over (that instance
+    /// How long a cycle may stay sealed by another instance before this one takes its closing over (that instance
     /// is presumed dead); only with a store shared by several instances.
-    public var sealLease: Double
+    public var sealLease: Duration
 
     /// Open-mode authentication by default: 30 calls at once per client address, then one every 2 seconds.
     public static let defaultOpenAuthenticationRate = RateLimit(burst: 30, perSecond: 0.5)
@@ -48,10 +49,10 @@ public struct CoordinatorConfiguration: Sendable {
     /// Creates a configuration.
     public init(
         adminToken: String? = nil, maximumReportBytes: Int = 256 << 20, maximumAdminBodyBytes: Int = 1 << 30, maximumMessageBytes: Int = 64 << 10,
-        foldInterval: Int = 32, sessionLifetime: Double = 86_400, openAuthenticationRate: RateLimit? = Self.defaultOpenAuthenticationRate,
-        maximumOpenWorkers: Int? = Self.defaultMaximumOpenWorkers, speedTestInterval: Double = 30,
-        maximumUploadsInFlight: Int = 64, uploadRetryAfter: Int = 2, maximumReportHeaderBytes: Int = 1 << 20,
-        connectionIdleTimeout: Double? = 30, instanceID: String = Self.defaultInstanceID, sealLease: Double = 60
+        foldInterval: Int = 32, sessionLifetime: Duration = .seconds(86_400), openAuthenticationRate: RateLimit? = Self.defaultOpenAuthenticationRate,
+        maximumOpenWorkers: Int? = Self.defaultMaximumOpenWorkers, speedTestInterval: Duration = .seconds(30),
+        maximumUploadsInFlight: Int = 64, uploadRetryAfter: Duration = .seconds(2), maximumReportHeaderBytes: Int = 1 << 20,
+        connectionIdleTimeout: Duration? = .seconds(30), instanceID: String = Self.defaultInstanceID, sealLease: Duration = .seconds(60)
     ) {
         self.instanceID = instanceID
         self.sealLease = sealLease
@@ -74,11 +75,11 @@ public struct CoordinatorConfiguration: Sendable {
     public func validationFailure() -> String? {
         if let failure = openAuthenticationRate?.validationFailure() { return "openAuthenticationRate: \(failure)" }
         if let cap = maximumOpenWorkers, cap < 1 { return "maximumOpenWorkers must be at least 1, not \(cap)" }
-        if !(speedTestInterval >= 0) || !speedTestInterval.isFinite {
-            return "speedTestInterval must be a non-negative number of seconds, not \(speedTestInterval)"
-        }
+        if speedTestInterval < .zero { return "speedTestInterval must not be negative, not \(speedTestInterval)" }
         if maximumUploadsInFlight < 1 { return "maximumUploadsInFlight must be at least 1, not \(maximumUploadsInFlight)" }
-        if !(1...3600).contains(uploadRetryAfter) { return "uploadRetryAfter must be in 1...3600 seconds, not \(uploadRetryAfter)" }
+        if uploadRetryAfter < .seconds(1) || uploadRetryAfter > .seconds(3600) || uploadRetryAfter.components.attoseconds != 0 {
+            return "uploadRetryAfter must be a whole number of seconds in 1...3600, not \(uploadRetryAfter)"
+        }
         if maximumReportHeaderBytes < 64 { return "maximumReportHeaderBytes must be at least 64, not \(maximumReportHeaderBytes)" }
         if instanceID.isEmpty || instanceID.utf8.count > 64
             || !instanceID.unicodeScalars.allSatisfy({
@@ -87,8 +88,8 @@ public struct CoordinatorConfiguration: Sendable {
         {
             return "instanceID must be 1 to 64 ASCII letters, digits, '-', '_' or '.', not '\(instanceID)'"
         }
-        if !(sealLease > 0) || !sealLease.isFinite { return "sealLease must be a positive number of seconds, not \(sealLease)" }
-        if let idle = connectionIdleTimeout, !(idle > 0) || !idle.isFinite { return "connectionIdleTimeout must be a positive number of seconds, not \(idle)" }
+        if sealLease <= .zero { return "sealLease must be positive, not \(sealLease)" }
+        if let idle = connectionIdleTimeout, idle <= .zero { return "connectionIdleTimeout must be positive, not \(idle)" }
         return nil
     }
 }

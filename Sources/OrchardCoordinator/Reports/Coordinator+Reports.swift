@@ -1,7 +1,7 @@
-public import OrchardSupport
+import OrchardSupport
 import CoreMetrics
 import Foundation
-public import Logging
+import Logging
 import OrchardFormats
 public import OrchardProtocol
 import Synchronization
@@ -46,8 +46,8 @@ extension Coordinator {
         guard admitted else {
             metrics.uploadsRefusedBusy.increment()
             throw CoordinatorError(
-                .tooManyUploads, "the coordinator is receiving \(limit) reports already; retry in \(configuration.uploadRetryAfter) s",
-                retryAfter: Double(configuration.uploadRetryAfter)
+                .tooManyUploads, "the coordinator is receiving \(limit) reports already; retry in \(configuration.uploadRetryAfter.secondsText) s",
+                retryAfter: configuration.uploadRetryAfter.inSeconds
             )
         }
     }

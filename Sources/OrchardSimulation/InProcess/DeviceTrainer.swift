@@ -1,0 +1,72 @@
+import Foundation
+import OrchardSupport
+import Logging
+import OrchardClient
+import OrchardFormats
+import OrchardML
+import OrchardPrivacy
+import OrchardProtocol
+import OrchardScheduler
+import Synchronization
+
+/// The device's local training inside the job's cycle, through the SDK's trainer under the settings the
+/// coordinator sent (``OrchardClient/CycleContext/training``): stretches of real training that fit the current
+/// window (each update costs the device's `secondsPerUpdate` of virtual time), a checkpoint saved through the SDK
+/// when the window ends first, and the resumed run in a later window continuing from it.
+struct DeviceTrainer: Sendable {
+    let device: Int
+    let workload: any FleetWorkload
+    let link: DeviceLink
+    let slots: AsyncSemaphore
+
+    func train(_ context: CycleContext) async throws -> LocalUpdate {
+        let task = LocalTrainingTask(model: context.model, training: context.training)
+        let total = context.training.plannedUpdates(samples: workload.sampleCount(device: device))
+        let cost = link.profile.secondsPerUpdate
+        var checkpoint = context.savedCheckpoint
+        var done = 0
+        if let checkpoint {
+            link.noteResumption()
+            done = try workload.completedUpdates(device: device, in: checkpoint, of: task)
+        }
+        while true {
+            let fit = max(0, Int(((link.boundary - link.clock.seconds) / cost).rounded(.down)))
+            let stretch = min(total - done, fit)
+            if stretch > 0 {
+                // The stretch's virtual time passes first, so the rest of the fleet need not wait for the computation.
+                do {
+                    try await link.spend(Double(stretch) * cost)
+                } catch .expired {
+                    // Rounding put the stretch a hair past the window's end: stop as at any expiry.
+                    if let checkpoint { try context.saveCheckpoint(checkpoint) }
+                    throw CancellationError()
+                } catch {
+                    throw CancellationError()
+                }
+                var paused = task
+                paused.pauseAfterUpdates = done + stretch
+                let stretchTask = paused
+                let from = checkpoint
+                let result = try await slots.runTraining { () throws -> LocalTrainingOutcome in
+                    try workload.train(device: device, stretchTask, resumingFrom: from)
+                }
+                switch result {
+                case .completed(let update):
+                    return update
+                case .interrupted(let state):
+                    checkpoint = state
+                    done += stretch
+                }
+            }
+            do {
+                try await link.spend(cost)
+            } catch .expired {
+                // Expired by the OS: persist everything the next window needs through the SDK, then stop.
+                if let checkpoint { try context.saveCheckpoint(checkpoint) }
+                throw CancellationError()
+            } catch {
+                throw CancellationError()
+            }
+        }
+    }
+}
