@@ -87,7 +87,6 @@ let package = Package(
         .package(url: "https://github.com/groue/GRDB.swift.git", from: "7.0.0"),
         .package(url: "https://github.com/hummingbird-project/hummingbird.git", from: "2.5.0"),
         .package(url: "https://github.com/apple/swift-http-types.git", from: "1.0.0"),
-        .package(url: "https://github.com/pointfreeco/swift-clocks.git", from: "1.0.0"),
         .package(url: "https://github.com/swift-server/async-http-client.git", from: "1.23.0"),
         .package(url: "https://github.com/swift-server/swift-prometheus.git", from: "2.0.0"),
         .package(url: "https://github.com/swift-server/swift-service-lifecycle.git", from: "2.6.0"),
@@ -356,7 +355,8 @@ let package = Package(
         .testTarget(
             name: "OrchardExampleAppTests",
             dependencies: [
-                "OrchardExampleApp", "OrchardClient", "OrchardCoordinator", "OrchardProtocol", "OrchardFormats", "OrchardML", "OrchardData",
+                "OrchardCoordinatorTesting", "OrchardExampleApp", "OrchardClient", "OrchardCoordinator", "OrchardProtocol", "OrchardFormats", "OrchardML",
+                "OrchardData",
                 "OrchardSchedulerApple", "OrchardScheduler", "OrchardSupport",
                 .target(name: "AppleShimTesting", condition: .when(platforms: [.linux])),
             ] + appleShimDependencies(["SwiftUI", "UIKit", "BackgroundTasks"]),
@@ -406,7 +406,7 @@ let package = Package(
         .testTarget(
             name: "OrchardSchedulerTests",
             dependencies: [
-                "OrchardScheduler", "OrchardSchedulerApple", "OrchardSupport", .product(name: "Clocks", package: "swift-clocks"),
+                "OrchardScheduler", "OrchardSchedulerApple", "OrchardSupport",
                 .product(name: "Logging", package: "swift-log"),
                 .target(name: "AppleShimTesting", condition: .when(platforms: [.linux])),
             ] + appleShimDependencies(["BackgroundTasks", "UIKit", "Network", "os"]),
@@ -452,7 +452,7 @@ let package = Package(
             dependencies: [
                 "OrchardCoordinatorTesting", "OrchardScheduler", "OrchardProtocol", "OrchardPrivacy", "OrchardML", "OrchardClient", "OrchardCoordinator",
                 "OrchardSupport", "OrchardFormats",
-                "OrchardInProcess", "OrchardTesting", .product(name: "Crypto", package: "swift-crypto"), .product(name: "Clocks", package: "swift-clocks"),
+                "OrchardInProcess", "OrchardTesting", .product(name: "Crypto", package: "swift-crypto"),
             ], swiftSettings: swiftSettings),
         .testTarget(
             name: "OrchardBenchmarksTests",
@@ -479,7 +479,8 @@ let package = Package(
         .testTarget(
             name: "OrchardSimulationTests",
             dependencies: [
-                "OrchardCoordinatorTesting", "OrchardML", "OrchardData", "OrchardSimulation", "OrchardPrivacy", "OrchardSupport", "OrchardCoordinator",
+                "OrchardTesting", "OrchardCoordinatorTesting", "OrchardML", "OrchardData", "OrchardSimulation", "OrchardPrivacy", "OrchardSupport",
+                "OrchardCoordinator",
                 "OrchardClient", "OrchardInProcess",
                 "OrchardProtocol", "OrchardFormats", "OrchardOperator", .product(name: "Logging", package: "swift-log"),
             ], swiftSettings: swiftSettings),

@@ -14,7 +14,7 @@ extension FederatedJob {
     /// Each launch trains one cycle on the dataset `data` returns. Expiry of the window cancels the Swift task,
     /// which stops training at the next batch boundary and saves a checkpoint; the task then completes as
     /// unsuccessful and the scheduler keeps its request. After a report or a rejection the job resubmits itself
-    /// to begin at the coordinator's `retry_after` (or ``BackgroundTrainingOptions/defaultInterval``).
+    /// to begin at the coordinator's `retry_after` (or the options' `defaultInterval`).
     /// - Parameters:
     ///   - scheduler: The scheduler (register before it starts).
     ///   - options: Identifier, constraints and interval.

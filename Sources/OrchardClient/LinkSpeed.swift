@@ -1,4 +1,5 @@
 public import OrchardProtocol
+public import OrchardSupport
 
 /// A device's link speed, measured against the coordinator's speed-test endpoint, in Mbit/s.
 public struct LinkSpeed: Sendable, Hashable, CustomStringConvertible {
@@ -39,10 +40,10 @@ public struct LinkSpeedTest: Sendable {
     /// Bytes uploaded, 1 to `SpeedTest.maximumBytes`, unless the coordinator announces a size.
     public var uploadBytes: Int
     /// The clock the transfers are timed on.
-    public var clock: any Clock<Duration>
+    public var clock: any WallClock
 
-    /// Creates a test; 256 KiB each way on the continuous clock by default.
-    public init(downloadBytes: Int = SpeedTest.defaultBytes, uploadBytes: Int = SpeedTest.defaultBytes, clock: any Clock<Duration> = ContinuousClock()) {
+    /// Creates a test; 256 KiB each way on the system clock by default.
+    public init(downloadBytes: Int = SpeedTest.defaultBytes, uploadBytes: Int = SpeedTest.defaultBytes, clock: any WallClock = SystemClock()) {
         self.downloadBytes = downloadBytes
         self.uploadBytes = uploadBytes
         self.clock = clock
@@ -62,7 +63,7 @@ public struct LinkSpeedTest: Sendable {
 
     /// Moves `bytes` one way and returns the rate in Mbit/s.
     private static func timed(
-        _ clock: some Clock<Duration>, _ direction: SpeedTestDirection, _ bytes: Int, _ session: String, _ transport: any ClientTransport
+        _ clock: any WallClock, _ direction: SpeedTestDirection, _ bytes: Int, _ session: String, _ transport: any ClientTransport
     ) async throws(OrchardClientError) -> Double {
         let start = clock.now
         let moved = try await transport.speedTest(direction, bytes: bytes, session: session)

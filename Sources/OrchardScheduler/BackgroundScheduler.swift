@@ -1,5 +1,5 @@
 public import Foundation
-import OrchardSupport
+public import OrchardSupport
 public import Logging
 public import ServiceLifecycle
 
@@ -164,16 +164,15 @@ public struct WindowReport: Sendable, Hashable {
 /// Orchard's background task scheduler: BGTaskScheduler's contract, Selene's policy done right, real device conditions.
 ///
 /// On Linux it *is* the scheduler: run it as a swift-service-lifecycle `Service`, or drive windows explicitly
-/// with ``runWindow(budget:kinds:)`` (the simulator does). Time comes from the injected clock (`TestClock` in
-/// tests); dates for earliest-begin and persistence are `startDate` plus the clock's elapsed time.
-public actor BackgroundScheduler<C: Clock>: BackgroundTaskScheduling, Service where C.Duration == Duration {
+/// with ``runWindow(budget:kinds:)`` (the simulator does). Time comes from the injected wall clock (Orchard's one
+/// model of time: `SystemClock` on a device, `ManualClock` in tests and simulations); its instants are the dates of
+/// earliest-begin and persistence.
+public actor BackgroundScheduler: BackgroundTaskScheduling, Service {
     /// The configuration.
     public nonisolated let configuration: SchedulerConfiguration
     /// Set when the store found an unreadable file at open and moved it aside.
     public nonisolated let storeRecovery: StoreRecovery?
-    private let clock: C
-    private let epochInstant: C.Instant
-    private let epochDate: Date
+    private let clock: any WallClock
     private let conditions: any DeviceConditionsProvider
     private let store: any SchedulerStore
     private let logger: Logger
@@ -189,23 +188,19 @@ public actor BackgroundScheduler<C: Clock>: BackgroundTaskScheduling, Service wh
     /// Creates a scheduler and loads its store.
     /// - Parameters:
     ///   - configuration: limits, budgets, policy and rules.
-    ///   - clock: the clock runs are timed and slept on.
-    ///   - startDate: the wall-clock date of `clock.now`; later dates are derived from the clock.
+    ///   - clock: the wall clock runs are timed and slept on, and dates read from.
     ///   - conditions: where device conditions come from.
     ///   - store: where pending requests and histories persist.
     ///   - logger: where the scheduler logs.
     public init(
         configuration: SchedulerConfiguration = SchedulerConfiguration(),
-        clock: C,
-        startDate: Date,
+        clock: any WallClock = SystemClock(),
         conditions: any DeviceConditionsProvider,
         store: any SchedulerStore = InMemorySchedulerStore(),
         logger: Logger = Logger(label: "orchard.scheduler")
     ) throws(SchedulerError) {
         self.configuration = configuration
         self.clock = clock
-        self.epochInstant = clock.now
-        self.epochDate = startDate
         self.conditions = conditions
         self.store = store
         self.logger = logger
@@ -221,18 +216,14 @@ public actor BackgroundScheduler<C: Clock>: BackgroundTaskScheduling, Service wh
     // MARK: Time
 
     /// The current date, as the scheduler's clock sees it.
-    public nonisolated var now: Date { date(of: clock.now) }
+    public nonisolated var now: Date { clock.now.date }
 
     /// The date `delay` from now: handy for `earliestBeginDate` (e.g. a server's `retry_after`).
     public nonisolated func date(after delay: Duration) -> Date { now.addingTimeInterval(delay.inSeconds) }
 
-    private nonisolated func date(of instant: C.Instant) -> Date {
-        epochDate.addingTimeInterval(epochInstant.duration(to: instant).inSeconds)
-    }
+    private nonisolated func date(of instant: WallInstant) -> Date { instant.date }
 
-    private nonisolated func instant(of date: Date) -> C.Instant {
-        epochInstant.advanced(by: .seconds(date.timeIntervalSince(epochDate)))
-    }
+    private nonisolated func instant(of date: Date) -> WallInstant { WallInstant(date) }
 
     // MARK: Contract
 
@@ -484,7 +475,7 @@ public actor BackgroundScheduler<C: Clock>: BackgroundTaskScheduling, Service wh
 
     /// Waits for the run to complete, expiring it at its time limit or when its conditions are lost.
     /// Returns `nil` when the task ignored expiry past the grace period.
-    private func supervise(_ run: TaskRun, start: C.Instant, limit: Duration, request: TaskRequest) async -> TaskCompletion? {
+    private func supervise(_ run: TaskRun, start: WallInstant, limit: Duration, request: TaskRequest) async -> TaskCompletion? {
         let deadline = start.advanced(by: limit)
         var nextPoll = start.advanced(by: configuration.conditionPollInterval)
         let needsPolling = !request.constraints.isEmpty || request.kind == .processing
@@ -525,7 +516,7 @@ public actor BackgroundScheduler<C: Clock>: BackgroundTaskScheduling, Service wh
     /// gets the grace period to save its work and call `setTaskCompleted`, as at any expiry, so a daemon does
     /// not exit under a task that is writing its checkpoint. The wait runs in a task of its own, which the
     /// shutdown's cancellation does not reach.
-    private func finishOnShutdown(_ run: TaskRun, expiredAt: C.Instant) async -> TaskCompletion {
+    private func finishOnShutdown(_ run: TaskRun, expiredAt: WallInstant) async -> TaskCompletion {
         let deadline = expiredAt.advanced(by: configuration.overrunGrace)
         let wake = await Task { await self.race(run, until: deadline) }.value
         if case .completed(let completion) = wake { return completion }
@@ -533,7 +524,7 @@ public actor BackgroundScheduler<C: Clock>: BackgroundTaskScheduling, Service wh
         return run.task.completion ?? TaskCompletion(success: false, expiredBy: .shutdown)
     }
 
-    private nonisolated func race(_ run: TaskRun, until deadline: C.Instant) async -> Wake {
+    private nonisolated func race(_ run: TaskRun, until deadline: WallInstant) async -> Wake {
         if let completion = run.task.completion { return .completed(completion) }
         let clock = self.clock
         return await withTaskGroup(of: Wake.self) { group in
@@ -589,18 +580,5 @@ public actor BackgroundScheduler<C: Clock>: BackgroundTaskScheduling, Service wh
             if clock.now < wake { try await clock.sleep(until: wake, tolerance: nil) }
         }
         throw CancellationError()
-    }
-}
-
-extension BackgroundScheduler where C == ContinuousClock {
-    /// Creates a scheduler on the continuous clock, dated from `startDate` (pass `Date()` at the app's entry point).
-    public init(
-        configuration: SchedulerConfiguration = SchedulerConfiguration(),
-        startDate: Date,
-        conditions: any DeviceConditionsProvider,
-        store: any SchedulerStore = InMemorySchedulerStore(),
-        logger: Logger = Logger(label: "orchard.scheduler")
-    ) throws(SchedulerError) {
-        try self.init(configuration: configuration, clock: ContinuousClock(), startDate: startDate, conditions: conditions, store: store, logger: logger)
     }
 }

@@ -136,4 +136,32 @@ public final class ManualClock: WallClock {
     public func advance(bySeconds seconds: Double) {
         advance(by: .seconds(seconds))
     }
+
+    /// Moves the clock forward by `duration` one sleeper's deadline at a time, and before each step and at the end
+    /// lets other tasks run: a task woken at one deadline may sleep again (a timer that re-arms, a poll loop) and is
+    /// woken in turn if its next deadline falls within `duration`. For tests that drive actors whose loops sleep on
+    /// this clock; ``advance(by:)`` moves the clock in one jump and wakes every sleeper that is due at once.
+    public func step(by duration: Duration) async {
+        let target = now.advanced(by: duration)
+        while true {
+            await Self.yieldToOtherTasks()
+            let next = state.withLock { state -> Sleeper? in
+                guard let (id, sleeper) = state.sleepers.min(by: { $0.value.deadline < $1.value.deadline }), sleeper.deadline <= target else {
+                    if target > state.now { state.now = target }
+                    return nil
+                }
+                if sleeper.deadline > state.now { state.now = sleeper.deadline }
+                state.sleepers[id] = nil
+                return sleeper
+            }
+            guard let next else { break }
+            next.continuation.resume()
+        }
+        await Self.yieldToOtherTasks()
+    }
+
+    /// Gives every task that is ready a chance to run (and to reach its next suspension) before the caller goes on.
+    private static func yieldToOtherTasks() async {
+        for _ in 0..<16 { await Task.detached(priority: .low) { await Task.yield() }.value }
+    }
 }

@@ -144,7 +144,7 @@ struct AgentCommand: AsyncParsableCommand {
                 permittedIdentifiers: [identifier], processingBudget: .seconds(window),
                 overrunGrace: .milliseconds(Int64(shutdownGrace * 1000)), idlePollInterval: .milliseconds(Int64(pollInterval * 1000))
             ),
-            startDate: Date(), conditions: conditions, store: store, logger: logger
+            conditions: conditions, store: store, logger: logger
         )
         let restored = await scheduler.pendingRequests().contains { $0.identifier == identifier }
         let options = BackgroundTrainingOptions(identifier: identifier, constraints: constraints, defaultInterval: .seconds(interval))
@@ -205,7 +205,7 @@ struct AgentCommand: AsyncParsableCommand {
                 permittedIdentifiers: [identifier], processingBudget: .seconds(window),
                 overrunGrace: .milliseconds(Int64(shutdownGrace * 1000)), idlePollInterval: .milliseconds(Int64(pollInterval * 1000))
             ),
-            startDate: Date(), conditions: conditions, store: store, logger: logger
+            conditions: conditions, store: store, logger: logger
         )
         let options = BackgroundTrainingOptions(identifier: identifier, constraints: constraints, defaultInterval: .seconds(interval))
         do throws(FlowerError) {

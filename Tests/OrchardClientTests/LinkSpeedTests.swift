@@ -1,9 +1,9 @@
-import Clocks
 import Foundation
 import OrchardClient
 import OrchardCoordinator
 import OrchardInProcess
 import OrchardProtocol
+import OrchardSupport
 import Synchronization
 import Testing
 
@@ -11,7 +11,7 @@ import Testing
 /// takes `download` or `upload` on the test clock the client times it with.
 struct TimedLinkTransport: ClientTransport {
     let inner: any ClientTransport
-    let clock: TestClock<Duration>
+    let clock: ManualClock
     let download: Duration
     let upload: Duration
 
@@ -29,7 +29,7 @@ struct TimedLinkTransport: ClientTransport {
 
     func speedTest(_ direction: SpeedTestDirection, bytes: Int, session: String) async throws(OrchardClientError) -> Int {
         let moved = try await inner.speedTest(direction, bytes: bytes, session: session)
-        await clock.advance(by: direction == .download ? download : upload)
+        clock.advance(by: direction == .download ? download : upload)
         return moved
     }
 }
@@ -70,7 +70,7 @@ struct LinkSpeedTests {
     /// A device over HTTP whose transfers take the given times on its own test clock; its own speed-test sizes
     /// differ from the process's, which the coordinator announces and the client uses.
     static func device(_ harness: ClientHarness, _ name: String, download: Duration, upload: Duration) throws -> (FederatedJob, RecordingTransport) {
-        let clock = TestClock<Duration>()
+        let clock = ManualClock()
         let transport = RecordingTransport(TimedLinkTransport(inner: try HTTPTransport(url: harness.url), clock: clock, download: download, upload: upload))
         var configuration = harness.configuration(device: name)
         configuration.linkSpeedTest = LinkSpeedTest(downloadBytes: 1000, uploadBytes: 1000, clock: clock)

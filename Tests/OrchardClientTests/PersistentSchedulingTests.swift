@@ -1,5 +1,4 @@
 import OrchardSupport
-import Clocks
 import Foundation
 import OrchardClient
 import OrchardCoordinator
@@ -27,10 +26,11 @@ struct PersistentSchedulingTests {
             let dataset = try Fixture.dataset()
             let outcomes = Mutex<[Result<CycleOutcome, OrchardClientError>]>([])
 
-            /// One life of the device: a scheduler on its own test clock, dated from the wall clock, over the store file.
-            func boot(_ testClock: TestClock<Duration>, options: BackgroundTrainingOptions) async throws -> BackgroundScheduler<TestClock<Duration>> {
+            /// One life of the device: a scheduler on its own manual clock, starting at the coordinator's date, over the
+            /// store file.
+            func boot(options: BackgroundTrainingOptions) async throws -> BackgroundScheduler {
                 let scheduler = try BackgroundScheduler(
-                    configuration: SchedulerConfiguration(permittedIdentifiers: ["train"]), clock: testClock, startDate: clock.date,
+                    configuration: SchedulerConfiguration(permittedIdentifiers: ["train"]), clock: ManualClock(date: clock.date),
                     conditions: ScriptedConditionsProvider(.ideal), store: try SQLiteSchedulerStore(path: storePath)
                 )
                 let client = CoordinatorConnection(
@@ -47,7 +47,7 @@ struct PersistentSchedulingTests {
             let options = BackgroundTrainingOptions(identifier: "train")
 
             // First life: the request runs at once, is rejected, and is resubmitted for the retry-after.
-            let first = try await boot(TestClock(), options: options)
+            let first = try await boot(options: options)
             #expect(await first.pendingRequests().first?.earliestBeginDate == nil)
             let ran = try await first.runWindow(budget: .seconds(600))
             #expect(ran.runs.map(\.outcome) == [.succeeded])
@@ -62,8 +62,7 @@ struct PersistentSchedulingTests {
 
             // Second life, 10 s later: the store gives the request back with its begin date, and the job keeps it as is.
             clock.advance(bySeconds: 10)
-            let secondClock = TestClock<Duration>()
-            let second = try await boot(secondClock, options: options)
+            let second = try await boot(options: options)
             #expect(await second.pendingTasks() == [submitted])
             let early = try await second.runWindow(budget: .seconds(600))
             #expect(early.runs.isEmpty)
@@ -71,7 +70,7 @@ struct PersistentSchedulingTests {
             #expect(outcomes.withLock { $0.count } == 1)
 
             // Third life with another priority: the request is resubmitted, still for the same begin date.
-            let third = try await boot(TestClock(), options: BackgroundTrainingOptions(identifier: "train", priority: .high))
+            let third = try await boot(options: BackgroundTrainingOptions(identifier: "train", priority: .high))
             let changed = try #require(await third.pendingRequests().first)
             #expect(changed.priority == .high)
             #expect(changed.earliestBeginDate == begin)
@@ -79,8 +78,7 @@ struct PersistentSchedulingTests {
 
             // Once the retry-after has passed, the request runs.
             clock.advance(bySeconds: retryAfter)
-            let fourthClock = TestClock<Duration>()
-            let fourth = try await boot(fourthClock, options: options)
+            let fourth = try await boot(options: options)
             let due = try await fourth.runWindow(budget: .seconds(600))
             #expect(due.runs.map(\.identifier) == ["train"])
             #expect(outcomes.withLock { $0.count } == 2)

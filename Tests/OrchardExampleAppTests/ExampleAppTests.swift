@@ -7,6 +7,7 @@ import BackgroundTasks
 import Foundation
 @testable import OrchardClient
 import OrchardCoordinator
+import OrchardCoordinatorTesting
 import OrchardData
 @testable import OrchardExampleApp
 import OrchardFormats
@@ -55,8 +56,8 @@ import UIKit
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(at: directory) }
         let clock = ManualClock()
-        let instance = try await CoordinatorInstance.open(database: directory.appendingPathComponent("coordinator.sqlite").path, clock: clock)
-        let server = try await instance.serve()
+        let coordinator = try await LoopbackCoordinator.start(configuration: CoordinatorConfiguration(), clock: clock)
+        let (instance, server) = (coordinator.instance, coordinator.server)
         let status = try await instance.coordinator.host(
             HostProcessRequest(
                 name: "keyboard", version: SemanticVersion(1, 0), model: Self.spec, initialWeights: try Model(spec: Self.spec, seed: 1).weightsSafetensors(),
@@ -111,8 +112,7 @@ import UIKit
         #expect(await training.scheduler.pendingRequests().map(\.identifier) == [Self.identifier], "the next run is scheduled")
         #expect(system.simulatedViolations.isEmpty, "\(system.simulatedViolations)")
         training.transfers?.invalidate()
-        await server.stop()
-        await instance.shutdown()
+        await coordinator.stop()
     }
 
     @Test func theDelegateForwardsTheBackgroundSessionsEventsAndCompletesOthersAtOnce() async throws {

@@ -111,11 +111,10 @@ import Testing
         let files = try TemporaryDirectory()
         defer { files.remove() }
         let certificates = try TestCertificates.make()
-        let instance = try await CoordinatorInstance.open(database: files.path("c.sqlite"), configuration: CoordinatorConfiguration(adminToken: "t"))
         let tls = try CoordinatorTLS(
             certificateChainPEM: Array(certificates.serverCertificatePEM.utf8), privateKeyPEM: Array(certificates.serverPrivateKeyPEM.utf8))
-        let server = try await instance.serve(tls: tls)
-        let url = "https://127.0.0.1:\(server.port)"
+        let coordinator = try await LoopbackCoordinator.start(configuration: CoordinatorConfiguration(adminToken: "t"), tls: tls)
+        let url = coordinator.url
         let ca = try files.write("ca.pem", certificates.caCertificatePEM)
 
         let trusting = try AdminClient(server: url, adminToken: "t", caCertificateFile: ca, timeout: .seconds(10))
@@ -132,8 +131,7 @@ import Testing
         let notPEM = try files.write("not.pem", "hello")
         let bad = #expect(throws: OperatorError.self) { try AdminClient(server: url, adminToken: "t", caCertificateFile: notPEM) }
         #expect(bad?.description.hasPrefix("invalid_argument: --ca-cert '\(notPEM)'") == true, "\(String(describing: bad))")
-        await server.stop()
-        await instance.shutdown()
+        await coordinator.stop()
     }
 }
 

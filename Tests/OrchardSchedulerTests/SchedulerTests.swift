@@ -1,4 +1,3 @@
-import Clocks
 import OrchardSupport
 import Foundation
 import OrchardScheduler
@@ -9,7 +8,7 @@ struct SchedulerTests {
     // MARK: Registration and submission
 
     @Test func registrationErrorsMirrorIOS() async throws {
-        let clock = TestClock<Duration>()
+        let clock = testClock()
         let scheduler = try makeScheduler(clock: clock, permitted: ["a"])
         await #expect(throws: SchedulerError.self) { try await scheduler.register(identifier: "nope") { _ in } }
         do { try await scheduler.register(identifier: "nope") { _ in } } catch { #expect(error.code == .notPermitted) }
@@ -28,7 +27,7 @@ struct SchedulerTests {
 
     @Test func submitValidatesAndEnforcesLimits() async throws {
         let ids = Set(["r1", "r2"] + (0...10).map { "p\($0)" })
-        let clock = TestClock<Duration>()
+        let clock = testClock()
         let scheduler = try makeScheduler(clock: clock, permitted: ids)
         do {
             try await scheduler.submit(.appRefresh("unlisted"))
@@ -69,7 +68,7 @@ struct SchedulerTests {
     }
 
     @Test func limitsAreConfigurable() async throws {
-        let clock = TestClock<Duration>()
+        let clock = testClock()
         let scheduler = try makeScheduler(clock: clock, permitted: ["a", "b", "c"]) { $0.maxPendingProcessing = 2 }
         try await scheduler.submit(.processing("a"))
         try await scheduler.submit(.processing("b"))
@@ -79,7 +78,7 @@ struct SchedulerTests {
     // MARK: Eligibility
 
     @Test func earliestBeginIsRespected() async throws {
-        let clock = TestClock<Duration>()
+        let clock = testClock()
         let scheduler = try makeScheduler(clock: clock, permitted: ["a"])
         let runs = Counter()
         try await scheduler.register(identifier: "a") { _ in runs.increment() }
@@ -88,10 +87,10 @@ struct SchedulerTests {
         var report = try await scheduler.runWindow(budget: .seconds(30))
         #expect(report.runs.isEmpty)
         #expect(report.deferred["a"]?.isWaitingForTime == true)
-        await clock.advance(by: .seconds(59))
+        await clock.step(by: .seconds(59))
         report = try await scheduler.runWindow(budget: .seconds(30))
         #expect(report.runs.isEmpty)
-        await clock.advance(by: .seconds(1))
+        await clock.step(by: .seconds(1))
         report = try await scheduler.runWindow(budget: .seconds(30))
         #expect(report.runs.map(\.outcome) == [.succeeded])
         #expect(runs.value == 1)
@@ -99,7 +98,7 @@ struct SchedulerTests {
     }
 
     @Test func constraintsGateAndUngate() async throws {
-        let clock = TestClock<Duration>()
+        let clock = testClock()
         let conditions = ScriptedConditionsProvider(.ideal)
         conditions.update {
             $0.onExternalPower = false; $0.batteryCharging = false
@@ -126,7 +125,7 @@ struct SchedulerTests {
     }
 
     @Test func unregisteredTasksWait() async throws {
-        let clock = TestClock<Duration>()
+        let clock = testClock()
         let scheduler = try makeScheduler(clock: clock, permitted: ["a"])
         try await scheduler.submit(.processing("a"))
         let report = try await scheduler.runWindow(budget: .seconds(30))
@@ -137,7 +136,7 @@ struct SchedulerTests {
     // MARK: Runs
 
     @Test func expiryCancelsALongHandlerAtItsNextSuspensionPoint() async throws {
-        let clock = TestClock<Duration>()
+        let clock = testClock()
         let scheduler = try makeScheduler(clock: clock, permitted: ["refresh"])
         let started = Signal()
         let expirations = Counter()
@@ -157,7 +156,7 @@ struct SchedulerTests {
         try await scheduler.submit(.appRefresh("refresh"))
         let window = Task { try await scheduler.runWindow(budget: .seconds(20)) }
         await started.wait()
-        await clock.advance(by: .seconds(20))
+        await clock.step(by: .seconds(20))
         let report = try await window.value
         let run = try #require(report.runs.first)
         #expect(run.outcome == .expired)
@@ -171,7 +170,7 @@ struct SchedulerTests {
     }
 
     @Test func firstSetTaskCompletedWins() async throws {
-        let clock = TestClock<Duration>()
+        let clock = testClock()
         let scheduler = try makeScheduler(clock: clock, permitted: ["a", "b", "c"])
         try await scheduler.register(identifier: "a") { task in
             task.setTaskCompleted(success: false)
@@ -208,7 +207,7 @@ struct SchedulerTests {
     }
 
     @Test func overrunFailsAndThrottles() async throws {
-        let clock = TestClock<Duration>()
+        let clock = testClock()
         let scheduler = try makeScheduler(clock: clock, permitted: ["stubborn"])
         let started = Signal()
         let gate = Gate()
@@ -221,7 +220,7 @@ struct SchedulerTests {
         try await scheduler.submit(.appRefresh("stubborn"))
         let window = Task { try await scheduler.runWindow(budget: .seconds(30)) }
         await started.wait()
-        await clock.advance(by: .seconds(35))  // the 30 s limit plus the 5 s grace
+        await clock.step(by: .seconds(35))  // the 30 s limit plus the 5 s grace
         let report = try await window.value
         let run = try #require(report.runs.first)
         #expect(run.outcome == .overran)
@@ -232,11 +231,11 @@ struct SchedulerTests {
         #expect(await scheduler.effectiveBeginDate(of: "stubborn") == throttle)
 
         // The 30 s retry is due, but the throttle holds it back.
-        await clock.advance(by: .seconds(60))
+        await clock.step(by: .seconds(60))
         var next = try await scheduler.runWindow(budget: .seconds(30))
         #expect(next.runs.isEmpty)
         #expect(next.deferred["stubborn"] == .throttled(until: throttle))
-        await clock.advance(by: .seconds(900))
+        await clock.step(by: .seconds(900))
         gate.open()
         next = try await scheduler.runWindow(budget: .seconds(30))
         #expect(next.runs.map(\.outcome) == [.succeeded])
@@ -245,7 +244,7 @@ struct SchedulerTests {
     }
 
     @Test func failuresBackOffExponentiallyUpToTheCapAndStopAtMaxAttempts() async throws {
-        let clock = TestClock<Duration>()
+        let clock = testClock()
         let scheduler = try makeScheduler(clock: clock, permitted: ["flaky"])
         try await scheduler.register(identifier: "flaky") { task in task.setTaskCompleted(success: false) }
         var request = TaskRequest.processing("flaky")
@@ -258,7 +257,7 @@ struct SchedulerTests {
             #expect(run.outcome == .failed)
             guard let next = run.nextBeginDate else { break }
             delays.append(next.timeIntervalSince(scheduler.now))
-            await clock.advance(by: .seconds(next.timeIntervalSince(scheduler.now)))
+            await clock.step(by: .seconds(next.timeIntervalSince(scheduler.now)))
         }
         #expect(delays == [30, 60, 120, 200, 200])
         #expect(await scheduler.pendingRequests().isEmpty)
@@ -266,7 +265,7 @@ struct SchedulerTests {
     }
 
     @Test func recurringWorkReschedulesItself() async throws {
-        let clock = TestClock<Duration>()
+        let clock = testClock()
         let scheduler = try makeScheduler(clock: clock, permitted: ["sync"])
         try await scheduler.register(identifier: "sync") { _ in }
         var request = TaskRequest.processing("sync")
@@ -278,13 +277,13 @@ struct SchedulerTests {
             let expected = startDate.addingTimeInterval(Double(round + 1) * 3600)
             #expect(await scheduler.pendingRequests().first?.earliestBeginDate == expected)
             #expect(try await scheduler.runWindow(budget: .seconds(60)).runs.isEmpty)
-            await clock.advance(by: .seconds(3600))
+            await clock.step(by: .seconds(3600))
         }
         #expect(await scheduler.history(for: "sync")?.runs == 3)
     }
 
     @Test func aHandlerThatResubmitsKeepsItsOwnRequest() async throws {
-        let clock = TestClock<Duration>()
+        let clock = testClock()
         let scheduler = try makeScheduler(clock: clock, permitted: ["job"])
         let retryAt = startDate.addingTimeInterval(120)
         try await scheduler.register(identifier: "job") { task in
@@ -300,7 +299,7 @@ struct SchedulerTests {
     }
 
     @Test func cancellingARunningTaskPreventsItsRetry() async throws {
-        let clock = TestClock<Duration>()
+        let clock = testClock()
         let scheduler = try makeScheduler(clock: clock, permitted: ["job"])
         try await scheduler.register(identifier: "job") { task in
             await scheduler.cancel(identifier: "job")
@@ -313,7 +312,7 @@ struct SchedulerTests {
     }
 
     @Test func losingARequiredConditionMidRunStopsTheTaskWithoutPenalty() async throws {
-        let clock = TestClock<Duration>()
+        let clock = testClock()
         let conditions = ScriptedConditionsProvider(.ideal)
         let scheduler = try makeScheduler(clock: clock, permitted: ["train"], conditions: conditions)
         let started = Signal()
@@ -329,7 +328,7 @@ struct SchedulerTests {
         conditions.update {
             $0.onExternalPower = false; $0.batteryCharging = false
         }
-        await clock.advance(by: .seconds(5))  // the first poll sees the charger unplugged
+        await clock.step(by: .seconds(5))  // the first poll sees the charger unplugged
         let report = try await window.value
         let run = try #require(report.runs.first)
         #expect(run.outcome == .stopped)
@@ -343,7 +342,7 @@ struct SchedulerTests {
     }
 
     @Test func runTimesAreMeasuredFromEachTasksOwnStart() async throws {
-        let clock = TestClock<Duration>()
+        let clock = testClock()
         let scheduler = try makeScheduler(clock: clock, permitted: ["first", "second"])
         let firstStarted = Signal()
         let secondStarted = Signal()
@@ -365,9 +364,9 @@ struct SchedulerTests {
         try await scheduler.submit(second)
         let window = Task { try await scheduler.runWindow(budget: .seconds(10)) }
         await firstStarted.wait()
-        await clock.advance(by: .seconds(4))
+        await clock.step(by: .seconds(4))
         await secondStarted.wait()
-        await clock.advance(by: .seconds(3))
+        await clock.step(by: .seconds(3))
         let report = try await window.value
         #expect(report.runs.map(\.identifier) == ["first", "second"])
         #expect(report.runs.map(\.runTime) == [.seconds(4), .seconds(3)])
@@ -376,7 +375,7 @@ struct SchedulerTests {
     }
 
     @Test func aTaskLongerThanTheWindowDoesNotStarveForever() async throws {
-        let clock = TestClock<Duration>()
+        let clock = testClock()
         var history = TaskHistory(identifier: "big")
         history.recentRunTimes = [.seconds(20), .seconds(20), .seconds(20)]
         history.lastRunEnd = startDate
@@ -395,7 +394,7 @@ struct SchedulerTests {
                 #expect(report.deferred["big"]?.description.contains("does not fit") == true)
             }
             windows += 1
-            await clock.advance(by: .seconds(1800))
+            await clock.step(by: .seconds(1800))
         }
         #expect(runs.value == 1)
         // Estimate 20 s halves every 6 h: it first fits a 10 s window after 6 h (12 windows, 30 min apart).
@@ -403,7 +402,7 @@ struct SchedulerTests {
     }
 
     @Test func oneWindowAtATime() async throws {
-        let clock = TestClock<Duration>()
+        let clock = testClock()
         let scheduler = try makeScheduler(clock: clock, permitted: ["slow"])
         let started = Signal()
         try await scheduler.register(identifier: "slow") { _ in
@@ -418,7 +417,7 @@ struct SchedulerTests {
             _ = try await scheduler.runWindow(budget: .seconds(30))
             Issue.record("a second concurrent window must throw")
         } catch { #expect(error.code == .windowInProgress) }
-        await clock.advance(by: .seconds(5))
+        await clock.step(by: .seconds(5))
         #expect(try await window.value.runs.count == 1)
     }
 
@@ -428,7 +427,7 @@ struct SchedulerTests {
         let directory = try temporaryDirectory()
         defer { try? FileManager.default.removeItem(at: directory) }
         let path = directory.appendingPathComponent("scheduler.sqlite").path
-        let clock = TestClock<Duration>()
+        let clock = testClock()
         let later = startDate.addingTimeInterval(3600)
         do {
             let scheduler = try makeScheduler(clock: clock, permitted: ["measured", "later"], store: try SQLiteSchedulerStore(path: path))
@@ -443,14 +442,14 @@ struct SchedulerTests {
             try await scheduler.submit(.processing("later", earliestBeginDate: later))
             let window = Task { try await scheduler.runWindow(budget: .seconds(60)) }
             await started.wait()
-            await clock.advance(by: .seconds(7))
+            await clock.step(by: .seconds(7))
             #expect(try await window.value.runs.map(\.outcome) == [.failed])
         }
 
         let store = try SQLiteSchedulerStore(path: path)
         #expect(store.recovery == nil)
-        let restartedClock = TestClock<Duration>()
-        let restarted = try makeScheduler(clock: restartedClock, permitted: ["measured", "later"], store: store, date: startDate.addingTimeInterval(7))
+        let restartedClock = testClock(offset: 7)
+        let restarted = try makeScheduler(clock: restartedClock, permitted: ["measured", "later"], store: store)
         let pending = await restarted.pendingRequests()
         #expect(pending.map(\.identifier) == ["later", "measured"])
         #expect(pending[0].earliestBeginDate == later)
@@ -474,7 +473,7 @@ struct SchedulerTests {
         let recovery = try #require(store.recovery)
         #expect(recovery.setAsidePath == path + ".corrupt")
         #expect(FileManager.default.contents(atPath: recovery.setAsidePath) == garbage)
-        let scheduler = try makeScheduler(clock: TestClock(), permitted: ["a"], store: store)
+        let scheduler = try makeScheduler(clock: testClock(), permitted: ["a"], store: store)
         #expect(scheduler.storeRecovery == recovery)
         #expect(await scheduler.pendingRequests().isEmpty)
         try await scheduler.submit(.processing("a"))
@@ -492,12 +491,12 @@ struct SchedulerTests {
     // MARK: Service
 
     @Test func theServiceRunsTasksWhenTheyBecomeDue() async throws {
-        let clock = TestClock<Duration>()
+        let clock = testClock()
         let scheduler = try makeScheduler(clock: clock, permitted: ["refresh"])
         try await scheduler.register(identifier: "refresh") { _ in }
         try await scheduler.submit(.appRefresh("refresh", earliestBeginDate: startDate.addingTimeInterval(45)))
         let service = Task { try await scheduler.run() }
-        await clock.advance(by: .seconds(45))
+        await clock.step(by: .seconds(45))
         while await scheduler.history(for: "refresh") == nil { await Task.yield() }
         service.cancel()
         await #expect(throws: CancellationError.self) { try await service.value }
@@ -506,7 +505,7 @@ struct SchedulerTests {
     }
 
     @Test func shutdownGivesTheRunningTaskItsGracePeriodToSaveItsWork() async throws {
-        let clock = TestClock<Duration>()
+        let clock = testClock()
         let scheduler = try makeScheduler(clock: clock, permitted: ["train"])
         let started = Signal()
         let expired = Signal()

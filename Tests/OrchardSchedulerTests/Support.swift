@@ -1,22 +1,24 @@
-import Clocks
 import Foundation
 import OrchardScheduler
+import OrchardSupport
 
 /// The wall-clock date every test scheduler starts at.
 let startDate = Date(timeIntervalSince1970: 1_700_000_000)
 
-/// A scheduler on a test clock with scripted conditions.
+/// A manual clock reading ``startDate`` (plus `offset`), the scheduler tests' clock.
+func testClock(offset: Double = 0) -> ManualClock { ManualClock(date: startDate.addingTimeInterval(offset)) }
+
+/// A scheduler on a manual clock with scripted conditions.
 func makeScheduler(
-    clock: TestClock<Duration>,
+    clock: ManualClock,
     permitted: Set<String>,
     conditions: ScriptedConditionsProvider = ScriptedConditionsProvider(),
     store: any SchedulerStore = InMemorySchedulerStore(),
-    date: Date = startDate,
     configure: (inout SchedulerConfiguration) -> Void = { _ in }
-) throws -> BackgroundScheduler<TestClock<Duration>> {
+) throws -> BackgroundScheduler {
     var configuration = SchedulerConfiguration(permittedIdentifiers: permitted)
     configure(&configuration)
-    return try BackgroundScheduler(configuration: configuration, clock: clock, startDate: date, conditions: conditions, store: store)
+    return try BackgroundScheduler(configuration: configuration, clock: clock, conditions: conditions, store: store)
 }
 
 /// A one-shot signal a handler raises and a test awaits.
@@ -86,9 +88,7 @@ func temporaryDirectory() throws -> URL {
     return url
 }
 
-/// Sleeps on the test clock until `deadline`, returning at once if the clock is already there
-/// (`TestClock` would otherwise wait for the next advance when the deadline equals now).
-func sleep(on clock: TestClock<Duration>, until deadline: TestClock<Duration>.Instant) async throws {
-    if clock.now >= deadline { return }
+/// Sleeps on the test clock until `deadline` (at once if the clock is already there).
+func sleep(on clock: ManualClock, until deadline: WallInstant) async throws {
     try await clock.sleep(until: deadline, tolerance: nil)
 }

@@ -6,6 +6,7 @@ import OrchardCoordinatorTesting
 import OrchardOperator
 import OrchardProtocol
 import OrchardSupport
+import OrchardTesting
 import Synchronization
 import Testing
 @testable import OrchardSimulation
@@ -20,19 +21,6 @@ struct HurriedClock: WallClock {
     func sleep(until deadline: WallInstant, tolerance: Duration? = nil) async throws {
         let span = now.duration(to: deadline)
         try await Task.sleep(for: max(span * (1 / factor), .milliseconds(1)))
-    }
-}
-
-/// A clock that jumps to the end of every sleep at once: waits bounded by a timeout end in no time.
-final class JumpingClock: WallClock {
-    private let state = Mutex(WallInstant(sinceEpoch: .seconds(1_700_000_000)))
-    var now: WallInstant { state.withLock { $0 } }
-    var minimumResolution: Duration { .zero }
-
-    func sleep(until deadline: WallInstant, tolerance: Duration? = nil) async throws {
-        try Task.checkCancellation()
-        state.withLock { $0 = max($0, deadline) }
-        await Task.yield()
     }
 }
 
@@ -111,7 +99,7 @@ final class JumpingClock: WallClock {
         #expect(r1.devices.map(\.device) == [0, 2, 4, 6] && r2.devices.map(\.device) == [1, 3, 5, 7])
         let workers1 = Set(r1.devices.compactMap(\.workerID)), workers2 = Set(r2.devices.compactMap(\.workerID))
         #expect(workers1.count == 4 && workers2.count == 4 && workers1.isDisjoint(with: workers2))
-        let store = try SQLiteStore(path: directory.appendingPathComponent("coordinator.sqlite").path)
+        let store = try SQLiteStore(path: loopback.databasePath)
         #expect(try await store.workerCount(processID: process.processID) == 8)
         // Both shards' devices reported (six of eight in a round that reaches its goal: at least two from each shard),
         // and the coordinator accepted exactly the reports and admissions the two shards counted.
@@ -160,7 +148,7 @@ final class JumpingClock: WallClock {
     /// The error of a run expected to fail.
     static func failure(
         _ configuration: SimulationConfiguration, _ options: ExternalCoordinator, environment: [String: String] = environment,
-        clock: any WallClock = JumpingClock()
+        clock: any WallClock = RecordingClock()
     ) async -> SimulationError? {
         do {
             _ = try await ExternalFleet.run(configuration, coordinator: options, environment: environment, progress: quiet, clock: clock)
@@ -209,7 +197,7 @@ final class JumpingClock: WallClock {
         #expect(wrong?.code == .coordinator && wrong?.message.contains("refused the admin token") == true, "\(String(describing: wrong))")
         var lonely = try Self.shard("2/2", of: server)
         lonely.hostTimeout = .seconds(30)
-        let waited = await Self.failure(c, lonely, clock: JumpingClock())
+        let waited = await Self.failure(c, lonely, clock: RecordingClock())
         #expect(
             waited?.code == .coordinator && waited?.message.contains("did not appear") == true && waited?.message.contains("within 30") == true,
             "\(String(describing: waited))")

@@ -62,7 +62,7 @@ final class VirtualDevice: Sendable {
 
     let index: Int
     let clock: ManualClock
-    let scheduler: BackgroundScheduler<ManualClock>
+    let scheduler: BackgroundScheduler
     let job: FederatedJob
     private let link: DeviceLink
     private let failure = FirstError<OrchardClientError>()
@@ -80,7 +80,6 @@ final class VirtualDevice: Sendable {
         self.link = link
         let silent = Logger(label: "orchard.simulation.device") { _ in SwiftLogNoOpLogHandler() }
         let conditions = AvailabilityConditions(device: index, availability: availability, seed: seed, clock: clock)
-        let epoch = Self.epoch
         // A retry's backoff passes on the device's clock, and ends with the window like any other wait.
         let environment = ClientEnvironment.seeded(seed ^ 0xC11E_57 &+ UInt64(index), clock: DeviceClock(link: link), seedNoise: true)
         var random = OrchardRandom.derived(seed: seed ^ 0x7EA1_7123, stream: UInt64(index))
@@ -99,7 +98,7 @@ final class VirtualDevice: Sendable {
                     permittedIdentifiers: [Self.taskIdentifier], processingBudget: .seconds(windowSeconds + Self.expiryMargin),
                     conditionPollInterval: .seconds(Int64.max / 8)
                 ),
-                clock: clock, startDate: epoch, conditions: conditions, logger: silent
+                clock: clock, conditions: conditions, logger: silent
             )
         } catch {
             throw SimulationError(.training, "device \(index) cannot be set up: \(error)")
