@@ -180,8 +180,9 @@ extension Coordinator {
 
     /// Deletes a process and everything stored for it.
     public func delete(processID: String) async throws(CoordinatorError) {
-        if store.isShared && runtimes[processID] == nil { await refreshProcesses() }
-        guard runtimes[processID] != nil else { throw CoordinatorError(.unknownProcess, "no process '\(processID)'") }
+        guard await knownRuntime(processID: processID) != nil, await confirmShared(processID: processID) else {
+            throw CoordinatorError(.unknownProcess, "no process '\(processID)'")
+        }
         do {
             try await store.deleteProcess(id: processID)
         } catch {

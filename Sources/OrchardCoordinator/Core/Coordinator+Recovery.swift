@@ -116,6 +116,8 @@ extension Coordinator {
             runtimes[process.id]?.openWorkers = try await store.workerCount(processID: process.id)
         }
         processByName[NameVersion(name: process.name, version: process.version)] = process.id
+        processLookup.forget(.id(process.id))
+        processLookup.forget(.nameVersion(process.name, process.version))
         try await recoverSecureCycle(processID: process.id)
         if !unfolded.isEmpty {
             logger.info(

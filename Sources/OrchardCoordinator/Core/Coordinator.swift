@@ -113,6 +113,10 @@ public actor Coordinator {
     var refreshing: Task<Void, Never>?
     /// When the timer last refreshed the process list from a shared store.
     var lastProcessRefresh: Date?
+    /// Which unknown process names this instance may look up in a shared store (negative caching and a budget).
+    var processLookup = ProcessLookup()
+    /// How the lookups of unknown processes ended.
+    var lookupCounts = ProcessLookupCounts()
     /// Cycles this instance sealed in a shared store and has not closed (a failed transition is retried at once).
     var sealedHere: Set<SealKey> = []
     /// Reloads of a process from the store under way, by process.

@@ -20,6 +20,10 @@ public struct CoordinatorMetrics: Sendable {
     let openCycleReported: Gauge
     let authenticationsLimited: Counter
     let speedTestsLimited: Counter
+    let processLookupsFound: Counter
+    let processLookupsMissing: Counter
+    let processLookupsCached: Counter
+    let processLookupsLimited: Counter
     let factory: any MetricsFactory
 
     /// Creates the metrics with `factory`.
@@ -42,6 +46,10 @@ public struct CoordinatorMetrics: Sendable {
         openCycleReported = Gauge(label: "orchard_open_cycle_reported", factory: factory)
         authenticationsLimited = Counter(label: "orchard_rate_limited_total", dimensions: [("endpoint", "authenticate")], factory: factory)
         speedTestsLimited = Counter(label: "orchard_rate_limited_total", dimensions: [("endpoint", "speed_test")], factory: factory)
+        processLookupsFound = Counter(label: "orchard_process_lookups_total", dimensions: [("result", "found")], factory: factory)
+        processLookupsMissing = Counter(label: "orchard_process_lookups_total", dimensions: [("result", "missing")], factory: factory)
+        processLookupsCached = Counter(label: "orchard_process_lookups_total", dimensions: [("result", "cached_missing")], factory: factory)
+        processLookupsLimited = Counter(label: "orchard_process_lookups_total", dimensions: [("result", "limited")], factory: factory)
     }
 
     /// Publishes a process's privacy spend: `orchard_privacy_epsilon`, `orchard_privacy_releases` and

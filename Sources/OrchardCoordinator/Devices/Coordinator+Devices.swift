@@ -21,11 +21,9 @@ extension Coordinator {
         if let failure = WireLimits.nameFailure(request.processName, field: "process_name") {
             throw CoordinatorError(.invalidRequest, failure)
         }
-        if store.isShared && processByName[NameVersion(name: request.processName, version: request.processVersion)] == nil {
-            // Perhaps hosted through another instance since the last tick.
-            await refreshProcesses()
-        }
-        guard let processID = processByName[NameVersion(name: request.processName, version: request.processVersion)],
+        // Over a shared store the process is confirmed there (it may have been deleted through another instance): a
+        // session is issued once per device and window, so one read is cheap.
+        guard let processID = await knownProcessID(name: request.processName, version: request.processVersion), await confirmShared(processID: processID),
             let runtime = runtimes[processID]
         else {
             throw CoordinatorError(.unknownProcess, "no process '\(request.processName)' version \(request.processVersion)")
@@ -111,8 +109,10 @@ extension Coordinator {
     /// worker may run one test per direction per ``CoordinatorConfiguration/speedTestInterval``.
     /// - Throws: `forbidden` for a process without a speed test, `invalid_request` (download) or `payload_too_large`
     ///   (upload) for more bytes than the process asks for, `rate_limited` with a wait when the worker tested too recently.
-    public func admitSpeedTest(_ direction: SpeedTestLeg, requested: Int?, session: DeviceSession) throws(CoordinatorError) -> Int {
-        guard let runtime = runtimes[session.processID] else {
+    public func admitSpeedTest(_ direction: SpeedTestLeg, requested: Int?, session: DeviceSession) async throws(CoordinatorError) -> Int {
+        // Over a shared store: a process deleted through another instance is noticed here (a one-row read).
+        if store.isShared && runtimes[session.processID] != nil { await catchUpShared(processID: session.processID) }
+        guard let runtime = await knownRuntime(processID: session.processID) else {
             throw CoordinatorError(.unknownProcess, "the session's \(session.processDescription) is no longer hosted")
         }
         let server = runtime.process.serverConfig
@@ -153,6 +153,10 @@ extension Coordinator {
     /// The process a request key was issued by, refusing keys of another process's session or another worker.
     func keyedRuntime(requestKey: String, session: DeviceSession) throws(CoordinatorError) -> (processID: String, runtime: Runtime) {
         guard let processID = processForKey[requestKey], let runtime = runtimes[processID] else {
+            if runtimes[session.processID] == nil {
+                // The session's process is gone (deleted here or through another instance), and its keys with it.
+                throw CoordinatorError(.unknownProcess, "the session's \(session.processDescription) is no longer hosted")
+            }
             throw CoordinatorError(.invalidRequestKey, "request key is not one issued for an open cycle")
         }
         try requireSessionProcess(session, processID, runtime)
@@ -197,8 +201,7 @@ extension Coordinator {
             }
         }
         try await requireKnownWorker(request.workerID)
-        guard let processID = processByName[NameVersion(name: request.processName, version: request.processVersion)],
-            let runtime = runtimes[processID]
+        guard let processID = await knownProcessID(name: request.processName, version: request.processVersion), let runtime = runtimes[processID]
         else {
             throw CoordinatorError(.unknownProcess, "no process '\(request.processName)' version \(request.processVersion)")
         }
@@ -245,6 +248,18 @@ extension Coordinator {
             metrics.checkinsRejected.increment()
             return .rejected(CycleRejection(retryAfter: retryAfter, reason: reason))
         case .assigned(var assignment, let reportWithin, let isNew):
+            if !isNew && store.isShared && catchingUp {
+                // A device asking again for its assignment: nothing is written, so confirm that the process and its
+                // cycle are still there (closed or deleted through another instance meanwhile).
+                let cycle = runtime.machine.cycle
+                guard await confirmShared(processID: processID) else {
+                    throw CoordinatorError(.unknownProcess, "no process '\(request.processName)' version \(request.processVersion)")
+                }
+                await catchUpShared(processID: processID)
+                if let current = runtimes[processID], current.machine.cycle != cycle {
+                    return try await requestCycle(request, session: session, catchingUp: false)
+                }
+            }
             let cycle = runtime.machine.cycle
             let checkpoint = runtime.machine.checkpoint
             if isNew && store.isShared {
@@ -255,8 +270,12 @@ extension Coordinator {
                     assignment = admitted
                 case .rejected(let rejection):
                     if catchingUp && rejection.reason == "cycle_closing" {
-                        // Perhaps closed by another instance: take the store's cycle up and decide again.
+                        // Perhaps closed (or the process deleted) through another instance: take the store's view up and
+                        // decide again.
                         await catchUpShared(processID: processID)
+                        guard runtimes[processID] != nil else {
+                            throw CoordinatorError(.unknownProcess, "no process '\(request.processName)' version \(request.processVersion)")
+                        }
                         if let current = runtimes[processID], current.machine.cycle != cycle {
                             return try await requestCycle(request, session: session, catchingUp: false)
                         }
@@ -305,7 +324,7 @@ extension Coordinator {
     public func model(_ modelID: String, requestKey: String, session: DeviceSession, format: ModelFormat = .safetensors) async throws(CoordinatorError)
         -> ModelDownload
     {
-        try await adoptSharedKey(requestKey)
+        try await adoptSharedKey(requestKey, confirm: true)
         let runtime = try assignedRuntime(requestKey: requestKey, session: session)
         let checkpoint = runtime.machine.checkpoint
         let expected = "\(runtime.process.id).\(checkpoint)"
@@ -350,7 +369,7 @@ extension Coordinator {
 
     /// The training plan a device was assigned.
     public func plan(_ planID: String, requestKey: String, session: DeviceSession) async throws(CoordinatorError) -> TrainingPlan {
-        try await adoptSharedKey(requestKey)
+        try await adoptSharedKey(requestKey, confirm: true)
         let runtime = try assignedRuntime(requestKey: requestKey, session: session)
         guard planID == runtime.process.id else {
             throw CoordinatorError(.notFound, "plan '\(planID)' is not the one assigned (\(runtime.process.id))")

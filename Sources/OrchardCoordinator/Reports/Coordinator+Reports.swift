@@ -116,7 +116,11 @@ extension Coordinator {
 
     private func reloadNow(processID: String) async -> Bool {
         do {
-            guard let process = try await store.processes().first(where: { $0.id == processID }) else { return false }
+            guard let process = try await store.processes().first(where: { $0.id == processID }) else {
+                // Deleted through another instance.
+                forget(processID: processID)
+                return false
+            }
             try await load(process)
             return true
         } catch {

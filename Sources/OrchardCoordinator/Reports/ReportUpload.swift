@@ -135,7 +135,10 @@ public final class ReportUpload {
         } catch {
             let refusal: CoordinatorError
             if let storeError = error as? StoreError, storeError.code == .cycleClosed {
-                refusal = CoordinatorError(.deadlinePassed, "cycle \(ticket.cycle) closed before the report was committed")
+                refusal =
+                    await coordinator.confirmShared(processID: ticket.processID)
+                    ? CoordinatorError(.deadlinePassed, "cycle \(ticket.cycle) closed before the report was committed")
+                    : CoordinatorError(.unknownProcess, "the process of this report is no longer hosted")
             } else if let storeError = error as? StoreError, storeError.code == .duplicate {
                 refusal = CoordinatorError(.reportAlreadyReceived, storeError.message)
             } else {

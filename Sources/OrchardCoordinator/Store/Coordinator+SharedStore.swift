@@ -1,3 +1,4 @@
+import CoreMetrics
 import Foundation
 import OrchardSupport
 import Logging
@@ -55,9 +56,84 @@ extension Coordinator {
         }
     }
 
+    // MARK: Processes this instance does not know
+
+    /// The one place an instance resolves a process by id: its own, or, over a shared store, one another instance
+    /// hosted since the last refresh (looked up in the store within ``ProcessLookup``'s bounds). Every device and admin
+    /// operation that names a process by id goes through here.
+    func knownRuntime(processID: String) async -> Runtime? {
+        if let runtime = runtimes[processID] { return runtime }
+        guard store.isShared, await lookUp(.id(processID)) else { return nil }
+        return runtimes[processID]
+    }
+
+    /// ``knownRuntime(processID:)`` for a process named by name and version (authentication, cycle requests).
+    func knownProcessID(name: String, version: SemanticVersion) async -> String? {
+        let key = NameVersion(name: name, version: version)
+        if let id = processByName[key], runtimes[id] != nil { return id }
+        guard store.isShared, await lookUp(.nameVersion(name, version)) else { return nil }
+        return processByName[key].flatMap { runtimes[$0] == nil ? nil : $0 }
+    }
+
+    /// Over a shared store, whether a process this instance holds still exists there (one read of its cycle row); one
+    /// deleted through another instance is forgotten here. With a store of its own, whether it is held.
+    func confirmShared(processID: String) async -> Bool {
+        guard store.isShared else { return runtimes[processID] != nil }
+        guard runtimes[processID] != nil else { return false }
+        do {
+            if try await store.cycleProgress(processID: processID) != nil { return true }
+        } catch {
+            // The store cannot say: keep serving from memory (the next tick looks again).
+            logger.warning("could not read the cycle from the shared store", metadata: ["process": "\(processID)", "error": "\(error)"])
+            return true
+        }
+        // No cycle row: completed, or deleted through another instance (reload tells which and forgets a deleted one).
+        if runtimes[processID]?.machine.phase == .completed { return true }
+        _ = await reload(processID: processID)
+        return runtimes[processID] != nil
+    }
+
+    /// How the lookups of unknown processes ended so far (the counts behind `orchard_process_lookups_total`).
+    public var processLookupCounts: ProcessLookupCounts { lookupCounts }
+
+    /// Refreshes the process list from the store when ``processLookup`` allows a lookup of `name`; returns whether
+    /// `name` is known afterwards (a miss is remembered).
+    private func lookUp(_ name: ProcessLookup.Name) async -> Bool {
+        switch processLookup.decide(name, now: clock.date) {
+        case .knownMissing:
+            lookupCounts.cached += 1
+            metrics.processLookupsCached.increment()
+            return false
+        case .overBudget:
+            lookupCounts.limited += 1
+            metrics.processLookupsLimited.increment()
+            logger.debug("unknown process not looked up: the lookup budget is spent", metadata: ["name": "\(name)"])
+            return false
+        case .lookUp:
+            await refreshProcesses()
+            let found: Bool
+            switch name {
+            case .id(let id): found = runtimes[id] != nil
+            case .nameVersion(let processName, let version): found = processByName[NameVersion(name: processName, version: version)] != nil
+            }
+            if found {
+                lookupCounts.found += 1
+                metrics.processLookupsFound.increment()
+            } else {
+                lookupCounts.missing += 1
+                metrics.processLookupsMissing.increment()
+                processLookup.recordMissing(name, at: clock.date)
+            }
+            return found
+        }
+    }
+
     /// Drops a process's in-memory state (deleted here or by another instance).
     func forget(processID: String) {
         guard let runtime = runtimes[processID] else { return }
+        // Deleted: its id and name are unknown from now on (answered without a lookup for a moment).
+        processLookup.recordMissing(.id(processID), at: clock.date)
+        processLookup.recordMissing(.nameVersion(runtime.process.name, runtime.process.version), at: clock.date)
         for key in runtime.currentKeys.union(runtime.previousKeys) { processForKey[key] = nil }
         runtimes[processID] = nil
         secureLocks[processID] = nil
@@ -71,8 +147,7 @@ extension Coordinator {
     func catchUpShared(processID: String) async -> Bool {
         guard store.isShared else { return false }
         if transitioning.contains(processID) { return true }
-        if runtimes[processID] == nil { await refreshProcesses() }
-        guard let runtime = runtimes[processID] else { return false }
+        guard let runtime = await knownRuntime(processID: processID) else { return false }
         let progress: StoredCycleProgress?
         do {
             progress = try await store.cycleProgress(processID: processID)
@@ -222,10 +297,13 @@ extension Coordinator {
     }
 
     /// With a shared store, learns a request key another instance issued: a device may check in at one instance and
-    /// send its report (or download its model) at another.
-    func adoptSharedKey(_ requestKey: String) async throws(CoordinatorError) {
+    /// send its report (or download its model) at another. With `confirm`, a key this instance knows is checked in the
+    /// store too, so a cycle closed or a process deleted through another instance is noticed at once (plan and model
+    /// downloads, once per device and cycle); reports skip that read, as the store refuses a report for a closed cycle
+    /// anyway.
+    func adoptSharedKey(_ requestKey: String, confirm: Bool = false) async throws(CoordinatorError) {
         guard store.isShared else { return }
-        if let processID = processForKey[requestKey], runtimes[processID]?.machine.owner(ofRequestKey: requestKey) != nil { return }
+        if !confirm, let processID = processForKey[requestKey], runtimes[processID]?.machine.owner(ofRequestKey: requestKey) != nil { return }
         let found: StoredKeyedAssignment?
         do {
             found = try await store.assignment(requestKey: requestKey)
@@ -233,13 +311,18 @@ extension Coordinator {
             throw storeFailure(error, "look up the request key")
         }
         guard let found else {
-            if let processID = processForKey[requestKey], let runtime = runtimes[processID] {
+            if let processID = processForKey[requestKey], runtimes[processID] != nil {
+                // Closed or deleted through another instance since: take the store's view up.
+                await catchUpShared(processID: processID)
+                guard let runtime = runtimes[processID] else {
+                    throw CoordinatorError(.unknownProcess, "the process of this request key is no longer hosted")
+                }
                 // Issued here for a cycle that another instance has closed since.
                 throw CoordinatorError(.deadlinePassed, "request key belongs to a cycle before cycle \(runtime.machine.cycle), which has closed")
             }
             return
         }
-        if runtimes[found.processID] == nil { await refreshProcesses() }
+        _ = await knownRuntime(processID: found.processID)
         if let runtime = runtimes[found.processID], runtime.machine.cycle < found.cycle, !transitioning.contains(found.processID) {
             _ = await reload(processID: found.processID)
         }
