@@ -105,7 +105,7 @@ import Testing
 
     /// The endpoints a second instance is asked first, right after the process was deleted through the first.
     enum Endpoint: String, CaseIterable, Sendable, CustomTestStringConvertible {
-        case authenticate, cycleRequest, speedTest, plan, model, report, status, cycles, checkpoint, delete
+        case authenticate, cycleRequest, repeatedCycleRequest, speedTest, plan, model, report, status, cycles, checkpoint, delete
         var testDescription: String { rawValue }
     }
 
@@ -118,6 +118,8 @@ import Testing
             let device = try await group.device(at: 1)
             let assignment = try MultiInstanceTests.accepted(try await Self.requestCycle(device, at: b))
             let session = try await b.session(forToken: device.response.sessionToken)
+            // Another device B authenticated but has not asked for a cycle yet.
+            let newcomer = try await group.device(at: 1)
             try await a.delete(processID: hosted.processID)
 
             // The endpoint is the first thing B is asked (no tick, no other call in between).
@@ -126,7 +128,15 @@ import Testing
             switch endpoint {
             case .authenticate:
                 code = await Self.code { _ = try await b.authenticate(AuthenticateRequest(processName: "multi", processVersion: SemanticVersion(1, 0))) }
-            case .cycleRequest: code = await Self.code { _ = try await Self.requestCycle(device, at: b) }
+            case .cycleRequest: code = await Self.code { _ = try await Self.requestCycle(newcomer, at: b) }
+            case .repeatedCycleRequest:
+                // A device asking again for the assignment it holds is answered from memory, as every turned-away or
+                // repeated check-in is (no database work): the deletion reaches it with the instance's next process
+                // refresh, at most a second later.
+                #expect(try await Self.requestCycle(device, at: b) == .accepted(assignment))
+                group.clock.advance(by: .seconds(1))
+                await b.tick()
+                code = await Self.code { _ = try await Self.requestCycle(device, at: b) }
             case .speedTest: code = await Self.code { _ = try await b.admitSpeedTest(.upload, requested: 10, session: session) }
             case .plan: code = await Self.code { _ = try await b.plan(assignment.planID, requestKey: assignment.requestKey, session: session) }
             case .model: code = await Self.code { _ = try await b.model(assignment.modelID, requestKey: assignment.requestKey, session: session) }

@@ -248,18 +248,6 @@ extension Coordinator {
             metrics.checkinsRejected.increment()
             return .rejected(CycleRejection(retryAfter: retryAfter, reason: reason))
         case .assigned(var assignment, let reportWithin, let isNew):
-            if !isNew && store.isShared && catchingUp {
-                // A device asking again for its assignment: nothing is written, so confirm that the process and its
-                // cycle are still there (closed or deleted through another instance meanwhile).
-                let cycle = runtime.machine.cycle
-                guard await confirmShared(processID: processID) else {
-                    throw CoordinatorError(.unknownProcess, "no process '\(request.processName)' version \(request.processVersion)")
-                }
-                await catchUpShared(processID: processID)
-                if let current = runtimes[processID], current.machine.cycle != cycle {
-                    return try await requestCycle(request, session: session, catchingUp: false)
-                }
-            }
             let cycle = runtime.machine.cycle
             let checkpoint = runtime.machine.checkpoint
             if isNew && store.isShared {
