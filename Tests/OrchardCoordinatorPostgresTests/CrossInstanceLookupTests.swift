@@ -75,6 +75,28 @@ import Testing
         }
     }
 
+    /// What the first devices of a new process behind a round-robin balancer do: a burst of authentications at an
+    /// instance that has not loaded the process yet. They share one lookup, and every one succeeds (before they shared
+    /// it, the budget turned all but the first 20 away).
+    @Test(arguments: StoreKind.underTest) func aBurstOfDevicesAtASecondInstanceSharesOneLookup(kind: StoreKind) async throws {
+        try await Group.with(kind, instances: 2) { group in
+            let b = group[1]
+            let before = await b.processLookupCounts
+            _ = try await group[0].host(Self.host(goal: 3))
+            let workers = try await withThrowingTaskGroup(of: String.self) { tasks in
+                for _ in 0..<200 {
+                    tasks.addTask {
+                        try await b.authenticate(AuthenticateRequest(processName: "multi", processVersion: SemanticVersion(1, 0))).workerID
+                    }
+                }
+                return try await tasks.reduce(into: Set<String>()) { $0.insert($1) }
+            }
+            #expect(workers.count == 200)
+            let after = await b.processLookupCounts
+            #expect(after.found - before.found == 1 && after.limited == before.limited && after.missing == before.missing)
+        }
+    }
+
     @Test(arguments: StoreKind.underTest) func aCycleClosedAtOneInstanceIsTakenUpAtOnceByAnother(kind: StoreKind) async throws {
         try await Group.with(kind, instances: 2) { group in
             let (a, b) = (group[0], group[1])

@@ -117,6 +117,8 @@ public actor Coordinator {
     var processLookup = ProcessLookup()
     /// How the lookups of unknown processes ended.
     var lookupCounts = ProcessLookupCounts()
+    /// Lookups of unknown processes under way, by name (concurrent callers share one).
+    var lookupsInFlight: [ProcessLookup.Name: Task<Bool, Never>] = [:]
     /// Cycles this instance sealed in a shared store and has not closed (a failed transition is retried at once).
     var sealedHere: Set<SealKey> = []
     /// Reloads of a process from the store under way, by process.

@@ -34,6 +34,14 @@ extension Coordinator {
         refreshing = nil
     }
 
+    /// A refresh that lists the store after this call began: one already running may have listed it before a process
+    /// the caller is looking for was hosted, so it is waited out and another is run (or joined, if another caller
+    /// started one meanwhile, which also began after this call).
+    func refreshProcessesFromNow() async {
+        if let running = refreshing { await running.value }
+        await refreshProcesses()
+    }
+
     private func refreshProcessesNow() async {
         // Only processes known before the listing can be missing from it because they were deleted.
         let known = Set(runtimes.keys)
@@ -97,8 +105,18 @@ extension Coordinator {
     public var processLookupCounts: ProcessLookupCounts { lookupCounts }
 
     /// Refreshes the process list from the store when ``processLookup`` allows a lookup of `name`; returns whether
-    /// `name` is known afterwards (a miss is remembered).
+    /// `name` is known afterwards (a miss is remembered). Concurrent calls for one name share one lookup (a burst of
+    /// devices naming a process another instance just hosted costs one refresh and no budget beyond it).
     private func lookUp(_ name: ProcessLookup.Name) async -> Bool {
+        if let running = lookupsInFlight[name] { return await running.value }
+        let task = Task { await self.lookUpNow(name) }
+        lookupsInFlight[name] = task
+        let found = await task.value
+        lookupsInFlight[name] = nil
+        return found
+    }
+
+    private func lookUpNow(_ name: ProcessLookup.Name) async -> Bool {
         switch processLookup.decide(name, now: clock.date) {
         case .knownMissing:
             lookupCounts.cached += 1
@@ -110,7 +128,7 @@ extension Coordinator {
             logger.debug("unknown process not looked up: the lookup budget is spent", metadata: ["name": "\(name)"])
             return false
         case .lookUp:
-            await refreshProcesses()
+            await refreshProcessesFromNow()
             let found: Bool
             switch name {
             case .id(let id): found = runtimes[id] != nil
