@@ -90,9 +90,10 @@ public enum NPY {
     }
 
     /// Decodes a `.npy` file.
-    /// - Throws: ``FlowerError`` `invalid_npy` (magic, version, header syntax or keys), `unsupported_encoding`
-    ///   (Fortran order), `unsupported_dtype` (a type ``NumPyDType`` does not have), `shape_mismatch` (the data is
-    ///   not exactly the shape's elements).
+    /// An array in Fortran order (`fortran_order: True`: what NumPy writes for a transposed or `np.asfortranarray`
+    /// matrix) is returned in C order, the order ``FlowerArray`` holds.
+    /// - Throws: ``FlowerError`` `invalid_npy` (magic, version, header syntax or keys), `unsupported_dtype` (a type
+    ///   ``NumPyDType`` does not have), `shape_mismatch` (the data is not exactly the shape's elements).
     public static func decode(_ bytes: [UInt8]) throws(FlowerError) -> FlowerArray {
         guard bytes.count >= 8, Array(bytes[0..<6]) == magic else {
             throw FlowerError(.invalidNpy, "not a .npy file: it does not start with \\x93NUMPY")
@@ -117,11 +118,42 @@ public enum NPY {
         } else {
             text = String(String.UnicodeScalarView(headerBytes.map { Unicode.Scalar($0) }))
         }
-        let (dtype, shape) = try parseHeader(text)
-        return try FlowerArray(dtype: dtype, shape: shape, data: Array(bytes[(headerStart + length)...]))
+        let (dtype, shape, fortranOrder) = try parseHeader(text)
+        let array = try FlowerArray(dtype: dtype, shape: shape, data: Array(bytes[(headerStart + length)...]))
+        return fortranOrder ? try cOrder(fromFortran: array) : array
     }
 
-    private static func parseHeader(_ text: String) throws(FlowerError) -> (NumPyDType, [Int]) {
+    /// The same elements laid out in C order (the last index fastest) from Fortran order (the first index fastest).
+    static func cOrder(fromFortran array: FlowerArray) throws(FlowerError) -> FlowerArray {
+        let shape = array.shape
+        guard shape.count > 1, array.count > 1 else { return array }
+        let size = array.dtype.itemSize
+        // Fortran strides, in elements: 1, d0, d0·d1, …
+        var fortranStrides = [Int](repeating: 1, count: shape.count)
+        for axis in 1..<shape.count { fortranStrides[axis] = fortranStrides[axis - 1] * shape[axis - 1] }
+        var out = [UInt8](repeating: 0, count: array.data.count)
+        var index = [Int](repeating: 0, count: shape.count)  // the C-order multi-index of element `element`
+        array.data.withUnsafeBufferPointer { source in
+            out.withUnsafeMutableBufferPointer { target in
+                for element in 0..<array.count {
+                    var from = 0
+                    for axis in 0..<shape.count { from += index[axis] * fortranStrides[axis] }
+                    for byte in 0..<size { target[element * size + byte] = source[from * size + byte] }
+                    // Next C-order index: the last axis fastest.
+                    var axis = shape.count - 1
+                    while axis >= 0 {
+                        index[axis] += 1
+                        if index[axis] < shape[axis] { break }
+                        index[axis] = 0
+                        axis -= 1
+                    }
+                }
+            }
+        }
+        return try FlowerArray(dtype: array.dtype, shape: shape, data: out)
+    }
+
+    private static func parseHeader(_ text: String) throws(FlowerError) -> (NumPyDType, [Int], fortranOrder: Bool) {
         var parser = PythonLiteralParser(text)
         guard case .dict(let items)? = parser.document() else {
             throw FlowerError(.invalidNpy, "the .npy header is not a Python dict literal: \(text.prefix(120))")
@@ -150,10 +182,7 @@ public enum NPY {
         guard let dtype = NumPyDType(descr: descr) else {
             throw FlowerError(.unsupportedDtype, "the .npy dtype '\(descr)' is not one of \(NumPyDType.allCases.map(\.descr).joined(separator: " "))")
         }
-        guard !fortranOrder else {
-            throw FlowerError(.unsupportedEncoding, "the .npy array of shape \(shape) is in Fortran order; Orchard reads C order only")
-        }
-        return (dtype, shape)
+        return (dtype, shape, fortranOrder)
     }
 }
 

@@ -179,6 +179,8 @@ struct NPYFixture: Decodable {
     let written: [Case]
     /// The same array written as versions 1.0, 2.0 and 3.0.
     let read: [Case]
+    /// Fortran-order arrays as flwr serialises them (`ndarray_to_bytes`), their data in C order.
+    let fortran: [Case]
     /// Files Orchard refuses, with the error code.
     let refused: [Refused]
 }

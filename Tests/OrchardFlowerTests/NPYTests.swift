@@ -24,6 +24,17 @@ import Testing
         }
     }
 
+    /// A ServerApp's transposed or `np.asfortranarray` matrix reaches the node in Fortran order: it is read, into C order.
+    @Test func fortranOrderArraysFromFlwrAreReadInCOrder() throws {
+        let fortran = try FlowerFixtures.npy().fortran
+        #expect(fortran.count == 4)
+        for item in fortran {
+            let bytes = FlowerFixtures.bytes(item.npy)
+            #expect(String(decoding: bytes.prefix(128), as: UTF8.self).contains("'fortran_order': True"), "\(item.name)")
+            #expect(try NPY.decode(bytes) == (try item.array), "\(item.name)")
+        }
+    }
+
     @Test func filesOrchardDoesNotReadAreRefusedWithTheirReason() throws {
         for item in try FlowerFixtures.npy().refused {
             let error = #expect(throws: FlowerError.self, "\(item.name)") { try NPY.decode(FlowerFixtures.bytes(item.npy)) }
@@ -78,7 +89,10 @@ import Testing
             ("huge dimension", file("{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999999999999,)}"), .invalidNpy),
             ("overflowing shape", file("{'descr': '<f4', 'fortran_order': False, 'shape': (4294967296, 4294967296)}"), .shapeMismatch),
             ("fortran order a string", file("{'descr': '<f4', 'fortran_order': 'no', 'shape': (1,)}"), .invalidNpy),
-            ("fortran order", file("{'descr': '<f4', 'fortran_order': True, 'shape': (1,)}"), .unsupportedEncoding),
+            (
+                "fortran order, data one byte short", file("{'descr': '<f4', 'fortran_order': True, 'shape': (2, 2)}", data: [UInt8](repeating: 0, count: 15)),
+                .shapeMismatch
+            ),
             ("structured dtype", file("{'descr': [('x', '<f4')], 'fortran_order': False, 'shape': (1,)}"), .unsupportedDtype),
             ("big-endian", file("{'descr': '>f4', 'fortran_order': False, 'shape': (1,)}"), .unsupportedDtype),
             ("unknown dtype", file("{'descr': '<f3', 'fortran_order': False, 'shape': (1,)}"), .unsupportedDtype),

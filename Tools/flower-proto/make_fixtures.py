@@ -260,15 +260,27 @@ def write_npy() -> None:
     for version in [(1, 0), (2, 0), (3, 0)]:
         array = float32([1, 2], (2,))
         versions.append({**case(f"version {version[0]}.0", array), "npy": b64(npy_bytes(array, version))})
-    fortran = np.asfortranarray(float32(np.arange(6), (2, 3)))
+    # Fortran-order arrays as flwr itself serialises them (`ndarray_to_bytes`, what a ServerApp's transposed or
+    # `np.asfortranarray` matrix becomes), with their elements in C order as "data".
+    from flwr.common import ndarray_to_bytes
+
+    def fortran_case(name, array):
+        assert array.flags["F_CONTIGUOUS"] and not array.flags["C_CONTIGUOUS"]
+        return {**case(name, array), "npy": b64(ndarray_to_bytes(array))}
+
+    fortran = [
+        fortran_case("f4 matrix, asfortranarray", np.asfortranarray(float32(np.arange(6) / 4, (2, 3)))),
+        fortran_case("f4 matrix, transposed", float32(np.arange(12) - 5, (3, 4)).T),
+        fortran_case("f8 rank 3, asfortranarray", np.asfortranarray(np.arange(24, dtype=np.float64).reshape(2, 3, 4) / 7)),
+        fortran_case("i4 rank 4, transposed", np.arange(120, dtype=np.int32).reshape(2, 3, 4, 5).T),
+    ]
     refused = [
-        {"name": "fortran order", "npy": b64(npy_bytes(fortran)), "code": "unsupported_encoding"},
         {"name": "big-endian f4", "npy": b64(npy_bytes(np.array([1, 2], dtype=">f4"))), "code": "unsupported_dtype"},
         {"name": "complex64", "npy": b64(npy_bytes(np.array([1j], dtype=np.complex64))), "code": "unsupported_dtype"},
         {"name": "float16", "npy": b64(npy_bytes(np.array([1], dtype=np.float16))), "code": "unsupported_dtype"},
         {"name": "unicode", "npy": b64(npy_bytes(np.array(["ab"]))), "code": "unsupported_dtype"},
     ]
-    write("npy.json", {"numpy_version": np.__version__, "written": written, "read": versions, "refused": refused})
+    write("npy.json", {"numpy_version": np.__version__, "written": written, "read": versions, "fortran": fortran, "refused": refused})
 
 
 def main() -> None:
