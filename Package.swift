@@ -382,6 +382,7 @@ let package = Package(
             dependencies: [
                 "OrchardPrivacy", "OrchardSupport", .product(name: "Crypto", package: "swift-crypto"), .product(name: "CryptoExtras", package: "swift-crypto"),
             ],
+            exclude: ["Reference"],  // the dp-accounting script that computed the accountant's reference values
             swiftSettings: swiftSettings
         ),
         .testTarget(

@@ -31,13 +31,13 @@ public struct PrivacyError: OrchardError, Hashable {
 /// Zhang 2019), at integer and fractional orders, and its conversion to (ε, δ) by the bound of Balle et al. 2020
 /// (Prop. 12) — the computation of Google's `dp-accounting` and Opacus at the same orders.
 public enum RenyiDP {
-    /// The orders tracked: 1.1…1.9 in tenths, 2.5 and 3.5 (where small noise multipliers find their optimum),
-    /// then 2…64, 80, 96, 128, 256, 512 and 1024.
+    /// The orders tracked: those of Google's `dp-accounting` (`DEFAULT_RDP_ORDERS`): 1.1…10.9 in tenths (where
+    /// small sampling rates with noise multipliers below 1 find their optimum, between integers), 11…63, 128, 256, 512
+    /// and 1024. An accountant stored with other orders keeps them.
     public static let defaultOrders: [Double] = {
-        let tenths: [Double] = (1...9).map { 1 + Double($0) / 10 }
-        let integers: [Double] = (2...64).map { Double($0) }
-        let large: [Double] = [80, 96, 128, 256, 512, 1024]
-        return tenths + [2.5, 3.5] + integers + large
+        let tenths: [Double] = (1...99).map { 1 + Double($0) / 10 }
+        let integers: [Double] = (11...63).map { Double($0) }
+        return tenths + integers + [128, 256, 512, 1024]
     }()
 
     /// The RDP at order `alpha` (> 1) of one step of the Gaussian mechanism with noise multiplier `z` (σ /
