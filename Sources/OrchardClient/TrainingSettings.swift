@@ -11,7 +11,7 @@ extension TrainingConfiguration {
     /// (mean squared error, SGD at 0.01, one epoch, batches of 32, no update cap). An architecture with a training
     /// section replaces them all (loss, optimizer and its hyper-parameters, epochs, batch size, cap). The process's
     /// client config then replaces each field it sets: `batch_size`, `learning_rate` (the architecture's optimizer
-    /// keeps its type and other hyper-parameters), `local_epochs`, `max_updates`.
+    /// keeps its type and other hyper-parameters), `local_epochs`, `max_updates`, `proximal_mu` (FedProx).
     /// - Parameters:
     ///   - spec: The architecture, from the cycle's plan.
     ///   - clientConfig: The process's client config, from the same plan.
@@ -26,6 +26,7 @@ extension TrainingConfiguration {
         if let learningRate = clientConfig.learningRate { resolved.optimizer.learningRate = learningRate }
         if let localEpochs = clientConfig.localEpochs { resolved.epochs = localEpochs }
         if let maxUpdates = clientConfig.maxUpdates { resolved.maxUpdates = maxUpdates }
+        if let proximalMu = clientConfig.proximalMu { resolved.proximalMu = proximalMu }
         return resolved
     }
 }

@@ -105,10 +105,11 @@ public final class LoopbackCoordinator: Sendable {
     }
 
     /// An orderly restart: stops the server, closes the coordinator, reopens the same SQLite file with a generator
-    /// seeded by `seed`, and serves it on the same port.
-    public func restart(seed: UInt64 = 99) async throws {
+    /// seeded by `seed`, and serves it on the same port (`samePort`, for clients that keep the URL; another test may
+    /// take the port meanwhile, which fails the restart) or on a free one.
+    public func restart(seed: UInt64 = 99, samePort: Bool = true) async throws {
         let (oldInstance, oldServer) = running.withLock { ($0.instance, $0.server) }
-        let port = oldServer.port
+        let port = samePort ? oldServer.port : 0
         await oldServer.stop()
         oldInstance.close()
         let instance = try await CoordinatorInstance.open(

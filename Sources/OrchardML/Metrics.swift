@@ -117,9 +117,30 @@ extension Model {
                 }
             }
         } else {
-            for (p, t) in zip(output, targets) { sums.loss += Double((p - t) * (p - t)) }
+            for (p, t) in zip(output, targets) {
+                sums.loss += Double((p - t) * (p - t))
+                sums.absolute += Double(abs(p - t))
+            }
         }
         return sums
+    }
+
+    /// The model's quality on `data` as the extensible set of metrics reports, `orchard evaluate` and the coordinator
+    /// keep: the sample count and mean loss, then accuracy for a classifier (cross-entropy) or RMSE and MAE for a
+    /// regressor.
+    public func evaluationMetrics(on data: some Dataset, loss: LossType, batchSize: Int = 1000) throws(EngineError) -> EvaluationMetrics {
+        guard data.count > 0 else { throw EngineError(.invalidArgument, "the dataset is empty: there is nothing to evaluate on") }
+        let sums = try lossSums(on: data, targets: Self.targets(of: data).scalars, loss: loss, batchSize: batchSize)
+        let values = data.count * data.targetSpec.elementCount
+        let (mean, accuracy) = sums.mean(samples: data.count, targetValues: values, loss: loss)
+        var metrics = EvaluationMetrics(samples: data.count, loss: mean)
+        if let accuracy {
+            metrics.values["accuracy"] = accuracy
+        } else {
+            metrics.values["rmse"] = mean.squareRoot()
+            metrics.values["mae"] = sums.absolute / Double(max(values, 1))
+        }
+        return metrics
     }
 
     /// Mean loss and (classifiers) accuracy of the model over a dataset (``lossSums(on:targets:loss:batchSize:)``).
@@ -136,6 +157,8 @@ public struct LossSums: Sendable, Hashable {
     public var loss = 0.0
     /// Samples whose largest output is the target class (classifiers).
     public var hits = 0
+    /// The summed absolute error per target value (regressors).
+    public var absolute = 0.0
 
     /// Empty sums.
     public init() {}
@@ -145,6 +168,7 @@ public struct LossSums: Sendable, Hashable {
         var sum = self
         sum.loss += other.loss
         sum.hits += other.hits
+        sum.absolute += other.absolute
         return sum
     }
 
@@ -153,4 +177,25 @@ public struct LossSums: Sendable, Hashable {
         if type == .crossEntropy { return (loss / Double(max(samples, 1)), Double(hits) / Double(max(samples, 1))) }
         return (loss / Double(max(targetValues, 1)), nil)
     }
+}
+
+/// A model's quality on a dataset: the sample count, the mean loss, and named metrics (`accuracy` for a classifier;
+/// `rmse` and `mae` for a regressor). The names are an open set: a sequence model adds `perplexity`.
+public struct EvaluationMetrics: Sendable, Hashable, Codable {
+    /// Samples evaluated.
+    public var samples: Int
+    /// The mean loss (cross-entropy per sample, or squared error per target value).
+    public var loss: Double
+    /// The other metrics by snake_case name.
+    public var values: [String: Double]
+
+    /// Creates metrics.
+    public init(samples: Int, loss: Double, values: [String: Double] = [:]) {
+        self.samples = samples
+        self.loss = loss
+        self.values = values
+    }
+
+    /// Every metric by name, the loss and the sample count included (the JSON object `orchard evaluate --json` prints).
+    public var all: [String: Double] { values.merging(["loss": loss, "samples": Double(samples)]) { _, new in new } }
 }

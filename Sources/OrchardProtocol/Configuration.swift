@@ -3,7 +3,7 @@ import OrchardPrivacy
 ///
 /// Every field is optional: a field left out falls back to the model architecture's `training` section, then to
 /// Orchard's built-in default (the device SDK resolves the three layers in one place, `TrainingConfiguration.resolved`).
-/// Known keys are `batch_size`, `learning_rate`, `local_epochs` and `max_updates`; any other key is kept in
+/// Known keys are `batch_size`, `learning_rate`, `local_epochs`, `max_updates` and `proximal_mu`; any other key is kept in
 /// ``extra`` and sent to the device unchanged.
 public struct ClientConfig: Sendable, Hashable, Codable {
     /// Samples per local update.
@@ -14,11 +14,18 @@ public struct ClientConfig: Sendable, Hashable, Codable {
     public var localEpochs: Int?
     /// Stop after this many local updates.
     public var maxUpdates: Int?
+    /// FedProx's μ (Li et al. 2020): the device adds μ/2·‖w − w_received‖² to its local objective, which keeps a
+    /// heterogeneous device's update near the model it received; 0 or absent is plain local training.
+    public var proximalMu: Double?
     /// Free-form keys passed through to the device.
     public var extra: [String: JSONValue]
 
     /// Creates a client configuration; nil fields defer to the architecture.
-    public init(batchSize: Int? = nil, learningRate: Double? = nil, localEpochs: Int? = nil, maxUpdates: Int? = nil, extra: [String: JSONValue] = [:]) {
+    public init(
+        batchSize: Int? = nil, learningRate: Double? = nil, localEpochs: Int? = nil, maxUpdates: Int? = nil, proximalMu: Double? = nil,
+        extra: [String: JSONValue] = [:]
+    ) {
+        self.proximalMu = proximalMu
         self.batchSize = batchSize
         self.learningRate = learningRate
         self.localEpochs = localEpochs
@@ -26,7 +33,7 @@ public struct ClientConfig: Sendable, Hashable, Codable {
         self.extra = extra
     }
 
-    private static let knownKeys: Set<String> = ["batch_size", "learning_rate", "local_epochs", "max_updates"]
+    private static let knownKeys: Set<String> = ["batch_size", "learning_rate", "local_epochs", "max_updates", "proximal_mu"]
 
     public init(from decoder: any Decoder) throws {
         let container = try decoder.container(keyedBy: AnyKey.self)
@@ -34,6 +41,7 @@ public struct ClientConfig: Sendable, Hashable, Codable {
         learningRate = try container.decodeIfPresent(Double.self, forKey: AnyKey("learning_rate"))
         localEpochs = try container.decodeIfPresent(Int.self, forKey: AnyKey("local_epochs"))
         maxUpdates = try container.decodeIfPresent(Int.self, forKey: AnyKey("max_updates"))
+        proximalMu = try container.decodeIfPresent(Double.self, forKey: AnyKey("proximal_mu"))
         var extra: [String: JSONValue] = [:]
         for key in container.allKeys where !Self.knownKeys.contains(key.stringValue) {
             extra[key.stringValue] = try container.decode(JSONValue.self, forKey: key)
@@ -50,6 +58,7 @@ public struct ClientConfig: Sendable, Hashable, Codable {
         try container.encodeIfPresent(learningRate, forKey: AnyKey("learning_rate"))
         try container.encodeIfPresent(localEpochs, forKey: AnyKey("local_epochs"))
         try container.encodeIfPresent(maxUpdates, forKey: AnyKey("max_updates"))
+        try container.encodeIfPresent(proximalMu, forKey: AnyKey("proximal_mu"))
     }
 
     /// Describes the first invalid field, or nil when every field that is set is usable.
@@ -62,6 +71,9 @@ public struct ClientConfig: Sendable, Hashable, Codable {
             return "client_config.local_epochs must be in 1...\(WireLimits.maximumLocalEpochs), not \(localEpochs)"
         }
         if let maxUpdates, maxUpdates < 1 { return "client_config.max_updates must be at least 1 when set" }
+        if let proximalMu, !(proximalMu >= 0) || !proximalMu.isFinite {
+            return "client_config.proximal_mu must be a non-negative number, not \(proximalMu)"
+        }
         return nil
     }
 }

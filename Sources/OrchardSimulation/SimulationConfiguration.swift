@@ -197,6 +197,8 @@ public struct SimulationConfiguration: Sendable {
     public var batchSize: Int
     /// Local learning rate (the hosted process's `client_config.learning_rate`).
     public var learningRate: Double
+    /// FedProx's μ (the hosted process's `client_config.proximal_mu`); 0 trains plain FedAvg.
+    public var proximalMu: Double = 0
     /// Rounds.
     public var rounds: Int
     /// The global model is evaluated on the test set after every `evaluateEvery`-th round and after the last.
@@ -287,7 +289,7 @@ public struct SimulationConfiguration: Sendable {
     /// The client config of the process the simulator hosts: what the coordinator sends its devices, which they
     /// resolve over the architecture's training section like any device.
     public var clientConfig: ClientConfig {
-        ClientConfig(batchSize: batchSize, learningRate: learningRate, localEpochs: localEpochs)
+        ClientConfig(batchSize: batchSize, learningRate: learningRate, localEpochs: localEpochs, proximalMu: proximalMu > 0 ? proximalMu : nil)
     }
 
     /// Throws an error whose message starts with the first invalid or inconsistent field's property name.
@@ -297,6 +299,7 @@ public struct SimulationConfiguration: Sendable {
         if !(fraction > 0 && fraction <= 1) { throw fail("fraction must be in (0, 1], not \(fraction)") }
         if !(overSelection >= 1) || !overSelection.isFinite { throw fail("overSelection must be at least 1, not \(overSelection)") }
         if localEpochs < 1 { throw fail("localEpochs must be at least 1, not \(localEpochs)") }
+        if !(proximalMu >= 0) || !proximalMu.isFinite { throw fail("proximalMu must be a non-negative number, not \(proximalMu)") }
         if batchSize < 1 { throw fail("batchSize must be at least 1, not \(batchSize)") }
         if !(learningRate > 0) || !learningRate.isFinite { throw fail("learningRate must be a positive number, not \(learningRate)") }
         if rounds < 1 { throw fail("rounds must be at least 1, not \(rounds)") }
@@ -326,7 +329,7 @@ public struct SimulationConfiguration: Sendable {
         SimulationSettings(
             [
                 "dataset": dataset.description, "model": model.description, "clients": String(clients), "fraction": String(fraction),
-                "goal": String(goal), "over_selection": String(overSelection), "local_epochs": String(localEpochs),
+                "goal": String(goal), "over_selection": String(overSelection), "local_epochs": String(localEpochs), "proximal_mu": String(proximalMu),
                 "batch_size": String(batchSize), "lr": String(learningRate), "rounds": String(rounds), "eval_every": String(evaluateEvery),
                 "partition": partition.description,
                 "aggregator": aggregator.kind.description, "availability": availability.description, "dropout": String(dropout),

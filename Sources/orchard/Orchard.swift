@@ -10,7 +10,7 @@ struct Orchard: AsyncParsableCommand {
         subcommands: [
             SimulateCommand.self, Serve.self, ClientCommand.self, AgentCommand.self, TrainCommand.self, Bench.self,
             CoreMLCommand.self, SchedulerCommand.self, PrivacyCommand.self, ProcessCommand.self, DataCommand.self, FlowerCommand.self,
-            TokenCommand.self,
+            TokenCommand.self, EvaluateCommand.self,
         ]
     )
 

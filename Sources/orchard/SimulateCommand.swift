@@ -48,6 +48,11 @@ struct SimulateCommand: AsyncParsableCommand {
     var overSelection: Double?
     @Option(name: .customLong("local-epochs"), parsing: .unconditional, help: "Local epochs per round.")
     var localEpochs: Int?
+
+    @Option(
+        name: .customLong("proximal-mu"), parsing: .unconditional,
+        help: "FedProx's μ: devices add μ/2·‖w − w_received‖² to their local objective (client_config.proximal_mu; 0: plain FedAvg).")
+    var proximalMu: Double?
     @Option(name: .customLong("batch-size"), parsing: .unconditional, help: "Local batch size.")
     var batchSize: Int?
     @Option(name: .customLong("lr"), parsing: .unconditional, help: "Local learning rate (SGD for images, Adam for housing).")
@@ -170,7 +175,7 @@ struct SimulateCommand: AsyncParsableCommand {
     /// The option behind each configuration field.
     static let flags = [
         "dataset": "--dataset", "model": "--model", "clients": "--devices", "fraction": "--fraction", "overSelection": "--over-selection",
-        "localEpochs": "--local-epochs", "batchSize": "--batch-size", "learningRate": "--lr", "rounds": "--rounds",
+        "localEpochs": "--local-epochs", "proximalMu": "--proximal-mu", "batchSize": "--batch-size", "learningRate": "--lr", "rounds": "--rounds",
         "evaluateEvery": "--eval-every", "dropout": "--dropout", "windowSeconds": "--window-seconds", "cycleSeconds": "--cycle-seconds",
     ]
 
@@ -230,6 +235,7 @@ struct SimulateCommand: AsyncParsableCommand {
         if let fraction { c.fraction = fraction }
         if let overSelection { c.overSelection = overSelection }
         if let localEpochs { c.localEpochs = localEpochs }
+        if let proximalMu { c.proximalMu = proximalMu }
         if let batchSize { c.batchSize = batchSize }
         if let learningRate { c.learningRate = learningRate }
         if let rounds { c.rounds = rounds }

@@ -8,7 +8,7 @@ import Testing
 /// Read-after-write across coordinator instances over one store: what one instance hosts, closes or deletes, another
 /// answers for at once (no tick in between), endpoint by endpoint; and unknown names cost the store a bounded number of
 /// lookups.
-@Suite struct CrossInstanceLookupTests {
+@Suite(.serialized) struct CrossInstanceLookupTests {
     typealias Group = MultiInstanceTests.Group
     typealias Device = (response: AuthenticateResponse, session: DeviceSession)
 

@@ -175,7 +175,7 @@ final class Harness: @unchecked Sendable {
 
     /// Stops the server and opens a fresh coordinator on the same database (an orderly restart).
     func restart(seed: UInt64 = 99) async throws {
-        try await loopback.restart(seed: seed)
+        try await loopback.restart(seed: seed, samePort: false)
         http = HTTP(base: server.baseURL, log: log, closesConnections: (configuration.connectionIdleTimeout ?? .seconds(3600)) < .seconds(10))
     }
 

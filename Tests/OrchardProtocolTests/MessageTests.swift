@@ -178,3 +178,16 @@ private func roundTrip<T: Codable & Equatable>(_ value: T) throws -> T {
         #expect(withoutFlag == ReportResponse(cycle: 2, reportsReceived: 1, retryAfter: 5, cycleClosed: false))
     }
 }
+
+/// `client_config.proximal_mu` (FedProx): read, written, checked.
+@Suite struct ProximalMuConfigTests {
+    @Test func proximalMuIsAKnownKey() throws {
+        let config = try WireCoding.decoder().decode(ClientConfig.self, from: Data(#"{"proximal_mu":0.01,"local_epochs":2}"#.utf8))
+        #expect(config.proximalMu == 0.01 && config.extra.isEmpty)
+        let written = String(decoding: try WireCoding.encoder().encode(config), as: UTF8.self)
+        #expect(written.contains(#""proximal_mu":0.01"#))
+        #expect(ClientConfig(proximalMu: 0).validationFailure() == nil)
+        #expect(ClientConfig(proximalMu: -1).validationFailure()?.contains("proximal_mu") == true)
+        #expect(ClientConfig(proximalMu: .infinity).validationFailure()?.contains("proximal_mu") == true)
+    }
+}

@@ -33,13 +33,18 @@ public struct TrainingConfiguration: Sendable, Hashable {
     /// another order). Models with dropout take only 1 (their masks come from one seeded stream). The dataset is
     /// then read from several threads at once.
     public var batchShards: Int
+    /// FedProx's μ (Li et al. 2020): the objective gains μ/2·‖w − w₀‖², w₀ the weights the trainer was created with
+    /// (the model the device received), so every step's gradient gains μ·(w − w₀) on the trainable parameters, through
+    /// the optimizer like the data's. 0 is plain training.
+    public var proximalMu: Double
 
     /// Creates a configuration.
     public init(
         loss: LossType = .meanSquaredError, optimizer: OptimizerSpec = .sgd(), epochs: Int = 1, batchSize: Int = 32,
-        maxUpdates: Int? = nil, seed: UInt64 = 0, shuffle: Bool = true, batchShards: Int = 1
+        maxUpdates: Int? = nil, seed: UInt64 = 0, shuffle: Bool = true, batchShards: Int = 1, proximalMu: Double = 0
     ) {
         self.batchShards = batchShards
+        self.proximalMu = proximalMu
         self.loss = loss
         self.optimizer = optimizer
         self.epochs = epochs
@@ -181,12 +186,17 @@ public final class Trainer {
     private var completedEpochs: [EpochMetrics] = []
     /// The other batch shards' plans (``TrainingConfiguration/batchShards`` − 1), sharing `plan`'s parameters.
     private let replicas: [CompiledModel]
+    /// With FedProx: the weights the trainer was created with (w₀), which a restored state does not change.
+    private let anchor: [Float]?
 
     /// Compiles `model` for the configuration's batch size.
     public init(model: Model, configuration: TrainingConfiguration = TrainingConfiguration()) throws(EngineError) {
         guard configuration.epochs >= 0 else { throw EngineError(.invalidArgument, "epochs must be ≥ 0, not \(configuration.epochs)") }
         if let cap = configuration.maxUpdates, cap < 0 {
             throw EngineError(.invalidArgument, "maxUpdates must be ≥ 0, not \(cap)")
+        }
+        guard configuration.proximalMu >= 0, configuration.proximalMu.isFinite else {
+            throw EngineError(.invalidArgument, "proximalMu must be a non-negative number, not \(configuration.proximalMu)")
         }
         guard configuration.batchShards >= 1 else {
             throw EngineError(.invalidArgument, "batchShards must be ≥ 1, not \(configuration.batchShards)")
@@ -204,6 +214,18 @@ public final class Trainer {
         var replicas: [CompiledModel] = []
         for _ in 1..<shards { replicas.append(try CompiledModel(replicaOf: plan, batchCapacity: shardCapacity)) }
         self.replicas = replicas
+        anchor = configuration.proximalMu > 0 ? Array(UnsafeBufferPointer(start: plan.parameters, count: plan.parameterCount)) : nil
+    }
+
+    /// Adds FedProx's μ·(w − w₀) to `gradients` over `ranges`.
+    private func addProximalGradient(_ anchor: [Float], gradients: UnsafeMutablePointer<Float>, ranges: [Range<Int>]) {
+        let mu = Float(configuration.proximalMu)
+        let w = plan.parameters
+        anchor.withUnsafeBufferPointer { w0 in
+            for range in ranges {
+                for i in range { gradients[i] += mu * (w[i] - w0[i]) }
+            }
+        }
     }
 
     /// The model with the current weights.
@@ -266,9 +288,11 @@ public final class Trainer {
                     loadBatch(dataset, into: plan, routes: routes, start: start, count: b)
                     try plan.forward(batch: b, training: true)
                     lossSum = try plan.lossAndGradient(batch: b)
-                    // Plain SGD steps the dense layers inside back-propagation; the optimizer does the rest.
-                    let descentRate = optimizer.plainDescentRate
+                    // Plain SGD steps the dense layers inside back-propagation; the optimizer does the rest. With FedProx
+                    // every gradient goes through the optimizer, its proximal term added first.
+                    let descentRate = anchor == nil ? optimizer.plainDescentRate : nil
                     plan.backward(batch: b, descentRate: descentRate)
+                    if let anchor { addProximalGradient(anchor, gradients: plan.gradients, ranges: plan.trainableRanges) }
                     optimizer.update(
                         parameters: plan.parameters, gradients: plan.gradients,
                         ranges: descentRate == nil ? plan.trainableRanges : plan.rangesNotUpdatedInBackward
@@ -372,6 +396,7 @@ public final class Trainer {
                     for i in range { total[i] += part[i] }
                 }
             }
+            if let anchor = trainer.anchor { trainer.addProximalGradient(anchor, gradients: total, ranges: slices[index]) }
             trainer.optimizer.apply(parameters: plans[0].parameters, gradients: total, ranges: slices[index])
         }
         return lossSum
