@@ -16,7 +16,8 @@ import Synchronization
 /// updated − received; frozen layers are left out of training, so their diff is zero.
 ///
 /// Core ML cannot stop at a batch and resume: a cancelled run is cancelled (`.cancelled`), not interrupted, and
-/// `pauseAfterUpdates` is not supported. A task with an update cap (`max_updates`) is refused: Core ML has none.
+/// `pauseAfterUpdates` is not supported. A task with an update cap (`max_updates`) is refused: Core ML has none; so is
+/// one with FedProx's `proximal_mu` above 0: Core ML's loss layers have no proximal term.
 ///
 /// Waiting for Core ML suspends the Swift task (no thread is blocked). Cancelling it cancels the `MLUpdateTask`, whose
 /// completion handler Apple does not promise to call afterwards: the run ends with `.cancelled` when the handler
@@ -55,6 +56,10 @@ public struct CoreMLLocalTrainer: LocalTrainer {
         let training = task.training
         guard training.maxUpdates == nil else {
             throw OrchardClientError(.incompatibleModel, "the process caps updates (max_updates \(training.maxUpdates!)); Core ML has no update cap")
+        }
+        guard training.proximalMu == 0 else {
+            throw OrchardClientError(
+                .incompatibleModel, "the process trains with FedProx (proximal_mu \(training.proximalMu)); Core ML's training has no proximal term")
         }
         guard dataset.count > 0 else { throw OrchardClientError(.training, "the local dataset is empty") }
         var spec = task.model.spec

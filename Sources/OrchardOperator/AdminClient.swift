@@ -52,7 +52,7 @@ public enum CheckpointSelector: Sendable, Hashable, CustomStringConvertible {
 public final class AdminClient: Sendable {
     /// The coordinator's base URL.
     public let baseURL: URL
-    /// Seconds a request may wait to connect, and for each piece of the answer.
+    /// How long a request may wait to connect, and for each piece of the answer.
     public let timeout: Duration
     private let adminToken: String
     private let connection: HTTPConnection

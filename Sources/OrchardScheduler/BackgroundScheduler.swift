@@ -188,7 +188,9 @@ public actor BackgroundScheduler: BackgroundTaskScheduling, Service {
     /// Creates a scheduler and loads its store.
     /// - Parameters:
     ///   - configuration: limits, budgets, policy and rules.
-    ///   - clock: the wall clock runs are timed and slept on, and dates read from.
+    ///   - clock: the wall clock runs are timed and slept on, and dates read from. `SystemClock` reads the system's
+    ///     date, so a change of the device's clock (a time-zone-free NTP step) lengthens or shortens a window's budget
+    ///     by the step; the sleeps themselves are measured on the monotonic clock.
     ///   - conditions: where device conditions come from.
     ///   - store: where pending requests and histories persist.
     ///   - logger: where the scheduler logs.

@@ -160,7 +160,9 @@ public final class ManualClock: WallClock {
         await Self.yieldToOtherTasks()
     }
 
-    /// Gives every task that is ready a chance to run (and to reach its next suspension) before the caller goes on.
+    /// Yields sixteen times, each through a detached task, so that tasks woken a moment ago usually run to their next
+    /// suspension before the caller goes on (a heuristic, as swift-clocks' `TestClock` uses: a task waiting on I/O is
+    /// not waited for).
     private static func yieldToOtherTasks() async {
         for _ in 0..<16 { await Task.detached(priority: .low) { await Task.yield() }.value }
     }

@@ -42,8 +42,13 @@ import Testing
             self.version = version
             name = "orchard-chaos-\(UInt32.random(in: 0...UInt32.max))"
             port = try Self.freePort()
-            try Self.run(
-                "/usr/bin/pg_createcluster", [version, name, "-p", String(port), "--start", "--", "--auth-host=trust", "--auth-local=trust"])
+            do {
+                try Self.run(
+                    "/usr/bin/pg_createcluster", [version, name, "-p", String(port), "--start", "--", "--auth-host=trust", "--auth-local=trust"])
+            } catch {
+                drop()  // created but not started (the port was taken meanwhile, say): not left behind
+                throw error
+            }
         }
 
         func restart() throws { try Self.run("/usr/bin/pg_ctlcluster", [version, name, "restart", "-m", "fast"]) }
@@ -107,7 +112,12 @@ import Testing
         init(database: PostgresStoreConfiguration, count: Int) throws {
             self.database = database
             var servers: [MultiProcessTests.Server?] = []
-            for index in 0..<count { servers.append(try MultiProcessTests.Server(database: database, instanceID: "chaos-\(index)")) }
+            do {
+                for index in 0..<count { servers.append(try MultiProcessTests.Server(database: database, instanceID: "chaos-\(index)")) }
+            } catch {
+                for server in servers { server?.terminate() }  // the ones started before the failure
+                throw error
+            }
             self.servers = Mutex(servers)
         }
 
@@ -117,12 +127,15 @@ import Testing
             return live.isEmpty ? nil : live[Int.random(in: 0..<live.count, using: &random)]
         }
 
-        func kill(_ index: Int) {
+        /// SIGKILLs instance `index`; false when it was not running.
+        @discardableResult
+        func kill(_ index: Int) -> Bool {
             let server = servers.withLock { servers -> MultiProcessTests.Server? in
                 defer { servers[index] = nil }
                 return servers[index]
             }
             server?.kill9()
+            return server != nil
         }
 
         /// Starts instance `index` again; false when it could not start (the database restarting): tried again later.
@@ -210,12 +223,16 @@ import Testing
                     continue
                 }
                 let index = Int.random(in: 0..<3, using: &random)
-                instances.kill(index)
-                events.append("instance \(index) killed")
+                if instances.kill(index) { events.append("instance \(index) killed") }
                 try? await Task.sleep(for: .milliseconds(Int.random(in: 300...1000, using: &random)))
                 for stopped in instances.stopped where instances.start(stopped) { events.append("instance \(stopped) started") }
             }
             return events
+        }
+        // Whatever ends the run (its time limit included), the chaos stops before the instances and the cluster go.
+        defer {
+            ledger.finish()
+            chaos.cancel()
         }
 
         // The fleet: each device authenticates, asks for a cycle and reports, at a random live instance each time.

@@ -180,7 +180,7 @@ extension Coordinator {
 
     /// Deletes a process and everything stored for it.
     public func delete(processID: String) async throws(CoordinatorError) {
-        guard await knownRuntime(processID: processID) != nil, await confirmShared(processID: processID) else {
+        guard try await knownRuntime(processID: processID) != nil, await confirmShared(processID: processID) else {
             throw CoordinatorError(.unknownProcess, "no process '\(processID)'")
         }
         do {

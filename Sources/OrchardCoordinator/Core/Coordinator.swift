@@ -110,7 +110,9 @@ public actor Coordinator {
     /// nothing reloads them meanwhile.
     var transitioning: Set<String> = []
     /// The refresh of the process list from a shared store under way, if any.
-    var refreshing: Task<Void, Never>?
+    var refreshing: (generation: Int, task: Task<Bool, Never>)?
+    /// Refreshes of the process list started so far (each one's generation).
+    var refreshesStarted = 0
     /// When the timer last refreshed the process list from a shared store.
     var lastProcessRefresh: Date?
     /// Which unknown process names this instance may look up in a shared store (negative caching and a budget).
@@ -118,7 +120,7 @@ public actor Coordinator {
     /// How the lookups of unknown processes ended.
     var lookupCounts = ProcessLookupCounts()
     /// Lookups of unknown processes under way, by name (concurrent callers share one).
-    var lookupsInFlight: [ProcessLookup.Name: Task<Bool, Never>] = [:]
+    var lookupsInFlight: [ProcessLookup.Name: Task<ProcessLookupOutcome, Never>] = [:]
     /// Cycles this instance sealed in a shared store and has not closed (a failed transition is retried at once).
     var sealedHere: Set<SealKey> = []
     /// Reloads of a process from the store under way, by process.

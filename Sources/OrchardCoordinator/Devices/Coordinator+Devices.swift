@@ -23,7 +23,7 @@ extension Coordinator {
         }
         // Over a shared store the process is confirmed there (it may have been deleted through another instance): a
         // session is issued once per device and window, so one read is cheap.
-        guard let processID = await knownProcessID(name: request.processName, version: request.processVersion), await confirmShared(processID: processID),
+        guard let processID = try await knownProcessID(name: request.processName, version: request.processVersion), await confirmShared(processID: processID),
             let runtime = runtimes[processID]
         else {
             throw CoordinatorError(.unknownProcess, "no process '\(request.processName)' version \(request.processVersion)")
@@ -112,7 +112,7 @@ extension Coordinator {
     public func admitSpeedTest(_ direction: SpeedTestLeg, requested: Int?, session: DeviceSession) async throws(CoordinatorError) -> Int {
         // Over a shared store: a process deleted through another instance is noticed here (a one-row read).
         if store.isShared && runtimes[session.processID] != nil { await catchUpShared(processID: session.processID) }
-        guard let runtime = await knownRuntime(processID: session.processID) else {
+        guard let runtime = try await knownRuntime(processID: session.processID) else {
             throw CoordinatorError(.unknownProcess, "the session's \(session.processDescription) is no longer hosted")
         }
         let server = runtime.process.serverConfig
@@ -201,7 +201,7 @@ extension Coordinator {
             }
         }
         try await requireKnownWorker(request.workerID)
-        guard let processID = await knownProcessID(name: request.processName, version: request.processVersion), let runtime = runtimes[processID]
+        guard let processID = try await knownProcessID(name: request.processName, version: request.processVersion), let runtime = runtimes[processID]
         else {
             throw CoordinatorError(.unknownProcess, "no process '\(request.processName)' version \(request.processVersion)")
         }

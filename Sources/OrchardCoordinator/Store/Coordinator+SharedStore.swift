@@ -23,26 +23,48 @@ extension Coordinator {
     nonisolated var foldInstance: String { store.isShared ? configuration.instanceID : CoordinatorConfiguration.defaultInstanceID }
 
     /// Loads processes other instances hosted and forgets those they deleted; a call while one runs waits for it.
-    func refreshProcesses() async {
-        if let running = refreshing {
-            await running.value
-            return
-        }
-        let task = Task { await self.refreshProcessesNow() }
-        refreshing = task
-        await task.value
-        refreshing = nil
+    /// Returns whether the store could be read.
+    @discardableResult
+    func refreshProcesses() async -> Bool {
+        if let running = refreshing { return await running.task.value }
+        return await startRefresh()
     }
 
     /// A refresh that lists the store after this call began: one already running may have listed it before a process
-    /// the caller is looking for was hosted, so it is waited out and another is run (or joined, if another caller
-    /// started one meanwhile, which also began after this call).
-    func refreshProcessesFromNow() async {
-        if let running = refreshing { await running.value }
-        await refreshProcesses()
+    /// the caller is looking for was hosted, so it is waited out, and one that started after this call is joined or
+    /// started. Returns whether that refresh could read the store.
+    func refreshProcessesFromNow() async -> Bool {
+        let needed = refreshesStarted + 1
+        while true {
+            if let running = refreshing {
+                let succeeded = await running.task.value
+                if running.generation >= needed { return succeeded }
+            } else {
+                return await startRefresh()
+            }
+        }
     }
 
-    private func refreshProcessesNow() async {
+    /// Runs refresh number `refreshesStarted + 1`; `refreshing` is cleared by the refresh itself, before any caller
+    /// resumes, so a caller never mistakes a finished refresh for a running one.
+    private func startRefresh() async -> Bool {
+        refreshesStarted += 1
+        let generation = refreshesStarted
+        let task = Task {
+            let succeeded = await self.refreshProcessesNow()
+            self.refreshEnded(generation)
+            return succeeded
+        }
+        refreshing = (generation, task)
+        return await task.value
+    }
+
+    private func refreshEnded(_ generation: Int) {
+        if refreshing?.generation == generation { refreshing = nil }
+    }
+
+    @discardableResult
+    private func refreshProcessesNow() async -> Bool {
         // Only processes known before the listing can be missing from it because they were deleted.
         let known = Set(runtimes.keys)
         let stored: [StoredProcess]
@@ -50,7 +72,7 @@ extension Coordinator {
             stored = try await store.processes()
         } catch {
             logger.warning("could not list processes from the shared store", metadata: ["error": "\(error)"])
-            return
+            return false
         }
         let ids = Set(stored.map(\.id))
         for id in known.sorted() where !ids.contains(id) && !transitioning.contains(id) { forget(processID: id) }
@@ -62,6 +84,7 @@ extension Coordinator {
                 logger.error("could not load a process hosted by another instance", metadata: ["process": "\(process.id)", "error": "\(error)"])
             }
         }
+        return true
     }
 
     // MARK: Processes this instance does not know
@@ -69,17 +92,19 @@ extension Coordinator {
     /// The one place an instance resolves a process by id: its own, or, over a shared store, one another instance
     /// hosted since the last refresh (looked up in the store within ``ProcessLookup``'s bounds). Every device and admin
     /// operation that names a process by id goes through here.
-    func knownRuntime(processID: String) async -> Runtime? {
+    /// - Throws: `rate_limited` with a wait when the budget for unknown names is spent, `internal_error` when the
+    ///   store cannot be read (never `unknown_process` for a process that may exist).
+    func knownRuntime(processID: String) async throws(CoordinatorError) -> Runtime? {
         if let runtime = runtimes[processID] { return runtime }
-        guard store.isShared, await lookUp(.id(processID)) else { return nil }
+        guard store.isShared, try await lookUp(.id(processID)) else { return nil }
         return runtimes[processID]
     }
 
     /// ``knownRuntime(processID:)`` for a process named by name and version (authentication, cycle requests).
-    func knownProcessID(name: String, version: SemanticVersion) async -> String? {
+    func knownProcessID(name: String, version: SemanticVersion) async throws(CoordinatorError) -> String? {
         let key = NameVersion(name: name, version: version)
         if let id = processByName[key], runtimes[id] != nil { return id }
-        guard store.isShared, await lookUp(.nameVersion(name, version)) else { return nil }
+        guard store.isShared, try await lookUp(.nameVersion(name, version)) else { return nil }
         return processByName[key].flatMap { runtimes[$0] == nil ? nil : $0 }
     }
 
@@ -107,33 +132,53 @@ extension Coordinator {
     /// Refreshes the process list from the store when ``processLookup`` allows a lookup of `name`; returns whether
     /// `name` is known afterwards (a miss is remembered). Concurrent calls for one name share one lookup (a burst of
     /// devices naming a process another instance just hosted costs one refresh and no budget beyond it).
-    private func lookUp(_ name: ProcessLookup.Name) async -> Bool {
-        if let running = lookupsInFlight[name] { return await running.value }
-        let task = Task { await self.lookUpNow(name) }
-        lookupsInFlight[name] = task
-        let found = await task.value
-        lookupsInFlight[name] = nil
-        return found
+    private func lookUp(_ name: ProcessLookup.Name) async throws(CoordinatorError) -> Bool {
+        var outcome: ProcessLookupOutcome
+        if let running = lookupsInFlight[name] {
+            outcome = await running.value
+            if outcome == .missing {
+                // The shared lookup may have listed the store before this request arrived: one listing that began
+                // after it settles it (joined by the other callers in the same position, so a burst costs one).
+                if await refreshProcessesFromNow() { outcome = isKnown(name) ? .found : .missing }
+            }
+        } else {
+            let task = Task { await self.lookUpNow(name) }
+            lookupsInFlight[name] = task
+            outcome = await task.value
+            lookupsInFlight[name] = nil
+        }
+        switch outcome {
+        case .found: return true
+        case .missing: return false
+        case .limited(let wait):
+            throw .rateLimited("too many unknown process names looked up at this instance; try again shortly", retryAfter: max(1, wait.rounded(.up)))
+        case .failed:
+            throw .internalError("the coordinator could not read the shared store to look the process up; try again")
+        }
     }
 
-    private func lookUpNow(_ name: ProcessLookup.Name) async -> Bool {
+    private func isKnown(_ name: ProcessLookup.Name) -> Bool {
+        switch name {
+        case .id(let id): runtimes[id] != nil
+        case .nameVersion(let processName, let version): processByName[NameVersion(name: processName, version: version)] != nil
+        }
+    }
+
+    private func lookUpNow(_ name: ProcessLookup.Name) async -> ProcessLookupOutcome {
         switch processLookup.decide(name, now: clock.date) {
         case .knownMissing:
             lookupCounts.cached += 1
             metrics.processLookupsCached.increment()
-            return false
-        case .overBudget:
+            return .missing
+        case .overBudget(let wait):
             lookupCounts.limited += 1
             metrics.processLookupsLimited.increment()
             logger.debug("unknown process not looked up: the lookup budget is spent", metadata: ["name": "\(name)"])
-            return false
+            return .limited(retryAfter: wait)
         case .lookUp:
-            await refreshProcessesFromNow()
-            let found: Bool
-            switch name {
-            case .id(let id): found = runtimes[id] != nil
-            case .nameVersion(let processName, let version): found = processByName[NameVersion(name: processName, version: version)] != nil
-            }
+            // A store that cannot be read says nothing about the name: it is not remembered as missing.
+            guard await refreshProcessesFromNow() else { return .failed }
+            let found = isKnown(name)
             if found {
                 lookupCounts.found += 1
                 metrics.processLookupsFound.increment()
@@ -142,7 +187,7 @@ extension Coordinator {
                 metrics.processLookupsMissing.increment()
                 processLookup.recordMissing(name, at: clock.date)
             }
-            return found
+            return found ? .found : .missing
         }
     }
 
@@ -165,7 +210,7 @@ extension Coordinator {
     func catchUpShared(processID: String) async -> Bool {
         guard store.isShared else { return false }
         if transitioning.contains(processID) { return true }
-        guard let runtime = await knownRuntime(processID: processID) else { return false }
+        guard let runtime = try? await knownRuntime(processID: processID) else { return false }
         let progress: StoredCycleProgress?
         do {
             progress = try await store.cycleProgress(processID: processID)
@@ -340,7 +385,7 @@ extension Coordinator {
             }
             return
         }
-        _ = await knownRuntime(processID: found.processID)
+        _ = try await knownRuntime(processID: found.processID)
         if let runtime = runtimes[found.processID], runtime.machine.cycle < found.cycle, !transitioning.contains(found.processID) {
             _ = await reload(processID: found.processID)
         }

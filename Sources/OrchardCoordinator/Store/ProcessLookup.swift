@@ -7,8 +7,8 @@ import OrchardProtocol
 ///
 /// A name looked up and not found is remembered as missing for ``missLifetime`` (up to ``capacity`` names, the oldest
 /// forgotten first); on top of that, misses may reach the store ``missBudget`` times at most (a token bucket shared by
-/// every unknown name). A name the budget turns away is answered unknown without a lookup, and looked up once the
-/// budget allows. A name the instance learns exists (it hosts it, or a refresh loads it) is no longer missing.
+/// every unknown name). A name the budget turns away is answered `rate_limited` with the wait (not `unknown_process`:
+/// it may exist), and looked up once the budget allows. A name the instance learns exists (it hosts it, or a refresh loads it) is no longer missing.
 struct ProcessLookup: Sendable {
     /// A process named by its id, or by its name and version.
     enum Name: Sendable, Hashable {
@@ -22,8 +22,8 @@ struct ProcessLookup: Sendable {
         case lookUp
         /// Answer unknown: it was found missing less than ``missLifetime`` ago.
         case knownMissing
-        /// Answer unknown: the lookup budget is spent for now.
-        case overBudget
+        /// Answer "try again" (429): the lookup budget is spent for now; a token comes back after `retryAfter` seconds.
+        case overBudget(retryAfter: Double)
     }
 
     /// How long a name found missing is answered unknown without another lookup.
@@ -48,7 +48,8 @@ struct ProcessLookup: Sendable {
         }
         var bucket = self.bucket ?? TokenBucket(missBudget, now: now)
         defer { self.bucket = bucket }
-        return bucket.take(at: now, missBudget) == nil ? .lookUp : .overBudget
+        if let wait = bucket.take(at: now, missBudget) { return .overBudget(retryAfter: wait) }
+        return .lookUp
     }
 
     /// Records that `name` was looked up at `now` and not found.
@@ -68,6 +69,18 @@ struct ProcessLookup: Sendable {
         guard missing.removeValue(forKey: name) != nil else { return }
         order.removeAll { $0 == name }
     }
+}
+
+/// How one lookup of a process an instance did not know ended.
+enum ProcessLookupOutcome: Sendable, Hashable {
+    /// Found in the store (and loaded).
+    case found
+    /// Not in the store (or found missing a moment ago).
+    case missing
+    /// Not looked up: the budget for unknown names is spent; try again after `retryAfter` seconds.
+    case limited(retryAfter: Double)
+    /// The store could not be read.
+    case failed
 }
 
 /// How an instance's lookups of processes it did not know ended (over a shared store).
