@@ -118,7 +118,7 @@ import Testing
             let session = try await b.session(forToken: atB.response.sessionToken)
             #expect(await Self.code { _ = try await b.plan(stale.planID, requestKey: stale.requestKey, session: session) } == .deadlinePassed)
             #expect(await Self.code { _ = try await b.model(stale.modelID, requestKey: stale.requestKey, session: session) } == .deadlinePassed)
-            #expect(await Self.code { _ = try await Self.report(atB, stale, at: b) } != nil)
+            #expect(await Self.code { _ = try await Self.report(atB, stale, at: b) } == .deadlinePassed)
             // … and a cycle request gets cycle 2.
             let next = try MultiInstanceTests.accepted(try await Self.requestCycle(atB, at: b))
             #expect(next.cycle == 2 && next.checkpoint == 1)

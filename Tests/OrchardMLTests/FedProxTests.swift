@@ -48,6 +48,33 @@ import Testing
         #expect(checked == w1.count)
     }
 
+    /// A frozen layer's parameters get no proximal term either: from weights w₁ ≠ w₀ a step leaves them at w₁.
+    @Test func frozenParametersGetNoProximalTerm() throws {
+        var anchorModel = try Model(
+            name: "prox", inputs: [InputSpec(name: "input", shape: [3])], layers: [Dense(units: 4, name: "hidden"), Tanh(), Dense(units: 1, name: "head")],
+            seed: 5)
+        try anchorModel.setFrozen(true, layer: "hidden")
+        let data = try Fixtures.linear(count: 16, seed: 8)
+        let trainer = try Trainer(
+            model: anchorModel,
+            configuration: TrainingConfiguration(optimizer: .sgd(learningRate: 0.1), epochs: 1, batchSize: 16, shuffle: false, proximalMu: 5))
+        var random = OrchardRandom(seed: 2)
+        let w1 = anchorModel.flatParameters().map { $0 + random.nextFloat(symmetric: 0.5) }
+        try trainer.plan.setFlatParameters(w1)
+        _ = try trainer.train(on: data)
+        let w2 = trainer.model.flatParameters()
+        let frozen = trainer.plan.parameterOffsets.filter { $0.key.hasPrefix("hidden.") }
+        #expect(!frozen.isEmpty)
+        for (name, offset) in frozen {
+            let count = anchorModel.parameterShapes[name]!.reduce(1, *)
+            #expect(Array(w2[offset..<(offset + count)]) == Array(w1[offset..<(offset + count)]), "\(name) moved")
+        }
+        let moved = trainer.plan.parameterOffsets.filter { $0.key.hasPrefix("head.") }.contains { name, offset in
+            w2[offset] != w1[offset]
+        }
+        #expect(moved, "the trainable head took its step")
+    }
+
     /// A larger μ keeps the trained model nearer the one received; μ = 0 trains exactly as without FedProx.
     @Test func muPullsTheLocalModelTowardTheReceivedOne() throws {
         let data = try Fixtures.linear(count: 64, seed: 2)
