@@ -307,10 +307,13 @@ public struct ServerConfig: Sendable, Hashable, Codable {
     public var privacy: PrivacyConfig?
     /// Secure aggregation (the coordinator sees only the sum of a cycle's updates), if set.
     public var secureAggregation: SecureAggregationConfig?
+    /// A robust statistic of the cycle's reports instead of their weighted mean (median, trimmed mean, Multi-Krum), if set.
+    public var robustAggregation: RobustAggregationConfig?
 
     enum CodingKeys: String, CodingKey, CaseIterable {
         case cycles, authentication, aggregator, privacy
         case secureAggregation = "secure_aggregation"
+        case robustAggregation = "robust_aggregation"
         case updateNormBound = "update_norm_bound"
         case updateNormPolicy = "update_norm_policy"
         case cycleLength = "cycle_length"
@@ -334,8 +337,9 @@ public struct ServerConfig: Sendable, Hashable, Codable {
         maximumSampleCount: Int = 1_000_000, checkpointRetention: Int = 5,
         authentication: AuthenticationConfig = .open, aggregator: AggregatorConfig = AggregatorConfig(),
         updateNormBound: Double? = nil, updateNormPolicy: UpdateNormPolicy = .clip, privacy: PrivacyConfig? = nil,
-        secureAggregation: SecureAggregationConfig? = nil
+        secureAggregation: SecureAggregationConfig? = nil, robustAggregation: RobustAggregationConfig? = nil
     ) {
+        self.robustAggregation = robustAggregation
         self.cycleLength = cycleLength
         self.cycles = cycles
         self.goalCount = goalCount
@@ -378,6 +382,7 @@ public struct ServerConfig: Sendable, Hashable, Codable {
         updateNormPolicy = try c.decodeIfPresent(UpdateNormPolicy.self, forKey: .updateNormPolicy) ?? d.updateNormPolicy
         privacy = try c.decodeIfPresent(PrivacyConfig.self, forKey: .privacy)
         secureAggregation = try c.decodeIfPresent(SecureAggregationConfig.self, forKey: .secureAggregation)
+        robustAggregation = try c.decodeIfPresent(RobustAggregationConfig.self, forKey: .robustAggregation)
     }
 
     /// Devices admitted per cycle: ⌈goal × over-selection⌉.
@@ -447,6 +452,17 @@ public struct ServerConfig: Sendable, Hashable, Codable {
             if minimumReports <= secureAggregation.parameters.threshold {
                 return
                     "server_config.minimum_reports must exceed server_config.secure_aggregation.threshold (\(secureAggregation.parameters.threshold)): fewer advertisements cannot be unmasked, not \(minimumReports)"
+            }
+        }
+        if let robustAggregation {
+            if let failure = robustAggregation.validationFailure(minimumReports: minimumReports) { return failure }
+            if secureAggregation != nil {
+                return
+                    "server_config.robust_aggregation cannot be used with server_config.secure_aggregation: the coordinator never sees a single update, only their sum, so it cannot take a median or score reports"
+            }
+            if privacy != nil {
+                return
+                    "server_config.robust_aggregation cannot be used with server_config.privacy: the noise is calibrated to one device's influence on a clipped mean, which a median, trimmed mean or Multi-Krum selection does not have"
             }
         }
         switch authentication.mode {

@@ -86,8 +86,10 @@ extension Coordinator {
             }
             let accumulator = RecoveryAccumulator(sum: sum)
             let count = layout.totalCount
+            // A robust rule keeps every report in the store until the cycle closes and reads them then.
+            let robust = process.serverConfig.robustAggregation != nil
             try await store.forEachPendingDiff(processID: process.id, cycle: open.cycle.number) { pending in
-                if shared && pending.instance != instance { return }
+                if robust || (shared && pending.instance != instance) { return }
                 guard pending.diff.count == count * 4 else {
                     throw StoreError(.corrupt, "stored diff of worker \(pending.workerID) has \(pending.diff.count) bytes")
                 }

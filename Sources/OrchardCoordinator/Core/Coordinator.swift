@@ -37,6 +37,10 @@ public actor Coordinator {
         /// The open cycle's secure aggregation, when the process uses it.
         var secure: SecureCycle?
 
+        /// The robust rule the process aggregates by, if any: its reports stay in the store until the cycle closes,
+        /// nothing is folded into a running sum.
+        var robust: RobustAggregationConfig? { process.serverConfig.robustAggregation }
+
         /// What a report adds to the running sum's weight: its sample count, or 1 under privacy (equal weights keep
         /// one device's influence within the clipping bound).
         func foldWeight(sampleCount: Int) -> Double { Self.foldWeight(sampleCount: sampleCount, private: privacy != nil) }

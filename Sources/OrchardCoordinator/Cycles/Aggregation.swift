@@ -27,6 +27,7 @@ public struct ModelLayout: Sendable, Hashable {
     /// Metadata that describes one checkpoint only (which process and number, its privacy spend, its survivors).
     public static let perCheckpointMetadata: Set<String> = [
         "orchard.process", "orchard.checkpoint", "orchard.epsilon", "orchard.delta", "orchard.secure_aggregation_survivors",
+        "orchard.robust_aggregation",
     ]
 
     /// The metadata a checkpoint passes on to the next (the model's preprocessing and format, anything the host set).

@@ -89,10 +89,33 @@ extension Coordinator {
         let now = clock.date
         var transition = runtime.machine.plan(action, now: now)
         let started = ContinuousClock.now
+        var robust: RobustAggregate?
+        var robustFailure: String?
+        if transition.aggregated, let rule = runtime.robust {
+            do {
+                robust = try await robustDelta(processID: processID, cycle: transition.closedCycle, rule: rule, layout: runtime.layout)
+            } catch let error as CoordinatorError where error.code == .invalidConfiguration {
+                // The rule is not defined on this cycle's reports (too few for Multi-Krum): abandoned, like a non-finite aggregate.
+                robustFailure = error.message
+            } catch {
+                logger.error(
+                    "could not read the cycle's reports for robust aggregation; retrying on the next tick",
+                    metadata: ["process": "\(processID)", "error": "\(error)"])
+                runtimes[processID]?.machine.transitionFailed()
+                return
+            }
+        }
         var newWeights: [UInt8]?
         var newOptimizer = runtime.optimizer
         var nonFinite = false
         var newLedger: PrivacyLedger?
+        if let robustFailure {
+            logger.error(
+                "robust aggregation is not defined on the cycle's reports; cycle abandoned, the previous checkpoint stays published",
+                metadata: ["process": "\(processID)", "cycle": "\(transition.closedCycle)", "reason": "\(robustFailure)"])
+            action = .abandon(cycle: transition.closedCycle, reports: runtime.machine.reported)
+            transition = runtime.machine.plan(action, now: now)
+        }
         if transition.aggregated {
             do {
                 let previous = try Safetensors.decode(runtime.checkpointBytes)
@@ -131,6 +154,9 @@ extension Coordinator {
                     }
                 } else if let secure {
                     delta = secure.mean
+                } else if let robust, let rule = runtime.robust {
+                    delta = robust.delta
+                    metadata["orchard.robust_aggregation"] = "\(rule.summary): \(robust.selected.count) of \(robust.reports) reports"
                 } else {
                     delta = runtime.sum.mean()
                 }

@@ -143,7 +143,10 @@ extension Coordinator {
             return ReportResponse(cycle: ticket.cycle, reportsReceived: 0, retryAfter: 0)
         }
         do throws(StoreError) {
-            try runtime.sum.add(diff, weight: runtime.foldWeight(sampleCount: sampleCount), unclipped: unclipped)
+            // A robust rule reads every report back from the store when the cycle closes; nothing is summed here.
+            if runtime.robust == nil {
+                try runtime.sum.add(diff, weight: runtime.foldWeight(sampleCount: sampleCount), unclipped: unclipped)
+            }
         } catch {
             // The report is committed in the store but could not be read back into the running sum: reload the
             // process from the store, which folds every committed diff again.
@@ -156,7 +159,7 @@ extension Coordinator {
             // running sum lacks it, which is logged.
             logger.error("the running sum lacks a committed report", metadata: ["process": "\(ticket.processID)", "worker": "\(workerID)"])
         }
-        runtime.unfolded.append(workerID)
+        if runtime.robust == nil { runtime.unfolded.append(workerID) }
         var action = runtime.machine.commitReport(workerID: workerID)
         if action == nil && store.isShared {
             // The goal counts reports at every instance.

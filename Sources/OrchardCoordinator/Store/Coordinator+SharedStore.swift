@@ -324,7 +324,9 @@ extension Coordinator {
                 sum.add(try RunningSum(bytes: partial.bytes, weight: partial.weight, reports: partial.reports, unclipped: partial.unclipped, count: count))
             }
             let accumulator = RecoveryAccumulator(sum: sum)
-            try await store.forEachPendingDiff(processID: processID, cycle: cycle) { pending in
+            // A robust rule reads every instance's reports when it aggregates (``Coordinator/robustDelta(processID:cycle:rule:layout:)``).
+            if runtime.robust == nil {
+                try await store.forEachPendingDiff(processID: processID, cycle: cycle) { pending in
                 guard pending.diff.count == count * 4 else {
                     throw StoreError(.corrupt, "stored diff of worker \(pending.workerID) has \(pending.diff.count) bytes")
                 }
@@ -332,6 +334,7 @@ extension Coordinator {
                     pending.diff, weight: Runtime.foldWeight(sampleCount: pending.sampleCount, private: isPrivate), unclipped: pending.unclipped,
                     worker: pending.workerID
                 )
+                }
             }
             guard let current = runtimes[processID], current.machine.cycle == cycle else { return nil }
             let old = current.machine
