@@ -21,6 +21,8 @@ public struct EngineWorkload<Slice: Dataset, TestSet: Dataset>: FleetWorkload, @
     public let testSet: TestSet
     /// The loss the test set is evaluated with (the architecture's).
     public let evaluationLoss: LossType
+    /// Poisoning devices, if any: the attack, the devices that run it, and the classes a label-flip maps over.
+    public var attack: (configuration: AttackConfiguration, attackers: Set<Int>, classes: Int)?
     /// The SDK trainer the devices train with.
     private let trainer = EngineLocalTrainer()
     private let testTargets: [Float]
@@ -53,8 +55,17 @@ public struct EngineWorkload<Slice: Dataset, TestSet: Dataset>: FleetWorkload, @
 
     /// Trains `device`'s slice with the SDK's trainer (the engine's complete training state is the checkpoint
     /// between stretches, so a resumed run equals an uninterrupted one bit for bit).
+    /// An attacking device trains the same way (on flipped labels for label-flip) and poisons the finished update.
     public func train(device: Int, _ task: LocalTrainingTask, resumingFrom checkpoint: [UInt8]?) throws(OrchardClientError) -> LocalTrainingOutcome {
-        try trainer.train(task, on: slices[device], resumingFrom: checkpoint, progress: { _ in })
+        guard let attack, attack.attackers.contains(device) else {
+            return try trainer.train(task, on: slices[device], resumingFrom: checkpoint, progress: { _ in })
+        }
+        let data: any Dataset =
+            attack.configuration.kind == .labelFlip ? LabelFlippedDataset(base: slices[device], classes: attack.classes) : slices[device]
+        switch try trainer.train(task, on: data, resumingFrom: checkpoint, progress: { _ in }) {
+        case .completed(let update): return .completed(attack.configuration.poison(update, task: task, device: device))
+        case .interrupted(let state): return .interrupted(checkpoint: state)
+        }
     }
 
     /// The update count recorded in a training-state checkpoint.

@@ -234,6 +234,10 @@ public struct SimulationConfiguration: Sendable {
     /// applies before each stage after advertise_keys (going away before advertising is the usual dropout during the
     /// download and training).
     public var secureAggregation: SecureAggregationConfig?
+    /// A robust rule the hosted process aggregates by instead of the weighted mean (`--robust-aggregation`), if any.
+    public var robustAggregation: RobustAggregationConfig?
+    /// Devices that send poison instead of their honest update (`--attackers`, `--attack`, `--attack-scale`), if any.
+    public var attack: AttackConfiguration?
     /// Where decompressed copies of gzip-compressed image datasets are kept between runs (`IDXCache.standard(environment:)`
     /// by default; nil decompresses on every run).
     public var datasetCache: IDXCache? = IDXCache.standard()
@@ -317,6 +321,28 @@ public struct SimulationConfiguration: Sendable {
         if let privacy, let failure = privacy.validationFailure(goalCount: goal, capacity: Int((Double(goal) * overSelection).rounded(.up))) {
             throw fail("privacy: " + failure.replacingOccurrences(of: "server_config.privacy.", with: ""))
         }
+        if let attack {
+            if !(attack.fraction > 0 && attack.fraction < 1) { throw fail("attack.fraction must be in (0, 1), not \(attack.fraction)") }
+            if !(attack.scale > 0) || !attack.scale.isFinite { throw fail("attack.scale must be a positive number, not \(attack.scale)") }
+            if attack.kind == .labelFlip && dataset == .housing {
+                throw fail("attack.kind label-flip needs a classifier: the housing model predicts prices, which have no labels to flip")
+            }
+            if attack.attackers(clients: clients, seed: seed).isEmpty {
+                throw fail("attack.fraction \(attack.fraction) of \(clients) devices rounds to no attacker")
+            }
+        }
+        if let robustAggregation {
+            if secureAggregation != nil {
+                throw fail("robustAggregation cannot be used with secureAggregation: the coordinator never sees a single update, only their sum")
+            }
+            if privacy != nil {
+                throw fail("robustAggregation cannot be used with privacy: the noise is calibrated to one device's influence on a clipped mean")
+            }
+            if minimumReports > goal {
+                throw fail(
+                    "robustAggregation \(robustAggregation.summary) needs at least \(minimumReports) reports a round; the goal (fraction × clients) is \(goal)")
+            }
+        }
         let isHousing = dataset == .housing
         if isHousing != (model == .housing) {
             throw SimulationError(
@@ -336,7 +362,15 @@ public struct SimulationConfiguration: Sendable {
                 "window_seconds": String(windowSeconds), "cycle_seconds": String(cycleSeconds),
                 "seconds_per_update": String(secondsPerUpdate), "transport": transport.description, "seed": String(seed),
                 "turned_away": turnedAway.description,
-            ].merging(privacySettings, uniquingKeysWith: { first, _ in first }).merging(secureSettings, uniquingKeysWith: { first, _ in first }))
+            ].merging(privacySettings, uniquingKeysWith: { first, _ in first })
+                .merging(robustSettings, uniquingKeysWith: { first, _ in first }).merging(secureSettings, uniquingKeysWith: { first, _ in first }))
+    }
+
+    private var robustSettings: [String: String] {
+        var settings: [String: String] = [:]
+        if let robustAggregation { settings["robust_aggregation"] = robustAggregation.summary }
+        if let attack { settings["attack"] = attack.summary }
+        return settings
     }
 
     private var secureSettings: [String: String] {
@@ -350,9 +384,11 @@ public struct SimulationConfiguration: Sendable {
         return settings
     }
 
-    /// The minimum reports of the hosted process: half the goal, and above the secure-aggregation threshold.
+    /// The minimum reports of the hosted process: half the goal, above the secure-aggregation threshold, and as many
+    /// as the robust rule needs (Multi-Krum: f + 3, and f + m when m is given).
     public var minimumReports: Int {
-        max(1, goal / 2, (secureAggregation?.parameters.threshold ?? 0) + 1)
+        let robust = robustAggregation.map { max($0.leastReports, ($0.byzantine ?? 0) + ($0.selected ?? 0)) } ?? 1
+        return max(1, goal / 2, (secureAggregation?.parameters.threshold ?? 0) + 1, robust)
     }
 
     private var privacySettings: [String: String] {

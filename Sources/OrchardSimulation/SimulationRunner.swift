@@ -74,7 +74,13 @@ public enum SimulationRunner {
             progress.note(
                 "\(configuration.dataset): \(train.count) training and \(test.count) test images over \(configuration.clients) devices; \(configuration.model) with \(model.parameterCount) parameters"
             )
-            return (model, EngineWorkload(model: model, slices: slices, testSet: test), nil)
+            var workload = EngineWorkload(model: model, slices: slices, testSet: test)
+            if let attack = configuration.attack {
+                let attackers = attack.attackers(clients: configuration.clients, seed: configuration.seed)
+                workload.attack = (attack, attackers, spec.layers.last?.units ?? 0)
+                progress.note("attack: \(attack.summary) (\(attackers.count) devices)")
+            }
+            return (model, workload, nil)
         }
         // Housing: central pretraining, then the device model with the embeddings imported frozen.
         let housing = HousingConfiguration(seed: configuration.seed)
@@ -95,7 +101,13 @@ public enum SimulationRunner {
                 format: "central pretraining: test RMSE %.3f after %d epochs (%.2f s); embeddings frozen for the fleet", central.metrics.testRMSE,
                 central.metrics.epochs, central.metrics.seconds))
         let slices = try partition(data.train, configuration: configuration)
-        return (device, EngineWorkload(model: device, slices: slices, testSet: data.test), central.metrics.testRMSE)
+        var workload = EngineWorkload(model: device, slices: slices, testSet: data.test)
+        if let attack = configuration.attack {
+            let attackers = attack.attackers(clients: configuration.clients, seed: configuration.seed)
+            workload.attack = (attack, attackers, 0)
+            progress.note("attack: \(attack.summary) (\(attackers.count) devices)")
+        }
+        return (device, workload, central.metrics.testRMSE)
     }
 
     /// The process the simulator hosts for `configuration` — in process, and on an external coordinator
@@ -112,7 +124,7 @@ public enum SimulationRunner {
             cycleLength: configuration.cycleSeconds, cycles: cycles, goalCount: configuration.goal,
             overSelection: configuration.overSelection, minimumReports: configuration.minimumReports,
             paceSteeringWindow: 60, checkpointRetention: 3, aggregator: configuration.aggregator, privacy: configuration.privacy,
-            secureAggregation: configuration.secureAggregation
+            secureAggregation: configuration.secureAggregation, robustAggregation: configuration.robustAggregation
         )
         if configuration.secureAggregation != nil {
             // The bound the masked sum is sized for: the largest slice a device trains on.

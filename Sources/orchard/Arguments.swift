@@ -162,3 +162,14 @@ func positiveSeconds(_ value: Double, option: String) throws -> Duration {
     guard value > 0, value.isFinite else { throw ValidationError("\(option) must be a positive number of seconds, not \(value)") }
     return .seconds(value)
 }
+
+extension AttackKind: ExpressibleByArgument {}
+
+extension RobustAggregationConfig: ExpressibleByArgument {
+    public init?(argument: String) {
+        guard let value = try? RobustAggregationConfig(parsing: argument) else { return nil }
+        self = value
+    }
+
+    public static var allValueStrings: [String] { ["median", "trimmed-mean:β", "multi-krum:f", "multi-krum:f:m"] }
+}

@@ -144,6 +144,20 @@ struct SimulateCommand: AsyncParsableCommand {
             "Secure aggregation against an actively malicious coordinator: devices sign their keys with identities a simulated authority certified, and sign the survivors in a consistency_check stage before revealing shares (--dropout applies to it too)."
     )
     var saConsistencyCheck = false
+    @Option(
+        name: .customLong("robust-aggregation"),
+        help: ArgumentHelp(
+            "Aggregate each round by a robust rule instead of the weighted mean: the coordinate-wise median, the mean after cutting a fraction β from each end, or Multi-Krum with f reports assumed bad (m averaged; default n - f).",
+            valueName: "median|trimmed-mean:β|multi-krum:f[:m]"))
+    var robustAggregation: RobustAggregationConfig?
+    @Option(parsing: .unconditional, help: "The fraction of the devices that send poison instead of their honest update (through the real client and wire).")
+    var attackers: Double?
+    @Option(help: "With --attackers: what they send (default sign-flip).")
+    var attack: AttackKind?
+    @Option(
+        name: .customLong("attack-scale"), parsing: .unconditional,
+        help: "With --attackers: the factor of sign-flip and scaled (default 10), the standard deviation of gaussian (default 1); label-flip takes none.")
+    var attackScale: Double?
     @Option(parsing: .unconditional, help: "Seed of every random choice.")
     var seed: UInt64?
     @Option(help: "Directory for metrics.jsonl, summary.json and report.html (default: a new temporary directory).")
@@ -184,7 +198,8 @@ struct SimulateCommand: AsyncParsableCommand {
         ("privacy.mode distributed needs secureAggregation", "--dp-mode distributed needs --secure-aggregation"),
         ("secure_aggregation: threshold", "--sa-threshold"), ("secure_aggregation: shares", "--sa-shares"),
         ("secure_aggregation: clipping_range", "--sa-clipping-range"), ("secure_aggregation: quantization_range", "--sa-quantization-range"),
-        ("secure_aggregation: stage_timeout", "--sa-stage-timeout"),
+        ("secure_aggregation: stage_timeout", "--sa-stage-timeout"), ("robustAggregation", "--robust-aggregation"), ("secureAggregation", "--secure-aggregation"),
+        ("attack.fraction", "--attackers"), ("attack.scale", "--attack-scale"), ("attack.kind", "--attack"),
     ]
 
     /// The option behind each `server_config.privacy` field, longest names first.
@@ -254,6 +269,8 @@ struct SimulateCommand: AsyncParsableCommand {
         if let turnedAway { c.turnedAway = turnedAway }
         if let seed { c.seed = seed }
         if let output { c.output = URL(fileURLWithPath: output) }
+        c.robustAggregation = robustAggregation
+        c.attack = try attackConfiguration()
         c.privacy = try privacy(clients: c.clients)
         c.secureAggregation = try secure(goal: c.goal, windowSeconds: coordinator == nil ? c.windowSeconds : c.cycleSeconds)
         if let privacy = c.privacy, var failure = privacy.validationFailure(goalCount: c.goal, capacity: Int((Double(c.goal) * c.overSelection).rounded(.up))) {
@@ -297,6 +314,21 @@ struct SimulateCommand: AsyncParsableCommand {
         if let saQuantizationRange { parameters.quantizationRange = saQuantizationRange }
         parameters.consistencyCheck = saConsistencyCheck
         return SecureAggregationConfig(parameters: parameters, stageTimeout: saStageTimeout ?? windowSeconds / 6)
+    }
+
+    /// The attack the `--attack*` options ask for; nil without `--attackers`.
+    func attackConfiguration() throws(SimulationError) -> AttackConfiguration? {
+        guard let attackers else {
+            if attack != nil || attackScale != nil {
+                throw SimulationError(.invalidOption, "\(attack != nil ? "--attack" : "--attack-scale") needs --attackers (the fraction of the devices that attack)")
+            }
+            return nil
+        }
+        let kind = attack ?? .signFlip
+        if kind == .labelFlip && attackScale != nil {
+            throw SimulationError(.invalidOption, "--attack-scale does not apply to --attack label-flip (its devices train honestly on flipped labels)")
+        }
+        return AttackConfiguration(fraction: attackers, kind: kind, scale: attackScale)
     }
 
     /// The differential privacy the `--dp-*` options ask for; nil without `--dp-noise-multiplier`.

@@ -40,6 +40,9 @@ let usageError: Int32 = 64
         (["simulate", "--partition", "sampled:0"], "--partition", "'iid', 'shards', 'dirichlet:α' or 'sampled:N'"),
         (["simulate", "--turned-away", "skipped"], "--turned-away", "'modeled' and 'full-stack'"),
         (["simulate", "--dp-noise-multiplier", "1", "--dp-mode", "hybrid"], "--dp-mode", "'central', 'local' or 'distributed'"),
+        (["simulate", "--robust-aggregation", "krum"], "--robust-aggregation", "'median', 'trimmed-mean:β', 'multi-krum:f' or 'multi-krum:f:m'"),
+        (["simulate", "--robust-aggregation", "trimmed-mean:0.5"], "--robust-aggregation", "'median', 'trimmed-mean:β'"),
+        (["simulate", "--attackers", "0.2", "--attack", "backdoor"], "--attack", "'sign-flip', 'scaled', 'gaussian' or 'label-flip'"),
     ]
 
     @Test(arguments: wrongValues)
@@ -138,6 +141,16 @@ let usageError: Int32 = 64
         (["simulate", "--dp-noise-multiplier", "1", "--dp-adaptive-quantile", "1.5"], "--dp-adaptive-quantile must be in (0, 1)"),
         (["simulate", "--dp-noise-multiplier", "1", "--population", "3"], "--population (3) must be at least the devices a cycle admits"),
         (["simulate", "--shard", "1/2"], "--shard needs --coordinator"),
+        (["simulate", "--attack", "gaussian"], "--attack needs --attackers"),
+        (["simulate", "--attack-scale", "3"], "--attack-scale needs --attackers"),
+        (["simulate", "--attackers", "1.5"], "--attackers must be in (0, 1), not 1.5"),
+        (["simulate", "--attackers", "0.01"], "--attackers 0.01 of 20 devices rounds to no attacker"),
+        (["simulate", "--attackers", "0.2", "--attack-scale", "0"], "--attack-scale must be a positive number"),
+        (["simulate", "--attackers", "0.2", "--attack", "label-flip"], "--attack label-flip needs a classifier"),
+        (["simulate", "--attackers", "0.2", "--attack", "label-flip", "--attack-scale", "2"], "--attack-scale does not apply to --attack label-flip"),
+        (["simulate", "--robust-aggregation", "median", "--secure-aggregation"], "--robust-aggregation cannot be used with --secure-aggregation"),
+        (["simulate", "--robust-aggregation", "median", "--dp-noise-multiplier", "1"], "--robust-aggregation cannot be used with privacy"),
+        (["simulate", "--robust-aggregation", "multi-krum:8"], "--robust-aggregation multi_krum(f=8) needs at least 11 reports a round; the goal"),
         (["simulate", "--coordinator", "localhost:8080"], "--coordinator must be an http or https URL"),
         (["simulate", "--coordinator", "http://127.0.0.1:1", "--shard", "3/2"], "--shard 3/2: the shard number must be in 1…2"),
         (["simulate", "--coordinator", "http://127.0.0.1:1", "--shard", "a/b"], "--shard must be i/n"),
