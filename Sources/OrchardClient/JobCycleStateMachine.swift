@@ -338,7 +338,8 @@ struct JobCycleStateMachine {
                 + fail(OrchardClientError(.cancelled, "the task was cancelled; training stopped at a batch boundary and its checkpoint was saved"))
         case .completed(let update):
             if let problem = Self.problem(with: update, shapes: shapes) {
-                return fail(OrchardClientError(.training, problem))
+                let diverged = update.diff.contains { !FloatScan.allFinite($0.values) }
+                return fail(OrchardClientError(diverged ? .diverged : .training, problem))
             }
             if let secure = plan?.secureAggregation {
                 let flat = SecureAggregationExchange.flatten(update.diff)

@@ -8,7 +8,7 @@ public struct OrchardClientError: OrchardError, Hashable {
     public struct Code: Sendable, Hashable, CustomStringConvertible {
         private enum Kind: String, ErrorCodeKind {
             case invalidConfiguration, authenticationFailed, rejected, conditionsNotMet, network, serverError
-            case incompatibleModel, cancelled, storage, training, tls
+            case incompatibleModel, cancelled, storage, training, diverged, tls
         }
         private let kind: Kind
         private init(_ kind: Kind) { self.kind = kind }
@@ -33,6 +33,9 @@ public struct OrchardClientError: OrchardError, Hashable {
         public static let storage = Code(.storage)
         /// Local training failed (e.g. the dataset does not fit the model).
         public static let training = Code(.training)
+        /// Local training produced NaN or infinity (it diverged, e.g. from a global model poisoned out of range); nothing
+        /// was sent.
+        public static let diverged = Code(.diverged)
         /// The TLS connection failed, e.g. the coordinator's certificate is not trusted (not retried).
         public static let tls = Code(.tls)
         /// The code in snake case, e.g. `shape_mismatch`.

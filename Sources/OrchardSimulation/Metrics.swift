@@ -17,6 +17,8 @@ public struct RoundMetrics: Sendable, Hashable, Codable {
     public var participants: Int
     /// Assigned devices that went away before reporting.
     public var dropouts: Int
+    /// Of the dropouts, devices whose local training diverged (produced NaN or infinity, so nothing was sent); nil when none.
+    public var diverged: Int?
     /// Assigned devices that had not reported when the cycle closed (deadline, or the goal already met).
     public var late: Int
     /// Background windows that expired mid-training.
@@ -78,7 +80,7 @@ public struct RoundMetrics: Sendable, Hashable, Codable {
     }
 
     private enum CodingKeys: String, CodingKey {
-        case round, selected, participants, dropouts, late, expirations, resumed, aggregated, epsilon
+        case round, selected, participants, dropouts, diverged, late, expirations, resumed, aggregated, epsilon
         case clippingNorm = "clipping_norm"
         case secureAggregation = "secure_aggregation"
         case wallSeconds = "wall_seconds", virtualStart = "virtual_start", virtualEnd = "virtual_end"
@@ -153,7 +155,13 @@ extension SimulationSummary {
                 "\(plural(late, "admitted device")) did not report before the deadline (\(plural(expirations, "background window")) ended mid-task): longer windows (--window-seconds) or cycles (--cycle-seconds), or less data per device (more --clients)"
             )
         }
-        if dropouts > 0 { causes.append("\(plural(dropouts, "device")) went away before reporting (--dropout)") }
+        let wentAway = dropouts - (diverged ?? 0)
+        if wentAway > 0 { causes.append("\(plural(wentAway, "device")) went away before reporting (--dropout)") }
+        if let diverged {
+            causes.append(
+                "\(plural(diverged, "device")) sent nothing because local training from the global model diverged (NaN or infinity): the model was driven out of range (an attack, or too high a learning rate)"
+            )
+        }
         if causes.isEmpty { causes.append("see each round's counts in metrics.jsonl") }
         return "\(rounds - aggregatedRounds) of \(plural(rounds, "round")) produced no checkpoint: " + causes.joined(separator: "; ")
     }
@@ -179,6 +187,8 @@ public struct SimulationSummary: Sendable, Hashable, Codable {
     public var participants: Int
     /// Total dropouts.
     public var dropouts: Int
+    /// Of those, devices whose local training diverged (NaN or infinity); nil when none did.
+    public var diverged: Int?
     /// Total late devices.
     public var late: Int
     /// Total expired background windows.
@@ -214,7 +224,7 @@ public struct SimulationSummary: Sendable, Hashable, Codable {
 
     private enum CodingKeys: String, CodingKey {
         case plannedRounds = "planned_rounds", centralRMSE = "central_rmse"
-        case settings, rounds, selected, participants, dropouts, late, expirations, resumed, initial, `final`, epsilon
+        case settings, rounds, selected, participants, dropouts, diverged, late, expirations, resumed, initial, `final`, epsilon
         case checkIns = "check_ins", turnedAwayModeled = "turned_away_modeled"
         case secureAggregation = "secure_aggregation"
         case aggregatedRounds = "aggregated_rounds", wallSeconds = "wall_seconds", setupSeconds = "setup_seconds"
@@ -233,6 +243,8 @@ public struct SimulationSummary: Sendable, Hashable, Codable {
         selected = records.reduce(0) { $0 + $1.selected }
         participants = records.reduce(0) { $0 + $1.participants }
         dropouts = records.reduce(0) { $0 + $1.dropouts }
+        let diverged = records.reduce(0) { $0 + ($1.diverged ?? 0) }
+        self.diverged = diverged > 0 ? diverged : nil
         late = records.reduce(0) { $0 + $1.late }
         expirations = records.reduce(0) { $0 + $1.expirations }
         resumed = records.reduce(0) { $0 + $1.resumed }
@@ -242,8 +254,8 @@ public struct SimulationSummary: Sendable, Hashable, Codable {
         turnedAwayModeled = records.reduce(0) { $0 + $1.turnedAwayModeled }
         self.initial = initial
         final = records.last(where: { $0.testLoss != nil }).map { Evaluation(loss: $0.testLoss ?? 0, accuracy: $0.testAccuracy, rmse: $0.testRMSE) } ?? initial
-        bestAccuracy = records.compactMap(\.testAccuracy).max()
-        bestRMSE = records.compactMap(\.testRMSE).min()
+        bestAccuracy = records.compactMap(\.testAccuracy).filter(\.isFinite).max()
+        bestRMSE = records.compactMap(\.testRMSE).filter(\.isFinite).min()
         epsilon = records.last(where: { $0.epsilon != nil })?.epsilon
         let steps = records.compactMap(\.secureAggregation)
         secureAggregation =

@@ -30,7 +30,7 @@ public struct ProgressDisplay: Sendable {
                 "loss \(format($0, 4))"
             } ?? "not evaluated"
         let counts =
-            "\(record.participants)/\(record.selected) aggregated, \(record.dropouts) dropped, \(record.expirations) expired, \(record.resumed) resumed"
+            "\(record.participants)/\(record.selected) aggregated, \(record.dropouts) dropped\(record.diverged.map { " (\($0) diverged)" } ?? ""), \(record.expirations) expired, \(record.resumed) resumed"
         if interactive {
             let width = 30
             let filled = total > 0 ? width * record.round / total : width

@@ -29,7 +29,7 @@ public struct ReportWriter: Sendable {
     /// Appends one round's record (a ``RoundMetrics``, or a ``ShardCycleMetrics`` against an external coordinator) as a
     /// JSON line and flushes it to disk.
     public func append(_ record: some Encodable) throws(SimulationError) {
-        let encoder = JSONEncoder()
+        let encoder = Self.encoder()
         encoder.outputFormatting = [.sortedKeys]
         do {
             var line = try encoder.encode(record)
@@ -46,7 +46,7 @@ public struct ReportWriter: Sendable {
 
     /// Writes `summary.json` and `report.html`.
     public func finish(summary: SimulationSummary, rounds: [RoundMetrics], title: String) throws(SimulationError) {
-        let encoder = JSONEncoder()
+        let encoder = Self.encoder()
         encoder.outputFormatting = [.sortedKeys, .prettyPrinted]
         do {
             try encoder.encode(summary).write(to: summaryURL, options: .atomic)
@@ -58,13 +58,24 @@ public struct ReportWriter: Sendable {
 
     /// Writes `summary.json` alone (a shard's run against an external coordinator, which has no HTML report).
     public func finish(summary: some Encodable) throws(SimulationError) {
-        let encoder = JSONEncoder()
+        let encoder = Self.encoder()
         encoder.outputFormatting = [.sortedKeys, .prettyPrinted]
         do {
             try encoder.encode(summary).write(to: summaryURL, options: .atomic)
         } catch {
             throw SimulationError(.unwritable, "cannot write \(summaryURL.path): \(FileAccessError(error, writing: true).message)")
         }
+    }
+
+    /// How a value that is not finite is written: a diverged global model's test loss is the string `"NaN"` or
+    /// `"Infinity"`, which JSON has no number for.
+    static let nonFinite = JSONDecoder.NonConformingFloatDecodingStrategy.convertFromString(
+        positiveInfinity: "Infinity", negativeInfinity: "-Infinity", nan: "NaN")
+
+    static func encoder() -> JSONEncoder {
+        let encoder = JSONEncoder()
+        encoder.nonConformingFloatEncodingStrategy = .convertToString(positiveInfinity: "Infinity", negativeInfinity: "-Infinity", nan: "NaN")
+        return encoder
     }
 
     /// Reads `metrics.jsonl` back.
@@ -74,6 +85,7 @@ public struct ReportWriter: Sendable {
             throw SimulationError(.unreadable, "cannot read \(url.path): \(FileAccessError(error).message)")
         }
         let decoder = JSONDecoder()
+        decoder.nonConformingFloatDecodingStrategy = Self.nonFinite
         var records: [RoundMetrics] = []
         for (index, line) in text.split(separator: "\n").enumerated() {
             do { records.append(try decoder.decode(RoundMetrics.self, from: Data(line.utf8))) } catch {

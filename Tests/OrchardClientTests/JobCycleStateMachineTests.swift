@@ -389,7 +389,13 @@ struct JobCycleStateMachineTests {
         _ = try Self.toTraining(&machine)
         var update = try Self.update()
         update.diff[0].values[0] = .nan
-        #expect(Self.names(machine.trainingEnded(.completed(update))) == ["fail:training"])
+        // Non-finite values: local training diverged.
+        #expect(Self.names(machine.trainingEnded(.completed(update))) == ["fail:diverged"])
+        var wrongShape = Self.machine()
+        _ = try Self.toTraining(&wrongShape)
+        var misshapen = try Self.update()
+        misshapen.diff[0].shape = [misshapen.diff[0].values.count, 1, 1]
+        #expect(Self.names(wrongShape.trainingEnded(.completed(misshapen))) == ["fail:training"])
     }
 
     // MARK: Downloads

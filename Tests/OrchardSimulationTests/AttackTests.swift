@@ -98,16 +98,35 @@ import Testing
 
 /// A poisoned housing fleet with and without a robust rule, in memory (deterministic for the seed).
 @Suite(.serialized) struct PoisonedFleetTests {
-    static func run(attack: AttackConfiguration?, robust: RobustAggregationConfig?) async throws -> SimulationResult {
+    static func run(attack: AttackConfiguration?, robust: RobustAggregationConfig?, rounds: Int = 6, check: (URL) throws -> Void = { _ in }) async throws
+        -> SimulationResult
+    {
         let directory = SimulationRunnerTests.temporaryDirectory()
         defer { try? FileManager.default.removeItem(at: directory) }
         var c = SimulationRunnerTests.configuration(transport: .memory, directory: directory)
+        c.rounds = rounds
         c.dropout = 0
         // Every device available, so the attackers take part in the rounds (diurnal routines may keep two devices out of six).
         c.availability = .always
         c.attack = attack
         c.robustAggregation = robust
-        return try await SimulationRunner.run(c, progress: SimulationRunnerTests.quiet, clock: ManualClock())
+        let result = try await SimulationRunner.run(c, progress: SimulationRunnerTests.quiet, clock: ManualClock())
+        try check(directory)
+        return result
+    }
+
+    /// Poison far out of range: the global model's values overflow, devices' local training yields NaN, and they send
+    /// nothing. The run goes on to its end and says so; the metrics file carries the non-finite test loss as "NaN".
+    @Test func aDivergedModelIsReportedNotFatal() async throws {
+        let attack = AttackConfiguration(fraction: 0.3, kind: .scaled, scale: 1e30)
+        let result = try await Self.run(attack: attack, robust: nil, rounds: 3) { directory in
+            let metrics = try ReportWriter.readMetrics(directory.appendingPathComponent("metrics.jsonl"))
+            #expect(metrics.count == 3 && metrics.contains { $0.testRMSE?.isNaN == true })
+            #expect(try String(contentsOf: directory.appendingPathComponent("metrics.jsonl"), encoding: .utf8).contains(#""test_rmse":"NaN""#))
+        }
+        #expect((result.summary.diverged ?? 0) > 0)
+        #expect(result.rounds.contains { ($0.diverged ?? 0) > 0 && $0.dropouts >= ($0.diverged ?? 0) })
+        #expect(result.summary.shortfall?.contains("local training from the global model diverged") == true)
     }
 
     @Test func theMedianHoldsWhereFedAvgIsThrownOff() async throws {

@@ -167,6 +167,17 @@ final class DeviceLink: Sendable {
         return dropped
     }
 
+    /// The device's local training diverged: it drops out of the round now.
+    func noteDiverged() async {
+        let now = clock.seconds
+        state.withLock { state in
+            state.round.record.droppedAt = now
+            state.round.record.diverged = true
+            state.stopped = true
+        }
+        await timeline.moved(device)
+    }
+
     /// The coordinator accepted the device's message of `stage`.
     func noteSecureStep(_ stage: SecureAggregationStage) {
         let now = clock.seconds

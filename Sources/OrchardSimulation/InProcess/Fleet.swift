@@ -217,6 +217,8 @@ public struct FleetSimulation: Sendable {
                 aggregated: aggregated, testLoss: nil, testAccuracy: nil, testRMSE: nil, epsilon: privacy?.epsilon, clippingNorm: privacy?.clippingNorm,
                 checkIns: deviceRecords.count { ($0.checkedInAt ?? .infinity) <= endTime }, turnedAwayModeled: modeled
             )
+            let diverged = selected.count { $0.diverged && ($0.droppedAt ?? .infinity) <= endTime }
+            if diverged > 0 { record.diverged = diverged }
             if coordinator.secureStageTimeout != nil {
                 func count(_ stage: SecureAggregationStage) -> Int { selected.count { $0.secureSteps.contains(stage) } }
                 record.secureAggregation = SecureStageCounts(

@@ -26,6 +26,8 @@ struct DeviceRoundRecord: Sendable {
     var reportedAt: Double?
     /// When it went away (app killed, network gone) for the rest of the round.
     var droppedAt: Double?
+    /// Whether the device dropped out because its local training diverged (NaN or infinity).
+    var diverged = false
     /// When the OS expired its background task with training unfinished.
     var expirations: [Double] = []
     /// When training resumed from a checkpoint in a later window.
@@ -113,6 +115,12 @@ final class VirtualDevice: Sendable {
                     task.setTaskCompleted(success: true)
                 } catch  where error.code == .cancelled {
                     // The window expired (checkpoint saved), the device went away, or the round ended.
+                    task.setTaskCompleted(success: false)
+                } catch  where error.code == .diverged {
+                    // Local training from this global model produced NaN or infinity (e.g. a model poisoned out of
+                    // range): the device sends nothing and drops out of the round, as a phone would; the round's record
+                    // counts it.
+                    await link.noteDiverged()
                     task.setTaskCompleted(success: false)
                 } catch {
                     failure.record(error)
