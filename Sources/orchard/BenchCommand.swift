@@ -5,6 +5,6 @@ struct Bench: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "bench",
         abstract: "Run a benchmark and print one JSON line of results.",
-        subcommands: [BenchTrain.self, BenchGEMM.self, BenchCoordinator.self, BenchSecureAggregation.self]
+        subcommands: [BenchTrain.self, BenchGEMM.self, BenchCoordinator.self, BenchSecureAggregation.self, BenchAggregation.self]
     )
 }

@@ -127,8 +127,20 @@ extension RobustAggregationConfig {
                 let range = start..<min(d, start + width)
                 try load(range, rows: order)
                 for j in 0..<range.count {
-                    for i in 0..<n { column[i] = band[i * width + j] }
-                    column.sort()
+                    column.withUnsafeMutableBufferPointer { values in
+                        band.withUnsafeBufferPointer { band in
+                            // Insertion sort: a cycle's reports are few.
+                            for i in 0..<n {
+                                let value = band[i * width + j]
+                                var k = i
+                                while k > 0 && values[k - 1] > value {
+                                    values[k] = values[k - 1]
+                                    k -= 1
+                                }
+                                values[k] = value
+                            }
+                        }
+                    }
                     if rule == .median {
                         delta[start + j] = n % 2 == 1 ? column[n / 2] : Float((Double(column[n / 2 - 1]) + Double(column[n / 2])) / 2)
                     } else {
