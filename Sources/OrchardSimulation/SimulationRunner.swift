@@ -77,7 +77,7 @@ public enum SimulationRunner {
             var workload = EngineWorkload(model: model, slices: slices, testSet: test)
             if let attack = configuration.attack {
                 let attackers = attack.attackers(clients: configuration.clients, seed: configuration.seed)
-                workload.attack = (attack, attackers, spec.layers.last?.units ?? 0)
+                workload.attack = (attack, attackers, model.outputShape.reduce(1, *))
                 progress.note("attack: \(attack.summary) (\(attackers.count) devices)")
             }
             return (model, workload, nil)

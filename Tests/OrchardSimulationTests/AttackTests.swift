@@ -3,7 +3,9 @@ import OrchardClient
 import OrchardFormats
 import OrchardML
 import OrchardProtocol
+import OrchardData
 import OrchardSupport
+import OrchardTesting
 import Testing
 @testable import OrchardSimulation
 
@@ -113,6 +115,27 @@ import Testing
         let result = try await SimulationRunner.run(c, progress: SimulationRunnerTests.quiet, clock: ManualClock())
         try check(directory)
         return result
+    }
+
+    /// Label-flipping devices train on Fashion-MNIST with every label c mapped to 9 − c (the classes come from the
+    /// model's output), through the whole runner.
+    @Test(
+        SystemDatasets.requirement(
+            file: IDXImageDataset.fashionMNISTDirectory.appendingPathComponent("train-images-idx3-ubyte.gz").path, package: "dataset-fashion-mnist"))
+    func labelFlippersTrainOnMirroredLabels() async throws {
+        let directory = SimulationRunnerTests.temporaryDirectory()
+        defer { try? FileManager.default.removeItem(at: directory) }
+        var c = SimulationConfiguration.images(.fashionMNIST)
+        c.clients = 10
+        c.fraction = 0.5
+        c.rounds = 1
+        c.transport = .memory
+        c.output = directory
+        c.partition = .sampled(perClient: 20)
+        c.attack = AttackConfiguration(fraction: 0.5, kind: .labelFlip)
+        let result = try await SimulationRunner.run(c, progress: SimulationRunnerTests.quiet, clock: ManualClock())
+        #expect(result.rounds.first?.participants == 5 && result.summary.diverged == nil)
+        #expect(result.summary.settings["attack"] == "label-flip by 50 % of the devices")
     }
 
     /// Poison far out of range: the global model's values overflow, devices' local training yields NaN, and they send
