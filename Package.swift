@@ -188,7 +188,7 @@ let package = Package(
         .target(
             name: "OrchardCoordinator",
             dependencies: [
-                "OrchardSupport", "OrchardFormats", "OrchardProtocol", "OrchardPrivacy", "OrchardCharts", "OrchardCoreML",
+                "OrchardSupport", "OrchardFormats", "OrchardProtocol", "OrchardPrivacy", "OrchardCharts", "OrchardCoreML", "OrchardML", "OrchardData",
                 .product(name: "CoreMetrics", package: "swift-metrics"),
                 .product(name: "HTTPTypes", package: "swift-http-types"),
                 .product(name: "UnixSignals", package: "swift-service-lifecycle"),
@@ -424,7 +424,7 @@ let package = Package(
             dependencies: [
                 "OrchardCoordinatorTesting", "OrchardFormats", "OrchardCoordinator", "OrchardProtocol", "OrchardPrivacy", "OrchardSupport", "OrchardTesting",
                 "OrchardCoreML",
-                "OrchardClient",
+                "OrchardClient", "OrchardML", "OrchardData",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "JWTKit", package: "jwt-kit"),
                 .product(name: "Crypto", package: "swift-crypto"),

@@ -137,6 +137,20 @@ enum PostgresSchema {
                 "ALTER TABLE cycles ADD COLUMN metrics TEXT",
                 "ALTER TABLE cycles ADD COLUMN published BIGINT",
             ]),
+        // Server-side evaluation: a process's held-out data and each checkpoint's evaluation on it.
+        Migration(
+            version: "5-evaluation",
+            statements: [
+                """
+                CREATE TABLE evaluation_data (
+                    process_id TEXT PRIMARY KEY REFERENCES processes(id) ON DELETE CASCADE, bytes BYTEA NOT NULL, samples BIGINT NOT NULL)
+                """,
+                """
+                CREATE TABLE evaluations (
+                    process_id TEXT NOT NULL REFERENCES processes(id) ON DELETE CASCADE, checkpoint BIGINT NOT NULL, samples BIGINT NOT NULL,
+                    metrics TEXT NOT NULL, evaluated_at DOUBLE PRECISION NOT NULL, PRIMARY KEY (process_id, checkpoint))
+                """,
+            ]),
     ]
 
     /// Applies the migrations not yet applied, each in its own transaction; returns the versions it applied.

@@ -710,6 +710,66 @@ public final class PostgresStore: CoordinatorStore {
         }
     }
 
+    // MARK: - Server-side evaluation
+
+    public func setEvaluationData(processID: String, data: (bytes: [UInt8], samples: Int)?) async throws {
+        try await transaction("attach evaluation data to process '\(processID)'") { connection in
+            guard try await !run(connection, "SELECT 1 FROM processes WHERE id = \(processID) FOR UPDATE").isEmpty else {
+                throw StoreError(.notFound, "no process '\(processID)'")
+            }
+            if let data {
+                _ = try await run(
+                    connection,
+                    """
+                    INSERT INTO evaluation_data (process_id, bytes, samples) VALUES (\(processID), \(Self.buffer(data.bytes)), \(data.samples))
+                    ON CONFLICT (process_id) DO UPDATE SET bytes = EXCLUDED.bytes, samples = EXCLUDED.samples
+                    """)
+            } else {
+                _ = try await run(connection, "DELETE FROM evaluation_data WHERE process_id = \(processID)")
+            }
+        }
+    }
+
+    public func evaluationData(processID: String) async throws -> (bytes: [UInt8], samples: Int)? {
+        let what = "read the evaluation data of process '\(processID)'"
+        let rows = try await rows(what, "SELECT bytes, samples FROM evaluation_data WHERE process_id = \(processID)")
+        do {
+            return try rows.first.map { row in
+                let (bytes, samples) = try row.decode((ByteBuffer, Int).self)
+                return (Self.bytes(bytes), samples)
+            }
+        } catch {
+            throw PostgresErrors.map(error, what)
+        }
+    }
+
+    public func recordEvaluation(_ evaluation: CheckpointEvaluation, processID: String) async throws {
+        let metrics = CycleRecordSummary.json(evaluation.metrics)
+        _ = try await rows(
+            "record the evaluation of checkpoint \(evaluation.checkpoint) of process '\(processID)'",
+            """
+            INSERT INTO evaluations (process_id, checkpoint, samples, metrics, evaluated_at)
+            SELECT id, \(evaluation.checkpoint), \(evaluation.samples), \(metrics), \(evaluation.evaluatedAt) FROM processes WHERE id = \(processID)
+            ON CONFLICT (process_id, checkpoint) DO UPDATE SET samples = EXCLUDED.samples, metrics = EXCLUDED.metrics, evaluated_at = EXCLUDED.evaluated_at
+            """)
+    }
+
+    public func evaluations(processID: String, limit: Int) async throws -> [CheckpointEvaluation] {
+        let what = "read the evaluations of process '\(processID)'"
+        let rows = try await rows(
+            what,
+            "SELECT checkpoint, samples, metrics, evaluated_at FROM evaluations WHERE process_id = \(processID) ORDER BY checkpoint DESC LIMIT \(max(0, limit))"
+        )
+        do {
+            return try rows.reversed().map { row in
+                let (checkpoint, samples, metrics, evaluatedAt) = try row.decode((Int, Int, String, Double).self)
+                return CheckpointEvaluation(checkpoint: checkpoint, samples: samples, metrics: CycleRecordSummary.decode(metrics), evaluatedAt: evaluatedAt)
+            }
+        } catch {
+            throw PostgresErrors.map(error, what)
+        }
+    }
+
     // MARK: - Secure aggregation
 
     public func appendSecureAggregationEvent(_ event: StoredSecureAggregationEvent, processID: String, cycle: Int, reportedWorker: String?) async throws {

@@ -142,6 +142,23 @@ public final class AdminClient: Sendable {
         guard (200..<300).contains(status) else { throw serverError(status: status, bytes: bytes, url: url) }
     }
 
+    /// `PUT /v1/admin/processes/{id}/evaluation`: attaches held-out data (a file `orchard data prepare` writes); the
+    /// answer holds the latest checkpoint's evaluation on it.
+    public func attachEvaluationData(_ processID: String, data: [UInt8]) async throws(OperatorError) -> AdminAnswer<ProcessEvaluations> {
+        try await json(.PUT, Endpoint.evaluation(try Self.pathComponent(processID)), body: data, contentType: "application/octet-stream")
+    }
+
+    /// `GET /v1/admin/processes/{id}/evaluation`: the data attached and the checkpoints evaluated on it.
+    public func evaluations(_ processID: String) async throws(OperatorError) -> AdminAnswer<ProcessEvaluations> {
+        try await json(.GET, Endpoint.evaluation(try Self.pathComponent(processID)))
+    }
+
+    /// `DELETE /v1/admin/processes/{id}/evaluation`: detaches the held-out data.
+    public func removeEvaluationData(_ processID: String) async throws(OperatorError) {
+        let (status, bytes, url) = try await send(.DELETE, Endpoint.evaluation(try Self.pathComponent(processID)), limit: Self.maximumJSONBytes)
+        guard (200..<300).contains(status) else { throw serverError(status: status, bytes: bytes, url: url) }
+    }
+
     /// `GET /metrics`: the coordinator's Prometheus text.
     public func metrics() async throws(OperatorError) -> String {
         let (status, bytes, url) = try await send(.GET, Endpoint.metrics, limit: Self.maximumJSONBytes)
@@ -166,10 +183,10 @@ public final class AdminClient: Sendable {
         return processID
     }
 
-    private func json<Answer: Decodable & Sendable>(_ method: HTTPMethod, _ path: String, body: [UInt8]? = nil) async throws(OperatorError) -> AdminAnswer<
-        Answer
-    > {
-        let (status, bytes, url) = try await send(method, path, body: body, limit: Self.maximumJSONBytes)
+    private func json<Answer: Decodable & Sendable>(
+        _ method: HTTPMethod, _ path: String, body: [UInt8]? = nil, contentType: String = MediaType.json
+    ) async throws(OperatorError) -> AdminAnswer<Answer> {
+        let (status, bytes, url) = try await send(method, path, body: body, contentType: contentType, limit: Self.maximumJSONBytes)
         guard (200..<300).contains(status) else { throw serverError(status: status, bytes: bytes, url: url) }
         do {
             return AdminAnswer(value: try WireCoding.decoder().decode(Answer.self, from: Data(bytes)), json: bytes)
@@ -180,7 +197,9 @@ public final class AdminClient: Sendable {
         }
     }
 
-    private func send(_ method: HTTPMethod, _ path: String, body: [UInt8]? = nil, limit: Int) async throws(OperatorError) -> (Int, [UInt8], String) {
+    private func send(
+        _ method: HTTPMethod, _ path: String, body: [UInt8]? = nil, contentType: String = MediaType.json, limit: Int
+    ) async throws(OperatorError) -> (Int, [UInt8], String) {
         let url: String
         do throws(ConnectionError) { url = try HTTPConnection.url(baseURL, path: path) } catch {
             throw OperatorError(.invalidArgument, error.message)
@@ -191,7 +210,7 @@ public final class AdminClient: Sendable {
         request.headers.add(name: "Accept", value: MediaType.json + ", " + MediaType.safetensors)
         request.headers.add(name: "Authorization", value: "Bearer \(adminToken)")
         if let body {
-            request.headers.add(name: "Content-Type", value: MediaType.json)
+            request.headers.add(name: "Content-Type", value: contentType)
             request.body = .bytes(ByteBuffer(bytes: body))
         }
         do throws(ConnectionError) {

@@ -103,8 +103,29 @@ public enum OperatorFormat {
                     "ε \(String(format: "%.3f", privacy.epsilon))\(target) at δ \(privacy.delta), \(privacy.releases) releases, noise multiplier \(number(privacy.noiseMultiplier))"
                 ))
         }
+        if let evaluation = status.evaluation { rows.append(("evaluation", Self.evaluation(evaluation))) }
         let width = rows.map(\.0.count).max() ?? 0
         return rows.map { $0.0.padding(toLength: width, withPad: " ", startingAt: 0) + "  " + $0.1 }
+    }
+
+    /// A checkpoint's server-side evaluation on one line: `checkpoint 7 on 1000 samples: loss 0.412, accuracy 0.861`
+    /// (the loss first, then the other metrics by name).
+    public static func evaluation(_ evaluation: CheckpointEvaluation) -> String {
+        let names = ["loss"] + evaluation.metrics.keys.filter { $0 != "loss" }.sorted()
+        let values = names.compactMap { name in evaluation.metrics[name].map { "\(name) \(String(format: "%.4g", $0))" } }
+        return "checkpoint \(evaluation.checkpoint) on \(evaluation.samples) samples: " + values.joined(separator: ", ")
+    }
+
+    /// `orchard process evaluation`: the data attached and one row per evaluated checkpoint.
+    public static func evaluations(_ list: ProcessEvaluations) -> [String] {
+        let data = list.dataBytes.map { "held-out data: \($0) bytes, \(list.dataSamples ?? 0) samples" } ?? "held-out data: none attached"
+        let names = Array(Set(list.evaluations.flatMap(\.metrics.keys)).subtracting(["loss"]).sorted())
+        let rows = list.evaluations.map { evaluation in
+            ["\(evaluation.checkpoint)", "\(evaluation.samples)"] + (["loss"] + names).map { name in
+                evaluation.metrics[name].map { String(format: "%.4g", $0) } ?? "—"
+            } + [timestamp(Date(timeIntervalSince1970: evaluation.evaluatedAt))]
+        }
+        return [data] + (rows.isEmpty ? ["no checkpoint evaluated yet"] : table(["CHECKPOINT", "SAMPLES", "LOSS"] + names.map { $0.uppercased() } + ["EVALUATED"], rows))
     }
 
     /// The client configuration's keys, or `architecture defaults` when none is set.
@@ -149,6 +170,7 @@ public enum WatchFrame {
             } else {
                 line += ": checkpoint \(status.latestCheckpoint), \(status.cyclesCompleted) cycles completed, \(status.cyclesAbandoned) abandoned"
             }
+            if let evaluation = status.evaluation { line += "; evaluation " + OperatorFormat.evaluation(evaluation) }
             return [line]
         case .terminal(let width):
             var lines = [
@@ -163,6 +185,7 @@ public enum WatchFrame {
             } else {
                 lines.append("completed: no open cycle")
             }
+            if let evaluation = status.evaluation { lines.append("evaluation: " + OperatorFormat.evaluation(evaluation)) }
             return lines.map { cut($0, to: width) }
         }
     }

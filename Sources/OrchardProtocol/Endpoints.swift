@@ -42,6 +42,10 @@ public enum Endpoint {
     /// `GET` → ``ProcessCycles``: the process's recently closed cycles (outcome, participation, mean device metrics)
     /// as the answering coordinator saw them close (kept in its memory).
     public static func cycles(_ processID: String) -> String { "/v1/admin/processes/\(processID)/cycles" }
+    /// `PUT` the process's held-out data (the file `orchard data prepare` writes, as `application/octet-stream`) →
+    /// ``ProcessEvaluations`` with the current checkpoint evaluated on it; `DELETE` → 204; `GET` → ``ProcessEvaluations``.
+    /// The coordinator evaluates every checkpoint it publishes on the data, off the request path.
+    public static func evaluation(_ processID: String) -> String { "/v1/admin/processes/\(processID)/evaluation" }
     /// `GET`: the dashboard page (HTML); admin data only with a session cookie or the admin token.
     public static let dashboard = "/dashboard"
     /// `GET ?token=…`: redeems a one-time login token for a dashboard session cookie (303 to ``dashboard``); `POST` (a

@@ -503,10 +503,12 @@ public struct ProcessStatus: Sendable, Hashable, Codable {
     public var serverConfig: ServerConfig
     /// What differential privacy has spent, when the process uses it.
     public var privacy: PrivacyStatus?
+    /// The latest server-side evaluation of a checkpoint on the process's held-out data, when it has some.
+    public var evaluation: CheckpointEvaluation?
 
     enum CodingKeys: String, CodingKey {
         case processID = "process_id"
-        case name, version, state, checkpoints, privacy
+        case name, version, state, checkpoints, privacy, evaluation
         case latestCheckpoint = "latest_checkpoint"
         case cyclesCompleted = "cycles_completed"
         case cyclesAbandoned = "cycles_abandoned"
@@ -518,8 +520,10 @@ public struct ProcessStatus: Sendable, Hashable, Codable {
     /// Creates a status.
     public init(
         processID: String, name: String, version: SemanticVersion, state: ProcessState, latestCheckpoint: Int, checkpoints: [Int], cyclesCompleted: Int,
-        cyclesAbandoned: Int, currentCycle: CycleStatus?, clientConfig: ClientConfig, serverConfig: ServerConfig, privacy: PrivacyStatus? = nil
+        cyclesAbandoned: Int, currentCycle: CycleStatus?, clientConfig: ClientConfig, serverConfig: ServerConfig, privacy: PrivacyStatus? = nil,
+        evaluation: CheckpointEvaluation? = nil
     ) {
+        self.evaluation = evaluation
         self.privacy = privacy
         self.processID = processID
         self.name = name

@@ -25,7 +25,7 @@ struct ProcessCommand: AsyncParsableCommand {
             """,
         subcommands: [
             ProcessCreateCommand.self, ProcessListCommand.self, ProcessStatusCommand.self, ProcessWatchCommand.self,
-            ProcessCheckpointCommand.self, ProcessDeleteCommand.self,
+            ProcessCheckpointCommand.self, ProcessEvaluationCommand.self, ProcessDeleteCommand.self,
         ]
     )
 }
@@ -107,6 +107,13 @@ struct ProcessCreateCommand: AsyncParsableCommand {
         help: ArgumentHelp("A JSON file with the client_config object (batch_size, learning_rate, local_epochs, max_updates, free keys).", valueName: "file"))
     var clientConfig: String?
 
+    @Option(
+        name: .customLong("eval-data"),
+        help: ArgumentHelp(
+            "Held-out data (as `orchard data prepare` writes it) the coordinator evaluates every published checkpoint on (server-side evaluation).",
+            valueName: "file"))
+    var evalData: String?
+
     @Option(parsing: .unconditional, help: "client_config.batch_size: samples per local update.")
     var batchSize: Int?
 
@@ -185,12 +192,27 @@ struct ProcessCreateCommand: AsyncParsableCommand {
     func run() async throws {
         try await reportingOperatorErrors { () async throws(OperatorError) in
             let request = try request()
+            // Read before hosting: a missing file leaves nothing half done.
+            let evaluationData = try evalData.map { path throws(OperatorError) in [UInt8](try ProcessFiles.read(path, option: "--eval-data")) }
             let client = try coordinator.client()
             let answer = try await client.host(request)
+            var evaluated: AdminAnswer<ProcessEvaluations>?
+            if let evaluationData {
+                do throws(OperatorError) {
+                    evaluated = try await client.attachEvaluationData(answer.value.processID, data: evaluationData)
+                } catch {
+                    await client.shutdown()
+                    throw OperatorError(
+                        error.code,
+                        "process \(answer.value.processID) was hosted, but --eval-data was refused: \(error.message) (attach other data with `orchard process evaluation \(answer.value.processID) --data FILE`)",
+                        httpStatus: error.httpStatus)
+                }
+            }
             await client.shutdown()
             if json { return printJSON(answer.json) }
-            printLines(
-                ["hosted process \(answer.value.processID) (\(answer.value.name) \(answer.value.version))"] + OperatorFormat.status(answer.value, now: Date()))
+            var lines = ["hosted process \(answer.value.processID) (\(answer.value.name) \(answer.value.version))"] + OperatorFormat.status(answer.value, now: Date())
+            if let first = evaluated?.value.evaluations.last { lines.append("evaluation  " + OperatorFormat.evaluation(first)) }
+            printLines(lines)
         }
     }
 }
@@ -301,6 +323,60 @@ struct ProcessWatchCommand: AsyncParsableCommand {
             if case .failure(let error) = result {
                 throw error as? OperatorError ?? OperatorError(.unexpectedAnswer, "\(error)")
             }
+        }
+    }
+}
+
+/// `orchard process evaluation`.
+struct ProcessEvaluationCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "evaluation",
+        abstract: "Show a process's server-side evaluations; attach or detach the held-out data they use.",
+        discussion: """
+            The coordinator evaluates every checkpoint it publishes on the held-out data attached to the process (a file \
+            as `orchard data prepare` writes it, at most 64 MiB by default), off the request path: loss, and accuracy for \
+            a classifier or RMSE and MAE for a regressor. --data attaches (or replaces) the data and evaluates the latest \
+            checkpoint at once; --remove detaches it (the evaluations made stay listed).
+            """
+    )
+
+    @OptionGroup var coordinator: CoordinatorOptions
+
+    @Argument(help: "The process id (p_…, from `orchard process list`).")
+    var id: String
+
+    @Option(help: ArgumentHelp("Attach this held-out data file (as `orchard data prepare` writes it).", valueName: "file"))
+    var data: String?
+
+    @Flag(help: "Detach the held-out data.")
+    var remove = false
+
+    @Flag(help: "Print the coordinator's answer as JSON.")
+    var json = false
+
+    func validate() throws {
+        if data != nil && remove { throw ValidationError("--data and --remove cannot both be given") }
+    }
+
+    func run() async throws {
+        try await reportingOperatorErrors { () async throws(OperatorError) in
+            let bytes = try data.map { path throws(OperatorError) in [UInt8](try ProcessFiles.read(path, option: "--data")) }
+            let client = try coordinator.client()
+            let answer: AdminAnswer<ProcessEvaluations>
+            do throws(OperatorError) {
+                if let bytes {
+                    answer = try await client.attachEvaluationData(id, data: bytes)
+                } else {
+                    if remove { try await client.removeEvaluationData(id) }
+                    answer = try await client.evaluations(id)
+                }
+            } catch {
+                await client.shutdown()
+                throw error
+            }
+            await client.shutdown()
+            if json { return printJSON(answer.json) }
+            printLines(OperatorFormat.evaluations(answer.value))
         }
     }
 }

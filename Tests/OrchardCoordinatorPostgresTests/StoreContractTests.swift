@@ -57,6 +57,44 @@ import Testing
     }
 
     @Test(arguments: StoreKind.underTest)
+    func evaluationDataAndEvaluationsAreKeptPerProcessAndDeletedWithIt(_ kind: StoreKind) async throws {
+        try await withStores(kind) { stores in
+            let store = stores.main
+            try await F.host(store)
+            #expect(try await store.evaluationData(processID: "p") == nil)
+            #expect(try await store.evaluations(processID: "p", limit: 5).isEmpty)
+            #expect(try await storeErrorCode { try await store.setEvaluationData(processID: "nope", data: ([1], 1)) } == .notFound)
+            try await store.setEvaluationData(processID: "p", data: ([1, 2, 3], 7))
+            try await stores.peer.setEvaluationData(processID: "p", data: ([4, 5], 9))  // replaces, from another instance
+            let data = try #require(try await store.evaluationData(processID: "p"))
+            #expect(data.bytes == [4, 5] && data.samples == 9)
+            for checkpoint in [2, 0, 1] {
+                try await store.recordEvaluation(
+                    CheckpointEvaluation(checkpoint: checkpoint, samples: 9, metrics: ["loss": Double(checkpoint), "accuracy": 0.5], evaluatedAt: 100),
+                    processID: "p")
+            }
+            // Evaluated again: replaced, not listed twice.
+            try await stores.peer.recordEvaluation(CheckpointEvaluation(checkpoint: 1, samples: 9, metrics: ["loss": 0.25], evaluatedAt: 101), processID: "p")
+            let listed = try await stores.peer.evaluations(processID: "p", limit: 2)
+            #expect(listed == [
+                CheckpointEvaluation(checkpoint: 1, samples: 9, metrics: ["loss": 0.25], evaluatedAt: 101),
+                CheckpointEvaluation(checkpoint: 2, samples: 9, metrics: ["loss": 2, "accuracy": 0.5], evaluatedAt: 100),
+            ])
+            // An evaluation of a process that is gone is dropped.
+            try await store.recordEvaluation(CheckpointEvaluation(checkpoint: 0, samples: 1, metrics: [:], evaluatedAt: 1), processID: "nope")
+            #expect(try await store.evaluations(processID: "nope", limit: 5).isEmpty)
+            try await store.setEvaluationData(processID: "p", data: nil)
+            #expect(try await store.evaluationData(processID: "p") == nil)
+            #expect(try await store.evaluations(processID: "p", limit: 5).count == 3)
+            try await store.setEvaluationData(processID: "p", data: ([6], 1))
+            try await store.deleteProcess(id: "p")
+            try await F.host(store)
+            #expect(try await store.evaluationData(processID: "p") == nil)
+            #expect(try await store.evaluations(processID: "p", limit: 5).isEmpty)
+        }
+    }
+
+    @Test(arguments: StoreKind.underTest)
     func checkpointsArePrunedToTheRetention(_ kind: StoreKind) async throws {
         try await withStores(kind) { stores in
             let store = stores.main

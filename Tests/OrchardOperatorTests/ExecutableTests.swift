@@ -57,6 +57,57 @@ import Testing
         await coordinator.stop()
     }
 
+    /// `process create --eval-data` and `process evaluation`: held-out data attached, shown in status, replaced and
+    /// detached; a file that does not fit is refused after the process is hosted, naming the way to retry.
+    @Test func serverSideEvaluationFromTheCommandLine() async throws {
+        let coordinator = try await LoopbackCoordinator.start()
+        let files = try TemporaryDirectory()
+        defer { files.remove() }
+        var spec = SmallModel.spec()
+        spec.training = TrainingSpec(loss: .meanSquaredError, optimizer: .sgd(learningRate: 0.1))
+        let model = try files.write("model.json", SmallModel.json(spec))
+        let weights = try files.write("weights.safetensors", bytes: SmallModel.weights())
+        func data(width: Int) throws -> [UInt8] {
+            DeviceDataFile.encode(
+                try TensorDataset(
+                    inputs: ["x": Tensor(shape: [4, width], scalars: (0..<(4 * width)).map { Float($0) / 10 })],
+                    targets: Tensor(shape: [4, 1], scalars: [0, 1, 0.5, 2])))
+        }
+        let good = try files.write("eval.safetensors", bytes: try data(width: 3))
+        let bad = try files.write("bad.safetensors", bytes: try data(width: 5))
+        let token: [String: String?] = ["ORCHARD_ADMIN_TOKEN": LoopbackCoordinator.adminToken]
+        let server = ["--server", coordinator.url]
+        let create = ["process", "create"] + server + ["--model", model, "--weights", weights, "--version", "1.0"]
+
+        let created = try await Run.orchard(create + ["--name", "evaluated", "--eval-data", good], environment: token, in: files.url)
+        #expect(created.status == 0, "\(created.error)")
+        #expect(created.output.contains("evaluation  checkpoint 0 on 4 samples: loss "), "\(created.output)")
+        let id = try #require(created.output.split(separator: " ").dropFirst(2).first.map(String.init))
+        let shown = try await Run.orchard(["process", "status", id] + server, environment: token, in: files.url)
+        #expect(shown.output.contains("evaluation  checkpoint 0 on 4 samples: loss ") && shown.output.contains(", mae "), "\(shown.output)")
+        let listed = try await Run.orchard(["process", "evaluation", id] + server, environment: token, in: files.url)
+        #expect(listed.status == 0 && listed.output.contains("held-out data: ") && listed.output.contains("CHECKPOINT  SAMPLES  LOSS"), "\(listed.output)")
+        let json = try await Run.orchard(["process", "evaluation", id, "--json"] + server, environment: token, in: files.url)
+        let answer = try JSONDecoder().decode(ProcessEvaluations.self, from: Data(json.output.utf8))
+        #expect(answer.dataSamples == 4 && answer.evaluations.map(\.checkpoint) == [0])
+
+        let refused = try await Run.orchard(["process", "evaluation", id, "--data", bad] + server, environment: token, in: files.url)
+        #expect(refused.status == 1 && refused.errorLines.first?.hasPrefix("error: invalid_request: the evaluation data does not fit model") == true, "\(refused.error)")
+        let removed = try await Run.orchard(["process", "evaluation", id, "--remove"] + server, environment: token, in: files.url)
+        #expect(removed.status == 0 && removed.output.contains("held-out data: none attached"), "\(removed.output)")
+        let both = try await Run.orchard(["process", "evaluation", id, "--remove", "--data", good] + server, environment: token, in: files.url)
+        #expect(both.status == 64 && both.error.contains("--data and --remove cannot both be given"))
+
+        let halfDone = try await Run.orchard(create + ["--name", "second", "--eval-data", bad], environment: token, in: files.url)
+        #expect(halfDone.status == 1)
+        #expect(halfDone.error.contains("was hosted, but --eval-data was refused") && halfDone.error.contains("orchard process evaluation "), "\(halfDone.error)")
+        let missing = try await Run.orchard(create + ["--name", "third", "--eval-data", "nowhere.safetensors"], environment: token, in: files.url)
+        #expect(missing.status == 1 && missing.error.contains("--eval-data 'nowhere.safetensors'"), "\(missing.error)")
+        let processes = try await Run.orchard(["process", "list", "--json"] + server, environment: token, in: files.url)
+        #expect(try JSONDecoder().decode(ProcessList.self, from: Data(processes.output.utf8)).processes.map(\.name).sorted() == ["evaluated", "second"])
+        await coordinator.stop()
+    }
+
     @Test func failuresAreOneLineOnStandardError() async throws {
         let coordinator = try await LoopbackCoordinator.start()
         let files = try TemporaryDirectory()

@@ -130,8 +130,10 @@ extension Coordinator {
         await catchUpShared(processID: processID)
         guard let runtime = runtimes[processID] else { throw CoordinatorError(.unknownProcess, "no process '\(processID)'") }
         let numbers: [Int]
+        let evaluation: CheckpointEvaluation?
         do {
             numbers = try await store.checkpointNumbers(processID: processID)
+            evaluation = try await store.evaluations(processID: processID, limit: 1).last
         } catch {
             throw storeFailure(error, "list checkpoints")
         }
@@ -158,7 +160,8 @@ extension Coordinator {
                     epsilon: ledger.epsilon, delta: mechanism.config.delta, releases: ledger.releases, samplingRate: mechanism.samplingRate,
                     noiseMultiplier: mechanism.accountedNoiseMultiplier, clippingNorm: ledger.clippingNorm, targetEpsilon: mechanism.config.targetEpsilon
                 )
-            }
+            },
+            evaluation: evaluation
         )
     }
 

@@ -27,6 +27,7 @@ extension Coordinator {
             try await load(process)
         }
         logger.info("coordinator started", metadata: ["processes": "\(runtimes.count)"])
+        await scheduleMissingEvaluations()
         for runtime in runtimes.values.sorted(by: { $0.process.id < $1.process.id }) where runtime.process.serverConfig.authentication.mode == .open {
             warnOpenAuthentication(runtime.process)
         }

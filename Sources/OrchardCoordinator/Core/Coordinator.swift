@@ -129,6 +129,8 @@ public actor Coordinator {
     var sealedHere: Set<SealKey> = []
     /// Reloads of a process from the store under way, by process.
     var reloading: [String: Task<Bool, Never>] = [:]
+    /// Each process's latest queued server-side evaluation (each waits for the one before it).
+    var evaluationQueue: [String: Task<Void, Never>] = [:]
     /// Open-mode authentications per client address (nil: unlimited).
     var authenticationLimiter: RateLimiter<ClientAddress>?
     /// Speed tests per worker and direction (nil: unlimited).

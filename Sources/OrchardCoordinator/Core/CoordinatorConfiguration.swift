@@ -38,6 +38,9 @@ public struct CoordinatorConfiguration: Sendable {
     /// How long a cycle may stay sealed by another instance before this one takes its closing over (that instance
     /// is presumed dead); only with a store shared by several instances.
     public var sealLease: Duration
+    /// The largest held-out data file a process may have attached for server-side evaluation (64 MiB by default); it is
+    /// kept in the store and evaluated in memory.
+    public var maximumEvaluationDataBytes: Int = 64 << 20
 
     /// Open-mode authentication by default: 30 calls at once per client address, then one every 2 seconds.
     public static let defaultOpenAuthenticationRate = RateLimit(burst: 30, perSecond: 0.5)
@@ -89,6 +92,7 @@ public struct CoordinatorConfiguration: Sendable {
             return "instanceID must be 1 to 64 ASCII letters, digits, '-', '_' or '.', not '\(instanceID)'"
         }
         if sealLease <= .zero { return "sealLease must be positive, not \(sealLease)" }
+        if maximumEvaluationDataBytes < 1 { return "maximumEvaluationDataBytes must be at least 1, not \(maximumEvaluationDataBytes)" }
         if let idle = connectionIdleTimeout, idle <= .zero { return "connectionIdleTimeout must be positive, not \(idle)" }
         return nil
     }

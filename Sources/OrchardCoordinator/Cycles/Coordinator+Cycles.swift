@@ -238,6 +238,7 @@ extension Coordinator {
             }
             current.process.latestCheckpoint = transition.checkpoint
             current.process.cyclesCompleted += 1
+            scheduleEvaluation(processID: processID, checkpoint: transition.checkpoint, weights: newWeights, model: current.process.model)
             metrics.cyclesAggregated.increment()
         } else {
             current.process.cyclesAbandoned += 1

@@ -203,6 +203,24 @@ public enum CoordinatorServer {
             response.headers[HTTPField.Name("Orchard-Checkpoint")!] = "\(checkpoint.number)"
             return response
         }
+        let evaluationPath = RouterPath(stringLiteral: Endpoint.evaluation(":\(Endpoint.Parameter.process)"))
+        router.put(evaluationPath) { request, context in
+            try await offTheEventLoop {
+                try requireAdmin(request, coordinator)
+                let processID = context.parameters.get(Endpoint.Parameter.process) ?? ""
+                let body = try await collect(request, limit: coordinator.configuration.maximumEvaluationDataBytes)
+                return try json(await coordinator.attachEvaluationData(processID: processID, bytes: body))
+            }
+        }
+        router.get(evaluationPath) { request, context in
+            try requireAdmin(request, coordinator, dashboard)
+            return try json(await coordinator.evaluations(processID: context.parameters.get(Endpoint.Parameter.process) ?? ""))
+        }
+        router.delete(evaluationPath) { request, context in
+            try requireAdmin(request, coordinator)
+            try await coordinator.removeEvaluationData(processID: context.parameters.get(Endpoint.Parameter.process) ?? "")
+            return Response(status: .noContent)
+        }
         addDashboardRoutes(to: router, coordinator: coordinator, dashboard: dashboard, secureCookie: secureCookie)
         return router
     }

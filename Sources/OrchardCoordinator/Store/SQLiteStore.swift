@@ -171,6 +171,17 @@ public final class SQLiteStore: CoordinatorStore {
         migrator.registerMigration("v8-secure-words-spool") { db in
             try db.execute(sql: "ALTER TABLE secure_aggregation_events ADD COLUMN words_file TEXT")
         }
+        // Server-side evaluation: a process's held-out data and each checkpoint's evaluation on it.
+        migrator.registerMigration("v9-evaluation") { db in
+            try db.execute(
+                sql: """
+                    CREATE TABLE evaluation_data (
+                        process_id TEXT PRIMARY KEY REFERENCES processes(id) ON DELETE CASCADE, bytes BLOB NOT NULL, samples INTEGER NOT NULL);
+                    CREATE TABLE evaluations (
+                        process_id TEXT NOT NULL REFERENCES processes(id) ON DELETE CASCADE, checkpoint INTEGER NOT NULL,
+                        samples INTEGER NOT NULL, metrics TEXT NOT NULL, evaluated_at REAL NOT NULL, PRIMARY KEY (process_id, checkpoint));
+                    """)
+        }
         return migrator
     }
 
@@ -231,6 +242,8 @@ public final class SQLiteStore: CoordinatorStore {
     public func deleteProcess(id: String) async throws {
         try await pool.write { db in
             try db.execute(sql: "DELETE FROM assignments WHERE process_id = ?", arguments: [id])
+            try db.execute(sql: "DELETE FROM evaluation_data WHERE process_id = ?", arguments: [id])
+            try db.execute(sql: "DELETE FROM evaluations WHERE process_id = ?", arguments: [id])
             try db.execute(sql: "DELETE FROM processes WHERE id = ?", arguments: [id])
             guard db.changesCount == 1 else { throw StoreError(.notFound, "no process '\(id)'") }
         }
@@ -622,6 +635,51 @@ public final class SQLiteStore: CoordinatorStore {
                     assigned: row["assigned"] ?? 0, reported: row["reported"] ?? 0, checkpoint: row["published"], openedAt: row["opened_at"],
                     closedAt: row["closed_at"], metrics: CycleRecordSummary.decode(row["metrics"])
                 )
+            }
+        }
+    }
+
+    public func setEvaluationData(processID: String, data: (bytes: [UInt8], samples: Int)?) async throws {
+        try await pool.write { db in
+            guard try Bool.fetchOne(db, sql: "SELECT 1 FROM processes WHERE id = ?", arguments: [processID]) != nil else {
+                throw StoreError(.notFound, "no process '\(processID)'")
+            }
+            if let data {
+                try db.execute(
+                    sql: "INSERT OR REPLACE INTO evaluation_data (process_id, bytes, samples) VALUES (?, ?, ?)",
+                    arguments: [processID, Data(data.bytes), data.samples])
+            } else {
+                try db.execute(sql: "DELETE FROM evaluation_data WHERE process_id = ?", arguments: [processID])
+            }
+        }
+    }
+
+    public func evaluationData(processID: String) async throws -> (bytes: [UInt8], samples: Int)? {
+        try await pool.read { db in
+            try Row.fetchOne(db, sql: "SELECT bytes, samples FROM evaluation_data WHERE process_id = ?", arguments: [processID]).map { row in
+                ([UInt8](row["bytes"] as Data), row["samples"] as Int)
+            }
+        }
+    }
+
+    public func recordEvaluation(_ evaluation: CheckpointEvaluation, processID: String) async throws {
+        let metrics = CycleRecordSummary.json(evaluation.metrics)
+        try await pool.write { db in
+            guard try Bool.fetchOne(db, sql: "SELECT 1 FROM processes WHERE id = ?", arguments: [processID]) != nil else { return }
+            try db.execute(
+                sql: "INSERT OR REPLACE INTO evaluations (process_id, checkpoint, samples, metrics, evaluated_at) VALUES (?, ?, ?, ?, ?)",
+                arguments: [processID, evaluation.checkpoint, evaluation.samples, metrics, evaluation.evaluatedAt])
+        }
+    }
+
+    public func evaluations(processID: String, limit: Int) async throws -> [CheckpointEvaluation] {
+        try await pool.read { db in
+            try Row.fetchAll(
+                db, sql: "SELECT checkpoint, samples, metrics, evaluated_at FROM evaluations WHERE process_id = ? ORDER BY checkpoint DESC LIMIT ?",
+                arguments: [processID, max(0, limit)]
+            ).reversed().map { row in
+                CheckpointEvaluation(
+                    checkpoint: row["checkpoint"], samples: row["samples"], metrics: CycleRecordSummary.decode(row["metrics"]), evaluatedAt: row["evaluated_at"])
             }
         }
     }

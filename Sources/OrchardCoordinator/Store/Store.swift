@@ -414,6 +414,16 @@ public protocol CoordinatorStore: Sendable {
     func appendSecureAggregationEvent(_ event: StoredSecureAggregationEvent, processID: String, cycle: Int, reportedWorker: String?) async throws
     /// A cycle's secure-aggregation events, by ascending sequence number.
     func secureAggregationEvents(processID: String, cycle: Int) async throws -> [StoredSecureAggregationEvent]
+    /// Attaches (replaces) a process's held-out evaluation data with its sample count, or removes it (nil); throws
+    /// ``StoreError/Code/notFound`` for an unknown process. Deleted with the process.
+    func setEvaluationData(processID: String, data: (bytes: [UInt8], samples: Int)?) async throws
+    /// A process's held-out evaluation data and its sample count, if any.
+    func evaluationData(processID: String) async throws -> (bytes: [UInt8], samples: Int)?
+    /// Records a checkpoint's evaluation (replacing an earlier one of the same checkpoint); nothing for a process that
+    /// no longer exists.
+    func recordEvaluation(_ evaluation: CheckpointEvaluation, processID: String) async throws
+    /// A process's checkpoint evaluations, the newest `limit` of them, oldest first.
+    func evaluations(processID: String, limit: Int) async throws -> [CheckpointEvaluation]
 }
 
 /// One persisted step of a cycle's secure aggregation.
