@@ -291,6 +291,27 @@ extension HTTPResult {
     }
 
     /// The charts the page swaps in are drawn by the coordinator (OrchardCharts), for an admin only.
+    @Test func theDashboardChartsTheHeldOutMetricsPerCheckpoint() async throws {
+        let harness = try await Harness.start()
+        try await harness.stopping {
+            let hosted = try await harness.host(ServerEvaluationTests.host())
+            #expect(try await ServerEvaluationTests.attach(harness, hosted.processID, try ServerEvaluationTests.data()).status == 200)
+            try await ServerEvaluationTests.publish(harness, scale: 0.2)
+            await harness.coordinator.evaluationsSettled()
+            // A dashboard route (not part of the documented API): fetched as the page's script does.
+            let charts = try await Browser(base: harness.http.base).send(DashboardPage.chartsPath(hosted.processID) + "?width=600", token: Harness.adminToken)
+            let html = charts.text
+            #expect(charts.status == 200)
+            for metric in ["loss", "mae", "rmse"] {
+                #expect(html.contains("<h3>Held-out \(metric) per checkpoint</h3>"), "\(metric)")
+                #expect(html.contains("aria-label=\"Held-out \(metric) of each evaluated checkpoint of evaluated\""), "\(metric)")
+            }
+            let evaluation = try #require(try await harness.status(hosted.processID).evaluation)
+            #expect(html.contains("<title>loss at checkpoint 1: "), "\(html.prefix(600))")
+            #expect(evaluation.checkpoint == 1)
+        }
+    }
+
     @Test func theChartsRouteDrawsTheCycleHistoryForAdminsOnly() async throws {
         let harness = try await Harness.start()
         try await harness.stopping {
@@ -405,6 +426,7 @@ extension HTTPResult {
             #expect(dom.contains("aria-label=\"Reports per cycle of browser-visible-process:"), "the participation chart")
             #expect(dom.contains("aria-label=\"Mean loss reported by devices per cycle"), "the metric chart")
             #expect(dom.contains("/checkpoints/2\" download="), "the checkpoint links")
+            #expect(dom.contains("No checkpoint evaluated: attach held-out data"), "the model quality card")
             #expect(!dom.contains("Or enter the admin token"), "the browser was not signed in")
             #expect(dom.contains("role=\"alert\" hidden=\"\"></p>"), "the page reported a problem")
 

@@ -1,5 +1,5 @@
 import Foundation
-import OrchardCoordinator
+@testable import OrchardCoordinator
 import OrchardData
 import OrchardFormats
 import OrchardML

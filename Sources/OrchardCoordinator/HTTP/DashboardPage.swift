@@ -61,6 +61,7 @@ enum DashboardPage {
             <div class="cards">
             <article class="card" aria-labelledby="cycle-title"><h3 id="cycle-title">Open cycle</h3><div id="cycle"></div></article>
             <article class="card" aria-labelledby="privacy-title"><h3 id="privacy-title">Differential privacy</h3><div id="privacy"></div></article>
+            <article class="card" aria-labelledby="quality-title"><h3 id="quality-title">Model quality (held-out data)</h3><div id="quality"></div></article>
             <article class="card" aria-labelledby="checkpoints-title"><h3 id="checkpoints-title">Checkpoints</h3><ul id="checkpoints" class="plain"></ul></article>
             </div>
             <div id="charts"><article class="card wide"><h3>Reports per cycle</h3><p class="muted">Loading…</p></article></div>
@@ -104,13 +105,26 @@ enum DashboardPage {
     ///
     /// Each chart comes twice, at `width` and at a phone's (the stylesheet shows the second below 30rem): a page laid out
     /// wider than it is finally shown (a rotated phone, a headless browser's screenshot) still shows legible text.
-    static func charts(name: String, cycles: [CycleRecord], width: Double) -> String {
+    static func charts(name: String, cycles: [CycleRecord], evaluations: [CheckpointEvaluation] = [], width: Double) -> String {
         let cycleAxis = Axis("cycle", format: .count)
         func sized(_ draw: (Double) -> String) -> String {
             "<div class=\"chart-wide\">\(draw(width))</div><div class=\"chart-narrow\">\(draw(320))</div>"
         }
+        // The global model's quality on the held-out data, per evaluated checkpoint (server-side evaluation).
+        var quality = ""
+        for metric in Set(evaluations.flatMap(\.metrics.keys)).sorted().prefix(4) {
+            let line = sized {
+                LineChart(
+                    title: "Held-out \(metric) of each evaluated checkpoint of \(name)", x: Axis("checkpoint", format: .count), y: Axis(metric),
+                    series: [Series(metric, evaluations.compactMap { e in e.metrics[metric].map { (Double(e.checkpoint), $0) } }, color: .blue)],
+                    width: $0, height: 210
+                ).render()
+            }
+            quality += "<article class=\"card wide\"><h3>Held-out \(escape(metric)) per checkpoint</h3>\(line)</article>"
+        }
         guard !cycles.isEmpty else {
-            return "<article class=\"card wide\"><h3>Reports per cycle</h3><p class=\"muted\">No cycle has closed since the coordinator started.</p></article>"
+            return quality
+                + "<article class=\"card wide\"><h3>Reports per cycle</h3><p class=\"muted\">No cycle has closed since the coordinator started.</p></article>"
         }
         func count(_ value: (CycleRecord) -> Int) -> [(x: Double, y: Double)] { cycles.map { (Double($0.cycle), Double(value($0))) } }
         let participation = sized {
@@ -126,7 +140,7 @@ enum DashboardPage {
                 width: $0, height: 250
             ).render()
         }
-        var html = "<article class=\"card wide\"><h3>Reports per cycle</h3>\(participation)</article>"
+        var html = quality + "<article class=\"card wide\"><h3>Reports per cycle</h3>\(participation)</article>"
         for metric in Set(cycles.flatMap(\.metrics.keys)).sorted().prefix(6) {
             let line = sized {
                 LineChart(
@@ -257,6 +271,18 @@ enum DashboardPage {
           if (p.target_epsilon) parts.unshift(el("label", {for: "epsilon"}, "Budget spent"), el("progress", {id: "epsilon", value: String(Math.min(p.epsilon, p.target_epsilon)), max: String(p.target_epsilon)}));
           $("privacy").replaceChildren(...parts);
         }
+        function showQuality(process) {
+          const e = process.evaluation;
+          if (!e) {
+            $("quality").replaceChildren(el("p", {class: "muted"}, "No checkpoint evaluated: attach held-out data with orchard process evaluation ID --data FILE."));
+            return;
+          }
+          const names = ["loss", ...Object.keys(e.metrics).filter((k) => k !== "loss").sort()];
+          const list = el("dl", {}, el("dt", {}, "Checkpoint"), el("dd", {}, String(e.checkpoint)), el("dt", {}, "Samples"), el("dd", {}, String(e.samples)));
+          for (const name of names) if (name in e.metrics) list.append(el("dt", {}, name), el("dd", {}, fmt(e.metrics[name], 4)));
+          list.append(el("dt", {}, "Evaluated"), el("dd", {}, when(e.evaluated_at)));
+          $("quality").replaceChildren(list);
+        }
         function showCheckpoints(process) {
           const items = [...process.checkpoints].reverse().map((n) => el("li", {},
             el("a", {href: `${api}/${encodeURIComponent(process.process_id)}/checkpoints/${n}`, download: `${process.name}-${process.version}-checkpoint-${n}.safetensors`},
@@ -289,7 +315,7 @@ enum DashboardPage {
               current = status;
               $("detail").hidden = false;
               $("detail-title").textContent = `${status.name} ${status.version} (${status.process_id}) — ${status.state}`;
-              showCycle(status); showPrivacy(status); showCheckpoints(status); showCycles(cycles);
+              showCycle(status); showPrivacy(status); showQuality(status); showCheckpoints(status); showCycles(cycles);
               await showCharts(id);
             } else {
               current = null;
