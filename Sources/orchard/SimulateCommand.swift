@@ -164,8 +164,8 @@ struct SimulateCommand: AsyncParsableCommand {
     var output: String?
     @Option(
         help: ArgumentHelp(
-            "Run against the coordinator at this http(s) URL in real time instead of an in-process one on virtual time (admin token from ORCHARD_ADMIN_TOKEN).",
-            valueName: "url"))
+            "Run against the coordinator at this http(s) URL in real time instead of an in-process one on virtual time (admin token from ORCHARD_ADMIN_TOKEN); several instances sharing one store separated by commas spread the devices over them (device d to instance d mod n; the first hosts and watches).",
+            valueName: "url[,url…]"))
     var coordinator: String?
     @Option(
         help: ArgumentHelp(
@@ -416,7 +416,10 @@ struct SimulateCommand: AsyncParsableCommand {
 
     /// The `--coordinator`, `--shard`, `--ca-cert`, `--concurrency`, `--host-timeout` and `--process` settings.
     func externalCoordinator(_ url: String) throws -> ExternalCoordinator {
-        var external = ExternalCoordinator(url: url)
+        // Several instances of one coordinator, separated by commas: the devices are spread over them.
+        let urls = url.split(separator: ",", omittingEmptySubsequences: false).map { $0.trimmingCharacters(in: .whitespaces) }
+        var external = ExternalCoordinator(url: urls[0])
+        external.additionalURLs = Array(urls.dropFirst())
         if let shard {
             do throws(SimulationError) { external.shard = try FleetShard(parsing: shard) } catch {
                 throw ValidationError(namingOption(error.message, Self.externalFlags))

@@ -152,6 +152,8 @@ let usageError: Int32 = 64
         (["simulate", "--robust-aggregation", "median", "--dp-noise-multiplier", "1"], "--robust-aggregation cannot be used with privacy"),
         (["simulate", "--robust-aggregation", "multi-krum:8"], "--robust-aggregation multi_krum(f=8) needs at least 11 reports a round; the goal"),
         (["simulate", "--coordinator", "localhost:8080"], "--coordinator must be an http or https URL"),
+        (["simulate", "--coordinator", "http://127.0.0.1:1,localhost:2"], "not 'localhost:2'"),
+        (["simulate", "--coordinator", "http://127.0.0.1:1,http://127.0.0.1:1"], "--coordinator names 'http://127.0.0.1:1' twice"),
         (["simulate", "--coordinator", "http://127.0.0.1:1", "--shard", "3/2"], "--shard 3/2: the shard number must be in 1…2"),
         (["simulate", "--coordinator", "http://127.0.0.1:1", "--shard", "a/b"], "--shard must be i/n"),
         (["simulate", "--coordinator", "http://127.0.0.1:1", "--transport", "memory"], "--transport cannot be used with --coordinator"),

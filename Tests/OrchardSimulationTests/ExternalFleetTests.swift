@@ -127,6 +127,40 @@ struct HurriedClock: WallClock {
         await loopback.stop()
     }
 
+    /// `--coordinator A,B`: one shard's devices spread over two instances of one coordinator sharing a store (device d
+    /// at instance d mod 2), the process hosted and watched at the first; every instance serves its devices' reports.
+    @Test func oneShardSpreadsItsDevicesOverSeveralInstances() async throws {
+        let directory = Self.temporaryDirectory()
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let database = directory.appendingPathComponent("shared.sqlite").path
+        var instances: [CoordinatorInstance] = []
+        var servers: [RunningServer] = []
+        for name in ["a", "b"] {
+            let instance = try await CoordinatorInstance.open(
+                store: try SQLiteStore(path: database, sharedByInstances: true),
+                configuration: CoordinatorConfiguration(adminToken: Self.token, instanceID: name), logger: LoopbackCoordinator.silentLogger)
+            instances.append(instance)
+            servers.append(try await instance.serve(port: 0, timerInterval: .milliseconds(50)))
+        }
+        var options = try Self.shard("1/1", of: servers[0])
+        options.additionalURLs = [servers[1].baseURL.absoluteString]
+        let result = try await ExternalFleet.run(
+            Self.configuration(output: directory.appendingPathComponent("out")), coordinator: options, environment: Self.environment, progress: Self.quiet,
+            clock: HurriedClock())
+        var accepted: [Int] = []
+        for server in servers { accepted.append(try await Self.metric("orchard_reports_total{result=\"accepted\"}", at: server)) }
+        for server in servers { await server.stop() }
+        for instance in instances { await instance.shutdown() }
+
+        #expect(result.summary.aggregatedRounds == 2 && result.summary.hosted)
+        // Both instances took reports, and together exactly those the devices counted.
+        #expect(accepted.allSatisfy { $0 > 0 }, "\(accepted)")
+        #expect(accepted.reduce(0, +) == result.summary.reported)
+        #expect(options.url(forDevice: 0) == servers[0].baseURL.absoluteString && options.url(forDevice: 3) == servers[1].baseURL.absoluteString)
+        #expect(result.summary.settings["coordinator"] == options.urls.joined(separator: ","))
+    }
+
     @Test func theShardParserTakesIOfN() throws {
         let shard = try FleetShard(parsing: "2/3")
         #expect(shard.index == 2 && shard.count == 3 && shard.description == "2/3")
@@ -163,6 +197,12 @@ struct HurriedClock: WallClock {
         defer { try? FileManager.default.removeItem(at: output) }
         let c = Self.configuration(output: output)
         // No scheme.
+        var repeated = ExternalCoordinator(url: "http://127.0.0.1:1")
+        repeated.additionalURLs = ["http://127.0.0.1:2", "http://127.0.0.1:1"]
+        #expect(await Self.failure(c, repeated)?.message.contains("names 'http://127.0.0.1:1' twice") == true)
+        var secondBad = ExternalCoordinator(url: "http://127.0.0.1:1")
+        secondBad.additionalURLs = ["ftp://x"]
+        #expect(await Self.failure(c, secondBad)?.message.contains("not 'ftp://x'") == true)
         let noScheme = await Self.failure(c, ExternalCoordinator(url: "localhost:8080"))
         #expect(noScheme?.code == .invalidOption && noScheme?.message.contains("http or https URL") == true, "\(String(describing: noScheme))")
         // Nothing listens there: refused before any data is prepared.

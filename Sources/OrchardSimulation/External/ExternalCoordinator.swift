@@ -11,8 +11,11 @@ import Synchronization
 
 /// How a shard of the fleet reaches a coordinator that runs elsewhere (`orchard simulate --coordinator URL`).
 public struct ExternalCoordinator: Sendable {
-    /// The coordinator's base URL, `http` or `https`.
+    /// The coordinator's base URL, `http` or `https`: the shard hosts and watches the process there.
     public var url: String
+    /// Further instances of the same coordinator (sharing its store) the devices are spread over with ``url``: device
+    /// d talks to instance d mod n of `[url] + additionalURLs`, as behind a round-robin balancer.
+    public var additionalURLs: [String] = []
     /// The slice of the fleet this process runs.
     public var shard: FleetShard
     /// The certificate authorities trusted for `https` (a private CA's with `TrustRoots.certificateFile(_:)`).
@@ -45,13 +48,26 @@ public struct ExternalCoordinator: Sendable {
         self.requestTimeout = requestTimeout
     }
 
+    /// Every instance's URL, the hosting one first.
+    public var urls: [String] { [url] + additionalURLs }
+
+    /// The instance device `device` talks to.
+    public func url(forDevice device: Int) -> String { urls[device % urls.count] }
+
     /// Throws an error whose message starts with the first invalid field's name.
     public func validate() throws(SimulationError) {
-        guard let parsed = URL(string: url), let scheme = parsed.scheme?.lowercased(), scheme == "http" || scheme == "https",
-            let host = parsed.host, !host.isEmpty
-        else {
-            throw SimulationError(
-                .invalidOption, "coordinator must be an http or https URL with a host, such as http://127.0.0.1:8080 or https://fl.example.com, not '\(url)'")
+        for candidate in urls {
+            guard let parsed = URL(string: candidate), let scheme = parsed.scheme?.lowercased(), scheme == "http" || scheme == "https",
+                let host = parsed.host, !host.isEmpty
+            else {
+                throw SimulationError(
+                    .invalidOption,
+                    "coordinator must be an http or https URL with a host (several separated by commas), such as http://127.0.0.1:8080 or https://fl.example.com, not '\(candidate)'"
+                )
+            }
+        }
+        if let repeated = urls.enumerated().first(where: { urls[..<$0.offset].contains($0.element) })?.element {
+            throw SimulationError(.invalidOption, "coordinator names '\(repeated)' twice: give each instance once")
         }
         if concurrency < 1 { throw SimulationError(.invalidOption, "concurrency must be at least 1, not \(concurrency)") }
         if hostTimeout <= .zero { throw SimulationError(.invalidOption, "hostTimeout must be a positive number of seconds, not \(hostTimeout.secondsText)") }

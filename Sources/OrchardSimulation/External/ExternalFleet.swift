@@ -84,7 +84,7 @@ public enum ExternalFleet {
         var settings = configuration.settings
         for key in ["transport", "window_seconds", "seconds_per_update"] { settings[key] = nil }
         settings["availability"] = "always"
-        settings["coordinator"] = admin.url
+        settings["coordinator"] = options.urls.joined(separator: ",")
         settings["shard"] = shard.description
         settings["process"] = request.name
         settings["concurrency"] = String(options.concurrency)
@@ -184,9 +184,12 @@ struct ShardRun: Sendable {
     func run(from process: ProcessStatus) async throws(SimulationError) -> Outcome {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("orchard-shard-\(UUID().uuidString)", isDirectory: true)
         defer { try? FileManager.default.removeItem(at: directory) }
-        let transport: HTTPTransport
-        do { transport = try HTTPTransport(url: options.url, timeout: options.requestTimeout, trustRoots: options.trustRoots, clock: clock) } catch {
-            throw SimulationError(.invalidOption, error.message)
+        // One transport per coordinator instance; each device keeps to its own instance.
+        var transports: [String: HTTPTransport] = [:]
+        for url in options.urls {
+            do { transports[url] = try HTTPTransport(url: url, timeout: options.requestTimeout, trustRoots: options.trustRoots, clock: clock) } catch {
+                throw SimulationError(.invalidOption, error.message)
+            }
         }
         var jobs: [(device: Int, job: FederatedJob)] = []
         let silent = Logger(label: "orchard.simulation.device") { _ in SwiftLogNoOpLogHandler() }
@@ -202,8 +205,10 @@ struct ShardRun: Sendable {
                 (clientConfiguration.secureAggregationIdentity, clientConfiguration.secureAggregationAuthorities) =
                     try SimulatedAttestation.credentials(seed: configuration.seed, device: device)
             }
+            let url = options.url(forDevice: device)
+            guard let transport = transports[url] else { throw SimulationError(.invalidOption, "no transport for \(url)") }
             let client = CoordinatorConnection(
-                transport: CountingTransport(inner: transport, device: device, counters: counters), server: admin.url, configuration: clientConfiguration)
+                transport: CountingTransport(inner: transport, device: device, counters: counters), server: url, configuration: clientConfiguration)
             do { jobs.append((device, try client.newJob(processName: processName, version: SimulationRunner.processVersion.description))) } catch {
                 throw SimulationError(.training, "device \(device) cannot be set up: \(error.message)")
             }
@@ -213,7 +218,7 @@ struct ShardRun: Sendable {
         let slots = AsyncSemaphore(permits: options.concurrency)
         let started = clock.now
         progress.note(
-            "shard \(options.shard): \(devices.count) devices of \(configuration.clients) against \(admin.url), until \(configuration.rounds) cycles are aggregated"
+            "shard \(options.shard): \(devices.count) devices of \(configuration.clients) against \(options.urls.joined(separator: ", ")), until \(configuration.rounds) cycles are aggregated"
         )
         let watched: Result<(rows: [ShardCycleMetrics], final: ProcessStatus), SimulationError> = await withTaskGroup(of: Void.self) { group in
             for (device, job) in jobs {
