@@ -37,7 +37,7 @@ private struct DeviceClaims: JWTPayload {
             Endpoint.health, Endpoint.metrics, Endpoint.openAPI, Endpoint.authenticate, Endpoint.cycleRequest,
             Endpoint.model("{model_id}"), Endpoint.plan("{plan_id}"), Endpoint.report, Endpoint.speedTest, Endpoint.processes,
             Endpoint.process("{process_id}"), Endpoint.checkpoint("{process_id}", "{checkpoint}"), Endpoint.secureAggregation,
-            Endpoint.cycles("{process_id}"),
+            Endpoint.cycles("{process_id}"), Endpoint.evaluation("{process_id}"),
         ]
         #expect(Set((conformance.document["paths"]?.objectValue ?? [:]).keys) == endpoints)
 
@@ -165,10 +165,10 @@ private struct DeviceClaims: JWTPayload {
     /// A session that exercises every documented operation and nearly every documented status; every exchange is
     /// checked by ``HTTP`` as it happens.
     @Test func aSessionOverEveryOperationConformsToTheDocument() async throws {
-        let harness = try await Harness.start(
-            configuration: CoordinatorConfiguration(
-                adminToken: Harness.adminToken, maximumReportBytes: 64 << 10, maximumAdminBodyBytes: 64 << 10, maximumMessageBytes: 4096
-            ))
+        var configuration = CoordinatorConfiguration(
+            adminToken: Harness.adminToken, maximumReportBytes: 64 << 10, maximumAdminBodyBytes: 64 << 10, maximumMessageBytes: 4096)
+        configuration.maximumEvaluationDataBytes = 4096
+        let harness = try await Harness.start(configuration: configuration)
         try await harness.stopping {
             let http = harness.http
             let admin = Harness.adminToken
@@ -213,6 +213,28 @@ private struct DeviceClaims: JWTPayload {
             expectStatus(try await http.send("GET", Endpoint.cycles(hosted.processID), token: admin), 200, nil, "cycles")
             expectStatus(try await http.send("GET", Endpoint.cycles("p_nothing"), token: admin), 404, "unknown_process", "cycles of an unknown process")
             expectStatus(try await http.send("GET", Endpoint.cycles(hosted.processID)), 401, "unauthorized", "cycles without token")
+
+            // Server-side evaluation: held-out data attached, listed and detached.
+            let evaluated = try await harness.host(ServerEvaluationTests.host())
+            let heldOut = try ServerEvaluationTests.data()
+            let octets = ["Content-Type": "application/octet-stream"]
+            let evaluationPath = Endpoint.evaluation(evaluated.processID)
+            expectStatus(try await http.send("PUT", evaluationPath, body: heldOut, token: admin, headers: octets), 200, nil, "attach evaluation data")
+            expectStatus(try await http.send("PUT", evaluationPath, body: heldOut, headers: octets), 401, "unauthorized", "attach without token")
+            expectStatus(
+                try await http.send("PUT", Endpoint.evaluation("p_nothing"), body: heldOut, token: admin, headers: octets), 404, "unknown_process",
+                "attach to an unknown process")
+            expectStatus(
+                try await http.send("PUT", evaluationPath, body: Array("not data".utf8), token: admin, headers: octets), 400, "invalid_request", "attach garbage")
+            expectStatus(
+                try await http.send("PUT", evaluationPath, body: [UInt8](repeating: 1, count: 5000), token: admin, headers: octets), 413, "payload_too_large",
+                "attach too much")
+            expectStatus(try await http.send("GET", evaluationPath, token: admin), 200, nil, "evaluations")
+            expectStatus(try await http.send("GET", evaluationPath), 401, "unauthorized", "evaluations without token")
+            expectStatus(try await http.send("GET", Endpoint.evaluation("p_nothing"), token: admin), 404, "unknown_process", "evaluations of an unknown process")
+            expectStatus(try await http.send("DELETE", evaluationPath), 401, "unauthorized", "detach without token")
+            expectStatus(try await http.send("DELETE", evaluationPath, token: admin), 204, nil, "detach")
+            expectStatus(try await http.send("DELETE", Endpoint.evaluation("p_nothing"), token: admin), 404, "unknown_process", "detach from an unknown process")
 
             // Authentication.
             let device = try await harness.device()
@@ -421,7 +443,7 @@ private struct DeviceClaims: JWTPayload {
                 }
             }
             let operations = Conformance.document.operations
-            #expect(operations.count == 17)
+            #expect(operations.count == 20)
             for operation in operations {
                 #expect(seen[operation] != nil, "\(operation) was never exercised")
             }
