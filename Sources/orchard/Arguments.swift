@@ -34,7 +34,7 @@ extension Logger.Level: @retroactive ExpressibleByArgument {}
 extension CoordinatorBenchmark.CheckinTarget: ExpressibleByArgument {}
 
 extension MatrixBackend: CaseIterable, ExpressibleByArgument {
-    public static var allCases: [Self] { [.automatic, .avx2, .blas, .portable] }
+    public static var allCases: [Self] { [.automatic, .avx2, .avx512, .blas, .portable] }
 
     public init?(argument: String) {
         guard let value: Self = described(argument) else { return nil }

@@ -58,11 +58,11 @@ import Testing
             a.withUnsafeBufferPointer { pa in
                 b.withUnsafeBufferPointer { pb in
                     c.withUnsafeMutableBufferPointer { pc in
-                        if backend == .avx2 {
+                        if backend == .avx2 || backend == .avx512 {
                             AVX2GEMM.multiply(
                                 transposeA: t.ta, transposeB: t.tb, m: t.m, n: t.n, k: t.k, alpha: alpha,
                                 a: pa.baseAddress!, lda: lda, b: pb.baseAddress!, ldb: ldb, beta: beta,
-                                c: pc.baseAddress!, ldc: ldc, threads: threads)
+                                c: pc.baseAddress!, ldc: ldc, threads: threads, wide: backend == .avx512)
                         } else {
                             PortableGEMM.multiply(
                                 transposeA: t.ta, transposeB: t.tb, m: t.m, n: t.n, k: t.k, alpha: alpha,
@@ -87,6 +87,33 @@ import Testing
     @Test(.enabled(if: AVX2GEMM.isAvailable), arguments: shapes)
     func avx2MatchesReference(_ t: Shape) {
         Self.check(t, backend: .avx2, threads: 1)
+    }
+
+    /// The AVX-512 kernels over the same shapes (their tiles are 6 × 2 and 8 rows × 32 columns: the shapes cover
+    /// every row count and a masked tail in each); skipped on a CPU without AVX-512F, where they are never chosen.
+    @Test(.enabled(if: AVX2GEMM.isAVX512Available, "the CPU has no AVX-512F"), arguments: shapes + wideShapes)
+    func avx512MatchesReference(_ t: Shape) {
+        Self.check(t, backend: .avx512, threads: 1)
+    }
+
+    /// Shapes for the AVX-512 tiles' edges: row tiles of 7 and 8, strips of 17…32 columns, depths with a 16-lane tail.
+    static let wideShapes: [Shape] = {
+        var s: [Shape] = []
+        for m in [7, 8, 15, 17] {
+            for (n, k) in [(17, 3), (31, 5), (32, 1), (47, 16), (64, 33)] {
+                s.append(Shape(m: m, n: n, k: k, ta: false, tb: false))
+                s.append(Shape(m: m, n: n, k: k, ta: true, tb: false))
+            }
+            for (n, k) in [(3, 15), (2, 16), (5, 17), (4, 1025)] { s.append(Shape(m: m, n: n, k: k, ta: false, tb: true)) }
+        }
+        return s
+    }()
+
+    @Test(
+        .enabled(if: AVX2GEMM.isAVX512Available, "the CPU has no AVX-512F"),
+        arguments: [Shape(m: 1000, n: 200, k: 100, ta: false, tb: true), Shape(m: 200, n: 40, k: 10, ta: true, tb: false)])
+    func avx512SplitsRowsBetweenThreads(_ t: Shape) {
+        Self.check(t, backend: .avx512, threads: 2)
     }
 
     @Test(arguments: shapes)
@@ -145,13 +172,17 @@ import Testing
         let toAVX2 = avx2Shapes.map { GEMM.resolve(.automatic, transposeA: $0.0, transposeB: $0.1, m: $0.2, n: $0.3, k: $0.4) }
         let toBLAS = blasShapes.map { GEMM.resolve(.automatic, transposeA: $0.0, transposeB: $0.1, m: $0.2, n: $0.3, k: $0.4) }
         let both = GEMM.resolve(.automatic, transposeA: true, transposeB: true, m: 10, n: 10, k: 10)
+        // Orchard's own kernels at the widest vectors the CPU has; `.avx2` still forces the AVX2 ones.
+        let own: MatrixBackend = AVX2GEMM.isAVX512Available ? .avx512 : .avx2
         if AVX2GEMM.isAvailable {
-            #expect(toAVX2.allSatisfy { $0 == .avx2 })
-            #expect(toBLAS.allSatisfy { $0 == (GEMM.isBLASAvailable ? .blas : .avx2) })
+            #expect(toAVX2.allSatisfy { $0 == own })
+            #expect(toBLAS.allSatisfy { $0 == (GEMM.isBLASAvailable ? .blas : own) })
+            #expect(GEMM.resolve(.avx2, transposeA: false, transposeB: true, m: 10, n: 200, k: 784) == .avx2)
         } else {
-            #expect(!(toAVX2 + toBLAS).contains(.avx2))
+            #expect(!(toAVX2 + toBLAS).contains(.avx2) && !(toAVX2 + toBLAS).contains(.avx512))
         }
-        #expect(both != .avx2)
+        #expect(GEMM.resolve(.avx512, transposeA: false, transposeB: true, m: 10, n: 200, k: 784) == (AVX2GEMM.isAVX512Available ? .avx512 : .portable))
+        #expect(both != .avx2 && both != .avx512)
         #expect(GEMM.resolve(.portable, transposeA: false, transposeB: true, m: 10, n: 200, k: 784) == .portable)
     }
 }

@@ -24,7 +24,7 @@ import Testing
     }
 
     static var backends: [MatrixBackend] {
-        [.portable, .automatic] + (GEMM.isAVX2Available ? [.avx2] : []) + (GEMM.isBLASAvailable ? [.blas] : [])
+        [.portable, .automatic] + (GEMM.isAVX2Available ? [.avx2] : []) + (GEMM.isAVX512Available ? [.avx512] : []) + (GEMM.isBLASAvailable ? [.blas] : [])
     }
 
     struct Case: Sendable, CustomTestStringConvertible {

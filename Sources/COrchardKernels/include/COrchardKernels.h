@@ -3,7 +3,7 @@
 
 #include <stdbool.h>
 
-/// Single-precision matrix-multiply kernels for x86-64 CPUs with AVX2 and FMA, compiled per function for that
+/// Single-precision matrix-multiply kernels for x86-64 CPUs with AVX2 and FMA (and, beside them, with AVX-512F), compiled per function for that
 /// instruction set (no build flags needed) and called only after `orchard_avx2_available()` said yes.
 /// Matrices are row-major; every kernel computes `C = alpha · op(A) · op(B) + beta · C` and never reads C when
 /// `beta` is 0. On other architectures the kernels are absent and `orchard_avx2_available()` returns false.
@@ -26,6 +26,19 @@ void orchard_avx2_sgemm_nt(long m, long n, long k, float alpha,
 void orchard_avx2_sgemm_xn(bool transpose_a, long m, long n, long k, float alpha,
                            const float *a, long lda, const float *b, long ldb,
                            float beta, float *c, long ldc);
+
+/// Whether this build has the AVX-512 kernels and the CPU (and operating system) can run them.
+bool orchard_avx512_available(void);
+
+/// ``orchard_avx2_sgemm_nt`` on 16-wide AVX-512F vectors.
+void orchard_avx512_sgemm_nt(long m, long n, long k, float alpha,
+                             const float *a, long lda, const float *b, long ldb,
+                             float beta, float *c, long ldc);
+
+/// ``orchard_avx2_sgemm_xn`` on 16-wide AVX-512F vectors.
+void orchard_avx512_sgemm_xn(bool transpose_a, long m, long n, long k, float alpha,
+                             const float *a, long lda, const float *b, long ldb,
+                             float beta, float *c, long ldc);
 
 #ifdef __cplusplus
 }

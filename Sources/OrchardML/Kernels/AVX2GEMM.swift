@@ -2,11 +2,13 @@ import COrchardKernels
 import Dispatch
 
 /// Orchard's AVX2/FMA kernels (`COrchardKernels`), unpacked: `A · Bᵀ` as dot products of rows, `op(A) · B` as
-/// rows of B scaled by entries of A. Products with both operands transposed are not covered (``GEMM`` sends
-/// them elsewhere).
+/// rows of B scaled by entries of A; with `wide`, their AVX-512F counterparts (16-wide vectors, taller tiles). Products
+/// with both operands transposed are not covered (``GEMM`` sends them elsewhere).
 enum AVX2GEMM {
     /// Whether this build has the kernels and the CPU can run them.
     static let isAvailable: Bool = orchard_avx2_available()
+    /// Whether the CPU can also run the AVX-512 kernels.
+    static let isAVX512Available: Bool = isAvailable && orchard_avx512_available()
 
     /// Fewest rows (or columns) of C per thread worth a thread of its own.
     static let rowsPerThread = 64
@@ -22,9 +24,10 @@ enum AVX2GEMM {
     static func multiply(
         transposeA: Bool, transposeB: Bool, m: Int, n: Int, k: Int, alpha: Float,
         a: UnsafePointer<Float>, lda: Int, b: UnsafePointer<Float>, ldb: Int,
-        beta: Float, c: UnsafeMutablePointer<Float>, ldc: Int, threads: Int
+        beta: Float, c: UnsafeMutablePointer<Float>, ldc: Int, threads: Int, wide: Bool = false
     ) {
         precondition(isAvailable && !(transposeA && transposeB), "AVX2 kernels called for an unsupported product")
+        precondition(!wide || isAVX512Available, "AVX-512 kernels called on a CPU without AVX-512F")
         let byRows = max(1, min(threads, m / rowsPerThread))
         let byColumns = m * n * k < columnSplitMinimum ? 1 : max(1, min(threads, n / rowsPerThread))
         let aAddress = UInt(bitPattern: a), bAddress = UInt(bitPattern: b), cAddress = UInt(bitPattern: c)
@@ -38,14 +41,14 @@ enum AVX2GEMM {
                 run(
                     transposeA: transposeA, transposeB: transposeB, rows: 0..<m, n: j1 - j0, k: k, alpha: alpha,
                     a: UnsafePointer(bitPattern: aAddress)!, lda: lda, b: transposeB ? b + j0 * ldb : b + j0, ldb: ldb,
-                    beta: beta, c: UnsafeMutablePointer<Float>(bitPattern: cAddress)! + j0, ldc: ldc)
+                    beta: beta, c: UnsafeMutablePointer<Float>(bitPattern: cAddress)! + j0, ldc: ldc, wide: wide)
             }
             return
         }
         if byRows == 1 {
             run(
                 transposeA: transposeA, transposeB: transposeB, rows: 0..<m, n: n, k: k, alpha: alpha,
-                a: a, lda: lda, b: b, ldb: ldb, beta: beta, c: c, ldc: ldc)
+                a: a, lda: lda, b: b, ldb: ldb, beta: beta, c: c, ldc: ldc, wide: wide)
             return
         }
         DispatchQueue.concurrentPerform(iterations: byRows) { worker in
@@ -53,7 +56,7 @@ enum AVX2GEMM {
                 transposeA: transposeA, transposeB: transposeB,
                 rows: (m * worker / byRows)..<(m * (worker + 1) / byRows), n: n, k: k, alpha: alpha,
                 a: UnsafePointer(bitPattern: aAddress)!, lda: lda, b: UnsafePointer(bitPattern: bAddress)!, ldb: ldb,
-                beta: beta, c: UnsafeMutablePointer(bitPattern: cAddress)!, ldc: ldc)
+                beta: beta, c: UnsafeMutablePointer(bitPattern: cAddress)!, ldc: ldc, wide: wide)
         }
     }
 
@@ -61,16 +64,17 @@ enum AVX2GEMM {
     private static func run(
         transposeA: Bool, transposeB: Bool, rows: Range<Int>, n: Int, k: Int, alpha: Float,
         a: UnsafePointer<Float>, lda: Int, b: UnsafePointer<Float>, ldb: Int,
-        beta: Float, c: UnsafeMutablePointer<Float>, ldc: Int
+        beta: Float, c: UnsafeMutablePointer<Float>, ldc: Int, wide: Bool
     ) {
         guard !rows.isEmpty, n > 0 else { return }
         let i0 = rows.lowerBound
         let ai = transposeA ? a + i0 : a + i0 * lda
         let ci = c + i0 * ldc
-        if transposeB {
-            orchard_avx2_sgemm_nt(rows.count, n, k, alpha, ai, lda, b, ldb, beta, ci, ldc)
-        } else {
-            orchard_avx2_sgemm_xn(transposeA, rows.count, n, k, alpha, ai, lda, b, ldb, beta, ci, ldc)
+        switch (transposeB, wide) {
+        case (true, false): orchard_avx2_sgemm_nt(rows.count, n, k, alpha, ai, lda, b, ldb, beta, ci, ldc)
+        case (true, true): orchard_avx512_sgemm_nt(rows.count, n, k, alpha, ai, lda, b, ldb, beta, ci, ldc)
+        case (false, false): orchard_avx2_sgemm_xn(transposeA, rows.count, n, k, alpha, ai, lda, b, ldb, beta, ci, ldc)
+        case (false, true): orchard_avx512_sgemm_xn(transposeA, rows.count, n, k, alpha, ai, lda, b, ldb, beta, ci, ldc)
         }
     }
 }

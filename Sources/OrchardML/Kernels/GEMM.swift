@@ -7,7 +7,7 @@ import Synchronization
 
 /// Which implementation runs matrix multiplies.
 public struct MatrixBackend: Sendable, Hashable, CustomStringConvertible {
-    private enum Kind: String, Sendable, Hashable { case automatic, portable, avx2, blas }
+    private enum Kind: String, Sendable, Hashable { case automatic, portable, avx2, avx512, blas }
     private let kind: Kind
     private init(_ kind: Kind) { self.kind = kind }
 
@@ -20,6 +20,9 @@ public struct MatrixBackend: Sendable, Hashable, CustomStringConvertible {
     /// Orchard's own kernels for x86-64 CPUs with AVX2 and FMA (C, compiled per function for those
     /// instructions and chosen at run time). Products with both operands transposed run on the portable kernel.
     public static let avx2 = MatrixBackend(.avx2)
+    /// The same kernels on AVX-512F's 16-wide vectors, for x86-64 CPUs that have it (chosen at run time; the AVX2 ones
+    /// stay for every other x86-64 CPU). Products with both operands transposed run on the portable kernel.
+    public static let avx512 = MatrixBackend(.avx512)
     /// The system BLAS (OpenBLAS on Linux, Accelerate on Apple), loaded at run time when present.
     public static let blas = MatrixBackend(.blas)
 
@@ -52,6 +55,9 @@ public enum GEMM {
     /// Whether the CPU can run the AVX2 kernels.
     public static var isAVX2Available: Bool { AVX2GEMM.isAvailable }
 
+    /// Whether the CPU can run the AVX-512 kernels.
+    public static var isAVX512Available: Bool { AVX2GEMM.isAVX512Available }
+
     /// Number of threads a multiply may use.
     public static var threads: Int { settings.withLock { $0.threads } }
 
@@ -64,6 +70,9 @@ public enum GEMM {
         }
         if backend == .avx2 && !AVX2GEMM.isAvailable {
             throw EngineError(.unavailable, "the AVX2 kernels need an x86-64 CPU with AVX2 and FMA")
+        }
+        if backend == .avx512 && !AVX2GEMM.isAVX512Available {
+            throw EngineError(.unavailable, "the AVX-512 kernels need an x86-64 CPU with AVX-512F, AVX2 and FMA")
         }
         settings.withLock { $0.backend = backend }
     }
@@ -83,9 +92,12 @@ public enum GEMM {
     /// The concrete backend `chosen` means for a product of this shape.
     static func resolve(_ chosen: MatrixBackend, transposeA: Bool, transposeB: Bool, m: Int, n: Int, k: Int) -> MatrixBackend {
         let avx2 = AVX2GEMM.isAvailable && !(transposeA && transposeB)
+        // Orchard's own kernels at the widest vectors the CPU has.
+        let own: MatrixBackend = AVX2GEMM.isAVX512Available ? .avx512 : .avx2
         switch chosen {
         case .blas: return BLASLibrary.shared != nil ? .blas : .portable
         case .avx2: return avx2 ? .avx2 : .portable
+        case .avx512: return avx2 && AVX2GEMM.isAVX512Available ? .avx512 : .portable
         case .portable: return .portable
         default:
             // Thin products (a short batch, a depth or a width of at most 32: a batch-10 step, a 10-class output layer)
@@ -103,9 +115,9 @@ public enum GEMM {
             let small =
                 m * n * k <= 1 << 26 && min(m, n, k) <= 256
                 && ((transposeA && k <= 128) || (!transposeA && !transposeB && m > 64))
-            if avx2 && (thin || small) { return .avx2 }
+            if avx2 && (thin || small) { return own }
             if BLASLibrary.shared != nil { return .blas }
-            return avx2 ? .avx2 : .portable
+            return avx2 ? own : .portable
         }
     }
 
@@ -137,13 +149,14 @@ public enum GEMM {
     ) {
         guard m > 0, n > 0 else { return }
         let (current, threads) = settings.withLock { ($0.backend, $0.threads) }
-        switch resolve(chosen ?? current, transposeA: transposeA, transposeB: transposeB, m: m, n: n, k: k) {
+        let resolved = resolve(chosen ?? current, transposeA: transposeA, transposeB: transposeB, m: m, n: n, k: k)
+        switch resolved {
         case .blas:
             BLASLibrary.shared!.sgemm(transposeA, transposeB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
-        case .avx2:
+        case .avx2, .avx512:
             AVX2GEMM.multiply(
                 transposeA: transposeA, transposeB: transposeB, m: m, n: n, k: k, alpha: alpha,
-                a: a, lda: lda, b: b, ldb: ldb, beta: beta, c: c, ldc: ldc, threads: threads
+                a: a, lda: lda, b: b, ldb: ldb, beta: beta, c: c, ldc: ldc, threads: threads, wide: resolved == .avx512
             )
         default:
             PortableGEMM.multiply(
