@@ -54,6 +54,7 @@ struct BenchGEMM: AsyncParsableCommand {
         let lda = transposeA ? m : k, ldb = transposeB ? k : n
         var backends: [MatrixBackend] = [.automatic, .portable]
         if GEMM.isAVX2Available { backends.append(.avx2) }
+        if GEMM.isAVX512Available { backends.append(.avx512) }
         if GEMM.isBLASAvailable { backends.append(.blas) }
 
         let flops = 2.0 * Double(m) * Double(n) * Double(k)
