@@ -121,11 +121,13 @@ public enum OperatorFormat {
         let data = list.dataBytes.map { "held-out data: \($0) bytes, \(list.dataSamples ?? 0) samples" } ?? "held-out data: none attached"
         let names = Array(Set(list.evaluations.flatMap(\.metrics.keys)).subtracting(["loss"]).sorted())
         let rows = list.evaluations.map { evaluation in
-            ["\(evaluation.checkpoint)", "\(evaluation.samples)"] + (["loss"] + names).map { name in
-                evaluation.metrics[name].map { String(format: "%.4g", $0) } ?? "—"
-            } + [timestamp(Date(timeIntervalSince1970: evaluation.evaluatedAt))]
+            ["\(evaluation.checkpoint)", "\(evaluation.samples)"]
+                + (["loss"] + names).map { name in
+                    evaluation.metrics[name].map { String(format: "%.4g", $0) } ?? "—"
+                } + [timestamp(Date(timeIntervalSince1970: evaluation.evaluatedAt))]
         }
-        return [data] + (rows.isEmpty ? ["no checkpoint evaluated yet"] : table(["CHECKPOINT", "SAMPLES", "LOSS"] + names.map { $0.uppercased() } + ["EVALUATED"], rows))
+        return [data]
+            + (rows.isEmpty ? ["no checkpoint evaluated yet"] : table(["CHECKPOINT", "SAMPLES", "LOSS"] + names.map { $0.uppercased() } + ["EVALUATED"], rows))
     }
 
     /// The client configuration's keys, or `architecture defaults` when none is set.

@@ -210,7 +210,8 @@ struct ProcessCreateCommand: AsyncParsableCommand {
             }
             await client.shutdown()
             if json { return printJSON(answer.json) }
-            var lines = ["hosted process \(answer.value.processID) (\(answer.value.name) \(answer.value.version))"] + OperatorFormat.status(answer.value, now: Date())
+            var lines =
+                ["hosted process \(answer.value.processID) (\(answer.value.name) \(answer.value.version))"] + OperatorFormat.status(answer.value, now: Date())
             if let first = evaluated?.value.evaluations.last { lines.append("evaluation  " + OperatorFormat.evaluation(first)) }
             printLines(lines)
         }

@@ -198,7 +198,8 @@ struct SimulateCommand: AsyncParsableCommand {
         ("privacy.mode distributed needs secureAggregation", "--dp-mode distributed needs --secure-aggregation"),
         ("secure_aggregation: threshold", "--sa-threshold"), ("secure_aggregation: shares", "--sa-shares"),
         ("secure_aggregation: clipping_range", "--sa-clipping-range"), ("secure_aggregation: quantization_range", "--sa-quantization-range"),
-        ("secure_aggregation: stage_timeout", "--sa-stage-timeout"), ("robustAggregation", "--robust-aggregation"), ("secureAggregation", "--secure-aggregation"),
+        ("secure_aggregation: stage_timeout", "--sa-stage-timeout"), ("robustAggregation", "--robust-aggregation"),
+        ("secureAggregation", "--secure-aggregation"),
         ("attack.fraction", "--attackers"), ("attack.scale", "--attack-scale"), ("attack.kind", "--attack"),
     ]
 
@@ -320,7 +321,8 @@ struct SimulateCommand: AsyncParsableCommand {
     func attackConfiguration() throws(SimulationError) -> AttackConfiguration? {
         guard let attackers else {
             if attack != nil || attackScale != nil {
-                throw SimulationError(.invalidOption, "\(attack != nil ? "--attack" : "--attack-scale") needs --attackers (the fraction of the devices that attack)")
+                throw SimulationError(
+                    .invalidOption, "\(attack != nil ? "--attack" : "--attack-scale") needs --attackers (the fraction of the devices that attack)")
             }
             return nil
         }

@@ -28,7 +28,9 @@ import Testing
             }
             var closed = 0
             for i in [1, 3, 4] {
-                if try await group.report(devices[i], assignments[i], scale: reports[i].scale, samples: reports[i].samples, at: i % 2).cycleClosed { closed += 1 }
+                if try await group.report(devices[i], assignments[i], scale: reports[i].scale, samples: reports[i].samples, at: i % 2).cycleClosed {
+                    closed += 1
+                }
             }
             #expect(closed == 1)
             // f = 1, two neighbours each: 0.29, 0.3 and 0.31 score lowest; 0.5 and 40 are left out.

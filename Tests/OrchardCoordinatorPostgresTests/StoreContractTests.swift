@@ -76,10 +76,11 @@ import Testing
             // Evaluated again: replaced, not listed twice.
             try await stores.peer.recordEvaluation(CheckpointEvaluation(checkpoint: 1, samples: 9, metrics: ["loss": 0.25], evaluatedAt: 101), processID: "p")
             let listed = try await stores.peer.evaluations(processID: "p", limit: 2)
-            #expect(listed == [
-                CheckpointEvaluation(checkpoint: 1, samples: 9, metrics: ["loss": 0.25], evaluatedAt: 101),
-                CheckpointEvaluation(checkpoint: 2, samples: 9, metrics: ["loss": 2, "accuracy": 0.5], evaluatedAt: 100),
-            ])
+            #expect(
+                listed == [
+                    CheckpointEvaluation(checkpoint: 1, samples: 9, metrics: ["loss": 0.25], evaluatedAt: 101),
+                    CheckpointEvaluation(checkpoint: 2, samples: 9, metrics: ["loss": 2, "accuracy": 0.5], evaluatedAt: 100),
+                ])
             // An evaluation of a process that is gone is dropped.
             try await store.recordEvaluation(CheckpointEvaluation(checkpoint: 0, samples: 1, metrics: [:], evaluatedAt: 1), processID: "nope")
             #expect(try await store.evaluations(processID: "nope", limit: 5).isEmpty)

@@ -225,16 +225,19 @@ private struct DeviceClaims: JWTPayload {
                 try await http.send("PUT", Endpoint.evaluation("p_nothing"), body: heldOut, token: admin, headers: octets), 404, "unknown_process",
                 "attach to an unknown process")
             expectStatus(
-                try await http.send("PUT", evaluationPath, body: Array("not data".utf8), token: admin, headers: octets), 400, "invalid_request", "attach garbage")
+                try await http.send("PUT", evaluationPath, body: Array("not data".utf8), token: admin, headers: octets), 400, "invalid_request",
+                "attach garbage")
             expectStatus(
                 try await http.send("PUT", evaluationPath, body: [UInt8](repeating: 1, count: 5000), token: admin, headers: octets), 413, "payload_too_large",
                 "attach too much")
             expectStatus(try await http.send("GET", evaluationPath, token: admin), 200, nil, "evaluations")
             expectStatus(try await http.send("GET", evaluationPath), 401, "unauthorized", "evaluations without token")
-            expectStatus(try await http.send("GET", Endpoint.evaluation("p_nothing"), token: admin), 404, "unknown_process", "evaluations of an unknown process")
+            expectStatus(
+                try await http.send("GET", Endpoint.evaluation("p_nothing"), token: admin), 404, "unknown_process", "evaluations of an unknown process")
             expectStatus(try await http.send("DELETE", evaluationPath), 401, "unauthorized", "detach without token")
             expectStatus(try await http.send("DELETE", evaluationPath, token: admin), 204, nil, "detach")
-            expectStatus(try await http.send("DELETE", Endpoint.evaluation("p_nothing"), token: admin), 404, "unknown_process", "detach from an unknown process")
+            expectStatus(
+                try await http.send("DELETE", Endpoint.evaluation("p_nothing"), token: admin), 404, "unknown_process", "detach from an unknown process")
 
             // Authentication.
             let device = try await harness.device()

@@ -92,7 +92,9 @@ import Testing
         #expect(answer.dataSamples == 4 && answer.evaluations.map(\.checkpoint) == [0])
 
         let refused = try await Run.orchard(["process", "evaluation", id, "--data", bad] + server, environment: token, in: files.url)
-        #expect(refused.status == 1 && refused.errorLines.first?.hasPrefix("error: invalid_request: the evaluation data does not fit model") == true, "\(refused.error)")
+        #expect(
+            refused.status == 1 && refused.errorLines.first?.hasPrefix("error: invalid_request: the evaluation data does not fit model") == true,
+            "\(refused.error)")
         let removed = try await Run.orchard(["process", "evaluation", id, "--remove"] + server, environment: token, in: files.url)
         #expect(removed.status == 0 && removed.output.contains("held-out data: none attached"), "\(removed.output)")
         let both = try await Run.orchard(["process", "evaluation", id, "--remove", "--data", good] + server, environment: token, in: files.url)
@@ -100,7 +102,8 @@ import Testing
 
         let halfDone = try await Run.orchard(create + ["--name", "second", "--eval-data", bad], environment: token, in: files.url)
         #expect(halfDone.status == 1)
-        #expect(halfDone.error.contains("was hosted, but --eval-data was refused") && halfDone.error.contains("orchard process evaluation "), "\(halfDone.error)")
+        #expect(
+            halfDone.error.contains("was hosted, but --eval-data was refused") && halfDone.error.contains("orchard process evaluation "), "\(halfDone.error)")
         let missing = try await Run.orchard(create + ["--name", "third", "--eval-data", "nowhere.safetensors"], environment: token, in: files.url)
         #expect(missing.status == 1 && missing.error.contains("--eval-data 'nowhere.safetensors'"), "\(missing.error)")
         let processes = try await Run.orchard(["process", "list", "--json"] + server, environment: token, in: files.url)

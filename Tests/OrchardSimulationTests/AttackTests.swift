@@ -17,7 +17,10 @@ import Testing
         #expect(try RobustAggregationConfig(parsing: "trimmed_mean:0.25") == .trimmedMean(trim: 0.25))
         #expect(try RobustAggregationConfig(parsing: "multi-krum:2") == .multiKrum(byzantine: 2))
         #expect(try RobustAggregationConfig(parsing: "Multi-Krum:2:5") == .multiKrum(byzantine: 2, selected: 5))
-        for bad in ["", "mean", "median:1", "trimmed-mean", "trimmed-mean:0", "trimmed-mean:0.5", "trimmed-mean:x", "multi-krum", "multi-krum:-1", "multi-krum:1:0", "multi-krum:1:2:3"] {
+        for bad in [
+            "", "mean", "median:1", "trimmed-mean", "trimmed-mean:0", "trimmed-mean:0.5", "trimmed-mean:x", "multi-krum", "multi-krum:-1", "multi-krum:1:0",
+            "multi-krum:1:2:3",
+        ] {
             #expect(throws: SimulationError.self, "\(bad)") { try RobustAggregationConfig(parsing: bad) }
         }
     }

@@ -53,7 +53,9 @@ public final class ReportMatrix: Sendable {
 
     /// Row `row`'s values in `range` of columns, written into `destination` (at least `range.count` long).
     func read(row: Int, columns range: Range<Int>, into destination: UnsafeMutableBufferPointer<Float>) throws(CoordinatorError) {
-        if let failure = transfer(UnsafeMutableRawPointer(destination.baseAddress!), count: range.count * 4, at: (row * columns + range.lowerBound) * 4, write: false) {
+        if let failure = transfer(
+            UnsafeMutableRawPointer(destination.baseAddress!), count: range.count * 4, at: (row * columns + range.lowerBound) * 4, write: false)
+        {
             throw failure
         }
         #if _endian(big)
@@ -113,7 +115,8 @@ extension RobustAggregationConfig {
         func load(_ range: Range<Int>, rows: [Int]) throws(CoordinatorError) {
             try band.withUnsafeMutableBufferPointer { buffer throws(CoordinatorError) in
                 for (position, row) in rows.enumerated() {
-                    try matrix.read(row: row, columns: range, into: UnsafeMutableBufferPointer(rebasing: buffer[(position * width)..<(position * width + range.count)]))
+                    try matrix.read(
+                        row: row, columns: range, into: UnsafeMutableBufferPointer(rebasing: buffer[(position * width)..<(position * width + range.count)]))
                 }
             }
         }

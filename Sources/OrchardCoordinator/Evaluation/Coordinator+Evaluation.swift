@@ -99,7 +99,8 @@ extension Coordinator {
                     try Self.evaluate(model: model, weights: weights, data: data.bytes)
                 }
                 try await self.recordEvaluation(
-                    CheckpointEvaluation(checkpoint: checkpoint, samples: result.samples, metrics: result.metrics, evaluatedAt: self.clock.date.timeIntervalSince1970),
+                    CheckpointEvaluation(
+                        checkpoint: checkpoint, samples: result.samples, metrics: result.metrics, evaluatedAt: self.clock.date.timeIntervalSince1970),
                     processID: processID)
             } catch {
                 logger.error("could not evaluate a checkpoint", metadata: ["process": "\(processID)", "checkpoint": "\(checkpoint)", "error": "\(error)"])

@@ -327,13 +327,13 @@ extension Coordinator {
             // A robust rule reads every instance's reports when it aggregates (``Coordinator/robustDelta(processID:cycle:rule:layout:)``).
             if runtime.robust == nil {
                 try await store.forEachPendingDiff(processID: processID, cycle: cycle) { pending in
-                guard pending.diff.count == count * 4 else {
-                    throw StoreError(.corrupt, "stored diff of worker \(pending.workerID) has \(pending.diff.count) bytes")
-                }
-                accumulator.add(
-                    pending.diff, weight: Runtime.foldWeight(sampleCount: pending.sampleCount, private: isPrivate), unclipped: pending.unclipped,
-                    worker: pending.workerID
-                )
+                    guard pending.diff.count == count * 4 else {
+                        throw StoreError(.corrupt, "stored diff of worker \(pending.workerID) has \(pending.diff.count) bytes")
+                    }
+                    accumulator.add(
+                        pending.diff, weight: Runtime.foldWeight(sampleCount: pending.sampleCount, private: isPrivate), unclipped: pending.unclipped,
+                        worker: pending.workerID
+                    )
                 }
             }
             guard let current = runtimes[processID], current.machine.cycle == cycle else { return nil }

@@ -679,7 +679,8 @@ public final class SQLiteStore: CoordinatorStore {
                 arguments: [processID, max(0, limit)]
             ).reversed().map { row in
                 CheckpointEvaluation(
-                    checkpoint: row["checkpoint"], samples: row["samples"], metrics: CycleRecordSummary.decode(row["metrics"]), evaluatedAt: row["evaluated_at"])
+                    checkpoint: row["checkpoint"], samples: row["samples"], metrics: CycleRecordSummary.decode(row["metrics"]), evaluatedAt: row["evaluated_at"]
+                )
             }
         }
     }
