@@ -443,7 +443,7 @@ let package = Package(
             name: "OrchardCoordinatorPostgresTests",
             dependencies: [
                 "OrchardCoordinator", "OrchardCoordinatorPostgres", "OrchardPrivacy", "OrchardProtocol", "OrchardFormats", "OrchardSupport", "OrchardTesting",
-                "OrchardBenchmarks",
+                "OrchardBenchmarks", "OrchardData", "OrchardML",
                 .product(name: "Logging", package: "swift-log"),
             ],
             swiftSettings: swiftSettings
