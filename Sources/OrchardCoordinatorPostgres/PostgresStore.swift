@@ -743,6 +743,16 @@ public final class PostgresStore: CoordinatorStore {
         }
     }
 
+    public func evaluationDataSize(processID: String) async throws -> (bytes: Int, samples: Int)? {
+        let what = "read the size of the evaluation data of process '\(processID)'"
+        let rows = try await rows(what, "SELECT octet_length(bytes), samples FROM evaluation_data WHERE process_id = \(processID)")
+        do {
+            return try rows.first.map { row in try row.decode((Int, Int).self) }
+        } catch {
+            throw PostgresErrors.map(error, what)
+        }
+    }
+
     public func recordEvaluation(_ evaluation: CheckpointEvaluation, processID: String) async throws {
         let metrics = CycleRecordSummary.json(evaluation.metrics)
         _ = try await rows(

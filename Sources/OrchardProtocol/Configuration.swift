@@ -455,7 +455,7 @@ public struct ServerConfig: Sendable, Hashable, Codable {
             }
         }
         if let robustAggregation {
-            if let failure = robustAggregation.validationFailure(minimumReports: minimumReports) { return failure }
+            if let failure = robustAggregation.validationFailure(minimumReports: minimumReports, capacity: capacity) { return failure }
             if secureAggregation != nil {
                 return
                     "server_config.robust_aggregation cannot be used with server_config.secure_aggregation: the coordinator never sees a single update, only their sum, so it cannot take a median or score reports"

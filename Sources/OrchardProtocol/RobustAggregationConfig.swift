@@ -5,8 +5,8 @@
 /// - `trimmed_mean`: per coordinate, the ⌊β·n⌋ largest and ⌊β·n⌋ smallest values are cut and the rest averaged, each
 ///   report counting once (`trim` is β).
 /// - `multi_krum`: each report is scored by the sum of its squared distances to its n − f − 2 nearest other reports;
-///   the `selected` (m) lowest-scoring ones are averaged, weighted by their sample counts (Blanchard et al. 2017;
-///   `byzantine` is f, and m defaults to n − f).
+///   the `selected` (m) lowest-scoring ones are averaged, each once (Blanchard et al. 2017; `byzantine` is f, and m
+///   defaults to n − f).
 ///
 /// The rules need every report of a cycle, so the coordinator keeps the reports' diffs until the cycle closes
 /// rather than folding them into a running sum. They cannot be combined with secure aggregation (the coordinator
@@ -91,9 +91,18 @@ public struct RobustAggregationConfig: Sendable, Hashable, Codable {
         rule == .multiKrum ? (byzantine ?? 0) + 3 : 1
     }
 
-    /// Describes the first invalid field for a process whose cycles aggregate at least `minimumReports` reports, or nil.
-    public func validationFailure(minimumReports: Int) -> String? {
+    /// The most devices a cycle of a process with a rule may admit (`goal_count` × `over_selection`): a rule holds
+    /// every report of a cycle at its close, and Multi-Krum's distances grow with the square of their number.
+    public static let maximumReports = 1000
+
+    /// Describes the first invalid field for a process whose cycles aggregate at least `minimumReports` reports and
+    /// admit at most `capacity` devices, or nil.
+    public func validationFailure(minimumReports: Int, capacity: Int = 1) -> String? {
         let prefix = "server_config.robust_aggregation"
+        if capacity > Self.maximumReports {
+            return
+                "\(prefix) takes at most \(Self.maximumReports) devices a cycle (goal_count × over_selection = \(capacity)): a rule holds every report of a cycle at its close"
+        }
         switch rule {
         case .median:
             if trim != nil || byzantine != nil || selected != nil {

@@ -68,6 +68,9 @@ import Testing
             try await stores.peer.setEvaluationData(processID: "p", data: ([4, 5], 9))  // replaces, from another instance
             let data = try #require(try await store.evaluationData(processID: "p"))
             #expect(data.bytes == [4, 5] && data.samples == 9)
+            let size = try #require(try await stores.peer.evaluationDataSize(processID: "p"))
+            #expect(size.bytes == 2 && size.samples == 9)
+            #expect(try await store.evaluationDataSize(processID: "nope") == nil)
             for checkpoint in [2, 0, 1] {
                 try await store.recordEvaluation(
                     CheckpointEvaluation(checkpoint: checkpoint, samples: 9, metrics: ["loss": Double(checkpoint), "accuracy": 0.5], evaluatedAt: 100),

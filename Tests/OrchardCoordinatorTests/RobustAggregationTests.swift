@@ -48,30 +48,37 @@ import Testing
         Self.expectClose(try RobustAggregationConfig.trimmedMean(trim: 0.1).aggregate(try Self.matrix()).delta, [22, 0, 8])
         // ⌊0.49 × 5⌋ = 2: only the median is left.
         Self.expectClose(try RobustAggregationConfig.trimmedMean(trim: 0.49).aggregate(try Self.matrix()).delta, [3, 20, -2])
+        // ⌊0.29 × 100⌋ = 29 although 0.29 × 100 is 28.999… in floating point: values 0…99, 29 cut from each end.
+        let hundred = try Self.matrix((0..<100).map { ("w\($0)", 1, [Float($0)]) })
+        Self.expectClose(try RobustAggregationConfig.trimmedMean(trim: 0.29).aggregate(hundred).delta, [49.5])
+        // More than 64 reports take the general sort: the median of 0…99 is 49.5, of 0…100 (reversed) 50.
+        Self.expectClose(try RobustAggregationConfig.median.aggregate(hundred).delta, [49.5])
+        Self.expectClose(try RobustAggregationConfig.median.aggregate(try Self.matrix((0...100).reversed().map { ("w\($0)", 1, [Float($0)]) })).delta, [50])
     }
 
-    @Test func multiKrumScoresByTheNearestNeighboursAndAveragesTheSelectedBySampleCount() throws {
+    @Test func multiKrumScoresByTheNearestNeighboursAndAveragesTheSelectedEachOnce() throws {
         // f = 1: scores sum the 2 smallest squared distances: w1 510, w2 204, w3 204, w4 51210, w5 510.
         let fourOfFive = try RobustAggregationConfig.multiKrum(byzantine: 1).aggregate(try Self.matrix())
         #expect(fourOfFive.selected == ["w1", "w2", "w3", "w5"])
-        Self.expectClose(fourOfFive.delta, [34.0 / 11, 340.0 / 11, -34.0 / 11])
+        // Each selected report counts once, whatever sample count it claims.
+        Self.expectClose(fourOfFive.delta, [2.5, 25, -2.5])
         let two = try RobustAggregationConfig.multiKrum(byzantine: 1, selected: 2).aggregate(try Self.matrix())
         #expect(two.selected == ["w2", "w3"])
-        Self.expectClose(two.delta, [2.6, 26, -2.6])
+        Self.expectClose(two.delta, [2.5, 25, -2.5])
         // Equal scores are broken by worker id, whatever order the store returned the reports in.
         let krum = try RobustAggregationConfig.multiKrum(byzantine: 1, selected: 1).aggregate(try Self.matrix(Self.reports.reversed()))
         #expect(krum.selected == ["w2"])
         Self.expectClose(krum.delta, [2, 20, -2])
         let three = try RobustAggregationConfig.multiKrum(byzantine: 1, selected: 3).aggregate(try Self.matrix([4, 2, 0, 3, 1].map { Self.reports[$0] }))
         #expect(three.selected == ["w1", "w2", "w3"])
-        Self.expectClose(three.delta, [14.0 / 6, 140.0 / 6, -14.0 / 6])
+        Self.expectClose(three.delta, [2, 20, -2])
     }
 
     @Test func multiKrumWithFAtItsLimit() throws {
         // n = f + 3: one neighbour each; w1, w2, w3 and w5 all score 102, w4 24502; m = n − f = 3 by worker id.
         let result = try RobustAggregationConfig.multiKrum(byzantine: 2).aggregate(try Self.matrix())
         #expect(result.selected == ["w1", "w2", "w3"])
-        Self.expectClose(result.delta, [14.0 / 6, 140.0 / 6, -14.0 / 6])
+        Self.expectClose(result.delta, [2, 20, -2])
         // One more assumed bad than five reports allow.
         let matrix = try Self.matrix()
         do throws(CoordinatorError) {
@@ -128,6 +135,10 @@ import Testing
         #expect(failure(.multiKrum(byzantine: 1, selected: 0))?.contains("selected must be in") == true)
         #expect(failure(.median, minimum: 6, secure: true)?.contains("cannot be used with server_config.secure_aggregation") == true)
         #expect(failure(.median, privacy: true)?.contains("cannot be used with server_config.privacy") == true)
+        var wide = ServerConfig(goalCount: 800, overSelection: 1.3, minimumReports: 4, robustAggregation: .median)
+        #expect(wide.validationFailure()?.contains("takes at most 1000 devices a cycle (goal_count × over_selection = 1040)") == true)
+        wide.overSelection = 1.25
+        #expect(wide.validationFailure() == nil)
     }
 
     @Test func wireForm() throws {
@@ -160,7 +171,7 @@ import Testing
 
     /// Each rule with the reports (scale, samples) whose FedAvg equals its aggregate.
     static let cases: [(rule: RobustAggregationConfig, equivalent: [Float])] = [
-        (.median, [0.25]), (.trimmedMean(trim: 0.25), [0.25]), (.multiKrum(byzantine: 1), [0.1, 0.1, 0.1, 0.1, 0.1, 0.2, 0.3, 0.3]),
+        (.median, [0.25]), (.trimmedMean(trim: 0.25), [0.25]), (.multiKrum(byzantine: 1), [0.2]),
     ]
 
     @Test(arguments: 0..<3)

@@ -1,4 +1,4 @@
-import Foundation
+public import Foundation
 import OrchardSupport
 
 /// Settings of a coordinator instance (per-process settings live in `ServerConfig`).
@@ -41,6 +41,9 @@ public struct CoordinatorConfiguration: Sendable {
     /// The largest held-out data file a process may have attached for server-side evaluation (64 MiB by default); it is
     /// kept in the store and evaluated in memory.
     public var maximumEvaluationDataBytes: Int = 64 << 20
+    /// Where a robust rule's scratch file of a cycle's reports goes (reports × model × 4 bytes, unlinked when created):
+    /// the system's temporary directory by default; name a disk-backed directory where that is a RAM file system.
+    public var scratchDirectory: URL = FileManager.default.temporaryDirectory
 
     /// Open-mode authentication by default: 30 calls at once per client address, then one every 2 seconds.
     public static let defaultOpenAuthenticationRate = RateLimit(burst: 30, perSecond: 0.5)

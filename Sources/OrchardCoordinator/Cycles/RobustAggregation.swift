@@ -40,7 +40,8 @@ public final class ReportMatrix: Sendable {
     /// Appends one report's diff (little-endian Float32 bytes, one value per column).
     public func append(_ diff: [UInt8], worker: String, sampleCount: Int) throws(CoordinatorError) {
         guard diff.count == columns * 4 else {
-            throw .internalError("the stored diff of worker \(worker) has \(diff.count) bytes; the model has \(columns * 4)")
+            // Not transient: retrying would meet the same stored bytes (the caller abandons the cycle).
+            throw CoordinatorError(.invalidConfiguration, "the stored diff of worker \(worker) has \(diff.count) bytes; the model has \(columns * 4)")
         }
         let failure = appended.withLock { rows -> CoordinatorError? in
             let offset = rows.count * columns * 4
@@ -95,11 +96,12 @@ extension RobustAggregationConfig {
     /// Values of a band held at once by default: the columns per band are this divided by the number of reports.
     public static let defaultBandValues = 1 << 20
 
-    /// Aggregates the reports in `matrix` by the rule. Median and trimmed mean weigh every report once; Multi-Krum
-    /// averages the selected reports weighted by their sample counts, and breaks equal scores by worker id.
+    /// Aggregates the reports in `matrix` by the rule. Every rule weighs each report once (a sample count is a device's
+    /// own claim); Multi-Krum averages the reports it selects and breaks equal scores by worker id.
     /// `bandValues` bounds the values read at once (columns per band × reports).
     /// - Throws: ``CoordinatorError`` when the matrix holds fewer reports than the rule needs, or on a read failure.
     public func aggregate(_ matrix: ReportMatrix, bandValues: Int = defaultBandValues) throws(CoordinatorError) -> RobustAggregate {
+        precondition(bandValues > 0, "a band holds at least one value")
         let rows = matrix.rows
         let n = rows.count
         guard n >= max(1, leastReports) else {
@@ -123,26 +125,32 @@ extension RobustAggregationConfig {
 
         switch rule {
         case .median, .trimmedMean:
-            let cut = rule == .median ? 0 : Int((Double(n) * (trim ?? 0)).rounded(.down))
+            // ⌊β·n⌋, exact for products that floating point lands a hair below a whole number (0.29 × 100).
+            let cut = rule == .median ? 0 : Int((Double(n) * (trim ?? 0) + 1e-9).rounded(.down))
             var column = [Float](repeating: 0, count: n)
             var start = 0
             while start < d {
                 let range = start..<min(d, start + width)
                 try load(range, rows: order)
                 for j in 0..<range.count {
-                    column.withUnsafeMutableBufferPointer { values in
-                        band.withUnsafeBufferPointer { band in
-                            // Insertion sort: a cycle's reports are few.
-                            for i in 0..<n {
-                                let value = band[i * width + j]
-                                var k = i
-                                while k > 0 && values[k - 1] > value {
-                                    values[k] = values[k - 1]
-                                    k -= 1
+                    if n <= 64 {
+                        column.withUnsafeMutableBufferPointer { values in
+                            band.withUnsafeBufferPointer { band in
+                                // Insertion sort: a few dozen values arrive in no order.
+                                for i in 0..<n {
+                                    let value = band[i * width + j]
+                                    var k = i
+                                    while k > 0 && values[k - 1] > value {
+                                        values[k] = values[k - 1]
+                                        k -= 1
+                                    }
+                                    values[k] = value
                                 }
-                                values[k] = value
                             }
                         }
+                    } else {
+                        for i in 0..<n { column[i] = band[i * width + j] }
+                        column.sort()
                     }
                     if rule == .median {
                         delta[start + j] = n % 2 == 1 ? column[n / 2] : Float((Double(column[n / 2 - 1]) + Double(column[n / 2])) / 2)
@@ -189,20 +197,16 @@ extension RobustAggregationConfig {
             // Positions in `order` are already sorted by worker id, so a stable sort by score breaks ties by id.
             let chosen = (0..<n).sorted { scores[$0] < scores[$1] || (scores[$0] == scores[$1] && $0 < $1) }.prefix(m).sorted()
             let chosenRows = chosen.map { order[$0] }
-            let weights = chosenRows.map { Double(rows[$0].sampleCount) }
-            let totalWeight = weights.reduce(0, +)
-            guard totalWeight > 0 else {
-                throw CoordinatorError(.invalidConfiguration, "\(summary) selected reports whose sample counts add up to 0")
-            }
-            // Pass 2: the sample-weighted mean of the selected reports.
+            // Pass 2: the plain mean of the selected reports (each counts once, as in Blanchard et al.: a sample count is
+            // the device's own claim, and weighting by it would let one selected report that claims many outweigh the rest).
             start = 0
             while start < d {
                 let range = start..<min(d, start + width)
                 try load(range, rows: chosenRows)
                 for j in 0..<range.count {
                     var total = 0.0
-                    for (position, weight) in weights.enumerated() { total += weight * Double(band[position * width + j]) }
-                    delta[start + j] = Float(total / totalWeight)
+                    for position in chosenRows.indices { total += Double(band[position * width + j]) }
+                    delta[start + j] = Float(total / Double(chosenRows.count))
                 }
                 start = range.upperBound
             }
@@ -215,9 +219,19 @@ extension Coordinator {
     /// Reads every acknowledged report of a cycle from the store (every instance's, over a shared store sealed by the
     /// caller) into a scratch matrix and aggregates it by `rule`, off the actor's thread.
     func robustDelta(processID: String, cycle: Int, rule: RobustAggregationConfig, layout: ModelLayout) async throws -> RobustAggregate {
-        let matrix = try ReportMatrix(columns: layout.totalCount)
+        let matrix = try ReportMatrix(columns: layout.totalCount, directory: configuration.scratchDirectory)
+        // A stored diff of the wrong size is not transient: it is named after the read (a store may wrap what the
+        // closure throws), and the caller abandons the cycle instead of retrying it on every tick.
+        let misfits = Mutex<[String]>([])
         try await store.forEachPendingDiff(processID: processID, cycle: cycle) { pending in
+            guard pending.diff.count == layout.totalCount * 4 else {
+                misfits.withLock { $0.append("\(pending.workerID) (\(pending.diff.count) bytes)") }
+                return
+            }
             try matrix.append(pending.diff, worker: pending.workerID, sampleCount: pending.sampleCount)
+        }
+        if let misfit = misfits.withLock({ $0.first }) {
+            throw CoordinatorError(.invalidConfiguration, "the stored diff of worker \(misfit) does not fit the model's \(layout.totalCount * 4) bytes")
         }
         return try await offCooperativePool { () throws(CoordinatorError) -> RobustAggregate in
             var result = try rule.aggregate(matrix)

@@ -40,6 +40,11 @@ extension Coordinator {
         } catch {
             throw storeFailure(error, "store the evaluation data")
         }
+        // A checkpoint published while the data was being checked found none stored: evaluate the latest now.
+        if let current = runtimes[processID], current.process.latestCheckpoint != checkpoint {
+            scheduleEvaluation(
+                processID: processID, checkpoint: current.process.latestCheckpoint, weights: current.checkpointBytes, model: current.process.model)
+        }
         logger.info(
             "evaluation data attached",
             metadata: ["process": "\(processID)", "bytes": "\(bytes.count)", "samples": "\(result.samples)", "checkpoint": "\(checkpoint)"])
@@ -62,9 +67,9 @@ extension Coordinator {
     public func evaluations(processID: String) async throws(CoordinatorError) -> ProcessEvaluations {
         _ = try await hostedRuntime(processID)
         do {
-            let data = try await store.evaluationData(processID: processID)
+            let data = try await store.evaluationDataSize(processID: processID)
             return ProcessEvaluations(
-                processID: processID, dataBytes: data?.bytes.count, dataSamples: data?.samples,
+                processID: processID, dataBytes: data?.bytes, dataSamples: data?.samples,
                 evaluations: try await store.evaluations(processID: processID, limit: Self.evaluationHistoryLimit))
         } catch {
             throw storeFailure(error, "read the evaluations")
@@ -125,6 +130,15 @@ extension Coordinator {
     }
 
     private func recordEvaluation(_ evaluation: CheckpointEvaluation, processID: String) async throws {
+        var evaluation = evaluation
+        let nonFinite = evaluation.metrics.filter { !$0.value.isFinite }.keys.sorted()
+        if !nonFinite.isEmpty {
+            // JSON has no number for them: kept out of the record, and said.
+            logger.warning(
+                "a checkpoint's evaluation is not finite",
+                metadata: ["process": "\(processID)", "checkpoint": "\(evaluation.checkpoint)", "metrics": "\(nonFinite)"])
+            evaluation.metrics = evaluation.metrics.filter { $0.value.isFinite }
+        }
         try await store.recordEvaluation(evaluation, processID: processID)
         if let process = runtimes[processID]?.process { metrics.recordEvaluation(process: process, evaluation: evaluation) }
         logger.info(

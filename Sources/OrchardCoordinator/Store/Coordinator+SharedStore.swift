@@ -200,6 +200,7 @@ extension Coordinator {
         for key in runtime.currentKeys.union(runtime.previousKeys) { processForKey[key] = nil }
         runtimes[processID] = nil
         secureLocks[processID] = nil
+        evaluationQueue[processID] = nil
         processByName[NameVersion(name: runtime.process.name, version: runtime.process.version)] = nil
     }
 

@@ -662,6 +662,14 @@ public final class SQLiteStore: CoordinatorStore {
         }
     }
 
+    public func evaluationDataSize(processID: String) async throws -> (bytes: Int, samples: Int)? {
+        try await pool.read { db in
+            try Row.fetchOne(db, sql: "SELECT length(bytes) AS size, samples FROM evaluation_data WHERE process_id = ?", arguments: [processID]).map { row in
+                (row["size"] as Int, row["samples"] as Int)
+            }
+        }
+    }
+
     public func recordEvaluation(_ evaluation: CheckpointEvaluation, processID: String) async throws {
         let metrics = CycleRecordSummary.json(evaluation.metrics)
         try await pool.write { db in

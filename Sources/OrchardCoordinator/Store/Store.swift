@@ -419,6 +419,8 @@ public protocol CoordinatorStore: Sendable {
     func setEvaluationData(processID: String, data: (bytes: [UInt8], samples: Int)?) async throws
     /// A process's held-out evaluation data and its sample count, if any.
     func evaluationData(processID: String) async throws -> (bytes: [UInt8], samples: Int)?
+    /// The size in bytes and the sample count of a process's held-out evaluation data, without reading it; nil when none.
+    func evaluationDataSize(processID: String) async throws -> (bytes: Int, samples: Int)?
     /// Records a checkpoint's evaluation (replacing an earlier one of the same checkpoint); nothing for a process that
     /// no longer exists.
     func recordEvaluation(_ evaluation: CheckpointEvaluation, processID: String) async throws

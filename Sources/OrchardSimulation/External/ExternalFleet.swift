@@ -294,6 +294,11 @@ struct ShardRun: Sendable {
                 } else if error.serverCode == .deadlinePassed || error.serverCode == .invalidRequestKey {
                     counters.update { $0.late += 1 }
                     wait = 1
+                } else if error.code == .diverged {
+                    // Local training from this global model gave NaN or infinity: nothing was sent; the device sits the
+                    // cycle out, as in process (counted as dropped).
+                    counters.update { $0.dropped += 1 }
+                    wait = 1
                 } else {
                     failures += 1
                     let permanent = [OrchardClientError.Code.authenticationFailed, .tls, .incompatibleModel, .invalidConfiguration, .storage].contains(
