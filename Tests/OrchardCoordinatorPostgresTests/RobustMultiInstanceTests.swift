@@ -5,7 +5,7 @@ import Testing
 
 /// Robust aggregation over several instances: the instance that closes the cycle reads every instance's reports
 /// from the shared store, including those of an instance that has died.
-@Suite struct RobustMultiInstanceTests {
+@Suite(.serialized) struct RobustMultiInstanceTests {
     typealias Group = MultiInstanceTests.Group
 
     @Test(arguments: StoreKind.underTest) func multiKrumCoversEveryInstancesReportsIncludingADeadOnes(kind: StoreKind) async throws {

@@ -8,7 +8,7 @@ import Testing
 
 /// Server-side evaluation over several instances: data attached through one instance, a checkpoint published by
 /// another, which evaluates it; every instance lists the same evaluations.
-@Suite struct SharedEvaluationTests {
+@Suite(.serialized) struct SharedEvaluationTests {
     typealias Group = MultiInstanceTests.Group
 
     @Test(arguments: StoreKind.underTest) func theInstanceThatPublishesEvaluatesOnDataAttachedElsewhere(kind: StoreKind) async throws {
