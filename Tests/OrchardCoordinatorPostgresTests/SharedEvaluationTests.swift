@@ -4,6 +4,7 @@ import OrchardData
 import OrchardFormats
 import OrchardML
 import OrchardProtocol
+import OrchardSupport
 import Testing
 
 /// Server-side evaluation over several instances: data attached through one instance, a checkpoint published by
@@ -39,6 +40,27 @@ import Testing
                 #expect(listed.evaluations.last?.metrics == expected.values.merging(["loss": expected.loss]) { _, loss in loss })
                 #expect(try await group[instance].status(processID: hosted.processID).evaluation?.checkpoint == 1)
             }
+            // A checkpoint whose publisher never evaluated it (the data attached straight to the store afterwards, as
+            // if that instance had died first) is evaluated by another instance's timer once the seal lease has passed.
+            try await group.store.setEvaluationData(processID: hosted.processID, data: nil)
+            let device2 = try await group.device(at: 1)
+            let assignment2 = try MultiInstanceTests.accepted(try await group.requestCycle(device2, at: 1))
+            #expect(try await group.report(device2, assignment2, scale: -0.1, samples: 2, at: 1).cycleClosed)
+            await group[1].evaluationsSettled()
+            try await group.store.setEvaluationData(processID: hosted.processID, data: (data, 4))
+            await group[0].tick()
+            await group[0].evaluationsSettled()
+            #expect(try await group.store.evaluations(processID: hosted.processID, limit: 5).map(\.checkpoint) == [0, 1], "not before the lease")
+            group.clock.advance(bySeconds: 31)
+            await group[0].tick()
+            await group[0].evaluationsSettled()
+            #expect(try await group.store.evaluations(processID: hosted.processID, limit: 5).map(\.checkpoint) == [0, 1, 2])
+            // Once caught up, later ticks read nothing more and evaluate nothing twice.
+            group.clock.advance(bySeconds: 2)
+            await group[0].tick()
+            await group[1].tick()
+            #expect(try await group.store.evaluations(processID: hosted.processID, limit: 5).count == 3)
+
             // Deleted through one instance: gone for the other too.
             try await group[1].delete(processID: hosted.processID)
             #expect(try await group.store.evaluationData(processID: hosted.processID) == nil)

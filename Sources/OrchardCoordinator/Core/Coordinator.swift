@@ -131,6 +131,8 @@ public actor Coordinator {
     var reloading: [String: Task<Bool, Never>] = [:]
     /// Each process's latest queued server-side evaluation (each waits for the one before it).
     var evaluationQueue: [String: Task<Void, Never>] = [:]
+    /// Over a shared store, each process's latest checkpoint known to be evaluated, or to need none (no data attached).
+    var evaluationsCaughtUp: [String: Int] = [:]
     /// Open-mode authentications per client address (nil: unlimited).
     var authenticationLimiter: RateLimiter<ClientAddress>?
     /// Speed tests per worker and direction (nil: unlimited).

@@ -19,6 +19,7 @@ extension Coordinator {
             // an unknown process look sooner).
             lastProcessRefresh = now
             await refreshProcesses()
+            await catchUpEvaluations(now: now)
         }
         for processID in runtimes.keys.sorted() {
             guard let runtime = runtimes[processID] else { continue }

@@ -129,6 +129,33 @@ extension Coordinator {
         }
     }
 
+    /// Over a shared store (called by the timer once a second): evaluates a process's latest checkpoint when it has
+    /// data attached, no evaluation, and was published longer than ``CoordinatorConfiguration/sealLease`` ago — the
+    /// instance that published it should have evaluated it by then, and may have died first.
+    func catchUpEvaluations(now: Date) async {
+        guard store.isShared else { return }
+        for processID in runtimes.keys.sorted() {
+            guard let runtime = runtimes[processID], runtime.process.latestCheckpoint > 0 else { continue }
+            let latest = runtime.process.latestCheckpoint
+            if evaluationsCaughtUp[processID] == latest { continue }
+            guard now.timeIntervalSince(runtime.machine.openedAt) >= configuration.sealLease.inSeconds else { continue }
+            do {
+                let attached = try await store.evaluationDataSize(processID: processID) != nil
+                let evaluated = try await store.evaluations(processID: processID, limit: 1).last?.checkpoint == latest
+                guard let current = runtimes[processID], current.process.latestCheckpoint == latest else { continue }
+                if attached && !evaluated {
+                    logger.notice(
+                        "evaluating a checkpoint another instance published and did not evaluate",
+                        metadata: ["process": "\(processID)", "checkpoint": "\(latest)"])
+                    scheduleEvaluation(processID: processID, checkpoint: latest, weights: current.checkpointBytes, model: current.process.model)
+                }
+                evaluationsCaughtUp[processID] = latest
+            } catch {
+                logger.warning("could not check the process's evaluations", metadata: ["process": "\(processID)", "error": "\(error)"])
+            }
+        }
+    }
+
     private func recordEvaluation(_ evaluation: CheckpointEvaluation, processID: String) async throws {
         var evaluation = evaluation
         let nonFinite = evaluation.metrics.filter { !$0.value.isFinite }.keys.sorted()

@@ -201,6 +201,7 @@ extension Coordinator {
         runtimes[processID] = nil
         secureLocks[processID] = nil
         evaluationQueue[processID] = nil
+        evaluationsCaughtUp[processID] = nil
         processByName[NameVersion(name: runtime.process.name, version: runtime.process.version)] = nil
     }
 
