@@ -448,7 +448,7 @@ struct SimulateCommand: AsyncParsableCommand {
 
     /// A shard's summary as an aligned two-column table.
     static func table(_ s: ShardSummary) -> String {
-        func f(_ v: Double, _ digits: Int = 4) -> String { String(format: "%.\(digits)f", v) }
+        func f(_ v: Double, _ digits: Int = 4) -> String { v.isFinite ? String(format: "%.\(digits)f", v) : v.isNaN ? "NaN" : v > 0 ? "inf" : "-inf" }
         var rows: [(String, String)] = [
             ("coordinator / shard", "\(s.settings["coordinator"] ?? "?") / \(s.shard)"),
             ("process", "\(s.processID) (\(s.hosted ? "hosted by this shard" : "hosted before or by shard 1"))"),
@@ -465,8 +465,10 @@ struct SimulateCommand: AsyncParsableCommand {
             ("failed", "\(s.failed)" + (s.lastError.map { " (last: \($0))" } ?? "")),
         ]
         if let initial = s.initial, let final = s.final {
-            if let a = final.accuracy { rows.append(("test accuracy", "\(f(initial.accuracy ?? 0)) → \(f(a)) (best \(f(s.bestAccuracy ?? a)))")) }
-            if let r = final.rmse { rows.append(("test RMSE", "\(f(initial.rmse ?? 0)) → \(f(r)) (best \(f(s.bestRMSE ?? r)))")) }
+            if let a = final.accuracy {
+                rows.append(("test accuracy", "\(f(initial.accuracy ?? 0)) → \(f(a)) (best \(s.bestAccuracy.map { f($0) } ?? "none finite"))"))
+            }
+            if let r = final.rmse { rows.append(("test RMSE", "\(f(initial.rmse ?? 0)) → \(f(r)) (best \(s.bestRMSE.map { f($0) } ?? "none finite"))")) }
         }
         if let epsilon = s.epsilon { rows.append(("privacy spent", "ε = \(f(epsilon, 3))")) }
         return aligned(rows)
@@ -480,7 +482,7 @@ struct SimulateCommand: AsyncParsableCommand {
 
     /// The summary as an aligned two-column table.
     static func table(_ s: SimulationSummary) -> String {
-        func f(_ v: Double, _ digits: Int = 4) -> String { String(format: "%.\(digits)f", v) }
+        func f(_ v: Double, _ digits: Int = 4) -> String { v.isFinite ? String(format: "%.\(digits)f", v) : v.isNaN ? "NaN" : v > 0 ? "inf" : "-inf" }
         var rows: [(String, String)] = [
             ("dataset / model", "\(s.settings["dataset"] ?? "?") / \(s.settings["model"] ?? "?")"),
             ("devices / goal per round", "\(s.settings["clients"] ?? "?") / \(s.settings["goal"] ?? "?")"),
@@ -494,7 +496,9 @@ struct SimulateCommand: AsyncParsableCommand {
             ("MB up / down", "\(f(Double(s.bytesUp) / 1e6, 1)) / \(f(Double(s.bytesDown) / 1e6, 1))"),
             ("test loss", "\(f(s.initial.loss)) → \(f(s.final.loss))"),
         ]
-        if let a = s.final.accuracy { rows.append(("test accuracy", "\(f(s.initial.accuracy ?? 0)) → \(f(a)) (best \(f(s.bestAccuracy ?? a)))")) }
+        if let a = s.final.accuracy {
+            rows.append(("test accuracy", "\(f(s.initial.accuracy ?? 0)) → \(f(a)) (best \(s.bestAccuracy.map { f($0) } ?? "none finite"))"))
+        }
         if let steps = s.secureAggregation {
             let signed = steps.signed.map { ", signed \($0)" } ?? ""
             rows.append(
@@ -504,7 +508,7 @@ struct SimulateCommand: AsyncParsableCommand {
                 ))
         }
         if let epsilon = s.epsilon { rows.append(("privacy spent", "ε = \(f(epsilon, 3)) at δ = \(s.settings["dp_delta"] ?? "?")")) }
-        if let r = s.final.rmse { rows.append(("test RMSE", "\(f(s.initial.rmse ?? 0)) → \(f(r)) (best \(f(s.bestRMSE ?? r)))")) }
+        if let r = s.final.rmse { rows.append(("test RMSE", "\(f(s.initial.rmse ?? 0)) → \(f(r)) (best \(s.bestRMSE.map { f($0) } ?? "none finite"))")) }
         return aligned(rows)
     }
 }
