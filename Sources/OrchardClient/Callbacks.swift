@@ -74,6 +74,9 @@ extension FederatedJob {
                 case .rejected(let retryAfter, _): handlers.onRejected?(retryAfter)
                 case .conditionsNotMet(let unmet):
                     handlers.onError?(OrchardClientError(.conditionsNotMet, "device conditions not met: \(unmet.joined(separator: ", "))"))
+                case .evaluated:
+                    // `run` takes training only.
+                    break
                 }
             } catch {
                 handlers.onError?(error)

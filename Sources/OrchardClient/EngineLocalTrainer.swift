@@ -85,6 +85,28 @@ public struct EngineLocalTrainer: LocalTrainer {
         }
     }
 
+    public func evaluate(_ model: CycleModel, on dataset: any Dataset) throws(OrchardClientError) -> EvaluationMetrics {
+        try Self.evaluate(model, on: dataset)
+    }
+
+    /// The engine's metrics of `model` on `dataset` (``OrchardML/Model/evaluationMetrics(on:loss:batchSize:)``).
+    static func evaluate(_ model: CycleModel, on dataset: any Dataset) throws(OrchardClientError) -> EvaluationMetrics {
+        guard let loss = model.spec.training?.loss else {
+            throw OrchardClientError(.incompatibleModel, "model '\(model.spec.name)' has no training section to take the evaluation loss from")
+        }
+        var built = try EngineLocalTrainer().model(model.spec)
+        do {
+            try built.loadWeights(from: SafetensorsArchive(tensors: model.weights))
+        } catch {
+            throw OrchardClientError(.incompatibleModel, "the checkpoint's weights do not fit the model: \(error.message)")
+        }
+        do {
+            return try built.evaluationMetrics(on: dataset, loss: loss)
+        } catch {
+            throw OrchardClientError(.training, "evaluation failed: \(error.message)")
+        }
+    }
+
     private func build(_ spec: ModelSpec) throws(OrchardClientError) -> Model {
         do {
             return try Model(spec: spec)

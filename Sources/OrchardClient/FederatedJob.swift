@@ -23,6 +23,8 @@ public struct CycleContext: Sendable {
     public let training: TrainingConfiguration
     let saver: @Sendable ([UInt8]) throws(OrchardClientError) -> Void
     let reporter: @Sendable (TrainingStep) -> Void
+    /// The device's seed of its held-out split.
+    let holdoutSeed: UInt64
 
     /// The process's client config as the plan sent it (``training`` is what it resolves to).
     public var clientConfig: ClientConfig { plan.clientConfig }
@@ -35,6 +37,13 @@ public struct CycleContext: Sendable {
 
     /// Publishes a training step to the job's observers.
     public func report(progress step: TrainingStep) { reporter(step) }
+
+    /// The samples of `dataset` to train on: all of them, or those outside the device's held-out split when the process
+    /// holds some out (`client_config.holdout_fraction`, ``HoldoutSplit``).
+    public func trainingPart(of dataset: some Dataset) -> DatasetPart {
+        guard let fraction = clientConfig.holdoutFraction, fraction > 0 else { return DatasetPart(dataset, indices: Array(0..<dataset.count)) }
+        return HoldoutSplit(count: dataset.count, fraction: fraction, seed: holdoutSeed).trainingPart(of: dataset)
+    }
 }
 
 /// One FL process as seen from a device: runs cycles (authenticate, request, download, train, report) with
@@ -104,34 +113,57 @@ public final class FederatedJob: Sendable {
     public func run(constraints: TaskConstraints = .none, _ body: @Sendable (CycleContext) async throws -> LocalUpdate) async throws(OrchardClientError)
         -> CycleOutcome
     {
-        try await exclusiveCycle(constraints: constraints) { context in .completed(try await body(context)) }
+        try await exclusiveCycle(constraints: constraints, tasks: [.training], evaluator: nil) { context in .completed(try await body(context)) }
     }
 
     /// Runs one whole cycle with the configured ``LocalTrainer`` (the Orchard engine by default): trains on
     /// `dataset` under the coordinator's client configuration, computes the diff and reports it.
+    ///
+    /// When the process holds data out (`client_config.holdout_fraction`), training sees only the samples outside the
+    /// device's held-out split (``HoldoutSplit``); with ``OrchardProtocol/DeviceTask/evaluation`` among `tasks`, the
+    /// coordinator may first give the window an evaluation task — the latest checkpoint run on the held-out split, its
+    /// metrics sent, no update — after which the window asks again for training (an evaluation is cheap: a short window
+    /// can take `tasks: [.evaluation]` alone).
     ///
     /// Cancelling the task stops training at the next batch boundary and saves a checkpoint; the next run of the
     /// same cycle resumes from it, and a checkpoint of a closed cycle is discarded.
     /// - Parameters:
     ///   - dataset: The device's local samples.
     ///   - constraints: Device conditions the cycle needs; none by default.
-    public func train(on dataset: some Dataset, constraints: TaskConstraints = .none) async throws(OrchardClientError) -> CycleOutcome {
+    ///   - tasks: The tasks this window takes; both by default.
+    public func train(on dataset: some Dataset, constraints: TaskConstraints = .none, tasks: [DeviceTask] = [.evaluation, .training])
+        async throws(OrchardClientError) -> CycleOutcome
+    {
         let trainer = configuration.trainer
-        return try await exclusiveCycle(constraints: constraints) { context in
+        let seed = configuration.trainingSeed
+        let evaluator: @Sendable (JobCycleStateMachine.EvaluationInput) async throws(OrchardClientError) -> EvaluationMetrics? = { input in
+            guard let fraction = input.plan.clientConfig.holdoutFraction, fraction > 0 else { return nil }
+            let holdout = HoldoutSplit(count: dataset.count, fraction: fraction, seed: seed).holdoutPart(of: dataset)
+            guard holdout.count > 0 else { return nil }
+            return try await trainer.evaluate(input.model, on: holdout)
+        }
+        return try await exclusiveCycle(constraints: constraints, tasks: tasks, evaluator: evaluator) { context in
             let task = LocalTrainingTask(model: context.model, training: context.training)
+            let part = context.trainingPart(of: dataset)
+            guard part.count > 0 else {
+                throw OrchardClientError(.training, "every one of the device's \(dataset.count) samples is held out for evaluation; none is left to train on")
+            }
             // An interruption's checkpoint is saved by the state machine (`trainingEnded(.interrupted)`).
-            return try await trainer.train(task, on: dataset, resumingFrom: context.savedCheckpoint, progress: { context.report(progress: $0) })
+            if part.count == dataset.count {
+                return try await trainer.train(task, on: dataset, resumingFrom: context.savedCheckpoint, progress: { context.report(progress: $0) })
+            }
+            return try await trainer.train(task, on: part, resumingFrom: context.savedCheckpoint, progress: { context.report(progress: $0) })
         }
     }
 
     /// Runs one cycle at a time and publishes its end to observers.
-    private func exclusiveCycle(constraints: TaskConstraints, _ body: @Sendable (CycleContext) async throws -> LocalTrainingOutcome)
-        async throws(OrchardClientError) -> CycleOutcome
-    {
+    private func exclusiveCycle(
+        constraints: TaskConstraints, tasks: [DeviceTask], evaluator: Evaluator?, _ body: @Sendable (CycleContext) async throws -> LocalTrainingOutcome
+    ) async throws(OrchardClientError) -> CycleOutcome {
         try await gate.withPermit { () async throws(OrchardClientError) -> CycleOutcome in
             let outcome: CycleOutcome
             do throws(OrchardClientError) {
-                outcome = try await cycle(constraints: constraints, body)
+                outcome = try await cycle(constraints: constraints, tasks: evaluator == nil ? tasks.filter { $0 != .evaluation } : tasks, evaluator, body)
             } catch {
                 emit(.phase(.finished))
                 throw error
@@ -144,14 +176,15 @@ public final class FederatedJob: Sendable {
 
     /// Drives a ``JobCycleStateMachine``: performs its actions (files, coordinator calls, training, backoff)
     /// and feeds each result back, until it finishes or fails.
-    private func cycle(constraints: TaskConstraints, _ body: @Sendable (CycleContext) async throws -> LocalTrainingOutcome) async throws(OrchardClientError)
-        -> CycleOutcome
-    {
+    private func cycle(
+        constraints: TaskConstraints, tasks: [DeviceTask], _ evaluator: Evaluator?, _ body: @Sendable (CycleContext) async throws -> LocalTrainingOutcome
+    ) async throws(OrchardClientError) -> CycleOutcome {
+        guard !tasks.isEmpty else { throw OrchardClientError(.invalidConfiguration, "a window must take at least one task (training or evaluation)") }
         var machine = JobCycleStateMachine(
             setup: JobCycleStateMachine.Setup(
                 server: client.server, authToken: client.authToken, processName: processName, version: version,
                 retry: configuration.retry, conditionRules: configuration.conditionRules, trainingSeed: configuration.trainingSeed,
-                secureAggregationWait: configuration.secureAggregationWait
+                secureAggregationWait: configuration.secureAggregationWait, tasks: tasks
             ))
         var actions = machine.start(constraints: constraints)
         while true {
@@ -161,7 +194,7 @@ public final class FederatedJob: Sendable {
                 switch action {
                 case .finish(let outcome): return outcome
                 case .fail(let error): throw error
-                default: next = try await perform(action, on: &machine, body)
+                default: next = try await perform(action, on: &machine, evaluator, body)
                 }
             }
             guard let next else { preconditionFailure("the job cycle state machine stopped without an outcome") }
@@ -171,7 +204,7 @@ public final class FederatedJob: Sendable {
 
     /// Performs one action. Returns the machine's next actions for a request, nil for an effect.
     private func perform(
-        _ action: JobCycleStateMachine.Action, on machine: inout JobCycleStateMachine,
+        _ action: JobCycleStateMachine.Action, on machine: inout JobCycleStateMachine, _ evaluator: Evaluator?,
         _ body: @Sendable (CycleContext) async throws -> LocalTrainingOutcome
     ) async throws(OrchardClientError) -> [JobCycleStateMachine.Action]? {
         let transport = client.transport
@@ -272,7 +305,7 @@ public final class FederatedJob: Sendable {
             let context = CycleContext(
                 assignment: input.assignment, plan: input.plan, model: input.model, savedCheckpoint: input.resumeState, training: input.training,
                 saver: { state throws(OrchardClientError) in try store.saveCheckpoint(state, key: key) },
-                reporter: { [weak self] step in self?.emit(.trained(step)) }
+                reporter: { [weak self] step in self?.emit(.trained(step)) }, holdoutSeed: configuration.trainingSeed
             )
             do {
                 var outcome = try await body(context)
@@ -294,6 +327,19 @@ public final class FederatedJob: Sendable {
                 return machine.secureAggregationEnded(try await secureAggregate(input))
             } catch {
                 return machine.secureAggregationFailed(error)
+            }
+        case .evaluate(let input):
+            guard let evaluator else { return machine.evaluationFailed(OrchardClientError(.invalidConfiguration, "this window takes no evaluation")) }
+            do throws(OrchardClientError) {
+                try checkCancellation()
+                return machine.evaluationEnded(try await evaluator(input))
+            } catch {
+                return machine.evaluationFailed(Task.isCancelled && error.code != .cancelled ? cancelledError() : error)
+            }
+        case .uploadEvaluation(let report, let session):
+            return await call(&machine, { () async throws(OrchardClientError) in try await transport.evaluationReport(report, session: session) }) {
+                machine, response in
+                machine.evaluationAnswered(response)
             }
         case .finish, .fail:
             preconditionFailure("terminal actions end the cycle in the driver")
@@ -367,6 +413,9 @@ public final class FederatedJob: Sendable {
         }
         try checkCancellation()
     }
+
+    /// Runs an evaluation task's checkpoint on the held-out split (nil: nothing held out).
+    typealias Evaluator = @Sendable (JobCycleStateMachine.EvaluationInput) async throws(OrchardClientError) -> EvaluationMetrics?
 
     /// The current time in seconds since 1970, from the injected environment.
     private var now: Double { configuration.environment.clock.date.timeIntervalSince1970 }

@@ -67,6 +67,10 @@ public struct HTTPTransport: ClientTransport {
         return try await postSafetensors(MaskedInputEnvelope.encode(request), to: Endpoint.secureAggregation, session: session)
     }
 
+    public func evaluationReport(_ report: EvaluationReport, session: String) async throws(OrchardClientError) -> EvaluationReportResponse {
+        try await exchange(.POST, Endpoint.evaluationReport, body: report, session: session)
+    }
+
     public func plan(_ planID: String, requestKey: String, session: String) async throws(OrchardClientError) -> TrainingPlan {
         let request = try makeRequest(.GET, Endpoint.plan(planID), query: [Endpoint.requestKeyQuery: requestKey], session: session)
         let (bytes, head) = try await send(request)

@@ -37,6 +37,8 @@ struct JobCycleStateMachine {
         var trainingSeed: UInt64
         /// How long a secure-aggregation exchange waits for the other devices at most.
         var secureAggregationWait = SecureAggregationWaitLimit()
+        /// The tasks the device takes in this window (an evaluation task first, then training, when both).
+        var tasks: [DeviceTask] = [.training]
     }
 
     /// What a saved session must still have left to be reused, in seconds.
@@ -63,6 +65,13 @@ struct JobCycleStateMachine {
         var training: TrainingConfiguration
         /// What a checkpoint saved during this run belongs to.
         var checkpointKey: ClientStore.CheckpointKey
+    }
+
+    /// Everything an evaluation task needs: the checkpoint to run on the held-out split.
+    struct EvaluationInput: Sendable {
+        var assignment: EvaluationAssignment
+        var plan: TrainingPlan
+        var model: CycleModel
     }
 
     /// Everything a secure-aggregation exchange needs (``SecureAggregationExchange``).
@@ -130,6 +139,10 @@ struct JobCycleStateMachine {
         case train(TrainingInput)
         /// Run the secure-aggregation exchange → ``secureAggregationEnded(_:)`` or ``secureAggregationFailed(_:)``.
         case secureAggregate(SecureAggregationInput)
+        /// Evaluate the checkpoint on the held-out split → ``evaluationEnded(_:)`` or ``evaluationFailed(_:)``.
+        case evaluate(EvaluationInput)
+        /// Send the evaluation's result → ``evaluationAnswered(_:)``.
+        case uploadEvaluation(EvaluationReport, session: String)
 
         // Terminal.
         /// The cycle ended with an outcome.
@@ -146,11 +159,12 @@ struct JobCycleStateMachine {
         case requestCycle
         case downloadPlan
         case downloadModel
+        case uploadEvaluation
     }
 
     /// Where the cycle is.
     enum Phase: Sendable, Hashable {
-        case idle, checkingConditions, loading, calling(Call), backingOff(Call), training, secureAggregating, done
+        case idle, checkingConditions, loading, calling(Call), backingOff(Call), training, secureAggregating, evaluating, done
     }
 
     let setup: Setup
@@ -178,8 +192,17 @@ struct JobCycleStateMachine {
     private var linkSpeed: LinkSpeed?
     /// Whether the cycle request after the current measurement repeats one refused for its session.
     private var requestRepeatsRefused = false
+    /// The evaluation task in hand, if the coordinator gave one.
+    private var evaluation: EvaluationAssignment?
+    /// The result of that task, while it is sent.
+    private var evaluationResult: EvaluationReport?
+    /// The tasks the next cycle request offers to take.
+    private var requestTasks: [DeviceTask]
 
-    init(setup: Setup) { self.setup = setup }
+    init(setup: Setup) {
+        self.setup = setup
+        requestTasks = setup.tasks
+    }
 
     // MARK: Handlers
 
@@ -264,6 +287,9 @@ struct JobCycleStateMachine {
         case .rejected(let rejection):
             return [.log(.info, "cycle request rejected (\(rejection.reason)); retry after \(rejection.retryAfter) s")]
                 + finish(.rejected(retryAfter: rejection.retryAfter, reason: rejection.reason))
+        case .evaluate(let task):
+            evaluation = task
+            return [.log(.info, "evaluation task for checkpoint \(task.checkpoint)"), .emit(.phase(.downloadingPlan))] + issue(.downloadPlan)
         case .accepted(let accepted):
             assignment = accepted
             var actions: [Action] = []
@@ -282,12 +308,19 @@ struct JobCycleStateMachine {
     /// The plan arrived; `shapes` are its parameter shapes as the local trainer builds them.
     mutating func planDownloaded(_ plan: TrainingPlan, shapes: [String: [Int]]) -> [Action] {
         expect(.calling(.downloadPlan))
-        guard let assignment else { unexpected("a plan without an assignment") }
         do throws(FormatError) {
             try plan.model.validate()
         } catch {
-            return fail(OrchardClientError(.incompatibleModel, "the plan's model cannot be used: \(error.message)"))
+            let problem = OrchardClientError(.incompatibleModel, "the plan's model cannot be used: \(error.message)")
+            return evaluation == nil ? fail(problem) : dropEvaluation(problem)
         }
+        if let evaluation {
+            self.plan = plan
+            self.shapes = shapes
+            phase = .loading
+            return [.emit(.phase(.downloadingModel)), .loadCachedModel(modelID: evaluation.modelID)]
+        }
+        guard let assignment else { unexpected("a plan without an assignment") }
         do throws(OrchardClientError) {
             training = try TrainingConfiguration.resolved(
                 architecture: plan.model, clientConfig: plan.clientConfig, seed: setup.trainingSeed &+ UInt64(truncatingIfNeeded: assignment.cycle)
@@ -325,6 +358,37 @@ struct JobCycleStateMachine {
             return [.log(.warning, "model download failed its integrity check; downloading it again from byte zero: \(error)"), .discardPartialModel]
                 + issue(.downloadModel)
         }
+    }
+
+    /// The evaluation task ran: the metrics on the held-out split, or nil when the device holds no sample out.
+    mutating func evaluationEnded(_ metrics: EvaluationMetrics?) -> [Action] {
+        expect(.evaluating)
+        guard let evaluation, let session else { unexpected("an evaluation without a task") }
+        guard let metrics, metrics.samples > 0 else {
+            return [.log(.info, "no held-out samples: the evaluation task of checkpoint \(evaluation.checkpoint) is left")] + afterEvaluation(nil)
+        }
+        var values = metrics.values.filter { $0.value.isFinite }
+        values["loss"] = metrics.loss
+        guard metrics.loss.isFinite else {
+            return dropEvaluation(OrchardClientError(.diverged, "the checkpoint's loss on the held-out split is not finite"))
+        }
+        let report = EvaluationReport(workerID: session.workerID, requestKey: evaluation.requestKey, samples: metrics.samples, metrics: values)
+        evaluationResult = report
+        return [.emit(.phase(.reportingEvaluation))] + issue(.uploadEvaluation)
+    }
+
+    /// The evaluation task failed (cancellation included).
+    mutating func evaluationFailed(_ error: OrchardClientError) -> [Action] {
+        expect(.evaluating)
+        return error.code == .cancelled ? fail(error) : dropEvaluation(error)
+    }
+
+    /// The coordinator stored the evaluation's result.
+    mutating func evaluationAnswered(_ response: EvaluationReportResponse) -> [Action] {
+        expect(.calling(.uploadEvaluation))
+        guard let result = evaluationResult else { unexpected("an evaluation answer without a result") }
+        let receipt = EvaluationReceipt(checkpoint: response.checkpoint, samples: result.samples, metrics: result.metrics, resultsReceived: response.resultsReceived)
+        return [.emit(.evaluated(receipt)), .log(.info, "evaluation of checkpoint \(response.checkpoint) accepted")] + afterEvaluation(receipt)
     }
 
     /// Local training ended: with an update, or interrupted by cancellation with its state.
@@ -377,6 +441,7 @@ struct JobCycleStateMachine {
         case .reported(let receipt): line = "secure aggregation: masked update sent for cycle \(receipt.cycle)"
         case .rejected(let retryAfter, let reason): line = "secure aggregation: out of the cycle (\(reason)); retry after \(retryAfter) s"
         case .conditionsNotMet(let unmet): line = "secure aggregation: conditions not met (\(unmet))"
+        case .evaluated(let receipt): line = "secure aggregation: evaluated checkpoint \(receipt.checkpoint)"
         }
         return [.log(.info, line)] + finish(outcome)
     }
@@ -398,7 +463,7 @@ struct JobCycleStateMachine {
         let call: Call
         switch phase {
         case .calling(let current): call = current
-        case .backingOff, .checkingConditions, .loading, .training, .secureAggregating: return fail(error)
+        case .backingOff, .checkingConditions, .loading, .training, .secureAggregating, .evaluating: return fail(error)
         case .idle, .done: unexpected("a failure")
         }
         if error.code == .cancelled { return fail(error) }
@@ -415,6 +480,11 @@ struct JobCycleStateMachine {
                 let actions: [Action] = [.clearPendingReport, .log(.warning, "report discarded: the coordinator cannot accept it: \(error)")]
                 return fromEarlierWindow ? actions + afterPendingReport() : actions + fail(error)
             }
+        case .uploadEvaluation where error.serverCode == .evaluationAlreadyReceived:
+            // An earlier attempt was stored but its answer was lost.
+            guard let evaluation, let result = evaluationResult else { unexpected("an evaluation upload without a result") }
+            let receipt = EvaluationReceipt(checkpoint: evaluation.checkpoint, samples: result.samples, metrics: result.metrics, resultsReceived: nil)
+            return [.emit(.evaluated(receipt)), .log(.info, "evaluation result had already been received")] + afterEvaluation(receipt)
         case .downloadModel where error.serverCode == .rangeNotSatisfiable && !restartedAfterBadRange:
             restartedAfterBadRange = true
             return [.log(.info, "the coordinator cannot serve the rest of the partial model; downloading it from byte zero"), .discardPartialModel]
@@ -441,6 +511,8 @@ struct JobCycleStateMachine {
                 .backoff(retry: retry, seconds: error.retryAfter),
             ]
         }
+        // An evaluation task that cannot be done (closed, expired, refused) is left: the window goes on to training.
+        if evaluation != nil && [.downloadPlan, .downloadModel, .uploadEvaluation].contains(call) { return dropEvaluation(error) }
         return fail(error)
     }
 
@@ -474,6 +546,11 @@ struct JobCycleStateMachine {
     }
 
     private mutating func beginTraining(_ weights: [TensorRecord]) -> [Action] {
+        if let evaluation, let plan {
+            phase = .evaluating
+            let input = EvaluationInput(assignment: evaluation, plan: plan, model: CycleModel(spec: plan.model, weights: weights))
+            return [.emit(.phase(.evaluating)), .evaluate(input)]
+        }
         guard let assignment, let plan, let training else { unexpected("training without a plan") }
         phase = .training
         let input = TrainingInput(
@@ -482,6 +559,28 @@ struct JobCycleStateMachine {
         )
         return [.emit(.phase(.training))] + (resumeState != nil ? [.emit(.resumedTraining)] : []) + [.train(input)]
     }
+
+    /// Leaves the evaluation task after `error`, and goes on as after a result.
+    private mutating func dropEvaluation(_ error: OrchardClientError) -> [Action] {
+        [.log(.warning, "evaluation task left: \(error)")] + afterEvaluation(nil)
+    }
+
+    /// After an evaluation task: the cycle request again for training, when the window takes training; otherwise the end.
+    private mutating func afterEvaluation(_ receipt: EvaluationReceipt?) -> [Action] {
+        evaluation = nil
+        evaluationResult = nil
+        plan = nil
+        shapes = [:]
+        restartedAfterCorruption = false
+        restartedAfterBadRange = false
+        requestTasks.removeAll { $0 == .evaluation }
+        if requestTasks.contains(.training) { return [.emit(.phase(.requestingCycle))] + issue(.requestCycle) }
+        if let receipt { return finish(.evaluated(receipt)) }
+        return finish(.rejected(retryAfter: Self.evaluationRetry, reason: "evaluation_left"))
+    }
+
+    /// Seconds an evaluation-only window that could not evaluate waits before asking again.
+    static let evaluationRetry: Double = 60
 
     /// The request action of `call`. A fresh call starts its attempts from 1; `renewed` marks a call repeated
     /// with a renewed session (refused again, it fails).
@@ -505,15 +604,27 @@ struct JobCycleStateMachine {
         case .requestCycle:
             let request = CycleRequest(
                 workerID: session?.workerID ?? "", processName: setup.processName, processVersion: setup.version,
-                downloadMbps: linkSpeed?.downloadMbps, uploadMbps: linkSpeed?.uploadMbps
+                downloadMbps: linkSpeed?.downloadMbps, uploadMbps: linkSpeed?.uploadMbps,
+                tasks: requestTasks.contains(.evaluation) ? requestTasks : nil
             )
             actions.append(.requestCycle(request, session: token))
         case .downloadPlan:
-            guard let assignment else { unexpected("a plan download without an assignment") }
-            actions.append(.downloadPlan(planID: assignment.planID, requestKey: assignment.requestKey, session: token))
+            if let evaluation {
+                actions.append(.downloadPlan(planID: evaluation.planID, requestKey: evaluation.requestKey, session: token))
+            } else {
+                guard let assignment else { unexpected("a plan download without an assignment") }
+                actions.append(.downloadPlan(planID: assignment.planID, requestKey: assignment.requestKey, session: token))
+            }
         case .downloadModel:
-            guard let assignment else { unexpected("a model download without an assignment") }
-            actions.append(.downloadModel(modelID: assignment.modelID, requestKey: assignment.requestKey, session: token))
+            if let evaluation {
+                actions.append(.downloadModel(modelID: evaluation.modelID, requestKey: evaluation.requestKey, session: token))
+            } else {
+                guard let assignment else { unexpected("a model download without an assignment") }
+                actions.append(.downloadModel(modelID: assignment.modelID, requestKey: assignment.requestKey, session: token))
+            }
+        case .uploadEvaluation:
+            guard let evaluationResult else { unexpected("an evaluation upload without a result") }
+            actions.append(.uploadEvaluation(evaluationResult, session: token))
         }
         return actions
     }

@@ -2,7 +2,7 @@
 public struct JobPhase: Sendable, Hashable, CustomStringConvertible {
     private enum Kind: String, Sendable, Hashable {
         case checkingConditions, authenticating, uploadingPendingReport, measuringLinkSpeed, requestingCycle, downloadingPlan
-        case downloadingModel, training, reporting, secureAggregation, finished
+        case downloadingModel, training, reporting, secureAggregation, evaluating, reportingEvaluation, finished
     }
     private let kind: Kind
     private init(_ kind: Kind) { self.kind = kind }
@@ -27,6 +27,10 @@ public struct JobPhase: Sendable, Hashable, CustomStringConvertible {
     public static let reporting = JobPhase(.reporting)
     /// Sending the diff masked, through the cycle's secure aggregation (processes that use it), instead of a report.
     public static let secureAggregation = JobPhase(.secureAggregation)
+    /// Evaluating the latest checkpoint on the held-out split (an evaluation task).
+    public static let evaluating = JobPhase(.evaluating)
+    /// Sending the evaluation's metrics.
+    public static let reportingEvaluation = JobPhase(.reportingEvaluation)
     /// The cycle ended (see ``JobEvent/finished(_:)``).
     public static let finished = JobPhase(.finished)
 
@@ -45,6 +49,8 @@ public enum JobEvent: Sendable, Hashable {
     case trained(TrainingStep)
     /// A call failed transiently and will be retried after a backoff.
     case retrying(attempt: Int, error: OrchardClientError)
+    /// An evaluation task's result was accepted (the window may go on to train).
+    case evaluated(EvaluationReceipt)
     /// The cycle ended with this outcome.
     case finished(CycleOutcome)
 }
@@ -69,6 +75,26 @@ public struct ReportReceipt: Sendable, Hashable {
     }
 }
 
+/// The receipt of an accepted evaluation result.
+public struct EvaluationReceipt: Sendable, Hashable {
+    /// The checkpoint evaluated.
+    public var checkpoint: Int
+    /// Held-out samples evaluated.
+    public var samples: Int
+    /// The metrics sent (`loss`, and `accuracy` or `rmse`/`mae`).
+    public var metrics: [String: Double]
+    /// Results the coordinator holds for the checkpoint, this one included, when it said.
+    public var resultsReceived: Int?
+
+    /// Creates a receipt.
+    public init(checkpoint: Int, samples: Int, metrics: [String: Double], resultsReceived: Int?) {
+        self.checkpoint = checkpoint
+        self.samples = samples
+        self.metrics = metrics
+        self.resultsReceived = resultsReceived
+    }
+}
+
 /// How one attempt at a cycle ended (errors are thrown as ``OrchardClientError``).
 public enum CycleOutcome: Sendable, Hashable {
     /// A report was accepted.
@@ -77,13 +103,16 @@ public enum CycleOutcome: Sendable, Hashable {
     case rejected(retryAfter: Double, reason: String)
     /// The device's conditions do not allow a cycle now; the strings name the unmet requirements.
     case conditionsNotMet([String])
+    /// The window ran an evaluation task and no training, as it asked for evaluation only (a window that goes on to ask
+    /// for training ends with that request's outcome, and its evaluation is a ``JobEvent/evaluated(_:)`` event).
+    case evaluated(EvaluationReceipt)
 
     /// Seconds after which the device should try again, when the coordinator said.
     public var retryAfter: Double? {
         switch self {
         case .reported(let receipt): receipt.retryAfter
         case .rejected(let retryAfter, _): retryAfter
-        case .conditionsNotMet: nil
+        case .conditionsNotMet, .evaluated: nil
         }
     }
 }

@@ -104,4 +104,14 @@ public protocol LocalTrainer: Sendable {
     ) async throws(OrchardClientError) -> LocalTrainingOutcome
     /// The updates a checkpoint of `task` (from ``LocalTrainingOutcome/interrupted(checkpoint:)``) has done.
     func completedUpdates(in checkpoint: [UInt8], of task: LocalTrainingTask) throws(OrchardClientError) -> Int
+    /// The model's metrics on `dataset` without training it (an evaluation task on the held-out split): the loss of the
+    /// architecture's training section, and accuracy (classifiers) or RMSE and MAE (regressors). The default runs the
+    /// Orchard engine's forward pass, which serves any trainer whose models the engine can build.
+    func evaluate(_ model: CycleModel, on dataset: any Dataset) async throws(OrchardClientError) -> EvaluationMetrics
+}
+
+extension LocalTrainer {
+    public func evaluate(_ model: CycleModel, on dataset: any Dataset) async throws(OrchardClientError) -> EvaluationMetrics {
+        try EngineLocalTrainer.evaluate(model, on: dataset)
+    }
 }

@@ -22,6 +22,8 @@ public protocol ClientTransport: Sendable {
     /// Sends one step of the device's secure aggregation (`Endpoint.secureAggregation`) with the
     /// device's session; returns what the device does next.
     func secureAggregation(_ request: SecureAggregationRequest, session: String) async throws(OrchardClientError) -> SecureAggregationReply
+    /// Sends the result of an evaluation task (`Endpoint.evaluationReport`) with the device's session.
+    func evaluationReport(_ report: EvaluationReport, session: String) async throws(OrchardClientError) -> EvaluationReportResponse
 }
 
 extension ClientTransport {
@@ -39,6 +41,15 @@ extension ClientTransport {
         throw OrchardClientError(
             .invalidConfiguration,
             "\(Self.self) cannot send secure-aggregation messages, which this process requires; implement secureAggregation(_:session:) to forward them")
+    }
+}
+
+extension ClientTransport {
+    /// Transports that only forward the cycle calls cannot send evaluation results: the evaluation task fails with this
+    /// error, naming the transport, and the window goes on to ask for training.
+    public func evaluationReport(_ report: EvaluationReport, session: String) async throws(OrchardClientError) -> EvaluationReportResponse {
+        throw OrchardClientError(
+            .invalidConfiguration, "\(Self.self) cannot send evaluation results; implement evaluationReport(_:session:) to forward them")
     }
 }
 

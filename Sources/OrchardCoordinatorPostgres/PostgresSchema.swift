@@ -151,6 +151,22 @@ enum PostgresSchema {
                     metrics TEXT NOT NULL, evaluated_at DOUBLE PRECISION NOT NULL, PRIMARY KEY (process_id, checkpoint))
                 """,
             ]),
+        // Federated evaluation: devices' results per checkpoint until it is finalized, then the aggregate.
+        Migration(
+            version: "6-federated-evaluation",
+            statements: [
+                """
+                CREATE TABLE evaluation_results (
+                    process_id TEXT NOT NULL REFERENCES processes(id) ON DELETE CASCADE, checkpoint BIGINT NOT NULL, worker_id TEXT NOT NULL,
+                    samples BIGINT NOT NULL, metrics TEXT NOT NULL, received_at DOUBLE PRECISION NOT NULL, PRIMARY KEY (process_id, checkpoint, worker_id))
+                """,
+                """
+                CREATE TABLE federated_evaluations (
+                    process_id TEXT NOT NULL REFERENCES processes(id) ON DELETE CASCADE, checkpoint BIGINT NOT NULL, samples BIGINT NOT NULL,
+                    devices BIGINT, metrics TEXT NOT NULL, epsilon DOUBLE PRECISION, evaluated_at DOUBLE PRECISION NOT NULL,
+                    PRIMARY KEY (process_id, checkpoint))
+                """,
+            ]),
     ]
 
     /// Applies the migrations not yet applied, each in its own transaction; returns the versions it applied.

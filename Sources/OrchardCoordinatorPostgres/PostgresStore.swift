@@ -780,6 +780,113 @@ public final class PostgresStore: CoordinatorStore {
         }
     }
 
+    // MARK: - Federated evaluation
+
+    public func recordEvaluationResult(_ result: StoredEvaluationResult, processID: String) async throws -> Int {
+        let metrics = CycleRecordSummary.json(result.metrics)
+        // The process row is shared-locked: a finalization (which locks it exclusively) cannot slip between the check
+        // and the insert, so no acknowledged result is left out of its checkpoint's aggregate.
+        return try await transaction("record an evaluation result of checkpoint \(result.checkpoint) of process '\(processID)'") { connection in
+            guard try await !run(connection, "SELECT 1 FROM processes WHERE id = \(processID) FOR SHARE").isEmpty else {
+                throw StoreError(.notFound, "no process '\(processID)'")
+            }
+            let finalized = try await run(
+                connection, "SELECT 1 FROM federated_evaluations WHERE process_id = \(processID) AND checkpoint = \(result.checkpoint)")
+            guard finalized.isEmpty else {
+                throw StoreError(.cycleClosed, "the federated evaluation of checkpoint \(result.checkpoint) is finalized")
+            }
+            let inserted = try await run(
+                connection,
+                """
+                INSERT INTO evaluation_results (process_id, checkpoint, worker_id, samples, metrics, received_at)
+                VALUES (\(processID), \(result.checkpoint), \(result.workerID), \(result.samples), \(metrics), \(result.receivedAt))
+                ON CONFLICT DO NOTHING RETURNING 1
+                """)
+            guard !inserted.isEmpty else {
+                throw StoreError(.duplicate, "worker '\(result.workerID)' already sent a result for checkpoint \(result.checkpoint)")
+            }
+            let count = try await run(
+                connection, "SELECT count(*) FROM evaluation_results WHERE process_id = \(processID) AND checkpoint = \(result.checkpoint)")
+            return try count.first?.decode(Int.self) ?? 0
+        }
+    }
+
+    public func evaluationResults(processID: String, checkpoint: Int) async throws -> [StoredEvaluationResult] {
+        let what = "read the evaluation results of checkpoint \(checkpoint) of process '\(processID)'"
+        let rows = try await rows(
+            what,
+            """
+            SELECT worker_id, samples, metrics, received_at FROM evaluation_results WHERE process_id = \(processID) AND checkpoint = \(checkpoint)
+            ORDER BY worker_id
+            """)
+        do {
+            return try rows.map { row in
+                let (worker, samples, metrics, receivedAt) = try row.decode((String, Int, String, Double).self)
+                return StoredEvaluationResult(
+                    checkpoint: checkpoint, workerID: worker, samples: samples, metrics: CycleRecordSummary.decode(metrics), receivedAt: receivedAt)
+            }
+        } catch {
+            throw PostgresErrors.map(error, what)
+        }
+    }
+
+    public func pendingEvaluationCheckpoints(processID: String) async throws -> [Int] {
+        let what = "list the pending evaluations of process '\(processID)'"
+        let rows = try await rows(what, "SELECT DISTINCT checkpoint FROM evaluation_results WHERE process_id = \(processID) ORDER BY checkpoint")
+        do {
+            return try rows.map { try $0.decode(Int.self) }
+        } catch {
+            throw PostgresErrors.map(error, what)
+        }
+    }
+
+    public func finalizeFederatedEvaluation(_ evaluation: CheckpointEvaluation, processID: String) async throws -> Bool {
+        let metrics = CycleRecordSummary.json(evaluation.metrics)
+        return try await transaction("finalize the federated evaluation of checkpoint \(evaluation.checkpoint) of process '\(processID)'") { connection in
+            guard try await !run(connection, "SELECT 1 FROM processes WHERE id = \(processID) FOR UPDATE").isEmpty else { return false }
+            let inserted = try await run(
+                connection,
+                """
+                INSERT INTO federated_evaluations (process_id, checkpoint, samples, devices, metrics, epsilon, evaluated_at)
+                VALUES (\(processID), \(evaluation.checkpoint), \(evaluation.samples), \(evaluation.devices), \(metrics), \(evaluation.epsilon),
+                \(evaluation.evaluatedAt))
+                ON CONFLICT DO NOTHING RETURNING 1
+                """)
+            try await run(connection, "DELETE FROM evaluation_results WHERE process_id = \(processID) AND checkpoint = \(evaluation.checkpoint)")
+            return !inserted.isEmpty
+        }
+    }
+
+    public func federatedEvaluations(processID: String, limit: Int) async throws -> [CheckpointEvaluation] {
+        let what = "read the federated evaluations of process '\(processID)'"
+        let rows = try await rows(
+            what,
+            """
+            SELECT checkpoint, samples, devices, metrics, epsilon, evaluated_at FROM federated_evaluations WHERE process_id = \(processID)
+            ORDER BY checkpoint DESC LIMIT \(max(0, limit))
+            """)
+        do {
+            return try rows.reversed().map { row in
+                let (checkpoint, samples, devices, metrics, epsilon, evaluatedAt) = try row.decode((Int, Int, Int?, String, Double?, Double).self)
+                return CheckpointEvaluation(
+                    checkpoint: checkpoint, samples: samples, metrics: CycleRecordSummary.decode(metrics), evaluatedAt: evaluatedAt, devices: devices,
+                    epsilon: epsilon)
+            }
+        } catch {
+            throw PostgresErrors.map(error, what)
+        }
+    }
+
+    public func federatedEvaluationCount(processID: String) async throws -> Int {
+        let what = "count the federated evaluations of process '\(processID)'"
+        let rows = try await rows(what, "SELECT count(*) FROM federated_evaluations WHERE process_id = \(processID)")
+        do {
+            return try rows.first?.decode(Int.self) ?? 0
+        } catch {
+            throw PostgresErrors.map(error, what)
+        }
+    }
+
     // MARK: - Secure aggregation
 
     public func appendSecureAggregationEvent(_ event: StoredSecureAggregationEvent, processID: String, cycle: Int, reportedWorker: String?) async throws {

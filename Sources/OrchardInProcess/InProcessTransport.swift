@@ -41,6 +41,13 @@ public struct InProcessTransport: ClientTransport {
         }
     }
 
+    public func evaluationReport(_ report: EvaluationReport, session: String) async throws(OrchardClientError) -> EvaluationReportResponse {
+        try await mapped { () async throws(CoordinatorError) in
+            let proven = try await coordinator.session(forToken: session)
+            return try await coordinator.evaluationReport(report, session: proven)
+        }
+    }
+
     public func plan(_ planID: String, requestKey: String, session: String) async throws(OrchardClientError) -> TrainingPlan {
         try await mapped { () async throws(CoordinatorError) in
             let proven = try await coordinator.session(forToken: session)

@@ -3,7 +3,8 @@ import OrchardPrivacy
 ///
 /// Every field is optional: a field left out falls back to the model architecture's `training` section, then to
 /// Orchard's built-in default (the device SDK resolves the three layers in one place, `TrainingConfiguration.resolved`).
-/// Known keys are `batch_size`, `learning_rate`, `local_epochs`, `max_updates` and `proximal_mu`; any other key is kept in
+/// Known keys are `batch_size`, `learning_rate`, `local_epochs`, `max_updates`, `proximal_mu` and `holdout_fraction`; any
+/// other key is kept in
 /// ``extra`` and sent to the device unchanged.
 public struct ClientConfig: Sendable, Hashable, Codable {
     /// Samples per local update.
@@ -17,14 +18,18 @@ public struct ClientConfig: Sendable, Hashable, Codable {
     /// FedProx's μ (Li et al. 2020): the device adds μ/2·‖w − w_received‖² to its local objective, which keeps a
     /// heterogeneous device's update near the model it received; 0 or absent is plain local training.
     public var proximalMu: Double?
+    /// The fraction of its samples a device holds out for federated evaluation and never trains on, in [0, 0.9]; each
+    /// sample's side is fixed by the device's seed and its index, so the split holds across windows and as data is added.
+    public var holdoutFraction: Double?
     /// Free-form keys passed through to the device.
     public var extra: [String: JSONValue]
 
     /// Creates a client configuration; nil fields defer to the architecture.
     public init(
         batchSize: Int? = nil, learningRate: Double? = nil, localEpochs: Int? = nil, maxUpdates: Int? = nil, proximalMu: Double? = nil,
-        extra: [String: JSONValue] = [:]
+        holdoutFraction: Double? = nil, extra: [String: JSONValue] = [:]
     ) {
+        self.holdoutFraction = holdoutFraction
         self.proximalMu = proximalMu
         self.batchSize = batchSize
         self.learningRate = learningRate
@@ -33,7 +38,7 @@ public struct ClientConfig: Sendable, Hashable, Codable {
         self.extra = extra
     }
 
-    private static let knownKeys: Set<String> = ["batch_size", "learning_rate", "local_epochs", "max_updates", "proximal_mu"]
+    private static let knownKeys: Set<String> = ["batch_size", "learning_rate", "local_epochs", "max_updates", "proximal_mu", "holdout_fraction"]
 
     public init(from decoder: any Decoder) throws {
         let container = try decoder.container(keyedBy: AnyKey.self)
@@ -42,6 +47,7 @@ public struct ClientConfig: Sendable, Hashable, Codable {
         localEpochs = try container.decodeIfPresent(Int.self, forKey: AnyKey("local_epochs"))
         maxUpdates = try container.decodeIfPresent(Int.self, forKey: AnyKey("max_updates"))
         proximalMu = try container.decodeIfPresent(Double.self, forKey: AnyKey("proximal_mu"))
+        holdoutFraction = try container.decodeIfPresent(Double.self, forKey: AnyKey("holdout_fraction"))
         var extra: [String: JSONValue] = [:]
         for key in container.allKeys where !Self.knownKeys.contains(key.stringValue) {
             extra[key.stringValue] = try container.decode(JSONValue.self, forKey: key)
@@ -59,6 +65,7 @@ public struct ClientConfig: Sendable, Hashable, Codable {
         try container.encodeIfPresent(localEpochs, forKey: AnyKey("local_epochs"))
         try container.encodeIfPresent(maxUpdates, forKey: AnyKey("max_updates"))
         try container.encodeIfPresent(proximalMu, forKey: AnyKey("proximal_mu"))
+        try container.encodeIfPresent(holdoutFraction, forKey: AnyKey("holdout_fraction"))
     }
 
     /// Describes the first invalid field, or nil when every field that is set is usable.
@@ -73,6 +80,9 @@ public struct ClientConfig: Sendable, Hashable, Codable {
         if let maxUpdates, maxUpdates < 1 { return "client_config.max_updates must be at least 1 when set" }
         if let proximalMu, !(proximalMu >= 0) || !proximalMu.isFinite {
             return "client_config.proximal_mu must be a non-negative number, not \(proximalMu)"
+        }
+        if let holdoutFraction, !(holdoutFraction >= 0 && holdoutFraction <= 0.9) {
+            return "client_config.holdout_fraction must be in [0, 0.9], not \(holdoutFraction)"
         }
         return nil
     }
@@ -309,9 +319,11 @@ public struct ServerConfig: Sendable, Hashable, Codable {
     public var secureAggregation: SecureAggregationConfig?
     /// A robust statistic of the cycle's reports instead of their weighted mean (median, trimmed mean, Multi-Krum), if set.
     public var robustAggregation: RobustAggregationConfig?
+    /// Federated evaluation of published checkpoints on devices' held-out splits, if set.
+    public var evaluation: FederatedEvaluationConfig?
 
     enum CodingKeys: String, CodingKey, CaseIterable {
-        case cycles, authentication, aggregator, privacy
+        case cycles, authentication, aggregator, privacy, evaluation
         case secureAggregation = "secure_aggregation"
         case robustAggregation = "robust_aggregation"
         case updateNormBound = "update_norm_bound"
@@ -337,8 +349,10 @@ public struct ServerConfig: Sendable, Hashable, Codable {
         maximumSampleCount: Int = 1_000_000, checkpointRetention: Int = 5,
         authentication: AuthenticationConfig = .open, aggregator: AggregatorConfig = AggregatorConfig(),
         updateNormBound: Double? = nil, updateNormPolicy: UpdateNormPolicy = .clip, privacy: PrivacyConfig? = nil,
-        secureAggregation: SecureAggregationConfig? = nil, robustAggregation: RobustAggregationConfig? = nil
+        secureAggregation: SecureAggregationConfig? = nil, robustAggregation: RobustAggregationConfig? = nil,
+        evaluation: FederatedEvaluationConfig? = nil
     ) {
+        self.evaluation = evaluation
         self.robustAggregation = robustAggregation
         self.cycleLength = cycleLength
         self.cycles = cycles
@@ -383,6 +397,7 @@ public struct ServerConfig: Sendable, Hashable, Codable {
         privacy = try c.decodeIfPresent(PrivacyConfig.self, forKey: .privacy)
         secureAggregation = try c.decodeIfPresent(SecureAggregationConfig.self, forKey: .secureAggregation)
         robustAggregation = try c.decodeIfPresent(RobustAggregationConfig.self, forKey: .robustAggregation)
+        evaluation = try c.decodeIfPresent(FederatedEvaluationConfig.self, forKey: .evaluation)
     }
 
     /// Devices admitted per cycle: ⌈goal × over-selection⌉.
@@ -463,6 +478,16 @@ public struct ServerConfig: Sendable, Hashable, Codable {
             if privacy != nil {
                 return
                     "server_config.robust_aggregation cannot be used with server_config.privacy: the noise is calibrated to one device's influence on a clipped mean, which a median, trimmed mean or Multi-Krum selection does not have"
+            }
+        }
+        if let evaluation {
+            if let failure = evaluation.validationFailure() { return failure }
+            if secureAggregation != nil {
+                return
+                    "server_config.evaluation cannot be used with server_config.secure_aggregation: each device would send its metrics in the clear, which a process whose coordinator must see only sums does not allow; evaluate its checkpoints server-side (orchard process evaluation --data)"
+            }
+            if evaluation.noise != nil && privacy == nil {
+                return "server_config.evaluation.noise needs server_config.privacy: its releases are accounted at the privacy's delta and population"
             }
         }
         switch authentication.mode {

@@ -25,11 +25,16 @@ public struct CycleRecord: Sendable, Hashable, Codable {
     /// The mean of each metric the devices reported with their reports (e.g. `loss`), over the reports this
     /// coordinator accepted.
     public var metrics: [String: Double]
+    /// The server-side evaluation of the checkpoint it published, when there is one.
+    public var evaluation: CheckpointEvaluation?
+    /// The federated evaluation of the checkpoint it published (devices' held-out splits), once finalized.
+    public var federatedEvaluation: CheckpointEvaluation?
 
     enum CodingKeys: String, CodingKey {
-        case cycle, outcome, assigned, reported, checkpoint, metrics
+        case cycle, outcome, assigned, reported, checkpoint, metrics, evaluation
         case openedAt = "opened_at"
         case closedAt = "closed_at"
+        case federatedEvaluation = "federated_evaluation"
     }
 
     /// Creates a record.

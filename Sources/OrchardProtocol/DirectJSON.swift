@@ -103,6 +103,14 @@ extension CycleResponse {
             guard object.add("report_within", number: assignment.reportWithin) != nil else { return nil }
             object.add("request_key", string: assignment.requestKey)
             object.add("status", string: "accepted")
+        case .evaluate(let assignment):
+            object.add("checkpoint", int: assignment.checkpoint)
+            object.add("model_id", string: assignment.modelID)
+            object.add("plan_id", string: assignment.planID)
+            object.add("process_id", string: assignment.processID)
+            guard object.add("report_within", number: assignment.reportWithin) != nil else { return nil }
+            object.add("request_key", string: assignment.requestKey)
+            object.add("status", string: "evaluate")
         case .rejected(let rejection):
             object.add("reason", string: rejection.reason)
             guard object.add("retry_after", number: rejection.retryAfter) != nil else { return nil }
@@ -120,7 +128,7 @@ extension CycleRequest {
     /// decoder would (checked against it in the tests).
     public static func directDecode(_ bytes: UnsafeRawBufferPointer) -> CycleRequest? {
         var reader = DirectJSONReader(bytes)
-        var worker: String?, name: String?, version: SemanticVersion?, download: Double?, upload: Double?
+        var worker: String?, name: String?, version: SemanticVersion?, download: Double?, upload: Double?, tasks: [DeviceTask]?
         guard reader.take(0x7B) else { return nil }
         if !reader.take(0x7D) {
             repeat {
@@ -141,6 +149,17 @@ extension CycleRequest {
                 case "upload_mbps":
                     guard upload == nil, let value = reader.number() else { return nil }
                     upload = value
+                case "tasks":
+                    guard tasks == nil, reader.take(0x5B) else { return nil }
+                    var list: [DeviceTask] = []
+                    if !reader.take(0x5D) {
+                        repeat {
+                            guard let value = reader.string(), let task = DeviceTask(rawValue: value) else { return nil }
+                            list.append(task)
+                        } while reader.take(0x2C)
+                        guard reader.take(0x5D) else { return nil }
+                    }
+                    tasks = list
                 default:
                     return nil
                 }
@@ -148,7 +167,7 @@ extension CycleRequest {
             guard reader.take(0x7D) else { return nil }
         }
         guard reader.atEnd, let worker, let name, let version else { return nil }
-        return CycleRequest(workerID: worker, processName: name, processVersion: version, downloadMbps: download, uploadMbps: upload)
+        return CycleRequest(workerID: worker, processName: name, processVersion: version, downloadMbps: download, uploadMbps: upload, tasks: tasks)
     }
 }
 

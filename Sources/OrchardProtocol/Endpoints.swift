@@ -21,6 +21,8 @@ public enum Endpoint {
     public static func plan(_ planID: String) -> String { "/v1/device/plans/\(planID)" }
     /// `POST` a report (safetensors diff with ``ReportMetadata``, see ``ReportEnvelope``) → ``ReportResponse``.
     public static let report = "/v1/device/report"
+    /// `POST` ``EvaluationReport`` → ``EvaluationReportResponse``: a device's result of an evaluation task.
+    public static let evaluationReport = "/v1/device/evaluation-report"
     /// `POST` ``SecureAggregationRequest`` → ``SecureAggregationReply``: a device's step in its cycle's secure
     /// aggregation (processes with ``ServerConfig/secureAggregation``).
     public static let secureAggregation = "/v1/device/secure-aggregation"

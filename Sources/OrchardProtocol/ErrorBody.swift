@@ -47,6 +47,10 @@ public struct WireErrorCode: RawRepresentable, Sendable, Hashable, Codable, Cust
     public static let reportAlreadyReceived = WireErrorCode("report_already_received")
     /// The cycle's reporting deadline passed or the cycle closed (409).
     public static let deadlinePassed = WireErrorCode("deadline_passed")
+    /// The worker already sent its result for this checkpoint's federated evaluation.
+    public static let evaluationAlreadyReceived = WireErrorCode("evaluation_already_received")
+    /// The checkpoint's federated evaluation is finalized (its goal was met or a newer checkpoint was published).
+    public static let evaluationClosed = WireErrorCode("evaluation_closed")
     /// A process with this name and version already exists (409).
     public static let processExists = WireErrorCode("process_exists")
     /// The diff's tensor names differ from the model's (422).
@@ -97,7 +101,7 @@ public struct WireErrorCode: RawRepresentable, Sendable, Hashable, Codable, Cust
     public static let allKnown: [WireErrorCode] = [
         .malformedJSON, .malformedSafetensors, .invalidRequest, .invalidConfiguration, .unsupportedVersion, .unauthorized,
         .forbidden, .sessionProcessMismatch, .unknownWorker, .unknownProcess, .unknownCheckpoint, .notFound,
-        .invalidRequestKey, .reportAlreadyReceived, .deadlinePassed, .processExists, .tensorMismatch, .shapeMismatch,
+        .invalidRequestKey, .reportAlreadyReceived, .deadlinePassed, .evaluationAlreadyReceived, .evaluationClosed, .processExists, .tensorMismatch, .shapeMismatch,
         .dtypeMismatch, .nonFiniteValues, .frozenTensorChanged, .updateNormExceeded, .invalidSampleCount,
         .payloadTooLarge, .rangeNotSatisfiable, .workerLimitReached, .rateLimited, .tooManyUploads, .methodNotAllowed,
         .aggregationModeMismatch, .stageClosed, .droppedDevice, .duplicateMessage, .invalidSecureAggregationMessage,

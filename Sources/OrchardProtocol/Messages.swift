@@ -83,6 +83,8 @@ public struct CycleRequest: Sendable, Hashable, Codable {
     public var downloadMbps: Double?
     /// Measured upload speed in Mbit/s, when the process requires a speed test.
     public var uploadMbps: Double?
+    /// The tasks the device will take in this window; absent means training only (devices before protocol 2.5).
+    public var tasks: [DeviceTask]?
 
     enum CodingKeys: String, CodingKey {
         case workerID = "worker_id"
@@ -90,10 +92,15 @@ public struct CycleRequest: Sendable, Hashable, Codable {
         case processVersion = "process_version"
         case downloadMbps = "download_mbps"
         case uploadMbps = "upload_mbps"
+        case tasks
     }
 
     /// Creates a request.
-    public init(workerID: String, processName: String, processVersion: SemanticVersion, downloadMbps: Double? = nil, uploadMbps: Double? = nil) {
+    public init(
+        workerID: String, processName: String, processVersion: SemanticVersion, downloadMbps: Double? = nil, uploadMbps: Double? = nil,
+        tasks: [DeviceTask]? = nil
+    ) {
+        self.tasks = tasks
         self.workerID = workerID
         self.processName = processName
         self.processVersion = processVersion
@@ -159,10 +166,13 @@ public struct CycleRejection: Sendable, Hashable, Codable {
     }
 }
 
-/// The answer to a ``CycleRequest``: `{"status":"accepted",…}` or `{"status":"rejected","retry_after":…}`.
+/// The answer to a ``CycleRequest``: `{"status":"accepted",…}`, `{"status":"evaluate",…}` (only to a request whose
+/// ``CycleRequest/tasks`` include evaluation) or `{"status":"rejected","retry_after":…}`.
 public enum CycleResponse: Sendable, Hashable, Codable {
-    /// Admitted.
+    /// Admitted to the cycle, to train.
     case accepted(CycleAssignment)
+    /// Given an evaluation task.
+    case evaluate(EvaluationAssignment)
     /// Turned away.
     case rejected(CycleRejection)
 
@@ -173,9 +183,11 @@ public enum CycleResponse: Sendable, Hashable, Codable {
         let status = try container.decode(String.self, forKey: .status)
         switch status {
         case "accepted": self = .accepted(try CycleAssignment(from: decoder))
+        case "evaluate": self = .evaluate(try EvaluationAssignment(from: decoder))
         case "rejected": self = .rejected(try CycleRejection(from: decoder))
         default:
-            throw DecodingError.dataCorruptedError(forKey: .status, in: container, debugDescription: "status '\(status)' is not accepted or rejected")
+            throw DecodingError.dataCorruptedError(
+                forKey: .status, in: container, debugDescription: "status '\(status)' is not accepted, evaluate or rejected")
         }
     }
 
@@ -184,6 +196,9 @@ public enum CycleResponse: Sendable, Hashable, Codable {
         switch self {
         case .accepted(let assignment):
             try container.encode("accepted", forKey: .status)
+            try assignment.encode(to: encoder)
+        case .evaluate(let assignment):
+            try container.encode("evaluate", forKey: .status)
             try assignment.encode(to: encoder)
         case .rejected(let rejection):
             try container.encode("rejected", forKey: .status)
@@ -505,10 +520,13 @@ public struct ProcessStatus: Sendable, Hashable, Codable {
     public var privacy: PrivacyStatus?
     /// The latest server-side evaluation of a checkpoint on the process's held-out data, when it has some.
     public var evaluation: CheckpointEvaluation?
+    /// The latest federated evaluation of a checkpoint on devices' held-out splits, when there is one.
+    public var federatedEvaluation: CheckpointEvaluation?
 
     enum CodingKeys: String, CodingKey {
         case processID = "process_id"
         case name, version, state, checkpoints, privacy, evaluation
+        case federatedEvaluation = "federated_evaluation"
         case latestCheckpoint = "latest_checkpoint"
         case cyclesCompleted = "cycles_completed"
         case cyclesAbandoned = "cycles_abandoned"
@@ -521,8 +539,9 @@ public struct ProcessStatus: Sendable, Hashable, Codable {
     public init(
         processID: String, name: String, version: SemanticVersion, state: ProcessState, latestCheckpoint: Int, checkpoints: [Int], cyclesCompleted: Int,
         cyclesAbandoned: Int, currentCycle: CycleStatus?, clientConfig: ClientConfig, serverConfig: ServerConfig, privacy: PrivacyStatus? = nil,
-        evaluation: CheckpointEvaluation? = nil
+        evaluation: CheckpointEvaluation? = nil, federatedEvaluation: CheckpointEvaluation? = nil
     ) {
+        self.federatedEvaluation = federatedEvaluation
         self.evaluation = evaluation
         self.privacy = privacy
         self.processID = processID

@@ -91,8 +91,10 @@ public enum WireProtocol {
     /// the plan's `local_privacy` and the status's `privacy`. 2.3 (additive): `server_config.secure_aggregation`, the
     /// plan's `secure_aggregation`, the secure-aggregation endpoint and the cycle status's `secure_aggregation`.
     /// 2.4 (additive): the secure-aggregation endpoint also takes a masked input as a safetensors body
-    /// (``MaskedInputEnvelope``), offered by the reply's `masked_input_format`.
-    public static let version = SemanticVersion(2, 4, 0)
+    /// (``MaskedInputEnvelope``), offered by the reply's `masked_input_format`. 2.5 (additive): federated evaluation —
+    /// the cycle request's `tasks`, the `evaluate` answer, the evaluation-report endpoint, `client_config.holdout_fraction`,
+    /// `server_config.evaluation` and the status's `federated_evaluation`.
+    public static let version = SemanticVersion(2, 5, 0)
     /// The first version whose devices apply a plan's `local_privacy`; older ones are refused by local-DP processes.
     public static let localPrivacyVersion = SemanticVersion(2, 2, 0)
     /// The first version whose devices take part in secure aggregation (older ones would upload plain reports).
@@ -100,6 +102,8 @@ public enum WireProtocol {
     /// The first version whose devices sign their secure-aggregation steps (`consistency_check`); an older one would
     /// advertise unsigned keys and be refused at every cycle.
     public static let signedSecureAggregationVersion = SemanticVersion(2, 4, 0)
+    /// The first version whose devices take evaluation tasks (``CycleRequest/tasks``, ``CycleResponse/evaluate(_:)``).
+    public static let evaluationVersion = SemanticVersion(2, 5, 0)
     /// The HTTP header carrying the sender's protocol version.
     public static let versionHeader = "Orchard-Protocol-Version"
     /// The path prefix of every versioned endpoint.

@@ -273,6 +273,8 @@ private struct AgentStatus: Encodable {
             AgentStatus(event: "cycle", outcome: "rejected", retryAfter: retryAfter, message: reason)
         case .conditionsNotMet(let unmet):
             AgentStatus(event: "cycle", met: false, unmet: unmet, outcome: "conditions_not_met")
+        case .evaluated(let receipt):
+            AgentStatus(event: "cycle", outcome: "evaluated", message: "checkpoint \(receipt.checkpoint), \(receipt.samples) held-out samples")
         }
     }
 

@@ -59,6 +59,8 @@ struct ClientCommand: AsyncParsableCommand {
             return "rejected (\(reason)); retry after \(retryAfter) s"
         case .conditionsNotMet(let unmet):
             return "conditions not met: \(unmet.joined(separator: ", "))"
+        case .evaluated(let receipt):
+            return "evaluated checkpoint \(receipt.checkpoint) on \(receipt.samples) held-out samples: loss \(receipt.metrics["loss"] ?? .nan)"
         }
     }
 }

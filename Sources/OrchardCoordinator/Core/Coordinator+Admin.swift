@@ -22,7 +22,9 @@ extension Coordinator {
         } catch {
             throw CoordinatorError(.invalidConfiguration, error.message)
         }
-        if let failure = request.clientConfig.validationFailure() ?? request.serverConfig.validationFailure() {
+        if let failure = request.clientConfig.validationFailure() ?? request.serverConfig.validationFailure()
+            ?? Self.evaluationFailure(client: request.clientConfig, server: request.serverConfig, model: request.model)
+        {
             throw CoordinatorError(.invalidConfiguration, failure)
         }
         if store.isShared && request.serverConfig.secureAggregation != nil {
@@ -104,6 +106,20 @@ extension Coordinator {
         return ProcessList(processes: statuses)
     }
 
+    /// What makes a process's federated evaluation unusable, or nil: it needs devices that hold data out, and a loss to
+    /// evaluate.
+    static func evaluationFailure(client: ClientConfig, server: ServerConfig, model: ModelSpec) -> String? {
+        guard server.evaluation != nil else { return nil }
+        guard let fraction = client.holdoutFraction, fraction > 0 else {
+            return
+                "server_config.evaluation needs client_config.holdout_fraction above 0: devices evaluate on the samples they hold out and never train on"
+        }
+        guard model.training?.loss != nil else {
+            return "server_config.evaluation needs the model's training section, whose loss devices evaluate with"
+        }
+        return nil
+    }
+
     /// Closed cycles listed by ``cycles(processID:)``.
     public static let cycleHistoryLimit = 200
 
@@ -112,7 +128,18 @@ extension Coordinator {
         await catchUpShared(processID: processID)
         guard runtimes[processID] != nil else { throw CoordinatorError(.unknownProcess, "no process '\(processID)'") }
         do {
-            return ProcessCycles(processID: processID, cycles: try await store.cycleRecords(processID: processID, limit: Self.cycleHistoryLimit))
+            var records = try await store.cycleRecords(processID: processID, limit: Self.cycleHistoryLimit)
+            // Each published checkpoint's evaluations, server-side and federated, beside the cycle that published it.
+            let limit = Self.cycleHistoryLimit + 1
+            let server = Dictionary(try await store.evaluations(processID: processID, limit: limit).map { ($0.checkpoint, $0) }) { _, new in new }
+            let federated = Dictionary(
+                try await store.federatedEvaluations(processID: processID, limit: limit).map { ($0.checkpoint, $0) }) { _, new in new }
+            for index in records.indices {
+                guard let checkpoint = records[index].checkpoint else { continue }
+                records[index].evaluation = server[checkpoint]
+                records[index].federatedEvaluation = federated[checkpoint]
+            }
+            return ProcessCycles(processID: processID, cycles: records)
         } catch {
             throw storeFailure(error, "read the cycle history")
         }
@@ -131,9 +158,11 @@ extension Coordinator {
         guard let runtime = runtimes[processID] else { throw CoordinatorError(.unknownProcess, "no process '\(processID)'") }
         let numbers: [Int]
         let evaluation: CheckpointEvaluation?
+        let federated: CheckpointEvaluation?
         do {
             numbers = try await store.checkpointNumbers(processID: processID)
             evaluation = try await store.evaluations(processID: processID, limit: 1).last
+            federated = try await store.federatedEvaluations(processID: processID, limit: 1).last
         } catch {
             throw storeFailure(error, "list checkpoints")
         }
@@ -161,7 +190,7 @@ extension Coordinator {
                     noiseMultiplier: mechanism.accountedNoiseMultiplier, clippingNorm: ledger.clippingNorm, targetEpsilon: mechanism.config.targetEpsilon
                 )
             },
-            evaluation: evaluation
+            evaluation: evaluation, federatedEvaluation: federated
         )
     }
 

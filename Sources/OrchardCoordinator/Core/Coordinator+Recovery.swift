@@ -20,6 +20,7 @@ extension Coordinator {
         let secret = try await store.secret(named: "session", make: { fresh })
         let issuer = await SessionIssuer(secret: secret)
         sessionIssuer.withLock { $0 = issuer }
+        evaluationKeys.withLock { $0 = EvaluationKeys(secret: secret) }
         runtimes = [:]
         processByName = [:]
         processForKey = [:]

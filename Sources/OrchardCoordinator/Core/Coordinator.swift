@@ -36,6 +36,7 @@ public actor Coordinator {
         var privacy: (mechanism: PrivacyMechanism, ledger: PrivacyLedger)?
         /// The open cycle's secure aggregation, when the process uses it.
         var secure: SecureCycle?
+        var evaluationTasks = EvaluationTasks()
 
         /// The robust rule the process aggregates by, if any: its reports stay in the store until the cycle closes,
         /// nothing is folded into a running sum.
@@ -139,6 +140,7 @@ public actor Coordinator {
     var speedTestLimiter: RateLimiter<SpeedTestKey>?
     /// Session tokens are checked outside the actor (every device request carries one).
     nonisolated let sessionIssuer = Mutex<SessionIssuer?>(nil)
+    nonisolated let evaluationKeys = Mutex<EvaluationKeys?>(nil)
     /// Report uploads being received (``beginUpload(session:)``).
     /// Places taken now, and places given back since start (by uploads committed, refused or abandoned; an abandoned
     /// one's admission is undone before its place is given back).

@@ -4,6 +4,10 @@ import OrchardProtocol
 /// The coordinator's metrics, created through an injected swift-metrics factory (Prometheus in `orchard serve`).
 public struct CoordinatorMetrics: Sendable {
     let checkinsAccepted: Counter
+    /// Evaluation tasks handed out (`orchard_evaluation_tasks_total`).
+    let evaluationTasksAssigned: Counter
+    /// Evaluation results stored (`orchard_evaluation_results_total`).
+    let evaluationResults: Counter
     let checkinsRejected: Counter
     let reportsAccepted: Counter
     let reportsRefused: Counter
@@ -30,6 +34,8 @@ public struct CoordinatorMetrics: Sendable {
     public init(factory: any MetricsFactory) {
         self.factory = factory
         checkinsAccepted = Counter(label: "orchard_checkins_total", dimensions: [("result", "accepted")], factory: factory)
+        evaluationTasksAssigned = Counter(label: "orchard_evaluation_tasks_total", factory: factory)
+        evaluationResults = Counter(label: "orchard_evaluation_results_total", factory: factory)
         checkinsRejected = Counter(label: "orchard_checkins_total", dimensions: [("result", "rejected")], factory: factory)
         reportsAccepted = Counter(label: "orchard_reports_total", dimensions: [("result", "accepted")], factory: factory)
         reportsRefused = Counter(label: "orchard_reports_total", dimensions: [("result", "refused")], factory: factory)

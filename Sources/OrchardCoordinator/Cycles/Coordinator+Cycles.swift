@@ -241,6 +241,9 @@ extension Coordinator {
             current.process.cyclesCompleted += 1
             scheduleEvaluation(processID: processID, checkpoint: transition.checkpoint, weights: newWeights, model: current.process.model)
             metrics.cyclesAggregated.increment()
+            if current.process.serverConfig.evaluation != nil {
+                await finalizeSupersededEvaluations(processID: processID)
+            }
         } else {
             current.process.cyclesAbandoned += 1
             metrics.cyclesAbandoned.increment()

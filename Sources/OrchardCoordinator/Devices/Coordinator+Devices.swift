@@ -227,6 +227,10 @@ extension Coordinator {
                 return .rejected(CycleRejection(retryAfter: (server.paceSteeringWindow * (1 + jitter)).rounded(.up), reason: "upload_too_slow"))
             }
         }
+        if let evaluation = offerEvaluation(request, runtime: runtime, processID: processID, now: now) {
+            metrics.checkinsAccepted.increment()
+            return .evaluate(evaluation)
+        }
         let key = randomHex(16)
         let decision = runtime.machine.requestCycle(workerID: request.workerID, now: now, newRequestKey: key, jitter: jitter)
         switch decision {
@@ -312,9 +316,15 @@ extension Coordinator {
     public func model(_ modelID: String, requestKey: String, session: DeviceSession, format: ModelFormat = .safetensors) async throws(CoordinatorError)
         -> ModelDownload
     {
-        try await adoptSharedKey(requestKey, confirm: true)
-        let runtime = try assignedRuntime(requestKey: requestKey, session: session)
-        let checkpoint = runtime.machine.checkpoint
+        let runtime: Runtime
+        let checkpoint: Int
+        if EvaluationKeys.isEvaluationKey(requestKey) {
+            (runtime, checkpoint) = try await evaluationTask(requestKey: requestKey, session: session)
+        } else {
+            try await adoptSharedKey(requestKey, confirm: true)
+            runtime = try assignedRuntime(requestKey: requestKey, session: session)
+            checkpoint = runtime.machine.checkpoint
+        }
         let expected = "\(runtime.process.id).\(checkpoint)"
         guard modelID == expected else {
             throw CoordinatorError(.unknownCheckpoint, "model '\(modelID)' is not the one assigned (\(expected))")
@@ -357,8 +367,13 @@ extension Coordinator {
 
     /// The training plan a device was assigned.
     public func plan(_ planID: String, requestKey: String, session: DeviceSession) async throws(CoordinatorError) -> TrainingPlan {
-        try await adoptSharedKey(requestKey, confirm: true)
-        let runtime = try assignedRuntime(requestKey: requestKey, session: session)
+        let runtime: Runtime
+        if EvaluationKeys.isEvaluationKey(requestKey) {
+            runtime = try await evaluationTask(requestKey: requestKey, session: session).runtime
+        } else {
+            try await adoptSharedKey(requestKey, confirm: true)
+            runtime = try assignedRuntime(requestKey: requestKey, session: session)
+        }
         guard planID == runtime.process.id else {
             throw CoordinatorError(.notFound, "plan '\(planID)' is not the one assigned (\(runtime.process.id))")
         }

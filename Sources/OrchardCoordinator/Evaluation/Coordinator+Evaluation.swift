@@ -70,7 +70,8 @@ extension Coordinator {
             let data = try await store.evaluationDataSize(processID: processID)
             return ProcessEvaluations(
                 processID: processID, dataBytes: data?.bytes, dataSamples: data?.samples,
-                evaluations: try await store.evaluations(processID: processID, limit: Self.evaluationHistoryLimit))
+                evaluations: try await store.evaluations(processID: processID, limit: Self.evaluationHistoryLimit),
+                federated: try await store.federatedEvaluations(processID: processID, limit: Self.evaluationHistoryLimit))
         } catch {
             throw storeFailure(error, "read the evaluations")
         }
@@ -118,6 +119,7 @@ extension Coordinator {
     func scheduleMissingEvaluations() async {
         for runtime in runtimes.values.sorted(by: { $0.process.id < $1.process.id }) {
             let processID = runtime.process.id
+            await finalizeSupersededEvaluations(processID: processID)
             do {
                 guard try await store.evaluationData(processID: processID) != nil else { continue }
                 let latest = runtime.process.latestCheckpoint
@@ -139,6 +141,7 @@ extension Coordinator {
             let latest = runtime.process.latestCheckpoint
             if evaluationsCaughtUp[processID] == latest { continue }
             guard now.timeIntervalSince(runtime.machine.openedAt) >= configuration.sealLease.inSeconds else { continue }
+            await finalizeSupersededEvaluations(processID: processID)
             do {
                 let attached = try await store.evaluationDataSize(processID: processID) != nil
                 let evaluated = try await store.evaluations(processID: processID, limit: 1).last?.checkpoint == latest
@@ -198,14 +201,16 @@ extension Coordinator {
 }
 
 extension CoordinatorMetrics {
-    /// Publishes a process's latest server-side evaluation: `orchard_evaluation{metric}` per metric,
-    /// `orchard_evaluation_samples` and `orchard_evaluation_checkpoint`, labelled with the process's name and version.
-    func recordEvaluation(process: StoredProcess, evaluation: CheckpointEvaluation) {
+    /// Publishes a process's latest evaluation: `orchard_evaluation{metric}` per metric, `orchard_evaluation_samples` and
+    /// `orchard_evaluation_checkpoint` (server-side), or the same under `orchard_federated_evaluation` (devices'
+    /// held-out splits), labelled with the process's name and version.
+    func recordEvaluation(process: StoredProcess, evaluation: CheckpointEvaluation, federated: Bool = false) {
         let base = [("process", process.name), ("version", process.version.description)]
+        let prefix = federated ? "orchard_federated_evaluation" : "orchard_evaluation"
         for (name, value) in evaluation.metrics.sorted(by: { $0.key < $1.key }) where value.isFinite {
-            Gauge(label: "orchard_evaluation", dimensions: base + [("metric", name)], factory: factory).record(value)
+            Gauge(label: prefix, dimensions: base + [("metric", name)], factory: factory).record(value)
         }
-        Gauge(label: "orchard_evaluation_samples", dimensions: base, factory: factory).record(evaluation.samples)
-        Gauge(label: "orchard_evaluation_checkpoint", dimensions: base, factory: factory).record(evaluation.checkpoint)
+        Gauge(label: prefix + "_samples", dimensions: base, factory: factory).record(evaluation.samples)
+        Gauge(label: prefix + "_checkpoint", dimensions: base, factory: factory).record(evaluation.checkpoint)
     }
 }

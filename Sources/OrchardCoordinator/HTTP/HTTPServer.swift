@@ -117,6 +117,11 @@ public enum CoordinatorServer {
                 }
             }
         }
+        router.post(RouterPath(stringLiteral: Endpoint.evaluationReport)) { request, _ in
+            let session = try await deviceSession(request, coordinator)
+            let message = try await decode(EvaluationReport.self, request, limit: limits.maximumMessageBytes)
+            return try json(await coordinator.evaluationReport(message, session: session))
+        }
         router.post(RouterPath(stringLiteral: Endpoint.secureAggregation)) { request, _ in
             try await offTheEventLoop {
                 let session = try await deviceSession(request, coordinator)

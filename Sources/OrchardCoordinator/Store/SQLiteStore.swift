@@ -182,6 +182,19 @@ public final class SQLiteStore: CoordinatorStore {
                         samples INTEGER NOT NULL, metrics TEXT NOT NULL, evaluated_at REAL NOT NULL, PRIMARY KEY (process_id, checkpoint));
                     """)
         }
+        // Federated evaluation: devices' results per checkpoint until it is finalized, then the aggregate.
+        migrator.registerMigration("v10-federated-evaluation") { db in
+            try db.execute(
+                sql: """
+                    CREATE TABLE evaluation_results (
+                        process_id TEXT NOT NULL REFERENCES processes(id) ON DELETE CASCADE, checkpoint INTEGER NOT NULL, worker_id TEXT NOT NULL,
+                        samples INTEGER NOT NULL, metrics TEXT NOT NULL, received_at REAL NOT NULL, PRIMARY KEY (process_id, checkpoint, worker_id));
+                    CREATE TABLE federated_evaluations (
+                        process_id TEXT NOT NULL REFERENCES processes(id) ON DELETE CASCADE, checkpoint INTEGER NOT NULL,
+                        samples INTEGER NOT NULL, devices INTEGER, metrics TEXT NOT NULL, epsilon REAL, evaluated_at REAL NOT NULL,
+                        PRIMARY KEY (process_id, checkpoint));
+                    """)
+        }
         return migrator
     }
 
@@ -244,6 +257,8 @@ public final class SQLiteStore: CoordinatorStore {
             try db.execute(sql: "DELETE FROM assignments WHERE process_id = ?", arguments: [id])
             try db.execute(sql: "DELETE FROM evaluation_data WHERE process_id = ?", arguments: [id])
             try db.execute(sql: "DELETE FROM evaluations WHERE process_id = ?", arguments: [id])
+            try db.execute(sql: "DELETE FROM evaluation_results WHERE process_id = ?", arguments: [id])
+            try db.execute(sql: "DELETE FROM federated_evaluations WHERE process_id = ?", arguments: [id])
             try db.execute(sql: "DELETE FROM processes WHERE id = ?", arguments: [id])
             guard db.changesCount == 1 else { throw StoreError(.notFound, "no process '\(id)'") }
         }
@@ -690,6 +705,89 @@ public final class SQLiteStore: CoordinatorStore {
                     checkpoint: row["checkpoint"], samples: row["samples"], metrics: CycleRecordSummary.decode(row["metrics"]), evaluatedAt: row["evaluated_at"]
                 )
             }
+        }
+    }
+
+    public func recordEvaluationResult(_ result: StoredEvaluationResult, processID: String) async throws -> Int {
+        let metrics = CycleRecordSummary.json(result.metrics)
+        return try await pool.write { db in
+            guard try Bool.fetchOne(db, sql: "SELECT 1 FROM processes WHERE id = ?", arguments: [processID]) != nil else {
+                throw StoreError(.notFound, "no process '\(processID)'")
+            }
+            if try Bool.fetchOne(
+                db, sql: "SELECT 1 FROM federated_evaluations WHERE process_id = ? AND checkpoint = ?", arguments: [processID, result.checkpoint]) != nil
+            {
+                throw StoreError(.cycleClosed, "the federated evaluation of checkpoint \(result.checkpoint) is finalized")
+            }
+            try db.execute(
+                sql: "INSERT OR IGNORE INTO evaluation_results (process_id, checkpoint, worker_id, samples, metrics, received_at) VALUES (?, ?, ?, ?, ?, ?)",
+                arguments: [processID, result.checkpoint, result.workerID, result.samples, metrics, result.receivedAt])
+            guard db.changesCount == 1 else {
+                throw StoreError(.duplicate, "worker '\(result.workerID)' already sent a result for checkpoint \(result.checkpoint)")
+            }
+            return try Int.fetchOne(
+                db, sql: "SELECT count(*) FROM evaluation_results WHERE process_id = ? AND checkpoint = ?", arguments: [processID, result.checkpoint]) ?? 0
+        }
+    }
+
+    public func evaluationResults(processID: String, checkpoint: Int) async throws -> [StoredEvaluationResult] {
+        try await pool.read { db in
+            try Row.fetchAll(
+                db,
+                sql: "SELECT worker_id, samples, metrics, received_at FROM evaluation_results WHERE process_id = ? AND checkpoint = ? ORDER BY worker_id",
+                arguments: [processID, checkpoint]
+            ).map { row in
+                StoredEvaluationResult(
+                    checkpoint: checkpoint, workerID: row["worker_id"], samples: row["samples"], metrics: CycleRecordSummary.decode(row["metrics"]),
+                    receivedAt: row["received_at"])
+            }
+        }
+    }
+
+    public func pendingEvaluationCheckpoints(processID: String) async throws -> [Int] {
+        try await pool.read { db in
+            try Int.fetchAll(
+                db, sql: "SELECT DISTINCT checkpoint FROM evaluation_results WHERE process_id = ? ORDER BY checkpoint", arguments: [processID])
+        }
+    }
+
+    public func finalizeFederatedEvaluation(_ evaluation: CheckpointEvaluation, processID: String) async throws -> Bool {
+        let metrics = CycleRecordSummary.json(evaluation.metrics)
+        return try await pool.write { db in
+            guard try Bool.fetchOne(db, sql: "SELECT 1 FROM processes WHERE id = ?", arguments: [processID]) != nil else { return false }
+            try db.execute(
+                sql: """
+                    INSERT OR IGNORE INTO federated_evaluations (process_id, checkpoint, samples, devices, metrics, epsilon, evaluated_at)
+                    VALUES (?, ?, ?, ?, ?, ?, ?)
+                    """,
+                arguments: [processID, evaluation.checkpoint, evaluation.samples, evaluation.devices, metrics, evaluation.epsilon, evaluation.evaluatedAt])
+            let recorded = db.changesCount == 1
+            try db.execute(
+                sql: "DELETE FROM evaluation_results WHERE process_id = ? AND checkpoint = ?", arguments: [processID, evaluation.checkpoint])
+            return recorded
+        }
+    }
+
+    public func federatedEvaluations(processID: String, limit: Int) async throws -> [CheckpointEvaluation] {
+        try await pool.read { db in
+            try Row.fetchAll(
+                db,
+                sql: """
+                    SELECT checkpoint, samples, devices, metrics, epsilon, evaluated_at FROM federated_evaluations WHERE process_id = ?
+                    ORDER BY checkpoint DESC LIMIT ?
+                    """,
+                arguments: [processID, max(0, limit)]
+            ).reversed().map { row in
+                CheckpointEvaluation(
+                    checkpoint: row["checkpoint"], samples: row["samples"], metrics: CycleRecordSummary.decode(row["metrics"]),
+                    evaluatedAt: row["evaluated_at"], devices: row["devices"], epsilon: row["epsilon"])
+            }
+        }
+    }
+
+    public func federatedEvaluationCount(processID: String) async throws -> Int {
+        try await pool.read { db in
+            try Int.fetchOne(db, sql: "SELECT count(*) FROM federated_evaluations WHERE process_id = ?", arguments: [processID]) ?? 0
         }
     }
 

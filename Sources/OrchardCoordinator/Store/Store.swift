@@ -426,6 +426,45 @@ public protocol CoordinatorStore: Sendable {
     func recordEvaluation(_ evaluation: CheckpointEvaluation, processID: String) async throws
     /// A process's checkpoint evaluations, the newest `limit` of them, oldest first.
     func evaluations(processID: String, limit: Int) async throws -> [CheckpointEvaluation]
+    /// Stores a device's result of a federated evaluation task and returns how many results its checkpoint holds.
+    /// Throws ``StoreError/Code/duplicate`` when the worker already sent one for the checkpoint,
+    /// ``StoreError/Code/cycleClosed`` when the checkpoint's federated evaluation is finalized, and
+    /// ``StoreError/Code/notFound`` for an unknown process.
+    func recordEvaluationResult(_ result: StoredEvaluationResult, processID: String) async throws -> Int
+    /// The stored results of a checkpoint whose federated evaluation is not finalized, by worker id.
+    func evaluationResults(processID: String, checkpoint: Int) async throws -> [StoredEvaluationResult]
+    /// The checkpoints with stored results not yet finalized, ascending.
+    func pendingEvaluationCheckpoints(processID: String) async throws -> [Int]
+    /// Records a checkpoint's federated evaluation and deletes its results, in one transaction, exactly once: returns
+    /// false (and only deletes the results) when one was recorded already, by any instance, or the process is gone.
+    func finalizeFederatedEvaluation(_ evaluation: CheckpointEvaluation, processID: String) async throws -> Bool
+    /// A process's federated evaluations, the newest `limit` of them, oldest first.
+    func federatedEvaluations(processID: String, limit: Int) async throws -> [CheckpointEvaluation]
+    /// How many federated evaluations a process has recorded (the noised releases the evaluation's accountant counts).
+    func federatedEvaluationCount(processID: String) async throws -> Int
+}
+
+/// A device's result of a federated evaluation task, as stored until its checkpoint's evaluation is finalized.
+public struct StoredEvaluationResult: Sendable, Hashable {
+    /// The checkpoint evaluated.
+    public var checkpoint: Int
+    /// The worker.
+    public var workerID: String
+    /// Held-out samples evaluated.
+    public var samples: Int
+    /// Mean metrics by name.
+    public var metrics: [String: Double]
+    /// When it arrived, in seconds since 1970.
+    public var receivedAt: Double
+
+    /// Creates a record.
+    public init(checkpoint: Int, workerID: String, samples: Int, metrics: [String: Double], receivedAt: Double) {
+        self.checkpoint = checkpoint
+        self.workerID = workerID
+        self.samples = samples
+        self.metrics = metrics
+        self.receivedAt = receivedAt
+    }
 }
 
 /// One persisted step of a cycle's secure aggregation.

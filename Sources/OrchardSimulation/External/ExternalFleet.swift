@@ -284,6 +284,9 @@ struct ShardRun: Sendable {
                     wait = retryAfter
                 case .conditionsNotMet:
                     wait = 60
+                case .evaluated:
+                    // `run` takes training only.
+                    wait = 1
                 }
             } catch {
                 if Task.isCancelled { return }

@@ -122,6 +122,15 @@ extension VirtualTransport {
         return reply
     }
 
+    /// An evaluation result: a small JSON message each way, on the device's link.
+    func evaluationReport(_ report: EvaluationReport, session: String) async throws(OrchardClientError) -> EvaluationReportResponse {
+        let up = (try? WireCoding.encoder().encode(report).count) ?? 256
+        do { try await link.spend(Double(up) / link.profile.uploadBytesPerSecond) } catch { throw interrupted(error) }
+        let response = try await call { () async throws(OrchardClientError) in try await inner.evaluationReport(report, session: session) }
+        link.noteUpload(up)
+        return response
+    }
+
     /// The speed test's bytes take the device's link time, so the SDK measures the device's profile.
     func speedTest(_ direction: SpeedTestDirection, bytes: Int, session: String) async throws(OrchardClientError) -> Int {
         let moved = try await call { () async throws(OrchardClientError) in try await inner.speedTest(direction, bytes: bytes, session: session) }

@@ -1,0 +1,67 @@
+public import OrchardML
+
+/// A device's split of its samples into a training part and a held-out part for federated evaluation
+/// (`client_config.holdout_fraction`).
+///
+/// Sample `i` is held out when a hash of the device's seed and `i` falls below the fraction: the split is fixed once for
+/// a device and the same in every window, a sample never changes sides, and samples appended later keep the earlier
+/// ones where they were. The held-out part is never trained on.
+public struct HoldoutSplit: Sendable {
+    /// Positions of the training samples.
+    public let training: [Int]
+    /// Positions of the held-out samples.
+    public let holdout: [Int]
+
+    /// Splits `count` samples with `fraction` of them (in expectation) held out, by `seed`.
+    public init(count: Int, fraction: Double, seed: UInt64) {
+        var training: [Int] = []
+        var holdout: [Int] = []
+        training.reserveCapacity(count)
+        for index in 0..<count {
+            if Self.isHeldOut(index, fraction: fraction, seed: seed) { holdout.append(index) } else { training.append(index) }
+        }
+        self.training = training
+        self.holdout = holdout
+    }
+
+    /// Whether sample `index` is held out: a SplitMix64 finalizer of the seed and the index, as a number in [0, 1),
+    /// below `fraction`.
+    public static func isHeldOut(_ index: Int, fraction: Double, seed: UInt64) -> Bool {
+        guard fraction > 0 else { return false }
+        var z = seed &+ 0x9E37_79B9_7F4A_7C15 &* (UInt64(truncatingIfNeeded: index) &+ 1)
+        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+        z ^= z >> 31
+        return Double(z >> 11) / Double(1 << 53) < fraction
+    }
+
+    /// The training part of `dataset`.
+    public func trainingPart(of dataset: some Dataset) -> DatasetPart { DatasetPart(dataset, indices: training) }
+    /// The held-out part of `dataset`.
+    public func holdoutPart(of dataset: some Dataset) -> DatasetPart { DatasetPart(dataset, indices: holdout) }
+}
+
+/// Some samples of a dataset, by position, without copying them.
+public struct DatasetPart: Dataset {
+    private let base: any Dataset
+    /// Positions in the base dataset.
+    public let indices: [Int]
+
+    /// A view of `indices` of `base`.
+    public init(_ base: some Dataset, indices: [Int]) {
+        self.base = base
+        self.indices = indices
+    }
+
+    public var count: Int { indices.count }
+    public var inputSpecs: [FeatureSpec] { base.inputSpecs }
+    public var targetSpec: FeatureSpec { base.targetSpec }
+
+    public func copyInput(_ input: Int, of index: Int, into destination: UnsafeMutableBufferPointer<Float>) {
+        base.copyInput(input, of: indices[index], into: destination)
+    }
+
+    public func copyTarget(of index: Int, into destination: UnsafeMutableBufferPointer<Float>) {
+        base.copyTarget(of: indices[index], into: destination)
+    }
+}

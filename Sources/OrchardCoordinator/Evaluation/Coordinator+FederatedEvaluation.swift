@@ -1,0 +1,146 @@
+import CoreMetrics
+import Foundation
+import Logging
+import OrchardFormats
+public import OrchardProtocol
+import OrchardSupport
+import Synchronization
+
+// Federated evaluation: devices run the latest checkpoint on their held-out split and send metrics only; the
+// coordinator aggregates each checkpoint's results once (``FederatedEvaluationAggregate``) and keeps the aggregate.
+extension Coordinator {
+    /// An evaluation task for a device whose cycle request takes one, when the process's latest checkpoint wants
+    /// results (``EvaluationTasks/offer(worker:now:config:draw:)``); nil to go on deciding on training.
+    func offerEvaluation(_ request: CycleRequest, runtime: Runtime, processID: String, now: Date) -> EvaluationAssignment? {
+        guard let config = runtime.process.serverConfig.evaluation, request.tasks?.contains(.evaluation) == true,
+            let keys = evaluationKeys.withLock({ $0 })
+        else { return nil }
+        let checkpoint = runtime.process.latestCheckpoint
+        runtime.evaluationTasks.follow(checkpoint: checkpoint)
+        guard config.evaluates(checkpoint: checkpoint) else { return nil }
+        let draw = Double.random(in: 0..<1, using: &random)
+        guard runtime.evaluationTasks.offer(worker: request.workerID, now: now.timeIntervalSince1970, config: config, draw: draw) else { return nil }
+        let expiry = Int((now.timeIntervalSince1970 + config.reportWithin).rounded(.up))
+        metrics.evaluationTasksAssigned.increment()
+        return EvaluationAssignment(
+            requestKey: keys.make(processID: processID, workerID: request.workerID, checkpoint: checkpoint, expiry: expiry), processID: processID,
+            checkpoint: checkpoint, modelID: "\(processID).\(checkpoint)", planID: processID, reportWithin: config.reportWithin)
+    }
+
+    /// The process and checkpoint of an evaluation key issued to the session's worker, refusing forged, foreign and
+    /// expired keys and (``EvaluationTasks``) checkpoints that are no longer the latest.
+    func evaluationTask(requestKey: String, session: DeviceSession) async throws(CoordinatorError) -> (runtime: Runtime, checkpoint: Int) {
+        guard let keys = evaluationKeys.withLock({ $0 }) else { throw .internalError("coordinator not started") }
+        guard let runtime = try await knownRuntime(processID: session.processID) else {
+            throw CoordinatorError(.unknownProcess, "the session's \(session.processDescription) is no longer hosted")
+        }
+        guard runtime.process.serverConfig.evaluation != nil,
+            let (checkpoint, expiry) = keys.verify(requestKey, processID: session.processID, workerID: session.workerID)
+        else {
+            throw CoordinatorError(.invalidRequestKey, "request key is not an evaluation task issued to this worker for this process")
+        }
+        guard Double(expiry) >= clock.date.timeIntervalSince1970 else {
+            throw CoordinatorError(.deadlinePassed, "the evaluation task of checkpoint \(checkpoint) expired")
+        }
+        var current = runtime
+        if checkpoint > current.process.latestCheckpoint && store.isShared {
+            // Published through another instance since this one last looked.
+            await catchUpShared(processID: session.processID)
+            guard let refreshed = runtimes[session.processID] else {
+                throw CoordinatorError(.unknownProcess, "the session's \(session.processDescription) is no longer hosted")
+            }
+            current = refreshed
+        }
+        guard checkpoint == current.process.latestCheckpoint else {
+            throw CoordinatorError(
+                .evaluationClosed, "checkpoint \(checkpoint) is no longer the latest (\(current.process.latestCheckpoint)); its evaluation is closed")
+        }
+        return (current, checkpoint)
+    }
+
+    /// Stores a device's evaluation result; the checkpoint's evaluation is finalized once its goal is met.
+    /// - Throws: `forbidden` for another worker's report; `invalid_request` for a report without `loss`, with a non-finite
+    ///   or badly named metric, or more than ``OrchardProtocol/EvaluationReport/maximumMetrics``; `invalid_sample_count`;
+    ///   `invalid_request_key`, `deadline_passed`, `evaluation_closed`, `evaluation_already_received`.
+    public func evaluationReport(_ report: EvaluationReport, session: DeviceSession) async throws(CoordinatorError) -> EvaluationReportResponse {
+        guard report.workerID == session.workerID else { throw CoordinatorError(.forbidden, "the session token belongs to another worker") }
+        if let failure = report.validationFailure() { throw CoordinatorError(.invalidRequest, failure) }
+        let (runtime, checkpoint) = try await evaluationTask(requestKey: report.requestKey, session: session)
+        let processID = runtime.process.id
+        let maximum = runtime.process.serverConfig.maximumSampleCount
+        guard report.samples <= maximum else {
+            throw CoordinatorError(.invalidSampleCount, "samples \(report.samples) is not in 1...\(maximum)")
+        }
+        let count: Int
+        do {
+            count = try await store.recordEvaluationResult(
+                StoredEvaluationResult(
+                    checkpoint: checkpoint, workerID: report.workerID, samples: report.samples, metrics: report.metrics,
+                    receivedAt: clock.date.timeIntervalSince1970),
+                processID: processID)
+        } catch let error as StoreError where error.code == .duplicate {
+            throw CoordinatorError(.evaluationAlreadyReceived, "this worker already sent its result for checkpoint \(checkpoint)")
+        } catch let error as StoreError where error.code == .cycleClosed {
+            throw CoordinatorError(.evaluationClosed, "the evaluation of checkpoint \(checkpoint) is finalized")
+        } catch let error as StoreError where error.code == .notFound {
+            throw CoordinatorError(.unknownProcess, "the session's \(session.processDescription) is no longer hosted")
+        } catch {
+            throw storeFailure(error, "store the evaluation result")
+        }
+        metrics.evaluationResults.increment()
+        if let current = runtimes[processID] {
+            current.evaluationTasks.follow(checkpoint: checkpoint)
+            current.evaluationTasks.stored(worker: report.workerID, count: count)
+            if let goal = current.process.serverConfig.evaluation?.goal, count >= goal {
+                await finalizeFederatedEvaluation(processID: processID, checkpoint: checkpoint)
+            }
+        }
+        return EvaluationReportResponse(checkpoint: checkpoint, resultsReceived: count)
+    }
+
+    /// Aggregates a checkpoint's stored results into its federated evaluation and records it, once over every instance
+    /// (a second finalization only clears results that arrived in between). Failures are logged; the results stay
+    /// stored for the next attempt.
+    func finalizeFederatedEvaluation(processID: String, checkpoint: Int) async {
+        guard let runtime = runtimes[processID], let config = runtime.process.serverConfig.evaluation else { return }
+        do {
+            let results = try await store.evaluationResults(processID: processID, checkpoint: checkpoint)
+            guard !results.isEmpty else { return }
+            var epsilon: Double?
+            if let noise = config.noise, let privacy = runtime.process.serverConfig.privacy {
+                let releases = try await store.federatedEvaluationCount(processID: processID) + 1
+                epsilon = FederatedEvaluationAggregate.epsilon(releases: releases, noise: noise, config: config, privacy: privacy)
+            }
+            let evaluation = FederatedEvaluationAggregate.combine(
+                results, checkpoint: checkpoint, loss: runtime.process.model.training?.loss, noise: config.noise, epsilon: epsilon,
+                at: clock.date.timeIntervalSince1970, using: &random)
+            let recorded = try await store.finalizeFederatedEvaluation(evaluation, processID: processID)
+            if let current = runtimes[processID], current.evaluationTasks.checkpoint == checkpoint { current.evaluationTasks.finalize() }
+            guard recorded, let process = runtimes[processID]?.process else { return }
+            metrics.recordEvaluation(process: process, evaluation: evaluation, federated: true)
+            logger.info(
+                "checkpoint evaluated by devices",
+                metadata: [
+                    "process": "\(processID)", "checkpoint": "\(checkpoint)", "results": "\(results.count)", "samples": "\(evaluation.samples)",
+                    "loss": "\(evaluation.metrics["loss"] ?? Double.nan)",
+                ])
+        } catch {
+            logger.error(
+                "could not finalize a federated evaluation", metadata: ["process": "\(processID)", "checkpoint": "\(checkpoint)", "error": "\(error)"])
+        }
+    }
+
+    /// Finalizes every federated evaluation of a process's checkpoints older than its latest that still has results
+    /// stored: after a publication (here or, over a shared store, at another instance) and at start-up.
+    func finalizeSupersededEvaluations(processID: String) async {
+        guard let runtime = runtimes[processID], runtime.process.serverConfig.evaluation != nil else { return }
+        let latest = runtime.process.latestCheckpoint
+        do {
+            for checkpoint in try await store.pendingEvaluationCheckpoints(processID: processID) where checkpoint < latest {
+                await finalizeFederatedEvaluation(processID: processID, checkpoint: checkpoint)
+            }
+        } catch {
+            logger.warning("could not list the pending federated evaluations", metadata: ["process": "\(processID)", "error": "\(error)"])
+        }
+    }
+}

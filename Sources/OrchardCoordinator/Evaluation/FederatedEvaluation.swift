@@ -1,0 +1,172 @@
+import Crypto
+import Foundation
+import OrchardFormats
+import OrchardML
+import OrchardPrivacy
+public import OrchardProtocol
+
+/// The evaluation tasks of one process's latest checkpoint, as one coordinator instance hands them out: which workers
+/// hold one, until when, and how many results the store holds. Pure: time and the random draw are passed in.
+struct EvaluationTasks: Sendable {
+    /// The checkpoint the tasks are for (-1 before the first).
+    private(set) var checkpoint = -1
+    /// Workers holding a task, with its deadline (seconds since 1970).
+    private(set) var outstanding: [String: Double] = [:]
+    /// Workers whose result is stored.
+    private(set) var reported: Set<String> = []
+    /// Results stored for the checkpoint (over every instance, as last read from the store).
+    private(set) var received = 0
+    /// Whether the checkpoint's evaluation is finalized.
+    private(set) var finalized = false
+
+    /// Starts over for `number` when it is a newer checkpoint than the tasks are for.
+    mutating func follow(checkpoint number: Int) {
+        guard number != checkpoint else { return }
+        self = EvaluationTasks()
+        checkpoint = number
+    }
+
+    /// Whether `worker` gets an evaluation task at `now`, given a uniform draw in [0, 1): the checkpoint is one to
+    /// evaluate, not finalized, short of its goal with room among the open tasks, and the worker has none and sent
+    /// none for it. Records the task when it does.
+    mutating func offer(worker: String, now: Double, config: FederatedEvaluationConfig, draw: Double) -> Bool {
+        guard config.evaluates(checkpoint: checkpoint), !finalized, received < config.goal else { return false }
+        guard outstanding[worker] == nil, !reported.contains(worker) else { return false }
+        outstanding = outstanding.filter { $0.value > now }
+        guard received + outstanding.count < config.capacity, draw < config.fraction else { return false }
+        outstanding[worker] = now + config.reportWithin
+        return true
+    }
+
+    /// A result of `worker` for the checkpoint was stored; the store holds `count` in all.
+    mutating func stored(worker: String, count: Int) {
+        outstanding[worker] = nil
+        reported.insert(worker)
+        received = max(received, count)
+    }
+
+    /// The checkpoint's evaluation was finalized (here or by another instance).
+    mutating func finalize() { finalized = true }
+}
+
+/// Evaluation request keys: `e.<checkpoint>.<expiry>.<mac>`, an HMAC-SHA256 over the process, the worker, the
+/// checkpoint and the expiry with a key derived from the coordinator's stored secret. Any instance that shares the
+/// store verifies one without a lookup, and a restart does not invalidate the tasks it handed out.
+struct EvaluationKeys: Sendable {
+    private let key: SymmetricKey
+
+    /// Keys derived from the coordinator's session secret (HKDF, so the two never act as each other).
+    init(secret: [UInt8]) {
+        key = HKDF<SHA256>.deriveKey(
+            inputKeyMaterial: SymmetricKey(data: secret), info: Array("orchard/evaluation-keys".utf8), outputByteCount: 32)
+    }
+
+    /// Whether a request key has the shape of an evaluation key (a cycle's keys are hex).
+    static func isEvaluationKey(_ requestKey: String) -> Bool { requestKey.hasPrefix("e.") }
+
+    /// The key for `worker`'s task on `checkpoint` of `processID`, valid until `expiry` (whole seconds since 1970).
+    func make(processID: String, workerID: String, checkpoint: Int, expiry: Int) -> String {
+        "e.\(checkpoint).\(expiry).\(mac(processID: processID, workerID: workerID, checkpoint: checkpoint, expiry: expiry))"
+    }
+
+    /// The checkpoint a key was issued for to `workerID` in `processID`; nil when it is not one, or forged, or for
+    /// another worker or process. The expiry is returned for the caller to check.
+    func verify(_ requestKey: String, processID: String, workerID: String) -> (checkpoint: Int, expiry: Int)? {
+        let parts = requestKey.split(separator: ".", omittingEmptySubsequences: false)
+        guard parts.count == 4, parts[0] == "e", let checkpoint = Int(parts[1]), checkpoint >= 0, let expiry = Int(parts[2]) else { return nil }
+        let expected = mac(processID: processID, workerID: workerID, checkpoint: checkpoint, expiry: expiry)
+        // Constant-time comparison of the hex digests.
+        let given = Array(parts[3].utf8)
+        let wanted = Array(expected.utf8)
+        guard given.count == wanted.count else { return nil }
+        var difference: UInt8 = 0
+        for index in given.indices { difference |= given[index] ^ wanted[index] }
+        return difference == 0 ? (checkpoint, expiry) : nil
+    }
+
+    private func mac(processID: String, workerID: String, checkpoint: Int, expiry: Int) -> String {
+        let message = Array("evaluation\u{0}\(processID)\u{0}\(workerID)\u{0}\(checkpoint)\u{0}\(expiry)".utf8)
+        let code = HMAC<SHA256>.authenticationCode(for: message, using: key)
+        return code.prefix(16).map { String($0, radix: 16).leftPadded(to: 2) }.joined()
+    }
+}
+
+extension String {
+    fileprivate func leftPadded(to width: Int) -> String { count >= width ? self : String(repeating: "0", count: width - count) + self }
+}
+
+/// How a checkpoint's device results become its federated evaluation: the sample-weighted mean of every metric
+/// (`rmse` and `perplexity` derived from the mean loss, as they do not average), or under
+/// ``OrchardProtocol/EvaluationNoise`` the ratio of noised, clamped sums. Pure: the noise source is passed in.
+enum FederatedEvaluationAggregate {
+    /// The federated evaluation of `checkpoint` from its stored results.
+    /// - Parameters:
+    ///   - results: The devices' results (at least one).
+    ///   - loss: The model's loss (which second metric noised sums release: accuracy or MAE).
+    ///   - noise: Noised sums, if the process asks for them.
+    ///   - epsilon: The evaluation's ε through this release, when noised.
+    static func combine(
+        _ results: [StoredEvaluationResult], checkpoint: Int, loss: LossType?, noise: EvaluationNoise?, epsilon: Double?, at date: Double,
+        using generator: inout some RandomNumberGenerator
+    ) -> CheckpointEvaluation {
+        if let noise { return noised(results, checkpoint: checkpoint, loss: loss, noise: noise, epsilon: epsilon, at: date, using: &generator) }
+        var totals: [String: (sum: Double, weight: Double)] = [:]
+        var samples = 0
+        for result in results {
+            samples += result.samples
+            let weight = Double(result.samples)
+            for (name, value) in result.metrics where value.isFinite {
+                let old = totals[name] ?? (0, 0)
+                totals[name] = (old.sum + weight * value, old.weight + weight)
+            }
+        }
+        var metrics = totals.compactMapValues { $0.weight > 0 ? $0.sum / $0.weight : nil }
+        derive(&metrics)
+        return CheckpointEvaluation(checkpoint: checkpoint, samples: samples, metrics: metrics, evaluatedAt: date, devices: results.count)
+    }
+
+    /// `rmse` and `perplexity`, where present, recomputed from the aggregated loss (a mean of square roots or of
+    /// exponentials is not the root or exponential of the mean).
+    private static func derive(_ metrics: inout [String: Double]) {
+        guard let loss = metrics["loss"] else { return }
+        if metrics["rmse"] != nil { metrics["rmse"] = max(0, loss).squareRoot() }
+        if metrics["perplexity"] != nil { metrics["perplexity"] = exp(loss) }
+    }
+
+    private static func noised(
+        _ results: [StoredEvaluationResult], checkpoint: Int, loss: LossType?, noise: EvaluationNoise, epsilon: Double?, at date: Double,
+        using generator: inout some RandomNumberGenerator
+    ) -> CheckpointEvaluation {
+        let cap = Double(noise.maximumSamples)
+        let second = loss == .crossEntropy ? ("accuracy", 1.0) : ("mae", noise.lossBound)
+        let released = [("loss", noise.lossBound), second]
+        var weight = 0.0
+        var sums = [Double](repeating: 0, count: released.count)
+        for result in results {
+            let w = min(Double(result.samples), cap)
+            weight += w
+            for (index, (name, bound)) in released.enumerated() {
+                sums[index] += w * min(max(result.metrics[name] ?? 0, 0), bound)
+            }
+        }
+        let z = noise.noiseMultiplier
+        let noisyWeight = weight + z * cap * GaussianNoise.standardNormal(using: &generator)
+        var metrics: [String: Double] = [:]
+        for (index, (name, bound)) in released.enumerated() {
+            let noisySum = sums[index] + z * cap * bound * GaussianNoise.standardNormal(using: &generator)
+            metrics[name] = min(max(noisySum / max(noisyWeight, 1), 0), bound)
+        }
+        if loss == .meanSquaredError { metrics["rmse"] = (metrics["loss"] ?? 0).squareRoot() }
+        return CheckpointEvaluation(
+            checkpoint: checkpoint, samples: max(0, Int(noisyWeight.rounded())), metrics: metrics, evaluatedAt: date, devices: nil, epsilon: epsilon)
+    }
+
+    /// ε of `releases` noised federated evaluations of a process under `privacy`: each is a Gaussian mechanism with
+    /// multiplier z/√3 on devices sampled at rate (evaluation capacity / population), composed in Rényi DP.
+    static func epsilon(releases: Int, noise: EvaluationNoise, config: FederatedEvaluationConfig, privacy: PrivacyConfig) -> Double? {
+        try? PrivacyAccountant.epsilon(
+            samplingRate: privacy.samplingRate(capacity: config.capacity), noiseMultiplier: noise.accountedNoiseMultiplier, steps: releases,
+            delta: privacy.delta
+        ).epsilon
+    }
+}
