@@ -75,6 +75,8 @@ struct JobCycleStateMachineTests {
             case .backoff(let retry, let seconds): seconds.map { "backoff:\(retry):\($0)s" } ?? "backoff:\(retry)"
             case .train: "train"
             case .secureAggregate: "secureAggregate"
+            case .evaluate: "evaluate"
+            case .uploadEvaluation: "uploadEvaluation"
             case .finish: "finish"
             case .fail(let error): "fail:\(error.code)"
             }

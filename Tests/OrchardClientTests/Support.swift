@@ -16,6 +16,8 @@ final class RecordingTransport: ClientTransport {
         var downloadHeads: [DownloadHead] = []
         var reports: [[UInt8]] = []
         var reportAttempts = 0
+        var evaluationReports: [EvaluationReport] = []
+        var plans: [(planID: String, requestKey: String)] = []
     }
 
     /// What to do with a call.
@@ -52,7 +54,13 @@ final class RecordingTransport: ClientTransport {
     }
 
     func plan(_ planID: String, requestKey: String, session: String) async throws(OrchardClientError) -> TrainingPlan {
-        try await inner.plan(planID, requestKey: requestKey, session: session)
+        log.withLock { $0.plans.append((planID, requestKey)) }
+        return try await inner.plan(planID, requestKey: requestKey, session: session)
+    }
+
+    func evaluationReport(_ report: EvaluationReport, session: String) async throws(OrchardClientError) -> EvaluationReportResponse {
+        log.withLock { $0.evaluationReports.append(report) }
+        return try await inner.evaluationReport(report, session: session)
     }
 
     func downloadModel(_ request: ModelRequest, session: String, into sink: any DownloadSink) async throws(OrchardClientError) {
