@@ -205,11 +205,12 @@ func diffOf(_ body: [UInt8]) throws -> [String: [Float]] {
 }
 
 /// The diff the engine computes directly for the fixture (what a device should report).
-func referenceDiff(clientConfig: ClientConfig, seed: UInt64) throws -> [String: [Float]] {
+func referenceDiff(clientConfig: ClientConfig, seed: UInt64, on dataset: (any Dataset)? = nil) throws -> [String: [Float]] {
     let weights = try Safetensors.decode(Fixture.initialWeights()).tensors
     let training = try TrainingConfiguration.resolved(architecture: Fixture.spec, clientConfig: clientConfig, seed: seed)
     let task = LocalTrainingTask(model: CycleModel(spec: Fixture.spec, weights: weights), training: training)
-    guard case .completed(let update) = try EngineLocalTrainer().train(task, on: Fixture.dataset(), resumingFrom: nil, progress: { _ in }) else {
+    let data: any Dataset = try dataset ?? Fixture.dataset()
+    guard case .completed(let update) = try EngineLocalTrainer().train(task, on: data, resumingFrom: nil, progress: { _ in }) else {
         throw OrchardClientError(.training, "reference run was interrupted")
     }
     return Dictionary(uniqueKeysWithValues: update.diff.map { ($0.name, $0.values) })
