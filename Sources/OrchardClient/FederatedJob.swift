@@ -41,8 +41,31 @@ public struct CycleContext: Sendable {
     /// The samples of `dataset` to train on: all of them, or those outside the device's held-out split when the process
     /// holds some out (`client_config.holdout_fraction`, ``HoldoutSplit``).
     public func trainingPart(of dataset: some Dataset) -> DatasetPart {
-        guard let fraction = clientConfig.holdoutFraction, fraction > 0 else { return DatasetPart(dataset, indices: Array(0..<dataset.count)) }
-        return HoldoutSplit(count: dataset.count, fraction: fraction, seed: holdoutSeed).trainingPart(of: dataset)
+        guard let split = holdoutSplit(count: dataset.count) else { return DatasetPart(dataset, indices: Array(0..<dataset.count)) }
+        return split.trainingPart(of: dataset)
+    }
+
+    /// The device's split of `count` samples when the process holds data out, else nil.
+    public func holdoutSplit(count: Int) -> HoldoutSplit? {
+        guard let fraction = clientConfig.holdoutFraction, fraction > 0 else { return nil }
+        return HoldoutSplit(count: count, fraction: fraction, seed: holdoutSeed)
+    }
+}
+
+/// What an evaluation task hands the caller's evaluation code: the task, the plan and the checkpoint to evaluate.
+public struct EvaluationContext: Sendable {
+    /// The task (request key, checkpoint, deadline).
+    public let assignment: EvaluationAssignment
+    /// The architecture and the client configuration (with its `holdout_fraction`).
+    public let plan: TrainingPlan
+    /// The checkpoint's model.
+    public let model: CycleModel
+    /// The device's seed of its held-out split.
+    let holdoutSeed: UInt64
+
+    /// The device's split of `count` samples (nothing held out when the process holds no fraction out).
+    public func holdoutSplit(count: Int) -> HoldoutSplit {
+        HoldoutSplit(count: count, fraction: plan.clientConfig.holdoutFraction ?? 0, seed: holdoutSeed)
     }
 }
 
@@ -116,6 +139,23 @@ public final class FederatedJob: Sendable {
         try await exclusiveCycle(constraints: constraints, tasks: [.training], evaluator: nil) { context in .completed(try await body(context)) }
     }
 
+    /// ``run(constraints:_:)`` for a window that also takes evaluation tasks: `evaluate` runs an evaluation task's
+    /// checkpoint on the device's held-out samples (``EvaluationContext/holdoutSplit(count:)``) and returns their
+    /// metrics, or nil when it holds none out; `body` should train on ``CycleContext/trainingPart(of:)`` only.
+    public func run(
+        constraints: TaskConstraints = .none, tasks: [DeviceTask], evaluate: @escaping @Sendable (EvaluationContext) async throws -> EvaluationMetrics?,
+        _ body: @Sendable (CycleContext) async throws -> LocalUpdate
+    ) async throws(OrchardClientError) -> CycleOutcome {
+        let evaluator: Evaluator = { context async throws(OrchardClientError) -> EvaluationMetrics? in
+            do { return try await evaluate(context) } catch let error as OrchardClientError { throw error } catch is CancellationError {
+                throw OrchardClientError(.cancelled, "the evaluation was cancelled")
+            } catch {
+                throw OrchardClientError(.training, "evaluation failed: \(error)")
+            }
+        }
+        return try await exclusiveCycle(constraints: constraints, tasks: tasks, evaluator: evaluator) { context in .completed(try await body(context)) }
+    }
+
     /// Runs one whole cycle with the configured ``LocalTrainer`` (the Orchard engine by default): trains on
     /// `dataset` under the coordinator's client configuration, computes the diff and reports it.
     ///
@@ -135,12 +175,10 @@ public final class FederatedJob: Sendable {
         async throws(OrchardClientError) -> CycleOutcome
     {
         let trainer = configuration.trainer
-        let seed = configuration.trainingSeed
-        let evaluator: @Sendable (JobCycleStateMachine.EvaluationInput) async throws(OrchardClientError) -> EvaluationMetrics? = { input in
-            guard let fraction = input.plan.clientConfig.holdoutFraction, fraction > 0 else { return nil }
-            let holdout = HoldoutSplit(count: dataset.count, fraction: fraction, seed: seed).holdoutPart(of: dataset)
+        let evaluator: Evaluator = { context async throws(OrchardClientError) -> EvaluationMetrics? in
+            let holdout = context.holdoutSplit(count: dataset.count).holdoutPart(of: dataset)
             guard holdout.count > 0 else { return nil }
-            return try await trainer.evaluate(input.model, on: holdout)
+            return try await trainer.evaluate(context.model, on: holdout)
         }
         return try await exclusiveCycle(constraints: constraints, tasks: tasks, evaluator: evaluator) { context in
             let task = LocalTrainingTask(model: context.model, training: context.training)
@@ -332,7 +370,8 @@ public final class FederatedJob: Sendable {
             guard let evaluator else { return machine.evaluationFailed(OrchardClientError(.invalidConfiguration, "this window takes no evaluation")) }
             do throws(OrchardClientError) {
                 try checkCancellation()
-                return machine.evaluationEnded(try await evaluator(input))
+                let context = EvaluationContext(assignment: input.assignment, plan: input.plan, model: input.model, holdoutSeed: configuration.trainingSeed)
+                return machine.evaluationEnded(try await evaluator(context))
             } catch {
                 return machine.evaluationFailed(Task.isCancelled && error.code != .cancelled ? cancelledError() : error)
             }
@@ -415,7 +454,7 @@ public final class FederatedJob: Sendable {
     }
 
     /// Runs an evaluation task's checkpoint on the held-out split (nil: nothing held out).
-    typealias Evaluator = @Sendable (JobCycleStateMachine.EvaluationInput) async throws(OrchardClientError) -> EvaluationMetrics?
+    typealias Evaluator = @Sendable (EvaluationContext) async throws(OrchardClientError) -> EvaluationMetrics?
 
     /// The current time in seconds since 1970, from the injected environment.
     private var now: Double { configuration.environment.clock.date.timeIntervalSince1970 }

@@ -56,16 +56,24 @@ public struct EngineWorkload<Slice: Dataset, TestSet: Dataset>: FleetWorkload, @
     /// Trains `device`'s slice with the SDK's trainer (the engine's complete training state is the checkpoint
     /// between stretches, so a resumed run equals an uninterrupted one bit for bit).
     /// An attacking device trains the same way (on flipped labels for label-flip) and poisons the finished update.
-    public func train(device: Int, _ task: LocalTrainingTask, resumingFrom checkpoint: [UInt8]?) throws(OrchardClientError) -> LocalTrainingOutcome {
+    public func train(device: Int, _ task: LocalTrainingTask, on indices: [Int]?, resumingFrom checkpoint: [UInt8]?) throws(OrchardClientError)
+        -> LocalTrainingOutcome
+    {
         guard let attack, attack.attackers.contains(device) else {
-            return try trainer.train(task, on: slices[device], resumingFrom: checkpoint, progress: { _ in })
+            guard let indices else { return try trainer.train(task, on: slices[device], resumingFrom: checkpoint, progress: { _ in }) }
+            return try trainer.train(task, on: DatasetPart(slices[device], indices: indices), resumingFrom: checkpoint, progress: { _ in })
         }
-        let data: any Dataset =
-            attack.configuration.kind == .labelFlip ? LabelFlippedDataset(base: slices[device], classes: attack.classes) : slices[device]
+        let own: any Dataset = indices.map { DatasetPart(slices[device], indices: $0) } ?? slices[device]
+        let data: any Dataset = attack.configuration.kind == .labelFlip ? LabelFlippedDataset(base: own, classes: attack.classes) : own
         switch try trainer.train(task, on: data, resumingFrom: checkpoint, progress: { _ in }) {
         case .completed(let update): return .completed(attack.configuration.poison(update, task: task, device: device))
         case .interrupted(let state): return .interrupted(checkpoint: state)
         }
+    }
+
+    /// The SDK's evaluation of `model` on the samples `indices` of `device`'s slice.
+    public func evaluate(device: Int, model: CycleModel, on indices: [Int]) throws(OrchardClientError) -> EvaluationMetrics {
+        try trainer.evaluate(model, on: DatasetPart(slices[device], indices: indices))
     }
 
     /// The update count recorded in a training-state checkpoint.

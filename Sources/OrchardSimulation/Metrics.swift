@@ -1,3 +1,4 @@
+public import OrchardProtocol
 /// What one round of the simulation did: one line of `metrics.jsonl`, keys in snake_case.
 public struct RoundMetrics: Sendable, Hashable, Codable {
     /// The round (1-based).
@@ -48,6 +49,9 @@ public struct RoundMetrics: Sendable, Hashable, Codable {
     /// Eligible devices the round reached after its cycle was full, counted as turned away without running their stack
     /// (``TurnedAwayChoice/modeled``; 0 with `full-stack`).
     public var turnedAwayModeled: Int
+    /// The federated evaluation of the checkpoint the round trained from (devices' held-out samples), once the coordinator
+    /// finalized it; nil without federated evaluation, or when it was not final by the round's end.
+    public var federatedEvaluation: CheckpointEvaluation?
 
     /// Creates a record.
     public init(
@@ -87,12 +91,14 @@ public struct RoundMetrics: Sendable, Hashable, Codable {
         case availableFraction = "available_fraction", bytesUp = "bytes_up", bytesDown = "bytes_down"
         case testLoss = "test_loss", testAccuracy = "test_accuracy", testRMSE = "test_rmse"
         case checkIns = "check_ins", turnedAwayModeled = "turned_away_modeled"
+        case federatedEvaluation = "federated_evaluation"
     }
 
     /// The same record without its wall time (the part that is deterministic for a seed).
     public var withoutTiming: RoundMetrics {
         var copy = self
         copy.wallSeconds = 0
+        copy.federatedEvaluation?.evaluatedAt = 0
         return copy
     }
 }
@@ -221,9 +227,11 @@ public struct SimulationSummary: Sendable, Hashable, Codable {
     /// The same model trained centrally on all the training rows, evaluated on the same test set (the housing
     /// scenario's central pretraining): the reference the federated curve is read against. Nil when not trained.
     public var centralRMSE: Double?
+    /// The latest federated evaluation (devices' held-out samples) the rounds recorded, nil without federated evaluation.
+    public var federatedEvaluation: CheckpointEvaluation?
 
     private enum CodingKeys: String, CodingKey {
-        case plannedRounds = "planned_rounds", centralRMSE = "central_rmse"
+        case plannedRounds = "planned_rounds", centralRMSE = "central_rmse", federatedEvaluation = "federated_evaluation"
         case settings, rounds, selected, participants, dropouts, diverged, late, expirations, resumed, initial, `final`, epsilon
         case checkIns = "check_ins", turnedAwayModeled = "turned_away_modeled"
         case secureAggregation = "secure_aggregation"
@@ -257,6 +265,7 @@ public struct SimulationSummary: Sendable, Hashable, Codable {
         bestAccuracy = records.compactMap(\.testAccuracy).filter(\.isFinite).max()
         bestRMSE = records.compactMap(\.testRMSE).filter(\.isFinite).min()
         epsilon = records.last(where: { $0.epsilon != nil })?.epsilon
+        federatedEvaluation = records.last(where: { $0.federatedEvaluation != nil })?.federatedEvaluation
         let steps = records.compactMap(\.secureAggregation)
         secureAggregation =
             steps.isEmpty

@@ -1,5 +1,6 @@
 public import Foundation
 import OrchardCharts
+import OrchardProtocol
 import OrchardSupport
 
 /// Writes a run's results into a directory: `metrics.jsonl` (one record a round, appended as the run goes, so a
@@ -116,16 +117,28 @@ public enum HTMLReport {
             if let initial { line.points.insert(Point(x: 0, y: initial), at: 0) }
             return line
         }
+        /// The federated evaluation of `metric`, at each evaluated checkpoint's number (checkpoint r is the model after
+        /// round r, the test curve's point at r); nil without federated evaluation.
+        func federated(_ metric: String) -> Series? {
+            let points = rounds.compactMap { r in r.federatedEvaluation.flatMap { e in e.metrics[metric].map { (Double(e.checkpoint), $0) } } }
+            return points.isEmpty ? nil : Series("devices' held-out samples (federated)", points, color: .orange, style: .outline)
+        }
+        let federatedNote =
+            "The dashed line is federated evaluation: each checkpoint run by devices on the samples they hold out, aggregated by the coordinator, drawn at the checkpoint's round."
         var charts: [String] = []
         let accuracy = rounds.contains { $0.testAccuracy != nil }, rmse = rounds.contains { $0.testRMSE != nil }
         if accuracy {
-            let line = quality("accuracy", .blue, initial: summary.initial.accuracy, \.testAccuracy)
-            charts.append(perRound("Test accuracy", Axis("accuracy", format: .percent), [line], headline: true))
+            let line = quality("test set", .blue, initial: summary.initial.accuracy, \.testAccuracy)
+            let devices = federated("accuracy")
+            charts.append(
+                perRound(
+                    "Test accuracy", Axis("accuracy", format: .percent), [line] + (devices.map { [$0] } ?? []), headline: true,
+                    note: devices == nil ? nil : federatedNote))
         }
         // The housing targets are median home values in thousands of dollars.
         let rmseAxis = Axis(summary.settings["dataset"] == "housing" ? "RMSE, $1000s" : "RMSE")
         if rmse {
-            var line = quality("federated", .blue, initial: summary.initial.rmse, \.testRMSE)
+            var line = quality("test set", .blue, initial: summary.initial.rmse, \.testRMSE)
             var notes: [String] = []
             // The initial model's error can dwarf the rounds': left off, the scale shows what the rounds did.
             if let initial = summary.initial.rmse, let peak = rounds.compactMap(\.testRMSE).max(), initial > 2 * peak {
@@ -133,6 +146,11 @@ public enum HTMLReport {
                 notes.append("Round 0, the initial model, is left off the scale: RMSE \(String(format: "%.2f", initial)).")
             }
             var lines = [line]
+            if var devices = federated("rmse") {
+                if let first = line.points.first?.x { devices.points.removeAll { $0.x < first } }
+                lines.append(devices)
+                notes.append(federatedNote)
+            }
             if let central = summary.centralRMSE, let first = line.points.first?.x, let last = line.points.last?.x {
                 lines.append(Series("trained centrally", [(first, central), (last, central)], color: .grey, style: .outline))
                 notes.append("The dashed line is the same model trained centrally on all the devices' rows: RMSE \(String(format: "%.2f", central)).")
@@ -252,6 +270,15 @@ public enum HTMLReport {
                         "\(steps.advertised) / \(steps.shared) / \(steps.masked) / \(steps.unmasked)"
                     ))
             }
+        }
+        if let federated = summary.federatedEvaluation {
+            let metric = federated.metrics["accuracy"].map { "accuracy \(percent($0))" } ?? federated.metrics["rmse"].map { String(format: "RMSE %.4f", $0) }
+            totals.append(
+                (
+                    "federated evaluation, checkpoint \(federated.checkpoint)",
+                    [metric, String(format: "loss %.4f", federated.metrics["loss"] ?? .nan), "\(federated.samples) held-out samples"].compactMap { $0 }
+                        .joined(separator: ", ")
+                ))
         }
         if let r = summary.final.rmse, let r0 = summary.initial.rmse {
             totals.append(("test RMSE initial → final", String(format: "%.4f → %.4f", r0, r)))

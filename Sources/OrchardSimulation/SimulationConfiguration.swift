@@ -238,6 +238,11 @@ public struct SimulationConfiguration: Sendable {
     public var robustAggregation: RobustAggregationConfig?
     /// Devices that send poison instead of their honest update (`--attackers`, `--attack`, `--attack-scale`), if any.
     public var attack: AttackConfiguration?
+    /// The fraction of its samples each device holds out for federated evaluation (`--holdout-fraction`); 0 holds none.
+    public var holdoutFraction: Double = 0
+    /// Federated evaluation of the hosted process (`--evaluation-goal`, `--evaluation-every`), if any: devices run the
+    /// round's starting checkpoint on their held-out samples.
+    public var federatedEvaluation: FederatedEvaluationConfig?
     /// Where decompressed copies of gzip-compressed image datasets are kept between runs (`IDXCache.standard(environment:)`
     /// by default; nil decompresses on every run).
     public var datasetCache: IDXCache? = IDXCache.standard()
@@ -293,7 +298,9 @@ public struct SimulationConfiguration: Sendable {
     /// The client config of the process the simulator hosts: what the coordinator sends its devices, which they
     /// resolve over the architecture's training section like any device.
     public var clientConfig: ClientConfig {
-        ClientConfig(batchSize: batchSize, learningRate: learningRate, localEpochs: localEpochs, proximalMu: proximalMu > 0 ? proximalMu : nil)
+        ClientConfig(
+            batchSize: batchSize, learningRate: learningRate, localEpochs: localEpochs, proximalMu: proximalMu > 0 ? proximalMu : nil,
+            holdoutFraction: holdoutFraction > 0 ? holdoutFraction : nil)
     }
 
     /// Throws an error whose message starts with the first invalid or inconsistent field's property name.
@@ -329,6 +336,16 @@ public struct SimulationConfiguration: Sendable {
             }
             if attack.attackers(clients: clients, seed: seed).isEmpty {
                 throw fail("attack.fraction \(attack.fraction) of \(clients) devices rounds to no attacker")
+            }
+        }
+        if !(0...0.9 ~= holdoutFraction) { throw fail("holdoutFraction must be in [0, 0.9], not \(holdoutFraction)") }
+        if let federatedEvaluation {
+            if let failure = federatedEvaluation.validationFailure() {
+                throw fail("federatedEvaluation: " + failure.replacingOccurrences(of: "server_config.evaluation.", with: ""))
+            }
+            if holdoutFraction <= 0 { throw fail("federatedEvaluation needs holdoutFraction above 0: devices evaluate on the samples they hold out") }
+            if secureAggregation != nil {
+                throw fail("federatedEvaluation cannot be used with secureAggregation: each device's metrics would reach the coordinator in the clear")
             }
         }
         if let robustAggregation {
@@ -370,6 +387,11 @@ public struct SimulationConfiguration: Sendable {
         var settings: [String: String] = [:]
         if let robustAggregation { settings["robust_aggregation"] = robustAggregation.summary }
         if let attack { settings["attack"] = attack.summary }
+        if holdoutFraction > 0 { settings["holdout_fraction"] = String(holdoutFraction) }
+        if let federatedEvaluation {
+            settings["evaluation_goal"] = String(federatedEvaluation.goal)
+            settings["evaluation_every"] = String(federatedEvaluation.every)
+        }
         return settings
     }
 

@@ -124,7 +124,8 @@ public enum SimulationRunner {
             cycleLength: configuration.cycleSeconds, cycles: cycles, goalCount: configuration.goal,
             overSelection: configuration.overSelection, minimumReports: configuration.minimumReports,
             paceSteeringWindow: 60, checkpointRetention: 3, aggregator: configuration.aggregator, privacy: configuration.privacy,
-            secureAggregation: configuration.secureAggregation, robustAggregation: configuration.robustAggregation
+            secureAggregation: configuration.secureAggregation, robustAggregation: configuration.robustAggregation,
+            evaluation: configuration.federatedEvaluation
         )
         if configuration.secureAggregation != nil {
             // The bound the masked sum is sized for: the largest slice a device trains on.

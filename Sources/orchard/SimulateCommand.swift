@@ -158,6 +158,19 @@ struct SimulateCommand: AsyncParsableCommand {
         name: .customLong("attack-scale"), parsing: .unconditional,
         help: "With --attackers: the factor of sign-flip and scaled (default 10), the standard deviation of gaussian (default 1); label-flip takes none.")
     var attackScale: Double?
+    @Option(
+        name: .customLong("holdout-fraction"), parsing: .unconditional,
+        help: "The fraction of its samples each device holds out for federated evaluation and never trains on (client_config.holdout_fraction).")
+    var holdoutFraction: Double?
+    @Option(
+        name: .customLong("evaluation-goal"), parsing: .unconditional,
+        help:
+            "Federated evaluation: device results aggregated per checkpoint (server_config.evaluation.goal); each round's starting checkpoint is evaluated on the devices' held-out samples (needs --holdout-fraction).")
+    var evaluationGoal: Int?
+    @Option(
+        name: .customLong("evaluation-every"), parsing: .unconditional,
+        help: "With --evaluation-goal: evaluate checkpoints whose number is a multiple of this (default 1).")
+    var evaluationEvery: Int?
     @Option(parsing: .unconditional, help: "Seed of every random choice.")
     var seed: UInt64?
     @Option(help: "Directory for metrics.jsonl, summary.json and report.html (default: a new temporary directory).")
@@ -201,6 +214,8 @@ struct SimulateCommand: AsyncParsableCommand {
         ("secure_aggregation: stage_timeout", "--sa-stage-timeout"), ("robustAggregation", "--robust-aggregation"),
         ("secureAggregation", "--secure-aggregation"),
         ("attack.fraction", "--attackers"), ("attack.scale", "--attack-scale"), ("attack.kind", "--attack"),
+        ("holdoutFraction", "--holdout-fraction"), ("federatedEvaluation: every", "--evaluation-every"),
+        ("federatedEvaluation: goal", "--evaluation-goal"), ("federatedEvaluation", "--evaluation-goal"),
     ]
 
     /// The option behind each `server_config.privacy` field, longest names first.
@@ -272,6 +287,12 @@ struct SimulateCommand: AsyncParsableCommand {
         if let output { c.output = URL(fileURLWithPath: output) }
         c.robustAggregation = robustAggregation
         c.attack = try attackConfiguration()
+        if let holdoutFraction { c.holdoutFraction = holdoutFraction }
+        if let evaluationGoal {
+            c.federatedEvaluation = FederatedEvaluationConfig(every: evaluationEvery ?? 1, goal: evaluationGoal)
+        } else if evaluationEvery != nil {
+            throw SimulationError(.invalidOption, "--evaluation-every needs --evaluation-goal (the device results aggregated per checkpoint)")
+        }
         c.privacy = try privacy(clients: c.clients)
         c.secureAggregation = try secure(goal: c.goal, windowSeconds: coordinator == nil ? c.windowSeconds : c.cycleSeconds)
         if let privacy = c.privacy, var failure = privacy.validationFailure(goalCount: c.goal, capacity: Int((Double(c.goal) * c.overSelection).rounded(.up))) {
@@ -509,6 +530,13 @@ struct SimulateCommand: AsyncParsableCommand {
         }
         if let epsilon = s.epsilon { rows.append(("privacy spent", "ε = \(f(epsilon, 3)) at δ = \(s.settings["dp_delta"] ?? "?")")) }
         if let r = s.final.rmse { rows.append(("test RMSE", "\(f(s.initial.rmse ?? 0)) → \(f(r)) (best \(s.bestRMSE.map { f($0) } ?? "none finite"))")) }
+        if let federated = s.federatedEvaluation {
+            let metric = federated.metrics["accuracy"].map { "accuracy \(f($0))" } ?? federated.metrics["rmse"].map { "RMSE \(f($0))" } ?? ""
+            rows.append(
+                (
+                    "federated evaluation", "checkpoint \(federated.checkpoint): \(metric), loss \(f(federated.metrics["loss"] ?? .nan)) on \(federated.samples) held-out samples"
+                ))
+        }
         return aligned(rows)
     }
 }

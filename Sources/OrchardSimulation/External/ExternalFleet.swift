@@ -250,7 +250,18 @@ struct ShardRun: Sendable {
             let away = Note<Double>()
             var wait: Double
             do {
-                let outcome = try await job.run { context in
+                let tasks: [DeviceTask] = configuration.federatedEvaluation == nil ? [.training] : [.evaluation, .training]
+                let outcome = try await job.run(
+                    tasks: tasks,
+                    evaluate: { context in
+                        let holdout = context.holdoutSplit(count: workload.sampleCount(device: device)).holdout
+                        guard !holdout.isEmpty else { return nil }
+                        let model = context.model
+                        return try await slots.runTraining { () throws -> EvaluationMetrics in
+                            try workload.evaluate(device: device, model: model, on: holdout)
+                        }
+                    }
+                ) { context in
                     // The device goes away (app killed, network gone) after its download, with the fleet's dropout
                     // probability: a draw of its own per device and cycle.
                     let draw = OrchardRandomAccess.uniform(seed: seed, a: UInt64(device), b: UInt64(context.assignment.cycle), salt: 0xD0_0D1E)
@@ -260,8 +271,9 @@ struct ShardRun: Sendable {
                     }
                     let task = LocalTrainingTask(model: context.model, training: context.training)
                     let checkpoint = context.savedCheckpoint
+                    let indices = context.holdoutSplit(count: workload.sampleCount(device: device))?.training
                     let result = try await slots.runTraining { () throws -> LocalTrainingOutcome in
-                        try workload.train(device: device, task, resumingFrom: checkpoint)
+                        try workload.train(device: device, task, on: indices, resumingFrom: checkpoint)
                     }
                     guard case .completed(let update) = result else { throw CancellationError() }
                     return update

@@ -21,7 +21,9 @@ struct DeviceTrainer: Sendable {
 
     func train(_ context: CycleContext) async throws -> LocalUpdate {
         let task = LocalTrainingTask(model: context.model, training: context.training)
-        let total = context.training.plannedUpdates(samples: workload.sampleCount(device: device))
+        // Under federated evaluation the device trains on the samples outside its held-out split only.
+        let indices = context.holdoutSplit(count: workload.sampleCount(device: device))?.training
+        let total = context.training.plannedUpdates(samples: indices?.count ?? workload.sampleCount(device: device))
         let cost = link.profile.secondsPerUpdate
         var checkpoint = context.savedCheckpoint
         var done = 0
@@ -48,7 +50,7 @@ struct DeviceTrainer: Sendable {
                 let stretchTask = paused
                 let from = checkpoint
                 let result = try await slots.runTraining { () throws -> LocalTrainingOutcome in
-                    try workload.train(device: device, stretchTask, resumingFrom: from)
+                    try workload.train(device: device, stretchTask, on: indices, resumingFrom: from)
                 }
                 switch result {
                 case .completed(let update):
@@ -67,6 +69,20 @@ struct DeviceTrainer: Sendable {
             } catch {
                 throw CancellationError()
             }
+        }
+    }
+
+    /// An evaluation task: the checkpoint run on the device's held-out samples. Its virtual time is a forward pass per
+    /// batch, a third of a training update's (`secondsPerUpdate`); a window that ends first leaves the task.
+    func evaluate(_ context: EvaluationContext) async throws -> EvaluationMetrics? {
+        let holdout = context.holdoutSplit(count: workload.sampleCount(device: device)).holdout
+        guard !holdout.isEmpty else { return nil }
+        let batch = max(1, context.plan.clientConfig.batchSize ?? context.plan.model.training?.batchSize ?? 32)
+        let batches = (holdout.count + batch - 1) / batch
+        do { try await link.spend(Double(batches) * link.profile.secondsPerUpdate / 3) } catch { throw CancellationError() }
+        let model = context.model
+        return try await slots.runTraining { () throws -> EvaluationMetrics in
+            try workload.evaluate(device: device, model: model, on: holdout)
         }
     }
 }

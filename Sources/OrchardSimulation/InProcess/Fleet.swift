@@ -1,10 +1,10 @@
 public import Foundation
 public import OrchardClient
+public import OrchardML
 import OrchardFormats
 public import OrchardSupport
 import OrchardProtocol
 import Synchronization
-import OrchardML
 import OrchardPrivacy
 
 /// The devices' computation: local training and the evaluation of a global model.
@@ -13,8 +13,12 @@ public protocol FleetWorkload: Sendable {
     func sampleCount(device: Int) -> Int
     /// Runs the device SDK's trainer on `device`'s data for `task`, whose settings are what the coordinator sent
     /// as the SDK resolved them; resumes from a checkpoint of an earlier stretch of the same cycle, and pauses at
-    /// `LocalTrainingTask.pauseAfterUpdates`.
-    func train(device: Int, _ task: LocalTrainingTask, resumingFrom checkpoint: [UInt8]?) throws(OrchardClientError) -> LocalTrainingOutcome
+    /// `LocalTrainingTask.pauseAfterUpdates`. With `indices`, only those samples of the device's data train (the
+    /// part outside its held-out split).
+    func train(device: Int, _ task: LocalTrainingTask, on indices: [Int]?, resumingFrom checkpoint: [UInt8]?) throws(OrchardClientError)
+        -> LocalTrainingOutcome
+    /// Runs the device SDK's evaluation of `model` on the samples `indices` of `device`'s data (its held-out split).
+    func evaluate(device: Int, model: CycleModel, on indices: [Int]) throws(OrchardClientError) -> EvaluationMetrics
     /// The updates a checkpoint of `device`'s `task` has done.
     func completedUpdates(device: Int, in checkpoint: [UInt8], of task: LocalTrainingTask) throws(OrchardClientError) -> Int
     /// Evaluates a global model on the held-out test set.
@@ -217,6 +221,11 @@ public struct FleetSimulation: Sendable {
                 aggregated: aggregated, testLoss: nil, testAccuracy: nil, testRMSE: nil, epsilon: privacy?.epsilon, clippingNorm: privacy?.clippingNorm,
                 checkIns: deviceRecords.count { ($0.checkedInAt ?? .infinity) <= endTime }, turnedAwayModeled: modeled
             )
+            if coordinator.evaluates {
+                // The round's starting checkpoint, evaluated by devices during the round (final at its goal or at the
+                // next publication).
+                record.federatedEvaluation = try await coordinator.federatedEvaluation(checkpoint: await coordinator.roundCheckpoint)
+            }
             let diverged = selected.count { $0.diverged && ($0.droppedAt ?? .infinity) <= endTime }
             if diverged > 0 { record.diverged = diverged }
             if coordinator.secureStageTimeout != nil {

@@ -32,6 +32,10 @@ public actor FleetCoordinator {
     public nonisolated let secureStageTimeout: Double?
     /// Whether the process's secure aggregation signs its steps and checks consistency (a fifth stage).
     public nonisolated let secureConsistencyCheck: Bool
+    /// Whether the process runs federated evaluation (its devices take evaluation tasks).
+    public nonisolated let evaluates: Bool
+    /// The latest checkpoint when the round opened (the one its devices train from and evaluate).
+    public private(set) var roundCheckpoint = 0
 
     /// Hosts the process on the coordinator.
     /// - Parameters:
@@ -45,6 +49,7 @@ public actor FleetCoordinator {
         goal = process.serverConfig.goalCount
         secureStageTimeout = process.serverConfig.secureAggregation?.stageTimeout
         secureConsistencyCheck = process.serverConfig.secureAggregation?.parameters.consistencyCheck ?? false
+        evaluates = process.serverConfig.evaluation != nil
         processName = process.name
         processVersion = process.version
         do throws(OrchardClientError) {
@@ -72,9 +77,11 @@ public actor FleetCoordinator {
     public func openRound(at time: Double) async throws(SimulationError) -> Double {
         move(to: time)
         await coordinator.tick()
-        guard let current = try await status().currentCycle else {
+        let status = try await status()
+        guard let current = status.currentCycle else {
             throw SimulationError(.coordinator, "the coordinator has no open cycle for the process")
         }
+        roundCheckpoint = status.latestCheckpoint
         countsAtOpening = await coordinator.cycleCounts(processID: processID)
         return current.deadline - epoch.date.timeIntervalSince1970
     }
@@ -97,6 +104,13 @@ public actor FleetCoordinator {
     /// without privacy.
     public func privacy() async throws(SimulationError) -> (epsilon: Double, clippingNorm: Double)? {
         try await status().privacy.map { ($0.epsilon, $0.clippingNorm) }
+    }
+
+    /// The federated evaluation of checkpoint `number`, once finalized.
+    public func federatedEvaluation(checkpoint number: Int) async throws(SimulationError) -> CheckpointEvaluation? {
+        do { return try await coordinator.evaluations(processID: processID).federated.last { $0.checkpoint == number } } catch {
+            throw SimulationError(.coordinator, "cannot read the federated evaluations: \(error)")
+        }
     }
 
     /// The latest checkpoint's safetensors bytes.

@@ -111,7 +111,13 @@ final class VirtualDevice: Sendable {
         do {
             try await scheduler.register(identifier: Self.taskIdentifier) { task in
                 do throws(OrchardClientError) {
-                    _ = try await job.run { context in try await trainer.train(context) }
+                    if coordinator.evaluates {
+                        _ = try await job.run(tasks: [.evaluation, .training], evaluate: { context in try await trainer.evaluate(context) }) { context in
+                            try await trainer.train(context)
+                        }
+                    } else {
+                        _ = try await job.run { context in try await trainer.train(context) }
+                    }
                     task.setTaskCompleted(success: true)
                 } catch  where error.code == .cancelled {
                     // The window expired (checkpoint saved), the device went away, or the round ended.
