@@ -24,7 +24,9 @@ struct FakeWorkload: FleetWorkload {
 
     func sampleCount(device: Int) -> Int { samples[device] }
 
-    func train(device: Int, _ task: LocalTrainingTask, resumingFrom checkpoint: [UInt8]?) throws(OrchardClientError) -> LocalTrainingOutcome {
+    func train(device: Int, _ task: LocalTrainingTask, on indices: [Int]?, resumingFrom checkpoint: [UInt8]?) throws(OrchardClientError)
+        -> LocalTrainingOutcome
+    {
         seen.record(task.training)
         let total = task.training.plannedUpdates(samples: samples[device])
         let target = min(task.pauseAfterUpdates ?? total, total)
@@ -45,6 +47,13 @@ struct FakeWorkload: FleetWorkload {
             return .interrupted(checkpoint: Safetensors.encode(FakeModel.records(w), metadata: ["updates": String(done)]))
         }
         return .completed(LocalUpdate(diff: FakeModel.records(zip(w, start).map { $0 - $1 }), sampleCount: samples[device], metrics: ["loss": 0]))
+    }
+
+    /// The squared distance of the model's weight from the device's optimum, over `indices.count` samples.
+    func evaluate(device: Int, model: CycleModel, on indices: [Int]) throws(OrchardClientError) -> EvaluationMetrics {
+        let w = try FakeModel.values(model.weights)
+        let distance = zip(w, optima[device]).reduce(0.0) { $0 + Double(($1.0 - $1.1) * ($1.0 - $1.1)) }
+        return EvaluationMetrics(samples: indices.count, loss: distance)
     }
 
     func completedUpdates(device: Int, in checkpoint: [UInt8], of task: LocalTrainingTask) throws(OrchardClientError) -> Int {
