@@ -362,7 +362,7 @@ let package = Package(
             ] + appleShimDependencies(["SwiftUI", "UIKit", "BackgroundTasks"]),
             swiftSettings: swiftSettings + appleFrameworks(["SwiftUI", "UIKit", "BackgroundTasks"])
         ),
-        .testTarget(name: "OrchardSupportTests", dependencies: ["OrchardSupport"], swiftSettings: swiftSettings),
+        .testTarget(name: "OrchardSupportTests", dependencies: ["OrchardSupport", "OrchardTesting"], swiftSettings: swiftSettings),
         .testTarget(name: "OrchardChartsTests", dependencies: ["OrchardCharts"], swiftSettings: swiftSettings),
         // Flower interop: object encodings against bytes flwr wrote (Fixtures), and devices joining a real SuperLink.
         .testTarget(

@@ -104,16 +104,20 @@ public enum OperatorFormat {
                 ))
         }
         if let evaluation = status.evaluation { rows.append(("evaluation", Self.evaluation(evaluation))) }
+        if let federated = status.federatedEvaluation { rows.append(("federated evaluation", Self.evaluation(federated))) }
         let width = rows.map(\.0.count).max() ?? 0
         return rows.map { $0.0.padding(toLength: width, withPad: " ", startingAt: 0) + "  " + $0.1 }
     }
 
     /// A checkpoint's server-side evaluation on one line: `checkpoint 7 on 1000 samples: loss 0.412, accuracy 0.861`
     /// (the loss first, then the other metrics by name).
+    /// A federated evaluation says its devices (`on 412 samples from 20 devices`) or its ε when noised.
     public static func evaluation(_ evaluation: CheckpointEvaluation) -> String {
         let names = ["loss"] + evaluation.metrics.keys.filter { $0 != "loss" }.sorted()
         let values = names.compactMap { name in evaluation.metrics[name].map { "\(name) \(String(format: "%.4g", $0))" } }
-        return "checkpoint \(evaluation.checkpoint) on \(evaluation.samples) samples: " + values.joined(separator: ", ")
+        let devices = evaluation.devices.map { " from \($0) device\($0 == 1 ? "" : "s")" } ?? ""
+        let noised = evaluation.epsilon.map { " (noised, ε \(String(format: "%.3f", $0)))" } ?? ""
+        return "checkpoint \(evaluation.checkpoint) on \(evaluation.samples) samples\(devices)\(noised): " + values.joined(separator: ", ")
     }
 
     /// `orchard process evaluation`: the data attached and one row per evaluated checkpoint.
@@ -126,8 +130,16 @@ public enum OperatorFormat {
                     evaluation.metrics[name].map { String(format: "%.4g", $0) } ?? "—"
                 } + [timestamp(Date(timeIntervalSince1970: evaluation.evaluatedAt))]
         }
-        return [data]
-            + (rows.isEmpty ? ["no checkpoint evaluated yet"] : table(["CHECKPOINT", "SAMPLES", "LOSS"] + names.map { $0.uppercased() } + ["EVALUATED"], rows))
+        let serverSide = rows.isEmpty ? ["no checkpoint evaluated yet"] : table(["CHECKPOINT", "SAMPLES", "LOSS"] + names.map { $0.uppercased() } + ["EVALUATED"], rows)
+        guard !list.federated.isEmpty else { return [data] + serverSide }
+        let federatedNames = Array(Set(list.federated.flatMap(\.metrics.keys)).subtracting(["loss"]).sorted())
+        let federatedRows = list.federated.map { evaluation in
+            ["\(evaluation.checkpoint)", "\(evaluation.samples)", evaluation.devices.map(String.init) ?? "noised"]
+                + (["loss"] + federatedNames).map { name in evaluation.metrics[name].map { String(format: "%.4g", $0) } ?? "—" }
+                + [timestamp(Date(timeIntervalSince1970: evaluation.evaluatedAt))]
+        }
+        return [data] + serverSide + ["", "federated evaluation (devices' held-out samples):"]
+            + table(["CHECKPOINT", "SAMPLES", "DEVICES", "LOSS"] + federatedNames.map { $0.uppercased() } + ["EVALUATED"], federatedRows)
     }
 
     /// The client configuration's keys, or `architecture defaults` when none is set.
@@ -173,6 +185,7 @@ public enum WatchFrame {
                 line += ": checkpoint \(status.latestCheckpoint), \(status.cyclesCompleted) cycles completed, \(status.cyclesAbandoned) abandoned"
             }
             if let evaluation = status.evaluation { line += "; evaluation " + OperatorFormat.evaluation(evaluation) }
+            if let federated = status.federatedEvaluation { line += "; federated evaluation " + OperatorFormat.evaluation(federated) }
             return [line]
         case .terminal(let width):
             var lines = [
@@ -188,6 +201,7 @@ public enum WatchFrame {
                 lines.append("completed: no open cycle")
             }
             if let evaluation = status.evaluation { lines.append("evaluation: " + OperatorFormat.evaluation(evaluation)) }
+            if let federated = status.federatedEvaluation { lines.append("federated evaluation: " + OperatorFormat.evaluation(federated)) }
             return lines.map { cut($0, to: width) }
         }
     }

@@ -85,7 +85,7 @@ extension OrchardExecutable {
         }
         _ = FileManager.default.createFile(atPath: outURL.path, contents: nil)
         _ = FileManager.default.createFile(atPath: errURL.path, contents: nil)
-        let process = Process()
+        let process = ChildProcess()
         process.executableURL = try url()
         process.arguments = arguments
         process.currentDirectoryURL = place

@@ -89,7 +89,7 @@ public enum PythonModules {
         guard module.allSatisfy({ $0.isLetter || $0.isNumber || $0 == "_" || $0 == "." }), !module.isEmpty else {
             return Missing(module: module, reason: "not a Python module name")
         }
-        let process = Process()
+        let process = ChildProcess()
         process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
         process.arguments = ["python3", "-c", "import \(module)"]
         let errors = Pipe()

@@ -13,7 +13,7 @@ import Testing
         let output = scratch.appendingPathComponent("report")
         try FileManager.default.createDirectory(at: scratch, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(at: scratch) }
-        let process = Process()
+        let process = ChildProcess()
         process.executableURL = try OrchardExecutable.url()
         process.arguments = ["simulate", "--rounds", "500", "--transport", "memory", "--output", output.path]
         var environment = ProcessInfo.processInfo.environment

@@ -70,12 +70,12 @@ final class SeenLines: Sendable {
 
 /// `orchard agent` as a child process, with its status lines (JSON on standard output) as they arrive.
 final class AgentProcess: Sendable {
-    private let process: Process
+    private let process: ChildProcess
     private let lines: AsyncStream<StatusLine>
-    private let exited: AsyncStream<(Int32, Process.TerminationReason)>
+    private let exited: AsyncStream<(Int32, ChildProcess.TerminationReason)>
 
     init(arguments: [String]) throws {
-        let process = Process()
+        let process = ChildProcess()
         process.executableURL = try OrchardExecutable.url()
         process.arguments = ["agent"] + arguments
         let output = Pipe()
@@ -102,7 +102,7 @@ final class AgentProcess: Sendable {
                 if let status = try? JSONDecoder().decode(StatusLine.self, from: Data(line)) { continuation.yield(status) }
             }
         }
-        let (exited, exit) = AsyncStream<(Int32, Process.TerminationReason)>.makeStream()
+        let (exited, exit) = AsyncStream<(Int32, ChildProcess.TerminationReason)>.makeStream()
         process.terminationHandler = { process in
             exit.yield((process.terminationStatus, process.terminationReason))
             exit.finish()
@@ -127,7 +127,7 @@ final class AgentProcess: Sendable {
     }
 
     /// Sends SIGTERM and waits for the exit status.
-    func terminate(within seconds: Double) async throws -> (Int32, Process.TerminationReason) {
+    func terminate(within seconds: Double) async throws -> (Int32, ChildProcess.TerminationReason) {
         process.terminate()
         let exited = self.exited
         return try await withDeadline(seconds, "the agent's exit after SIGTERM") {

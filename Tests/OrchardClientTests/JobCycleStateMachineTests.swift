@@ -52,6 +52,7 @@ struct JobCycleStateMachineTests {
             case .emit(.phase(let phase)): "phase:\(phase)"
             case .emit(.retrying(let attempt, _)): "retrying:\(attempt)"
             case .emit(.resumedTraining): "resumedTraining"
+            case .emit(.evaluated): "evaluated"
             case .emit(.downloaded): "downloaded"
             case .emit: "emit"
             case .log: nil

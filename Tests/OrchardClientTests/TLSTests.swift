@@ -122,7 +122,7 @@ struct TLSTests {
 
 /// `orchard` as a child process: standard output through a pipe (read line by line), standard error in a file.
 private final class OrchardChild: @unchecked Sendable {
-    let process = Process()
+    let process = ChildProcess()
     let errURL: URL
     private let pipe = Pipe()
     private let exited: AsyncStream<Int32>

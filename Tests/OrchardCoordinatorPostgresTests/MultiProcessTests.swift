@@ -18,7 +18,7 @@ import Testing
 @Suite(.serialized, TestDatabase.requirement) struct MultiProcessTests {
     /// `orchard serve` as a child process over PostgreSQL (URL and password from the environment, never argv).
     final class Server: @unchecked Sendable {
-        let process = Process()
+        let process = ChildProcess()
         let port: Int
 
         init(database: PostgresStoreConfiguration, instanceID: String) throws {

@@ -22,7 +22,7 @@ import Testing
                     params.floatValue[i] += float(sys.argv[4]) * (i + 1)
             coremltools.utils.save_spec(spec, sys.argv[2])
             """
-        let process = Process()
+        let process = ChildProcess()
         process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
         process.arguments = ["python3", "-c", script, input.path, output.path, layer, String(scale)]
         process.standardOutput = FileHandle.nullDevice

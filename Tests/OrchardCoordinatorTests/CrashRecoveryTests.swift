@@ -10,7 +10,7 @@ import Testing
 
 /// Runs `orchard serve` as a child process on a free port.
 private final class ServerProcess: @unchecked Sendable {
-    let process = Process()
+    let process = ChildProcess()
     let port: Int
 
     init(database: String, foldInterval: Int) throws {

@@ -5,6 +5,7 @@ import FoundationNetworking
 @testable import OrchardCoordinator
 import OrchardProtocol
 import OrchardSupport
+import OrchardTesting
 import Testing
 
 /// Does not follow redirects, so a test sees the 303 and its `Set-Cookie`.
@@ -385,7 +386,7 @@ extension HTTPResult {
                 "--user-data-dir=\(directory.appendingPathComponent("profile").path)", "--virtual-time-budget=5000",
             ] + arguments
         let quoted = words.map { "'" + $0.replacingOccurrences(of: "'", with: "'\\''") + "'" }.joined(separator: " ")
-        let process = Process()
+        let process = ChildProcess()
         process.executableURL = URL(fileURLWithPath: "/bin/sh")
         process.arguments = ["-c", "\(quoted) > '\(output.path)' 2>/dev/null"]
         process.standardInput = FileHandle.nullDevice

@@ -37,7 +37,7 @@ private struct DeviceClaims: JWTPayload {
             Endpoint.health, Endpoint.metrics, Endpoint.openAPI, Endpoint.authenticate, Endpoint.cycleRequest,
             Endpoint.model("{model_id}"), Endpoint.plan("{plan_id}"), Endpoint.report, Endpoint.speedTest, Endpoint.processes,
             Endpoint.process("{process_id}"), Endpoint.checkpoint("{process_id}", "{checkpoint}"), Endpoint.secureAggregation,
-            Endpoint.cycles("{process_id}"), Endpoint.evaluation("{process_id}"),
+            Endpoint.cycles("{process_id}"), Endpoint.evaluation("{process_id}"), Endpoint.evaluationReport,
         ]
         #expect(Set((conformance.document["paths"]?.objectValue ?? [:]).keys) == endpoints)
 

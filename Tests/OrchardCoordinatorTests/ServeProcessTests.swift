@@ -11,7 +11,7 @@ import Testing
 /// `orchard serve` as a child process: standard output through a pipe (its first line announces the port),
 /// standard error in a file.
 private final class ServeChild: @unchecked Sendable {
-    let process = Process()
+    let process = ChildProcess()
     let errURL: URL
     private let output = Pipe()
     private var head = [UInt8]()

@@ -1,5 +1,6 @@
 import Foundation
 import OrchardCoordinator
+import OrchardTesting
 import Testing
 
 /// A database written by the schema before workers were scoped (v2) opens, migrates and stays readable.
@@ -41,7 +42,7 @@ import Testing
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(at: directory) }
         let path = directory.appendingPathComponent("old.sqlite").path
-        let shell = Process()
+        let shell = ChildProcess()
         shell.executableURL = URL(fileURLWithPath: Self.sqlite3)
         shell.arguments = [path, Self.version2]
         try shell.run()

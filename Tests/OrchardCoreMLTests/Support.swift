@@ -97,7 +97,7 @@ enum Python {
 
     /// Runs `script` with `arguments`; returns its standard output.
     static func run(_ script: String, _ arguments: [String]) throws -> String {
-        let process = Process()
+        let process = ChildProcess()
         process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
         process.arguments = ["python3", scripts.appendingPathComponent(script).path] + arguments
         let errorLog = FileManager.default.temporaryDirectory.appendingPathComponent("orchard-python-\(UUID().uuidString).log")

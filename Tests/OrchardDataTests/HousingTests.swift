@@ -107,7 +107,7 @@ struct TabularModelFileTests {
 struct TrainCommandJSONTests {
     @Test("the JSON a person or a pandas script reads uses snake_case keys")
     func snakeCaseKeys() throws {
-        let process = Process()
+        let process = ChildProcess()
         process.executableURL = try OrchardExecutable.url()
         process.arguments = ["train", "housing", "--epochs", "1", "--json"]
         let output = Pipe()

@@ -7,7 +7,7 @@ import Testing
 @Suite(.serialized) struct FlowerCLITests {
     /// Runs the executable to its end; its exit status and standard error.
     func run(_ arguments: [String]) async throws -> (status: Int32, errors: String) {
-        let process = Process()
+        let process = ChildProcess()
         process.executableURL = try OrchardExecutable.url()
         process.arguments = arguments
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("orchard-flower-cli-\(UUID().uuidString)")

@@ -194,7 +194,7 @@ struct FlowerFederationTests {
         try Data(DeviceDataFile.encode(try Self.dataset(seed: 3, samples: 32))).write(to: data)
         let model = directory.appendingPathComponent("model.json")
         try Self.modelJSON.write(to: model, atomically: true, encoding: .utf8)
-        let join = Process()
+        let join = ChildProcess()
         join.executableURL = try OrchardExecutable.url()
         join.arguments = [
             "flower", "join", "--superlink", link.address, "--insecure", "--model", model.path, "--data", data.path,

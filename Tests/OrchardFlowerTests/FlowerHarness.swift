@@ -63,7 +63,7 @@ func freePort() throws -> Int {
 /// A Flower process (SuperLink, Python SuperNode) in its own process group, so that stopping it stops the children
 /// it starts there (`flower-superexec` starts its own session and exits when its parent does).
 final class FlowerProcess: @unchecked Sendable {
-    let process = Process()
+    let process = ChildProcess()
     let log: URL
 
     /// Starts `command` from the venv with Flower's offline environment and `FLWR_HOME=home`.
@@ -240,7 +240,7 @@ final class SuperLinkFixture: @unchecked Sendable {
     /// Runs the `flwr` CLI with this SuperLink's `FLWR_HOME` to its end (terminated after `timeout`); its exit status
     /// and output (also in `log`). Waits without blocking a thread of Swift's cooperative pool.
     private func flwr(_ arguments: [String], log: URL, timeout: Duration) async throws -> (status: Int32, output: String) {
-        let process = Process()
+        let process = ChildProcess()
         process.executableURL = FlowerInstallation.bin.appendingPathComponent("flwr")
         process.arguments = arguments
         process.environment = FlowerProcess.environment(home: home)

@@ -14,7 +14,7 @@ let pythonSafetensorsModules = ["numpy", "safetensors"]
 struct PythonSafetensorsTests {
     /// Runs a Python script with arguments; fails the test with a clear message when Python or a package is missing.
     static func python(_ script: String, _ arguments: [String]) throws -> String {
-        let process = Process()
+        let process = ChildProcess()
         process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
         process.arguments = ["python3", "-c", script] + arguments
         let output = Pipe(), errors = Pipe()

@@ -1,5 +1,6 @@
 import Foundation
 import OrchardSupport
+import OrchardTesting
 import Testing
 
 /// What a ``ProgressMeter`` writes for a sequence of (units done, seconds since the start) events.
@@ -133,7 +134,7 @@ import Testing
         // Where e2fsprogs' lsattr can read the attributes, they agree with the answer: `T` is the top-directory flag.
         let lsattr = "/usr/bin/lsattr"
         guard FileManager.default.isExecutableFile(atPath: lsattr) else { return }
-        let process = Process()
+        let process = ChildProcess()
         process.executableURL = URL(fileURLWithPath: lsattr)
         process.arguments = ["-d", directory.path]
         let output = Pipe()

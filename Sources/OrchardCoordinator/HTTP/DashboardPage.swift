@@ -105,19 +105,29 @@ enum DashboardPage {
     ///
     /// Each chart comes twice, at `width` and at a phone's (the stylesheet shows the second below 30rem): a page laid out
     /// wider than it is finally shown (a rotated phone, a headless browser's screenshot) still shows legible text.
-    static func charts(name: String, cycles: [CycleRecord], evaluations: [CheckpointEvaluation] = [], width: Double) -> String {
+    static func charts(
+        name: String, cycles: [CycleRecord], evaluations: [CheckpointEvaluation] = [], federated: [CheckpointEvaluation] = [], width: Double
+    ) -> String {
         let cycleAxis = Axis("cycle", format: .count)
         func sized(_ draw: (Double) -> String) -> String {
             "<div class=\"chart-wide\">\(draw(width))</div><div class=\"chart-narrow\">\(draw(320))</div>"
         }
-        // The global model's quality on the held-out data, per evaluated checkpoint (server-side evaluation).
+        // The global model's quality per evaluated checkpoint: on the operator's held-out data (server-side) and on the
+        // devices' held-out samples (federated).
         var quality = ""
-        for metric in Set(evaluations.flatMap(\.metrics.keys)).sorted().prefix(4) {
+        func points(_ list: [CheckpointEvaluation], _ metric: String) -> [(x: Double, y: Double)] {
+            list.compactMap { e in e.metrics[metric].map { (Double(e.checkpoint), $0) } }
+        }
+        for metric in Set((evaluations + federated).flatMap(\.metrics.keys)).sorted().prefix(4) {
+            var series: [Series] = []
+            if !points(evaluations, metric).isEmpty { series.append(Series("server-side", points(evaluations, metric), color: .blue)) }
+            if !points(federated, metric).isEmpty {
+                series.append(Series("federated (devices)", points(federated, metric), color: .orange, style: .outline))
+            }
             let line = sized {
                 LineChart(
                     title: "Held-out \(metric) of each evaluated checkpoint of \(name)", x: Axis("checkpoint", format: .count), y: Axis(metric),
-                    series: [Series(metric, evaluations.compactMap { e in e.metrics[metric].map { (Double(e.checkpoint), $0) } }, color: .blue)],
-                    width: $0, height: 210
+                    series: series, width: $0, height: 210
                 ).render()
             }
             quality += "<article class=\"card wide\"><h3>Held-out \(escape(metric)) per checkpoint</h3>\(line)</article>"
@@ -272,16 +282,22 @@ enum DashboardPage {
           $("privacy").replaceChildren(...parts);
         }
         function showQuality(process) {
-          const e = process.evaluation;
-          if (!e) {
-            $("quality").replaceChildren(el("p", {class: "muted"}, "No checkpoint evaluated: attach held-out data with orchard process evaluation ID --data FILE."));
+          const parts = [];
+          for (const [title, e] of [["Server-side", process.evaluation], ["Federated (devices' held-out samples)", process.federated_evaluation]]) {
+            if (!e) continue;
+            const names = ["loss", ...Object.keys(e.metrics).filter((k) => k !== "loss").sort()];
+            const list = el("dl", {}, el("dt", {}, "Checkpoint"), el("dd", {}, String(e.checkpoint)), el("dt", {}, "Samples"), el("dd", {}, String(e.samples)));
+            if (e.devices != null) list.append(el("dt", {}, "Devices"), el("dd", {}, String(e.devices)));
+            if (e.epsilon != null) list.append(el("dt", {}, "ε (noised)"), el("dd", {}, fmt(e.epsilon, 4)));
+            for (const name of names) if (name in e.metrics) list.append(el("dt", {}, name), el("dd", {}, fmt(e.metrics[name], 4)));
+            list.append(el("dt", {}, "Evaluated"), el("dd", {}, when(e.evaluated_at)));
+            parts.push(el("h4", {}, title), list);
+          }
+          if (!parts.length) {
+            $("quality").replaceChildren(el("p", {class: "muted"}, "No checkpoint evaluated: attach held-out data with orchard process evaluation ID --data FILE, or set server_config.evaluation for devices to evaluate."));
             return;
           }
-          const names = ["loss", ...Object.keys(e.metrics).filter((k) => k !== "loss").sort()];
-          const list = el("dl", {}, el("dt", {}, "Checkpoint"), el("dd", {}, String(e.checkpoint)), el("dt", {}, "Samples"), el("dd", {}, String(e.samples)));
-          for (const name of names) if (name in e.metrics) list.append(el("dt", {}, name), el("dd", {}, fmt(e.metrics[name], 4)));
-          list.append(el("dt", {}, "Evaluated"), el("dd", {}, when(e.evaluated_at)));
-          $("quality").replaceChildren(list);
+          $("quality").replaceChildren(...parts);
         }
         function showCheckpoints(process) {
           const items = [...process.checkpoints].reverse().map((n) => el("li", {},

@@ -28,9 +28,10 @@ extension CoordinatorServer {
             let status = try await coordinator.status(processID: processID)  // 404 unknown_process
             // Drawn at the width the page shows them (CSS pixels), within what a phone and a wide screen need.
             let width = request.uri.queryParameters.get("width").flatMap { Double(String($0)) }.map { min(max($0, 280), 1600) } ?? 720
+            let evaluations = try await coordinator.evaluations(processID: processID)
             let html = DashboardPage.charts(
-                name: status.name, cycles: try await coordinator.cycles(processID: processID).cycles,
-                evaluations: try await coordinator.evaluations(processID: processID).evaluations, width: width.isFinite ? width : 720)
+                name: status.name, cycles: try await coordinator.cycles(processID: processID).cycles, evaluations: evaluations.evaluations,
+                federated: evaluations.federated, width: width.isFinite ? width : 720)
             return page(html, status: .ok)
         }
         router.get(RouterPath(stringLiteral: Endpoint.dashboardLogin)) { request, _ in
