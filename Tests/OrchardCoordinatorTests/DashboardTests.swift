@@ -308,7 +308,7 @@ extension HTTPResult {
                 #expect(html.contains("aria-label=\"Held-out \(metric) of each evaluated checkpoint of evaluated\""), "\(metric)")
             }
             let evaluation = try #require(try await harness.status(hosted.processID).evaluation)
-            #expect(html.contains("<title>loss at checkpoint 1: "), "\(html.prefix(600))")
+            #expect(html.contains("<title>server-side at checkpoint 1: "), "\(html.prefix(600))")
             #expect(evaluation.checkpoint == 1)
         }
     }

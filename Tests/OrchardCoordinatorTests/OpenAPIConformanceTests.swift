@@ -428,6 +428,44 @@ private struct DeviceClaims: JWTPayload {
                 for i in secureDevices.indices { _ = try await secureDevices[i].step(on: http) }
             }
 
+            // Federated evaluation: a task, its result, each kind of refusal, and the task's key after it expired and after its
+            // process was deleted.
+            let evaluatedProcess = try await harness.host(FederatedEvaluationTests.host(evaluation: FederatedEvaluationConfig(goal: 3), name: "fedeval"))
+            let evaluator = try await harness.device(name: "fedeval")
+            let task = try await FederatedEvaluationTests.task(in: harness, evaluator, name: "fedeval")
+            let taskKey = "?request_key=\(task.requestKey)"
+            expectStatus(try await http.send("GET", Endpoint.plan(task.planID) + taskKey, token: evaluator.sessionToken), 200, nil, "evaluation plan")
+            expectStatus(try await http.send("GET", Endpoint.model(task.modelID) + taskKey, token: evaluator.sessionToken), 200, nil, "evaluation model")
+            func evaluationReport(samples: Int = 4, metrics: [String: Double] = ["loss": 0.5], worker: String? = nil, key: String? = nil, token: String? = nil)
+                async throws -> HTTPResult
+            {
+                let body = EvaluationReport(workerID: worker ?? evaluator.workerID, requestKey: key ?? task.requestKey, samples: samples, metrics: metrics)
+                return try await http.json("POST", Endpoint.evaluationReport, body, token: token ?? evaluator.sessionToken)
+            }
+            expectStatus(
+                try await http.send(
+                    "POST", Endpoint.evaluationReport, body: Array("{}".utf8), token: evaluator.sessionToken, headers: ["Content-Type": MediaType.json]), 400,
+                "malformed_json", "not an evaluation report")
+            expectStatus(try await evaluationReport(metrics: ["mae": 1]), 400, "invalid_request", "no loss")
+            expectStatus(try await http.json("POST", Endpoint.evaluationReport, EvaluationReport(workerID: "w", requestKey: "k", samples: 1, metrics: [:])), 401, "unauthorized", "no session")
+            expectStatus(try await evaluationReport(worker: other.workerID), 403, "forbidden", "another worker's result")
+            expectStatus(try await evaluationReport(key: "e.0.1.00"), 403, "invalid_request_key", "a forged key")
+            expectStatus(try await evaluationReport(samples: 2_000_000), 422, "invalid_sample_count", "too many samples")
+            expectStatus(
+                try await http.send(
+                    "POST", Endpoint.evaluationReport, body: [UInt8](repeating: 0x20, count: 70 << 10), token: evaluator.sessionToken,
+                    headers: ["Content-Type": MediaType.json]), 413, "payload_too_large", "oversized result")
+            expectStatus(try await evaluationReport(), 200, nil, "evaluation result")
+            expectStatus(try await evaluationReport(), 409, "evaluation_already_received", "the result again")
+            harness.clock.advance(bySeconds: 301)
+            expectStatus(try await http.send("GET", Endpoint.plan(task.planID) + taskKey, token: evaluator.sessionToken), 409, "deadline_passed", "expired plan")
+            expectStatus(try await http.send("GET", Endpoint.model(task.modelID) + taskKey, token: evaluator.sessionToken), 409, "deadline_passed", "expired model")
+            expectStatus(try await http.send("DELETE", Endpoint.process(evaluatedProcess.processID), token: admin), 204, nil, "delete the evaluated process")
+            expectStatus(try await http.send("GET", Endpoint.plan(task.planID) + taskKey, token: evaluator.sessionToken), 404, "unknown_process", "plan, process gone")
+            expectStatus(
+                try await http.send("GET", Endpoint.model(task.modelID) + taskKey, token: evaluator.sessionToken), 404, "unknown_process", "model, process gone")
+            expectStatus(try await evaluationReport(), 404, "unknown_process", "result, process gone")
+
             // Deletion.
             expectStatus(try await http.send("DELETE", Endpoint.process(signedStatus.processID)), 401, "unauthorized", "delete without token")
             expectStatus(try await http.send("DELETE", Endpoint.process(signedStatus.processID), token: admin), 204, nil, "delete")
@@ -446,7 +484,7 @@ private struct DeviceClaims: JWTPayload {
                 }
             }
             let operations = Conformance.document.operations
-            #expect(operations.count == 20)
+            #expect(operations.count == 21)
             for operation in operations {
                 #expect(seen[operation] != nil, "\(operation) was never exercised")
             }
