@@ -387,7 +387,8 @@ struct JobCycleStateMachine {
     mutating func evaluationAnswered(_ response: EvaluationReportResponse) -> [Action] {
         expect(.calling(.uploadEvaluation))
         guard let result = evaluationResult else { unexpected("an evaluation answer without a result") }
-        let receipt = EvaluationReceipt(checkpoint: response.checkpoint, samples: result.samples, metrics: result.metrics, resultsReceived: response.resultsReceived)
+        let receipt = EvaluationReceipt(
+            checkpoint: response.checkpoint, samples: result.samples, metrics: result.metrics, resultsReceived: response.resultsReceived)
         return [.emit(.evaluated(receipt)), .log(.info, "evaluation of checkpoint \(response.checkpoint) accepted")] + afterEvaluation(receipt)
     }
 

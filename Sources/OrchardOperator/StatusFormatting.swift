@@ -130,7 +130,8 @@ public enum OperatorFormat {
                     evaluation.metrics[name].map { String(format: "%.4g", $0) } ?? "—"
                 } + [timestamp(Date(timeIntervalSince1970: evaluation.evaluatedAt))]
         }
-        let serverSide = rows.isEmpty ? ["no checkpoint evaluated yet"] : table(["CHECKPOINT", "SAMPLES", "LOSS"] + names.map { $0.uppercased() } + ["EVALUATED"], rows)
+        let serverSide =
+            rows.isEmpty ? ["no checkpoint evaluated yet"] : table(["CHECKPOINT", "SAMPLES", "LOSS"] + names.map { $0.uppercased() } + ["EVALUATED"], rows)
         guard !list.federated.isEmpty else { return [data] + serverSide }
         let federatedNames = Array(Set(list.federated.flatMap(\.metrics.keys)).subtracting(["loss"]).sorted())
         let federatedRows = list.federated.map { evaluation in

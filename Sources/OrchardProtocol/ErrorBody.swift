@@ -101,7 +101,8 @@ public struct WireErrorCode: RawRepresentable, Sendable, Hashable, Codable, Cust
     public static let allKnown: [WireErrorCode] = [
         .malformedJSON, .malformedSafetensors, .invalidRequest, .invalidConfiguration, .unsupportedVersion, .unauthorized,
         .forbidden, .sessionProcessMismatch, .unknownWorker, .unknownProcess, .unknownCheckpoint, .notFound,
-        .invalidRequestKey, .reportAlreadyReceived, .deadlinePassed, .evaluationAlreadyReceived, .evaluationClosed, .processExists, .tensorMismatch, .shapeMismatch,
+        .invalidRequestKey, .reportAlreadyReceived, .deadlinePassed, .evaluationAlreadyReceived, .evaluationClosed, .processExists, .tensorMismatch,
+        .shapeMismatch,
         .dtypeMismatch, .nonFiniteValues, .frozenTensorChanged, .updateNormExceeded, .invalidSampleCount,
         .payloadTooLarge, .rangeNotSatisfiable, .workerLimitReached, .rateLimited, .tooManyUploads, .methodNotAllowed,
         .aggregationModeMismatch, .stageClosed, .droppedDevice, .duplicateMessage, .invalidSecureAggregationMessage,

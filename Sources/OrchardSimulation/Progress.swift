@@ -30,10 +30,13 @@ public struct ProgressDisplay: Sendable {
             record.testAccuracy.map { "acc \(format($0, 4))" } ?? record.testRMSE.map { "rmse \(format($0, 4))" } ?? record.testLoss.map {
                 "loss \(format($0, 4))"
             } ?? "not evaluated"
-        let federated = record.federatedEvaluation.map { e in
-            let value = e.metrics["accuracy"].map { "acc \(format($0, 4))" } ?? e.metrics["rmse"].map { "rmse \(format($0, 4))" } ?? "loss \(format(e.metrics["loss"] ?? .nan, 4))"
-            return " (devices: \(value) on checkpoint \(e.checkpoint))"
-        } ?? ""
+        let federated =
+            record.federatedEvaluation.map { e in
+                let value =
+                    e.metrics["accuracy"].map { "acc \(format($0, 4))" } ?? e.metrics["rmse"].map { "rmse \(format($0, 4))" }
+                    ?? "loss \(format(e.metrics["loss"] ?? .nan, 4))"
+                return " (devices: \(value) on checkpoint \(e.checkpoint))"
+            } ?? ""
         let quality = test + federated
         let counts =
             "\(record.participants)/\(record.selected) aggregated, \(record.dropouts) dropped\(record.diverged.map { " (\($0) diverged)" } ?? ""), \(record.expirations) expired, \(record.resumed) resumed"

@@ -165,7 +165,8 @@ struct SimulateCommand: AsyncParsableCommand {
     @Option(
         name: .customLong("evaluation-goal"), parsing: .unconditional,
         help:
-            "Federated evaluation: device results aggregated per checkpoint (server_config.evaluation.goal); each round's starting checkpoint is evaluated on the devices' held-out samples (needs --holdout-fraction).")
+            "Federated evaluation: device results aggregated per checkpoint (server_config.evaluation.goal); each round's starting checkpoint is evaluated on the devices' held-out samples (needs --holdout-fraction)."
+    )
     var evaluationGoal: Int?
     @Option(
         name: .customLong("evaluation-every"), parsing: .unconditional,
@@ -534,7 +535,8 @@ struct SimulateCommand: AsyncParsableCommand {
             let metric = federated.metrics["accuracy"].map { "accuracy \(f($0))" } ?? federated.metrics["rmse"].map { "RMSE \(f($0))" } ?? ""
             rows.append(
                 (
-                    "federated evaluation", "checkpoint \(federated.checkpoint): \(metric), loss \(f(federated.metrics["loss"] ?? .nan)) on \(federated.samples) held-out samples"
+                    "federated evaluation",
+                    "checkpoint \(federated.checkpoint): \(metric), loss \(f(federated.metrics["loss"] ?? .nan)) on \(federated.samples) held-out samples"
                 ))
         }
         return aligned(rows)

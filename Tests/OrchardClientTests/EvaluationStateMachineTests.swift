@@ -47,7 +47,8 @@ struct EvaluationStateMachineTests {
         let sending = machine.evaluationEnded(EvaluationMetrics(samples: 24, loss: 0.3, values: ["rmse": 0.3.squareRoot(), "mae": 0.4]))
         #expect(Tests.names(sending) == ["phase:reportingEvaluation", "uploadEvaluation"])
         guard case .uploadEvaluation(let report, let session) = sending.last else { throw MachineTestError("no upload") }
-        #expect(report == EvaluationReport(workerID: "w1", requestKey: "e.2.99.abc", samples: 24, metrics: ["loss": 0.3, "rmse": 0.3.squareRoot(), "mae": 0.4]))
+        #expect(
+            report == EvaluationReport(workerID: "w1", requestKey: "e.2.99.abc", samples: 24, metrics: ["loss": 0.3, "rmse": 0.3.squareRoot(), "mae": 0.4]))
         #expect(session == "t1")
         let next = machine.evaluationAnswered(EvaluationReportResponse(checkpoint: 2, resultsReceived: 7))
         #expect(Tests.names(next) == ["evaluated", "phase:requestingCycle", "requestCycle"])

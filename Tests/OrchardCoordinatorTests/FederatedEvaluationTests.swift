@@ -70,7 +70,9 @@ import Testing
             #expect(decodedPlan.clientConfig.holdoutFraction == 0.25)
             let model = try await harness.http.send("GET", Endpoint.model(e1.modelID) + "?request_key=\(e1.requestKey)", token: d1.sessionToken)
             #expect(model.status == 200)
-            #expect(try Safetensors.decode(model.body).byName.mapValues(\.values) == Dictionary(uniqueKeysWithValues: ServerEvaluationTests.weights.map { ($0.name, $0.values) }))
+            #expect(
+                try Safetensors.decode(model.body).byName.mapValues(\.values)
+                    == Dictionary(uniqueKeysWithValues: ServerEvaluationTests.weights.map { ($0.name, $0.values) }))
 
             let first = try await Self.send(harness, d1, key: e1.requestKey, samples: 3, metrics: Self.regressor(loss: 0.5, mae: 0.4))
             #expect(first.status == 200, "\(String(decoding: first.body, as: UTF8.self))")
@@ -172,7 +174,8 @@ import Testing
             #expect(try await harness.http.json("POST", Endpoint.evaluationReport, report).status == 401)
             #expect(try await harness.http.json("POST", Endpoint.evaluationReport, report, token: d1.sessionToken + "x").status == 401)
             let crossed = EvaluationReport(workerID: stranger.workerID, requestKey: e1.requestKey, samples: 2, metrics: good)
-            #expect(refused(try await harness.http.json("POST", Endpoint.evaluationReport, crossed, token: stranger.sessionToken)) == (403, "invalid_request_key"))
+            #expect(
+                refused(try await harness.http.json("POST", Endpoint.evaluationReport, crossed, token: stranger.sessionToken)) == (403, "invalid_request_key"))
             // An evaluation key is not a training key, and a training key is not an evaluation key.
             let asTraining = ReportEnvelope.encode(
                 diff: [TensorRecord(name: "out.bias", shape: [1], values: [0]), TensorRecord(name: "out.weight", shape: [1, 3], values: [0, 0, 0])],

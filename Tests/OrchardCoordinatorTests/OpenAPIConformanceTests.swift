@@ -447,7 +447,9 @@ private struct DeviceClaims: JWTPayload {
                     "POST", Endpoint.evaluationReport, body: Array("{}".utf8), token: evaluator.sessionToken, headers: ["Content-Type": MediaType.json]), 400,
                 "malformed_json", "not an evaluation report")
             expectStatus(try await evaluationReport(metrics: ["mae": 1]), 400, "invalid_request", "no loss")
-            expectStatus(try await http.json("POST", Endpoint.evaluationReport, EvaluationReport(workerID: "w", requestKey: "k", samples: 1, metrics: [:])), 401, "unauthorized", "no session")
+            expectStatus(
+                try await http.json("POST", Endpoint.evaluationReport, EvaluationReport(workerID: "w", requestKey: "k", samples: 1, metrics: [:])), 401,
+                "unauthorized", "no session")
             expectStatus(try await evaluationReport(worker: other.workerID), 403, "forbidden", "another worker's result")
             expectStatus(try await evaluationReport(key: "e.0.1.00"), 403, "invalid_request_key", "a forged key")
             expectStatus(try await evaluationReport(samples: 2_000_000), 422, "invalid_sample_count", "too many samples")
@@ -458,12 +460,16 @@ private struct DeviceClaims: JWTPayload {
             expectStatus(try await evaluationReport(), 200, nil, "evaluation result")
             expectStatus(try await evaluationReport(), 409, "evaluation_already_received", "the result again")
             harness.clock.advance(bySeconds: 301)
-            expectStatus(try await http.send("GET", Endpoint.plan(task.planID) + taskKey, token: evaluator.sessionToken), 409, "deadline_passed", "expired plan")
-            expectStatus(try await http.send("GET", Endpoint.model(task.modelID) + taskKey, token: evaluator.sessionToken), 409, "deadline_passed", "expired model")
-            expectStatus(try await http.send("DELETE", Endpoint.process(evaluatedProcess.processID), token: admin), 204, nil, "delete the evaluated process")
-            expectStatus(try await http.send("GET", Endpoint.plan(task.planID) + taskKey, token: evaluator.sessionToken), 404, "unknown_process", "plan, process gone")
             expectStatus(
-                try await http.send("GET", Endpoint.model(task.modelID) + taskKey, token: evaluator.sessionToken), 404, "unknown_process", "model, process gone")
+                try await http.send("GET", Endpoint.plan(task.planID) + taskKey, token: evaluator.sessionToken), 409, "deadline_passed", "expired plan")
+            expectStatus(
+                try await http.send("GET", Endpoint.model(task.modelID) + taskKey, token: evaluator.sessionToken), 409, "deadline_passed", "expired model")
+            expectStatus(try await http.send("DELETE", Endpoint.process(evaluatedProcess.processID), token: admin), 204, nil, "delete the evaluated process")
+            expectStatus(
+                try await http.send("GET", Endpoint.plan(task.planID) + taskKey, token: evaluator.sessionToken), 404, "unknown_process", "plan, process gone")
+            expectStatus(
+                try await http.send("GET", Endpoint.model(task.modelID) + taskKey, token: evaluator.sessionToken), 404, "unknown_process", "model, process gone"
+            )
             expectStatus(try await evaluationReport(), 404, "unknown_process", "result, process gone")
 
             // Deletion.

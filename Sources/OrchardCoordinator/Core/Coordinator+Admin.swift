@@ -133,7 +133,8 @@ extension Coordinator {
             let limit = Self.cycleHistoryLimit + 1
             let server = Dictionary(try await store.evaluations(processID: processID, limit: limit).map { ($0.checkpoint, $0) }) { _, new in new }
             let federated = Dictionary(
-                try await store.federatedEvaluations(processID: processID, limit: limit).map { ($0.checkpoint, $0) }) { _, new in new }
+                try await store.federatedEvaluations(processID: processID, limit: limit).map { ($0.checkpoint, $0) }
+            ) { _, new in new }
             for index in records.indices {
                 guard let checkpoint = records[index].checkpoint else { continue }
                 records[index].evaluation = server[checkpoint]

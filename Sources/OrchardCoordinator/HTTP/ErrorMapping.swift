@@ -18,7 +18,9 @@ extension CoordinatorError {
         case .forbidden, .sessionProcessMismatch, .invalidRequestKey, .workerLimitReached: 403
         case .unknownWorker, .unknownProcess, .unknownCheckpoint, .notFound: 404
         case .methodNotAllowed: 405
-        case .reportAlreadyReceived, .deadlinePassed, .evaluationAlreadyReceived, .evaluationClosed, .processExists, .aggregationModeMismatch, .stageClosed, .droppedDevice, .duplicateMessage: 409
+        case .reportAlreadyReceived, .deadlinePassed, .evaluationAlreadyReceived, .evaluationClosed, .processExists, .aggregationModeMismatch, .stageClosed,
+            .droppedDevice, .duplicateMessage:
+            409
         case .payloadTooLarge: 413
         case .rangeNotSatisfiable: 416
         case .rateLimited: 429
