@@ -17,7 +17,7 @@ public struct DeviceConfiguration: Sendable {
     public var environment: ClientEnvironment
     /// The seed of local training; each cycle trains with a seed derived from it and the cycle number.
     public var trainingSeed: UInt64
-    /// The local trainer used by ``FederatedJob/train(on:constraints:)``.
+    /// The local trainer used by ``FederatedJob/train(on:constraints:tasks:)``.
     public var trainer: any LocalTrainer
     /// Where the device's power and network state comes from; nil reads every condition as unknown, so a
     /// cycle with constraints reports them unmet.

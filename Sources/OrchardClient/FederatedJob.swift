@@ -160,7 +160,7 @@ public final class FederatedJob: Sendable {
     /// `dataset` under the coordinator's client configuration, computes the diff and reports it.
     ///
     /// When the process holds data out (`client_config.holdout_fraction`), training sees only the samples outside the
-    /// device's held-out split (``HoldoutSplit``); with ``OrchardProtocol/DeviceTask/evaluation`` among `tasks`, the
+    /// device's held-out split (``HoldoutSplit``); with `.evaluation` among `tasks`, the
     /// coordinator may first give the window an evaluation task — the latest checkpoint run on the held-out split, its
     /// metrics sent, no update — after which the window asks again for training (an evaluation is cheap: a short window
     /// can take `tasks: [.evaluation]` alone).

@@ -85,7 +85,7 @@ public enum LocalTrainingOutcome: Sendable {
     case interrupted(checkpoint: [UInt8])
 }
 
-/// The trainer a job uses for ``FederatedJob/train(on:constraints:)``: the Orchard engine by default
+/// The trainer a job uses for ``FederatedJob/train(on:constraints:tasks:)``: the Orchard engine by default
 /// (``EngineLocalTrainer``); replaceable for tests and for devices with their own runtime.
 public protocol LocalTrainer: Sendable {
     /// The parameter names and shapes of a model, to check downloaded weights against.

@@ -60,7 +60,7 @@ extension Coordinator {
 
     /// Stores a device's evaluation result; the checkpoint's evaluation is finalized once its goal is met.
     /// - Throws: `forbidden` for another worker's report; `invalid_request` for a report without `loss`, with a non-finite
-    ///   or badly named metric, or more than ``OrchardProtocol/EvaluationReport/maximumMetrics``; `invalid_sample_count`;
+    ///   or badly named metric, or more than `EvaluationReport.maximumMetrics` (16); `invalid_sample_count`;
     ///   `invalid_request_key`, `deadline_passed`, `evaluation_closed`, `evaluation_already_received`.
     public func evaluationReport(_ report: EvaluationReport, session: DeviceSession) async throws(CoordinatorError) -> EvaluationReportResponse {
         guard report.workerID == session.workerID else { throw CoordinatorError(.forbidden, "the session token belongs to another worker") }
