@@ -2,6 +2,7 @@ import OrchardSupport
 import Foundation
 import Logging
 public import OrchardML
+public import OrchardProtocol
 public import OrchardScheduler
 
 extension FederatedJob {
@@ -19,18 +20,47 @@ extension FederatedJob {
     ///   - scheduler: The scheduler (register before it starts).
     ///   - options: Identifier, constraints and interval.
     ///   - data: Loads the device's local samples for a run.
+    ///   - tasks: The tasks each window takes (``train(on:constraints:tasks:)``): an evaluation task first when the
+    ///     coordinator has one, then training, by default.
     ///   - onOutcome: Called after each run with its outcome or error.
     public func scheduleBackgroundTraining(
+        on scheduler: any BackgroundTaskScheduling, options: BackgroundTrainingOptions,
+        data: @escaping @Sendable () async throws -> any Dataset, tasks: [DeviceTask] = [.evaluation, .training],
+        onOutcome: @escaping @Sendable (Result<CycleOutcome, OrchardClientError>) -> Void = { _ in }
+    ) async throws(OrchardClientError) {
+        try await schedule(on: scheduler, options: options, kind: .processing, tasks: tasks, data: data, onOutcome: onOutcome)
+    }
+
+    /// Registers this job's evaluation tasks in short windows: an app-refresh task (about 30 seconds on iOS, granted far
+    /// more often than a processing window), each of whose launches offers only evaluation
+    /// (`train(on:tasks: [.evaluation])`) — the latest checkpoint run on the held-out samples, metrics sent, no training.
+    /// Expiry cancels the run; the task then completes as unsuccessful and keeps its request. After a run the task is
+    /// submitted again for the coordinator's `retry_after` or `options.defaultInterval`. `options.constraints` do not
+    /// apply: iOS's app refresh takes none.
+    /// - Parameters:
+    ///   - scheduler: The scheduler (register before it starts).
+    ///   - options: Identifier (another than the training task's), interval and priority.
+    ///   - data: Loads the device's local samples for a run.
+    ///   - onOutcome: Called after each run with its outcome (``CycleOutcome/evaluated(_:)`` when a result was taken) or
+    ///     error.
+    public func scheduleBackgroundEvaluation(
         on scheduler: any BackgroundTaskScheduling, options: BackgroundTrainingOptions,
         data: @escaping @Sendable () async throws -> any Dataset,
         onOutcome: @escaping @Sendable (Result<CycleOutcome, OrchardClientError>) -> Void = { _ in }
     ) async throws(OrchardClientError) {
+        try await schedule(on: scheduler, options: options, kind: .appRefresh, tasks: [.evaluation], data: data, onOutcome: onOutcome)
+    }
+
+    private func schedule(
+        on scheduler: any BackgroundTaskScheduling, options: BackgroundTrainingOptions, kind: TaskKind, tasks: [DeviceTask],
+        data: @escaping @Sendable () async throws -> any Dataset, onOutcome: @escaping @Sendable (Result<CycleOutcome, OrchardClientError>) -> Void
+    ) async throws(OrchardClientError) {
         do {
             try await scheduler.register(identifier: options.identifier) { [self] task in
-                try await backgroundRun(task, scheduler: scheduler, options: options, data: data, onOutcome: onOutcome)
+                try await backgroundRun(task, scheduler: scheduler, options: options, kind: kind, tasks: tasks, data: data, onOutcome: onOutcome)
             }
             let kept = await scheduler.pendingRequests().first { $0.identifier == options.identifier }
-            let wanted = request(options, begin: kept?.earliestBeginDate)
+            let wanted = request(options, kind: kind, begin: kept?.earliestBeginDate)
             if let kept {
                 client.configuration.logger.info(
                     "keeping the background request pending in the scheduler's store",
@@ -42,20 +72,23 @@ extension FederatedJob {
             }
             try await scheduler.submit(wanted)
         } catch {
-            throw OrchardClientError(.invalidConfiguration, "cannot schedule background training: \(error)")
+            let what = kind == .appRefresh ? "evaluation" : "training"
+            throw OrchardClientError(.invalidConfiguration, "cannot schedule background \(what): \(error)")
         }
     }
 
-    private func request(_ options: BackgroundTrainingOptions, after delay: Double) -> TaskRequest {
-        request(options, begin: client.configuration.environment.clock.date.addingTimeInterval(delay))
+    private func request(_ options: BackgroundTrainingOptions, kind: TaskKind, after delay: Double) -> TaskRequest {
+        request(options, kind: kind, begin: client.configuration.environment.clock.date.addingTimeInterval(delay))
     }
 
-    private func request(_ options: BackgroundTrainingOptions, begin: Date?) -> TaskRequest {
-        .processing(options.identifier, earliestBeginDate: begin, constraints: options.constraints, priority: options.priority)
+    private func request(_ options: BackgroundTrainingOptions, kind: TaskKind, begin: Date?) -> TaskRequest {
+        kind == .appRefresh
+            ? .appRefresh(options.identifier, earliestBeginDate: begin, priority: options.priority)
+            : .processing(options.identifier, earliestBeginDate: begin, constraints: options.constraints, priority: options.priority)
     }
 
     private func backgroundRun(
-        _ task: BackgroundTask, scheduler: any BackgroundTaskScheduling, options: BackgroundTrainingOptions,
+        _ task: BackgroundTask, scheduler: any BackgroundTaskScheduling, options: BackgroundTrainingOptions, kind: TaskKind, tasks: [DeviceTask],
         data: @Sendable () async throws -> any Dataset, onOutcome: @Sendable (Result<CycleOutcome, OrchardClientError>) -> Void
     ) async throws {
         let logger = client.configuration.logger
@@ -68,7 +101,7 @@ extension FederatedJob {
             } catch {
                 throw OrchardClientError(.training, "cannot load the local dataset: \(error)")
             }
-            outcome = try await train(on: dataset)
+            outcome = try await train(on: dataset, tasks: tasks)
         } catch {
             onOutcome(.failure(error))
             if error.code == .cancelled {
@@ -81,7 +114,7 @@ extension FederatedJob {
         onOutcome(.success(outcome))
         let interval = Double(options.defaultInterval.components.seconds)
         let delay = outcome.retryAfter ?? interval
-        try await scheduler.submit(request(options, after: delay))
+        try await scheduler.submit(request(options, kind: kind, after: delay))
         task.setTaskCompleted(success: true)
     }
 }

@@ -2,8 +2,11 @@ import Foundation
 import OrchardClient
 import OrchardCoordinator
 import OrchardFormats
+import OrchardInProcess
 import OrchardML
 import OrchardProtocol
+import OrchardScheduler
+import OrchardSupport
 import Synchronization
 import Testing
 
@@ -117,5 +120,51 @@ struct FederatedEvaluationClientTests {
         #expect((170...230).contains(small.holdout.count), "\(small.holdout.count)")
         #expect(HoldoutSplit(count: 1000, fraction: 0.2, seed: 8).holdout != small.holdout)
         #expect(HoldoutSplit(count: 1000, fraction: 0, seed: 7).holdout.isEmpty)
+    }
+}
+
+/// Evaluation in short windows: an app-refresh task that takes only evaluation tasks.
+@Suite("Federated evaluation in short background windows")
+struct ShortWindowEvaluationTests {
+    @Test("an app-refresh task evaluates, is resubmitted after the interval, and is never admitted to training")
+    func shortWindows() async throws {
+        try await withInProcessCoordinator { coordinator, clock, directory in
+            let hosted = try await coordinator.host(FederatedEvaluationClientTests.host())
+            let scheduler = RecordingScheduler()
+            let outcomes = Mutex<[Result<CycleOutcome, OrchardClientError>]>([])
+            let client = CoordinatorConnection(
+                transport: InProcessTransport(coordinator: coordinator), server: "in-process",
+                configuration: inMemoryConfiguration(directory, device: "short", clock: clock))
+            let job = try client.newJob(processName: "regressor", version: "1.0")
+            let dataset = try Fixture.dataset()
+            let options = BackgroundTrainingOptions(identifier: "evaluate", defaultInterval: .seconds(900))
+            try await job.scheduleBackgroundEvaluation(on: scheduler, options: options, data: { dataset }) { result in
+                outcomes.withLock { $0.append(result) }
+            }
+            let first = try #require(await scheduler.submitted.first)
+            #expect(first.kind == .appRefresh && first.earliestBeginDate == nil)
+            let handler = try #require(await scheduler.handlers["evaluate"])
+
+            let run = TaskRun(task: BackgroundTask(identifier: "evaluate", kind: .appRefresh, timeLimit: .seconds(30)), handler: handler)
+            #expect(try #require(await run.waitForCompletion()).success)
+            guard case .success(.evaluated(let receipt)) = try #require(outcomes.withLock { $0.last }) else {
+                Issue.record("expected an evaluation, got \(String(describing: outcomes.withLock { $0.last }))")
+                return
+            }
+            #expect(receipt.checkpoint == 0 && receipt.resultsReceived == 1)
+            let again = try #require(await scheduler.submitted.last)
+            #expect(again.kind == .appRefresh && again.earliestBeginDate == clock.date.addingTimeInterval(900))
+
+            // The next short window finds nothing to evaluate (its result is in) and is turned away, not admitted to train.
+            let second = TaskRun(task: BackgroundTask(identifier: "evaluate", kind: .appRefresh, timeLimit: .seconds(30)), handler: handler)
+            #expect(try #require(await second.waitForCompletion()).success)
+            guard case .success(.rejected(_, let reason)) = try #require(outcomes.withLock { $0.last }) else {
+                Issue.record("expected a rejection, got \(String(describing: outcomes.withLock { $0.last }))")
+                return
+            }
+            #expect(reason == "no_evaluation_task")
+            let status = try await coordinator.status(processID: hosted.processID)
+            #expect(status.currentCycle?.assigned == 0)
+        }
     }
 }

@@ -231,6 +231,11 @@ extension Coordinator {
             metrics.checkinsAccepted.increment()
             return .evaluate(evaluation)
         }
+        if let tasks = request.tasks, !tasks.contains(.training) {
+            // A window that takes no training (a short one, for evaluation only) is not admitted to the cycle.
+            metrics.checkinsRejected.increment()
+            return .rejected(CycleRejection(retryAfter: (server.paceSteeringWindow * (1 + jitter)).rounded(.up), reason: "no_evaluation_task"))
+        }
         let key = randomHex(16)
         let decision = runtime.machine.requestCycle(workerID: request.workerID, now: now, newRequestKey: key, jitter: jitter)
         switch decision {
