@@ -57,6 +57,45 @@ import Testing
     }
 
     @Test(arguments: StoreKind.underTest)
+func federatedEvaluationResultsAreCountedOnceAndFinalizedOnce(_ kind: StoreKind) async throws {
+        try await withStores(kind) { stores in
+            let store = stores.main
+            try await F.host(store)
+            func result(_ worker: String, checkpoint: Int = 3, samples: Int = 2, loss: Double = 0.5) -> StoredEvaluationResult {
+                StoredEvaluationResult(checkpoint: checkpoint, workerID: worker, samples: samples, metrics: ["loss": loss], receivedAt: 10)
+            }
+            #expect(try await store.recordEvaluationResult(result("w1"), processID: "p") == 1)
+            #expect(try await stores.peer.recordEvaluationResult(result("w2", samples: 4, loss: 1), processID: "p") == 2)
+            #expect(try await store.recordEvaluationResult(result("w1", checkpoint: 4), processID: "p") == 1)
+            // One result a worker and checkpoint, whichever instance it reaches; none for an unknown process.
+            #expect(try await storeErrorCode { _ = try await stores.peer.recordEvaluationResult(result("w1"), processID: "p") } == .duplicate)
+            #expect(try await storeErrorCode { _ = try await store.recordEvaluationResult(result("w9"), processID: "nope") } == .notFound)
+            #expect(try await store.pendingEvaluationCheckpoints(processID: "p") == [3, 4])
+            let results = try await stores.peer.evaluationResults(processID: "p", checkpoint: 3)
+            #expect(results == [result("w1"), result("w2", samples: 4, loss: 1)])
+            // Finalized once: the second finalization (another instance, other numbers) records nothing and clears the rows.
+            let evaluation = CheckpointEvaluation(checkpoint: 3, samples: 6, metrics: ["loss": 0.8], evaluatedAt: 20, devices: 2, epsilon: 0.5)
+            #expect(try await store.finalizeFederatedEvaluation(evaluation, processID: "p"))
+            var other = evaluation
+            other.metrics = ["loss": 9]
+            #expect(try await !stores.peer.finalizeFederatedEvaluation(other, processID: "p"))
+            #expect(try await store.evaluationResults(processID: "p", checkpoint: 3).isEmpty)
+            #expect(try await store.pendingEvaluationCheckpoints(processID: "p") == [4])
+            #expect(try await stores.peer.federatedEvaluations(processID: "p", limit: 5) == [evaluation])
+            #expect(try await store.federatedEvaluationCount(processID: "p") == 1)
+            // A result for a finalized checkpoint is refused.
+            #expect(try await storeErrorCode { _ = try await store.recordEvaluationResult(result("w3"), processID: "p") } == .cycleClosed)
+            #expect(try await !store.finalizeFederatedEvaluation(evaluation, processID: "nope"))
+            // Deleted with the process.
+            try await store.deleteProcess(id: "p")
+            try await F.host(store)
+            #expect(try await store.federatedEvaluations(processID: "p", limit: 5).isEmpty)
+            #expect(try await store.pendingEvaluationCheckpoints(processID: "p").isEmpty)
+            #expect(try await store.federatedEvaluationCount(processID: "p") == 0)
+        }
+    }
+
+    @Test(arguments: StoreKind.underTest)
     func evaluationDataAndEvaluationsAreKeptPerProcessAndDeletedWithIt(_ kind: StoreKind) async throws {
         try await withStores(kind) { stores in
             let store = stores.main
