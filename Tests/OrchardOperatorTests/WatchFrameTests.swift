@@ -114,3 +114,45 @@ import Testing
         #expect(try await task.value == .cancelled)
     }
 }
+
+/// How evaluations read in `orchard process status`, `watch` and `evaluation`.
+@Suite struct EvaluationFormattingTests {
+    static let server = CheckpointEvaluation(checkpoint: 3, samples: 1000, metrics: ["loss": 0.412, "accuracy": 0.861], evaluatedAt: 1_700_000_000)
+    static let federated = CheckpointEvaluation(
+        checkpoint: 2, samples: 412, metrics: ["loss": 0.5, "accuracy": 0.8], evaluatedAt: 1_700_000_000, devices: 20)
+    static let noised = CheckpointEvaluation(
+        checkpoint: 2, samples: 400, metrics: ["loss": 0.5], evaluatedAt: 1_700_000_000, epsilon: 0.25)
+
+    @Test func oneLineSaysTheSamplesTheDevicesOrTheNoiseThenTheLossFirst() {
+        #expect(OperatorFormat.evaluation(Self.server) == "checkpoint 3 on 1000 samples: loss 0.412, accuracy 0.861")
+        #expect(OperatorFormat.evaluation(Self.federated) == "checkpoint 2 on 412 samples from 20 devices: loss 0.5, accuracy 0.8")
+        #expect(OperatorFormat.evaluation(Self.noised) == "checkpoint 2 on 400 samples (noised, ε 0.250): loss 0.5")
+    }
+
+    @Test func statusAndWatchShowBothKinds() {
+        var status = WatchFrameTests.status()
+        status.evaluation = Self.server
+        status.federatedEvaluation = Self.federated
+        let rows = OperatorFormat.status(status, now: WatchFrameTests.now)
+        #expect(rows.contains { $0.hasPrefix("evaluation ") && $0.hasSuffix("checkpoint 3 on 1000 samples: loss 0.412, accuracy 0.861") })
+        #expect(rows.contains { $0.hasPrefix("federated evaluation") && $0.contains("from 20 devices") })
+        let plain = WatchFrame.lines(status, now: WatchFrameTests.now, style: .plain)
+        #expect(plain.count == 1 && plain[0].contains("; federated evaluation checkpoint 2 on 412 samples from 20 devices"))
+        let terminal = WatchFrame.lines(status, now: WatchFrameTests.now, style: .terminal(width: 200))
+        #expect(terminal.last == "federated evaluation: checkpoint 2 on 412 samples from 20 devices: loss 0.5, accuracy 0.8")
+    }
+
+    @Test func theEvaluationListHasAFederatedTable() {
+        let list = ProcessEvaluations(processID: "p", dataBytes: nil, dataSamples: nil, evaluations: [Self.server], federated: [Self.federated, Self.noised])
+        let lines = OperatorFormat.evaluations(list)
+        #expect(lines.contains("federated evaluation (devices' held-out samples):"))
+        let header = lines.firstIndex { $0.hasPrefix("CHECKPOINT") && $0.contains("DEVICES") }
+        #expect(header != nil)
+        #expect(lines.contains { $0.contains("noised") })
+        // Without federated evaluations the list is as before.
+        #expect(
+            !OperatorFormat.evaluations(ProcessEvaluations(processID: "p", dataBytes: nil, dataSamples: nil, evaluations: [])).contains {
+                $0.contains("federated")
+            })
+    }
+}
