@@ -288,8 +288,15 @@ struct JobCycleStateMachine {
             return [.log(.info, "cycle request rejected (\(rejection.reason)); retry after \(rejection.retryAfter) s")]
                 + finish(.rejected(retryAfter: rejection.retryAfter, reason: rejection.reason))
         case .evaluate(let task):
+            guard requestTasks.contains(.evaluation) else {
+                return fail(OrchardClientError(.serverError, "the coordinator gave an evaluation task to a request that did not offer evaluation"))
+            }
             evaluation = task
             return [.log(.info, "evaluation task for checkpoint \(task.checkpoint)"), .emit(.phase(.downloadingPlan))] + issue(.downloadPlan)
+        case .accepted(let accepted) where !requestTasks.contains(.training):
+            // A coordinator before protocol 2.5 ignores `tasks`: a window that takes no training does not start it.
+            return [.log(.info, "admitted to cycle \(accepted.cycle) by a coordinator that does not take evaluation-only requests; not training")]
+                + finish(.rejected(retryAfter: accepted.reportWithin, reason: "training_not_taken"))
         case .accepted(let accepted):
             assignment = accepted
             var actions: [Action] = []

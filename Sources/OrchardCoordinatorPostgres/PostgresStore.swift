@@ -840,20 +840,42 @@ public final class PostgresStore: CoordinatorStore {
         }
     }
 
-    public func finalizeFederatedEvaluation(_ evaluation: CheckpointEvaluation, processID: String) async throws -> Bool {
-        let metrics = CycleRecordSummary.json(evaluation.metrics)
-        return try await transaction("finalize the federated evaluation of checkpoint \(evaluation.checkpoint) of process '\(processID)'") { connection in
-            guard try await !run(connection, "SELECT 1 FROM processes WHERE id = \(processID) FOR UPDATE").isEmpty else { return false }
-            let inserted = try await run(
+    public func finalizeFederatedEvaluation(
+        processID: String, checkpoint: Int, aggregate: @Sendable ([StoredEvaluationResult], Int) -> CheckpointEvaluation
+    ) async throws -> CheckpointEvaluation? {
+        // The process row is locked exclusively: no result is recorded (that takes a shared lock) between the read of the
+        // results and their deletion, and no other instance finalizes meanwhile.
+        try await transaction("finalize the federated evaluation of checkpoint \(checkpoint) of process '\(processID)'") { connection in
+            guard try await !run(connection, "SELECT 1 FROM processes WHERE id = \(processID) FOR UPDATE").isEmpty else { return nil }
+            let finalized = try await run(connection, "SELECT 1 FROM federated_evaluations WHERE process_id = \(processID) AND checkpoint = \(checkpoint)")
+            if !finalized.isEmpty {
+                try await run(connection, "DELETE FROM evaluation_results WHERE process_id = \(processID) AND checkpoint = \(checkpoint)")
+                return nil
+            }
+            let rows = try await run(
+                connection,
+                """
+                SELECT worker_id, samples, metrics, received_at FROM evaluation_results WHERE process_id = \(processID) AND checkpoint = \(checkpoint)
+                ORDER BY worker_id
+                """)
+            let results = try rows.map { row in
+                let (worker, samples, metrics, receivedAt) = try row.decode((String, Int, String, Double).self)
+                return StoredEvaluationResult(
+                    checkpoint: checkpoint, workerID: worker, samples: samples, metrics: CycleRecordSummary.decode(metrics), receivedAt: receivedAt)
+            }
+            guard !results.isEmpty else { return nil }
+            let recorded = try await run(connection, "SELECT count(*) FROM federated_evaluations WHERE process_id = \(processID)")
+            let evaluation = aggregate(results, try recorded.first?.decode(Int.self) ?? 0)
+            let metrics = CycleRecordSummary.json(evaluation.metrics)
+            try await run(
                 connection,
                 """
                 INSERT INTO federated_evaluations (process_id, checkpoint, samples, devices, metrics, epsilon, evaluated_at)
-                VALUES (\(processID), \(evaluation.checkpoint), \(evaluation.samples), \(evaluation.devices), \(metrics), \(evaluation.epsilon),
+                VALUES (\(processID), \(checkpoint), \(evaluation.samples), \(evaluation.devices), \(metrics), \(evaluation.epsilon),
                 \(evaluation.evaluatedAt))
-                ON CONFLICT DO NOTHING RETURNING 1
                 """)
-            try await run(connection, "DELETE FROM evaluation_results WHERE process_id = \(processID) AND checkpoint = \(evaluation.checkpoint)")
-            return !inserted.isEmpty
+            try await run(connection, "DELETE FROM evaluation_results WHERE process_id = \(processID) AND checkpoint = \(checkpoint)")
+            return evaluation
         }
     }
 

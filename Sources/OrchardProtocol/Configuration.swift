@@ -486,6 +486,10 @@ public struct ServerConfig: Sendable, Hashable, Codable {
                 return
                     "server_config.evaluation cannot be used with server_config.secure_aggregation: each device would send its metrics in the clear, which a process whose coordinator must see only sums does not allow; evaluate its checkpoints server-side (orchard process evaluation --data)"
             }
+            if privacy?.mode == .local {
+                return
+                    "server_config.evaluation cannot be used with server_config.privacy.mode local: its devices trust no coordinator with anything un-noised, and an evaluation result is each device's exact metrics"
+            }
             if evaluation.noise != nil && privacy == nil {
                 return "server_config.evaluation.noise needs server_config.privacy: its releases are accounted at the privacy's delta and population"
             }

@@ -194,6 +194,10 @@ public struct EvaluationReport: Sendable, Hashable, Codable {
 
     /// The most metrics one report may carry.
     public static let maximumMetrics = 16
+    /// The largest magnitude a metric may have: one device's values stay far from overflowing a sum over the goal.
+    public static let maximumMagnitude = 1e12
+    /// Metrics that cannot be negative.
+    static let nonNegative: Set<String> = ["loss", "mae", "rmse", "perplexity"]
 
     /// Describes the first unusable field, or nil.
     public func validationFailure() -> String? {
@@ -202,7 +206,11 @@ public struct EvaluationReport: Sendable, Hashable, Codable {
         if metrics["loss"] == nil { return "metrics must include loss" }
         for (name, value) in metrics.sorted(by: { $0.key < $1.key }) {
             if let failure = WireLimits.nameFailure(name, field: "metric name") { return failure }
-            if !value.isFinite { return "metric '\(name)' must be a finite number, not \(value)" }
+            if !value.isFinite || abs(value) > Self.maximumMagnitude {
+                return "metric '\(name)' must be a finite number of magnitude at most \(Self.maximumMagnitude), not \(value)"
+            }
+            if name == "accuracy" && !(0...1).contains(value) { return "metric 'accuracy' must be in [0, 1], not \(value)" }
+            if Self.nonNegative.contains(name) && value < 0 { return "metric '\(name)' must not be negative, not \(value)" }
         }
         return nil
     }

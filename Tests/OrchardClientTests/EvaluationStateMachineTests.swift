@@ -75,6 +75,21 @@ struct EvaluationStateMachineTests {
         #expect(Tests.outcome(nothing) == .rejected(retryAfter: Machine.evaluationRetry, reason: "evaluation_left"))
     }
 
+    @Test("an evaluation task nobody asked for fails the window; an evaluation-only window does not train when an old coordinator admits it")
+    func unsolicited() throws {
+        var trainingOnly = Self.machine(tasks: [.training])
+        _ = trainingOnly.start(constraints: .none)
+        let requested = trainingOnly.stateLoaded(Tests.stored(), now: Tests.now)
+        if case .requestCycle(let request, _) = requested.last { #expect(request.tasks == nil) }
+        #expect(Tests.failure(trainingOnly.cycleAnswered(.evaluate(Self.task)))?.code == .serverError)
+
+        var evaluationOnly = Self.machine(tasks: [.evaluation])
+        _ = evaluationOnly.start(constraints: .none)
+        _ = evaluationOnly.stateLoaded(Tests.stored(), now: Tests.now)
+        let answered = evaluationOnly.cycleAnswered(.accepted(Tests.assignment()))
+        #expect(Tests.outcome(answered) == .rejected(retryAfter: 600, reason: "training_not_taken"))
+    }
+
     @Test("a task that cannot be done is left and the window trains; cancellation still fails")
     func leftTasks() throws {
         // Nothing held out.

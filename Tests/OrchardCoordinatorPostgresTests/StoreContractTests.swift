@@ -1,6 +1,7 @@
 import Foundation
 import OrchardCoordinator
 import OrchardProtocol
+import Synchronization
 import Testing
 
 /// The ``CoordinatorStore`` contract, run against every store: SQLite always, PostgreSQL when `ORCHARD_POSTGRES_URL`
@@ -57,7 +58,7 @@ import Testing
     }
 
     @Test(arguments: StoreKind.underTest)
-func federatedEvaluationResultsAreCountedOnceAndFinalizedOnce(_ kind: StoreKind) async throws {
+    func federatedEvaluationResultsAreCountedOnceAndFinalizedOnce(_ kind: StoreKind) async throws {
         try await withStores(kind) { stores in
             let store = stores.main
             try await F.host(store)
@@ -73,19 +74,34 @@ func federatedEvaluationResultsAreCountedOnceAndFinalizedOnce(_ kind: StoreKind)
             #expect(try await store.pendingEvaluationCheckpoints(processID: "p") == [3, 4])
             let results = try await stores.peer.evaluationResults(processID: "p", checkpoint: 3)
             #expect(results == [result("w1"), result("w2", samples: 4, loss: 1)])
-            // Finalized once: the second finalization (another instance, other numbers) records nothing and clears the rows.
+            // Finalized once, from the results read inside the transaction: the second finalization (another instance, other
+            // numbers) records nothing and clears the rows.
             let evaluation = CheckpointEvaluation(checkpoint: 3, samples: 6, metrics: ["loss": 0.8], evaluatedAt: 20, devices: 2, epsilon: 0.5)
-            #expect(try await store.finalizeFederatedEvaluation(evaluation, processID: "p"))
-            var other = evaluation
-            other.metrics = ["loss": 9]
-            #expect(try await !stores.peer.finalizeFederatedEvaluation(other, processID: "p"))
+            let seen = Mutex<([StoredEvaluationResult], Int)?>(nil)
+            let recorded = try await store.finalizeFederatedEvaluation(processID: "p", checkpoint: 3) { results, earlier in
+                seen.withLock { $0 = (results, earlier) }
+                return evaluation
+            }
+            #expect(recorded == evaluation)
+            #expect(seen.withLock { $0?.0 } == [result("w1"), result("w2", samples: 4, loss: 1)] && seen.withLock { $0?.1 } == 0)
+            let again = try await stores.peer.finalizeFederatedEvaluation(processID: "p", checkpoint: 3) { _, _ in
+                Issue.record("a finalized checkpoint was aggregated again")
+                return evaluation
+            }
+            #expect(again == nil)
             #expect(try await store.evaluationResults(processID: "p", checkpoint: 3).isEmpty)
             #expect(try await store.pendingEvaluationCheckpoints(processID: "p") == [4])
             #expect(try await stores.peer.federatedEvaluations(processID: "p", limit: 5) == [evaluation])
             #expect(try await store.federatedEvaluationCount(processID: "p") == 1)
             // A result for a finalized checkpoint is refused.
             #expect(try await storeErrorCode { _ = try await store.recordEvaluationResult(result("w3"), processID: "p") } == .cycleClosed)
-            #expect(try await !store.finalizeFederatedEvaluation(evaluation, processID: "nope"))
+            #expect(try await store.finalizeFederatedEvaluation(processID: "nope", checkpoint: 3) { _, _ in evaluation } == nil)
+            #expect(try await store.finalizeFederatedEvaluation(processID: "p", checkpoint: 9) { _, _ in evaluation } == nil, "no results")
+            // The next finalization counts the earlier one (the noised evaluations' accountant).
+            let counted = try await stores.peer.finalizeFederatedEvaluation(processID: "p", checkpoint: 4) { results, earlier in
+                CheckpointEvaluation(checkpoint: 4, samples: results.count, metrics: [:], evaluatedAt: Double(earlier))
+            }
+            #expect(counted?.evaluatedAt == 1)
             // Deleted with the process.
             try await store.deleteProcess(id: "p")
             try await F.host(store)

@@ -156,6 +156,9 @@ import Testing
             let many = Dictionary(uniqueKeysWithValues: (0..<17).map { ("m\($0)", 0.1) }).merging(["loss": 1]) { a, _ in a }
             #expect(refused(try await Self.send(harness, d1, key: e1.requestKey, samples: 2, metrics: many)) == (400, "invalid_request"))
             #expect(refused(try await Self.send(harness, d1, key: e1.requestKey, samples: 2, metrics: ["loss": 1, "": 2])) == (400, "invalid_request"))
+            for wrong: [String: Double] in [["loss": 1e300], ["loss": -1], ["loss": 1, "accuracy": 1.5], ["loss": 1, "mae": -0.1]] {
+                #expect(refused(try await Self.send(harness, d1, key: e1.requestKey, samples: 2, metrics: wrong)) == (400, "invalid_request"), "\(wrong)")
+            }
             // Numbers JSON cannot carry, and bodies that are not a report.
             for body in [
                 #"{"worker_id":"\#(d1.workerID)","request_key":"\#(e1.requestKey)","samples":2,"metrics":{"loss":1e999}}"#,
@@ -210,6 +213,39 @@ import Testing
         }
     }
 
+    @Test func anInstanceThatDidNotFinalizeHandsOutNoTaskForAFinalizedCheckpoint() async throws {
+        let harness = try await Harness.start()
+        try await harness.stopping {
+            let hosted = try await harness.host(Self.host(evaluation: FederatedEvaluationConfig(goal: 1)))
+            let first = try await harness.device(name: "evaluated")
+            let task = try await Self.task(in: harness, first)
+            #expect(try await Self.send(harness, first, key: task.requestKey, samples: 3, metrics: Self.regressor(loss: 0.2, mae: 0.1)).status == 200)
+            #expect(try await harness.status(hosted.processID).federatedEvaluation?.checkpoint == 0)
+            // After a restart the coordinator's memory is empty; the store says checkpoint 0 is done.
+            try await harness.restart()
+            let second = try await harness.device(name: "evaluated")
+            guard case .accepted = try await Self.check(in: harness, second) else {
+                throw HarnessError(description: "a finalized checkpoint still handed out an evaluation task after a restart")
+            }
+        }
+    }
+
+    @Test func aCheckpointWhoseGoalWasMetBeforeACrashIsFinalizedAtStartUp() async throws {
+        let harness = try await Harness.start()
+        try await harness.stopping {
+            let hosted = try await harness.host(Self.host(evaluation: FederatedEvaluationConfig(goal: 2)))
+            // Two results stored straight into the store, as if the coordinator died before finalizing.
+            for (worker, loss) in [("w_a", 0.5), ("w_b", 1.5)] {
+                _ = try await harness.coordinator.store.recordEvaluationResult(
+                    StoredEvaluationResult(checkpoint: 0, workerID: worker, samples: 2, metrics: ["loss": loss], receivedAt: 1), processID: hosted.processID)
+            }
+            #expect(try await harness.status(hosted.processID).federatedEvaluation == nil)
+            try await harness.restart()
+            let evaluation = try #require(try await harness.status(hosted.processID).federatedEvaluation)
+            #expect(evaluation.checkpoint == 0 && evaluation.devices == 2 && evaluation.metrics["loss"] == 1)
+        }
+    }
+
     @Test func unusableConfigurationsAreRefusedWithTheirReason() async throws {
         let harness = try await Harness.start()
         try await harness.stopping {
@@ -231,6 +267,9 @@ import Testing
             secure.serverConfig.minimumReports = 4
             secure.serverConfig.secureAggregation = SecureAggregationConfig(parameters: SecureAggregationParameters(threshold: 2))
             #expect(try await refusal(secure).contains("in the clear"))
+            var local = Self.host()
+            local.serverConfig.privacy = PrivacyConfig(mode: .local, clippingNorm: 1, noiseMultiplier: 1, population: 1000)
+            #expect(try await refusal(local).contains("privacy.mode local"))
             // An unknown key inside server_config.evaluation.
             var json = try JSONSerialization.jsonObject(with: try WireCoding.encoder().encode(Self.host())) as! [String: Any]
             var server = json["server_config"] as! [String: Any]

@@ -227,14 +227,16 @@ extension Coordinator {
                 return .rejected(CycleRejection(retryAfter: (server.paceSteeringWindow * (1 + jitter)).rounded(.up), reason: "upload_too_slow"))
             }
         }
-        if let evaluation = offerEvaluation(request, runtime: runtime, processID: processID, now: now) {
+        if let evaluation = await offerEvaluation(request, runtime: runtime, processID: processID, now: now) {
             metrics.checkinsAccepted.increment()
             return .evaluate(evaluation)
         }
         if let tasks = request.tasks, !tasks.contains(.training) {
-            // A window that takes no training (a short one, for evaluation only) is not admitted to the cycle.
+            // A window that takes no training (a short one, for evaluation only) is not admitted to the cycle. Without
+            // evaluation in the process it has nothing to come back for soon.
             metrics.checkinsRejected.increment()
-            return .rejected(CycleRejection(retryAfter: (server.paceSteeringWindow * (1 + jitter)).rounded(.up), reason: "no_evaluation_task"))
+            let wait = server.evaluation == nil ? server.cycleLength : server.paceSteeringWindow * (1 + jitter)
+            return .rejected(CycleRejection(retryAfter: wait.rounded(.up), reason: "no_evaluation_task"))
         }
         let key = randomHex(16)
         let decision = runtime.machine.requestCycle(workerID: request.workerID, now: now, newRequestKey: key, jitter: jitter)

@@ -119,7 +119,7 @@ extension Coordinator {
     func scheduleMissingEvaluations() async {
         for runtime in runtimes.values.sorted(by: { $0.process.id < $1.process.id }) {
             let processID = runtime.process.id
-            await finalizeSupersededEvaluations(processID: processID)
+            await finalizeSupersededEvaluations(processID: processID, latestAtGoal: true)
             do {
                 guard try await store.evaluationData(processID: processID) != nil else { continue }
                 let latest = runtime.process.latestCheckpoint

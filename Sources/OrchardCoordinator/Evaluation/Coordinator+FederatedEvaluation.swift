@@ -2,6 +2,7 @@ import CoreMetrics
 import Foundation
 import Logging
 import OrchardFormats
+import OrchardPrivacy
 public import OrchardProtocol
 import OrchardSupport
 import Synchronization
@@ -11,13 +12,26 @@ import Synchronization
 extension Coordinator {
     /// An evaluation task for a device whose cycle request takes one, when the process's latest checkpoint wants
     /// results (``EvaluationTasks/offer(worker:now:config:draw:)``); nil to go on deciding on training.
-    func offerEvaluation(_ request: CycleRequest, runtime: Runtime, processID: String, now: Date) -> EvaluationAssignment? {
+    func offerEvaluation(_ request: CycleRequest, runtime: Runtime, processID: String, now: Date) async -> EvaluationAssignment? {
         guard let config = runtime.process.serverConfig.evaluation, request.tasks?.contains(.evaluation) == true,
             let keys = evaluationKeys.withLock({ $0 })
         else { return nil }
         let checkpoint = runtime.process.latestCheckpoint
-        runtime.evaluationTasks.follow(checkpoint: checkpoint)
         guard config.evaluates(checkpoint: checkpoint) else { return nil }
+        runtime.evaluationTasks.follow(checkpoint: checkpoint)
+        if !runtime.evaluationTasks.synchronized {
+            // First check-in for this checkpoint at this instance: what the store already holds for it.
+            runtime.evaluationTasks.beginSynchronizing()
+            do {
+                let finalized = (try await store.federatedEvaluations(processID: processID, limit: 1).last?.checkpoint ?? -1) >= checkpoint
+                let received = try await store.evaluationResults(processID: processID, checkpoint: checkpoint).count
+                guard let current = runtimes[processID], current.evaluationTasks.checkpoint == checkpoint else { return nil }
+                current.evaluationTasks.synchronize(received: received, finalized: finalized)
+            } catch {
+                logger.warning("could not read the evaluation's progress", metadata: ["process": "\(processID)", "error": "\(error)"])
+            }
+        }
+        guard let runtime = runtimes[processID], runtime.evaluationTasks.checkpoint == checkpoint else { return nil }
         let draw = Double.random(in: 0..<1, using: &random)
         guard runtime.evaluationTasks.offer(worker: request.workerID, now: now.timeIntervalSince1970, config: config, draw: draw) else { return nil }
         let expiry = Int((now.timeIntervalSince1970 + config.reportWithin).rounded(.up))
@@ -81,6 +95,8 @@ extension Coordinator {
         } catch let error as StoreError where error.code == .duplicate {
             throw CoordinatorError(.evaluationAlreadyReceived, "this worker already sent its result for checkpoint \(checkpoint)")
         } catch let error as StoreError where error.code == .cycleClosed {
+            // Finalized, here or at another instance: no more tasks for it from this one.
+            if let current = runtimes[processID], current.evaluationTasks.checkpoint == checkpoint { current.evaluationTasks.finalize() }
             throw CoordinatorError(.evaluationClosed, "the evaluation of checkpoint \(checkpoint) is finalized")
         } catch let error as StoreError where error.code == .notFound {
             throw CoordinatorError(.unknownProcess, "the session's \(session.processDescription) is no longer hosted")
@@ -103,25 +119,28 @@ extension Coordinator {
     /// stored for the next attempt.
     func finalizeFederatedEvaluation(processID: String, checkpoint: Int) async {
         guard let runtime = runtimes[processID], let config = runtime.process.serverConfig.evaluation else { return }
+        let loss = runtime.process.model.training?.loss
+        let privacy = runtime.process.serverConfig.privacy
+        // The noise is drawn here, from the coordinator's generator; the aggregate is made inside the store's transaction.
+        let normals =
+            config.noise == nil
+            ? [] : (0..<FederatedEvaluationAggregate.normalsPerRelease).map { _ in GaussianNoise.standardNormal(using: &random) }
+        let date = clock.date.timeIntervalSince1970
         do {
-            let results = try await store.evaluationResults(processID: processID, checkpoint: checkpoint)
-            guard !results.isEmpty else { return }
-            var epsilon: Double?
-            if let noise = config.noise, let privacy = runtime.process.serverConfig.privacy {
-                let releases = try await store.federatedEvaluationCount(processID: processID) + 1
-                epsilon = FederatedEvaluationAggregate.epsilon(releases: releases, noise: noise, config: config, privacy: privacy)
+            let recorded = try await store.finalizeFederatedEvaluation(processID: processID, checkpoint: checkpoint) { results, earlier in
+                let epsilon = config.noise.flatMap { noise in
+                    privacy.flatMap { FederatedEvaluationAggregate.epsilon(releases: earlier + 1, noise: noise, config: config, privacy: $0) }
+                }
+                return FederatedEvaluationAggregate.combine(
+                    results, checkpoint: checkpoint, loss: loss, noise: config.noise, normals: normals, epsilon: epsilon, at: date)
             }
-            let evaluation = FederatedEvaluationAggregate.combine(
-                results, checkpoint: checkpoint, loss: runtime.process.model.training?.loss, noise: config.noise, epsilon: epsilon,
-                at: clock.date.timeIntervalSince1970, using: &random)
-            let recorded = try await store.finalizeFederatedEvaluation(evaluation, processID: processID)
             if let current = runtimes[processID], current.evaluationTasks.checkpoint == checkpoint { current.evaluationTasks.finalize() }
-            guard recorded, let process = runtimes[processID]?.process else { return }
+            guard let evaluation = recorded, let process = runtimes[processID]?.process else { return }
             metrics.recordEvaluation(process: process, evaluation: evaluation, federated: true)
             logger.info(
                 "checkpoint evaluated by devices",
                 metadata: [
-                    "process": "\(processID)", "checkpoint": "\(checkpoint)", "results": "\(results.count)", "samples": "\(evaluation.samples)",
+                    "process": "\(processID)", "checkpoint": "\(checkpoint)", "samples": "\(evaluation.samples)",
                     "loss": "\(evaluation.metrics["loss"] ?? Double.nan)",
                 ])
         } catch {
@@ -131,13 +150,21 @@ extension Coordinator {
     }
 
     /// Finalizes every federated evaluation of a process's checkpoints older than its latest that still has results
-    /// stored: after a publication (here or, over a shared store, at another instance) and at start-up.
-    func finalizeSupersededEvaluations(processID: String) async {
-        guard let runtime = runtimes[processID], runtime.process.serverConfig.evaluation != nil else { return }
+    /// stored: after a publication (here or, over a shared store, at another instance) and at start-up; with
+    /// `latestAtGoal`, also the latest's when its results already meet the goal (a crash came between the last result
+    /// and its finalization).
+    func finalizeSupersededEvaluations(processID: String, latestAtGoal: Bool = false) async {
+        guard let runtime = runtimes[processID], let config = runtime.process.serverConfig.evaluation else { return }
         let latest = runtime.process.latestCheckpoint
         do {
-            for checkpoint in try await store.pendingEvaluationCheckpoints(processID: processID) where checkpoint < latest {
-                await finalizeFederatedEvaluation(processID: processID, checkpoint: checkpoint)
+            for checkpoint in try await store.pendingEvaluationCheckpoints(processID: processID) {
+                if checkpoint < latest {
+                    await finalizeFederatedEvaluation(processID: processID, checkpoint: checkpoint)
+                } else if latestAtGoal, checkpoint == latest,
+                    try await store.evaluationResults(processID: processID, checkpoint: checkpoint).count >= config.goal
+                {
+                    await finalizeFederatedEvaluation(processID: processID, checkpoint: checkpoint)
+                }
             }
         } catch {
             logger.warning("could not list the pending federated evaluations", metadata: ["process": "\(processID)", "error": "\(error)"])

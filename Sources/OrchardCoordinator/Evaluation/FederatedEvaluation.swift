@@ -18,13 +18,26 @@ struct EvaluationTasks: Sendable {
     private(set) var received = 0
     /// Whether the checkpoint's evaluation is finalized.
     private(set) var finalized = false
+    /// Whether the store's count and finalized flag were read for the checkpoint (once per checkpoint and instance: after
+    /// a restart, or when another instance took the results, memory alone would offer tasks that cannot count).
+    private(set) var synchronized = false
 
-    /// Starts over for `number` when it is a newer checkpoint than the tasks are for.
+    /// Starts over for `number` when it is a newer checkpoint than the tasks are for (never for an older one).
     mutating func follow(checkpoint number: Int) {
-        guard number != checkpoint else { return }
+        guard number > checkpoint else { return }
         self = EvaluationTasks()
         checkpoint = number
     }
+
+    /// Takes the store's view of the checkpoint: the results it holds and whether it was finalized.
+    mutating func synchronize(received count: Int, finalized isFinalized: Bool) {
+        synchronized = true
+        received = max(received, count)
+        if isFinalized { finalized = true }
+    }
+
+    /// Marks the store as being read (so that concurrent check-ins do not read it too).
+    mutating func beginSynchronizing() { synchronized = true }
 
     /// Whether `worker` gets an evaluation task at `now`, given a uniform draw in [0, 1): the checkpoint is one to
     /// evaluate, not finalized, short of its goal with room among the open tasks, and the worker has none and sent
@@ -99,17 +112,33 @@ extension String {
 /// (`rmse` and `perplexity` derived from the mean loss, as they do not average), or under
 /// ``OrchardProtocol/EvaluationNoise`` the ratio of noised, clamped sums. Pure: the noise source is passed in.
 enum FederatedEvaluationAggregate {
-    /// The federated evaluation of `checkpoint` from its stored results.
-    /// - Parameters:
-    ///   - results: The devices' results (at least one).
-    ///   - loss: The model's loss (which second metric noised sums release: accuracy or MAE).
-    ///   - noise: Noised sums, if the process asks for them.
-    ///   - epsilon: The evaluation's ε through this release, when noised.
+    /// The standard normal draws one noised release takes (``combine(_:checkpoint:loss:noise:normals:epsilon:at:)``).
+    static let normalsPerRelease = EvaluationNoise.releasedSums
+
+    /// ``combine(_:checkpoint:loss:noise:normals:epsilon:at:)`` with the normals drawn from `generator` (when noised).
     static func combine(
         _ results: [StoredEvaluationResult], checkpoint: Int, loss: LossType?, noise: EvaluationNoise?, epsilon: Double?, at date: Double,
         using generator: inout some RandomNumberGenerator
     ) -> CheckpointEvaluation {
-        if let noise { return noised(results, checkpoint: checkpoint, loss: loss, noise: noise, epsilon: epsilon, at: date, using: &generator) }
+        let normals = noise == nil ? [] : (0..<normalsPerRelease).map { _ in GaussianNoise.standardNormal(using: &generator) }
+        return combine(results, checkpoint: checkpoint, loss: loss, noise: noise, normals: normals, epsilon: epsilon, at: date)
+    }
+
+    /// The federated evaluation of `checkpoint` from its stored results. Metrics that come out non-finite (a mean that
+    /// overflowed, `perplexity` of a huge loss) are left out.
+    /// - Parameters:
+    ///   - results: The devices' results (at least one).
+    ///   - loss: The model's loss (which second metric noised sums release: accuracy or MAE).
+    ///   - noise: Noised sums, if the process asks for them.
+    ///   - normals: ``normalsPerRelease`` standard normal draws, when noised (drawn by the caller, so the aggregate can
+    ///     be computed inside the store's transaction).
+    ///   - epsilon: The evaluation's ε through this release, when noised.
+    static func combine(
+        _ results: [StoredEvaluationResult], checkpoint: Int, loss: LossType?, noise: EvaluationNoise?, normals: [Double], epsilon: Double?, at date: Double
+    ) -> CheckpointEvaluation {
+        if let noise {
+            return noised(results, checkpoint: checkpoint, loss: loss, noise: noise, normals: normals, epsilon: epsilon, at: date)
+        }
         var totals: [String: (sum: Double, weight: Double)] = [:]
         var samples = 0
         for result in results {
@@ -122,6 +151,7 @@ enum FederatedEvaluationAggregate {
         }
         var metrics = totals.compactMapValues { $0.weight > 0 ? $0.sum / $0.weight : nil }
         derive(&metrics)
+        metrics = metrics.filter { $0.value.isFinite }
         return CheckpointEvaluation(checkpoint: checkpoint, samples: samples, metrics: metrics, evaluatedAt: date, devices: results.count)
     }
 
@@ -134,9 +164,9 @@ enum FederatedEvaluationAggregate {
     }
 
     private static func noised(
-        _ results: [StoredEvaluationResult], checkpoint: Int, loss: LossType?, noise: EvaluationNoise, epsilon: Double?, at date: Double,
-        using generator: inout some RandomNumberGenerator
+        _ results: [StoredEvaluationResult], checkpoint: Int, loss: LossType?, noise: EvaluationNoise, normals: [Double], epsilon: Double?, at date: Double
     ) -> CheckpointEvaluation {
+        precondition(normals.count == normalsPerRelease, "a noised release takes \(normalsPerRelease) normal draws")
         let cap = Double(noise.maximumSamples)
         let second = loss == .crossEntropy ? ("accuracy", 1.0) : ("mae", noise.lossBound)
         let released = [("loss", noise.lossBound), second]
@@ -150,10 +180,10 @@ enum FederatedEvaluationAggregate {
             }
         }
         let z = noise.noiseMultiplier
-        let noisyWeight = weight + z * cap * GaussianNoise.standardNormal(using: &generator)
+        let noisyWeight = weight + z * cap * normals[0]
         var metrics: [String: Double] = [:]
         for (index, (name, bound)) in released.enumerated() {
-            let noisySum = sums[index] + z * cap * bound * GaussianNoise.standardNormal(using: &generator)
+            let noisySum = sums[index] + z * cap * bound * normals[index + 1]
             metrics[name] = min(max(noisySum / max(noisyWeight, 1), 0), bound)
         }
         if loss == .meanSquaredError { metrics["rmse"] = (metrics["loss"] ?? 0).squareRoot() }

@@ -751,20 +751,41 @@ public final class SQLiteStore: CoordinatorStore {
         }
     }
 
-    public func finalizeFederatedEvaluation(_ evaluation: CheckpointEvaluation, processID: String) async throws -> Bool {
-        let metrics = CycleRecordSummary.json(evaluation.metrics)
-        return try await pool.write { db in
-            guard try Bool.fetchOne(db, sql: "SELECT 1 FROM processes WHERE id = ?", arguments: [processID]) != nil else { return false }
+    public func finalizeFederatedEvaluation(
+        processID: String, checkpoint: Int, aggregate: @Sendable ([StoredEvaluationResult], Int) -> CheckpointEvaluation
+    ) async throws -> CheckpointEvaluation? {
+        try await pool.write { db in
+            guard try Bool.fetchOne(db, sql: "SELECT 1 FROM processes WHERE id = ?", arguments: [processID]) != nil else { return nil }
+            let deleteResults = "DELETE FROM evaluation_results WHERE process_id = ? AND checkpoint = ?"
+            if try Bool.fetchOne(db, sql: "SELECT 1 FROM federated_evaluations WHERE process_id = ? AND checkpoint = ?", arguments: [processID, checkpoint])
+                != nil
+            {
+                try db.execute(sql: deleteResults, arguments: [processID, checkpoint])
+                return nil
+            }
+            let results = try Row.fetchAll(
+                db,
+                sql: "SELECT worker_id, samples, metrics, received_at FROM evaluation_results WHERE process_id = ? AND checkpoint = ? ORDER BY worker_id",
+                arguments: [processID, checkpoint]
+            ).map { row in
+                StoredEvaluationResult(
+                    checkpoint: checkpoint, workerID: row["worker_id"], samples: row["samples"], metrics: CycleRecordSummary.decode(row["metrics"]),
+                    receivedAt: row["received_at"])
+            }
+            guard !results.isEmpty else { return nil }
+            let recorded = try Int.fetchOne(db, sql: "SELECT count(*) FROM federated_evaluations WHERE process_id = ?", arguments: [processID]) ?? 0
+            let evaluation = aggregate(results, recorded)
             try db.execute(
                 sql: """
-                    INSERT OR IGNORE INTO federated_evaluations (process_id, checkpoint, samples, devices, metrics, epsilon, evaluated_at)
+                    INSERT INTO federated_evaluations (process_id, checkpoint, samples, devices, metrics, epsilon, evaluated_at)
                     VALUES (?, ?, ?, ?, ?, ?, ?)
                     """,
-                arguments: [processID, evaluation.checkpoint, evaluation.samples, evaluation.devices, metrics, evaluation.epsilon, evaluation.evaluatedAt])
-            let recorded = db.changesCount == 1
-            try db.execute(
-                sql: "DELETE FROM evaluation_results WHERE process_id = ? AND checkpoint = ?", arguments: [processID, evaluation.checkpoint])
-            return recorded
+                arguments: [
+                    processID, checkpoint, evaluation.samples, evaluation.devices, CycleRecordSummary.json(evaluation.metrics), evaluation.epsilon,
+                    evaluation.evaluatedAt,
+                ])
+            try db.execute(sql: deleteResults, arguments: [processID, checkpoint])
+            return evaluation
         }
     }
 

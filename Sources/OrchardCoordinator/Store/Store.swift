@@ -435,9 +435,14 @@ public protocol CoordinatorStore: Sendable {
     func evaluationResults(processID: String, checkpoint: Int) async throws -> [StoredEvaluationResult]
     /// The checkpoints with stored results not yet finalized, ascending.
     func pendingEvaluationCheckpoints(processID: String) async throws -> [Int]
-    /// Records a checkpoint's federated evaluation and deletes its results, in one transaction, exactly once: returns
-    /// false (and only deletes the results) when one was recorded already, by any instance, or the process is gone.
-    func finalizeFederatedEvaluation(_ evaluation: CheckpointEvaluation, processID: String) async throws -> Bool
+    /// Finalizes a checkpoint's federated evaluation in one transaction, exactly once over every instance: reads the
+    /// checkpoint's stored results and how many federated evaluations the process has recorded, records what `aggregate`
+    /// makes of them, and deletes those results — so a result stored is either in the aggregate or refused
+    /// (``StoreError/Code/cycleClosed``), never acknowledged and dropped. Returns the recorded evaluation; nil when one was
+    /// recorded already (any results left are deleted), when there are no results, or when the process is gone.
+    func finalizeFederatedEvaluation(
+        processID: String, checkpoint: Int, aggregate: @Sendable (_ results: [StoredEvaluationResult], _ recorded: Int) -> CheckpointEvaluation
+    ) async throws -> CheckpointEvaluation?
     /// A process's federated evaluations, the newest `limit` of them, oldest first.
     func federatedEvaluations(processID: String, limit: Int) async throws -> [CheckpointEvaluation]
     /// How many federated evaluations a process has recorded (the noised releases the evaluation's accountant counts).

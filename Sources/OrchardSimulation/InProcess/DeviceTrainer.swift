@@ -23,6 +23,9 @@ struct DeviceTrainer: Sendable {
         let task = LocalTrainingTask(model: context.model, training: context.training)
         // Under federated evaluation the device trains on the samples outside its held-out split only.
         let indices = context.holdoutSplit(count: workload.sampleCount(device: device))?.training
+        if let indices, indices.isEmpty {
+            throw OrchardClientError(.training, "every one of the device's samples is held out for evaluation; none is left to train on")
+        }
         let total = context.training.plannedUpdates(samples: indices?.count ?? workload.sampleCount(device: device))
         let cost = link.profile.secondsPerUpdate
         var checkpoint = context.savedCheckpoint
