@@ -85,6 +85,9 @@ public final class FederatedJob: Sendable {
     private let observers = Mutex<[UInt64: AsyncStream<JobEvent>.Continuation]>([:])
     private let nextObserver = Mutex<UInt64>(0)
     let callbacks = Mutex(Callbacks())
+    /// The `holdout_fraction` of the last plan this job downloaded (nil before one): a device that holds nothing out at it
+    /// stops offering evaluation, which it could not do, so it takes no evaluation task's place.
+    private let planHoldoutFraction = Mutex<Double?>(nil)
     /// One cycle at a time, in arrival order.
     private let gate = AsyncSemaphore(permits: 1)
 
@@ -175,6 +178,20 @@ public final class FederatedJob: Sendable {
         async throws(OrchardClientError) -> CycleOutcome
     {
         let trainer = configuration.trainer
+        var tasks = tasks
+        if tasks.contains(.evaluation), let fraction = planHoldoutFraction.withLock({ $0 }),
+            HoldoutSplit(count: dataset.count, fraction: fraction, seed: configuration.trainingSeed).holdout.isEmpty
+        {
+            // Nothing held out at the process's fraction: an evaluation task could not be done.
+            tasks.removeAll { $0 == .evaluation }
+            if tasks.isEmpty {
+                // Asked again in an hour: the device's data may have grown by then.
+                let outcome = CycleOutcome.rejected(retryAfter: 3600, reason: "nothing_held_out")
+                emit(.phase(.finished))
+                emit(.finished(outcome))
+                return outcome
+            }
+        }
         let evaluator: Evaluator = { context async throws(OrchardClientError) -> EvaluationMetrics? in
             let holdout = context.holdoutSplit(count: dataset.count).holdoutPart(of: dataset)
             guard holdout.count > 0 else { return nil }
@@ -324,7 +341,10 @@ public final class FederatedJob: Sendable {
                     let plan = try await transport.plan(planID, requestKey: requestKey, session: session)
                     return (plan, try trainer.parameterShapes(of: plan.model))
                 }
-            ) { machine, answer in machine.planDownloaded(answer.0, shapes: answer.1) }
+            ) { machine, answer in
+                planHoldoutFraction.withLock { $0 = answer.0.clientConfig.holdoutFraction ?? 0 }
+                return machine.planDownloaded(answer.0, shapes: answer.1)
+            }
         case .downloadModel(let modelID, let requestKey, let session):
             let store = self.store
             return await call(

@@ -108,6 +108,13 @@ struct FederatedEvaluationClientTests {
             let outcome = try await job.train(on: Fixture.dataset(count: count))
             #expect(transport.log.withLock { $0.evaluationReports.isEmpty })
             if case .reported = outcome {} else { Issue.record("expected a report, got \(outcome)") }
+            // Having seen the process's fraction, the device no longer offers evaluation it cannot do; an evaluation-only
+            // window ends at once without calling the coordinator.
+            _ = try await job.train(on: Fixture.dataset(count: count))
+            #expect(transport.log.withLock { $0.cycleRequests.map(\.tasks) } == [[.evaluation, .training], nil, nil])
+            let requests = transport.log.withLock { $0.cycleRequests.count }
+            #expect(try await job.train(on: Fixture.dataset(count: count), tasks: [.evaluation]) == .rejected(retryAfter: 3600, reason: "nothing_held_out"))
+            #expect(transport.log.withLock { $0.cycleRequests.count } == requests)
         }
     }
 
