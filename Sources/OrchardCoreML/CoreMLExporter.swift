@@ -33,6 +33,12 @@ public struct CoreMLExporter: Sendable {
 
     func makeModel(_ spec: ModelSpec, weights: [TensorRecord]) throws(CoreMLError) -> ProtoModel {
         do { try spec.validate() } catch { throw CoreMLError(.invalidModel, error.message) }
+        if let sequence = spec.layers.first(where: { [LayerType.conv1d, .maxPool1d, .avgPool1d].contains($0.type) }) {
+            throw CoreMLError(
+                .unsupportedLayer,
+                "Orchard layer type '\(sequence.type)' has no Core ML counterpart an updatable model can train (Core ML trains dense and 2-D convolution layers over [C, H, W]); devices train it with the Orchard engine",
+                layer: sequence.name)
+        }
         var store = try WeightStore(weights)
 
         var model = ProtoModel()

@@ -39,9 +39,11 @@ extension ModelSpec {
                 throw fail("\(owner): '\(field)' must be in \(minimum)...\(Self.maximumDimension), not \(value)")
             }
         }
-        func checkPair(_ value: [Int]?, _ field: String, _ owner: String, minimum: Int = 1) throws(FormatError) {
+        func checkPair(_ value: [Int]?, _ field: String, _ owner: String, minimum: Int = 1, count: Int = 2) throws(FormatError) {
             guard let value else { return }
-            guard value.count == 2 else { throw fail("\(owner): '\(field)' must be two integers, not \(value)") }
+            guard value.count == count else {
+                throw fail("\(owner): '\(field)' must be \(count == 1 ? "one integer, [n]" : "two integers"), not \(value)")
+            }
             for item in value { try checkSize(item, field, owner, minimum: minimum) }
         }
         try checkName(name, "model name")
@@ -57,8 +59,10 @@ extension ModelSpec {
             try checkSize(layer.vocabularySize, "vocabulary_size", owner)
             try checkSize(layer.embeddingSize, "embedding_size", owner)
             try checkSize(layer.inChannels, "in_channels", owner)
-            try checkPair(layer.kernelSize, "kernel_size", owner)
-            try checkPair(layer.strides, "strides", owner)
+            // The 1-D layers take one-element windows.
+            let axes = [LayerType.conv1d, .maxPool1d, .avgPool1d].contains(layer.type) ? 1 : 2
+            try checkPair(layer.kernelSize, "kernel_size", owner, count: axes)
+            try checkPair(layer.strides, "strides", owner, count: axes)
             if let amounts = layer.padding?.explicitAmounts {
                 try checkPair([amounts.height, amounts.width], "padding", owner, minimum: 0)
             }

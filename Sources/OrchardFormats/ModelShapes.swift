@@ -102,8 +102,30 @@ extension ModelSpec {
         func parameter(_ suffix: String, _ shape: [Int], _ fields: [String]) -> ParameterSpec {
             ParameterSpec(name: "\(layer.name).\(suffix)", layer: layer.name, type: layer.type, shape: shape, fields: fields)
         }
+        func single(_ value: [Int]?, _ field: String) throws(FormatError) -> Int? {
+            guard let value else { return nil }
+            guard value.count == 1, value[0] > 0 else { throw fail("'\(field)' must be one positive integer, [n], not \(value)") }
+            return value[0]
+        }
         let input = inputShapes.first ?? []
         switch layer.type {
+        case .conv1d, .maxPool1d, .avgPool1d:
+            guard input.count == 2 else { throw fail("needs a [C, L] input (channels, steps), not \(input)") }
+            guard let kernel = try single(layer.kernelSize, "kernel_size") else { throw fail("'kernel_size' is required") }
+            let convolution = layer.type == .conv1d
+            let stride = try single(layer.strides, "strides") ?? (convolution ? 1 : kernel)
+            let padding = layer.padding ?? .valid
+            guard padding == .valid || padding == .same else { throw fail("'padding' of a 1-D layer is valid or same, not \(padding)") }
+            let length = padding.resolve(input: input[1], kernel: kernel, stride: stride, axis: 1).output
+            guard length > 0 else { throw fail("'kernel_size' [\(kernel)] does not fit input \(input) with padding \(padding)") }
+            guard convolution else { return ([input[0], length], []) }
+            let filters = try positive(layer.units, "units")
+            if let channels = layer.inChannels, channels != input[0] {
+                throw fail("'in_channels' is \(channels), but its input '\(layer.inputs[0])' has \(input[0]) channels")
+            }
+            var implied = [parameter("weight", [filters, input[0], kernel], ["units", "in_channels", "kernel_size[0]"])]
+            if layer.useBias ?? true { implied.append(parameter("bias", [filters], ["units"])) }
+            return ([filters, length], implied)
         case .dense:
             guard input.count == 1 else { throw fail("needs a rank-1 input per sample, not \(input); add a flatten layer") }
             let units = try positive(layer.units, "units")

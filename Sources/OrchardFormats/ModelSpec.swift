@@ -8,6 +8,8 @@ public import Foundation
 /// - `dense`: weight `[units, inputSize]`, bias `[units]` (PyTorch and Core ML's inner-product layout).
 /// - `embedding`: weight `[vocabularySize, embeddingSize]`; its input holds category indices stored as Float.
 /// - `conv2d`: weight `[filters, inChannels, kernelH, kernelW]`, bias `[filters]`.
+/// - `conv1d`: over sequences `[C, L]` (channels first, as PyTorch's `nn.Conv1d`), weight `[filters, inChannels, kernel]`,
+///   bias `[filters]` — a PyTorch `Conv1d` state dict's `weight` and `bias` as they are.
 /// - A classifier ends with a `softmax` layer; with the `crossEntropy` loss the engine fuses the two (stable),
 ///   and the targets are class indices stored as Float, shape `[1]`.
 ///
@@ -219,10 +221,17 @@ public struct LayerType: RawRepresentable, Sendable, Hashable, Codable, CustomSt
     public static let avgPool2d = LayerType(rawValue: "avgPool2d")
     /// Inverted dropout (active in training only).
     public static let dropout = LayerType(rawValue: "dropout")
+    /// 1-D convolution over sequences `[C, L]` (sensor time series), `kernel_size` and `strides` of one element.
+    public static let conv1d = LayerType(rawValue: "conv1d")
+    /// 1-D max pooling over `[C, L]`.
+    public static let maxPool1d = LayerType(rawValue: "maxPool1d")
+    /// 1-D average pooling over `[C, L]`; padded positions are left out of each average.
+    public static let avgPool1d = LayerType(rawValue: "avgPool1d")
 
     /// Every type a model may use.
     public static let known: Set<LayerType> = [
-        .dense, .embedding, .relu, .sigmoid, .tanh, .softmax, .flatten, .concat, .conv2d, .maxPool2d, .avgPool2d, .dropout,
+        .dense, .embedding, .relu, .sigmoid, .tanh, .softmax, .flatten, .concat, .conv2d, .maxPool2d, .avgPool2d, .dropout, .conv1d, .maxPool1d,
+        .avgPool1d,
     ]
 }
 
@@ -327,11 +336,12 @@ public struct LayerSpec: Sendable, Hashable, Codable {
     public var vocabularySize: Int?
     /// `embedding`: width of each embedding row.
     public var embeddingSize: Int?
-    /// `conv2d`/`maxPool2d`/`avgPool2d`: `[kernelH, kernelW]`.
+    /// `conv2d`/`maxPool2d`/`avgPool2d`: `[kernelH, kernelW]`; `conv1d`/`maxPool1d`/`avgPool1d`: `[kernel]`.
     public var kernelSize: [Int]?
-    /// `conv2d`/`maxPool2d`/`avgPool2d`: `[strideH, strideW]` (default `[1, 1]` for conv, the kernel size for pooling).
+    /// `conv2d`/`maxPool2d`/`avgPool2d`: `[strideH, strideW]` (default `[1, 1]` for conv, the kernel size for pooling);
+    /// the 1-D layers: `[stride]`.
     public var strides: [Int]?
-    /// `conv2d`/`maxPool2d`/`avgPool2d`: padding (default valid).
+    /// `conv2d`/`maxPool2d`/`avgPool2d`: padding (default valid); the 1-D layers take `valid` or `same`.
     public var padding: Padding?
     /// `conv2d`: input channels (inferred when building if absent).
     public var inChannels: Int?

@@ -180,6 +180,28 @@ public struct Model: Sendable {
                 poolSize: try need(try pair(s.kernelSize, "kernelSize"), "kernelSize"),
                 strides: try pair(s.strides, "strides"), padding: s.padding ?? .valid
             )
+        case .conv1d, .maxPool1d, .avgPool1d:
+            func single(_ value: [Int]?, _ attribute: String) throws(EngineError) -> Int? {
+                guard let value else { return nil }
+                guard value.count == 1, value[0] > 0 else {
+                    throw EngineError(.invalidModel, "layer '\(s.name)': '\(attribute)' must be one positive integer, [n], not \(value)")
+                }
+                return value[0]
+            }
+            let padding = s.padding ?? .valid
+            guard padding == .valid || padding == .same else {
+                throw EngineError(.invalidModel, "layer '\(s.name)': the padding of a 1-D layer is valid or same, not \(padding)")
+            }
+            let kernel = try need(try single(s.kernelSize, "kernelSize"), "kernelSize")
+            let stride = try single(s.strides, "strides")
+            switch s.type {
+            case .conv1d:
+                layer = Conv1D(
+                    filters: try positive(try need(s.units, "units"), "units"), kernelSize: kernel, stride: stride ?? 1, padding: padding,
+                    useBias: s.useBias ?? true, inChannels: s.inChannels)
+            case .maxPool1d: layer = MaxPool1D(poolSize: kernel, stride: stride, padding: padding)
+            default: layer = AvgPool1D(poolSize: kernel, stride: stride, padding: padding)
+            }
         default:
             throw EngineError(.invalidModel, "layer '\(s.name)' has unknown type '\(s.type)'")
         }

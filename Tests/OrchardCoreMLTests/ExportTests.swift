@@ -186,6 +186,18 @@ import Testing
         #expect(model.neuralNetwork.layers.first { $0.name == "dense2" }?.input == ["relu1"])
     }
 
+    @Test func aOneDimensionalConvolutionHasNoCoreMLCounterpart() {
+        let spec = ModelSpec(
+            name: "sensor", inputs: [InputSpec(name: "x", shape: [3, 16])],
+            layers: [
+                LayerSpec(name: "conv", type: .conv1d, inputs: ["x"], units: 4, kernelSize: [3]),
+                LayerSpec(name: "flat", type: .flatten, inputs: ["conv"]),
+                LayerSpec(name: "out", type: .dense, inputs: ["flat"], units: 2, inputSize: 56),
+            ],
+            training: TrainingSpec(loss: .meanSquaredError, optimizer: .sgd(learningRate: 0.1)))
+        expectError(.unsupportedLayer, layer: "conv", containing: "no Core ML counterpart") { _ = try export(spec) }
+    }
+
     @Test func unrepresentableTrainingSettingsAreRejectedUnlessDropped() throws {
         let spec = Models.housing(optimizer: .sgd(learningRate: 0.01, weightDecay: 1e-4))
         expectError(.unsupportedFeature, layer: nil, containing: "weight decay") { _ = try export(spec) }

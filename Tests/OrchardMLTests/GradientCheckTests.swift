@@ -19,6 +19,7 @@ import Testing
 
     static let vector = [InputSpec(name: "input", shape: [5])]
     static let image = [InputSpec(name: "input", shape: [2, 6, 5])]
+    static let sequence = [InputSpec(name: "input", shape: [3, 9])]
 
     static let cases: [Case] = [
         Case(label: "dense + relu + mse", inputs: vector, loss: .meanSquaredError) { [Dense(units: 4), ReLU(), Dense(units: 3)] },
@@ -59,6 +60,15 @@ import Testing
         },
         Case(label: "avgpool same padding (padding not counted)", inputs: image, loss: .meanSquaredError) {
             [Conv2D(filters: 2, kernelSize: [1, 1]), AvgPool2D(poolSize: [3, 2], strides: [2, 2], padding: .same), Flatten(), Dense(units: 2)]
+        },
+        Case(label: "conv1d stride 2 + maxpool1d + flatten", inputs: sequence, loss: .meanSquaredError) {
+            [Conv1D(filters: 3, kernelSize: 3, stride: 2), Tanh(), MaxPool1D(poolSize: 2, stride: 1), Flatten(), Dense(units: 2)]
+        },
+        Case(label: "conv1d stacked, same padding, avgpool1d same padding", inputs: sequence, loss: .meanSquaredError) {
+            [
+                Conv1D(filters: 2, kernelSize: 2), Tanh(), Conv1D(filters: 2, kernelSize: 3, padding: .same, useBias: false),
+                AvgPool1D(poolSize: 3, stride: 2, padding: .same), Flatten(), Dense(units: 2),
+            ]
         },
         Case(label: "dropout (fixed mask)", inputs: vector, loss: .meanSquaredError) { [Dense(units: 6), Dropout(rate: 0.4), Tanh(), Dense(units: 2)] },
         Case(label: "value read by two layers", inputs: vector, loss: .meanSquaredError) {

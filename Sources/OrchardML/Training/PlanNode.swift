@@ -77,6 +77,13 @@ final class PlanNode {
             kind = .maxPool(g, argmax: allocate(batchCapacity * outputShape.reduce(1, *)))
         case let l as AvgPool2D:
             kind = .avgPool(l.geometry(inputShapes[0]))
+        case let l as Conv1D:
+            let g = l.geometry(inputShapes[0])
+            kind = .conv(g, filters: l.filters, col: allocate(g.patchSize * g.outputPlane), dcol: allocate(g.patchSize * g.outputPlane))
+        case let l as MaxPool1D:
+            kind = .maxPool(l.geometry(inputShapes[0]), argmax: allocate(batchCapacity * outputShape.reduce(1, *)))
+        case let l as AvgPool1D:
+            kind = .avgPool(l.geometry(inputShapes[0]))
         default:
             throw EngineError(.invalidModel, "layer '\(layer.name)' of type \(layer.type) cannot be trained")
         }
