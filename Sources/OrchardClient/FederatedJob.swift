@@ -40,8 +40,8 @@ public struct CycleContext: Sendable {
 
     /// The samples of `dataset` to train on: all of them, or those outside the device's held-out split when the process
     /// holds some out (`client_config.holdout_fraction`, ``HoldoutSplit``).
-    public func trainingPart(of dataset: some Dataset) -> DatasetPart {
-        guard let split = holdoutSplit(count: dataset.count) else { return DatasetPart(dataset, indices: Array(0..<dataset.count)) }
+    public func trainingPart<D: Dataset>(of dataset: D) -> DatasetSlice<D> {
+        guard let split = holdoutSplit(count: dataset.count) else { return DatasetSlice(dataset, indices: Array(0..<dataset.count)) }
         return split.trainingPart(of: dataset)
     }
 

@@ -36,32 +36,7 @@ public struct HoldoutSplit: Sendable {
     }
 
     /// The training part of `dataset`.
-    public func trainingPart(of dataset: some Dataset) -> DatasetPart { DatasetPart(dataset, indices: training) }
+    public func trainingPart<D: Dataset>(of dataset: D) -> DatasetSlice<D> { DatasetSlice(dataset, indices: training) }
     /// The held-out part of `dataset`.
-    public func holdoutPart(of dataset: some Dataset) -> DatasetPart { DatasetPart(dataset, indices: holdout) }
-}
-
-/// Some samples of a dataset, by position, without copying them.
-public struct DatasetPart: Dataset {
-    private let base: any Dataset
-    /// Positions in the base dataset.
-    public let indices: [Int]
-
-    /// A view of `indices` of `base`.
-    public init(_ base: some Dataset, indices: [Int]) {
-        self.base = base
-        self.indices = indices
-    }
-
-    public var count: Int { indices.count }
-    public var inputSpecs: [FeatureSpec] { base.inputSpecs }
-    public var targetSpec: FeatureSpec { base.targetSpec }
-
-    public func copyInput(_ input: Int, of index: Int, into destination: UnsafeMutableBufferPointer<Float>) {
-        base.copyInput(input, of: indices[index], into: destination)
-    }
-
-    public func copyTarget(of index: Int, into destination: UnsafeMutableBufferPointer<Float>) {
-        base.copyTarget(of: indices[index], into: destination)
-    }
+    public func holdoutPart<D: Dataset>(of dataset: D) -> DatasetSlice<D> { DatasetSlice(dataset, indices: holdout) }
 }

@@ -61,9 +61,9 @@ public struct EngineWorkload<Slice: Dataset, TestSet: Dataset>: FleetWorkload, @
     {
         guard let attack, attack.attackers.contains(device) else {
             guard let indices else { return try trainer.train(task, on: slices[device], resumingFrom: checkpoint, progress: { _ in }) }
-            return try trainer.train(task, on: DatasetPart(slices[device], indices: indices), resumingFrom: checkpoint, progress: { _ in })
+            return try trainer.train(task, on: DatasetSlice(slices[device], indices: indices), resumingFrom: checkpoint, progress: { _ in })
         }
-        let own: any Dataset = indices.map { DatasetPart(slices[device], indices: $0) } ?? slices[device]
+        let own: any Dataset = indices.map { DatasetSlice(slices[device], indices: $0) } ?? slices[device]
         let data: any Dataset = attack.configuration.kind == .labelFlip ? LabelFlippedDataset(base: own, classes: attack.classes) : own
         switch try trainer.train(task, on: data, resumingFrom: checkpoint, progress: { _ in }) {
         case .completed(let update): return .completed(attack.configuration.poison(update, task: task, device: device))
@@ -73,7 +73,7 @@ public struct EngineWorkload<Slice: Dataset, TestSet: Dataset>: FleetWorkload, @
 
     /// The SDK's evaluation of `model` on the samples `indices` of `device`'s slice.
     public func evaluate(device: Int, model: CycleModel, on indices: [Int]) throws(OrchardClientError) -> EvaluationMetrics {
-        try trainer.evaluate(model, on: DatasetPart(slices[device], indices: indices))
+        try trainer.evaluate(model, on: DatasetSlice(slices[device], indices: indices))
     }
 
     /// The update count recorded in a training-state checkpoint.
