@@ -10,6 +10,10 @@ import Testing
 @Suite(.shrinking(false)) struct DirectDecodeTests {
     static let valid = CycleRequest(
         workerID: "w_0123456789abcdef01234567", processName: "tiny", processVersion: SemanticVersion(1, 2), downloadMbps: 10.5, uploadMbps: 2)
+    /// The same with the tasks a 2.5 device offers (the fuzzing template, so mutations reach the tasks too).
+    static let withTasks = CycleRequest(
+        workerID: "w_0123456789abcdef01234567", processName: "tiny", processVersion: SemanticVersion(1, 2), downloadMbps: 10.5, uploadMbps: 2,
+        tasks: [.evaluation, .training])
 
     func direct(_ text: String) -> CycleRequest? {
         Array(text.utf8).withUnsafeBytes { CycleRequest.directDecode($0) }
@@ -28,7 +32,8 @@ import Testing
                 workerID: "w_" + String(random.next(), radix: 16), processName: names[Int(random.next() % UInt64(names.count))],
                 processVersion: SemanticVersion(components: (0..<Int(1 + random.next() % 4)).map { _ in Int(random.next() % 1000) }),
                 downloadMbps: random.next() % 2 == 0 ? nil : numbers[Int(random.next() % UInt64(numbers.count))],
-                uploadMbps: random.next() % 2 == 0 ? nil : numbers[Int(random.next() % UInt64(numbers.count))]
+                uploadMbps: random.next() % 2 == 0 ? nil : numbers[Int(random.next() % UInt64(numbers.count))],
+                tasks: [nil, [], [.training], [.evaluation], [.evaluation, .training], [.training, .training]][Int(random.next() % 6)]
             )
             let bytes = Array(try WireCoding.encoder().encode(request))
             let decoded = bytes.withUnsafeBytes { CycleRequest.directDecode($0) }
@@ -61,13 +66,17 @@ import Testing
         #"{"worker_id":"w","process_name":"p","process_version":"1","upload_mbps":"2"}"#,  // a string for a number
         #"{"worker_id":"w","process_name":"p","process_version":"1",}"#,  // a trailing comma
         #"{"worker_id":5,"process_name":"p","process_version":"1"}"#,  // a number for a string
+        #"{"worker_id":"w","process_name":"p","process_version":"1","tasks":["training","sleeping"]}"#,  // an unknown task
+        #"{"worker_id":"w","process_name":"p","process_version":"1","tasks":"training"}"#,  // not an array
+        #"{"worker_id":"w","process_name":"p","process_version":"1","tasks":["training",]}"#,  // a trailing comma
+        #"{"worker_id":"w","process_name":"p","process_version":"1","tasks":[],"tasks":[]}"#,  // a repeated key
         #"["worker_id"]"#, "", "{", "{}",
     ])
     func anythingElseIsLeftToTheStrictDecoder(_ text: String) {
         #expect(direct(text) == nil)
     }
 
-    static let template = try! JSONValue.parse(WireCoding.encoder().encode(valid))
+    static let template = try! JSONValue.parse(WireCoding.encoder().encode(withTasks))
 
     @Test func mutatedAndArbitraryBodiesNeverDisagreeWithTheStrictDecoder() async {
         let mutated = fuzzed { Fuzz.mutate(Self.template, edits: 3, using: &$0) }
