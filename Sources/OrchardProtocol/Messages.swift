@@ -151,7 +151,8 @@ public struct CycleAssignment: Sendable, Hashable, Codable {
 public struct CycleRejection: Sendable, Hashable, Codable {
     /// Seconds to wait before the next cycle request (always a number).
     public var retryAfter: Double
-    /// Why, e.g. `cycle_full`, `speed_too_low`, `process_completed`, `already_assigned`.
+    /// Why, e.g. `cycle_full`, `speed_too_low`, `process_completed`, `already_assigned`, or `no_evaluation_task` (a request
+    /// that offered evaluation only, when there is none for it).
     public var reason: String
 
     enum CodingKeys: String, CodingKey {

@@ -459,6 +459,13 @@ private struct DeviceClaims: JWTPayload {
                     headers: ["Content-Type": MediaType.json]), 413, "payload_too_large", "oversized result")
             expectStatus(try await evaluationReport(), 200, nil, "evaluation result")
             expectStatus(try await evaluationReport(), 409, "evaluation_already_received", "the result again")
+            // An evaluation-only request with no task left for it is turned away, not admitted to train.
+            guard case .rejected(let noTask) = try await FederatedEvaluationTests.check(in: harness, evaluator, tasks: [.evaluation], name: "fedeval")
+            else {
+                Issue.record("an evaluation-only request was not turned away")
+                return
+            }
+            #expect(noTask.reason == "no_evaluation_task")
             harness.clock.advance(bySeconds: 301)
             expectStatus(
                 try await http.send("GET", Endpoint.plan(task.planID) + taskKey, token: evaluator.sessionToken), 409, "deadline_passed", "expired plan")
