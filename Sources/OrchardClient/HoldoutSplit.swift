@@ -1,4 +1,5 @@
 public import OrchardML
+import OrchardSupport
 
 /// A device's split of its samples into a training part and a held-out part for federated evaluation
 /// (`client_config.holdout_fraction`).
@@ -28,10 +29,7 @@ public struct HoldoutSplit: Sendable {
     /// below `fraction`.
     public static func isHeldOut(_ index: Int, fraction: Double, seed: UInt64) -> Bool {
         guard fraction > 0 else { return false }
-        var z = seed &+ 0x9E37_79B9_7F4A_7C15 &* (UInt64(truncatingIfNeeded: index) &+ 1)
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        z ^= z >> 31
+        let z = SplitMix64.mix(seed &+ SplitMix64.increment &* (UInt64(truncatingIfNeeded: index) &+ 1))
         return Double(z >> 11) / Double(1 << 53) < fraction
     }
 

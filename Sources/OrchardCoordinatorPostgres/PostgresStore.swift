@@ -820,13 +820,18 @@ public final class PostgresStore: CoordinatorStore {
             ORDER BY worker_id
             """)
         do {
-            return try rows.map { row in
-                let (worker, samples, metrics, receivedAt) = try row.decode((String, Int, String, Double).self)
-                return StoredEvaluationResult(
-                    checkpoint: checkpoint, workerID: worker, samples: samples, metrics: CycleRecordSummary.decode(metrics), receivedAt: receivedAt)
-            }
+            return try Self.evaluationResults(rows, checkpoint: checkpoint)
         } catch {
             throw PostgresErrors.map(error, what)
+        }
+    }
+
+    /// Results read as `worker_id, samples, metrics, received_at` rows of one checkpoint.
+    private static func evaluationResults(_ rows: [PostgresRow], checkpoint: Int) throws -> [StoredEvaluationResult] {
+        try rows.map { row in
+            let (worker, samples, metrics, receivedAt) = try row.decode((String, Int, String, Double).self)
+            return StoredEvaluationResult(
+                checkpoint: checkpoint, workerID: worker, samples: samples, metrics: CycleRecordSummary.decode(metrics), receivedAt: receivedAt)
         }
     }
 
@@ -858,11 +863,7 @@ public final class PostgresStore: CoordinatorStore {
                 SELECT worker_id, samples, metrics, received_at FROM evaluation_results WHERE process_id = \(processID) AND checkpoint = \(checkpoint)
                 ORDER BY worker_id
                 """)
-            let results = try rows.map { row in
-                let (worker, samples, metrics, receivedAt) = try row.decode((String, Int, String, Double).self)
-                return StoredEvaluationResult(
-                    checkpoint: checkpoint, workerID: worker, samples: samples, metrics: CycleRecordSummary.decode(metrics), receivedAt: receivedAt)
-            }
+            let results = try Self.evaluationResults(rows, checkpoint: checkpoint)
             guard !results.isEmpty else { return nil }
             let recorded = try await run(connection, "SELECT count(*) FROM federated_evaluations WHERE process_id = \(processID)")
             let evaluation = aggregate(results, try recorded.first?.decode(Int.self) ?? 0)
@@ -894,16 +895,6 @@ public final class PostgresStore: CoordinatorStore {
                     checkpoint: checkpoint, samples: samples, metrics: CycleRecordSummary.decode(metrics), evaluatedAt: evaluatedAt, devices: devices,
                     epsilon: epsilon)
             }
-        } catch {
-            throw PostgresErrors.map(error, what)
-        }
-    }
-
-    public func federatedEvaluationCount(processID: String) async throws -> Int {
-        let what = "count the federated evaluations of process '\(processID)'"
-        let rows = try await rows(what, "SELECT count(*) FROM federated_evaluations WHERE process_id = \(processID)")
-        do {
-            return try rows.first?.decode(Int.self) ?? 0
         } catch {
             throw PostgresErrors.map(error, what)
         }

@@ -29,7 +29,8 @@ struct EvaluationStateMachineTests {
     static func toEvaluation(_ machine: inout Machine) throws -> [Machine.Action] {
         _ = machine.start(constraints: .none)
         let requested = machine.stateLoaded(Tests.stored(), now: Tests.now)
-        if case .requestCycle(let request, _) = requested.last { #expect(request.tasks == machine.setup.tasks) }
+        guard case .requestCycle(let request, _) = requested.last else { throw MachineTestError("no cycle request") }
+        #expect(request.tasks == machine.setup.tasks)
         #expect(Tests.names(machine.cycleAnswered(.evaluate(Self.task))) == ["phase:downloadingPlan", "downloadPlan"])
         #expect(Tests.names(machine.planDownloaded(Self.plan, shapes: try Tests.shapes())) == ["phase:downloadingModel", "loadCachedModel"])
         #expect(Tests.names(machine.cachedModelLoaded(nil, info: nil)) == ["downloadModel"])
@@ -80,7 +81,8 @@ struct EvaluationStateMachineTests {
         var trainingOnly = Self.machine(tasks: [.training])
         _ = trainingOnly.start(constraints: .none)
         let requested = trainingOnly.stateLoaded(Tests.stored(), now: Tests.now)
-        if case .requestCycle(let request, _) = requested.last { #expect(request.tasks == nil) }
+        guard case .requestCycle(let request, _) = requested.last else { throw MachineTestError("no cycle request") }
+        #expect(request.tasks == nil)
         #expect(Tests.failure(trainingOnly.cycleAnswered(.evaluate(Self.task)))?.code == .serverError)
 
         var evaluationOnly = Self.machine(tasks: [.evaluation])

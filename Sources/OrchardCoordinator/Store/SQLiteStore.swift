@@ -732,15 +732,20 @@ public final class SQLiteStore: CoordinatorStore {
 
     public func evaluationResults(processID: String, checkpoint: Int) async throws -> [StoredEvaluationResult] {
         try await pool.read { db in
-            try Row.fetchAll(
-                db,
-                sql: "SELECT worker_id, samples, metrics, received_at FROM evaluation_results WHERE process_id = ? AND checkpoint = ? ORDER BY worker_id",
-                arguments: [processID, checkpoint]
-            ).map { row in
-                StoredEvaluationResult(
-                    checkpoint: checkpoint, workerID: row["worker_id"], samples: row["samples"], metrics: CycleRecordSummary.decode(row["metrics"]),
-                    receivedAt: row["received_at"])
-            }
+            try Self.evaluationResults(db, processID: processID, checkpoint: checkpoint)
+        }
+    }
+
+    /// A checkpoint's stored results, by worker id.
+    private static func evaluationResults(_ db: Database, processID: String, checkpoint: Int) throws -> [StoredEvaluationResult] {
+        try Row.fetchAll(
+            db,
+            sql: "SELECT worker_id, samples, metrics, received_at FROM evaluation_results WHERE process_id = ? AND checkpoint = ? ORDER BY worker_id",
+            arguments: [processID, checkpoint]
+        ).map { row in
+            StoredEvaluationResult(
+                checkpoint: checkpoint, workerID: row["worker_id"], samples: row["samples"], metrics: CycleRecordSummary.decode(row["metrics"]),
+                receivedAt: row["received_at"])
         }
     }
 
@@ -763,15 +768,7 @@ public final class SQLiteStore: CoordinatorStore {
                 try db.execute(sql: deleteResults, arguments: [processID, checkpoint])
                 return nil
             }
-            let results = try Row.fetchAll(
-                db,
-                sql: "SELECT worker_id, samples, metrics, received_at FROM evaluation_results WHERE process_id = ? AND checkpoint = ? ORDER BY worker_id",
-                arguments: [processID, checkpoint]
-            ).map { row in
-                StoredEvaluationResult(
-                    checkpoint: checkpoint, workerID: row["worker_id"], samples: row["samples"], metrics: CycleRecordSummary.decode(row["metrics"]),
-                    receivedAt: row["received_at"])
-            }
+            let results = try Self.evaluationResults(db, processID: processID, checkpoint: checkpoint)
             guard !results.isEmpty else { return nil }
             let recorded = try Int.fetchOne(db, sql: "SELECT count(*) FROM federated_evaluations WHERE process_id = ?", arguments: [processID]) ?? 0
             let evaluation = aggregate(results, recorded)
@@ -803,12 +800,6 @@ public final class SQLiteStore: CoordinatorStore {
                     checkpoint: row["checkpoint"], samples: row["samples"], metrics: CycleRecordSummary.decode(row["metrics"]),
                     evaluatedAt: row["evaluated_at"], devices: row["devices"], epsilon: row["epsilon"])
             }
-        }
-    }
-
-    public func federatedEvaluationCount(processID: String) async throws -> Int {
-        try await pool.read { db in
-            try Int.fetchOne(db, sql: "SELECT count(*) FROM federated_evaluations WHERE process_id = ?", arguments: [processID]) ?? 0
         }
     }
 

@@ -445,8 +445,6 @@ public protocol CoordinatorStore: Sendable {
     ) async throws -> CheckpointEvaluation?
     /// A process's federated evaluations, the newest `limit` of them, oldest first.
     func federatedEvaluations(processID: String, limit: Int) async throws -> [CheckpointEvaluation]
-    /// How many federated evaluations a process has recorded (the noised releases the evaluation's accountant counts).
-    func federatedEvaluationCount(processID: String) async throws -> Int
 }
 
 /// A device's result of a federated evaluation task, as stored until its checkpoint's evaluation is finalized.
