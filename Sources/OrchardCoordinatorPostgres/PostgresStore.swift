@@ -26,20 +26,35 @@ import PostgresNIO
 public final class PostgresStore: CoordinatorStore {
     private let client: PostgresClient
     private let runner: Task<Void, Never>
+    /// The connections that hold secure-aggregation locks (``withSecureAggregationLock(processID:_:)``): a pool apart
+    /// from the one queries use, so a held lock never takes the connection its holder's queries need.
+    private let locks: PostgresClient
+    private let locksRunner: Task<Void, Never>
     private let logger: Logger
     private let spool: StagingSpool
+
+    /// At most this many secure-aggregation locks are held or awaited at once by one store (one per process at a
+    /// time, as the coordinator serialises each process's steps).
+    public static let lockConnections = 4
 
     /// True: several coordinator instances may share this store.
     public var isShared: Bool { true }
 
-    private init(client: PostgresClient, runner: Task<Void, Never>, logger: Logger, spool: StagingSpool) {
+    private init(
+        client: PostgresClient, runner: Task<Void, Never>, locks: PostgresClient, locksRunner: Task<Void, Never>, logger: Logger, spool: StagingSpool
+    ) {
         self.client = client
         self.runner = runner
+        self.locks = locks
+        self.locksRunner = locksRunner
         self.logger = logger
         self.spool = spool
     }
 
-    deinit { runner.cancel() }
+    deinit {
+        runner.cancel()
+        locksRunner.cancel()
+    }
 
     /// Connects, applies pending schema migrations and starts the connection pool. Throws
     /// ``OrchardCoordinator/StoreError/Code/io`` when the server cannot be reached or refuses the login.
@@ -77,8 +92,11 @@ public final class PostgresStore: CoordinatorStore {
         pooled.options.connectTimeout = .nanoseconds(configuration.connectTimeout.inNanoseconds)
         let client = PostgresClient(configuration: pooled, backgroundLogger: logger)
         let runner = Task { await client.run() }
+        pooled.options.maximumConnections = lockConnections
+        let locks = PostgresClient(configuration: pooled, backgroundLogger: logger)
+        let locksRunner = Task { await locks.run() }
         logger.debug("opened PostgreSQL store", metadata: ["database": "\(configuration)"])
-        return PostgresStore(client: client, runner: runner, logger: logger, spool: spool)
+        return PostgresStore(client: client, runner: runner, locks: locks, locksRunner: locksRunner, logger: logger, spool: spool)
     }
 
     /// The server, database and user, without the password.
@@ -128,7 +146,9 @@ public final class PostgresStore: CoordinatorStore {
     /// ``OrchardCoordinator/StoreError/Code/io``) and deletes the staging directory. Calling it again does nothing.
     public func shutdown() async {
         runner.cancel()
+        locksRunner.cancel()
         await runner.value
+        await locksRunner.value
         spool.remove()
     }
 
@@ -927,10 +947,14 @@ public final class PostgresStore: CoordinatorStore {
         }
     }
 
-    public func secureAggregationEvents(processID: String, cycle: Int) async throws -> [StoredSecureAggregationEvent] {
+    public func secureAggregationEvents(processID: String, cycle: Int, from first: Int) async throws -> [StoredSecureAggregationEvent] {
         let what = "read the secure-aggregation events of cycle \(cycle) of process '\(processID)'"
         let rows = try await rows(
-            what, "SELECT sequence, body, words FROM secure_aggregation_events WHERE process_id = \(processID) AND cycle = \(cycle) ORDER BY sequence")
+            what,
+            """
+            SELECT sequence, body, words FROM secure_aggregation_events
+            WHERE process_id = \(processID) AND cycle = \(cycle) AND sequence >= \(first) ORDER BY sequence
+            """)
         do {
             return try rows.map { row in
                 let (sequence, body, words) = try row.decode((Int, ByteBuffer, ByteBuffer?).self)
@@ -940,4 +964,39 @@ public final class PostgresStore: CoordinatorStore {
             throw PostgresErrors.map(error, what)
         }
     }
+
+    /// Runs `body` holding a session-level advisory lock on the process (key space ``secureAggregationLockClass``,
+    /// the process id hashed by `hashtext`) on a connection of the lock pool. Every instance sharing the database
+    /// takes the same lock, so their steps of the process's secure aggregation are serialised; if the holder dies,
+    /// its connection closes and PostgreSQL releases the lock.
+    public func withSecureAggregationLock<T: Sendable>(processID: String, _ body: @Sendable () async throws -> T) async throws -> T {
+        let logger = self.logger
+        let outcome: Result<T, any Error>
+        do {
+            outcome = try await locks.withConnection { connection async throws -> Result<T, any Error> in
+                _ = try await connection.query("SELECT pg_advisory_lock(\(Self.secureAggregationLockClass), hashtext(\(processID)))", logger: logger).collect()
+                let result: Result<T, any Error>
+                do {
+                    result = .success(try await body())
+                } catch {
+                    result = .failure(error)
+                }
+                do {
+                    _ = try await connection.query("SELECT pg_advisory_unlock(\(Self.secureAggregationLockClass), hashtext(\(processID)))", logger: logger)
+                        .collect()
+                } catch {
+                    // A lock that cannot be released is released with its session.
+                    try? await connection.close()
+                }
+                return result
+            }
+        } catch {
+            throw PostgresErrors.map(error, "lock the secure aggregation of process '\(processID)'")
+        }
+        return try outcome.get()
+    }
+
+    /// The first key of the two-key advisory locks on processes' secure aggregation ("ORSA"); the migrations' lock is
+    /// a one-key lock, a space of its own.
+    public static let secureAggregationLockClass: Int32 = 0x4F52_5341
 }

@@ -8,6 +8,7 @@ import Glibc
 import OrchardBenchmarks
 import OrchardCoordinatorPostgres
 import OrchardFormats
+import OrchardPrivacy
 import OrchardProtocol
 import OrchardTesting
 import Testing
@@ -169,6 +170,63 @@ import Testing
                 let (_, statusBody) = try await server.send("GET", Endpoint.process(hosted.processID), token: "admin")
                 let status2 = try WireCoding.decoder().decode(ProcessStatus.self, from: Data(statusBody))
                 #expect(status2.latestCheckpoint == 1 && status2.cyclesCompleted == 1 && status2.currentCycle?.number == 2)
+            }
+        }
+    }
+
+    @Test func secureAggregationGoesOnAcrossTheOthersWhenAnInstanceIsKilledBetweenStages() async throws {
+        try await Self.withServers(3) { servers in
+            let hosted = try await servers[0].json(
+                ProcessStatus.self, "POST", Endpoint.processes, SecureMultiInstanceTests.host(goal: 6, minimum: 4), token: "admin")
+            let version = SemanticVersion(1, 0)
+            var devices: [SecureDeviceDriver] = []
+            for i in 0..<6 {
+                // Authenticated at one process, checked in at the next.
+                let auth = try await servers[i % 3].json(
+                    AuthenticateResponse.self, "POST", Endpoint.authenticate, AuthenticateRequest(processName: "multi", processVersion: version))
+                let response = try await servers[(i + 1) % 3].json(
+                    CycleResponse.self, "POST", Endpoint.cycleRequest, CycleRequest(workerID: auth.workerID, processName: "multi", processVersion: version),
+                    token: auth.sessionToken)
+                guard case .accepted(let assignment) = response else { throw Failure("device \(i) was turned away: \(response)") }
+                let input = SecureMultiInstanceTests.inputs[i]
+                devices.append(
+                    SecureDeviceDriver(
+                        workerID: auth.workerID, sessionToken: auth.sessionToken, assignment: assignment, scale: input.scale, samples: input.samples,
+                        seed: UInt64(300 + i), parameters: SecureMultiInstanceTests.parameters, maximumSampleCount: 100))
+            }
+            func send(_ request: SecureAggregationRequest, of device: SecureDeviceDriver, to server: Server) async throws -> SecureAggregationReply {
+                try await server.json(SecureAggregationReply.self, "POST", Endpoint.secureAggregation, request, token: device.sessionToken)
+            }
+            func step(_ device: inout SecureDeviceDriver, poll: Server, answer: Server) async throws -> SecureAggregationReply {
+                let polled = try await send(device.request(), of: device, to: poll)
+                guard let message = try device.answer(polled) else { return polled }
+                return try await send(message, of: device, to: answer)
+            }
+            for i in devices.indices {
+                try devices[i].advertised(try await send(try devices[i].advertisement(), of: devices[i], to: servers[(i + 2) % 3]))
+            }
+            for i in devices.indices { _ = try await step(&devices[i], poll: servers[i % 3], answer: servers[(i + 1) % 3]) }
+            // Between share_keys and masked_input, one process is killed and never comes back.
+            servers[2].kill9()
+            var closed = 0
+            for stage in [SecureAggregationStage.maskedInput, .unmask] {
+                for i in devices.indices {
+                    let reply = try await step(&devices[i], poll: servers[i % 2], answer: servers[(i + 1) % 2])
+                    if stage == .unmask {
+                        #expect(reply.next == .done)
+                        if reply.cycleClosed { closed += 1 }
+                    }
+                }
+            }
+            #expect(closed == 1, "the last unmask publishes, once")
+            for server in servers.prefix(2) {
+                let (_, statusBody) = try await server.send("GET", Endpoint.process(hosted.processID), token: "admin")
+                let status = try WireCoding.decoder().decode(ProcessStatus.self, from: Data(statusBody))
+                #expect(status.latestCheckpoint == 1 && status.currentCycle?.number == 2)
+                let (code, bytes) = try await server.send("GET", Endpoint.checkpoint(hosted.processID, "latest"), token: "admin")
+                #expect(code == 200)
+                SecureMultiInstanceTests.expectWithinStep(
+                    try Safetensors.decode(bytes).byName.mapValues(\.values), MultiInstanceTests.fedAvg(SecureMultiInstanceTests.inputs))
             }
         }
     }

@@ -1,6 +1,11 @@
 import Foundation
+#if canImport(Glibc)
+import Glibc
+#endif
 import OrchardCoordinator
 import OrchardCoordinatorPostgres
+import OrchardTesting
+import Synchronization
 import Testing
 
 /// What only the PostgreSQL store has: migrations, several instances starting at once, connection failures.
@@ -152,5 +157,83 @@ struct PostgresStoreTests {
         }
         #expect(error.code == .io)
         #expect(error.message.contains("/nonexistent/ca.pem"), "\(error.message)")
+    }
+}
+
+/// The secure-aggregation lock of a coordinator that dies is released: PostgreSQL ends a session whose client is gone,
+/// and its advisory locks with it. The holder here is a `psql` session (the lock taken as the store takes it), killed
+/// with SIGKILL while a store waits for the lock.
+@Suite(TestDatabase.requirement, .timeLimit(.minutes(2))) struct SecureAggregationLockTests {
+    /// `psql` on the test database, reading statements from a pipe; the password in the environment, never on argv.
+    final class Session: @unchecked Sendable {
+        let process = ChildProcess()
+        let input = Pipe()
+        let output = Pipe()
+        var buffer = Data()
+
+        init(_ configuration: PostgresStoreConfiguration) throws {
+            guard FileManager.default.isExecutableFile(atPath: "/usr/bin/psql") else {
+                throw MultiProcessTests.Failure("this test needs psql (Debian's postgresql-client), which .ci/run installs with the server")
+            }
+            process.executableURL = URL(fileURLWithPath: "/usr/bin/psql")
+            process.arguments = [
+                "-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1",
+                "host=\(configuration.host) port=\(configuration.port) user=\(configuration.user) dbname=\(configuration.database) sslmode=disable",
+            ]
+            var environment = ProcessInfo.processInfo.environment
+            environment["PGPASSWORD"] = configuration.password ?? ""
+            process.environment = environment
+            process.standardInput = input
+            process.standardOutput = output
+            try process.run()
+        }
+
+        /// Sends `sql` and returns what it printed before the marker echoed after it.
+        func run(_ sql: String) throws -> String {
+            input.fileHandleForWriting.write(Data("\(sql)\n\\echo --end--\n".utf8))
+            while true {
+                if let range = buffer.range(of: Data("--end--\n".utf8)) {
+                    let text = String(decoding: buffer[..<range.lowerBound], as: UTF8.self)
+                    buffer.removeSubrange(..<range.upperBound)
+                    return text.trimmingCharacters(in: .whitespacesAndNewlines)
+                }
+                let chunk = output.fileHandleForReading.availableData
+                guard !chunk.isEmpty else { throw MultiProcessTests.Failure("psql ended: \(String(decoding: buffer, as: UTF8.self))") }
+                buffer.append(chunk)
+            }
+        }
+
+        func kill9() {
+            kill(process.processIdentifier, SIGKILL)
+            process.waitUntilExit()
+        }
+    }
+
+    @Test func aDeadHoldersLockIsReleasedToTheWaitingInstance() async throws {
+        try await TestDatabase.withDatabase { configuration in
+            let store = try await PostgresStore.open(configuration: configuration, logger: TestDatabase.logger)
+            let holder = try Session(configuration)
+            let key = "\(PostgresStore.secureAggregationLockClass), hashtext('p')"
+            _ = try holder.run("SELECT pg_advisory_lock(\(key));")
+            let entered = Mutex(false)
+            let waiter = Task {
+                try await store.withSecureAggregationLock(processID: "p") { entered.withLock { $0 = true } }
+            }
+            // Wait (by asking the server, not the clock) until the store is queued behind the holder.
+            var waiting = false
+            for _ in 0..<2000 where !waiting {
+                waiting =
+                    try holder.run(
+                        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = \(PostgresStore.secureAggregationLockClass) AND NOT granted;")
+                    == "1"
+                if !waiting { await Task.yield() }
+            }
+            #expect(waiting, "the store waits for the lock")
+            #expect(!entered.withLock { $0 }, "not while the holder lives")
+            holder.kill9()
+            try await waiter.value
+            #expect(entered.withLock { $0 }, "the dead holder's lock went to the waiting store")
+            await store.shutdown()
+        }
     }
 }

@@ -708,6 +708,8 @@ import Testing
                         StoredSecureAggregationEvent(sequence: 1, body: [0]), processID: "p", cycle: 1, reportedWorker: nil)
                 } == .duplicate)
             #expect(try await stores.main.secureAggregationEvents(processID: "p", cycle: 1) == [first, second])
+            #expect(try await stores.peer.secureAggregationEvents(processID: "p", cycle: 1, from: 1) == [second], "the events another instance appended")
+            #expect(try await stores.peer.secureAggregationEvents(processID: "p", cycle: 1, from: 2).isEmpty)
             // The advertisement counted the worker as reported (in the same transaction).
             #expect(try await stores.peer.cycleProgress(processID: "p")?.reported == 1)
             #expect(try await stores.peer.assignment(requestKey: "k0")?.assignment.reported == true)
@@ -734,6 +736,51 @@ import Testing
                 } == .cycleClosed)
             try await stores.peer.appendSecureAggregationEvent(first, processID: "p", cycle: 2, reportedWorker: nil)
             #expect(try await stores.main.secureAggregationEvents(processID: "p", cycle: 2) == [first])
+        }
+    }
+
+    /// Bodies run under one process's lock from both handles (two pools over PostgreSQL) one at a time, with a store
+    /// round trip between reading and writing a shared counter: no update is lost and no two bodies overlap; another
+    /// process's lock is taken meanwhile; a body that throws releases the lock.
+    @Test(arguments: StoreKind.underTest)
+    func theSecureAggregationLockAdmitsOneHolderPerProcessAcrossHandles(_ kind: StoreKind) async throws {
+        try await withStores(kind) { stores in
+            try await F.host(stores.main)
+            final class Shared: Sendable {
+                let state = Mutex((counter: 0, inside: 0, most: 0))
+            }
+            let shared = Shared()
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                for index in 0..<16 {
+                    let store = index % 2 == 0 ? stores.main : stores.peer
+                    group.addTask {
+                        try await store.withSecureAggregationLock(processID: "p") {
+                            let seen = shared.state.withLock { state in
+                                state.inside += 1
+                                state.most = max(state.most, state.inside)
+                                return state.counter
+                            }
+                            _ = try await store.cycleProgress(processID: "p")
+                            shared.state.withLock { state in
+                                state.counter = seen + 1
+                                state.inside -= 1
+                            }
+                        }
+                    }
+                }
+                try await group.waitForAll()
+            }
+            #expect(shared.state.withLock { $0.counter } == 16, "no update lost")
+            #expect(shared.state.withLock { $0.most } == 1, "one holder at a time")
+            struct Refusal: Error {}
+            await #expect(throws: Refusal.self) {
+                try await stores.main.withSecureAggregationLock(processID: "p") { () async throws -> Int in throw Refusal() }
+            }
+            // Released despite the throw, and a lock per process: these nest without waiting on each other.
+            let nested = try await stores.peer.withSecureAggregationLock(processID: "p") {
+                try await stores.main.withSecureAggregationLock(processID: "q") { 7 }
+            }
+            #expect(nested == 7)
         }
     }
 }

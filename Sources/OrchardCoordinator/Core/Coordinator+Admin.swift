@@ -27,12 +27,6 @@ extension Coordinator {
         {
             throw CoordinatorError(.invalidConfiguration, failure)
         }
-        if store.isShared && request.serverConfig.secureAggregation != nil {
-            throw CoordinatorError(
-                .invalidConfiguration,
-                "server_config.secure_aggregation needs a coordinator with a store of its own (SQLite): over a store shared by several instances (PostgreSQL) the protocol's stages are not yet coordinated across instances"
-            )
-        }
         if let privacy = request.serverConfig.privacy {
             if let caution = privacy.deltaCaution { logger.warning("\(caution)", metadata: ["process": "\(request.name)"]) }
             // A budget that one release already exceeds would host a process that can never aggregate.
@@ -155,7 +149,13 @@ extension Coordinator {
 
     /// The status of one process and its open cycle.
     public func status(processID: String) async throws(CoordinatorError) -> ProcessStatus {
-        await catchUpShared(processID: processID)
+        if store.isShared, runtimes[processID]?.secure != nil {
+            // The protocol's stage as the instances together have it.
+            // A store that cannot be read leaves the status as this instance has it (as for other processes).
+            _ = try? await withSecureLock(processID: processID) { _ in }
+        } else {
+            await catchUpShared(processID: processID)
+        }
         guard let runtime = runtimes[processID] else { throw CoordinatorError(.unknownProcess, "no process '\(processID)'") }
         let numbers: [Int]
         let evaluation: CheckpointEvaluation?

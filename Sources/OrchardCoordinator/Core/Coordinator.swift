@@ -111,6 +111,11 @@ public actor Coordinator {
     /// One secure-aggregation step at a time per process (check, persist, apply), so the event log's order is the
     /// order the steps were applied in.
     var secureLocks: [String: AsyncSemaphore] = [:]
+    /// Over a shared store, processes whose cycle transition was asked for outside their secure-aggregation lock and
+    /// left to the next step that holds it (``perform(_:processID:combined:)``).
+    var deferredSecure: Set<String> = []
+    /// The process whose secure-aggregation lock the current task holds over a shared store, if any.
+    @TaskLocal static var secureLockHolder: String?
     /// Processes whose cycle transition is being carried out (``perform(_:processID:combined:)``): over a shared store
     /// nothing reloads them meanwhile.
     var transitioning: Set<String> = []

@@ -23,7 +23,7 @@ extension Coordinator {
         }
         for processID in runtimes.keys.sorted() {
             guard let runtime = runtimes[processID] else { continue }
-            if store.isShared {
+            if store.isShared && runtime.secure == nil {
                 await tickShared(processID: processID, now: now)
                 continue
             }
@@ -39,6 +39,12 @@ extension Coordinator {
     /// Carries out a cycle transition; over a shared store the cycle is first sealed and every instance's contribution
     /// combined (``combineShared(processID:takeover:)``), unless `combined` says that was done.
     func perform(_ action: CycleStateMachine.CycleAction, processID: String, combined: Bool = false) async {
+        if store.isShared, runtimes[processID]?.secure != nil, Self.secureLockHolder != processID {
+            // Over a shared store only the holder of the process's secure-aggregation lock steps its protocol or
+            // publishes (after taking up what the other instances did); the next step that holds it carries this out.
+            deferredSecure.insert(processID)
+            return
+        }
         var action = action
         transitioning.insert(processID)
         defer { transitioning.remove(processID) }

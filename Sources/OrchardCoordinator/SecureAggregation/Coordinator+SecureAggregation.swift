@@ -10,6 +10,12 @@ import OrchardSupport
 // Every step (a device's message, a stage closing) is checked on a copy of the cycle's state, persisted as an event,
 // then kept — one step at a time per process (`secureLocks`), so the event log's order is the order of application
 // and replaying it after a crash rebuilds exactly what was acknowledged.
+//
+// Over a store several instances share, any instance serves any stage: a step also holds the store's lock on the
+// process (``CoordinatorStore/withSecureAggregationLock(processID:_:)``, an advisory lock in PostgreSQL) and first
+// takes up what the others did (``catchUpSecure(processID:)``): a cycle they closed, the events they appended, the
+// advertisements they counted. The instance whose step ends the protocol publishes, under the lock; if it dies
+// first, the next instance to take the lock finds the protocol ended and the cycle open, and publishes.
 extension Coordinator {
     /// A device's step in its cycle's secure aggregation: absorbs the stage message the request carries (if any) and
     /// answers what the device does next.
@@ -24,6 +30,8 @@ extension Coordinator {
             throw CoordinatorError(.invalidRequest, "a secure-aggregation request carries at most one stage message, not \(request.messageCount)")
         }
         try await requireKnownWorker(request.workerID)
+        // A request key another instance issued.
+        try await adoptSharedKey(request.requestKey)
         let (processID, runtime) = try keyedRuntime(requestKey: request.requestKey, session: session)
         guard runtime.process.serverConfig.secureAggregation != nil else {
             throw CoordinatorError(
@@ -31,10 +39,109 @@ extension Coordinator {
                 "process '\(runtime.process.name)' version \(runtime.process.version) does not use secure aggregation; send a report to \(Endpoint.report)"
             )
         }
+        return try await withSecureLock(processID: processID) { coordinator throws(CoordinatorError) in
+            try await coordinator.secureStep(request, processID: processID)
+        }
+    }
+
+    /// Runs `body` with the process's secure-aggregation steps serialised: by this instance's lock, and over a shared
+    /// store also by the store's lock, after taking up what the other instances did (``catchUpSecure(processID:)``).
+    func withSecureLock<T: Sendable>(
+        processID: String, _ body: @escaping @Sendable (isolated Coordinator) async throws(CoordinatorError) -> T
+    ) async throws(CoordinatorError) -> T {
         let lock = secureLock(processID)
         await lock.wait()
         defer { lock.signal() }
-        return try await secureStep(request, processID: processID)
+        guard store.isShared else { return try await body(self) }
+        do {
+            return try await store.withSecureAggregationLock(processID: processID) {
+                try await Coordinator.$secureLockHolder.withValue(processID) {
+                    try await self.catchUpSecure(processID: processID)
+                    return try await body(self)
+                }
+            }
+        } catch let error as CoordinatorError {
+            throw error
+        } catch {
+            throw storeFailure(error, "take the secure-aggregation lock of the process")
+        }
+    }
+
+    /// Over a shared store, with the process's locks held: takes up a cycle another instance closed (reloaded), the
+    /// secure-aggregation events the others appended since this instance last stepped (replayed in order), and the
+    /// assignments and advertisements they recorded (merged, so the goal and the minimum count every instance's);
+    /// then carries out a transition left for the lock holder and publishes a protocol that ended unpublished (its
+    /// last step's instance died first).
+    func catchUpSecure(processID: String) async throws(CoordinatorError) {
+        guard let runtime = runtimes[processID] else { return }
+        let progress: StoredCycleProgress?
+        do {
+            progress = try await store.cycleProgress(processID: processID)
+        } catch {
+            throw storeFailure(error, "read the cycle from the shared store")
+        }
+        guard let progress, runtime.machine.phase != .completed else {
+            if runtime.machine.phase != .completed { _ = await reload(processID: processID) }
+            return
+        }
+        if progress.number != runtime.machine.cycle {
+            // Reloading replays the new cycle's events (and takes a deferred transition up).
+            deferredSecure.remove(processID)
+            _ = await reload(processID: processID)
+            return
+        }
+        guard var secure = runtime.secure else { return }
+        let cycle = runtime.machine.cycle
+        let wasAdvertising = secure.stage == .advertiseKeys
+        let stored: [StoredSecureAggregationEvent]
+        do {
+            stored = try await store.secureAggregationEvents(processID: processID, cycle: cycle, from: secure.sequence)
+        } catch {
+            throw storeFailure(error, "read the secure-aggregation steps of other instances")
+        }
+        if !stored.isEmpty {
+            do {
+                try Self.replay(stored, into: &secure, cycle: cycle)
+            } catch {
+                throw storeFailure(error, "replay the secure-aggregation steps of other instances")
+            }
+            guard let current = runtimes[processID], current === runtime, current.machine.cycle == cycle else { return }
+            current.secure = secure
+            if wasAdvertising && secure.stage != .advertiseKeys {
+                // Another instance closed advertise_keys (with at least the minimum): admission is over here too; the
+                // protocol, not this instance's counts, decides what follows.
+                _ = current.machine.closeAdmission()
+            }
+        }
+        if progress.assigned != runtime.machine.assignments.count || progress.reported != runtime.machine.reported,
+            let action = await synchronizeShared(processID: processID)
+        {
+            await perform(action, processID: processID)
+        }
+        if deferredSecure.remove(processID) != nil, let current = runtimes[processID], current.machine.cycle == cycle,
+            current.secure?.stage == .advertiseKeys, current.machine.phase == .transitioning
+        {
+            // Admission closed outside the lock (its transition was deferred): decide it again with the merged counts.
+            current.machine.transitionFailed()
+            if let action = current.machine.closeAdmission() { await perform(action, processID: processID) }
+        }
+        await finishSecureIfEnded(processID: processID)
+    }
+
+    /// Applies stored events to `secure` in sequence order.
+    /// - Throws: ``StoreError/Code/corrupt`` for a gap in the sequence or an event that does not decode or apply.
+    static func replay(_ events: [StoredSecureAggregationEvent], into secure: inout SecureCycle, cycle: Int) throws(StoreError) {
+        for stored in events {
+            guard stored.sequence == secure.sequence else {
+                throw StoreError(.corrupt, "secure-aggregation events of cycle \(cycle) skip from \(secure.sequence) to \(stored.sequence)")
+            }
+            do {
+                let event = try WireCoding.decoder().decode(SecureCycleEvent.self, from: Data(stored.body))
+                _ = try secure.apply(event, words: stored.words.map { SecureAggregationMaskedInput.words(fromLittleEndian: Data($0)) })
+            } catch {
+                throw StoreError(.corrupt, "secure-aggregation event \(stored.sequence) of cycle \(cycle) cannot be replayed: \(error)")
+            }
+        }
     }
 
     /// The lock that serialises a process's secure-aggregation steps.
@@ -209,9 +316,15 @@ extension Coordinator {
         await finishSecureIfEnded(processID: processID)
     }
 
-    /// Publishes the aggregate (or abandons the cycle) once the protocol has ended.
-    private func finishSecureIfEnded(processID: String) async {
-        guard let runtime = runtimes[processID], let secure = runtime.secure, [.done, .abandoned].contains(secure.stage) else { return }
+    /// Publishes the aggregate (or abandons the cycle) once the protocol has ended; again after a publication that
+    /// could not be stored.
+    func finishSecureIfEnded(processID: String) async {
+        guard let runtime = runtimes[processID], let secure = runtime.secure, [.done, .abandoned].contains(secure.stage),
+            runtime.machine.phase != .completed
+        else { return }
+        // A failed transition left the machine closing: it transitions again.
+        if runtime.machine.phase != .transitioning { _ = runtime.machine.closeAdmission() }
+        guard runtime.machine.phase == .transitioning else { return }
         await perform(.aggregate(cycle: runtime.machine.cycle, reports: runtime.machine.reported), processID: processID)
     }
 
@@ -233,12 +346,17 @@ extension Coordinator {
         }
     }
 
-    /// The timer's work for a process under secure aggregation, with its lock held.
+    /// The timer's work for a process under secure aggregation, with its locks held: stages past their deadline
+    /// close, and a protocol that ended but could not be published is published.
     func tickSecure(processID: String, now: Date) async {
-        let lock = secureLock(processID)
-        await lock.wait()
-        defer { lock.signal() }
-        await advanceSecure(processID: processID, now: now)
+        do {
+            try await withSecureLock(processID: processID) { coordinator in
+                await coordinator.advanceSecure(processID: processID, now: now)
+                await coordinator.finishSecureIfEnded(processID: processID)
+            }
+        } catch {
+            logger.warning("could not step the secure aggregation; retrying on the next tick", metadata: ["process": "\(processID)", "error": "\(error)"])
+        }
     }
 
     /// A fresh secure aggregation for the runtime's open cycle, or nil when the process does not use it or has
@@ -263,17 +381,7 @@ extension Coordinator {
     func recoverSecureCycle(processID: String) async throws {
         guard let runtime = runtimes[processID], var secure = freshSecureCycle(runtime) else { return }
         let cycle = runtime.machine.cycle
-        for stored in try await store.secureAggregationEvents(processID: processID, cycle: cycle) {
-            guard stored.sequence == secure.sequence else {
-                throw StoreError(.corrupt, "secure-aggregation events of cycle \(cycle) skip from \(secure.sequence) to \(stored.sequence)")
-            }
-            do {
-                let event = try WireCoding.decoder().decode(SecureCycleEvent.self, from: Data(stored.body))
-                _ = try secure.apply(event, words: stored.words.map { SecureAggregationMaskedInput.words(fromLittleEndian: Data($0)) })
-            } catch {
-                throw StoreError(.corrupt, "secure-aggregation event \(stored.sequence) of cycle \(cycle) cannot be replayed: \(error)")
-            }
-        }
+        try Self.replay(try await store.secureAggregationEvents(processID: processID, cycle: cycle), into: &secure, cycle: cycle)
         runtime.secure = secure
         if secure.sequence > 0 {
             logger.info(

@@ -1,5 +1,7 @@
 public import Foundation
 import GRDB
+import OrchardSupport
+import Synchronization
 import OrchardFormats
 public import OrchardProtocol
 
@@ -41,6 +43,8 @@ public final class SQLiteStore: CoordinatorStore {
     public let isShared: Bool
 
     private let pool: DatabasePool
+    /// Each process's secure-aggregation lock (``withSecureAggregationLock(processID:_:)``).
+    private let secureAggregationLocks = Mutex<[String: AsyncSemaphore]>([:])
     private let spool: DiffSpool
     private let commits: GroupCommit<BatchedWrite>
 
@@ -854,12 +858,16 @@ public final class SQLiteStore: CoordinatorStore {
         }
     }
 
-    public func secureAggregationEvents(processID: String, cycle: Int) async throws -> [StoredSecureAggregationEvent] {
+    public func secureAggregationEvents(processID: String, cycle: Int, from first: Int) async throws -> [StoredSecureAggregationEvent] {
         let spool = self.spool
         return try await pool.read { db in
             try Row.fetchAll(
-                db, sql: "SELECT sequence, body, words, words_file FROM secure_aggregation_events WHERE process_id = ? AND cycle = ? ORDER BY sequence",
-                arguments: [processID, cycle]
+                db,
+                sql: """
+                    SELECT sequence, body, words, words_file FROM secure_aggregation_events
+                    WHERE process_id = ? AND cycle = ? AND sequence >= ? ORDER BY sequence
+                    """,
+                arguments: [processID, cycle, first]
             ).map { row in
                 let words: [UInt8]?
                 if let file: String = row["words_file"] {
@@ -870,5 +878,19 @@ public final class SQLiteStore: CoordinatorStore {
                 return StoredSecureAggregationEvent(sequence: row["sequence"], body: [UInt8](row["body"] as Data), words: words)
             }
         }
+    }
+
+    /// Runs `body` holding the process's lock in this store object, which the coordinators sharing it in one process
+    /// (``init(path:durability:sharedByInstances:)``) all take.
+    public func withSecureAggregationLock<T: Sendable>(processID: String, _ body: @Sendable () async throws -> T) async throws -> T {
+        let lock = secureAggregationLocks.withLock { locks in
+            if let lock = locks[processID] { return lock }
+            let lock = AsyncSemaphore(permits: 1)
+            locks[processID] = lock
+            return lock
+        }
+        await lock.wait()
+        defer { lock.signal() }
+        return try await body()
     }
 }

@@ -412,8 +412,13 @@ public protocol CoordinatorStore: Sendable {
     /// Throws ``StoreError/Code/cycleClosed`` if the cycle is not open and ``StoreError/Code/duplicate`` for a sequence
     /// number already used.
     func appendSecureAggregationEvent(_ event: StoredSecureAggregationEvent, processID: String, cycle: Int, reportedWorker: String?) async throws
-    /// A cycle's secure-aggregation events, by ascending sequence number.
-    func secureAggregationEvents(processID: String, cycle: Int) async throws -> [StoredSecureAggregationEvent]
+    /// A cycle's secure-aggregation events from sequence number `first` on, ascending.
+    func secureAggregationEvents(processID: String, cycle: Int, from first: Int) async throws -> [StoredSecureAggregationEvent]
+    /// Runs `body` holding the process's secure-aggregation lock. Over a store several instances share, the lock is
+    /// theirs together: one instance at a time reads the events others appended and appends its own, so the log's
+    /// order is the order every instance applies (PostgreSQL: a session advisory lock, released when its holder
+    /// dies). A coordinator serialises its own steps per process, so a store of its own needs no more than that.
+    func withSecureAggregationLock<T: Sendable>(processID: String, _ body: @Sendable () async throws -> T) async throws -> T
     /// Attaches (replaces) a process's held-out evaluation data with its sample count, or removes it (nil); throws
     /// ``StoreError/Code/notFound`` for an unknown process. Deleted with the process.
     func setEvaluationData(processID: String, data: (bytes: [UInt8], samples: Int)?) async throws
@@ -488,6 +493,11 @@ public struct StoredSecureAggregationEvent: Sendable, Hashable {
 }
 
 extension CoordinatorStore {
+    /// A cycle's secure-aggregation events, by ascending sequence number.
+    public func secureAggregationEvents(processID: String, cycle: Int) async throws -> [StoredSecureAggregationEvent] {
+        try await secureAggregationEvents(processID: processID, cycle: cycle, from: 0)
+    }
+
     /// ``foldReports(processID:cycle:instance:sum:workers:)`` for the default instance of a process without adaptive clipping.
     public func foldReports(processID: String, cycle: Int, sum: [UInt8], weight: Double, reports: Int, workers: [String]) async throws {
         try await foldReports(
