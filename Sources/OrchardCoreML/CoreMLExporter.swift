@@ -33,6 +33,12 @@ public struct CoreMLExporter: Sendable {
 
     func makeModel(_ spec: ModelSpec, weights: [TensorRecord]) throws(CoreMLError) -> ProtoModel {
         do { try spec.validate() } catch { throw CoreMLError(.invalidModel, error.message) }
+        if let recurrent = spec.layers.first(where: { LayerType.recurrent.contains($0.type) }) {
+            throw CoreMLError(
+                .unsupportedLayer,
+                "Orchard layer type '\(recurrent.type)' cannot be trained by Core ML (an updatable model trains only its dense and convolution layers, and one containing an LSTM fails to update: coremltools issue 2074); devices train it with the Orchard engine",
+                layer: recurrent.name)
+        }
         if let sequence = spec.layers.first(where: { [LayerType.conv1d, .maxPool1d, .avgPool1d].contains($0.type) }) {
             throw CoreMLError(
                 .unsupportedLayer,

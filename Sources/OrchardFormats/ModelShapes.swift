@@ -126,6 +126,23 @@ extension ModelSpec {
             var implied = [parameter("weight", [filters, input[0], kernel], ["units", "in_channels", "kernel_size[0]"])]
             if layer.useBias ?? true { implied.append(parameter("bias", [filters], ["units"])) }
             return ([filters, length], implied)
+        case .lstm, .gru:
+            guard input.count == 2 else { throw fail("needs a [T, features] input (steps, features), not \(input)") }
+            let units = try positive(layer.units, "units")
+            if let size = layer.inputSize, size != input[1] {
+                throw fail("'input_size' is \(size), but its input '\(layer.inputs[0])' has \(input[1]) features per step")
+            }
+            if layer.type == .gru, layer.cifg != nil { throw fail("'cifg' is an LSTM option") }
+            let gates = layer.type == .gru || layer.cifg == true ? 3 : 4
+            let rows = "\(gates) × units"
+            var implied = [
+                parameter("weight_ih", [gates * units, input[1]], [rows, "input_size"]),
+                parameter("weight_hh", [gates * units, units], [rows, "units"]),
+            ]
+            if layer.useBias ?? true {
+                implied += [parameter("bias_ih", [gates * units], [rows]), parameter("bias_hh", [gates * units], [rows])]
+            }
+            return (layer.returnSequences == true ? [input[0], units] : [units], implied)
         case .dense:
             guard input.count == 1 else { throw fail("needs a rank-1 input per sample, not \(input); add a flatten layer") }
             let units = try positive(layer.units, "units")

@@ -10,6 +10,10 @@ public import Foundation
 /// - `conv2d`: weight `[filters, inChannels, kernelH, kernelW]`, bias `[filters]`.
 /// - `conv1d`: over sequences `[C, L]` (channels first, as PyTorch's `nn.Conv1d`), weight `[filters, inChannels, kernel]`,
 ///   bias `[filters]` — a PyTorch `Conv1d` state dict's `weight` and `bias` as they are.
+/// - `lstm` and `gru`: over batch-first sequences `[T, features]`, output `[T, units]` with `return_sequences`, `[units]`
+///   without; parameters `weight_ih` `[gates × units, features]`, `weight_hh` `[gates × units, units]`, `bias_ih` and
+///   `bias_hh` `[gates × units]` — a one-layer PyTorch `nn.LSTM`/`nn.GRU` state dict's `*_l0` tensors as they are, gates
+///   in PyTorch's order (LSTM i, f, g, o: 4; with `cifg`, i, g, o: 3; GRU r, z, n: 3).
 /// - A classifier ends with a `softmax` layer; with the `crossEntropy` loss the engine fuses the two (stable),
 ///   and the targets are class indices stored as Float, shape `[1]`.
 ///
@@ -228,11 +232,19 @@ public struct LayerType: RawRepresentable, Sendable, Hashable, Codable, CustomSt
     /// 1-D average pooling over `[C, L]`; padded positions are left out of each average.
     public static let avgPool1d = LayerType(rawValue: "avgPool1d")
 
+    /// Long short-term memory over `[T, features]` (PyTorch's `nn.LSTM`), optionally with coupled input and forget gates.
+    public static let lstm = LayerType(rawValue: "lstm")
+    /// Gated recurrent unit over `[T, features]` (PyTorch's `nn.GRU`).
+    public static let gru = LayerType(rawValue: "gru")
+
     /// Every type a model may use.
     public static let known: Set<LayerType> = [
         .dense, .embedding, .relu, .sigmoid, .tanh, .softmax, .flatten, .concat, .conv2d, .maxPool2d, .avgPool2d, .dropout, .conv1d, .maxPool1d,
-        .avgPool1d,
+        .avgPool1d, .lstm, .gru,
     ]
+
+    /// The recurrent types.
+    public static let recurrent: Set<LayerType> = [.lstm, .gru]
 }
 
 /// How a convolution or pooling layer pads its input.
@@ -318,7 +330,7 @@ public struct Padding: Sendable, Hashable, Codable, CustomStringConvertible {
 
 /// One layer of a model: its kind, what it reads, whether it trains, and the attributes its kind uses.
 public struct LayerSpec: Sendable, Hashable, Codable {
-    /// The unique layer name; parameters are `<name>.weight` and `<name>.bias`.
+    /// The unique layer name; parameters are `<name>.weight` and `<name>.bias` (recurrent layers: `<name>.weight_ih`, …).
     public var name: String
     /// The layer's kind.
     public var type: LayerType
@@ -326,9 +338,9 @@ public struct LayerSpec: Sendable, Hashable, Codable {
     public var inputs: [String]
     /// A frozen layer is not updated and does no gradient work it does not need.
     public var frozen: Bool
-    /// `dense`: output width; `conv2d`: number of filters.
+    /// `dense`: output width; `conv2d`: number of filters; `lstm`/`gru`: hidden width.
     public var units: Int?
-    /// `dense`: input width (inferred when building if absent).
+    /// `dense`: input width; `lstm`/`gru`: features per step (inferred when building if absent).
     public var inputSize: Int?
     /// `dense`/`conv2d`: whether there is a bias (default true).
     public var useBias: Bool?
@@ -347,6 +359,11 @@ public struct LayerSpec: Sendable, Hashable, Codable {
     public var inChannels: Int?
     /// `dropout`: the probability of zeroing a unit.
     public var rate: Double?
+    /// `lstm`/`gru`: whether the output is every step's hidden state `[T, units]` (true) or the last step's `[units]`
+    /// (false, the default).
+    public var returnSequences: Bool?
+    /// `lstm`: whether the input and forget gates are coupled (CIFG, f = 1 − i; default false).
+    public var cifg: Bool?
 
     /// Creates a layer spec; unused attributes stay nil.
     public init(
@@ -354,7 +371,7 @@ public struct LayerSpec: Sendable, Hashable, Codable {
         units: Int? = nil, inputSize: Int? = nil, useBias: Bool? = nil,
         vocabularySize: Int? = nil, embeddingSize: Int? = nil,
         kernelSize: [Int]? = nil, strides: [Int]? = nil, padding: Padding? = nil, inChannels: Int? = nil,
-        rate: Double? = nil
+        rate: Double? = nil, returnSequences: Bool? = nil, cifg: Bool? = nil
     ) {
         self.name = name
         self.type = type
@@ -370,6 +387,8 @@ public struct LayerSpec: Sendable, Hashable, Codable {
         self.padding = padding
         self.inChannels = inChannels
         self.rate = rate
+        self.returnSequences = returnSequences
+        self.cifg = cifg
     }
 
     /// Decodes a layer, refusing keys it does not know (naming the key and the layer).
@@ -379,7 +398,7 @@ public struct LayerSpec: Sendable, Hashable, Codable {
         try c.rejectUnknown(
             [
                 "name", "type", "inputs", "frozen", "units", "input_size", "use_bias", "vocabulary_size", "embedding_size",
-                "kernel_size", "strides", "padding", "in_channels", "rate",
+                "kernel_size", "strides", "padding", "in_channels", "rate", "return_sequences", "cifg",
             ], in: "layer '\(name)'")
         type = try c.required(LayerType.self, "type")
         inputs = try c.required([String].self, "inputs")
@@ -394,6 +413,8 @@ public struct LayerSpec: Sendable, Hashable, Codable {
         padding = try c.optional(Padding.self, "padding")
         inChannels = try c.optional(Int.self, "in_channels")
         rate = try c.optional(Double.self, "rate")
+        returnSequences = try c.optional(Bool.self, "return_sequences")
+        cifg = try c.optional(Bool.self, "cifg")
     }
 
     public func encode(to encoder: any Encoder) throws {
@@ -412,6 +433,8 @@ public struct LayerSpec: Sendable, Hashable, Codable {
         try c.encodeIfPresent(padding, forKey: SpecKey("padding"))
         try c.encodeIfPresent(inChannels, forKey: SpecKey("in_channels"))
         try c.encodeIfPresent(rate, forKey: SpecKey("rate"))
+        try c.encodeIfPresent(returnSequences, forKey: SpecKey("return_sequences"))
+        try c.encodeIfPresent(cifg, forKey: SpecKey("cifg"))
     }
 }
 

@@ -202,6 +202,15 @@ public struct Model: Sendable {
             case .maxPool1d: layer = MaxPool1D(poolSize: kernel, stride: stride, padding: padding)
             default: layer = AvgPool1D(poolSize: kernel, stride: stride, padding: padding)
             }
+        case .lstm:
+            layer = LSTM(
+                units: try positive(try need(s.units, "units"), "units"), returnSequences: s.returnSequences ?? false, cifg: s.cifg ?? false,
+                useBias: s.useBias ?? true, inputSize: s.inputSize)
+        case .gru:
+            if s.cifg != nil { throw EngineError(.invalidModel, "layer '\(s.name)' (gru): 'cifg' is an LSTM option") }
+            layer = GRU(
+                units: try positive(try need(s.units, "units"), "units"), returnSequences: s.returnSequences ?? false, useBias: s.useBias ?? true,
+                inputSize: s.inputSize)
         default:
             throw EngineError(.invalidModel, "layer '\(s.name)' has unknown type '\(s.type)'")
         }

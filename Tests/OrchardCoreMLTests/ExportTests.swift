@@ -198,6 +198,17 @@ import Testing
         expectError(.unsupportedLayer, layer: "conv", containing: "no Core ML counterpart") { _ = try export(spec) }
     }
 
+    @Test(arguments: [LayerType.lstm, .gru]) func aRecurrentLayerIsRefusedWithTheReason(type: LayerType) {
+        let spec = ModelSpec(
+            name: "text", inputs: [InputSpec(name: "x", shape: [8, 3])],
+            layers: [
+                LayerSpec(name: "rnn", type: type, inputs: ["x"], units: 4),
+                LayerSpec(name: "out", type: .dense, inputs: ["rnn"], units: 2, inputSize: 4),
+            ],
+            training: TrainingSpec(loss: .meanSquaredError, optimizer: .sgd(learningRate: 0.1)))
+        expectError(.unsupportedLayer, layer: "rnn", containing: "cannot be trained by Core ML") { _ = try export(spec) }
+    }
+
     @Test func unrepresentableTrainingSettingsAreRejectedUnlessDropped() throws {
         let spec = Models.housing(optimizer: .sgd(learningRate: 0.01, weightDecay: 1e-4))
         expectError(.unsupportedFeature, layer: nil, containing: "weight decay") { _ = try export(spec) }

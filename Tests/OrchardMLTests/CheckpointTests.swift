@@ -1,6 +1,7 @@
 import Foundation
 import OrchardFormats
 import OrchardML
+import OrchardSupport
 import Testing
 
 @Suite struct CheckpointTests {
@@ -43,6 +44,42 @@ import Testing
         #expect(report.updates == expected.updates)
         #expect(report.model.flatParameters().map(\.bitPattern) == expected.model.flatParameters().map(\.bitPattern))
         #expect(report.epochs == expected.epochs)
+    }
+
+    /// A stacked recurrent model (a CIFG LSTM, dropout, a GRU) stopped mid-epoch and resumed ends bit-identical to an
+    /// uninterrupted run, as the other layers do.
+    @Test func aRecurrentModelResumesMidEpochBitIdentically() async throws {
+        var random = OrchardRandom(seed: 11)
+        let count = 60
+        let inputs = Tensor(shape: [count, 6, 2], scalars: (0..<(count * 12)).map { _ in random.nextFloat(symmetric: 1) })
+        let targets = Tensor(shape: [count, 1], scalars: (0..<count).map { _ in random.nextFloat(symmetric: 1) })
+        let data = try TensorDataset(input: inputs, targets: targets)
+        let model = try Model(
+            name: "recurrent", inputs: [InputSpec(name: "input", shape: [6, 2])],
+            layers: [LSTM(units: 5, returnSequences: true, cifg: true), Dropout(rate: 0.25), GRU(units: 4), Dense(units: 1)], seed: 8)
+        let configuration = TrainingConfiguration(loss: .meanSquaredError, optimizer: .adam(learningRate: 0.01), epochs: 3, batchSize: 10, seed: 5)
+        guard case .completed(let expected) = try Trainer(model: model, configuration: configuration).train(on: data) else {
+            Issue.record("uninterrupted run stopped")
+            return
+        }
+        let task = Task { () throws -> TrainingOutcome in
+            try Trainer(model: model, configuration: configuration).train(on: data) { progress in
+                if progress.updates == 9 { withUnsafeCurrentTask { $0?.cancel() } }
+            }
+        }
+        guard case .interrupted(let state) = try await task.value else {
+            Issue.record("run was not interrupted")
+            return
+        }
+        #expect(state.position.epoch == 1 && state.position.batch == 3)
+        let restored = try TrainingState(checkpoint: state.checkpoint(), model: model)
+        guard case .completed(let report) = try Trainer(model: restored.model, configuration: configuration).train(on: data, resumingFrom: restored)
+        else {
+            Issue.record("resumed run stopped")
+            return
+        }
+        #expect(report.model.flatParameters().map(\.bitPattern) == expected.model.flatParameters().map(\.bitPattern))
+        #expect(report.model.flatParameters() != model.flatParameters(), "training moved the parameters")
     }
 
     @Test func cancelledBeforeTheFirstBatchChangesNothing() async throws {

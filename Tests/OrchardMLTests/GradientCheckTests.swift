@@ -20,6 +20,7 @@ import Testing
     static let vector = [InputSpec(name: "input", shape: [5])]
     static let image = [InputSpec(name: "input", shape: [2, 6, 5])]
     static let sequence = [InputSpec(name: "input", shape: [3, 9])]
+    static let steps = [InputSpec(name: "input", shape: [4, 3])]
 
     static let cases: [Case] = [
         Case(label: "dense + relu + mse", inputs: vector, loss: .meanSquaredError) { [Dense(units: 4), ReLU(), Dense(units: 3)] },
@@ -70,6 +71,19 @@ import Testing
                 AvgPool1D(poolSize: 3, stride: 2, padding: .same), Flatten(), Dense(units: 2),
             ]
         },
+        Case(label: "lstm whole sequence into a gru's last step", inputs: steps, loss: .meanSquaredError) {
+            [LSTM(units: 3, returnSequences: true), GRU(units: 3), Dense(units: 2)]
+        },
+        Case(label: "cifg lstm, dropout between stacked lstms", inputs: steps, loss: .meanSquaredError) {
+            [LSTM(units: 3, returnSequences: true, cifg: true), Dropout(rate: 0.3), LSTM(units: 2, returnSequences: true), Flatten(), Dense(units: 2)]
+        },
+        Case(label: "frozen lstm under a gru without bias", inputs: steps, loss: .meanSquaredError) {
+            [
+                Conv1D(filters: 4, kernelSize: 1), LSTM(units: 3, returnSequences: true, frozen: true), GRU(units: 2, returnSequences: true, useBias: false),
+                Flatten(), Dense(units: 2),
+            ]
+        },
+        Case(label: "lstm classifier, cross-entropy", inputs: steps, loss: .crossEntropy) { [LSTM(units: 4), Dense(units: 3), Softmax()] },
         Case(label: "dropout (fixed mask)", inputs: vector, loss: .meanSquaredError) { [Dense(units: 6), Dropout(rate: 0.4), Tanh(), Dense(units: 2)] },
         Case(label: "value read by two layers", inputs: vector, loss: .meanSquaredError) {
             [Dense(units: 4, name: "a"), Tanh(name: "t", inputs: ["a"]), Concat(name: "both", inputs: ["a", "t"]), Dense(units: 2)]

@@ -185,7 +185,7 @@ public final class CompiledModel {
                 inputGradients: layer.inputNames.map { gradientBuffers[$0] },
                 accumulate: accumulateFlags[layer.name] ?? layer.inputNames.map { _ in false },
                 output: values[layer.name]!, outputGradient: gradientBuffers[layer.name],
-                weightOffset: offsets["\(layer.name).weight"], biasOffset: offsets["\(layer.name).bias"],
+                parameterOffsets: offsets,
                 parameters: params, gradients: grads, batchCapacity: batchCapacity, allocate: allocate
             )
             nodes.append(node)

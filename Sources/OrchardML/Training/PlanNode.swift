@@ -13,6 +13,9 @@ final class PlanNode {
         case conv(WindowGeometry, filters: Int, col: Ptr, dcol: Ptr)
         case maxPool(WindowGeometry, argmax: Ptr)
         case avgPool(WindowGeometry)
+        /// An LSTM or GRU: its shape (the batch set per pass), parameters, the activations kept for back-propagation
+        /// through time, and per-step scratch.
+        case recurrent(RecurrentShape, RecurrentParameters, scratch: Ptr, step: Ptr)
     }
 
     let name: String
@@ -33,9 +36,10 @@ final class PlanNode {
 
     init(
         layer: any Layer, inputShapes: [[Int]], outputShape: [Int], inputs: [Ptr], inputGradients: [Ptr?], accumulate: [Bool],
-        output: Ptr, outputGradient: Ptr?, weightOffset: Int?, biasOffset: Int?, parameters: Ptr, gradients: Ptr,
+        output: Ptr, outputGradient: Ptr?, parameterOffsets: [String: Int], parameters: Ptr, gradients: Ptr,
         batchCapacity: Int, allocate: (Int) -> Ptr
     ) throws(EngineError) {
+        let weightOffset = parameterOffsets["\(layer.name).weight"], biasOffset = parameterOffsets["\(layer.name).bias"]
         name = layer.name
         self.inputs = inputs
         inputCounts = inputShapes.map { $0.reduce(1, *) }
@@ -84,6 +88,23 @@ final class PlanNode {
             kind = .maxPool(l.geometry(inputShapes[0]), argmax: allocate(batchCapacity * outputShape.reduce(1, *)))
         case let l as AvgPool1D:
             kind = .avgPool(l.geometry(inputShapes[0]))
+        case let l as any RecurrentLayer:
+            func offset(_ suffix: String) -> Int? { parameterOffsets["\(layer.name).\(suffix)"] }
+            guard let weightIH = offset("weight_ih"), let weightHH = offset("weight_hh") else {
+                throw EngineError(.invalidModel, "\(layer.type) '\(layer.name)' has no weight_ih and weight_hh")
+            }
+            let biasIH = offset("bias_ih"), biasHH = offset("bias_hh")
+            let p = RecurrentParameters(
+                weightIH: parameters + weightIH, weightHH: parameters + weightHH, biasIH: biasIH.map { parameters + $0 },
+                biasHH: biasHH.map { parameters + $0 }, weightIHGradient: trains ? gradients + weightIH : nil,
+                weightHHGradient: trains ? gradients + weightHH : nil, biasIHGradient: trains ? biasIH.map { gradients + $0 } : nil,
+                biasHHGradient: trains ? biasHH.map { gradients + $0 } : nil)
+            let shape = RecurrentShape(
+                cell: l.cell, batch: batchCapacity, steps: inputShapes[0][0], inputSize: inputShapes[0][1], hidden: l.units,
+                returnSequences: l.returnSequences)
+            kind = .recurrent(
+                shape, p, scratch: allocate(batchCapacity * RecurrentShape.scratchPerSample(cell: l.cell, steps: shape.steps, hidden: l.units)),
+                step: allocate(batchCapacity * RecurrentShape.stepScratchPerSample(cell: l.cell, hidden: l.units)))
         default:
             throw EngineError(.invalidModel, "layer '\(layer.name)' of type \(layer.type) cannot be trained")
         }
@@ -125,6 +146,9 @@ final class PlanNode {
             Ops.maxPoolForward(g, batch: batch, x: x, y: output, argmax: argmax)
         case .avgPool(let g):
             Ops.avgPoolForward(g, batch: batch, x: x, y: output)
+        case .recurrent(var shape, let p, let scratch, let step):
+            shape.batch = batch
+            Ops.recurrentForward(shape, x: x, parameters: p, scratch: scratch, step: step, y: output)
         }
     }
 
@@ -173,6 +197,9 @@ final class PlanNode {
             if let dx { Ops.maxPoolBackward(g, batch: batch, argmax: argmax, dy: dy, dx: dx, accumulate: acc) }
         case .avgPool(let g):
             if let dx { Ops.avgPoolBackward(g, batch: batch, dy: dy, dx: dx, accumulate: acc) }
+        case .recurrent(var shape, let p, let scratch, let step):
+            shape.batch = batch
+            Ops.recurrentBackward(shape, x: inputs[0], parameters: p, scratch: scratch, step: step, dy: dy, dx: dx, accumulateDx: acc)
         }
     }
 }
