@@ -45,6 +45,19 @@ public struct CoreMLExporter: Sendable {
                 "Orchard layer type '\(sequence.type)' has no Core ML counterpart an updatable model can train (Core ML trains dense and 2-D convolution layers over [C, H, W]); devices train it with the Orchard engine",
                 layer: sequence.name)
         }
+        if let reshape = spec.layers.first(where: { $0.type == .reshape }) {
+            throw CoreMLError(
+                .unsupportedLayer, "Orchard layer type 'reshape' is not exported to Core ML (it feeds sequence layers, which Core ML cannot train)",
+                layer: reshape.name)
+        }
+        let layerShapes: [String: [Int]]
+        do { layerShapes = try spec.layerShapes() } catch { throw CoreMLError(.invalidModel, error.message) }
+        if let dense = spec.layers.first(where: { $0.type == .dense && (layerShapes[$0.inputs.first ?? ""]?.count ?? 1) > 1 }) {
+            throw CoreMLError(
+                .unsupportedLayer,
+                "dense layer '\(dense.name)' reads a \(layerShapes[dense.inputs[0]] ?? []) input over its last axis; Core ML's inner product takes a flat input (add a flatten layer before it)",
+                layer: dense.name)
+        }
         var store = try WeightStore(weights)
 
         var model = ProtoModel()

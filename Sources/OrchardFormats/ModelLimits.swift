@@ -59,6 +59,10 @@ extension ModelSpec {
             try checkSize(layer.vocabularySize, "vocabulary_size", owner)
             try checkSize(layer.embeddingSize, "embedding_size", owner)
             try checkSize(layer.inChannels, "in_channels", owner)
+            if let target = layer.targetShape {
+                guard target.count <= 8 else { throw fail("\(owner): 'target_shape' has \(target.count) dimensions; at most 8") }
+                for dimension in target { try checkSize(dimension, "target_shape", owner) }
+            }
             // The 1-D layers take one-element windows.
             let axes = [LayerType.conv1d, .maxPool1d, .avgPool1d].contains(layer.type) ? 1 : 2
             try checkPair(layer.kernelSize, "kernel_size", owner, count: axes)

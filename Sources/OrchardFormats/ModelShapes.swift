@@ -19,6 +19,15 @@ extension ModelSpec {
     ///   build: a missing or non-positive attribute, an input of the wrong rank, a stated size that differs from
     ///   the one inferred.
     public func parameters() throws(FormatError) -> [ParameterSpec] {
+        try inferred().parameters
+    }
+
+    /// Each input's and layer's per-sample output shape, inferred as ``parameters()`` infers them.
+    public func layerShapes() throws(FormatError) -> [String: [Int]] {
+        try inferred().shapes
+    }
+
+    private func inferred() throws(FormatError) -> (parameters: [ParameterSpec], shapes: [String: [Int]]) {
         try validate()
         try validateArchitectureLimits()
         var shapes: [String: [Int]] = [:]
@@ -38,7 +47,7 @@ extension ModelSpec {
             shapes[layer.name] = output
             parameters += implied
         }
-        return parameters.sorted { $0.name < $1.name }
+        return (parameters.sorted { $0.name < $1.name }, shapes)
     }
 
     /// Checks a set of named weight shapes against the architecture: every implied parameter present with its
@@ -144,14 +153,23 @@ extension ModelSpec {
             }
             return (layer.returnSequences == true ? [input[0], units] : [units], implied)
         case .dense:
-            guard input.count == 1 else { throw fail("needs a rank-1 input per sample, not \(input); add a flatten layer") }
+            // Over the last axis (PyTorch's nn.Linear): [T, features] becomes [T, units].
+            guard let width = input.last else { throw fail("needs an input of rank 1 or more per sample, not \(input)") }
             let units = try positive(layer.units, "units")
-            if let size = layer.inputSize, size != input[0] {
-                throw fail("'input_size' is \(size), but its input '\(layer.inputs[0])' has width \(input[0])")
+            if let size = layer.inputSize, size != width {
+                throw fail("'input_size' is \(size), but its input '\(layer.inputs[0])' has width \(width)")
             }
-            var implied = [parameter("weight", [units, input[0]], ["units", "input_size"])]
+            var implied = [parameter("weight", [units, width], ["units", "input_size"])]
             if layer.useBias ?? true { implied.append(parameter("bias", [units], ["units"])) }
-            return ([units], implied)
+            return (input.dropLast() + [units], implied)
+        case .reshape:
+            guard let target = layer.targetShape, !target.isEmpty, target.allSatisfy({ $0 > 0 }) else {
+                throw fail("'target_shape' is required: one or more positive sizes")
+            }
+            guard elementCount(target) == elementCount(input) else {
+                throw fail("'target_shape' \(target) does not hold the \(elementCount(input).map(String.init) ?? "many") values of input \(input)")
+            }
+            return (target, [])
         case .embedding:
             guard input.count == 1 else { throw fail("needs a rank-1 input of indices, not \(input)") }
             let vocabulary = try positive(layer.vocabularySize, "vocabulary_size")

@@ -14,7 +14,9 @@ public import Foundation
 ///   without; parameters `weight_ih` `[gates × units, features]`, `weight_hh` `[gates × units, units]`, `bias_ih` and
 ///   `bias_hh` `[gates × units]` — a one-layer PyTorch `nn.LSTM`/`nn.GRU` state dict's `*_l0` tensors as they are, gates
 ///   in PyTorch's order (LSTM i, f, g, o: 4; with `cifg`, i, g, o: 3; GRU r, z, n: 3).
-/// - A classifier ends with a `softmax` layer; with the `crossEntropy` loss the engine fuses the two (stable),
+/// - `dense` applies to the last axis, as PyTorch's `nn.Linear`: `[T, features]` becomes `[T, units]`.
+/// - A classifier ends with a `softmax` layer (over the last axis; a sequence model's `[T, classes]` output takes `[T]`
+///   class-index targets, −1 marking padding); with the `crossEntropy` loss the engine fuses the two (stable),
 ///   and the targets are class indices stored as Float, shape `[1]`.
 ///
 /// JSON keys are snake_case (`format_version`, `input_size`, `learning_rate`, …) since format version 2; version
@@ -236,11 +238,13 @@ public struct LayerType: RawRepresentable, Sendable, Hashable, Codable, CustomSt
     public static let lstm = LayerType(rawValue: "lstm")
     /// Gated recurrent unit over `[T, features]` (PyTorch's `nn.GRU`).
     public static let gru = LayerType(rawValue: "gru")
+    /// The same values in another per-sample shape, `target_shape` (an embedding's `[T × E]` as `[T, E]`).
+    public static let reshape = LayerType(rawValue: "reshape")
 
     /// Every type a model may use.
     public static let known: Set<LayerType> = [
         .dense, .embedding, .relu, .sigmoid, .tanh, .softmax, .flatten, .concat, .conv2d, .maxPool2d, .avgPool2d, .dropout, .conv1d, .maxPool1d,
-        .avgPool1d, .lstm, .gru,
+        .avgPool1d, .lstm, .gru, .reshape,
     ]
 
     /// The recurrent types.
@@ -364,6 +368,8 @@ public struct LayerSpec: Sendable, Hashable, Codable {
     public var returnSequences: Bool?
     /// `lstm`: whether the input and forget gates are coupled (CIFG, f = 1 − i; default false).
     public var cifg: Bool?
+    /// `reshape`: the per-sample output shape (as many values as the input).
+    public var targetShape: [Int]?
 
     /// Creates a layer spec; unused attributes stay nil.
     public init(
@@ -371,7 +377,7 @@ public struct LayerSpec: Sendable, Hashable, Codable {
         units: Int? = nil, inputSize: Int? = nil, useBias: Bool? = nil,
         vocabularySize: Int? = nil, embeddingSize: Int? = nil,
         kernelSize: [Int]? = nil, strides: [Int]? = nil, padding: Padding? = nil, inChannels: Int? = nil,
-        rate: Double? = nil, returnSequences: Bool? = nil, cifg: Bool? = nil
+        rate: Double? = nil, returnSequences: Bool? = nil, cifg: Bool? = nil, targetShape: [Int]? = nil
     ) {
         self.name = name
         self.type = type
@@ -389,6 +395,7 @@ public struct LayerSpec: Sendable, Hashable, Codable {
         self.rate = rate
         self.returnSequences = returnSequences
         self.cifg = cifg
+        self.targetShape = targetShape
     }
 
     /// Decodes a layer, refusing keys it does not know (naming the key and the layer).
@@ -398,7 +405,7 @@ public struct LayerSpec: Sendable, Hashable, Codable {
         try c.rejectUnknown(
             [
                 "name", "type", "inputs", "frozen", "units", "input_size", "use_bias", "vocabulary_size", "embedding_size",
-                "kernel_size", "strides", "padding", "in_channels", "rate", "return_sequences", "cifg",
+                "kernel_size", "strides", "padding", "in_channels", "rate", "return_sequences", "cifg", "target_shape",
             ], in: "layer '\(name)'")
         type = try c.required(LayerType.self, "type")
         inputs = try c.required([String].self, "inputs")
@@ -415,6 +422,7 @@ public struct LayerSpec: Sendable, Hashable, Codable {
         rate = try c.optional(Double.self, "rate")
         returnSequences = try c.optional(Bool.self, "return_sequences")
         cifg = try c.optional(Bool.self, "cifg")
+        targetShape = try c.optional([Int].self, "target_shape")
     }
 
     public func encode(to encoder: any Encoder) throws {
@@ -435,6 +443,7 @@ public struct LayerSpec: Sendable, Hashable, Codable {
         try c.encodeIfPresent(rate, forKey: SpecKey("rate"))
         try c.encodeIfPresent(returnSequences, forKey: SpecKey("return_sequences"))
         try c.encodeIfPresent(cifg, forKey: SpecKey("cifg"))
+        try c.encodeIfPresent(targetShape, forKey: SpecKey("target_shape"))
     }
 }
 

@@ -97,7 +97,9 @@ extension Model {
 
     /// Summed loss and hits of the model's predictions over `data`, whose targets are `targets` in order: for
     /// `crossEntropy` the negative log of the softmax output's probability of the target class per sample, and hits
-    /// where the largest output is that class; otherwise the squared error per target value.
+    /// where the largest output is that class; otherwise the squared error per target value. A sequence output
+    /// (`[T, classes]`, targets `[T]`) counts per position: a sample's loss is the mean over its positions that are not
+    /// padding (``CompiledModel/paddingTarget``), and hits, positions and their summed loss are counted per position.
     public func lossSums(on data: some Dataset, targets: some Collection<Float>, loss: LossType, batchSize: Int = 1000) throws(EngineError) -> LossSums {
         let output = try predict(data, batchSize: batchSize).scalars
         let n = data.count
@@ -105,15 +107,28 @@ extension Model {
         guard n > 0 else { return sums }
         let targets = Array(targets)
         if loss == .crossEntropy {
-            let classes = output.count / n
+            let classes = outputShape.last ?? 1
+            let positions = output.count / n / classes
             output.withUnsafeBufferPointer { p in
                 for j in 0..<n {
-                    let row = UnsafeBufferPointer(rebasing: p[(j * classes)..<((j + 1) * classes)])
-                    let label = min(max(Int(targets[j]), 0), classes - 1)
-                    sums.loss -= Foundation.log(Double(max(row[label], 1e-12)))
-                    var best = 0
-                    for k in 1..<classes where row[k] > row[best] { best = k }
-                    if best == label { sums.hits += 1 }
+                    var sampleLoss = 0.0
+                    var counted = 0
+                    for position in 0..<positions {
+                        let index = j * positions + position
+                        let target = targets[index]
+                        if positions > 1 && target == CompiledModel.paddingTarget { continue }
+                        let row = UnsafeBufferPointer(rebasing: p[(index * classes)..<((index + 1) * classes)])
+                        let label = min(max(Int(target), 0), classes - 1)
+                        let value = -Foundation.log(Double(max(row[label], 1e-12)))
+                        sampleLoss += value
+                        counted += 1
+                        var best = 0
+                        for k in 1..<classes where row[k] > row[best] { best = k }
+                        if best == label { sums.hits += 1 }
+                    }
+                    sums.loss += counted == 0 ? 0 : sampleLoss / Double(counted)
+                    sums.positions += counted
+                    sums.positionLoss += sampleLoss
                 }
             }
         } else {
@@ -136,6 +151,7 @@ extension Model {
         var metrics = EvaluationMetrics(samples: data.count, loss: mean)
         if let accuracy {
             metrics.values["accuracy"] = accuracy
+            if outputShape.count > 1, let perplexity = sums.perplexity { metrics.values["perplexity"] = perplexity }
         } else {
             metrics.values["rmse"] = mean.squareRoot()
             metrics.values["mae"] = sums.absolute / Double(max(values, 1))
@@ -159,6 +175,11 @@ public struct LossSums: Sendable, Hashable {
     public var hits = 0
     /// The summed absolute error per target value (regressors).
     public var absolute = 0.0
+    /// Positions counted by cross-entropy: one per sample for a classifier, the positions that are not padding for a
+    /// sequence output.
+    public var positions = 0
+    /// The summed cross-entropy over those positions.
+    public var positionLoss = 0.0
 
     /// Empty sums.
     public init() {}
@@ -169,14 +190,23 @@ public struct LossSums: Sendable, Hashable {
         sum.loss += other.loss
         sum.hits += other.hits
         sum.absolute += other.absolute
+        sum.positions += other.positions
+        sum.positionLoss += other.positionLoss
         return sum
     }
 
-    /// Mean cross-entropy and accuracy (classifiers), or mean squared error and no accuracy (regressors).
+    /// Mean cross-entropy and accuracy (classifiers: per sample; sequences: per position that is not padding), or mean
+    /// squared error and no accuracy (regressors).
     public func mean(samples: Int, targetValues: Int, loss type: LossType) -> (loss: Double, accuracy: Double?) {
-        if type == .crossEntropy { return (loss / Double(max(samples, 1)), Double(hits) / Double(max(samples, 1))) }
+        if type == .crossEntropy {
+            let counted = positions > 0 ? positions : samples
+            return (loss / Double(max(samples, 1)), Double(hits) / Double(max(counted, 1)))
+        }
         return (loss / Double(max(targetValues, 1)), nil)
     }
+
+    /// `exp` of the mean cross-entropy per position (a language model's perplexity), nil before any position.
+    public var perplexity: Double? { positions > 0 ? Foundation.exp(positionLoss / Double(positions)) : nil }
 }
 
 /// A model's quality on a dataset: the sample count, the mean loss, and named metrics (`accuracy` for a classifier;

@@ -159,6 +159,12 @@ public struct Model: Sendable {
         case .tanh: layer = Tanh()
         case .softmax: layer = Softmax()
         case .flatten: layer = Flatten()
+        case .reshape:
+            let target = try need(s.targetShape, "target_shape")
+            guard !target.isEmpty, target.allSatisfy({ $0 > 0 }) else {
+                throw EngineError(.invalidModel, "layer '\(s.name)': 'target_shape' must be one or more positive sizes, not \(target)")
+            }
+            layer = Reshape(target)
         case .concat: layer = Concat()
         case .dropout:
             let rate = try need(s.rate, "rate")

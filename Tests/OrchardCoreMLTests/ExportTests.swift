@@ -209,6 +209,14 @@ import Testing
         expectError(.unsupportedLayer, layer: "rnn", containing: "cannot be trained by Core ML") { _ = try export(spec) }
     }
 
+    @Test func aDenseLayerOverTheLastAxisOfAnImageIsRefused() {
+        let spec = ModelSpec(
+            name: "rows", inputs: [InputSpec(name: "x", shape: [1, 4, 4])],
+            layers: [LayerSpec(name: "out", type: .dense, inputs: ["x"], units: 2, inputSize: 4)],
+            training: TrainingSpec(loss: .meanSquaredError, optimizer: .sgd(learningRate: 0.1)))
+        expectError(.unsupportedLayer, layer: "out", containing: "add a flatten layer") { _ = try export(spec) }
+    }
+
     @Test func unrepresentableTrainingSettingsAreRejectedUnlessDropped() throws {
         let spec = Models.housing(optimizer: .sgd(learningRate: 0.01, weightDecay: 1e-4))
         expectError(.unsupportedFeature, layer: nil, containing: "weight decay") { _ = try export(spec) }

@@ -84,6 +84,13 @@ import Testing
             ]
         },
         Case(label: "lstm classifier, cross-entropy", inputs: steps, loss: .crossEntropy) { [LSTM(units: 4), Dense(units: 3), Softmax()] },
+        Case(
+            label: "embedding, reshape, gru, dense over the last axis, per-step cross-entropy with padding",
+            inputs: [InputSpec(name: "input", shape: [4], categorical: true)], loss: .crossEntropy
+        ) { [Embedding(vocabularySize: 4, embeddingSize: 3), Reshape([4, 3]), GRU(units: 3, returnSequences: true), Dense(units: 4), Softmax()] },
+        Case(label: "per-step cross-entropy on logits", inputs: steps, loss: .crossEntropy) {
+            [LSTM(units: 3, returnSequences: true, cifg: true), Dense(units: 5)]
+        },
         Case(label: "dropout (fixed mask)", inputs: vector, loss: .meanSquaredError) { [Dense(units: 6), Dropout(rate: 0.4), Tanh(), Dense(units: 2)] },
         Case(label: "value read by two layers", inputs: vector, loss: .meanSquaredError) {
             [Dense(units: 4, name: "a"), Tanh(name: "t", inputs: ["a"]), Concat(name: "both", inputs: ["a", "t"]), Dense(units: 2)]
@@ -104,7 +111,13 @@ import Testing
         }
         let targets: Tensor
         if testCase.loss == .crossEntropy {
-            targets = Tensor(shape: [batch, 1], scalars: (0..<batch).map { _ in Float(random.nextInt(below: model.outputShape[0])) })
+            // A class index per sample, or per step of a sequence output (a quarter of them padding, −1).
+            let classes = model.outputShape.last!
+            let positions = model.outputShape.count == 1 ? 1 : model.outputShape.dropLast().reduce(1, *)
+            let labels = (0..<(batch * positions)).map { _ in
+                positions > 1 && random.nextInt(below: 4) == 0 ? CompiledModel.paddingTarget : Float(random.nextInt(below: classes))
+            }
+            targets = Tensor(shape: [batch, positions], scalars: labels)
         } else {
             let n = model.outputShape.reduce(1, *)
             targets = Tensor(shape: [batch] + model.outputShape, scalars: (0..<(batch * n)).map { _ in random.nextFloat(symmetric: 1) })

@@ -115,8 +115,8 @@ import Testing
             "not categorical"
         ),
         (
-            "{\"format_version\":2,\"name\":\"m\",\"inputs\":[{\"name\":\"x\",\"shape\":[2,3],\"categorical\":false}],\"layers\":[{\"name\":\"d\",\"type\":\"dense\",\"inputs\":[\"x\"],\"units\":2}],\"output\":\"d\"}",
-            "flatten"
+            "{\"format_version\":2,\"name\":\"m\",\"inputs\":[{\"name\":\"x\",\"shape\":[2,3],\"categorical\":false}],\"layers\":[{\"name\":\"r\",\"type\":\"reshape\",\"inputs\":[\"x\"],\"target_shape\":[4]}],\"output\":\"r\"}",
+            "does not hold"
         ),
         (
             "{\"format_version\":2,\"name\":\"m\",\"inputs\":[{\"name\":\"x\",\"shape\":[1,4,4],\"categorical\":false}],\"layers\":[{\"name\":\"c\",\"type\":\"conv2d\",\"inputs\":[\"x\"],\"units\":2,\"kernel_size\":[5,5]}],\"output\":\"c\"}",

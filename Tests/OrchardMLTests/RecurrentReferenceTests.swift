@@ -88,6 +88,34 @@ import Testing
         0.0118936283, 0.0115029886,
     ]
 
+    static let charProbabilities: [Double] = [
+        0.167066179, 0.199849526, 0.162246464, 0.170766032, 0.151324407, 0.148747393, 0.160742878, 0.207295285, 0.161656828, 0.170252584, 0.156874901,
+        0.143177523, 0.152969578, 0.219070761, 0.150425002, 0.181321555, 0.147127444, 0.149085659, 0.151885619, 0.220325044, 0.151391219, 0.179926286,
+        0.149830293, 0.146641539, 0.153947679, 0.21653254, 0.15715637, 0.173750511, 0.156974946, 0.141637954, 0.167313308, 0.198677287, 0.166165379,
+        0.166577457, 0.157058187, 0.144208382, 0.157383063, 0.213040242, 0.153190848, 0.179094401, 0.14699973, 0.150291716, 0.154273818, 0.217033005,
+        0.152781198, 0.17888629, 0.149554246, 0.147471443, 0.155104043, 0.214963303, 0.157799816, 0.173305676, 0.156756517, 0.142070645, 0.148982825,
+        0.224663687, 0.147952707, 0.183243815, 0.147307903, 0.147849064,
+    ]
+    static let charLoss = 1.82878998678
+    static let charEmbeddingGradient: [Double] = [
+        -0.000395861228, -0.00232718147, -0.00316399191, 0.0023391581, 0.00127907725, -0.000382573622, 0.0102297477, 0.0100560907, 0.00515289719, 0.00705189795,
+        0.00937226801, 0.00728471397, 0.00200514716, 0.000762956586, -0.000838064393, -0.00856487859, -0.00647928936, -0.00134638911,
+    ]
+    static let charWeightIhGradient: [Double] = [
+        4.06215429e-05, 0.000266650253, 0.000367269183, -0.00111374265, -0.00121320463, -0.000742077521, 0.00291458524, 0.00435429579, 0.00374611299,
+        0.00160011549, 0.00126713589, 0.000338202479, 0.000139706293, 2.54510623e-05, -0.0001007742, 0.000953380828, 0.000932195586, 0.000472584194,
+        -0.00198809096, -0.00150730672, -0.000317612574, -0.000110938226, 0.000773180003, 0.0012936596, -0.00294392116, 0.000656959865, 0.0039488624,
+        -0.00284344785, -0.00246764461, -0.000931269545, 0.000520114327, -0.00223421363, -0.00393775601, -0.00634416381, -0.0129916211, -0.013528916,
+        0.000336097454, 0.000454031743, 0.000358427809, 0.000462257315, 0.00101896249, 0.00109643369, -0.000497430967, 0.00025297456, 0.000884402198,
+        -8.17476276e-05, 0.000774777332, 0.00126691241,
+    ]
+    static let charDenseWeightGradient: [Double] = [
+        0.00191410127, -0.0154703404, 0.00119085176, 0.0019556861, -0.0117809763, -0.0191012254, -0.0132596425, -0.0175651584, 0.0116773878, 0.0223330987,
+        0.0463506769, 0.0174614694, 0.00267630674, 0.0211178004, -0.0273456879, 0.0073594787, -0.00247865272, 0.000152829886, -0.0141351985, -0.00399736412,
+        -0.00200816677, -0.00903216321, 0.00719900026, -0.00521411165,
+    ]
+    static let charDenseBiasGradient: [Double] = [0.0590579747, 0.110234889, -0.191975768, -0.0760323666, 0.0528663074, 0.0458489632]
+
     static let (batch, steps, features, units) = (2, 5, 3, 4)
 
     /// `cos(0.7 k + phase) × scale` over a tensor's flat index, as the script fills its parameters.
@@ -161,6 +189,57 @@ import Testing
             let offset = try #require(plan.parameterOffsets["rnn.\(suffix)"])
             Self.expectClose(Array(gradients[offset..<(offset + values.count)]), values, "\(suffix) gradient")
         }
+    }
+
+    /// Embedding → reshape → LSTM over the whole sequence → dense over the last axis → softmax, with per-step
+    /// cross-entropy and padding (−1) masked: the probabilities, the loss and the gradients are PyTorch's.
+    @Test func aNextCharacterModelWithPaddingIsPyTorchs() throws {
+        let (vocabulary, width) = (6, 3)
+        var model = try Model(
+            name: "chars", inputs: [InputSpec(name: "x", shape: [Self.steps], categorical: true)],
+            layers: [
+                Embedding(vocabularySize: vocabulary, embeddingSize: width, name: "embed"), Reshape([Self.steps, width], name: "steps"),
+                LSTM(units: Self.units, returnSequences: true, name: "rnn"), Dense(units: vocabulary, name: "out"), Softmax(name: "probabilities"),
+            ], seed: 2)
+        #expect(model.shapes["out"] == [Self.steps, vocabulary])
+        try model.setParameter("embed.weight", to: Self.closedForm([vocabulary, width], phase: 4))
+        try model.setParameter("rnn.weight_ih", to: Self.closedForm([4 * Self.units, width], phase: 0))
+        try model.setParameter("rnn.weight_hh", to: Self.closedForm([4 * Self.units, Self.units], phase: 1))
+        try model.setParameter("rnn.bias_ih", to: Self.closedForm([4 * Self.units], phase: 2, scale: 0.2))
+        try model.setParameter("rnn.bias_hh", to: Self.closedForm([4 * Self.units], phase: 3, scale: 0.2))
+        try model.setParameter("out.weight", to: Self.closedForm([vocabulary, Self.units], phase: 5))
+        try model.setParameter("out.bias", to: Self.closedForm([vocabulary], phase: 6, scale: 0.1))
+        var indices: [Float] = []
+        for b in 0..<Self.batch { for t in 0..<Self.steps { indices.append(Float((b * 5 + t * 2) % vocabulary)) } }
+        let input = Tensor(shape: [Self.batch, Self.steps], scalars: indices)
+        let labels = Tensor(shape: [Self.batch, Self.steps], scalars: [1, 4, 0, 5, 2, 3, -1, 2, -1, -1])
+        Self.expectClose(try model(input).scalars, Self.charProbabilities, "probabilities")
+        let plan = try CompiledModel(model: model, batchCapacity: Self.batch, loss: .crossEntropy)
+        let loss = try plan.computeGradients(inputs: ["x": input], targets: labels)
+        #expect(abs(Double(loss) - Self.charLoss) <= 1e-5 * Self.charLoss)
+        let gradients = plan.flatGradients()
+        for (name, values) in [
+            ("embed.weight", Self.charEmbeddingGradient), ("rnn.weight_ih", Self.charWeightIhGradient), ("out.weight", Self.charDenseWeightGradient),
+            ("out.bias", Self.charDenseBiasGradient),
+        ] {
+            let offset = try #require(plan.parameterOffsets[name])
+            Self.expectClose(Array(gradients[offset..<(offset + values.count)]), values, "\(name) gradient")
+        }
+        // The metrics count the seven steps that are not padding: accuracy per step, perplexity exp(mean step loss).
+        let data = try TensorDataset(inputs: ["x": input], targets: labels)
+        let metrics = try model.evaluationMetrics(on: data, loss: .crossEntropy)
+        #expect(abs(metrics.loss - Self.charLoss) <= 1e-5 * Self.charLoss)
+        var stepLoss = 0.0, hits = 0
+        for (row, label) in zip(0..<10, labels.scalars) where label >= 0 {
+            let probabilities = Self.charProbabilities[(row * vocabulary)..<((row + 1) * vocabulary)]
+            stepLoss -= log(probabilities[probabilities.startIndex + Int(label)])
+            if probabilities.firstIndex(of: probabilities.max()!)! - probabilities.startIndex == Int(label) { hits += 1 }
+        }
+        #expect(abs((metrics.values["perplexity"] ?? 0) - exp(stepLoss / 7)) <= 1e-4)
+        #expect(metrics.values["accuracy"] == Double(hits) / 7)
+        // A label outside the classes (other than the padding marker) is refused, naming both.
+        let bad = Tensor(shape: [Self.batch, Self.steps], scalars: [1, 4, 0, 5, 2, 3, -2, 2, -1, -1])
+        #expect(throws: EngineError.self) { _ = try plan.computeGradients(inputs: ["x": input], targets: bad) }
     }
 
     @Test func thePyTorchStateDictMapsOntoTheParameterNamesAndTheJSONRoundTrips() throws {

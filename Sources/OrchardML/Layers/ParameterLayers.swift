@@ -74,19 +74,20 @@ public struct Dense: Layer {
 
     public func outputShape(for inputShapes: [[Int]]) throws(EngineError) -> [Int] {
         let shape = try singleInput(inputShapes)
-        guard shape.count == 1 else {
-            throw EngineError(.invalidModel, "dense layer '\(name)' needs a rank-1 input per sample, got \(shape); add a flatten layer")
+        guard let width = shape.last else {
+            throw EngineError(.invalidModel, "dense layer '\(name)' needs an input of rank 1 or more per sample, got \(shape)")
         }
-        if inputSize != 0 && shape[0] != inputSize {
-            throw EngineError(.invalidModel, "dense layer '\(name)' expects input size \(inputSize), got \(shape[0])")
+        if inputSize != 0 && width != inputSize {
+            throw EngineError(.invalidModel, "dense layer '\(name)' expects input size \(inputSize), got \(width)")
         }
-        return [units]
+        // Over the last axis, as PyTorch's `nn.Linear`: `[T, features]` becomes `[T, units]`.
+        return shape.dropLast() + [units]
     }
 
     public mutating func build(inputShapes: [[Int]], random: inout OrchardRandom) throws(EngineError) {
         _ = try outputShape(for: inputShapes)
         if inputSize == 0 || weight.shape != [units, inputSize] {
-            inputSize = inputShapes[0][0]
+            inputSize = inputShapes[0].last!
             weight = heUniform(shape: [units, inputSize], fanIn: inputSize, random: &random)
             bias = useBias ? Tensor(shape: [units]) : nil
         }
@@ -101,10 +102,12 @@ public struct Dense: Layer {
     }
 
     public func callAsFunction(_ inputs: [Tensor]) -> Tensor {
-        let (batch, width) = batchLayout(inputs[0])
-        precondition(width == inputSize, "dense layer '\(name)' expects \(inputSize) features, got \(width)")
-        var out = Tensor(shape: [batch, units])
-        inputs[0].withUnsafeBufferPointer { x in
+        let input = inputs[0]
+        precondition(input.shape.last == inputSize, "dense layer '\(name)' expects \(inputSize) features, got \(input.shape)")
+        // Every position of every sample is a row.
+        let batch = input.count / max(inputSize, 1)
+        var out = Tensor(shape: input.shape.dropLast() + [units])
+        input.withUnsafeBufferPointer { x in
             weight.withUnsafeBufferPointer { w in
                 out.withUnsafeMutableBufferPointer { y in
                     if let bias {

@@ -129,6 +129,38 @@ public struct Flatten: ParameterFreeLayer {
     }
 }
 
+/// Gives each sample another shape with the same values in the same order (an embedding's `[T × E]` as `[T, E]`, for
+/// a recurrent layer).
+public struct Reshape: ParameterFreeLayer {
+    public var name: String
+    public var inputNames: [String]
+    public var isFrozen: Bool
+    public var type: LayerType { .reshape }
+    /// The per-sample output shape.
+    public let targetShape: [Int]
+    /// Creates the layer.
+    public init(_ targetShape: [Int], name: String = "", inputs: [String] = []) {
+        precondition(!targetShape.isEmpty && targetShape.allSatisfy { $0 > 0 }, "a reshape needs one or more positive sizes")
+        self.targetShape = targetShape
+        self.name = name
+        self.inputNames = inputs
+        self.isFrozen = false
+    }
+    public func outputShape(for inputShapes: [[Int]]) throws(EngineError) -> [Int] {
+        let shape = try singleInput(inputShapes)
+        guard shape.reduce(1, *) == targetShape.reduce(1, *) else {
+            throw EngineError(.invalidModel, "reshape '\(name)': \(targetShape) does not hold the values of input \(shape)")
+        }
+        return targetShape
+    }
+    public var spec: LayerSpec {
+        var s = baseSpec()
+        s.targetShape = targetShape
+        return s
+    }
+    public func callAsFunction(_ inputs: [Tensor]) -> Tensor { inputs[0].reshaped([inputs[0].shape.first ?? 0] + targetShape) }
+}
+
 /// Joins several inputs along the last (feature) axis; all other per-sample dimensions must agree.
 public struct Concat: ParameterFreeLayer {
     public var name: String

@@ -47,6 +47,8 @@ public final class CompiledModel {
     let outputCount: Int
     /// Whether cross-entropy is fused with a final softmax layer.
     let fusedSoftmax: Bool
+    /// Cross-entropy's classes (the output's last axis); 0 for MSE.
+    let classCount: Int
     /// Random stream for dropout masks.
     var dropoutRandom: OrchardRandom
 
@@ -200,11 +202,14 @@ public final class CompiledModel {
 
         let expectedTarget: [Int]
         if loss == .crossEntropy {
-            guard model.outputShape.count == 1 else {
-                throw EngineError(.invalidModel, "cross-entropy needs a rank-1 output of class scores, got \(model.outputShape)")
+            guard let classes = model.outputShape.last, classes > 0 else {
+                throw EngineError(.invalidModel, "cross-entropy needs an output of class scores on its last axis, got \(model.outputShape)")
             }
-            expectedTarget = [1]
+            // One class index per sample, or one per position of a sequence output ([T, classes] → [T]).
+            expectedTarget = model.outputShape.count == 1 ? [1] : Array(model.outputShape.dropLast())
+            classCount = classes
         } else {
+            classCount = 0
             expectedTarget = model.outputShape
         }
         if let targetShape, targetShape.reduce(1, *) != expectedTarget.reduce(1, *) {
@@ -257,7 +262,11 @@ public final class CompiledModel {
             }
             return total / Double(n)
         }
-        // Cross-entropy over class indices: probabilities p (softmax output, or computed here from logits).
+        // Cross-entropy over class indices: probabilities p (softmax output, or computed here from logits). A sequence
+        // output has one class row per position; a sample's loss is the mean over its positions whose target is not
+        // the padding marker −1 (a sample of padding only adds nothing).
+        let classes = classCount
+        let positions = n / classes
         let p: UnsafeMutablePointer<Float>
         let logits: UnsafeMutablePointer<Float>
         if fusedSoftmax {
@@ -266,33 +275,54 @@ public final class CompiledModel {
         } else {
             p = probabilities!
             logits = out
-            Ops.softmaxForward(rows: batch, width: n, x: logits, y: p)
+            Ops.softmaxForward(rows: batch * positions, width: classes, x: logits, y: p)
         }
         let grad: UnsafeMutablePointer<Float>? = fusedSoftmax ? outputNode.inputGradients[0] : outputNode.outputGradient
         let accumulate = fusedSoftmax ? outputNode.accumulate[0] : false
-        let scale = 1 / Float(divisor)
         for b in 0..<batch {
-            let t = targets[b]
-            guard t >= 0, t < Float(n), t == t.rounded(.towardZero) else {
-                throw EngineError(.invalidArgument, "class index \(t) is not in 0..<\(n)")
+            var counted = 0
+            for position in 0..<positions {
+                let t = targets[b * positions + position]
+                if positions > 1 && t == Self.paddingTarget { continue }
+                guard t >= 0, t < Float(classes), t == t.rounded(.towardZero) else {
+                    throw EngineError(
+                        .invalidArgument,
+                        "class index \(t) is not in 0..<\(classes)\(positions > 1 ? " (or \(Int(Self.paddingTarget)) for padding)" : "")")
+                }
+                counted += 1
             }
-            let label = Int(t)
-            let row = logits + b * n
-            var m = -Float.infinity
-            for j in 0..<n { m = max(m, row[j]) }
-            var s: Double = 0
-            for j in 0..<n { s += Double(expLocal(row[j] - m)) }
-            total += (s.logarithm + Double(m)) - Double(row[label])
-            if let grad {
-                let pr = p + b * n, gr = grad + b * n
-                for j in 0..<n {
-                    let g = scale * (pr[j] - (j == label ? 1 : 0))
-                    if accumulate { gr[j] += g } else { gr[j] = g }
+            let scale = counted == 0 ? 0 : 1 / Float(divisor * counted)
+            var sampleLoss = 0.0
+            for position in 0..<positions {
+                let row = b * positions + position
+                let t = targets[row]
+                let r = logits + row * classes
+                if let grad, !accumulate, t == Self.paddingTarget, positions > 1 {
+                    (grad + row * classes).update(repeating: 0, count: classes)
+                }
+                guard !(positions > 1 && t == Self.paddingTarget) else { continue }
+                let label = Int(t)
+                var m = -Float.infinity
+                for j in 0..<classes { m = max(m, r[j]) }
+                var s: Double = 0
+                for j in 0..<classes { s += Double(expLocal(r[j] - m)) }
+                sampleLoss += (s.logarithm + Double(m)) - Double(r[label])
+                if let grad {
+                    let pr = p + row * classes, gr = grad + row * classes
+                    for j in 0..<classes {
+                        let g = scale * (pr[j] - (j == label ? 1 : 0))
+                        if accumulate { gr[j] += g } else { gr[j] = g }
+                    }
                 }
             }
+            total += counted == 0 ? 0 : sampleLoss / Double(counted)
         }
         return total
     }
+
+    /// The target that marks a padded position of a sequence (PyTorch's `ignore_index`, here −1): it adds nothing to
+    /// the loss, its gradient or the metrics.
+    public static let paddingTarget: Float = -1
 
     /// Back-propagates the output gradient written by ``lossAndGradient(batch:)``.
     ///

@@ -4,7 +4,8 @@ final class PlanNode {
     typealias Ptr = UnsafeMutablePointer<Float>
 
     enum Kind {
-        case dense(inSize: Int, outSize: Int)
+        /// A dense layer over the last axis: `rows` rows per sample (1 for a rank-1 input, T for `[T, features]`).
+        case dense(inSize: Int, outSize: Int, rows: Int)
         case embedding(indicesPerSample: Int, vocabulary: Int, dim: Int)
         case relu, sigmoid, tanh, flatten
         case softmax(width: Int)
@@ -57,13 +58,13 @@ final class PlanNode {
 
         switch layer {
         case let l as Dense:
-            kind = .dense(inSize: l.inputSize, outSize: l.units)
+            kind = .dense(inSize: l.inputSize, outSize: l.units, rows: inputShapes[0].dropLast().reduce(1, *))
         case let l as Embedding:
             kind = .embedding(indicesPerSample: inputShapes[0][0], vocabulary: l.vocabularySize, dim: l.embeddingSize)
         case is ReLU: kind = .relu
         case is Sigmoid: kind = .sigmoid
         case is Tanh: kind = .tanh
-        case is Flatten: kind = .flatten
+        case is Flatten, is Reshape: kind = .flatten
         case is Softmax: kind = .softmax(width: outputShape.last!)
         case let l as Dropout:
             kind = .dropout(rate: l.rate, mask: allocate(batchCapacity * outputShape.reduce(1, *)))
@@ -120,8 +121,8 @@ final class PlanNode {
         let x = inputs[0]
         let count = batch * outputCount
         switch kind {
-        case .dense(let inSize, let outSize):
-            Ops.denseForward(batch: batch, inSize: inSize, outSize: outSize, x: x, weight: weight!, bias: bias, y: output)
+        case .dense(let inSize, let outSize, let rows):
+            Ops.denseForward(batch: batch * rows, inSize: inSize, outSize: outSize, x: x, weight: weight!, bias: bias, y: output)
         case .embedding(let n, let vocabulary, let dim):
             if let bad = Ops.firstInvalidIndex(count: batch * n, indices: x, vocabulary: vocabulary) {
                 throw EngineError(.invalidArgument, "embedding '\(name)': index \(bad) is not in 0..<\(vocabulary)")
@@ -160,9 +161,9 @@ final class PlanNode {
         let dx = inputGradients[0]
         let acc = accumulate[0]
         switch kind {
-        case .dense(let inSize, let outSize):
+        case .dense(let inSize, let outSize, let rows):
             Ops.denseBackward(
-                batch: batch, inSize: inSize, outSize: outSize, x: inputs[0], weight: weight!, bias: bias, dy: dy,
+                batch: batch * rows, inSize: inSize, outSize: outSize, x: inputs[0], weight: weight!, bias: bias, dy: dy,
                 dWeight: weightGradient, dBias: biasGradient, dx: dx, accumulateDx: acc, descentRate: descentRate
             )
         case .embedding(let n, let vocabulary, let dim):

@@ -108,3 +108,32 @@ for t in range(T):
     h = o * torch.tanh(c)
 loss = torch.nn.functional.mse_loss(h, target((B, H)))
 report("cifg", h, loss, x, p)
+
+# A next-character model: embedding (6 symbols, width 3) of 5 indices, viewed as [5, 3], an LSTM over the whole
+# sequence, a linear layer over the last axis to 6 classes, softmax; per-step cross-entropy with -1 marking padding.
+# A sample's loss is the mean over its steps that are not padding; the batch's, the mean over samples.
+V, E = 6, 3
+indices = torch.tensor([[(b * 5 + t * 2) % V for t in range(T)] for b in range(B)])
+labels = torch.tensor([[1, 4, 0, 5, 2], [3, -1, 2, -1, -1]])
+embedding = values((V, E), 4.0).requires_grad_()
+p = parameters(4)
+p["weight_ih"] = values((4 * H, E), 0.0).requires_grad_()
+dense_w = values((V, H), 5.0).requires_grad_()
+dense_b = values((V,), 6.0, 0.1).requires_grad_()
+lstm = torch.nn.LSTM(E, H, batch_first=True)
+with torch.no_grad():
+    for name, value in p.items():
+        getattr(lstm, name + "_l0").copy_(value)
+x = embedding[indices]
+y, _ = lstm(x)
+logits = y @ dense_w.T + dense_b
+per_step = torch.nn.functional.cross_entropy(logits.reshape(-1, V), labels.reshape(-1), ignore_index=-1, reduction="none").reshape(B, T)
+mask = (labels != -1).double()
+loss = ((per_step * mask).sum(1) / mask.sum(1)).mean()
+loss.backward()
+swift("charProbabilities", torch.softmax(logits, -1))
+print(f"    static let charLoss = {loss.item():.12g}")
+swift("charEmbeddingGradient", embedding.grad)
+swift("charWeightIhGradient", lstm.weight_ih_l0.grad)
+swift("charDenseWeightGradient", dense_w.grad)
+swift("charDenseBiasGradient", dense_b.grad)
