@@ -21,6 +21,8 @@ public struct EngineWorkload<Slice: Dataset, TestSet: Dataset>: FleetWorkload, @
     public let testSet: TestSet
     /// The loss the test set is evaluated with (the architecture's).
     public let evaluationLoss: LossType
+    /// Metadata the hosted model's initial weights carry (a text model's vocabulary).
+    public var weightsMetadata: [String: String] = [:]
     /// Poisoning devices, if any: the attack, the devices that run it, and the classes a label-flip maps over.
     public var attack: (configuration: AttackConfiguration, attackers: Set<Int>, classes: Int)?
     /// The SDK trainer the devices train with.
@@ -131,7 +133,7 @@ extension LossSums {
     /// Mean loss and accuracy (classifiers) or MSE and RMSE (regressors).
     func evaluation(samples: Int, targetValues: Int, loss type: LossType) -> Evaluation {
         let mean = mean(samples: samples, targetValues: targetValues, loss: type)
-        if let accuracy = mean.accuracy { return Evaluation(loss: mean.loss, accuracy: accuracy) }
+        if let accuracy = mean.accuracy { return Evaluation(loss: mean.loss, accuracy: accuracy, perplexity: positions > samples ? perplexity : nil) }
         return Evaluation(loss: mean.loss, rmse: mean.loss.squareRoot())
     }
 }

@@ -38,6 +38,8 @@ public struct RoundMetrics: Sendable, Hashable, Codable {
     public var testAccuracy: Double?
     /// Test root-mean-squared error, for regressors.
     public var testRMSE: Double?
+    /// Test perplexity per position that is not padding, for sequence models.
+    public var testPerplexity: Double?
     /// ε spent after the round under differential privacy (at the process's δ), nil without it.
     public var epsilon: Double?
     /// The privacy clipping bound of the next round (it moves with adaptive clipping), nil without privacy.
@@ -89,7 +91,7 @@ public struct RoundMetrics: Sendable, Hashable, Codable {
         case secureAggregation = "secure_aggregation"
         case wallSeconds = "wall_seconds", virtualStart = "virtual_start", virtualEnd = "virtual_end"
         case availableFraction = "available_fraction", bytesUp = "bytes_up", bytesDown = "bytes_down"
-        case testLoss = "test_loss", testAccuracy = "test_accuracy", testRMSE = "test_rmse"
+        case testLoss = "test_loss", testAccuracy = "test_accuracy", testRMSE = "test_rmse", testPerplexity = "test_perplexity"
         case checkIns = "check_ins", turnedAwayModeled = "turned_away_modeled"
         case federatedEvaluation = "federated_evaluation"
     }
@@ -135,12 +137,15 @@ public struct Evaluation: Sendable, Hashable, Codable {
     public var accuracy: Double?
     /// Root-mean-squared error, for regressors.
     public var rmse: Double?
+    /// Perplexity per position that is not padding, for sequence models.
+    public var perplexity: Double?
 
     /// Creates an evaluation.
-    public init(loss: Double, accuracy: Double? = nil, rmse: Double? = nil) {
+    public init(loss: Double, accuracy: Double? = nil, rmse: Double? = nil, perplexity: Double? = nil) {
         self.loss = loss
         self.accuracy = accuracy
         self.rmse = rmse
+        self.perplexity = perplexity
     }
 }
 
@@ -261,7 +266,10 @@ public struct SimulationSummary: Sendable, Hashable, Codable {
         checkIns = records.reduce(0) { $0 + $1.checkIns }
         turnedAwayModeled = records.reduce(0) { $0 + $1.turnedAwayModeled }
         self.initial = initial
-        final = records.last(where: { $0.testLoss != nil }).map { Evaluation(loss: $0.testLoss ?? 0, accuracy: $0.testAccuracy, rmse: $0.testRMSE) } ?? initial
+        final =
+            records.last(where: { $0.testLoss != nil }).map {
+                Evaluation(loss: $0.testLoss ?? 0, accuracy: $0.testAccuracy, rmse: $0.testRMSE, perplexity: $0.testPerplexity)
+            } ?? initial
         bestAccuracy = records.compactMap(\.testAccuracy).filter(\.isFinite).max()
         bestRMSE = records.compactMap(\.testRMSE).filter(\.isFinite).min()
         epsilon = records.last(where: { $0.epsilon != nil })?.epsilon

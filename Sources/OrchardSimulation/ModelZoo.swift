@@ -57,6 +57,25 @@ public enum ModelZoo {
         )
     }
 
+    /// A next-character model: an embedding of each of `length` characters (width `embedding`), viewed as a sequence, a
+    /// CIFG LSTM of `units` over the whole sequence (Gboard's cell, Hard et al. 2018), and a per-step softmax over the
+    /// vocabulary; trained with per-step cross-entropy, padding (−1) masked.
+    public static func charLSTM(vocabularySize: Int, length: Int, embedding: Int = 8, units: Int = 128, learningRate: Double = 1) -> ModelSpec {
+        ModelSpec(
+            name: "char-lstm",
+            inputs: [InputSpec(name: "chars", shape: [length], categorical: true)],
+            layers: [
+                LayerSpec(name: "embed", type: .embedding, inputs: ["chars"], vocabularySize: vocabularySize, embeddingSize: embedding),
+                LayerSpec(name: "steps", type: .reshape, inputs: ["embed"], targetShape: [length, embedding]),
+                LayerSpec(name: "lstm", type: .lstm, inputs: ["steps"], units: units, inputSize: embedding, returnSequences: true, cifg: true),
+                LayerSpec(name: "logits", type: .dense, inputs: ["lstm"], units: vocabularySize, inputSize: units),
+                LayerSpec(name: "next", type: .softmax, inputs: ["logits"]),
+            ],
+            output: "next",
+            training: TrainingSpec(loss: .crossEntropy, optimizer: .sgd(learningRate: learningRate), epochs: 1, batchSize: 10)
+        )
+    }
+
     /// Draws fresh initial weights the way PyTorch's `nn.Linear` and `nn.Conv2d` do by default — weights and
     /// biases uniform in `±1/√fanIn` (`fanIn` = inputs per output unit) — so a federated run starts from the same
     /// distribution as the Python frameworks (Flower, FedML, pfl) that published FedAvg baselines are run with.

@@ -157,6 +157,12 @@ public enum HTMLReport {
             }
             charts.append(perRound("Test RMSE", rmseAxis, lines, headline: !accuracy, note: notes.isEmpty ? nil : notes.joined(separator: " ")))
         }
+        if rounds.contains(where: { $0.testPerplexity != nil }) {
+            charts.append(
+                perRound(
+                    "Test perplexity", Axis("perplexity per character"), [quality("test set", .blue, initial: summary.initial.perplexity, \.testPerplexity)],
+                    headline: false, note: "exp of the mean cross-entropy per predicted character (padding left out); lower is better."))
+        }
         // A regressor's loss is its mean squared error, the RMSE chart squared: drawn once.
         if accuracy || !rmse {
             let loss = quality("loss", .red, initial: summary.initial.loss, \.testLoss)
@@ -252,6 +258,9 @@ public enum HTMLReport {
         ]
         if let a = summary.final.accuracy, let a0 = summary.initial.accuracy {
             totals.insert(("test accuracy initial → final (best)", "\(percent(a0)) → \(percent(a)) (\(percent(summary.bestAccuracy ?? a)))"), at: 0)
+        }
+        if let p = summary.final.perplexity, let p0 = summary.initial.perplexity {
+            totals.insert(("test perplexity initial → final", String(format: "%.2f → %.2f", p0, p)), at: 1)
         }
         if let epsilon = rounds.last(where: { $0.epsilon != nil })?.epsilon {
             totals.append(("privacy spent", String(format: "ε = %.3f at δ = %@", epsilon, summary.settings["dp_delta"] ?? "?")))

@@ -9,6 +9,7 @@ public struct DatasetChoice: Sendable, Hashable, CustomStringConvertible {
         case housing
         case fashionMNIST
         case idx(String)
+        case kingJamesBible
     }
     private let kind: Kind
     private init(_ kind: Kind) { self.kind = kind }
@@ -19,15 +20,18 @@ public struct DatasetChoice: Sendable, Hashable, CustomStringConvertible {
     public static let fashionMNIST = DatasetChoice(.fashionMNIST)
     /// An MNIST-layout IDX directory: `train-images-idx3-ubyte[.gz]`, `train-labels-idx1-ubyte[.gz]`, `t10k-…`.
     public static func idx(_ directory: String) -> DatasetChoice { DatasetChoice(.idx(directory)) }
+    /// The King James Bible as next-character prediction, partitioned by chapter or book (Debian's `bible-kjv`).
+    public static let kingJamesBible = DatasetChoice(.kingJamesBible)
 
-    /// Parses `housing`, `fashion-mnist` or `idx:PATH`.
+    /// Parses `housing`, `fashion-mnist`, `kjv` or `idx:PATH`.
     public init(parsing text: String) throws(SimulationError) {
         switch text.lowercased() {
         case "housing": self = .housing
         case "fashion-mnist", "fashionmnist": self = .fashionMNIST
+        case "kjv": self = .kingJamesBible
         default:
             guard text.hasPrefix("idx:"), text.count > 4 else {
-                throw SimulationError(.invalidOption, "dataset must be housing, fashion-mnist or idx:PATH, not '\(text)'")
+                throw SimulationError(.invalidOption, "dataset must be housing, fashion-mnist, kjv or idx:PATH, not '\(text)'")
             }
             self = .idx(String(text.dropFirst(4)))
         }
@@ -36,11 +40,14 @@ public struct DatasetChoice: Sendable, Hashable, CustomStringConvertible {
     /// The directory of an image dataset, nil for housing.
     public var imageDirectory: String? {
         switch kind {
-        case .housing: nil
+        case .housing, .kingJamesBible: nil
         case .fashionMNIST: "/usr/share/datasets/fashion-mnist"
         case .idx(let path): path
         }
     }
+
+    /// Whether the data is text (next-character prediction).
+    public var isText: Bool { kind == .kingJamesBible }
 
     /// `housing`, `fashion-mnist` or `idx:PATH`.
     public var description: String {
@@ -48,13 +55,17 @@ public struct DatasetChoice: Sendable, Hashable, CustomStringConvertible {
         case .housing: "housing"
         case .fashionMNIST: "fashion-mnist"
         case .idx(let path): "idx:\(path)"
+        case .kingJamesBible: "kjv"
         }
     }
 }
 
 /// Which model the devices train.
 public struct ModelChoice: Sendable, Hashable, CustomStringConvertible {
-    private enum Kind: String, Sendable, Hashable { case housing, mlp2nn, cnn }
+    private enum Kind: String, Sendable, Hashable {
+        case housing, mlp2nn, cnn
+        case charLSTM = "char-lstm"
+    }
     private let kind: Kind
     private init(_ kind: Kind) { self.kind = kind }
 
@@ -64,11 +75,13 @@ public struct ModelChoice: Sendable, Hashable, CustomStringConvertible {
     public static let mlp2nn = ModelChoice(.mlp2nn)
     /// McMahan et al.'s CNN: two 5×5 convolutions (32, 64 channels) with 2×2 max pooling, 512 dense, 10 outputs.
     public static let cnn = ModelChoice(.cnn)
+    /// A next-character model: embedding, a CIFG LSTM over the sequence, a per-step softmax (``ModelZoo/charLSTM(vocabularySize:length:embedding:units:learningRate:)``).
+    public static let charLSTM = ModelChoice(.charLSTM)
 
-    /// Parses `housing`, `mlp2nn` or `cnn`.
+    /// Parses `housing`, `mlp2nn`, `cnn` or `char-lstm`.
     public init(parsing text: String) throws(SimulationError) {
         guard let kind = Kind(rawValue: text.lowercased()) else {
-            throw SimulationError(.invalidOption, "model must be housing, mlp2nn or cnn, not '\(text)'")
+            throw SimulationError(.invalidOption, "model must be housing, mlp2nn, cnn or char-lstm, not '\(text)'")
         }
         self.kind = kind
     }
@@ -205,6 +218,10 @@ public struct SimulationConfiguration: Sendable {
     public var evaluateEvery: Int
     /// How samples are dealt to devices.
     public var partition: PartitionStrategy
+    /// How a text dataset is dealt to devices (its own partition; `partition` does not apply to text).
+    public var textPartition = TextPartition.chapter
+    /// Characters per sequence of a text dataset.
+    public var sequenceLength = 80
     /// The server optimizer.
     public var aggregator: AggregatorConfig
     /// Device eligibility over virtual time.
@@ -292,6 +309,18 @@ public struct SimulationConfiguration: Sendable {
         )
     }
 
+    /// Defaults for next-character prediction on the King James Bible (LEAF's Shakespeare setup in spirit): one device
+    /// per chapter (1,189; per book, 66), 12 a round (C = 0.01), E = 5, B = 10, SGD lr 8 (the loss is a mean over the
+    /// characters of a sequence, so its gradients are small), 80-character sequences, the char-lstm model, always available.
+    public static func text(partition: TextPartition = .chapter) -> SimulationConfiguration {
+        var configuration = SimulationConfiguration(
+            dataset: .kingJamesBible, model: .charLSTM, clients: partition == .chapter ? KingJamesBible.chapters : KingJamesBible.books,
+            fraction: partition == .chapter ? 0.01 : 0.15, overSelection: 1, localEpochs: 5, batchSize: 10, learningRate: 8, rounds: 20,
+            availability: .always, dropout: 0, windowSeconds: 600, cycleSeconds: 3600, secondsPerUpdate: 0.05)
+        configuration.textPartition = partition
+        return configuration
+    }
+
     /// Reports that close a round.
     public var goal: Int { max(1, Int((fraction * Double(clients) - 1e-9).rounded(.up))) }
 
@@ -334,6 +363,9 @@ public struct SimulationConfiguration: Sendable {
             if attack.kind == .labelFlip && dataset == .housing {
                 throw fail("attack.kind label-flip needs a classifier: the housing model predicts prices, which have no labels to flip")
             }
+            if attack.kind == .labelFlip && dataset.isText {
+                throw fail("attack.kind label-flip needs one label per sample; a next-character model has one per position")
+            }
             if attack.attackers(clients: clients, seed: seed).isEmpty {
                 throw fail("attack.fraction \(attack.fraction) of \(clients) devices rounds to no attacker")
             }
@@ -360,10 +392,16 @@ public struct SimulationConfiguration: Sendable {
                     "robustAggregation \(robustAggregation.summary) needs at least \(minimumReports) reports a round; the goal (fraction × clients) is \(goal)")
             }
         }
-        let isHousing = dataset == .housing
-        if isHousing != (model == .housing) {
+        if dataset.isText && !(2...1000).contains(sequenceLength) {
+            throw fail("sequenceLength must be in 2...1000, not \(sequenceLength)")
+        }
+        let fits =
+            dataset == .housing ? model == .housing : dataset.isText ? model == .charLSTM : (model == .mlp2nn || model == .cnn)
+        if !fits {
             throw SimulationError(
-                .incompatible, "model \(model) does not fit dataset \(dataset): housing data goes with the housing model, images with mlp2nn or cnn")
+                .incompatible,
+                "model \(model) does not fit dataset \(dataset): housing data goes with the housing model, images with mlp2nn or cnn, text (kjv) with char-lstm"
+            )
         }
     }
 
@@ -374,7 +412,7 @@ public struct SimulationConfiguration: Sendable {
                 "dataset": dataset.description, "model": model.description, "clients": String(clients), "fraction": String(fraction),
                 "goal": String(goal), "over_selection": String(overSelection), "local_epochs": String(localEpochs), "proximal_mu": String(proximalMu),
                 "batch_size": String(batchSize), "lr": String(learningRate), "rounds": String(rounds), "eval_every": String(evaluateEvery),
-                "partition": partition.description,
+                "partition": dataset.isText ? "natural(\(textPartition))" : partition.description,
                 "aggregator": aggregator.kind.description, "availability": availability.description, "dropout": String(dropout),
                 "window_seconds": String(windowSeconds), "cycle_seconds": String(cycleSeconds),
                 "seconds_per_update": String(secondsPerUpdate), "transport": transport.description, "seed": String(seed),
@@ -388,6 +426,7 @@ public struct SimulationConfiguration: Sendable {
         if let robustAggregation { settings["robust_aggregation"] = robustAggregation.summary }
         if let attack { settings["attack"] = attack.summary }
         if holdoutFraction > 0 { settings["holdout_fraction"] = String(holdoutFraction) }
+        if dataset.isText { settings["sequence_length"] = String(sequenceLength) }
         if let federatedEvaluation {
             settings["evaluation_goal"] = String(federatedEvaluation.goal)
             settings["evaluation_every"] = String(federatedEvaluation.every)

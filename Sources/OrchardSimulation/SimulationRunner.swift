@@ -58,6 +58,7 @@ public enum SimulationRunner {
     static func prepare(
         _ configuration: SimulationConfiguration, progress: ProgressDisplay
     ) throws(SimulationError) -> (model: Model, workload: any FleetWorkload, centralRMSE: Double?) {
+        if configuration.dataset.isText { return try prepareText(configuration, progress: progress) }
         if let imageDirectory = configuration.dataset.imageDirectory {
             let (train, test) = try loadImages(imageDirectory, cache: configuration.datasetCache)
             let spec =
@@ -134,9 +135,11 @@ public enum SimulationRunner {
         if let failure = server.validationFailure() {
             throw SimulationError(.invalidOption, failure.replacingOccurrences(of: "server_config.", with: ""))
         }
+        var metadata = ["format": "pt", "orchard.model": model.name]
+        metadata.merge(workload.weightsMetadata) { _, new in new }
         return HostProcessRequest(
             name: name ?? defaultProcessName(configuration), version: processVersion, model: model.spec,
-            initialWeights: model.weightsSafetensors(), clientConfig: configuration.clientConfig, serverConfig: server
+            initialWeights: Safetensors.encode(model.weightRecords, metadata: metadata), clientConfig: configuration.clientConfig, serverConfig: server
         )
     }
 
@@ -283,6 +286,39 @@ public enum SimulationRunner {
             }
         }
         try? FileManager.default.removeItem(at: directory)
+    }
+
+    /// The text scenario: the corpus from the installed package, cut into sequences and dealt by its own partition;
+    /// the char-lstm model over its vocabulary, which the initial weights carry.
+    static func prepareText(
+        _ configuration: SimulationConfiguration, progress: ProgressDisplay
+    ) throws(SimulationError) -> (model: Model, workload: any FleetWorkload, centralRMSE: Double?) {
+        let task: TextTask
+        let all: TensorDataset
+        let test: TensorDataset
+        do throws(DataError) {
+            let corpus = try KingJamesBible.corpus()
+            task = try TextTask(corpus: corpus, length: configuration.sequenceLength, partition: configuration.textPartition, devices: configuration.clients)
+            all = try task.sequences.dataset(Array(0..<task.sequences.count))
+            test = try task.sequences.dataset(task.test)
+        } catch {
+            throw SimulationError(error.code == .invalidArgument ? .invalidOption : .unreadable, "kjv: \(error.message)")
+        }
+        let vocabulary = task.sequences.vocabulary
+        let spec = ModelZoo.charLSTM(vocabularySize: vocabulary.size, length: configuration.sequenceLength, learningRate: configuration.learningRate)
+        let model = try engine { () throws(EngineError) in
+            var model = try Model(spec: spec, seed: configuration.seed)
+            try ModelZoo.initializeAsPyTorch(&model, seed: configuration.seed)
+            return model
+        }
+        let slices = task.devices.map { DatasetSlice(all, indices: $0) }
+        let trained = task.devices.reduce(0) { $0 + $1.count }
+        progress.note(
+            "kjv: \(trained) training and \(task.test.count) test sequences of \(configuration.sequenceLength) characters over \(slices.count) devices (one per \(configuration.textPartition)); \(vocabulary.size) symbols; \(configuration.model) with \(model.parameterCount) parameters"
+        )
+        var workload = EngineWorkload(model: model, slices: slices, testSet: test)
+        workload.weightsMetadata = task.weightsMetadata
+        return (model, workload, nil)
     }
 
     private static func partition<D: Dataset>(_ data: D, configuration: SimulationConfiguration) throws(SimulationError) -> [DatasetSlice<D>] {

@@ -61,7 +61,7 @@ extension AggregatorConfig.Kind: CaseIterable, ExpressibleByArgument {
 }
 
 extension ModelChoice: CaseIterable, ExpressibleByArgument {
-    public static var allCases: [Self] { [.housing, .mlp2nn, .cnn] }
+    public static var allCases: [Self] { [.housing, .mlp2nn, .cnn, .charLSTM] }
 
     public init?(argument: String) {
         guard let value: Self = described(argument) else { return nil }
@@ -93,7 +93,7 @@ extension DatasetChoice: ExpressibleByArgument {
         self = value
     }
 
-    public static var allValueStrings: [String] { ["housing", "fashion-mnist", "idx:PATH"] }
+    public static var allValueStrings: [String] { ["housing", "fashion-mnist", "kjv", "idx:PATH"] }
 }
 
 extension PartitionStrategy: ExpressibleByArgument {
@@ -173,3 +173,5 @@ extension RobustAggregationConfig: ExpressibleByArgument {
 
     public static var allValueStrings: [String] { ["median", "trimmed-mean:β", "multi-krum:f", "multi-krum:f:m"] }
 }
+
+extension TextPartition: ExpressibleByArgument {}

@@ -18,7 +18,9 @@ struct SimulateCommand: AsyncParsableCommand {
         discussion: """
             Without options, runs the housing scenario: central pretraining of the embeddings, then federated training \
             of the device model across 20 devices with a diurnal availability trace, dropouts and short background \
-            windows. Image datasets default to McMahan et al.'s FedAvg setup (100 devices, C=0.1, E=1, B=10, lr 0.05).
+            windows. Image datasets default to McMahan et al.'s FedAvg setup (100 devices, C=0.1, E=1, B=10, lr 0.05). \
+            --dataset kjv is next-character prediction on the King James Bible (apt-get install bible-kjv), one device \
+            per chapter (--text-partition book: per book), with the char-lstm model (12 devices a round, E=5, B=10, lr 8).
             Trace files (--availability trace:FILE) are CSV with a device,start,end header or JSON Lines \
             {"device":0,"start":0,"end":3600}; times are virtual seconds, end may be inf (CSV) or omitted (JSONL).
             With --coordinator URL the devices run against that coordinator (e.g. orchard serve) in REAL time — its \
@@ -31,10 +33,14 @@ struct SimulateCommand: AsyncParsableCommand {
             """
     )
 
-    @Option(help: "The data; idx:PATH is an MNIST-layout directory.")
+    @Option(help: "The data; idx:PATH is an MNIST-layout directory; kjv is the King James Bible, one character predicting the next.")
     var dataset: DatasetChoice = .housing
-    @Option(help: "The model (default: housing for housing data, mlp2nn for images).")
+    @Option(help: "The model (default: housing for housing data, mlp2nn for images, char-lstm for text).")
     var model: ModelChoice?
+    @Option(name: .customLong("text-partition"), help: "How a text dataset is dealt to devices: one device per chapter or per book.")
+    var textPartition: TextPartition?
+    @Option(name: .customLong("sequence-length"), parsing: .unconditional, help: "Characters per sequence of a text dataset (default 80).")
+    var sequenceLength: Int?
     @Option(parsing: .unconditional, help: "Number of virtual devices.")
     var devices: Int?
     /// `--clients`, the option's name before the glossary's word for it (kept, hidden, for a release).
@@ -230,7 +236,17 @@ struct SimulateCommand: AsyncParsableCommand {
 
     /// The scenario the options describe: the dataset's defaults with every given option applied.
     func makeConfiguration() throws(SimulationError) -> SimulationConfiguration {
-        var c: SimulationConfiguration = dataset.imageDirectory == nil ? .housing : .images(dataset)
+        var c: SimulationConfiguration =
+            dataset.isText ? .text(partition: textPartition ?? .chapter) : dataset.imageDirectory == nil ? .housing : .images(dataset)
+        if dataset.isText {
+            if partition != nil {
+                throw SimulationError(
+                    .invalidOption, "--partition does not apply to \(dataset), which is dealt by its own chapters or books: use --text-partition")
+            }
+            if let sequenceLength { c.sequenceLength = sequenceLength }
+        } else if let stray = [("--text-partition", textPartition != nil), ("--sequence-length", sequenceLength != nil)].first(where: { $0.1 }) {
+            throw SimulationError(.invalidOption, "\(stray.0) needs a text dataset (--dataset kjv)")
+        }
         if coordinator != nil {
             // Virtual-time options have no meaning against a coordinator that runs on its own wall clock.
             if turnedAway != nil {
@@ -521,6 +537,7 @@ struct SimulateCommand: AsyncParsableCommand {
         if let a = s.final.accuracy {
             rows.append(("test accuracy", "\(f(s.initial.accuracy ?? 0)) → \(f(a)) (best \(s.bestAccuracy.map { f($0) } ?? "none finite"))"))
         }
+        if let p = s.final.perplexity { rows.append(("test perplexity", "\(f(s.initial.perplexity ?? 0, 2)) → \(f(p, 2))")) }
         if let steps = s.secureAggregation {
             let signed = steps.signed.map { ", signed \($0)" } ?? ""
             rows.append(

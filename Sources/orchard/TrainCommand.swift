@@ -4,6 +4,7 @@ import OrchardData
 import OrchardExamples
 import OrchardFormats
 import OrchardML
+import OrchardSimulation
 import OrchardSupport
 
 /// `orchard train …`: the bundled training examples.
@@ -11,7 +12,7 @@ struct TrainCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "train",
         abstract: "Train one of the bundled examples.",
-        subcommands: [TrainHousing.self]
+        subcommands: [TrainHousing.self, TrainKJV.self]
     )
 }
 
@@ -147,4 +148,76 @@ struct HousingOutput: Codable {
     }
 
     private func f(_ x: Double) -> String { String(format: "%.3f", x) }
+}
+
+/// `orchard train kjv`: the central baseline of `orchard simulate --dataset kjv`.
+struct TrainKJV: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "kjv",
+        abstract: "The King James Bible's next-character model trained centrally: the baseline of `orchard simulate --dataset kjv`.",
+        discussion: """
+            Reads the text through Debian's `bible` program (apt-get install bible-kjv), cuts it into sequences as the \
+            simulator does, pools every device's training sequences, trains the same char-lstm model with plain SGD, \
+            and evaluates it on the same held-out sequences (the last tenth of each chapter's). Prints test accuracy \
+            per character and perplexity before and after.
+            """
+    )
+
+    @Option(parsing: .unconditional, help: "Passes over the pooled training sequences.")
+    var epochs: Int = 1
+    @Option(name: .customLong("batch-size"), parsing: .unconditional, help: "Sequences per update.")
+    var batchSize: Int = SimulationConfiguration.text().batchSize
+    @Option(name: .customLong("lr"), parsing: .unconditional, help: "SGD step size.")
+    var learningRate: Double = SimulationConfiguration.text().learningRate
+    @Option(name: .customLong("sequence-length"), parsing: .unconditional, help: "Characters per sequence.")
+    var sequenceLength: Int = SimulationConfiguration.text().sequenceLength
+    @Option(parsing: .unconditional, help: "Seed of the initialisation and the shuffle order.")
+    var seed: UInt64 = 1
+    @Flag(help: "Print the results as one JSON line.")
+    var json = false
+
+    func validate() throws {
+        guard epochs >= 1 else { throw ValidationError("--epochs must be at least 1") }
+        guard batchSize >= 1 else { throw ValidationError("--batch-size must be at least 1") }
+        guard learningRate > 0, learningRate.isFinite else { throw ValidationError("--lr must be positive") }
+        guard (2...1000).contains(sequenceLength) else { throw ValidationError("--sequence-length must be in 2...1000") }
+    }
+
+    func run() throws {
+        var configuration = SimulationConfiguration.text()
+        configuration.batchSize = batchSize
+        configuration.learningRate = learningRate
+        configuration.sequenceLength = sequenceLength
+        configuration.seed = seed
+        let corpus: TextCorpus
+        do throws(DataError) { corpus = try KingJamesBible.corpus() } catch {
+            FileHandle.standardError.write(Data("error: \(error.message)\n".utf8))
+            throw ExitCode(1)
+        }
+        let progress = ProgressReporter("train kjv", total: epochs, unit: "epochs")
+        let result: CentralTextTraining.Result
+        do {
+            result = try CentralTextTraining.run(configuration, epochs: epochs, corpus: corpus, clock: SystemClock()) { step in
+                guard step.batch == step.batchesPerEpoch - 1 else { return }
+                progress.update(step.epoch + 1, detail: "loss \(String(format: "%.4g", step.loss))")
+            }
+        } catch {
+            FileHandle.standardError.write(Data("error: \(error.message)\n".utf8))
+            throw ExitCode(1)
+        }
+        if json {
+            let encoder = JSONEncoder()
+            encoder.outputFormatting = [.sortedKeys]
+            print(String(decoding: try encoder.encode(result), as: UTF8.self))
+        } else {
+            print(
+                """
+                sequences (train / test)   \(result.trainSequences) / \(result.testSequences)
+                parameters / updates       \(result.parameters) / \(result.updates)
+                test accuracy              \(String(format: "%.4f → %.4f", result.initialAccuracy, result.accuracy))
+                test perplexity            \(String(format: "%.2f → %.2f", result.initialPerplexity, result.perplexity))
+                training                   \(String(format: "%.1f s", result.seconds))
+                """)
+        }
+    }
 }

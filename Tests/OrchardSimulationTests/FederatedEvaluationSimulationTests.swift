@@ -45,7 +45,7 @@ import Testing
         }
         // Checkpoint 0, by hand: each device's metrics of the initial weights on its own held-out samples.
         let prepared = try SimulationRunner.prepare(c, progress: ProgressDisplay(interactive: false) { _ in })
-        let weights = try Safetensors.decode(try prepared.model.weightsSafetensors()).tensors
+        let weights = try Safetensors.decode(prepared.model.weightsSafetensors()).tensors
         let model = CycleModel(spec: prepared.model.spec, weights: weights)
         var loss = 0.0, mae = 0.0, samples = 0
         for device in 0..<c.clients {

@@ -23,6 +23,12 @@ public protocol FleetWorkload: Sendable {
     func completedUpdates(device: Int, in checkpoint: [UInt8], of task: LocalTrainingTask) throws(OrchardClientError) -> Int
     /// Evaluates a global model on the held-out test set.
     func evaluate(model: [UInt8]) async throws(SimulationError) -> Evaluation
+    /// Metadata the hosted model's initial weights carry (a text model's vocabulary); none by default.
+    var weightsMetadata: [String: String] { get }
+}
+
+extension FleetWorkload {
+    public var weightsMetadata: [String: String] { [:] }
 }
 
 /// Runs a fleet of virtual devices against a coordinator, round by round, on virtual time.
@@ -255,6 +261,7 @@ public struct FleetSimulation: Sendable {
             record.testLoss = evaluation.loss
             record.testAccuracy = evaluation.accuracy
             record.testRMSE = evaluation.rmse
+            record.testPerplexity = evaluation.perplexity
         }
         onRound(record)
         return record
