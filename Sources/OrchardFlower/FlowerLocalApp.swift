@@ -13,7 +13,8 @@ public struct ArrayMapping: Sendable, Hashable {
     public let byName: [String: String]?
 
     /// The i-th Flower array is the i-th parameter in the model's layer order (within a layer its weights before its
-    /// bias, as PyTorch's `state_dict()` and Keras' `get_weights()` list them); names are not compared.
+    /// biases, as PyTorch's `state_dict()` and Keras' `get_weights()` list them; a recurrent layer's `weight_ih`,
+    /// `weight_hh`, `bias_ih`, `bias_hh`, as `nn.LSTM` and `nn.GRU` list theirs); names are not compared.
     public static let positional = ArrayMapping(parameters: nil, byName: nil)
 
     /// The i-th Flower array is `parameters[i]`.
@@ -33,8 +34,13 @@ public struct ArrayMapping: Sendable, Hashable {
     /// The parameter names of `model` in positional order.
     static func positionalNames(of model: Model) -> [String] {
         model.layers.flatMap { layer in
-            layer.parameters.keys.sorted { a, b in (a == "bias" ? 1 : 0, a) < (b == "bias" ? 1 : 0, b) }.map { "\(layer.name).\($0)" }
+            layer.parameters.keys.sorted { a, b in positionalRank(a) < positionalRank(b) }.map { "\(layer.name).\($0)" }
         }
+    }
+
+    /// Weights before biases, input-side before recurrent (`_ih` before `_hh`), then by name.
+    private static func positionalRank(_ suffix: String) -> (Int, Int, String) {
+        (suffix.hasPrefix("bias") ? 1 : 0, suffix.hasSuffix("_hh") ? 1 : 0, suffix)
     }
 }
 

@@ -12,6 +12,10 @@ struct BenchTrain: AsyncParsableCommand {
         abstract: "Train a reference model on synthetic data; print samples/s, peak RSS (MiB) and settings as one JSON line.",
         discussion: """
             The model 'mlp2nn' is McMahan et al.'s 2NN: 784-200-200-10 with ReLU, softmax cross-entropy and plain SGD. \
+            'char-lstm' is a next-character model on --sequence-length characters of a 64-symbol vocabulary: embedding \
+            (width 8), an LSTM of 128 units over the whole sequence, a per-step dense layer and softmax, per-step \
+            cross-entropy and plain SGD (a standard LSTM, as PyTorch's nn.LSTM in benchmarks/pytorch_char_lstm.py; the \
+            simulator's model couples its input and forget gates, which PyTorch has no layer for). Samples are sequences. \
             The first epoch warms up; the reported figure is the median over the following --repeats epochs.
             """
     )
@@ -19,7 +23,11 @@ struct BenchTrain: AsyncParsableCommand {
     /// `--model`: the reference models.
     enum ReferenceModel: String, CaseIterable, ExpressibleByArgument {
         case mlp2nn
+        case charLSTM = "char-lstm"
     }
+
+    /// The char-lstm's vocabulary, embedding width and hidden units.
+    static let characterModel = (vocabulary: 64, embedding: 8, units: 128)
 
     @Option(help: "The model to train.")
     var model: ReferenceModel = .mlp2nn
@@ -27,12 +35,20 @@ struct BenchTrain: AsyncParsableCommand {
     @Option(parsing: .unconditional, help: "Samples per update.")
     var batch: Int = 10
 
-    @Option(parsing: .unconditional, help: "Synthetic samples per epoch.")
-    var samples: Int = 6000
+    @Option(parsing: .unconditional, help: "Synthetic samples per epoch (default 6000; 600 sequences for char-lstm).")
+    var samples: Int?
+
+    @Option(name: .customLong("sequence-length"), parsing: .unconditional, help: "Characters per sequence (char-lstm).")
+    var sequenceLength: Int = 80
+
+    /// `--samples`, or the model's default.
+    var sampleCount: Int { samples ?? (model == .charLSTM ? 600 : 6000) }
 
     /// `--parallelism`: how the threads share a step.
     enum Parallelism: String, CaseIterable, ExpressibleByArgument {
-        /// Batch parts when each gets at least ``minimumShard`` samples, matrix products otherwise.
+        /// Batch parts when each gets at least ``minimumShard`` samples, matrix products otherwise; for a recurrent model
+        /// batch parts whenever each thread gets a sample (its steps run one after another, and threads that share each
+        /// step's small products spend more on meeting than they save).
         case automatic
         /// Each matrix product runs on all the threads, one after another.
         case gemm
@@ -42,12 +58,13 @@ struct BenchTrain: AsyncParsableCommand {
         /// The fewest samples a batch part gets under `automatic`.
         static let minimumShard = 16
 
-        /// The batch parts a step is cut into for `batch` samples on `threads` threads.
-        func shards(batch: Int, threads: Int) -> Int {
+        /// The batch parts a step is cut into for `batch` samples on `threads` threads (`recurrent`: the model has an
+        /// LSTM or GRU).
+        func shards(batch: Int, threads: Int, recurrent: Bool = false) -> Int {
             switch self {
             case .gemm: 1
             case .batch: threads
-            case .automatic: batch >= Self.minimumShard * threads ? threads : 1
+            case .automatic: batch >= (recurrent ? 1 : Self.minimumShard) * threads ? threads : 1
             }
         }
     }
@@ -71,24 +88,45 @@ struct BenchTrain: AsyncParsableCommand {
     var seed: UInt64 = 1
 
     func validate() throws {
-        guard batch > 0, samples > 0, threads > 0, repeats > 0 else {
-            throw ValidationError("--batch, --samples, --threads and --repeats must be positive")
+        guard batch > 0, sampleCount > 0, threads > 0, repeats > 0, sequenceLength > 1 else {
+            throw ValidationError("--batch, --samples, --threads and --repeats must be positive, and --sequence-length at least 2")
         }
     }
 
     func run() async throws {
-        let shards = parallelism.shards(batch: batch, threads: threads)
+        let shards = parallelism.shards(batch: batch, threads: threads, recurrent: model == .charLSTM)
         GEMM.setThreads(shards > 1 ? 1 : threads)
         if let backend { try GEMM.setBackend(backend) }
 
-        let dataset = try SyntheticClassification(count: samples, features: 784, classes: 10, seed: seed)
-        let network = try Model(name: "mlp2nn", inputShape: [784], seed: seed) {
-            Dense(units: 200)
-            ReLU()
-            Dense(units: 200)
-            ReLU()
-            Dense(units: 10)
-            Softmax()
+        let samples = sampleCount
+        let dataset: any Dataset
+        let datasetBytes: Int
+        let network: Model
+        switch model {
+        case .mlp2nn:
+            let data = try SyntheticClassification(count: samples, features: 784, classes: 10, seed: seed)
+            (dataset, datasetBytes) = (data, data.byteCount)
+            network = try Model(name: "mlp2nn", inputShape: [784], seed: seed) {
+                Dense(units: 200)
+                ReLU()
+                Dense(units: 200)
+                ReLU()
+                Dense(units: 10)
+                Softmax()
+            }
+        case .charLSTM:
+            let (vocabulary, width, units) = Self.characterModel
+            var random = OrchardRandom(seed: seed ^ 0x5EED)
+            let count = samples * sequenceLength
+            let x = Tensor(shape: [samples, sequenceLength], scalars: (0..<count).map { _ in Float(random.nextInt(below: vocabulary)) })
+            let y = Tensor(shape: [samples, sequenceLength], scalars: (0..<count).map { _ in Float(random.nextInt(below: vocabulary)) })
+            (dataset, datasetBytes) = (try TensorDataset(inputs: ["chars": x], targets: y), 2 * count * MemoryLayout<Float>.stride)
+            network = try Model(
+                name: "char-lstm", inputs: [InputSpec(name: "chars", shape: [sequenceLength], categorical: true)],
+                layers: [
+                    Embedding(vocabularySize: vocabulary, embeddingSize: width), Reshape([sequenceLength, width]),
+                    LSTM(units: units, returnSequences: true), Dense(units: vocabulary), Softmax(),
+                ], seed: seed)
         }
         let trainer = try Trainer(
             model: network,
@@ -112,7 +150,7 @@ struct BenchTrain: AsyncParsableCommand {
         }
         seconds.sort()
         let median = seconds[seconds.count / 2]
-        let datasetMiB = Double(dataset.byteCount) / PeakMemory.bytesPerMiB
+        let datasetMiB = Double(datasetBytes) / PeakMemory.bytesPerMiB
         let peak = PeakMemory.residentMiB()
         try JSONLine.write(
             Result(

@@ -88,6 +88,9 @@ import Testing
             label: "embedding, reshape, gru, dense over the last axis, per-step cross-entropy with padding",
             inputs: [InputSpec(name: "input", shape: [4], categorical: true)], loss: .crossEntropy
         ) { [Embedding(vocabularySize: 4, embeddingSize: 3), Reshape([4, 3]), GRU(units: 3, returnSequences: true), Dense(units: 4), Softmax()] },
+        Case(label: "wide input, narrow gru (more features than gate rows)", inputs: [InputSpec(name: "input", shape: [3, 20])], loss: .meanSquaredError) {
+            [Conv1D(filters: 3, kernelSize: 1), GRU(units: 2), Dense(units: 2)]
+        },
         Case(label: "per-step cross-entropy on logits", inputs: steps, loss: .crossEntropy) {
             [LSTM(units: 3, returnSequences: true, cifg: true), Dense(units: 5)]
         },

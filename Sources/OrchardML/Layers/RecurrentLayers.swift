@@ -91,8 +91,8 @@ extension RecurrentLayer {
         let shape = RecurrentShape(cell: cell, batch: batch, steps: steps, inputSize: inputSize, hidden: units, returnSequences: returnSequences)
         var out = Tensor(shape: returnSequences ? [batch, steps, units] : [batch, units])
         guard batch > 0 else { return out }
-        var scratch = [Float](repeating: 0, count: batch * RecurrentShape.scratchPerSample(cell: cell, steps: steps, hidden: units))
-        var step = [Float](repeating: 0, count: batch * RecurrentShape.stepScratchPerSample(cell: cell, hidden: units))
+        var scratch = [Float](repeating: 0, count: batch * RecurrentShape.scratchPerSample(cell: cell, steps: steps, inputSize: inputSize, hidden: units))
+        var step = [Float](repeating: 0, count: batch * RecurrentShape.stepScratchPerSample(cell: cell, steps: steps, inputSize: inputSize, hidden: units))
         // The parameters in one buffer, as the training plan holds them.
         let suffixes = ["weight_ih", "weight_hh"] + (useBias ? ["bias_ih", "bias_hh"] : [])
         var packed: [Float] = []
@@ -101,6 +101,9 @@ extension RecurrentLayer {
             offsets.append(packed.count)
             packed += storage[suffix]?.scalars ?? []
         }
+        // Then room for the transposed weights.
+        offsets.append(packed.count)
+        packed += [Float](repeating: 0, count: RecurrentShape.transposedCount(cell: cell, inputSize: inputSize, hidden: units))
         input.withUnsafeBufferPointer { x in
             out.withUnsafeMutableBufferPointer { y in
                 scratch.withUnsafeMutableBufferPointer { s in
@@ -108,8 +111,8 @@ extension RecurrentLayer {
                         packed.withUnsafeMutableBufferPointer { all in
                             let base = all.baseAddress!
                             let parameters = RecurrentParameters(
-                                weightIH: base + offsets[0], weightHH: base + offsets[1], biasIH: useBias ? base + offsets[2] : nil,
-                                biasHH: useBias ? base + offsets[3] : nil)
+                                weightIH: base + offsets[0], weightHH: base + offsets[1], transposed: base + offsets.last!,
+                                biasIH: useBias ? base + offsets[2] : nil, biasHH: useBias ? base + offsets[3] : nil)
                             Ops.recurrentForward(
                                 shape, x: x.baseAddress!, parameters: parameters, scratch: s.baseAddress!, step: stepBuffer.baseAddress!, y: y.baseAddress!)
                         }

@@ -32,17 +32,24 @@ struct RecurrentShape {
     /// The width of a step's gate row, `gates × hidden`.
     var gateWidth: Int { gates * hidden }
 
-    /// Floats of scratch a training pass keeps per sample (activations of every step, for back-propagation through
-    /// time): the gate activations, the hidden states, and the cells (LSTM) or the recurrent candidate term (GRU).
-    static func scratchPerSample(cell: Cell, steps: Int, hidden: Int) -> Int {
+    /// Floats of scratch a training pass keeps per sample (for back-propagation through time), step-major: the input
+    /// (`[steps, batch, inputSize]`), every step's gate activations, hidden states, and cells (LSTM) or the recurrent
+    /// candidate term (GRU).
+    static func scratchPerSample(cell: Cell, steps: Int, inputSize: Int, hidden: Int) -> Int {
         let gates = cell == .lstm ? 4 : 3
-        return steps * (gates * hidden + 2 * hidden)
+        return steps * (inputSize + gates * hidden + 2 * hidden)
     }
 
-    /// Floats of per-step scratch a backward pass needs per sample: two gate-gradient rows and two state rows.
-    static func stepScratchPerSample(cell: Cell, hidden: Int) -> Int {
+    /// Floats of room for the transposed weights (``RecurrentParameters/transposed``).
+    static func transposedCount(cell: Cell, inputSize: Int, hidden: Int) -> Int {
+        (cell == .lstm ? 4 : 3) * hidden * (inputSize + hidden)
+    }
+
+    /// Floats of working space a pass needs per sample: every step's gate gradients on the input side, then those of
+    /// the recurrent side (room enough for the step-major input gradient too), three state rows and one gate row.
+    static func stepScratchPerSample(cell: Cell, steps: Int, inputSize: Int, hidden: Int) -> Int {
         let gates = cell == .lstm ? 4 : 3
-        return 2 * gates * hidden + 3 * hidden
+        return steps * gates * hidden + steps * max(gates * hidden, inputSize) + 3 * hidden + gates * hidden
     }
 }
 
@@ -51,6 +58,9 @@ struct RecurrentShape {
 struct RecurrentParameters {
     var weightIH: UnsafeMutablePointer<Float>
     var weightHH: UnsafeMutablePointer<Float>
+    /// Room for the weights transposed (`[features, gates × units]` then `[units, gates × units]`), which the forward
+    /// pass writes: its products are then `A · B`, which the wide kernels run best at a short batch.
+    var transposed: UnsafeMutablePointer<Float>
     var biasIH: UnsafeMutablePointer<Float>?
     var biasHH: UnsafeMutablePointer<Float>?
     var weightIHGradient: UnsafeMutablePointer<Float>?
@@ -60,82 +70,165 @@ struct RecurrentParameters {
 }
 
 extension Ops {
-    @inline(__always)
-    static func sigmoid(_ x: Float) -> Float { 1 / (1 + expf(-x)) }
+    typealias V8 = SIMD8<Float>
 
-    /// The pass forward through time. `scratch` holds ``RecurrentShape/scratchPerSample(cell:steps:hidden:)`` floats
-    /// per sample, laid out step-major: every step's gate activations `[steps, batch, gateWidth]`, hidden states
-    /// `[steps, batch, hidden]`, then cells (LSTM, CIFG) or the GRU's `W_hn h + b_hn` `[steps, batch, hidden]`;
-    /// ``recurrentBackward(_:x:parameters:scratch:step:dy:dx:accumulateDx:)`` reads them back. `step` is the per-step
-    /// scratch (``RecurrentShape/stepScratchPerSample(cell:hidden:)`` floats per sample).
+    /// `e^x` for eight lanes: Cephes' range reduction and polynomial, about 1 ulp (inputs clamped to ±87, where
+    /// Float's exponent ends).
+    @inline(__always)
+    static func exp(_ x: V8) -> V8 {
+        var clamped = x
+        clamped.replace(with: -87, where: x .< -87)
+        clamped.replace(with: 87, where: x .> 87)
+        // Adding 1.5 × 2²³ rounds to an integer held in the low mantissa bits.
+        let magic = V8(repeating: 12_582_912)
+        let shifted = clamped * 1.442_695_040_888_963_4 + magic
+        let n = shifted - magic
+        var r = clamped - n * 0.693_359_375
+        r = r - n * -2.121_944_40e-4
+        var p = V8(repeating: 1.987_569_150_0e-4)
+        p = p * r + 1.398_199_950_7e-3
+        p = p * r + 8.333_451_907_3e-3
+        p = p * r + 4.166_579_589_4e-2
+        p = p * r + 1.666_666_545_9e-1
+        p = p * r + 5.000_000_120_1e-1
+        let e = p * (r * r) + r + 1
+        let bits = (unsafeBitCast(shifted, to: SIMD8<UInt32>.self) &- unsafeBitCast(magic, to: SIMD8<UInt32>.self) &+ 127) &<< 23
+        return e * unsafeBitCast(bits, to: V8.self)
+    }
+
+    @inline(__always) static func sigmoid(_ x: V8) -> V8 { 1 / (1 + exp(-x)) }
+    @inline(__always) static func tanh(_ x: V8) -> V8 { 1 - 2 / (exp(2 * x) + 1) }
+
+    @inline(__always) static func load(_ p: CPtr) -> V8 { UnsafeRawPointer(p).loadUnaligned(as: V8.self) }
+    @inline(__always) static func store(_ v: V8, _ p: Ptr) { UnsafeMutableRawPointer(p).storeBytes(of: v, as: V8.self) }
+
+    /// Applies `f` in place to `count` values, eight at a time (the tail through a padded vector, so every value
+    /// goes through the same arithmetic).
+    @inline(__always)
+    static func mapInPlace(_ p: Ptr, _ count: Int, _ f: (V8) -> V8) {
+        var j = 0
+        while j + 8 <= count {
+            store(f(load(p + j)), p + j)
+            j += 8
+        }
+        if j < count {
+            var v = V8()
+            for k in 0..<(count - j) { v[k] = p[j + k] }
+            let out = f(v)
+            for k in 0..<(count - j) { p[j + k] = out[k] }
+        }
+    }
+
+    /// Runs `body(j, width)` over `0..<count` in chunks of eight and one shorter tail; `body` reads and writes
+    /// `width` lanes at `j` (a tail loads padded vectors).
+    @inline(__always)
+    static func lanes(_ count: Int, _ body: (Int, Int) -> Void) {
+        var j = 0
+        while j + 8 <= count {
+            body(j, 8)
+            j += 8
+        }
+        if j < count { body(j, count - j) }
+    }
+
+    @inline(__always) static func load(_ p: CPtr, _ width: Int) -> V8 {
+        if width == 8 { return load(p) }
+        var v = V8()
+        for k in 0..<width { v[k] = p[k] }
+        return v
+    }
+
+    @inline(__always) static func store(_ v: V8, _ p: Ptr, _ width: Int) {
+        if width == 8 { return store(v, p) }
+        for k in 0..<width { p[k] = v[k] }
+    }
+
+    /// The pass forward through time. `scratch` holds ``RecurrentShape/scratchPerSample(cell:steps:inputSize:hidden:)``
+    /// floats per sample: the step-major input, every step's gate activations, hidden states, and cells (LSTM, CIFG)
+    /// or the GRU's `W_hn h + b_hn`; ``recurrentBackward(_:x:parameters:scratch:step:dy:dx:accumulateDx:)`` reads
+    /// them back. `step` is working space (``RecurrentShape/stepScratchPerSample(cell:steps:inputSize:hidden:)`` per sample).
+    /// The input projection of every step is one matrix product; only the recurrent one runs step by step.
     static func recurrentForward(_ s: RecurrentShape, x: CPtr, parameters p: RecurrentParameters, scratch: Ptr, step: Ptr, y: Ptr) {
-        let (b, h, g) = (s.batch, s.hidden, s.gateWidth)
-        let acts = scratch
-        let states = scratch + s.steps * b * g
-        let extra = states + s.steps * b * h
-        for t in 0..<s.steps {
+        let (b, h, g, n, steps) = (s.batch, s.hidden, s.gateWidth, s.inputSize, s.steps)
+        let xs = scratch
+        let acts = xs + steps * b * n
+        let states = acts + steps * b * g
+        let extra = states + steps * b * h
+        // The input, step-major: each step's rows side by side.
+        for t in 0..<steps {
+            for r in 0..<b { (xs + (t * b + r) * n).update(from: x + (r * steps + t) * n, count: n) }
+        }
+        let weightIHT = p.transposed, weightHHT = p.transposed + n * g
+        transpose(p.weightIH, rows: g, columns: n, into: weightIHT)
+        transpose(p.weightHH, rows: g, columns: h, into: weightHHT)
+        GEMM.multiply(m: steps * b, n: g, k: n, a: xs, lda: n, b: weightIHT, ldb: g, c: acts, ldc: g)
+        if let bias = p.biasIH { addRowVector(rows: steps * b, width: g, vector: bias, into: acts) }
+        if s.cell != .gru, let bias = p.biasHH { addRowVector(rows: steps * b, width: g, vector: bias, into: acts) }
+        let recurrent = step  // [b, g]: the GRU's h W_hhᵀ + b_hh
+        for t in 0..<steps {
             let a = acts + t * b * g
             let state = states + t * b * h
             let other = extra + t * b * h
             let previous: CPtr? = t == 0 ? nil : CPtr(states + (t - 1) * b * h)
             let previousCell: CPtr? = t == 0 ? nil : CPtr(extra + (t - 1) * b * h)
-            // x_t W_ihᵀ + b_ih for the batch (x_t's rows are a stride of steps × inputSize apart).
-            GEMM.multiply(
-                transposeB: true, m: b, n: g, k: s.inputSize, a: x + t * s.inputSize, lda: s.steps * s.inputSize, b: p.weightIH, ldb: s.inputSize, c: a, ldc: g)
-            if let bias = p.biasIH { addRowVector(rows: b, width: g, vector: bias, into: a) }
             switch s.cell {
             case .lstm, .cifg:
-                if let previous {
-                    GEMM.multiply(transposeB: true, m: b, n: g, k: h, a: previous, lda: h, b: p.weightHH, ldb: h, beta: 1, c: a, ldc: g)
-                }
-                if let bias = p.biasHH { addRowVector(rows: b, width: g, vector: bias, into: a) }
+                if let previous { GEMM.multiply(m: b, n: g, k: h, a: previous, lda: h, b: weightHHT, ldb: g, beta: 1, c: a, ldc: g) }
+                let lstm = s.cell == .lstm
                 for r in 0..<b {
                     let row = a + r * g
-                    for j in 0..<h {
-                        let cPrevious = previousCell.map { $0[r * h + j] } ?? 0
-                        let c: Float
-                        let o: Float
-                        if s.cell == .lstm {
-                            let i = sigmoid(row[j]), f = sigmoid(row[h + j]), gg = tanhf(row[2 * h + j])
-                            o = sigmoid(row[3 * h + j])
-                            (row[j], row[h + j], row[2 * h + j], row[3 * h + j]) = (i, f, gg, o)
-                            c = f * cPrevious + i * gg
-                        } else {
-                            let i = sigmoid(row[j]), gg = tanhf(row[h + j])
-                            o = sigmoid(row[2 * h + j])
-                            (row[j], row[h + j], row[2 * h + j]) = (i, gg, o)
-                            c = (1 - i) * cPrevious + i * gg
-                        }
-                        other[r * h + j] = c
-                        state[r * h + j] = o * tanhf(c)
+                    // LSTM rows: i, f, g, o; CIFG rows: i, g, o.
+                    let (input, forget, candidate, output) = lstm ? (row, row + h, row + 2 * h, row + 3 * h) : (row, row, row + h, row + 2 * h)
+                    mapInPlace(input, h, sigmoid)
+                    if lstm { mapInPlace(forget, h, sigmoid) }
+                    mapInPlace(candidate, h, tanh)
+                    mapInPlace(output, h, sigmoid)
+                    lanes(h) { j, w in
+                        let i = load(input + j, w), gg = load(candidate + j, w), o = load(output + j, w)
+                        let f = lstm ? load(forget + j, w) : 1 - i
+                        let cPrevious = previousCell.map { load($0 + r * h + j, w) } ?? V8()
+                        let c = f * cPrevious + i * gg
+                        store(c, other + r * h + j, w)
+                        store(o * tanh(c), state + r * h + j, w)
                     }
                 }
             case .gru:
-                // The recurrent term h_{t−1} W_hhᵀ + b_hh: its r and z parts join the input's; its n part is kept (it is
-                // multiplied by r).
-                let recurrent = step
                 if let previous {
-                    GEMM.multiply(transposeB: true, m: b, n: g, k: h, a: previous, lda: h, b: p.weightHH, ldb: h, c: recurrent, ldc: g)
+                    GEMM.multiply(m: b, n: g, k: h, a: previous, lda: h, b: weightHHT, ldb: g, c: recurrent, ldc: g)
                 } else {
                     recurrent.update(repeating: 0, count: b * g)
                 }
                 if let bias = p.biasHH { addRowVector(rows: b, width: g, vector: bias, into: recurrent) }
                 for r in 0..<b {
-                    for j in 0..<h {
-                        let row = a + r * g
-                        let sums = recurrent + r * g
-                        let reset = sigmoid(row[j] + sums[j])
-                        let update = sigmoid(row[h + j] + sums[h + j])
-                        let candidate = tanhf(row[2 * h + j] + reset * sums[2 * h + j])
-                        (row[j], row[h + j], row[2 * h + j]) = (reset, update, candidate)
-                        other[r * h + j] = sums[2 * h + j]
-                        let hPrevious = previous.map { $0[r * h + j] } ?? 0
-                        state[r * h + j] = (1 - update) * candidate + update * hPrevious
+                    let row = a + r * g, sums = recurrent + r * g
+                    lanes(h) { j, w in
+                        let reset = sigmoid(load(row + j, w) + load(sums + j, w))
+                        let update = sigmoid(load(row + h + j, w) + load(sums + h + j, w))
+                        let hn = load(sums + 2 * h + j, w)
+                        let candidate = tanh(load(row + 2 * h + j, w) + reset * hn)
+                        store(reset, row + j, w)
+                        store(update, row + h + j, w)
+                        store(candidate, row + 2 * h + j, w)
+                        store(hn, other + r * h + j, w)
+                        let hPrevious = previous.map { load($0 + r * h + j, w) } ?? V8()
+                        store((1 - update) * candidate + update * hPrevious, state + r * h + j, w)
                     }
                 }
             }
         }
         copyRecurrentOutput(s, states: states, y: y)
+    }
+
+    /// `out = mᵀ` for a row-major `rows × columns` matrix, in blocks that stay in cache.
+    static func transpose(_ m: CPtr, rows: Int, columns: Int, into out: Ptr) {
+        let block = 32
+        for r0 in stride(from: 0, to: rows, by: block) {
+            for c0 in stride(from: 0, to: columns, by: block) {
+                for r in r0..<min(r0 + block, rows) {
+                    for c in c0..<min(c0 + block, columns) { out[c * rows + r] = m[r * columns + c] }
+                }
+            }
+        }
     }
 
     /// The layer's output from the hidden states: every step's, batch-first, or the last step's.
@@ -151,124 +244,126 @@ extension Ops {
     }
 
     /// Back-propagation through time: the parameter gradients (overwritten; none for a frozen layer) and, with `dx`,
-    /// the input gradient (`accumulateDx` adds to it). `step` holds
-    /// ``RecurrentShape/stepScratchPerSample(cell:hidden:)`` floats per sample.
+    /// the input gradient (`accumulateDx` adds to it). The gate gradients of every step are kept, so the weight
+    /// gradients and the input gradient are one matrix product each over all steps; only the gradient reaching the
+    /// previous hidden state runs step by step.
     static func recurrentBackward(
         _ s: RecurrentShape, x: CPtr, parameters p: RecurrentParameters, scratch: CPtr, step: Ptr, dy: CPtr, dx: Ptr?, accumulateDx: Bool
     ) {
-        let (b, h, g, n) = (s.batch, s.hidden, s.gateWidth, s.inputSize)
-        let acts = scratch
-        let states = scratch + s.steps * b * g
-        let extra = states + s.steps * b * h
-        let dInput = step  // [b, g]: the gradient of the input-side pre-activations
-        let dRecurrent = step + b * g  // [b, g]: of the recurrent-side ones (the GRU's differ in n)
-        let dh = dRecurrent + b * g  // [b, h]: the gradient reaching h_t
-        let dc = dh + b * h  // [b, h]: reaching c_t (LSTM, CIFG)
-        let dhNext = dc + b * h  // [b, h]: reaching h_{t-1} through the recurrence
+        let (b, h, g, n, steps) = (s.batch, s.hidden, s.gateWidth, s.inputSize, s.steps)
+        let xs = scratch
+        let acts = xs + steps * b * n
+        let states = acts + steps * b * g
+        let extra = states + steps * b * h
+        let dInputs = step  // [steps, b, g]: gradients of the input-side pre-activations
+        let dRecurrents = step + steps * b * g  // [steps, b, g]: of the recurrent side (the GRU's differ in n)
+        let dh = dRecurrents + steps * b * max(g, n)  // [b, h]: the gradient reaching h_t
+        let dc = dh + b * h  // [b, h]: reaching c_t (LSTM, CIFG); the GRU's direct path to h_{t−1}
+        let dhNext = dc + b * h  // [b, h]: reaching h_{t−1} through the recurrence
         dhNext.update(repeating: 0, count: b * h)
         dc.update(repeating: 0, count: b * h)
-        p.weightIHGradient?.update(repeating: 0, count: g * n)
-        p.weightHHGradient?.update(repeating: 0, count: g * h)
-        p.biasIHGradient?.update(repeating: 0, count: g)
-        p.biasHHGradient?.update(repeating: 0, count: g)
-        if let dx, !accumulateDx { dx.update(repeating: 0, count: b * s.steps * n) }
-        for t in stride(from: s.steps - 1, through: 0, by: -1) {
+        for t in stride(from: steps - 1, through: 0, by: -1) {
             let a = acts + t * b * g
             let other = extra + t * b * h
             let previous: CPtr? = t == 0 ? nil : states + (t - 1) * b * h
             let previousCell: CPtr? = t == 0 ? nil : extra + (t - 1) * b * h
+            let dInput = dInputs + t * b * g
             // The gradient reaching h_t: from the output and from step t + 1.
             for r in 0..<b {
-                for j in 0..<h {
-                    var value = dhNext[r * h + j]
-                    if s.returnSequences {
-                        value += dy[(r * s.steps + t) * h + j]
-                    } else if t == s.steps - 1 {
-                        value += dy[r * h + j]
-                    }
-                    dh[r * h + j] = value
+                let out: CPtr? = s.returnSequences ? dy + (r * steps + t) * h : (t == steps - 1 ? dy + r * h : nil)
+                lanes(h) { j, w in
+                    var value = load(dhNext + r * h + j, w)
+                    if let out { value += load(out + j, w) }
+                    store(value, dh + r * h + j, w)
                 }
             }
             switch s.cell {
             case .lstm, .cifg:
+                let lstm = s.cell == .lstm
                 for r in 0..<b {
-                    let row = a + r * g
-                    let dRow = dInput + r * g
-                    for j in 0..<h {
-                        let c = other[r * h + j]
-                        let tc = tanhf(c)
-                        let cPrevious = previousCell.map { $0[r * h + j] } ?? 0
-                        let i: Float, f: Float, gg: Float, o: Float
-                        if s.cell == .lstm {
-                            (i, f, gg, o) = (row[j], row[h + j], row[2 * h + j], row[3 * h + j])
-                        } else {
-                            (i, gg, o) = (row[j], row[h + j], row[2 * h + j])
-                            f = 1 - i
-                        }
-                        let dhValue = dh[r * h + j]
-                        let dcValue = dc[r * h + j] + dhValue * o * (1 - tc * tc)
-                        let dO = dhValue * tc
-                        let dG = dcValue * i
-                        if s.cell == .lstm {
-                            dRow[j] = dcValue * gg * i * (1 - i)
-                            dRow[h + j] = dcValue * cPrevious * f * (1 - f)
-                            dRow[2 * h + j] = dG * (1 - gg * gg)
-                            dRow[3 * h + j] = dO * o * (1 - o)
+                    let row = a + r * g, dRow = dInput + r * g
+                    let (input, forget, candidate, output) = lstm ? (row, row + h, row + 2 * h, row + 3 * h) : (row, row, row + h, row + 2 * h)
+                    lanes(h) { j, w in
+                        let c = load(other + r * h + j, w)
+                        let tc = tanh(c)
+                        let cPrevious = previousCell.map { load($0 + r * h + j, w) } ?? V8()
+                        let i = load(input + j, w), gg = load(candidate + j, w), o = load(output + j, w)
+                        let f = lstm ? load(forget + j, w) : 1 - i
+                        let dhValue = load(dh + r * h + j, w)
+                        let dcValue = load(dc + r * h + j, w) + dhValue * o * (1 - tc * tc)
+                        let dO = dhValue * tc * o * (1 - o)
+                        let dG = dcValue * i * (1 - gg * gg)
+                        if lstm {
+                            store(dcValue * gg * i * (1 - i), dRow + j, w)
+                            store(dcValue * cPrevious * f * (1 - f), dRow + h + j, w)
+                            store(dG, dRow + 2 * h + j, w)
+                            store(dO, dRow + 3 * h + j, w)
                         } else {
                             // f = 1 − i: the forget path's gradient reaches i with the opposite sign.
-                            dRow[j] = dcValue * (gg - cPrevious) * i * (1 - i)
-                            dRow[h + j] = dG * (1 - gg * gg)
-                            dRow[2 * h + j] = dO * o * (1 - o)
+                            store(dcValue * (gg - cPrevious) * i * (1 - i), dRow + j, w)
+                            store(dG, dRow + h + j, w)
+                            store(dO, dRow + 2 * h + j, w)
                         }
-                        dc[r * h + j] = dcValue * f
+                        store(dcValue * f, dc + r * h + j, w)
                     }
                 }
-                accumulateRecurrentGradients(s, t: t, x: x, previous: previous, dInput: dInput, dRecurrent: dInput, parameters: p)
-                if let dx { GEMM.multiply(m: b, n: n, k: g, a: dInput, lda: g, b: p.weightIH, ldb: n, beta: 1, c: dx + t * n, ldc: s.steps * n) }
                 if t > 0 { GEMM.multiply(m: b, n: h, k: g, a: dInput, lda: g, b: p.weightHH, ldb: h, c: dhNext, ldc: h) }
             case .gru:
+                let dRecurrent = dRecurrents + t * b * g
                 for r in 0..<b {
-                    let row = a + r * g
-                    let dRow = dInput + r * g
-                    let dRecurrentRow = dRecurrent + r * g
-                    for j in 0..<h {
-                        let (reset, update, candidate) = (row[j], row[h + j], row[2 * h + j])
-                        let hPrevious = previous.map { $0[r * h + j] } ?? 0
-                        let dhValue = dh[r * h + j]
+                    let row = a + r * g, dRow = dInput + r * g, dRecurrentRow = dRecurrent + r * g
+                    lanes(h) { j, w in
+                        let reset = load(row + j, w), update = load(row + h + j, w), candidate = load(row + 2 * h + j, w)
+                        let hPrevious = previous.map { load($0 + r * h + j, w) } ?? V8()
+                        let dhValue = load(dh + r * h + j, w)
                         let dCandidate = dhValue * (1 - update) * (1 - candidate * candidate)
                         let dUpdate = dhValue * (hPrevious - candidate) * update * (1 - update)
-                        let dReset = dCandidate * other[r * h + j] * reset * (1 - reset)
-                        (dRow[j], dRow[h + j], dRow[2 * h + j]) = (dReset, dUpdate, dCandidate)
-                        (dRecurrentRow[j], dRecurrentRow[h + j], dRecurrentRow[2 * h + j]) = (dReset, dUpdate, dCandidate * reset)
+                        let dReset = dCandidate * load(other + r * h + j, w) * reset * (1 - reset)
+                        store(dReset, dRow + j, w)
+                        store(dUpdate, dRow + h + j, w)
+                        store(dCandidate, dRow + 2 * h + j, w)
+                        store(dReset, dRecurrentRow + j, w)
+                        store(dUpdate, dRecurrentRow + h + j, w)
+                        store(dCandidate * reset, dRecurrentRow + 2 * h + j, w)
                         // The direct path h' = … + z h.
-                        dc[r * h + j] = dhValue * update
+                        store(dhValue * update, dc + r * h + j, w)
                     }
                 }
-                accumulateRecurrentGradients(s, t: t, x: x, previous: previous, dInput: dInput, dRecurrent: dRecurrent, parameters: p)
-                if let dx { GEMM.multiply(m: b, n: n, k: g, a: dInput, lda: g, b: p.weightIH, ldb: n, beta: 1, c: dx + t * n, ldc: s.steps * n) }
                 if t > 0 {
                     dhNext.update(from: dc, count: b * h)
                     GEMM.multiply(m: b, n: h, k: g, a: dRecurrent, lda: g, b: p.weightHH, ldb: h, beta: 1, c: dhNext, ldc: h)
                 }
             }
         }
-    }
-
-    /// Adds step `t`'s parameter gradients: `dInputᵀ x_t` and `dRecurrentᵀ h_{t−1}` to the weights, the rows' sums to
-    /// the biases.
-    private static func accumulateRecurrentGradients(
-        _ s: RecurrentShape, t: Int, x: CPtr, previous: CPtr?, dInput: CPtr, dRecurrent: CPtr, parameters p: RecurrentParameters
-    ) {
-        let (b, h, g, n) = (s.batch, s.hidden, s.gateWidth, s.inputSize)
+        // Over every step at once: the weight and bias gradients, and the input's.
+        let dRecurrentAll = s.cell == .gru ? CPtr(dRecurrents) : CPtr(dInputs)
         if let gradient = p.weightIHGradient {
-            GEMM.multiply(transposeA: true, m: g, n: n, k: b, a: dInput, lda: g, b: x + t * n, ldb: s.steps * n, beta: 1, c: gradient, ldc: n)
+            GEMM.multiply(transposeA: true, m: g, n: n, k: steps * b, a: dInputs, lda: g, b: xs, ldb: n, c: gradient, ldc: n)
         }
-        if let gradient = p.weightHHGradient, let previous {
-            GEMM.multiply(transposeA: true, m: g, n: h, k: b, a: dRecurrent, lda: g, b: previous, ldb: h, beta: 1, c: gradient, ldc: h)
+        if let gradient = p.weightHHGradient {
+            if steps > 1 {
+                GEMM.multiply(
+                    transposeA: true, m: g, n: h, k: (steps - 1) * b, a: dRecurrentAll + b * g, lda: g, b: states, ldb: h, c: gradient, ldc: h)
+            } else {
+                gradient.update(repeating: 0, count: g * h)
+            }
         }
-        for r in 0..<b {
-            if let gradient = p.biasIHGradient { for j in 0..<g { gradient[j] += dInput[r * g + j] } }
-            if let gradient = p.biasHHGradient { for j in 0..<g { gradient[j] += dRecurrent[r * g + j] } }
+        if let gradient = p.biasIHGradient { sumRows(rows: steps * b, width: g, source: dInputs, into: gradient) }
+        if let gradient = p.biasHHGradient { sumRows(rows: steps * b, width: g, source: dRecurrentAll, into: gradient) }
+        if let dx {
+            // dInputs W_ih, step-major, into the working space the recurrent gradients are done with, then batch-first.
+            let dxs = dRecurrents
+            GEMM.multiply(m: steps * b, n: n, k: g, a: dInputs, lda: g, b: p.weightIH, ldb: n, c: dxs, ldc: n)
+            for t in 0..<steps {
+                for r in 0..<b {
+                    let source = dxs + (t * b + r) * n, target = dx + (r * steps + t) * n
+                    if accumulateDx {
+                        for k in 0..<n { target[k] += source[k] }
+                    } else {
+                        target.update(from: source, count: n)
+                    }
+                }
+            }
         }
     }
 }

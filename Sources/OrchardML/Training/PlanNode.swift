@@ -96,7 +96,9 @@ final class PlanNode {
             }
             let biasIH = offset("bias_ih"), biasHH = offset("bias_hh")
             let p = RecurrentParameters(
-                weightIH: parameters + weightIH, weightHH: parameters + weightHH, biasIH: biasIH.map { parameters + $0 },
+                weightIH: parameters + weightIH, weightHH: parameters + weightHH,
+                transposed: allocate(RecurrentShape.transposedCount(cell: l.cell, inputSize: inputShapes[0][1], hidden: l.units)),
+                biasIH: biasIH.map { parameters + $0 },
                 biasHH: biasHH.map { parameters + $0 }, weightIHGradient: trains ? gradients + weightIH : nil,
                 weightHHGradient: trains ? gradients + weightHH : nil, biasIHGradient: trains ? biasIH.map { gradients + $0 } : nil,
                 biasHHGradient: trains ? biasHH.map { gradients + $0 } : nil)
@@ -104,8 +106,11 @@ final class PlanNode {
                 cell: l.cell, batch: batchCapacity, steps: inputShapes[0][0], inputSize: inputShapes[0][1], hidden: l.units,
                 returnSequences: l.returnSequences)
             kind = .recurrent(
-                shape, p, scratch: allocate(batchCapacity * RecurrentShape.scratchPerSample(cell: l.cell, steps: shape.steps, hidden: l.units)),
-                step: allocate(batchCapacity * RecurrentShape.stepScratchPerSample(cell: l.cell, hidden: l.units)))
+                shape, p,
+                scratch: allocate(
+                    batchCapacity * RecurrentShape.scratchPerSample(cell: l.cell, steps: shape.steps, inputSize: shape.inputSize, hidden: l.units)),
+                step: allocate(
+                    batchCapacity * RecurrentShape.stepScratchPerSample(cell: l.cell, steps: shape.steps, inputSize: shape.inputSize, hidden: l.units)))
         default:
             throw EngineError(.invalidModel, "layer '\(layer.name)' of type \(layer.type) cannot be trained")
         }
