@@ -74,7 +74,7 @@ struct BenchTrain: AsyncParsableCommand {
 
     @Option(
         help:
-            "How the threads share a step: batch parts side by side, or each matrix product on all of them (automatic: batch parts when each gets at least 16 samples)."
+            "How the threads share a step: batch parts side by side, or each matrix product on all of them (automatic: batch parts when each gets at least 16 samples, or 1 for a recurrent model)."
     )
     var parallelism: Parallelism = .automatic
 

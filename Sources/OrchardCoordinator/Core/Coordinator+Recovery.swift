@@ -115,6 +115,8 @@ extension Coordinator {
             optimizer: optimizer, authenticator: authenticator, currentKeys: keys, previousKeys: []
         )
         runtimes[process.id]?.privacy = privacy
+        loadsDone += 1
+        runtimes[process.id]?.generation = loadsDone
         if let ledger = privacy?.ledger { metrics.recordPrivacy(process: process, ledger: ledger) }
         if process.serverConfig.authentication.mode == .open {
             runtimes[process.id]?.openWorkers = try await store.workerCount(processID: process.id)

@@ -16,6 +16,9 @@ public actor Coordinator {
     /// mutates it in place: as a value in `runtimes`, every mutation would copy the running sum and the
     /// assignment table.
     final class Runtime {
+        /// Which load of the process this is (``Coordinator/loadsDone`` when it was made): a report begun on an earlier
+        /// one finds the process reloaded from the store when it commits.
+        var generation = 0
         var process: StoredProcess
         var machine: CycleStateMachine
         var layout: ModelLayout
@@ -84,6 +87,9 @@ public actor Coordinator {
         var privacyClippingNorm: Double?
         /// The largest norm a locally noised report may have (local differential privacy), if any.
         var localNormCeiling: Double?
+        /// The request key, and the generation of the runtime the report began on.
+        var requestKey = ""
+        var generation = 0
     }
 
     /// A model download.
@@ -114,6 +120,11 @@ public actor Coordinator {
     /// Over a shared store, processes whose cycle transition was asked for outside their secure-aggregation lock and
     /// left to the next step that holds it (``perform(_:processID:combined:)``).
     var deferredSecure: Set<String> = []
+    /// Processes loaded from the store so far (each runtime's ``Runtime/generation``).
+    var loadsDone = 0
+    /// Runs between a report's commit in the store and its count here (tests: something that happens to the process in
+    /// that moment, such as a reload).
+    var reportRecordedHook: (@Sendable (String) async -> Void)?
     /// The process whose secure-aggregation lock the current task holds over a shared store, if any.
     @TaskLocal static var secureLockHolder: String?
     /// Processes whose cycle transition is being carried out (``perform(_:processID:combined:)``): over a shared store

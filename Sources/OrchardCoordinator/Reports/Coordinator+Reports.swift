@@ -97,7 +97,8 @@ extension Coordinator {
                 processID: processID, cycle: cycle, layout: runtime.layout, maximumSampleCount: server.maximumSampleCount,
                 updateNormBound: server.updateNormBound, updateNormPolicy: server.updateNormPolicy,
                 privacyClippingNorm: runtime.privacy.flatMap { $0.mechanism.serverClippingNorm($0.ledger) },
-                localNormCeiling: runtime.privacy?.mechanism.localNormCeiling(dimension: runtime.layout.trainableCount)
+                localNormCeiling: runtime.privacy?.mechanism.localNormCeiling(dimension: runtime.layout.trainableCount),
+                requestKey: metadata.requestKey, generation: runtime.generation
             )
         }
     }
@@ -136,15 +137,24 @@ extension Coordinator {
         if let action { await perform(action, processID: ticket.processID) }
     }
 
+    /// Sets ``reportRecordedHook`` (tests).
+    func setReportRecordedHook(_ hook: (@Sendable (String) async -> Void)?) { reportRecordedHook = hook }
+
     func commitReport(_ ticket: ReportTicket, workerID: String, sampleCount: Int, unclipped: Bool, diff: any StagedDiff) async -> ReportResponse {
+        if let hook = reportRecordedHook { await hook(ticket.processID) }
         metrics.reportsAccepted.increment()
         guard let runtime = runtimes[ticket.processID], runtime.machine.cycle == ticket.cycle else {
             // The process was deleted while the report was committed; it was still acknowledged by the store.
             return ReportResponse(cycle: ticket.cycle, reportsReceived: 0, retryAfter: 0)
         }
+        // Reloaded from the store while the report was committed: the new state was read before the commit or after it.
+        // Read after, it holds the report (its diff among the pending ones folded in, its assignment reported); read
+        // before, it lacks both. Either way the report counts once.
+        let reloaded = runtime.generation != ticket.generation
+        let alreadySummed = reloaded && runtime.unfolded.contains(workerID)
         do throws(StoreError) {
             // A robust rule reads every report back from the store when the cycle closes; nothing is summed here.
-            if runtime.robust == nil {
+            if runtime.robust == nil && !alreadySummed {
                 try runtime.sum.add(diff, weight: runtime.foldWeight(sampleCount: sampleCount), unclipped: unclipped)
             }
         } catch {
@@ -159,8 +169,11 @@ extension Coordinator {
             // running sum lacks it, which is logged.
             logger.error("the running sum lacks a committed report", metadata: ["process": "\(ticket.processID)", "worker": "\(workerID)"])
         }
-        if runtime.robust == nil { runtime.unfolded.append(workerID) }
-        var action = runtime.machine.commitReport(workerID: workerID)
+        if runtime.robust == nil && !alreadySummed { runtime.unfolded.append(workerID) }
+        var action =
+            reloaded
+            ? runtime.machine.synchronize(with: [CycleStateMachine.Assignment(workerID: workerID, requestKey: ticket.requestKey, state: .reported)])
+            : runtime.machine.commitReport(workerID: workerID)
         if action == nil && store.isShared {
             // The goal counts reports at every instance.
             action = await goalReachedShared(processID: ticket.processID, cycle: ticket.cycle)

@@ -347,7 +347,11 @@ extension Coordinator {
             let action = machine.closeAdmission()
             current.machine = machine
             current.sum = accumulator.result.0
-            current.unfolded = []
+            // The combined sum holds every report committed before the seal: one whose count here is still to come
+            // (``commitReport(_:workerID:sampleCount:unclipped:diff:)``) finds it summed.
+            loadsDone += 1
+            current.generation = loadsDone
+            current.unfolded = open.assignments.filter(\.reported).map(\.workerID)
             for stored in open.assignments where processForKey[stored.requestKey] == nil {
                 processForKey[stored.requestKey] = processID
                 current.currentKeys.insert(stored.requestKey)
