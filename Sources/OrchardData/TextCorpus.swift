@@ -165,7 +165,7 @@ public struct CharacterVocabulary: Sendable, Hashable, Codable {
 /// Next-character sequences cut from a corpus: each document is encoded with a vocabulary and cut into windows of
 /// `length` + 1 characters that start `length` apart; a window's first `length` characters are the input and its last
 /// `length` the targets (each position predicts the next character). A document's last window is shorter: its input is
-/// padded with index 0 and its targets with −1 (``OrchardML/CompiledModel/paddingTarget``), which the loss and the
+/// padded with index 0 and its targets with −1 (`CompiledModel.paddingTarget`), which the loss and the
 /// metrics skip. Every sequence remembers its document, so the documents or their groups are a natural partition.
 public struct NextCharacterSequences: Sendable {
     /// The vocabulary.

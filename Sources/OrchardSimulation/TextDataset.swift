@@ -33,7 +33,7 @@ public enum KingJamesBible {
     public static let books = 66
 
     /// The installed text as `bible` prints it, one line per verse (`-l` wide enough that nothing wraps).
-    /// - Throws: ``DataError`` `unreadable` when the program is missing or fails, saying which package to install.
+    /// - Throws: `DataError` `unreadable` when the program is missing or fails, saying which package to install.
     public static func installedText(program: String = program) throws(DataError) -> String {
         guard FileManager.default.isExecutableFile(atPath: program) else {
             throw DataError(.unreadable, "\(program) is not installed: apt-get install bible-kjv (the text is in bible-kjv-text)")
@@ -73,7 +73,7 @@ public struct TextTask: Sendable {
 
     /// Cuts `corpus` into sequences of `length` and deals them by `partition`; `devices` keeps that many of the
     /// partition's owners (all of them when nil).
-    /// - Throws: ``DataError`` `invalid_argument` for more devices than the partition has owners or a bad length.
+    /// - Throws: `DataError` `invalid_argument` for more devices than the partition has owners or a bad length.
     public init(corpus: TextCorpus, length: Int, partition: TextPartition, devices count: Int?) throws(DataError) {
         let vocabulary = CharacterVocabulary(corpus: corpus)
         sequences = try NextCharacterSequences(corpus: corpus, vocabulary: vocabulary, length: length)

@@ -48,8 +48,12 @@ def swift(name, tensor):
     print(f"    static let {name}: [Double] = [{text}]")
 
 
-def report(prefix, output, loss, x, p):
+def report(prefix, output, loss, x, p, module=None):
+    """Prints the output, the loss and the parameters' gradients (a PyTorch module's `*_l0` ones when given)."""
     loss.backward()
+    if module is not None:
+        for name in p:
+            p[name].grad = getattr(module, name + "_l0").grad
     swift(f"{prefix}Output", output)
     print(f"    static let {prefix}Loss = {loss.item():.12g}")
     for name in ["weight_ih", "weight_hh", "bias_ih", "bias_hh"]:
@@ -65,15 +69,7 @@ with torch.no_grad():
     for name, value in p.items():
         getattr(lstm, name + "_l0").copy_(value)
 y, _ = lstm(x)
-loss = torch.nn.functional.mse_loss(y, target((B, T, H)))
-loss.backward()
-for name in p:
-    p[name].grad = getattr(lstm, name + "_l0").grad
-swift("lstmOutput", y)
-print(f"    static let lstmLoss = {loss.item():.12g}")
-for name in ["weight_ih", "weight_hh", "bias_ih", "bias_hh"]:
-    camel = "".join(part.capitalize() for part in name.split("_"))
-    swift(f"lstm{camel}Gradient", p[name].grad)
+report("lstm", y, torch.nn.functional.mse_loss(y, target((B, T, H))), x, p, lstm)
 
 # GRU, last step.
 x = inputs()
@@ -84,15 +80,7 @@ with torch.no_grad():
         getattr(gru, name + "_l0").copy_(value)
 y, _ = gru(x)
 last = y[:, -1, :]
-loss = torch.nn.functional.mse_loss(last, target((B, H)))
-loss.backward()
-for name in p:
-    p[name].grad = getattr(gru, name + "_l0").grad
-swift("gruOutput", last)
-print(f"    static let gruLoss = {loss.item():.12g}")
-for name in ["weight_ih", "weight_hh", "bias_ih", "bias_hh"]:
-    camel = "".join(part.capitalize() for part in name.split("_"))
-    swift(f"gru{camel}Gradient", p[name].grad)
+report("gru", last, torch.nn.functional.mse_loss(last, target((B, H))), x, p, gru)
 
 # CIFG LSTM, last step, written out.
 x = inputs()
