@@ -130,14 +130,31 @@ enum Ops {
         for i in 0..<count { store(dx, i, dy[i] * (1 - y[i] * y[i]), accumulate) }
     }
 
-    /// Row-wise softmax, shifted by the row maximum for stability.
+    /// Row-wise softmax, shifted by the row maximum for stability; the exponentials eight lanes at a time
+    /// (``exp(_:)``, within 1e-7 relative of libm's).
     static func softmaxForward(rows: Int, width: Int, x: CPtr, y: Ptr) {
         for r in 0..<rows {
             let xr = x + r * width, yr = y + r * width
             var m = -Float.infinity
             for j in 0..<width { m = max(m, xr[j]) }
-            var s: Float = 0
-            for j in 0..<width { let e = expf(xr[j] - m); yr[j] = e; s += e }
+            var lanes = V8()
+            var j = 0
+            while j + 8 <= width {
+                let e = exp(load(xr + j) - m)
+                store(e, yr + j)
+                lanes += e
+                j += 8
+            }
+            var s = lanes.sum()
+            if j < width {
+                var v = V8(repeating: -.infinity)
+                for k in 0..<(width - j) { v[k] = xr[j + k] - m }
+                let e = exp(v)
+                for k in 0..<(width - j) {
+                    yr[j + k] = e[k]
+                    s += e[k]
+                }
+            }
             let inv = 1 / s
             for j in 0..<width { yr[j] *= inv }
         }

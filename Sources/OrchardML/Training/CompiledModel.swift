@@ -302,11 +302,18 @@ public final class CompiledModel {
                 }
                 guard !(positions > 1 && t == Self.paddingTarget) else { continue }
                 let label = Int(t)
-                var m = -Float.infinity
-                for j in 0..<classes { m = max(m, r[j]) }
-                var s: Double = 0
-                for j in 0..<classes { s += Double(expLocal(r[j] - m)) }
-                sampleLoss += (s.logarithm + Double(m)) - Double(r[label])
+                let probability = p[row * classes + label]
+                if probability >= 1e-30 {
+                    // −log of the softmax's own probability: the log-sum-exp without its exponentials again.
+                    sampleLoss -= Double(probability).logarithm
+                } else {
+                    // The probability underflowed: the log-sum-exp from the logits.
+                    var m = -Float.infinity
+                    for j in 0..<classes { m = max(m, r[j]) }
+                    var s: Double = 0
+                    for j in 0..<classes { s += Double(expLocal(r[j] - m)) }
+                    sampleLoss += (s.logarithm + Double(m)) - Double(r[label])
+                }
                 if let grad {
                     let pr = p + row * classes, gr = grad + row * classes
                     for j in 0..<classes {
