@@ -295,12 +295,10 @@ public enum SimulationRunner {
     ) throws(SimulationError) -> (model: Model, workload: any FleetWorkload, centralRMSE: Double?) {
         let task: TextTask
         let all: TensorDataset
-        let test: TensorDataset
         do throws(DataError) {
             let corpus = try KingJamesBible.corpus()
             task = try TextTask(corpus: corpus, length: configuration.sequenceLength, partition: configuration.textPartition, devices: configuration.clients)
             all = try task.sequences.dataset(Array(0..<task.sequences.count))
-            test = try task.sequences.dataset(task.test)
         } catch {
             throw SimulationError(error.code == .invalidArgument ? .invalidOption : .unreadable, "kjv: \(error.message)")
         }
@@ -316,7 +314,8 @@ public enum SimulationRunner {
         progress.note(
             "kjv: \(trained) training and \(task.test.count) test sequences of \(configuration.sequenceLength) characters over \(slices.count) devices (one per \(configuration.textPartition)); \(vocabulary.size) symbols; \(configuration.model) with \(model.parameterCount) parameters"
         )
-        var workload = EngineWorkload(model: model, slices: slices, testSet: test)
+        // The test sequences are a slice of the same dataset, not a second copy of them.
+        var workload = EngineWorkload(model: model, slices: slices, testSet: DatasetSlice(all, indices: task.test))
         workload.weightsMetadata = task.weightsMetadata
         return (model, workload, nil)
     }
