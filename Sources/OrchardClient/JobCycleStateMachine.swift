@@ -188,6 +188,8 @@ struct JobCycleStateMachine {
     private var restartedAfterCorruption = false
     /// Whether a download whose range the server could not serve was restarted from byte zero.
     private var restartedAfterBadRange = false
+    /// Whether the assignment was asked for again after its model was superseded (once per window).
+    private var refreshedAssignment = false
     /// The link speeds measured for this cycle's request, when the process asks for them.
     private var linkSpeed: LinkSpeed?
     /// Whether the cycle request after the current measurement repeats one refused for its session.
@@ -428,7 +430,8 @@ struct JobCycleStateMachine {
                 return [.emit(.phase(.secureAggregation)), .discardCheckpoint, .secureAggregate(input)]
             }
             let metadata = ReportMetadata(
-                workerID: session.workerID, requestKey: assignment.requestKey, sampleCount: update.sampleCount, metrics: update.metrics)
+                workerID: session.workerID, requestKey: assignment.requestKey, sampleCount: update.sampleCount, metrics: update.metrics,
+                checkpoint: assignment.checkpoint)
             hasPendingReport = true
             return [.emit(.phase(.reporting)), .savePendingReport(ReportEnvelope.encode(diff: update.diff, metadata: metadata)), .discardCheckpoint]
                 + issue(.uploadReport(fromEarlierWindow: false))
@@ -493,6 +496,10 @@ struct JobCycleStateMachine {
             guard let evaluation, let result = evaluationResult else { unexpected("an evaluation upload without a result") }
             let receipt = EvaluationReceipt(checkpoint: evaluation.checkpoint, samples: result.samples, metrics: result.metrics, resultsReceived: nil)
             return [.emit(.evaluated(receipt)), .log(.info, "evaluation result had already been received")] + afterEvaluation(receipt)
+        case .downloadModel where error.serverCode == .unknownCheckpoint && evaluation == nil && !refreshedAssignment:
+            // A buffered process published a newer checkpoint since the assignment: the same request gets it.
+            refreshedAssignment = true
+            return [.log(.info, "the assigned checkpoint was superseded; asking for the latest"), .discardPartialModel] + measureOrRequestCycle()
         case .downloadModel where error.serverCode == .rangeNotSatisfiable && !restartedAfterBadRange:
             restartedAfterBadRange = true
             return [.log(.info, "the coordinator cannot serve the rest of the partial model; downloading it from byte zero"), .discardPartialModel]

@@ -167,6 +167,48 @@ enum PostgresSchema {
                     PRIMARY KEY (process_id, checkpoint))
                 """,
             ]),
+        // Buffered aggregation: a report's staleness, and admission that counts only the devices still training
+        // (unreported assignments admitted after `p_in_flight_after`) when that is given.
+        Migration(
+            version: "7-buffered",
+            statements: [
+                "ALTER TABLE assignments ADD COLUMN staleness BIGINT",
+                """
+                CREATE FUNCTION orchard_admit_in_flight(
+                    p_process TEXT, p_cycle BIGINT, p_worker TEXT, p_key TEXT, p_at DOUBLE PRECISION, p_limit BIGINT, p_in_flight_after DOUBLE PRECISION)
+                RETURNS TABLE (outcome TEXT, existing_key TEXT, existing_reported BOOLEAN, existing_instance TEXT, existing_at DOUBLE PRECISION)
+                LANGUAGE plpgsql AS $$
+                DECLARE
+                    cycle_status TEXT;
+                    held BIGINT;
+                    found_key TEXT;
+                    found_reported BOOLEAN;
+                    found_instance TEXT;
+                    found_at DOUBLE PRECISION;
+                BEGIN
+                    SELECT c.status INTO cycle_status FROM cycles c WHERE c.process_id = p_process AND c.number = p_cycle FOR UPDATE;
+                    IF cycle_status IS DISTINCT FROM 'open' THEN
+                        RETURN QUERY SELECT 'closed'::TEXT, NULL::TEXT, NULL::BOOLEAN, NULL::TEXT, NULL::DOUBLE PRECISION;
+                        RETURN;
+                    END IF;
+                    SELECT a.request_key, a.reported, a.instance, a.assigned_at INTO found_key, found_reported, found_instance, found_at
+                        FROM assignments a WHERE a.process_id = p_process AND a.cycle = p_cycle AND a.worker_id = p_worker;
+                    IF found_key IS NOT NULL THEN
+                        RETURN QUERY SELECT 'existing'::TEXT, found_key, found_reported, found_instance, found_at;
+                        RETURN;
+                    END IF;
+                    SELECT COUNT(*) INTO held FROM assignments a WHERE a.process_id = p_process AND a.cycle = p_cycle
+                        AND (p_in_flight_after IS NULL OR (NOT a.reported AND a.assigned_at > p_in_flight_after));
+                    IF held >= p_limit THEN
+                        RETURN QUERY SELECT 'full'::TEXT, NULL::TEXT, NULL::BOOLEAN, NULL::TEXT, NULL::DOUBLE PRECISION;
+                        RETURN;
+                    END IF;
+                    INSERT INTO assignments (process_id, cycle, worker_id, request_key, assigned_at) VALUES (p_process, p_cycle, p_worker, p_key, p_at);
+                    RETURN QUERY SELECT 'admitted'::TEXT, NULL::TEXT, NULL::BOOLEAN, NULL::TEXT, NULL::DOUBLE PRECISION;
+                END
+                $$
+                """,
+            ]),
     ]
 
     /// Applies the migrations not yet applied, each in its own transaction; returns the versions it applied.

@@ -375,12 +375,12 @@ public final class PostgresStore: CoordinatorStore {
             let assignments = try await run(
                 connection,
                 """
-                SELECT worker_id, request_key, reported, instance FROM assignments
+                SELECT worker_id, request_key, reported, instance, assigned_at FROM assignments
                 WHERE process_id = \(processID) AND cycle = \(number) ORDER BY assigned_at, worker_id
                 """
             ).map { row in
-                let (worker, key, reported, instance) = try row.decode((String, String, Bool, String?).self)
-                return StoredAssignment(workerID: worker, requestKey: key, reported: reported, instance: instance)
+                let (worker, key, reported, instance, at) = try row.decode((String, String, Bool, String?, Double).self)
+                return StoredAssignment(workerID: worker, requestKey: key, reported: reported, instance: instance, assignedAt: Date(timeIntervalSince1970: at))
             }
             var sums: [String: StoredPartialSum] = [:]
             for row in try await run(
@@ -427,15 +427,15 @@ public final class PostgresStore: CoordinatorStore {
             try await client.withConnection { connection in
                 let rows = try await connection.query(
                     """
-                    SELECT worker_id, sample_count, unclipped, diff, instance FROM assignments
+                    SELECT worker_id, sample_count, unclipped, diff, instance, staleness FROM assignments
                     WHERE process_id = \(processID) AND cycle = \(cycle) AND reported AND diff IS NOT NULL ORDER BY worker_id
                     """, logger: logger)
                 for try await row in rows {
-                    let (worker, samples, unclipped, diff, instance) = try row.decode((String, Int?, Bool, ByteBuffer, String?).self)
+                    let (worker, samples, unclipped, diff, instance, staleness) = try row.decode((String, Int?, Bool, ByteBuffer, String?, Int?).self)
                     try body(
                         PendingDiff(
                             workerID: worker, sampleCount: samples ?? 0, unclipped: unclipped, diff: Self.bytes(diff),
-                            instance: instance ?? CoordinatorConfiguration.defaultInstanceID
+                            instance: instance ?? CoordinatorConfiguration.defaultInstanceID, staleness: staleness
                         ))
                 }
             }
@@ -505,14 +505,16 @@ public final class PostgresStore: CoordinatorStore {
         }
     }
 
-    public func admit(processID: String, cycle: Int, workerID: String, requestKey: String, at date: Date, limit: Int) async throws -> StoredAdmission {
+    public func admit(processID: String, cycle: Int, workerID: String, requestKey: String, at date: Date, limit: Int, inFlightAfter: Date?) async throws
+        -> StoredAdmission
+    {
         let what = "admit worker '\(workerID)' to cycle \(cycle) of process '\(processID)'"
         // One statement (its own transaction): `orchard_admit` locks the cycle row, which serialises every admission to
         // the cycle whichever instance makes it, then finds an existing assignment, counts, and inserts.
         let rows: [PostgresRow]
         do {
             rows = try await client.query(
-                "SELECT outcome, existing_key, existing_reported, existing_instance FROM orchard_admit(\(processID), \(cycle), \(workerID), \(requestKey), \(date.timeIntervalSince1970), \(limit))",
+                "SELECT outcome, existing_key, existing_reported, existing_instance, existing_at FROM orchard_admit_in_flight(\(processID), \(cycle), \(workerID), \(requestKey), \(date.timeIntervalSince1970), \(limit), \(inFlightAfter?.timeIntervalSince1970))",
                 logger: logger
             ).collect()
         } catch let error where PostgresErrors.isUniqueViolation(error) {
@@ -521,9 +523,9 @@ public final class PostgresStore: CoordinatorStore {
             throw PostgresErrors.map(error, what)
         }
         guard let row = rows.first else { throw StoreError(.corrupt, "\(what): orchard_admit returned no row") }
-        let outcome: String, key: String?, reported: Bool?, instance: String?
+        let outcome: String, key: String?, reported: Bool?, instance: String?, at: Double?
         do {
-            (outcome, key, reported, instance) = try row.decode((String, String?, Bool?, String?).self)
+            (outcome, key, reported, instance, at) = try row.decode((String, String?, Bool?, String?, Double?).self)
         } catch {
             throw PostgresErrors.map(error, what)
         }
@@ -532,7 +534,8 @@ public final class PostgresStore: CoordinatorStore {
         case "full": return .full
         case "existing":
             guard let key, let reported else { throw StoreError(.corrupt, "\(what): an existing assignment without its key") }
-            return .existing(StoredAssignment(workerID: workerID, requestKey: key, reported: reported, instance: instance))
+            return .existing(
+                StoredAssignment(workerID: workerID, requestKey: key, reported: reported, instance: instance, assignedAt: at.map(Date.init(timeIntervalSince1970:))))
         case "closed": throw StoreError(.cycleClosed, "cycle \(cycle) of process '\(processID)' is not open")
         default: throw StoreError(.corrupt, "\(what): orchard_admit answered '\(outcome)'")
         }
@@ -587,7 +590,7 @@ public final class PostgresStore: CoordinatorStore {
                 connection,
                 """
                 UPDATE assignments SET reported = TRUE, sample_count = \(report.sampleCount), metrics = \(report.metricsJSON),
-                    unclipped = \(report.unclipped), instance = \(report.instance), diff = \(staged)
+                    unclipped = \(report.unclipped), instance = \(report.instance), diff = \(staged), staleness = \(report.staleness)
                 WHERE process_id = \(report.processID) AND cycle = \(report.cycle) AND worker_id = \(report.workerID)
                     AND request_key = \(report.requestKey) AND NOT reported
                 RETURNING 1
@@ -672,7 +675,18 @@ public final class PostgresStore: CoordinatorStore {
                     metrics = \(means), published = \(closure.checkpoint?.number)
                 WHERE process_id = \(processID) AND number = \(cycle)
                 """)
-            try await run(connection, "DELETE FROM assignments WHERE process_id = \(processID) AND cycle = \(cycle)")
+            let carryOverAfter = closure.nextCycle == nil ? nil : closure.carryOverAfter
+            if let carryOverAfter {
+                // Buffered: the devices still training keep their assignments, moved into the next buffer below.
+                try await run(
+                    connection,
+                    """
+                    DELETE FROM assignments WHERE process_id = \(processID) AND cycle = \(cycle)
+                        AND NOT (NOT reported AND assigned_at > \(carryOverAfter.timeIntervalSince1970))
+                    """)
+            } else {
+                try await run(connection, "DELETE FROM assignments WHERE process_id = \(processID) AND cycle = \(cycle)")
+            }
             try await run(connection, "DELETE FROM partial_sums WHERE process_id = \(processID) AND cycle = \(cycle)")
             try await run(connection, "DELETE FROM secure_aggregation_events WHERE process_id = \(processID) AND cycle = \(cycle)")
             if let checkpoint = closure.checkpoint {
@@ -700,6 +714,9 @@ public final class PostgresStore: CoordinatorStore {
                     INSERT INTO cycles (process_id, number, checkpoint, opened_at, status)
                     VALUES (\(processID), \(next.number), \(next.checkpoint), \(next.openedAt.timeIntervalSince1970), 'open')
                     """)
+                if carryOverAfter != nil {
+                    try await run(connection, "UPDATE assignments SET cycle = \(next.number) WHERE process_id = \(processID) AND cycle = \(cycle)")
+                }
             } else {
                 try await run(connection, "UPDATE processes SET completed = TRUE WHERE id = \(processID)")
             }

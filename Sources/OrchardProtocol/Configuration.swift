@@ -321,9 +321,14 @@ public struct ServerConfig: Sendable, Hashable, Codable {
     public var robustAggregation: RobustAggregationConfig?
     /// Federated evaluation of published checkpoints on devices' held-out splits, if set.
     public var evaluation: FederatedEvaluationConfig?
+    /// Synchronous cycles (the default) or buffered asynchronous aggregation.
+    public var aggregationMode: AggregationMode
+    /// The buffer's knobs when ``aggregationMode`` is buffered (defaults when absent).
+    public var buffered: BufferedAggregationConfig?
 
     enum CodingKeys: String, CodingKey, CaseIterable {
-        case cycles, authentication, aggregator, privacy, evaluation
+        case cycles, authentication, aggregator, privacy, evaluation, buffered
+        case aggregationMode = "aggregation_mode"
         case secureAggregation = "secure_aggregation"
         case robustAggregation = "robust_aggregation"
         case updateNormBound = "update_norm_bound"
@@ -350,8 +355,10 @@ public struct ServerConfig: Sendable, Hashable, Codable {
         authentication: AuthenticationConfig = .open, aggregator: AggregatorConfig = AggregatorConfig(),
         updateNormBound: Double? = nil, updateNormPolicy: UpdateNormPolicy = .clip, privacy: PrivacyConfig? = nil,
         secureAggregation: SecureAggregationConfig? = nil, robustAggregation: RobustAggregationConfig? = nil,
-        evaluation: FederatedEvaluationConfig? = nil
+        evaluation: FederatedEvaluationConfig? = nil, aggregationMode: AggregationMode = .synchronous, buffered: BufferedAggregationConfig? = nil
     ) {
+        self.aggregationMode = aggregationMode
+        self.buffered = buffered
         self.evaluation = evaluation
         self.robustAggregation = robustAggregation
         self.cycleLength = cycleLength
@@ -398,7 +405,25 @@ public struct ServerConfig: Sendable, Hashable, Codable {
         secureAggregation = try c.decodeIfPresent(SecureAggregationConfig.self, forKey: .secureAggregation)
         robustAggregation = try c.decodeIfPresent(RobustAggregationConfig.self, forKey: .robustAggregation)
         evaluation = try c.decodeIfPresent(FederatedEvaluationConfig.self, forKey: .evaluation)
+        aggregationMode = try c.decodeIfPresent(AggregationMode.self, forKey: .aggregationMode) ?? d.aggregationMode
+        buffered = try c.decodeIfPresent(BufferedAggregationConfig.self, forKey: .buffered)
     }
+
+    /// The buffer's knobs when the process aggregates buffered (the configured ones, or the defaults), else nil.
+    public var bufferedAggregation: BufferedAggregationConfig? {
+        aggregationMode == .buffered ? (buffered ?? BufferedAggregationConfig()) : nil
+    }
+
+    /// Reports in one release: the buffer size in buffered mode, else `goal_count`.
+    public var releaseGoal: Int { bufferedAggregation?.bufferSize ?? goalCount }
+
+    /// Devices one release draws from, for the privacy accountant's sampling rate: the buffer size in buffered mode
+    /// (each release takes K devices), else the cycle's capacity.
+    public var releaseCapacity: Int { bufferedAggregation?.bufferSize ?? capacity }
+
+    /// Reports below which no release happens: the buffer size in buffered mode (a buffer is published full), else
+    /// `minimum_reports`.
+    public var releaseMinimum: Int { bufferedAggregation?.bufferSize ?? minimumReports }
 
     /// Devices admitted per cycle: ⌈goal × over-selection⌉.
     public var capacity: Int {
@@ -433,8 +458,22 @@ public struct ServerConfig: Sendable, Hashable, Codable {
         if let bound = updateNormBound, !(bound > 0) || !bound.isFinite {
             return "server_config.update_norm_bound must be a positive finite number when set, not \(bound)"
         }
+        if buffered != nil && aggregationMode != .buffered {
+            return "server_config.buffered needs server_config.aggregation_mode \"buffered\", not \"\(aggregationMode)\""
+        }
+        if let buffer = bufferedAggregation {
+            if let failure = buffer.validationFailure() { return failure }
+            if secureAggregation != nil {
+                return
+                    "server_config.aggregation_mode buffered cannot be used with server_config.secure_aggregation: masking needs its cohort fixed before anyone uploads and every member online through four stages, while a buffered device reports alone whenever its window allows; use synchronous cycles for secure aggregation"
+            }
+            if robustAggregation != nil {
+                return
+                    "server_config.aggregation_mode buffered cannot be used with server_config.robust_aggregation: a buffer mixes updates trained from different checkpoints, so a median or distance score would punish staleness as though it were malice; use synchronous cycles for robust aggregation"
+            }
+        }
         if let privacy {
-            if let failure = privacy.validationFailure(goalCount: goalCount, capacity: capacity) { return failure }
+            if let failure = privacy.validationFailure(goalCount: releaseGoal, capacity: releaseCapacity) { return failure }
             if privacy.mode == .distributed && secureAggregation == nil {
                 return
                     "server_config.privacy.mode distributed needs server_config.secure_aggregation: the devices' noise shares protect only a sum the coordinator cannot take apart"

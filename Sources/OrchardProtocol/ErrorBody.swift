@@ -47,6 +47,10 @@ public struct WireErrorCode: RawRepresentable, Sendable, Hashable, Codable, Cust
     public static let reportAlreadyReceived = WireErrorCode("report_already_received")
     /// The cycle's reporting deadline passed or the cycle closed (409).
     public static let deadlinePassed = WireErrorCode("deadline_passed")
+    /// A buffered process's report trained from a checkpoint more than `max_staleness` publications old (409).
+    public static let reportTooStale = WireErrorCode("report_too_stale")
+    /// A buffered process is publishing its buffer; the same report is accepted after `Retry-After` seconds (503).
+    public static let bufferReleasing = WireErrorCode("buffer_releasing")
     /// The worker already sent its result for this checkpoint's federated evaluation.
     public static let evaluationAlreadyReceived = WireErrorCode("evaluation_already_received")
     /// The checkpoint's federated evaluation is finalized (its goal was met or a newer checkpoint was published).
@@ -101,7 +105,7 @@ public struct WireErrorCode: RawRepresentable, Sendable, Hashable, Codable, Cust
     public static let allKnown: [WireErrorCode] = [
         .malformedJSON, .malformedSafetensors, .invalidRequest, .invalidConfiguration, .unsupportedVersion, .unauthorized,
         .forbidden, .sessionProcessMismatch, .unknownWorker, .unknownProcess, .unknownCheckpoint, .notFound,
-        .invalidRequestKey, .reportAlreadyReceived, .deadlinePassed, .evaluationAlreadyReceived, .evaluationClosed, .processExists, .tensorMismatch,
+        .invalidRequestKey, .reportAlreadyReceived, .deadlinePassed, .reportTooStale, .bufferReleasing, .evaluationAlreadyReceived, .evaluationClosed, .processExists, .tensorMismatch,
         .shapeMismatch,
         .dtypeMismatch, .nonFiniteValues, .frozenTensorChanged, .updateNormExceeded, .invalidSampleCount,
         .payloadTooLarge, .rangeNotSatisfiable, .workerLimitReached, .rateLimited, .tooManyUploads, .methodNotAllowed,

@@ -422,9 +422,13 @@ public struct CycleStatus: Sendable, Hashable, Codable {
     public var capacity: Int
     /// Under secure aggregation: the stage and the devices at each step (`reported` counts advertisements).
     public var secureAggregation: SecureAggregationStatus?
+    /// Under buffered aggregation: the buffer's fill, the devices training and the reports' staleness. The cycle is
+    /// then the open buffer: `goal` is the buffer size, `capacity` the most devices training at once, and `deadline`
+    /// when a device admitted now must have reported.
+    public var buffered: BufferedStatus?
 
     enum CodingKeys: String, CodingKey {
-        case number, checkpoint, deadline, assigned, reported, goal, capacity
+        case number, checkpoint, deadline, assigned, reported, goal, capacity, buffered
         case openedAt = "opened_at"
         case secureAggregation = "secure_aggregation"
     }
@@ -432,8 +436,9 @@ public struct CycleStatus: Sendable, Hashable, Codable {
     /// Creates a status.
     public init(
         number: Int, checkpoint: Int, openedAt: Double, deadline: Double, assigned: Int, reported: Int, goal: Int, capacity: Int,
-        secureAggregation: SecureAggregationStatus? = nil
+        secureAggregation: SecureAggregationStatus? = nil, buffered: BufferedStatus? = nil
     ) {
+        self.buffered = buffered
         self.secureAggregation = secureAggregation
         self.number = number
         self.checkpoint = checkpoint
@@ -443,6 +448,47 @@ public struct CycleStatus: Sendable, Hashable, Codable {
         self.reported = reported
         self.goal = goal
         self.capacity = capacity
+    }
+}
+
+/// The open buffer of a buffered process, in its status.
+public struct BufferedStatus: Sendable, Hashable, Codable {
+    /// Reports per release (K).
+    public var bufferSize: Int
+    /// Reports in the open buffer.
+    public var bufferFill: Int
+    /// Devices admitted and not yet reported or expired (training now, across buffers).
+    public var inFlight: Int
+    /// The most devices training at once.
+    public var maxConcurrency: Int
+    /// Buffers published so far.
+    public var releases: Int
+    /// The mean staleness of the open buffer's reports counted at this coordinator instance (nil before the first).
+    public var meanStaleness: Double?
+    /// The largest staleness among them (nil before the first).
+    public var maxStaleness: Int?
+
+    enum CodingKeys: String, CodingKey {
+        case releases
+        case bufferSize = "buffer_size"
+        case bufferFill = "buffer_fill"
+        case inFlight = "in_flight"
+        case maxConcurrency = "max_concurrency"
+        case meanStaleness = "mean_staleness"
+        case maxStaleness = "max_staleness"
+    }
+
+    /// Creates a status.
+    public init(
+        bufferSize: Int, bufferFill: Int, inFlight: Int, maxConcurrency: Int, releases: Int, meanStaleness: Double? = nil, maxStaleness: Int? = nil
+    ) {
+        self.bufferSize = bufferSize
+        self.bufferFill = bufferFill
+        self.inFlight = inFlight
+        self.maxConcurrency = maxConcurrency
+        self.releases = releases
+        self.meanStaleness = meanStaleness
+        self.maxStaleness = maxStaleness
     }
 }
 

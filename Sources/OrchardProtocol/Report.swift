@@ -11,16 +11,20 @@ public struct ReportMetadata: Sendable, Hashable, Codable {
     public var sampleCount: Int
     /// Training metrics such as `loss` (informational).
     public var metrics: [String: Double]
+    /// The checkpoint the device trained from (protocol 2.6; a buffered process weighs the report by how many
+    /// checkpoints were published since, and needs it).
+    public var checkpoint: Int?
 
     enum CodingKeys: String, CodingKey {
         case workerID = "worker_id"
         case requestKey = "request_key"
         case sampleCount = "sample_count"
-        case metrics
+        case metrics, checkpoint
     }
 
     /// Creates metadata.
-    public init(workerID: String, requestKey: String, sampleCount: Int, metrics: [String: Double] = [:]) {
+    public init(workerID: String, requestKey: String, sampleCount: Int, metrics: [String: Double] = [:], checkpoint: Int? = nil) {
+        self.checkpoint = checkpoint
         self.workerID = workerID
         self.requestKey = requestKey
         self.sampleCount = sampleCount
@@ -33,6 +37,7 @@ public struct ReportMetadata: Sendable, Hashable, Codable {
         requestKey = try c.decode(String.self, forKey: .requestKey)
         sampleCount = try c.decode(Int.self, forKey: .sampleCount)
         metrics = try c.decodeIfPresent([String: Double].self, forKey: .metrics) ?? [:]
+        checkpoint = try c.decodeIfPresent(Int.self, forKey: .checkpoint)
     }
 }
 

@@ -93,8 +93,10 @@ public enum WireProtocol {
     /// 2.4 (additive): the secure-aggregation endpoint also takes a masked input as a safetensors body
     /// (``MaskedInputEnvelope``), offered by the reply's `masked_input_format`. 2.5 (additive): federated evaluation —
     /// the cycle request's `tasks`, the `evaluate` answer, the evaluation-report endpoint, `client_config.holdout_fraction`,
-    /// `server_config.evaluation` and the status's `federated_evaluation`.
-    public static let version = SemanticVersion(2, 5, 0)
+    /// `server_config.evaluation` and the status's `federated_evaluation`. 2.6 (additive): buffered asynchronous
+    /// aggregation — `server_config.aggregation_mode` and `buffered`, the report's `checkpoint`, the `report_too_stale`
+    /// code and the status's `buffered`.
+    public static let version = SemanticVersion(2, 6, 0)
     /// The first version whose devices apply a plan's `local_privacy`; older ones are refused by local-DP processes.
     public static let localPrivacyVersion = SemanticVersion(2, 2, 0)
     /// The first version whose devices take part in secure aggregation (older ones would upload plain reports).
@@ -104,6 +106,9 @@ public enum WireProtocol {
     public static let signedSecureAggregationVersion = SemanticVersion(2, 4, 0)
     /// The first version whose devices take evaluation tasks (``CycleRequest/tasks``, ``CycleResponse/evaluate(_:)``).
     public static let evaluationVersion = SemanticVersion(2, 5, 0)
+    /// The first version whose devices say which checkpoint they trained from (``ReportMetadata/checkpoint``), which a
+    /// buffered process needs to weigh a report; older ones are refused by buffered processes.
+    public static let bufferedAggregationVersion = SemanticVersion(2, 6, 0)
     /// The HTTP header carrying the sender's protocol version.
     public static let versionHeader = "Orchard-Protocol-Version"
     /// The path prefix of every versioned endpoint.

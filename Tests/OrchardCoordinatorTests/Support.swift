@@ -220,9 +220,13 @@ final class Harness: @unchecked Sendable {
         return assignment
     }
 
-    func report(_ device: AuthenticateResponse, _ assignment: CycleAssignment, diff: [TensorRecord], samples: Int) async throws -> HTTPResult {
+    func report(_ device: AuthenticateResponse, _ assignment: CycleAssignment, diff: [TensorRecord], samples: Int, checkpoint: Int? = nil) async throws
+        -> HTTPResult
+    {
         let body = ReportEnvelope.encode(
-            diff: diff, metadata: ReportMetadata(workerID: device.workerID, requestKey: assignment.requestKey, sampleCount: samples, metrics: ["loss": 0.5]))
+            diff: diff,
+            metadata: ReportMetadata(
+                workerID: device.workerID, requestKey: assignment.requestKey, sampleCount: samples, metrics: ["loss": 0.5], checkpoint: checkpoint))
         return try await http.send("POST", Endpoint.report, body: body, token: device.sessionToken, headers: ["Content-Type": MediaType.safetensors])
     }
 

@@ -169,14 +169,24 @@ extension Coordinator {
         }
         guard let current = runtimes[processID] else { throw CoordinatorError(.unknownProcess, "no process '\(processID)'") }
         let machine = current.machine
+        let buffered = machine.configuration.buffered
+        let staleness = current.bufferStaleness
         let cycle: CycleStatus? =
             machine.phase == .completed
             ? nil
             : CycleStatus(
                 number: machine.cycle, checkpoint: machine.checkpoint, openedAt: machine.openedAt.timeIntervalSince1970,
-                deadline: machine.deadline.timeIntervalSince1970, assigned: machine.assignments.count, reported: machine.reported,
+                deadline: buffered ? clock.date.timeIntervalSince1970 + machine.configuration.cycleLength : machine.deadline.timeIntervalSince1970,
+                assigned: machine.assignments.count, reported: machine.reported,
                 goal: machine.configuration.goalCount, capacity: machine.configuration.capacity,
-                secureAggregation: current.secure?.status(cycleDeadline: machine.deadline)
+                secureAggregation: current.secure?.status(cycleDeadline: machine.deadline),
+                buffered: buffered
+                    ? BufferedStatus(
+                        bufferSize: machine.configuration.goalCount, bufferFill: machine.reported, inFlight: machine.inFlight,
+                        maxConcurrency: machine.configuration.capacity, releases: machine.completedCycles,
+                        meanStaleness: staleness.count > 0 ? Double(staleness.sum) / Double(staleness.count) : nil,
+                        maxStaleness: staleness.count > 0 ? staleness.max : nil
+                    ) : nil
             )
         var server = runtime.process.serverConfig
         server.authentication.secret = server.authentication.secret == nil ? nil : "<redacted>"

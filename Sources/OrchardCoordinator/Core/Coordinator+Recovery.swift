@@ -71,9 +71,7 @@ extension Coordinator {
         var unfolded: [String] = []
         var keys: Set<String> = []
         if !process.completed, let open = try await store.openCycle(processID: process.id) {
-            let assignments = open.assignments.map {
-                CycleStateMachine.Assignment(workerID: $0.workerID, requestKey: $0.requestKey, state: $0.reported ? .reported : .assigned)
-            }
+            let assignments = open.assignments.map(Self.machineAssignment)
             machine = CycleStateMachine(
                 configuration: config, cycle: open.cycle.number, checkpoint: open.cycle.checkpoint, openedAt: open.cycle.openedAt,
                 completedCycles: process.cyclesCompleted, abandonedCycles: process.cyclesAbandoned, assignments: assignments
@@ -90,14 +88,15 @@ extension Coordinator {
             let count = layout.totalCount
             // A robust rule keeps every report in the store until the cycle closes and reads them then.
             let robust = process.serverConfig.robustAggregation != nil
+            let server = process.serverConfig
             try await store.forEachPendingDiff(processID: process.id, cycle: open.cycle.number) { pending in
                 if robust || (shared && pending.instance != instance) { return }
                 guard pending.diff.count == count * 4 else {
                     throw StoreError(.corrupt, "stored diff of worker \(pending.workerID) has \(pending.diff.count) bytes")
                 }
                 accumulator.add(
-                    pending.diff, weight: Runtime.foldWeight(sampleCount: pending.sampleCount, private: isPrivate), unclipped: pending.unclipped,
-                    worker: pending.workerID
+                    pending.diff, weight: Runtime.foldWeight(sampleCount: pending.sampleCount, private: isPrivate),
+                    scale: Runtime.foldScale(staleness: pending.staleness, server: server), unclipped: pending.unclipped, worker: pending.workerID
                 )
             }
             (sum, unfolded) = accumulator.result
@@ -157,9 +156,9 @@ final class RecoveryAccumulator: Sendable {
 
     init(sum: RunningSum) { state = Mutex((sum, [])) }
 
-    func add(_ diff: [UInt8], weight: Double, unclipped: Bool, worker: String) {
+    func add(_ diff: [UInt8], weight: Double, scale: Double = 1, unclipped: Bool, worker: String) {
         state.withLock { state in
-            state.sum.add(bytes: diff, weight: weight, unclipped: unclipped)
+            state.sum.add(bytes: diff, weight: weight, scale: scale, unclipped: unclipped)
             state.workers.append(worker)
         }
     }

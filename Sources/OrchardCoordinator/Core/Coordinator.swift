@@ -40,6 +40,8 @@ public actor Coordinator {
         /// The open cycle's secure aggregation, when the process uses it.
         var secure: SecureCycle?
         var evaluationTasks = EvaluationTasks()
+        /// Buffered: the staleness of the open buffer's reports counted here (sum, count, largest).
+        var bufferStaleness = (sum: 0, count: 0, max: 0)
 
         /// The robust rule the process aggregates by, if any: its reports stay in the store until the cycle closes,
         /// nothing is folded into a running sum.
@@ -51,6 +53,12 @@ public actor Coordinator {
 
         /// ``foldWeight(sampleCount:)`` before a runtime exists (recovery).
         static func foldWeight(sampleCount: Int, private isPrivate: Bool) -> Double { isPrivate ? 1 : Double(sampleCount) }
+
+        /// What a report's diff is scaled by in the running sum: a buffered report's staleness factor, else 1.
+        static func foldScale(staleness: Int?, server: ServerConfig) -> Double {
+            guard let buffer = server.bufferedAggregation, let staleness else { return 1 }
+            return buffer.stalenessWeight(staleness)
+        }
 
         init(
             process: StoredProcess, machine: CycleStateMachine, layout: ModelLayout, sum: RunningSum, unfolded: [String],
@@ -90,6 +98,10 @@ public actor Coordinator {
         /// The request key, and the generation of the runtime the report began on.
         var requestKey = ""
         var generation = 0
+        /// Buffered processes: the report's staleness (checkpoints published since the one it trained from).
+        var staleness: Int?
+        /// What the diff is scaled by when folded (the staleness factor; 1 for cycles).
+        var foldScale: Double = 1
     }
 
     /// A model download.

@@ -28,6 +28,8 @@ public struct CoordinatorMetrics: Sendable {
     let processLookupsMissing: Counter
     let processLookupsCached: Counter
     let processLookupsLimited: Counter
+    /// Buffered processes: each accepted report's staleness (`orchard_report_staleness`).
+    let reportStaleness: Recorder
     let factory: any MetricsFactory
 
     /// Creates the metrics with `factory`.
@@ -56,6 +58,7 @@ public struct CoordinatorMetrics: Sendable {
         processLookupsMissing = Counter(label: "orchard_process_lookups_total", dimensions: [("result", "missing")], factory: factory)
         processLookupsCached = Counter(label: "orchard_process_lookups_total", dimensions: [("result", "cached_missing")], factory: factory)
         processLookupsLimited = Counter(label: "orchard_process_lookups_total", dimensions: [("result", "limited")], factory: factory)
+        reportStaleness = Recorder(label: "orchard_report_staleness", aggregate: true, factory: factory)
     }
 
     /// Publishes a process's privacy spend: `orchard_privacy_epsilon`, `orchard_privacy_releases` and

@@ -127,7 +127,7 @@ public struct ModelLayout: Sendable, Hashable {
 
 /// A running sample-weighted sum of diffs: each report is folded in and dropped, so memory is O(model).
 public struct RunningSum: Sendable, Hashable {
-    /// Σ sampleCount × diff, per element.
+    /// Σ sampleCount × scale × diff, per element (the scale is a buffered report's staleness factor, else 1).
     public private(set) var sum: [Double]
     /// Σ sampleCount.
     public private(set) var weight: Double
@@ -169,11 +169,14 @@ public struct RunningSum: Sendable, Hashable {
         unclipped += other.unclipped
     }
 
-    /// Adds `weight × diff`; `unclipped` counts it as within the privacy clipping bound.
-    public mutating func add(_ diff: UnsafeBufferPointer<Float>, weight: Double, unclipped: Bool = false) {
+    /// Adds `weight × scale × diff` to the sum and `weight` to the total weight (a scale below 1 shrinks a stale
+    /// buffered report's step without changing the denominator); `unclipped` counts it as within the privacy
+    /// clipping bound.
+    public mutating func add(_ diff: UnsafeBufferPointer<Float>, weight: Double, scale: Double = 1, unclipped: Bool = false) {
         precondition(diff.count == sum.count, "diff has \(diff.count) values; the sum has \(sum.count)")
+        let factor = weight * scale
         sum.withUnsafeMutableBufferPointer { total in
-            for i in 0..<total.count { total[i] += weight * Double(diff[i]) }
+            for i in 0..<total.count { total[i] += factor * Double(diff[i]) }
         }
         self.weight += weight
         reports += 1
@@ -181,19 +184,19 @@ public struct RunningSum: Sendable, Hashable {
     }
 
     /// Adds `weight × diff` for a diff held as little-endian Float32 bytes.
-    public mutating func add(bytes: [UInt8], weight: Double, unclipped: Bool = false) {
+    public mutating func add(bytes: [UInt8], weight: Double, scale: Double = 1, unclipped: Bool = false) {
         #if _endian(little)
-        bytes.withUnsafeBytes { add($0.bindMemory(to: Float.self), weight: weight, unclipped: unclipped) }
+        bytes.withUnsafeBytes { add($0.bindMemory(to: Float.self), weight: weight, scale: scale, unclipped: unclipped) }
         #else
         let floats = bytes.withUnsafeBytes { raw in
             (0..<(raw.count / 4)).map { Float(bitPattern: UInt32(littleEndian: raw.loadUnaligned(fromByteOffset: $0 * 4, as: UInt32.self))) }
         }
-        floats.withUnsafeBufferPointer { add($0, weight: weight, unclipped: unclipped) }
+        floats.withUnsafeBufferPointer { add($0, weight: weight, scale: scale, unclipped: unclipped) }
         #endif
     }
 
-    /// Adds `weight × diff` for a staged diff: read whole first, so that a failed read leaves the sum untouched.
-    public mutating func add(_ diff: any StagedDiff, weight: Double, unclipped: Bool = false) throws(StoreError) {
+    /// Adds `weight × scale × diff` for a staged diff: read whole first, so that a failed read leaves the sum untouched.
+    public mutating func add(_ diff: any StagedDiff, weight: Double, scale: Double = 1, unclipped: Bool = false) throws(StoreError) {
         // Not zero-filled first: the read fills every value or throws (and the array is then discarded).
         let values: [Float]
         do {
@@ -208,9 +211,9 @@ public struct RunningSum: Sendable, Hashable {
         }
         #if _endian(big)
         let native = values.map { Float(bitPattern: UInt32(littleEndian: $0.bitPattern)) }
-        native.withUnsafeBufferPointer { add($0, weight: weight, unclipped: unclipped) }
+        native.withUnsafeBufferPointer { add($0, weight: weight, scale: scale, unclipped: unclipped) }
         #else
-        values.withUnsafeBufferPointer { add($0, weight: weight, unclipped: unclipped) }
+        values.withUnsafeBufferPointer { add($0, weight: weight, scale: scale, unclipped: unclipped) }
         #endif
     }
 

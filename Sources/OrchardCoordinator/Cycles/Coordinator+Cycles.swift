@@ -203,7 +203,8 @@ extension Coordinator {
         var closure = CycleClosure(
             processID: processID, closedCycle: transition.closedCycle, checkpoint: nil, optimizerState: nil,
             nextCycle: transition.nextCycle.map { StoredCycle(number: $0, checkpoint: transition.checkpoint, openedAt: transition.openedAt) },
-            retention: runtime.process.serverConfig.checkpointRetention, closedAt: now
+            retention: runtime.process.serverConfig.checkpointRetention, closedAt: now,
+            carryOverAfter: runtime.machine.carryOverCutoff(at: transition.openedAt)
         )
         if let newWeights {
             closure.checkpoint = (transition.checkpoint, newWeights)
@@ -232,9 +233,12 @@ extension Coordinator {
         current.machine.apply(transition)
         current.sum = RunningSum(count: current.layout.totalCount)
         current.unfolded = []
+        current.bufferStaleness = (0, 0, 0)
         for key in current.previousKeys { processForKey[key] = nil }
-        current.previousKeys = current.currentKeys
-        current.currentKeys = []
+        // Buffered: the assignments carried into the next buffer keep their keys.
+        let carried = Set(current.machine.assignments.values.map(\.requestKey))
+        current.previousKeys = current.currentKeys.subtracting(carried)
+        current.currentKeys = carried
         current.secure = freshSecureCycle(current)
         if let newWeights {
             current.checkpointBytes = newWeights

@@ -23,11 +23,17 @@ public struct CycleStateMachine: Sendable, Hashable {
         public var cycles: Int
         /// Seconds over which rejected devices are spread.
         public var paceSteeringWindow: Double
+        /// Buffered aggregation, when the process uses it: a cycle is then a buffer of `goalCount` reports with no
+        /// deadline, `capacity` bounds the devices training at once (across buffers), `cycleLength` is how long each
+        /// admitted device has to report, and unreported assignments carry over into the next buffer.
+        public var buffered: Bool
 
         /// Creates a configuration.
         public init(
-            goalCount: Int = 100, capacity: Int = 130, minimumReports: Int = 1, cycleLength: Double = 600, cycles: Int = 0, paceSteeringWindow: Double = 60
+            goalCount: Int = 100, capacity: Int = 130, minimumReports: Int = 1, cycleLength: Double = 600, cycles: Int = 0, paceSteeringWindow: Double = 60,
+            buffered: Bool = false
         ) {
+            self.buffered = buffered
             self.goalCount = goalCount
             self.capacity = capacity
             self.minimumReports = minimumReports
@@ -38,6 +44,13 @@ public struct CycleStateMachine: Sendable, Hashable {
 
         /// The configuration a server config implies.
         public init(_ server: ServerConfig) {
+            if let buffer = server.bufferedAggregation {
+                self.init(
+                    goalCount: buffer.bufferSize, capacity: buffer.maxConcurrency, minimumReports: buffer.bufferSize, cycleLength: server.cycleLength,
+                    cycles: server.cycles, paceSteeringWindow: server.paceSteeringWindow, buffered: true
+                )
+                return
+            }
             self.init(
                 goalCount: server.goalCount, capacity: server.capacity, minimumReports: server.minimumReports,
                 cycleLength: server.cycleLength, cycles: server.cycles, paceSteeringWindow: server.paceSteeringWindow
@@ -67,6 +80,8 @@ public struct CycleStateMachine: Sendable, Hashable {
             case reporting
             /// Its report was committed.
             case reported
+            /// Buffered mode: its time to report passed without a report; it no longer counts as training.
+            case expired
         }
 
         /// The worker.
@@ -75,12 +90,15 @@ public struct CycleStateMachine: Sendable, Hashable {
         public var requestKey: String
         /// Its progress.
         public var state: State
+        /// When it was admitted (buffered mode: it expires `cycleLength` seconds later).
+        public var assignedAt: Date
 
         /// Creates an assignment.
-        public init(workerID: String, requestKey: String, state: State = .assigned) {
+        public init(workerID: String, requestKey: String, state: State = .assigned, assignedAt: Date = Date(timeIntervalSince1970: 0)) {
             self.workerID = workerID
             self.requestKey = requestKey
             self.state = state
+            self.assignedAt = assignedAt
         }
     }
 
@@ -98,6 +116,9 @@ public struct CycleStateMachine: Sendable, Hashable {
         case proceed(cycle: Int)
         /// The report is refused.
         case refused(WireErrorCode, String)
+        /// Buffered mode: the buffer is being published; the same report is accepted into the next one after `after`
+        /// seconds.
+        case retry(after: Double, String)
     }
 
     /// Work the caller must do to close the cycle.
@@ -146,6 +167,8 @@ public struct CycleStateMachine: Sendable, Hashable {
     public private(set) var reported: Int
     /// Reports being validated or committed.
     public private(set) var reporting: Int
+    /// Buffered mode: assignments admitted, not reported and not expired (the devices training now).
+    public private(set) var inFlight: Int
     private var workerForKey: [String: String]
     private var previousCycleKeys: Set<String>
 
@@ -168,8 +191,9 @@ public struct CycleStateMachine: Sendable, Hashable {
         self.cycle = cycle
         self.checkpoint = checkpoint
         self.openedAt = openedAt
-        self.deadline = openedAt.addingTimeInterval(configuration.cycleLength)
+        self.deadline = configuration.buffered ? .distantFuture : openedAt.addingTimeInterval(configuration.cycleLength)
         self.phase = completed ? .completed : .open
+        self.inFlight = 0
         self.completedCycles = completedCycles
         self.abandonedCycles = abandonedCycles
         self.assignments = [:]
@@ -180,6 +204,7 @@ public struct CycleStateMachine: Sendable, Hashable {
         for var assignment in assignments {
             if assignment.state == .reporting { assignment.state = .assigned }
             if assignment.state == .reported { reported += 1 }
+            if assignment.state == .assigned { inFlight += 1 }
             self.assignments[assignment.workerID] = assignment
             workerForKey[assignment.requestKey] = assignment.workerID
         }
@@ -189,6 +214,10 @@ public struct CycleStateMachine: Sendable, Hashable {
     /// How long a rejected device should wait: until the current cycle's deadline (when the next one opens at
     /// the latest), spread by `jitter` (0…1) over the pace-steering window.
     private func retryAfter(now: Date, jitter: Double) -> Double {
+        if configuration.buffered {
+            // No deadline: a place frees when a training device reports, at a rate nothing here predicts.
+            return max(1, (configuration.paceSteeringWindow * (0.5 + min(max(jitter, 0), 1))).rounded(.up))
+        }
         let untilDeadline = phase == .open ? max(0, deadline.timeIntervalSince(now)) : 0
         let spread = min(max(jitter, 0), 1) * configuration.paceSteeringWindow
         return (untilDeadline + spread).rounded(.up)
@@ -201,6 +230,15 @@ public struct CycleStateMachine: Sendable, Hashable {
     /// return at once.
     public func nextCycleExpected(now: Date, jitter: Double) -> Double {
         guard phase == .open else { return 0 }
+        if configuration.buffered {
+            // The next release at the rate reports came in so far (none yet: the pace-steering window), at most the
+            // time an admitted device has to report.
+            let spread = 1 + min(max(jitter, 0), 1) * 0.1
+            guard reported > 0 else { return max(1, configuration.paceSteeringWindow * spread).rounded(.up) }
+            let elapsed = max(1, now.timeIntervalSince(openedAt))
+            let expected = elapsed / Double(reported) * Double(max(0, configuration.goalCount - reported))
+            return min(configuration.cycleLength, max(1, expected * spread)).rounded(.up)
+        }
         let untilDeadline = max(0, deadline.timeIntervalSince(now))
         guard reported > 0, reported < configuration.goalCount else { return untilDeadline.rounded(.up) }
         // At least a second of history, and at least a second's wait: a burst at the opening predicts nothing.
@@ -231,6 +269,7 @@ public struct CycleStateMachine: Sendable, Hashable {
         if now >= deadline {
             return .rejected(retryAfter: retryAfter(now: now, jitter: jitter), reason: "cycle_closing")
         }
+        if configuration.buffered { return requestBuffered(workerID: workerID, now: now, newRequestKey: newRequestKey, jitter: jitter) }
         let remaining = deadline.timeIntervalSince(now)
         if let existing = assignments[workerID] {
             if existing.state == .reported {
@@ -247,6 +286,48 @@ public struct CycleStateMachine: Sendable, Hashable {
         return .assigned(assignment, reportWithin: remaining, isNew: true)
     }
 
+    /// Whether a buffered assignment's time to report has passed at `now`.
+    private func isExpired(_ assignment: Assignment, now: Date) -> Bool {
+        assignment.assignedAt <= now.addingTimeInterval(-configuration.cycleLength)
+    }
+
+    /// Marks buffered assignments whose time to report passed as expired, freeing their places.
+    private mutating func expireAssignments(now: Date) {
+        for (worker, assignment) in assignments where assignment.state == .assigned && isExpired(assignment, now: now) {
+            assignments[worker]?.state = .expired
+            inFlight -= 1
+        }
+    }
+
+    /// A buffered check-in: admitted while fewer than `capacity` devices are training, into the open buffer.
+    private mutating func requestBuffered(workerID: String, now: Date, newRequestKey: String, jitter: Double) -> CycleDecision {
+        if let existing = assignments[workerID] {
+            switch existing.state {
+            case .reported:
+                return .rejected(retryAfter: nextCycleExpected(now: now, jitter: jitter), reason: "already_reported")
+            case .expired:
+                return .rejected(retryAfter: nextCycleExpected(now: now, jitter: jitter), reason: "assignment_expired")
+            case .assigned, .reporting:
+                if existing.state == .assigned && isExpired(existing, now: now) {
+                    assignments[workerID]?.state = .expired
+                    inFlight -= 1
+                    return .rejected(retryAfter: nextCycleExpected(now: now, jitter: jitter), reason: "assignment_expired")
+                }
+                let remaining = existing.assignedAt.addingTimeInterval(configuration.cycleLength).timeIntervalSince(now)
+                return .assigned(existing, reportWithin: remaining, isNew: false)
+            }
+        }
+        if inFlight >= configuration.capacity { expireAssignments(now: now) }
+        guard inFlight < configuration.capacity else {
+            return .rejected(retryAfter: retryAfter(now: now, jitter: jitter), reason: "cycle_full")
+        }
+        let assignment = Assignment(workerID: workerID, requestKey: newRequestKey, assignedAt: now)
+        assignments[workerID] = assignment
+        workerForKey[newRequestKey] = workerID
+        inFlight += 1
+        return .assigned(assignment, reportWithin: configuration.cycleLength, isNew: true)
+    }
+
     /// The worker a request key of the current cycle was issued to.
     public func owner(ofRequestKey key: String) -> String? { workerForKey[key] }
 
@@ -255,6 +336,7 @@ public struct CycleStateMachine: Sendable, Hashable {
         guard let assignment = assignments[workerID], assignment.state == .assigned else { return }
         assignments[workerID] = nil
         workerForKey[assignment.requestKey] = nil
+        if configuration.buffered { inFlight -= 1 }
     }
 
     /// A report arrives; on ``ReportDecision/proceed(cycle:)`` the caller validates and commits it, then calls
@@ -274,8 +356,19 @@ public struct CycleStateMachine: Sendable, Hashable {
             return .refused(.reportAlreadyReceived, "a report for this request key was already accepted")
         case .reporting:
             return .refused(.reportAlreadyReceived, "a report for this request key is being processed")
+        case .expired:
+            return .refused(.deadlinePassed, "the assignment's time to report passed")
         case .assigned:
             break
+        }
+        if configuration.buffered {
+            if isExpired(assignment, now: now) {
+                assignments[workerID]?.state = .expired
+                inFlight -= 1
+                return .refused(.deadlinePassed, "the assignment's time to report passed")
+            }
+            if phase == .completed { return .refused(.deadlinePassed, "the process completed its releases") }
+            guard phase == .open else { return .retry(after: 1, "buffer \(cycle) is being published; send the report again in a moment") }
         }
         guard phase == .open, now < deadline else {
             return .refused(.deadlinePassed, "cycle \(cycle) stopped accepting reports")
@@ -284,6 +377,15 @@ public struct CycleStateMachine: Sendable, Hashable {
         assignments[workerID] = assignment
         reporting += 1
         return .proceed(cycle: cycle)
+    }
+
+    /// Buffered mode: ends an assignment whose report was refused for good (too stale), freeing its place.
+    public mutating func expire(workerID: String, requestKey: String) {
+        guard configuration.buffered, let assignment = assignments[workerID], assignment.requestKey == requestKey, assignment.state == .assigned else {
+            return
+        }
+        assignments[workerID]?.state = .expired
+        inFlight -= 1
     }
 
     /// A report that began was refused or failed to commit; the worker may report again.
@@ -302,6 +404,7 @@ public struct CycleStateMachine: Sendable, Hashable {
         assignments[workerID] = assignment
         reporting -= 1
         reported += 1
+        if configuration.buffered { inFlight -= 1 }
         if phase == .open && reported >= configuration.goalCount { phase = .closing }
         return closeIfReady()
     }
@@ -316,12 +419,14 @@ public struct CycleStateMachine: Sendable, Hashable {
                 local.state = .reported
                 assignments[incoming.workerID] = local
                 reported += 1
+                if configuration.buffered { inFlight -= 1 }
             } else {
                 var adopted = incoming
                 if adopted.state == .reporting { adopted.state = .assigned }
                 assignments[adopted.workerID] = adopted
                 workerForKey[adopted.requestKey] = adopted.workerID
                 if adopted.state == .reported { reported += 1 }
+                if adopted.state == .assigned && configuration.buffered { inFlight += 1 }
             }
         }
         if phase == .open && reported >= configuration.goalCount { phase = .closing }
@@ -330,6 +435,7 @@ public struct CycleStateMachine: Sendable, Hashable {
 
     /// The timer ticked: closes the cycle when its deadline has passed.
     public mutating func timerFired(now: Date) -> CycleAction? {
+        if configuration.buffered && phase == .open { expireAssignments(now: now) }
         if phase == .open && now >= deadline { phase = .closing }
         return closeIfReady()
     }
@@ -357,23 +463,41 @@ public struct CycleStateMachine: Sendable, Hashable {
             let finished = configuration.cycles > 0 && completedCycles + 1 >= configuration.cycles
             return Transition(
                 closedCycle: closed, aggregated: true, checkpoint: checkpoint + 1, nextCycle: finished ? nil : closed + 1,
-                openedAt: now, deadline: now.addingTimeInterval(configuration.cycleLength)
+                openedAt: now, deadline: nextDeadline(now)
             )
         case .abandon(let closed, _):
             return Transition(
                 closedCycle: closed, aggregated: false, checkpoint: checkpoint, nextCycle: closed + 1,
-                openedAt: now, deadline: now.addingTimeInterval(configuration.cycleLength)
+                openedAt: now, deadline: nextDeadline(now)
             )
         }
     }
 
-    /// Applies a transition once it is persisted.
+    private func nextDeadline(_ now: Date) -> Date {
+        configuration.buffered ? .distantFuture : now.addingTimeInterval(configuration.cycleLength)
+    }
+
+    /// Buffered mode: the assignment times at or before which an assignment is not carried into the next buffer
+    /// (expired at the transition); the store carries over exactly those after it.
+    public func carryOverCutoff(at now: Date) -> Date? {
+        configuration.buffered ? now.addingTimeInterval(-configuration.cycleLength) : nil
+    }
+
+    /// Applies a transition once it is persisted. In buffered mode the assignments still training (admitted, not
+    /// reported, not expired at the transition's time) carry over into the next buffer with their keys.
     public mutating func apply(_ transition: Transition) {
         precondition(phase == .transitioning && transition.closedCycle == cycle, "transition does not match cycle \(cycle)")
         if transition.aggregated { completedCycles += 1 } else { abandonedCycles += 1 }
-        previousCycleKeys = Set(workerForKey.keys)
-        assignments = [:]
-        workerForKey = [:]
+        var carried: [String: Assignment] = [:]
+        if let cutoff = carryOverCutoff(at: transition.openedAt), transition.nextCycle != nil {
+            for (worker, assignment) in assignments where assignment.state == .assigned && assignment.assignedAt > cutoff {
+                carried[worker] = assignment
+            }
+        }
+        previousCycleKeys = Set(workerForKey.keys.filter { key in workerForKey[key].map { carried[$0] == nil } ?? true })
+        assignments = carried
+        workerForKey = Dictionary(uniqueKeysWithValues: carried.values.map { ($0.requestKey, $0.workerID) })
+        inFlight = carried.count
         reported = 0
         reporting = 0
         checkpoint = transition.checkpoint

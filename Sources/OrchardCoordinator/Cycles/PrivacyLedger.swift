@@ -46,10 +46,11 @@ public struct PrivacyMechanism: Sendable, Hashable {
     /// Prepares the mechanism of a validated configuration.
     public init(config: PrivacyConfig, server: ServerConfig) {
         self.config = config
-        goalCount = server.goalCount
-        samplingRate = config.samplingRate(capacity: server.capacity)
-        accountedNoiseMultiplier = config.aggregateNoiseMultiplier(minimumReports: server.minimumReports)
-        updateNoiseMultiplier = config.updateNoiseMultiplier(expectedReports: server.goalCount) ?? config.noiseMultiplier
+        // In buffered mode a release is a full buffer: K reports, drawn (by assumption) from the population like a cycle.
+        goalCount = server.releaseGoal
+        samplingRate = config.samplingRate(capacity: server.releaseCapacity)
+        accountedNoiseMultiplier = config.aggregateNoiseMultiplier(minimumReports: server.releaseMinimum)
+        updateNoiseMultiplier = config.updateNoiseMultiplier(expectedReports: server.releaseGoal) ?? config.noiseMultiplier
         stepRDP = RenyiDP.defaultOrders.map { [samplingRate, accountedNoiseMultiplier] in
             RenyiDP.stepRDP(samplingRate: samplingRate, noiseMultiplier: accountedNoiseMultiplier, order: $0)
         }

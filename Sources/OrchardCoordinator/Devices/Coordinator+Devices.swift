@@ -42,6 +42,13 @@ extension Coordinator {
                 "process '\(request.processName)' uses secure aggregation, which needs protocol \(WireProtocol.secureAggregationVersion) or later; this device speaks \(request.protocolVersion)"
             )
         }
+        if runtime.process.serverConfig.bufferedAggregation != nil && request.protocolVersion < WireProtocol.bufferedAggregationVersion {
+            // An older device would not say which checkpoint it trained from, which a buffered report is weighed by.
+            throw CoordinatorError(
+                .unsupportedVersion,
+                "process '\(request.processName)' aggregates buffered (asynchronously), which needs protocol \(WireProtocol.bufferedAggregationVersion) or later; this device speaks \(request.protocolVersion)"
+            )
+        }
         if runtime.process.serverConfig.secureAggregation?.parameters.consistencyCheck == true
             && request.protocolVersion < WireProtocol.signedSecureAggregationVersion
         {
@@ -384,7 +391,7 @@ extension Coordinator {
         guard planID == runtime.process.id else {
             throw CoordinatorError(.notFound, "plan '\(planID)' is not the one assigned (\(runtime.process.id))")
         }
-        let local = runtime.process.serverConfig.privacy?.devicePrivacy(minimumReports: runtime.process.serverConfig.minimumReports)
+        let local = runtime.process.serverConfig.privacy?.devicePrivacy(minimumReports: runtime.process.serverConfig.releaseMinimum)
         let server = runtime.process.serverConfig
         return TrainingPlan(
             planID: planID, model: runtime.process.model, clientConfig: runtime.process.clientConfig, localPrivacy: local,

@@ -18,7 +18,7 @@ extension CoordinatorError {
         case .forbidden, .sessionProcessMismatch, .invalidRequestKey, .workerLimitReached: 403
         case .unknownWorker, .unknownProcess, .unknownCheckpoint, .notFound: 404
         case .methodNotAllowed: 405
-        case .reportAlreadyReceived, .deadlinePassed, .evaluationAlreadyReceived, .evaluationClosed, .processExists, .aggregationModeMismatch, .stageClosed,
+        case .reportAlreadyReceived, .deadlinePassed, .reportTooStale, .evaluationAlreadyReceived, .evaluationClosed, .processExists, .aggregationModeMismatch, .stageClosed,
             .droppedDevice, .duplicateMessage:
             409
         case .payloadTooLarge: 413
@@ -27,7 +27,7 @@ extension CoordinatorError {
         case .tensorMismatch, .shapeMismatch, .dtypeMismatch, .nonFiniteValues, .frozenTensorChanged, .invalidSampleCount, .updateNormExceeded,
             .invalidSecureAggregationMessage, .unsupportedFormat:
             422
-        case .tooManyUploads: 503
+        case .tooManyUploads, .bufferReleasing: 503
         default: 500
         }
     }

@@ -84,13 +84,23 @@ extension Coordinator {
             metrics.reportsRefused.increment()
             throw error
         }
+        var staleness: Int?
+        if let buffer = runtime.process.serverConfig.bufferedAggregation {
+            do throws(CoordinatorError) {
+                staleness = try Self.staleness(of: metadata, current: runtime.machine.checkpoint, buffer: buffer)
+            } catch {
+                metrics.reportsRefused.increment()
+                if error.code == .reportTooStale { runtime.machine.expire(workerID: metadata.workerID, requestKey: metadata.requestKey) }
+                throw error
+            }
+        }
         switch runtime.machine.beginReport(workerID: metadata.workerID, requestKey: metadata.requestKey, now: clock.date) {
         case .refused(let code, let message):
             metrics.reportsRefused.increment()
-            switch code {
-            case .invalidRequestKey: throw CoordinatorError(code, message)
-            default: throw CoordinatorError(code, message)
-            }
+            throw CoordinatorError(code, message)
+        case .retry(let after, let message):
+            metrics.reportsRefused.increment()
+            throw CoordinatorError(.bufferReleasing, message, retryAfter: after)
         case .proceed(let cycle):
             let server = runtime.process.serverConfig
             return ReportTicket(
@@ -98,9 +108,31 @@ extension Coordinator {
                 updateNormBound: server.updateNormBound, updateNormPolicy: server.updateNormPolicy,
                 privacyClippingNorm: runtime.privacy.flatMap { $0.mechanism.serverClippingNorm($0.ledger) },
                 localNormCeiling: runtime.privacy?.mechanism.localNormCeiling(dimension: runtime.layout.trainableCount),
-                requestKey: metadata.requestKey, generation: runtime.generation
+                requestKey: metadata.requestKey, generation: runtime.generation, staleness: staleness,
+                foldScale: Runtime.foldScale(staleness: staleness, server: server)
             )
         }
+    }
+
+    /// A buffered report's staleness: checkpoints published since the one it says it trained from.
+    /// - Throws: `invalid_request` without a checkpoint or with one not yet published; `report_too_stale` past
+    ///   `max_staleness`.
+    static func staleness(of metadata: ReportMetadata, current: Int, buffer: BufferedAggregationConfig) throws(CoordinatorError) -> Int {
+        guard let trained = metadata.checkpoint else {
+            throw CoordinatorError(
+                .invalidRequest, "a report to a buffered process must say which checkpoint it trained from (checkpoint in the report's metadata)")
+        }
+        guard (0...current).contains(trained) else {
+            throw CoordinatorError(.invalidRequest, "checkpoint \(trained) is not one the process has published (the latest is \(current))")
+        }
+        let staleness = current - trained
+        if staleness > buffer.maxStaleness {
+            throw CoordinatorError(
+                .reportTooStale,
+                "the report trained from checkpoint \(trained), \(staleness) checkpoints ago; this process takes reports at most \(buffer.maxStaleness) old (max_staleness): check in again for the latest checkpoint"
+            )
+        }
+        return staleness
     }
 
     /// Reloads a process from the store after its in-memory state could not be kept in step with it; returns
@@ -155,7 +187,7 @@ extension Coordinator {
         do throws(StoreError) {
             // A robust rule reads every report back from the store when the cycle closes; nothing is summed here.
             if runtime.robust == nil && !alreadySummed {
-                try runtime.sum.add(diff, weight: runtime.foldWeight(sampleCount: sampleCount), unclipped: unclipped)
+                try runtime.sum.add(diff, weight: runtime.foldWeight(sampleCount: sampleCount), scale: ticket.foldScale, unclipped: unclipped)
             }
         } catch {
             // The report is committed in the store but could not be read back into the running sum: reload the
@@ -170,6 +202,12 @@ extension Coordinator {
             logger.error("the running sum lacks a committed report", metadata: ["process": "\(ticket.processID)", "worker": "\(workerID)"])
         }
         if runtime.robust == nil && !alreadySummed { runtime.unfolded.append(workerID) }
+        if let staleness = ticket.staleness, !alreadySummed {
+            runtime.bufferStaleness.sum += staleness
+            runtime.bufferStaleness.count += 1
+            runtime.bufferStaleness.max = max(runtime.bufferStaleness.max, staleness)
+            metrics.reportStaleness.record(staleness)
+        }
         var action =
             reloaded
             ? runtime.machine.synchronize(with: [CycleStateMachine.Assignment(workerID: workerID, requestKey: ticket.requestKey, state: .reported)])

@@ -124,10 +124,14 @@ public final class ReportUpload {
                 try await clip(to: bound)
             }
         }
-        let metricsJSON = (try? WireCoding.encoder().encode(metadata.metrics)).map { String(decoding: $0, as: UTF8.self) } ?? "{}"
+        var recorded = metadata.metrics
+        // Buffered: the cycle history's metrics carry each release's mean staleness (the coordinator's, not the device's).
+        if let staleness = ticket.staleness { recorded["staleness"] = Double(staleness) }
+        let metricsJSON = (try? WireCoding.encoder().encode(recorded)).map { String(decoding: $0, as: UTF8.self) } ?? "{}"
         let record = ReportRecord(
             processID: ticket.processID, cycle: ticket.cycle, workerID: metadata.workerID, requestKey: metadata.requestKey,
-            sampleCount: metadata.sampleCount, metricsJSON: metricsJSON, unclipped: unclipped, instance: coordinator.foldInstance
+            sampleCount: metadata.sampleCount, metricsJSON: metricsJSON, unclipped: unclipped, instance: coordinator.foldInstance,
+            staleness: ticket.staleness
         )
         let started = ContinuousClock.now
         do {
@@ -135,10 +139,15 @@ public final class ReportUpload {
         } catch {
             let refusal: CoordinatorError
             if let storeError = error as? StoreError, storeError.code == .cycleClosed {
-                refusal =
-                    await coordinator.confirmShared(processID: ticket.processID)
-                    ? CoordinatorError(.deadlinePassed, "cycle \(ticket.cycle) closed before the report was committed")
-                    : CoordinatorError(.unknownProcess, "the process of this report is no longer hosted")
+                if !(await coordinator.confirmShared(processID: ticket.processID)) {
+                    refusal = CoordinatorError(.unknownProcess, "the process of this report is no longer hosted")
+                } else if ticket.staleness != nil {
+                    // Buffered: another instance published the buffer meanwhile; the assignment moved into the next one.
+                    refusal = CoordinatorError(
+                        .bufferReleasing, "buffer \(ticket.cycle) was published before the report was committed; send it again", retryAfter: 1)
+                } else {
+                    refusal = CoordinatorError(.deadlinePassed, "cycle \(ticket.cycle) closed before the report was committed")
+                }
             } else if let storeError = error as? StoreError, storeError.code == .duplicate {
                 refusal = CoordinatorError(.reportAlreadyReceived, storeError.message)
             } else {

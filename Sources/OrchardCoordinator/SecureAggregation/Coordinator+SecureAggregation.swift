@@ -230,6 +230,8 @@ extension Coordinator {
             switch runtime.machine.beginReport(workerID: worker, requestKey: requestKey, now: now) {
             case .refused(let code, let message):
                 throw CoordinatorError(code == .deadlinePassed ? .stageClosed : code, message)
+            case .retry(_, let message):
+                throw CoordinatorError(.stageClosed, message)
             case .proceed:
                 break
             }

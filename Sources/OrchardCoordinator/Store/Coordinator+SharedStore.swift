@@ -301,7 +301,9 @@ extension Coordinator {
     }
 
     static func machineAssignment(_ stored: StoredAssignment) -> CycleStateMachine.Assignment {
-        CycleStateMachine.Assignment(workerID: stored.workerID, requestKey: stored.requestKey, state: stored.reported ? .reported : .assigned)
+        CycleStateMachine.Assignment(
+            workerID: stored.workerID, requestKey: stored.requestKey, state: stored.reported ? .reported : .assigned,
+            assignedAt: stored.assignedAt ?? Date(timeIntervalSince1970: 0))
     }
 
     /// Seals the open cycle in the shared store and takes every instance's contribution into this runtime: the running
@@ -328,13 +330,14 @@ extension Coordinator {
             let accumulator = RecoveryAccumulator(sum: sum)
             // A robust rule reads every instance's reports when it aggregates (``Coordinator/robustDelta(processID:cycle:rule:layout:)``).
             if runtime.robust == nil {
+                let server = runtime.process.serverConfig
                 try await store.forEachPendingDiff(processID: processID, cycle: cycle) { pending in
                     guard pending.diff.count == count * 4 else {
                         throw StoreError(.corrupt, "stored diff of worker \(pending.workerID) has \(pending.diff.count) bytes")
                     }
                     accumulator.add(
-                        pending.diff, weight: Runtime.foldWeight(sampleCount: pending.sampleCount, private: isPrivate), unclipped: pending.unclipped,
-                        worker: pending.workerID
+                        pending.diff, weight: Runtime.foldWeight(sampleCount: pending.sampleCount, private: isPrivate),
+                        scale: Runtime.foldScale(staleness: pending.staleness, server: server), unclipped: pending.unclipped, worker: pending.workerID
                     )
                 }
             }
@@ -415,9 +418,10 @@ extension Coordinator {
         let window = runtime.process.serverConfig.paceSteeringWindow
         let outcome: StoredAdmission
         do {
+            // Buffered: the devices still training count against max_concurrency, across buffers.
             outcome = try await store.admit(
                 processID: processID, cycle: cycle, workerID: workerID, requestKey: assignment.requestKey, at: now,
-                limit: runtime.machine.configuration.capacity
+                limit: runtime.machine.configuration.capacity, inFlightAfter: runtime.machine.carryOverCutoff(at: now)
             )
         } catch let error as StoreError where error.code == .cycleClosed {
             revoke(processID: processID, cycle: cycle, workerID: workerID, requestKey: assignment.requestKey)

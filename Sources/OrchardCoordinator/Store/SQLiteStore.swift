@@ -199,6 +199,10 @@ public final class SQLiteStore: CoordinatorStore {
                         PRIMARY KEY (process_id, checkpoint));
                     """)
         }
+        // Buffered aggregation: a report's staleness (its fold weight's factor, applied again on recovery).
+        migrator.registerMigration("v11-buffered") { db in
+            try db.execute(sql: "ALTER TABLE assignments ADD COLUMN staleness INTEGER")
+        }
         return migrator
     }
 
@@ -313,10 +317,12 @@ public final class SQLiteStore: CoordinatorStore {
             let number: Int = row["number"]
             let cycle = StoredCycle(number: number, checkpoint: row["checkpoint"], openedAt: Date(timeIntervalSince1970: row["opened_at"]))
             let assignments = try Row.fetchAll(
-                db, sql: "SELECT worker_id, request_key, reported, instance FROM assignments WHERE process_id = ? AND cycle = ?",
+                db, sql: "SELECT worker_id, request_key, reported, instance, assigned_at FROM assignments WHERE process_id = ? AND cycle = ?",
                 arguments: [processID, number]
             ).map {
-                StoredAssignment(workerID: $0["worker_id"], requestKey: $0["request_key"], reported: $0["reported"], instance: $0["instance"])
+                StoredAssignment(
+                    workerID: $0["worker_id"], requestKey: $0["request_key"], reported: $0["reported"], instance: $0["instance"],
+                    assignedAt: Date(timeIntervalSince1970: $0["assigned_at"]))
             }
             var sums: [String: StoredPartialSum] = [:]
             for sum in try Row.fetchAll(
@@ -361,7 +367,7 @@ public final class SQLiteStore: CoordinatorStore {
             let cursor = try Row.fetchCursor(
                 db,
                 sql: """
-                    SELECT worker_id, sample_count, unclipped, diff, diff_file, instance FROM assignments
+                    SELECT worker_id, sample_count, unclipped, diff, diff_file, instance, staleness FROM assignments
                     WHERE process_id = ? AND cycle = ? AND reported = 1 AND (diff IS NOT NULL OR diff_file IS NOT NULL)
                     """, arguments: [processID, cycle])
             while let row = try cursor.next() {
@@ -376,7 +382,7 @@ public final class SQLiteStore: CoordinatorStore {
                 try body(
                     PendingDiff(
                         workerID: row["worker_id"], sampleCount: row["sample_count"], unclipped: row["unclipped"], diff: bytes,
-                        instance: instance ?? CoordinatorConfiguration.defaultInstanceID
+                        instance: instance ?? CoordinatorConfiguration.defaultInstanceID, staleness: row["staleness"]
                     ))
             }
         }
@@ -421,17 +427,30 @@ public final class SQLiteStore: CoordinatorStore {
         try await commits.submit(.assignment(processID: processID, cycle: cycle, workerID: workerID, requestKey: requestKey, at: date))
     }
 
-    public func admit(processID: String, cycle: Int, workerID: String, requestKey: String, at date: Date, limit: Int) async throws -> StoredAdmission {
+    public func admit(processID: String, cycle: Int, workerID: String, requestKey: String, at date: Date, limit: Int, inFlightAfter: Date?) async throws
+        -> StoredAdmission
+    {
         try await pool.write { db in
             let status = try String.fetchOne(db, sql: "SELECT status FROM cycles WHERE process_id = ? AND number = ?", arguments: [processID, cycle])
             guard status == "open" else { throw StoreError(.cycleClosed, "cycle \(cycle) of process \(processID) is not open") }
             if let row = try Row.fetchOne(
-                db, sql: "SELECT request_key, reported, instance FROM assignments WHERE process_id = ? AND cycle = ? AND worker_id = ?",
+                db, sql: "SELECT request_key, reported, instance, assigned_at FROM assignments WHERE process_id = ? AND cycle = ? AND worker_id = ?",
                 arguments: [processID, cycle, workerID])
             {
-                return .existing(StoredAssignment(workerID: workerID, requestKey: row["request_key"], reported: row["reported"], instance: row["instance"]))
+                return .existing(
+                    StoredAssignment(
+                        workerID: workerID, requestKey: row["request_key"], reported: row["reported"], instance: row["instance"],
+                        assignedAt: Date(timeIntervalSince1970: row["assigned_at"])))
             }
-            let count = try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM assignments WHERE process_id = ? AND cycle = ?", arguments: [processID, cycle]) ?? 0
+            let count: Int
+            if let inFlightAfter {
+                count =
+                    try Int.fetchOne(
+                        db, sql: "SELECT COUNT(*) FROM assignments WHERE process_id = ? AND cycle = ? AND reported = 0 AND assigned_at > ?",
+                        arguments: [processID, cycle, inFlightAfter.timeIntervalSince1970]) ?? 0
+            } else {
+                count = try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM assignments WHERE process_id = ? AND cycle = ?", arguments: [processID, cycle]) ?? 0
+            }
             guard count < limit else { return .full }
             do {
                 try db.execute(
@@ -521,12 +540,12 @@ public final class SQLiteStore: CoordinatorStore {
                         guard open else { throw StoreError(.cycleClosed, "cycle \(report.cycle) is not open") }
                         try db.cachedStatement(
                             sql: """
-                                UPDATE assignments SET reported = 1, sample_count = ?, metrics = ?, diff_file = ?, unclipped = ?, instance = ?
+                                UPDATE assignments SET reported = 1, sample_count = ?, metrics = ?, diff_file = ?, unclipped = ?, instance = ?, staleness = ?
                                 WHERE process_id = ? AND cycle = ? AND worker_id = ? AND request_key = ? AND reported = 0
                                 """
                         ).execute(arguments: [
-                            report.sampleCount, report.metricsJSON, file, report.unclipped, report.instance, report.processID, report.cycle, report.workerID,
-                            report.requestKey,
+                            report.sampleCount, report.metricsJSON, file, report.unclipped, report.instance, report.staleness, report.processID, report.cycle,
+                            report.workerID, report.requestKey,
                         ])
                         guard db.changesCount == 1 else {
                             throw StoreError(.duplicate, "no unreported assignment for this worker and request key in cycle \(report.cycle)")
@@ -608,7 +627,15 @@ public final class SQLiteStore: CoordinatorStore {
                 ]
             )
             try db.execute(sql: "DELETE FROM partial_sums WHERE process_id = ? AND cycle = ?", arguments: [closure.processID, closure.closedCycle])
-            try db.execute(sql: "DELETE FROM assignments WHERE process_id = ? AND cycle = ?", arguments: [closure.processID, closure.closedCycle])
+            let carryOverAfter = closure.nextCycle == nil ? nil : closure.carryOverAfter
+            if let carryOverAfter {
+                // Buffered: the devices still training keep their assignments, moved into the next buffer below.
+                try db.execute(
+                    sql: "DELETE FROM assignments WHERE process_id = ? AND cycle = ? AND NOT (reported = 0 AND assigned_at > ?)",
+                    arguments: [closure.processID, closure.closedCycle, carryOverAfter.timeIntervalSince1970])
+            } else {
+                try db.execute(sql: "DELETE FROM assignments WHERE process_id = ? AND cycle = ?", arguments: [closure.processID, closure.closedCycle])
+            }
             try db.execute(
                 sql: "DELETE FROM secure_aggregation_events WHERE process_id = ? AND cycle = ?", arguments: [closure.processID, closure.closedCycle])
             if let checkpoint = closure.checkpoint {
@@ -632,6 +659,10 @@ public final class SQLiteStore: CoordinatorStore {
                     sql: "INSERT INTO cycles (process_id, number, checkpoint, opened_at, status) VALUES (?, ?, ?, ?, 'open')",
                     arguments: [closure.processID, next.number, next.checkpoint, next.openedAt.timeIntervalSince1970]
                 )
+                if carryOverAfter != nil {
+                    try db.execute(
+                        sql: "UPDATE assignments SET cycle = ? WHERE process_id = ? AND cycle = ?", arguments: [next.number, closure.processID, closure.closedCycle])
+                }
             } else {
                 try db.execute(sql: "UPDATE processes SET completed = 1 WHERE id = ?", arguments: [closure.processID])
             }

@@ -109,9 +109,12 @@ public struct StoredAssignment: Sendable, Hashable {
     public var reported: Bool
     /// The coordinator instance that accepted its report (nil while unreported, and for secure aggregation).
     public var instance: String?
+    /// When it was admitted (buffered processes expire it `cycle_length` seconds later); nil when not read.
+    public var assignedAt: Date?
 
     /// Creates a record.
-    public init(workerID: String, requestKey: String, reported: Bool, instance: String? = nil) {
+    public init(workerID: String, requestKey: String, reported: Bool, instance: String? = nil, assignedAt: Date? = nil) {
+        self.assignedAt = assignedAt
         self.workerID = workerID
         self.requestKey = requestKey
         self.reported = reported
@@ -216,9 +219,15 @@ public struct PendingDiff: Sendable {
     public var diff: [UInt8]
     /// The instance that accepted the report.
     public var instance: String
+    /// Buffered processes: checkpoints published between the one the device trained from and the report.
+    public var staleness: Int?
 
     /// Creates a record.
-    public init(workerID: String, sampleCount: Int, unclipped: Bool = false, diff: [UInt8], instance: String = CoordinatorConfiguration.defaultInstanceID) {
+    public init(
+        workerID: String, sampleCount: Int, unclipped: Bool = false, diff: [UInt8], instance: String = CoordinatorConfiguration.defaultInstanceID,
+        staleness: Int? = nil
+    ) {
+        self.staleness = staleness
         self.workerID = workerID
         self.sampleCount = sampleCount
         self.unclipped = unclipped
@@ -270,12 +279,16 @@ public struct ReportRecord: Sendable {
     public var unclipped: Bool
     /// The instance that accepted it (and folds it into its partial sum).
     public var instance: String
+    /// Buffered processes: checkpoints published between the one the device trained from and the report (its fold
+    /// weight's staleness factor, applied again on recovery).
+    public var staleness: Int?
 
     /// Creates a record.
     public init(
         processID: String, cycle: Int, workerID: String, requestKey: String, sampleCount: Int, metricsJSON: String, unclipped: Bool = false,
-        instance: String = CoordinatorConfiguration.defaultInstanceID
+        instance: String = CoordinatorConfiguration.defaultInstanceID, staleness: Int? = nil
     ) {
+        self.staleness = staleness
         self.instance = instance
         self.processID = processID
         self.cycle = cycle
@@ -317,12 +330,16 @@ public struct CycleClosure: Sendable {
     public var retention: Int
     /// When the coordinator closed the cycle (kept in the cycle's history record).
     public var closedAt: Date?
+    /// Buffered processes: the unreported assignments admitted after this time move into ``nextCycle`` with their keys
+    /// (the devices still training); nil moves none.
+    public var carryOverAfter: Date?
 
     /// Creates a closure.
     public init(
         processID: String, closedCycle: Int, checkpoint: (number: Int, weights: [UInt8])?, optimizerState: [UInt8]?, privacyState: [UInt8]? = nil,
-        nextCycle: StoredCycle?, retention: Int, closedAt: Date? = nil
+        nextCycle: StoredCycle?, retention: Int, closedAt: Date? = nil, carryOverAfter: Date? = nil
     ) {
+        self.carryOverAfter = carryOverAfter
         self.closedAt = closedAt
         self.processID = processID
         self.closedCycle = closedCycle
@@ -379,9 +396,11 @@ public protocol CoordinatorStore: Sendable {
     /// ``StoreError/Code/duplicate`` when the worker or key already has one.
     func recordAssignment(processID: String, cycle: Int, workerID: String, requestKey: String, at date: Date) async throws
     /// Admits a worker to a cycle that several instances admit to, exactly: records the assignment only if the worker
-    /// holds none in the cycle and the cycle holds fewer than `limit`, however concurrent calls race. Throws
-    /// ``StoreError/Code/cycleClosed`` when the cycle is not open.
-    func admit(processID: String, cycle: Int, workerID: String, requestKey: String, at date: Date, limit: Int) async throws -> StoredAdmission
+    /// holds none in the cycle and the cycle holds fewer than `limit`, however concurrent calls race; with
+    /// `inFlightAfter` (buffered processes) only unreported assignments admitted after that time count against
+    /// `limit`. Throws ``StoreError/Code/cycleClosed`` when the cycle is not open.
+    func admit(processID: String, cycle: Int, workerID: String, requestKey: String, at date: Date, limit: Int, inFlightAfter: Date?) async throws
+        -> StoredAdmission
     /// The assignment of an open or sealed cycle that a request key was issued for, whichever instance issued it.
     func assignment(requestKey: String) async throws -> StoredKeyedAssignment?
     /// Starts the diff of a report that is arriving; nothing refers to it until ``recordReport(_:diff:)``.
@@ -493,6 +512,11 @@ public struct StoredSecureAggregationEvent: Sendable, Hashable {
 }
 
 extension CoordinatorStore {
+    /// ``admit(processID:cycle:workerID:requestKey:at:limit:inFlightAfter:)`` counting every assignment of the cycle.
+    public func admit(processID: String, cycle: Int, workerID: String, requestKey: String, at date: Date, limit: Int) async throws -> StoredAdmission {
+        try await admit(processID: processID, cycle: cycle, workerID: workerID, requestKey: requestKey, at: date, limit: limit, inFlightAfter: nil)
+    }
+
     /// A cycle's secure-aggregation events, by ascending sequence number.
     public func secureAggregationEvents(processID: String, cycle: Int) async throws -> [StoredSecureAggregationEvent] {
         try await secureAggregationEvents(processID: processID, cycle: cycle, from: 0)
