@@ -546,15 +546,17 @@ public final class PostgresStore: CoordinatorStore {
         let rows = try await rows(
             what,
             """
-            SELECT a.process_id, a.cycle, a.worker_id, a.request_key, a.reported, a.instance
+            SELECT a.process_id, a.cycle, a.worker_id, a.request_key, a.reported, a.instance, a.assigned_at
             FROM assignments a JOIN cycles c ON c.process_id = a.process_id AND c.number = a.cycle
             WHERE a.request_key = \(requestKey) AND c.status IN ('open', 'closing')
             """)
         do {
             return try rows.first.map { row in
-                let (process, cycle, worker, key, reported, instance) = try row.decode((String, Int, String, String, Bool, String?).self)
+                let (process, cycle, worker, key, reported, instance, at) = try row.decode((String, Int, String, String, Bool, String?, Double).self)
                 return StoredKeyedAssignment(
-                    processID: process, cycle: cycle, assignment: StoredAssignment(workerID: worker, requestKey: key, reported: reported, instance: instance))
+                    processID: process, cycle: cycle,
+                    assignment: StoredAssignment(
+                        workerID: worker, requestKey: key, reported: reported, instance: instance, assignedAt: Date(timeIntervalSince1970: at)))
             }
         } catch {
             throw PostgresErrors.map(error, what)

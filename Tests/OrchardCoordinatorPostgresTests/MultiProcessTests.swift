@@ -270,3 +270,80 @@ import Testing
         #expect(throws: BenchmarkError.self) { try CoordinatorBenchmark.Configuration(instances: 2).validate() }
     }
 }
+
+/// A buffered process over two `orchard serve` instances on one PostgreSQL database: one instance is SIGKILLed
+/// mid-buffer, and every release is the staleness-weighted fold of exactly the reports acknowledged.
+@Suite(.serialized, TestDatabase.requirement) struct BufferedMultiProcessTests {
+    static func host() -> HostProcessRequest {
+        var request = MultiInstanceTests.host(goal: 1)
+        request.serverConfig.aggregationMode = .buffered
+        request.serverConfig.buffered = BufferedAggregationConfig(bufferSize: 4, maxConcurrency: 10)
+        return request
+    }
+
+    /// `base + Σ nᵢ wᵢ dᵢ / Σ nᵢ` (wᵢ the staleness weight), in Double.
+    static func release(from base: [String: [Float]], _ reports: [(scale: Float, samples: Int, staleness: Int)]) -> [String: [Float]] {
+        let total = Double(reports.reduce(0) { $0 + $1.samples })
+        return base.mapValues { values in
+            values.indices.map { i in
+                let step =
+                    reports.reduce(0.0) { $0 + Double($1.samples) * BufferedAggregationConfig().stalenessWeight($1.staleness) * Double($1.scale) * Double(i + 1) }
+                    / total
+                return Float(Double(values[i]) + step)
+            }
+        }
+    }
+
+    static func report(_ device: MultiProcessTests.Device, scale: Float, samples: Int, checkpoint: Int, to server: MultiProcessTests.Server) async throws
+        -> Int
+    {
+        let assignment = try #require(device.assignment)
+        let body = ReportEnvelope.encode(
+            diff: MultiInstanceTests.diff(scale),
+            metadata: ReportMetadata(workerID: device.auth.workerID, requestKey: assignment.requestKey, sampleCount: samples, checkpoint: checkpoint))
+        let (status, answer) = try await server.send("POST", Endpoint.report, body: body, token: device.auth.sessionToken, contentType: MediaType.safetensors)
+        if status != 200 { print("report answered \(status): \(String(decoding: answer, as: UTF8.self))") }
+        return status
+    }
+
+    static func waitForCheckpoint(_ number: Int, processID: String, at server: MultiProcessTests.Server) async throws -> [String: [Float]] {
+        for _ in 0..<200 {
+            let (_, body) = try await server.send("GET", Endpoint.process(processID), token: "admin")
+            if (try? WireCoding.decoder().decode(ProcessStatus.self, from: Data(body)))?.latestCheckpoint == number {
+                let (_, bytes) = try await server.send("GET", Endpoint.checkpoint(processID, "\(number)"), token: "admin")
+                return try Safetensors.decode(bytes).byName.mapValues(\.values)
+            }
+            try await Task.sleep(for: .milliseconds(50))
+        }
+        throw MultiProcessTests.Failure("checkpoint \(number) was not published")
+    }
+
+    @Test func aKilledInstanceMidBufferLosesNothingAcknowledgedAndCountsNothingTwice() async throws {
+        try await MultiProcessTests.withServers(2) { servers in
+            let hosted = try await servers[0].json(ProcessStatus.self, "POST", Endpoint.processes, Self.host(), token: "admin")
+            // Six devices check in alternately; each reports at the other instance.
+            var devices: [MultiProcessTests.Device] = []
+            for i in 0..<6 { devices.append(try await MultiProcessTests.join(servers[i % 2], name: "multi")) }
+            #expect(devices.allSatisfy { $0.assignment?.checkpoint == 0 })
+            let base = MultiInstanceTests.weights.reduce(into: [String: [Float]]()) { $0[$1.name] = $1.values }
+            for i in 0..<4 {
+                #expect(try await Self.report(devices[i], scale: Float(i + 1) / 4, samples: i + 2, checkpoint: 0, to: servers[(i + 1) % 2]) == 200)
+            }
+            let first = Self.release(from: base, (0..<4).map { (Float($0 + 1) / 4, $0 + 2, 0) })
+            MultiInstanceTests.expectClose(try await Self.waitForCheckpoint(1, processID: hosted.processID, at: servers[0]), first)
+            // Devices 4 and 5 trained from checkpoint 0 and carried over into buffer 2. Instance 1 acknowledges device 4's
+            // report (staleness 1) and is killed.
+            #expect(try await Self.report(devices[4], scale: -0.5, samples: 3, checkpoint: 0, to: servers[1]) == 200)
+            servers[1].kill9()
+            #expect(try await Self.report(devices[4], scale: -0.5, samples: 3, checkpoint: 0, to: servers[0]) == 409, "acknowledged once")
+            #expect(try await Self.report(devices[5], scale: 0.75, samples: 5, checkpoint: 0, to: servers[0]) == 200)
+            // Two new devices train from checkpoint 1 and fill the buffer at the surviving instance.
+            let late = [try await MultiProcessTests.join(servers[0], name: "multi"), try await MultiProcessTests.join(servers[0], name: "multi")]
+            #expect(late.allSatisfy { $0.assignment?.checkpoint == 1 })
+            #expect(try await Self.report(late[0], scale: 1, samples: 2, checkpoint: 1, to: servers[0]) == 200)
+            #expect(try await Self.report(late[1], scale: -1, samples: 4, checkpoint: 1, to: servers[0]) == 200)
+            let second = Self.release(from: first, [(-0.5, 3, 1), (0.75, 5, 1), (1, 2, 0), (-1, 4, 0)])
+            MultiInstanceTests.expectClose(try await Self.waitForCheckpoint(2, processID: hosted.processID, at: servers[0]), second)
+        }
+    }
+}

@@ -309,8 +309,8 @@ import Testing
             let open = try #require(try await stores.peer.openCycle(processID: "p"))
             #expect(
                 Set(open.assignments) == [
-                    StoredAssignment(workerID: "w0", requestKey: "k0", reported: false),
-                    StoredAssignment(workerID: "w1", requestKey: "k1", reported: false),
+                    StoredAssignment(workerID: "w0", requestKey: "k0", reported: false, assignedAt: F.epoch),
+                    StoredAssignment(workerID: "w1", requestKey: "k1", reported: false, assignedAt: F.epoch),
                 ])
         }
     }
@@ -323,13 +323,13 @@ import Testing
             #expect(try await stores.main.admit(processID: "p", cycle: 1, workerID: "w0", requestKey: "k0", at: at, limit: 2) == .admitted)
             #expect(
                 try await stores.peer.admit(processID: "p", cycle: 1, workerID: "w0", requestKey: "k0-again", at: at, limit: 2)
-                    == .existing(StoredAssignment(workerID: "w0", requestKey: "k0", reported: false)))
+                    == .existing(StoredAssignment(workerID: "w0", requestKey: "k0", reported: false, assignedAt: F.epoch)))
             #expect(try await stores.peer.admit(processID: "p", cycle: 1, workerID: "w1", requestKey: "k1", at: at, limit: 2) == .admitted)
             #expect(try await stores.main.admit(processID: "p", cycle: 1, workerID: "w2", requestKey: "k2", at: at, limit: 2) == .full)
             // A worker already admitted still finds its assignment when the cycle is full.
             #expect(
                 try await stores.main.admit(processID: "p", cycle: 1, workerID: "w1", requestKey: "k1b", at: at, limit: 2)
-                    == .existing(StoredAssignment(workerID: "w1", requestKey: "k1", reported: false)))
+                    == .existing(StoredAssignment(workerID: "w1", requestKey: "k1", reported: false, assignedAt: F.epoch)))
             let progress = try #require(try await stores.main.cycleProgress(processID: "p"))
             #expect(progress.assigned == 2 && progress.reported == 0)
             // A cycle that does not exist is not open.
@@ -337,6 +337,48 @@ import Testing
                 try await storeErrorCode {
                     _ = try await stores.main.admit(processID: "p", cycle: 7, workerID: "w3", requestKey: "k3", at: at, limit: 2)
                 } == .cycleClosed)
+        }
+    }
+
+    @Test(arguments: StoreKind.underTest)
+    func bufferedAdmissionCountsOnlyTheDevicesInFlightAndClosingCarriesThemOver(_ kind: StoreKind) async throws {
+        try await withStores(kind) { stores in
+            try await F.host(stores.main)
+            let late = F.epoch.addingTimeInterval(100)
+            for i in 0..<3 {
+                try await stores.main.registerWorker(id: "w\(i)", processID: "p", issuer: nil, subject: nil, at: F.epoch)
+            }
+            // w0 admitted at the epoch, w1 and w2 100 s later; w1 reports (staleness 2).
+            #expect(try await stores.main.admit(processID: "p", cycle: 1, workerID: "w0", requestKey: "k0", at: F.epoch, limit: 2, inFlightAfter: nil) == .admitted)
+            #expect(try await stores.peer.admit(processID: "p", cycle: 1, workerID: "w1", requestKey: "k1", at: late, limit: 2, inFlightAfter: nil) == .admitted)
+            var report = F.report(1, instance: "b")
+            report.staleness = 2
+            try await stores.peer.recordReport(report, bytes: F.diff(1))
+            #expect(try await PendingCollector.pending(stores.main).map(\.staleness) == [2])
+            // Counting every assignment the cycle is full; counting those in flight (unreported, admitted after 50 s), w0's
+            // has expired and w1 reported: room for w2.
+            #expect(try await stores.main.admit(processID: "p", cycle: 1, workerID: "w2", requestKey: "k2", at: late, limit: 2, inFlightAfter: nil) == .full)
+            #expect(
+                try await stores.main.admit(processID: "p", cycle: 1, workerID: "w2", requestKey: "k2", at: late, limit: 1, inFlightAfter: F.epoch.addingTimeInterval(50))
+                    == .admitted)
+            #expect(
+                try await stores.peer.admit(processID: "p", cycle: 1, workerID: "w3", requestKey: "k3", at: late, limit: 1, inFlightAfter: F.epoch.addingTimeInterval(50))
+                    == .full)
+            // Closing with a carry-over: w2 (unreported, admitted after the cutoff) moves into cycle 2 with its key; w0
+            // (expired) and w1 (reported) do not.
+            try await stores.peer.closeCycle(
+                CycleClosure(
+                    processID: "p", closedCycle: 1, checkpoint: nil, optimizerState: nil, nextCycle: F.next(2, checkpoint: 0), retention: 2,
+                    carryOverAfter: F.epoch.addingTimeInterval(50)))
+            let open = try #require(try await stores.main.openCycle(processID: "p"))
+            #expect(open.cycle.number == 2)
+            #expect(open.assignments == [StoredAssignment(workerID: "w2", requestKey: "k2", reported: false, assignedAt: late)])
+            #expect(try await stores.main.assignment(requestKey: "k2")?.cycle == 2)
+            #expect(try await stores.main.assignment(requestKey: "k0") == nil)
+            var carried = F.report(2, cycle: 2, instance: "a")
+            carried.staleness = 1
+            try await stores.main.recordReport(carried, bytes: F.diff(2))
+            #expect(try await stores.peer.cycleProgress(processID: "p")?.reported == 1)
         }
     }
 
@@ -372,12 +414,12 @@ import Testing
             #expect(try await stores.main.admit(processID: "p", cycle: 1, workerID: "w0", requestKey: "k0", at: F.epoch, limit: 10) == .admitted)
             #expect(
                 try await stores.peer.assignment(requestKey: "k0")
-                    == StoredKeyedAssignment(processID: "p", cycle: 1, assignment: StoredAssignment(workerID: "w0", requestKey: "k0", reported: false)))
+                    == StoredKeyedAssignment(processID: "p", cycle: 1, assignment: StoredAssignment(workerID: "w0", requestKey: "k0", reported: false, assignedAt: F.epoch)))
             #expect(try await stores.peer.assignment(requestKey: "nope") == nil)
             try await stores.peer.recordReport(F.report(0, instance: "b"), bytes: F.diff(0))
             #expect(
                 try await stores.main.assignment(requestKey: "k0")?.assignment
-                    == StoredAssignment(workerID: "w0", requestKey: "k0", reported: true, instance: "b"))
+                    == StoredAssignment(workerID: "w0", requestKey: "k0", reported: true, instance: "b", assignedAt: F.epoch))
             #expect(try await stores.main.sealCycle(processID: "p", cycle: 1, at: F.epoch))
             #expect(try await stores.peer.assignment(requestKey: "k0")?.cycle == 1)
             try await stores.main.closeCycle(
@@ -444,9 +486,9 @@ import Testing
             let open = try #require(try await stores.main.openCycle(processID: "p"))
             #expect(
                 Set(open.assignments) == [
-                    StoredAssignment(workerID: "w0", requestKey: "k0", reported: true, instance: "a"),
-                    StoredAssignment(workerID: "w1", requestKey: "k1", reported: true, instance: "b"),
-                    StoredAssignment(workerID: "w2", requestKey: "k2", reported: false),
+                    StoredAssignment(workerID: "w0", requestKey: "k0", reported: true, instance: "a", assignedAt: F.epoch),
+                    StoredAssignment(workerID: "w1", requestKey: "k1", reported: true, instance: "b", assignedAt: F.epoch),
+                    StoredAssignment(workerID: "w2", requestKey: "k2", reported: false, assignedAt: F.epoch),
                 ])
             #expect(try await stores.main.cycleProgress(processID: "p")?.reported == 2)
         }

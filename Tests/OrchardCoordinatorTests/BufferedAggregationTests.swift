@@ -285,6 +285,29 @@ extension CycleStateMachine.CycleDecision {
         }
     }
 
+    @Test func underCentralPrivacyEachReleaseIsNoisedAndCountedByTheAccountant() async throws {
+        let harness = try await Harness.start()
+        try await harness.stopping {
+            var request = Self.host(size: 2, concurrency: 4)
+            request.serverConfig.privacy = PrivacyConfig(clippingNorm: 1, noiseMultiplier: 1, population: 1000)
+            let hosted = try await harness.host(request)
+            #expect(hosted.privacy?.samplingRate == 0.002, "a release takes buffer_size of the population")
+            var epsilons: [Double] = []
+            for release in 0..<2 {
+                let devices = [try await harness.device(), try await harness.device()]
+                for device in devices {
+                    let assignment = try await harness.join(device)
+                    #expect(try await harness.report(device, assignment, diff: Fixture.diff(0.1), samples: 3, checkpoint: release).status == 200)
+                }
+                let status = try await harness.status(hosted.processID)
+                #expect(status.latestCheckpoint == release + 1)
+                #expect(status.privacy?.releases == release + 1)
+                epsilons.append(status.privacy?.epsilon ?? 0)
+            }
+            #expect(epsilons[0] > 0 && epsilons[1] > epsilons[0])
+        }
+    }
+
     @Test func badReportsAreRefusedWithTheirCodes() async throws {
         let harness = try await Harness.start()
         try await harness.stopping {

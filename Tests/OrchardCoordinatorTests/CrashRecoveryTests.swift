@@ -118,6 +118,69 @@ private func temporaryDirectory(_ prefix: String) throws -> URL {
     }
 }
 
+@Suite(.serialized) struct BufferedCrashTests {
+    /// A buffered process (buffers of 3): after the first release, a carried-over device's stale report is acknowledged
+    /// and folded, another races the SIGKILL; after the restart nothing acknowledged is lost or counted twice, and the
+    /// next release is the staleness-weighted fold of exactly its reports.
+    @Test func killDashNineMidBufferLosesNothingAcknowledgedAndCountsNothingTwice() async throws {
+        let directory = try temporaryDirectory("orchard-buffered-crash-")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let database = directory.appendingPathComponent("coordinator.sqlite").path
+        var server = try ServerProcess(database: database, foldInterval: 1)
+        defer { server.terminate() }
+        var http = server.http
+        let hosted = try await http.json("POST", Endpoint.processes, BufferedCoordinatorTests.host(size: 3, concurrency: 6), token: Harness.adminToken)
+            .decode(ProcessStatus.self)
+        func join(on http: HTTP) async throws -> (AuthenticateResponse, CycleAssignment) {
+            let device = try await http.json("POST", Endpoint.authenticate, AuthenticateRequest(processName: "tiny", processVersion: SemanticVersion(1)))
+                .decode(AuthenticateResponse.self)
+            let response = try await http.json(
+                "POST", Endpoint.cycleRequest, CycleRequest(workerID: device.workerID, processName: "tiny", processVersion: SemanticVersion(1)),
+                token: device.sessionToken
+            ).decode(CycleResponse.self)
+            guard case .accepted(let assignment) = response else { throw HarnessError(description: "device rejected: \(response)") }
+            return (device, assignment)
+        }
+        var devices: [(AuthenticateResponse, CycleAssignment)] = []
+        for _ in 0..<5 { devices.append(try await join(on: http)) }
+        let reports: [(scale: Float, samples: Int)] = [(0.1, 3), (-0.3, 1), (0.2, 7), (0.5, 2), (-0.4, 4), (0.3, 5)]
+        func body(_ i: Int) -> [UInt8] {
+            ReportEnvelope.encode(
+                diff: Fixture.diff(reports[i].scale),
+                metadata: ReportMetadata(
+                    workerID: devices[i].0.workerID, requestKey: devices[i].1.requestKey, sampleCount: reports[i].samples, checkpoint: devices[i].1.checkpoint))
+        }
+        for i in 0..<3 { #expect(try await http.send("POST", Endpoint.report, body: body(i), token: devices[i].0.sessionToken).status == 200) }
+        let first = BufferedCoordinatorTests.expectedRelease(from: Fixture.host().weightsByName, [(0.1, 3, 0), (-0.3, 1, 0), (0.2, 7, 0)])
+        // Device 3 (carried over, staleness 1) is acknowledged; device 4's report races the kill.
+        #expect(try await http.send("POST", Endpoint.report, body: body(3), token: devices[3].0.sessionToken).status == 200)
+        let racingBody = body(4), racingToken = devices[4].0.sessionToken
+        let racing = Task { [http] in try? await http.send("POST", Endpoint.report, body: racingBody, token: racingToken) }
+        server.kill9()
+        _ = await racing.value
+
+        server = try ServerProcess(database: database, foldInterval: 1)
+        http = server.http
+        let status = try await http.send("GET", Endpoint.process(hosted.processID), token: Harness.adminToken).decode(ProcessStatus.self)
+        #expect(status.latestCheckpoint == 1)
+        let fill = try #require(status.currentCycle?.buffered?.bufferFill)
+        #expect(fill == 1 || fill == 2)
+        #expect(try await http.send("POST", Endpoint.report, body: body(3), token: devices[3].0.sessionToken).errorCode == "report_already_received")
+        let resent = try await http.send("POST", Endpoint.report, body: body(4), token: devices[4].0.sessionToken)
+        #expect(resent.status == (fill == 2 ? 409 : 200))
+        // A device admitted after the restart trains from checkpoint 1 and fills the buffer.
+        devices.append(try await join(on: http))
+        #expect(devices[5].1.checkpoint == 1)
+        #expect(try await http.send("POST", Endpoint.report, body: body(5), token: devices[5].0.sessionToken).status == 200)
+        let final = try await http.send("GET", Endpoint.process(hosted.processID), token: Harness.adminToken).decode(ProcessStatus.self)
+        #expect(final.latestCheckpoint == 2)
+        let checkpoint = try await http.send("GET", Endpoint.checkpoint(hosted.processID, "latest"), token: Harness.adminToken)
+        expectClose(
+            try Safetensors.decode(checkpoint.body).byName.mapValues(\.values),
+            BufferedCoordinatorTests.expectedRelease(from: first, [(0.5, 2, 1), (-0.4, 4, 1), (0.3, 5, 0)]))
+    }
+}
+
 @Suite(.serialized) struct SecureAggregationCrashTests {
     /// Four devices of a secure-aggregation process; the coordinator is SIGKILLed after two masked inputs were
     /// acknowledged (and a third races the kill), then restarted on the same database.

@@ -470,14 +470,16 @@ public final class SQLiteStore: CoordinatorStore {
                 let row = try Row.fetchOne(
                     db,
                     sql: """
-                        SELECT a.process_id, a.cycle, a.worker_id, a.reported, a.instance FROM assignments a
+                        SELECT a.process_id, a.cycle, a.worker_id, a.reported, a.instance, a.assigned_at FROM assignments a
                         JOIN cycles c ON c.process_id = a.process_id AND c.number = a.cycle
                         WHERE a.request_key = ? AND c.status IN ('open', 'closing')
                         """, arguments: [requestKey])
             else { return nil }
             return StoredKeyedAssignment(
                 processID: row["process_id"], cycle: row["cycle"],
-                assignment: StoredAssignment(workerID: row["worker_id"], requestKey: requestKey, reported: row["reported"], instance: row["instance"])
+                assignment: StoredAssignment(
+                    workerID: row["worker_id"], requestKey: requestKey, reported: row["reported"], instance: row["instance"],
+                    assignedAt: Date(timeIntervalSince1970: row["assigned_at"]))
             )
         }
     }
