@@ -509,7 +509,7 @@ public final class PostgresStore: CoordinatorStore {
         -> StoredAdmission
     {
         let what = "admit worker '\(workerID)' to cycle \(cycle) of process '\(processID)'"
-        // One statement (its own transaction): `orchard_admit` locks the cycle row, which serialises every admission to
+        // One statement (its own transaction): `orchard_admit_in_flight` locks the cycle row, which serialises every admission to
         // the cycle whichever instance makes it, then finds an existing assignment, counts, and inserts.
         let rows: [PostgresRow]
         do {
@@ -522,7 +522,7 @@ public final class PostgresStore: CoordinatorStore {
         } catch {
             throw PostgresErrors.map(error, what)
         }
-        guard let row = rows.first else { throw StoreError(.corrupt, "\(what): orchard_admit returned no row") }
+        guard let row = rows.first else { throw StoreError(.corrupt, "\(what): orchard_admit_in_flight returned no row") }
         let outcome: String, key: String?, reported: Bool?, instance: String?, at: Double?
         do {
             (outcome, key, reported, instance, at) = try row.decode((String, String?, Bool?, String?, Double?).self)
@@ -537,7 +537,7 @@ public final class PostgresStore: CoordinatorStore {
             return .existing(
                 StoredAssignment(workerID: workerID, requestKey: key, reported: reported, instance: instance, assignedAt: at.map(Date.init(timeIntervalSince1970:))))
         case "closed": throw StoreError(.cycleClosed, "cycle \(cycle) of process '\(processID)' is not open")
-        default: throw StoreError(.corrupt, "\(what): orchard_admit answered '\(outcome)'")
+        default: throw StoreError(.corrupt, "\(what): orchard_admit_in_flight answered '\(outcome)'")
         }
     }
 

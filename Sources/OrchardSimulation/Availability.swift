@@ -23,11 +23,13 @@ public struct AvailabilityWindow: Sendable, Hashable, Codable {
 ///
 /// `always` keeps every device eligible; `diurnal` models phones that charge on Wi-Fi mostly at night (each
 /// device with its own seeded time-zone phase, bed time, wake time, nights it forgets to charge and an occasional
-/// daytime top-up); `trace` replays windows read from a file (see ``AvailabilityTrace``).
+/// daytime top-up); `realistic` is that routine for a fleet spread over the world's time zones, with a long tail of
+/// rarely available devices; `trace` replays windows read from a file (see ``AvailabilityTrace``).
 public struct Availability: Sendable, Hashable, CustomStringConvertible {
     private enum Kind: Sendable, Hashable {
         case always
         case diurnal
+        case realistic
         case trace([Int: [AvailabilityWindow]])
     }
     private let kind: Kind
@@ -37,16 +39,19 @@ public struct Availability: Sendable, Hashable, CustomStringConvertible {
     public static let always = Availability(.always)
     /// Devices are eligible mostly at night, on a 24-hour virtual day.
     public static let diurnal = Availability(.diurnal)
+    /// The diurnal routine with time zones spread over the whole day and a seeded 20 % of devices that charge on rare nights.
+    public static let realistic = Availability(.realistic)
     /// Devices are eligible exactly in the given windows (a device without windows never is).
     public static func trace(_ windows: [AvailabilityWindow]) -> Availability {
         Availability(.trace(Dictionary(grouping: windows, by: \.device).mapValues { $0.sorted { $0.start < $1.start } }))
     }
 
-    /// `always`, `diurnal` or `trace`.
+    /// `always`, `diurnal`, `realistic` or `trace`.
     public var description: String {
         switch kind {
         case .always: "always"
         case .diurnal: "diurnal"
+        case .realistic: "realistic"
         case .trace: "trace"
         }
     }
@@ -70,6 +75,16 @@ public struct Availability: Sendable, Hashable, CustomStringConvertible {
             var day = Int((time / Self.day).rounded(.down)) - 1
             while day < Int((time / Self.day).rounded(.down)) + 30 {
                 for window in Self.diurnalWindows(device: device, day: day, seed: seed) where window.end > time {
+                    return window
+                }
+                day += 1
+            }
+            return nil
+        case .realistic:
+            // A rare device may go weeks without a window: look a year ahead (0.9^366 ≈ 2e-17 of a rare device has none).
+            var day = Int((time / Self.day).rounded(.down)) - 1
+            while day < Int((time / Self.day).rounded(.down)) + 366 {
+                for window in Self.realisticWindows(device: device, day: day, seed: seed) where window.end > time {
                     return window
                 }
                 day += 1
@@ -111,6 +126,40 @@ public struct Availability: Sendable, Hashable, CustomStringConvertible {
         }
         // An occasional daytime top-up on office Wi-Fi (roughly 11:00–17:00 local, 20–90 minutes).
         if night.nextDouble() < 0.25 {
+            let start = origin + 17 * hour + night.nextDouble() * 6 * hour
+            let end = start + (20 + night.nextDouble() * 70) * 60
+            windows.append(AvailabilityWindow(device: device, start: max(start, 0), end: end))
+        }
+        return windows.filter { $0.end > 0 }.sorted { $0.start < $1.start }
+    }
+
+    /// The fraction of a `realistic` fleet's devices that are rare (charge on about one night in ten, never by day).
+    public static let realisticRareFraction = 0.2
+
+    /// A device's `realistic` windows that start on virtual day `day`: the diurnal routine with the device's time zone
+    /// drawn in whole hours uniformly over [−12 h, +12 h) plus a personal jitter within ±1 h, so the fleet's night
+    /// peaks are spread over the whole day; a seeded ``realisticRareFraction`` of the devices are rare, charging on
+    /// Wi-Fi on about 10 % of nights and never topping up by day. Within a device, a day's windows end before the next
+    /// day's open (a night lasts at most 16 h past the device's 18:00, a top-up ends by 18:30 the next day).
+    static func realisticWindows(device: Int, day: Int, seed: UInt64) -> [AvailabilityWindow] {
+        let hour = 3600.0
+        var habits = OrchardRandom.derived(seed: seed ^ 0x7E41_15E1_C0DE, stream: UInt64(device))
+        let zone = Double(min(Int(habits.nextDouble() * 24), 23) - 12) * hour
+        let phase = zone + (habits.nextDouble() * 2 - 1) * hour
+        let bedtime = 4 * hour + habits.nextDouble() * 2.5 * hour  // 22:00–00:30 local
+        let sleep = 6.5 * hour + habits.nextDouble() * 2 * hour
+        let rare = habits.nextDouble() < realisticRareFraction
+        let chargesNightly = rare ? 0.1 : 0.75 + habits.nextDouble() * 0.2
+        let topUps = rare ? 0 : 0.25
+        var night = OrchardRandom.derived(seed: seed ^ 0x2EA1_1571_C0DE, stream: UInt64(device) << 24 | UInt64(UInt32(truncatingIfNeeded: day + 1000)))
+        let origin = Double(day) * Self.day + phase
+        var windows: [AvailabilityWindow] = []
+        if night.nextDouble() < chargesNightly {
+            let start = origin + bedtime + (night.nextDouble() - 0.5) * hour
+            let end = start + sleep + (night.nextDouble() - 0.5) * hour
+            windows.append(AvailabilityWindow(device: device, start: max(start, 0), end: end))
+        }
+        if night.nextDouble() < topUps {
             let start = origin + 17 * hour + night.nextDouble() * 6 * hour
             let end = start + (20 + night.nextDouble() * 70) * 60
             windows.append(AvailabilityWindow(device: device, start: max(start, 0), end: end))

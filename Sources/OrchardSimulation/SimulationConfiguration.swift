@@ -145,14 +145,15 @@ public struct TurnedAwayChoice: Sendable, Hashable, CustomStringConvertible {
 }
 
 extension Availability {
-    /// Parses `always`, `diurnal` or `trace:FILE` (reading the file).
+    /// Parses `always`, `diurnal`, `realistic` or `trace:FILE` (reading the file).
     public init(parsing text: String) throws(SimulationError) {
         switch text.lowercased() {
         case "always": self = .always
         case "diurnal": self = .diurnal
+        case "realistic": self = .realistic
         default:
             guard text.hasPrefix("trace:"), text.count > 6 else {
-                throw SimulationError(.invalidOption, "availability must be always, diurnal or trace:FILE, not '\(text)'")
+                throw SimulationError(.invalidOption, "availability must be always, diurnal, realistic or trace:FILE, not '\(text)'")
             }
             self = .trace(try AvailabilityTrace.read(contentsOf: URL(fileURLWithPath: String(text.dropFirst(6)))))
         }
@@ -237,6 +238,8 @@ public struct SimulationConfiguration: Sendable {
     public var cycleSeconds: Double
     /// Median virtual seconds per optimizer update on a device.
     public var secondsPerUpdate: Double
+    /// Per-device compute and link speeds from a trace (`--device-speeds`), if any; nil draws them from the seed.
+    public var deviceSpeeds: DeviceSpeeds? = nil
     /// How devices reach the coordinator.
     public var transport: TransportChoice
     /// What happens to devices that check in after the round's cycle is full (default: modeled).
@@ -427,6 +430,7 @@ public struct SimulationConfiguration: Sendable {
         if let attack { settings["attack"] = attack.summary }
         if holdoutFraction > 0 { settings["holdout_fraction"] = String(holdoutFraction) }
         if dataset.isText { settings["sequence_length"] = String(sequenceLength) }
+        if let deviceSpeeds { settings["device_speeds"] = deviceSpeeds.source ?? "trace" }
         if let federatedEvaluation {
             settings["evaluation_goal"] = String(federatedEvaluation.goal)
             settings["evaluation_every"] = String(federatedEvaluation.every)
@@ -468,7 +472,8 @@ public struct SimulationConfiguration: Sendable {
 
     /// The fleet conditions these settings imply.
     public var conditions: FleetConditions {
-        var conditions = FleetConditions(availability: availability, dropout: dropout, windowSeconds: windowSeconds, medianSecondsPerUpdate: secondsPerUpdate)
+        var conditions = FleetConditions(
+            availability: availability, dropout: dropout, windowSeconds: windowSeconds, medianSecondsPerUpdate: secondsPerUpdate, deviceSpeeds: deviceSpeeds)
         conditions.secureStages = secureAggregation != nil
         return conditions
     }

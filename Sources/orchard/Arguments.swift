@@ -105,28 +105,31 @@ extension PartitionStrategy: ExpressibleByArgument {
     public static var allValueStrings: [String] { ["iid", "shards", "dirichlet:α", "sampled:N"] }
 }
 
-/// `--availability`: `always`, `diurnal` or `trace:FILE`; the trace file is read when the command runs, so a
+/// `--availability`: `always`, `diurnal`, `realistic` or `trace:FILE`; the trace file is read when the command runs, so a
 /// missing or malformed file is reported with its reason.
 enum AvailabilityArgument: ExpressibleByArgument, CustomStringConvertible {
     case always
     case diurnal
+    case realistic
     case trace(path: String)
 
     init?(argument: String) {
         switch argument {
         case "always": self = .always
         case "diurnal": self = .diurnal
+        case "realistic": self = .realistic
         case _ where argument.hasPrefix("trace:") && argument.count > "trace:".count: self = .trace(path: String(argument.dropFirst("trace:".count)))
         default: return nil
         }
     }
 
-    static var allValueStrings: [String] { ["always", "diurnal", "trace:FILE"] }
+    static var allValueStrings: [String] { ["always", "diurnal", "realistic", "trace:FILE"] }
 
     var description: String {
         switch self {
         case .always: "always"
         case .diurnal: "diurnal"
+        case .realistic: "realistic"
         case .trace(let path): "trace:\(path)"
         }
     }
@@ -136,6 +139,7 @@ enum AvailabilityArgument: ExpressibleByArgument, CustomStringConvertible {
         switch self {
         case .always: .always
         case .diurnal: .diurnal
+        case .realistic: .realistic
         case .trace(let path): .trace(try AvailabilityTrace.read(contentsOf: URL(fileURLWithPath: path)))
         }
     }

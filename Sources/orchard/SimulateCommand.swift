@@ -22,7 +22,12 @@ struct SimulateCommand: AsyncParsableCommand {
             --dataset kjv is next-character prediction on the King James Bible (apt-get install bible-kjv), one device \
             per chapter (--text-partition book: per book), with the char-lstm model (12 devices a round, E=5, B=10, lr 8).
             Trace files (--availability trace:FILE) are CSV with a device,start,end header or JSON Lines \
-            {"device":0,"start":0,"end":3600}; times are virtual seconds, end may be inf (CSV) or omitted (JSONL).
+            {"device":0,"start":0,"end":3600}; times are virtual seconds, end may be inf (CSV) or omitted (JSONL). \
+            --availability realistic spreads the devices' time zones over the whole day and makes a fifth of them rare \
+            (charging on about one night in ten). --device-speeds FILE takes each device's compute and link speed from \
+            FedScale's device-capacity trace as JSON {"1":{"computation":153.0,"communication":2210.0},...} or CSV \
+            with a client_id,computation,communication header (ms per sample, kbit/s); device i takes entry i mod n by \
+            client id; its update time is the scenario's median seconds per update times its computation over the trace's median.
             With --coordinator URL the devices run against that coordinator (e.g. orchard serve) in REAL time — its \
             deadlines run on its own wall clock, so virtual time cannot drive it — with the admin token from \
             ORCHARD_ADMIN_TOKEN. --shard i/n runs the devices d with d mod n = i-1, so several machines simulate one \
@@ -74,8 +79,17 @@ struct SimulateCommand: AsyncParsableCommand {
     var partition: PartitionStrategy?
     @Option(help: "The server optimizer.")
     var aggregator: AggregatorConfig.Kind?
-    @Option(help: "When devices are eligible; trace:FILE reads windows from a CSV or JSON Lines file.")
+    @Option(
+        help:
+            "When devices are eligible; realistic spreads time zones over the day with a tail of rarely available devices; trace:FILE reads windows from a CSV or JSON Lines file."
+    )
     var availability: AvailabilityArgument?
+    @Option(
+        name: .customLong("device-speeds"),
+        help: ArgumentHelp(
+            "Each device's compute and link speed from a FedScale device-capacity trace: JSON {client_id: {\"computation\": ms per sample, \"communication\": kbit/s}} or CSV with a client_id,computation,communication header (read when the command runs).",
+            valueName: "file"))
+    var deviceSpeeds: String?
     @Option(parsing: .unconditional, help: "Probability that an assigned device goes away before reporting.")
     var dropout: Double?
     @Option(
@@ -269,6 +283,12 @@ struct SimulateCommand: AsyncParsableCommand {
                 )
             }
             c.availability = .always
+            if deviceSpeeds != nil {
+                throw SimulationError(
+                    .invalidOption,
+                    "--device-speeds cannot be used with --coordinator: device speeds are played on virtual time, and against an external coordinator devices run at this machine's speed"
+                )
+            }
         } else if let stray = [
             ("--shard", shard != nil), ("--ca-cert", caCert != nil), ("--concurrency", concurrency != nil),
             ("--host-timeout", hostTimeout != nil), ("--process", process != nil),
@@ -291,6 +311,7 @@ struct SimulateCommand: AsyncParsableCommand {
         if let partition { c.partition = partition }
         if let aggregator { c.aggregator.kind = aggregator }
         if let availability { c.availability = try availability.availability() }
+        if let deviceSpeeds { c.deviceSpeeds = try DeviceSpeedTrace.read(contentsOf: URL(fileURLWithPath: deviceSpeeds)) }
         if let dropout { c.dropout = dropout }
         if let windowSeconds {
             c.windowSeconds = windowSeconds

@@ -34,7 +34,7 @@ let usageError: Int32 = 64
         (["simulate", "--aggregator", "fedsgd"], "--aggregator", "'fedavg', 'fedavgm', 'fedadam' or 'fedyogi'"),
         (["simulate", "--transport", "udp"], "--transport", "'http' and 'memory'"),
         (["simulate", "--model", "gpt"], "--model", "'housing', 'mlp2nn', 'cnn' or 'char-lstm'"),
-        (["simulate", "--availability", "weekly"], "--availability", "'always', 'diurnal' or 'trace:FILE'"),
+        (["simulate", "--availability", "weekly"], "--availability", "'always', 'diurnal', 'realistic' or 'trace:FILE'"),
         (["simulate", "--dataset", "csv"], "--dataset", "'housing', 'fashion-mnist', 'kjv' or 'idx:PATH'"),
         (["simulate", "--partition", "dirichlet:-1"], "--partition", "'iid', 'shards', 'dirichlet:α' or 'sampled:N'"),
         (["simulate", "--partition", "sampled:0"], "--partition", "'iid', 'shards', 'dirichlet:α' or 'sampled:N'"),
@@ -70,7 +70,7 @@ let usageError: Int32 = 64
         (["simulate", "--help"], "(values: iid, shards, dirichlet:α, sampled:N)"),
         (["simulate", "--help"], "(values: modeled, full-stack)"),
         (["simulate", "--help"], "(values: fedavg, fedavgm, fedadam, fedyogi)"),
-        (["simulate", "--help"], "(values: always, diurnal, trace:FILE)"),
+        (["simulate", "--help"], "(values: always, diurnal, realistic, trace:FILE)"),
         (["simulate", "--help"], "(values: http, memory)"),
     ]
 
@@ -160,6 +160,8 @@ let usageError: Int32 = 64
         (["simulate", "--coordinator", "http://127.0.0.1:1", "--transport", "memory"], "--transport cannot be used with --coordinator"),
         (["simulate", "--coordinator", "http://127.0.0.1:1", "--window-seconds", "5"], "--window-seconds cannot be used with --coordinator"),
         (["simulate", "--coordinator", "http://127.0.0.1:1", "--availability", "diurnal"], "--availability diurnal cannot be used with --coordinator"),
+        (["simulate", "--coordinator", "http://127.0.0.1:1", "--device-speeds", "speeds.json"], "--device-speeds cannot be used with --coordinator"),
+        (["simulate", "--device-speeds", "/nonexistent/speeds.json"], "cannot read the device speed trace /nonexistent/speeds.json"),
         (["simulate", "--coordinator", "https://127.0.0.1:1", "--ca-cert", "/nonexistent/ca.pem"], "'/nonexistent/ca.pem': no such file"),
         (["serve", "--open-auth-burst", "0"], "--open-auth-burst must be at least 1"),
         (["serve", "--open-auth-per-second=-1"], "--open-auth-per-second must be a non-negative number"),

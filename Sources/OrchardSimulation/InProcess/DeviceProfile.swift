@@ -57,13 +57,17 @@ public struct FleetConditions: Sendable, Hashable {
     /// Whether devices report through secure aggregation's stages. Each stage's message then draws its own `dropout`,
     /// so the dropout of the task itself falls during the download and the training only, not during an upload.
     public var secureStages = false
+    /// Per-device speeds from a trace; when set, each device's update time and link speed come from it instead of the
+    /// log-normal and uniform draws (`speedSpread` and `megabitsPerSecond` then do not apply; see ``DeviceSpeeds``).
+    public var deviceSpeeds: DeviceSpeeds?
 
     /// Creates conditions; every field has a default.
     public init(
         availability: Availability = .always, dropout: Double = 0, windowSeconds: Double = 30,
         resumeDelay: ClosedRange<Double> = 30...180, checkInSpread: Double = 20, medianSecondsPerUpdate: Double = 0.5,
-        speedSpread: Double = 0.5, megabitsPerSecond: ClosedRange<Double> = 2...40
+        speedSpread: Double = 0.5, megabitsPerSecond: ClosedRange<Double> = 2...40, deviceSpeeds: DeviceSpeeds? = nil
     ) {
+        self.deviceSpeeds = deviceSpeeds
         self.megabitsPerSecond = megabitsPerSecond
         self.availability = availability
         self.dropout = dropout
@@ -72,5 +76,12 @@ public struct FleetConditions: Sendable, Hashable {
         self.checkInSpread = checkInSpread
         self.medianSecondsPerUpdate = medianSecondsPerUpdate
         self.speedSpread = speedSpread
+    }
+
+    /// Device `device`'s profile: from ``deviceSpeeds`` when set, else seeded draws (``DeviceProfile/sample(device:seed:medianSecondsPerUpdate:spread:megabitsPerSecond:)``).
+    public func profile(device: Int, seed: UInt64) -> DeviceProfile {
+        if let deviceSpeeds { return deviceSpeeds.profile(device: device, medianSecondsPerUpdate: medianSecondsPerUpdate) }
+        return DeviceProfile.sample(
+            device: device, seed: seed, medianSecondsPerUpdate: medianSecondsPerUpdate, spread: speedSpread, megabitsPerSecond: megabitsPerSecond)
     }
 }

@@ -104,10 +104,7 @@ public struct FleetSimulation: Sendable {
         var granted = [Double](repeating: 0, count: devices)
         func virtualDevice(_ index: Int) async throws(SimulationError) -> VirtualDevice {
             if let device = fleet[index] { return device }
-            let profile = DeviceProfile.sample(
-                device: index, seed: seed, medianSecondsPerUpdate: conditions.medianSecondsPerUpdate, spread: conditions.speedSpread,
-                megabitsPerSecond: conditions.megabitsPerSecond
-            )
+            let profile = conditions.profile(device: index, seed: seed)
             let device = try await VirtualDevice(
                 index: index, profile: profile, directory: directory.appendingPathComponent("device-\(index)", isDirectory: true),
                 transport: transport, processName: coordinator.processName, processVersion: coordinator.processVersion.description,
