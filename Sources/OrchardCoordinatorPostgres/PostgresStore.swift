@@ -535,7 +535,8 @@ public final class PostgresStore: CoordinatorStore {
         case "existing":
             guard let key, let reported else { throw StoreError(.corrupt, "\(what): an existing assignment without its key") }
             return .existing(
-                StoredAssignment(workerID: workerID, requestKey: key, reported: reported, instance: instance, assignedAt: at.map(Date.init(timeIntervalSince1970:))))
+                StoredAssignment(
+                    workerID: workerID, requestKey: key, reported: reported, instance: instance, assignedAt: at.map(Date.init(timeIntervalSince1970:))))
         case "closed": throw StoreError(.cycleClosed, "cycle \(cycle) of process '\(processID)' is not open")
         default: throw StoreError(.corrupt, "\(what): orchard_admit_in_flight answered '\(outcome)'")
         }

@@ -84,6 +84,7 @@ public enum OperatorFormat {
                 ("deadline", "\(timestamp(Date(timeIntervalSince1970: cycle.deadline))) (\(countdown(to: cycle.deadline, now: now)))"),
             ]
             if let secure = cycle.secureAggregation { rows.append(("secure agg.", secureAggregation(secure, now: now))) }
+            if let buffer = cycle.buffered { rows.append(("buffer", buffered(buffer))) }
         }
         let server = status.serverConfig
         rows.append(
@@ -154,6 +155,12 @@ public enum OperatorFormat {
         return parts.isEmpty ? "the architecture's training settings" : parts.joined(separator: ", ")
     }
 
+    /// A buffered process's open buffer: fill, devices training, releases and staleness.
+    static func buffered(_ b: BufferedStatus) -> String {
+        let staleness = b.meanStaleness.map { "staleness mean \(number($0)), max \(b.maxStaleness ?? 0)" } ?? "no reports yet"
+        return "\(b.bufferFill) of \(b.bufferSize) reports, \(b.inFlight) of \(b.maxConcurrency) devices training, \(b.releases) releases, \(staleness)"
+    }
+
     static func secureAggregation(_ s: SecureAggregationStatus, now: Date) -> String {
         "stage \(s.stage.rawValue) (closes \(countdown(to: s.stageDeadline, now: now))), advertised \(s.advertised), shared \(s.shared), masked \(s.masked)\(s.stage == .consistencyCheck || s.signed > 0 ? ", signed \(s.signed)" : ""), unmasked \(s.unmasked), dropped \(s.dropped)"
     }
@@ -198,6 +205,7 @@ public enum WatchFrame {
                 )
                 lines.append(bar(reported: cycle.reported, goal: cycle.goal))
                 if let secure = cycle.secureAggregation { lines.append("secure aggregation: " + OperatorFormat.secureAggregation(secure, now: now)) }
+                if let buffer = cycle.buffered { lines.append("buffer: " + OperatorFormat.buffered(buffer)) }
             } else {
                 lines.append("completed: no open cycle")
             }

@@ -105,7 +105,8 @@ public struct WireErrorCode: RawRepresentable, Sendable, Hashable, Codable, Cust
     public static let allKnown: [WireErrorCode] = [
         .malformedJSON, .malformedSafetensors, .invalidRequest, .invalidConfiguration, .unsupportedVersion, .unauthorized,
         .forbidden, .sessionProcessMismatch, .unknownWorker, .unknownProcess, .unknownCheckpoint, .notFound,
-        .invalidRequestKey, .reportAlreadyReceived, .deadlinePassed, .reportTooStale, .bufferReleasing, .evaluationAlreadyReceived, .evaluationClosed, .processExists, .tensorMismatch,
+        .invalidRequestKey, .reportAlreadyReceived, .deadlinePassed, .reportTooStale, .bufferReleasing, .evaluationAlreadyReceived, .evaluationClosed,
+        .processExists, .tensorMismatch,
         .shapeMismatch,
         .dtypeMismatch, .nonFiniteValues, .frozenTensorChanged, .updateNormExceeded, .invalidSampleCount,
         .payloadTooLarge, .rangeNotSatisfiable, .workerLimitReached, .rateLimited, .tooManyUploads, .methodNotAllowed,

@@ -256,6 +256,11 @@ public struct SimulationConfiguration: Sendable {
     public var secureAggregation: SecureAggregationConfig?
     /// A robust rule the hosted process aggregates by instead of the weighted mean (`--robust-aggregation`), if any.
     public var robustAggregation: RobustAggregationConfig?
+    /// Buffered asynchronous aggregation (FedBuff) instead of synchronous cycles, if set: a round is one release of
+    /// `buffer_size` reports.
+    public var buffered: BufferedAggregationConfig?
+    /// The run ends after the round in progress once this many virtual hours have passed (nil: after `rounds`).
+    public var virtualHours: Double?
     /// Devices that send poison instead of their honest update (`--attackers`, `--attack`, `--attack-scale`), if any.
     public var attack: AttackConfiguration?
     /// The fraction of its samples each device holds out for federated evaluation (`--holdout-fraction`); 0 holds none.
@@ -383,6 +388,16 @@ public struct SimulationConfiguration: Sendable {
                 throw fail("federatedEvaluation cannot be used with secureAggregation: each device's metrics would reach the coordinator in the clear")
             }
         }
+        if let buffered {
+            if let failure = buffered.validationFailure() { throw fail(failure.replacingOccurrences(of: "server_config.buffered.", with: "buffered.")) }
+            if secureAggregation != nil {
+                throw fail("buffered cannot be used with secureAggregation: masking needs a fixed cohort online through every stage")
+            }
+            if robustAggregation != nil {
+                throw fail("buffered cannot be used with robustAggregation: a buffer mixes updates from different checkpoints")
+            }
+        }
+        if let virtualHours, !(virtualHours > 0 && virtualHours.isFinite) { throw fail("virtualHours must be a positive number, not \(virtualHours)") }
         if let robustAggregation {
             if secureAggregation != nil {
                 throw fail("robustAggregation cannot be used with secureAggregation: the coordinator never sees a single update, only their sum")
@@ -427,6 +442,14 @@ public struct SimulationConfiguration: Sendable {
     private var robustSettings: [String: String] {
         var settings: [String: String] = [:]
         if let robustAggregation { settings["robust_aggregation"] = robustAggregation.summary }
+        if let buffered {
+            settings["aggregation"] = "buffered"
+            settings["buffer_size"] = String(buffered.bufferSize)
+            settings["max_concurrency"] = String(buffered.maxConcurrency)
+            settings["max_staleness"] = String(buffered.maxStaleness)
+            settings["staleness_exponent"] = String(buffered.stalenessExponent)
+        }
+        if let virtualHours { settings["virtual_hours"] = String(virtualHours) }
         if let attack { settings["attack"] = attack.summary }
         if holdoutFraction > 0 { settings["holdout_fraction"] = String(holdoutFraction) }
         if dataset.isText { settings["sequence_length"] = String(sequenceLength) }

@@ -128,6 +128,10 @@ public enum SimulationRunner {
             secureAggregation: configuration.secureAggregation, robustAggregation: configuration.robustAggregation,
             evaluation: configuration.federatedEvaluation
         )
+        if let buffered = configuration.buffered {
+            server.aggregationMode = .buffered
+            server.buffered = buffered
+        }
         if configuration.secureAggregation != nil {
             // The bound the masked sum is sized for: the largest slice a device trains on.
             server.maximumSampleCount = (0..<configuration.clients).map { workload.sampleCount(device: $0) }.max() ?? 1
@@ -173,9 +177,10 @@ public enum SimulationRunner {
     ) async throws(SimulationError) -> SimulationResult {
         let process = try hostedProcess(configuration, model: model, workload: workload)
         if let warning = secureWindowWarning(configuration, process: process, workload: workload) { progress.note("warning: \(warning)") }
-        let fleet = FleetSimulation(
+        var fleet = FleetSimulation(
             devices: configuration.clients, conditions: configuration.conditions, seed: configuration.seed, rounds: configuration.rounds,
             evaluateEvery: configuration.evaluateEvery, turnedAway: configuration.turnedAway)
+        fleet.virtualSecondsLimit = configuration.virtualHours.map { $0 * 3600 }
         let setupSeconds = setupStart.duration(to: clock.now).inSeconds
         let outcome: (initial: Evaluation, rounds: [RoundMetrics])
         var appendFailure: SimulationError?

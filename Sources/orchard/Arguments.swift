@@ -51,6 +51,15 @@ extension CoreMLArrayDataType: CaseIterable, ExpressibleByArgument {
     }
 }
 
+extension AggregationMode: CaseIterable, ExpressibleByArgument {
+    public static var allCases: [Self] { [.synchronous, .buffered] }
+
+    public init?(argument: String) {
+        guard let value: Self = described(argument) else { return nil }
+        self = value
+    }
+}
+
 extension AggregatorConfig.Kind: CaseIterable, ExpressibleByArgument {
     public static var allCases: [Self] { [.fedAvg, .fedAvgM, .fedAdam, .fedYogi] }
 

@@ -170,6 +170,24 @@ struct SimulateCommand: AsyncParsableCommand {
             "Aggregate each round by a robust rule instead of the weighted mean: the coordinate-wise median, the mean after cutting a fraction β from each end, or Multi-Krum with f reports assumed bad (m averaged; default n - f).",
             valueName: "median|trimmed-mean:β|multi-krum:f[:m]"))
     var robustAggregation: RobustAggregationConfig?
+    @Option(
+        help:
+            "How rounds are aggregated: synchronous cycles (default), or buffered asynchronous aggregation (FedBuff), where a round is one release of --buffer-size reports."
+    )
+    var aggregation: AggregationMode?
+    @Option(name: .customLong("buffer-size"), help: "With --aggregation buffered: reports per release (default: the goal, fraction × devices).")
+    var bufferSize: Int?
+    @Option(name: .customLong("max-concurrency"), help: "With --aggregation buffered: devices training at once (default 4 × the buffer size).")
+    var maxConcurrency: Int?
+    @Option(name: .customLong("max-staleness"), help: "With --aggregation buffered: the stalest report accepted, in releases (default 20).")
+    var maxStaleness: Int?
+    @Option(
+        name: .customLong("staleness-exponent"), parsing: .unconditional, help: "With --aggregation buffered: a in the weight (1 + staleness)^-a (default 0.5)."
+    )
+    var stalenessExponent: Double?
+    @Option(
+        name: .customLong("virtual-hours"), parsing: .unconditional, help: "End the run after the round in progress once this many virtual hours have passed.")
+    var virtualHours: Double?
     @Option(parsing: .unconditional, help: "The fraction of the devices that send poison instead of their honest update (through the real client and wire).")
     var attackers: Double?
     @Option(help: "With --attackers: what they send (default sign-flip).")
@@ -324,6 +342,19 @@ struct SimulateCommand: AsyncParsableCommand {
         if let seed { c.seed = seed }
         if let output { c.output = URL(fileURLWithPath: output) }
         c.robustAggregation = robustAggregation
+        if aggregation == .buffered {
+            let defaults = BufferedAggregationConfig()
+            let size = bufferSize ?? c.goal
+            c.buffered = BufferedAggregationConfig(
+                bufferSize: size, maxConcurrency: maxConcurrency ?? 4 * size, stalenessExponent: stalenessExponent ?? defaults.stalenessExponent,
+                maxStaleness: maxStaleness ?? defaults.maxStaleness)
+        } else if let stray = [
+            ("--buffer-size", bufferSize != nil), ("--max-concurrency", maxConcurrency != nil), ("--max-staleness", maxStaleness != nil),
+            ("--staleness-exponent", stalenessExponent != nil),
+        ].first(where: \.1) {
+            throw SimulationError(.invalidOption, "\(stray.0) needs --aggregation buffered")
+        }
+        c.virtualHours = virtualHours
         c.attack = try attackConfiguration()
         if let holdoutFraction { c.holdoutFraction = holdoutFraction }
         if let evaluationGoal {

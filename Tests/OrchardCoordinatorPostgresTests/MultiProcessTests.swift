@@ -287,7 +287,9 @@ import Testing
         return base.mapValues { values in
             values.indices.map { i in
                 let step =
-                    reports.reduce(0.0) { $0 + Double($1.samples) * BufferedAggregationConfig().stalenessWeight($1.staleness) * Double($1.scale) * Double(i + 1) }
+                    reports.reduce(0.0) {
+                        $0 + Double($1.samples) * BufferedAggregationConfig().stalenessWeight($1.staleness) * Double($1.scale) * Double(i + 1)
+                    }
                     / total
                 return Float(Double(values[i]) + step)
             }

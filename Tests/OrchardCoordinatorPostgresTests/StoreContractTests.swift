@@ -349,8 +349,10 @@ import Testing
                 try await stores.main.registerWorker(id: "w\(i)", processID: "p", issuer: nil, subject: nil, at: F.epoch)
             }
             // w0 admitted at the epoch, w1 and w2 100 s later; w1 reports (staleness 2).
-            #expect(try await stores.main.admit(processID: "p", cycle: 1, workerID: "w0", requestKey: "k0", at: F.epoch, limit: 2, inFlightAfter: nil) == .admitted)
-            #expect(try await stores.peer.admit(processID: "p", cycle: 1, workerID: "w1", requestKey: "k1", at: late, limit: 2, inFlightAfter: nil) == .admitted)
+            #expect(
+                try await stores.main.admit(processID: "p", cycle: 1, workerID: "w0", requestKey: "k0", at: F.epoch, limit: 2, inFlightAfter: nil) == .admitted)
+            #expect(
+                try await stores.peer.admit(processID: "p", cycle: 1, workerID: "w1", requestKey: "k1", at: late, limit: 2, inFlightAfter: nil) == .admitted)
             var report = F.report(1, instance: "b")
             report.staleness = 2
             try await stores.peer.recordReport(report, bytes: F.diff(1))
@@ -359,10 +361,12 @@ import Testing
             // has expired and w1 reported: room for w2.
             #expect(try await stores.main.admit(processID: "p", cycle: 1, workerID: "w2", requestKey: "k2", at: late, limit: 2, inFlightAfter: nil) == .full)
             #expect(
-                try await stores.main.admit(processID: "p", cycle: 1, workerID: "w2", requestKey: "k2", at: late, limit: 1, inFlightAfter: F.epoch.addingTimeInterval(50))
+                try await stores.main.admit(
+                    processID: "p", cycle: 1, workerID: "w2", requestKey: "k2", at: late, limit: 1, inFlightAfter: F.epoch.addingTimeInterval(50))
                     == .admitted)
             #expect(
-                try await stores.peer.admit(processID: "p", cycle: 1, workerID: "w3", requestKey: "k3", at: late, limit: 1, inFlightAfter: F.epoch.addingTimeInterval(50))
+                try await stores.peer.admit(
+                    processID: "p", cycle: 1, workerID: "w3", requestKey: "k3", at: late, limit: 1, inFlightAfter: F.epoch.addingTimeInterval(50))
                     == .full)
             // Closing with a carry-over: w2 (unreported, admitted after the cutoff) moves into cycle 2 with its key; w0
             // (expired) and w1 (reported) do not.
@@ -414,7 +418,8 @@ import Testing
             #expect(try await stores.main.admit(processID: "p", cycle: 1, workerID: "w0", requestKey: "k0", at: F.epoch, limit: 10) == .admitted)
             #expect(
                 try await stores.peer.assignment(requestKey: "k0")
-                    == StoredKeyedAssignment(processID: "p", cycle: 1, assignment: StoredAssignment(workerID: "w0", requestKey: "k0", reported: false, assignedAt: F.epoch)))
+                    == StoredKeyedAssignment(
+                        processID: "p", cycle: 1, assignment: StoredAssignment(workerID: "w0", requestKey: "k0", reported: false, assignedAt: F.epoch)))
             #expect(try await stores.peer.assignment(requestKey: "nope") == nil)
             try await stores.peer.recordReport(F.report(0, instance: "b"), bytes: F.diff(0))
             #expect(

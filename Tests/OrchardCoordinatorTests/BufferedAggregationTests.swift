@@ -191,13 +191,22 @@ extension CycleStateMachine.CycleDecision {
             (Self.buffered(BufferedAggregationConfig(stalenessExponent: -1)), "staleness_exponent must be in"),
             (Self.buffered(BufferedAggregationConfig(stalenessExponent: .nan)), "staleness_exponent must be in"),
             (Self.buffered(BufferedAggregationConfig(maxStaleness: -1)), "max_staleness must be"),
-            ({ var s = ServerConfig(); s.buffered = BufferedAggregationConfig(); return s }(), "needs server_config.aggregation_mode"),
             (
-                { var s = Self.buffered(); s.secureAggregation = SecureAggregationConfig(parameters: SecureAggregationParameters(threshold: 2)); s.minimumReports = 3; return s }(),
+                {
+                    var s = ServerConfig(); s.buffered = BufferedAggregationConfig(); return s
+                }(), "needs server_config.aggregation_mode"
+            ),
+            (
+                {
+                    var s = Self.buffered(); s.secureAggregation = SecureAggregationConfig(parameters: SecureAggregationParameters(threshold: 2));
+                    s.minimumReports = 3; return s
+                }(),
                 "cannot be used with server_config.secure_aggregation: masking needs its cohort fixed"
             ),
             (
-                { var s = Self.buffered(); s.robustAggregation = .median; return s }(),
+                {
+                    var s = Self.buffered(); s.robustAggregation = .median; return s
+                }(),
                 "cannot be used with server_config.robust_aggregation"
             ),
         ]
@@ -261,7 +270,9 @@ extension CycleStateMachine.CycleDecision {
             #expect(rejection.reason == "cycle_full")
             #expect(try await harness.report(a, ja, diff: Fixture.diff(0.1), samples: 3, checkpoint: 0).status == 200)
             var status = try await harness.status(hosted.processID)
-            #expect(status.currentCycle?.buffered == BufferedStatus(bufferSize: 2, bufferFill: 1, inFlight: 2, maxConcurrency: 3, releases: 0, meanStaleness: 0, maxStaleness: 0))
+            #expect(
+                status.currentCycle?.buffered
+                    == BufferedStatus(bufferSize: 2, bufferFill: 1, inFlight: 2, maxConcurrency: 3, releases: 0, meanStaleness: 0, maxStaleness: 0))
             let jd = try await harness.join(d)
             // b fills the buffer: checkpoint 1 is published.
             let second = try await harness.report(b, jb, diff: Fixture.diff(-0.3), samples: 1, checkpoint: 0)
@@ -323,6 +334,10 @@ extension CycleStateMachine.CycleDecision {
             // b trained from checkpoint 0, one release ago, past max_staleness 0.
             let stale = try await harness.report(b, jb, diff: Fixture.diff(0.1), samples: 1, checkpoint: 0)
             #expect(stale.status == 409 && stale.errorCode == "report_too_stale")
+            // b keeps its assignment: asking again, it is told the latest checkpoint, and its retrained report counts.
+            let again = try await harness.join(b)
+            #expect(again.requestKey == jb.requestKey && again.checkpoint == 1)
+            #expect(try await harness.report(b, again, diff: Fixture.diff(0.1), samples: 1, checkpoint: 1).status == 200)
             // A device of protocol 2.5 cannot say which checkpoint it trained from: refused at authentication.
             let old = AuthenticateRequest(processName: "tiny", processVersion: SemanticVersion(1, 0), protocolVersion: SemanticVersion(2, 5, 0))
             let refused = try await harness.http.json("POST", Endpoint.authenticate, old)

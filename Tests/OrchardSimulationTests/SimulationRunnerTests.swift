@@ -72,6 +72,33 @@ import Testing
     }
 
     /// `--dp-noise-multiplier`: the coordinator releases noised aggregates and the report says what they cost.
+    @Test func aBufferedFleetReleasesFullBuffersWithStaleReportsAndStopsAtItsVirtualHours() async throws {
+        let dir = Self.temporaryDirectory()
+        defer { try? FileManager.default.removeItem(at: dir) }
+        var c = Self.configuration(transport: .memory, directory: dir)
+        c.clients = 20
+        c.rounds = 8
+        c.buffered = BufferedAggregationConfig(bufferSize: 3, maxConcurrency: 8)
+        let result = try await SimulationRunner.run(c, progress: Self.quiet, clock: ManualClock())
+        let releases = result.rounds.filter(\.aggregated)
+        #expect(releases.count >= 6)
+        // Every round records the devices training when it ended, never more than max_concurrency, and a release the
+        // mean staleness of its reports.
+        #expect(result.rounds.allSatisfy { ($0.inFlight ?? 99) <= 8 })
+        #expect(releases.allSatisfy { $0.staleness != nil })
+        #expect(releases.contains { ($0.staleness ?? 0) > 0 }, "devices still training when a buffer is published report into the next")
+        #expect(result.summary.settings["aggregation"] == "buffered" && result.summary.settings["buffer_size"] == "3")
+        let final = try #require(result.summary.final.rmse), initial = try #require(result.summary.initial.rmse)
+        #expect(final < initial)
+        // The run ends after the round in progress once the virtual hours have passed.
+        c.virtualHours = (result.rounds[1].virtualEnd + 1) / 3600
+        let short = try await SimulationRunner.run(c, progress: Self.quiet, clock: ManualClock())
+        #expect(short.rounds.count == 3)
+        // Buffered aggregation refuses secure aggregation, with the reason.
+        c.secureAggregation = SecureAggregationConfig(parameters: SecureAggregationParameters(threshold: 2))
+        #expect(throws: SimulationError.self) { try c.validate() }
+    }
+
     @Test func aPrivateFleetReportsTheEpsilonOfEveryRound() async throws {
         let dir = Self.temporaryDirectory()
         defer { try? FileManager.default.removeItem(at: dir) }

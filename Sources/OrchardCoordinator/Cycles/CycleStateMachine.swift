@@ -379,15 +379,6 @@ public struct CycleStateMachine: Sendable, Hashable {
         return .proceed(cycle: cycle)
     }
 
-    /// Buffered mode: ends an assignment whose report was refused for good (too stale), freeing its place.
-    public mutating func expire(workerID: String, requestKey: String) {
-        guard configuration.buffered, let assignment = assignments[workerID], assignment.requestKey == requestKey, assignment.state == .assigned else {
-            return
-        }
-        assignments[workerID]?.state = .expired
-        inFlight -= 1
-    }
-
     /// A report that began was refused or failed to commit; the worker may report again.
     public mutating func abortReport(workerID: String) -> CycleAction? {
         guard var assignment = assignments[workerID], assignment.state == .reporting else { return nil }

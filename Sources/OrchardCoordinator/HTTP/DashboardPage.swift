@@ -264,6 +264,10 @@ enum DashboardPage {
             meter("Assigned", cycle.assigned, cycle.capacity), meter("Reported", cycle.reported, cycle.goal),
             el("dl", {}, el("dt", {}, "Deadline"), el("dd", {}, when(cycle.deadline)), el("dt", {}, "Closes in"), countdown,
               el("dt", {}, "Aggregated"), el("dd", {}, String(process.cycles_completed)), el("dt", {}, "Abandoned"), el("dd", {}, String(process.cycles_abandoned))));
+          const b = cycle.buffered;
+          if (b) box.append(el("p", {}, "Buffered aggregation"), meter("Buffer", b.buffer_fill, b.buffer_size), meter("Training", b.in_flight, b.max_concurrency),
+            el("dl", {}, el("dt", {}, "Releases"), el("dd", {}, String(b.releases)),
+              el("dt", {}, "Staleness (mean / max)"), el("dd", {}, b.mean_staleness == null ? "—" : `${fmt(b.mean_staleness, 2)} / ${b.max_staleness}`)));
           tick();
         }
         function tick() {

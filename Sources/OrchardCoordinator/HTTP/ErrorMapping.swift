@@ -18,7 +18,8 @@ extension CoordinatorError {
         case .forbidden, .sessionProcessMismatch, .invalidRequestKey, .workerLimitReached: 403
         case .unknownWorker, .unknownProcess, .unknownCheckpoint, .notFound: 404
         case .methodNotAllowed: 405
-        case .reportAlreadyReceived, .deadlinePassed, .reportTooStale, .evaluationAlreadyReceived, .evaluationClosed, .processExists, .aggregationModeMismatch, .stageClosed,
+        case .reportAlreadyReceived, .deadlinePassed, .reportTooStale, .evaluationAlreadyReceived, .evaluationClosed, .processExists, .aggregationModeMismatch,
+            .stageClosed,
             .droppedDevice, .duplicateMessage:
             409
         case .payloadTooLarge: 413

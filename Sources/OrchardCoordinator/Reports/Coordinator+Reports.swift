@@ -89,8 +89,9 @@ extension Coordinator {
             do throws(CoordinatorError) {
                 staleness = try Self.staleness(of: metadata, current: runtime.machine.checkpoint, buffer: buffer)
             } catch {
+                // A report too stale keeps its assignment: the device's next cycle request is told the latest checkpoint,
+                // and it trains again from that.
                 metrics.reportsRefused.increment()
-                if error.code == .reportTooStale { runtime.machine.expire(workerID: metadata.workerID, requestKey: metadata.requestKey) }
                 throw error
             }
         }

@@ -663,7 +663,8 @@ public final class SQLiteStore: CoordinatorStore {
                 )
                 if carryOverAfter != nil {
                     try db.execute(
-                        sql: "UPDATE assignments SET cycle = ? WHERE process_id = ? AND cycle = ?", arguments: [next.number, closure.processID, closure.closedCycle])
+                        sql: "UPDATE assignments SET cycle = ? WHERE process_id = ? AND cycle = ?",
+                        arguments: [next.number, closure.processID, closure.closedCycle])
                 }
             } else {
                 try db.execute(sql: "UPDATE processes SET completed = 1 WHERE id = ?", arguments: [closure.processID])

@@ -61,6 +61,8 @@ public struct FleetSimulation: Sendable {
     public var evaluateEvery: Int
     /// What happens to devices that check in after the round's cycle is full.
     public var turnedAway: TurnedAwayChoice
+    /// The run ends after the round in progress once this much virtual time has passed (nil: after `rounds`).
+    public var virtualSecondsLimit: Double?
 
     /// Creates a simulation.
     public init(
@@ -121,6 +123,7 @@ public struct FleetSimulation: Sendable {
         var clock = 0.0
         for round in 1...max(rounds, 1) where rounds > 0 {
             if stop?.isRequested == true { break }
+            if let limit = virtualSecondsLimit, clock >= limit { break }
             let wallStart = wallClock.now
             let start = openingTime(after: clock, goal: coordinator.goal)
             let cycleDeadline = try await coordinator.openRound(at: start)
@@ -144,7 +147,10 @@ public struct FleetSimulation: Sendable {
             }
             // The timeline hands devices over in check-in order as the round reaches them (a few ahead, so that setting one
             // up overlaps the others' work); once the cycle is full, the rest are turned away without running (modeled).
-            await timeline.begin(deadline: deadline, checkIns: checkIns, lookahead: 2 * parallelism, turnedAway: turnedAway)
+            // Buffered: a device turned away (max_concurrency devices training) does not mean the others are; a place frees
+            // with every report, so every check-in runs.
+            await timeline.begin(
+                deadline: deadline, checkIns: checkIns, lookahead: 2 * parallelism, turnedAway: coordinator.buffered ? .fullStack : turnedAway)
             let tasks = RoundTasks()
             let results = await withTaskCancellationHandler { () async -> [Result<DeviceRoundRecord, SimulationError>] in
                 var setupFailure: SimulationError?
@@ -236,6 +242,11 @@ public struct FleetSimulation: Sendable {
                 record.secureAggregation = SecureStageCounts(
                     advertised: count(.advertiseKeys), shared: count(.shareKeys), masked: count(.maskedInput),
                     signed: coordinator.secureConsistencyCheck ? count(.consistencyCheck) : nil, unmasked: count(.unmask))
+            }
+            if coordinator.buffered {
+                let progress = try await coordinator.bufferedProgress()
+                record.staleness = aggregated ? progress.staleness : nil
+                record.inFlight = progress.inFlight
             }
             if let previous = pending { records.append(try await Self.publish(previous, onRound)) }
             pending = (record, evaluation)

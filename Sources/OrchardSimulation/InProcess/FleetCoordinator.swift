@@ -36,6 +36,8 @@ public actor FleetCoordinator {
     public nonisolated let evaluates: Bool
     /// The latest checkpoint when the round opened (the one its devices train from and evaluate).
     public private(set) var roundCheckpoint = 0
+    /// Whether the process aggregates buffered (a round is then one release of the buffer).
+    public nonisolated let buffered: Bool
 
     /// Hosts the process on the coordinator.
     /// - Parameters:
@@ -46,7 +48,8 @@ public actor FleetCoordinator {
         self.coordinator = coordinator
         self.clock = clock
         epoch = clock.now
-        goal = process.serverConfig.goalCount
+        goal = process.serverConfig.releaseGoal
+        buffered = process.serverConfig.bufferedAggregation != nil
         secureStageTimeout = process.serverConfig.secureAggregation?.stageTimeout
         secureConsistencyCheck = process.serverConfig.secureAggregation?.parameters.consistencyCheck ?? false
         evaluates = process.serverConfig.evaluation != nil
@@ -102,6 +105,19 @@ public actor FleetCoordinator {
 
     /// ε spent so far under the process's differential privacy and the clipping bound of the open cycle, or nil
     /// without privacy.
+    /// Buffered: the mean staleness of the last release's reports (from the cycle history) and the devices in flight now.
+    public func bufferedProgress() async throws(SimulationError) -> (staleness: Double?, inFlight: Int?) {
+        do {
+            let last = try await coordinator.cycles(processID: processID).cycles.last
+            let status = try await status()
+            return (last?.metrics["staleness"], status.currentCycle?.buffered?.inFlight)
+        } catch let error as SimulationError {
+            throw error
+        } catch {
+            throw SimulationError(.coordinator, "cannot read the buffer's progress: \(error)")
+        }
+    }
+
     public func privacy() async throws(SimulationError) -> (epsilon: Double, clippingNorm: Double)? {
         try await status().privacy.map { ($0.epsilon, $0.clippingNorm) }
     }
