@@ -54,8 +54,10 @@ public struct RoundMetrics: Sendable, Hashable, Codable {
     /// The federated evaluation of the checkpoint the round trained from (devices' held-out samples), once the coordinator
     /// finalized it; nil without federated evaluation, or when it was not final by the round's end.
     public var federatedEvaluation: CheckpointEvaluation?
-    /// Buffered aggregation: the mean staleness of the reports the round's release folded (nil without a release).
+    /// Buffered aggregation: the mean staleness of the reports the round's releases folded (nil without a release).
     public var staleness: Double?
+    /// Buffered aggregation: buffers published during the round (a buffered round is a span of virtual time).
+    public var releases: Int?
     /// Buffered aggregation: devices admitted and training (not yet reported or expired) when the round ended.
     public var inFlight: Int?
 
@@ -98,7 +100,7 @@ public struct RoundMetrics: Sendable, Hashable, Codable {
         case testLoss = "test_loss", testAccuracy = "test_accuracy", testRMSE = "test_rmse", testPerplexity = "test_perplexity"
         case checkIns = "check_ins", turnedAwayModeled = "turned_away_modeled"
         case federatedEvaluation = "federated_evaluation"
-        case staleness, inFlight = "in_flight"
+        case staleness, releases, inFlight = "in_flight"
     }
 
     /// The same record without its wall time (the part that is deterministic for a seed).

@@ -261,6 +261,9 @@ public struct SimulationConfiguration: Sendable {
     public var buffered: BufferedAggregationConfig?
     /// The run ends after the round in progress once this many virtual hours have passed (nil: after `rounds`).
     public var virtualHours: Double?
+    /// Virtual seconds between the background windows the OS grants each eligible device (nil: one at each round's
+    /// opening); see ``FleetConditions/windowInterval``.
+    public var windowInterval: Double?
     /// Devices that send poison instead of their honest update (`--attackers`, `--attack`, `--attack-scale`), if any.
     public var attack: AttackConfiguration?
     /// The fraction of its samples each device holds out for federated evaluation (`--holdout-fraction`); 0 holds none.
@@ -398,6 +401,9 @@ public struct SimulationConfiguration: Sendable {
             }
         }
         if let virtualHours, !(virtualHours > 0 && virtualHours.isFinite) { throw fail("virtualHours must be a positive number, not \(virtualHours)") }
+        if let windowInterval, !(windowInterval >= 1 && windowInterval <= Availability.day) {
+            throw fail("windowInterval must be a number of seconds in 1...86400, not \(windowInterval)")
+        }
         if let robustAggregation {
             if secureAggregation != nil {
                 throw fail("robustAggregation cannot be used with secureAggregation: the coordinator never sees a single update, only their sum")
@@ -450,6 +456,7 @@ public struct SimulationConfiguration: Sendable {
             settings["staleness_exponent"] = String(buffered.stalenessExponent)
         }
         if let virtualHours { settings["virtual_hours"] = String(virtualHours) }
+        if let windowInterval { settings["window_interval"] = String(windowInterval) }
         if let attack { settings["attack"] = attack.summary }
         if holdoutFraction > 0 { settings["holdout_fraction"] = String(holdoutFraction) }
         if dataset.isText { settings["sequence_length"] = String(sequenceLength) }
@@ -498,6 +505,7 @@ public struct SimulationConfiguration: Sendable {
         var conditions = FleetConditions(
             availability: availability, dropout: dropout, windowSeconds: windowSeconds, medianSecondsPerUpdate: secondsPerUpdate, deviceSpeeds: deviceSpeeds)
         conditions.secureStages = secureAggregation != nil
+        conditions.windowInterval = windowInterval
         return conditions
     }
 }

@@ -188,6 +188,12 @@ struct SimulateCommand: AsyncParsableCommand {
     @Option(
         name: .customLong("virtual-hours"), parsing: .unconditional, help: "End the run after the round in progress once this many virtual hours have passed.")
     var virtualHours: Double?
+    @Option(
+        name: .customLong("window-interval"), parsing: .unconditional,
+        help:
+            "Virtual seconds between the background windows the OS grants each eligible device (one at a seeded moment of each interval, whatever the coordinator does); default: a window for every eligible device when a round opens."
+    )
+    var windowInterval: Double?
     @Option(parsing: .unconditional, help: "The fraction of the devices that send poison instead of their honest update (through the real client and wire).")
     var attackers: Double?
     @Option(help: "With --attackers: what they send (default sign-flip).")
@@ -255,6 +261,9 @@ struct SimulateCommand: AsyncParsableCommand {
         ("attack.fraction", "--attackers"), ("attack.scale", "--attack-scale"), ("attack.kind", "--attack"),
         ("holdoutFraction", "--holdout-fraction"), ("federatedEvaluation: every", "--evaluation-every"),
         ("federatedEvaluation: goal", "--evaluation-goal"), ("federatedEvaluation", "--evaluation-goal"),
+        ("virtualHours", "--virtual-hours"), ("windowInterval", "--window-interval"), ("buffered.buffer_size", "--buffer-size"),
+        ("buffered.max_concurrency", "--max-concurrency"), ("buffered.staleness_exponent", "--staleness-exponent"),
+        ("buffered.max_staleness", "--max-staleness"), ("buffered cannot", "--aggregation buffered cannot"),
     ]
 
     /// The option behind each `server_config.privacy` field, longest names first.
@@ -355,6 +364,7 @@ struct SimulateCommand: AsyncParsableCommand {
             throw SimulationError(.invalidOption, "\(stray.0) needs --aggregation buffered")
         }
         c.virtualHours = virtualHours
+        c.windowInterval = windowInterval
         c.attack = try attackConfiguration()
         if let holdoutFraction { c.holdoutFraction = holdoutFraction }
         if let evaluationGoal {

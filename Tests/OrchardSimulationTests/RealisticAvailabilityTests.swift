@@ -128,3 +128,34 @@ import Testing
     ]
     static let pinnedDiurnalNight = 0.7875
 }
+
+/// Background windows the OS grants on its own schedule (`--window-interval`).
+@Suite struct GrantedWindowTests {
+    @Test func oneGrantAnIntervalAtASeededMomentWhileTheDeviceIsEligible() throws {
+        var conditions = FleetConditions(availability: .realistic)
+        #expect(conditions.grantedWindow(device: 3, atOrAfter: 0, seed: 1) == nil, "no interval: windows come with the rounds")
+        conditions.windowInterval = 1200
+        for device in 0..<50 {
+            var time = 0.0
+            var grants: [Double] = []
+            while let grant = conditions.grantedWindow(device: device, atOrAfter: time, seed: 7), grant < 2 * Availability.day {
+                #expect(grant >= time)
+                #expect(conditions.availability.isAvailable(device, at: grant, seed: 7))
+                grants.append(grant)
+                time = grant + 0.001
+            }
+            // At most one grant in each interval, and the same ones for the same seed.
+            #expect(Set(grants.map { Int($0 / 1200) }).count == grants.count)
+            #expect(grants.first == conditions.grantedWindow(device: device, atOrAfter: 0, seed: 7))
+        }
+        // Over a day, an always-eligible device is granted a window in every interval.
+        var always = FleetConditions(availability: .always)
+        always.windowInterval = 600
+        var count = 0, time = 0.0
+        while let grant = always.grantedWindow(device: 0, atOrAfter: time, seed: 1), grant < Availability.day {
+            count += 1
+            time = grant + 0.001
+        }
+        #expect(count == 144)
+    }
+}

@@ -80,10 +80,13 @@ import Testing
         c.rounds = 8
         c.buffered = BufferedAggregationConfig(bufferSize: 3, maxConcurrency: 8)
         let result = try await SimulationRunner.run(c, progress: Self.quiet, clock: ManualClock())
+        // A buffered round is a span of virtual time: a release does not end it, and it records how many it saw.
         let releases = result.rounds.filter(\.aggregated)
         #expect(releases.count >= 6)
-        // Every round records the devices training when it ended, never more than max_concurrency, and a release the
-        // mean staleness of its reports.
+        #expect(result.rounds.allSatisfy { $0.aggregated == (($0.releases ?? 0) > 0) })
+        #expect(result.rounds.reduce(0) { $0 + ($1.releases ?? 0) } > result.rounds.count, "several releases a round")
+        // Every round records the devices training when it ended, never more than max_concurrency, and its releases the
+        // mean staleness of their reports.
         #expect(result.rounds.allSatisfy { ($0.inFlight ?? 99) <= 8 })
         #expect(releases.allSatisfy { $0.staleness != nil })
         #expect(releases.contains { ($0.staleness ?? 0) > 0 }, "devices still training when a buffer is published report into the next")

@@ -60,6 +60,10 @@ public struct FleetConditions: Sendable, Hashable {
     /// Per-device speeds from a trace; when set, each device's update time and link speed come from it instead of the
     /// log-normal and uniform draws (`speedSpread` and `megabitsPerSecond` then do not apply; see ``DeviceSpeeds``).
     public var deviceSpeeds: DeviceSpeeds?
+    /// Virtual seconds between the background windows the OS grants an eligible device: one at a seeded moment of each
+    /// interval, whatever the coordinator is doing. Nil: every eligible device is granted a window when a round opens
+    /// (spread over ``checkInSpread``), the round-based stand-in for perfect pace steering.
+    public var windowInterval: Double?
 
     /// Creates conditions; every field has a default.
     public init(
@@ -76,6 +80,20 @@ public struct FleetConditions: Sendable, Hashable {
         self.checkInSpread = checkInSpread
         self.medianSecondsPerUpdate = medianSecondsPerUpdate
         self.speedSpread = speedSpread
+    }
+
+    /// With ``windowInterval``: the first background window the OS grants `device` at or after `time` while it is
+    /// eligible, looking up to two virtual days ahead (nil: none).
+    public func grantedWindow(device: Int, atOrAfter time: Double, seed: UInt64) -> Double? {
+        guard let interval = windowInterval, interval > 0 else { return nil }
+        var slot = Int((time / interval).rounded(.down))
+        let last = slot + Int((2 * Availability.day / interval).rounded(.up)) + 1
+        while slot <= last {
+            let grant = (Double(slot) + OrchardRandomAccess.uniform(seed: seed, a: UInt64(device), b: UInt64(max(0, slot)), salt: 0x6A_A47)) * interval
+            if grant >= time && availability.isAvailable(device, at: grant, seed: seed) { return grant }
+            slot += 1
+        }
+        return nil
     }
 
     /// Device `device`'s profile: from ``deviceSpeeds`` when set, else seeded draws (``DeviceProfile/sample(device:seed:medianSecondsPerUpdate:spread:megabitsPerSecond:)``).

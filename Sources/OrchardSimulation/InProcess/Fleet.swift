@@ -134,11 +134,22 @@ public struct FleetSimulation: Sendable {
             // Check-ins, in virtual-time order: each eligible device is granted a window a seeded moment after the opening.
             var checkIns: [(time: Double, device: Int)] = []
             for device in 0..<devices {
-                guard let window = conditions.availability.window(for: device, atOrAfter: start, seed: seed) else { continue }
-                var jitter = OrchardRandomAccess.uniform(seed: seed, a: UInt64(device), b: UInt64(round), salt: 0xC4EC_C1)
-                jitter *= conditions.checkInSpread
-                let time = max(start, window.start) + jitter
                 let now = fleet[device]?.clock.seconds ?? granted[device]
+                let time: Double
+                let window: AvailabilityWindow
+                if conditions.windowInterval != nil {
+                    // The OS grants windows on its own schedule: the device checks in at the first one after the opening
+                    // (or after its own work, when still busy).
+                    guard let grant = conditions.grantedWindow(device: device, atOrAfter: max(start, now), seed: seed),
+                        let span = conditions.availability.window(for: device, atOrAfter: grant, seed: seed)
+                    else { continue }
+                    (time, window) = (grant, span)
+                } else {
+                    guard let span = conditions.availability.window(for: device, atOrAfter: start, seed: seed) else { continue }
+                    var jitter = OrchardRandomAccess.uniform(seed: seed, a: UInt64(device), b: UInt64(round), salt: 0xC4EC_C1)
+                    jitter *= conditions.checkInSpread
+                    (time, window) = (max(start, span.start) + jitter, span)
+                }
                 guard time < cycleDeadline && time < window.end && now < cycleDeadline else { continue }
                 // A device still busy from an earlier round (or granted a window then that the round's end cut) checks in
                 // once its clock gets there.
@@ -149,8 +160,11 @@ public struct FleetSimulation: Sendable {
             // up overlaps the others' work); once the cycle is full, the rest are turned away without running (modeled).
             // Buffered: a device turned away (max_concurrency devices training) does not mean the others are; a place frees
             // with every report, so every check-in runs.
+            // A release does not end a buffered round either: the devices still training go on into the next buffer, so a
+            // buffered round is a span of virtual time (to the deadline), with as many releases as the reports make.
             await timeline.begin(
-                deadline: deadline, checkIns: checkIns, lookahead: 2 * parallelism, turnedAway: coordinator.buffered ? .fullStack : turnedAway)
+                deadline: deadline, checkIns: checkIns, lookahead: 2 * parallelism, turnedAway: coordinator.buffered ? .fullStack : turnedAway,
+                endsAtClose: !coordinator.buffered)
             let tasks = RoundTasks()
             let results = await withTaskCancellationHandler { () async -> [Result<DeviceRoundRecord, SimulationError>] in
                 var setupFailure: SimulationError?
@@ -200,7 +214,8 @@ public struct FleetSimulation: Sendable {
                 }
             }
             let end = await timeline.roundEnd()
-            let aggregated = end.closed ? await coordinator.roundCycleAggregated() : try await coordinator.expireCycle(at: max(cycleDeadline, end.time))
+            var aggregated = end.closed ? await coordinator.roundCycleAggregated() : try await coordinator.expireCycle(at: max(cycleDeadline, end.time))
+            if coordinator.buffered { aggregated = await coordinator.roundCycleAggregated() }
             // When no device could call before the round's deadline, the round ended where the coordinator's timer closed
             // the cycle: a secure stage waiting for a device that went away closes at its own deadline, long before that.
             let endTime = end.closed ? end.time : min(end.time, coordinator.now)
@@ -245,8 +260,9 @@ public struct FleetSimulation: Sendable {
             }
             if coordinator.buffered {
                 let progress = try await coordinator.bufferedProgress()
-                record.staleness = aggregated ? progress.staleness : nil
+                record.staleness = progress.staleness
                 record.inFlight = progress.inFlight
+                record.releases = progress.releases
             }
             if let previous = pending { records.append(try await Self.publish(previous, onRound)) }
             pending = (record, evaluation)

@@ -105,12 +105,15 @@ public actor FleetCoordinator {
 
     /// ε spent so far under the process's differential privacy and the clipping bound of the open cycle, or nil
     /// without privacy.
-    /// Buffered: the mean staleness of the last release's reports (from the cycle history) and the devices in flight now.
-    public func bufferedProgress() async throws(SimulationError) -> (staleness: Double?, inFlight: Int?) {
+    /// Buffered: the releases since the round opened, the mean staleness of their reports (from the cycle history; each
+    /// release weighs alike) and the devices in flight now.
+    public func bufferedProgress() async throws(SimulationError) -> (releases: Int, staleness: Double?, inFlight: Int?) {
         do {
-            let last = try await coordinator.cycles(processID: processID).cycles.last
+            let counts = await coordinator.cycleCounts(processID: processID)
+            let releases = max(0, (counts?.completed ?? 0) - (countsAtOpening?.completed ?? 0))
+            let means = try await coordinator.cycles(processID: processID).cycles.suffix(releases).compactMap { $0.metrics["staleness"] }
             let status = try await status()
-            return (last?.metrics["staleness"], status.currentCycle?.buffered?.inFlight)
+            return (releases, means.isEmpty ? nil : means.reduce(0, +) / Double(means.count), status.currentCycle?.buffered?.inFlight)
         } catch let error as SimulationError {
             throw error
         } catch {

@@ -67,6 +67,7 @@ actor FleetTimeline {
     private var nextPending = 0
     private var lookahead = 1
     private var turnedAway = TurnedAwayChoice.modeled
+    private var endsAtClose = true
     /// Devices to start, handed out by ``launches()``, and the runner waiting for them.
     private var due: [(time: Double, device: Int)] = []
     private var launcher: CheckedContinuation<[(time: Double, device: Int)]?, Never>?
@@ -133,8 +134,10 @@ actor FleetTimeline {
     }
 
     /// Starts a round: its check-ins (virtual time and device, in any order), the cycle's deadline, how many devices to
-    /// start ahead of need, and what to do with check-ins once the cycle is full.
-    func begin(deadline: Double, checkIns: [(time: Double, device: Int)], lookahead: Int, turnedAway: TurnedAwayChoice) {
+    /// start ahead of need, and what to do with check-ins once the cycle is full. With `endsAtClose` false (buffered
+    /// aggregation) a closing cycle does not end the round: it runs to its deadline, through every release.
+    func begin(deadline: Double, checkIns: [(time: Double, device: Int)], lookahead: Int, turnedAway: TurnedAwayChoice, endsAtClose: Bool = true) {
+        self.endsAtClose = endsAtClose
         precondition(entries.isEmpty && !calling && launcher == nil, "a round began before the previous one wound down")
         self.deadline = deadline
         end = nil
@@ -216,7 +219,7 @@ actor FleetTimeline {
         calling = false
         switch effect {
         case .none: break
-        case .closedCycle: finish(at: time, closed: true)
+        case .closedCycle: if endsAtClose { finish(at: time, closed: true) }
         case .cycleFull: if turnedAway == .modeled { dropPending(turnedAway: true) }
         }
         dispatch()

@@ -128,6 +128,11 @@ final class VirtualDevice: Sendable {
                     // counts it.
                     await link.noteDiverged()
                     task.setTaskCompleted(success: false)
+                } catch  where [.deadlinePassed, .reportTooStale].contains(error.serverCode) {
+                    // Buffered: the device's work came too late (its assignment expired across windows, or the model it
+                    // trained moved on past max_staleness); the SDK dropped the report, as on a phone, and the device
+                    // comes back at a later window.
+                    task.setTaskCompleted(success: false)
                 } catch {
                     failure.record(error)
                     task.setTaskCompleted(success: false)
