@@ -111,6 +111,10 @@ public enum HTMLReport {
         func perRound(_ caption: String, _ y: Axis, _ lines: [Series], headline: Bool = false, note: String? = nil) -> String {
             figure(caption, headline: headline, note: note) { LineChart(title: caption, x: round, y: y, series: lines, width: $0, height: $1).render() }
         }
+        /// One series against an x other than the round.
+        func against(_ caption: String, x: Axis, y: Axis, _ line: Series) -> String {
+            figure(caption) { LineChart(title: caption, x: x, y: y, series: [line], width: $0, height: $1).render() }
+        }
         /// A quality metric per round, from the initial model's at round 0.
         func quality(_ name: String, _ color: ChartColor, initial: Double?, _ value: (RoundMetrics) -> Double?) -> Series {
             var line = series(name, color, value)
@@ -172,23 +176,24 @@ public enum HTMLReport {
             // Differential privacy on a regressor: what each step of error cost.
             let caption = "Test RMSE vs privacy spent (ε at δ = \(summary.settings["dp_delta"] ?? "?"))"
             let points = rounds.compactMap { r in r.testRMSE.flatMap { e in r.epsilon.map { (x: $0, y: e) } } }
-            charts.append(
-                figure(caption) {
-                    LineChart(title: caption, x: Axis("privacy spent ε"), y: rmseAxis, series: [Series("RMSE", points, color: .purple)], width: $0, height: $1)
-                        .render()
-                })
+            charts.append(against(caption, x: Axis("privacy spent ε"), y: rmseAxis, Series("RMSE", points, color: .purple)))
         }
         if rounds.contains(where: { $0.testAccuracy != nil && $0.epsilon != nil }) {
             // Differential privacy: what each point of accuracy cost.
             let caption = "Test accuracy vs privacy spent (ε at δ = \(summary.settings["dp_delta"] ?? "?"))"
             let points = rounds.compactMap { r in r.testAccuracy.flatMap { a in r.epsilon.map { (x: $0, y: a) } } }
-            charts.append(
-                figure(caption) {
-                    LineChart(
-                        title: caption, x: Axis("privacy spent ε"), y: Axis("accuracy", format: .percent), series: [Series("accuracy", points, color: .purple)],
-                        width: $0, height: $1
-                    ).render()
-                })
+            charts.append(against(caption, x: Axis("privacy spent ε"), y: Axis("accuracy", format: .percent), Series("accuracy", points, color: .purple)))
+        }
+        if accuracy {
+            // Either aggregation mode on the same clock: what matters to a fleet that trains in background windows.
+            let caption = "Test accuracy over virtual time"
+            let points = rounds.compactMap { r in r.testAccuracy.map { (x: r.virtualEnd / 3600, y: $0) } }
+            charts.append(against(caption, x: Axis("virtual hours"), y: Axis("accuracy", format: .percent), Series("test set", points, color: .blue)))
+        }
+        if rounds.contains(where: { $0.inFlight != nil }) {
+            // Buffered aggregation: how stale the released reports were, and how many devices were training.
+            charts.append(perRound("Staleness of the released reports", Axis("checkpoints behind (mean)"), [series("staleness", .purple, \.staleness)]))
+            charts.append(perRound("Devices training when the round ended", Axis("devices"), [series("in flight", .blue) { $0.inFlight.map(Double.init) }]))
         }
         if rounds.contains(where: { $0.clippingNorm != nil }) {
             charts.append(perRound("Privacy clipping bound", Axis("clipping norm"), [series("clipping norm", .brown, \.clippingNorm)]))

@@ -259,10 +259,11 @@ import Testing
 
         let html = try String(contentsOf: writer.reportURL, encoding: .utf8)
         #expect(html.hasPrefix("<!DOCTYPE html>"))
-        // Accuracy (the headline, first), loss, participation, background windows, traffic (in kB here) and availability,
-        // each drawn at a laptop's and at a phone's width.
-        #expect(html.components(separatedBy: "<svg ").count - 1 == 12)
-        #expect(html.components(separatedBy: "</svg>").count - 1 == 12)
+        // Accuracy (the headline, first), loss, accuracy over virtual time, participation, background windows, traffic (in
+        // kB here) and availability, each drawn at a laptop's and at a phone's width.
+        #expect(html.components(separatedBy: "<svg ").count - 1 == 14)
+        #expect(html.components(separatedBy: "</svg>").count - 1 == 14)
+        #expect(html.contains("Test accuracy over virtual time") && !html.contains("Staleness of the released reports"))
         #expect(html.components(separatedBy: "<figure").dropFirst().first?.contains("Test accuracy") == true)
         #expect(html.contains("bytes (kB)") && html.contains("5 kB / 6.5 kB"))
         #expect(html.contains("fake &lt;x&gt;"))

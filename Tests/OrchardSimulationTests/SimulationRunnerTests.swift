@@ -91,6 +91,8 @@ import Testing
         #expect(releases.allSatisfy { $0.staleness != nil })
         #expect(releases.contains { ($0.staleness ?? 0) > 0 }, "devices still training when a buffer is published report into the next")
         #expect(result.summary.settings["aggregation"] == "buffered" && result.summary.settings["buffer_size"] == "3")
+        let html = try String(contentsOf: dir.appendingPathComponent("report.html"), encoding: .utf8)
+        #expect(html.contains("Staleness of the released reports") && html.contains("Devices training when the round ended"))
         let final = try #require(result.summary.final.rmse), initial = try #require(result.summary.initial.rmse)
         #expect(final < initial)
         // The run ends after the round in progress once the virtual hours have passed.
