@@ -116,6 +116,9 @@ final class DeviceLink: Sendable {
     }
 
     /// Records the device as gone if it goes away before `time`; true when it did.
+    /// Sets when the device goes away during its next task (nil: it does not), for a second task in the same round.
+    func rearm(killAt: Double?) { state.withLock { $0.round.killAt = killAt } }
+
     func dropIfGone(before time: Double) -> Bool {
         state.withLock { state in
             guard let killAt = state.round.killAt, killAt < time else { return false }

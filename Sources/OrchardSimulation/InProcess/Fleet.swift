@@ -126,12 +126,7 @@ public struct FleetSimulation: Sendable {
             if let limit = virtualSecondsLimit, clock >= limit { break }
             let wallStart = wallClock.now
             let start = openingTime(after: clock, goal: coordinator.goal)
-            var cycleDeadline = try await coordinator.openRound(at: start)
-            if coordinator.buffered, let interval = conditions.windowInterval {
-                // A device makes one check-in a round: a buffered round spans one window interval, so that every window
-                // the OS grants is one check-in.
-                cycleDeadline = min(cycleDeadline, start + interval)
-            }
+            let cycleDeadline = try await coordinator.openRound(at: start)
             // Under secure aggregation the round goes on past the cycle's deadline for at most three stage timeouts (four
             // with consistency_check).
             let deadline = cycleDeadline + Double(coordinator.secureConsistencyCheck ? 4 : 3) * (coordinator.secureStageTimeout ?? 0)

@@ -67,6 +67,9 @@ final class VirtualDevice: Sendable {
     let scheduler: BackgroundScheduler
     let job: FederatedJob
     private let link: DeviceLink
+    /// Whether the process aggregates buffered: a round then spans virtual time, and the device checks in again at
+    /// every window the OS grants it in the round (``FleetConditions/windowInterval``).
+    private let buffered: Bool
     private let failure = FirstError<OrchardClientError>()
 
     /// Sets up the device: its client and job in `directory`, its scheduler with the training task registered.
@@ -76,6 +79,7 @@ final class VirtualDevice: Sendable {
         timeline: FleetTimeline, coordinator: FleetCoordinator, slots: AsyncSemaphore
     ) async throws(SimulationError) {
         self.index = index
+        buffered = coordinator.buffered
         let clock = ManualClock.virtual()
         self.clock = clock
         let link = DeviceLink(device: index, clock: clock, profile: profile, timeline: timeline, coordinator: coordinator)
@@ -152,6 +156,20 @@ final class VirtualDevice: Sendable {
         return Double(modelBytes) / profile.downloadBytesPerSecond + Double(updates) * profile.secondsPerUpdate + upload
     }
 
+    /// Submits the training task. An expired run may run again as soon as the OS grants a window (the OS's delay is the
+    /// fleet's `resumeDelay`), not after an exponential backoff that would grow over the rounds.
+    private func submitTask() async throws(SimulationError) {
+        do {
+            try await scheduler.submit(
+                TaskRequest(
+                    identifier: Self.taskIdentifier, kind: .processing, constraints: .powerAndNetwork,
+                    retry: RetryPolicy(base: .zero, multiplier: 1, cap: .zero)
+                ))
+        } catch {
+            throw SimulationError(.training, "device \(index) cannot submit its background task: \(error)")
+        }
+    }
+
     /// Runs the device's round: background windows from its check-in until it reports, is turned away, drops
     /// out, or the round ends.
     /// - Parameters:
@@ -187,17 +205,7 @@ final class VirtualDevice: Sendable {
         // The app submits its training task when the round opens (the round-based simulation's stand-in for the
         // coordinator's pace steering: FedAvg draws from every eligible device each round), rather than at the
         // `retry_after` of its last report.
-        do {
-            // An expired run may run again as soon as the OS grants a window (the OS's delay is the fleet's
-            // `resumeDelay`), not after an exponential backoff that would grow over the rounds.
-            try await scheduler.submit(
-                TaskRequest(
-                    identifier: Self.taskIdentifier, kind: .processing, constraints: .powerAndNetwork,
-                    retry: RetryPolicy(base: .zero, multiplier: 1, cap: .zero)
-                ))
-        } catch {
-            throw SimulationError(.training, "device \(index) cannot submit its background task: \(error)")
-        }
+        try await submitTask()
         while true {
             link.setWindowEnd(windowEnd)
             let report: WindowReport
@@ -210,7 +218,28 @@ final class VirtualDevice: Sendable {
                 throw SimulationError(.training, "device \(index)'s job failed: \(error)")
             }
             if let error = link.failure { throw error }
-            guard let run = report.runs.last, run.outcome == .expired, !link.isStopped else { break }
+            guard let run = report.runs.last, !link.isStopped else { break }
+            if run.outcome != .expired {
+                // Buffered, with windows on the OS's schedule: the device checks in again at its next window in the round
+                // (a report or a refusal ends only this window's work).
+                guard buffered, let next = conditions.grantedWindow(device: index, atOrAfter: clock.seconds + 1, seed: seed), next < deadline,
+                    let span = conditions.availability.window(for: index, atOrAfter: next, seed: seed)
+                else { break }
+                // A new task: it draws its own dropout, as the round's first one did.
+                let goes = random.nextDouble() < conditions.dropout
+                let point = random.nextDouble()
+                link.rearm(
+                    killAt: goes
+                        ? next + point
+                            * Self.dropoutSpan(modelBytes: modelBytes, updates: updates, profile: link.profile, secureStages: conditions.secureStages)
+                        : nil)
+                try await submitTask()
+                window = span
+                clock.advance(to: next)
+                await timeline.moved(index)
+                windowEnd = min(next + conditions.windowSeconds, window.end)
+                continue
+            }
             link.noteExpiration(at: windowEnd)
             // The next background task: after the OS's delay and once the scheduler's retry of the expired task is
             // due, inside an eligibility window, before the deadline.
