@@ -27,8 +27,10 @@ import Testing
         let before = faults()
         for _ in 0..<50 { cycle() }
         // Untuned glibc faults about 200 pages in this loop even after it has raised its own threshold (the freed top
-        // of the heap is given back and taken again); mapped afresh, 9,800 (196 pages a cycle). Tuned: none.
-        #expect(faults() - before < 50)
+        // of the heap is given back and taken again); mapped afresh, 9,800 (196 pages a cycle). Tuned: none of its own, but
+        // tests running in parallel share glibc's arena, and its trims have cost this thread up to 50 faults (one full CI
+        // run): the bound sits between that and untuned's 200.
+        #expect(faults() - before < 100)
     }
 
     @Test("thresholds that are not positive 32-bit sizes are refused")
