@@ -168,7 +168,7 @@ enum PostgresSchema {
                 """,
             ]),
         // Buffered aggregation: a report's staleness, and admission that counts only the devices still training
-        // (unreported assignments admitted after `p_in_flight_after`) when that is given.
+        // (unreported assignments admitted after `p_in_flight_after`) when that is given; it replaces `orchard_admit`.
         Migration(
             version: "7-buffered",
             statements: [
@@ -208,6 +208,7 @@ enum PostgresSchema {
                 END
                 $$
                 """,
+                "DROP FUNCTION orchard_admit(TEXT, BIGINT, TEXT, TEXT, DOUBLE PRECISION, BIGINT)",
             ]),
     ]
 

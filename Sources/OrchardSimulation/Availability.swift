@@ -72,25 +72,21 @@ public struct Availability: Sendable, Hashable, CustomStringConvertible {
         case .trace(let byDevice):
             return byDevice[device]?.first { $0.end > time }
         case .diurnal:
-            var day = Int((time / Self.day).rounded(.down)) - 1
-            while day < Int((time / Self.day).rounded(.down)) + 30 {
-                for window in Self.diurnalWindows(device: device, day: day, seed: seed) where window.end > time {
-                    return window
-                }
-                day += 1
-            }
-            return nil
+            return Self.firstWindow(after: time, days: 30) { Self.diurnalWindows(device: device, day: $0, seed: seed) }
         case .realistic:
             // A rare device may go weeks without a window: look a year ahead (0.9^366 ≈ 2e-17 of a rare device has none).
-            var day = Int((time / Self.day).rounded(.down)) - 1
-            while day < Int((time / Self.day).rounded(.down)) + 366 {
-                for window in Self.realisticWindows(device: device, day: day, seed: seed) where window.end > time {
-                    return window
-                }
-                day += 1
-            }
-            return nil
+            return Self.firstWindow(after: time, days: 366) { Self.realisticWindows(device: device, day: $0, seed: seed) }
         }
+    }
+
+    /// The first of the windows `windowsOfDay` gives (day by day, from the day before `time`'s, up to `days` ahead) that
+    /// is still open at `time`.
+    private static func firstWindow(after time: Double, days: Int, _ windowsOfDay: (Int) -> [AvailabilityWindow]) -> AvailabilityWindow? {
+        let today = Int((time / Self.day).rounded(.down))
+        for day in (today - 1)..<(today + days) {
+            if let window = windowsOfDay(day).first(where: { $0.end > time }) { return window }
+        }
+        return nil
     }
 
     /// Whether `device` is eligible at `time`.

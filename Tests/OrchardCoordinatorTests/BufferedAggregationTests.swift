@@ -330,6 +330,10 @@ extension CycleStateMachine.CycleDecision {
             #expect(missing.status == 400 && missing.errorCode == "invalid_request")
             let future = try await harness.report(a, ja, diff: Fixture.diff(0.1), samples: 1, checkpoint: 1)
             #expect(future.status == 400 && future.errorCode == "invalid_request")
+            for forged in [-1, Int.min, Int.max] {
+                let bad = try await harness.report(a, ja, diff: Fixture.diff(0.1), samples: 1, checkpoint: forged)
+                #expect(bad.status == 400 && bad.errorCode == "invalid_request", "checkpoint \(forged)")
+            }
             #expect(try await harness.report(a, ja, diff: Fixture.diff(0.1), samples: 1, checkpoint: 0).status == 200)
             // b trained from checkpoint 0, one release ago, past max_staleness 0.
             let stale = try await harness.report(b, jb, diff: Fixture.diff(0.1), samples: 1, checkpoint: 0)

@@ -45,6 +45,18 @@ private final class ServerProcess: @unchecked Sendable {
     }
 }
 
+/// A device of process "tiny" authenticated and admitted to its cycle at `http`.
+private func join(on http: HTTP) async throws -> (AuthenticateResponse, CycleAssignment) {
+    let device = try await http.json("POST", Endpoint.authenticate, AuthenticateRequest(processName: "tiny", processVersion: SemanticVersion(1)))
+        .decode(AuthenticateResponse.self)
+    let response = try await http.json(
+        "POST", Endpoint.cycleRequest, CycleRequest(workerID: device.workerID, processName: "tiny", processVersion: SemanticVersion(1)),
+        token: device.sessionToken
+    ).decode(CycleResponse.self)
+    guard case .accepted(let assignment) = response else { throw HarnessError(description: "device rejected: \(response)") }
+    return (device, assignment)
+}
+
 /// A fresh directory for a coordinator's database; the caller removes it.
 private func temporaryDirectory(_ prefix: String) throws -> URL {
     let directory = FileManager.default.temporaryDirectory.appendingPathComponent("\(prefix)\(UUID().uuidString)")
@@ -65,16 +77,7 @@ private func temporaryDirectory(_ prefix: String) throws -> URL {
             ProcessStatus.self)
 
         var devices: [(AuthenticateResponse, CycleAssignment)] = []
-        for _ in 0..<5 {
-            let device = try await http.json("POST", Endpoint.authenticate, AuthenticateRequest(processName: "tiny", processVersion: SemanticVersion(1)))
-                .decode(AuthenticateResponse.self)
-            let response = try await http.json(
-                "POST", Endpoint.cycleRequest, CycleRequest(workerID: device.workerID, processName: "tiny", processVersion: SemanticVersion(1)),
-                token: device.sessionToken
-            ).decode(CycleResponse.self)
-            guard case .accepted(let assignment) = response else { throw HarnessError(description: "device rejected: \(response)") }
-            devices.append((device, assignment))
-        }
+        for _ in 0..<5 { devices.append(try await join(on: http)) }
         let reports: [(scale: Float, samples: Int)] = [(0.1, 3), (-0.3, 1), (0.2, 7), (0.5, 2), (-0.4, 4)]
         func send(_ i: Int, on http: HTTP) async throws -> HTTPResult {
             let body = ReportEnvelope.encode(
@@ -131,16 +134,6 @@ private func temporaryDirectory(_ prefix: String) throws -> URL {
         var http = server.http
         let hosted = try await http.json("POST", Endpoint.processes, BufferedCoordinatorTests.host(size: 3, concurrency: 6), token: Harness.adminToken)
             .decode(ProcessStatus.self)
-        func join(on http: HTTP) async throws -> (AuthenticateResponse, CycleAssignment) {
-            let device = try await http.json("POST", Endpoint.authenticate, AuthenticateRequest(processName: "tiny", processVersion: SemanticVersion(1)))
-                .decode(AuthenticateResponse.self)
-            let response = try await http.json(
-                "POST", Endpoint.cycleRequest, CycleRequest(workerID: device.workerID, processName: "tiny", processVersion: SemanticVersion(1)),
-                token: device.sessionToken
-            ).decode(CycleResponse.self)
-            guard case .accepted(let assignment) = response else { throw HarnessError(description: "device rejected: \(response)") }
-            return (device, assignment)
-        }
         var devices: [(AuthenticateResponse, CycleAssignment)] = []
         for _ in 0..<5 { devices.append(try await join(on: http)) }
         let reports: [(scale: Float, samples: Int)] = [(0.1, 3), (-0.3, 1), (0.2, 7), (0.5, 2), (-0.4, 4), (0.3, 5)]

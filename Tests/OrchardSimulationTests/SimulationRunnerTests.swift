@@ -107,6 +107,16 @@ import Testing
         c.virtualHours = (result.rounds[1].virtualEnd + 1) / 3600
         let short = try await SimulationRunner.run(c, progress: Self.quiet, clock: ManualClock())
         #expect(short.rounds.count == 3)
+        // Out-of-range settings are refused before anything runs.
+        for broken in [
+            { (c: inout SimulationConfiguration) in c.windowInterval = 0 }, { $0.windowInterval = 90_000 }, { $0.virtualHours = -1 },
+            { $0.virtualHours = .nan }, { $0.buffered?.bufferSize = 0 }, { $0.buffered?.maxConcurrency = 0 },
+        ] {
+            var bad = c
+            bad.virtualHours = nil
+            broken(&bad)
+            #expect(throws: SimulationError.self) { try bad.validate() }
+        }
         // Buffered aggregation refuses secure aggregation, with the reason.
         c.secureAggregation = SecureAggregationConfig(parameters: SecureAggregationParameters(threshold: 2))
         #expect(throws: SimulationError.self) { try c.validate() }
