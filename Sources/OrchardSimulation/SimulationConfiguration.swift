@@ -353,6 +353,9 @@ public struct SimulationConfiguration: Sendable {
         if !(proximalMu >= 0) || !proximalMu.isFinite { throw fail("proximalMu must be a non-negative number, not \(proximalMu)") }
         if batchSize < 1 { throw fail("batchSize must be at least 1, not \(batchSize)") }
         if !(learningRate > 0) || !learningRate.isFinite { throw fail("learningRate must be a positive number, not \(learningRate)") }
+        if !(aggregator.serverLearningRate > 0) || !aggregator.serverLearningRate.isFinite {
+            throw fail("aggregator.serverLearningRate must be a positive number, not \(aggregator.serverLearningRate)")
+        }
         if rounds < 1 { throw fail("rounds must be at least 1, not \(rounds)") }
         if evaluateEvery < 1 { throw fail("evaluateEvery must be at least 1, not \(evaluateEvery)") }
         if !(0...1 ~= dropout) { throw fail("dropout must be a probability in [0, 1], not \(dropout)") }
@@ -437,7 +440,8 @@ public struct SimulationConfiguration: Sendable {
                 "goal": String(goal), "over_selection": String(overSelection), "local_epochs": String(localEpochs), "proximal_mu": String(proximalMu),
                 "batch_size": String(batchSize), "lr": String(learningRate), "rounds": String(rounds), "eval_every": String(evaluateEvery),
                 "partition": dataset.isText ? "natural(\(textPartition))" : partition.description,
-                "aggregator": aggregator.kind.description, "availability": availability.description, "dropout": String(dropout),
+                "aggregator": aggregator.kind.description, "server_lr": String(aggregator.serverLearningRate), "availability": availability.description,
+                "dropout": String(dropout),
                 "window_seconds": String(windowSeconds), "cycle_seconds": String(cycleSeconds),
                 "seconds_per_update": String(secondsPerUpdate), "transport": transport.description, "seed": String(seed),
                 "turned_away": turnedAway.description,

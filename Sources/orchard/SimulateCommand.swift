@@ -80,6 +80,10 @@ struct SimulateCommand: AsyncParsableCommand {
     @Option(help: "The server optimizer.")
     var aggregator: AggregatorConfig.Kind?
     @Option(
+        name: .customLong("server-lr"), parsing: .unconditional,
+        help: "The server optimizer's learning rate (server_config.aggregator.server_learning_rate; default 1).")
+    var serverLearningRate: Double?
+    @Option(
         help:
             "When devices are eligible; realistic spreads time zones over the day with a tail of rarely available devices; trace:FILE reads windows from a CSV or JSON Lines file."
     )
@@ -264,6 +268,7 @@ struct SimulateCommand: AsyncParsableCommand {
         ("virtualHours", "--virtual-hours"), ("windowInterval", "--window-interval"), ("buffered.buffer_size", "--buffer-size"),
         ("buffered.max_concurrency", "--max-concurrency"), ("buffered.staleness_exponent", "--staleness-exponent"),
         ("buffered.max_staleness", "--max-staleness"), ("buffered cannot", "--aggregation buffered cannot"),
+        ("aggregator.serverLearningRate", "--server-lr"),
     ]
 
     /// The option behind each `server_config.privacy` field, longest names first.
@@ -337,6 +342,7 @@ struct SimulateCommand: AsyncParsableCommand {
         if let evaluateEvery { c.evaluateEvery = evaluateEvery }
         if let partition { c.partition = partition }
         if let aggregator { c.aggregator.kind = aggregator }
+        if let serverLearningRate { c.aggregator.serverLearningRate = serverLearningRate }
         if let availability { c.availability = try availability.availability() }
         if let deviceSpeeds { c.deviceSpeeds = try DeviceSpeedTrace.read(contentsOf: URL(fileURLWithPath: deviceSpeeds)) }
         if let dropout { c.dropout = dropout }

@@ -133,6 +133,10 @@ let usageError: Int32 = 64
         (["serve", "--database", "mysql://x/y"], "use a SQLite path, a sqlite:// or file:// URL, or a postgres:// URL"),
         (["bench", "coordinator", "--instances", "2"], "--instances must be 1 without a PostgreSQL database"),
         (["simulate", "--lr", "0"], "--lr must be a positive number"),
+        (["simulate", "--server-lr", "0"], "--server-lr must be a positive number, not 0.0"),
+        (["simulate", "--server-lr", "-2"], "--server-lr must be a positive number, not -2.0"),
+        (["simulate", "--server-lr", "inf"], "--server-lr must be a positive number, not inf"),
+        (["simulate", "--server-lr", "nan"], "--server-lr must be a positive number"),
         (["simulate", "--over-selection", "0.5"], "--over-selection must be at least 1"),
         (["simulate", "--dp-clip", "1"], "--dp-clip needs --dp-noise-multiplier"),
         (["simulate", "--population", "1000"], "--population needs --dp-noise-multiplier"),
@@ -240,6 +244,18 @@ let usageError: Int32 = 64
         #expect(dataset == 0.1)  // 40 × (784 + 1) Float32 = 0.12 MiB, to 0.1 MiB
         #expect(abs(peak - dataset - rest) <= 0.11)
         #expect(!line.keys.contains { $0.hasSuffix("_mb") })
+    }
+
+    /// `--server-lr` reaches the process's `server_config.aggregator` and the summary's settings.
+    @Test func serverLearningRateIsASetting() async throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("orchard-cli-server-lr-\(UUID().uuidString)")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let run = try await Run.orchard(["simulate", "--rounds", "1", "--dropout", "0", "--server-lr", "2.5", "--output", directory.path])
+        #expect(run.status == 0, "\(run.error)")
+        let summary = try #require(
+            try JSONSerialization.jsonObject(with: Data(contentsOf: directory.appendingPathComponent("summary.json"))) as? [String: Any])
+        #expect((summary["settings"] as? [String: Any])?["server_lr"] as? Double == 2.5)
+        #expect((summary["aggregated_rounds"] as? NSNumber)?.intValue == 1)
     }
 
     /// The housing scenario's 10 s windows hold its 7.5 s of training but not secure aggregation's exchanges after it:

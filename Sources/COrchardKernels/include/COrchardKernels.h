@@ -40,6 +40,30 @@ void orchard_avx512_sgemm_xn(bool transpose_a, long m, long n, long k, float alp
                              const float *a, long lda, const float *b, long ldb,
                              float beta, float *c, long ldc);
 
+/// One LSTM step's element-wise forward work over `rows` rows, on AVX2 and FMA. Each row of `gates` (row stride
+/// `gate_stride`) holds the step's gate pre-activations in PyTorch's order, i, f, g, o (CIFG: i, g, o, with f = 1 − i),
+/// each `hidden` wide; they are replaced by their activations (sigmoid, tanh for g). The cell c = f ⊙ c₋₁ + i ⊙ g goes
+/// to `cell` and the hidden state o ⊙ tanh(c) to `state` (both `rows × hidden`); `cell_previous` NULL means c₋₁ = 0.
+void orchard_avx2_lstm_forward(bool cifg, long rows, long hidden, float *gates, long gate_stride,
+                               const float *cell_previous, float *cell, float *state);
+
+/// One LSTM step's element-wise backward work, on AVX2 and FMA: from the activations `gates`, the cell `cell` and
+/// `cell_previous` (NULL: zero) of the forward step, the gradient reaching the hidden state (`dh_next` plus, unless
+/// NULL, `dy` with row stride `dy_stride`) and the one reaching the cell from the next step (`dc`, replaced by the one
+/// reaching c₋₁), writes the gate pre-activations' gradients to `dgates` (laid out as `gates`).
+void orchard_avx2_lstm_backward(bool cifg, long rows, long hidden, const float *gates, long gate_stride,
+                                const float *cell, const float *cell_previous, const float *dh_next, const float *dy,
+                                long dy_stride, float *dc, float *dgates);
+
+/// ``orchard_avx2_lstm_forward`` on 16-wide AVX-512F vectors.
+void orchard_avx512_lstm_forward(bool cifg, long rows, long hidden, float *gates, long gate_stride,
+                                 const float *cell_previous, float *cell, float *state);
+
+/// ``orchard_avx2_lstm_backward`` on 16-wide AVX-512F vectors.
+void orchard_avx512_lstm_backward(bool cifg, long rows, long hidden, const float *gates, long gate_stride,
+                                  const float *cell, const float *cell_previous, const float *dh_next, const float *dy,
+                                  long dy_stride, float *dc, float *dgates);
+
 #ifdef __cplusplus
 }
 #endif

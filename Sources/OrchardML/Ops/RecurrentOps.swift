@@ -3,6 +3,7 @@ import Glibc
 #elseif canImport(Darwin)
 import Darwin
 #endif
+import COrchardKernels
 
 /// The cell a recurrent layer runs.
 public enum RecurrentCell: Sendable, Hashable {
@@ -12,6 +13,35 @@ public enum RecurrentCell: Sendable, Hashable {
     case cifg
     /// Gates r, z, n (PyTorch's `nn.GRU`).
     case gru
+}
+
+/// Where an LSTM or CIFG step's element-wise work runs (the GRU's always runs in Swift).
+enum CellKernel: Sendable, CaseIterable {
+    /// Swift on eight-lane vectors, built for the baseline instruction set (SSE on x86-64): always available.
+    case portable
+    /// `orchard_avx2_lstm_*`: AVX2 and FMA, chosen at run time.
+    case avx2
+    /// `orchard_avx512_lstm_*`: AVX-512F, chosen at run time.
+    case avx512
+
+    /// The kernels that go with the matrix backend: the portable backend keeps Swift, the AVX2 one pins AVX2, any other
+    /// takes the widest the CPU has.
+    static var current: CellKernel { choice(for: GEMM.backend) }
+
+    /// The kernels that go with `backend` on this CPU.
+    static func choice(for backend: MatrixBackend) -> CellKernel {
+        guard backend != .portable && AVX2GEMM.isAvailable else { return .portable }
+        return backend == .avx2 || !AVX2GEMM.isAVX512Available ? .avx2 : .avx512
+    }
+
+    /// Whether this CPU can run the kernels.
+    var isAvailable: Bool {
+        switch self {
+        case .portable: true
+        case .avx2: AVX2GEMM.isAvailable
+        case .avx512: AVX2GEMM.isAVX512Available
+        }
+    }
 }
 
 /// The shape of a recurrent layer's pass over a batch: batch-first inputs `[batch, steps, inputSize]`, the hidden state
@@ -148,7 +178,9 @@ extension Ops {
     /// or the GRU's `W_hn h + b_hn`; ``recurrentBackward(_:x:parameters:scratch:step:dy:dx:accumulateDx:)`` reads
     /// them back. `step` is working space (``RecurrentShape/stepScratchPerSample(cell:steps:inputSize:hidden:)`` per sample).
     /// The input projection of every step is one matrix product; only the recurrent one runs step by step.
-    static func recurrentForward(_ s: RecurrentShape, x: CPtr, parameters p: RecurrentParameters, scratch: Ptr, step: Ptr, y: Ptr) {
+    static func recurrentForward(
+        _ s: RecurrentShape, x: CPtr, parameters p: RecurrentParameters, scratch: Ptr, step: Ptr, y: Ptr, kernel: CellKernel = .current
+    ) {
         let (b, h, g, n, steps) = (s.batch, s.hidden, s.gateWidth, s.inputSize, s.steps)
         let xs = scratch
         let acts = xs + steps * b * n
@@ -175,6 +207,15 @@ extension Ops {
             case .lstm, .cifg:
                 if let previous { GEMM.multiply(m: b, n: g, k: h, a: previous, lda: h, b: weightHHT, ldb: g, beta: 1, c: a, ldc: g) }
                 let lstm = s.cell == .lstm
+                switch kernel {
+                case .avx512:
+                    orchard_avx512_lstm_forward(!lstm, b, h, a, g, previousCell, other, state)
+                    continue
+                case .avx2:
+                    orchard_avx2_lstm_forward(!lstm, b, h, a, g, previousCell, other, state)
+                    continue
+                case .portable: break
+                }
                 for r in 0..<b {
                     let row = a + r * g
                     // LSTM rows: i, f, g, o; CIFG rows: i, g, o.
@@ -248,7 +289,8 @@ extension Ops {
     /// gradients and the input gradient are one matrix product each over all steps; only the gradient reaching the
     /// previous hidden state runs step by step.
     static func recurrentBackward(
-        _ s: RecurrentShape, x: CPtr, parameters p: RecurrentParameters, scratch: CPtr, step: Ptr, dy: CPtr, dx: Ptr?, accumulateDx: Bool
+        _ s: RecurrentShape, x: CPtr, parameters p: RecurrentParameters, scratch: CPtr, step: Ptr, dy: CPtr, dx: Ptr?, accumulateDx: Bool,
+        kernel: CellKernel = .current
     ) {
         let (b, h, g, n, steps) = (s.batch, s.hidden, s.gateWidth, s.inputSize, s.steps)
         let xs = scratch
@@ -268,6 +310,19 @@ extension Ops {
             let previous: CPtr? = t == 0 ? nil : states + (t - 1) * b * h
             let previousCell: CPtr? = t == 0 ? nil : extra + (t - 1) * b * h
             let dInput = dInputs + t * b * g
+            // The step's output gradient, if it has one: every step's with returnSequences, else only the last.
+            let stepDy: CPtr? = s.returnSequences ? dy + t * h : (t == steps - 1 ? dy : nil)
+            let stepDyStride = s.returnSequences ? steps * h : h
+            if s.cell != .gru && kernel != .portable {
+                // The wide kernels add the output's gradient to dhNext themselves.
+                if kernel == .avx512 {
+                    orchard_avx512_lstm_backward(s.cell == .cifg, b, h, a, g, other, previousCell, dhNext, stepDy, stepDyStride, dc, dInput)
+                } else {
+                    orchard_avx2_lstm_backward(s.cell == .cifg, b, h, a, g, other, previousCell, dhNext, stepDy, stepDyStride, dc, dInput)
+                }
+                if t > 0 { GEMM.multiply(m: b, n: h, k: g, a: dInput, lda: g, b: p.weightHH, ldb: h, c: dhNext, ldc: h) }
+                continue
+            }
             // The gradient reaching h_t: from the output and from step t + 1.
             for r in 0..<b {
                 let out: CPtr? = s.returnSequences ? dy + (r * steps + t) * h : (t == steps - 1 ? dy + r * h : nil)
