@@ -276,6 +276,29 @@ struct AgentProcessTests {
         }
     }
 
+    @Test("against a buffered process the agent reports the checkpoint it trained from, and trains again from each release")
+    func agentFollowsABufferedProcess() async throws {
+        try await withAgentHarness { harness, agentSlot in
+            var request = try Fixture.host(goal: 1, overSelection: 1)
+            request.serverConfig.aggregationMode = .buffered
+            request.serverConfig.buffered = BufferedAggregationConfig(bufferSize: 1, maxConcurrency: 2, maxStaleness: 0)
+            let hosted = try await harness.host(request)
+            let device = try Device(harness: harness, onMains: true)
+            let agent = try device.launch(harness)
+            agentSlot = agent
+            // Each report fills the one-report buffer, so each release asks the device straight back (retry_after 0);
+            // with max_staleness 0 a report from an older checkpoint would be refused, so two accepted reports mean the
+            // agent downloaded the release before training again.
+            try await agent.waitForLine("two reported cycles", count: 2, within: 300) { $0.event == "cycle" && $0.outcome == "reported" }
+            _ = try await agent.terminate(within: 60)
+            let status = try await harness.coordinator.status(processID: hosted.processID)
+            #expect(status.latestCheckpoint >= 2)
+            #expect(status.cyclesCompleted >= 2 && status.cyclesAbandoned == 0)
+            let history = try await harness.coordinator.cycles(processID: hosted.processID).cycles
+            #expect(history.count >= 2 && history.allSatisfy { $0.metrics["staleness"] == 0 }, "\(history.map(\.metrics))")
+        }
+    }
+
     @Test("SIGTERM during training checkpoints and exits 0; the next agent resumes the same cycle and reports once")
     func sigtermMidTraining() async throws {
         try await withAgentHarness { harness, agentSlot in

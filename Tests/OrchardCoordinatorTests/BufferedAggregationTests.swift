@@ -349,6 +349,64 @@ extension CycleStateMachine.CycleDecision {
         }
     }
 
+    /// The update norm bound clips a report before its staleness weight and the fold, as in a cycle.
+    @Test func theNormBoundClipsReportsBeforeTheirStalenessWeight() async throws {
+        let harness = try await Harness.start()
+        try await harness.stopping {
+            var request = Self.host(size: 2, concurrency: 3)
+            request.serverConfig.updateNormBound = 2
+            let clipped = try await harness.host(request)
+            let a = try await harness.device(), b = try await harness.device(), c = try await harness.device()
+            let ja = try await harness.join(a), jb = try await harness.join(b), jc = try await harness.join(c)
+            // Norm √35 ≈ 5.92 > 2: clipped to 2 before it is folded. Norm 0.1 √35 ≈ 0.59: kept.
+            #expect(try await harness.report(a, ja, diff: Fixture.diff(1), samples: 3, checkpoint: 0).status == 200)
+            #expect(try await harness.report(b, jb, diff: Fixture.diff(0.1), samples: 5, checkpoint: 0).status == 200)
+            let clippedScale = Float(2 / fixtureUnitNorm)
+            let first = Self.expectedRelease(from: Fixture.host().weightsByName, [(clippedScale, 3, 0), (0.1, 5, 0)])
+            expectClose(try await harness.checkpoint(clipped.processID), first, tolerance: 1e-6)
+            // c trained from checkpoint 0: clipped, then weighed for staleness 1.
+            #expect(try await harness.report(c, jc, diff: Fixture.diff(-1), samples: 2, checkpoint: 0).status == 200)
+            let d = try await harness.device()
+            let jd = try await harness.join(d)
+            #expect(try await harness.report(d, jd, diff: Fixture.diff(0.1), samples: 1, checkpoint: 1).status == 200)
+            expectClose(
+                try await harness.checkpoint(clipped.processID), Self.expectedRelease(from: first, [(-clippedScale, 2, 1), (0.1, 1, 0)]),
+                tolerance: 1e-6)
+        }
+    }
+
+    /// A release whose step leaves Float's range is not published: the buffer starts again from the same checkpoint,
+    /// and the devices still training keep their places.
+    @Test func aNonFiniteReleaseIsNotPublished() async throws {
+        let harness = try await Harness.start()
+        try await harness.stopping {
+            // Every value finite (at most 2e38), but η_g = 4 takes the release past Float's range.
+            var overflowing = Self.host(size: 1, concurrency: 3)
+            overflowing.serverConfig.aggregator = AggregatorConfig(kind: .fedAvg, serverLearningRate: 4)
+            let hosted = try await harness.host(overflowing)
+            let e = try await harness.device(), f = try await harness.device()
+            let je = try await harness.join(e), jf = try await harness.join(f)
+            #expect(try await harness.report(e, je, diff: Fixture.diff(5e37), samples: 10, checkpoint: 0).status == 200)
+            var status = try await harness.status(hosted.processID)
+            #expect(status.latestCheckpoint == 0 && status.checkpoints == [0])
+            #expect(status.cyclesAbandoned == 1 && status.cyclesCompleted == 0)
+            #expect(status.currentCycle?.number == 2 && status.currentCycle?.checkpoint == 0)
+            #expect(status.currentCycle?.buffered?.releases == 0)
+            expectClose(try await harness.checkpoint(hosted.processID), Fixture.host().weightsByName, tolerance: 0)
+            let metrics = String(decoding: try await harness.http.send("GET", Endpoint.metrics).body, as: UTF8.self)
+            #expect(metrics.contains(#"orchard_cycles_abandoned_total{reason="non_finite"} 1"#), "\(metrics)")
+            // f, still training from checkpoint 0, reports into the new buffer with staleness 0: x₁ = x₀ + 4 · 0.1 (i + 1).
+            #expect(try await harness.report(f, jf, diff: Fixture.diff(0.1), samples: 2, checkpoint: 0).status == 200)
+            status = try await harness.status(hosted.processID)
+            #expect(status.latestCheckpoint == 1 && status.cyclesCompleted == 1)
+            var expected = Fixture.host().weightsByName
+            for (name, values) in expected where !name.hasPrefix("embed.") {
+                expected[name] = values.indices.map { values[$0] + 4 * 0.1 * Float($0 + 1) }
+            }
+            expectClose(try await harness.checkpoint(hosted.processID), expected)
+        }
+    }
+
     @Test func aRestartKeepsTheBufferTheDevicesInFlightAndTheirStaleness() async throws {
         let harness = try await Harness.start()
         try await harness.stopping {
