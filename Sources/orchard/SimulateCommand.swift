@@ -20,7 +20,7 @@ struct SimulateCommand: AsyncParsableCommand {
             of the device model across 20 devices with a diurnal availability trace, dropouts and short background \
             windows. Image datasets default to McMahan et al.'s FedAvg setup (100 devices, C=0.1, E=1, B=10, lr 0.05). \
             --dataset kjv is next-character prediction on the King James Bible (apt-get install bible-kjv), one device \
-            per chapter (--text-partition book: per book), with the char-lstm model (12 devices a round, E=5, B=10, lr 6; per book 10 a round, lr 8).
+            per chapter (--text-partition book: per book), with the char-lstm model (12 devices a round, E=5, B=10, lr 6; per book 10 a round, lr 3).
             Trace files (--availability trace:FILE) are CSV with a device,start,end header or JSON Lines \
             {"device":0,"start":0,"end":3600}; times are virtual seconds, end may be inf (CSV) or omitted (JSONL). \
             --availability realistic spreads the devices' time zones over the whole day and makes a fifth of them rare \
