@@ -175,7 +175,7 @@ extension Ops {
 
     /// The pass forward through time. `scratch` holds ``RecurrentShape/scratchPerSample(cell:steps:inputSize:hidden:)``
     /// floats per sample: the step-major input, every step's gate activations, hidden states, and cells (LSTM, CIFG)
-    /// or the GRU's `W_hn h + b_hn`; ``recurrentBackward(_:x:parameters:scratch:step:dy:dx:accumulateDx:)`` reads
+    /// or the GRU's `W_hn h + b_hn`; ``recurrentBackward(_:x:parameters:scratch:step:dy:dx:accumulateDx:kernel:)`` reads
     /// them back. `step` is working space (``RecurrentShape/stepScratchPerSample(cell:steps:inputSize:hidden:)`` per sample).
     /// The input projection of every step is one matrix product; only the recurrent one runs step by step.
     static func recurrentForward(
