@@ -6,6 +6,33 @@ public import OrchardHTTPClient
 public import OrchardProtocol
 public import OrchardSupport
 
+/// A secure-aggregation request as it goes on the wire: a masked input in its safetensors envelope, anything else
+/// as JSON (a poll, the most frequent request, written directly).
+package struct SecureAggregationBody: Sendable {
+    /// The body's bytes.
+    package let bytes: [UInt8]
+    /// Whether the body is a safetensors envelope (else JSON).
+    package let isSafetensors: Bool
+
+    /// Encodes `request`.
+    /// - Throws: `invalid_configuration` when it cannot be encoded.
+    package init(_ request: SecureAggregationRequest) throws(OrchardClientError) {
+        if request.maskedInput != nil, request.maskedInputFormat == .safetensors {
+            bytes = MaskedInputEnvelope.encode(request)
+            isSafetensors = true
+            return
+        }
+        isSafetensors = false
+        if let direct = request.directJSON() {
+            bytes = direct
+            return
+        }
+        do { bytes = Array(try WireCoding.encoder().encode(request)) } catch {
+            throw OrchardClientError(.invalidConfiguration, "cannot encode SecureAggregationRequest: \(error)")
+        }
+    }
+}
+
 /// The coordinator's HTTP API over AsyncHTTPClient (SwiftNIO; Network.framework on Apple platforms), HTTPS with the
 /// system's or a private CA's trust roots.
 ///
@@ -60,11 +87,21 @@ public struct HTTPTransport: ClientTransport {
     }
 
     public func secureAggregation(_ request: SecureAggregationRequest, session: String) async throws(OrchardClientError) -> SecureAggregationReply {
-        guard request.maskedInput != nil, request.maskedInputFormat == .safetensors else {
-            // A poll, the most frequent request, is written directly.
-            return try await exchange(.POST, Endpoint.secureAggregation, body: request, encoded: request.directJSON(), session: session)
+        try await secureAggregation(request, body: try SecureAggregationBody(request), session: session).reply
+    }
+
+    package func secureAggregation(_ request: SecureAggregationRequest, body: SecureAggregationBody, session: String) async throws(OrchardClientError) -> (
+        reply: SecureAggregationReply, answerBytes: Int?
+    ) {
+        var http = try makeRequest(.POST, Endpoint.secureAggregation, session: session)
+        http.headers.replaceOrAdd(name: "Content-Type", value: body.isSafetensors ? MediaType.safetensors : MediaType.json)
+        http.body = .bytes(ByteBuffer(bytes: body.bytes))
+        let (bytes, head) = try await send(http)
+        // A wait, most of the replies, is read directly; anything else takes the decoder.
+        if (200..<300).contains(head.status), let reply = bytes.withUnsafeBytes({ SecureAggregationReply.directDecode($0) }) {
+            return (reply, bytes.count)
         }
-        return try await postSafetensors(MaskedInputEnvelope.encode(request), to: Endpoint.secureAggregation, session: session)
+        return (try decodeAnswer(SecureAggregationReply.self, bytes: bytes, head: head), bytes.count)
     }
 
     public func evaluationReport(_ report: EvaluationReport, session: String) async throws(OrchardClientError) -> EvaluationReportResponse {

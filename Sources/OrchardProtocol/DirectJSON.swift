@@ -171,7 +171,8 @@ extension CycleRequest {
     }
 }
 
-/// A cursor over JSON bytes for ``CycleRequest/directDecode(_:)``: whitespace skipped before each token.
+/// A cursor over JSON bytes for the direct decoders (``CycleRequest/directDecode(_:)``): whitespace skipped before
+/// each token.
 struct DirectJSONReader {
     private let bytes: UnsafeRawBufferPointer
     private var index = 0
@@ -212,6 +213,32 @@ struct DirectJSONReader {
             }
             if byte == 0x5C || byte < 0x20 || byte >= 0x80 { return nil }
             index += 1
+        }
+        return nil
+    }
+
+    /// An integer written as JSON digits (`-? int`, no fraction or exponent) that fits an `Int`; nil otherwise.
+    mutating func integer() -> Int? {
+        skipWhitespace()
+        let start = index
+        if index < bytes.count, bytes[index] == 0x2D { index += 1 }
+        let digitsStart = index
+        while index < bytes.count, bytes[index] >= 0x30, bytes[index] <= 0x39 { index += 1 }
+        let count = index - digitsStart
+        guard count > 0, !(count > 1 && bytes[digitsStart] == 0x30) else { return nil }
+        if index < bytes.count, bytes[index] == 0x2E || bytes[index] == 0x65 || bytes[index] == 0x45 { return nil }
+        return Int(String(decoding: UnsafeRawBufferPointer(rebasing: bytes[start..<index]), as: UTF8.self))
+    }
+
+    /// `true` or `false`; nil otherwise.
+    mutating func boolean() -> Bool? {
+        skipWhitespace()
+        for (word, value) in [("true", true), ("false", false)] {
+            let utf8 = Array(word.utf8)
+            if index + utf8.count <= bytes.count, bytes[index..<(index + utf8.count)].elementsEqual(utf8) {
+                index += utf8.count
+                return value
+            }
         }
         return nil
     }
@@ -272,5 +299,75 @@ extension SecureAggregationRequest {
         object.add("request_key", string: requestKey)
         object.add("worker_id", string: workerID)
         return object.bytes()
+    }
+}
+
+extension SecureAggregationReply {
+    /// Reads a reply without `JSONDecoder` when it carries no stage input (what ``directJSON()`` writes: a wait, most of
+    /// the replies): one object of those keys, each once, `retry_after` a finite number or absent, ASCII strings without
+    /// escapes. Anything else returns nil and takes the decoder; where it answers, it answers what the decoder would
+    /// (checked against it in the tests).
+    public static func directDecode(_ bytes: UnsafeRawBufferPointer) -> SecureAggregationReply? {
+        var reader = DirectJSONReader(bytes)
+        var cycle: Int?, device: Int?, stage: SecureAggregationStage?, next: SecureAggregationNextStep?
+        var retryAfter: Double?, sawRetryAfter = false, closed: Bool?, format: MaskedInputFormat?, sawFormat = false
+        guard reader.take(0x7B), !reader.take(0x7D) else { return nil }
+        repeat {
+            guard let key = reader.string(), reader.take(0x3A) else { return nil }
+            switch key {
+            case "cycle":
+                guard cycle == nil, let value = reader.integer() else { return nil }
+                cycle = value
+            case "device":
+                guard device == nil, let value = reader.integer() else { return nil }
+                device = value
+            case "stage":
+                guard stage == nil, let value = reader.string().flatMap(SecureAggregationStage.init(rawValue:)) else { return nil }
+                stage = value
+            case "next":
+                guard next == nil, let value = reader.string().flatMap(SecureAggregationNextStep.init(rawValue:)) else { return nil }
+                next = value
+            case "retry_after":
+                guard !sawRetryAfter, let value = reader.number() else { return nil }
+                (retryAfter, sawRetryAfter) = (value, true)
+            case "cycle_closed":
+                guard closed == nil, let value = reader.boolean() else { return nil }
+                closed = value
+            case "masked_input_format":
+                guard !sawFormat, let value = reader.string().flatMap(MaskedInputFormat.init(rawValue:)) else { return nil }
+                (format, sawFormat) = (value, true)
+            default:
+                return nil
+            }
+        } while reader.take(0x2C)
+        guard reader.take(0x7D), reader.atEnd, let cycle, let device, let stage, let next, let closed else { return nil }
+        return SecureAggregationReply(
+            cycle: cycle, device: device, stage: stage, next: next, retryAfter: retryAfter, cycleClosed: closed, maskedInputFormat: format)
+    }
+}
+
+extension SecureAggregationRequest {
+    /// Reads a poll (`request_key` and `worker_id`, each once, ASCII strings without escapes) without `JSONDecoder`;
+    /// nil for anything else, which takes the strict decoder. Where it answers, it answers what that decoder would
+    /// (checked against it in the tests).
+    public static func directDecode(_ bytes: UnsafeRawBufferPointer) -> SecureAggregationRequest? {
+        var reader = DirectJSONReader(bytes)
+        var worker: String?, key: String?
+        guard reader.take(0x7B), !reader.take(0x7D) else { return nil }
+        repeat {
+            guard let name = reader.string(), reader.take(0x3A) else { return nil }
+            switch name {
+            case "worker_id":
+                guard worker == nil, let value = reader.string() else { return nil }
+                worker = value
+            case "request_key":
+                guard key == nil, let value = reader.string() else { return nil }
+                key = value
+            default:
+                return nil
+            }
+        } while reader.take(0x2C)
+        guard reader.take(0x7D), reader.atEnd, let worker, let key else { return nil }
+        return SecureAggregationRequest(workerID: worker, requestKey: key)
     }
 }

@@ -141,7 +141,11 @@ public enum CoordinatorServer {
                         throw CoordinatorError(.malformedSafetensors, "the masked input: \(error.message)")
                     }
                 } else {
-                    message = try await decode(SecureAggregationRequest.self, request, limit: limits.maximumReportBytes / 3 * 4 + limits.maximumMessageBytes)
+                    // A poll, most of the requests, is read directly; anything else takes the strict decoder.
+                    let body = try await collect(request, limit: limits.maximumReportBytes / 3 * 4 + limits.maximumMessageBytes)
+                    message = try body.withUnsafeBytes { raw in
+                        try SecureAggregationRequest.directDecode(raw) ?? decode(SecureAggregationRequest.self, body: body)
+                    }
                 }
                 let reply = try await coordinator.secureAggregation(message, session: session)
                 // Waits, most of the replies, are written directly.

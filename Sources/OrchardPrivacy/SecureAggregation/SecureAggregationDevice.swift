@@ -299,18 +299,14 @@ public struct SecureAggregationDevice: Sendable, Codable {
     }
 
     /// Once the shares are sent (stage masked_input), what it takes to compute all of the device's masks ahead of
-    /// its delivery — off the critical path, while it waits for the other devices; nil in any other stage.
+    /// its delivery — off the critical path, while it waits for the other devices; nil in any other stage. The key
+    /// agreements are part of ``SecureAggregationMaskPlan/compute()``, not of this call.
     public func maskPlan() throws(SecureAggregationError) -> SecureAggregationMaskPlan? {
         guard stage == .maskedInput else { return nil }
-        let maskKey = try SecureAggregationCrypto.agreementKey(maskPrivateKey)
-        var streams = [MaskExpansion.Stream(seed: selfMaskSeed, subtracting: false)]
-        for peer in neighbourKeys.keys.sorted() {
-            let seed = try SecureAggregationCrypto.pairwiseMaskSeed(
-                privateKey: maskKey, peerPublicKey: neighbourKeys[peer]!.maskPublicKey, device: index, peer: peer, context: context)
-            streams.append(.init(seed: seed, subtracting: peer < index))
-        }
         return SecureAggregationMaskPlan(
-            device: index, peers: Set(neighbourKeys.keys), streams: streams, length: modelLength + 1, modulusBits: configuration.modulusBits)
+            device: index, maskPrivateKey: maskPrivateKey, selfMaskSeed: selfMaskSeed,
+            peerKeys: neighbourKeys.keys.sorted().map { ($0, neighbourKeys[$0]!.maskPublicKey) }, context: context, length: modelLength + 1,
+            modulusBits: configuration.modulusBits)
     }
 
     /// Stage unmask: the self-mask seed shares of `survivors` and the s-key shares of `dropped`. May be asked again;
@@ -487,17 +483,29 @@ public struct SecureAggregationSecrets: Sendable, Codable {
     }
 }
 
-/// The seeds of all of a device's masks (its self mask and one pairwise mask per neighbour), to expand before its
-/// delivery arrives; holds secrets, so keep it in memory only.
+/// What a device's masks are made from (its self-mask seed, and its mask key with each neighbour's public key for
+/// the pairwise seeds), to derive and expand before its delivery arrives; holds secrets, so keep it in memory only.
 public struct SecureAggregationMaskPlan: Sendable {
     let device: Int
-    let peers: Set<Int>
-    let streams: [MaskExpansion.Stream]
+    let maskPrivateKey: Data
+    let selfMaskSeed: Data
+    let peerKeys: [(peer: Int, publicKey: Data)]
+    let context: String
     let length: Int
     let modulusBits: Int
 
-    /// Expands and sums every mask (a model's worth of keystream per neighbour, plus one).
+    /// The neighbours whose pairwise masks the plan includes.
+    var peers: Set<Int> { Set(peerKeys.map(\.peer)) }
+
+    /// Derives every pairwise seed, then expands and sums every mask (a model's worth of keystream per neighbour,
+    /// plus one).
     public func compute() throws(SecureAggregationError) -> SecureAggregationPrecomputedMask {
+        let maskKey = try SecureAggregationCrypto.agreementKey(maskPrivateKey)
+        var streams = [MaskExpansion.Stream(seed: selfMaskSeed, subtracting: false)]
+        for (peer, publicKey) in peerKeys {
+            let seed = try SecureAggregationCrypto.pairwiseMaskSeed(privateKey: maskKey, peerPublicKey: publicKey, device: device, peer: peer, context: context)
+            streams.append(.init(seed: seed, subtracting: peer < device))
+        }
         var words = [UInt32](repeating: 0, count: length)
         try MaskExpansion.apply(streams, to: &words, modulusBits: modulusBits)
         return SecureAggregationPrecomputedMask(device: device, peers: peers, words: words)

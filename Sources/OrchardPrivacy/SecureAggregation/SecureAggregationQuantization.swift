@@ -47,6 +47,11 @@ public enum SecureAggregationQuantization {
                 while i + 8 <= input.count {
                     let a: UInt64 = generator.next(), b: UInt64 = generator.next()
                     let d: UInt64 = generator.next(), e: UInt64 = generator.next()
+                    #if _endian(little)
+                    // The four words' halves, low half first, as one vector (a conversion per vector, not per lane).
+                    let halves = unsafeBitCast(SIMD4<UInt64>(a, b, d, e), to: SIMD8<UInt32>.self)
+                    let uniform = SIMD8<Double>(halves) * 0x1p-32
+                    #else
                     let uniform =
                         SIMD8<Double>(
                             Double(UInt32(truncatingIfNeeded: a)), Double(UInt32(truncatingIfNeeded: a >> 32)),
@@ -54,14 +59,22 @@ public enum SecureAggregationQuantization {
                             Double(UInt32(truncatingIfNeeded: d)), Double(UInt32(truncatingIfNeeded: d >> 32)),
                             Double(UInt32(truncatingIfNeeded: e)), Double(UInt32(truncatingIfNeeded: e >> 32))
                         ) * 0x1p-32
+                    #endif
                     let value = UnsafeRawPointer(input.baseAddress! + i).loadUnaligned(as: SIMD8<Float>.self)
                     if any(value .!= value) { sawNaN = true }
-                    let u = pointwiseMin((pointwiseMin(pointwiseMax(SIMD8<Double>(value), low), high) + high) * scales, tops)
+                    // Clamps as selects (the generic pointwiseMin/Max were calls per vector): a NaN lane compares false
+                    // everywhere and is refused after the pass.
+                    var x = SIMD8<Double>(value)
+                    x.replace(with: low, where: x .< low)
+                    x.replace(with: high, where: x .> high)
+                    var u = (x + high) * scales
+                    u.replace(with: tops, where: u .> tops)
                     // The floor without a libm call per lane: round to the nearest integer by 2^52, step down if above.
                     let nearest = (u + lift) - lift
                     var floor = nearest.replacing(with: nearest - 1, where: nearest .> u)
                     floor.replace(with: floor + 1, where: uniform .< u - floor)
-                    let bits = unsafeBitCast(pointwiseMin(floor, tops) + lift, to: SIMD8<UInt64>.self)
+                    floor.replace(with: tops, where: floor .> tops)
+                    let bits = unsafeBitCast(floor + lift, to: SIMD8<UInt64>.self)
                     UnsafeMutableRawPointer(result.baseAddress! + i).storeBytes(of: SIMD8<UInt32>(truncatingIfNeeded: bits), as: SIMD8<UInt32>.self)
                     i += 8
                 }

@@ -98,9 +98,14 @@ extension VirtualTransport {
                 ? .shareKeys
                 : request.maskedInput != nil ? .maskedInput : request.consistencyCheck != nil ? .consistencyCheck : request.unmask != nil ? .unmask : nil
         if let stage, stage != .advertiseKeys, await link.dropsBefore(stage) { throw interrupted(.killed) }
-        // The bytes the request takes on the wire; a masked input's words are counted, not encoded twice.
+        // The bytes the request takes on the wire. Over HTTP the body is encoded once, here, and the answer's size is
+        // the HTTP transport's; in process, where nothing is encoded, both are counted as the HTTP transport would send them.
+        let http = inner as? HTTPTransport
+        let body = try http.map { (_) throws(OrchardClientError) in try SecureAggregationBody(request) }
         let up: Int
-        if request.maskedInput != nil, request.maskedInputFormat == .safetensors {
+        if let body {
+            up = body.bytes.count
+        } else if request.maskedInput != nil, request.maskedInputFormat == .safetensors {
             up = MaskedInputEnvelope.byteCount(request)
         } else if let poll = request.directJSON() {
             up = poll.count
@@ -111,10 +116,12 @@ extension VirtualTransport {
             up = ((try? WireCoding.encoder().encode(light).count) ?? 0) + (wordBytes + 2) / 3 * 4
         }
         do { try await link.spend(Double(up) / link.profile.uploadBytesPerSecond) } catch { throw interrupted(error) }
-        let reply = try await call(effect: { $0.cycleClosed ? .closedCycle : .none }) { () async throws(OrchardClientError) in
-            try await inner.secureAggregation(request, session: session)
+        let (reply, answerBytes) = try await call(effect: { $0.reply.cycleClosed ? .closedCycle : .none }) {
+            () async throws(OrchardClientError) -> (reply: SecureAggregationReply, answerBytes: Int?) in
+            if let http, let body { return try await http.secureAggregation(request, body: body, session: session) }
+            return (try await inner.secureAggregation(request, session: session), nil)
         }
-        let down = reply.directJSON()?.count ?? (try? WireCoding.encoder().encode(reply).count) ?? 0
+        let down = answerBytes ?? reply.directJSON()?.count ?? (try? WireCoding.encoder().encode(reply).count) ?? 0
         link.noteUpload(up)
         if let stage { link.noteSecureStep(stage) }
         do { try await link.spend(Double(down) / link.profile.downloadBytesPerSecond) } catch { throw interrupted(error) }
