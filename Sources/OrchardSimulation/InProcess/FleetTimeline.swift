@@ -62,17 +62,24 @@ actor FleetTimeline {
     private var calling = false
     private var deadline = Double.infinity
     private var end: (time: Double, closed: Bool)?
-    /// The round's check-ins not yet handed to the runner, in order from `nextPending`.
-    private var pending: [(time: Double, device: Int)] = []
-    private var nextPending = 0
+    /// A check-in not yet handed to the runner, ordered by time (ties by device).
+    private struct CheckIn: Comparable {
+        var time: Double
+        var device: Int
+        static func < (a: CheckIn, b: CheckIn) -> Bool { (a.time, a.device) < (b.time, b.device) }
+    }
+
+    /// The round's check-ins not yet handed to the runner: a heap, built in linear time, from which a round takes only as
+    /// many as it reaches (sorting every available device's check-in cost more than the rest of a round of a population).
+    private var pending = Heap<CheckIn>()
     private var lookahead = 1
     private var turnedAway = TurnedAwayChoice.modeled
     private var endsAtClose = true
     /// Devices to start, handed out by ``launches()``, and the runner waiting for them.
     private var due: [(time: Double, device: Int)] = []
     private var launcher: CheckedContinuation<[(time: Double, device: Int)]?, Never>?
-    /// Where the devices turned away without running begin in ``pending`` (the cycle was full), if it filled.
-    private var filledAt: Int?
+    /// The check-ins left when the cycle filled (turned away without running), if it filled.
+    private var leftWhenFull: [CheckIn]?
 
     /// Records a device's current place (after its clock moved or it began or stopped waiting).
     private func place(_ device: Int) {
@@ -97,8 +104,7 @@ actor FleetTimeline {
                 places.removeMin()
                 top = places.min
             }
-            guard nextPending < pending.count else { return top }
-            let next = pending[nextPending]
+            guard let next = pending.min else { return top }
             if next.time >= deadline {
                 // No call at or past the deadline goes through: the rest never check in.
                 dropPending(turnedAway: false)
@@ -111,13 +117,12 @@ actor FleetTimeline {
 
     /// Hands the next `count` devices not yet started to the runner; each holds its place at its check-in time.
     private func hand(count: Int) {
-        let upTo = min(pending.count, nextPending + count)
-        for (time, device) in pending[nextPending..<upTo] {
-            entries[device] = Entry(checkIn: time)
-            place(device)
-            due.append((time, device))
+        for _ in 0..<count {
+            guard let next = pending.popMin() else { break }
+            entries[next.device] = Entry(checkIn: next.time)
+            place(next.device)
+            due.append((next.time, next.device))
         }
-        nextPending = upTo
         wakeLauncher()
     }
 
@@ -127,7 +132,7 @@ actor FleetTimeline {
             self.launcher = nil
             launcher.resume(returning: due)
             due = []
-        } else if nextPending == pending.count {
+        } else if pending.isEmpty {
             self.launcher = nil
             launcher.resume(returning: nil)
         }
@@ -142,12 +147,11 @@ actor FleetTimeline {
         self.deadline = deadline
         end = nil
         places = Heap()
-        pending = checkIns.sorted { ($0.time, $0.device) < ($1.time, $1.device) }
-        nextPending = 0
+        pending = Heap(checkIns.lazy.map { CheckIn(time: $0.time, device: $0.device) })
         due = []
         self.lookahead = max(1, lookahead)
         self.turnedAway = turnedAway
-        filledAt = nil
+        leftWhenFull = nil
         if turnedAway == .fullStack { hand(count: pending.count) }
         dispatch()
     }
@@ -158,7 +162,7 @@ actor FleetTimeline {
             defer { due = [] }
             return due
         }
-        if nextPending == pending.count { return nil }
+        if pending.isEmpty { return nil }
         return await withCheckedContinuation { launcher = $0 }
     }
 
@@ -173,16 +177,15 @@ actor FleetTimeline {
     /// Drops the devices not yet handed: turned away when the cycle filled (those before the round's end), else (the
     /// round ended) they never check in.
     private func dropPending(turnedAway: Bool) {
-        if turnedAway && filledAt == nil { filledAt = nextPending }
-        nextPending = pending.count
+        if turnedAway && leftWhenFull == nil { leftWhenFull = Array(pending.unordered) }
+        pending = Heap()
         wakeLauncher()
     }
 
     /// The devices turned away without running: those the round reached after its cycle filled, before `end` (a device
     /// whose check-in falls after the round's end would not have checked in).
     func modeledTurnedAway(before end: Double) -> Int {
-        guard let filledAt else { return 0 }
-        return pending[filledAt...].count { $0.time < end }
+        leftWhenFull?.count { $0.time < end } ?? 0
     }
 
     /// A device's round is over: it makes no more calls.
