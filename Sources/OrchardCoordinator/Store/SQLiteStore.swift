@@ -871,22 +871,20 @@ public final class SQLiteStore: CoordinatorStore {
     private func insertSecureAggregationEvent(_ event: StoredSecureAggregationEvent, wordsFile: String?, processID: String, cycle: Int, reportedWorker: String?)
         async throws
     {
+        // Cached statements: every step of every device of a secure cycle runs these, one after another.
         try await pool.write { db in
-            let status = try String.fetchOne(db, sql: "SELECT status FROM cycles WHERE process_id = ? AND number = ?", arguments: [processID, cycle])
+            let status = try String.fetchOne(
+                db.cachedStatement(sql: "SELECT status FROM cycles WHERE process_id = ? AND number = ?"), arguments: [processID, cycle])
             guard status == "open" else { throw StoreError(.cycleClosed, "cycle \(cycle) of process \(processID) is not open") }
             do {
-                try db.execute(
-                    sql: "INSERT INTO secure_aggregation_events (process_id, cycle, sequence, body, words_file) VALUES (?, ?, ?, ?, ?)",
-                    arguments: [processID, cycle, event.sequence, Data(event.body), wordsFile]
-                )
+                try db.cachedStatement(sql: "INSERT INTO secure_aggregation_events (process_id, cycle, sequence, body, words_file) VALUES (?, ?, ?, ?, ?)")
+                    .execute(arguments: [processID, cycle, event.sequence, Data(event.body), wordsFile])
             } catch let error as DatabaseError where error.resultCode == .SQLITE_CONSTRAINT {
                 throw StoreError(.duplicate, "secure-aggregation event \(event.sequence) of cycle \(cycle) exists")
             }
             if let reportedWorker {
-                try db.execute(
-                    sql: "UPDATE assignments SET reported = 1 WHERE process_id = ? AND cycle = ? AND worker_id = ?",
-                    arguments: [processID, cycle, reportedWorker]
-                )
+                try db.cachedStatement(sql: "UPDATE assignments SET reported = 1 WHERE process_id = ? AND cycle = ? AND worker_id = ?")
+                    .execute(arguments: [processID, cycle, reportedWorker])
                 guard db.changesCount == 1 else { throw StoreError(.notFound, "worker \(reportedWorker) holds no assignment in cycle \(cycle)") }
             }
         }
