@@ -123,6 +123,10 @@ struct ClientStore: Sendable {
 
     /// The report body waiting for upload, if any.
     func pendingReport() throws(OrchardClientError) -> [UInt8]? { try read(pendingReportURL).map { [UInt8]($0) } }
+    /// The pending report's size in bytes; nil when there is none.
+    func pendingReportSize() -> Int? {
+        (try? FileManager.default.attributesOfItem(atPath: pendingReportURL.path))?[.size].flatMap { $0 as? NSNumber }?.intValue
+    }
     func savePendingReport(_ body: [UInt8]) throws(OrchardClientError) { try write(Data(body), to: pendingReportURL) }
     func clearPendingReport() throws(OrchardClientError) { try remove(pendingReportURL) }
 

@@ -244,7 +244,11 @@ public final class FederatedJob: Sendable {
         var actions = machine.start(constraints: constraints)
         while true {
             var next: [JobCycleStateMachine.Action]?
-            for action in actions {
+            // Each action is dropped once performed, so that what it carried (the report just written to disk, the model
+            // just kept) is not held in memory through the batch's last action, a coordinator call that may take long.
+            var batch = Array(actions.reversed())
+            actions = []
+            while let action = batch.popLast() {
                 precondition(next == nil, "a request must be the last action of a batch")
                 switch action {
                 case .finish(let outcome): return outcome
@@ -314,10 +318,15 @@ public final class FederatedJob: Sendable {
             return await call(
                 &machine,
                 { () async throws(OrchardClientError) in
-                    guard let body = try store.pendingReport() else {
-                        throw OrchardClientError(.storage, "the report to upload is missing from \(store.directory.path)")
-                    }
-                    return try await transport.report(body, session: session)
+                    // Read from disk when the transport sends it, not held while it waits.
+                    let missing = OrchardClientError(.storage, "the report to upload is missing from \(store.directory.path)")
+                    guard let size = store.pendingReportSize() else { throw missing }
+                    return try await transport.report(
+                        byteCount: size,
+                        body: { () throws(OrchardClientError) -> [UInt8] in
+                            guard let body = try store.pendingReport() else { throw missing }
+                            return body
+                        }, session: session)
                 }
             ) { machine, response in machine.reportAnswered(response) }
         case .measureLinkSpeed(let session, let downloadBytes, let uploadBytes):

@@ -15,6 +15,10 @@ public protocol ClientTransport: Sendable {
     func downloadModel(_ request: ModelRequest, session: String, into sink: any DownloadSink) async throws(OrchardClientError)
     /// Uploads a report (a `ReportEnvelope`).
     func report(_ body: [UInt8], session: String) async throws(OrchardClientError) -> ReportResponse
+    /// Uploads a report of `byteCount` bytes that `body` reads (from the device's disk) only when the transport sends it,
+    /// so that a transport that waits before sending does not hold the report in memory meanwhile. The default reads it
+    /// at once and calls ``report(_:session:)``.
+    func report(byteCount: Int, body: () throws(OrchardClientError) -> [UInt8], session: String) async throws(OrchardClientError) -> ReportResponse
     /// Moves `bytes` bytes through the coordinator's speed-test endpoint (`Endpoint.speedTest`),
     /// `direction` from the device's side, with the device's session; returns the bytes moved. The client times it
     /// (``LinkSpeedTest``).
@@ -27,6 +31,11 @@ public protocol ClientTransport: Sendable {
 }
 
 extension ClientTransport {
+    /// Reads the report at once and uploads it with ``report(_:session:)``.
+    public func report(byteCount: Int, body: () throws(OrchardClientError) -> [UInt8], session: String) async throws(OrchardClientError) -> ReportResponse {
+        try await report(try body(), session: session)
+    }
+
     /// Transports with no link of their own (wrappers that only forward the five cycle calls) cannot take part
     /// in a process that asks for link speeds: they fail the measurement with this error, naming themselves.
     public func speedTest(_ direction: SpeedTestDirection, bytes: Int, session: String) async throws(OrchardClientError) -> Int {

@@ -76,11 +76,17 @@ struct VirtualTransport: ClientTransport {
     }
 
     func report(_ body: [UInt8], session: String) async throws(OrchardClientError) -> ReportResponse {
-        do { try await link.spend(Double(body.count) / link.profile.uploadBytesPerSecond) } catch { throw interrupted(error) }
+        try await report(byteCount: body.count, body: { () throws(OrchardClientError) -> [UInt8] in body }, session: session)
+    }
+
+    /// The upload takes the link's time for `byteCount` bytes; the report is read (from the device's disk) only once
+    /// the call's turn comes, so the devices waiting for theirs do not hold their reports in memory.
+    func report(byteCount: Int, body: () throws(OrchardClientError) -> [UInt8], session: String) async throws(OrchardClientError) -> ReportResponse {
+        do { try await link.spend(Double(byteCount) / link.profile.uploadBytesPerSecond) } catch { throw interrupted(error) }
         let response = try await call(effect: { $0.cycleClosed ? .closedCycle : .none }) { () async throws(OrchardClientError) in
-            try await inner.report(body, session: session)
+            try await inner.report(try body(), session: session)
         }
-        link.noteUpload(body.count)
+        link.noteUpload(byteCount)
         link.noteReported()
         return response
     }
