@@ -176,7 +176,7 @@ let package = Package(
         .target(
             name: "OrchardPrivacy",
             dependencies: [
-                "OrchardSupport",
+                "OrchardSupport", "COrchardKernels",
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "CryptoExtras", package: "swift-crypto"),
             ],
