@@ -1,6 +1,7 @@
 public import Foundation
 import Crypto
 import CryptoExtras
+import Synchronization
 
 /// The cryptography of secure aggregation, all from swift-crypto, behind byte-level signatures: X25519 key
 /// agreement, HKDF-SHA256 key derivation, ChaCha20-Poly1305 for the share channel and the AES-256-CTR keystream for
@@ -57,6 +58,24 @@ public enum SecureAggregationCrypto {
     ) throws(SecureAggregationError) -> Data {
         let key = try channelKey(privateKey: privateKey, peerPublicKey: peerPublicKey, device: sender, peer: receiver, context: context)
         return try seal(plaintext, key: key, sender: sender, receiver: receiver, context: context, using: &generator)
+    }
+
+    /// The share-channel keys with `peers` (index and channel public key each), in their order: one X25519 agreement
+    /// each, run side by side on the machine's cores (share_keys waits for all of them before it can send anything).
+    static func channelKeys(privateKey: Curve25519.KeyAgreement.PrivateKey, peers: [(index: Int, publicKey: Data)], device: Int, context: String)
+        throws(SecureAggregationError) -> [SymmetricKey]
+    {
+        let workers = max(1, min(peers.count, ProcessInfo.processInfo.activeProcessorCount))
+        let results = Mutex([Result<SymmetricKey, SecureAggregationError>?](repeating: nil, count: peers.count))
+        DispatchQueue.concurrentPerform(iterations: workers) { worker in
+            for j in stride(from: worker, to: peers.count, by: workers) {
+                let result = Result { () throws(SecureAggregationError) -> SymmetricKey in
+                    try channelKey(privateKey: privateKey, peerPublicKey: peers[j].publicKey, device: device, peer: peers[j].index, context: context)
+                }
+                results.withLock { $0[j] = result }
+            }
+        }
+        return try results.withLock { $0 }.map { (result) throws(SecureAggregationError) -> SymmetricKey in try result!.get() }
     }
 
     /// The share-channel key of a pair (the same from either side; the associated data tells the directions apart).
@@ -121,6 +140,12 @@ public enum SecureAggregationCrypto {
         } catch {
             throw SecureAggregationError(.cryptographyFailure, "key agreement between devices \(device) and \(peer) failed: \(error)")
         }
+        // swift-crypto (like CryptoKit) returns the all-zero secret of a low-order public key without complaint: a key
+        // derived from it would be known to anyone, so the agreement is refused here.
+        guard secret.withUnsafeBytes({ bytes in bytes.contains { $0 != 0 } }) else {
+            throw SecureAggregationError(
+                .cryptographyFailure, "key agreement between devices \(device) and \(peer) failed: the peer's public key is of low order")
+        }
         var info = Data(label.utf8)
         info.append(0)
         info.appendLittleEndian(UInt64(bitPattern: Int64(min(device, peer))))
@@ -128,6 +153,22 @@ public enum SecureAggregationCrypto {
         info.append(contentsOf: Array(context.utf8))
         return secret.hkdfDerivedSymmetricKey(using: SHA256.self, salt: salt, sharedInfo: info, outputByteCount: keyByteCount)
     }
+
+    /// Whether `publicKey` is a point of low order (the all-zero key among them): any agreement with it gives the
+    /// all-zero secret, whatever the private key. A 32-byte key only; checked by one agreement with a fixed scalar.
+    public static func isLowOrder(_ publicKey: Data) -> Bool {
+        guard publicKey.count == keyByteCount, let key = try? Curve25519.KeyAgreement.PublicKey(rawRepresentation: publicKey),
+            let secret = try? lowOrderProbe.sharedSecretFromKeyAgreement(with: key)
+        else { return false }
+        return secret.withUnsafeBytes { bytes in !bytes.contains { $0 != 0 } }
+    }
+
+    /// Any scalar serves (X25519 clamps it to a multiple of the cofactor); this one is SHA-256 of its name.
+    private static let lowOrderProbe: Curve25519.KeyAgreement.PrivateKey = {
+        guard let key = try? Curve25519.KeyAgreement.PrivateKey(rawRepresentation: Data(SHA256.hash(data: Data("orchard.low-order-probe".utf8))))
+        else { preconditionFailure("32 bytes are an X25519 private key") }
+        return key
+    }()
 
     static func agreementKey(_ raw: Data) throws(SecureAggregationError) -> Curve25519.KeyAgreement.PrivateKey {
         do {

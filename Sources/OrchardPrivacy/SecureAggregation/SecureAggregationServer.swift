@@ -170,7 +170,8 @@ public struct SecureAggregationServer: Sendable, Codable {
     // MARK: Messages
 
     /// Stage advertise_keys: records a device's public keys.
-    /// - Throws: `out_of_order`; `invalid_message` for an index below 1 or keys that are not X25519 public keys;
+    /// - Throws: `out_of_order`; `invalid_message` for an index below 1 or keys that are not X25519 public keys or are
+    ///   of low order (every agreement with one gives the all-zero secret, and its neighbours would refuse it);
     ///   `duplicate_message` for a second advertisement of a device; `duplicate_key` for a key another device uses;
     ///   `invalid_message` beyond ``maximumDevices``. With `consistency_check`: `invalid_message` for an unsigned
     ///   advertisement or a signature its certificate's key does not verify; `duplicate_key` for an identity key or
@@ -188,6 +189,9 @@ public struct SecureAggregationServer: Sendable, Codable {
         for key in [message.channelPublicKey, message.maskPublicKey] {
             guard key.count == SecureAggregationCrypto.keyByteCount else {
                 throw SecureAggregationError(.invalidMessage, "device \(message.device) advertised a key of \(key.count) bytes, not 32")
+            }
+            guard !SecureAggregationCrypto.isLowOrder(key) else {
+                throw SecureAggregationError(.invalidMessage, "device \(message.device) advertised a public key of low order")
             }
         }
         var inUse = publicKeys

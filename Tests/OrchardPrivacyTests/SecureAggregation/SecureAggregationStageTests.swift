@@ -145,6 +145,23 @@ import Testing
             Self.code {
                 try cycle.server.receiveAdvertisement(.init(device: 0, channelPublicKey: Data(count: 32), maskPublicKey: Data(repeating: 1, count: 32)))
             } == .invalidMessage)
+        // Keys of low order (0, 1, a point of order 8, p − 1): every agreement with one gives the all-zero secret.
+        let lowOrder = [
+            Data(count: 32), Data([1] + [UInt8](repeating: 0, count: 31)),
+            Data(hex: "e0eb7a7c3b41b8ae1656e3faf19fc46ada098deb9c32b1fd866205165f49b800"),
+            Data([0xEC] + [UInt8](repeating: 0xFF, count: 30) + [0x7F]),
+        ]
+        let fine = cycle.devices[1].advertisement
+        for key in lowOrder {
+            #expect(SecureAggregationCrypto.isLowOrder(key))
+            for advertisement in [
+                SecureAggregationAdvertisement(device: 2, channelPublicKey: key, maskPublicKey: fine.maskPublicKey),
+                SecureAggregationAdvertisement(device: 2, channelPublicKey: fine.channelPublicKey, maskPublicKey: key),
+            ] {
+                #expect(Self.code { try cycle.server.receiveAdvertisement(advertisement) } == .invalidMessage)
+            }
+        }
+        #expect(!SecureAggregationCrypto.isLowOrder(fine.channelPublicKey) && !SecureAggregationCrypto.isLowOrder(fine.maskPublicKey))
         #expect(Self.code { try cycle.server.addMaskedInput(device: 1, words: []) } == .outOfOrder)
         #expect(Self.code { try cycle.server.receiveShareKeys(.init(device: 1, shares: [])) } == .outOfOrder)
         for i in 1..<6 { try cycle.server.receiveAdvertisement(try cycle.devices[i].advertiseKeys()) }
@@ -268,5 +285,13 @@ import Testing
         #expect(reason.contains("device 6"))
         #expect(cycle.server.stage == .abandoned)
         #expect(cycle.server.result == nil)
+    }
+}
+
+extension Data {
+    /// Bytes from lowercase hex (test vectors).
+    init(hex: String) {
+        let digits = Array(hex.utf8)
+        self.init((0..<digits.count / 2).map { UInt8(String(decoding: digits[2 * $0..<2 * $0 + 2], as: UTF8.self), radix: 16)! })
     }
 }
