@@ -176,7 +176,7 @@ let package = Package(
         .target(
             name: "OrchardPrivacy",
             dependencies: [
-                "OrchardSupport", "COrchardKernels",
+                "OrchardSupport",
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "CryptoExtras", package: "swift-crypto"),
             ],

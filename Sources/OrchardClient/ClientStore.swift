@@ -124,9 +124,7 @@ struct ClientStore: Sendable {
     /// The report body waiting for upload, if any.
     func pendingReport() throws(OrchardClientError) -> [UInt8]? { try read(pendingReportURL).map { [UInt8]($0) } }
     /// The pending report's size in bytes; nil when there is none.
-    func pendingReportSize() -> Int? {
-        (try? FileManager.default.attributesOfItem(atPath: pendingReportURL.path))?[.size].flatMap { $0 as? NSNumber }?.intValue
-    }
+    func pendingReportSize() -> Int? { size(of: pendingReportURL) }
     func savePendingReport(_ body: [UInt8]) throws(OrchardClientError) { try write(Data(body), to: pendingReportURL) }
     func clearPendingReport() throws(OrchardClientError) { try remove(pendingReportURL) }
 
@@ -205,10 +203,13 @@ struct ClientStore: Sendable {
     /// The partial download of the model named, and how many bytes it holds.
     func partialModel(_ modelID: String) throws(OrchardClientError) -> (info: ModelInfo, length: Int)? {
         guard let info = try readJSON(ModelInfo.self, partialInfoURL), info.modelID == modelID else { return nil }
-        guard let attributes = try? FileManager.default.attributesOfItem(atPath: partialModelURL.path),
-            let size = attributes[.size] as? NSNumber
-        else { return nil }
-        return (info, size.intValue)
+        guard let size = size(of: partialModelURL) else { return nil }
+        return (info, size)
+    }
+
+    /// A file's size in bytes; nil when it does not exist.
+    private func size(of url: URL) -> Int? {
+        ((try? FileManager.default.attributesOfItem(atPath: url.path))?[.size] as? NSNumber)?.intValue
     }
 
     func partialModelBytes() throws(OrchardClientError) -> [UInt8] {

@@ -87,11 +87,12 @@ public struct HTTPTransport: ClientTransport {
     }
 
     public func secureAggregation(_ request: SecureAggregationRequest, session: String) async throws(OrchardClientError) -> SecureAggregationReply {
-        try await secureAggregation(request, body: try SecureAggregationBody(request), session: session).reply
+        try await secureAggregation(try SecureAggregationBody(request), session: session).reply
     }
 
-    package func secureAggregation(_ request: SecureAggregationRequest, body: SecureAggregationBody, session: String) async throws(OrchardClientError) -> (
-        reply: SecureAggregationReply, answerBytes: Int?
+    /// Sends an encoded secure-aggregation request; returns the reply and the answer's size on the wire.
+    package func secureAggregation(_ body: SecureAggregationBody, session: String) async throws(OrchardClientError) -> (
+        reply: SecureAggregationReply, answerBytes: Int
     ) {
         var http = try makeRequest(.POST, Endpoint.secureAggregation, session: session)
         http.headers.replaceOrAdd(name: "Content-Type", value: body.isSafetensors ? MediaType.safetensors : MediaType.json)
@@ -202,13 +203,13 @@ public struct HTTPTransport: ClientTransport {
         return request
     }
 
-    /// Sends `body` as JSON (`encoded` when the caller wrote it directly) and decodes the answer.
-    private func exchange<Body: Encodable, Answer: Decodable>(_ method: HTTPMethod, _ path: String, body: Body, encoded: [UInt8]? = nil, session: String?)
+    /// Sends `body` as JSON and decodes the answer.
+    private func exchange<Body: Encodable, Answer: Decodable>(_ method: HTTPMethod, _ path: String, body: Body, session: String?)
         async throws(OrchardClientError) -> Answer
     {
         var request = try makeRequest(method, path, session: session)
         do {
-            request.body = .bytes(ByteBuffer(bytes: try encoded ?? Array(WireCoding.encoder().encode(body))))
+            request.body = .bytes(ByteBuffer(bytes: Array(try WireCoding.encoder().encode(body))))
         } catch {
             throw OrchardClientError(.invalidConfiguration, "cannot encode \(Body.self): \(error)")
         }

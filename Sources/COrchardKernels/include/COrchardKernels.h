@@ -2,7 +2,6 @@
 #define ORCHARD_KERNELS_H
 
 #include <stdbool.h>
-#include <stdint.h>
 
 /// Single-precision matrix-multiply kernels for x86-64 CPUs with AVX2 and FMA (and, beside them, with AVX-512F), compiled per function for that
 /// instruction set (no build flags needed) and called only after `orchard_avx2_available()` said yes.
@@ -64,14 +63,6 @@ void orchard_avx512_lstm_forward(bool cifg, long rows, long hidden, float *gates
 void orchard_avx512_lstm_backward(bool cifg, long rows, long hidden, const float *gates, long gate_stride,
                                   const float *cell, const float *cell_previous, const float *dh_next, const float *dy,
                                   long dy_stride, float *dc, float *dgates);
-
-/// Secure aggregation's stochastic rounding of `count` values to levels in [0, `top`] (OrchardPrivacy's
-/// `SecureAggregationQuantization`): each clipped to ±`clip`, mapped to u = (x + clip) · `scale`, capped at `top` and
-/// rounded up with probability u − ⌊u⌋, value i taking the low (i even) or high (i odd) half of `draws[i / 2]` as its
-/// uniform fraction. Double precision, the Swift path's operations in its order: the same levels bit for bit. A NaN
-/// gets level 0 and makes the result true. `top` is below 2^32.
-bool orchard_avx2_quantize(long count, const float *values, const uint64_t *draws, double clip, double scale, double top,
-                           uint32_t *levels);
 
 #ifdef __cplusplus
 }

@@ -1,7 +1,6 @@
 public import Foundation
 import Crypto
 import CryptoExtras
-import Synchronization
 
 /// The cryptography of secure aggregation, all from swift-crypto, behind byte-level signatures: X25519 key
 /// agreement, HKDF-SHA256 key derivation, ChaCha20-Poly1305 for the share channel and the AES-256-CTR keystream for
@@ -58,24 +57,6 @@ public enum SecureAggregationCrypto {
     ) throws(SecureAggregationError) -> Data {
         let key = try channelKey(privateKey: privateKey, peerPublicKey: peerPublicKey, device: sender, peer: receiver, context: context)
         return try seal(plaintext, key: key, sender: sender, receiver: receiver, context: context, using: &generator)
-    }
-
-    /// The share-channel keys with `peers` (index and channel public key each), in their order: one X25519 agreement
-    /// each, run side by side on the machine's cores (share_keys waits for all of them before it can send anything).
-    static func channelKeys(privateKey: Curve25519.KeyAgreement.PrivateKey, peers: [(index: Int, publicKey: Data)], device: Int, context: String)
-        throws(SecureAggregationError) -> [SymmetricKey]
-    {
-        let workers = max(1, min(peers.count, ProcessInfo.processInfo.activeProcessorCount))
-        let results = Mutex([Result<SymmetricKey, SecureAggregationError>?](repeating: nil, count: peers.count))
-        DispatchQueue.concurrentPerform(iterations: workers) { worker in
-            for j in stride(from: worker, to: peers.count, by: workers) {
-                let result = Result { () throws(SecureAggregationError) -> SymmetricKey in
-                    try channelKey(privateKey: privateKey, peerPublicKey: peers[j].publicKey, device: device, peer: peers[j].index, context: context)
-                }
-                results.withLock { $0[j] = result }
-            }
-        }
-        return try results.withLock { $0 }.map { (result) throws(SecureAggregationError) -> SymmetricKey in try result!.get() }
     }
 
     /// The share-channel key of a pair (the same from either side; the associated data tells the directions apart).

@@ -189,13 +189,12 @@ public struct SecureAggregationDevice: Sendable, Codable {
         let seedShares = try ShamirSecretSharing.split(selfMaskSeed, threshold: t, indices: neighbours, using: &generator)
         let keyShares = try ShamirSecretSharing.split(maskPrivateKey, threshold: t, indices: neighbours, using: &generator)
         let channelKey = try SecureAggregationCrypto.agreementKey(channelPrivateKey)
-        let keys = try SecureAggregationCrypto.channelKeys(
-            privateKey: channelKey, peers: neighbours.map { ($0, byDevice[$0]!.channelPublicKey) }, device: index, context: context)
         var sealed: [SecureAggregationEncryptedShare] = []
         var channelKeys: [Int: Data] = [:]
         for (k, neighbour) in neighbours.enumerated() {
             let bundle = ShareBundle(sender: index, receiver: neighbour, selfMaskShare: seedShares[k], secretKeyShare: keyShares[k])
-            let key = keys[k]
+            let key = try SecureAggregationCrypto.channelKey(
+                privateKey: channelKey, peerPublicKey: byDevice[neighbour]!.channelPublicKey, device: index, peer: neighbour, context: context)
             channelKeys[neighbour] = key.withUnsafeBytes { Data($0) }
             let ciphertext = try SecureAggregationCrypto.seal(bundle.encoded, key: key, sender: index, receiver: neighbour, context: context, using: &generator)
             sealed.append(SecureAggregationEncryptedShare(sender: index, receiver: neighbour, ciphertext: ciphertext))

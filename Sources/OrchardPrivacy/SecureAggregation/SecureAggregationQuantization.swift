@@ -1,4 +1,3 @@
-import COrchardKernels
 import Foundation
 
 /// Quantisation of updates for secure aggregation, and the dequantisation of the aggregate.
@@ -16,48 +15,11 @@ public enum SecureAggregationQuantization {
     public static func quantize(_ values: [Float], clippingRange: Float, levels: UInt32, using generator: inout some RandomNumberGenerator)
         throws(SecureAggregationError) -> [UInt32]
     {
-        try quantize(values, clippingRange: clippingRange, levels: levels, kernel: .current, using: &generator)
-    }
-
-    /// Where the rounding runs: the Swift path, or the AVX2 kernel (`COrchardKernels`), which gives the same levels bit
-    /// for bit from the same draws.
-    enum Kernel: CaseIterable, Sendable {
-        case portable, avx2
-
-        /// The fastest this CPU runs.
-        static let current: Kernel = orchard_avx2_available() ? .avx2 : .portable
-        /// The kernels this CPU can run.
-        static var available: [Kernel] { allCases.filter { $0 == .portable || orchard_avx2_available() } }
-    }
-
-    static func quantize(_ values: [Float], clippingRange: Float, levels: UInt32, kernel: Kernel, using generator: inout some RandomNumberGenerator)
-        throws(SecureAggregationError) -> [UInt32]
-    {
         guard levels >= 2, clippingRange > 0, clippingRange.isFinite else {
             throw SecureAggregationError(
                 .invalidInput, "quantisation needs at least 2 levels (not \(levels)) and a positive clipping range (not \(clippingRange))")
         }
         let c = Double(clippingRange), top = levels - 1, scale = Double(top) / (2 * c), topLevel = Double(top)
-        if kernel == .avx2 {
-            // The draws first, in the order the Swift path takes them (value i: half i % 2 of draw i / 2).
-            let draws = [UInt64](unsafeUninitializedCapacity: (values.count + 1) / 2) { buffer, initialized in
-                for k in 0..<buffer.count { buffer[k] = generator.next() }
-                initialized = buffer.count
-            }
-            var sawNaN = false
-            let quantized = [UInt32](unsafeUninitializedCapacity: values.count) { result, initialized in
-                values.withUnsafeBufferPointer { input in
-                    draws.withUnsafeBufferPointer { words in
-                        sawNaN = orchard_avx2_quantize(input.count, input.baseAddress, words.baseAddress, c, scale, topLevel, result.baseAddress)
-                    }
-                }
-                initialized = values.count
-            }
-            if sawNaN, let nan = values.firstIndex(where: \.isNaN) {
-                throw SecureAggregationError(.invalidInput, "coordinate \(nan) of the update is NaN")
-            }
-            return quantized
-        }
         // A NaN is noted where it is met (the rounding goes on with a placeholder) and refused after the pass.
         var sawNaN = false
         // u ∈ [0, Q − 1], so truncation is the floor (a conversion instruction, not a call to floor()); `uniform` is a

@@ -107,7 +107,7 @@ extension VirtualTransport {
         // The bytes the request takes on the wire. Over HTTP the body is encoded once, here, and the answer's size is
         // the HTTP transport's; in process, where nothing is encoded, both are counted as the HTTP transport would send them.
         let http = inner as? HTTPTransport
-        let body = try http.map { (_) throws(OrchardClientError) in try SecureAggregationBody(request) }
+        let body = http == nil ? nil : try SecureAggregationBody(request)
         let up: Int
         if let body {
             up = body.bytes.count
@@ -124,7 +124,10 @@ extension VirtualTransport {
         do { try await link.spend(Double(up) / link.profile.uploadBytesPerSecond) } catch { throw interrupted(error) }
         let (reply, answerBytes) = try await call(effect: { $0.reply.cycleClosed ? .closedCycle : .none }) {
             () async throws(OrchardClientError) -> (reply: SecureAggregationReply, answerBytes: Int?) in
-            if let http, let body { return try await http.secureAggregation(request, body: body, session: session) }
+            if let http, let body {
+                let (reply, bytes) = try await http.secureAggregation(body, session: session)
+                return (reply, bytes)
+            }
             return (try await inner.secureAggregation(request, session: session), nil)
         }
         let down = answerBytes ?? reply.directJSON()?.count ?? (try? WireCoding.encoder().encode(reply).count) ?? 0

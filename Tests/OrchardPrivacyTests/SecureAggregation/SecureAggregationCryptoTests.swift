@@ -76,25 +76,32 @@ import Testing
         #expect(throws: SecureAggregationError.self) { try MaskExpansion.expand(seed: Data(count: 16), count: 4, modulusBits: 32) }
     }
 
-    /// share_keys agrees its channel keys side by side: the keys, in the peers' order, are the ones agreed one at a time,
-    /// and a degenerate peer key fails as it would alone, the first in order named.
-    @Test func channelKeysAgreedSideBySideAreTheOnesAgreedAlone() throws {
+    /// swift-crypto returns the all-zero secret of a low-order public key without complaint; every agreement here (the
+    /// share channel, the pairwise masks) refuses it, naming the pair.
+    @Test func agreementsRefuseLowOrderKeys() throws {
         var random = SplitMix64(seed: 21)
-        let own = try SecureAggregationCrypto.agreementKey(SecureAggregationCrypto.generatePrivateKey(using: &random))
-        let peers = try (2...20).map { ($0, try SecureAggregationCrypto.publicKey(ofPrivateKey: SecureAggregationCrypto.generatePrivateKey(using: &random))) }
-        let together = try SecureAggregationCrypto.channelKeys(privateKey: own, peers: peers, device: 1, context: "c")
-        let alone = try peers.map { try SecureAggregationCrypto.channelKey(privateKey: own, peerPublicKey: $0.1, device: 1, peer: $0.0, context: "c") }
-        #expect(together.map { $0.withUnsafeBytes { Data($0) } } == alone.map { $0.withUnsafeBytes { Data($0) } })
-        #expect(try SecureAggregationCrypto.channelKeys(privateKey: own, peers: [], device: 1, context: "c").isEmpty)
-        // The all-zero point is of low order: its agreement is refused.
-        var degenerate = peers
-        degenerate[7].1 = Data(count: 32)
-        degenerate[12].1 = Data(count: 32)
-        do {
-            _ = try SecureAggregationCrypto.channelKeys(privateKey: own, peers: degenerate, device: 1, context: "c")
-            Issue.record("a low-order peer key was agreed with")
-        } catch {
-            #expect(error.code == .cryptographyFailure && error.message.contains("devices 1 and \(degenerate[7].0)"))
+        let own = SecureAggregationCrypto.generatePrivateKey(using: &random)
+        let honest = try SecureAggregationCrypto.publicKey(ofPrivateKey: SecureAggregationCrypto.generatePrivateKey(using: &random))
+        #expect(!SecureAggregationCrypto.isLowOrder(honest))
+        _ = try SecureAggregationCrypto.pairwiseMaskSeed(privateKey: own, peerPublicKey: honest, device: 1, peer: 2, context: "c")
+        for key in [Data(count: 32), Data([1] + [UInt8](repeating: 0, count: 31))] {
+            #expect(SecureAggregationCrypto.isLowOrder(key))
+            func refused(_ what: String, _ error: SecureAggregationError?) {
+                guard let error else {
+                    Issue.record("\(what): a low-order key was agreed with")
+                    return
+                }
+                #expect(error.code == .cryptographyFailure && error.message.contains("devices 1 and 9") && error.message.contains("low order"), "\(what)")
+            }
+            do {
+                _ = try SecureAggregationCrypto.pairwiseMaskSeed(privateKey: own, peerPublicKey: key, device: 1, peer: 9, context: "c")
+                refused("pairwise seed", nil)
+            } catch { refused("pairwise seed", error) }
+            do {
+                var generator = SplitMix64(seed: 1)
+                _ = try SecureAggregationCrypto.seal(Data([1]), privateKey: own, peerPublicKey: key, sender: 1, receiver: 9, context: "c", using: &generator)
+                refused("share channel", nil)
+            } catch { refused("share channel", error) }
         }
     }
 
