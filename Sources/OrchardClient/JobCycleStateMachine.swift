@@ -302,13 +302,19 @@ struct JobCycleStateMachine {
         case .accepted(let accepted):
             assignment = accepted
             var actions: [Action] = []
+            // Matched against every assignment of the window: a refreshed one (a superseded checkpoint) may name
+            // another model, whose training cannot resume from this one's state.
+            resumeState = nil
             if let saved = savedCheckpoint {
                 if saved.key.requestKey == accepted.requestKey && saved.key.modelID == accepted.modelID {
                     resumeState = saved.state
                 } else {
-                    actions += [.log(.info, "discarding the training checkpoint of closed cycle \(saved.key.cycle)"), .discardCheckpoint]
+                    actions += [
+                        .log(.info, "discarding the training checkpoint of cycle \(saved.key.cycle), model \(saved.key.modelID): the assignment is another"),
+                        .discardCheckpoint,
+                    ]
+                    savedCheckpoint = nil
                 }
-                savedCheckpoint = nil
             }
             return actions + [.emit(.phase(.downloadingPlan))] + issue(.downloadPlan)
         }
@@ -487,7 +493,7 @@ struct JobCycleStateMachine {
                 guard !fromEarlierWindow, let assignment else { return actions + afterPendingReport() }
                 return actions + finish(.reported(ReportReceipt(cycle: assignment.cycle, reportsReceived: nil, retryAfter: nil, fromEarlierWindow: false)))
             }
-            if error.code == .serverError && !error.isTransient {
+            if error.code == .serverError && !error.isTransient && error.isCoordinatorRefusal {
                 let actions: [Action] = [.clearPendingReport, .log(.warning, "report discarded: the coordinator cannot accept it: \(error)")]
                 return fromEarlierWindow ? actions + afterPendingReport() : actions + fail(error)
             }
@@ -646,7 +652,14 @@ struct JobCycleStateMachine {
 
     private mutating func finish(_ outcome: CycleOutcome) -> [Action] {
         phase = .done
-        return [.finish(outcome)]
+        // The coordinator's waits are bounded here, before anything schedules by them.
+        switch outcome {
+        case .rejected(let retryAfter, let reason): return [.finish(.rejected(retryAfter: RetryAfter.bounded(retryAfter), reason: reason))]
+        case .reported(var receipt):
+            receipt.retryAfter = receipt.retryAfter.map(RetryAfter.bounded)
+            return [.finish(.reported(receipt))]
+        default: return [.finish(outcome)]
+        }
     }
 
     private mutating func fail(_ error: OrchardClientError) -> [Action] {

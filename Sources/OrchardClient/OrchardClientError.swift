@@ -79,10 +79,14 @@ public struct OrchardClientError: OrchardError, Hashable {
         let code: WireErrorCode = body?.error.code ?? (status >= 500 ? .internalError : WireErrorCode("http_\(status)"))
         let message = body?.error.message ?? "the coordinator answered HTTP \(status)"
         if status == 401 || code == .unauthorized {
-            return OrchardClientError(.authenticationFailed, message, httpStatus: status, serverCode: code, retryAfter: retryAfter)
+            return OrchardClientError(.authenticationFailed, message, httpStatus: status, serverCode: code, retryAfter: retryAfter.map(RetryAfter.bounded))
         }
-        return OrchardClientError(.serverError, message, httpStatus: status, serverCode: code, retryAfter: retryAfter)
+        return OrchardClientError(.serverError, message, httpStatus: status, serverCode: code, retryAfter: retryAfter.map(RetryAfter.bounded))
     }
+
+    /// Whether the answer was the coordinator's own refusal (an Orchard error body), not a status from something in
+    /// between (a proxy's 404 or 408, a load balancer's maintenance page).
+    public var isCoordinatorRefusal: Bool { serverCode.map { !$0.rawValue.hasPrefix("http_") } ?? false }
 
     /// Whether repeating the same request may succeed: network failures, 5xx answers and 429 (too many requests).
     public var isTransient: Bool {

@@ -49,6 +49,16 @@ func cancelledError() -> OrchardClientError {
 
 /// The `Retry-After` field of a 429 or 503 answer (RFC 9110 §10.2.3).
 public enum RetryAfter {
+    /// The longest wait a coordinator's answer can impose (a week): a longer `retry_after` or `Retry-After`, or
+    /// one that is not a finite number, is heard as this, so no answer can park a device forever or overflow a date.
+    public static let longest: Double = 7 * 86_400
+
+    /// `seconds` within 0 and ``longest`` (0 for a negative value or NaN).
+    public static func bounded(_ seconds: Double) -> Double {
+        guard !seconds.isNaN else { return 0 }
+        return min(max(seconds, 0), longest)
+    }
+
     /// The seconds from `now` that `value` asks to wait: delta-seconds (`120`), or an HTTP-date (`Sun, 06 Nov 1994
     /// 08:49:37 GMT`, or the obsolete RFC 850 and asctime forms) where a date already past means 0; nil for anything
     /// else.
@@ -56,7 +66,7 @@ public enum RetryAfter {
         let text = value.trimmingCharacters(in: .whitespaces)
         guard !text.isEmpty else { return nil }
         if text.utf8.allSatisfy({ $0 >= 0x30 && $0 <= 0x39 }) {
-            return Double(text)
+            return Double(text).map(bounded)
         }
         for format in ["EEE, dd MMM yyyy HH:mm:ss 'GMT'", "EEEE, dd-MMM-yy HH:mm:ss 'GMT'", "EEE MMM d HH:mm:ss yyyy"] {
             let formatter = DateFormatter()
@@ -64,7 +74,7 @@ public enum RetryAfter {
             formatter.timeZone = TimeZone(identifier: "GMT")
             formatter.dateFormat = format
             if let date = formatter.date(from: text.replacingOccurrences(of: "  ", with: " ")) {
-                return max(0, date.timeIntervalSince(now))
+                return bounded(date.timeIntervalSince(now))
             }
         }
         return nil

@@ -90,6 +90,9 @@ public final class PostgresStore: CoordinatorStore {
         pooled.options.maximumConnections = configuration.poolSize
         pooled.options.minimumConnections = 0
         pooled.options.connectTimeout = .nanoseconds(configuration.connectTimeout.inNanoseconds)
+        // Exact admission and the seal's checks rely on READ COMMITTED (each statement sees what committed before it ran):
+        // set it for every session, whatever the server's or the role's default.
+        pooled.options.additionalStartupParameters = [("default_transaction_isolation", "read committed")]
         let client = PostgresClient(configuration: pooled, backgroundLogger: logger)
         let runner = Task { await client.run() }
         pooled.options.maximumConnections = lockConnections
@@ -488,11 +491,15 @@ public final class PostgresStore: CoordinatorStore {
     // MARK: - Admissions
 
     public func recordAssignment(processID: String, cycle: Int, workerID: String, requestKey: String, at date: Date) async throws {
+        let inserted: [PostgresRow]
         do {
-            _ = try await client.query(
+            // Only into a cycle still open (an admission written after its cycle closed would be stranded there).
+            inserted = try await client.query(
                 """
                 INSERT INTO assignments (process_id, cycle, worker_id, request_key, assigned_at)
-                VALUES (\(processID), \(cycle), \(workerID), \(requestKey), \(date.timeIntervalSince1970))
+                SELECT \(processID), \(cycle), \(workerID), \(requestKey), \(date.timeIntervalSince1970)
+                WHERE EXISTS (SELECT 1 FROM cycles WHERE process_id = \(processID) AND number = \(cycle) AND status = 'open')
+                RETURNING 1
                 """, logger: logger
             ).collect()
         } catch let error where PostgresErrors.isUniqueViolation(error) {
@@ -503,6 +510,8 @@ public final class PostgresStore: CoordinatorStore {
         } catch {
             throw PostgresErrors.map(error, "record the assignment of worker '\(workerID)' to cycle \(cycle)")
         }
+        guard inserted.isEmpty else { return }
+        throw StoreError(.cycleClosed, "cycle \(cycle) of process '\(processID)' is not open")
     }
 
     public func admit(processID: String, cycle: Int, workerID: String, requestKey: String, at date: Date, limit: Int, inFlightAfter: Date?) async throws

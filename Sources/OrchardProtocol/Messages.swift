@@ -287,11 +287,18 @@ public struct LocalPrivacy: Sendable, Hashable, Codable {
         self.noiseMultiplier = noiseMultiplier
     }
 
+    /// The largest noise standard deviation z·C a plan may ask for.
+    public static let largestNoise: Double = 1e30
+
     /// Describes the first unusable field (a plan from a coordinator is checked before the device trusts it).
     public func validationFailure() -> String? {
         if !(clippingNorm > 0 && clippingNorm.isFinite) { return "local_privacy.clipping_norm must be a positive finite number, not \(clippingNorm)" }
         if !(noiseMultiplier > 0 && noiseMultiplier.isFinite) {
             return "local_privacy.noise_multiplier must be a positive finite number, not \(noiseMultiplier)"
+        }
+        // The noise is drawn and added in single precision: its scale must leave every noised value finite.
+        if !(noiseMultiplier * clippingNorm <= Self.largestNoise) {
+            return "local_privacy noise_multiplier × clipping_norm must be at most \(Self.largestNoise), not \(noiseMultiplier * clippingNorm)"
         }
         return nil
     }

@@ -12,9 +12,11 @@ public struct WallInstant: InstantProtocol, Sendable, Hashable, Comparable, Cust
     /// The instant `sinceEpoch` after the Unix epoch.
     public init(sinceEpoch: Duration) { self.sinceEpoch = sinceEpoch }
 
-    /// The instant of a date (to the nanosecond).
+    /// The instant of a date (to the nanosecond); a date beyond a billion years of 1970 (or not finite) is taken as
+    /// that bound, so no date from outside (a far `retry_after`) can trap the conversion.
     public init(_ date: Date) {
-        let seconds = date.timeIntervalSince1970
+        let bound = 3.2e16
+        let seconds = date.timeIntervalSince1970.isNaN ? 0 : min(max(date.timeIntervalSince1970, -bound), bound)
         let whole = seconds.rounded(.down)
         sinceEpoch = .seconds(Int64(whole)) + .nanoseconds(Int64(((seconds - whole) * 1e9).rounded()))
     }

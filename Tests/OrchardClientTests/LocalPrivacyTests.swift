@@ -61,6 +61,8 @@ import Testing
             LocalPrivacy(clippingNorm: 0, noiseMultiplier: 1), LocalPrivacy(clippingNorm: 1, noiseMultiplier: -1),
             LocalPrivacy(clippingNorm: .nan, noiseMultiplier: 1),
             LocalPrivacy(clippingNorm: 1, noiseMultiplier: 0),
+            // Each finite, their product not: the noise would overflow (it trapped in GaussianNoise before).
+            LocalPrivacy(clippingNorm: 1e200, noiseMultiplier: 1e200), LocalPrivacy(clippingNorm: 1e20, noiseMultiplier: 1e11),
         ] {
             #expect(throws: OrchardClientError.self) { try LocalDifferentialPrivacy.apply(privacy, to: update([[1]]), using: &generator) }
         }

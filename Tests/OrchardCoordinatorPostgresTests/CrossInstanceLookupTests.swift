@@ -205,4 +205,25 @@ import Testing
             #expect(!(try await b.authenticate(multi).workerID.isEmpty))
         }
     }
+
+    /// A process deleted through one instance and hosted again under its name through another, before that one noticed
+    /// the deletion: when it does notice (its next tick), it forgets the old process, not the new one's name.
+    @Test(arguments: StoreKind.underTest) func aNameHostedAgainSurvivesTheOldProcessBeingForgotten(kind: StoreKind) async throws {
+        try await Group.with(kind, instances: 2) { group in
+            let (a, b) = (group[0], group[1])
+            let first = try await a.host(MultiInstanceTests.host(goal: 3))
+            _ = try await group.device(at: 0)
+            try await b.delete(processID: first.processID)
+            let second = try await a.host(MultiInstanceTests.host(goal: 3))
+            #expect(second.processID != first.processID)
+            group.clock.advance(by: .seconds(2))
+            await a.tick()
+            let device = try await group.device(at: 0)
+            let assignment = try MultiInstanceTests.accepted(try await group.requestCycle(device, at: 0))
+            #expect(assignment.processID == second.processID)
+            group.clock.advance(by: .seconds(2))
+            await a.tick()
+            #expect(!(try await a.authenticate(AuthenticateRequest(processName: "multi", processVersion: SemanticVersion(1, 0))).workerID.isEmpty))
+        }
+    }
 }

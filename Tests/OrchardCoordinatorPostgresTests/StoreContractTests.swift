@@ -499,6 +499,26 @@ import Testing
         }
     }
 
+    /// An admission written after its cycle closed (a buffer released while the write waited its turn) is refused, not
+    /// left in the closed cycle where its report could never be recorded.
+    @Test(arguments: StoreKind.underTest)
+    func anAssignmentIntoAClosedCycleIsRefused(_ kind: StoreKind) async throws {
+        try await withStores(kind) { stores in
+            try await F.host(stores.main)
+            try await F.assign(stores.main, 0..<1)
+            try await stores.main.registerWorker(id: "w5", processID: "p", issuer: nil, subject: nil, at: F.epoch)
+            try await stores.peer.closeCycle(
+                CycleClosure(processID: "p", closedCycle: 1, checkpoint: nil, optimizerState: nil, nextCycle: F.next(2, checkpoint: 0), retention: 2))
+            #expect(
+                try await storeErrorCode {
+                    try await stores.main.recordAssignment(processID: "p", cycle: 1, workerID: "w5", requestKey: "k5", at: F.epoch)
+                } == .cycleClosed)
+            try await stores.main.recordAssignment(processID: "p", cycle: 2, workerID: "w5", requestKey: "k5", at: F.epoch)
+            let open = try #require(try await stores.peer.openCycle(processID: "p"))
+            #expect(open.assignments.map(\.workerID) == ["w5"])
+        }
+    }
+
     @Test(arguments: StoreKind.underTest)
     func aReportIntoASealedOrClosedCycleIsRefused(_ kind: StoreKind) async throws {
         try await withStores(kind) { stores in

@@ -225,4 +225,34 @@ private extension CycleStateMachine {
             }
         }
     }
+
+    /// A buffered release holds exactly buffer_size reports: with that many committed or arriving, another report is
+    /// told to retry (into the next buffer), and takes the place of one that fails.
+    @Test func aBufferAdmitsNoMoreReportsThanItReleases() {
+        var m = CycleStateMachine(
+            configuration: .init(goalCount: 2, capacity: 5, minimumReports: 2, cycleLength: 100, paceSteeringWindow: 10, buffered: true), openedAt: t0)
+        for worker in ["a", "b", "c"] { _ = m.admit(worker) }
+        #expect(m.beginReport(workerID: "a", requestKey: "key-a", now: t0) == .proceed(cycle: 1))
+        #expect(m.beginReport(workerID: "b", requestKey: "key-b", now: t0) == .proceed(cycle: 1))
+        guard case .retry = m.beginReport(workerID: "c", requestKey: "key-c", now: t0) else {
+            Issue.record("a third report was let into a buffer of two")
+            return
+        }
+        // One of the two fails: the third takes its place.
+        #expect(m.abortReport(workerID: "b") == nil)
+        #expect(m.beginReport(workerID: "c", requestKey: "key-c", now: t0) == .proceed(cycle: 1))
+        #expect(m.commitReport(workerID: "a") == nil)
+        #expect(m.commitReport(workerID: "c") == .aggregate(cycle: 1, reports: 2))
+    }
+
+    /// A buffered report's time to report is its own assignment's, not the buffer's.
+    @Test func aBufferedReportIsDueCycleLengthAfterItsAssignment() {
+        var m = CycleStateMachine(
+            configuration: .init(goalCount: 2, capacity: 5, minimumReports: 2, cycleLength: 100, paceSteeringWindow: 10, buffered: true), openedAt: t0)
+        _ = m.admit("late", at: t0.addingTimeInterval(40))
+        #expect(m.reportDeadline(workerID: "late") == t0.addingTimeInterval(140))
+        var plain = machine(length: 100)
+        _ = plain.admit("a", at: t0.addingTimeInterval(40))
+        #expect(plain.reportDeadline(workerID: "a") == plain.deadline)
+    }
 }

@@ -5,6 +5,7 @@ import Glibc
 import OrchardCoordinator
 import OrchardFormats
 import OrchardProtocol
+import OrchardSupport
 import Testing
 
 /// Reports streamed over real loopback HTTP: the cap on uploads in flight (503 with `Retry-After`), and an upload
@@ -113,6 +114,39 @@ import Testing
             // The stalled device may still report in full, which closes the cycle on its goal of two.
             #expect(try await harness.report(stalled, stalledAssignment, diff: Fixture.diff(0.3), samples: 4).status == 200)
             #expect(try await harness.status(hosted.processID).cyclesCompleted == 1)
+        }
+    }
+
+    /// An upload that keeps trickling in (so the idle timeout never fires) is refused once its cycle's deadline and the
+    /// report grace have passed: it gives back its place and its admission, and the cycle closes at its deadline
+    /// instead of waiting for it forever.
+    @Test func anUploadTricklingPastItsDeadlineCannotHoldTheCycle() async throws {
+        var configuration = CoordinatorConfiguration(adminToken: Harness.adminToken)
+        configuration.reportUploadGrace = .seconds(60)
+        let harness = try await Harness.start(configuration: configuration)
+        try await harness.stopping {
+            let hosted = try await harness.host(Fixture.host(goal: 2, minimum: 1, overSelection: 1, cycleLength: 600))
+            let slow = try await harness.device()
+            let assignment = try await harness.join(slow)
+            let body = ReportEnvelope.encode(
+                diff: Fixture.diff(0.3), metadata: ReportMetadata(workerID: slow.workerID, requestKey: assignment.requestKey, sampleCount: 4))
+            let upload = try await harness.coordinator.beginUpload(session: harness.coordinator.session(forToken: slow.sessionToken))
+            // The header and a few data bytes: admitted, and in time.
+            let headerLength = Int(body[0..<8].withUnsafeBytes { $0.loadUnaligned(as: UInt64.self).littleEndian })
+            try await upload.consume(body[0..<(8 + headerLength + 4)])
+            #expect(harness.coordinator.uploadsInFlight == 1)
+            // Past the deadline, within the grace: still taken, and the cycle waits for it.
+            harness.clock.advance(bySeconds: 630)
+            try await upload.consume(body[(8 + headerLength + 4)..<(8 + headerLength + 8)])
+            await harness.coordinator.tick()
+            #expect(try await harness.status(hosted.processID).cyclesAbandoned == 0, "the cycle closed under an upload still in its grace")
+            // Past the grace: the next bytes are refused, the place and the admission given back, and the cycle closes.
+            harness.clock.advance(bySeconds: 31)
+            await #expect(throws: CoordinatorError.self) { try await upload.consume(body[(8 + headerLength + 8)..<(8 + headerLength + 12)]) }
+            #expect(harness.coordinator.uploadsInFlight == 0)
+            await harness.coordinator.tick()
+            let status = try await harness.status(hosted.processID)
+            #expect(status.cyclesAbandoned == 1, "the cycle did not close at its deadline: \(status)")
         }
     }
 

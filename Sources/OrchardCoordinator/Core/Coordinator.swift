@@ -102,6 +102,8 @@ public actor Coordinator {
         var staleness: Int?
         /// What the diff is scaled by when folded (the staleness factor; 1 for cycles).
         var foldScale: Double = 1
+        /// When the upload must be complete: its time to report plus ``CoordinatorConfiguration/reportUploadGrace``.
+        var finishBy: Date = .distantFuture
     }
 
     /// A model download.

@@ -32,6 +32,10 @@ public struct CoordinatorConfiguration: Sendable {
     /// How long a connection may send nothing before it is closed: an idle keep-alive connection, or an upload that
     /// stalled mid-body (which is then abandoned, so it cannot hold its cycle open or its upload place); nil never.
     public var connectionIdleTimeout: Duration?
+    /// How long past its cycle's deadline (a buffered report: past its assignment's `cycle_length`) an admitted report
+    /// may still be arriving; after that its next bytes are refused with `deadline_passed`, so an upload trickling in
+    /// a byte at a time cannot hold its cycle's closing (or its buffer's release) for longer.
+    public var reportUploadGrace: Duration = .seconds(300)
     /// This instance's name among the coordinator instances sharing a store (each folds the reports it accepts into
     /// its own partial sum under this name); unique per instance, stable across its restarts.
     public var instanceID: String
@@ -96,6 +100,7 @@ public struct CoordinatorConfiguration: Sendable {
         }
         if sealLease <= .zero { return "sealLease must be positive, not \(sealLease)" }
         if maximumEvaluationDataBytes < 1 { return "maximumEvaluationDataBytes must be at least 1, not \(maximumEvaluationDataBytes)" }
+        if reportUploadGrace < .zero { return "reportUploadGrace must not be negative, not \(reportUploadGrace)" }
         if let idle = connectionIdleTimeout, idle <= .zero { return "connectionIdleTimeout must be positive, not \(idle)" }
         return nil
     }

@@ -287,6 +287,13 @@ public struct CycleStateMachine: Sendable, Hashable {
     }
 
     /// Whether a buffered assignment's time to report has passed at `now`.
+    /// When `workerID`'s report is due: the cycle's deadline, or (buffered) its assignment's `cycle_length` after it
+    /// was given.
+    public func reportDeadline(workerID: String) -> Date {
+        guard configuration.buffered, let assignment = assignments[workerID] else { return deadline }
+        return assignment.assignedAt.addingTimeInterval(configuration.cycleLength)
+    }
+
     private func isExpired(_ assignment: Assignment, now: Date) -> Bool {
         assignment.assignedAt <= now.addingTimeInterval(-configuration.cycleLength)
     }
@@ -369,6 +376,11 @@ public struct CycleStateMachine: Sendable, Hashable {
             }
             if phase == .completed { return .refused(.deadlinePassed, "the process completed its releases") }
             guard phase == .open else { return .retry(after: 1, "buffer \(cycle) is being published; send the report again in a moment") }
+            // A release holds exactly buffer_size reports (what central privacy's noise and accounting assume): while that
+            // many are committed or arriving, another waits for the next buffer.
+            guard reported + reporting < configuration.goalCount else {
+                return .retry(after: 1, "buffer \(cycle) has all \(configuration.goalCount) of its reports arriving; send the report again in a moment")
+            }
         }
         guard phase == .open, now < deadline else {
             return .refused(.deadlinePassed, "cycle \(cycle) stopped accepting reports")

@@ -296,11 +296,17 @@ extension Coordinator {
                 do {
                     try await store.recordAssignment(processID: processID, cycle: cycle, workerID: request.workerID, requestKey: assignment.requestKey, at: now)
                 } catch {
-                    if let current = runtimes[processID], current.machine.cycle == cycle {
+                    // Undone wherever the assignment now is: a buffer released meanwhile carried it into the next one.
+                    if let current = runtimes[processID], current.machine.assignments[request.workerID]?.requestKey == assignment.requestKey {
                         current.machine.revokeAssignment(workerID: request.workerID)
                         current.currentKeys.remove(assignment.requestKey)
                     }
                     processForKey[assignment.requestKey] = nil
+                    if let closed = error as? StoreError, closed.code == .cycleClosed {
+                        // The cycle closed while the admission was being written: ask again, for the one open now.
+                        metrics.checkinsRejected.increment()
+                        return .rejected(CycleRejection(retryAfter: 1, reason: "cycle_closing"))
+                    }
                     throw storeFailure(error, "record the assignment")
                 }
                 metrics.openCycleAssigned.record(runtimes[processID]?.machine.assignments.count ?? 0)

@@ -66,10 +66,19 @@ public final class ReportUpload {
             // The header just completed: admit the report, then take the rest of the chunk as data.
             try await admit()
         }
+        try await requireInTime()
         guard consumed < bytes.count else { return }
         if case .failure(let error) = takeBytes(bytes.dropFirst(consumed)) {
             throw await fail(error)
         }
+    }
+
+    /// Refuses an admitted upload still arriving past its ticket's ``Coordinator/ReportTicket/finishBy``.
+    private func requireInTime() async throws(CoordinatorError) {
+        guard let ticket, coordinator.clock.date > ticket.finishBy else { return }
+        let grace = coordinator.configuration.reportUploadGrace.inSeconds
+        throw await fail(
+            CoordinatorError(.deadlinePassed, "the report was still arriving \(grace) s after its time to report ended (cycle \(ticket.cycle))"))
     }
 
     /// ``take(_:)`` over any collection of bytes (copied only if not contiguous).
@@ -83,6 +92,7 @@ public final class ReportUpload {
     public func finish() async throws(CoordinatorError) -> ReportResponse {
         precondition(!ended, "finish after the upload ended")
         if stream.header != nil && ticket == nil { try await admit() }
+        try await requireInTime()
         do throws(CoordinatorError) {
             try stream.finish()
         } catch {

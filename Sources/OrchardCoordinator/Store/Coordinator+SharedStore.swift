@@ -196,13 +196,18 @@ extension Coordinator {
         guard let runtime = runtimes[processID] else { return }
         // Deleted: its id and name are unknown from now on (answered without a lookup for a moment).
         processLookup.recordMissing(.id(processID), at: clock.date)
-        processLookup.recordMissing(.nameVersion(runtime.process.name, runtime.process.version), at: clock.date)
         for key in runtime.currentKeys.union(runtime.previousKeys) { processForKey[key] = nil }
         runtimes[processID] = nil
         secureLocks[processID] = nil
         evaluationQueue[processID] = nil
         evaluationsCaughtUp[processID] = nil
-        processByName[NameVersion(name: runtime.process.name, version: runtime.process.version)] = nil
+        // The name may already belong to a process hosted again under it (deleted elsewhere, then hosted here before
+        // this instance noticed): that one keeps it.
+        let name = NameVersion(name: runtime.process.name, version: runtime.process.version)
+        if processByName[name] == processID {
+            processByName[name] = nil
+            processLookup.recordMissing(.nameVersion(runtime.process.name, runtime.process.version), at: clock.date)
+        }
     }
 
     /// Over a shared store, brings this instance's view of a process up to date (what other instances hosted, closed,

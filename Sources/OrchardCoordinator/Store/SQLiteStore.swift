@@ -513,10 +513,23 @@ public final class SQLiteStore: CoordinatorStore {
     private static func commit(_ writes: [BatchedWrite], in pool: DatabasePool) async throws -> [Result<Void, any Error>] {
         try await pool.write { db in
             var cycleOpen: [String: Bool] = [:]
+            /// Whether the cycle is open, read once per batch.
+            func isOpen(processID: String, cycle: Int) throws -> Bool {
+                let key = "\(processID)/\(cycle)"
+                if let known = cycleOpen[key] { return known }
+                let open =
+                    try String.fetchOne(db.cachedStatement(sql: "SELECT status FROM cycles WHERE process_id = ? AND number = ?"), arguments: [processID, cycle])
+                    == "open"
+                cycleOpen[key] = open
+                return open
+            }
             return writes.map { write -> Result<Void, any Error> in
                 Result {
                     switch write {
                     case .assignment(let processID, let cycle, let workerID, let requestKey, let date):
+                        // A batch may commit after a close queued before it (a buffer released while this admission
+                        // waited): an assignment goes only into a cycle still open.
+                        guard try isOpen(processID: processID, cycle: cycle) else { throw StoreError(.cycleClosed, "cycle \(cycle) is not open") }
                         // Cached: an admission burst runs this statement thousands of times a second.
                         do {
                             try db.cachedStatement(
@@ -528,18 +541,9 @@ public final class SQLiteStore: CoordinatorStore {
                                 .duplicate, "worker \(workerID) or its request key already holds an assignment in cycle \(cycle): \(error.message ?? "")")
                         }
                     case .report(let report, let file):
-                        let key = "\(report.processID)/\(report.cycle)"
-                        let open: Bool
-                        if let known = cycleOpen[key] {
-                            open = known
-                        } else {
-                            open =
-                                try String.fetchOne(
-                                    db, sql: "SELECT status FROM cycles WHERE process_id = ? AND number = ?", arguments: [report.processID, report.cycle])
-                                == "open"
-                            cycleOpen[key] = open
+                        guard try isOpen(processID: report.processID, cycle: report.cycle) else {
+                            throw StoreError(.cycleClosed, "cycle \(report.cycle) is not open")
                         }
-                        guard open else { throw StoreError(.cycleClosed, "cycle \(report.cycle) is not open") }
                         try db.cachedStatement(
                             sql: """
                                 UPDATE assignments SET reported = 1, sample_count = ?, metrics = ?, diff_file = ?, unclipped = ?, instance = ?, staleness = ?
