@@ -376,7 +376,9 @@ struct SecureTestDevice {
             #expect(badWords.status == 400)
             // No session; a session of another process with this cycle's request key; a forged token.
             #expect(try await harness.http.json("POST", Endpoint.secureAggregation, devices[0].request()).status == 401)
-            _ = try await harness.host(Fixture.host(name: "other"))
+            var other = SecureFixture.host(goal: 3, minimum: 3)
+            other.name = "other"
+            _ = try await harness.host(other)
             let stranger = try await harness.device(name: "other")
             var crossed = devices[0].request()
             crossed.workerID = stranger.workerID

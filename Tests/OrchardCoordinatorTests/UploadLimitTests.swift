@@ -150,6 +150,54 @@ import Testing
         }
     }
 
+    /// A secure-aggregation body is bounded by its process before any of it is read: a process without secure
+    /// aggregation is refused at once (a device announcing 100 MB and sending nothing more gets its answer), and a
+    /// secure one takes no more than its masked input and roster-sized messages need.
+    @Test func secureAggregationBodiesAreBoundedByTheirProcessBeforeTheyAreRead() async throws {
+        let harness = try await Harness.start()
+        try await harness.stopping {
+            let port = try #require(harness.server.baseURL.port)
+            _ = try await harness.host()
+            let plain = try await harness.device()
+            let fd = try connectLoopback(port: port)
+            defer { close(fd) }
+            let head =
+                "POST \(Endpoint.secureAggregation) HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer \(plain.sessionToken)\r\n"
+                + "Content-Type: application/json\r\nContent-Length: 100000000\r\n\r\n{\"worker_id\""
+            try transmit(fd, Array(head.utf8))
+            let answer = try receiveHead(fd)
+            #expect(answer.hasPrefix("HTTP/1.1 4"), "\(answer)")
+            #expect(answer.contains("aggregation_mode_mismatch"), "\(answer)")
+
+            var request = SecureFixture.host(goal: 3, minimum: 3)
+            request.name = "secure"
+            _ = try await harness.host(request)
+            let device = try await harness.device(name: "secure")
+            let tooLarge = [UInt8](repeating: 0x20, count: 400_000)
+            let refused = try await harness.http.send(
+                "POST", Endpoint.secureAggregation, body: tooLarge, token: device.sessionToken, headers: ["Content-Type": "application/json"])
+            #expect(refused.status == 413)
+            #expect(refused.errorCode == "payload_too_large")
+        }
+    }
+
+    /// The status line and headers of an answer (and what came with them), within 10 seconds.
+    func receiveHead(_ fd: Int32) throws -> String {
+        var timeout = timeval(tv_sec: 10, tv_usec: 0)
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+        var received: [UInt8] = []
+        var buffer = [UInt8](repeating: 0, count: 4096)
+        while !String(decoding: received, as: UTF8.self).contains("\r\n\r\n") {
+            let count = buffer.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
+            guard count > 0 else { break }
+            received += buffer[0..<count]
+        }
+        // The error body follows the headers; take what is there within a moment.
+        let count = buffer.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, Int32(MSG_DONTWAIT)) }
+        if count > 0 { received += buffer[0..<count] }
+        return String(decoding: received, as: UTF8.self)
+    }
+
     func connectLoopback(port: Int) throws -> Int32 {
         let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
         try #require(fd >= 0)

@@ -126,15 +126,17 @@ public enum CoordinatorServer {
             try await offTheEventLoop {
                 let session = try await deviceSession(request, coordinator)
                 // A masked input is the model's words: 4 bytes a word as a MaskedInputEnvelope (safetensors), a third more
-                // in base64 JSON. A body larger than a message takes one of the upload places, so that large bodies held
-                // at once stay bounded.
+                // in base64 JSON; the session's process sets the limit, and a process without secure aggregation is
+                // refused, before the body is read. A body larger than a message takes one of the upload places, so
+                // that large bodies held at once stay bounded.
+                let bodyLimit = try await coordinator.secureAggregationBodyLimit(session: session)
                 let length = request.headers[.contentLength].flatMap { Int($0) } ?? Int.max
                 let large = length > limits.maximumMessageBytes
                 if large { try coordinator.takeUploadPlace() }
                 defer { if large { coordinator.endUpload() } }
                 let message: SecureAggregationRequest
                 if isSafetensors(request) {
-                    let body = try await collect(request, limit: limits.maximumReportBytes + limits.maximumMessageBytes)
+                    let body = try await collect(request, limit: bodyLimit.safetensors)
                     do throws(FormatError) {
                         message = try MaskedInputEnvelope.decode(body)
                     } catch {
@@ -142,7 +144,7 @@ public enum CoordinatorServer {
                     }
                 } else {
                     // A poll, most of the requests, is read directly; anything else takes the strict decoder.
-                    let body = try await collect(request, limit: limits.maximumReportBytes / 3 * 4 + limits.maximumMessageBytes)
+                    let body = try await collect(request, limit: bodyLimit.json)
                     message = try body.withUnsafeBytes { raw in
                         try SecureAggregationRequest.directDecode(raw) ?? decode(SecureAggregationRequest.self, body: body)
                     }

@@ -1,5 +1,6 @@
 import CoreMetrics
 import Foundation
+import Logging
 import OrchardSupport
 import OrchardFormats
 public import OrchardProtocol
@@ -239,6 +240,13 @@ public final class ReportUpload {
     private func fail(_ error: CoordinatorError) async -> CoordinatorError {
         guard !ended else { return error }
         ended = true
+        // The server's own failures (a spool file it cannot write, a full disk) are logged; the device is told only
+        // that the report could not be stored, not the coordinator's paths or system errors.
+        var error = error
+        if error.code == .internalError {
+            coordinator.logger.error("report upload failed", metadata: ["error": "\(error.message)"])
+            error = .internalError("the coordinator could not store the report; send it again")
+        }
         staged?.discard()
         if let ticket, let workerID = metadata?.workerID {
             await coordinator.abortReport(ticket, workerID: workerID)

@@ -44,6 +44,27 @@ extension Coordinator {
         }
     }
 
+    /// The largest secure-aggregation body the session's process can need, known before any of it is read: its masked
+    /// input (the model's words and the sample count, 4 bytes each, a third more as base64 in JSON), 4 KiB for each
+    /// device a cycle admits (the roster-sized messages), and a message's worth of the rest. A session of a process hosted elsewhere and not yet loaded here gets the coordinator's limit.
+    /// - Throws: `aggregation_mode_mismatch` for a process without secure aggregation (its body is never read).
+    public func secureAggregationBodyLimit(session: DeviceSession) throws(CoordinatorError) -> (safetensors: Int, json: Int) {
+        let message = configuration.maximumMessageBytes
+        guard let runtime = runtimes[session.processID] else {
+            return (configuration.maximumReportBytes + message, configuration.maximumReportBytes / 3 * 4 + message)
+        }
+        guard runtime.process.serverConfig.secureAggregation != nil else {
+            throw CoordinatorError(
+                .aggregationModeMismatch,
+                "process '\(runtime.process.name)' version \(runtime.process.version) does not use secure aggregation; send a report to \(Endpoint.report)"
+            )
+        }
+        // The other stage messages grow with the roster (share_keys carries a sealed share for each neighbour, unmask a
+        // share for each): 4 KiB a device admitted to a cycle is far more than either needs.
+        let bytes = (runtime.layout.totalCount + 1) * 4 + runtime.machine.configuration.capacity * 4096
+        return (bytes + message, (bytes + 2) / 3 * 4 + message)
+    }
+
     /// Runs `body` with the process's secure-aggregation steps serialised: by this instance's lock, and over a shared
     /// store also by the store's lock, after taking up what the other instances did (``catchUpSecure(processID:)``).
     func withSecureLock<T: Sendable>(
