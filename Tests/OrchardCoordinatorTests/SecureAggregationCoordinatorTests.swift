@@ -391,12 +391,12 @@ struct SecureTestDevice {
             var padded = Array(try WireCoding.encoder().encode(devices[0].request()))
             padded += Array(repeating: UInt8(ascii: " "), count: harness.configuration.maximumMessageBytes)
             let places = harness.configuration.maximumUploadsInFlight
-            for _ in 0..<places { try harness.coordinator.takeUploadPlace() }
+            for place in 0..<places { try harness.coordinator.takeUploadPlace(workerID: "holder-\(place)") }
             let busy = try await harness.http.send(
                 "POST", Endpoint.secureAggregation, body: padded, token: devices[0].auth.sessionToken, headers: ["Content-Type": MediaType.json])
             #expect(busy.status == 503)
             #expect(busy.errorCode == "too_many_uploads")
-            for _ in 0..<places { harness.coordinator.endUpload() }
+            for place in 0..<places { harness.coordinator.endUpload(workerID: "holder-\(place)") }
             let served = try await harness.http.send(
                 "POST", Endpoint.secureAggregation, body: padded, token: devices[0].auth.sessionToken, headers: ["Content-Type": MediaType.json])
             #expect(served.status == 200, "\(String(decoding: served.body, as: UTF8.self))")

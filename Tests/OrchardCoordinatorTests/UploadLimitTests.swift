@@ -41,6 +41,34 @@ import Testing
         }
     }
 
+    /// One session cannot take every upload place: a worker holds at most `maximumUploadsPerWorker` at once, and the
+    /// others' reports are still received meanwhile.
+    @Test func oneWorkerCannotTakeEveryUploadPlace() async throws {
+        let harness = try await Harness.start()
+        try await harness.stopping {
+            _ = try await harness.host()
+            let greedy = try await harness.device()
+            let other = try await harness.device()
+            let otherAssignment = try await harness.join(other)
+            let session = try await harness.coordinator.session(forToken: greedy.sessionToken)
+            let cap = harness.configuration.maximumUploadsPerWorker
+            var held: [ReportUpload] = []
+            for _ in 0..<cap { held.append(try harness.coordinator.beginUpload(session: session)) }
+            let refused = try await harness.http.send(
+                "POST", Endpoint.report, body: [1, 2, 3], token: greedy.sessionToken, headers: ["Content-Type": MediaType.safetensors])
+            #expect(refused.status == 503)
+            #expect(refused.errorCode == "too_many_uploads")
+            #expect(String(decoding: refused.body, as: UTF8.self).contains("worker \(greedy.workerID)"))
+            #expect(harness.coordinator.uploadsInFlight == cap)
+            #expect(try await harness.report(other, otherAssignment, diff: Fixture.diff(0.1), samples: 2).status == 200)
+            for upload in held { await upload.abandon() }
+            #expect(harness.coordinator.uploadsInFlight == 0)
+            // Given back, the places are the worker's again.
+            let again = try harness.coordinator.beginUpload(session: session)
+            await again.abandon()
+        }
+    }
+
     /// A device that sends the header and half the data, then closes its connection: the server gives back the
     /// place, deletes the staged diff and undoes the admission, so the device can send the report again.
     @Test func anUploadCutOffMidBodyLeavesNothingBehind() async throws {

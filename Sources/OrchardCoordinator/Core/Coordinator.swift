@@ -174,7 +174,7 @@ public actor Coordinator {
     /// Report uploads being received (``beginUpload(session:)``).
     /// Places taken now, and places given back since start (by uploads committed, refused or abandoned; an abandoned
     /// one's admission is undone before its place is given back).
-    nonisolated let uploadPlaces = Mutex((taken: 0, givenBack: 0))
+    nonisolated let uploadPlaces = Mutex((taken: 0, givenBack: 0, byWorker: [String: Int]()))
     /// Report uploads being received now.
     public nonisolated var uploadsInFlight: Int { uploadPlaces.withLock { $0.taken } }
     /// Upload places given back since start (committed, refused or abandoned uploads).

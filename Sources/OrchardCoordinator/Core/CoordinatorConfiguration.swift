@@ -24,6 +24,9 @@ public struct CoordinatorConfiguration: Sendable {
     public var speedTestInterval: Duration
     /// Report uploads received at once; one more is refused with `too_many_uploads` (503) and ``uploadRetryAfter``.
     public var maximumUploadsInFlight: Int
+    /// Uploads one worker may have in flight at once (its report, and a stale connection the server has not yet
+    /// noticed); one more is refused with `too_many_uploads`, so one session cannot take every place.
+    public var maximumUploadsPerWorker: Int = 2
     /// How long a device refused for ``maximumUploadsInFlight`` is told to wait (`Retry-After`, whole seconds in 1…3600).
     public var uploadRetryAfter: Duration
     /// The largest safetensors header a report may announce (its tensors' names, shapes and offsets and the report
@@ -87,6 +90,7 @@ public struct CoordinatorConfiguration: Sendable {
         if let cap = maximumOpenWorkers, cap < 1 { return "maximumOpenWorkers must be at least 1, not \(cap)" }
         if speedTestInterval < .zero { return "speedTestInterval must not be negative, not \(speedTestInterval)" }
         if maximumUploadsInFlight < 1 { return "maximumUploadsInFlight must be at least 1, not \(maximumUploadsInFlight)" }
+        if maximumUploadsPerWorker < 1 { return "maximumUploadsPerWorker must be at least 1, not \(maximumUploadsPerWorker)" }
         if uploadRetryAfter < .seconds(1) || uploadRetryAfter > .seconds(3600) || uploadRetryAfter.components.attoseconds != 0 {
             return "uploadRetryAfter must be a whole number of seconds in 1...3600, not \(uploadRetryAfter)"
         }

@@ -132,8 +132,8 @@ public enum CoordinatorServer {
                 let bodyLimit = try await coordinator.secureAggregationBodyLimit(session: session)
                 let length = request.headers[.contentLength].flatMap { Int($0) } ?? Int.max
                 let large = length > limits.maximumMessageBytes
-                if large { try coordinator.takeUploadPlace() }
-                defer { if large { coordinator.endUpload() } }
+                if large { try coordinator.takeUploadPlace(workerID: session.workerID) }
+                defer { if large { coordinator.endUpload(workerID: session.workerID) } }
                 let message: SecureAggregationRequest
                 if isSafetensors(request) {
                     let body = try await collect(request, limit: bodyLimit.safetensors)

@@ -26,37 +26,44 @@ extension Coordinator {
 
     /// Starts receiving a report as it arrives (``ReportUpload``), taking one of the coordinator's
     /// ``CoordinatorConfiguration/maximumUploadsInFlight`` places.
-    /// - Throws: `too_many_uploads` with ``CoordinatorConfiguration/uploadRetryAfter`` when every place is taken.
+    /// - Throws: `too_many_uploads` with ``CoordinatorConfiguration/uploadRetryAfter`` when every place is taken, or
+    ///   the session's worker already holds ``CoordinatorConfiguration/maximumUploadsPerWorker``.
     public nonisolated func beginUpload(session: DeviceSession) throws(CoordinatorError) -> ReportUpload {
-        try takeUploadPlace()
+        try takeUploadPlace(workerID: session.workerID)
         return ReportUpload(coordinator: self, session: session)
     }
 
     /// Takes one of the ``CoordinatorConfiguration/maximumUploadsInFlight`` places (a report, or a large
-    /// secure-aggregation step such as a masked input); give it back with ``endUpload()``.
-    /// - Throws: `too_many_uploads` with ``CoordinatorConfiguration/uploadRetryAfter`` when every place is taken.
-    public nonisolated func takeUploadPlace() throws(CoordinatorError) {
+    /// secure-aggregation step such as a masked input) for `workerID`; give it back with ``endUpload(workerID:)``.
+    /// - Throws: `too_many_uploads` with ``CoordinatorConfiguration/uploadRetryAfter`` when every place is taken, or
+    ///   the worker already holds ``CoordinatorConfiguration/maximumUploadsPerWorker`` (one session cannot take them
+    ///   all).
+    public nonisolated func takeUploadPlace(workerID: String) throws(CoordinatorError) {
         let limit = configuration.maximumUploadsInFlight
-        let admitted = uploadPlaces.withLock { places -> Bool in
-            guard places.taken < limit else { return false }
+        let perWorker = configuration.maximumUploadsPerWorker
+        let refusal = uploadPlaces.withLock { places -> String? in
+            guard places.taken < limit else { return "the coordinator is receiving \(limit) reports already" }
+            let held = places.byWorker[workerID, default: 0]
+            guard held < perWorker else { return "worker \(workerID) is sending \(held) uploads already" }
             places.taken += 1
+            places.byWorker[workerID] = held + 1
             metrics.uploadsInFlight.record(places.taken)
-            return true
+            return nil
         }
-        guard admitted else {
+        if let refusal {
             metrics.uploadsRefusedBusy.increment()
             throw CoordinatorError(
-                .tooManyUploads, "the coordinator is receiving \(limit) reports already; retry in \(configuration.uploadRetryAfter.secondsText) s",
-                retryAfter: configuration.uploadRetryAfter.inSeconds
-            )
+                .tooManyUploads, "\(refusal); retry in \(configuration.uploadRetryAfter.secondsText) s", retryAfter: configuration.uploadRetryAfter.inSeconds)
         }
     }
 
-    /// Gives back an upload's place.
-    public nonisolated func endUpload() {
+    /// Gives back an upload's place, taken for `workerID`.
+    public nonisolated func endUpload(workerID: String) {
         uploadPlaces.withLock { places in
             places.taken -= 1
             places.givenBack += 1
+            let held = places.byWorker[workerID, default: 1] - 1
+            places.byWorker[workerID] = held > 0 ? held : nil
             metrics.uploadsInFlight.record(places.taken)
         }
     }

@@ -38,12 +38,13 @@ public final class ReportUpload {
         // The place goes back once the admission is undone: a free place means the device may report again.
         if let ticket, let workerID = metadata?.workerID {
             let coordinator = coordinator
+            let holder = session.workerID
             Task {
                 await coordinator.abortReport(ticket, workerID: workerID)
-                coordinator.endUpload()
+                coordinator.endUpload(workerID: holder)
             }
         } else {
-            coordinator.endUpload()
+            coordinator.endUpload(workerID: session.workerID)
         }
     }
 
@@ -169,7 +170,7 @@ public final class ReportUpload {
         metrics.reportCommitSeconds.recordNanoseconds((ContinuousClock.now - started).inNanoseconds)
         metrics.reportBytes.increment(by: received)
         ended = true
-        coordinator.endUpload()
+        coordinator.endUpload(workerID: session.workerID)
         return await coordinator.commitReport(ticket, workerID: metadata.workerID, sampleCount: metadata.sampleCount, unclipped: unclipped, diff: staged)
     }
 
@@ -252,7 +253,7 @@ public final class ReportUpload {
             await coordinator.abortReport(ticket, workerID: workerID)
         }
         // Given back after the admission is undone, so a free place means the device may report again.
-        coordinator.endUpload()
+        coordinator.endUpload(workerID: session.workerID)
         return error
     }
 
