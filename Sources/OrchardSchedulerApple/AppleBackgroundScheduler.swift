@@ -189,8 +189,16 @@ public final class AppleBackgroundScheduler: BackgroundTaskScheduling, @unchecke
         if let next { try? submitToSystem(next) }
     }
 
+    /// Submits a request to BGTaskScheduler.
+    /// - Throws: ``SchedulerError/Code/registrationClosed`` for an identifier not registered at launch (iOS raises
+    ///   `NSInternalInconsistencyException` for a submit without a launch handler; this refuses it first).
     public func submit(_ request: TaskRequest) async throws(SchedulerError) {
         try request.validate()
+        guard lock.withLock({ preRegistered.contains(request.identifier) }) else {
+            throw SchedulerError(
+                .registrationClosed,
+                "'\(request.identifier)' has no launch handler: register it with registerAtLaunch(_:) before the app finishes launching, then submit")
+        }
         try submitToSystem(request)
     }
 

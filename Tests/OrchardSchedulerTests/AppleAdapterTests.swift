@@ -49,8 +49,9 @@ struct AppleAdapterTests {
         } catch { #expect(error.code == .notPermitted) }
         do {
             try await apple.submit(.appRefresh("x"))
-            Issue.record("unpermitted submit must throw")
-        } catch { #expect(error.code == .notPermitted) }
+            Issue.record("a submit without a launch handler must throw")
+        } catch { #expect(error.code == .registrationClosed) }
+        try apple.registerAtLaunch(["a", "b"])
         try await apple.submit(.appRefresh("a"))
         do {
             try await apple.submit(.appRefresh("b"))
@@ -62,6 +63,7 @@ struct AppleAdapterTests {
     @Test func pendingCancelAndCancelAllForward() async throws {
         let system = BGTaskScheduler.simulated(permittedIdentifiers: nil)
         let apple = adapter(system)
+        try apple.registerAtLaunch(["train", "refresh"])
         var request = TaskRequest.processing("train", constraints: .powerAndNetwork, priority: .high)
         request.repeatInterval = .seconds(3600)
         try await apple.submit(request)
@@ -94,6 +96,23 @@ struct AppleAdapterTests {
         #expect(system.simulatedViolations.isEmpty, "\(system.simulatedViolations)")
     }
 
+    @Test func aSubmitWithoutALaunchHandlerIsRefusedBeforeTheSystemSeesIt() async throws {
+        let system = BGTaskScheduler.simulated(permittedIdentifiers: nil)
+        let apple = adapter(system)
+        try apple.registerAtLaunch(["train"])
+        system.simulateFinishLaunching()
+        do {
+            try await apple.submit(.processing("never-registered"))
+            Issue.record("a submit without a launch handler was accepted")
+        } catch {
+            #expect(error.code == .registrationClosed)
+        }
+        #expect(system.simulatedViolations.isEmpty, "the system never saw the submit, which ends a real app")
+        #expect(await system.pendingTaskRequests().isEmpty)
+        try await apple.submit(.processing("train"))
+        #expect(await system.pendingTaskRequests().map(\.identifier) == ["train"])
+    }
+
     @Test func aSecondRegistrationAtLaunchIsRefusedBeforeTheSystemSeesIt() throws {
         let system = BGTaskScheduler.simulated(permittedIdentifiers: nil)
         let apple = adapter(system)
@@ -112,6 +131,7 @@ struct AppleAdapterTests {
         #expect(!system.register(forTaskWithIdentifier: "not-in-info-plist", using: nil) { _ in })
         system.simulateFinishLaunching()
         #expect(!system.register(forTaskWithIdentifier: "b", using: nil) { _ in })
+        // A submit for an identifier without a launch handler raises (and so never becomes pending).
         try? system.submit(BGProcessingTaskRequest(identifier: "c"))
         #expect(system.simulateLaunch(forTaskWithIdentifier: "c") == nil)
         let violations = system.simulatedViolations

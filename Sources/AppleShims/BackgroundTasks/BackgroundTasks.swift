@@ -185,7 +185,7 @@ open class BGTaskScheduler: NSObject {
     }
 
     /// Submits a request, replacing a pending one with the same identifier (one refresh and ten processing requests
-    /// may be pending at once).
+    /// may be pending at once); a request for an identifier without a registered launch handler raises.
     open func submit(_ taskRequest: BGTaskRequest) throws {
         let dropped = state.withLock { s -> Bool in
             guard s.appState == .suspended || s.appState == .terminated else { return false }
@@ -193,13 +193,21 @@ open class BGTaskScheduler: NSObject {
             return true
         }
         if dropped { return }
-        try state.withLock { s throws(Error) in
+        let violation = try state.withLock { s throws(Error) -> Violation? in
             guard permitted?.contains(taskRequest.identifier) ?? true else { throw Error(.notPermitted) }
+            // iOS asserts here, not only when it would launch the task (firefox-ios PR 19054: a submit for an identifier
+            // whose handler was never registered crashed the app as it went to the background).
+            guard s.handlers[taskRequest.identifier] != nil else {
+                return Violation(
+                    "'NSInternalInconsistencyException', reason: 'No launch handler registered for task with identifier \(taskRequest.identifier)'")
+            }
             let others = s.pending.values.filter { type(of: $0) == type(of: taskRequest) && $0.identifier != taskRequest.identifier }
             let limit = taskRequest is BGAppRefreshTaskRequest ? 1 : 10
             guard others.count < limit else { throw Error(.tooManyPendingTaskRequests) }
             s.pending[taskRequest.identifier] = taskRequest
+            return nil
         }
+        if let violation { programmingError(violation) }
     }
 
     /// Cancels a pending request.
