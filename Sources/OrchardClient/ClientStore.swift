@@ -253,6 +253,12 @@ final class PartialModelSink: DownloadSink {
     private let modelID: String
     private let handle = Mutex<FileHandle?>(nil)
     private let received = Mutex(0)
+    /// The most bytes the file may reach: the announced length, or ``largestModel`` when none was announced.
+    private let limit = Mutex(PartialModelSink.largestModel)
+
+    /// The largest model a device takes (a coordinator refuses to host one over 1 GiB by default): a download that
+    /// announces or sends more is stopped before it fills the disk.
+    static let largestModel = 2 << 30
 
     init(store: ClientStore, modelID: String) {
         self.store = store
@@ -263,11 +269,21 @@ final class PartialModelSink: DownloadSink {
     var bytesReceived: Int { received.withLock { $0 } }
 
     func begin(_ head: DownloadHead) throws(OrchardClientError) {
+        let total = head.totalLength ?? Self.largestModel
+        guard total <= Self.largestModel, head.start >= 0, head.start <= total else {
+            throw OrchardClientError(.serverError, "the model download announces \(total) bytes from byte \(head.start); the most a device takes is \(Self.largestModel)")
+        }
         let opened = try store.beginPartial(head, modelID: modelID)
         handle.withLock { $0 = opened }
+        // What this download may still append.
+        limit.withLock { $0 = total - head.start }
     }
 
     func append(_ bytes: [UInt8]) throws(OrchardClientError) {
+        let room = limit.withLock { $0 } - received.withLock { $0 }
+        guard bytes.count <= room else {
+            throw OrchardClientError(.serverError, "the model download runs past its announced length (\(bytes.count) more bytes with \(max(0, room)) left)")
+        }
         try handle.withLock { (handle: inout FileHandle?) throws(OrchardClientError) in
             guard let handle else { throw OrchardClientError(.storage, "download bytes arrived before its head") }
             do {
