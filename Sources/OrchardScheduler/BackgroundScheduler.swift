@@ -273,8 +273,10 @@ public actor BackgroundScheduler: BackgroundTaskScheduling, Service {
 
     /// Cancels the pending request with this identifier; a running task is not retried or repeated.
     public func cancel(identifier: String) {
-        if running.contains(identifier) { cancelledWhileRunning.insert(identifier) }
-        guard pending.removeValue(forKey: identifier) != nil else { return }
+        let isRunning = running.contains(identifier)
+        if isRunning { cancelledWhileRunning.insert(identifier) }
+        // A running task's request is still stored (until its run ends): cancelled, it goes too.
+        guard pending.removeValue(forKey: identifier) != nil || isRunning else { return }
         do { try store.removePending(identifier) } catch {
             logger.error("cannot remove pending request from store", metadata: ["identifier": "\(identifier)", "error": "\(error)"])
         }
@@ -389,7 +391,8 @@ public actor BackgroundScheduler: BackgroundTaskScheduling, Service {
         let id = request.identifier
         guard let handler = handlers[id] else { preconditionFailure("classify only admits registered identifiers") }
         pending.removeValue(forKey: id)
-        record(&errors) { () throws(SchedulerError) in try store.removePending(id) }
+        // The stored request stays until the run's follow-up replaces it (or the run ends with none): a process killed
+        // mid-run finds it again at its next start, as though the run had been stopped.
         running.insert(id)
         defer { running.remove(id) }
 
@@ -457,6 +460,8 @@ public actor BackgroundScheduler: BackgroundTaskScheduling, Service {
                 pending[id] = next
                 nextBegin = next.request.earliestBeginDate
                 record(&errors) { () throws(SchedulerError) in try store.savePending(next) }
+            } else {
+                record(&errors) { () throws(SchedulerError) in try store.removePending(id) }
             }
         }
         logger.debug("task finished", metadata: ["identifier": "\(id)", "outcome": "\(outcome)", "runTime": "\(runTime)"])

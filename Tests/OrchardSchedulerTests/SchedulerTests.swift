@@ -463,6 +463,41 @@ struct SchedulerTests {
         #expect(history.lastRunEnd == startDate.addingTimeInterval(7))
     }
 
+    /// A process killed while a task runs (nothing after the launch is written) finds the request again at its next
+    /// start; a run that ends with no follow-up, or a running task cancelled, leaves nothing stored.
+    @Test func aRunCutShortByTheProcessDyingKeepsItsRequest() async throws {
+        let directory = try temporaryDirectory()
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let path = directory.appendingPathComponent("scheduler.sqlite").path
+        let clock = testClock()
+        let scheduler = try makeScheduler(clock: clock, permitted: ["train", "once", "dropped"], store: try SQLiteSchedulerStore(path: path))
+        let started = Signal()
+        try await scheduler.register(identifier: "train") { _ in
+            started.raise()
+            try await sleep(on: clock, until: clock.now.advanced(by: .seconds(3600)))
+        }
+        try await scheduler.submit(.processing("train", priority: .high))
+        let window = Task { try await scheduler.runWindow(budget: .seconds(60), kinds: [.processing]) }
+        await started.wait()
+        // The process dies here: what a fresh start reads from the store is what was written so far.
+        #expect(try SQLiteSchedulerStore(path: path).load().pending.keys.sorted() == ["train"])
+        window.cancel()
+        _ = try? await window.value
+
+        let store = try SQLiteSchedulerStore(path: path)
+        try store.removePending("train")
+        let other = try makeScheduler(clock: clock, permitted: ["once", "dropped"], store: store)
+        try await other.register(identifier: "once") { task in task.setTaskCompleted(success: true) }
+        try await other.register(identifier: "dropped") { task in
+            await other.cancel(identifier: "dropped")
+            task.setTaskCompleted(success: true)
+        }
+        try await other.submit(.processing("once"))
+        try await other.submit(.processing("dropped"))
+        #expect(try await other.runWindow(budget: .seconds(60)).runs.map(\.outcome) == [.succeeded, .succeeded])
+        #expect(try SQLiteSchedulerStore(path: path).load().pending.isEmpty)
+    }
+
     @Test func aCorruptStoreIsSetAsideAndReported() async throws {
         let directory = try temporaryDirectory()
         defer { try? FileManager.default.removeItem(at: directory) }
