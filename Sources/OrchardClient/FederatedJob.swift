@@ -215,18 +215,19 @@ public final class FederatedJob: Sendable {
     private func exclusiveCycle(
         constraints: TaskConstraints, tasks: [DeviceTask], evaluator: Evaluator?, _ body: @Sendable (CycleContext) async throws -> LocalTrainingOutcome
     ) async throws(OrchardClientError) -> CycleOutcome {
-        try await gate.withPermit { () async throws(OrchardClientError) -> CycleOutcome in
-            let outcome: CycleOutcome
-            do throws(OrchardClientError) {
-                outcome = try await cycle(constraints: constraints, tasks: evaluator == nil ? tasks.filter { $0 != .evaluation } : tasks, evaluator, body)
-            } catch {
-                emit(.phase(.finished))
-                throw error
-            }
+        // A window that expires while another cycle of the job holds the gate stops waiting at once (within its grace).
+        do { try await gate.waitUnlessCancelled() } catch { throw cancelledError() }
+        defer { gate.signal() }
+        let outcome: CycleOutcome
+        do throws(OrchardClientError) {
+            outcome = try await cycle(constraints: constraints, tasks: evaluator == nil ? tasks.filter { $0 != .evaluation } : tasks, evaluator, body)
+        } catch {
             emit(.phase(.finished))
-            emit(.finished(outcome))
-            return outcome
+            throw error
         }
+        emit(.phase(.finished))
+        emit(.finished(outcome))
+        return outcome
     }
 
     /// Drives a ``JobCycleStateMachine``: performs its actions (files, coordinator calls, training, backoff)

@@ -41,13 +41,21 @@ struct ClientCommand: AsyncParsableCommand {
                 }
             }
         }
-        defer { events.cancel() }
-        repeat {
-            let outcome = try await job.train(on: dataset)
-            print(Self.describe(outcome))
-            guard loop, let wait = outcome.retryAfter else { break }
-            try await Task.sleep(for: .seconds(max(wait, 1)))
-        } while !Task.isCancelled
+        do {
+            repeat {
+                let outcome = try await job.train(on: dataset)
+                print(Self.describe(outcome))
+                guard loop, let wait = outcome.retryAfter else { break }
+                try await Task.sleep(for: .seconds(max(wait, 1)))
+            } while !Task.isCancelled
+        } catch {
+            // The event log's last line is written before the error is printed, not in the middle of it.
+            events.cancel()
+            await events.value
+            throw error
+        }
+        events.cancel()
+        await events.value
     }
 
     static func describe(_ outcome: CycleOutcome) -> String {

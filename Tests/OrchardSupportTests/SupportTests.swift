@@ -130,6 +130,53 @@ import Testing
         #expect(state.withLock { $0.current } == 0)
     }
 
+    /// A cancellable waiter that is cancelled gives its place up at once: the ones behind it keep their order, and the
+    /// permit it would have had goes to the next.
+    @Test func aCancelledWaiterGivesItsPlaceUp() async throws {
+        let semaphore = AsyncSemaphore(permits: 1)
+        let order = Shared<[Int]>([])
+        await semaphore.wait()
+        var tasks: [Task<Bool, Never>] = []
+        for i in 0..<3 {
+            tasks.append(
+                Task {
+                    do {
+                        try await semaphore.waitUnlessCancelled()
+                    } catch {
+                        return false
+                    }
+                    order.withLock { $0.append(i) }
+                    semaphore.signal()
+                    return true
+                })
+            while semaphore.waiting < i + 1 { await Task.yield() }
+        }
+        tasks[1].cancel()
+        #expect(await tasks[1].value == false)
+        #expect(semaphore.waiting == 2)
+        semaphore.signal()
+        let first = await tasks[0].value, third = await tasks[2].value
+        #expect(first && third)
+        #expect(order.withLock { $0 } == [0, 2])
+        // Every permit came back: one is free now.
+        try await semaphore.waitUnlessCancelled()
+        #expect(semaphore.waiting == 0)
+
+        // Cancelled before it begins to wait: it never takes a place, even when a permit is free.
+        semaphore.signal()
+        let early = Task {
+            withUnsafeCurrentTask { $0?.cancel() }
+            do {
+                try await semaphore.waitUnlessCancelled()
+                return true
+            } catch {
+                return false
+            }
+        }
+        #expect(await early.value == false)
+        await semaphore.withPermit {}
+    }
+
     @Test func aThrowingBodyReturnsItsPermit() async {
         struct Failure: Error {}
         let semaphore = AsyncSemaphore(permits: 1)
