@@ -24,6 +24,9 @@ public actor Coordinator {
         var layout: ModelLayout
         var sum: RunningSum
         var unfolded: [String]
+        /// The workers whose committed diffs the last load (or shared-store merge) summed in; never pruned by a fold, so a
+        /// report whose count comes after that load is known to be in the sum already.
+        var summedAtLoad: Set<String>
         var checkpointBytes: [UInt8]
         /// The current checkpoint as an updatable Core ML model, made on the first request for it.
         var coreMLModel: (checkpoint: Int, bytes: [UInt8])?
@@ -70,6 +73,7 @@ public actor Coordinator {
             self.layout = layout
             self.sum = sum
             self.unfolded = unfolded
+            self.summedAtLoad = Set(unfolded)
             self.checkpointBytes = checkpointBytes
             self.optimizer = optimizer
             self.authenticator = authenticator

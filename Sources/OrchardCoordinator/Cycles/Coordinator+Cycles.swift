@@ -233,6 +233,7 @@ extension Coordinator {
         current.machine.apply(transition)
         current.sum = RunningSum(count: current.layout.totalCount)
         current.unfolded = []
+        current.summedAtLoad = []
         current.bufferStaleness = (0, 0, 0)
         for key in current.previousKeys { processForKey[key] = nil }
         // Buffered: the assignments carried into the next buffer keep their keys.

@@ -192,11 +192,14 @@ extension Coordinator {
         // Read after, it holds the report (its diff among the pending ones folded in, its assignment reported); read
         // before, it lacks both. Either way the report counts once.
         let reloaded = runtime.generation != ticket.generation
-        let alreadySummed = reloaded && runtime.unfolded.contains(workerID)
+        // Whether the reload summed it, whatever a fold since then did to `unfolded`.
+        let alreadySummed = reloaded && runtime.summedAtLoad.contains(workerID)
+        var summed = false
         do throws(StoreError) {
             // A robust rule reads every report back from the store when the cycle closes; nothing is summed here.
             if runtime.robust == nil && !alreadySummed {
                 try runtime.sum.add(diff, weight: runtime.foldWeight(sampleCount: sampleCount), scale: ticket.foldScale, unclipped: unclipped)
+                summed = true
             }
         } catch {
             // The report is committed in the store but could not be read back into the running sum: reload the
@@ -210,7 +213,8 @@ extension Coordinator {
             // running sum lacks it, which is logged.
             logger.error("the running sum lacks a committed report", metadata: ["process": "\(ticket.processID)", "worker": "\(workerID)"])
         }
-        if runtime.robust == nil && !alreadySummed { runtime.unfolded.append(workerID) }
+        // Only a diff the sum holds is folded (and so forgotten by the store); one it lacks stays for recovery.
+        if summed { runtime.unfolded.append(workerID) }
         if let staleness = ticket.staleness, !alreadySummed {
             runtime.bufferStaleness.sum += staleness
             runtime.bufferStaleness.count += 1

@@ -360,6 +360,7 @@ extension Coordinator {
             loadsDone += 1
             current.generation = loadsDone
             current.unfolded = open.assignments.filter(\.reported).map(\.workerID)
+            current.summedAtLoad = Set(current.unfolded)
             for stored in open.assignments where processForKey[stored.requestKey] == nil {
                 processForKey[stored.requestKey] = processID
                 current.currentKeys.insert(stored.requestKey)
