@@ -657,6 +657,9 @@ public final class PostgresStore: CoordinatorStore {
         let processID = closure.processID
         let cycle = closure.closedCycle
         try await transaction("close cycle \(cycle) of process '\(processID)'") { connection in
+            // The process row first, as a deletion takes it: a close and a concurrent deletion of the process then wait
+            // for each other in one order, instead of deadlocking (cycle row here, process row there).
+            try await run(connection, "SELECT 1 FROM processes WHERE id = \(processID) FOR NO KEY UPDATE")
             let aggregated = closure.checkpoint != nil
             // Exactly once: a concurrent close waits on the row, then finds it closed.
             let closed = try await run(

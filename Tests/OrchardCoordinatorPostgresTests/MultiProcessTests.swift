@@ -334,7 +334,9 @@ import Testing
             let first = Self.release(from: base, (0..<4).map { (Float($0 + 1) / 4, $0 + 2, 0) })
             MultiInstanceTests.expectClose(try await Self.waitForCheckpoint(1, processID: hosted.processID, at: servers[0]), first)
             // Devices 4 and 5 trained from checkpoint 0 and carried over into buffer 2. Instance 1 acknowledges device 4's
-            // report (staleness 1) and is killed.
+            // report (staleness 1) and is killed. It is asked once it has taken up the release, which instance 0 made:
+            // before that it would answer 503 buffer_releasing, and a device would send the report again.
+            _ = try await Self.waitForCheckpoint(1, processID: hosted.processID, at: servers[1])
             #expect(try await Self.report(devices[4], scale: -0.5, samples: 3, checkpoint: 0, to: servers[1]) == 200)
             servers[1].kill9()
             #expect(try await Self.report(devices[4], scale: -0.5, samples: 3, checkpoint: 0, to: servers[0]) == 409, "acknowledged once")
