@@ -1,5 +1,5 @@
 import Foundation
-import OrchardCoordinator
+@testable import OrchardCoordinator
 import OrchardCoreML
 import OrchardFormats
 import OrchardProtocol
@@ -104,6 +104,10 @@ import Testing
             let refused = try await harness.http.send("GET", base + "&\(Endpoint.formatQuery)=mlmodel", token: device.sessionToken)
             #expect(refused.status == 422 && refused.errorCode == "unsupported_format")
             #expect((try? refused.decode(ErrorBody.self))?.error.message.contains("no update cap") == true, "\(String(decoding: refused.body, as: UTF8.self))")
+            // Asked again, the refusal is the one made for this checkpoint: the checkpoint is not decoded and exported again.
+            let again = try await harness.http.send("GET", base + "&\(Endpoint.formatQuery)=mlmodel", token: device.sessionToken)
+            #expect(again.status == 422 && again.errorCode == "unsupported_format")
+            #expect(await harness.coordinator.coreMLExportAttempts == 1)
             let unknown = try await harness.http.send("GET", base + "&\(Endpoint.formatQuery)=onnx", token: device.sessionToken)
             #expect(unknown.status == 400 && unknown.errorCode == "invalid_request")
             #expect((try? unknown.decode(ErrorBody.self))?.error.message.contains("safetensors, mlmodel") == true)

@@ -28,8 +28,9 @@ public actor Coordinator {
         /// report whose count comes after that load is known to be in the sum already.
         var summedAtLoad: Set<String>
         var checkpointBytes: [UInt8]
-        /// The current checkpoint as an updatable Core ML model, made on the first request for it.
-        var coreMLModel: (checkpoint: Int, bytes: [UInt8])?
+        /// The current checkpoint as an updatable Core ML model, made on the first request for it; or why it cannot be
+        /// made (kept too, so repeated requests for a model Core ML cannot express do not decode the checkpoint again).
+        var coreMLModel: (checkpoint: Int, model: Result<[UInt8], CoordinatorError>)?
         var optimizer: ServerOptimizerState
         var authenticator: DeviceAuthenticator
         var currentKeys: Set<String>
@@ -140,6 +141,8 @@ public actor Coordinator {
     var deferredSecure: Set<String> = []
     /// Processes loaded from the store so far (each runtime's ``Runtime/generation``).
     var loadsDone = 0
+    /// Core ML exports attempted (one per checkpoint, whether it succeeds or not).
+    var coreMLExportAttempts = 0
     /// Runs between a report's commit in the store and its count here (tests: something that happens to the process in
     /// that moment, such as a reload).
     var reportRecordedHook: (@Sendable (String) async -> Void)?

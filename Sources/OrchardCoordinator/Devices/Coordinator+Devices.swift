@@ -353,12 +353,15 @@ extension Coordinator {
         case .safetensors:
             return ModelDownload(bytes: runtime.checkpointBytes, etag: "\"\(expected)\"")
         case .mlmodel:
+            let model: Result<[UInt8], CoordinatorError>
             if let cached = runtime.coreMLModel, cached.checkpoint == checkpoint {
-                return ModelDownload(bytes: cached.bytes, etag: "\"\(expected).mlmodel\"", format: .mlmodel)
+                model = cached.model
+            } else {
+                coreMLExportAttempts += 1
+                model = Result { () throws(CoordinatorError) in try Self.coreMLModel(process: runtime.process, checkpointBytes: runtime.checkpointBytes) }
+                runtime.coreMLModel = (checkpoint, model)
             }
-            let bytes = try Self.coreMLModel(process: runtime.process, checkpointBytes: runtime.checkpointBytes)
-            runtime.coreMLModel = (checkpoint, bytes)
-            return ModelDownload(bytes: bytes, etag: "\"\(expected).mlmodel\"", format: .mlmodel)
+            return ModelDownload(bytes: try model.get(), etag: "\"\(expected).mlmodel\"", format: .mlmodel)
         }
     }
 
