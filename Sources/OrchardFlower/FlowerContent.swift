@@ -1,4 +1,5 @@
 import Foundation
+import OrchardFormats
 import OrchardSupport
 import SwiftProtobuf
 
@@ -38,6 +39,11 @@ enum FlowerContent {
             throw FlowerError(
                 .unsupportedMessage, "the \(type) message has no ArrayRecord named 'arrays' (it has \(content.names.map { "'\($0)'" }.joined(separator: ", ")))"
             )
+        }
+        // Counted before any array is converted: names may share one array, and a record of many names would
+        // otherwise be converted name by name before the model's count refused it.
+        guard record.count == app.parameterCount else {
+            throw FlowerError(.arrayMismatch, "the server sent \(record.count) arrays; model '\(app.model.name)' has \(app.parameterCount) parameters")
         }
         var arrays: [NamedArray] = []
         for (name, array) in record {

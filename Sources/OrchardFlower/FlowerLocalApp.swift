@@ -92,6 +92,8 @@ public struct FlowerLocalApp: Sendable {
     public let dataset: any Dataset
     /// Seeds the device's shuffling (mixed with the server round).
     public let seed: UInt64
+    /// The arrays a message must carry: one per parameter of the model.
+    public let parameterCount: Int
 
     /// Creates the app.
     /// - Throws: ``FlowerError/Code/invalidConfiguration`` when the model cannot be built or has no `training`
@@ -118,6 +120,7 @@ public struct FlowerLocalApp: Sendable {
         self.mapping = mapping
         self.dataset = dataset
         self.seed = seed
+        parameterCount = built.parameterNames.count
     }
 
     /// The model with the server's arrays loaded.

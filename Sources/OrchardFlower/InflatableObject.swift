@@ -60,6 +60,9 @@ struct InflatableObject {
 public enum FlowerObjects {
     /// The largest array chunk flwr 1.41 writes (5 MiB, its `FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE`).
     public static let maximumChunkSize = 5_242_880
+    /// The largest array a node assembles from its chunks (2 GiB): chunks are stored once and may be listed many
+    /// times, so the array's size is counted before it is joined, not only the bytes fetched.
+    public static let maximumArrayBytes = 2 << 30
 
     /// The id of an object: the lowercase hex SHA-256 of its bytes.
     public static func objectID(of bytes: [UInt8]) -> String {

@@ -9,16 +9,21 @@ extension FlowerObjects {
     /// - Parameters:
     ///   - messageID: The message's id (its `Message` object's id).
     ///   - objects: The message's objects by id, the `Message` object included (extra objects are ignored).
+    ///   - maximumArrayBytes: The largest array joined from its chunks (chunks may be listed more than once).
     /// - Throws: ``FlowerError`` `missing_object`, `object_id_mismatch`, `invalid_object`, `unsupported_dtype`,
     ///   `unsupported_encoding`, `invalid_npy` or `shape_mismatch`, with the id of the object concerned.
-    public static func inflate(messageID: String, objects: [String: [UInt8]]) throws(FlowerError) -> FlowerMessage {
-        try Inflater(objects: objects).message(messageID)
+    public static func inflate(messageID: String, objects: [String: [UInt8]], maximumArrayBytes: Int = maximumArrayBytes) throws(FlowerError)
+        -> FlowerMessage
+    {
+        try Inflater(objects: objects, maximumArrayBytes: maximumArrayBytes).message(messageID)
     }
 }
 
 /// Reads a message's objects top down.
 private struct Inflater {
     let objects: [String: [UInt8]]
+    /// The largest array it joins from chunks.
+    let maximumArrayBytes: Int
 
     /// Object `id`, checked to be of one of the classes `expected`; `parent` refers to it.
     func load(_ id: String, _ expected: [ObjectClass], parent: InflatableObject? = nil) throws(FlowerError) -> InflatableObject {
@@ -145,7 +150,16 @@ private struct Inflater {
                 .unsupportedDtype, "the Array's dtype '\(dtypeName.prefix(40))' is not one of \(NumPyDType.allCases.map(\.rawValue).joined(separator: ", "))")
         }
         let chunks = try children(of: object, [.arrayChunk]) { chunk throws(FlowerError) in try leafBody(chunk) }
+        var size = 0
+        for index in indices {
+            size += chunks[object.children[index]]!.count
+            guard size <= maximumArrayBytes else {
+                throw FlowerError(
+                    .invalidObject, "the Array's \(indices.count) chunk references add up to more than \(maximumArrayBytes) bytes", objectID: object.id)
+            }
+        }
         var npy: [UInt8] = []
+        npy.reserveCapacity(size)
         for index in indices { npy += chunks[object.children[index]]! }
         let array = try NPY.decode(npy)
         guard array.dtype == dtype else {

@@ -203,6 +203,33 @@ struct ObjectSet {
         }
     }
 
+    /// A chunk stored once may be listed many times (flwr stores equal chunks once), but the array the list makes is
+    /// counted before it is joined: a short list of repeats cannot make the node assemble gigabytes.
+    @Test func anArrayWhoseChunkListAddsUpPastTheLimitIsRefusedBeforeItIsJoined() throws {
+        var set = try objects()
+        let id = try #require(set.ids(of: "Array").first)
+        let bytes = set.objects[id]!
+        let header = String(decoding: bytes[..<bytes.firstIndex(of: 0)!], as: UTF8.self).split(separator: " ")
+        let chunkID = try #require(header[1].split(separator: ",").first.map(String.init))
+        let chunk = set.objects[chunkID]!
+        let chunkSize = chunk.count - (chunk.firstIndex(of: 0)! + 1)
+        // The node's limit is 2 GiB; here it is three chunks' worth, and the list names the chunk four times.
+        let limit = 3 * chunkSize
+        let body = String(decoding: bytes[(bytes.firstIndex(of: 0)! + 1)...], as: UTF8.self)
+        let edited = body.replacing(/"arraychunk_ids": \[[0-9, ]*\]/, with: "\"arraychunk_ids\": [0, 0, 0, 0]")
+        #expect(edited != body)
+        let newID = set.editBody(id) { $0 = Array(edited.utf8) }
+        do throws(FlowerError) {
+            _ = try FlowerObjects.inflate(messageID: set.root, objects: set.objects, maximumArrayBytes: limit)
+            Issue.record("an array listing its chunk past the limit was joined")
+        } catch {
+            #expect(error.code == .invalidObject && error.objectID == newID && error.message.contains("add up to more than"), "\(error)")
+        }
+        // Within the limit the same list is joined (and then refused for its shape, as before).
+        #expect(set.error()?.code == .shapeMismatch)
+        #expect(FlowerObjects.maximumArrayBytes == 2 << 30)
+    }
+
     @Test func aMessageBodyMustBeItsProtobufWithoutItsOwnId() throws {
         var garbage = try objects()
         garbage.editBody(garbage.root) { $0 = [0xFF, 0xFF, 0xFF] }
