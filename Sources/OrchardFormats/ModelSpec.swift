@@ -57,7 +57,7 @@ public struct ModelSpec: Sendable, Hashable, Codable {
         return try encoder.encode(self)
     }
 
-    /// Decodes and validates a spec from JSON.
+    /// Decodes and validates a spec from JSON: its structure, the size limits and its layers' shapes.
     ///
     /// A syntax error is named by its line and column (`model JSON: line 3, column 11: expected a value, found
     /// 'small' (strings take double quotes)`); other errors by the key or layer at fault.
@@ -73,7 +73,9 @@ public struct ModelSpec: Sendable, Hashable, Codable {
         } catch {
             throw FormatError(.invalidSpec, "model JSON: \(error)")
         }
-        try spec.validate()
+        // The structure, the size limits and the shapes: a model read from a file is built by layers that multiply
+        // its sizes, so they are bounded here.
+        _ = try spec.layerShapes()
         return spec
     }
 

@@ -121,7 +121,8 @@ public struct Model: Sendable {
 
     /// Builds a model from its architecture JSON, initialising parameters from `seed`.
     public init(spec: ModelSpec, seed: UInt64 = 0) throws(EngineError) {
-        do { try spec.validate() } catch { throw EngineError(.invalidModel, error.message) }
+        // Structure, size limits and every shape's element count, before any layer multiplies sizes it was given.
+        do { _ = try spec.layerShapes() } catch { throw EngineError(.invalidModel, error.message) }
         var layers: [any Layer] = []
         for l in spec.layers {
             layers.append(try Self.layer(from: l))

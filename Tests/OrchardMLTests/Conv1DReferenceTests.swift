@@ -83,7 +83,7 @@ import Testing
         #expect(try decoded.parameters().first { $0.name == "conv.weight" }?.shape == [4, 3, 3])
         // Windows given as pairs, explicit padding and a 3-D input are refused with the field named.
         for (mutate, fragment) in [
-            ({ (s: inout ModelSpec) in s.layers[0].kernelSize = [3, 3] }, "one positive integer"),
+            ({ (s: inout ModelSpec) in s.layers[0].kernelSize = [3, 3] }, "one integer"),
             ({ (s: inout ModelSpec) in s.layers[0].padding = .explicit(height: 0, width: 1) }, "valid or same"),
             ({ (s: inout ModelSpec) in s.inputs[0].shape = [3, 9, 1] }, "[C, L]"),
         ] {
