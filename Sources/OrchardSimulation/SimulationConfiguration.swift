@@ -334,8 +334,24 @@ public struct SimulationConfiguration: Sendable {
         return configuration
     }
 
+    /// The most devices one simulation holds (each costs a few bytes until it takes part).
+    public static let maximumClients = 100_000_000
+
     /// Reports that close a round.
-    public var goal: Int { max(1, Int((fraction * Double(clients) - 1e-9).rounded(.up))) }
+    public var goal: Int {
+        // Defined for any fraction and device count (``validate()`` names the bad ones): NaN or out of (0, 1] is 1.
+        guard fraction > 0 && fraction <= 1, clients > 0 else { return 1 }
+        let reports = (fraction * Double(clients) - 1e-9).rounded(.up)
+        return reports < Double(clients) ? max(1, Int(reports)) : clients
+    }
+
+    /// Devices admitted to a round: the goal with the over-selection (the goal itself for an unusable over-selection,
+    /// which ``validate()`` names).
+    public var capacity: Int {
+        guard overSelection >= 1 && overSelection <= WireLimits.maximumOverSelection else { return goal }
+        let admitted = (Double(goal) * overSelection).rounded(.up)
+        return admitted < Double(Int.max / 2) ? Int(admitted) : Int.max / 2
+    }
 
     /// The client config of the process the simulator hosts: what the coordinator sends its devices, which they
     /// resolve over the architecture's training section like any device.
@@ -348,9 +364,11 @@ public struct SimulationConfiguration: Sendable {
     /// Throws an error whose message starts with the first invalid or inconsistent field's property name.
     public func validate() throws(SimulationError) {
         func fail(_ message: String) -> SimulationError { SimulationError(.invalidOption, message) }
-        if clients < 1 { throw fail("clients must be at least 1, not \(clients)") }
+        if !(1...Self.maximumClients).contains(clients) { throw fail("clients must be in 1...\(Self.maximumClients), not \(clients)") }
         if !(fraction > 0 && fraction <= 1) { throw fail("fraction must be in (0, 1], not \(fraction)") }
-        if !(overSelection >= 1) || !overSelection.isFinite { throw fail("overSelection must be at least 1, not \(overSelection)") }
+        if !(overSelection >= 1 && overSelection <= WireLimits.maximumOverSelection) {
+            throw fail("overSelection must be in 1...\(WireLimits.maximumOverSelection), not \(overSelection)")
+        }
         if localEpochs < 1 { throw fail("localEpochs must be at least 1, not \(localEpochs)") }
         if !(proximalMu >= 0) || !proximalMu.isFinite { throw fail("proximalMu must be a non-negative number, not \(proximalMu)") }
         if batchSize < 1 { throw fail("batchSize must be at least 1, not \(batchSize)") }
@@ -361,8 +379,10 @@ public struct SimulationConfiguration: Sendable {
         if rounds < 1 { throw fail("rounds must be at least 1, not \(rounds)") }
         if evaluateEvery < 1 { throw fail("evaluateEvery must be at least 1, not \(evaluateEvery)") }
         if !(0...1 ~= dropout) { throw fail("dropout must be a probability in [0, 1], not \(dropout)") }
-        if !(windowSeconds > 0) || !windowSeconds.isFinite { throw fail("windowSeconds must be a positive number, not \(windowSeconds)") }
-        if !(cycleSeconds > 0) || !cycleSeconds.isFinite { throw fail("cycleSeconds must be a positive number, not \(cycleSeconds)") }
+        // At most a year (the protocol's longest duration): a device's window becomes a `Duration` and a count of updates.
+        let year = WireLimits.maximumSeconds
+        if !(windowSeconds > 0 && windowSeconds <= year) { throw fail("windowSeconds must be a positive number of seconds up to \(Int(year)), not \(windowSeconds)") }
+        if !(cycleSeconds > 0 && cycleSeconds <= year) { throw fail("cycleSeconds must be a positive number of seconds up to \(Int(year)), not \(cycleSeconds)") }
         if !(secondsPerUpdate > 0) || !secondsPerUpdate.isFinite { throw fail("secondsPerUpdate must be a positive number, not \(secondsPerUpdate)") }
         if let privacy, secureAggregation != nil, privacy.mode == .central {
             throw fail("privacy.mode central cannot be used with secureAggregation: the coordinator never sees an update; use distributed or local")
@@ -370,7 +390,7 @@ public struct SimulationConfiguration: Sendable {
         if let privacy, secureAggregation == nil, privacy.mode == .distributed {
             throw fail("privacy.mode distributed needs secureAggregation")
         }
-        if let privacy, let failure = privacy.validationFailure(goalCount: goal, capacity: Int((Double(goal) * overSelection).rounded(.up))) {
+        if let privacy, let failure = privacy.validationFailure(goalCount: goal, capacity: capacity) {
             throw fail("privacy: " + failure.replacingOccurrences(of: "server_config.privacy.", with: ""))
         }
         if let attack {

@@ -199,7 +199,8 @@ public enum SimulationRunner {
             configuration.dataset.description == configuration.model.description
             ? configuration.dataset.description : "\(configuration.dataset), \(configuration.model)"
         var title = "Orchard fleet simulation — \(scenario)"
-        if outcome.rounds.count < configuration.rounds {
+        // Stopped by the user (Ctrl-C); a run that reached `virtual_hours` first ended as it was asked to.
+        if outcome.rounds.count < configuration.rounds, stop?.isRequested == true {
             summary.plannedRounds = configuration.rounds
             title += " (stopped after \(outcome.rounds.count) of \(configuration.rounds) rounds)"
         }

@@ -360,8 +360,10 @@ struct SimulateCommand: AsyncParsableCommand {
         if aggregation == .buffered {
             let defaults = BufferedAggregationConfig()
             let size = bufferSize ?? c.goal
+            // The default concurrency is four buffers, within the protocol's limit (a huge --buffer-size is refused by it).
+            let concurrency = size.multipliedReportingOverflow(by: 4)
             c.buffered = BufferedAggregationConfig(
-                bufferSize: size, maxConcurrency: maxConcurrency ?? 4 * size, stalenessExponent: stalenessExponent ?? defaults.stalenessExponent,
+                bufferSize: size, maxConcurrency: maxConcurrency ?? (concurrency.overflow ? Int.max : min(concurrency.partialValue, BufferedAggregationConfig.maximumConcurrency)), stalenessExponent: stalenessExponent ?? defaults.stalenessExponent,
                 maxStaleness: maxStaleness ?? defaults.maxStaleness)
         } else if let stray = [
             ("--buffer-size", bufferSize != nil), ("--max-concurrency", maxConcurrency != nil), ("--max-staleness", maxStaleness != nil),
@@ -380,7 +382,7 @@ struct SimulateCommand: AsyncParsableCommand {
         }
         c.privacy = try privacy(clients: c.clients)
         c.secureAggregation = try secure(goal: c.goal, windowSeconds: coordinator == nil ? c.windowSeconds : c.cycleSeconds)
-        if let privacy = c.privacy, var failure = privacy.validationFailure(goalCount: c.goal, capacity: Int((Double(c.goal) * c.overSelection).rounded(.up))) {
+        if let privacy = c.privacy, var failure = privacy.validationFailure(goalCount: c.goal, capacity: c.capacity) {
             for (field, flag) in Self.privacyFlags { failure = failure.replacingOccurrences(of: field, with: flag) }
             throw SimulationError(.invalidOption, failure)
         }
@@ -539,7 +541,12 @@ struct SimulateCommand: AsyncParsableCommand {
             }
         }
         if let concurrency { external.concurrency = concurrency }
-        if let hostTimeout { external.hostTimeout = try positiveSeconds(hostTimeout, option: "--host-timeout") }
+        if let hostTimeout {
+            guard hostTimeout <= WireLimits.maximumSeconds else {
+                throw ValidationError("--host-timeout must be at most \(Int(WireLimits.maximumSeconds)) seconds, not \(hostTimeout)")
+            }
+            external.hostTimeout = try positiveSeconds(hostTimeout, option: "--host-timeout")
+        }
         external.processName = process
         return external
     }

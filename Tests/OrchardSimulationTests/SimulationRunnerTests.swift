@@ -107,6 +107,8 @@ import Testing
         c.virtualHours = (result.rounds[1].virtualEnd + 1) / 3600
         let short = try await SimulationRunner.run(c, progress: Self.quiet, clock: ManualClock())
         #expect(short.rounds.count == 3)
+        // Ending at its virtual hours is how the run was asked to end, not an interruption (only Ctrl-C sets this).
+        #expect(short.summary.plannedRounds == nil)
         // Out-of-range settings are refused before anything runs.
         for broken in [
             { (c: inout SimulationConfiguration) in c.windowInterval = 0 }, { $0.windowInterval = 90_000 }, { $0.virtualHours = -1 },

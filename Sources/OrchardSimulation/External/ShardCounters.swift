@@ -66,4 +66,14 @@ struct CountingTransport: ClientTransport {
     func secureAggregation(_ request: SecureAggregationRequest, session: String) async throws(OrchardClientError) -> SecureAggregationReply {
         try await inner.secureAggregation(request, session: session)
     }
+
+    // Every call a device makes goes through: one this wrapper did not forward would reach the protocol's default,
+    // which refuses it (federated evaluation's results were dropped that way).
+    func report(byteCount: Int, body: () throws(OrchardClientError) -> [UInt8], session: String) async throws(OrchardClientError) -> ReportResponse {
+        try await inner.report(byteCount: byteCount, body: body, session: session)
+    }
+
+    func evaluationReport(_ report: EvaluationReport, session: String) async throws(OrchardClientError) -> EvaluationReportResponse {
+        try await inner.evaluationReport(report, session: session)
+    }
 }
