@@ -64,17 +64,19 @@ public struct CoreMLImporter: Sendable {
             inputShapes[feature.name] = shape
             inputRanks[feature.name] = rank
         }
-        let shapes =
+        // What each layer read (by position: a blob name an in-place layer writes again has another shape afterwards).
+        var read: [[[Int]]] = []
+        _ =
             exact
-            ? try CoreMLShapes.exactBlobShapes(inputs: inputShapes, ranks: inputRanks, layers: network.layers, lenient: false)
-            : try CoreMLShapes.blobShapes(inputs: inputShapes, layers: network.layers, lenient: false)
+            ? try CoreMLShapes.exactBlobShapes(inputs: inputShapes, ranks: inputRanks, layers: network.layers, lenient: false, read: &read)
+            : try CoreMLShapes.blobShapes(inputs: inputShapes, layers: network.layers, lenient: false, read: &read)
 
         var names = Names(taken: Set(inputs.map(\.name)))
         var blobToName: [String: String] = Dictionary(uniqueKeysWithValues: inputs.map { ($0.name, $0.name) })
         var layers: [LayerSpec] = []
         var weights: [TensorRecord] = []
         var categorical = Set<String>()
-        for layer in network.layers {
+        for (position, layer) in network.layers.enumerated() {
             guard layer.output.count == 1 else {
                 throw CoreMLError(.unsupportedLayer, "\(layer.typeName) layer has \(layer.output.count) outputs; Orchard layers have one", layer: layer.name)
             }
@@ -85,7 +87,7 @@ public struct CoreMLImporter: Sendable {
                 }
                 sources.append(source)
             }
-            let inputShapes = layer.input.map { shapes[$0] ?? [] }
+            let inputShapes = read[position]
             if case .activation(let a) = layer.layer, case .linear(let linear) = a.nonlinearityType {
                 guard linear.alpha == 1, linear.beta == 0 else {
                     throw CoreMLError(

@@ -43,10 +43,17 @@ enum CoreMLShapes {
         case .concat(let p):
             guard !p.sequenceConcat else { throw fail("sequence concatenation is not supported") }
             guard inputs.count >= 1 else { throw fail("concat has no inputs") }
-            if inputs.allSatisfy({ $0.count == 1 }) { return [inputs.map { $0[0] }.reduce(0, +)] }
+            guard inputs.allSatisfy({ $0.count == 1 || $0.count == 3 }) else { throw fail("concat reads [C] or [C, H, W] inputs, not \(inputs)") }
+            // The channels add up within the largest size read (a sum of large sizes would overflow).
+            var channels = 0
+            for input in inputs {
+                channels += input[0]
+                guard channels <= maximumSize else { throw fail("concat of \(inputs) has more than \(maximumSize) channels") }
+            }
+            if inputs.allSatisfy({ $0.count == 1 }) { return [channels] }
             let spatial = inputs.map { $0.count == 3 ? Array($0[1...]) : [1, 1] }
             guard Set(spatial).count == 1 else { throw fail("concat inputs differ in height or width: \(inputs)") }
-            return [inputs.map { $0[0] }.reduce(0, +)] + spatial[0]
+            return [channels] + spatial[0]
         case .convolution(let p):
             let input = try single()
             guard input.count == 3 else { throw fail("convolution needs a [C, H, W] input, not \(input)") }
@@ -105,9 +112,21 @@ enum CoreMLShapes {
     /// Shapes of every blob, from the model inputs through each layer in order.
     /// - Parameter lenient: when true, layers whose shape cannot be computed are skipped (for inspection).
     static func blobShapes(inputs: [String: [Int]], layers: [ProtoLayer], lenient: Bool) throws(CoreMLError) -> [String: [Int]] {
+        var read: [[[Int]]] = []
+        return try blobShapes(inputs: inputs, layers: layers, lenient: lenient, read: &read)
+    }
+
+    /// ``blobShapes(inputs:layers:lenient:)``, also giving each layer's input shapes as that layer read them: a later
+    /// layer may write a blob name again (an in-place layer), so the final shape of a name is not what an earlier
+    /// layer read under it.
+    static func blobShapes(inputs: [String: [Int]], layers: [ProtoLayer], lenient: Bool, read: inout [[[Int]]]) throws(CoreMLError)
+        -> [String: [Int]]
+    {
         var shapes = inputs
+        read = []
         for layer in layers {
             let known = layer.input.compactMap { shapes[$0] }
+            read.append(known.count == layer.input.count ? known : [])
             guard known.count == layer.input.count else {
                 if lenient { continue }
                 let missing = layer.input.first { shapes[$0] == nil } ?? ""
@@ -145,6 +164,14 @@ enum CoreMLShapes {
     /// and 4; a layer's output keeps its input's rank).
     /// - Parameter ranks: each input's declared rank (1, 2 or 4).
     static func exactBlobShapes(inputs: [String: [Int]], ranks: [String: Int], layers: [ProtoLayer], lenient: Bool) throws(CoreMLError) -> [String: [Int]] {
+        var read: [[[Int]]] = []
+        return try exactBlobShapes(inputs: inputs, ranks: ranks, layers: layers, lenient: lenient, read: &read)
+    }
+
+    /// ``exactBlobShapes(inputs:ranks:layers:lenient:)`` with each layer's input shapes as it read them.
+    static func exactBlobShapes(
+        inputs: [String: [Int]], ranks: [String: Int], layers: [ProtoLayer], lenient: Bool, read: inout [[[Int]]]
+    ) throws(CoreMLError) -> [String: [Int]] {
         var ranks = ranks
         for layer in layers {
             let known = layer.input.compactMap { ranks[$0] }
@@ -172,7 +199,7 @@ enum CoreMLShapes {
             }
             for name in layer.output { ranks[name] = rank }
         }
-        return try blobShapes(inputs: inputs, layers: layers, lenient: lenient)
+        return try blobShapes(inputs: inputs, layers: layers, lenient: lenient, read: &read)
     }
 
     /// The number of windows that fit when `span` is the input length (with padding) minus the window length.

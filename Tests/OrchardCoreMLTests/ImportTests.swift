@@ -74,6 +74,52 @@ import Testing
         throw CoreMLError(.invalidModel, "the import did not fail")
     }
 
+    /// A network of `layers` over input `x` of `input`, with output `output`.
+    private func network(_ layers: [ProtoLayer], input: [Int64], output: String) -> CoreML_Specification_Model {
+        var model = self.model(with: layers[0], input: input)
+        model.description_p.output[0].name = output
+        model.neuralNetwork.layers = layers
+        return model
+    }
+
+    /// A layer that writes a blob name again (in place) does not change what an earlier layer read under that name: the
+    /// pooling below reads x as [3, 4, 4] though x is [3] by the end (reading the final shape indexed past it).
+    @Test func aBlobWrittenAgainKeepsTheShapeEarlierLayersRead() throws {
+        var pool = makeLayer("pool", reads: "x", writes: "p")
+        var pooling = CoreML_Specification_PoolingLayerParams()
+        pooling.type = .max
+        pooling.globalPooling = true
+        pool.pooling = pooling
+        var flatten = makeLayer("flat", reads: "p", writes: "x")
+        flatten.flatten = CoreML_Specification_FlattenLayerParams()
+        var model = network([pool, flatten], input: [3, 4, 4], output: "x")
+        model.specificationVersion = 1  // rank-5 mapping: x is [C, H, W]
+        let imported = try CoreMLImporter().importModel(from: try model.serializedBytes())
+        #expect(imported.spec.layers.map(\.type) == [.maxPool2d, .flatten], "\(imported.spec.layers)")
+    }
+
+    /// Sizes that add up past what a shape can hold are refused, on import and on inspection (they overflowed, or an
+    /// empty input shape was indexed).
+    @Test func aConcatPastTheLargestSizeOrOfAnEmptyShapeIsRefused() throws {
+        var flatten = makeLayer("flat", reads: "x", writes: "f")
+        flatten.flatten = CoreML_Specification_FlattenLayerParams()
+        var concat = ProtoLayer()
+        concat.name = "cat"
+        concat.input = ["f", "f"]
+        concat.output = ["c"]
+        concat.concat = CoreML_Specification_ConcatLayerParams()
+        let huge = network([flatten, concat], input: [2_147_483_648, 2_147_483_648, 1], output: "c")
+        let error = try importError(huge)
+        #expect(error.code == .invalidModel && error.message.contains("channels"), "\(error)")
+        _ = try CoreMLModelSummary(bytes: huge.serializedBytes())
+
+        var direct = concat
+        direct.input = ["x", "x"]
+        let empty = network([direct], input: [], output: "c")
+        _ = try? CoreMLModelSummary(bytes: empty.serializedBytes())
+        #expect(throws: CoreMLError.self) { try CoreMLImporter().importModel(from: try empty.serializedBytes()) }
+    }
+
     @Test func unsupportedLayerIsNamedWithItsCoreMLType() throws {
         // A batch-normalization layer (field 160), which the schema subset does not model, written as raw bytes.
         let layer = makeLayer("norm", reads: "x", writes: "y")
