@@ -271,7 +271,8 @@ final class PartialModelSink: DownloadSink {
     func begin(_ head: DownloadHead) throws(OrchardClientError) {
         let total = head.totalLength ?? Self.largestModel
         guard total <= Self.largestModel, head.start >= 0, head.start <= total else {
-            throw OrchardClientError(.serverError, "the model download announces \(total) bytes from byte \(head.start); the most a device takes is \(Self.largestModel)")
+            throw OrchardClientError(
+                .serverError, "the model download announces \(total) bytes from byte \(head.start); the most a device takes is \(Self.largestModel)")
         }
         let opened = try store.beginPartial(head, modelID: modelID)
         handle.withLock { $0 = opened }

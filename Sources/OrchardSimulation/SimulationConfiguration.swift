@@ -381,8 +381,12 @@ public struct SimulationConfiguration: Sendable {
         if !(0...1 ~= dropout) { throw fail("dropout must be a probability in [0, 1], not \(dropout)") }
         // At most a year (the protocol's longest duration): a device's window becomes a `Duration` and a count of updates.
         let year = WireLimits.maximumSeconds
-        if !(windowSeconds > 0 && windowSeconds <= year) { throw fail("windowSeconds must be a positive number of seconds up to \(Int(year)), not \(windowSeconds)") }
-        if !(cycleSeconds > 0 && cycleSeconds <= year) { throw fail("cycleSeconds must be a positive number of seconds up to \(Int(year)), not \(cycleSeconds)") }
+        if !(windowSeconds > 0 && windowSeconds <= year) {
+            throw fail("windowSeconds must be a positive number of seconds up to \(Int(year)), not \(windowSeconds)")
+        }
+        if !(cycleSeconds > 0 && cycleSeconds <= year) {
+            throw fail("cycleSeconds must be a positive number of seconds up to \(Int(year)), not \(cycleSeconds)")
+        }
         if !(secondsPerUpdate > 0) || !secondsPerUpdate.isFinite { throw fail("secondsPerUpdate must be a positive number, not \(secondsPerUpdate)") }
         if let privacy, secureAggregation != nil, privacy.mode == .central {
             throw fail("privacy.mode central cannot be used with secureAggregation: the coordinator never sees an update; use distributed or local")

@@ -363,7 +363,10 @@ struct SimulateCommand: AsyncParsableCommand {
             // The default concurrency is four buffers, within the protocol's limit (a huge --buffer-size is refused by it).
             let concurrency = size.multipliedReportingOverflow(by: 4)
             c.buffered = BufferedAggregationConfig(
-                bufferSize: size, maxConcurrency: maxConcurrency ?? (concurrency.overflow ? Int.max : min(concurrency.partialValue, BufferedAggregationConfig.maximumConcurrency)), stalenessExponent: stalenessExponent ?? defaults.stalenessExponent,
+                bufferSize: size,
+                maxConcurrency: maxConcurrency
+                    ?? (concurrency.overflow ? Int.max : min(concurrency.partialValue, BufferedAggregationConfig.maximumConcurrency)),
+                stalenessExponent: stalenessExponent ?? defaults.stalenessExponent,
                 maxStaleness: maxStaleness ?? defaults.maxStaleness)
         } else if let stray = [
             ("--buffer-size", bufferSize != nil), ("--max-concurrency", maxConcurrency != nil), ("--max-staleness", maxStaleness != nil),

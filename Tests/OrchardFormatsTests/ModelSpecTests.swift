@@ -123,9 +123,11 @@ import Testing
     /// A model file with sizes past the limits is refused when it is read, not when a layer multiplies them (a flatten
     /// of [2³², 2³²] trapped in the engine before); so is one whose shapes are too large though each size is in range.
     @Test func sizesPastTheLimitsAreRefusedWhenTheFileIsRead() throws {
-        let huge = #"{"format_version":2,"name":"m","inputs":[{"name":"x","shape":[4294967296,4294967296],"categorical":false}],"layers":[{"name":"f","type":"flatten","inputs":["x"]}],"output":"f"}"#
+        let huge =
+            #"{"format_version":2,"name":"m","inputs":[{"name":"x","shape":[4294967296,4294967296],"categorical":false}],"layers":[{"name":"f","type":"flatten","inputs":["x"]}],"output":"f"}"#
         #expect(throws: FormatError.self) { try ModelSpec.decode(json: Data(huge.utf8)) }
-        let wide = #"{"format_version":2,"name":"m","inputs":[{"name":"x","shape":[16777216,16777216,16777216],"categorical":false}],"layers":[{"name":"f","type":"flatten","inputs":["x"]}],"output":"f"}"#
+        let wide =
+            #"{"format_version":2,"name":"m","inputs":[{"name":"x","shape":[16777216,16777216,16777216],"categorical":false}],"layers":[{"name":"f","type":"flatten","inputs":["x"]}],"output":"f"}"#
         do {
             _ = try ModelSpec.decode(json: Data(wide.utf8))
             Issue.record("a model of 2^72 elements a sample was read")

@@ -518,7 +518,8 @@ public final class SQLiteStore: CoordinatorStore {
                 let key = "\(processID)/\(cycle)"
                 if let known = cycleOpen[key] { return known }
                 let open =
-                    try String.fetchOne(db.cachedStatement(sql: "SELECT status FROM cycles WHERE process_id = ? AND number = ?"), arguments: [processID, cycle])
+                    try String.fetchOne(
+                        db.cachedStatement(sql: "SELECT status FROM cycles WHERE process_id = ? AND number = ?"), arguments: [processID, cycle])
                     == "open"
                 cycleOpen[key] = open
                 return open
