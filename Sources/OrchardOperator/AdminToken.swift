@@ -66,43 +66,72 @@ public enum AdminTokenSource {
 
     /// The token (nil when none was given) and the warnings to log about how it was given.
     public static func resolve(file: String?, environment: String?, argument: String?) throws(AdminTokenError) -> (token: String?, warnings: [String]) {
-        let given = [file.map { _ in "--admin-token-file" }, environment.map { _ in environmentVariable }, argument.map { _ in "--admin-token" }].compactMap {
-            $0
-        }
+        try SecretSource(what: "admin token", fileOption: "--admin-token-file", environmentVariable: environmentVariable, argumentOption: "--admin-token")
+            .resolve(file: file, environment: environment, argument: argument)
+    }
+}
+
+/// Where `orchard client` and `orchard agent` take the device's JWT from: `--token-file`, `ORCHARD_DEVICE_TOKEN`, or
+/// (deprecated: visible to every local user in `ps` for as long as the agent runs) `--token`.
+public enum DeviceTokenSource {
+    /// The environment variable holding the token.
+    public static let environmentVariable = "ORCHARD_DEVICE_TOKEN"
+
+    /// The token (nil when none was given: open mode) and the warnings to print about how it was given.
+    public static func resolve(file: String?, environment: String?, argument: String?) throws(AdminTokenError) -> (token: String?, warnings: [String]) {
+        try SecretSource(what: "device token", fileOption: "--token-file", environmentVariable: environmentVariable, argumentOption: "--token")
+            .resolve(file: file, environment: environment, argument: argument)
+    }
+}
+
+/// A secret given one way out of three: a file (warned about when other users can read it), an environment
+/// variable, or a deprecated command-line option; surrounding whitespace is ignored, and an empty secret or one
+/// holding spaces or control characters is refused. The secret itself is never shown.
+struct SecretSource {
+    var what: String
+    var fileOption: String
+    var environmentVariable: String
+    var argumentOption: String
+
+    func resolve(file: String?, environment: String?, argument: String?) throws(AdminTokenError) -> (token: String?, warnings: [String]) {
+        let given = [file.map { _ in fileOption }, environment.map { _ in environmentVariable }, argument.map { _ in argumentOption }].compactMap { $0 }
         guard given.count <= 1 else {
-            throw AdminTokenError(.conflictingSources, "the admin token is given \(given.count) ways (\(given.joined(separator: ", "))); give it one way")
+            throw AdminTokenError(.conflictingSources, "the \(what) is given \(given.count) ways (\(given.joined(separator: ", "))); give it one way")
         }
         if let file {
             let text = try read(file)
-            let warnings = isPrivate(file) ? [] : ["--admin-token-file '\(file)' can be read by other users; restrict it (chmod 600)"]
-            return (try checked(text, source: "--admin-token-file '\(file)'"), warnings)
+            let warnings = Self.isPrivate(file) ? [] : ["\(fileOption) '\(file)' can be read by other users; restrict it (chmod 600)"]
+            return (try checked(text, source: "\(fileOption) '\(file)'"), warnings)
         }
         if let environment {
             return (try checked(environment, source: environmentVariable), [])
         }
         if let argument {
             let warning =
-                "--admin-token is deprecated and will be removed: a token on the command line can be read by every local user (ps, /proc); use --admin-token-file or \(environmentVariable)"
-            return (try checked(argument, source: "--admin-token"), [warning])
+                "\(argumentOption) is deprecated and will be removed: \(withArticle) on the command line can be read by every local user (ps, /proc); use \(fileOption) or \(environmentVariable)"
+            return (try checked(argument, source: argumentOption), [warning])
         }
         return (nil, [])
     }
 
-    private static func read(_ path: String) throws(AdminTokenError) -> String {
+    /// "an admin token", "a device token".
+    private var withArticle: String { ("aeiou".contains(what.first ?? "x") ? "an " : "a ") + what }
+
+    private func read(_ path: String) throws(AdminTokenError) -> String {
         let data: Data
         do throws(FileAccessError) { data = try LocalFile.read(path) } catch {
-            throw AdminTokenError(.unreadableFile, "--admin-token-file '\(path)': \(error.message)")
+            throw AdminTokenError(.unreadableFile, "\(fileOption) '\(path)': \(error.message)")
         }
-        guard let text = String(data: data, encoding: .utf8) else { throw AdminTokenError(.unreadableFile, "--admin-token-file '\(path)': not UTF-8 text") }
+        guard let text = String(data: data, encoding: .utf8) else { throw AdminTokenError(.unreadableFile, "\(fileOption) '\(path)': not UTF-8 text") }
         return text
     }
 
-    private static func checked(_ text: String, source: String) throws(AdminTokenError) -> String {
+    private func checked(_ text: String, source: String) throws(AdminTokenError) -> String {
         let token = text.trimmingCharacters(in: .whitespacesAndNewlines)
-        guard !token.isEmpty else { throw AdminTokenError(.emptyToken, "\(source) holds an empty admin token") }
+        guard !token.isEmpty else { throw AdminTokenError(.emptyToken, "\(source) holds an empty \(what)") }
         guard token.unicodeScalars.allSatisfy({ $0.value > 0x20 && $0.value != 0x7F }) else {
             throw AdminTokenError(
-                .malformedToken, "\(source) holds an admin token with spaces or control characters inside; no Authorization header can carry it")
+                .malformedToken, "\(source) holds \(withArticle) with spaces or control characters inside; no Authorization header can carry it")
         }
         return token
     }

@@ -6,6 +6,7 @@ import OrchardSupport
 import OrchardClient
 import OrchardData
 import OrchardML
+import OrchardOperator
 import OrchardScheduler
 
 /// `orchard client`: runs one device's cycle against a coordinator.
@@ -109,7 +110,12 @@ struct DeviceOptions: ParsableArguments {
         return FileManager.default.currentDirectoryPath + "/.orchard-device"
     }
 
-    @Option(help: "The device's JWT (omit for coordinators in open mode).")
+    @Option(
+        help: ArgumentHelp(
+            "A file holding the device's JWT (omit for coordinators in open mode); or set ORCHARD_DEVICE_TOKEN.", valueName: "file"))
+    var tokenFile: String?
+
+    @Option(help: ArgumentHelp("Deprecated: the device's JWT on the command line, where every local user can read it; use --token-file.", visibility: .hidden))
     var token: String?
 
     @Option(parsing: .unconditional, help: "The seed of local training.")
@@ -139,9 +145,17 @@ struct DeviceOptions: ParsableArguments {
                 throw ValidationError(namingOption(error.message, ["CA certificate file": "--ca-cert"]))
             }
         }
+        let resolved: (token: String?, warnings: [String])
+        do throws(AdminTokenError) {
+            resolved = try DeviceTokenSource.resolve(
+                file: tokenFile, environment: ProcessInfo.processInfo.environment[DeviceTokenSource.environmentVariable], argument: token)
+        } catch {
+            throw ValidationError(error.message)
+        }
+        for warning in resolved.warnings { logger.warning("\(warning)") }
         let client: CoordinatorConnection
         do throws(OrchardClientError) {
-            client = try CoordinatorConnection(url: server, authToken: token, configuration: configuration)
+            client = try CoordinatorConnection(url: server, authToken: resolved.token, configuration: configuration)
         } catch {
             throw ValidationError(namingOption(error.message, ["CA certificate file": "--ca-cert"]))
         }

@@ -184,6 +184,15 @@ let usageError: Int32 = 64
             ["client", "--server", "https://127.0.0.1:1", "--process", "m", "--version", "1", "--data", "d", "--ca-cert", "/nonexistent/ca.pem"],
             "'/nonexistent/ca.pem': no such file"
         ),
+        // The device's JWT comes from a file or ORCHARD_DEVICE_TOKEN, one way only.
+        (
+            ["client", "--server", "http://127.0.0.1:1", "--process", "m", "--version", "1", "--data", "d", "--token-file", "/nonexistent/device.jwt"],
+            "--token-file '/nonexistent/device.jwt'"
+        ),
+        (
+            ["client", "--server", "http://127.0.0.1:1", "--process", "m", "--version", "1", "--data", "d", "--token-file", "/x", "--token", "y"],
+            "the device token is given 2 ways (--token-file, --token)"
+        ),
     ])
     func libraryErrorsAreShownWithTheOptionThatSetsTheField(_ arguments: [String], _ message: String) async throws {
         let run = try await Run.orchard(arguments)
