@@ -304,6 +304,17 @@ import Testing
         #expect(evaluation.metrics["custom"] == 4)
     }
 
+    /// Sample counts as large as an operator's `maximum_sample_count` may allow add up without overflowing (the sum
+    /// trapped inside the store's finalize transaction, again on every restart).
+    @Test func sampleCountsNearIntMaxSaturate() {
+        var generator = SplitMix64(seed: 3)
+        let evaluation = FederatedEvaluationAggregate.combine(
+            [Self.result("a", 5_000_000_000_000_000_000, ["loss": 1]), Self.result("b", 5_000_000_000_000_000_000, ["loss": 3])],
+            checkpoint: 3, loss: .meanSquaredError, noise: nil, epsilon: nil, at: 1, using: &generator)
+        #expect(evaluation.samples == Int.max)
+        #expect(evaluation.metrics["loss"] == 2)
+    }
+
     @Test func noisedSumsClampCapAndReleaseNoDeviceCount() {
         let noise = EvaluationNoise(noiseMultiplier: 1e-9, maximumSamples: 10, lossBound: 2)
         var generator = SplitMix64(seed: 2)
@@ -378,6 +389,9 @@ import Testing
         #expect(!offered6, "a worker that sent its result gets no second task")
         let offered7 = tasks.offer(worker: "f", now: 11, config: config, draw: 0.1)
         #expect(offered7, "expired tasks free their places")
+        // A worker whose own task expired (it went away) may take a new one: its stale entry does not refuse it.
+        let offeredAgain = tasks.offer(worker: "b", now: 12, config: config, draw: 0.1)
+        #expect(offeredAgain, "a worker's expired task does not keep it out")
         tasks.stored(worker: "f", count: 4)
         let offered8 = tasks.offer(worker: "g", now: 12, config: config, draw: 0.1)
         #expect(!offered8, "the goal is met")

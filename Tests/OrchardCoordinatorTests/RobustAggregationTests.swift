@@ -51,6 +51,9 @@ import Testing
         // ⌊0.29 × 100⌋ = 29 although 0.29 × 100 is 28.999… in floating point: values 0…99, 29 cut from each end.
         let hundred = try Self.matrix((0..<100).map { ("w\($0)", 1, [Float($0)]) })
         Self.expectClose(try RobustAggregationConfig.trimmedMean(trim: 0.29).aggregate(hundred).delta, [49.5])
+        // A trim just under ½ with an even n would cut n/2 from each end, leaving nothing (0/0): at most (n − 1)/2 go.
+        let four = try Self.matrix([("a", 1, [1]), ("b", 1, [2]), ("c", 1, [3]), ("d", 1, [10])])
+        Self.expectClose(try RobustAggregationConfig.trimmedMean(trim: 0.4999999999).aggregate(four).delta, [2.5])
         // More than 64 reports take the general sort: the median of 0…99 is 49.5, of 0…100 (reversed) 50.
         Self.expectClose(try RobustAggregationConfig.median.aggregate(hundred).delta, [49.5])
         Self.expectClose(try RobustAggregationConfig.median.aggregate(try Self.matrix((0...100).reversed().map { ("w\($0)", 1, [Float($0)]) })).delta, [50])

@@ -126,7 +126,8 @@ extension RobustAggregationConfig {
         switch rule {
         case .median, .trimmedMean:
             // ⌊β·n⌋, exact for products that floating point lands a hair below a whole number (0.29 × 100).
-            let cut = rule == .median ? 0 : Int((Double(n) * (trim ?? 0) + 1e-9).rounded(.down))
+            // At most (n − 1)/2 from each end, so at least one value stays (a trim just under ½ rounded up to n/2).
+            let cut = rule == .median ? 0 : min(Int((Double(n) * (trim ?? 0) + 1e-9).rounded(.down)), (n - 1) / 2)
             var column = [Float](repeating: 0, count: n)
             var start = 0
             while start < d {

@@ -44,8 +44,9 @@ struct EvaluationTasks: Sendable {
     /// none for it. Records the task when it does.
     mutating func offer(worker: String, now: Double, config: FederatedEvaluationConfig, draw: Double) -> Bool {
         guard config.evaluates(checkpoint: checkpoint), !finalized, received < config.goal else { return false }
-        guard outstanding[worker] == nil, !reported.contains(worker) else { return false }
+        // Expired tasks go first: a worker whose own task expired (it went away) may take a new one.
         outstanding = outstanding.filter { $0.value > now }
+        guard outstanding[worker] == nil, !reported.contains(worker) else { return false }
         guard received + outstanding.count < config.capacity, draw < config.fraction else { return false }
         outstanding[worker] = now + config.reportWithin
         return true
@@ -142,7 +143,9 @@ enum FederatedEvaluationAggregate {
         var totals: [String: (sum: Double, weight: Double)] = [:]
         var samples = 0
         for result in results {
-            samples += result.samples
+            // Saturating: each count is at most `maximum_sample_count`, which an operator may set near Int.max.
+            let (sum, overflow) = samples.addingReportingOverflow(result.samples)
+            samples = overflow ? Int.max : sum
             let weight = Double(result.samples)
             for (name, value) in result.metrics where value.isFinite {
                 let old = totals[name] ?? (0, 0)
