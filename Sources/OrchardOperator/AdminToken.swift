@@ -13,9 +13,10 @@ public enum AdminToken {
     /// - Parameters:
     ///   - file: `--admin-token-file`, if given.
     ///   - environment: The value of ``environmentVariable``, if set.
+    ///   - warn: Told what `orchard serve` would log about the source: a token file other users can read.
     /// - Throws: ``OperatorError`` (`unauthorized`) when neither or both are given, the file cannot be read, or the
     ///   token is empty or malformed.
-    public static func resolve(file: String?, environment: String?) throws(OperatorError) -> String {
+    public static func resolve(file: String?, environment: String?, warn: (String) -> Void = { _ in }) throws(OperatorError) -> String {
         let resolved: (token: String?, warnings: [String])
         do {
             resolved = try AdminTokenSource.resolve(file: file, environment: environment, argument: nil)
@@ -25,6 +26,7 @@ public enum AdminToken {
         guard let token = resolved.token else {
             throw OperatorError(.unauthorized, "no admin token: set \(environmentVariable) or give --admin-token-file FILE")
         }
+        for warning in resolved.warnings { warn(warning) }
         return token
     }
 }

@@ -10,9 +10,12 @@ extension Duration {
         components.attoseconds == 0 ? String(components.seconds) : String(inSeconds)
     }
 
-    /// The duration as whole nanoseconds (truncated toward zero).
+    /// The duration as whole nanoseconds (truncated toward zero; saturating at ±292 years, which Int64 holds).
     public var inNanoseconds: Int64 {
         let (seconds, attoseconds) = components
-        return seconds * 1_000_000_000 + attoseconds / 1_000_000_000
+        let (whole, overflow) = seconds.multipliedReportingOverflow(by: 1_000_000_000)
+        guard !overflow else { return seconds < 0 ? .min : .max }
+        let (sum, carry) = whole.addingReportingOverflow(attoseconds / 1_000_000_000)
+        return carry ? (seconds < 0 ? .min : .max) : sum
     }
 }

@@ -93,8 +93,9 @@ struct AgentCommand: AsyncParsableCommand {
         }
         guard window > 0 else { throw ValidationError("--window must be positive") }
         guard interval > 0 else { throw ValidationError("--interval must be positive") }
-        guard pollInterval > 0, pollInterval.isFinite else { throw ValidationError("--poll-interval must be a positive number of seconds") }
-        guard shutdownGrace >= 0, shutdownGrace.isFinite else { throw ValidationError("--shutdown-grace must be a non-negative number of seconds") }
+        // A poll under 10 ms would spin (0.0001 truncated to 0 ms); over a day, or a grace over an hour, is no daemon setting.
+        guard pollInterval >= 0.01, pollInterval <= 86_400 else { throw ValidationError("--poll-interval must be in 0.01...86400 seconds") }
+        guard shutdownGrace >= 0, shutdownGrace <= 3600 else { throw ValidationError("--shutdown-grace must be in 0...3600 seconds") }
         for (option, path) in [("--sysfs-root", sysfsRoot), ("--procfs-root", procfsRoot)] {
             var isDirectory: ObjCBool = false
             guard FileManager.default.fileExists(atPath: path, isDirectory: &isDirectory), isDirectory.boolValue else {
@@ -142,7 +143,7 @@ struct AgentCommand: AsyncParsableCommand {
         let scheduler = try BackgroundScheduler(
             configuration: SchedulerConfiguration(
                 permittedIdentifiers: [identifier], processingBudget: .seconds(window),
-                overrunGrace: .milliseconds(Int64(shutdownGrace * 1000)), idlePollInterval: .milliseconds(Int64(pollInterval * 1000))
+                overrunGrace: .seconds(shutdownGrace), idlePollInterval: .seconds(pollInterval)
             ),
             conditions: conditions, store: store, logger: logger
         )
@@ -203,7 +204,7 @@ struct AgentCommand: AsyncParsableCommand {
         let scheduler = try BackgroundScheduler(
             configuration: SchedulerConfiguration(
                 permittedIdentifiers: [identifier], processingBudget: .seconds(window),
-                overrunGrace: .milliseconds(Int64(shutdownGrace * 1000)), idlePollInterval: .milliseconds(Int64(pollInterval * 1000))
+                overrunGrace: .seconds(shutdownGrace), idlePollInterval: .seconds(pollInterval)
             ),
             conditions: conditions, store: store, logger: logger
         )

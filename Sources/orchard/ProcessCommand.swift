@@ -46,7 +46,9 @@ struct CoordinatorOptions: ParsableArguments {
 
     /// The admin client, with the token from the environment or the file.
     func client() throws(OperatorError) -> AdminClient {
-        let token = try AdminToken.resolve(file: adminTokenFile, environment: ProcessInfo.processInfo.environment[AdminToken.environmentVariable])
+        let token = try AdminToken.resolve(file: adminTokenFile, environment: ProcessInfo.processInfo.environment[AdminToken.environmentVariable]) {
+            FileHandle.standardError.write(Data("warning: \($0)\n".utf8))
+        }
         guard timeout > 0, timeout.isFinite else {
             throw OperatorError(.invalidArgument, "--timeout must be a positive number of seconds, not \(timeout)")
         }

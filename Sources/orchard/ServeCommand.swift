@@ -111,8 +111,8 @@ struct Serve: AsyncParsableCommand {
         guard maxReportBytes > 0, foldInterval > 0 else { throw ValidationError("--max-report-bytes and --fold-interval must be positive") }
         guard maxUploadsInFlight > 0 else { throw ValidationError("--max-uploads-in-flight must be positive") }
         guard (1...3600).contains(uploadRetryAfter) else { throw ValidationError("--upload-retry-after must be in 1...3600 seconds") }
-        guard connectionIdleTimeout > 0, connectionIdleTimeout.isFinite else {
-            throw ValidationError("--connection-idle-timeout must be a positive number of seconds")
+        guard connectionIdleTimeout > 0, connectionIdleTimeout <= 86_400 else {
+            throw ValidationError("--connection-idle-timeout must be a positive number of seconds up to 86400 (a day)")
         }
         switch (tlsCert, tlsKey) {
         case (nil, .some): throw ValidationError("--tls-key needs --tls-cert: give both to serve HTTPS, or neither for HTTP")

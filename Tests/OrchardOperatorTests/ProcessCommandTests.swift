@@ -205,5 +205,14 @@ import Testing
         #expect(none?.description == "unauthorized: no admin token: set ORCHARD_ADMIN_TOKEN or give --admin-token-file FILE")
         let spaced = #expect(throws: OperatorError.self) { try AdminToken.resolve(file: nil, environment: "a b") }
         #expect(spaced?.code == .unauthorized)
+        // A token file other users can read is warned about, as `orchard serve` does; a private one is not.
+        try FileManager.default.setAttributes([.posixPermissions: 0o644], ofItemAtPath: file)
+        var warnings: [String] = []
+        _ = try AdminToken.resolve(file: file, environment: nil) { warnings.append($0) }
+        #expect(warnings.count == 1 && warnings[0].contains("chmod 600") && !warnings[0].contains("secret"), "\(warnings)")
+        try FileManager.default.setAttributes([.posixPermissions: 0o600], ofItemAtPath: file)
+        warnings = []
+        _ = try AdminToken.resolve(file: file, environment: nil) { warnings.append($0) }
+        #expect(warnings.isEmpty)
     }
 }

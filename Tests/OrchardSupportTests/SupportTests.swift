@@ -31,6 +31,10 @@ import Testing
         #expect(Duration.nanoseconds(-250_000_000).inSeconds == -0.25)
         #expect(Duration.seconds(3).inNanoseconds == 3_000_000_000)
         #expect((Duration.seconds(1) + .nanoseconds(7)).inNanoseconds == 1_000_000_007)
+        // Beyond what Int64 nanoseconds hold (about 292 years) the value saturates instead of trapping.
+        #expect(Duration.seconds(1e10).inNanoseconds == .max)
+        #expect(Duration.seconds(-1e10).inNanoseconds == .min)
+        #expect(Duration.seconds(9_223_372_036).inNanoseconds == 9_223_372_036_000_000_000)
     }
 }
 
