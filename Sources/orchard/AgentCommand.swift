@@ -77,7 +77,10 @@ struct AgentCommand: AsyncParsableCommand {
 
     func validate() throws {
         if let superlink = flower.flowerSuperlink {
-            for (option, value) in [("--server", device.server), ("--process", device.process), ("--version", device.version), ("--token", device.token), ("--token-file", device.tokenFile)]
+            for (option, value) in [
+                ("--server", device.server), ("--process", device.process), ("--version", device.version), ("--token", device.token),
+                ("--token-file", device.tokenFile),
+            ]
             where value != nil {
                 throw ValidationError("\(option) is for an Orchard coordinator; with --flower-superlink \(superlink) the SuperLink sends the work")
             }

@@ -177,9 +177,18 @@ let usageError: Int32 = 64
         (["simulate", "--coordinator", "https://127.0.0.1:1", "--ca-cert", "/nonexistent/ca.pem"], "'/nonexistent/ca.pem': no such file"),
         (["serve", "--open-auth-burst", "0"], "--open-auth-burst must be at least 1"),
         (["serve", "--connection-idle-timeout", "1e10"], "--connection-idle-timeout must be a positive number of seconds up to 86400"),
-        (["agent", "--server", "http://127.0.0.1:1", "--process", "m", "--version", "1", "--data", "d", "--poll-interval", "0.0001"], "--poll-interval must be in 0.01...86400"),
-        (["agent", "--server", "http://127.0.0.1:1", "--process", "m", "--version", "1", "--data", "d", "--poll-interval", "1e16"], "--poll-interval must be in 0.01...86400"),
-        (["agent", "--server", "http://127.0.0.1:1", "--process", "m", "--version", "1", "--data", "d", "--shutdown-grace", "1e16"], "--shutdown-grace must be in 0...3600"),
+        (
+            ["agent", "--server", "http://127.0.0.1:1", "--process", "m", "--version", "1", "--data", "d", "--poll-interval", "0.0001"],
+            "--poll-interval must be in 0.01...86400"
+        ),
+        (
+            ["agent", "--server", "http://127.0.0.1:1", "--process", "m", "--version", "1", "--data", "d", "--poll-interval", "1e16"],
+            "--poll-interval must be in 0.01...86400"
+        ),
+        (
+            ["agent", "--server", "http://127.0.0.1:1", "--process", "m", "--version", "1", "--data", "d", "--shutdown-grace", "1e16"],
+            "--shutdown-grace must be in 0...3600"
+        ),
         (["serve", "--open-auth-per-second=-1"], "--open-auth-per-second must be a non-negative number"),
         (["serve", "--max-open-workers=-1"], "--max-open-workers must be non-negative"),
         (["serve", "--speed-test-interval", "nan"], "--speed-test-interval must be a non-negative number of seconds"),

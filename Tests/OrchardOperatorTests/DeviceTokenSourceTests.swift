@@ -33,7 +33,9 @@ import Testing
 
     @Test func twoSourcesOrAnUnusableTokenAreRefusedWithoutShowingIt() throws {
         let path = try file("secret-value", mode: 0o600)
-        for (file, environment, argument) in [(path, "secret-value", nil), (nil, "secret-value", "secret-value"), (path, nil, "secret-value")] as [(String?, String?, String?)] {
+        for (file, environment, argument) in [(path, "secret-value", nil), (nil, "secret-value", "secret-value"), (path, nil, "secret-value")]
+            as [(String?, String?, String?)]
+        {
             do {
                 _ = try DeviceTokenSource.resolve(file: file, environment: environment, argument: argument)
                 Issue.record("a token given two ways was taken")
