@@ -118,6 +118,8 @@ import Testing
         let model = try files.write("model.json", SmallModel.json())
         let weights = try files.write("weights.safetensors", bytes: SmallModel.weights(hidden: 5))
         let wrongToken = try files.write("token", "wrong\n")
+        // Private, as a token file should be (one other users can read adds a warning line before the error).
+        try FileManager.default.setAttributes([.posixPermissions: 0o600], ofItemAtPath: wrongToken)
         let server = ["--server", coordinator.url]
 
         let refused = try await Run.orchard(["process", "list", "--admin-token-file", wrongToken] + server, in: files.url)
