@@ -50,6 +50,26 @@ import Testing
 
     static func regressor(loss: Double, mae: Double) -> [String: Double] { ["loss": loss, "rmse": loss.squareRoot(), "mae": mae] }
 
+    /// Under evaluation noise the release sums fixed metrics (`loss` and, for this regressor, `mae`): a result without
+    /// one is refused, not counted as 0 at full weight.
+    @Test func underNoiseAResultWithoutAReleasedMetricIsRefused() async throws {
+        let harness = try await Harness.start()
+        try await harness.stopping {
+            var request = Self.host(
+                evaluation: FederatedEvaluationConfig(goal: 2, noise: EvaluationNoise(noiseMultiplier: 1, maximumSamples: 10, lossBound: 2)))
+            request.serverConfig.privacy = PrivacyConfig(mode: .central, clippingNorm: 1, noiseMultiplier: 1, population: 1000)
+            let hosted = try await harness.host(request)
+            #expect(hosted.serverConfig.evaluation?.noise != nil)
+            let device = try await harness.device(name: "evaluated")
+            let task = try await Self.task(in: harness, device)
+            let lossOnly = try await Self.send(harness, device, key: task.requestKey, samples: 4, metrics: ["loss": 1])
+            #expect(lossOnly.status == 400 && lossOnly.errorCode == "invalid_request", "\(String(decoding: lossOnly.body, as: UTF8.self))")
+            #expect((try? lossOnly.decode(ErrorBody.self))?.error.message.contains("'mae'") == true)
+            let complete = try await Self.send(harness, device, key: task.requestKey, samples: 4, metrics: Self.regressor(loss: 1, mae: 0.5))
+            #expect(complete.status == 200, "\(String(decoding: complete.body, as: UTF8.self))")
+        }
+    }
+
     @Test func resultsAggregateToTheSampleWeightedMeanOncePerCheckpointAndStayInTheHistory() async throws {
         let harness = try await Harness.start()
         try await harness.stopping {

@@ -85,6 +85,14 @@ extension Coordinator {
         guard report.samples <= maximum else {
             throw CoordinatorError(.invalidSampleCount, "samples \(report.samples) is not in 1...\(maximum)")
         }
+        // Noised sums release fixed metrics: a result without one would count as 0 in it at full weight.
+        if runtime.process.serverConfig.evaluation?.noise != nil {
+            let needed = FederatedEvaluationAggregate.releasedMetrics(loss: runtime.process.model.training?.loss)
+            if let missing = needed.first(where: { report.metrics[$0]?.isFinite != true }) {
+                throw CoordinatorError(
+                    .invalidRequest, "the result has no finite '\(missing)': under evaluation noise every result carries \(needed.joined(separator: " and "))")
+            }
+        }
         let count: Int
         do {
             count = try await store.recordEvaluationResult(

@@ -166,6 +166,9 @@ enum FederatedEvaluationAggregate {
         if metrics["perplexity"] != nil { metrics["perplexity"] = exp(loss) }
     }
 
+    /// The metrics a noised release sums: `loss`, then `accuracy` (cross-entropy) or `mae`.
+    static func releasedMetrics(loss: LossType?) -> [String] { ["loss", loss == .crossEntropy ? "accuracy" : "mae"] }
+
     private static func noised(
         _ results: [StoredEvaluationResult], checkpoint: Int, loss: LossType?, noise: EvaluationNoise, normals: [Double], epsilon: Double?, at date: Double
     ) -> CheckpointEvaluation {
