@@ -15,7 +15,9 @@ public struct DeviceConfiguration: Sendable {
     public var retry: RequestRetryPolicy
     /// Clock, sleep and randomness.
     public var environment: ClientEnvironment
-    /// The seed of local training; each cycle trains with a seed derived from it and the cycle number.
+    /// The seed of local training (each cycle trains with a seed derived from it and the cycle number) and of the
+    /// held-out split of federated evaluation: keep it fixed for a device, since another seed holds out other rows (and
+    /// trains on the ones held out before).
     public var trainingSeed: UInt64
     /// The local trainer used by ``FederatedJob/train(on:constraints:tasks:)``.
     public var trainer: any LocalTrainer
