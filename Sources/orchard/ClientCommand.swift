@@ -118,7 +118,8 @@ struct DeviceOptions: ParsableArguments {
     @Option(help: ArgumentHelp("Deprecated: the device's JWT on the command line, where every local user can read it; use --token-file.", visibility: .hidden))
     var token: String?
 
-    @Option(parsing: .unconditional, help: "The seed of local training and of the held-out split (keep it fixed for a device: another seed holds out other rows).")
+    @Option(
+        parsing: .unconditional, help: "The seed of local training and of the held-out split (keep it fixed for a device: another seed holds out other rows).")
     var seed: UInt64 = 0
 
     @Option(parsing: .unconditional, help: "Seconds an HTTP request may wait to connect and for each piece of data.")
