@@ -69,6 +69,28 @@ struct OpenModeLimitTests {
         }
     }
 
+    /// Wrong admin tokens are counted per address: after ten, the address's attempts are refused unchecked (even the
+    /// right token) until its allowance refills, so the admin token cannot be guessed online (the dashboard's sign-in
+    /// form checks through the same `checkAdmin`).
+    @Test func wrongAdminTokensFromOneAddressAreLimited() async throws {
+        let harness = try await Harness.start()
+        try await harness.stopping {
+            for attempt in 0..<10 {
+                let wrong = try await harness.http.send("GET", Endpoint.processes, token: "guess-\(attempt)")
+                #expect(wrong.status == 401)
+            }
+            let limited = try await harness.http.send("GET", Endpoint.processes, token: "guess-10")
+            #expect(limited.status == 429 && limited.errorCode == "rate_limited")
+            #expect(limited.header("Retry-After") == "10")
+            let right = try await harness.http.send("GET", Endpoint.processes, token: Harness.adminToken)
+            #expect(right.status == 429, "the right token is not checked while the address is out of attempts")
+            harness.clock.advance(bySeconds: 10)
+            #expect(try await harness.http.send("GET", Endpoint.processes, token: Harness.adminToken).status == 200)
+            // A right token never spends the allowance.
+            for _ in 0..<20 { #expect(try await harness.http.send("GET", Endpoint.processes, token: Harness.adminToken).status == 200) }
+        }
+    }
+
     @Test func processesWithDeviceTokensAreNotLimitedPerAddress() async throws {
         let harness = try await Harness.start(configuration: Self.configuration(burst: 1, perSecond: 0.01))
         try await harness.stopping {

@@ -236,6 +236,23 @@ extension Coordinator {
         logger.info("process deleted", metadata: ["process": "\(processID)"])
     }
 
+    /// Whether `token` is the admin token, given by a client at `address`. Wrong tokens are counted per address
+    /// (``adminGuessLimit``): once an address has spent its allowance, its attempts are refused without being checked
+    /// until it refills, so an admin token cannot be guessed online at the speed of the connection.
+    /// - Throws: `rate_limited` with the seconds to wait, for an address out of attempts.
+    public nonisolated func checkAdmin(token: String?, from address: ClientAddress?) throws(CoordinatorError) -> Bool {
+        guard let token, configuration.adminToken != nil else { return false }
+        let key = address ?? ClientAddress("unknown")
+        let now = clock.date
+        if let wait = adminGuesses.withLock({ $0.wait(key, at: now) }) {
+            throw .rateLimited("too many wrong admin tokens from \(key); try again shortly", retryAfter: max(1, wait.rounded(.up)))
+        }
+        if isAdmin(token: token) { return true }
+        _ = adminGuesses.withLock { $0.take(key, at: now) }
+        logger.warning("wrong admin token", metadata: ["address": "\(key)"])
+        return false
+    }
+
     /// Whether an admin bearer token is valid: the SHA-256 digests of both are compared in constant time, so neither
     /// the token's bytes nor its length show in the time an answer takes.
     public nonisolated func isAdmin(token: String?) -> Bool {

@@ -173,6 +173,10 @@ public actor Coordinator {
     var evaluationsCaughtUp: [String: Int] = [:]
     /// Open-mode authentications per client address (nil: unlimited).
     var authenticationLimiter: RateLimiter<ClientAddress>?
+    /// Wrong admin tokens, per client address (``adminGuessLimit``).
+    nonisolated let adminGuesses = Mutex(RateLimiter<ClientAddress>(adminGuessLimit))
+    /// Wrong admin tokens an address may send: ten back to back, then one every ten seconds.
+    public static let adminGuessLimit = RateLimit(burst: 10, perSecond: 0.1)
     /// Speed tests per worker and direction (nil: unlimited).
     var speedTestLimiter: RateLimiter<SpeedTestKey>?
     /// Session tokens are checked outside the actor (every device request carries one).

@@ -69,6 +69,13 @@ struct RateLimiter<Key: Hashable & Sendable>: Sendable {
     /// The buckets currently remembered.
     var count: Int { buckets.count }
 
+    /// The seconds `key` must wait at `now` before a token is there (nil: one is), without taking it.
+    func wait(_ key: Key, at now: Date) -> Double? {
+        guard let bucket = buckets[key] else { return nil }
+        let available = bucket.tokens(at: now, limit)
+        return available >= 1 ? nil : (1 - available) / limit.perSecond
+    }
+
     /// Takes a token for `key` at `now`: nil when allowed, else the seconds to wait.
     mutating func take(_ key: Key, at now: Date) -> Double? {
         if var bucket = buckets[key] {

@@ -11,7 +11,7 @@ extension CoordinatorServer {
     ///   - secureCookie: Whether the session cookie carries `Secure` (served over TLS).
     static func addDashboardRoutes(to router: Router<CoordinatorRequestContext>, coordinator: Coordinator, dashboard: Dashboard?, secureCookie: Bool) {
         router.get(RouterPath(stringLiteral: Endpoint.cycles(":\(Endpoint.Parameter.process)"))) { request, context in
-            try requireAdmin(request, coordinator, dashboard)
+            try requireAdmin(request, from: context.clientAddress, coordinator, dashboard)
             let processID = context.parameters.get(Endpoint.Parameter.process) ?? ""
             return try json(try await coordinator.cycles(processID: processID))  // 404 unknown_process
         }
@@ -23,7 +23,7 @@ extension CoordinatorServer {
             return page(admitted ? DashboardPage.signedIn : DashboardPage.signIn(message: nil), status: .ok)
         }
         router.get(RouterPath(stringLiteral: DashboardPage.chartsPath(":\(Endpoint.Parameter.process)"))) { request, context in
-            try requireAdmin(request, coordinator, dashboard)
+            try requireAdmin(request, from: context.clientAddress, coordinator, dashboard)
             let processID = context.parameters.get(Endpoint.Parameter.process) ?? ""
             let status = try await coordinator.status(processID: processID)  // 404 unknown_process
             // Drawn at the width the page shows them (CSS pixels), within what a phone and a wide screen need.
@@ -41,7 +41,7 @@ extension CoordinatorServer {
             return signedIn(session: session, dashboard: dashboard, secure: secureCookie)
         }
         // The sign-in form: a login token or the admin token itself (in the body, never in a URL).
-        router.post(RouterPath(stringLiteral: Endpoint.dashboardLogin)) { request, _ in
+        router.post(RouterPath(stringLiteral: Endpoint.dashboardLogin)) { request, context in
             var body = try await request.body.collect(upTo: 4096)
             let text = body.readString(length: body.readableBytes) ?? ""
             let token = text.split(separator: "&").lazy.compactMap { pair -> String? in
@@ -52,7 +52,7 @@ extension CoordinatorServer {
             guard let token, !token.isEmpty else {
                 return page(DashboardPage.signIn(message: "Enter the admin token or a login token."), status: .unauthorized)
             }
-            if coordinator.isAdmin(token: token) {
+            if try coordinator.checkAdmin(token: token, from: context.clientAddress) {
                 return signedIn(session: dashboard.startSession(), dashboard: dashboard, secure: secureCookie)
             }
             guard let session = dashboard.redeem(loginToken: token) else {

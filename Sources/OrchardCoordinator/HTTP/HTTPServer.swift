@@ -177,28 +177,28 @@ public enum CoordinatorServer {
         }
 
         // Admin API.
-        router.post(RouterPath(stringLiteral: Endpoint.processes)) { request, _ in
+        router.post(RouterPath(stringLiteral: Endpoint.processes)) { request, context in
             try await offTheEventLoop {
-                try requireAdmin(request, coordinator)
+                try requireAdmin(request, from: context.clientAddress, coordinator)
                 let message = try await decode(HostProcessRequest.self, request, limit: limits.maximumAdminBodyBytes)
                 return try json(await coordinator.host(message), status: .created)
             }
         }
-        router.get(RouterPath(stringLiteral: Endpoint.processes)) { request, _ in
-            try requireAdmin(request, coordinator, dashboard)
+        router.get(RouterPath(stringLiteral: Endpoint.processes)) { request, context in
+            try requireAdmin(request, from: context.clientAddress, coordinator, dashboard)
             return try json(await coordinator.processList())
         }
         router.get(RouterPath(stringLiteral: Endpoint.process(":\(Endpoint.Parameter.process)"))) { request, context in
-            try requireAdmin(request, coordinator, dashboard)
+            try requireAdmin(request, from: context.clientAddress, coordinator, dashboard)
             return try json(await coordinator.status(processID: context.parameters.get(Endpoint.Parameter.process) ?? ""))
         }
         router.delete(RouterPath(stringLiteral: Endpoint.process(":\(Endpoint.Parameter.process)"))) { request, context in
-            try requireAdmin(request, coordinator)
+            try requireAdmin(request, from: context.clientAddress, coordinator)
             try await coordinator.delete(processID: context.parameters.get(Endpoint.Parameter.process) ?? "")
             return Response(status: .noContent)
         }
         router.get(RouterPath(stringLiteral: Endpoint.checkpoint(":\(Endpoint.Parameter.process)", ":\(Endpoint.Parameter.checkpoint)"))) { request, context in
-            try requireAdmin(request, coordinator, dashboard)
+            try requireAdmin(request, from: context.clientAddress, coordinator, dashboard)
             let text = context.parameters.get(Endpoint.Parameter.checkpoint) ?? ""
             let number: Int?
             if text == "latest" {
@@ -217,18 +217,18 @@ public enum CoordinatorServer {
         let evaluationPath = RouterPath(stringLiteral: Endpoint.evaluation(":\(Endpoint.Parameter.process)"))
         router.put(evaluationPath) { request, context in
             try await offTheEventLoop {
-                try requireAdmin(request, coordinator)
+                try requireAdmin(request, from: context.clientAddress, coordinator)
                 let processID = context.parameters.get(Endpoint.Parameter.process) ?? ""
                 let body = try await collect(request, limit: coordinator.configuration.maximumEvaluationDataBytes)
                 return try json(await coordinator.attachEvaluationData(processID: processID, bytes: body))
             }
         }
         router.get(evaluationPath) { request, context in
-            try requireAdmin(request, coordinator, dashboard)
+            try requireAdmin(request, from: context.clientAddress, coordinator, dashboard)
             return try json(await coordinator.evaluations(processID: context.parameters.get(Endpoint.Parameter.process) ?? ""))
         }
         router.delete(evaluationPath) { request, context in
-            try requireAdmin(request, coordinator)
+            try requireAdmin(request, from: context.clientAddress, coordinator)
             try await coordinator.removeEvaluationData(processID: context.parameters.get(Endpoint.Parameter.process) ?? "")
             return Response(status: .noContent)
         }
@@ -353,9 +353,9 @@ public enum CoordinatorServer {
     }
 
     /// Admits the admin token as a bearer header, or (for reading: `GET`) a live dashboard session cookie.
-    static func requireAdmin(_ request: Request, _ coordinator: Coordinator, _ dashboard: Dashboard? = nil) throws {
+    static func requireAdmin(_ request: Request, from address: ClientAddress?, _ coordinator: Coordinator, _ dashboard: Dashboard? = nil) throws {
         guard
-            coordinator.isAdmin(token: bearer(request))
+            try coordinator.checkAdmin(token: bearer(request), from: address)
                 || (request.method == .get && coordinator.configuration.adminToken != nil
                     && dashboard?.isValid(session: request.cookies[Dashboard.cookieName]?.value) == true)
         else {
