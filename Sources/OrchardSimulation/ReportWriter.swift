@@ -9,15 +9,38 @@ public struct ReportWriter: Sendable {
     /// The output directory.
     public let directory: URL
 
-    /// Creates the directory (and its parents) and truncates `metrics.jsonl`.
-    public init(directory: URL) throws(SimulationError) {
+    /// Whether this writer made the directory (it did not exist before).
+    public let createdDirectory: Bool
+
+    /// Creates the directory (and its parents) and, unless `truncating` is false, empties `metrics.jsonl`; a runner that
+    /// prepares its data first passes false and calls ``begin()`` once the run starts, so a run that fails before it
+    /// leaves an earlier run's files as they were.
+    public init(directory: URL, truncating: Bool = true) throws(SimulationError) {
         self.directory = directory
+        createdDirectory = !FileManager.default.fileExists(atPath: directory.path)
         do {
             try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
-            try Data().write(to: metricsURL)
         } catch {
             throw SimulationError(.unwritable, "cannot prepare the output directory \(directory.path): \(FileAccessError(error, writing: true).message)")
         }
+        guard FileManager.default.isWritableFile(atPath: directory.path) else {
+            throw SimulationError(.unwritable, "cannot prepare the output directory \(directory.path): it is not writable")
+        }
+        if truncating { try begin() }
+    }
+
+    /// Empties `metrics.jsonl` for the run that starts now.
+    public func begin() throws(SimulationError) {
+        do {
+            try Data().write(to: metricsURL)
+        } catch {
+            throw SimulationError(.unwritable, "cannot write \(metricsURL.path): \(FileAccessError(error, writing: true).message)")
+        }
+    }
+
+    /// Removes the directory if this writer made it (a run that failed before it began).
+    public func discardIfCreated() {
+        if createdDirectory { try? FileManager.default.removeItem(at: directory) }
     }
 
     /// `DIR/metrics.jsonl`.

@@ -43,8 +43,16 @@ public enum SimulationRunner {
             configuration.output
             ?? FileManager.default.temporaryDirectory
             .appendingPathComponent("orchard-simulation-\(configuration.seed)-\(UUID().uuidString.prefix(8))")
-        let writer = try ReportWriter(directory: directory)
-        let prepared = try prepare(configuration, progress: progress)
+        // The directory is checked first (a bad --output fails at once), its files left alone until the run begins.
+        let writer = try ReportWriter(directory: directory, truncating: false)
+        let prepared: (model: Model, workload: any FleetWorkload, centralRMSE: Double?)
+        do throws(SimulationError) {
+            prepared = try prepare(configuration, progress: progress)
+            try writer.begin()
+        } catch {
+            writer.discardIfCreated()
+            throw error
+        }
         return try await runFleet(
             configuration, model: prepared.model, workload: prepared.workload, centralRMSE: prepared.centralRMSE, writer: writer, progress: progress,
             clock: clock, setupStart: setupStart, stop: stop

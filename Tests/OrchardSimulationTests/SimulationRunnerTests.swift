@@ -45,6 +45,26 @@ import Testing
         #expect(html.contains("<svg ") && html.contains("Test RMSE"))
     }
 
+    /// A run that fails while its data is prepared (here: more devices than the housing rows) leaves an earlier run's
+    /// files in its output directory as they were, and removes a directory it made itself.
+    @Test func aRunThatFailsBeforeItBeginsLeavesTheOutputDirectoryAsItWas() async throws {
+        let earlier = Self.temporaryDirectory()
+        defer { try? FileManager.default.removeItem(at: earlier) }
+        try FileManager.default.createDirectory(at: earlier, withIntermediateDirectories: true)
+        let metrics = earlier.appendingPathComponent("metrics.jsonl")
+        try Data("{\"round\":1}\n".utf8).write(to: metrics)
+        var c = Self.configuration(transport: .memory, directory: earlier)
+        c.clients = 100_000
+        await #expect(throws: SimulationError.self) { try await SimulationRunner.run(c, progress: Self.quiet, clock: ManualClock()) }
+        #expect(try String(contentsOf: metrics, encoding: .utf8) == "{\"round\":1}\n", "the earlier run's metrics were emptied")
+
+        let fresh = Self.temporaryDirectory()
+        defer { try? FileManager.default.removeItem(at: fresh) }
+        c.output = fresh
+        await #expect(throws: SimulationError.self) { try await SimulationRunner.run(c, progress: Self.quiet, clock: ManualClock()) }
+        #expect(!FileManager.default.fileExists(atPath: fresh.path), "the directory the failed run made was left behind")
+    }
+
     @Test func sameSeedGivesIdenticalMetricsInMemory() async throws {
         let a = Self.temporaryDirectory(), b = Self.temporaryDirectory()
         defer {

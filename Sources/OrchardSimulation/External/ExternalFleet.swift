@@ -53,8 +53,15 @@ public enum ExternalFleet {
             configuration.output
             ?? FileManager.default.temporaryDirectory
             .appendingPathComponent("orchard-simulation-\(configuration.seed)-shard-\(shard.index)-of-\(shard.count)-\(UUID().uuidString.prefix(8))")
-        let writer = try ReportWriter(directory: directory)
-        let prepared = try SimulationRunner.prepare(configuration, progress: progress)
+        let writer = try ReportWriter(directory: directory, truncating: false)
+        let prepared: (model: Model, workload: any FleetWorkload, centralRMSE: Double?)
+        do throws(SimulationError) {
+            prepared = try SimulationRunner.prepare(configuration, progress: progress)
+            try writer.begin()
+        } catch {
+            writer.discardIfCreated()
+            throw error
+        }
         let request = try SimulationRunner.hostedProcess(
             configuration, model: prepared.model, workload: prepared.workload, name: options.processName, cycles: configuration.rounds
         )
