@@ -100,12 +100,38 @@ extension Model {
     /// where the largest output is that class; otherwise the squared error per target value. A sequence output
     /// (`[T, classes]`, targets `[T]`) counts per position: a sample's loss is the mean over its positions that are not
     /// padding (``CompiledModel/paddingTarget``), and hits, positions and their summed loss are counted per position.
-    public func lossSums(on data: some Dataset, targets: some Collection<Float>, loss: LossType, batchSize: Int = 1000) throws(EngineError) -> LossSums {
-        let output = try predict(data, batchSize: batchSize).scalars
+    ///
+    /// The outputs are taken a part of the dataset at a time (at most `outputBudget` values, and at least `batchSize`
+    /// samples), so a wide output over a large held-out file does not need gigabytes; the sums are the same.
+    public func lossSums(
+        on data: some Dataset, targets: some Collection<Float>, loss: LossType, batchSize: Int = 1000, outputBudget: Int = lossSumsOutputBudget
+    ) throws(EngineError) -> LossSums {
         let n = data.count
         var sums = LossSums()
         guard n > 0 else { return sums }
         let targets = Array(targets)
+        let perSample = targets.count / n
+        let batch = max(1, batchSize)
+        let part = max(batch, outputBudget / max(1, outputShape.reduce(1, *)))
+        if part >= n {
+            accumulate(try predict(data, batchSize: batch).scalars, targets: targets, samples: n, loss: loss, into: &sums)
+            return sums
+        }
+        var start = 0
+        while start < n {
+            let count = min(part, n - start)
+            let output = try predict(DatasetSlice(data, indices: Array(start..<(start + count))), batchSize: batch).scalars
+            accumulate(output, targets: Array(targets[(start * perSample)..<((start + count) * perSample)]), samples: count, loss: loss, into: &sums)
+            start += count
+        }
+        return sums
+    }
+
+    /// The most output values ``lossSums(on:targets:loss:batchSize:outputBudget:)`` holds at once by default (16 MiB).
+    public static let lossSumsOutputBudget = 1 << 22
+
+    /// Adds `n` samples' losses (their outputs and targets in order) to `sums`.
+    private func accumulate(_ output: [Float], targets: [Float], samples n: Int, loss: LossType, into sums: inout LossSums) {
         if loss == .crossEntropy {
             let classes = outputShape.last ?? 1
             let positions = output.count / n / classes
@@ -137,7 +163,6 @@ extension Model {
                 sums.absolute += Double(abs(p - t))
             }
         }
-        return sums
     }
 
     /// The model's quality on `data` as the extensible set of metrics reports, `orchard evaluate` and the coordinator

@@ -117,4 +117,24 @@ import Testing
         let error = #expect(throws: EngineError.self) { try Trainer(model: try Self.model(), configuration: TrainingConfiguration(proximalMu: mu)) }
         #expect(error?.code == .invalidArgument && error?.message.contains("proximalMu") == true)
     }
+
+    /// A regressor's metrics do not depend on how many samples go through the model at once (the sums are taken batch
+    /// by batch, so memory holds one batch's outputs).
+    @Test func regressionMetricsAreTheSameWhateverTheBatch() throws {
+        let model = try Self.model()
+        var generator = OrchardRandom(seed: 11)
+        let xs = Tensor(shape: [23, 3], scalars: (0..<69).map { _ in generator.nextFloat(symmetric: 1) })
+        let ys = Tensor(shape: [23, 1], scalars: (0..<23).map { _ in generator.nextFloat(symmetric: 1) })
+        let data = try TensorDataset(input: xs, targets: ys)
+        let whole = try model.evaluationMetrics(on: data, loss: .meanSquaredError)
+        #expect(whole.samples == 23 && whole.values["mae"] != nil)
+        // Parts of 5 samples (an output budget of 5 values): the same sums as one pass with the same batch size.
+        let targets = ys.scalars
+        let onePass = try model.lossSums(on: data, targets: targets, loss: .meanSquaredError, batchSize: 5)
+        let inParts = try model.lossSums(on: data, targets: targets, loss: .meanSquaredError, batchSize: 5, outputBudget: 5)
+        #expect(inParts == onePass)
+        // Equal to rounding across batch sizes: a smaller batch may take another matrix kernel.
+        let single = try model.evaluationMetrics(on: data, loss: .meanSquaredError, batchSize: 1)
+        #expect(abs(single.loss - whole.loss) <= 1e-6 * max(whole.loss, 1e-6))
+    }
 }

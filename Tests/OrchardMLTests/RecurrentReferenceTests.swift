@@ -237,6 +237,14 @@ import Testing
         }
         #expect(abs((metrics.values["perplexity"] ?? 0) - exp(stepLoss / 7)) <= 1e-4)
         #expect(metrics.values["accuracy"] == Double(hits) / 7)
+        // In parts of one sample (an output budget of one sample's outputs): the same sums as one pass.
+        let onePass = try model.lossSums(on: data, targets: labels.scalars, loss: .crossEntropy, batchSize: 1)
+        let inParts = try model.lossSums(on: data, targets: labels.scalars, loss: .crossEntropy, batchSize: 1, outputBudget: 1)
+        #expect(inParts == onePass && inParts.positions == 7)
+        let single = try model.evaluationMetrics(on: data, loss: .crossEntropy, batchSize: 1)
+        #expect(single.samples == metrics.samples && abs(single.loss - metrics.loss) <= 1e-6 * metrics.loss)
+        #expect(single.values["accuracy"] == metrics.values["accuracy"])
+        #expect(abs((single.values["perplexity"] ?? 0) - (metrics.values["perplexity"] ?? 0)) <= 1e-5)
         // A label outside the classes (other than the padding marker) is refused, naming both.
         let bad = Tensor(shape: [Self.batch, Self.steps], scalars: [1, 4, 0, 5, 2, 3, -2, 2, -1, -1])
         #expect(throws: EngineError.self) { _ = try plan.computeGradients(inputs: ["x": input], targets: bad) }
