@@ -184,7 +184,7 @@ extension Model {
         return metrics
     }
 
-    /// Mean loss and (classifiers) accuracy of the model over a dataset (``lossSums(on:targets:loss:batchSize:)``).
+    /// Mean loss and (classifiers) accuracy of the model over a dataset (``lossSums(on:targets:loss:batchSize:outputBudget:)``).
     public func evaluate(on data: some Dataset, loss: LossType, batchSize: Int = 1000) throws(EngineError) -> (loss: Double, accuracy: Double?) {
         let sums = try lossSums(on: data, targets: Self.targets(of: data).scalars, loss: loss, batchSize: batchSize)
         return sums.mean(samples: data.count, targetValues: data.count * data.targetSpec.elementCount, loss: loss)

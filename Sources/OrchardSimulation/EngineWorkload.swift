@@ -122,7 +122,7 @@ public struct EngineWorkload<Slice: Dataset, TestSet: Dataset>: FleetWorkload, @
         return values
     }
 
-    /// Loss and hit sums of a model over part of the test set (``OrchardML/Model/lossSums(on:targets:loss:batchSize:)``);
+    /// Loss and hit sums of a model over part of the test set (``OrchardML/Model/lossSums(on:targets:loss:batchSize:outputBudget:)``);
     /// `targets` are that part's targets.
     static func sums(_ model: Model, on data: DatasetSlice<TestSet>, targets: ArraySlice<Float>, loss: LossType) throws(EngineError) -> LossSums {
         try model.lossSums(on: data, targets: targets, loss: loss)
