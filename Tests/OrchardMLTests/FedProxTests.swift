@@ -9,14 +9,19 @@ import Testing
         try Model(name: "prox", inputs: [InputSpec(name: "input", shape: [3])], layers: [Dense(units: 4), Tanh(), Dense(units: 1)], seed: 5)
     }
 
+    /// `count` random samples of three inputs and one target, each in [-1, 1], from `seed`.
+    static func samples(_ count: Int, seed: UInt64) throws -> (xs: Tensor, ys: Tensor, data: TensorDataset) {
+        var generator = OrchardRandom(seed: seed)
+        let xs = Tensor(shape: [count, 3], scalars: (0..<(3 * count)).map { _ in generator.nextFloat(symmetric: 1) })
+        let ys = Tensor(shape: [count, 1], scalars: (0..<count).map { _ in generator.nextFloat(symmetric: 1) })
+        return (xs, ys, try TensorDataset(input: xs, targets: ys))
+    }
+
     /// One full-batch SGD step from weights w₁ ≠ w₀ moves them by −lr·(∇L(w₁) + μ·(w₁ − w₀)), with ∇L taken by finite
     /// differences of the batch-mean loss: the proximal term's gradient, checked through the trainer itself.
     @Test func oneStepFollowsTheProximalObjectivesGradient() throws {
         let anchorModel = try Self.model()
-        var generator = OrchardRandom(seed: 4)
-        let xs = Tensor(shape: [16, 3], scalars: (0..<48).map { _ in generator.nextFloat(symmetric: 1) })
-        let ys = Tensor(shape: [16, 1], scalars: (0..<16).map { _ in generator.nextFloat(symmetric: 1) })
-        let data = try TensorDataset(input: xs, targets: ys)
+        let (xs, ys, data) = try Self.samples(16, seed: 4)
         let (lr, mu) = (0.05, 0.8)
         let trainer = try Trainer(
             model: anchorModel,
@@ -118,14 +123,11 @@ import Testing
         #expect(error?.code == .invalidArgument && error?.message.contains("proximalMu") == true)
     }
 
-    /// A regressor's metrics do not depend on how many samples go through the model at once (the sums are taken batch
-    /// by batch, so memory holds one batch's outputs).
+    /// A regressor's loss sums are the same taken in parts of the dataset (as a wide output is, to bound memory) or in
+    /// one pass.
     @Test func regressionMetricsAreTheSameWhateverTheBatch() throws {
         let model = try Self.model()
-        var generator = OrchardRandom(seed: 11)
-        let xs = Tensor(shape: [23, 3], scalars: (0..<69).map { _ in generator.nextFloat(symmetric: 1) })
-        let ys = Tensor(shape: [23, 1], scalars: (0..<23).map { _ in generator.nextFloat(symmetric: 1) })
-        let data = try TensorDataset(input: xs, targets: ys)
+        let (_, ys, data) = try Self.samples(23, seed: 11)
         let whole = try model.evaluationMetrics(on: data, loss: .meanSquaredError)
         #expect(whole.samples == 23 && whole.values["mae"] != nil)
         // Parts of 5 samples (an output budget of 5 values): the same sums as one pass with the same batch size.

@@ -174,8 +174,8 @@ enum FederatedEvaluationAggregate {
     ) -> CheckpointEvaluation {
         precondition(normals.count == normalsPerRelease, "a noised release takes \(normalsPerRelease) normal draws")
         let cap = Double(noise.maximumSamples)
-        let second = loss == .crossEntropy ? ("accuracy", 1.0) : ("mae", noise.lossBound)
-        let released = [("loss", noise.lossBound), second]
+        // The metrics report time requires (``releasedMetrics(loss:)``), each with its bound: accuracy's is 1.
+        let released = releasedMetrics(loss: loss).map { ($0, $0 == "accuracy" ? 1.0 : noise.lossBound) }
         var weight = 0.0
         var sums = [Double](repeating: 0, count: released.count)
         for result in results {
