@@ -19,20 +19,28 @@ public struct FederatedEvaluationConfig: Sendable, Hashable, Codable {
     public var fraction: Double
     /// Seconds a device has to send its result after being given the task.
     public var reportWithin: Double
+    /// The largest sample count one device's result weighs in the mean, if set (unset: as many as it evaluated, up to
+    /// `server_config.maximum_sample_count`), so that one device claiming many samples cannot set the result alone.
+    /// Under ``noise`` the noise's own ``EvaluationNoise/maximumSamples`` is the cap, and this must be unset or equal.
+    public var maximumSamples: Int?
     /// Noised sums, for processes under differential privacy, if set.
     public var noise: EvaluationNoise?
 
     enum CodingKeys: String, CodingKey, CaseIterable {
         case every, goal, fraction, noise
         case reportWithin = "report_within"
+        case maximumSamples = "maximum_samples"
     }
 
     /// Creates a configuration.
-    public init(every: Int = 1, goal: Int, fraction: Double = 1, reportWithin: Double = 300, noise: EvaluationNoise? = nil) {
+    public init(
+        every: Int = 1, goal: Int, fraction: Double = 1, reportWithin: Double = 300, maximumSamples: Int? = nil, noise: EvaluationNoise? = nil
+    ) {
         self.every = every
         self.goal = goal
         self.fraction = fraction
         self.reportWithin = reportWithin
+        self.maximumSamples = maximumSamples
         self.noise = noise
     }
 
@@ -44,6 +52,7 @@ public struct FederatedEvaluationConfig: Sendable, Hashable, Codable {
         goal = try c.decode(Int.self, forKey: .goal)
         fraction = try c.decodeIfPresent(Double.self, forKey: .fraction) ?? d.fraction
         reportWithin = try c.decodeIfPresent(Double.self, forKey: .reportWithin) ?? d.reportWithin
+        maximumSamples = try c.decodeIfPresent(Int.self, forKey: .maximumSamples)
         noise = try c.decodeIfPresent(EvaluationNoise.self, forKey: .noise)
     }
 
@@ -61,6 +70,13 @@ public struct FederatedEvaluationConfig: Sendable, Hashable, Codable {
         if !(fraction > 0 && fraction <= 1) { return "\(prefix).fraction must be in (0, 1], not \(fraction)" }
         if !(reportWithin > 0 && reportWithin <= WireLimits.maximumSeconds) {
             return "\(prefix).report_within must be a positive number of seconds, at most \(WireLimits.maximumSeconds), not \(reportWithin)"
+        }
+        if let maximumSamples {
+            if maximumSamples < 1 { return "\(prefix).maximum_samples must be at least 1, not \(maximumSamples)" }
+            if let noise, noise.maximumSamples != maximumSamples {
+                return
+                    "\(prefix).maximum_samples (\(maximumSamples)) differs from \(prefix).noise.maximum_samples (\(noise.maximumSamples)): under noise the noise's cap weighs each result; set one, or both alike"
+            }
         }
         if let noise, let failure = noise.validationFailure() { return failure }
         return nil

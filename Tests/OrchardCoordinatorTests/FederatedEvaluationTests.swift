@@ -148,6 +148,23 @@ import Testing
         }
     }
 
+    /// With `maximum_samples` one device that claims a huge held-out split weighs no more than the cap: without it,
+    /// the device claiming 1,000 samples would set the mean (0.999 of the weight) alone.
+    @Test func aCappedResultCannotSetTheMeanAlone() async throws {
+        let harness = try await Harness.start()
+        try await harness.stopping {
+            let hosted = try await harness.host(Self.host(evaluation: FederatedEvaluationConfig(goal: 2, maximumSamples: 10)))
+            let (honest, loud) = (try await harness.device(name: "evaluated"), try await harness.device(name: "evaluated"))
+            let e1 = try await Self.task(in: harness, honest)
+            #expect(try await Self.send(harness, honest, key: e1.requestKey, samples: 10, metrics: Self.regressor(loss: 1, mae: 1)).status == 200)
+            let e2 = try await Self.task(in: harness, loud)
+            #expect(try await Self.send(harness, loud, key: e2.requestKey, samples: 1000, metrics: Self.regressor(loss: 9, mae: 9)).status == 200)
+            let evaluation = try #require(try await harness.status(hosted.processID).federatedEvaluation)
+            // Equal weights: (1 + 9) / 2. The sample count is still the one the devices evaluated.
+            #expect(evaluation.metrics["loss"] == 5 && evaluation.metrics["mae"] == 5 && evaluation.samples == 1010)
+        }
+    }
+
     @Test func everyWayAResultCanBeWrongIsRefused() async throws {
         let harness = try await Harness.start()
         try await harness.stopping {
@@ -280,8 +297,12 @@ import Testing
             #expect(try await refusal(Self.host(evaluation: FederatedEvaluationConfig(every: 0, goal: 2))).contains("every"))
             #expect(try await refusal(Self.host(evaluation: FederatedEvaluationConfig(goal: 0))).contains("goal"))
             #expect(try await refusal(Self.host(evaluation: FederatedEvaluationConfig(goal: 2, fraction: 0))).contains("fraction"))
+            #expect(try await refusal(Self.host(evaluation: FederatedEvaluationConfig(goal: 2, maximumSamples: 0))).contains("maximum_samples"))
             let noisy = FederatedEvaluationConfig(goal: 2, noise: EvaluationNoise(noiseMultiplier: 1, maximumSamples: 10, lossBound: 2))
             #expect(try await refusal(Self.host(evaluation: noisy)).contains("needs server_config.privacy"))
+            var twoCaps = noisy
+            twoCaps.maximumSamples = 20
+            #expect(try await refusal(Self.host(evaluation: twoCaps)).contains("differs from server_config.evaluation.noise.maximum_samples"))
             var secure = Self.host()
             secure.serverConfig.goalCount = 4
             secure.serverConfig.minimumReports = 4
@@ -333,6 +354,24 @@ import Testing
             checkpoint: 3, loss: .meanSquaredError, noise: nil, epsilon: nil, at: 1, using: &generator)
         #expect(evaluation.samples == Int.max)
         #expect(evaluation.metrics["loss"] == 2)
+    }
+
+    @Test func theCapWeighsEachResultAtMostMaximumSamples() throws {
+        var generator = SplitMix64(seed: 4)
+        let results = [Self.result("a", 4, ["loss": 1]), Self.result("b", 50, ["loss": 3]), Self.result("c", 6, ["loss": 2])]
+        let capped = FederatedEvaluationAggregate.combine(
+            results, checkpoint: 3, loss: .meanSquaredError, maximumSamples: 5, noise: nil, epsilon: nil, at: 1, using: &generator)
+        // Weights 4, 5, 5: (4·1 + 5·3 + 5·2) / 14.
+        #expect(abs(capped.metrics["loss"]! - 29.0 / 14) < 1e-12 && capped.samples == 60)
+        let uncapped = FederatedEvaluationAggregate.combine(results, checkpoint: 3, loss: .meanSquaredError, noise: nil, epsilon: nil, at: 1, using: &generator)
+        #expect(abs(uncapped.metrics["loss"]! - 166.0 / 60) < 1e-12)
+        // The key decodes; unset stays unset.
+        let decoded = try JSONDecoder().decode(FederatedEvaluationConfig.self, from: Data(#"{"goal": 3, "maximum_samples": 7}"#.utf8))
+        #expect(decoded.maximumSamples == 7 && decoded.validationFailure() == nil)
+        #expect(try JSONDecoder().decode(FederatedEvaluationConfig.self, from: Data(#"{"goal": 3}"#.utf8)).maximumSamples == nil)
+        // Under noise the two caps may coincide.
+        let same = FederatedEvaluationConfig(goal: 2, maximumSamples: 10, noise: EvaluationNoise(noiseMultiplier: 1, maximumSamples: 10, lossBound: 2))
+        #expect(same.validationFailure() == nil)
     }
 
     @Test func noisedSumsClampCapAndReleaseNoDeviceCount() {

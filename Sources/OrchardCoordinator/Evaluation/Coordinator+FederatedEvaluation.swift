@@ -140,7 +140,8 @@ extension Coordinator {
                     privacy.flatMap { FederatedEvaluationAggregate.epsilon(releases: earlier + 1, noise: noise, config: config, privacy: $0) }
                 }
                 return FederatedEvaluationAggregate.combine(
-                    results, checkpoint: checkpoint, loss: loss, noise: config.noise, normals: normals, epsilon: epsilon, at: date)
+                    results, checkpoint: checkpoint, loss: loss, maximumSamples: config.maximumSamples, noise: config.noise, normals: normals, epsilon: epsilon,
+                    at: date)
             }
             if let current = runtimes[processID], current.evaluationTasks.checkpoint == checkpoint { current.evaluationTasks.finalize() }
             guard let evaluation = recorded, let process = runtimes[processID]?.process else { return }

@@ -113,16 +113,17 @@ extension String {
 /// (`rmse` and `perplexity` derived from the mean loss, as they do not average), or under
 /// ``OrchardProtocol/EvaluationNoise`` the ratio of noised, clamped sums. Pure: the noise source is passed in.
 enum FederatedEvaluationAggregate {
-    /// The standard normal draws one noised release takes (``combine(_:checkpoint:loss:noise:normals:epsilon:at:)``).
+    /// The standard normal draws one noised release takes (``combine(_:checkpoint:loss:maximumSamples:noise:normals:epsilon:at:)``).
     static let normalsPerRelease = EvaluationNoise.releasedSums
 
-    /// ``combine(_:checkpoint:loss:noise:normals:epsilon:at:)`` with the normals drawn from `generator` (when noised).
+    /// ``combine(_:checkpoint:loss:maximumSamples:noise:normals:epsilon:at:)`` with the normals drawn from `generator` (when noised).
     static func combine(
-        _ results: [StoredEvaluationResult], checkpoint: Int, loss: LossType?, noise: EvaluationNoise?, epsilon: Double?, at date: Double,
-        using generator: inout some RandomNumberGenerator
+        _ results: [StoredEvaluationResult], checkpoint: Int, loss: LossType?, maximumSamples: Int? = nil, noise: EvaluationNoise?, epsilon: Double?,
+        at date: Double, using generator: inout some RandomNumberGenerator
     ) -> CheckpointEvaluation {
         let normals = noise == nil ? [] : (0..<normalsPerRelease).map { _ in GaussianNoise.standardNormal(using: &generator) }
-        return combine(results, checkpoint: checkpoint, loss: loss, noise: noise, normals: normals, epsilon: epsilon, at: date)
+        return combine(
+            results, checkpoint: checkpoint, loss: loss, maximumSamples: maximumSamples, noise: noise, normals: normals, epsilon: epsilon, at: date)
     }
 
     /// The federated evaluation of `checkpoint` from its stored results. Metrics that come out non-finite (a mean that
@@ -130,12 +131,14 @@ enum FederatedEvaluationAggregate {
     /// - Parameters:
     ///   - results: The devices' results (at least one).
     ///   - loss: The model's loss (which second metric noised sums release: accuracy or MAE).
+    ///   - maximumSamples: The largest sample count one result weighs in the mean when not noised (nil: its own count).
     ///   - noise: Noised sums, if the process asks for them.
     ///   - normals: ``normalsPerRelease`` standard normal draws, when noised (drawn by the caller, so the aggregate can
     ///     be computed inside the store's transaction).
     ///   - epsilon: The evaluation's ε through this release, when noised.
     static func combine(
-        _ results: [StoredEvaluationResult], checkpoint: Int, loss: LossType?, noise: EvaluationNoise?, normals: [Double], epsilon: Double?, at date: Double
+        _ results: [StoredEvaluationResult], checkpoint: Int, loss: LossType?, maximumSamples: Int? = nil, noise: EvaluationNoise?, normals: [Double],
+        epsilon: Double?, at date: Double
     ) -> CheckpointEvaluation {
         if let noise {
             return noised(results, checkpoint: checkpoint, loss: loss, noise: noise, normals: normals, epsilon: epsilon, at: date)
@@ -146,7 +149,7 @@ enum FederatedEvaluationAggregate {
             // Saturating: each count is at most `maximum_sample_count`, which an operator may set near Int.max.
             let (sum, overflow) = samples.addingReportingOverflow(result.samples)
             samples = overflow ? Int.max : sum
-            let weight = Double(result.samples)
+            let weight = Double(min(result.samples, maximumSamples ?? Int.max))
             for (name, value) in result.metrics where value.isFinite {
                 let old = totals[name] ?? (0, 0)
                 totals[name] = (old.sum + weight * value, old.weight + weight)
