@@ -224,7 +224,11 @@ public enum SimulationRunner {
         seed: UInt64, clock: any WallClock, stop: SimulationStop?, onRound: (RoundMetrics) -> Void
     ) async throws(SimulationError) -> (initial: Evaluation, rounds: [RoundMetrics]) {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("orchard-simulate-\(UUID().uuidString)", isDirectory: true)
-        defer { removeScratch(directory) }
+        stop?.register(scratch: directory)
+        defer {
+            removeScratch(directory)
+            stop?.unregister(scratch: directory)
+        }
         // The coordinator's wall clock follows the simulation's virtual time (the `clock` parameter is real time).
         let coordinatorClock = ManualClock()
         let instance: CoordinatorInstance

@@ -483,21 +483,29 @@ struct SimulateCommand: AsyncParsableCommand {
         let progress = ProgressDisplay.standardError()
         // The fleet allocates and frees a model, a report and a diff of the model's size per participant.
         Allocator.keepLargeBuffersOnHeap()
-        if let coordinator {
-            try await runExternal(configuration, coordinator: coordinator, progress: progress)
-            return
-        }
-        // Ctrl-C (or SIGTERM) stops after the round in progress: the rounds run are reported and the run's scratch
-        // files removed; a second one quits at once.
+        // Ctrl-C (or SIGTERM) stops after the round in progress (against an external coordinator: at once, its devices
+        // stopped): the rounds run are reported and the run's scratch files removed; a second one removes the scratch
+        // files and quits at once.
         let stop = SimulationStop()
         let signals = await UnixSignalsSequence(trapping: .sigint, .sigterm)
+        let external = coordinator != nil
         let watcher = Task {
             for await _ in signals {
-                guard stop.request() else { Foundation.exit(130) }
-                progress.note("interrupted: finishing the round in progress, then writing the report (interrupt again to quit at once)")
+                guard stop.request() else {
+                    stop.removeRegisteredScratch()
+                    Foundation.exit(130)
+                }
+                progress.note(
+                    external
+                        ? "interrupted: stopping this shard's devices, then writing the summary (interrupt again to quit at once)"
+                        : "interrupted: finishing the round in progress, then writing the report (interrupt again to quit at once)")
             }
         }
         defer { watcher.cancel() }
+        if let coordinator {
+            try await runExternal(configuration, coordinator: coordinator, progress: progress, stop: stop)
+            return
+        }
         let result = try await SimulationRunner.run(configuration, progress: progress, clock: SystemClock(), stop: stop)
         print(Self.table(result.summary))
         if let shortfall = result.summary.shortfall { print("note: \(shortfall)") }
@@ -516,15 +524,20 @@ struct SimulateCommand: AsyncParsableCommand {
     ]
 
     /// A shard against `--coordinator`.
-    func runExternal(_ configuration: SimulationConfiguration, coordinator url: String, progress: ProgressDisplay) async throws {
+    func runExternal(_ configuration: SimulationConfiguration, coordinator url: String, progress: ProgressDisplay, stop: SimulationStop) async throws {
         let external = try externalCoordinator(url)
         let result = try await Self.validated { () async throws(SimulationError) in
             try await ExternalFleet.run(
-                configuration, coordinator: external, environment: ProcessInfo.processInfo.environment, progress: progress, clock: SystemClock())
+                configuration, coordinator: external, environment: ProcessInfo.processInfo.environment, progress: progress, clock: SystemClock(),
+                stop: stop)
         }
         print(Self.table(result.summary))
         print("summary: \(result.directory.appendingPathComponent("summary.json").path)")
         print("metrics: \(result.directory.appendingPathComponent("metrics.jsonl").path)")
+        if let planned = result.summary.plannedRounds, stop.isRequested {
+            print("note: stopped with \(result.summary.aggregatedRounds) of \(planned) rounds aggregated")
+            throw ExitCode(130)
+        }
     }
 
     /// The `--coordinator`, `--shard`, `--ca-cert`, `--concurrency`, `--host-timeout` and `--process` settings.

@@ -163,6 +163,63 @@ struct HurriedClock: WallClock {
         #expect(result.summary.settings["coordinator"] == options.urls.joined(separator: ","))
     }
 
+    /// Ctrl-C against an external coordinator: the shard stops its devices, removes its scratch directory and writes
+    /// its summary with the rounds it planned; run again into the same directory it resumes the process and keeps the
+    /// rows the first run wrote.
+    @Test func aStoppedShardWritesItsSummaryRemovesItsScratchAndResumes() async throws {
+        let directory = Self.temporaryDirectory()
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let loopback = try await Self.coordinator()
+        let options = try Self.shard("1/1", of: loopback.server)
+        var configuration = Self.configuration(output: directory)
+        configuration.rounds = 1000
+        /// Runs the shard until `cycles` cycles are aggregated, then asks it to stop; returns its result and its scratch.
+        func runUntil(_ cycles: Int) async throws -> (ShardResult, Set<URL>) {
+            let stop = SimulationStop()
+            let seen = Mutex<Set<URL>>([])
+            let stopper = Task {
+                while !Task.isCancelled {
+                    seen.withLock { $0.formUnion(stop.registeredScratch) }
+                    let done = (try? await loopback.instance.coordinator.processList().processes.first?.cyclesCompleted) ?? 0
+                    if done >= cycles && !seen.withLock({ $0.isEmpty }) { break }
+                    try await Task.sleep(for: .milliseconds(20))
+                }
+                stop.request()
+            }
+            defer { stopper.cancel() }
+            let result = try await ExternalFleet.run(
+                configuration, coordinator: options, environment: Self.environment, progress: Self.quiet, clock: HurriedClock(), stop: stop)
+            return (result, seen.withLock { $0 })
+        }
+        let (first, scratch) = try await runUntil(1)
+        #expect(first.summary.plannedRounds == 1000 && first.summary.aggregatedRounds >= 1 && first.summary.aggregatedRounds < 1000)
+        #expect(scratch.count == 1 && scratch.allSatisfy { !FileManager.default.fileExists(atPath: $0.path) })
+        let summary = try JSONDecoder().decode(ShardSummary.self, from: Data(contentsOf: directory.appendingPathComponent("summary.json")))
+        #expect(summary == first.summary)
+        #expect(String(decoding: try Data(contentsOf: directory.appendingPathComponent("summary.json")), as: UTF8.self).contains("\"planned_rounds\""))
+        let rowsBefore = try String(contentsOf: directory.appendingPathComponent("metrics.jsonl"), encoding: .utf8).split(separator: "\n")
+        #expect(rowsBefore.count == first.rounds.count && !rowsBefore.isEmpty)
+
+        let (second, _) = try await runUntil(first.summary.aggregatedRounds + 1)
+        #expect(!second.summary.hosted && second.summary.processID == first.summary.processID)
+        let rowsAfter = try String(contentsOf: directory.appendingPathComponent("metrics.jsonl"), encoding: .utf8).split(separator: "\n")
+        #expect(Array(rowsAfter.prefix(rowsBefore.count)) == rowsBefore && rowsAfter.count == rowsBefore.count + second.rounds.count)
+        await loopback.stop()
+    }
+
+    @Test func aForcedQuitRemovesTheRegisteredScratch() throws {
+        let stop = SimulationStop()
+        let a = Self.temporaryDirectory(), b = Self.temporaryDirectory()
+        for directory in [a, b] {
+            try FileManager.default.createDirectory(at: directory.appendingPathComponent("device-1"), withIntermediateDirectories: true)
+            stop.register(scratch: directory)
+        }
+        stop.unregister(scratch: b)
+        stop.removeRegisteredScratch()
+        #expect(!FileManager.default.fileExists(atPath: a.path) && FileManager.default.fileExists(atPath: b.path))
+        try FileManager.default.removeItem(at: b)
+    }
+
     @Test func theShardParserTakesIOfN() throws {
         let shard = try FleetShard(parsing: "2/3")
         #expect(shard.index == 2 && shard.count == 3 && shard.description == "2/3")

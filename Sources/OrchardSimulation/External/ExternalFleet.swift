@@ -36,9 +36,11 @@ public enum ExternalFleet {
     ///   - environment: Where ``adminTokenVariable`` is read (the CLI passes the process environment).
     ///   - progress: Where progress goes.
     ///   - clock: Real time: the devices' waits, the polls, the wall-seconds figures (injected; tests shorten it).
+    ///   - stop: Asks the shard to stop before the rounds are aggregated (Ctrl-C): its devices stop, its scratch files
+    ///     are removed, and the summary says how many rounds were planned.
     public static func run(
         _ configuration: SimulationConfiguration, coordinator options: ExternalCoordinator, environment: [String: String],
-        progress: ProgressDisplay, clock: any WallClock
+        progress: ProgressDisplay, clock: any WallClock, stop: SimulationStop? = nil
     ) async throws(SimulationError) -> ShardResult {
         try validate(configuration, options)
         let token = try adminToken(environment)
@@ -55,34 +57,40 @@ public enum ExternalFleet {
             .appendingPathComponent("orchard-simulation-\(configuration.seed)-shard-\(shard.index)-of-\(shard.count)-\(UUID().uuidString.prefix(8))")
         let writer = try ReportWriter(directory: directory, truncating: false)
         let prepared: (model: Model, workload: any FleetWorkload, centralRMSE: Double?)
+        let request: HostProcessRequest
+        let process: ProcessStatus
+        let hosted: Bool
         do throws(SimulationError) {
             prepared = try SimulationRunner.prepare(configuration, progress: progress)
-            try writer.begin()
+            request = try SimulationRunner.hostedProcess(
+                configuration, model: prepared.model, workload: prepared.workload, name: options.processName, cycles: configuration.rounds
+            )
+            if shard.index == 1 {
+                (process, hosted) = try await admin.hostOnce(request)
+                progress.note(
+                    hosted
+                        ? "hosted process \(process.processID) ('\(request.name)' \(request.version)) on \(admin.url)"
+                        : "using the existing process \(process.processID) ('\(request.name)' \(request.version)) on \(admin.url): \(process.cyclesCompleted) cycles aggregated so far"
+                )
+            } else {
+                progress.note("waiting for shard 1 to host '\(request.name)' \(request.version) on \(admin.url)")
+                process = try await admin.waitForProcess(name: request.name, version: request.version, timeout: options.hostTimeout)
+                hosted = false
+                progress.note("found process \(process.processID) on \(admin.url)")
+            }
+            // A run that resumes a process with aggregated cycles (a shard run again after it was killed) keeps the rows
+            // the earlier run wrote; a new process starts the file afresh.
+            if process.cyclesCompleted + process.cyclesAbandoned == 0 || !FileManager.default.fileExists(atPath: writer.metricsURL.path) {
+                try writer.begin()
+            }
         } catch {
             writer.discardIfCreated()
             throw error
         }
-        let request = try SimulationRunner.hostedProcess(
-            configuration, model: prepared.model, workload: prepared.workload, name: options.processName, cycles: configuration.rounds
-        )
-        let process: ProcessStatus
-        let hosted: Bool
-        if shard.index == 1 {
-            (process, hosted) = try await admin.hostOnce(request)
-            progress.note(
-                hosted
-                    ? "hosted process \(process.processID) ('\(request.name)' \(request.version)) on \(admin.url)"
-                    : "using the existing process \(process.processID) ('\(request.name)' \(request.version)) on \(admin.url): \(process.cyclesCompleted) cycles aggregated so far"
-            )
-        } else {
-            progress.note("waiting for shard 1 to host '\(request.name)' \(request.version) on \(admin.url)")
-            process = try await admin.waitForProcess(name: request.name, version: request.version, timeout: options.hostTimeout)
-            hosted = false
-            progress.note("found process \(process.processID) on \(admin.url)")
-        }
+        progress.note("writing metrics.jsonl and summary.json into \(directory.path)")
         let run = ShardRun(
             configuration: configuration, options: options, admin: admin, workload: prepared.workload, processID: process.processID,
-            processName: request.name, writer: writer, progress: progress, clock: clock
+            processName: request.name, writer: writer, progress: progress, clock: clock, stop: stop
         )
         let outcome = try await run.run(from: process)
         let end = outcome.final
@@ -103,7 +111,8 @@ public enum ExternalFleet {
             late: counts.late, failed: counts.failed, rejections: counts.rejections, lastError: counts.lastError,
             initial: outcome.initial, final: evaluations.last ?? outcome.initial,
             bestAccuracy: outcome.rows.compactMap(\.testAccuracy).max(), bestRMSE: outcome.rows.compactMap(\.testRMSE).min(),
-            epsilon: end.privacy?.epsilon
+            epsilon: end.privacy?.epsilon,
+            plannedRounds: end.cyclesCompleted < configuration.rounds && end.state != .completed ? configuration.rounds : nil
         )
         try writer.finish(summary: summary)
         let devices = run.devices.map { ShardDevice(device: $0, workerID: counts.workers[$0], reported: counts.reportsByDevice[$0] ?? 0) }
@@ -158,12 +167,13 @@ struct ShardRun: Sendable {
     let writer: ReportWriter
     let progress: ProgressDisplay
     let clock: any WallClock
+    let stop: SimulationStop?
     let counters = ShardCounters()
     let devices: [Int]
 
     init(
         configuration: SimulationConfiguration, options: ExternalCoordinator, admin: CoordinatorAdmin, workload: any FleetWorkload, processID: String,
-        processName: String, writer: ReportWriter, progress: ProgressDisplay, clock: any WallClock
+        processName: String, writer: ReportWriter, progress: ProgressDisplay, clock: any WallClock, stop: SimulationStop? = nil
     ) {
         self.configuration = configuration
         self.options = options
@@ -174,6 +184,7 @@ struct ShardRun: Sendable {
         self.writer = writer
         self.progress = progress
         self.clock = clock
+        self.stop = stop
         devices = options.shard.devices(of: configuration.clients)
     }
 
@@ -190,7 +201,11 @@ struct ShardRun: Sendable {
     /// Runs the devices until the process has aggregated the rounds, watching it; returns what was observed.
     func run(from process: ProcessStatus) async throws(SimulationError) -> Outcome {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("orchard-shard-\(UUID().uuidString)", isDirectory: true)
-        defer { try? FileManager.default.removeItem(at: directory) }
+        stop?.register(scratch: directory)
+        defer {
+            try? FileManager.default.removeItem(at: directory)
+            stop?.unregister(scratch: directory)
+        }
         // One transport per coordinator instance; each device keeps to its own instance.
         var transports: [String: HTTPTransport] = [:]
         for url in options.urls {
@@ -349,6 +364,8 @@ struct ShardRun: Sendable {
         }
         while last.cyclesCompleted < configuration.rounds && last.state != .completed {
             do { try await clock.sleep(for: options.pollInterval) } catch { throw SimulationError(.coordinator, "stopped") }
+            // Asked to stop (Ctrl-C): the rows so far stand, and the caller writes the summary.
+            if stop?.isRequested == true { break }
             let counts = counters.snapshot()
             if counts.broken.count == devices.count {
                 throw SimulationError(.coordinator, "every device of shard \(options.shard) failed; the last: \(counts.lastError ?? "?")")

@@ -170,9 +170,12 @@ public struct ShardSummary: Sendable, Hashable, Codable {
     public var bestRMSE: Double?
     /// ε spent under differential privacy when the shard stopped, nil without it.
     public var epsilon: Double?
+    /// The rounds asked for, when the shard was stopped (Ctrl-C) before the process aggregated them; nil otherwise.
+    public var plannedRounds: Int? = nil
 
     private enum CodingKeys: String, CodingKey {
         case settings, shard, devices, hosted, rounds, admitted, rejected, reported, dropped, late, failed, rejections, initial, `final`, epsilon
+        case plannedRounds = "planned_rounds"
         case processID = "process_id", aggregatedRounds = "aggregated_rounds", abandonedRounds = "abandoned_rounds"
         case wallSeconds = "wall_seconds", setupSeconds = "setup_seconds", checkIns = "check_ins", lastError = "last_error"
         case bestAccuracy = "best_accuracy", bestRMSE = "best_rmse"
