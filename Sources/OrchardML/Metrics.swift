@@ -101,8 +101,14 @@ extension Model {
     /// (`[T, classes]`, targets `[T]`) counts per position: a sample's loss is the mean over its positions that are not
     /// padding (``CompiledModel/paddingTarget``), and hits, positions and their summed loss are counted per position.
     ///
+    /// A cross-entropy model whose output layer is not a softmax gives logits, as in training: the loss is taken from
+    /// their log-sum-exp.
+    ///
     /// The outputs are taken a part of the dataset at a time (at most `outputBudget` values, and at least `batchSize`
     /// samples), so a wide output over a large held-out file does not need gigabytes; the sums are the same.
+    /// - Throws: `shapeMismatch` when the targets do not fit the loss on this output (one class index per sample or
+    ///   per position, or one value per output value); `invalidArgument` for a class index that is not a whole number in
+    ///   `0..<classes` (or the padding marker, for a sequence), or a regression target that is not finite.
     public func lossSums(
         on data: some Dataset, targets: some Collection<Float>, loss: LossType, batchSize: Int = 1000, outputBudget: Int = lossSumsOutputBudget
     ) throws(EngineError) -> LossSums {
@@ -110,6 +116,7 @@ extension Model {
         var sums = LossSums()
         guard n > 0 else { return sums }
         let targets = Array(targets)
+        try checkTargets(targets, samples: n, loss: loss)
         let perSample = targets.count / n
         let batch = max(1, batchSize)
         let part = max(batch, outputBudget / max(1, outputShape.reduce(1, *)))
@@ -130,11 +137,39 @@ extension Model {
     /// The most output values ``lossSums(on:targets:loss:batchSize:outputBudget:)`` holds at once by default (16 MiB).
     public static let lossSumsOutputBudget = 1 << 22
 
-    /// Adds `n` samples' losses (their outputs and targets in order) to `sums`.
+    /// Checks that `targets` are what `loss` needs on this model's output for `n` samples, as training does.
+    private func checkTargets(_ targets: [Float], samples n: Int, loss: LossType) throws(EngineError) {
+        let classes = outputShape.last ?? 1
+        let perSample = loss == .crossEntropy ? (outputShape.count == 1 ? 1 : outputShape.dropLast().reduce(1, *)) : outputShape.reduce(1, *)
+        guard targets.count == n * perSample else {
+            throw EngineError(
+                .shapeMismatch,
+                "\(targets.count) target values for \(n) samples do not fit loss \(loss) on output \(outputShape): expected \(perSample) per sample")
+        }
+        for (index, t) in targets.enumerated() {
+            if loss == .crossEntropy {
+                if perSample > 1 && t == CompiledModel.paddingTarget { continue }
+                guard t >= 0, t < Float(classes), t == t.rounded(.towardZero) else {
+                    throw EngineError(
+                        .invalidArgument,
+                        "sample \(index / perSample): class index \(t) is not in 0..<\(classes)\(perSample > 1 ? " (or \(Int(CompiledModel.paddingTarget)) for padding)" : "")"
+                    )
+                }
+            } else if !t.isFinite {
+                throw EngineError(.invalidArgument, "sample \(index / perSample): target value \(t) is not finite")
+            }
+        }
+    }
+
+    /// Whether a cross-entropy output is probabilities (the output layer is a softmax) rather than logits.
+    var outputIsProbabilities: Bool { layers.last { $0.name == output } is Softmax }
+
+    /// Adds `n` samples' losses (their outputs and targets in order, the targets checked) to `sums`.
     private func accumulate(_ output: [Float], targets: [Float], samples n: Int, loss: LossType, into sums: inout LossSums) {
         if loss == .crossEntropy {
             let classes = outputShape.last ?? 1
             let positions = output.count / n / classes
+            let probabilities = outputIsProbabilities
             output.withUnsafeBufferPointer { p in
                 for j in 0..<n {
                     var sampleLoss = 0.0
@@ -144,8 +179,18 @@ extension Model {
                         let target = targets[index]
                         if positions > 1 && target == CompiledModel.paddingTarget { continue }
                         let row = UnsafeBufferPointer(rebasing: p[(index * classes)..<((index + 1) * classes)])
-                        let label = min(max(Int(target), 0), classes - 1)
-                        let value = -Foundation.log(Double(max(row[label], 1e-12)))
+                        let label = Int(target)
+                        let value: Double
+                        if probabilities {
+                            value = -Foundation.log(Double(max(row[label], 1e-12)))
+                        } else {
+                            // Logits: the log-sum-exp less the target's logit.
+                            var m = -Float.infinity
+                            for k in 0..<classes { m = max(m, row[k]) }
+                            var total = 0.0
+                            for k in 0..<classes { total += Foundation.exp(Double(row[k] - m)) }
+                            value = Foundation.log(total) + Double(m) - Double(row[label])
+                        }
                         sampleLoss += value
                         counted += 1
                         var best = 0

@@ -176,7 +176,7 @@ struct SimulateCommand: AsyncParsableCommand {
     var robustAggregation: RobustAggregationConfig?
     @Option(
         help:
-            "How rounds are aggregated: synchronous cycles (default), or buffered asynchronous aggregation (FedBuff), where a round is one release of --buffer-size reports."
+            "How rounds are aggregated: synchronous cycles (default), or buffered asynchronous aggregation (FedBuff), where the coordinator releases a model every --buffer-size reports and a round is a --cycle-seconds span of virtual time holding as many releases as its reports fill."
     )
     var aggregation: AggregationMode?
     @Option(name: .customLong("buffer-size"), help: "With --aggregation buffered: reports per release (default: the goal, fraction × devices).")

@@ -134,6 +134,13 @@ import Testing
             #expect(garbage.0 == 400 && garbage.1 == "invalid_request" && garbage.2.contains("not a file `orchard data prepare` writes"), "\(garbage)")
             let wrongWidth = try await refusal(try Self.data(width: 4))
             #expect(wrongWidth.0 == 400 && wrongWidth.1 == "invalid_request" && wrongWidth.2.contains("does not fit model 'evaluated'"), "\(wrongWidth)")
+            // Targets that do not fit the regressor's one output, or are not finite: refused, the coordinator still up.
+            let inputs = (0..<6).map { Float($0) / 6 }
+            for targets in [Tensor(shape: [2, 2], scalars: [0, 1, 1, 0]), Tensor(shape: [2, 1], scalars: [0.5, .nan])] {
+                let bad = DeviceDataFile.encode(try TensorDataset(inputs: ["x": Tensor(shape: [2, 3], scalars: inputs)], targets: targets))
+                let refused = try await refusal(bad)
+                #expect(refused.0 == 400 && refused.1 == "invalid_request" && refused.2.contains("does not fit model 'evaluated'"), "\(refused)")
+            }
             let unknown = try await refusal(try Self.data(), processID: "no-such-process")
             #expect(unknown.0 == 404 && unknown.1 == "unknown_process")
             let anonymous = try await refusal(try Self.data(), token: nil)
