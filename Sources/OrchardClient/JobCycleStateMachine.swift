@@ -387,7 +387,8 @@ struct JobCycleStateMachine {
         guard metrics.loss.isFinite else {
             return dropEvaluation(OrchardClientError(.diverged, "the checkpoint's loss on the held-out split is not finite"))
         }
-        let report = EvaluationReport(workerID: session.workerID, requestKey: evaluation.requestKey, samples: metrics.samples, metrics: values)
+        let report = EvaluationReport(
+            workerID: session.workerID, requestKey: evaluation.requestKey, samples: metrics.samples, metrics: values, positions: metrics.positions)
         evaluationResult = report
         return [.emit(.phase(.reportingEvaluation))] + issue(.uploadEvaluation)
     }

@@ -210,6 +210,8 @@ enum PostgresSchema {
                 """,
                 "DROP FUNCTION orchard_admit(TEXT, BIGINT, TEXT, TEXT, DOUBLE PRECISION, BIGINT)",
             ]),
+        // A sequence model's evaluation results: the positions their accuracy and perplexity are means over.
+        Migration(version: "8-evaluation-positions", statements: ["ALTER TABLE evaluation_results ADD COLUMN positions BIGINT"]),
     ]
 
     /// Applies the migrations not yet applied, each in its own transaction; returns the versions it applied.

@@ -850,8 +850,8 @@ public final class PostgresStore: CoordinatorStore {
             let inserted = try await run(
                 connection,
                 """
-                INSERT INTO evaluation_results (process_id, checkpoint, worker_id, samples, metrics, received_at)
-                VALUES (\(processID), \(result.checkpoint), \(result.workerID), \(result.samples), \(metrics), \(result.receivedAt))
+                INSERT INTO evaluation_results (process_id, checkpoint, worker_id, samples, metrics, received_at, positions)
+                VALUES (\(processID), \(result.checkpoint), \(result.workerID), \(result.samples), \(metrics), \(result.receivedAt), \(result.positions))
                 ON CONFLICT DO NOTHING RETURNING 1
                 """)
             guard !inserted.isEmpty else {
@@ -868,7 +868,7 @@ public final class PostgresStore: CoordinatorStore {
         let rows = try await rows(
             what,
             """
-            SELECT worker_id, samples, metrics, received_at FROM evaluation_results WHERE process_id = \(processID) AND checkpoint = \(checkpoint)
+            SELECT worker_id, samples, metrics, received_at, positions FROM evaluation_results WHERE process_id = \(processID) AND checkpoint = \(checkpoint)
             ORDER BY worker_id
             """)
         do {
@@ -881,9 +881,10 @@ public final class PostgresStore: CoordinatorStore {
     /// Results read as `worker_id, samples, metrics, received_at` rows of one checkpoint.
     private static func evaluationResults(_ rows: [PostgresRow], checkpoint: Int) throws -> [StoredEvaluationResult] {
         try rows.map { row in
-            let (worker, samples, metrics, receivedAt) = try row.decode((String, Int, String, Double).self)
+            let (worker, samples, metrics, receivedAt, positions) = try row.decode((String, Int, String, Double, Int?).self)
             return StoredEvaluationResult(
-                checkpoint: checkpoint, workerID: worker, samples: samples, metrics: CycleRecordSummary.decode(metrics), receivedAt: receivedAt)
+                checkpoint: checkpoint, workerID: worker, samples: samples, metrics: CycleRecordSummary.decode(metrics), receivedAt: receivedAt,
+                positions: positions)
         }
     }
 
@@ -912,7 +913,7 @@ public final class PostgresStore: CoordinatorStore {
             let rows = try await run(
                 connection,
                 """
-                SELECT worker_id, samples, metrics, received_at FROM evaluation_results WHERE process_id = \(processID) AND checkpoint = \(checkpoint)
+                SELECT worker_id, samples, metrics, received_at, positions FROM evaluation_results WHERE process_id = \(processID) AND checkpoint = \(checkpoint)
                 ORDER BY worker_id
                 """)
             let results = try Self.evaluationResults(rows, checkpoint: checkpoint)

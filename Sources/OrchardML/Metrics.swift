@@ -221,7 +221,10 @@ extension Model {
         var metrics = EvaluationMetrics(samples: data.count, loss: mean)
         if let accuracy {
             metrics.values["accuracy"] = accuracy
-            if outputShape.count > 1, let perplexity = sums.perplexity { metrics.values["perplexity"] = perplexity }
+            if outputShape.count > 1 {
+                metrics.positions = sums.positions
+                if let perplexity = sums.perplexity { metrics.values["perplexity"] = perplexity }
+            }
         } else {
             metrics.values["rmse"] = mean.squareRoot()
             metrics.values["mae"] = sums.absolute / Double(max(values, 1))
@@ -288,14 +291,23 @@ public struct EvaluationMetrics: Sendable, Hashable, Codable {
     public var loss: Double
     /// The other metrics by snake_case name.
     public var values: [String: Double]
+    /// For a sequence output, the positions scored (those that are not padding): `accuracy` and `perplexity` are means
+    /// over them, so results of several datasets combine weighted by it; nil otherwise.
+    public var positions: Int?
 
     /// Creates metrics.
-    public init(samples: Int, loss: Double, values: [String: Double] = [:]) {
+    public init(samples: Int, loss: Double, values: [String: Double] = [:], positions: Int? = nil) {
         self.samples = samples
         self.loss = loss
         self.values = values
+        self.positions = positions
     }
 
-    /// Every metric by name, the loss and the sample count included (the JSON object `orchard evaluate --json` prints).
-    public var all: [String: Double] { values.merging(["loss": loss, "samples": Double(samples)]) { _, new in new } }
+    /// Every metric by name, the loss, the sample count and (sequences) the positions included (the JSON object
+    /// `orchard evaluate --json` prints).
+    public var all: [String: Double] {
+        var all = values.merging(["loss": loss, "samples": Double(samples)]) { _, new in new }
+        if let positions { all["positions"] = Double(positions) }
+        return all
+    }
 }

@@ -89,8 +89,9 @@ public struct FederatedEvaluationConfig: Sendable, Hashable, Codable {
 /// [0, bound] (1 for accuracy, ``lossBound`` for loss and MAE), so one device moves the weight sum by at most W and
 /// a metric's weighted sum by at most W·bound. The coordinator adds N(0, (z·W)²) to the weight sum and N(0, (z·W·bound)²)
 /// to each metric's sum, releases only the ratios, and never releases a device's own values or the exact number of
-/// devices. The released metrics are `loss` with `accuracy` (classifiers) or `mae` (regressors); `rmse` and `perplexity`
-/// are derived from the noised loss.
+/// devices. The released metrics are `loss` with `accuracy` (classifiers) or `mae` (regressors), both weighted by the
+/// capped sample count (for a sequence model too); `rmse` is derived from the noised loss, and `perplexity` is not
+/// released.
 public struct EvaluationNoise: Sendable, Hashable, Codable {
     /// z: each sum's noise standard deviation as a multiple of its sensitivity.
     public var noiseMultiplier: Double
@@ -193,19 +194,23 @@ public struct EvaluationReport: Sendable, Hashable, Codable {
     public var samples: Int
     /// Mean metrics by snake_case name: `loss`, and `accuracy` or `mae`, as the engine computes them.
     public var metrics: [String: Double]
+    /// For a model with a sequence output, the positions scored (those that are not padding), which `accuracy` and
+    /// `perplexity` are means over (protocol 2.7; required for such a model, refused for any other).
+    public var positions: Int?
 
     enum CodingKeys: String, CodingKey {
         case workerID = "worker_id"
         case requestKey = "request_key"
-        case samples, metrics
+        case samples, metrics, positions
     }
 
     /// Creates a report.
-    public init(workerID: String, requestKey: String, samples: Int, metrics: [String: Double]) {
+    public init(workerID: String, requestKey: String, samples: Int, metrics: [String: Double], positions: Int? = nil) {
         self.workerID = workerID
         self.requestKey = requestKey
         self.samples = samples
         self.metrics = metrics
+        self.positions = positions
     }
 
     /// The most metrics one report may carry.
@@ -218,6 +223,7 @@ public struct EvaluationReport: Sendable, Hashable, Codable {
     /// Describes the first unusable field, or nil.
     public func validationFailure() -> String? {
         if samples < 1 { return "samples must be at least 1, not \(samples)" }
+        if let positions, positions < 0 { return "positions must not be negative, not \(positions)" }
         if metrics.count > Self.maximumMetrics { return "at most \(Self.maximumMetrics) metrics, not \(metrics.count)" }
         if metrics["loss"] == nil { return "metrics must include loss" }
         for (name, value) in metrics.sorted(by: { $0.key < $1.key }) {

@@ -95,8 +95,9 @@ public enum WireProtocol {
     /// the cycle request's `tasks`, the `evaluate` answer, the evaluation-report endpoint, `client_config.holdout_fraction`,
     /// `server_config.evaluation` and the status's `federated_evaluation`. 2.6 (additive): buffered asynchronous
     /// aggregation — `server_config.aggregation_mode` and `buffered`, the report's `checkpoint`, the `report_too_stale`
-    /// code and the status's `buffered`.
-    public static let version = SemanticVersion(2, 6, 0)
+    /// code and the status's `buffered`. 2.7 (additive): an evaluation report's `positions`, which a model with a
+    /// sequence output needs to weigh accuracy and perplexity per position.
+    public static let version = SemanticVersion(2, 7, 0)
     /// The first version whose devices apply a plan's `local_privacy`; older ones are refused by local-DP processes.
     public static let localPrivacyVersion = SemanticVersion(2, 2, 0)
     /// The first version whose devices take part in secure aggregation (older ones would upload plain reports).
@@ -109,6 +110,9 @@ public enum WireProtocol {
     /// The first version whose devices say which checkpoint they trained from (``ReportMetadata/checkpoint``), which a
     /// buffered process needs to weigh a report; older ones are refused by buffered processes.
     public static let bufferedAggregationVersion = SemanticVersion(2, 6, 0)
+    /// The first version whose devices send an evaluation report's ``EvaluationReport/positions``; an older device's
+    /// result for a model with a sequence output is refused.
+    public static let evaluationPositionsVersion = SemanticVersion(2, 7, 0)
     /// The HTTP header carrying the sender's protocol version.
     public static let versionHeader = "Orchard-Protocol-Version"
     /// The path prefix of every versioned endpoint.

@@ -66,9 +66,13 @@ struct EvaluationStateMachineTests {
     func evaluationOnly() throws {
         var machine = Self.machine(tasks: [.evaluation])
         _ = try Self.toEvaluation(&machine)
-        _ = machine.evaluationEnded(EvaluationMetrics(samples: 5, loss: 1))
+        // A sequence model's metrics carry their positions to the report.
+        let sequenceResult = machine.evaluationEnded(EvaluationMetrics(samples: 5, loss: 1, values: ["perplexity": exp(1.2)], positions: 37))
+        guard case .uploadEvaluation(let report, _) = sequenceResult.last else { throw MachineTestError("no upload") }
+        #expect(report.positions == 37 && report.samples == 5)
         let ended = machine.evaluationAnswered(EvaluationReportResponse(checkpoint: 2, resultsReceived: 1))
-        #expect(Tests.outcome(ended) == .evaluated(EvaluationReceipt(checkpoint: 2, samples: 5, metrics: ["loss": 1], resultsReceived: 1)))
+        #expect(
+            Tests.outcome(ended) == .evaluated(EvaluationReceipt(checkpoint: 2, samples: 5, metrics: ["loss": 1, "perplexity": exp(1.2)], resultsReceived: 1)))
 
         var empty = Self.machine(tasks: [.evaluation])
         _ = try Self.toEvaluation(&empty)

@@ -62,8 +62,10 @@ import Testing
         try await withStores(kind) { stores in
             let store = stores.main
             try await F.host(store)
+            // w2's result is a sequence model's, with its positions (kept by the store as they came).
             func result(_ worker: String, checkpoint: Int = 3, samples: Int = 2, loss: Double = 0.5) -> StoredEvaluationResult {
-                StoredEvaluationResult(checkpoint: checkpoint, workerID: worker, samples: samples, metrics: ["loss": loss], receivedAt: 10)
+                StoredEvaluationResult(
+                    checkpoint: checkpoint, workerID: worker, samples: samples, metrics: ["loss": loss], receivedAt: 10, positions: worker == "w2" ? 37 : nil)
             }
             #expect(try await store.recordEvaluationResult(result("w1"), processID: "p") == 1)
             #expect(try await stores.peer.recordEvaluationResult(result("w2", samples: 4, loss: 1), processID: "p") == 2)

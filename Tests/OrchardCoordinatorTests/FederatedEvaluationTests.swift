@@ -374,6 +374,60 @@ import Testing
         #expect(same.validationFailure() == nil)
     }
 
+    /// A sequence model's accuracy and perplexity are means over positions: one device's 100 positions outweigh another's
+    /// single tail position, and perplexity is the exponential of the mean cross-entropy per position, not of the mean
+    /// per-sample loss. Before, this gave accuracy 0.45 and perplexity e² for what is 90/101 and exp(103/101).
+    @Test func aSequenceModelsAccuracyAndPerplexityAreMeansOverPositions() {
+        var generator = SplitMix64(seed: 5)
+        let long = StoredEvaluationResult(
+            checkpoint: 3, workerID: "a", samples: 1, metrics: ["loss": 1, "accuracy": 0.9, "perplexity": exp(1)], receivedAt: 0, positions: 100)
+        let tail = StoredEvaluationResult(
+            checkpoint: 3, workerID: "b", samples: 1, metrics: ["loss": 3, "accuracy": 0, "perplexity": exp(3)], receivedAt: 0, positions: 1)
+        let evaluation = FederatedEvaluationAggregate.combine(
+            [long, tail], checkpoint: 3, loss: .crossEntropy, noise: nil, epsilon: nil, at: 1, using: &generator)
+        #expect(abs(evaluation.metrics["accuracy"]! - 90.0 / 101) < 1e-12)
+        #expect(abs(evaluation.metrics["perplexity"]! - exp(103.0 / 101)) < 1e-9)
+        // The loss stays the mean per sample, as each device's is.
+        #expect(evaluation.metrics["loss"] == 2 && evaluation.metrics.count == 3)
+        // Capped at two samples, a device of four samples and 40 positions weighs 20 positions.
+        let big = StoredEvaluationResult(
+            checkpoint: 3, workerID: "c", samples: 4, metrics: ["loss": 1, "accuracy": 1, "perplexity": exp(2)], receivedAt: 0, positions: 40)
+        let small = StoredEvaluationResult(
+            checkpoint: 3, workerID: "d", samples: 2, metrics: ["loss": 1, "accuracy": 0, "perplexity": exp(1)], receivedAt: 0, positions: 20)
+        let capped = FederatedEvaluationAggregate.combine(
+            [big, small], checkpoint: 3, loss: .crossEntropy, maximumSamples: 2, noise: nil, epsilon: nil, at: 1, using: &generator)
+        #expect(capped.metrics["accuracy"] == 0.5 && abs(capped.metrics["perplexity"]! - exp(1.5)) < 1e-9)
+    }
+
+    @Test func aSequenceModelsResultMustCarryItsPositions() throws {
+        let sequence = ModelSpec(
+            name: "tagger", inputs: [InputSpec(name: "x", shape: [4, 2])],
+            layers: [
+                LayerSpec(name: "out", type: .dense, inputs: ["x"], units: 3, inputSize: 2, useBias: true),
+                LayerSpec(name: "p", type: .softmax, inputs: ["out"]),
+            ], training: TrainingSpec(loss: .crossEntropy, optimizer: .sgd(learningRate: 0.1), epochs: 1, batchSize: 4))
+        func check(_ model: ModelSpec, samples: Int, positions: Int?) -> String? {
+            let report = EvaluationReport(workerID: "w", requestKey: "k", samples: samples, metrics: ["loss": 1], positions: positions)
+            do throws(CoordinatorError) {
+                try Coordinator.checkPositions(report, model: model)
+                return nil
+            } catch { return "\(error.code.rawValue): \(error.message)" }
+        }
+        #expect(check(sequence, samples: 3, positions: 12) == nil && check(sequence, samples: 3, positions: 0) == nil)
+        #expect(check(sequence, samples: 3, positions: nil)?.contains("carries positions") == true)
+        #expect(check(sequence, samples: 3, positions: 13)?.contains("more than 3 samples of 4 positions") == true)
+        #expect(check(sequence, samples: Int.max, positions: Int.max) == nil)
+        // A regressor's result has no positions.
+        #expect(check(ServerEvaluationTests.model, samples: 3, positions: nil) == nil)
+        #expect(
+            check(ServerEvaluationTests.model, samples: 3, positions: 3)?.hasPrefix("invalid_request: positions is for a model with a sequence output") == true)
+        // The wire: decoded when present, refused when negative.
+        let decoded = try JSONDecoder().decode(
+            EvaluationReport.self, from: Data(#"{"worker_id": "w", "request_key": "k", "samples": 2, "metrics": {"loss": 1}, "positions": 7}"#.utf8))
+        #expect(decoded.positions == 7 && decoded.validationFailure() == nil)
+        #expect(EvaluationReport(workerID: "w", requestKey: "k", samples: 2, metrics: ["loss": 1], positions: -1).validationFailure() != nil)
+    }
+
     @Test func noisedSumsClampCapAndReleaseNoDeviceCount() {
         let noise = EvaluationNoise(noiseMultiplier: 1e-9, maximumSamples: 10, lossBound: 2)
         var generator = SplitMix64(seed: 2)

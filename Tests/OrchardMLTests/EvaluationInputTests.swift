@@ -57,7 +57,11 @@ import Testing
         let short = try TensorDataset(input: x, targets: Tensor(shape: [3, 1], scalars: [0, 1, 2]))
         #expect { try sequence.evaluationMetrics(on: short, loss: .crossEntropy) } throws: { ($0 as? EngineError)?.code == .shapeMismatch }
         let fitting = try TensorDataset(input: x, targets: Tensor(shape: [3, 4], scalars: [0, 1, 2, -1, 2, 2, 1, 0, 1, -1, -1, -1]))
-        #expect(try sequence.evaluationMetrics(on: fitting, loss: .crossEntropy).values["perplexity"] != nil)
+        let metrics = try sequence.evaluationMetrics(on: fitting, loss: .crossEntropy)
+        // Eight positions are not padding: the count travels with the metrics (a classifier has none).
+        #expect(metrics.values["perplexity"] != nil && metrics.positions == 8 && metrics.all["positions"] == 8)
+        let classifier = try TensorDataset(input: Self.inputs, targets: Tensor(shape: [5, 1], scalars: Self.labels))
+        #expect(try model.evaluationMetrics(on: classifier, loss: .crossEntropy).positions == nil)
     }
 
     @Test func targetsThatAreNoClassOrNotFiniteAreRefused() throws {

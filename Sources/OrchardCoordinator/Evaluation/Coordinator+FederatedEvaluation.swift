@@ -72,6 +72,29 @@ extension Coordinator {
         return (current, checkpoint)
     }
 
+    /// Checks a result's `positions` against the model: required, and at most the samples' positions, for a model whose
+    /// cross-entropy output is a sequence; absent for any other.
+    static func checkPositions(_ report: EvaluationReport, model: ModelSpec) throws(CoordinatorError) {
+        let shape = (try? model.layerShapes())?[model.output] ?? []
+        guard model.training?.loss == .crossEntropy, shape.count > 1 else {
+            if report.positions != nil {
+                throw CoordinatorError(.invalidRequest, "positions is for a model with a sequence output; model '\(model.name)' has output \(shape)")
+            }
+            return
+        }
+        let perSample = shape.dropLast().reduce(1, *)
+        guard let positions = report.positions else {
+            throw CoordinatorError(
+                .invalidRequest,
+                "a result for model '\(model.name)' (a sequence output) carries positions, which its accuracy and perplexity are means over (protocol \(WireProtocol.evaluationPositionsVersion))"
+            )
+        }
+        let (most, overflow) = report.samples.multipliedReportingOverflow(by: perSample)
+        guard overflow || positions <= most else {
+            throw CoordinatorError(.invalidRequest, "positions \(positions) is more than \(report.samples) samples of \(perSample) positions hold")
+        }
+    }
+
     /// Stores a device's evaluation result; the checkpoint's evaluation is finalized once its goal is met.
     /// - Throws: `forbidden` for another worker's report; `invalid_request` for a report without `loss`, with a non-finite
     ///   or badly named metric, or more than `EvaluationReport.maximumMetrics` (16); `invalid_sample_count`;
@@ -85,6 +108,7 @@ extension Coordinator {
         guard report.samples <= maximum else {
             throw CoordinatorError(.invalidSampleCount, "samples \(report.samples) is not in 1...\(maximum)")
         }
+        try Self.checkPositions(report, model: runtime.process.model)
         // Noised sums release fixed metrics: a result without one would count as 0 in it at full weight.
         if runtime.process.serverConfig.evaluation?.noise != nil {
             let needed = FederatedEvaluationAggregate.releasedMetrics(loss: runtime.process.model.training?.loss)
@@ -98,7 +122,7 @@ extension Coordinator {
             count = try await store.recordEvaluationResult(
                 StoredEvaluationResult(
                     checkpoint: checkpoint, workerID: report.workerID, samples: report.samples, metrics: report.metrics,
-                    receivedAt: clock.date.timeIntervalSince1970),
+                    receivedAt: clock.date.timeIntervalSince1970, positions: report.positions),
                 processID: processID)
         } catch let error as StoreError where error.code == .duplicate {
             throw CoordinatorError(.evaluationAlreadyReceived, "this worker already sent its result for checkpoint \(checkpoint)")

@@ -150,9 +150,17 @@ enum FederatedEvaluationAggregate {
             let (sum, overflow) = samples.addingReportingOverflow(result.samples)
             samples = overflow ? Int.max : sum
             let weight = Double(min(result.samples, maximumSamples ?? Int.max))
+            // A sequence model's accuracy and perplexity are means over positions: weighed by them (scaled by the
+            // cap as the samples are), perplexity through its logarithm, the mean cross-entropy per position.
+            let positionWeight = result.positions.map { Double($0) * weight / Double(max(result.samples, 1)) }
             for (name, value) in result.metrics where value.isFinite {
-                let old = totals[name] ?? (0, 0)
-                totals[name] = (old.sum + weight * value, old.weight + weight)
+                var (key, w, v) = (name, weight, value)
+                if let positionWeight, Self.perPosition.contains(name) {
+                    (key, w, v) = (name == "perplexity" ? Self.logPerplexity : name, positionWeight, name == "perplexity" ? Foundation.log(value) : value)
+                    guard v.isFinite else { continue }
+                }
+                let old = totals[key] ?? (0, 0)
+                totals[key] = (old.sum + w * v, old.weight + w)
             }
         }
         var metrics = totals.compactMapValues { $0.weight > 0 ? $0.sum / $0.weight : nil }
@@ -161,12 +169,21 @@ enum FederatedEvaluationAggregate {
         return CheckpointEvaluation(checkpoint: checkpoint, samples: samples, metrics: metrics, evaluatedAt: date, devices: results.count)
     }
 
+    /// The metrics of a sequence model that are means over positions.
+    static let perPosition: Set<String> = ["accuracy", "perplexity"]
+    /// The running key of a sequence model's mean log-perplexity (never a metric name: names are snake_case words).
+    private static let logPerplexity = " log perplexity"
+
     /// `rmse` and `perplexity`, where present, recomputed from the aggregated loss (a mean of square roots or of
-    /// exponentials is not the root or exponential of the mean).
+    /// exponentials is not the root or exponential of the mean); a sequence model's perplexity from the mean
+    /// cross-entropy per position over every device's positions.
     private static func derive(_ metrics: inout [String: Double]) {
-        guard let loss = metrics["loss"] else { return }
-        if metrics["rmse"] != nil { metrics["rmse"] = max(0, loss).squareRoot() }
-        if metrics["perplexity"] != nil { metrics["perplexity"] = exp(loss) }
+        if let logPerplexity = metrics.removeValue(forKey: Self.logPerplexity) {
+            metrics["perplexity"] = exp(logPerplexity)
+        } else if let loss = metrics["loss"], metrics["perplexity"] != nil {
+            metrics["perplexity"] = exp(loss)
+        }
+        if let loss = metrics["loss"], metrics["rmse"] != nil { metrics["rmse"] = max(0, loss).squareRoot() }
     }
 
     /// The metrics a noised release sums: `loss`, then `accuracy` (cross-entropy) or `mae`.

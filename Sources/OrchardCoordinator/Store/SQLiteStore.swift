@@ -203,6 +203,10 @@ public final class SQLiteStore: CoordinatorStore {
         migrator.registerMigration("v11-buffered") { db in
             try db.execute(sql: "ALTER TABLE assignments ADD COLUMN staleness INTEGER")
         }
+        // A sequence model's evaluation results: the positions their accuracy and perplexity are means over.
+        migrator.registerMigration("v12-evaluation-positions") { db in
+            try db.execute(sql: "ALTER TABLE evaluation_results ADD COLUMN positions INTEGER")
+        }
         return migrator
     }
 
@@ -763,8 +767,11 @@ public final class SQLiteStore: CoordinatorStore {
                 throw StoreError(.cycleClosed, "the federated evaluation of checkpoint \(result.checkpoint) is finalized")
             }
             try db.execute(
-                sql: "INSERT OR IGNORE INTO evaluation_results (process_id, checkpoint, worker_id, samples, metrics, received_at) VALUES (?, ?, ?, ?, ?, ?)",
-                arguments: [processID, result.checkpoint, result.workerID, result.samples, metrics, result.receivedAt])
+                sql: """
+                    INSERT OR IGNORE INTO evaluation_results (process_id, checkpoint, worker_id, samples, metrics, received_at, positions)
+                    VALUES (?, ?, ?, ?, ?, ?, ?)
+                    """,
+                arguments: [processID, result.checkpoint, result.workerID, result.samples, metrics, result.receivedAt, result.positions])
             guard db.changesCount == 1 else {
                 throw StoreError(.duplicate, "worker '\(result.workerID)' already sent a result for checkpoint \(result.checkpoint)")
             }
@@ -783,12 +790,15 @@ public final class SQLiteStore: CoordinatorStore {
     private static func evaluationResults(_ db: Database, processID: String, checkpoint: Int) throws -> [StoredEvaluationResult] {
         try Row.fetchAll(
             db,
-            sql: "SELECT worker_id, samples, metrics, received_at FROM evaluation_results WHERE process_id = ? AND checkpoint = ? ORDER BY worker_id",
+            sql: """
+                SELECT worker_id, samples, metrics, received_at, positions FROM evaluation_results WHERE process_id = ? AND checkpoint = ?
+                ORDER BY worker_id
+                """,
             arguments: [processID, checkpoint]
         ).map { row in
             StoredEvaluationResult(
                 checkpoint: checkpoint, workerID: row["worker_id"], samples: row["samples"], metrics: CycleRecordSummary.decode(row["metrics"]),
-                receivedAt: row["received_at"])
+                receivedAt: row["received_at"], positions: row["positions"])
         }
     }
 

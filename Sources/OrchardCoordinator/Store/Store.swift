@@ -483,14 +483,17 @@ public struct StoredEvaluationResult: Sendable, Hashable {
     public var metrics: [String: Double]
     /// When it arrived, in seconds since 1970.
     public var receivedAt: Double
+    /// Positions scored, for a model with a sequence output.
+    public var positions: Int?
 
     /// Creates a record.
-    public init(checkpoint: Int, workerID: String, samples: Int, metrics: [String: Double], receivedAt: Double) {
+    public init(checkpoint: Int, workerID: String, samples: Int, metrics: [String: Double], receivedAt: Double, positions: Int? = nil) {
         self.checkpoint = checkpoint
         self.workerID = workerID
         self.samples = samples
         self.metrics = metrics
         self.receivedAt = receivedAt
+        self.positions = positions
     }
 }
 
