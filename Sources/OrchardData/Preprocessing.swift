@@ -45,7 +45,12 @@ public struct OrdinalEncoder: Sendable, Hashable, Codable {
         let unique = Array(Set(values))
         let numbers = unique.compactMap(Double.init)
         if numbers.count == unique.count {
-            categories = zip(numbers, unique).sorted { $0.0 < $1.0 }.map(\.1)
+            // By value, NaN last, ties ("1" and "01") by the text: never in the set's order, which varies run to run.
+            categories = zip(numbers, unique).sorted { a, b in
+                if a.0.isNaN != b.0.isNaN { return b.0.isNaN }
+                if !a.0.isNaN && a.0 != b.0 { return a.0 < b.0 }
+                return a.1 < b.1
+            }.map(\.1)
         } else {
             categories = unique.sorted()
         }

@@ -102,11 +102,12 @@ public struct CharacterVocabulary: Sendable, Hashable, Codable {
         index = Dictionary(uniqueKeysWithValues: unique.enumerated().map { ($0.element, $0.offset + 2) })
     }
 
-    /// The characters of `corpus` in code-point order.
+    /// The characters of `corpus` in code-point order (a character of several scalars, such as `e` with a combining
+    /// accent or `\r\n`, by its scalars in turn, so the order never depends on a set's).
     public init(corpus: TextCorpus) {
         var all: Set<Character> = []
         for document in corpus.documents { all.formUnion(document.text) }
-        self.init(characters: all.sorted { $0.unicodeScalars.first!.value < $1.unicodeScalars.first!.value })
+        self.init(characters: all.sorted { $0.unicodeScalars.map(\.value).lexicographicallyPrecedes($1.unicodeScalars.map(\.value)) })
     }
 
     public init(from decoder: any Decoder) throws {

@@ -73,7 +73,8 @@ public struct TextTask: Sendable {
 
     /// Cuts `corpus` into sequences of `length` and deals them by `partition`; `devices` keeps that many of the
     /// partition's owners (all of them when nil).
-    /// - Throws: `DataError` `invalid_argument` for more devices than the partition has owners or a bad length.
+    /// - Throws: `DataError` `invalid_argument` for more devices than the partition has owners, a bad length, or devices
+    ///   that together hold out no test sequence.
     public init(corpus: TextCorpus, length: Int, partition: TextPartition, devices count: Int?) throws(DataError) {
         let vocabulary = CharacterVocabulary(corpus: corpus)
         sequences = try NextCharacterSequences(corpus: corpus, vocabulary: vocabulary, length: length)
@@ -86,6 +87,14 @@ public struct TextTask: Sendable {
         devices = Array(split.owners.prefix(kept))
         deviceNames = Array(split.ownerNames.prefix(kept))
         test = split.tests.prefix(kept).flatMap { $0 }
+        // Each owner holds out a tenth of its sequences, rounded down: few long sequences can leave none, and a test
+        // set of nothing would report a loss and accuracy of 0 every round.
+        guard !test.isEmpty else {
+            throw DataError(
+                .invalidArgument,
+                "\(kept) device\(kept == 1 ? "" : "s") of the \(partition) partition hold out no test sequence at length \(length) (each holds out \(Int(Self.testFraction * 100)) % of its sequences, rounded down): use more devices or a shorter --sequence-length"
+            )
+        }
     }
 
     /// The metadata the model's weights carry: the vocabulary, so that a device can read text the model was trained on.

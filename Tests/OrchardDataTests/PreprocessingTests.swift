@@ -39,6 +39,11 @@ struct PreprocessingTests {
         #expect(rad.vocabularySize == 4)
         let text = try OrdinalEncoder(fitting: ["pear", "apple", "fig"])
         #expect(text.categories == ["apple", "fig", "pear"])
+        // Equal values ("1" and "01") by their text, NaN last: the order never follows the set's, which varies by run.
+        for _ in 0..<20 {
+            let tied = try OrdinalEncoder(fitting: ["2", "1", "NaN", "01", "-1", "1.0"])
+            #expect(tied.categories == ["-1", "01", "1", "1.0", "2", "NaN"])
+        }
     }
 
     @Test("an unseen category throws, or maps to the reserved index")

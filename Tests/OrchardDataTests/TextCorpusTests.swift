@@ -42,6 +42,12 @@ import Testing
         #expect(vocabulary.characters.first == " ", "code-point order: the space first")
         #expect(vocabulary.index(of: " ") == 2 && vocabulary.index(of: "Z") == CharacterVocabulary.unknown)
         #expect(vocabulary.character(at: vocabulary.index(of: "G")) == "G" && vocabulary.character(at: 0) == nil)
+        // Characters of several scalars sort by their scalars in turn after the one they start with, never by a set's
+        // order: "\r" before "\r\n", "e" before "e" with a combining acute.
+        let mixed = TextCorpus(documents: [TextCorpus.Document(name: "a 1", group: "a", text: "e\u{301}\r\ne\rx")])
+        for _ in 0..<20 {
+            #expect(CharacterVocabulary(corpus: mixed).characters.map { Array($0.unicodeScalars) } == [["\r"], ["\r", "\n"], ["e"], ["e", "\u{301}"], ["x"]])
+        }
         let decoded = try CharacterVocabulary.decode(json: vocabulary.json())
         #expect(decoded == vocabulary && decoded.size == vocabulary.size)
         #expect(vocabulary.json().contains("\"padding\":0") && vocabulary.json().contains("\"unknown\":1"))

@@ -130,6 +130,25 @@ import Testing
         #expect(error?.message.contains("F64") == true, "\(error?.message ?? "")")
     }
 
+    /// A state whose position is not one (a file edited or damaged in a way its structure survives) is refused before
+    /// training, instead of trapping where the epoch's order is derived (epoch −1) or indexed (batch −1).
+    @Test func aStateWithANegativePositionIsRefused() async throws {
+        let model = try Fixtures.housingModel(seed: 4)
+        let outcome = try await Self.trainCancelling(after: 3, model: model)
+        for edit: (inout TrainingPosition) -> Void in [
+            { $0.epoch = -1 }, { $0.batch = -1 }, { $0.updates = -5 }, { $0.epochSamples = -1 }, { $0.epochUpdates = -1 }, { $0.epochLossSum = .nan },
+        ] {
+            var state = outcome.state
+            edit(&state.position)
+            // Through the file format too: the position survives the round trip, and restoring refuses it.
+            let reread = try TrainingState(checkpoint: state.checkpoint(), model: model)
+            let error = #expect(throws: EngineError.self) {
+                try Trainer(model: model, configuration: Self.configuration).train(on: try Fixtures.housingData(), resumingFrom: reread)
+            }
+            #expect(error?.code == .incompatibleCheckpoint && error?.message.contains("position") == true)
+        }
+    }
+
     @Test func trainingStateRejectsAnotherModel() async throws {
         let outcome = try await Self.trainCancelling(after: 3, model: try Fixtures.housingModel())
         let bytes = outcome.state.checkpoint()

@@ -62,3 +62,21 @@ struct TextSimulationTests {
         #expect(throws: SimulationError.self) { try configuration.validate() }
     }
 }
+
+/// The text task's checks that need no installed corpus.
+@Suite struct TextTaskTests {
+    /// Two chapters of a few long sequences each hold out nothing (a tenth, rounded down): refused with what to change,
+    /// instead of a test set of nothing reported as loss 0 and accuracy 0 every round.
+    @Test func devicesThatHoldOutNoTestSequenceAreRefused() throws {
+        let text = String(repeating: "In the beginning God created the heaven and the earth. ", count: 4)
+        let corpus = TextCorpus(documents: [
+            TextCorpus.Document(name: "Genesis 1", group: "Genesis", text: text), TextCorpus.Document(name: "Genesis 2", group: "Genesis", text: text),
+        ])
+        #expect {
+            try TextTask(corpus: corpus, length: 50, partition: .chapter, devices: nil)
+        } throws: { ($0 as? DataError)?.message.contains("hold out no test sequence") == true }
+        // Short sequences: each chapter has ten or more, and holds one out.
+        let task = try TextTask(corpus: corpus, length: 10, partition: .chapter, devices: nil)
+        #expect(task.test.count >= 2 && task.devices.count == 2)
+    }
+}

@@ -240,6 +240,8 @@ public final class Trainer {
     }
 
     /// Loads a state saved by an earlier run of the same model and configuration.
+    /// - Throws: `incompatible_checkpoint` for another seed, model or optimizer, or a position that is not one (a negative
+    ///   count, a loss sum that is not finite).
     public func restore(_ state: TrainingState) throws(EngineError) {
         guard state.seed == configuration.seed else {
             throw EngineError(.incompatibleCheckpoint, "training state has seed \(state.seed), but the configuration's seed is \(configuration.seed)")
@@ -248,6 +250,11 @@ public final class Trainer {
         try optimizer.restore(state.optimizer)
         guard let dropoutRandom = OrchardRandom(state: state.dropoutRandom) else {
             throw EngineError(.invalidArgument, "a random generator state is four words, not all zero (got \(state.dropoutRandom))")
+        }
+        let p = state.position
+        // A state file is input: a negative epoch or batch would trap where the order is derived or indexed.
+        guard p.epoch >= 0, p.batch >= 0, p.updates >= 0, p.epochSamples >= 0, p.epochUpdates >= 0, p.epochLossSum.isFinite else {
+            throw EngineError(.incompatibleCheckpoint, "training state position \(p) has a negative count or a loss sum that is not finite")
         }
         plan.dropoutRandom = dropoutRandom
         position = state.position
