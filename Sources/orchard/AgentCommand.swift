@@ -185,6 +185,9 @@ struct AgentCommand: AsyncParsableCommand {
         } catch is CancellationError {
             // The scheduler ends its loop by cancellation when asked to shut down gracefully.
         }
+        // The event lines of the last window are written before the stop line, never after it or not at all.
+        events.cancel()
+        await events.value
         logger.info("agent stopped")
         AgentStatus.stopped.print()
     }
