@@ -11,8 +11,17 @@ public enum JSONLine {
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
         encoder.keyEncodingStrategy = .convertToSnakeCase
+        encoder.nonConformingFloatEncodingStrategy = nonFinite
         return String(decoding: try encoder.encode(value), as: UTF8.self)
     }
+
+    /// NaN and ±infinity as the strings `"NaN"`, `"Infinity"` and `"-Infinity"` (JSON has no number for them, and a
+    /// diverged run's line must still be written), as the simulator's files write them.
+    public static let nonFinite = JSONEncoder.NonConformingFloatEncodingStrategy.convertToString(
+        positiveInfinity: "Infinity", negativeInfinity: "-Infinity", nan: "NaN")
+
+    /// `value` for a JSON object: itself when finite, else its string under ``nonFinite``.
+    public static func jsonValue(_ value: Double) -> Any { value.isFinite ? value : value.isNaN ? "NaN" : value > 0 ? "Infinity" : "-Infinity" }
 
     /// Writes `value` and a newline to `handle` (standard output by default) in one write, so lines written from
     /// different tasks never interleave.

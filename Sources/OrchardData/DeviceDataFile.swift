@@ -78,15 +78,24 @@ extension TabularPreprocessor {
     }
 
     /// How a CSV file with these columns must be read for this preprocessing: numeric features and the target as
-    /// numbers, a categorical feature as numbers when its fitted categories are numbers in canonical form (so `1.0`
-    /// matches the category `1`), every other column as text (ids, notes, columns the model does not use).
+    /// numbers, every other column as text — categorical features too (ids, notes, columns the model does not use).
     public func readerConfiguration(columns: [String], targetColumn: String? = nil) -> TabularReader.Configuration {
-        var numeric = Set(numericFeatures + [targetColumn ?? target])
+        let numeric = Set(numericFeatures + [targetColumn ?? target])
+        return TabularReader.Configuration(textColumns: Set(columns.filter { !numeric.contains($0) }))
+    }
+
+    /// `table` with the labels of each categorical feature whose fitted categories are numbers in canonical form
+    /// written canonically too (so `1.0` matches the category `1`); a label that is no finite number (`NA`, empty)
+    /// stays as it is: an unseen category, which the encoder's policy decides on.
+    func canonicalNumericCategories(_ table: Table) throws(DataError) -> Table {
+        var columns = table.columns
         for (name, encoder) in zip(categoricalFeatures, encoders)
         where encoder.categories.allSatisfy({ Double($0).map(Table.categoryLabel) == $0 }) {
-            numeric.insert(name)
+            let index = try table.columnIndex(name)
+            guard case .text(let labels) = columns[index] else { continue }
+            columns[index] = .text(labels.map { label in Double(label).flatMap { $0.isFinite ? Table.categoryLabel($0) : nil } ?? label })
         }
-        return TabularReader.Configuration(textColumns: Set(columns.filter { !numeric.contains($0) }))
+        return try Table(columnNames: table.columnNames, columns: columns)
     }
 
     /// A device's rows from a CSV file with a header line, transformed exactly as the training rows were.
@@ -118,7 +127,8 @@ extension TabularPreprocessor {
         }
         guard let headerLine else { throw DataError(.emptyData, "the CSV file is empty (it needs a header line naming the columns)") }
         let columns = try TabularReader(configuration: configuration).read(text: String(headerLine)).columnNames
-        var table = try TabularReader(configuration: readerConfiguration(columns: columns, targetColumn: targetColumn)).read(text: text)
+        var table = try canonicalNumericCategories(
+            try TabularReader(configuration: readerConfiguration(columns: columns, targetColumn: targetColumn)).read(text: text))
         guard table.rowCount > 0 else { throw DataError(.emptyData, "the CSV file has a header but no rows") }
         if let targetColumn, targetColumn != target {
             _ = try table.columnIndex(targetColumn)

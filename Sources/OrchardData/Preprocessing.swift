@@ -282,7 +282,14 @@ public struct TabularPreprocessor: Sendable, Hashable, Codable {
             var values = [Float](repeating: 0, count: n * width)
             for (j, name) in numericFeatures.enumerated() {
                 let column = try table.numeric(name)
-                for i in 0..<n { values[i * width + j] = Float(standardizer.transform(column[i], column: j)) }
+                for i in 0..<n {
+                    let value = Float(standardizer.transform(column[i], column: j))
+                    // A finite Double can overflow Float (1e39): refused here, never written as infinity.
+                    guard value.isFinite else {
+                        throw DataError(.malformedValue, "row \(i + 1): \(name) '\(column[i])' is out of the range of a 32-bit float once standardized")
+                    }
+                    values[i * width + j] = value
+                }
             }
             inputs[numericInput] = Tensor(shape: [n, width], scalars: values)
         }
@@ -290,7 +297,11 @@ public struct TabularPreprocessor: Sendable, Hashable, Codable {
             let indices = try encoder.encode(try table.categories(name))
             inputs[name] = Tensor(shape: [n, 1], scalars: indices.map(Float.init))
         }
-        let targets = Tensor(shape: [n, 1], scalars: try table.numeric(target).map(Float.init))
+        let targetValues = try table.numeric(target)
+        if let row = targetValues.firstIndex(where: { !Float($0).isFinite }) {
+            throw DataError(.malformedValue, "row \(row + 1): \(target) '\(targetValues[row])' is out of the range of a 32-bit float")
+        }
+        let targets = Tensor(shape: [n, 1], scalars: targetValues.map(Float.init))
         do {
             return try TensorDataset(inputs: inputs, targets: targets)
         } catch {

@@ -90,8 +90,11 @@ struct AgentCommand: AsyncParsableCommand {
             try flowerSetup(superlink: superlink).validate()
         } else {
             _ = try device.coordinator()
-            if flower.model != nil || flower.flowerInsecure || flower.arrayMap != nil || !flower.nodeConfig.isEmpty || flower.flowerAuthKey != nil {
-                throw ValidationError("--model, --flower-insecure, --flower-auth-key, --array-map and --node-config are for --flower-superlink")
+            if flower.model != nil || flower.flowerInsecure || flower.arrayMap != nil || !flower.nodeConfig.isEmpty || flower.flowerAuthKey != nil
+                || flower.heartbeatInterval != nil
+            {
+                throw ValidationError(
+                    "--model, --flower-insecure, --flower-auth-key, --array-map, --node-config and --heartbeat-interval are for --flower-superlink")
             }
         }
         guard window > 0 else { throw ValidationError("--window must be positive") }
@@ -197,7 +200,7 @@ struct AgentCommand: AsyncParsableCommand {
         FlowerNodeSetup(
             superlink: superlink, insecure: flower.flowerInsecure, caCert: device.caCert, model: flower.model ?? "", data: device.data,
             arrayMap: flower.arrayMap, nodeConfig: flower.nodeConfig, authKey: flower.flowerAuthKey, state: device.state,
-            heartbeatInterval: flower.heartbeatInterval, pollInterval: 1,
+            heartbeatInterval: flower.heartbeatInterval ?? 30, pollInterval: 1,
             options: FlowerNodeSetup.Options(superlink: "--flower-superlink", insecure: "--flower-insecure", authKey: "--flower-auth-key")
         )
     }
@@ -311,8 +314,8 @@ struct AgentFlowerOptions: ParsableArguments {
     @Option(help: ArgumentHelp("Flower node configuration, \"key=value …\" (repeatable).", valueName: "k=v"))
     var nodeConfig: [String] = []
 
-    @Option(parsing: .unconditional, help: "The heartbeat interval announced to the SuperLink, in seconds.")
-    var heartbeatInterval: Double = 30
+    @Option(parsing: .unconditional, help: "The heartbeat interval announced to the SuperLink, in seconds (default: 30).")
+    var heartbeatInterval: Double?
 
     @Option(help: ArgumentHelp("The node's private key, registered with `flwr supernode register` (see `orchard flower join --help`).", valueName: "file"))
     var flowerAuthKey: String?

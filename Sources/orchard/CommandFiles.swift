@@ -36,6 +36,14 @@ struct CommandFile {
         do throws(FileAccessError) { return try LocalFile.read(path) } catch { throw failure(error.code, error.message) }
     }
 
+    /// Refuses an output that is one of the command's input files, which writing would replace before it is read
+    /// again (an output naming the weights it was made from, say).
+    func refuseOverwriting(_ inputs: [CommandFile]) throws(CommandFailure) {
+        if let input = inputs.first(where: { LocalFile.sameFile($0.path, path) }) {
+            throw failure("invalid_option", "is the input \(input.name) '\(input.path)'; writing it would replace that file: choose another path")
+        }
+    }
+
     /// Replaces the file with `data`.
     func write(_ data: Data) throws(CommandFailure) {
         do throws(FileAccessError) { try LocalFile.write(data, to: path) } catch { throw failure(error.code, error.message) }

@@ -49,8 +49,9 @@ struct CoreMLCommand: ParsableCommand {
         var license = ""
 
         func run() throws {
-            let spec = try CommandFile("<model>", model).modelSpec()
             let weightsFile = CommandFile("<weights>", weights)
+            try CommandFile("--output", output).refuseOverwriting([CommandFile("<model>", model), weightsFile])
+            let spec = try CommandFile("<model>", model).modelSpec()
             let archive = try weightsFile.safetensors()
             do throws(FormatError) {
                 try spec.checkWeights(Dictionary(archive.tensors.map { ($0.name, $0.shape) }, uniquingKeysWith: { first, _ in first }))

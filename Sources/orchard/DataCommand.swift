@@ -53,6 +53,11 @@ struct DataPrepareCommand: ParsableCommand {
 
     func run() throws {
         do {
+            let weightsOption = weights == nil ? "the weights next to --model" : "--weights"
+            for (option, path) in [("--model", model), (weightsOption, weightsPath), ("--csv", csv)] where LocalFile.sameFile(path, output) {
+                throw PrepareError(
+                    line: "invalid_option: -o '\(output)' is the input \(option) '\(path)'; writing it would replace that file: choose another path")
+            }
             let dataset = try prepare()
             try Data(DeviceDataFile.encode(dataset)).write(to: URL(fileURLWithPath: output), options: .atomic)
             let inputs = zip(dataset.inputSpecs, dataset.inputs).map { "\($0.0.name) \($0.1.shape)" }.joined(separator: ", ")

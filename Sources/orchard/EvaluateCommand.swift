@@ -1,3 +1,4 @@
+import OrchardBenchmarks
 import ArgumentParser
 import Foundation
 import OrchardData
@@ -61,7 +62,8 @@ struct EvaluateCommand: ParsableCommand {
             throw CommandFailure(code: "\(error.code)", message: "--data '\(data)' does not fit --model '\(model)': \(error.message)")
         }
         if json {
-            let object = metrics.all.mapValues { $0 as Any }.merging(["samples": metrics.samples]) { _, new in new }
+            // A diverged checkpoint's NaN or infinite loss is written as a string, not refused by the JSON writer.
+            let object = metrics.all.mapValues(JSONLine.jsonValue).merging(["samples": metrics.samples]) { _, new in new }
             let line = try JSONSerialization.data(withJSONObject: object, options: [.sortedKeys])
             print(String(decoding: line, as: UTF8.self))
         } else {

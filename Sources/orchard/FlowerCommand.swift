@@ -1,3 +1,4 @@
+import OrchardBenchmarks
 import ArgumentParser
 import Foundation
 import Logging
@@ -320,6 +321,8 @@ struct FlowerStatus: Encodable {
     func print() {
         let encoder = JSONEncoder()
         encoder.outputFormatting = .sortedKeys
+        // A diverged round's NaN loss is written as "NaN": the line is never dropped.
+        encoder.nonConformingFloatEncodingStrategy = JSONLine.nonFinite
         guard let data = try? encoder.encode(self) else { return }
         FileHandle.standardOutput.write(data + Data("\n".utf8))
     }

@@ -1,3 +1,4 @@
+import OrchardBenchmarks
 import ArgumentParser
 import Foundation
 import OrchardData
@@ -64,8 +65,11 @@ struct TrainHousing: ParsableCommand {
     var output: String?
 
     func validate() throws {
-        guard epochs >= 1 else { throw ValidationError("--epochs must be at least 1") }
-        guard batchSize >= 1 else { throw ValidationError("--batch-size must be at least 1") }
+        // The bounds a model's training section takes (`orchard process create` and `flower join` refuse others).
+        guard (1...ModelSpec.maximumEpochs).contains(epochs) else { throw ValidationError("--epochs must be in 1...\(ModelSpec.maximumEpochs)") }
+        guard (1...ModelSpec.maximumBatchSize).contains(batchSize) else {
+            throw ValidationError("--batch-size must be in 1...\(ModelSpec.maximumBatchSize)")
+        }
         guard learningRate > 0, learningRate.isFinite else { throw ValidationError("--learning-rate must be positive") }
         guard testFraction > 0, testFraction < 1 else { throw ValidationError("--test-fraction must be in (0, 1)") }
     }
@@ -93,6 +97,14 @@ struct TrainHousing: ParsableCommand {
         }
         if let output {
             let directory = URL(fileURLWithPath: output, isDirectory: true)
+            // A diverged model would be written, then refused by `orchard process create` and `flower join`.
+            for trained in [run.central, run.device] where !trained.model.flatParameters().allSatisfy(\.isFinite) {
+                FileHandle.standardError.write(
+                    Data(
+                        "error: the \(trained.metrics.model) model diverged (weights that are not finite); nothing was written to --output '\(output)': lower --learning-rate\n"
+                            .utf8))
+                throw ExitCode(1)
+            }
             for trained in [run.central, run.device] {
                 do {
                     try run.data.preprocessor.save(with: trained.model, to: directory, name: trained.metrics.model)
@@ -111,6 +123,7 @@ struct TrainHousing: ParsableCommand {
             encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
             // snake_case like the wire API and the simulator's files: `train_rmse`, `trainable_parameters`, ….
             encoder.keyEncodingStrategy = .convertToSnakeCase
+            encoder.nonConformingFloatEncodingStrategy = JSONLine.nonFinite
             print(String(decoding: try encoder.encode(output), as: UTF8.self))
         } else {
             print(output.table)
@@ -177,8 +190,11 @@ struct TrainKJV: ParsableCommand {
     var json = false
 
     func validate() throws {
-        guard epochs >= 1 else { throw ValidationError("--epochs must be at least 1") }
-        guard batchSize >= 1 else { throw ValidationError("--batch-size must be at least 1") }
+        // The bounds a model's training section takes (`orchard process create` and `flower join` refuse others).
+        guard (1...ModelSpec.maximumEpochs).contains(epochs) else { throw ValidationError("--epochs must be in 1...\(ModelSpec.maximumEpochs)") }
+        guard (1...ModelSpec.maximumBatchSize).contains(batchSize) else {
+            throw ValidationError("--batch-size must be in 1...\(ModelSpec.maximumBatchSize)")
+        }
         guard learningRate > 0, learningRate.isFinite else { throw ValidationError("--lr must be positive") }
         guard (2...1000).contains(sequenceLength) else { throw ValidationError("--sequence-length must be in 2...1000") }
     }
@@ -208,6 +224,7 @@ struct TrainKJV: ParsableCommand {
         if json {
             let encoder = JSONEncoder()
             encoder.outputFormatting = [.sortedKeys]
+            encoder.nonConformingFloatEncodingStrategy = JSONLine.nonFinite
             print(String(decoding: try encoder.encode(result), as: UTF8.self))
         } else {
             print(

@@ -197,6 +197,15 @@ let usageError: Int32 = 64
             ["client", "--server", "https://127.0.0.1:1", "--process", "m", "--version", "1", "--data", "d", "--ca-cert", "/nonexistent/ca.pem"],
             "'/nonexistent/ca.pem': no such file"
         ),
+        // Training settings a model's training section cannot hold (`process create` would refuse the files), and values
+        // that overflowed while the progress total or the batch buffers were sized.
+        (["train", "housing", "--epochs", "4611686018427387904"], "--epochs must be in 1...10000"),
+        (["train", "housing", "--batch-size", "1000000000000000000"], "--batch-size must be in 1...65536"),
+        // A Flower-only option without --flower-superlink is refused, not ignored.
+        (
+            ["agent", "--server", "http://127.0.0.1:1", "--process", "m", "--version", "1", "--data", "d", "--heartbeat-interval", "60"],
+            "--heartbeat-interval are for --flower-superlink"
+        ),
         // The device's JWT comes from a file or ORCHARD_DEVICE_TOKEN, one way only.
         (
             ["client", "--server", "http://127.0.0.1:1", "--process", "m", "--version", "1", "--data", "d", "--token-file", "/nonexistent/device.jwt"],

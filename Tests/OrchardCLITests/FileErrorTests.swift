@@ -84,6 +84,12 @@ import Testing
         #expect(run.status == 0, "\(run.error)")
         #expect(run.output == "wrote \(out) (\(try Data(contentsOf: URL(fileURLWithPath: out)).count) bytes)\n")
         #expect(try await errorLine(["coreml", "import", out, "-o", model]) == "Error: --output '\(model)': is a file, not a directory")
+        // An output that is an input would replace it: refused before anything is written.
+        let before = try Data(contentsOf: URL(fileURLWithPath: weights))
+        #expect(
+            try await errorLine(["coreml", "export", model, weights, "-o", weights])
+                == "Error: --output '\(weights)': is the input <weights> '\(weights)'; writing it would replace that file: choose another path")
+        #expect(try Data(contentsOf: URL(fileURLWithPath: weights)) == before)
     }
 
     @Test func safetensorsErrorsNameTheWeightsFile() async throws {

@@ -109,6 +109,22 @@ struct PreprocessingTests {
         #expect(told == 0)
     }
 
+    @Test("a numeric category reads 1.0 as 1, and NA or an empty field as unseen, not as a malformed number")
+    func numericCategoriesInDeviceRows() throws {
+        let train = try TabularReader().read(text: "x,rad,t\n1,1,1\n2,24,2\n4,1,3\n")
+        let p = try TabularPreprocessor(fitting: train, numeric: ["x"], categorical: ["rad"], target: "t", unknownCategories: .reservedIndex)
+        var unseen: [TabularPreprocessor.UnseenCategory] = []
+        let data = try p.deviceData(csvText: "x,rad,t\n1,1.0,1\n2,NA,2\n3,,1\n4,2.4e1,0\n5,7,1\n") { unseen.append($0) }
+        #expect(unseen.map(\.value) == ["NA", "", "7"] && unseen.map(\.row) == [2, 3, 5])
+        #expect(data.count == 5)
+        let rad = try #require(data.inputs[data.inputSpecs.firstIndex { $0.name == "rad" }!])
+        let reserved = rad.scalars[1]
+        #expect(rad.scalars[0] == 0 && rad.scalars[3] == 1 && rad.scalars[2] == reserved && rad.scalars[4] == reserved && reserved != 0 && reserved != 1)
+        // A value a 32-bit float cannot hold is refused, naming the row, instead of written as infinity.
+        #expect { try p.deviceData(csvText: "x,rad,t\n1e39,1,1\n") } throws: { ($0 as? DataError)?.message.contains("row 1") == true }
+        #expect { try p.deviceData(csvText: "x,rad,t\n1,1,-1e40\n") } throws: { ($0 as? DataError)?.message.contains("row 1: t") == true }
+    }
+
     @Test("a column cannot be both a feature and the target")
     func overlappingColumns() throws {
         let train = try TabularReader().read(text: "x,t\n1,1\n2,2\n")

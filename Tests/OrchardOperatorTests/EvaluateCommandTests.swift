@@ -46,6 +46,14 @@ import Testing
 
         let text = try await Run.orchard(["evaluate", "--model", model, "--weights", weights, "--data", data], in: files.url)
         #expect(text.status == 0 && text.output.contains("samples  8") && text.output.contains("rmse"))
+        // A diverged checkpoint (NaN weights): the line is still JSON, its metrics the string "NaN".
+        var diverged = built
+        try diverged.setParameter("output.bias", to: Tensor(shape: [1], scalars: [.nan]))
+        let nanWeights = try files.write("nan.safetensors", bytes: diverged.weightsSafetensors())
+        let nan = try await Run.orchard(["evaluate", "--model", model, "--weights", nanWeights, "--data", data, "--json"], in: files.url)
+        #expect(nan.status == 0, "\(nan.error)")
+        let nanLine = try #require(try JSONSerialization.jsonObject(with: Data(nan.output.utf8)) as? [String: Any])
+        #expect(nanLine["loss"] as? String == "NaN" && nanLine["samples"] as? Int == 8, "\(nan.output)")
     }
 
     @Test func badInputsAreRefusedNamingTheFile() async throws {

@@ -180,5 +180,18 @@ import Testing
         let bad = try await Run.orchard(["data", "prepare", "--model", spec.path, "--csv", badValue, "-o", out], in: files.url)
         #expect(bad.errorLines.count == 1)
         #expect(bad.errorLines.first?.hasPrefix("error: malformed_value at line 3, column 3: --csv '\(badValue)': ") == true, "\(bad.error)")
+
+        // An output that is one of the inputs (the weights next to the model, by another spelling) is refused, and the
+        // input is left as it was.
+        let weights = spec.deletingPathExtension().appendingPathExtension("safetensors")
+        let before = try Data(contentsOf: weights)
+        let aliased = files.url.appendingPathComponent(".").appendingPathComponent(weights.lastPathComponent).path
+        let clobber = try await Run.orchard(["data", "prepare", "--model", spec.path, "--csv", csv, "--target", "price", "-o", aliased], in: files.url)
+        #expect(clobber.status == 1)
+        #expect(
+            clobber.errorLines == [
+                "error: invalid_option: -o '\(aliased)' is the input the weights next to --model '\(weights.path)'; writing it would replace that file: choose another path"
+            ], "\(clobber.error)")
+        #expect(try Data(contentsOf: weights) == before)
     }
 }
