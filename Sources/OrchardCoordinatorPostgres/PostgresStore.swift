@@ -596,8 +596,18 @@ public final class PostgresStore: CoordinatorStore {
         }
         let staged = bytes
         try await transaction("record the report of key '\(report.requestKey)' in cycle \(report.cycle)") { connection in
-            let status = try await lockCycle(connection, processID: report.processID, cycle: report.cycle, exclusive: false)
+            // A buffer commits at most its release's reports, whichever instances admitted them: its reports take the
+            // cycle row exclusively, one after another, and count what is committed.
+            let limited = report.releaseLimit != nil
+            let status = try await lockCycle(connection, processID: report.processID, cycle: report.cycle, exclusive: limited)
             try Self.requireOpen(status, processID: report.processID, cycle: report.cycle)
+            if let limit = report.releaseLimit {
+                let counted = try await run(
+                    connection, "SELECT count(*) FROM assignments WHERE process_id = \(report.processID) AND cycle = \(report.cycle) AND reported")
+                guard try (counted.first?.decode(Int.self) ?? 0) < limit else {
+                    throw StoreError(.cycleClosed, "buffer \(report.cycle) holds its \(limit) reports: it is being released")
+                }
+            }
             let updated = try await run(
                 connection,
                 """

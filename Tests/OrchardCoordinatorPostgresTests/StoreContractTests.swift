@@ -501,6 +501,38 @@ import Testing
         }
     }
 
+    /// A buffer's reports racing at two instances, each admitted against its own count: the store commits exactly the
+    /// release's limit and refuses the rest `cycle_closed` (the coordinator answers `buffer_releasing`), so a release
+    /// never holds more reports than central privacy's noise and accounting assume.
+    @Test(arguments: StoreKind.underTest)
+    func racingReportsNeverFillABufferPastItsRelease(_ kind: StoreKind) async throws {
+        try await withStores(kind) { stores in
+            try await F.host(stores.main)
+            try await F.assign(stores.main, 0..<12)
+            let outcomes = try await withThrowingTaskGroup(of: StoreError.Code?.self) { group in
+                for i in 0..<12 {
+                    let store = i.isMultiple(of: 2) ? stores.main : stores.peer
+                    group.addTask {
+                        var report = F.report(i, instance: i.isMultiple(of: 2) ? "a" : "b")
+                        report.releaseLimit = 5
+                        return try await storeErrorCode { try await store.recordReport(report, bytes: F.diff(i)) }
+                    }
+                }
+                var all: [StoreError.Code?] = []
+                for try await outcome in group { all.append(outcome) }
+                return all
+            }
+            #expect(outcomes.filter { $0 == nil }.count == 5 && outcomes.filter { $0 == .cycleClosed }.count == 7, "\(outcomes)")
+            #expect(try await stores.main.cycleProgress(processID: "p")?.reported == 5)
+            #expect(try await PendingCollector.pending(stores.peer).count == 5)
+            // Without a limit (synchronous cycles) a refused worker's report commits.
+            let pending = Set(try await PendingCollector.pending(stores.peer).map(\.workerID))
+            let refused = try #require((0..<12).first { !pending.contains("w\($0)") })
+            try await stores.main.recordReport(F.report(refused, instance: "a"), bytes: F.diff(refused))
+            #expect(try await stores.main.cycleProgress(processID: "p")?.reported == 6)
+        }
+    }
+
     /// An admission written after its cycle closed (a buffer released while the write waited its turn) is refused, not
     /// left in the closed cycle where its report could never be recorded.
     @Test(arguments: StoreKind.underTest)

@@ -105,6 +105,8 @@ public actor Coordinator {
         var generation = 0
         /// Buffered processes: the report's staleness (checkpoints published since the one it trained from).
         var staleness: Int?
+        /// Buffered processes: the most reports a release holds, which the store enforces across instances.
+        var releaseLimit: Int?
         /// What the diff is scaled by when folded (the staleness factor; 1 for cycles).
         var foldScale: Double = 1
         /// When the upload must be complete: its time to report plus ``CoordinatorConfiguration/reportUploadGrace``.

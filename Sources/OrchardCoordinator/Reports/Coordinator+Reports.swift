@@ -117,6 +117,7 @@ extension Coordinator {
                 privacyClippingNorm: runtime.privacy.flatMap { $0.mechanism.serverClippingNorm($0.ledger) },
                 localNormCeiling: runtime.privacy?.mechanism.localNormCeiling(dimension: runtime.layout.trainableCount),
                 requestKey: metadata.requestKey, generation: runtime.generation, staleness: staleness,
+                releaseLimit: server.bufferedAggregation.map { _ in runtime.machine.configuration.goalCount },
                 foldScale: Runtime.foldScale(staleness: staleness, server: server),
                 finishBy: runtime.machine.reportDeadline(workerID: metadata.workerID).addingTimeInterval(configuration.reportUploadGrace.inSeconds)
             )

@@ -143,7 +143,7 @@ public final class ReportUpload {
         let record = ReportRecord(
             processID: ticket.processID, cycle: ticket.cycle, workerID: metadata.workerID, requestKey: metadata.requestKey,
             sampleCount: metadata.sampleCount, metricsJSON: metricsJSON, unclipped: unclipped, instance: coordinator.foldInstance,
-            staleness: ticket.staleness
+            staleness: ticket.staleness, releaseLimit: ticket.releaseLimit
         )
         let started = ContinuousClock.now
         do {

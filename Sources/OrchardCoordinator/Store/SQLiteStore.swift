@@ -517,6 +517,7 @@ public final class SQLiteStore: CoordinatorStore {
     private static func commit(_ writes: [BatchedWrite], in pool: DatabasePool) async throws -> [Result<Void, any Error>] {
         try await pool.write { db in
             var cycleOpen: [String: Bool] = [:]
+            var reportedCount: [String: Int] = [:]
             /// Whether the cycle is open, read once per batch.
             func isOpen(processID: String, cycle: Int) throws -> Bool {
                 let key = "\(processID)/\(cycle)"
@@ -549,6 +550,19 @@ public final class SQLiteStore: CoordinatorStore {
                         guard try isOpen(processID: report.processID, cycle: report.cycle) else {
                             throw StoreError(.cycleClosed, "cycle \(report.cycle) is not open")
                         }
+                        // A buffer commits at most its release's reports, whichever instances admitted them.
+                        let key = "\(report.processID)/\(report.cycle)"
+                        if let limit = report.releaseLimit {
+                            let committed =
+                                try reportedCount[key]
+                                ?? Int.fetchOne(
+                                    db.cachedStatement(sql: "SELECT count(*) FROM assignments WHERE process_id = ? AND cycle = ? AND reported = 1"),
+                                    arguments: [report.processID, report.cycle]) ?? 0
+                            reportedCount[key] = committed
+                            guard committed < limit else {
+                                throw StoreError(.cycleClosed, "buffer \(report.cycle) holds its \(limit) reports: it is being released")
+                            }
+                        }
                         try db.cachedStatement(
                             sql: """
                                 UPDATE assignments SET reported = 1, sample_count = ?, metrics = ?, diff_file = ?, unclipped = ?, instance = ?, staleness = ?
@@ -561,6 +575,7 @@ public final class SQLiteStore: CoordinatorStore {
                         guard db.changesCount == 1 else {
                             throw StoreError(.duplicate, "no unreported assignment for this worker and request key in cycle \(report.cycle)")
                         }
+                        if let committed = reportedCount[key] { reportedCount[key] = committed + 1 }
                     }
                 }
             }

@@ -282,12 +282,17 @@ public struct ReportRecord: Sendable {
     /// Buffered processes: checkpoints published between the one the device trained from and the report (its fold
     /// weight's staleness factor, applied again on recovery).
     public var staleness: Int?
+    /// Buffered processes: the most reports the buffer releases (`buffer_size`). The store commits a report only while
+    /// fewer are committed in the cycle, checked in the report's own transaction, so instances that each admitted a
+    /// report against their own count never make a release larger; past it the report is refused `cycle_closed`.
+    public var releaseLimit: Int?
 
     /// Creates a record.
     public init(
         processID: String, cycle: Int, workerID: String, requestKey: String, sampleCount: Int, metricsJSON: String, unclipped: Bool = false,
-        instance: String = CoordinatorConfiguration.defaultInstanceID, staleness: Int? = nil
+        instance: String = CoordinatorConfiguration.defaultInstanceID, staleness: Int? = nil, releaseLimit: Int? = nil
     ) {
+        self.releaseLimit = releaseLimit
         self.staleness = staleness
         self.instance = instance
         self.processID = processID
