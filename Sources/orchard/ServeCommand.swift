@@ -184,12 +184,7 @@ struct Serve: AsyncParsableCommand {
 
     /// `--instance-id`, or `<hostname>-<port>` with characters an instance name cannot hold replaced by `-`.
     func resolvedInstanceID() -> String {
-        if let instanceID { return instanceID }
-        let host = ProcessInfo.processInfo.hostName.unicodeScalars.map { scalar -> Character in
-            scalar.isASCII && (scalar.properties.isAlphabetic || ("0"..."9").contains(scalar) || "-_.".unicodeScalars.contains(scalar))
-                ? Character(scalar) : "-"
-        }
-        return String(String(host).prefix(50)) + "-\(port)"
+        instanceID ?? CoordinatorConfiguration.defaultInstanceID(hostName: ProcessInfo.processInfo.hostName, port: port)
     }
 
     func run() async throws {

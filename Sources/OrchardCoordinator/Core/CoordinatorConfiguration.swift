@@ -109,3 +109,22 @@ public struct CoordinatorConfiguration: Sendable {
         return nil
     }
 }
+
+extension CoordinatorConfiguration {
+    /// `<hostname>-<port>`, the host name's characters an instance name cannot hold replaced by `-`. A host name over
+    /// 50 characters keeps its first 40 and a hash of the whole: replicas whose names differ only in a long tail (a
+    /// Kubernetes pod's random suffix) still get distinct ids, which instances sharing a store must have.
+    public static func defaultInstanceID(hostName: String, port: Int) -> String {
+        let host = String(
+            hostName.unicodeScalars.map { scalar -> Character in
+                scalar.isASCII && (scalar.properties.isAlphabetic || ("0"..."9").contains(scalar) || "-_.".unicodeScalars.contains(scalar))
+                    ? Character(scalar) : "-"
+            })
+        guard host.count > 50 else { return host + "-\(port)" }
+        // FNV-1a (64 bits) of the whole name: stable across runs and builds, unlike Swift's seeded hashing.
+        var hash: UInt64 = 0xCBF2_9CE4_8422_2325
+        for byte in hostName.utf8 { hash = (hash ^ UInt64(byte)) &* 0x0000_0100_0000_01B3 }
+        let hex = String(hash, radix: 16)
+        return String(host.prefix(40)) + "-" + String(repeating: "0", count: 16 - hex.count) + hex + "-\(port)"
+    }
+}
