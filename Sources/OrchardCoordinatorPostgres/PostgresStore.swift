@@ -7,6 +7,7 @@ import OrchardFormats
 public import OrchardProtocol
 import OrchardSupport
 import PostgresNIO
+import Synchronization
 
 /// A ``OrchardCoordinator/CoordinatorStore`` in PostgreSQL, shared by several coordinator instances.
 ///
@@ -32,6 +33,9 @@ public final class PostgresStore: CoordinatorStore {
     private let locksRunner: Task<Void, Never>
     private let logger: Logger
     private let spool: StagingSpool
+    private let configuration: PostgresStoreConfiguration
+    /// The connection holding this instance's id (``claimInstance(_:)``), closed by ``shutdown()``.
+    private let claim = Mutex<PostgresConnection?>(nil)
 
     /// At most this many secure-aggregation locks are held or awaited at once by one store (one per process at a
     /// time, as the coordinator serialises each process's steps).
@@ -41,8 +45,10 @@ public final class PostgresStore: CoordinatorStore {
     public var isShared: Bool { true }
 
     private init(
-        client: PostgresClient, runner: Task<Void, Never>, locks: PostgresClient, locksRunner: Task<Void, Never>, logger: Logger, spool: StagingSpool
+        client: PostgresClient, runner: Task<Void, Never>, locks: PostgresClient, locksRunner: Task<Void, Never>, logger: Logger, spool: StagingSpool,
+        configuration: PostgresStoreConfiguration
     ) {
+        self.configuration = configuration
         self.client = client
         self.runner = runner
         self.locks = locks
@@ -99,7 +105,8 @@ public final class PostgresStore: CoordinatorStore {
         let locks = PostgresClient(configuration: pooled, backgroundLogger: logger)
         let locksRunner = Task { await locks.run() }
         logger.debug("opened PostgreSQL store", metadata: ["database": "\(configuration)"])
-        return PostgresStore(client: client, runner: runner, locks: locks, locksRunner: locksRunner, logger: logger, spool: spool)
+        return PostgresStore(
+            client: client, runner: runner, locks: locks, locksRunner: locksRunner, logger: logger, spool: spool, configuration: configuration)
     }
 
     /// The server, database and user, without the password.
@@ -148,6 +155,11 @@ public final class PostgresStore: CoordinatorStore {
     /// Stops the connection pool (closing its connections; later calls fail with
     /// ``OrchardCoordinator/StoreError/Code/io``) and deletes the staging directory. Calling it again does nothing.
     public func shutdown() async {
+        if let held = claim.withLock({ held in
+            defer { held = nil }; return held
+        }) {
+            try? await held.close()
+        }
         runner.cancel()
         locksRunner.cancel()
         await runner.value
@@ -1042,4 +1054,46 @@ public final class PostgresStore: CoordinatorStore {
     /// The first key of the two-key advisory locks on processes' secure aggregation ("ORSA"); the migrations' lock is
     /// a one-key lock, a space of its own.
     public static let secureAggregationLockClass: Int32 = 0x4F52_5341
+
+    /// The first key of the two-key advisory locks on instance ids ("ORIN").
+    public static let instanceLockClass: Int32 = 0x4F52_494E
+
+    /// Claims `instanceID` for as long as this store is open: a session-level advisory lock on its own connection,
+    /// released by ``shutdown()`` or when the process dies (its connection closes). Tries for the configuration's
+    /// ``PostgresStoreConfiguration/instanceClaimWait``.
+    /// - Throws: ``OrchardCoordinator/StoreError/Code/locked`` when another running instance holds the id.
+    public func claimInstance(_ instanceID: String) async throws {
+        try await claimInstance(instanceID, waiting: configuration.instanceClaimWait)
+    }
+
+    /// ``claimInstance(_:)``, trying for `waiting` (every 100 ms) before refusing.
+    public func claimInstance(_ instanceID: String, waiting: Duration) async throws {
+        let connection = try await Self.connect(configuration, logger: logger)
+        let deadline = ContinuousClock.now + waiting
+        do {
+            while true {
+                let rows = try await connection.query(
+                    "SELECT pg_try_advisory_lock(\(Self.instanceLockClass), hashtext(\(instanceID)))", logger: logger
+                ).collect()
+                if try rows.first?.decode(Bool.self) == true {
+                    let earlier = claim.withLock { held in
+                        defer { held = connection }; return held
+                    }
+                    if let earlier { try? await earlier.close() }
+                    return
+                }
+                guard ContinuousClock.now < deadline else {
+                    throw StoreError(
+                        .locked,
+                        "instance id '\(instanceID)' is held by another running instance sharing this database: give each instance its own --instance-id (two instances with one id overwrite each other's partial sums)"
+                    )
+                }
+                try await Task.sleep(for: .milliseconds(100))
+            }
+        } catch {
+            try? await connection.close()
+            if let error = error as? StoreError { throw error }
+            throw PostgresErrors.map(error, "claim instance id '\(instanceID)'")
+        }
+    }
 }

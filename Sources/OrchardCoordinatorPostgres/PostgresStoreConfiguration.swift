@@ -39,6 +39,9 @@ public struct PostgresStoreConfiguration: Sendable, Hashable, CustomStringConver
     public var connectTimeout: Duration
     /// The directory where report diffs are staged before their transaction (a temporary directory when nil).
     public var spoolDirectory: String?
+    /// How long an instance's start waits for its id to be free (``PostgresStore/claimInstance(_:)``): long enough for
+    /// the session of an instance killed a moment ago to end, so it can restart under its id at once.
+    public var instanceClaimWait: Duration = .seconds(10)
 
     /// The pool size when the URL sets none.
     public static let defaultPoolSize = 8

@@ -64,6 +64,8 @@ public struct CoordinatorInstance: Sendable {
         let metrics = CoordinatorMetrics(factory: PrometheusMetricsFactory(registry: registry))
         let coordinator = Coordinator(store: store, configuration: configuration, clock: clock, random: random, metrics: metrics, logger: logger)
         do {
+            // Over a shared store no two running instances may have one id: each folds into its id's partial sum.
+            if store.isShared { try await store.claimInstance(configuration.instanceID) }
             try await coordinator.start()
         } catch {
             await release()

@@ -443,6 +443,10 @@ public protocol CoordinatorStore: Sendable {
     /// order is the order every instance applies (PostgreSQL: a session advisory lock, released when its holder
     /// dies). A coordinator serialises its own steps per process, so a store of its own needs no more than that.
     func withSecureAggregationLock<T: Sendable>(processID: String, _ body: @Sendable () async throws -> T) async throws -> T
+    /// Claims `instanceID` for as long as the store stays open, over a store several instances share: a second running
+    /// instance with the same id is refused (``StoreError/Code/locked``), since two instances folding into one partial
+    /// sum lose each other's reports. A store of its own (the default) claims nothing.
+    func claimInstance(_ instanceID: String) async throws
     /// Attaches (replaces) a process's held-out evaluation data with its sample count, or removes it (nil); throws
     /// ``StoreError/Code/notFound`` for an unknown process. Deleted with the process.
     func setEvaluationData(processID: String, data: (bytes: [UInt8], samples: Int)?) async throws
@@ -520,6 +524,9 @@ public struct StoredSecureAggregationEvent: Sendable, Hashable {
 }
 
 extension CoordinatorStore {
+    /// A store of its own claims nothing: one coordinator uses it (a SQLite file is locked by its instance).
+    public func claimInstance(_ instanceID: String) async throws {}
+
     /// ``admit(processID:cycle:workerID:requestKey:at:limit:inFlightAfter:)`` counting every assignment of the cycle.
     public func admit(processID: String, cycle: Int, workerID: String, requestKey: String, at date: Date, limit: Int) async throws -> StoredAdmission {
         try await admit(processID: processID, cycle: cycle, workerID: workerID, requestKey: requestKey, at: date, limit: limit, inFlightAfter: nil)
