@@ -102,6 +102,9 @@ public final class PostgresStore: CoordinatorStore {
         let client = PostgresClient(configuration: pooled, backgroundLogger: logger)
         let runner = Task { await client.run() }
         pooled.options.maximumConnections = lockConnections
+        // A lock held by a session whose host went away is kept until the server notices: a device's step waits for it
+        // at most this long, then fails (and is retried), rather than holding a lock connection for hours.
+        pooled.options.additionalStartupParameters.append(("lock_timeout", "\(Self.lockTimeoutSeconds)s"))
         let locks = PostgresClient(configuration: pooled, backgroundLogger: logger)
         let locksRunner = Task { await locks.run() }
         logger.debug("opened PostgreSQL store", metadata: ["database": "\(configuration)"])
@@ -1025,11 +1028,29 @@ public final class PostgresStore: CoordinatorStore {
     /// takes the same lock, so their steps of the process's secure aggregation are serialised; if the holder dies,
     /// its connection closes and PostgreSQL releases the lock.
     public func withSecureAggregationLock<T: Sendable>(processID: String, _ body: @Sendable () async throws -> T) async throws -> T {
+        // Waiting: a lock never comes back nil.
+        try await withSecureAggregationLock(processID: processID, waiting: true, body)!
+    }
+
+    /// ``withSecureAggregationLock(processID:_:)`` with `pg_try_advisory_lock`: nil at once when another session holds it.
+    public func withSecureAggregationLockIfFree<T: Sendable>(processID: String, _ body: @Sendable () async throws -> T) async throws -> T? {
+        try await withSecureAggregationLock(processID: processID, waiting: false, body)
+    }
+
+    private func withSecureAggregationLock<T: Sendable>(processID: String, waiting: Bool, _ body: @Sendable () async throws -> T) async throws -> T? {
         let logger = self.logger
-        let outcome: Result<T, any Error>
+        let outcome: Result<T, any Error>?
         do {
-            outcome = try await locks.withConnection { connection async throws -> Result<T, any Error> in
-                _ = try await connection.query("SELECT pg_advisory_lock(\(Self.secureAggregationLockClass), hashtext(\(processID)))", logger: logger).collect()
+            outcome = try await locks.withConnection { connection async throws -> Result<T, any Error>? in
+                if waiting {
+                    _ = try await connection.query("SELECT pg_advisory_lock(\(Self.secureAggregationLockClass), hashtext(\(processID)))", logger: logger)
+                        .collect()
+                } else {
+                    let taken = try await connection.query(
+                        "SELECT pg_try_advisory_lock(\(Self.secureAggregationLockClass), hashtext(\(processID)))", logger: logger
+                    ).collect()
+                    guard try taken.first?.decode(Bool.self) == true else { return nil }
+                }
                 let result: Result<T, any Error>
                 do {
                     result = .success(try await body())
@@ -1048,12 +1069,15 @@ public final class PostgresStore: CoordinatorStore {
         } catch {
             throw PostgresErrors.map(error, "lock the secure aggregation of process '\(processID)'")
         }
-        return try outcome.get()
+        return try outcome?.get()
     }
 
     /// The first key of the two-key advisory locks on processes' secure aggregation ("ORSA"); the migrations' lock is
     /// a one-key lock, a space of its own.
     public static let secureAggregationLockClass: Int32 = 0x4F52_5341
+
+    /// How long a secure-aggregation step waits for the process's lock (the lock connections' `lock_timeout`).
+    public static let lockTimeoutSeconds = 30
 
     /// The first key of the two-key advisory locks on instance ids ("ORIN").
     public static let instanceLockClass: Int32 = 0x4F52_494E

@@ -34,6 +34,15 @@ public final class AsyncSemaphore: Sendable {
     /// Tasks waiting for a permit now.
     public var waiting: Int { state.withLock { $0.waiters[$0.head...].reduce(0) { $0 + ($1 == nil ? 0 : 1) } } }
 
+    /// Takes a permit if one is free and nobody is waiting for it; returns whether it did (never waits).
+    public func tryWait() -> Bool {
+        state.withLock { state in
+            guard state.free > 0, !state.waiters[state.head...].contains(where: { $0 != nil }) else { return false }
+            state.free -= 1
+            return true
+        }
+    }
+
     /// Waits for a permit.
     public func wait() async {
         let id = state.withLock { state in

@@ -882,6 +882,13 @@ import Testing
                 try await stores.main.withSecureAggregationLock(processID: "q") { 7 }
             }
             #expect(nested == 7)
+            // Taken only if free: nil at once while the other handle holds it (the timer's steps never wait on it), and
+            // taken once it is released.
+            let busy = try await stores.main.withSecureAggregationLock(processID: "p") {
+                try await stores.peer.withSecureAggregationLockIfFree(processID: "p") { 1 }
+            }
+            #expect(busy == nil)
+            #expect(try await stores.peer.withSecureAggregationLockIfFree(processID: "p") { 2 } == 2)
         }
     }
 }

@@ -136,6 +136,21 @@ import Testing
 
     /// A cancellable waiter that is cancelled gives its place up at once: the ones behind it keep their order, and the
     /// permit it would have had goes to the next.
+    /// `tryWait` takes a free permit and never waits: not while the permits are held, nor past a queued waiter.
+    @Test func tryWaitTakesOnlyAFreePermit() async throws {
+        let semaphore = AsyncSemaphore(permits: 1)
+        #expect(semaphore.tryWait())
+        #expect(!semaphore.tryWait())
+        let queued = Task { await semaphore.wait() }
+        while semaphore.waiting == 0 { await Task.yield() }
+        semaphore.signal()  // to the queued waiter, not to a later tryWait
+        await queued.value
+        #expect(!semaphore.tryWait())
+        semaphore.signal()
+        #expect(semaphore.tryWait())
+        semaphore.signal()
+    }
+
     @Test func aCancelledWaiterGivesItsPlaceUp() async throws {
         let semaphore = AsyncSemaphore(permits: 1)
         let order = Shared<[Int]>([])

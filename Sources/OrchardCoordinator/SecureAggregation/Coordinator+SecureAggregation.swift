@@ -371,12 +371,26 @@ extension Coordinator {
 
     /// The timer's work for a process under secure aggregation, with its locks held: stages past their deadline
     /// close, and a protocol that ended but could not be published is published.
+    /// Takes the locks only if they are free: a step in progress here, or a lock another instance holds (its host gone
+    /// away, say), skips this process until the next tick instead of stalling every process's ticks.
     func tickSecure(processID: String, now: Date) async {
+        let lock = secureLock(processID)
+        guard lock.tryWait() else { return }
+        defer { lock.signal() }
         do {
-            try await withSecureLock(processID: processID) { coordinator in
-                await coordinator.advanceSecure(processID: processID, now: now)
-                await coordinator.finishSecureIfEnded(processID: processID)
+            guard store.isShared else {
+                await advanceSecure(processID: processID, now: now)
+                await finishSecureIfEnded(processID: processID)
+                return
             }
+            let ran = try await store.withSecureAggregationLockIfFree(processID: processID) {
+                try await Coordinator.$secureLockHolder.withValue(processID) {
+                    try await self.catchUpSecure(processID: processID)
+                    await self.advanceSecure(processID: processID, now: now)
+                    await self.finishSecureIfEnded(processID: processID)
+                }
+            }
+            if ran == nil { logger.debug("secure aggregation lock busy; the tick skips the process", metadata: ["process": "\(processID)"]) }
         } catch {
             logger.warning("could not step the secure aggregation; retrying on the next tick", metadata: ["process": "\(processID)", "error": "\(error)"])
         }

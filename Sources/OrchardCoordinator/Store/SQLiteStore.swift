@@ -945,14 +945,25 @@ public final class SQLiteStore: CoordinatorStore {
     /// Runs `body` holding the process's lock in this store object, which the coordinators sharing it in one process
     /// (``init(path:durability:sharedByInstances:)``) all take.
     public func withSecureAggregationLock<T: Sendable>(processID: String, _ body: @Sendable () async throws -> T) async throws -> T {
-        let lock = secureAggregationLocks.withLock { locks in
+        let lock = secureAggregationLock(processID)
+        await lock.wait()
+        defer { lock.signal() }
+        return try await body()
+    }
+
+    public func withSecureAggregationLockIfFree<T: Sendable>(processID: String, _ body: @Sendable () async throws -> T) async throws -> T? {
+        let lock = secureAggregationLock(processID)
+        guard lock.tryWait() else { return nil }
+        defer { lock.signal() }
+        return try await body()
+    }
+
+    private func secureAggregationLock(_ processID: String) -> AsyncSemaphore {
+        secureAggregationLocks.withLock { locks in
             if let lock = locks[processID] { return lock }
             let lock = AsyncSemaphore(permits: 1)
             locks[processID] = lock
             return lock
         }
-        await lock.wait()
-        defer { lock.signal() }
-        return try await body()
     }
 }

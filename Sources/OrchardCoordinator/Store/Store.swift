@@ -443,6 +443,9 @@ public protocol CoordinatorStore: Sendable {
     /// order is the order every instance applies (PostgreSQL: a session advisory lock, released when its holder
     /// dies). A coordinator serialises its own steps per process, so a store of its own needs no more than that.
     func withSecureAggregationLock<T: Sendable>(processID: String, _ body: @Sendable () async throws -> T) async throws -> T
+    /// ``withSecureAggregationLock(processID:_:)`` if the lock is free now, else nil at once without running `body`
+    /// (the timer's steps: a lock another instance holds, even one whose host went away, never stalls the ticks).
+    func withSecureAggregationLockIfFree<T: Sendable>(processID: String, _ body: @Sendable () async throws -> T) async throws -> T?
     /// Claims `instanceID` for as long as the store stays open, over a store several instances share: a second running
     /// instance with the same id is refused (``StoreError/Code/locked``), since two instances folding into one partial
     /// sum lose each other's reports. A store of its own (the default) claims nothing.
