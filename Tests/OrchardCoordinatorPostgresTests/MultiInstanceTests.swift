@@ -194,6 +194,42 @@ import Testing
         }
     }
 
+    /// A buffer released by one instance: another instance, which has not ticked since, refuses a report of the
+    /// released buffer once (503 `buffer_releasing`, the commit refused) and has taken up the release when the device
+    /// sends it again a moment later, so the report goes into the next buffer at once instead of after the next tick.
+    @Test(arguments: StoreKind.underTest) func anInstanceTakesUpAReleaseMadeElsewhereWhenAReportMeetsIt(kind: StoreKind) async throws {
+        try await Group.with(kind, instances: 2) { group in
+            var request = Self.host(goal: 1)
+            request.serverConfig.aggregationMode = .buffered
+            request.serverConfig.buffered = BufferedAggregationConfig(bufferSize: 2, maxConcurrency: 10)
+            let hosted = try await group[0].host(request)
+            func report(_ device: (response: AuthenticateResponse, session: DeviceSession), _ assignment: CycleAssignment, at instance: Int)
+                async throws -> ReportResponse
+            {
+                let body = ReportEnvelope.encode(
+                    diff: Self.diff(1),
+                    metadata: ReportMetadata(workerID: device.response.workerID, requestKey: assignment.requestKey, sampleCount: 2, checkpoint: 0))
+                return try await group[instance].report(body, session: try await group[instance].session(forToken: device.response.sessionToken))
+            }
+            var devices: [(response: AuthenticateResponse, session: DeviceSession)] = []
+            var assignments: [CycleAssignment] = []
+            for instance in [0, 0, 1] {
+                let device = try await group.device(at: instance)
+                devices.append(device)
+                assignments.append(try Self.accepted(try await group.requestCycle(device, at: instance)))
+            }
+            _ = try await report(devices[0], assignments[0], at: 0)
+            #expect(try await report(devices[1], assignments[1], at: 0).cycleClosed, "buffer 1 released at instance 0")
+            // Instance 1 has not ticked: the report of its device meets the release at the commit.
+            let refused = await #expect(throws: CoordinatorError.self) { _ = try await report(devices[2], assignments[2], at: 1) }
+            #expect(refused?.code == .bufferReleasing && refused?.retryAfter == 1)
+            // Sent again (still without a tick there): admitted into buffer 2, one checkpoint stale.
+            let accepted = try await report(devices[2], assignments[2], at: 1)
+            #expect(accepted.cycle == 2 && !accepted.cycleClosed)
+            #expect(try await group[1].status(processID: hosted.processID).latestCheckpoint == 1)
+        }
+    }
+
     @Test(arguments: StoreKind.underTest) func aKeyFromAnotherInstanceServesOnlyItsOwnWorkerAndProcess(kind: StoreKind) async throws {
         try await Group.with(kind, instances: 2) { group in
             _ = try await group[0].host(Self.host(goal: 3))

@@ -71,6 +71,12 @@ extension Coordinator {
     nonisolated func refused() { metrics.reportsRefused.increment() }
 
     func beginReport(_ metadata: ReportMetadata, session: DeviceSession) async throws(CoordinatorError) -> ReportTicket {
+        try await beginReport(metadata, session: session, caughtUp: false)
+    }
+
+    /// ``beginReport(_:session:)``; a buffered report told to wait over a shared store first takes up what the other
+    /// instances did (a buffer they released moves its assignment into the next) and decides once more.
+    private func beginReport(_ metadata: ReportMetadata, session: DeviceSession, caughtUp: Bool) async throws(CoordinatorError) -> ReportTicket {
         try await requireKnownWorker(metadata.workerID)
         do throws(CoordinatorError) {
             try await adoptSharedKey(metadata.requestKey)
@@ -107,6 +113,13 @@ extension Coordinator {
             metrics.reportsRefused.increment()
             throw CoordinatorError(code, message)
         case .retry(let after, let message):
+            if store.isShared && !caughtUp {
+                let before = (runtime.machine.cycle, runtime.generation)
+                _ = await catchUpShared(processID: processID)
+                if let now = runtimes[processID], (now.machine.cycle, now.generation) != before {
+                    return try await beginReport(metadata, session: session, caughtUp: true)
+                }
+            }
             metrics.reportsRefused.increment()
             throw CoordinatorError(.bufferReleasing, message, retryAfter: after)
         case .proceed(let cycle):

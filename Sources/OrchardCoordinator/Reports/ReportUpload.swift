@@ -155,6 +155,8 @@ public final class ReportUpload {
                     refusal = CoordinatorError(.unknownProcess, "the process of this report is no longer hosted")
                 } else if ticket.staleness != nil {
                     // Buffered: another instance published the buffer meanwhile; the assignment moved into the next one.
+                    // Taken up now, so the device's report sent again a moment later is admitted into that buffer here.
+                    _ = await coordinator.catchUpShared(processID: ticket.processID)
                     refusal = CoordinatorError(
                         .bufferReleasing, "buffer \(ticket.cycle) was published before the report was committed; send it again", retryAfter: 1)
                 } else {
