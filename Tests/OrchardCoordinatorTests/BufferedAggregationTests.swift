@@ -149,6 +149,21 @@ extension CycleStateMachine {
         _ = m.synchronize(with: [CycleStateMachine.Assignment(workerID: "z", requestKey: "key-z", state: .reported, assignedAt: t0)])
         #expect(m.inFlight == 1 && m.reported == 1)
     }
+
+    /// An assignment expired on this instance's clock whose report another instance committed (it began in time and
+    /// finished within the grace) counts as reported once synchronized, so the two views agree and the instance stops
+    /// re-reading the store on every tick; it was out of flight already.
+    @Test func anAssignmentExpiredHereButReportedElsewhereCountsAsReported() {
+        var m = bufferedMachine(size: 3, concurrency: 3, window: 100)
+        #expect(m.join("a") && m.join("b"))
+        _ = m.timerFired(now: t0.addingTimeInterval(101))
+        #expect(m.inFlight == 0 && m.reported == 0)
+        _ = m.synchronize(with: [CycleStateMachine.Assignment(workerID: "a", requestKey: "key-a", state: .reported, assignedAt: t0)])
+        #expect(m.reported == 1 && m.inFlight == 0)
+        // Synchronizing the same again changes nothing.
+        _ = m.synchronize(with: [CycleStateMachine.Assignment(workerID: "a", requestKey: "key-a", state: .reported, assignedAt: t0)])
+        #expect(m.reported == 1 && m.inFlight == 0)
+    }
 }
 
 extension CycleStateMachine.CycleDecision {

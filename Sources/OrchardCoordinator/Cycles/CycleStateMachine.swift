@@ -418,11 +418,16 @@ public struct CycleStateMachine: Sendable, Hashable {
     public mutating func synchronize(with stored: [Assignment]) -> CycleAction? {
         for incoming in stored {
             if var local = assignments[incoming.workerID] {
-                guard local.requestKey == incoming.requestKey, local.state == .assigned, incoming.state == .reported else { continue }
+                // Expired here but reported elsewhere: the report began before its time ran out on this instance's
+                // clock and was committed within the grace. Counted, or the two views never agree again.
+                guard local.requestKey == incoming.requestKey, local.state == .assigned || local.state == .expired, incoming.state == .reported else {
+                    continue
+                }
+                let wasInFlight = local.state == .assigned
                 local.state = .reported
                 assignments[incoming.workerID] = local
                 reported += 1
-                if configuration.buffered { inFlight -= 1 }
+                if configuration.buffered && wasInFlight { inFlight -= 1 }
             } else {
                 var adopted = incoming
                 if adopted.state == .reporting { adopted.state = .assigned }
