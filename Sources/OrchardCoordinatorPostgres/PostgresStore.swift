@@ -639,6 +639,18 @@ public final class PostgresStore: CoordinatorStore {
         }
     }
 
+    public func discardReports(processID: String, cycle: Int, workers: [String]) async throws {
+        guard !workers.isEmpty else { return }
+        try await transaction("discard unreadable reports of cycle \(cycle) of process '\(processID)'") { connection in
+            try await run(
+                connection,
+                """
+                UPDATE assignments SET reported = FALSE, diff = NULL, sample_count = NULL
+                WHERE process_id = \(processID) AND cycle = \(cycle) AND worker_id = ANY(\(workers)) AND reported
+                """)
+        }
+    }
+
     public func foldReports(processID: String, cycle: Int, instance: String, sum: StoredPartialSum, workers: [String]) async throws {
         try await transaction("fold reports of instance '\(instance)' into cycle \(cycle) of process '\(processID)'") { connection in
             let status = try await lockCycle(connection, processID: processID, cycle: cycle, exclusive: false)

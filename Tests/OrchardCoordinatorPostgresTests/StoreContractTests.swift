@@ -533,6 +533,22 @@ import Testing
         }
     }
 
+    /// Reports whose diffs cannot be read back are discarded: no longer reported, their diffs forgotten; the others and
+    /// the workers' assignments stay.
+    @Test(arguments: StoreKind.underTest)
+    func discardedReportsAreNoLongerReportedNorPending(_ kind: StoreKind) async throws {
+        try await withStores(kind) { stores in
+            try await F.host(stores.main)
+            try await F.assign(stores.main, 0..<3)
+            for i in 0..<3 { try await stores.main.recordReport(F.report(i), bytes: F.diff(i)) }
+            try await stores.peer.discardReports(processID: "p", cycle: 1, workers: ["w1", "w9"])
+            #expect(try await PendingCollector.pending(stores.main).map(\.workerID) == ["w0", "w2"])
+            #expect(try await stores.main.cycleProgress(processID: "p")?.reported == 2)
+            let open = try #require(try await stores.main.openCycle(processID: "p"))
+            #expect(open.assignments.first { $0.workerID == "w1" }?.reported == false && open.assignments.count == 3)
+        }
+    }
+
     /// An admission written after its cycle closed (a buffer released while the write waited its turn) is refused, not
     /// left in the closed cycle where its report could never be recorded.
     @Test(arguments: StoreKind.underTest)

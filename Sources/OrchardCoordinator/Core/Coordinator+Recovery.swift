@@ -44,7 +44,9 @@ extension Coordinator {
         )
     }
 
-    func load(_ process: StoredProcess) async throws {
+    /// - Parameter discarding: Whether reports whose diffs cannot be read back may be discarded (once: the load that
+    ///   discarded them loads again without).
+    func load(_ process: StoredProcess, discarding: Bool = true) async throws {
         guard let weights = try await store.checkpoint(processID: process.id, number: process.latestCheckpoint) else {
             throw StoreError(.corrupt, "process \(process.id) has no checkpoint \(process.latestCheckpoint)")
         }
@@ -86,18 +88,39 @@ extension Coordinator {
             }
             let accumulator = RecoveryAccumulator(sum: sum)
             let count = layout.totalCount
+            let damaged = Mutex<[(worker: String, bytes: Int)]>([])
             // A robust rule keeps every report in the store until the cycle closes and reads them then.
             let robust = process.serverConfig.robustAggregation != nil
             let server = process.serverConfig
             try await store.forEachPendingDiff(processID: process.id, cycle: open.cycle.number) { pending in
                 if robust || (shared && pending.instance != instance) { return }
                 guard pending.diff.count == count * 4 else {
-                    throw StoreError(.corrupt, "stored diff of worker \(pending.workerID) has \(pending.diff.count) bytes")
+                    damaged.withLock { $0.append((pending.workerID, pending.diff.count)) }
+                    return
                 }
                 accumulator.add(
                     pending.diff, weight: Runtime.foldWeight(sampleCount: pending.sampleCount, private: isPrivate),
                     scale: Runtime.foldScale(staleness: pending.staleness, server: server), unclipped: pending.unclipped, worker: pending.workerID
                 )
+            }
+            // A diff that cannot be read back whole (its spool file missing or short after a power loss under `normal`
+            // durability, which does not sync them) cannot be summed: its report is discarded, loudly, rather than the
+            // coordinator refusing to start. The device was told it counted; this is the durability setting's loss.
+            let lost = damaged.withLock { $0 }
+            if !lost.isEmpty {
+                guard discarding else {
+                    throw StoreError(.corrupt, "stored diff of worker \(lost[0].worker) has \(lost[0].bytes) bytes, not \(count * 4)")
+                }
+                for (worker, bytes) in lost {
+                    logger.error(
+                        "discarding an acknowledged report whose stored diff cannot be read back",
+                        metadata: [
+                            "process": "\(process.id)", "cycle": "\(open.cycle.number)", "worker": "\(worker)", "bytes": "\(bytes)", "expected": "\(count * 4)",
+                        ])
+                }
+                try await store.discardReports(processID: process.id, cycle: open.cycle.number, workers: lost.map(\.worker))
+                try await load(process, discarding: false)
+                return
             }
             (sum, unfolded) = accumulator.result
             keys = Set(open.assignments.map(\.requestKey))

@@ -377,7 +377,8 @@ public final class SQLiteStore: CoordinatorStore {
             while let row = try cursor.next() {
                 let bytes: [UInt8]
                 if let file: String = row["diff_file"] {
-                    bytes = try spool.read(file)
+                    // A file a power loss left missing comes with no bytes: the caller sees it is not the model's length.
+                    bytes = (try? spool.read(file)) ?? []
                 } else {
                     let diff: Data = row["diff"]
                     bytes = [UInt8](diff)
@@ -390,6 +391,28 @@ public final class SQLiteStore: CoordinatorStore {
                     ))
             }
         }
+    }
+
+    public func discardReports(processID: String, cycle: Int, workers: [String]) async throws {
+        guard !workers.isEmpty else { return }
+        let files = try await pool.write { db -> [String] in
+            var files: [String] = []
+            for worker in workers {
+                if let file = try String.fetchOne(
+                    db, sql: "SELECT diff_file FROM assignments WHERE process_id = ? AND cycle = ? AND worker_id = ? AND reported = 1",
+                    arguments: [processID, cycle, worker])
+                {
+                    files.append(file)
+                }
+                try db.execute(
+                    sql: """
+                        UPDATE assignments SET reported = 0, diff_file = NULL, diff = NULL, sample_count = NULL
+                        WHERE process_id = ? AND cycle = ? AND worker_id = ? AND reported = 1
+                        """, arguments: [processID, cycle, worker])
+            }
+            return files
+        }
+        for file in files { spool.remove(file) }
     }
 
     public func registerWorker(id: String, processID: String, issuer: String?, subject: String?, at date: Date) async throws {

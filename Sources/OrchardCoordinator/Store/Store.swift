@@ -450,6 +450,10 @@ public protocol CoordinatorStore: Sendable {
     /// instance with the same id is refused (``StoreError/Code/locked``), since two instances folding into one partial
     /// sum lose each other's reports. A store of its own (the default) claims nothing.
     func claimInstance(_ instanceID: String) async throws
+    /// Marks committed reports whose diffs cannot be read back (a spool file a power loss left missing or short) as not
+    /// reported, their diffs forgotten, so the cycle can go on without them; only the reports of `workers` that are
+    /// still reported in that open cycle are changed.
+    func discardReports(processID: String, cycle: Int, workers: [String]) async throws
     /// Attaches (replaces) a process's held-out evaluation data with its sample count, or removes it (nil); throws
     /// ``StoreError/Code/notFound`` for an unknown process. Deleted with the process.
     func setEvaluationData(processID: String, data: (bytes: [UInt8], samples: Int)?) async throws
