@@ -37,6 +37,16 @@ package final class DiffSpool: Sendable {
             } catch {
                 throw StoreError(.io, "cannot create spool folder \(folderURL.path): \(error)")
             }
+            // Synced: the new folders' own entries, in the process folder and the spool root, reach the disk before
+            // any file in them is relied on (each file's sync covers only its own entry).
+            if sync {
+                for parent in [directory.appendingPathComponent(process), directory] {
+                    let descriptor = open(parent.path, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+                    guard descriptor >= 0 else { throw Self.failure("open the spool folder", parent.path) }
+                    defer { close(descriptor) }
+                    guard fsync(descriptor) == 0 else { throw Self.failure("sync the spool folder", parent.path) }
+                }
+            }
             folders.withLock { _ = $0.insert(folder) }
         }
         let path = directory.appendingPathComponent(name).path
