@@ -94,13 +94,18 @@ import Testing
         #expect(try await pending(reopened) == ["w0": [5, 6, 7, 8]])
     }
 
-    @Test func aMissingSpooledDiffIsReportedAsCorrupt() async throws {
-        let store = try await openStore(workers: 1)
+    /// A spooled diff a power loss left missing comes back with no bytes (the caller sees it is not the model's length
+    /// and discards the report), and discarding it leaves the cycle without it.
+    @Test func aMissingSpooledDiffComesBackEmptyAndCanBeDiscarded() async throws {
+        let store = try await openStore(workers: 2)
         try await store.recordReport(report(0), bytes: [1, 2, 3, 4])
-        for file in spooledFiles() { try FileManager.default.removeItem(at: spool.appendingPathComponent("p/1/\(file)")) }
-        await #expect { try await pending(store) } throws: { error in
-            (error as? StoreError)?.code == .corrupt
-        }
+        let kept = Set(spooledFiles())
+        try await store.recordReport(report(1), bytes: [5, 6, 7, 8])
+        for file in Set(spooledFiles()).subtracting(kept) { try FileManager.default.removeItem(at: spool.appendingPathComponent("p/1/\(file)")) }
+        #expect(try await pending(store) == ["w0": [1, 2, 3, 4], "w1": []])
+        try await store.discardReports(processID: "p", cycle: 1, workers: ["w1"])
+        #expect(try await pending(store) == ["w0": [1, 2, 3, 4]])
+        #expect(try await store.cycleProgress(processID: "p")?.reported == 1)
     }
 
     @Test func maskedInputWordsAreSpooledReadBackKeptByTheSweepAndGoWithTheCycle() async throws {
