@@ -81,13 +81,6 @@ public struct FileAccessError: OrchardError, Hashable {
 /// Reading and writing whole local files with errors that name only the reason (``FileAccessError``), for a
 /// caller to put after the option or argument that named the file.
 public enum LocalFile {
-    /// Whether `a` and `b` name one existing file (the same device and inode: through links, `..` or another spelling).
-    public static func sameFile(_ a: String, _ b: String) -> Bool {
-        var first = stat(), second = stat()
-        guard stat(a, &first) == 0, stat(b, &second) == 0 else { return false }
-        return first.st_dev == second.st_dev && first.st_ino == second.st_ino
-    }
-
     /// The bytes of the file at `path`.
     public static func read(_ path: String) throws(FileAccessError) -> Data {
         var isDirectory: ObjCBool = false

@@ -39,9 +39,17 @@ struct CommandFile {
     /// Refuses an output that is one of the command's input files, which writing would replace before it is read
     /// again (an output naming the weights it was made from, say).
     func refuseOverwriting(_ inputs: [CommandFile]) throws(CommandFailure) {
-        if let input = inputs.first(where: { LocalFile.sameFile($0.path, path) }) {
+        if let input = inputs.first(where: { Self.sameFile($0.path, path) }) {
             throw failure("invalid_option", "is the input \(input.name) '\(input.path)'; writing it would replace that file: choose another path")
         }
+    }
+
+    /// Whether `a` and `b` name one existing file (the same device and inode: through links, `..` or another spelling).
+    /// Here, in the command-line tool, and not in a module an app links: `stat` is an API Apple asks apps to declare.
+    static func sameFile(_ a: String, _ b: String) -> Bool {
+        var first = stat(), second = stat()
+        guard stat(a, &first) == 0, stat(b, &second) == 0 else { return false }
+        return first.st_dev == second.st_dev && first.st_ino == second.st_ino
     }
 
     /// Replaces the file with `data`.

@@ -54,7 +54,7 @@ struct DataPrepareCommand: ParsableCommand {
     func run() throws {
         do {
             let weightsOption = weights == nil ? "the weights next to --model" : "--weights"
-            for (option, path) in [("--model", model), (weightsOption, weightsPath), ("--csv", csv)] where LocalFile.sameFile(path, output) {
+            for (option, path) in [("--model", model), (weightsOption, weightsPath), ("--csv", csv)] where CommandFile.sameFile(path, output) {
                 throw PrepareError(
                     line: "invalid_option: -o '\(output)' is the input \(option) '\(path)'; writing it would replace that file: choose another path")
             }

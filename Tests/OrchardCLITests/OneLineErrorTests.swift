@@ -6,7 +6,7 @@ import Testing
 @Suite struct OneLineErrorTests {
     @Test(arguments: [
         (["bench", "gemm", "--m", "-4"], "--m, --n, --k, --threads, --repeats and --seconds must be positive"),
-        (["train", "housing", "--epochs", "-1"], "--epochs must be at least 1"),
+        (["train", "housing", "--epochs", "-1"], "--epochs must be in 1...10000"),
         (["serve", "--seal-lease", "-1"], "--seal-lease must be a positive number of seconds"),
         (["simulate", "--secure-aggregation", "--sa-threshold", "50", "--rounds", "1"], "--sa-threshold 50 is more than the 9 neighbours a device has"),
         (["simulate", "--secure-aggregation", "--sa-threshold", "1", "--rounds", "1"], "--sa-threshold must be at least 2, not 1"),

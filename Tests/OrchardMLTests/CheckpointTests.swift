@@ -136,7 +136,7 @@ import Testing
         let model = try Fixtures.housingModel(seed: 4)
         let outcome = try await Self.trainCancelling(after: 3, model: model)
         for edit: (inout TrainingPosition) -> Void in [
-            { $0.epoch = -1 }, { $0.batch = -1 }, { $0.updates = -5 }, { $0.epochSamples = -1 }, { $0.epochUpdates = -1 }, { $0.epochLossSum = .nan },
+            { $0.epoch = -1 }, { $0.batch = -1 }, { $0.updates = -5 }, { $0.epochSamples = -1 }, { $0.epochUpdates = -1 },
         ] {
             var state = outcome.state
             edit(&state.position)
@@ -147,6 +147,11 @@ import Testing
             }
             #expect(error?.code == .incompatibleCheckpoint && error?.message.contains("position") == true)
         }
+        // A NaN loss sum is a diverged run's, resumed as it was: not refused.
+        var diverged = outcome.state
+        diverged.position.epochLossSum = .nan
+        _ = try Trainer(model: model, configuration: Self.configuration).train(
+            on: try Fixtures.housingData(), resumingFrom: try TrainingState(checkpoint: diverged.checkpoint(), model: model))
     }
 
     @Test func trainingStateRejectsAnotherModel() async throws {

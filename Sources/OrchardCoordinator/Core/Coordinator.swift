@@ -27,6 +27,9 @@ public actor Coordinator {
         /// The workers whose committed diffs the last load (or shared-store merge) summed in; never pruned by a fold, so a
         /// report whose count comes after that load is known to be in the sum already.
         var summedAtLoad: Set<String>
+        /// A committed report could be read neither into the running sum nor through a reload: the sum lacks it, so the
+        /// cycle is reloaded (every committed diff summed again) before it closes.
+        var sumLacksReports = false
         var checkpointBytes: [UInt8]
         /// The current checkpoint as an updatable Core ML model, made on the first request for it; or why it cannot be
         /// made (kept too, so repeated requests for a model Core ML cannot express do not decode the checkpoint again).

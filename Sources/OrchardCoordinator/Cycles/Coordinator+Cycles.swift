@@ -53,6 +53,13 @@ extension Coordinator {
             action = resolved
         }
         guard let runtime = runtimes[processID] else { return }
+        if runtime.sumLacksReports {
+            // A committed report is missing from the running sum: reload, which sums every committed diff again; the
+            // reloaded cycle, its goal met or its deadline passed, closes on the next tick. Until a reload succeeds,
+            // nothing closes without it.
+            if await !reload(processID: processID) { logger.error("the cycle waits for a reload to close", metadata: ["process": "\(processID)"]) }
+            return
+        }
         let closing = runtime.machine.cycle
         defer {
             // Closed, or reloaded past it: nothing left to retry.

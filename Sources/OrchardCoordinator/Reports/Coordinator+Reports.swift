@@ -223,9 +223,12 @@ extension Coordinator {
                 let received = runtimes[ticket.processID]?.machine.reported ?? 0
                 return ReportResponse(cycle: ticket.cycle, reportsReceived: received, retryAfter: 0)
             }
-            // The store could not be read either: count the report as received so the cycle can still close; the
-            // running sum lacks it, which is logged.
-            logger.error("the running sum lacks a committed report", metadata: ["process": "\(ticket.processID)", "worker": "\(workerID)"])
+            // The store could not be read either: the report counts as received, and the cycle is reloaded before it
+            // closes (``perform(_:processID:combined:)``), so the aggregate holds it.
+            runtime.sumLacksReports = true
+            logger.error(
+                "the running sum lacks a committed report; the process is reloaded before its cycle closes",
+                metadata: ["process": "\(ticket.processID)", "worker": "\(workerID)"])
         }
         // Only a diff the sum holds is folded (and so forgotten by the store); one it lacks stays for recovery.
         if summed { runtime.unfolded.append(workerID) }

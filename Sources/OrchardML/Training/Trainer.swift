@@ -240,8 +240,7 @@ public final class Trainer {
     }
 
     /// Loads a state saved by an earlier run of the same model and configuration.
-    /// - Throws: `incompatible_checkpoint` for another seed, model or optimizer, or a position that is not one (a negative
-    ///   count, a loss sum that is not finite).
+    /// - Throws: `incompatible_checkpoint` for another seed, model or optimizer, or a position with a negative count.
     public func restore(_ state: TrainingState) throws(EngineError) {
         guard state.seed == configuration.seed else {
             throw EngineError(.incompatibleCheckpoint, "training state has seed \(state.seed), but the configuration's seed is \(configuration.seed)")
@@ -252,9 +251,10 @@ public final class Trainer {
             throw EngineError(.invalidArgument, "a random generator state is four words, not all zero (got \(state.dropoutRandom))")
         }
         let p = state.position
-        // A state file is input: a negative epoch or batch would trap where the order is derived or indexed.
-        guard p.epoch >= 0, p.batch >= 0, p.updates >= 0, p.epochSamples >= 0, p.epochUpdates >= 0, p.epochLossSum.isFinite else {
-            throw EngineError(.incompatibleCheckpoint, "training state position \(p) has a negative count or a loss sum that is not finite")
+        // A state file is input: a negative epoch or batch would trap where the order is derived or indexed. (The loss
+        // sum may be NaN: a run that diverged is resumed as it was, and reported as diverged.)
+        guard p.epoch >= 0, p.batch >= 0, p.updates >= 0, p.epochSamples >= 0, p.epochUpdates >= 0 else {
+            throw EngineError(.incompatibleCheckpoint, "training state position \(p) has a negative count")
         }
         plan.dropoutRandom = dropoutRandom
         position = state.position
