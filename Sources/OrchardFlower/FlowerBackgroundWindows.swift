@@ -34,15 +34,16 @@ extension FlowerNode {
                 task.expirationHandler = { logger.info("flower: background window expired; deactivating", metadata: ["task": "\(task.identifier)"]) }
                 do throws(FlowerError) {
                     try await runWindow()
-                } catch  where error.code == .registrationRefused {
-                    // The SuperLink's operator may register the node's key before the next window: ask for it.
+                } catch  where error.code == .storage {
+                    // The state directory failed: nothing the next window would do differently by itself.
                     onWindowEnd(error)
-                    try await scheduler.submit(request(after: interval))
                     task.setTaskCompleted(success: false)
                     return
                 } catch {
-                    // The state directory failed: nothing the next window would do differently by itself.
+                    // Refused registration or activation (a proxy's 404 during an upgrade, say): the SuperLink or its
+                    // operator may admit the node before the next window, so ask for one.
                     onWindowEnd(error)
+                    try await scheduler.submit(request(after: interval))
                     task.setTaskCompleted(success: false)
                     return
                 }

@@ -68,6 +68,11 @@ public struct FlowerError: OrchardError, Hashable {
     public var apiCode: Int?
 
     /// Creates an error.
+    /// A refusal worth trying again as it is: a 5xx, 408 or 429 from the SuperLink or a proxy in front of it.
+    public var isTransient: Bool {
+        code == .superlinkRefused && httpStatus.map { $0 >= 500 || $0 == 408 || $0 == 429 } == true
+    }
+
     public init(_ code: Code, _ message: String, httpStatus: Int? = nil, objectID: String? = nil, apiCode: Int? = nil) {
         self.code = code
         self.message = message

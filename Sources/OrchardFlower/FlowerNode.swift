@@ -87,6 +87,9 @@ public actor FlowerNode {
     private let app: FlowerLocalApp
     private let store: FlowerNodeStore
     private let client: FleetClient
+    /// The heartbeats' client: a short timeout, so a hung call is retried long before the SuperLink's patience
+    /// (2 × the heartbeat interval) runs out.
+    private let heartbeatClient: FleetClient
     private let identity: NodeIdentity
     let clock: any WallClock
     private let onEvent: @Sendable (FlowerNodeEvent) -> Void
@@ -105,7 +108,12 @@ public actor FlowerNode {
         store = try FlowerNodeStore(directory: configuration.stateDirectory)
         if let key = configuration.authenticationKey { identity = key } else { identity = try store.identity() }
         client = try FleetClient(address: configuration.superlink, identity: identity, timeout: configuration.timeout, clock: clock)
+        heartbeatClient = try FleetClient(
+            address: configuration.superlink, identity: identity, timeout: min(configuration.timeout, Self.heartbeatTimeout), clock: clock)
     }
+
+    /// How long one heartbeat may take (Flower's own client allows 5 s).
+    static let heartbeatTimeout: Duration = .seconds(5)
 
     /// Runs one window: until the task is cancelled (the window ended; a training in progress stops at a batch
     /// boundary and its message is kept for the next window), then deactivates.
@@ -154,7 +162,16 @@ public actor FlowerNode {
                 }
             }
             if case .registered = event { try store.setRegistered(true, with: superlink) }
-            if case .failed(let error) = event, error.code == .unauthorized { try store.setRegistered(false, with: superlink) }
+            if case .failed(let error) = event, error.code == .unauthorized {
+                try store.setRegistered(false, with: superlink)
+                // The machine activates again: the old activation must not be kept alive by its heartbeats (the SuperLink
+                // activates only a node that is offline), so they stop, and the old node is deactivated at once.
+                if let heartbeating = heartbeat {
+                    heartbeating.cancel()
+                    heartbeat = nil
+                    _ = await deactivate(machine.nodeID, announce: false)
+                }
+            }
             if case .activated(let id) = event {
                 heartbeat?.cancel()
                 heartbeat = startHeartbeats(nodeID: id)
@@ -196,7 +213,7 @@ public actor FlowerNode {
                 pending = nil
                 onEvent(.received(runID: offered.runID, messageID: offered.messageID, messageType: offered.messageType))
                 return .fetched
-            } catch  where [.superlinkUnreachable, .cancelled, .storage, .unauthorized].contains(error.code) {
+            } catch  where [.superlinkUnreachable, .cancelled, .storage, .unauthorized].contains(error.code) || error.isTransient {
                 throw error
             } catch {
                 return .fetchFailed(error)
@@ -333,7 +350,7 @@ public actor FlowerNode {
         let wanted = Set(answer.objectsToPush)
         for id in reply.order where wanted.contains(id) {
             guard let content = reply.objects[id] else { throw FlowerError(.storage, "the kept reply lacks object \(id)") }
-            _ = try await client.send(
+            let stored = try await client.send(
                 .pushObject,
                 .with {
                     $0.node = node
@@ -342,11 +359,17 @@ public actor FlowerNode {
                     $0.objectContent = content
                     $0.sessionID = answer.sessionID
                 })
+            // Not stored: the push session lapsed (the SuperLink then drops the reply). Pushed again from push-messages,
+            // with a new session, after the machine's backoff; the reply stays kept meanwhile.
+            guard stored.stored else {
+                throw FlowerError(.missingObject, "the SuperLink did not store object \(id) of the reply to \(reply.replyTo): its push session lapsed")
+            }
         }
     }
 
-    /// `deactivate-node`, outside the window's cancellation (bounded by the client's timeout).
-    private func deactivate(_ nodeID: UInt64?) async -> FlowerNodeMachine.Event {
+    /// `deactivate-node`, outside the window's cancellation (bounded by the client's timeout); `announce` reports it
+    /// (the window's end does, a re-activation's does not).
+    private func deactivate(_ nodeID: UInt64?, announce: Bool = true) async -> FlowerNodeMachine.Event {
         guard let nodeID else { return .deactivated }
         let client = self.client
         let logger = configuration.logger
@@ -355,19 +378,23 @@ public actor FlowerNode {
                 logger.info("flower: deactivate-node failed; the SuperLink will expire the node", metadata: ["error": "\(error)"])
             }
         }.value
-        onEvent(.deactivated)
+        if announce { onEvent(.deactivated) }
         return .deactivated
     }
 
-    /// Sends heartbeats every 0.8 × the interval while the node is active.
+    /// Sends heartbeats every 0.8 × the interval while the node is active; a failed one is tried again after 1, 2, 4 …
+    /// seconds (at most 20, as Flower's client does), each bounded by ``heartbeatTimeout``, so one lost heartbeat does
+    /// not let the SuperLink mark the node offline mid-training.
     private func startHeartbeats(nodeID: UInt64) -> Task<Void, Never> {
-        let client = self.client
+        let client = self.heartbeatClient
         let clock = self.clock
         let interval = configuration.heartbeatInterval
         let logger = configuration.logger
         return Task {
+            var failures = 0
             while !Task.isCancelled {
-                do { try await clock.sleep(for: interval * 0.8) } catch { return }
+                let pause = failures == 0 ? interval * 0.8 : min(.seconds(20), interval * 0.8, .seconds(1 << min(failures - 1, 5)))
+                do { try await clock.sleep(for: pause) } catch { return }
                 do throws(FlowerError) {
                     let answer = try await client.send(
                         .heartbeat,
@@ -376,9 +403,11 @@ public actor FlowerNode {
                             $0.heartbeatInterval = interval.inSeconds
                         })
                     if !answer.success { logger.warning("flower: the SuperLink does not recognise node \(nodeID) in its heartbeat") }
+                    failures = 0
                 } catch {
                     if error.code == .cancelled { return }
-                    logger.info("flower: heartbeat failed", metadata: ["error": "\(error)"])
+                    failures += 1
+                    logger.info("flower: heartbeat failed; trying again soon", metadata: ["error": "\(error)", "failures": "\(failures)"])
                 }
             }
         }

@@ -263,7 +263,8 @@ package struct FlowerNodeMachine: Sendable {
             return .finish
         }
         if error.code == .cancelled || ending { return endWindow() }
-        let refused = error.code == .superlinkRefused && error.httpStatus.map({ (400..<500).contains($0) }) == true
+        // A 4xx refuses; a 408 or 429 (a proxy, a rate limit) is tried again like a 5xx.
+        let refused = error.code == .superlinkRefused && error.httpStatus.map({ (400..<500).contains($0) }) == true && !error.isTransient
         switch phase {
         case .waiting(let then):
             return begin(then)

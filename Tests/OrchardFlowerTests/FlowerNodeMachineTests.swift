@@ -109,6 +109,26 @@ import Testing
         #expect(machine.hasKeptReply)
     }
 
+    /// A proxy's 408 or a 429 while pushing or fetching is tried again like a 5xx: the reply stays kept, the message is
+    /// fetched again, and neither is given up as a refusal.
+    @Test func aRateLimitOrTimeoutFromAProxyIsRetriedNotTakenForARefusal() {
+        for status in [408, 429, 502, 503, 504] {
+            let transient = FlowerError(.superlinkRefused, "busy", httpStatus: status)
+            #expect(transient.isTransient)
+            var pushing = active(reply: true)
+            _ = pushing.next(after: .activated(nodeID: 1))
+            #expect(pushing.next(after: .failed(transient)) == .wait(.seconds(1)), "push \(status)")
+            #expect(pushing.hasKeptReply)
+            var fetching = active()
+            _ = fetching.next(after: .activated(nodeID: 1))
+            #expect(fetching.next(after: .pulled(offered)) == .fetch(offered))
+            #expect(fetching.next(after: .failed(transient)) == .wait(.seconds(1)), "fetch \(status)")
+            #expect(fetching.next(after: .waited) == .fetch(offered))
+        }
+        #expect(!FlowerError(.superlinkRefused, "gone", httpStatus: 404).isTransient)
+        #expect(!FlowerError(.superlinkUnreachable, "down").isTransient)
+    }
+
     @Test func unauthorizedRegistersAgain() {
         var machine = active()
         _ = machine.next(after: .activated(nodeID: 1))
