@@ -178,7 +178,7 @@ public struct FlowerLocalApp: Sendable {
     }
 
     /// Trains on the local data from the server's arrays: the updated arrays, and the metrics of the reply
-    /// (`num-examples`, `train_loss`).
+    /// (`num-examples`: the examples trained on, at most the dataset's; `train_loss`).
     /// - Throws: ``FlowerError`` `.arrayMismatch`, `.invalidConfiguration` (settings out of range), `.training`,
     ///   `.cancelled` (the window ended: stopped at a batch boundary).
     public func train(_ arrays: [NamedArray], settings: RoundSettings) throws(FlowerError) -> (arrays: [NamedArray], metrics: [String: Double]) {
@@ -210,7 +210,10 @@ public struct FlowerLocalApp: Sendable {
             throw FlowerError(.training, "local training failed: \(error.message)")
         }
         guard case .completed(let report) = outcome else { throw FlowerError(.cancelled, "training stopped before the end of its epochs") }
-        var metrics: [String: Double] = ["num-examples": Double(dataset.count)]
+        // The examples this update was trained on: all of them once an epoch completes, fewer when the model's
+        // `training.max_updates` stopped it inside the first (FedAvg weighs the reply by this).
+        let seen = report.epochs.reduce(0) { $0 + $1.samples }
+        var metrics: [String: Double] = ["num-examples": Double(min(dataset.count, seen))]
         if let last = report.epochs.last { metrics["train_loss"] = last.loss }
         return (try self.arrays(of: report.model, like: arrays), metrics)
     }

@@ -50,6 +50,16 @@ import Testing
         #expect(try app.evaluate(trained)["eval_acc"] != nil)
     }
 
+    /// A model whose training section caps the updates inside the first epoch reports the examples it trained on, not
+    /// the whole dataset: FedAvg weighs the reply by them.
+    @Test func numExamplesCountsWhatWasTrainedOn() throws {
+        var spec = Self.spec
+        spec.training?.maxUpdates = 1
+        spec.training?.batchSize = 4
+        let app = try FlowerLocalApp(model: spec, dataset: try Self.data())
+        #expect(try app.train(Self.pytorchArrays(seed: 9), settings: RoundSettings(serverRound: 1)).metrics["num-examples"] == 4)
+    }
+
     @Test func anArrayInAnotherShapeIsRefusedNamingIt() throws {
         let app = try FlowerLocalApp(model: Self.spec, dataset: try Self.data())
         var sent = Self.pytorchArrays(seed: 9)
