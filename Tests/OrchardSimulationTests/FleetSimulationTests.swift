@@ -149,6 +149,19 @@ import Testing
         #expect(try await run(parallelism: 2, seed: 12) != a)
     }
 
+    /// Cycles that fill (far more devices check in than the capacity): which devices are reached before the cycle is full
+    /// does not depend on the cores, so neither do the rounds' counts or the model.
+    @Test func roundsThatFillAreTheSameWhateverTheParallelism() async throws {
+        let conditions = FleetConditions(dropout: 0.1, windowSeconds: 60, medianSecondsPerUpdate: 0.05)
+        func run(parallelism: Int) async throws -> [RoundMetrics] {
+            let fleet = FleetSimulation(devices: 80, conditions: conditions, seed: 21, rounds: 4, parallelism: parallelism)
+            return try await FleetHarness.run(fleet, workload: Self.workload(devices: 80), goal: 5, overSelection: 1.4).rounds.map(\.withoutTiming)
+        }
+        let one = try await run(parallelism: 1), eight = try await run(parallelism: 8)
+        #expect(one == eight)
+        #expect(one.filter { $0.turnedAwayModeled > 0 }.count >= 2, "cycles filled: \(one.map { ($0.checkIns, $0.turnedAwayModeled, $0.participants) })")
+    }
+
     @Test("devices reached once the cycle is full, modeled as turned away, change nothing but the work done")
     func modeledTurnedAwayMatchesTheFullStack() async throws {
         // Windows long enough for every task, so whether a device runs does not hang on its scheduler's history (which a

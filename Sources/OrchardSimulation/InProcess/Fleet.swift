@@ -64,6 +64,11 @@ public struct FleetSimulation: Sendable {
     /// The run ends after the round in progress once this much virtual time has passed (nil: after `rounds`).
     public var virtualSecondsLimit: Double?
 
+    /// Devices handed to the runner ahead of the earliest one, so that setting one up overlaps the others' work. A
+    /// constant, not a multiple of the cores: which devices are reached before a cycle fills (run through the whole
+    /// stack, drawing from the coordinator's generator) must not depend on the machine, or neither would the results.
+    static let lookahead = 4
+
     /// Creates a simulation.
     public init(
         devices: Int, conditions: FleetConditions = FleetConditions(), seed: UInt64 = 0, rounds: Int = 10,
@@ -163,7 +168,7 @@ public struct FleetSimulation: Sendable {
             // A release does not end a buffered round either: the devices still training go on into the next buffer, so a
             // buffered round is a span of virtual time (to the deadline), with as many releases as the reports make.
             await timeline.begin(
-                deadline: deadline, checkIns: checkIns, lookahead: 2 * parallelism, turnedAway: coordinator.buffered ? .fullStack : turnedAway,
+                deadline: deadline, checkIns: checkIns, lookahead: Self.lookahead, turnedAway: coordinator.buffered ? .fullStack : turnedAway,
                 endsAtClose: !coordinator.buffered)
             let tasks = RoundTasks()
             let results = await withTaskCancellationHandler { () async -> [Result<DeviceRoundRecord, SimulationError>] in
