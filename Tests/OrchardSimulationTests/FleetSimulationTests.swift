@@ -162,6 +162,18 @@ import Testing
         #expect(one.filter { $0.turnedAwayModeled > 0 }.count >= 2, "cycles filled: \(one.map { ($0.checkIns, $0.turnedAwayModeled, $0.participants) })")
     }
 
+    /// A run ended by its virtual-time limit between evaluations still evaluates its last round, so the final accuracy
+    /// is that round's and not an older one's or the initial model's.
+    @Test func aRunEndedBetweenEvaluationsEvaluatesItsLastRound() async throws {
+        let conditions = FleetConditions(dropout: 0, windowSeconds: 60, medianSecondsPerUpdate: 0.05)
+        var fleet = FleetSimulation(devices: 40, conditions: conditions, seed: 21, rounds: 20, parallelism: 2, evaluateEvery: 10)
+        fleet.virtualSecondsLimit = 6
+        let rounds = try await FleetHarness.run(fleet, workload: Self.workload(devices: 40), goal: 5, overSelection: 1.4).rounds
+        #expect(rounds.count >= 1 && rounds.count < 10, "\(rounds.count) rounds")
+        #expect(rounds.last?.testAccuracy != nil, "the last round is evaluated")
+        #expect(rounds.dropLast().allSatisfy { $0.testAccuracy == nil }, "the others are not (every 10th)")
+    }
+
     @Test("devices reached once the cycle is full, modeled as turned away, change nothing but the work done")
     func modeledTurnedAwayMatchesTheFullStack() async throws {
         // Windows long enough for every task, so whether a device runs does not hang on its scheduler's history (which a

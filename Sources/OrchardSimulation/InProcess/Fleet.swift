@@ -125,6 +125,7 @@ public struct FleetSimulation: Sendable {
         let initial = try await workload.evaluate(model: initialModel)
         var records: [RoundMetrics] = []
         var pending: (record: RoundMetrics, evaluation: Task<Evaluation?, any Error>)?
+        var pendingEvaluated = false
         var clock = 0.0
         for round in 1...max(rounds, 1) where rounds > 0 {
             if stop?.isRequested == true { break }
@@ -271,9 +272,18 @@ public struct FleetSimulation: Sendable {
             }
             if let previous = pending { records.append(try await Self.publish(previous, onRound)) }
             pending = (record, evaluation)
+            pendingEvaluated = model != nil
             clock = max(endTime, coordinator.now)
         }
-        if let last = pending { records.append(try await Self.publish(last, onRound)) }
+        if var last = pending {
+            // The last round is always evaluated: a run ended by Ctrl-C or --virtual-hours between evaluations would
+            // otherwise report an older round's accuracy, or the initial model's, as its final one.
+            if !pendingEvaluated {
+                let model = try await coordinator.currentModel()
+                last.evaluation = Task { try await workload.evaluate(model: model) }
+            }
+            records.append(try await Self.publish(last, onRound))
+        }
         return (initial, records)
     }
 
