@@ -470,7 +470,8 @@ public struct SimulationConfiguration: Sendable {
                 "dropout": String(dropout),
                 "window_seconds": String(windowSeconds), "cycle_seconds": String(cycleSeconds),
                 "seconds_per_update": String(secondsPerUpdate), "transport": transport.description, "seed": String(seed),
-                "turned_away": turnedAway.description,
+                // Buffered rounds run every check-in through the whole stack, whatever was asked.
+                "turned_away": (buffered == nil ? turnedAway : .fullStack).description,
             ].merging(privacySettings, uniquingKeysWith: { first, _ in first })
                 .merging(robustSettings, uniquingKeysWith: { first, _ in first }).merging(secureSettings, uniquingKeysWith: { first, _ in first }))
     }

@@ -84,6 +84,18 @@ private struct SplitMix: RandomNumberGenerator {
         #expect(r.virtualEnd > 10 && r.virtualEnd < 10.01, "\(r.virtualEnd)")
     }
 
+    /// A trace outlier far faster than the median (1e-20 against 100): its updates' cost is so small that the updates
+    /// fitting its window overflowed an Int and trapped; it now does its work in no time.
+    @Test func aDeviceFarFasterThanTheMedianDoesNotTrap() async throws {
+        let speeds = try DeviceSpeedTrace.parseCSV("client_id,computation,communication\n1,1e-20,10000000\n2,100,10000000\n3,100,10000000\n")
+        let conditions = FleetConditions(
+            windowSeconds: 60, resumeDelay: 30...180, checkInSpread: 0, medianSecondsPerUpdate: 1, deviceSpeeds: speeds)
+        let fleet = FleetSimulation(devices: 1, conditions: conditions, seed: 1, rounds: 1)
+        let workload = FakeWorkload(optima: [[1, 2, 3]], samples: [10], updates: 20, step: 0.1)
+        let r = try #require(try await FleetHarness.run(fleet, workload: workload, goal: 1).rounds.first)
+        #expect(r.participants == 1)
+    }
+
     @Test func theConfigurationCarriesTheTraceIntoConditionsAndSettings() throws {
         var c = SimulationConfiguration.housing
         #expect(c.deviceSpeeds == nil && c.conditions.deviceSpeeds == nil)

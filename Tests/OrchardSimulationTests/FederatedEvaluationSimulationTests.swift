@@ -1,4 +1,5 @@
 import Foundation
+import OrchardData
 import OrchardClient
 import OrchardFormats
 import OrchardML
@@ -31,6 +32,23 @@ import Testing
     static func deviceSeed(_ c: SimulationConfiguration, _ device: Int) -> UInt64 {
         var random = OrchardRandom.derived(seed: c.seed ^ 0x7EA1_7123, stream: UInt64(device))
         return random.next()
+    }
+
+    /// Devices of one sample with half held out: some hold their only sample out and have nothing to train on. Each
+    /// such device drops out of its round (counted), and the run goes on, instead of failing as a whole.
+    @Test func aDeviceWithEverySampleHeldOutDropsOutAndTheRunGoesOn() async throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("orchard-sim-fe-\(UUID().uuidString)")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        var c = Self.configuration(directory: directory)
+        c.partition = .sampled(perClient: 1)
+        c.holdoutFraction = 0.5
+        c.clients = 12
+        c.fraction = 1
+        c.federatedEvaluation = FederatedEvaluationConfig(goal: 4)
+        let result = try await SimulationRunner.run(c, progress: ProgressDisplay(interactive: false) { _ in }, clock: ManualClock())
+        #expect(result.rounds.count == 3)
+        #expect(result.rounds.contains { $0.dropouts > 0 }, "\(result.rounds.map(\.dropouts))")
+        #expect(result.rounds.contains { $0.aggregated })
     }
 
     @Test func everyDeviceEvaluatesTheStartingCheckpointAndTheAggregateIsTheirWeightedMean() async throws {

@@ -172,10 +172,20 @@ final class DeviceLink: Sendable {
 
     /// The device's local training diverged: it drops out of the round now.
     func noteDiverged() async {
+        await dropOut(diverged: true)
+    }
+
+    /// The device holds every one of its samples out for evaluation: it has nothing to train on and sends nothing this
+    /// round (a dropout, as a phone in that state would be).
+    func noteNothingToTrain() async {
+        await dropOut(diverged: false)
+    }
+
+    private func dropOut(diverged: Bool) async {
         let now = clock.seconds
         state.withLock { state in
             state.round.record.droppedAt = now
-            state.round.record.diverged = true
+            if diverged { state.round.record.diverged = true }
             state.stopped = true
         }
         await timeline.moved(device)

@@ -19,12 +19,16 @@ struct DeviceTrainer: Sendable {
     let link: DeviceLink
     let slots: AsyncSemaphore
 
+    /// The message of the error a device with no sample outside its held-out split ends its training with.
+    static let nothingToTrain = "every one of the device's samples is held out for evaluation; none is left to train on"
+
     func train(_ context: CycleContext) async throws -> LocalUpdate {
         let task = LocalTrainingTask(model: context.model, training: context.training)
         // Under federated evaluation the device trains on the samples outside its held-out split only.
         let indices = context.holdoutSplit(count: workload.sampleCount(device: device))?.training
         if let indices, indices.isEmpty {
-            throw OrchardClientError(.training, "every one of the device's samples is held out for evaluation; none is left to train on")
+            await link.noteNothingToTrain()
+            throw OrchardClientError(.training, Self.nothingToTrain)
         }
         let total = context.training.plannedUpdates(samples: indices?.count ?? workload.sampleCount(device: device))
         let cost = link.profile.secondsPerUpdate
@@ -35,7 +39,9 @@ struct DeviceTrainer: Sendable {
             done = try workload.completedUpdates(device: device, in: checkpoint, of: task)
         }
         while true {
-            let fit = max(0, Int(((link.boundary - link.clock.seconds) / cost).rounded(.down)))
+            // Clamped in Double first: a device far faster than the median (a speed trace's outlier) fits more updates in
+            // its window than an Int holds, or infinitely many when its cost underflows to zero.
+            let fit = Int(max(0, min(Double(total - done), ((link.boundary - link.clock.seconds) / cost).rounded(.down))))
             let stretch = min(total - done, fit)
             if stretch > 0 {
                 // The stretch's virtual time passes first, so the rest of the fleet need not wait for the computation.

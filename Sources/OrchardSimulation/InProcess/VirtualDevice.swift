@@ -132,6 +132,10 @@ final class VirtualDevice: Sendable {
                     // counts it.
                     await link.noteDiverged()
                     task.setTaskCompleted(success: false)
+                } catch  where error.code == .training && error.message.contains(DeviceTrainer.nothingToTrain) {
+                    // Every sample held out (a small slice, a large holdout_fraction): the device sends nothing and drops
+                    // out of the round, counted as such, rather than the whole run failing.
+                    task.setTaskCompleted(success: false)
                 } catch  where [.deadlinePassed, .reportTooStale].contains(error.serverCode) {
                     // Buffered: the device's work came too late (its assignment expired across windows, or the model it
                     // trained moved on past max_staleness); the SDK dropped the report, as on a phone, and the device
