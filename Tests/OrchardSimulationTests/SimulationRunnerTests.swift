@@ -105,6 +105,8 @@ import Testing
         #expect(releases.count >= 6)
         #expect(result.rounds.allSatisfy { $0.aggregated == (($0.releases ?? 0) > 0) })
         #expect(result.rounds.reduce(0) { $0 + ($1.releases ?? 0) } > result.rounds.count, "several releases a round")
+        // A round's participants are the reports its releases aggregated: exactly buffer_size each, whenever they arrived.
+        #expect(result.rounds.allSatisfy { $0.participants == 3 * ($0.releases ?? 0) }, "\(result.rounds.map { ($0.participants, $0.releases) })")
         // Every round records the devices training when it ended, never more than max_concurrency, and its releases the
         // mean staleness of their reports.
         #expect(result.rounds.allSatisfy { ($0.inFlight ?? 99) <= 8 })
@@ -123,6 +125,7 @@ import Testing
         granted.rounds = 2
         let repeated = try await SimulationRunner.run(granted, progress: Self.quiet, clock: ManualClock())
         #expect(repeated.rounds.contains { ($0.releases ?? 0) * 3 > granted.clients }, "\(repeated.rounds.map(\.releases))")
+        #expect(repeated.rounds.allSatisfy { $0.participants == 3 * ($0.releases ?? 0) }, "a device reporting twice counts twice")
         // The run ends after the round in progress once the virtual hours have passed.
         c.virtualHours = (result.rounds[1].virtualEnd + 1) / 3600
         let short = try await SimulationRunner.run(c, progress: Self.quiet, clock: ManualClock())

@@ -269,6 +269,9 @@ public struct FleetSimulation: Sendable {
                 record.staleness = progress.staleness
                 record.inFlight = progress.inFlight
                 record.releases = progress.releases
+                // The reports this round's releases aggregated, whenever they arrived (a buffer carries reports over from
+                // round to round, and a device may report more than once in one).
+                record.participants = progress.reported
             }
             if let previous = pending { records.append(try await Self.publish(previous, onRound)) }
             pending = (record, evaluation)

@@ -107,13 +107,17 @@ public actor FleetCoordinator {
     /// without privacy.
     /// Buffered: the releases since the round opened, the mean staleness of their reports (from the cycle history; each
     /// release weighs alike) and the devices in flight now.
-    public func bufferedProgress() async throws(SimulationError) -> (releases: Int, staleness: Double?, inFlight: Int?) {
+    public func bufferedProgress() async throws(SimulationError) -> (releases: Int, reported: Int, staleness: Double?, inFlight: Int?) {
         do {
             let counts = await coordinator.cycleCounts(processID: processID)
             let releases = max(0, (counts?.completed ?? 0) - (countsAtOpening?.completed ?? 0))
-            let means = try await coordinator.cycles(processID: processID).cycles.suffix(releases).compactMap { $0.metrics["staleness"] }
+            let released = try await coordinator.cycles(processID: processID).cycles.suffix(releases)
+            let means = released.compactMap { $0.metrics["staleness"] }
             let status = try await status()
-            return (releases, means.isEmpty ? nil : means.reduce(0, +) / Double(means.count), status.currentCycle?.buffered?.inFlight)
+            return (
+                releases, released.reduce(0) { $0 + $1.reported }, means.isEmpty ? nil : means.reduce(0, +) / Double(means.count),
+                status.currentCycle?.buffered?.inFlight
+            )
         } catch let error as SimulationError {
             throw error
         } catch {
