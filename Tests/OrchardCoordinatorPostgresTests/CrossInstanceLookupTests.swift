@@ -226,4 +226,19 @@ import Testing
             #expect(!(try await a.authenticate(AuthenticateRequest(processName: "multi", processVersion: SemanticVersion(1, 0))).workerID.isEmpty))
         }
     }
+
+    /// A process deleted and hosted again under its name through another instance: this instance, which still holds the
+    /// old one, authenticates a device for the new one at once (no tick in between) instead of answering unknown_process.
+    @Test(arguments: StoreKind.underTest) func aNameDeletedAndHostedAgainElsewhereIsAuthenticatedAtOnce(kind: StoreKind) async throws {
+        try await Group.with(kind, instances: 2) { group in
+            let (a, b) = (group[0], group[1])
+            let first = try await b.host(MultiInstanceTests.host(goal: 3))
+            _ = try await group.device(at: 0)
+            try await b.delete(processID: first.processID)
+            let second = try await b.host(MultiInstanceTests.host(goal: 3))
+            let device = try await group.device(at: 0)
+            let assignment = try MultiInstanceTests.accepted(try await group.requestCycle(device, at: 0))
+            #expect(assignment.processID == second.processID)
+        }
+    }
 }

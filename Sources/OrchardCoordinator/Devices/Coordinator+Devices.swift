@@ -23,9 +23,13 @@ extension Coordinator {
         }
         // Over a shared store the process is confirmed there (it may have been deleted through another instance): a
         // session is issued once per device and window, so one read is cheap.
-        guard let processID = try await knownProcessID(name: request.processName, version: request.processVersion), await confirmShared(processID: processID),
-            let runtime = runtimes[processID]
-        else {
+        var known = try await knownProcessID(name: request.processName, version: request.processVersion)
+        if let id = known, await !confirmShared(processID: id) {
+            // Deleted through another instance: the name may be hosted again there (the reload took that one up).
+            known = try await knownProcessID(name: request.processName, version: request.processVersion)
+            if let again = known, await !confirmShared(processID: again) { known = nil }
+        }
+        guard let processID = known, let runtime = runtimes[processID] else {
             throw CoordinatorError(.unknownProcess, "no process '\(request.processName)' version \(request.processVersion)")
         }
         if [.local, .distributed].contains(runtime.process.serverConfig.privacy?.mode) && request.protocolVersion < WireProtocol.localPrivacyVersion {

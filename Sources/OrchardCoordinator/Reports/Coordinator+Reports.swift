@@ -172,9 +172,18 @@ extension Coordinator {
 
     private func reloadNow(processID: String) async -> Bool {
         do {
-            guard let process = try await store.processes().first(where: { $0.id == processID }) else {
-                // Deleted through another instance.
+            let processes = try await store.processes()
+            guard let process = processes.first(where: { $0.id == processID }) else {
+                // Deleted through another instance, and perhaps hosted again under its name and version there: that one
+                // is taken up now, so the name is not answered unknown meanwhile.
+                let old = runtimes[processID]?.process
                 forget(processID: processID)
+                if let old, let successor = processes.first(where: { $0.name == old.name && $0.version == old.version }), runtimes[successor.id] == nil {
+                    processLookup.forget(.nameVersion(old.name, old.version))
+                    do { try await load(successor) } catch {
+                        logger.error("could not load a process hosted again elsewhere", metadata: ["process": "\(successor.id)", "error": "\(error)"])
+                    }
+                }
                 return false
             }
             try await load(process)
