@@ -121,6 +121,7 @@ public actor FlowerNode {
     ///   when the SuperLink will not admit the node as configured; everything else is retried or answered.
     public func runWindow() async throws(FlowerError) {
         let superlink = configuration.superlink.description
+        try store.dropAnsweredMessage()
         var machine = FlowerNodeMachine(
             registered: try store.isRegistered(with: superlink),
             keptMessage: try store.keptMessage().map { OfferedMessage(runID: $0.runID, messageID: $0.messageID, messageType: $0.messageType) },

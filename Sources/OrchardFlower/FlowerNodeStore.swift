@@ -107,6 +107,13 @@ package struct FlowerNodeStore: Sendable {
     /// Keeps a reply, or deletes the kept one (`nil`).
     package func keep(_ reply: KeptReply?) throws(FlowerError) { try save(reply, to: replyURL) }
 
+    /// Drops a kept message that the kept reply already answers (a stop between keeping the reply and dropping the
+    /// message left both): it is not trained again, since the SuperLink would refuse a second reply to it.
+    package func dropAnsweredMessage() throws(FlowerError) {
+        guard let message = try keptMessage(), let reply = try keptReply(), reply.replyTo == message.messageID else { return }
+        try keep(Optional<KeptMessage>.none)
+    }
+
     private func load<T: Decodable>(_ url: URL) throws(FlowerError) -> T? {
         guard FileManager.default.fileExists(atPath: url.path) else { return nil }
         let data = try read(url)

@@ -47,4 +47,19 @@ import Testing
         try Data("{".utf8).write(to: store.directory.appendingPathComponent("flower-kept-reply.json"))
         #expect { try store.keptReply() } throws: { error in (error as? FlowerError)?.code == .storage && "\(error)".contains("delete it") }
     }
+
+    /// A stop between keeping a reply and dropping its message leaves both: the next window drops the message (its
+    /// reply is pushed), and a message the reply does not answer stays.
+    @Test func aMessageItsKeptReplyAnswersIsDropped() throws {
+        let store = try store()
+        defer { try? FileManager.default.removeItem(at: store.directory) }
+        let message = FlowerNodeStore.KeptMessage(runID: 7, messageID: "ab", messageType: "train", message: Data([1, 2]), objects: [:])
+        try store.keep(message)
+        try store.keep(FlowerNodeStore.KeptReply(runID: 7, replyTo: "zz", message: Data([1]), tree: Data([2]), objects: [:], order: []))
+        try store.dropAnsweredMessage()
+        #expect(try store.keptMessage() == message, "another message's reply")
+        try store.keep(FlowerNodeStore.KeptReply(runID: 7, replyTo: "ab", message: Data([1]), tree: Data([2]), objects: [:], order: []))
+        try store.dropAnsweredMessage()
+        #expect(try store.keptMessage() == nil && store.keptReply() != nil)
+    }
 }
