@@ -76,9 +76,9 @@ package struct FlowerNodeStore: Sendable {
         let identity = NodeIdentity()
         // Created readable by its owner only, then renamed into place: the key is never readable by others.
         let temporary = directory.appendingPathComponent(".flower-node-key-\(UUID().uuidString)")
-        guard FileManager.default.createFile(atPath: temporary.path, contents: identity.privateKey.rawRepresentation, attributes: [.posixPermissions: 0o600])
-        else {
-            throw FlowerError(.storage, "cannot write the node's key into \(directory.path)")
+        // open(2) with the mode, not a write then a chmod: there is no moment when the file is readable by others.
+        do throws(FileAccessError) { try LocalFile.createNew(identity.privateKey.rawRepresentation, at: temporary.path, permissions: 0o600) } catch {
+            throw FlowerError(.storage, "cannot write the node's key into \(directory.path): \(error.message)")
         }
         guard rename(temporary.path, keyURL.path) == 0 else {
             try? FileManager.default.removeItem(at: temporary)
