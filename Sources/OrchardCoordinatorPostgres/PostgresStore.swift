@@ -393,12 +393,14 @@ public final class PostgresStore: CoordinatorStore {
             let assignments = try await run(
                 connection,
                 """
-                SELECT worker_id, request_key, reported, instance, assigned_at FROM assignments
+                SELECT worker_id, request_key, reported, instance, assigned_at, staleness FROM assignments
                 WHERE process_id = \(processID) AND cycle = \(number) ORDER BY assigned_at, worker_id
                 """
             ).map { row in
-                let (worker, key, reported, instance, at) = try row.decode((String, String, Bool, String?, Double).self)
-                return StoredAssignment(workerID: worker, requestKey: key, reported: reported, instance: instance, assignedAt: Date(timeIntervalSince1970: at))
+                let (worker, key, reported, instance, at, staleness) = try row.decode((String, String, Bool, String?, Double, Int?).self)
+                return StoredAssignment(
+                    workerID: worker, requestKey: key, reported: reported, instance: instance, assignedAt: Date(timeIntervalSince1970: at),
+                    staleness: staleness)
             }
             var sums: [String: StoredPartialSum] = [:]
             for row in try await run(

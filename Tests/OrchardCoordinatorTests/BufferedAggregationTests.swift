@@ -436,6 +436,8 @@ extension CycleStateMachine.CycleDecision {
             try await harness.restart()
             let status = try await harness.status(hosted.processID)
             #expect(status.currentCycle?.buffered?.bufferFill == 1)
+            // The buffer's staleness figures come back with it (c's report, one checkpoint stale).
+            #expect(status.currentCycle?.buffered?.meanStaleness == 1 && status.currentCycle?.buffered?.maxStaleness == 1)
             #expect(try await harness.report(c, jc, diff: Fixture.diff(-0.2), samples: 5, checkpoint: 0).errorCode == "report_already_received")
             let d = try await harness.device()
             let jd = try await harness.join(d)

@@ -72,7 +72,12 @@ extension Coordinator {
         var sum = RunningSum(count: layout.totalCount)
         var unfolded: [String] = []
         var keys: Set<String> = []
+        var staleness = (sum: 0, count: 0, max: 0)
         if !process.completed, let open = try await store.openCycle(processID: process.id) {
+            // A buffer's staleness figures, from the reports it holds (they were counted as they came before the restart).
+            for stale in open.assignments.filter(\.reported).compactMap(\.staleness) {
+                staleness = (staleness.sum + stale, staleness.count + 1, max(staleness.max, stale))
+            }
             let assignments = open.assignments.map(Self.machineAssignment)
             machine = CycleStateMachine(
                 configuration: config, cycle: open.cycle.number, checkpoint: open.cycle.checkpoint, openedAt: open.cycle.openedAt,
@@ -137,6 +142,7 @@ extension Coordinator {
             optimizer: optimizer, authenticator: authenticator, currentKeys: keys, previousKeys: []
         )
         runtimes[process.id]?.privacy = privacy
+        runtimes[process.id]?.bufferStaleness = staleness
         loadsDone += 1
         runtimes[process.id]?.generation = loadsDone
         if let ledger = privacy?.ledger { metrics.recordPrivacy(process: process, ledger: ledger) }

@@ -321,12 +321,12 @@ public final class SQLiteStore: CoordinatorStore {
             let number: Int = row["number"]
             let cycle = StoredCycle(number: number, checkpoint: row["checkpoint"], openedAt: Date(timeIntervalSince1970: row["opened_at"]))
             let assignments = try Row.fetchAll(
-                db, sql: "SELECT worker_id, request_key, reported, instance, assigned_at FROM assignments WHERE process_id = ? AND cycle = ?",
+                db, sql: "SELECT worker_id, request_key, reported, instance, assigned_at, staleness FROM assignments WHERE process_id = ? AND cycle = ?",
                 arguments: [processID, number]
             ).map {
                 StoredAssignment(
                     workerID: $0["worker_id"], requestKey: $0["request_key"], reported: $0["reported"], instance: $0["instance"],
-                    assignedAt: Date(timeIntervalSince1970: $0["assigned_at"]))
+                    assignedAt: Date(timeIntervalSince1970: $0["assigned_at"]), staleness: $0["staleness"])
             }
             var sums: [String: StoredPartialSum] = [:]
             for sum in try Row.fetchAll(

@@ -111,9 +111,12 @@ public struct StoredAssignment: Sendable, Hashable {
     public var instance: String?
     /// When it was admitted (buffered processes expire it `cycle_length` seconds later); nil when not read.
     public var assignedAt: Date?
+    /// Buffered processes: its report's staleness, once reported (read by ``CoordinatorStore/openCycle(processID:)``).
+    public var staleness: Int?
 
     /// Creates a record.
-    public init(workerID: String, requestKey: String, reported: Bool, instance: String? = nil, assignedAt: Date? = nil) {
+    public init(workerID: String, requestKey: String, reported: Bool, instance: String? = nil, assignedAt: Date? = nil, staleness: Int? = nil) {
+        self.staleness = staleness
         self.assignedAt = assignedAt
         self.workerID = workerID
         self.requestKey = requestKey
