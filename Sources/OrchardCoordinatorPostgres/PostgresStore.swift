@@ -19,7 +19,8 @@ import Synchronization
 ///
 /// Every method is one transaction at READ COMMITTED with explicit row locks on the cycle: admissions lock it
 /// `FOR UPDATE` (so concurrent admissions across instances respect the limit exactly); reports, folds and
-/// secure-aggregation steps lock it `FOR SHARE` and require it open, so sealing (an UPDATE of that row) waits for
+/// secure-aggregation steps lock it `FOR SHARE` (a buffered process's report `FOR UPDATE`, so that its count of the
+/// buffer's reports is exact) and require it open, so sealing (an UPDATE of that row) waits for
 /// them and nothing commits into a sealed cycle; closing updates it only from 'open' or 'closing', exactly once.
 ///
 /// A report's diff is staged in a temporary file while it arrives (memory stays bounded) and written to the
@@ -644,6 +645,8 @@ public final class PostgresStore: CoordinatorStore {
     public func discardReports(processID: String, cycle: Int, workers: [String]) async throws {
         guard !workers.isEmpty else { return }
         try await transaction("discard unreadable reports of cycle \(cycle) of process '\(processID)'") { connection in
+            let status = try await lockCycle(connection, processID: processID, cycle: cycle, exclusive: false)
+            try Self.requireOpen(status, processID: processID, cycle: cycle)
             try await run(
                 connection,
                 """

@@ -67,12 +67,12 @@ public struct FlowerError: OrchardError, Hashable {
     /// Flower's own error code (`ApiErrorCode`) of a refused call, when the SuperLink sent one.
     public var apiCode: Int?
 
-    /// Creates an error.
     /// A refusal worth trying again as it is: a 5xx, 408 or 429 from the SuperLink or a proxy in front of it.
     public var isTransient: Bool {
         code == .superlinkRefused && httpStatus.map { $0 >= 500 || $0 == 408 || $0 == 429 } == true
     }
 
+    /// Creates an error.
     public init(_ code: Code, _ message: String, httpStatus: Int? = nil, objectID: String? = nil, apiCode: Int? = nil) {
         self.code = code
         self.message = message

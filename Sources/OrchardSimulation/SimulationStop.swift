@@ -6,6 +6,7 @@ import Synchronization
 public final class SimulationStop: Sendable {
     private let requested = Mutex(false)
     private let scratch = Mutex<Set<URL>>([])
+    private let running = Mutex(false)
 
     /// A stop not requested yet.
     public init() {}
@@ -21,6 +22,12 @@ public final class SimulationStop: Sendable {
 
     /// Whether the stop was requested.
     public var isRequested: Bool { requested.withLock { $0 } }
+
+    /// Marks the run's devices as started: from now on a stop is a stop after the work in progress.
+    public func markRunning() { running.withLock { $0 = true } }
+
+    /// Whether the run's devices have started (before that, setting up, there is nothing to finish).
+    public var isRunning: Bool { running.withLock { $0 } }
 
     /// Records a scratch directory the run removes when it ends, so that a forced quit can remove it too.
     public func register(scratch directory: URL) { _ = scratch.withLock { $0.insert(directory) } }

@@ -495,6 +495,12 @@ struct SimulateCommand: AsyncParsableCommand {
                     stop.removeRegisteredScratch()
                     Foundation.exit(130)
                 }
+                if external && !stop.isRunning {
+                    // Still setting up (preparing data, waiting for shard 1 to host): nothing to finish, quit now.
+                    progress.note("interrupted before the devices started")
+                    stop.removeRegisteredScratch()
+                    Foundation.exit(130)
+                }
                 progress.note(
                     external
                         ? "interrupted: stopping this shard's devices, then writing the summary (interrupt again to quit at once)"

@@ -16,11 +16,14 @@ import Testing
             .sorted { $0.path < $1.path }
     }
 
-    @Test(arguments: ["missing", "short"])
-    func aReportWhoseDiffCannotBeReadBackIsDiscardedAndTheCoordinatorStarts(_ damage: String) async throws {
+    @Test(arguments: [("missing", false), ("short", false), ("missing", true)])
+    func aReportWhoseDiffCannotBeReadBackIsDiscardedAndTheCoordinatorStarts(_ damage: String, robust: Bool) async throws {
         let harness = try await Harness.start()
         try await harness.stopping {
-            let hosted = try await harness.host(Fixture.host(goal: 3))
+            var request = Fixture.host(goal: 3)
+            // A robust rule reads the reports back when the cycle closes: a damaged one is discarded at start-up too.
+            if robust { request.serverConfig.robustAggregation = RobustAggregationConfig(rule: .median) }
+            let hosted = try await harness.host(request)
             let first = try await harness.device(), second = try await harness.device()
             let a1 = try await harness.join(first), a2 = try await harness.join(second)
             #expect(try await harness.report(first, a1, diff: Fixture.diff(1), samples: 2).status == 200)
@@ -44,6 +47,7 @@ import Testing
             #expect(try await harness.report(third, a3, diff: Fixture.diff(0.5), samples: 1).status == 200)
             #expect(try await harness.report(fourth, a4, diff: Fixture.diff(2), samples: 4).status == 200)
             #expect(try await harness.status(hosted.processID).latestCheckpoint == 1)
+            if robust { return }
             let checkpoint = try await harness.http.send("GET", Endpoint.checkpoint(hosted.processID, "latest"), token: Harness.adminToken)
             let weights = try Safetensors.decode(checkpoint.body).byName.mapValues(\.values)
             let expected = Fixture.expectedAfterFedAvg([(1, 2), (0.5, 1), (2, 4)])

@@ -134,16 +134,14 @@ import Testing
         #expect(state.withLock { $0.current } == 0)
     }
 
-    /// A cancellable waiter that is cancelled gives its place up at once: the ones behind it keep their order, and the
-    /// permit it would have had goes to the next.
-    /// `tryWait` takes a free permit and never waits: not while the permits are held, nor past a queued waiter.
+    /// `tryWait` takes a free permit and never waits: not while the permit is held (by a holder or handed to a waiter).
     @Test func tryWaitTakesOnlyAFreePermit() async throws {
         let semaphore = AsyncSemaphore(permits: 1)
         #expect(semaphore.tryWait())
         #expect(!semaphore.tryWait())
         let queued = Task { await semaphore.wait() }
         while semaphore.waiting == 0 { await Task.yield() }
-        semaphore.signal()  // to the queued waiter, not to a later tryWait
+        semaphore.signal()  // handed to the queued waiter, not left for a later tryWait
         await queued.value
         #expect(!semaphore.tryWait())
         semaphore.signal()
@@ -151,6 +149,8 @@ import Testing
         semaphore.signal()
     }
 
+    /// A cancellable waiter that is cancelled gives its place up at once: the ones behind it keep their order, and the
+    /// permit it would have had goes to the next.
     @Test func aCancelledWaiterGivesItsPlaceUp() async throws {
         let semaphore = AsyncSemaphore(permits: 1)
         let order = Shared<[Int]>([])

@@ -25,7 +25,8 @@ extension Coordinator {
         processByName = [:]
         processForKey = [:]
         for process in try await store.processes() {
-            try await load(process)
+            // Only at start-up may a report whose diff a power loss damaged be discarded; a reload while running never does.
+            try await load(process, discarding: true)
         }
         logger.info("coordinator started", metadata: ["processes": "\(runtimes.count)"])
         await scheduleMissingEvaluations()
@@ -46,7 +47,7 @@ extension Coordinator {
 
     /// - Parameter discarding: Whether reports whose diffs cannot be read back may be discarded (once: the load that
     ///   discarded them loads again without).
-    func load(_ process: StoredProcess, discarding: Bool = true) async throws {
+    func load(_ process: StoredProcess, discarding: Bool = false) async throws {
         guard let weights = try await store.checkpoint(processID: process.id, number: process.latestCheckpoint) else {
             throw StoreError(.corrupt, "process \(process.id) has no checkpoint \(process.latestCheckpoint)")
         }
@@ -98,11 +99,12 @@ extension Coordinator {
             let robust = process.serverConfig.robustAggregation != nil
             let server = process.serverConfig
             try await store.forEachPendingDiff(processID: process.id, cycle: open.cycle.number) { pending in
-                if robust || (shared && pending.instance != instance) { return }
+                if shared && pending.instance != instance { return }
                 guard pending.diff.count == count * 4 else {
                     damaged.withLock { $0.append((pending.workerID, pending.diff.count)) }
                     return
                 }
+                if robust { return }
                 accumulator.add(
                     pending.diff, weight: Runtime.foldWeight(sampleCount: pending.sampleCount, private: isPrivate),
                     scale: Runtime.foldScale(staleness: pending.staleness, server: server), unclipped: pending.unclipped, worker: pending.workerID

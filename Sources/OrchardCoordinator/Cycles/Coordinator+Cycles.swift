@@ -57,7 +57,11 @@ extension Coordinator {
             // A committed report is missing from the running sum: reload, which sums every committed diff again; the
             // reloaded cycle, its goal met or its deadline passed, closes on the next tick. Until a reload succeeds,
             // nothing closes without it.
-            if await !reload(processID: processID) { logger.error("the cycle waits for a reload to close", metadata: ["process": "\(processID)"]) }
+            if await !reload(processID: processID) {
+                // Still closing: the next tick tries again.
+                runtimes[processID]?.machine.transitionFailed()
+                logger.error("the cycle waits for a reload to close", metadata: ["process": "\(processID)"])
+            }
             return
         }
         let closing = runtime.machine.cycle

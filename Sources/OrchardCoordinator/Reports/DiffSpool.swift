@@ -55,6 +55,14 @@ package final class DiffSpool: Sendable {
         return SpooledDiff(owner: ObjectIdentifier(self), name: name, path: path, folder: folderURL.path, descriptor: fd)
     }
 
+    /// The bytes of a spooled file, or nil when it is missing (what a power loss can leave of a file never synced);
+    /// any other failure to read it throws.
+    func readIfPresent(_ name: String) throws -> [UInt8]? {
+        let path = directory.appendingPathComponent(name).path
+        guard FileManager.default.fileExists(atPath: path) else { return nil }
+        return try read(name)
+    }
+
     /// The bytes of a spooled file.
     func read(_ name: String) throws -> [UInt8] {
         let url = directory.appendingPathComponent(name)

@@ -355,6 +355,8 @@ extension Coordinator {
             let action = machine.closeAdmission()
             current.machine = machine
             current.sum = accumulator.result.0
+            // Rebuilt from the store: it holds every committed diff, a report this instance could not read back included.
+            current.sumLacksReports = false
             // The combined sum holds every report committed before the seal: one whose count here is still to come
             // (``commitReport(_:workerID:sampleCount:unclipped:diff:)``) finds it summed.
             loadsDone += 1

@@ -377,8 +377,9 @@ public final class SQLiteStore: CoordinatorStore {
             while let row = try cursor.next() {
                 let bytes: [UInt8]
                 if let file: String = row["diff_file"] {
-                    // A file a power loss left missing comes with no bytes: the caller sees it is not the model's length.
-                    bytes = (try? spool.read(file)) ?? []
+                    // A file a power loss left missing comes with no bytes (the caller sees it is not the model's length);
+                    // one that cannot be read for another reason is an error.
+                    bytes = try spool.readIfPresent(file) ?? []
                 } else {
                     let diff: Data = row["diff"]
                     bytes = [UInt8](diff)
@@ -396,6 +397,10 @@ public final class SQLiteStore: CoordinatorStore {
     public func discardReports(processID: String, cycle: Int, workers: [String]) async throws {
         guard !workers.isEmpty else { return }
         let files = try await pool.write { db -> [String] in
+            guard try String.fetchOne(db, sql: "SELECT status FROM cycles WHERE process_id = ? AND number = ?", arguments: [processID, cycle]) == "open"
+            else {
+                throw StoreError(.cycleClosed, "cycle \(cycle) of process \(processID) is not open")
+            }
             var files: [String] = []
             for worker in workers {
                 if let file = try String.fetchOne(

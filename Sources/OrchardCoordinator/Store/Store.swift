@@ -455,7 +455,7 @@ public protocol CoordinatorStore: Sendable {
     func claimInstance(_ instanceID: String) async throws
     /// Marks committed reports whose diffs cannot be read back (a spool file a power loss left missing or short) as not
     /// reported, their diffs forgotten, so the cycle can go on without them; only the reports of `workers` that are
-    /// still reported in that open cycle are changed.
+    /// still reported in that cycle are changed; throws ``StoreError/Code/cycleClosed`` unless the cycle is open.
     func discardReports(processID: String, cycle: Int, workers: [String]) async throws
     /// Attaches (replaces) a process's held-out evaluation data with its sample count, or removes it (nil); throws
     /// ``StoreError/Code/notFound`` for an unknown process. Deleted with the process.

@@ -238,6 +238,7 @@ struct ShardRun: Sendable {
         let initial: Evaluation? = evaluates ? try await evaluate(checkpoint: process.latestCheckpoint) : nil
         if let initial { progress.note("checkpoint \(process.latestCheckpoint): \(describe(initial))") }
         let slots = AsyncSemaphore(permits: options.concurrency)
+        stop?.markRunning()
         let started = clock.now
         progress.note(
             "shard \(options.shard): \(devices.count) devices of \(configuration.clients) against \(options.urls.joined(separator: ", ")), until \(configuration.rounds) cycles are aggregated"
