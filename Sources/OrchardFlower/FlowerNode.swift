@@ -3,6 +3,7 @@ public import Logging
 
 public import OrchardSupport
 import SwiftProtobuf
+import Synchronization
 
 /// How a Flower node reaches its SuperLink and keeps its state.
 public struct FlowerNodeConfiguration: Sendable {
@@ -134,11 +135,22 @@ public actor FlowerNode {
         )
         var heartbeat: Task<Void, Never>?
         defer { heartbeat?.cancel() }
+        let forgotten = Mutex(false)
         var action = machine.next(after: .started)
         while true {
             if Task.isCancelled, action != .deactivate, action != .finish { action = machine.next(after: .windowEnding) }
             let event: FlowerNodeMachine.Event
+            // A heartbeat the SuperLink answered `success = false` (it no longer knows the node): activated again, as
+            // after a 401, before the next call (Flower's own client stops on it).
+            let lost =
+                action != .deactivate && action != .finish
+                && forgotten.withLock { lost in
+                    defer { lost = false }; return lost
+                }
             switch action {
+            case _ where lost:
+                event = .failed(
+                    FlowerError(.unauthorized, "the SuperLink no longer recognises node \(machine.nodeID.map(String.init) ?? "?") in its heartbeat"))
             case .finish:
                 return
             case .stop(let error):
@@ -175,7 +187,7 @@ public actor FlowerNode {
             }
             if case .activated(let id) = event {
                 heartbeat?.cancel()
-                heartbeat = startHeartbeats(nodeID: id)
+                heartbeat = startHeartbeats(nodeID: id) { forgotten.withLock { $0 = true } }
             }
             action = machine.next(after: event)
         }
@@ -386,7 +398,7 @@ public actor FlowerNode {
     /// Sends heartbeats every 0.8 × the interval while the node is active; a failed one is tried again after 1, 2, 4 …
     /// seconds (at most 20, as Flower's client does), each bounded by ``heartbeatTimeout``, so one lost heartbeat does
     /// not let the SuperLink mark the node offline mid-training.
-    private func startHeartbeats(nodeID: UInt64) -> Task<Void, Never> {
+    private func startHeartbeats(nodeID: UInt64, onForgotten: @escaping @Sendable () -> Void) -> Task<Void, Never> {
         let client = self.heartbeatClient
         let clock = self.clock
         let interval = configuration.heartbeatInterval
@@ -403,7 +415,11 @@ public actor FlowerNode {
                             $0.node = .with { $0.nodeID = nodeID }
                             $0.heartbeatInterval = interval.inSeconds
                         })
-                    if !answer.success { logger.warning("flower: the SuperLink does not recognise node \(nodeID) in its heartbeat") }
+                    if !answer.success {
+                        logger.warning("flower: the SuperLink does not recognise node \(nodeID) in its heartbeat; activating again")
+                        onForgotten()
+                        return
+                    }
                     failures = 0
                 } catch {
                     if error.code == .cancelled { return }

@@ -45,11 +45,17 @@ struct CommandFile {
     }
 
     /// Whether `a` and `b` name one existing file (the same device and inode: through links, `..` or another spelling).
-    /// Here, in the command-line tool, and not in a module an app links: `stat` is an API Apple asks apps to declare.
+    /// Here, in the command-line tool, and not in a module an app links: `stat` (which Foundation calls for the file's
+    /// attributes) is an API Apple asks apps to declare.
     static func sameFile(_ a: String, _ b: String) -> Bool {
-        var first = stat(), second = stat()
-        guard stat(a, &first) == 0, stat(b, &second) == 0 else { return false }
-        return first.st_dev == second.st_dev && first.st_ino == second.st_ino
+        func identity(_ path: String) -> (device: Int, inode: Int)? {
+            guard let attributes = try? FileManager.default.attributesOfItem(atPath: path),
+                let device = (attributes[.systemNumber] as? NSNumber)?.intValue, let inode = (attributes[.systemFileNumber] as? NSNumber)?.intValue
+            else { return nil }
+            return (device, inode)
+        }
+        guard let first = identity(a), let second = identity(b) else { return false }
+        return first == second
     }
 
     /// Replaces the file with `data`.
