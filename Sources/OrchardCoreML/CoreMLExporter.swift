@@ -33,6 +33,11 @@ public struct CoreMLExporter: Sendable {
 
     func makeModel(_ spec: ModelSpec, weights: [TensorRecord]) throws(CoreMLError) -> ProtoModel {
         do { try spec.validate() } catch { throw CoreMLError(.invalidModel, error.message) }
+        // An updatable model carries its training settings to the device: held to the limits a hosted model's are (a
+        // β of 1 or an ε of 0 would pass Core ML's own range checks and make the device's weights infinite).
+        if options.updatable, spec.training != nil {
+            do { try spec.validateLimits() } catch { throw CoreMLError(.invalidModel, error.message) }
+        }
         if let recurrent = spec.layers.first(where: { LayerType.recurrent.contains($0.type) }) {
             throw CoreMLError(
                 .unsupportedLayer,

@@ -214,9 +214,9 @@ public struct EvaluationReport: Sendable, Hashable, Codable {
     }
 
     /// The most metrics one report may carry.
-    public static let maximumMetrics = 16
+    public static let maximumMetrics = WireLimits.maximumMetrics
     /// The largest magnitude a metric may have: one device's values stay far from overflowing a sum over the goal.
-    public static let maximumMagnitude = 1e12
+    public static let maximumMagnitude = WireLimits.maximumMetricMagnitude
     /// Metrics that cannot be negative.
     static let nonNegative: Set<String> = ["loss", "mae", "rmse", "perplexity"]
 
@@ -224,13 +224,9 @@ public struct EvaluationReport: Sendable, Hashable, Codable {
     public func validationFailure() -> String? {
         if samples < 1 { return "samples must be at least 1, not \(samples)" }
         if let positions, positions < 0 { return "positions must not be negative, not \(positions)" }
-        if metrics.count > Self.maximumMetrics { return "at most \(Self.maximumMetrics) metrics, not \(metrics.count)" }
+        if let failure = WireLimits.metricsFailure(metrics) { return failure }
         if metrics["loss"] == nil { return "metrics must include loss" }
         for (name, value) in metrics.sorted(by: { $0.key < $1.key }) {
-            if let failure = WireLimits.nameFailure(name, field: "metric name") { return failure }
-            if !value.isFinite || abs(value) > Self.maximumMagnitude {
-                return "metric '\(name)' must be a finite number of magnitude at most \(Self.maximumMagnitude), not \(value)"
-            }
             if name == "accuracy" && !(0...1).contains(value) { return "metric 'accuracy' must be in [0, 1], not \(value)" }
             if Self.nonNegative.contains(name) && value < 0 { return "metric '\(name)' must not be negative, not \(value)" }
         }

@@ -15,15 +15,38 @@ public enum WireLimits {
     /// The longest `server_config.cycle_length` and `pace_steering_window`, in seconds (365 days).
     public static let maximumSeconds = 31_536_000.0
 
-    /// Describes why `name` is not a valid process name (1…``maximumNameLength`` Unicode scalars, no control
-    /// characters), or nil when it is; `field` names it in the message.
+    /// Describes why `name` is not a valid name (1…``maximumNameLength`` Unicode scalars; no control, format or line
+    /// and paragraph separator characters — bidi overrides and zero-width characters could make one name look like
+    /// another; no whitespace at either end), or nil when it is; `field` names it in the message.
     public static func nameFailure(_ name: String, field: String) -> String? {
         let scalars = name.unicodeScalars
         guard !scalars.isEmpty, scalars.count <= maximumNameLength else {
             return "\(field) must be 1 to \(maximumNameLength) characters, not \(scalars.count)"
         }
-        if scalars.contains(where: { $0.value < 0x20 || $0.value == 0x7F }) {
-            return "\(field) must not contain control characters"
+        let hidden: Set<Unicode.GeneralCategory> = [.control, .format, .lineSeparator, .paragraphSeparator, .surrogate, .privateUse, .unassigned]
+        if scalars.contains(where: { hidden.contains($0.properties.generalCategory) }) {
+            return "\(field) must not contain control, format or invisible characters"
+        }
+        if let first = scalars.first, let last = scalars.last, first.properties.isWhitespace || last.properties.isWhitespace {
+            return "\(field) must not begin or end with whitespace"
+        }
+        return nil
+    }
+
+    /// The most metrics one report (training or evaluation) may carry.
+    public static let maximumMetrics = 16
+    /// The largest magnitude a reported metric may have: one device's values stay far from overflowing a sum.
+    public static let maximumMetricMagnitude = 1e12
+
+    /// Describes why a report's metrics are unusable — more than ``maximumMetrics``, a name ``nameFailure(_:field:)``
+    /// refuses, a value not finite or of magnitude over ``maximumMetricMagnitude`` — or nil.
+    public static func metricsFailure(_ metrics: [String: Double]) -> String? {
+        if metrics.count > maximumMetrics { return "at most \(maximumMetrics) metrics, not \(metrics.count)" }
+        for (name, value) in metrics.sorted(by: { $0.key < $1.key }) {
+            if let failure = nameFailure(name, field: "metric name") { return failure }
+            if !value.isFinite || abs(value) > maximumMetricMagnitude {
+                return "metric '\(name)' must be a finite number of magnitude at most \(maximumMetricMagnitude), not \(value)"
+            }
         }
         return nil
     }

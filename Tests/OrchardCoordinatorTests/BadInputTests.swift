@@ -62,6 +62,17 @@ private func rawSafetensors(_ tensors: [(name: String, dtype: String, shape: [In
                     token: a.sessionToken), 404, "unknown_process", "unknown process")
             expectError(try await http.send("GET", Endpoint.processes, token: "wrong"), 401, "unauthorized", "wrong admin token")
 
+            // Metrics that would crowd out the fleet's in the cycle history and the dashboard, or overflow their means.
+            for (metrics, what) in [
+                (Dictionary(uniqueKeysWithValues: (0..<17).map { ("!\($0)", 1.0) }), "17 metrics"), (["lo\u{202E}ss": 1], "a bidi override in a name"),
+                ([" log perplexity": -40], "a leading space"), (["loss": 1.7e308], "a huge value"),
+            ] {
+                let body = ReportEnvelope.encode(
+                    diff: Fixture.diff(0.1),
+                    metadata: ReportMetadata(workerID: a.workerID, requestKey: assignmentA.requestKey, sampleCount: 5, metrics: metrics))
+                expectError(try await report(body), 400, "invalid_request", what)
+            }
+
             // Request keys.
             expectError(try await report(envelope(Fixture.diff(0.1), key: assignmentB.requestKey)), 403, "invalid_request_key", "another device's key")
             expectError(try await report(envelope(Fixture.diff(0.1), key: "made-up")), 403, "invalid_request_key", "made-up key")

@@ -430,6 +430,9 @@ extension HTTPResult {
             #expect(dom.contains("No checkpoint evaluated: attach held-out data"), "the model quality card")
             #expect(!dom.contains("Or enter the admin token"), "the browser was not signed in")
             #expect(dom.contains("role=\"alert\" hidden=\"\"></p>"), "the page reported a problem")
+            // A malformed fragment (a link to `#%`) once stopped the script before its first refresh.
+            let fragment = try await run(executable, ["--window-size=375,812", "--dump-dom", login() + "#%"])
+            #expect(fragment.contains("browser-visible-process"), "a bad fragment stopped the page: \(fragment.prefix(2000))")
 
             // Screenshots at a phone's and a laptop's width, for a person to look at.
             if let directory = ProcessInfo.processInfo.environment["ORCHARD_DASHBOARD_SCREENSHOTS"] {

@@ -399,6 +399,16 @@ import Testing
         #expect(capped.metrics["accuracy"] == 0.5 && abs(capped.metrics["perplexity"]! - exp(1.5)) < 1e-9)
     }
 
+    /// No metric name steers the aggregate's perplexity: a key an earlier version used internally is only a name now
+    /// (and the wire refuses it besides, for its leading space).
+    @Test func noMetricNameSetsThePerplexity() {
+        var generator = SplitMix64(seed: 6)
+        let forged = StoredEvaluationResult(
+            checkpoint: 3, workerID: "a", samples: 2, metrics: ["loss": 0.5, " log perplexity": -40], receivedAt: 0, positions: 10)
+        let evaluation = FederatedEvaluationAggregate.combine([forged], checkpoint: 3, loss: .crossEntropy, noise: nil, epsilon: nil, at: 1, using: &generator)
+        #expect(evaluation.metrics["perplexity"] == nil && evaluation.metrics[" log perplexity"] == -40)
+    }
+
     @Test func aSequenceModelsResultMustCarryItsPositions() throws {
         let sequence = ModelSpec(
             name: "tagger", inputs: [InputSpec(name: "x", shape: [4, 2])],

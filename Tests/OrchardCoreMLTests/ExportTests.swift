@@ -133,6 +133,20 @@ import Testing
         expectError(.invalidModel, layer: nil, containing: "needs the model's training settings") { _ = try export(spec) }
     }
 
+    /// Training settings a device's Core ML update would turn into infinite weights (β of 1, ε of 0) or no update (a
+    /// learning rate of 0) are refused as a hosted model's are, though they lie in Core ML's own ranges.
+    @Test func trainingSettingsOutsideTheModelLimitsAreRefused() throws {
+        for optimizer in [OptimizerSpec.adam(beta1: 1), .adam(beta2: 1), .adam(epsilon: 0), .sgd(learningRate: 0), .sgd(momentum: 1)] {
+            var spec = Models.housing()
+            spec.training?.optimizer = optimizer
+            expectError(.invalidModel, layer: nil, containing: "training") { _ = try export(spec) }
+        }
+        // A prediction-only export carries no training settings: not refused for them.
+        var spec = Models.housing()
+        spec.training?.optimizer = .adam(beta1: 1)
+        _ = try export(spec, options: CoreMLExportOptions(updatable: false))
+    }
+
     @Test func trainableEmbeddingIsRejectedByName() {
         var spec = Models.housing()
         spec.layers[1].frozen = false

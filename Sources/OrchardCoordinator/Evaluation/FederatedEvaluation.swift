@@ -144,6 +144,8 @@ enum FederatedEvaluationAggregate {
             return noised(results, checkpoint: checkpoint, loss: loss, noise: noise, normals: normals, epsilon: epsilon, at: date)
         }
         var totals: [String: (sum: Double, weight: Double)] = [:]
+        // A sequence model's mean cross-entropy per position, kept apart from the metrics devices name.
+        var logPerplexity = (sum: 0.0, weight: 0.0)
         var samples = 0
         for result in results {
             // Saturating: each count is at most `maximum_sample_count`, which an operator may set near Int.max.
@@ -154,32 +156,31 @@ enum FederatedEvaluationAggregate {
             // cap as the samples are), perplexity through its logarithm, the mean cross-entropy per position.
             let positionWeight = result.positions.map { Double($0) * weight / Double(max(result.samples, 1)) }
             for (name, value) in result.metrics where value.isFinite {
-                var (key, w, v) = (name, weight, value)
-                if let positionWeight, Self.perPosition.contains(name) {
-                    (key, w, v) = (name == "perplexity" ? Self.logPerplexity : name, positionWeight, name == "perplexity" ? Foundation.log(value) : value)
-                    guard v.isFinite else { continue }
+                if let positionWeight, name == "perplexity" {
+                    let log = Foundation.log(value)
+                    if log.isFinite { logPerplexity = (logPerplexity.sum + positionWeight * log, logPerplexity.weight + positionWeight) }
+                    continue
                 }
-                let old = totals[key] ?? (0, 0)
-                totals[key] = (old.sum + w * v, old.weight + w)
+                let w = positionWeight.map { Self.perPosition.contains(name) ? $0 : weight } ?? weight
+                let old = totals[name] ?? (0, 0)
+                totals[name] = (old.sum + w * value, old.weight + w)
             }
         }
         var metrics = totals.compactMapValues { $0.weight > 0 ? $0.sum / $0.weight : nil }
-        derive(&metrics)
+        derive(&metrics, meanLogPerplexity: logPerplexity.weight > 0 ? logPerplexity.sum / logPerplexity.weight : nil)
         metrics = metrics.filter { $0.value.isFinite }
         return CheckpointEvaluation(checkpoint: checkpoint, samples: samples, metrics: metrics, evaluatedAt: date, devices: results.count)
     }
 
     /// The metrics of a sequence model that are means over positions.
     static let perPosition: Set<String> = ["accuracy", "perplexity"]
-    /// The running key of a sequence model's mean log-perplexity (never a metric name: names are snake_case words).
-    private static let logPerplexity = " log perplexity"
 
     /// `rmse` and `perplexity`, where present, recomputed from the aggregated loss (a mean of square roots or of
     /// exponentials is not the root or exponential of the mean); a sequence model's perplexity from the mean
     /// cross-entropy per position over every device's positions.
-    private static func derive(_ metrics: inout [String: Double]) {
-        if let logPerplexity = metrics.removeValue(forKey: Self.logPerplexity) {
-            metrics["perplexity"] = exp(logPerplexity)
+    private static func derive(_ metrics: inout [String: Double], meanLogPerplexity: Double?) {
+        if let meanLogPerplexity {
+            metrics["perplexity"] = exp(meanLogPerplexity)
         } else if let loss = metrics["loss"], metrics["perplexity"] != nil {
             metrics["perplexity"] = exp(loss)
         }

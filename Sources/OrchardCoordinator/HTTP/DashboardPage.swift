@@ -213,7 +213,9 @@ enum DashboardPage {
     static let script = #"""
         "use strict";
         const api = "/v1/admin/processes";
-        let selected = decodeURIComponent(location.hash.slice(1)) || null;
+        let selected = null;
+        // A malformed fragment (`#%`) must not stop the page before its first refresh.
+        try { selected = decodeURIComponent(location.hash.slice(1)) || null; } catch (e) { selected = null; }
         let skew = 0, current = null, timer = null;
         const $ = (id) => document.getElementById(id);
         function el(tag, attrs, ...children) {

@@ -77,6 +77,11 @@ extension Coordinator {
     /// ``beginReport(_:session:)``; a buffered report told to wait over a shared store first takes up what the other
     /// instances did (a buffer they released moves its assignment into the next) and decides once more.
     private func beginReport(_ metadata: ReportMetadata, session: DeviceSession, caughtUp: Bool) async throws(CoordinatorError) -> ReportTicket {
+        // The metrics go into the cycle history and the dashboard: bounded and named as an evaluation report's are.
+        if let failure = WireLimits.metricsFailure(metadata.metrics) {
+            metrics.reportsRefused.increment()
+            throw CoordinatorError(.invalidRequest, "the report's metrics: \(failure)")
+        }
         try await requireKnownWorker(metadata.workerID)
         do throws(CoordinatorError) {
             try await adoptSharedKey(metadata.requestKey)
