@@ -695,6 +695,8 @@ struct JobCycleStateMachine {
             }
             guard FloatScan.allFinite(tensor.values) else { return "diff tensor '\(tensor.name)' holds NaN or infinity" }
         }
+        // What the coordinator would refuse the whole report for: told to the app here, before anything is sent.
+        if let failure = WireLimits.metricsFailure(update.metrics) { return "the update's metrics: \(failure)" }
         return nil
     }
 }

@@ -39,7 +39,13 @@ public final class LinuxConditionsProvider: DeviceConditionsProvider {
 
     /// Where this provider reads.
     public let configuration: Configuration
-    private let previousCPU = Mutex<CPUSample?>(nil)
+    /// The sample idleness is measured from, and the idleness of the last window long enough to mean something.
+    private let previousCPU = Mutex<(baseline: CPUSample?, last: Double?)>((nil, nil))
+
+    /// The fewest CPU ticks (all cores together, `USER_HZ` each a second) an idleness reading spans: a reading taken a
+    /// moment after another (the service loop's, then the window's own) repeats the last full window's instead of
+    /// measuring one tick or none.
+    static let minimumIdleWindowTicks: UInt64 = 200
 
     /// Creates a provider.
     public init(configuration: Configuration = Configuration()) {
@@ -189,16 +195,19 @@ public final class LinuxConditionsProvider: DeviceConditionsProvider {
 
     private func readCPUIdle() -> Double? {
         guard let stat = text(configuration.procfsRoot + "/stat"), let sample = Self.parseCPU(stat) else { return nil }
-        let previous = previousCPU.withLock { previous -> CPUSample? in
-            defer { previous = sample }
-            return previous
+        return previousCPU.withLock { state -> Double? in
+            // The first reading measures from boot.
+            let base = state.baseline ?? CPUSample(idle: 0, total: 0)
+            guard sample.total > base.total, sample.idle >= base.idle else {
+                // The counters went back (another machine's file, a reset): measure from here on.
+                state = (sample, nil)
+                return nil
+            }
+            if state.baseline != nil, sample.total - base.total < Self.minimumIdleWindowTicks, let last = state.last { return last }
+            let fraction = min(1, max(0, Double(sample.idle - base.idle) / Double(sample.total - base.total)))
+            state = (sample, fraction)
+            return fraction
         }
-        let base = previous ?? CPUSample(idle: 0, total: 0)
-        guard sample.total > base.total, sample.idle >= base.idle else {
-            return nil
-        }
-        let fraction = Double(sample.idle - base.idle) / Double(sample.total - base.total)
-        return min(1, max(0, fraction))
     }
 
     // MARK: Thermal

@@ -132,7 +132,7 @@ public final class AppleBackgroundScheduler: BackgroundTaskScheduling, @unchecke
                 return !done
             }
             guard first else { return }
-            self?.resubmit(identifier, after: completion)
+            self?.resubmit(identifier, kind: kind, after: completion)
             launch.system.setTaskCompleted(success: completion.success)
         }
         launch.state.withLock { state in
@@ -161,7 +161,8 @@ public final class AppleBackgroundScheduler: BackgroundTaskScheduling, @unchecke
                 if waitingLaunches[identifier] === launch { waitingLaunches[identifier] = nil }
             }
             // Submit the retry first: the app may be suspended as soon as the task completes.
-            resubmit(identifier, after: TaskCompletion(success: false, expiredBy: .system))
+            resubmit(
+                identifier, kind: launch.system is BGProcessingTask ? .processing : .appRefresh, after: TaskCompletion(success: false, expiredBy: .system))
             launch.system.setTaskCompleted(success: false)
         case .running(let run, let report):
             run.expire(.system)
@@ -171,9 +172,12 @@ public final class AppleBackgroundScheduler: BackgroundTaskScheduling, @unchecke
         }
     }
 
-    private func resubmit(_ identifier: String, after completion: TaskCompletion) {
+    /// The follow-up of a launch: the next repeat after a success, or the retry after a failure. The system removed the
+    /// request when it launched the task, so one this process never submitted (it was pending from an earlier run of
+    /// the app) is rebuilt from the launch, with the default retry, rather than nothing being submitted.
+    private func resubmit(_ identifier: String, kind: TaskKind, after completion: TaskCompletion) {
         let next: TaskRequest? = lock.withLock {
-            guard var request = requests[identifier] else { return nil }
+            var request = requests[identifier] ?? TaskRequest(identifier: identifier, kind: kind)
             if completion.success {
                 failures[identifier] = 0
                 guard let interval = request.repeatInterval else { return nil }
@@ -252,7 +256,7 @@ public final class AppleBackgroundScheduler: BackgroundTaskScheduling, @unchecke
     public func pendingRequests() async -> [TaskRequest] {
         let system = await scheduler.pendingTaskRequests()
         let known = lock.withLock { requests }
-        return system.map { systemRequest in
+        let pending = system.map { systemRequest in
             var request =
                 known[systemRequest.identifier]
                 ?? TaskRequest(
@@ -265,6 +269,11 @@ public final class AppleBackgroundScheduler: BackgroundTaskScheduling, @unchecke
             }
             return request
         }
+        // Requests pending from an earlier run of the app are known from now on, so a failed launch of one is retried.
+        lock.withLock {
+            for request in pending where requests[request.identifier] == nil { requests[request.identifier] = request }
+        }
+        return pending
     }
 }
 #endif

@@ -399,6 +399,14 @@ struct JobCycleStateMachineTests {
         var misshapen = try Self.update()
         misshapen.diff[0].shape = [misshapen.diff[0].values.count, 1, 1]
         #expect(Self.names(wrongShape.trainingEnded(.completed(misshapen))) == ["fail:training"])
+        // Metrics the coordinator would refuse the whole report for (17 names, a bidi override): told to the app now.
+        for metrics in [Dictionary(uniqueKeysWithValues: (0..<17).map { ("m\($0)", 1.0) }), ["lo\u{202E}ss": 1.0]] {
+            var crowded = Self.machine()
+            _ = try Self.toTraining(&crowded)
+            var update = try Self.update()
+            update.metrics = metrics
+            #expect(Self.names(crowded.trainingEnded(.completed(update))) == ["fail:training"])
+        }
     }
 
     // MARK: Downloads

@@ -233,6 +233,25 @@ struct AppleAdapterTests {
         #expect(system.simulatedViolations.isEmpty, "\(system.simulatedViolations)")
     }
 
+    /// A request pending from an earlier run of the app (this process never submitted it): when its launch fails, the
+    /// retry is submitted all the same. The system removed the request at launch, so without it nothing would be pending
+    /// and training would stop until the app next scheduled it.
+    @Test func aFailedLaunchOfARequestFromAnEarlierRunIsRetried() async throws {
+        let system = BGTaskScheduler.simulated(permittedIdentifiers: nil)
+        let apple = adapter(system)
+        try apple.registerAtLaunch(["train"])
+        // Submitted to the system behind the adapter's back: as an earlier run of the app left it, unknown to this one.
+        let earlier = BGProcessingTaskRequest(identifier: "train")
+        earlier.requiresNetworkConnectivity = true
+        try system.submit(earlier)
+        try await apple.register(identifier: "train") { task in task.setTaskCompleted(success: false) }
+        let launched = try #require(system.simulateLaunch(forTaskWithIdentifier: "train"))
+        #expect(await launched.waitForCompletion() == false)
+        let retry = try #require(await system.pendingTaskRequests().first)
+        #expect(retry.identifier == "train" && retry.earliestBeginDate == now.addingTimeInterval(30), "retried with the first backoff step")
+        #expect(system.simulatedViolations.isEmpty, "\(system.simulatedViolations)")
+    }
+
     @Test func expiryCompletesTheTaskAtOnceWhileTheHandlerIsStillUnwinding() async throws {
         let system = BGTaskScheduler.simulated(permittedIdentifiers: nil)
         let apple = adapter(system)

@@ -143,6 +143,22 @@ struct LinuxConditionsProviderTests {
         #expect(!ConditionRules().allows(TaskConstraints(requiresExternalPower: true), in: c))
     }
 
+    /// Two readings a moment apart (the service loop's, then the window's own): the second repeats the last full
+    /// window's idleness instead of measuring the two busy ticks between them; a later reading spans a new window.
+    @Test func idlenessIsMeasuredOverAWindowNotBetweenTwoCloseReadings() throws {
+        let m = try FakeMachine()
+        defer { m.remove() }
+        let provider = m.provider()
+        try m.write("proc/stat", "cpu  100 0 100 800 0 0 0 0 0 0")
+        #expect(provider.read().cpuIdleFraction == 0.8)
+        try m.write("proc/stat", "cpu  110 0 110 1780 0 0 0 0 0 0")
+        #expect(provider.read().cpuIdleFraction == 0.98)
+        try m.write("proc/stat", "cpu  112 0 110 1780 0 0 0 0 0 0")
+        #expect(provider.read().cpuIdleFraction == 0.98, "two busy ticks are no window")
+        try m.write("proc/stat", "cpu  412 0 110 1780 0 0 0 0 0 0")
+        #expect(provider.read().cpuIdleFraction == 0, "300 busy ticks since the last window")
+    }
+
     @Test func chargingLaptop() throws {
         let m = try FakeMachine()
         defer { m.remove() }
