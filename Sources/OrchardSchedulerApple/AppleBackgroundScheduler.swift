@@ -1,7 +1,9 @@
-// The thin adapter from Orchard's scheduling contract to Apple's BGTaskScheduler. One branch: on iOS, iPadOS, tvOS,
-// visionOS and Mac Catalyst it builds against the real BackgroundTasks framework; on Linux against the shim that
-// Package.swift aliases to `BackgroundTasks`. macOS has no BGTaskScheduler (its SDK marks the classes unavailable).
-#if !os(macOS)
+// The thin adapter from Orchard's scheduling contract to Apple's BGTaskScheduler. One branch: on iOS, iPadOS and Mac
+// Catalyst (the Apple platforms Package.swift declares with BGTaskScheduler) it builds against the real BackgroundTasks
+// framework; on Linux against the shim that Package.swift aliases to `BackgroundTasks`. macOS has no BGTaskScheduler
+// (its SDK marks the classes unavailable); tvOS and visionOS are not declared platforms, and watchOS has no
+// BackgroundTasks framework.
+#if os(iOS) || os(Linux)
 @preconcurrency public import BackgroundTasks
 import Foundation
 public import OrchardScheduler
