@@ -438,9 +438,9 @@ public actor BackgroundScheduler: BackgroundTaskScheduling, Service {
         }
         histories[id] = history
         let saved = history
-        record(&errors) { () throws(SchedulerError) in try store.saveHistory(saved) }
 
         var nextBegin: Date?
+        var change = PendingChange.unchanged
         if cancelledWhileRunning.remove(id) == nil, pending[id] == nil {
             var next: PendingTask?
             if outcome == .succeeded {
@@ -459,11 +459,14 @@ public actor BackgroundScheduler: BackgroundTaskScheduling, Service {
             if let next {
                 pending[id] = next
                 nextBegin = next.request.earliestBeginDate
-                record(&errors) { () throws(SchedulerError) in try store.savePending(next) }
+                change = .save(next)
             } else {
-                record(&errors) { () throws(SchedulerError) in try store.removePending(id) }
+                change = .remove
             }
         }
+        // The history and the follow-up in one write: a crash between two would leave the finished request to run again.
+        let pendingChange = change
+        record(&errors) { () throws(SchedulerError) in try store.recordRun(saved, pending: pendingChange) }
         logger.debug("task finished", metadata: ["identifier": "\(id)", "outcome": "\(outcome)", "runTime": "\(runTime)"])
         return RunRecord(
             identifier: id, kind: request.kind, outcome: outcome, runTime: runTime, timeLimit: limit,

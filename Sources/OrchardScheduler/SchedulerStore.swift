@@ -58,8 +58,21 @@ public protocol SchedulerStore: Sendable {
     func removeAllPending() throws(SchedulerError)
     /// Inserts or replaces a history.
     func saveHistory(_ history: TaskHistory) throws(SchedulerError)
+    /// What a finished run leaves: its history and its request's follow-up, in one write, so that a crash between the
+    /// two cannot leave the finished request pending to run again at once.
+    func recordRun(_ history: TaskHistory, pending: PendingChange) throws(SchedulerError)
     /// Set when the store found an unreadable file at open and moved it aside.
     var recovery: StoreRecovery? { get }
+}
+
+/// What a finished run does to its identifier's pending request (``SchedulerStore/recordRun(_:pending:)``).
+public enum PendingChange: Sendable, Hashable {
+    /// Left as it is (a new request was submitted while the run went on, or the run was cancelled).
+    case unchanged
+    /// Replaced by the follow-up: the next repeat, the retry, or the stopped run again.
+    case save(PendingTask)
+    /// Removed: nothing follows.
+    case remove
 }
 
 /// A store in memory: cheap, for the simulator's many virtual devices and for tests.
@@ -76,6 +89,16 @@ public final class InMemorySchedulerStore: SchedulerStore {
     public func removePending(_ identifier: String) throws(SchedulerError) { _ = state.withLock { $0.pending.removeValue(forKey: identifier) } }
     public func removeAllPending() throws(SchedulerError) { state.withLock { $0.pending = [:] } }
     public func saveHistory(_ history: TaskHistory) throws(SchedulerError) { state.withLock { $0.histories[history.identifier] = history } }
+    public func recordRun(_ history: TaskHistory, pending: PendingChange) throws(SchedulerError) {
+        state.withLock { state in
+            state.histories[history.identifier] = history
+            switch pending {
+            case .unchanged: break
+            case .save(let task): state.pending[task.request.identifier] = task
+            case .remove: state.pending.removeValue(forKey: history.identifier)
+            }
+        }
+    }
     public var recovery: StoreRecovery? { nil }
 }
 
@@ -195,11 +218,33 @@ public final class SQLiteSchedulerStore: SchedulerStore {
         try upsert(table: "history", identifier: history.identifier, value: history)
     }
 
+    public func recordRun(_ history: TaskHistory, pending: PendingChange) throws(SchedulerError) {
+        do {
+            let historyJSON = try Self.json(history)
+            let pendingJSON: String? = if case .save(let task) = pending { try Self.json(task) } else { nil }
+            try database.write { db in
+                try db.execute(sql: "INSERT OR REPLACE INTO history (identifier, json) VALUES (?, ?)", arguments: [history.identifier, historyJSON])
+                switch pending {
+                case .unchanged: break
+                case .save(let task):
+                    try db.execute(
+                        sql: "INSERT OR REPLACE INTO pending (identifier, json) VALUES (?, ?)", arguments: [task.request.identifier, pendingJSON])
+                case .remove:
+                    try db.execute(sql: "DELETE FROM pending WHERE identifier = ?", arguments: [history.identifier])
+                }
+            }
+        } catch { throw Self.wrap(error, "record the run of '\(history.identifier)'") }
+    }
+
+    private static func json(_ value: some Encodable) throws -> String {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.sortedKeys]
+        return String(decoding: try encoder.encode(value), as: UTF8.self)
+    }
+
     private func upsert(table: String, identifier: String, value: some Encodable) throws(SchedulerError) {
         do {
-            let encoder = JSONEncoder()
-            encoder.outputFormatting = [.sortedKeys]
-            let json = String(decoding: try encoder.encode(value), as: UTF8.self)
+            let json = try Self.json(value)
             try database.write { db in
                 try db.execute(sql: "INSERT OR REPLACE INTO \(table) (identifier, json) VALUES (?, ?)", arguments: [identifier, json])
             }

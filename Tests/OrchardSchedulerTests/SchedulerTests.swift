@@ -423,6 +423,31 @@ struct SchedulerTests {
 
     // MARK: Persistence
 
+    /// A finished run's history and its follow-up are one write: after it, a reopened store holds both, and a removal
+    /// or an untouched request is recorded as such.
+    @Test(arguments: ["sqlite", "memory"])
+    func aRunsHistoryAndFollowUpAreRecordedTogether(_ kind: String) throws {
+        let directory = try temporaryDirectory()
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let path = directory.appendingPathComponent("scheduler.sqlite").path
+        let memory = InMemorySchedulerStore()
+        func store() throws -> any SchedulerStore { kind == "sqlite" ? try SQLiteSchedulerStore(path: path) : memory }
+        var history = TaskHistory(identifier: "train")
+        history.runs = 1
+        history.consecutiveFailures = 1
+        let retry = PendingTask(request: .processing("train"), submittedAt: startDate)
+        try store().savePending(PendingTask(request: .processing("train"), submittedAt: startDate.addingTimeInterval(-60)))
+        try store().recordRun(history, pending: .save(retry))
+        var snapshot = try store().load()
+        #expect(snapshot.histories["train"] == history && snapshot.pending["train"] == retry)
+        history.runs = 2
+        try store().recordRun(history, pending: .unchanged)
+        snapshot = try store().load()
+        #expect(snapshot.histories["train"]?.runs == 2 && snapshot.pending["train"] == retry)
+        try store().recordRun(history, pending: .remove)
+        #expect(try store().load().pending["train"] == nil)
+    }
+
     @Test func pendingRequestsAndHistorySurviveARestart() async throws {
         let directory = try temporaryDirectory()
         defer { try? FileManager.default.removeItem(at: directory) }
