@@ -71,15 +71,19 @@ private struct SplitMix: RandomNumberGenerator {
             drawn.profile(device: 4, seed: 9) == DeviceProfile.sample(device: 4, seed: 9, medianSecondsPerUpdate: 0.5, spread: 0.3, megabitsPerSecond: 5...10))
     }
 
+    /// One round of one device (client 1 of `csv`) with 20 updates of a 3-number model, at a median second an update.
+    static func oneDevicesRound(trace csv: String) async throws -> RoundMetrics {
+        let conditions = FleetConditions(
+            windowSeconds: 60, resumeDelay: 30...180, checkInSpread: 0, medianSecondsPerUpdate: 1, deviceSpeeds: try DeviceSpeedTrace.parseCSV(csv))
+        let fleet = FleetSimulation(devices: 1, conditions: conditions, seed: 1, rounds: 1)
+        let workload = FakeWorkload(optima: [[1, 2, 3]], samples: [10], updates: 20, step: 0.1)
+        return try #require(try await FleetHarness.run(fleet, workload: workload, goal: 1).rounds.first)
+    }
+
     @Test func aFleetDeviceRunsAtTheTracesSpeed() async throws {
         // Client 1 is 100 ms a sample against the median's 200: half the median second per update. Its 20 updates take
         // 10 virtual seconds; its 10 Gbit/s link makes the transfers of the 3-number model negligible.
-        let speeds = try DeviceSpeedTrace.parseCSV("client_id,computation,communication\n1,100,10000000\n2,300,10000000\n")
-        let conditions = FleetConditions(
-            windowSeconds: 60, resumeDelay: 30...180, checkInSpread: 0, medianSecondsPerUpdate: 1, deviceSpeeds: speeds)
-        let fleet = FleetSimulation(devices: 1, conditions: conditions, seed: 1, rounds: 1)
-        let workload = FakeWorkload(optima: [[1, 2, 3]], samples: [10], updates: 20, step: 0.1)
-        let r = try #require(try await FleetHarness.run(fleet, workload: workload, goal: 1).rounds.first)
+        let r = try await Self.oneDevicesRound(trace: "client_id,computation,communication\n1,100,10000000\n2,300,10000000\n")
         #expect(r.participants == 1)
         #expect(r.virtualEnd > 10 && r.virtualEnd < 10.01, "\(r.virtualEnd)")
     }
@@ -87,12 +91,7 @@ private struct SplitMix: RandomNumberGenerator {
     /// A trace outlier far faster than the median (1e-20 against 100): its updates' cost is so small that the updates
     /// fitting its window overflowed an Int and trapped; it now does its work in no time.
     @Test func aDeviceFarFasterThanTheMedianDoesNotTrap() async throws {
-        let speeds = try DeviceSpeedTrace.parseCSV("client_id,computation,communication\n1,1e-20,10000000\n2,100,10000000\n3,100,10000000\n")
-        let conditions = FleetConditions(
-            windowSeconds: 60, resumeDelay: 30...180, checkInSpread: 0, medianSecondsPerUpdate: 1, deviceSpeeds: speeds)
-        let fleet = FleetSimulation(devices: 1, conditions: conditions, seed: 1, rounds: 1)
-        let workload = FakeWorkload(optima: [[1, 2, 3]], samples: [10], updates: 20, step: 0.1)
-        let r = try #require(try await FleetHarness.run(fleet, workload: workload, goal: 1).rounds.first)
+        let r = try await Self.oneDevicesRound(trace: "client_id,computation,communication\n1,1e-20,10000000\n2,100,10000000\n3,100,10000000\n")
         #expect(r.participants == 1)
     }
 
