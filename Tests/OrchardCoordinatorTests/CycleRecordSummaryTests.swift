@@ -19,6 +19,14 @@ import Testing
         #expect(means["m00"] == 1 && means["m15"] == 15 && means["m16"] == nil && means["m19"] == nil)
     }
 
+    /// A buffered report carries the coordinator's `staleness` beside the device's own metrics: sixteen device names
+    /// sorting before it do not crowd it out of the cycle's history.
+    @Test func theCoordinatorsStalenessIsKeptBesideSixteenDeviceNames() {
+        let device = (0..<16).map { "\"a\(String(format: "%02d", $0))\": 1" }.joined(separator: ", ")
+        let means = CycleRecordSummary.means(["{" + device + ", \"staleness\": 2, \"zz\": 9}", #"{"staleness": 0}"#])
+        #expect(means["staleness"] == 1 && means["a15"] == 1 && means["zz"] == nil && means.count == 17)
+    }
+
     @Test func storedMeansRoundTripAndDamageReadsAsNone() {
         let means = ["loss": 0.25, "accuracy": 0.75]
         #expect(CycleRecordSummary.decode(CycleRecordSummary.json(means)) == means)

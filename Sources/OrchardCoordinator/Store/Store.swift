@@ -572,8 +572,11 @@ extension CoordinatorStore {
 /// The history record of a cycle being closed, from its assignment rows (before they are deleted): the devices
 /// assigned, the reports accepted, and the mean of each metric the reports carried. Shared by the stores.
 package enum CycleRecordSummary {
-    /// Distinct metric names averaged per cycle (further names are ignored).
+    /// Distinct metric names from devices averaged per cycle (further names are ignored).
     package static let maximumMetrics = 16
+    /// The names the coordinator itself adds to a report's metrics (a buffered report's staleness): always averaged,
+    /// beyond the devices' sixteen, so that a device's own names cannot crowd them out.
+    package static let coordinatorMetrics: Set<String> = ["staleness"]
 
     /// The mean of each finite metric in `metricsJSON` (one JSON object of numbers per report; anything else is
     /// skipped), at most ``maximumMetrics`` names, the first met in name order.
@@ -583,7 +586,8 @@ package enum CycleRecordSummary {
         for text in metricsJSON {
             guard text.utf8.count > 2, let object = try? decoder.decode([String: Double].self, from: Data(text.utf8)) else { continue }
             for (name, value) in object.sorted(by: { $0.key < $1.key }) where value.isFinite {
-                guard sums[name] != nil || sums.count < maximumMetrics else { continue }
+                let devices = sums.keys.count { !coordinatorMetrics.contains($0) }
+                guard sums[name] != nil || coordinatorMetrics.contains(name) || devices < maximumMetrics else { continue }
                 let old = sums[name] ?? (0, 0)
                 sums[name] = (old.total + value, old.count + 1)
             }
