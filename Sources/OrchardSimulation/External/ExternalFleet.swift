@@ -365,8 +365,9 @@ struct ShardRun: Sendable {
         }
         while last.cyclesCompleted < configuration.rounds && last.state != .completed {
             do { try await clock.sleep(for: options.pollInterval) } catch { throw SimulationError(.coordinator, "stopped") }
-            // Asked to stop (Ctrl-C): the rows so far stand, and the caller writes the summary.
-            if stop?.isRequested == true { break }
+            // Asked to stop (Ctrl-C): one last read of the status, so the rows and the summary hold what the coordinator
+            // aggregated up to now; then the caller writes the summary.
+            let stopping = stop?.isRequested == true
             let counts = counters.snapshot()
             if counts.broken.count == devices.count {
                 throw SimulationError(.coordinator, "every device of shard \(options.shard) failed; the last: \(counts.lastError ?? "?")")
@@ -378,6 +379,7 @@ struct ShardRun: Sendable {
                 if silence >= options.hostTimeout.inSeconds {
                     throw SimulationError(.coordinator, "no answer from the coordinator for \(Int(silence)) s: \(error.message)")
                 }
+                if stopping { break }
                 continue
             }
             answered = clock.now
@@ -387,6 +389,7 @@ struct ShardRun: Sendable {
                 progress.note(describe(row))
             }
             last = status
+            if stopping { break }
         }
         return (rows, last)
     }
