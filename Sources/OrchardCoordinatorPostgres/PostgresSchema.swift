@@ -212,6 +212,130 @@ enum PostgresSchema {
             ]),
         // A sequence model's evaluation results: the positions their accuracy and perplexity are means over.
         Migration(version: "8-evaluation-positions", statements: ["ALTER TABLE evaluation_results ADD COLUMN positions BIGINT"]),
+        // Reports in one statement each, its own transaction: one round trip and plans kept by PL/pgSQL. A report kept
+        // whole (a robust rule's) locks the cycle row as before (shared; exclusive under a release limit, whose reports
+        // count what is committed one after another) and the answer names the outcome; a batch folded into its
+        // instance's partial sum does the same for every report of the batch and writes the sum once.
+        Migration(
+            version: "9-report-functions",
+            statements: [
+                // The cycle row locked for a report (exclusive under a release limit, else shared); its status, or NULL.
+                """
+                CREATE FUNCTION orchard_lock_cycle(p_process TEXT, p_cycle BIGINT, p_exclusive BOOLEAN) RETURNS TEXT LANGUAGE plpgsql AS $$
+                DECLARE
+                    cycle_status TEXT;
+                BEGIN
+                    IF p_exclusive THEN
+                        SELECT c.status INTO cycle_status FROM cycles c WHERE c.process_id = p_process AND c.number = p_cycle FOR UPDATE;
+                    ELSE
+                        SELECT c.status INTO cycle_status FROM cycles c WHERE c.process_id = p_process AND c.number = p_cycle FOR SHARE;
+                    END IF;
+                    RETURN cycle_status;
+                END
+                $$
+                """,
+                """
+                CREATE FUNCTION orchard_record_report(
+                    p_process TEXT, p_cycle BIGINT, p_worker TEXT, p_key TEXT, p_samples BIGINT, p_metrics TEXT, p_unclipped BOOLEAN,
+                    p_instance TEXT, p_diff BYTEA, p_staleness BIGINT, p_release_limit BIGINT)
+                RETURNS TEXT LANGUAGE plpgsql AS $$
+                DECLARE
+                    cycle_status TEXT;
+                    counted BIGINT;
+                BEGIN
+                    cycle_status := orchard_lock_cycle(p_process, p_cycle, p_release_limit IS NOT NULL);
+                    IF cycle_status IS NULL THEN
+                        RETURN 'missing';
+                    ELSIF cycle_status <> 'open' THEN
+                        RETURN cycle_status;
+                    END IF;
+                    IF p_release_limit IS NOT NULL THEN
+                        SELECT COUNT(*) INTO counted FROM assignments a WHERE a.process_id = p_process AND a.cycle = p_cycle AND a.reported;
+                        IF counted >= p_release_limit THEN
+                            RETURN 'released';
+                        END IF;
+                    END IF;
+                    UPDATE assignments SET reported = TRUE, sample_count = p_samples, metrics = p_metrics, unclipped = p_unclipped,
+                        instance = p_instance, diff = p_diff, staleness = p_staleness
+                    WHERE process_id = p_process AND cycle = p_cycle AND worker_id = p_worker AND request_key = p_key AND NOT reported;
+                    IF NOT FOUND THEN
+                        RETURN 'duplicate';
+                    END IF;
+                    RETURN 'recorded';
+                END
+                $$
+                """,
+                // A batch of reports committed folded into their instance's partial sum, in one statement: nothing is
+                // written unless every report is accepted and the stored sum is the one the new sum was built on; the
+                // outcome says what stopped it ('missing' or the cycle's status; 'room' with the reports a buffer still
+                // takes; 'base' with the reports the stored sum holds; 'duplicate' with the workers refused), and the
+                // caller tries again without what was refused. 'recorded' comes with the cycle's count of reports.
+                """
+                CREATE FUNCTION orchard_record_folded(
+                    p_process TEXT, p_cycle BIGINT, p_instance TEXT, p_workers TEXT[], p_keys TEXT[], p_samples BIGINT[], p_metrics TEXT[],
+                    p_unclipped BOOLEAN[], p_staleness BIGINT[], p_release_limit BIGINT, p_base BIGINT, p_forgetting TEXT[],
+                    p_sum BYTEA, p_weight DOUBLE PRECISION, p_reports BIGINT, p_sum_unclipped BIGINT)
+                RETURNS TABLE (outcome TEXT, held BIGINT, refused TEXT[])
+                LANGUAGE plpgsql AS $$
+                DECLARE
+                    cycle_status TEXT;
+                    counted BIGINT;
+                    stored BIGINT;
+                    missing TEXT[];
+                BEGIN
+                    cycle_status := orchard_lock_cycle(p_process, p_cycle, p_release_limit IS NOT NULL);
+                    IF cycle_status IS NULL THEN
+                        RETURN QUERY SELECT 'missing'::TEXT, NULL::BIGINT, NULL::TEXT[];
+                        RETURN;
+                    ELSIF cycle_status <> 'open' THEN
+                        RETURN QUERY SELECT cycle_status, NULL::BIGINT, NULL::TEXT[];
+                        RETURN;
+                    END IF;
+                    IF p_release_limit IS NOT NULL THEN
+                        SELECT COUNT(*) INTO counted FROM assignments a WHERE a.process_id = p_process AND a.cycle = p_cycle AND a.reported;
+                        IF counted + cardinality(p_workers) > p_release_limit THEN
+                            RETURN QUERY SELECT 'room'::TEXT, GREATEST(p_release_limit - counted, 0), NULL::TEXT[];
+                            RETURN;
+                        END IF;
+                    END IF;
+                    SELECT s.reports INTO stored FROM partial_sums s WHERE s.process_id = p_process AND s.cycle = p_cycle AND s.instance = p_instance FOR UPDATE;
+                    IF COALESCE(stored, 0) <> p_base THEN
+                        RETURN QUERY SELECT 'base'::TEXT, COALESCE(stored, 0), NULL::TEXT[];
+                        RETURN;
+                    END IF;
+                    -- Row by row through the primary key (a join against the arrays would scan the cycle's rows).
+                    FOR i IN 1 .. COALESCE(cardinality(p_workers), 0) LOOP
+                        PERFORM 1 FROM assignments a WHERE a.process_id = p_process AND a.cycle = p_cycle AND a.worker_id = p_workers[i]
+                            AND a.request_key = p_keys[i] AND NOT a.reported FOR UPDATE;
+                        IF NOT FOUND THEN
+                            missing := array_append(missing, p_workers[i]);
+                        END IF;
+                    END LOOP;
+                    IF missing IS NOT NULL THEN
+                        RETURN QUERY SELECT 'duplicate'::TEXT, NULL::BIGINT, missing;
+                        RETURN;
+                    END IF;
+                    FOR i IN 1 .. COALESCE(cardinality(p_workers), 0) LOOP
+                        UPDATE assignments a SET reported = TRUE, sample_count = p_samples[i], metrics = p_metrics[i], unclipped = p_unclipped[i],
+                            instance = p_instance, staleness = NULLIF(p_staleness[i], -1)
+                        WHERE a.process_id = p_process AND a.cycle = p_cycle AND a.worker_id = p_workers[i] AND a.request_key = p_keys[i] AND NOT a.reported;
+                        IF NOT FOUND THEN
+                            RAISE EXCEPTION 'worker % of a batch of folded reports was reported twice', p_workers[i];
+                        END IF;
+                    END LOOP;
+                    INSERT INTO partial_sums (process_id, cycle, instance, sum, weight, reports, unclipped)
+                    VALUES (p_process, p_cycle, p_instance, p_sum, p_weight, p_reports, p_sum_unclipped)
+                    ON CONFLICT (process_id, cycle, instance) DO UPDATE
+                    SET sum = EXCLUDED.sum, weight = EXCLUDED.weight, reports = EXCLUDED.reports, unclipped = EXCLUDED.unclipped;
+                    IF cardinality(p_forgetting) > 0 THEN
+                        UPDATE assignments SET diff = NULL WHERE process_id = p_process AND cycle = p_cycle AND worker_id = ANY(p_forgetting);
+                    END IF;
+                    RETURN QUERY SELECT 'recorded'::TEXT,
+                        (SELECT COUNT(*) FROM assignments a WHERE a.process_id = p_process AND a.cycle = p_cycle AND a.reported), NULL::TEXT[];
+                END
+                $$
+                """,
+            ]),
     ]
 
     /// Applies the migrations not yet applied, each in its own transaction; returns the versions it applied.

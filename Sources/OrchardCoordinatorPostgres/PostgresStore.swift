@@ -25,7 +25,7 @@ import Synchronization
 ///
 /// A report's diff is staged in a temporary file while it arrives (memory stays bounded) and written to the
 /// assignment's BYTEA column in the report's transaction; once that commits it is durable.
-public final class PostgresStore: CoordinatorStore {
+public final class PostgresStore: FoldingStore {
     private let client: PostgresClient
     private let runner: Task<Void, Never>
     /// The connections that hold secure-aggregation locks (``withSecureAggregationLock(processID:_:)``): a pool apart
@@ -612,34 +612,96 @@ public final class PostgresStore: CoordinatorStore {
                 return size
             }
         }
-        let staged = bytes
-        try await transaction("record the report of key '\(report.requestKey)' in cycle \(report.cycle)") { connection in
-            // A buffer commits at most its release's reports, whichever instances admitted them: its reports take the
-            // cycle row exclusively, one after another, and count what is committed.
-            let limited = report.releaseLimit != nil
-            let status = try await lockCycle(connection, processID: report.processID, cycle: report.cycle, exclusive: limited)
-            try Self.requireOpen(status, processID: report.processID, cycle: report.cycle)
-            if let limit = report.releaseLimit {
-                let counted = try await run(
-                    connection, "SELECT count(*) FROM assignments WHERE process_id = \(report.processID) AND cycle = \(report.cycle) AND reported")
-                guard try (counted.first?.decode(Int.self) ?? 0) < limit else {
-                    throw StoreError(.cycleClosed, "buffer \(report.cycle) holds its \(limit) reports: it is being released")
-                }
-            }
-            let updated = try await run(
-                connection,
+        let what = "record the report of key '\(report.requestKey)' in cycle \(report.cycle)"
+        let outcome: String?
+        do {
+            outcome = try await client.query(
                 """
-                UPDATE assignments SET reported = TRUE, sample_count = \(report.sampleCount), metrics = \(report.metricsJSON),
-                    unclipped = \(report.unclipped), instance = \(report.instance), diff = \(staged), staleness = \(report.staleness)
-                WHERE process_id = \(report.processID) AND cycle = \(report.cycle) AND worker_id = \(report.workerID)
-                    AND request_key = \(report.requestKey) AND NOT reported
-                RETURNING 1
-                """)
-            guard !updated.isEmpty else {
-                throw StoreError(
-                    .duplicate, "no unreported assignment for worker '\(report.workerID)' and request key '\(report.requestKey)' in cycle \(report.cycle)")
-            }
+                SELECT orchard_record_report(\(report.processID), \(report.cycle), \(report.workerID), \(report.requestKey), \(report.sampleCount),
+                    \(report.metricsJSON), \(report.unclipped), \(report.instance), \(bytes), \(report.staleness), \(report.releaseLimit))
+                """, logger: logger
+            ).collect().first?.decode(String?.self)
+        } catch {
+            throw PostgresErrors.map(error, what)
         }
+        switch outcome {
+        case "recorded": return
+        case "duplicate":
+            throw StoreError(
+                .duplicate, "no unreported assignment for worker '\(report.workerID)' and request key '\(report.requestKey)' in cycle \(report.cycle)")
+        case "released":
+            throw StoreError(.cycleClosed, "buffer \(report.cycle) holds its \(report.releaseLimit ?? 0) reports: it is being released")
+        case "missing": try Self.requireOpen(nil, processID: report.processID, cycle: report.cycle)
+        case let status?: try Self.requireOpen(status, processID: report.processID, cycle: report.cycle)
+        case nil: break
+        }
+        throw StoreError(.corrupt, "\(what): orchard_record_report answered \(outcome.map { "'\($0)'" } ?? "nothing")")
+    }
+
+    public func recordFoldedReports(
+        _ reports: [ReportRecord], base: Int, forgetting: [String], fold: @Sendable ([Int]) throws -> StoredPartialSum
+    ) async throws -> (outcomes: [Result<Void, StoreError>], reported: Int?) {
+        guard let first = reports.first else { return ([], nil) }
+        let (processID, cycle, instance, limit) = (first.processID, first.cycle, first.instance, first.releaseLimit)
+        guard reports.allSatisfy({ $0.processID == processID && $0.cycle == cycle && $0.instance == instance && $0.releaseLimit == limit }) else {
+            throw StoreError(.corrupt, "a batch of folded reports must share one process, cycle, instance and release limit")
+        }
+        let what = "record \(reports.count) reports folded into the partial sum of instance '\(instance)' in cycle \(cycle) of process '\(processID)'"
+        var outcomes = [Result<Void, StoreError>?](repeating: nil, count: reports.count)
+        // One statement (its own transaction) a try; a try that finds reports to refuse writes nothing, and the next
+        // goes without them.
+        var candidates = Array(reports.indices)
+        while !candidates.isEmpty || !forgetting.isEmpty {
+            let sum = try fold(candidates)
+            let batch = candidates.map { reports[$0] }
+            let answer: (String, Int?, [String]?)?
+            do {
+                answer = try await client.query(
+                    """
+                    SELECT outcome, held, refused FROM orchard_record_folded(
+                        \(processID), \(cycle), \(instance), \(batch.map(\.workerID)), \(batch.map(\.requestKey)), \(batch.map(\.sampleCount)),
+                        \(batch.map(\.metricsJSON)), \(batch.map(\.unclipped)), \(batch.map { $0.staleness ?? -1 }), \(limit), \(base), \(forgetting),
+                        \(Self.buffer(sum.bytes)), \(sum.weight), \(sum.reports), \(sum.unclipped))
+                    """, logger: logger
+                ).collect().first?.decode((String, Int?, [String]?).self)
+            } catch {
+                throw PostgresErrors.map(error, what)
+            }
+            switch answer?.0 {
+            case "recorded":
+                for index in candidates { outcomes[index] = .success(()) }
+                return (outcomes.map { $0 ?? .success(()) }, answer?.1)
+            case "duplicate":
+                let refused = Set(answer?.2 ?? [])
+                let kept = candidates.filter { !refused.contains(reports[$0].workerID) }
+                guard kept.count < candidates.count else { throw StoreError(.corrupt, "\(what): refused workers that were not in the batch") }
+                for index in candidates where refused.contains(reports[index].workerID) {
+                    let report = reports[index]
+                    outcomes[index] = .failure(
+                        StoreError(
+                            .duplicate, "no unreported assignment for worker '\(report.workerID)' and request key '\(report.requestKey)' in cycle \(cycle)"))
+                }
+                candidates = kept
+            case "room":
+                let room = answer?.1 ?? 0
+                guard room < candidates.count else { throw StoreError(.corrupt, "\(what): a buffer with room for \(room) refused \(candidates.count)") }
+                for index in candidates.dropFirst(room) {
+                    outcomes[index] = .failure(StoreError(.cycleClosed, "buffer \(cycle) holds its \(limit ?? 0) reports: it is being released"))
+                }
+                candidates = Array(candidates.prefix(room))
+            case "base":
+                throw StoreError(
+                    .corrupt,
+                    "the partial sum of instance '\(instance)' in cycle \(cycle) of process '\(processID)' holds \(answer?.1 ?? 0) reports, not the \(base) its running sum was built on"
+                )
+            case "missing": try Self.requireOpen(nil, processID: processID, cycle: cycle)
+            case let status?: try Self.requireOpen(status, processID: processID, cycle: cycle)
+            case nil: throw StoreError(.corrupt, "\(what): orchard_record_folded returned no row")
+            }
+            // requireOpen passes only 'open', which the function never answers.
+            if answer?.0 == "open" { throw StoreError(.corrupt, "\(what): orchard_record_folded answered 'open'") }
+        }
+        return (outcomes.map { $0 ?? .success(()) }, nil)
     }
 
     public func discardReports(processID: String, cycle: Int, workers: [String]) async throws {

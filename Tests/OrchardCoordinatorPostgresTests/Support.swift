@@ -211,9 +211,9 @@ final class PendingCollector: @unchecked Sendable {
         return items.sorted { $0.workerID < $1.workerID }
     }
 
-    static func pending(_ store: any CoordinatorStore, cycle: Int = 1) async throws -> [PendingDiff] {
+    static func pending(_ store: any CoordinatorStore, processID: String = "p", cycle: Int = 1) async throws -> [PendingDiff] {
         let collector = PendingCollector()
-        try await store.forEachPendingDiff(processID: "p", cycle: cycle) { collector.add($0) }
+        try await store.forEachPendingDiff(processID: processID, cycle: cycle) { collector.add($0) }
         return collector.diffs
     }
 }

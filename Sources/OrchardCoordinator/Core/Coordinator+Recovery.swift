@@ -74,6 +74,9 @@ extension Coordinator {
         var unfolded: [String] = []
         var keys: Set<String> = []
         var staleness = (sum: 0, count: 0, max: 0)
+        // Reports the loaded sum holds: this instance's share of those reported, folded into its partial sum or summed
+        // from their pending diffs.
+        var summed: Set<String> = []
         if !process.completed, let open = try await store.openCycle(processID: process.id) {
             // A buffer's staleness figures, from the reports it holds (they were counted as they came before the restart).
             for stale in open.assignments.filter(\.reported).compactMap(\.staleness) {
@@ -130,6 +133,10 @@ extension Coordinator {
                 return
             }
             (sum, unfolded) = accumulator.result
+            if !robust {
+                let mine = open.assignments.filter { $0.reported && (!shared || ($0.instance ?? CoordinatorConfiguration.defaultInstanceID) == instance) }
+                summed = Set(mine.map(\.workerID)).union(unfolded)
+            }
             keys = Set(open.assignments.map(\.requestKey))
             for key in keys { processForKey[key] = process.id }
         } else {
@@ -144,6 +151,7 @@ extension Coordinator {
             optimizer: optimizer, authenticator: authenticator, currentKeys: keys, previousKeys: []
         )
         runtimes[process.id]?.privacy = privacy
+        runtimes[process.id]?.summedAtLoad = summed
         runtimes[process.id]?.bufferStaleness = staleness
         loadsDone += 1
         runtimes[process.id]?.generation = loadsDone

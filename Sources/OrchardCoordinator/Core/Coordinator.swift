@@ -172,6 +172,8 @@ public actor Coordinator {
     var sealedHere: Set<SealKey> = []
     /// Reloads of a process from the store under way, by process.
     var reloading: [String: Task<Bool, Never>] = [:]
+    /// Reports waiting to be committed folded into this instance's partial sum, by process (a ``FoldingStore``).
+    var foldQueues: [String: FoldQueue] = [:]
     /// Each process's latest queued server-side evaluation (each waits for the one before it).
     var evaluationQueue: [String: Task<Void, Never>] = [:]
     /// Over a shared store, each process's latest checkpoint known to be evaluated, or to need none (no data attached).

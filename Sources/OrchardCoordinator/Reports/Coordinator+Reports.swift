@@ -209,7 +209,11 @@ extension Coordinator {
     /// Sets ``reportRecordedHook`` (tests).
     func setReportRecordedHook(_ hook: (@Sendable (String) async -> Void)?) { reportRecordedHook = hook }
 
-    func commitReport(_ ticket: ReportTicket, workerID: String, sampleCount: Int, unclipped: Bool, diff: any StagedDiff) async -> ReportResponse {
+    /// Counts a committed report (`folded`: committed into this instance's partial sum, which the running sum then holds;
+    /// `storeReported`: the reports of the cycle the store held at every instance right after it, when known).
+    func commitReport(
+        _ ticket: ReportTicket, workerID: String, sampleCount: Int, unclipped: Bool, diff: any StagedDiff, folded: Bool = false, storeReported: Int? = nil
+    ) async -> ReportResponse {
         if let hook = reportRecordedHook { await hook(ticket.processID) }
         metrics.reportsAccepted.increment()
         guard let runtime = runtimes[ticket.processID], runtime.machine.cycle == ticket.cycle else {
@@ -225,7 +229,7 @@ extension Coordinator {
         var summed = false
         do throws(StoreError) {
             // A robust rule reads every report back from the store when the cycle closes; nothing is summed here.
-            if runtime.robust == nil && !alreadySummed {
+            if runtime.robust == nil && !alreadySummed && !folded {
                 try runtime.sum.add(diff, weight: runtime.foldWeight(sampleCount: sampleCount), scale: ticket.foldScale, unclipped: unclipped)
                 summed = true
             }
@@ -257,14 +261,18 @@ extension Coordinator {
             ? runtime.machine.synchronize(with: [CycleStateMachine.Assignment(workerID: workerID, requestKey: ticket.requestKey, state: .reported)])
             : runtime.machine.commitReport(workerID: workerID)
         if action == nil && store.isShared {
-            // The goal counts reports at every instance.
-            action = await goalReachedShared(processID: ticket.processID, cycle: ticket.cycle)
+            // The goal counts reports at every instance: the count the commit returned, or one read now.
+            if let storeReported {
+                if storeReported >= runtime.machine.configuration.goalCount { action = await synchronizeShared(processID: ticket.processID) }
+            } else {
+                action = await goalReachedShared(processID: ticket.processID, cycle: ticket.cycle)
+            }
         }
         let received = runtime.machine.reported
         var retryAfter = runtime.machine.nextCycleExpected(now: clock.date, jitter: Double.random(in: 0...1, using: &random))
         metrics.openCycleReported.record(received)
         let fold: (sum: [UInt8], weight: Double, reports: Int, unclipped: Int, workers: [String])?
-        if action == nil && !runtime.folding && runtime.unfolded.count >= configuration.foldInterval {
+        if action == nil && !folded && !runtime.folding && runtime.unfolded.count >= configuration.foldInterval {
             runtime.folding = true
             fold = (runtime.sum.bytes, runtime.sum.weight, runtime.sum.reports, runtime.sum.unclipped, runtime.unfolded)
         } else {

@@ -146,8 +146,14 @@ public final class ReportUpload {
             staleness: ticket.staleness, releaseLimit: ticket.releaseLimit
         )
         let started = ContinuousClock.now
+        let folded = await coordinator.foldsAtCommit(processID: ticket.processID)
+        var storeReported: Int?
         do {
-            try await coordinator.store.recordReport(record, diff: staged)
+            if folded {
+                storeReported = try await coordinator.recordFolded(record, ticket: ticket, diff: staged)
+            } else {
+                try await coordinator.store.recordReport(record, diff: staged)
+            }
         } catch {
             let refusal: CoordinatorError
             if let storeError = error as? StoreError, storeError.code == .cycleClosed {
@@ -173,7 +179,9 @@ public final class ReportUpload {
         metrics.reportBytes.increment(by: received)
         ended = true
         coordinator.endUpload(workerID: session.workerID)
-        return await coordinator.commitReport(ticket, workerID: metadata.workerID, sampleCount: metadata.sampleCount, unclipped: unclipped, diff: staged)
+        return await coordinator.commitReport(
+            ticket, workerID: metadata.workerID, sampleCount: metadata.sampleCount, unclipped: unclipped, diff: staged, folded: folded,
+            storeReported: storeReported)
     }
 
     /// Ends an upload whose body will not complete (the device went away, or a refusal from outside): its staged

@@ -490,6 +490,24 @@ public protocol CoordinatorStore: Sendable {
     func federatedEvaluations(processID: String, limit: Int) async throws -> [CheckpointEvaluation]
 }
 
+/// A shared store that takes reports folded into their instance's partial sum as they commit, instead of one stored
+/// diff each: a batch of reports costs one write of the sum (PostgreSQL writes every stored byte through its WAL, so
+/// this is what lets it ingest at a fraction of the bytes). A report so committed is durable in the sum; nothing of
+/// its diff is kept.
+public protocol FoldingStore: CoordinatorStore {
+    /// Records `reports` (one process, cycle and instance) in one transaction with the instance's partial sum:
+    /// marks each accepted report's assignment reported, replaces the partial sum with `fold(accepted)` (the indices
+    /// of the accepted reports, in order) provided the stored one still holds `base` reports (0 when there is none),
+    /// and forgets the pending diffs of `forgetting` (reports the new sum already holds). Returns each report's
+    /// outcome (``StoreError/Code/duplicate`` when its assignment is unknown or reported, ``StoreError/Code/cycleClosed``
+    /// past a buffer's release limit) and, when anything was written, the reports of the cycle the store then holds at
+    /// every instance. Throws (nothing committed) when the cycle is not open, with ``StoreError/Code/corrupt`` when the
+    /// stored partial sum does not hold `base` reports, or whatever `fold` throws.
+    func recordFoldedReports(
+        _ reports: [ReportRecord], base: Int, forgetting: [String], fold: @Sendable ([Int]) throws -> StoredPartialSum
+    ) async throws -> (outcomes: [Result<Void, StoreError>], reported: Int?)
+}
+
 /// A device's result of a federated evaluation task, as stored until its checkpoint's evaluation is finalized.
 public struct StoredEvaluationResult: Sendable, Hashable {
     /// The checkpoint evaluated.
