@@ -211,7 +211,7 @@ import Testing
 
     /// The status line and headers of an answer (and what came with them), within 10 seconds.
     func receiveHead(_ fd: Int32) throws -> String {
-        var timeout = timeval(tv_sec: 10, tv_usec: 0)
+        var timeout = timeval(tv_sec: 120, tv_usec: 0)
         setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
         var received: [UInt8] = []
         var buffer = [UInt8](repeating: 0, count: 4096)

@@ -17,7 +17,7 @@ import Testing
         let model = try files.write("model.json", SmallModel.json())
         let weights = try files.write("weights.safetensors", bytes: SmallModel.weights())
         let token: [String: String?] = ["ORCHARD_ADMIN_TOKEN": LoopbackCoordinator.adminToken]
-        let server = ["--server", coordinator.url]
+        let server = ["--server", coordinator.url, "--timeout", "120"]
 
         let created = try await Run.orchard(
             ["process", "create"] + server + [
@@ -76,7 +76,7 @@ import Testing
         let good = try files.write("eval.safetensors", bytes: try data(width: 3))
         let bad = try files.write("bad.safetensors", bytes: try data(width: 5))
         let token: [String: String?] = ["ORCHARD_ADMIN_TOKEN": LoopbackCoordinator.adminToken]
-        let server = ["--server", coordinator.url]
+        let server = ["--server", coordinator.url, "--timeout", "120"]
         let create = ["process", "create"] + server + ["--model", model, "--weights", weights, "--version", "1.0"]
 
         let created = try await Run.orchard(create + ["--name", "evaluated", "--eval-data", good], environment: token, in: files.url)
@@ -120,7 +120,7 @@ import Testing
         let wrongToken = try files.write("token", "wrong\n")
         // Private, as a token file should be (one other users can read adds a warning line before the error).
         try FileManager.default.setAttributes([.posixPermissions: 0o600], ofItemAtPath: wrongToken)
-        let server = ["--server", coordinator.url]
+        let server = ["--server", coordinator.url, "--timeout", "120"]
 
         let refused = try await Run.orchard(["process", "list", "--admin-token-file", wrongToken] + server, in: files.url)
         #expect(refused.status == 1)

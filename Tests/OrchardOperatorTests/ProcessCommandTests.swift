@@ -23,7 +23,7 @@ import Testing
         let coordinator = try await LoopbackCoordinator.start()
         let files = try TemporaryDirectory()
         defer { files.remove() }
-        let client = try AdminClient(server: coordinator.url, adminToken: LoopbackCoordinator.adminToken)
+        let client = try AdminClient(server: coordinator.url, adminToken: LoopbackCoordinator.adminToken, timeout: .seconds(120))
 
         let hosted = try await client.host(try Self.request(files))
         let id = hosted.value.processID
@@ -68,7 +68,7 @@ import Testing
         let coordinator = try await LoopbackCoordinator.start()
         let files = try TemporaryDirectory()
         defer { files.remove() }
-        let client = try AdminClient(server: coordinator.url, adminToken: LoopbackCoordinator.adminToken)
+        let client = try AdminClient(server: coordinator.url, adminToken: LoopbackCoordinator.adminToken, timeout: .seconds(120))
         _ = try await client.host(try Self.request(files))
         let error = await #expect(throws: OperatorError.self) { try await client.host(try Self.request(files)) }
         #expect(error?.code == .server(.processExists))

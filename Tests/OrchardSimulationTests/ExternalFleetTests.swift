@@ -27,6 +27,10 @@ struct HurriedClock: WallClock {
 /// `orchard simulate --coordinator URL --shard i/n`: shards of one fleet against a coordinator running on its own
 /// wall clock, reached over HTTP and its admin API.
 @Suite(.serialized) struct ExternalFleetTests {
+    /// How long a call waits for the coordinator's answer: the whole suite in parallel on two cores can keep an in-process
+    /// coordinator from answering for longer than the product's 30 s.
+    static let answerTimeout = Duration.seconds(120)
+
     static let token = "shard-test-admin-token"
     static let environment = [ExternalFleet.adminTokenVariable: token]
     static let quiet = ProgressDisplay(interactive: false) { _ in }
@@ -57,12 +61,14 @@ struct HurriedClock: WallClock {
     }
 
     static func shard(_ text: String, of server: RunningServer) throws -> ExternalCoordinator {
-        ExternalCoordinator(url: server.baseURL.absoluteString, shard: try FleetShard(parsing: text), concurrency: 2, hostTimeout: .seconds(60))
+        ExternalCoordinator(
+            url: server.baseURL.absoluteString, shard: try FleetShard(parsing: text), concurrency: 2, hostTimeout: .seconds(60),
+            requestTimeout: Self.answerTimeout)
     }
 
     /// The value of a Prometheus sample line on the coordinator's `/metrics`.
     static func metric(_ line: String, at server: RunningServer) async throws -> Int {
-        let text = try await AdminClient(server: server.baseURL.absoluteString, adminToken: token).metrics()
+        let text = try await AdminClient(server: server.baseURL.absoluteString, adminToken: token, timeout: Self.answerTimeout).metrics()
         let sample = try #require(text.split(separator: "\n").first { $0.hasPrefix(line + " ") })
         return try #require(Int(sample.dropFirst(line.count + 1)))
     }
