@@ -626,9 +626,7 @@ public final class PostgresStore: FoldingStore {
         }
         switch outcome {
         case "recorded": return
-        case "duplicate":
-            throw StoreError(
-                .duplicate, "no unreported assignment for worker '\(report.workerID)' and request key '\(report.requestKey)' in cycle \(report.cycle)")
+        case "duplicate": throw Self.alreadyReported(report)
         case "released":
             throw StoreError(.cycleClosed, "buffer \(report.cycle) holds its \(report.releaseLimit ?? 0) reports: it is being released")
         case "missing": try Self.requireOpen(nil, processID: report.processID, cycle: report.cycle)
@@ -636,6 +634,12 @@ public final class PostgresStore: FoldingStore {
         case nil: break
         }
         throw StoreError(.corrupt, "\(what): orchard_record_report answered \(outcome.map { "'\($0)'" } ?? "nothing")")
+    }
+
+    /// The refusal of a report whose assignment is unknown or already reported.
+    private static func alreadyReported(_ report: ReportRecord) -> StoreError {
+        StoreError(
+            .duplicate, "no unreported assignment for worker '\(report.workerID)' and request key '\(report.requestKey)' in cycle \(report.cycle)")
     }
 
     public func recordFoldedReports(
@@ -675,12 +679,7 @@ public final class PostgresStore: FoldingStore {
                 let refused = Set(answer?.2 ?? [])
                 let kept = candidates.filter { !refused.contains(reports[$0].workerID) }
                 guard kept.count < candidates.count else { throw StoreError(.corrupt, "\(what): refused workers that were not in the batch") }
-                for index in candidates where refused.contains(reports[index].workerID) {
-                    let report = reports[index]
-                    outcomes[index] = .failure(
-                        StoreError(
-                            .duplicate, "no unreported assignment for worker '\(report.workerID)' and request key '\(report.requestKey)' in cycle \(cycle)"))
-                }
+                for index in candidates where refused.contains(reports[index].workerID) { outcomes[index] = .failure(Self.alreadyReported(reports[index])) }
                 candidates = kept
             case "room":
                 let room = answer?.1 ?? 0
@@ -695,11 +694,9 @@ public final class PostgresStore: FoldingStore {
                     "the partial sum of instance '\(instance)' in cycle \(cycle) of process '\(processID)' holds \(answer?.1 ?? 0) reports, not the \(base) its running sum was built on"
                 )
             case "missing": try Self.requireOpen(nil, processID: processID, cycle: cycle)
-            case let status?: try Self.requireOpen(status, processID: processID, cycle: cycle)
-            case nil: throw StoreError(.corrupt, "\(what): orchard_record_folded returned no row")
+            case let status? where status != "open": try Self.requireOpen(status, processID: processID, cycle: cycle)
+            default: throw StoreError(.corrupt, "\(what): orchard_record_folded answered \(answer.map { "'\($0.0)'" } ?? "nothing")")
             }
-            // requireOpen passes only 'open', which the function never answers.
-            if answer?.0 == "open" { throw StoreError(.corrupt, "\(what): orchard_record_folded answered 'open'") }
         }
         return (outcomes.map { $0 ?? .success(()) }, nil)
     }

@@ -2,7 +2,8 @@ import Logging
 
 /// A report waiting for the next folded commit of its process (``Coordinator/recordFolded(_:ticket:diff:)``).
 struct FoldedReport: Sendable {
-    let record: Coordinator.ReportRecordTicket
+    let record: ReportRecord
+    let ticket: Coordinator.ReportTicket
     let diff: any StagedDiff
     /// What the diff adds to the sum: its fold weight, its staleness scale, and whether it was within the clipping bound.
     let weight: Double
@@ -21,12 +22,6 @@ final class FoldQueue {
 }
 
 extension Coordinator {
-    /// A report's record and the ticket it was admitted with.
-    struct ReportRecordTicket: Sendable {
-        var record: ReportRecord
-        var ticket: ReportTicket
-    }
-
     /// Whether a report to `processID` is committed folded into this instance's partial sum
     /// (``FoldingStore/recordFoldedReports(_:base:forgetting:fold:)``) rather than stored as a diff of its own: over a
     /// folding store, for a process summed as reports come (not a robust rule's) whose running sum holds every report
@@ -52,9 +47,7 @@ extension Coordinator {
         try queue.delta.add(diff, weight: weight, scale: ticket.foldScale, unclipped: record.unclipped)
         return try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Int?, any Error>) in
             queue.items.append(
-                FoldedReport(
-                    record: ReportRecordTicket(record: record, ticket: ticket), diff: diff, weight: weight, scale: ticket.foldScale, continuation: continuation)
-            )
+                FoldedReport(record: record, ticket: ticket, diff: diff, weight: weight, scale: ticket.foldScale, continuation: continuation))
             foldQueues[processID] = queue
             if !draining { Task { await self.drainFolds(processID: processID) } }
         }
@@ -78,14 +71,14 @@ extension Coordinator {
             return
         }
         let cycle = runtime.machine.cycle
-        let limit = batch.first { $0.record.ticket.cycle == cycle }?.record.ticket.releaseLimit
+        let limit = batch.first { $0.ticket.cycle == cycle }?.ticket.releaseLimit
         var current: [FoldedReport] = []
         for item in batch {
             // A report of a cycle this instance has since closed (or seen closed) is refused as the store would refuse it.
-            if item.record.ticket.cycle == cycle && item.record.ticket.releaseLimit == limit {
+            if item.ticket.cycle == cycle && item.ticket.releaseLimit == limit {
                 current.append(item)
             } else {
-                item.continuation.resume(throwing: StoreError(.cycleClosed, "cycle \(item.record.ticket.cycle) of process '\(processID)' is closed"))
+                item.continuation.resume(throwing: StoreError(.cycleClosed, "cycle \(item.ticket.cycle) of process '\(processID)' is closed"))
             }
         }
         guard !current.isEmpty else { return }
@@ -94,7 +87,7 @@ extension Coordinator {
         // Diffs this instance summed from the store at its last load and has not written into its partial sum since:
         // the new sum holds them, so the store forgets them in the same transaction.
         let forgetting = runtime.unfolded
-        let folds = current.map { (weight: $0.weight, scale: $0.scale, unclipped: $0.record.record.unclipped) }
+        let folds = current.map { (weight: $0.weight, scale: $0.scale, unclipped: $0.record.unclipped) }
         let diffs = current.map(\.diff)
         let whole = current.count == batch.count ? queue.delta : nil
         let count = base.sum.count
@@ -111,7 +104,7 @@ extension Coordinator {
         let reported: Int?
         do {
             (outcomes, reported) = try await store.recordFoldedReports(
-                current.map(\.record.record), base: base.reports - forgetting.count, forgetting: forgetting
+                current.map(\.record), base: base.reports - forgetting.count, forgetting: forgetting
             ) { accepted in
                 // The running sum gets the same delta after the commit, added the same way, so the two stay equal bit for bit.
                 var sum = base
@@ -131,31 +124,19 @@ extension Coordinator {
         if let now = runtimes[processID], now.machine.cycle == cycle {
             let forgotten = Set(forgetting)
             now.unfolded.removeAll { forgotten.contains($0) }
-            let accepted = outcomes.indices.filter { (try? outcomes[$0].get()) != nil }
-            if now.generation == generation {
-                do throws(StoreError) {
-                    now.sum.add(try delta(accepted))
-                } catch {
-                    now.sumLacksReports = true
-                    logger.error(
-                        "the running sum lacks committed reports; the process is reloaded before its cycle closes",
-                        metadata: ["process": "\(processID)", "error": "\(error)"])
-                }
-            } else {
-                // Reloaded (or combined) while the batch committed: the load read the store before the commit or after
-                // it. A report it found reported is in its sum; one it did not is added now.
-                for (index, outcome) in outcomes.enumerated() where (try? outcome.get()) != nil {
-                    let worker = current[index].record.record.workerID
-                    guard !now.summedAtLoad.contains(worker) else { continue }
-                    do throws(StoreError) {
-                        try now.sum.add(diffs[index], weight: folds[index].weight, scale: folds[index].scale, unclipped: folds[index].unclipped)
-                    } catch {
-                        now.sumLacksReports = true
-                        logger.error(
-                            "the running sum lacks a committed report; the process is reloaded before its cycle closes",
-                            metadata: ["process": "\(processID)", "worker": "\(worker)"])
-                    }
-                }
+            // Reloaded (or combined) while the batch committed, the load read the store before the commit or after it: a
+            // report it found reported is in its sum already, one it did not is added now.
+            let reloaded = now.generation != generation
+            let accepted = outcomes.indices.filter {
+                (try? outcomes[$0].get()) != nil && !(reloaded && now.summedAtLoad.contains(current[$0].record.workerID))
+            }
+            do throws(StoreError) {
+                now.sum.add(try delta(accepted))
+            } catch {
+                now.sumLacksReports = true
+                logger.error(
+                    "the running sum lacks committed reports; the process is reloaded before its cycle closes",
+                    metadata: ["process": "\(processID)", "error": "\(error)"])
             }
         }
         for (item, outcome) in zip(current, outcomes) { item.continuation.resume(with: outcome.map { reported }.mapError { $0 as any Error }) }

@@ -262,11 +262,7 @@ extension Coordinator {
             : runtime.machine.commitReport(workerID: workerID)
         if action == nil && store.isShared {
             // The goal counts reports at every instance: the count the commit returned, or one read now.
-            if let storeReported {
-                if storeReported >= runtime.machine.configuration.goalCount { action = await synchronizeShared(processID: ticket.processID) }
-            } else {
-                action = await goalReachedShared(processID: ticket.processID, cycle: ticket.cycle)
-            }
+            action = await goalReachedShared(processID: ticket.processID, cycle: ticket.cycle, reported: storeReported)
         }
         let received = runtime.machine.reported
         var retryAfter = runtime.machine.nextCycleExpected(now: clock.date, jitter: Double.random(in: 0...1, using: &random))

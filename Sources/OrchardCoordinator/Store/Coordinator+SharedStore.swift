@@ -487,9 +487,13 @@ extension Coordinator {
     }
 
     /// After a report committed here, whether the instances together reached the goal: merges their assignments when
-    /// the store counts enough reports, and returns the action that calls for.
-    func goalReachedShared(processID: String, cycle: Int) async -> CycleStateMachine.CycleAction? {
+    /// the store counts enough reports (`known`: the count its commit returned; else read now), and returns the action
+    /// that calls for.
+    func goalReachedShared(processID: String, cycle: Int, reported known: Int? = nil) async -> CycleStateMachine.CycleAction? {
         guard let runtime = runtimes[processID] else { return nil }
+        if let known {
+            return known >= runtime.machine.configuration.goalCount ? await synchronizeShared(processID: processID) : nil
+        }
         do {
             guard let progress = try await store.cycleProgress(processID: processID), progress.number == cycle,
                 progress.reported >= runtime.machine.configuration.goalCount
