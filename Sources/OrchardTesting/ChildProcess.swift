@@ -143,11 +143,21 @@ public final class ChildProcess: @unchecked Sendable {
         handler?(self)
     }
 
-    /// Blocks until the child has ended.
+    /// Blocks until the child has ended (from a thread of the caller's own; an async caller awaits ``exited()``).
+    @available(*, noasync, message: "blocks a thread of the cooperative pool; await exited()")
     public func waitUntilExit() {
         guard state.withLock({ $0.pid != 0 }) else { return }
         done.wait()
         done.signal()
+    }
+
+    /// Returns once the child has ended, its wait on a thread of its own (``awaitBlocking(_:)``).
+    public func exited() async {
+        guard state.withLock({ $0.pid != 0 }) else { return }
+        await awaitBlocking { [done] in
+            done.wait()
+            done.signal()
+        }
     }
 
     /// Sends SIGTERM.

@@ -1,4 +1,9 @@
 public import Foundation
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
 
 /// The `orchard` command-line executable of the current build, for tests that run it as a child process.
 public enum OrchardExecutable {
@@ -29,11 +34,12 @@ public enum OrchardExecutable {
 }
 
 extension OrchardExecutable {
-    /// Reads `handle` (a child's standard output) until its first newline, blocking, and returns that line parsed as
-    /// a JSON object: nil when the child ended first or the line is not a JSON object. `buffered` keeps every byte read.
-    public static func firstJSONLine(_ handle: FileHandle, buffered: inout [UInt8]) -> [String: Any]? {
+    /// Reads `handle` (a child's standard output) until its first newline, on a thread of its own, and returns that
+    /// line parsed as a JSON object: nil when the child ended first or the line is not a JSON object. `buffered` keeps
+    /// every byte read.
+    public static func firstJSONLine(_ handle: FileHandle, buffered: inout [UInt8]) async -> [String: Any]? {
         while !buffered.contains(UInt8(ascii: "\n")) {
-            let chunk = handle.availableData
+            let chunk = await handle.nextAvailableData()
             if chunk.isEmpty { return nil }
             buffered += chunk
         }
@@ -41,9 +47,9 @@ extension OrchardExecutable {
     }
 
     /// The first line `orchard serve` printed, `{"event":"listening",…}`, and its port; nil when it ended first.
-    public static func listeningPort(_ handle: FileHandle) -> (port: Int, line: [String: Any])? {
+    public static func listeningPort(_ handle: FileHandle) async -> (port: Int, line: [String: Any])? {
         var buffered: [UInt8] = []
-        guard let line = firstJSONLine(handle, buffered: &buffered), let port = (line["port"] as? NSNumber)?.intValue else { return nil }
+        guard let line = await firstJSONLine(handle, buffered: &buffered), let port = (line["port"] as? NSNumber)?.intValue else { return nil }
         return (port, line)
     }
 }
@@ -102,5 +108,58 @@ extension OrchardExecutable {
             }
         }
         return Run(status: status, output: try String(contentsOf: outURL, encoding: .utf8), error: try String(contentsOf: errURL, encoding: .utf8))
+    }
+}
+
+extension OrchardExecutable {
+    /// `orchard serve` as a child process: started on `--port 0`, and ready once the first line on its standard output
+    /// has announced the port it bound. Nothing here blocks a thread of the cooperative pool.
+    public final class Server: Sendable {
+        /// The child.
+        public let process: ChildProcess
+        /// The port it listens on.
+        public let port: Int
+
+        /// Why the server could not be started.
+        public struct StartFailure: Error, CustomStringConvertible {
+            /// What happened.
+            public var description: String
+        }
+
+        private init(process: ChildProcess, port: Int) {
+            self.process = process
+            self.port = port
+        }
+
+        /// Starts `orchard serve --port 0 arguments…` with `environment` added to this process's, standard error
+        /// inherited, and returns once it has announced its port.
+        public static func start(_ arguments: [String], environment: [String: String]) async throws -> Server {
+            let process = ChildProcess()
+            process.executableURL = try OrchardExecutable.url()
+            process.arguments = ["serve", "--port", "0"] + arguments
+            process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 }
+            let output = Pipe()
+            process.standardOutput = output
+            try process.run()
+            guard let listening = await listeningPort(output.fileHandleForReading) else {
+                process.terminate()
+                throw StartFailure(description: "orchard serve ended without its listening line")
+            }
+            return Server(process: process, port: listening.port)
+        }
+
+        /// `http://127.0.0.1:<port>`.
+        public var url: URL { URL(string: "http://127.0.0.1:\(port)")! }
+
+        /// Kills it with SIGKILL and returns once it has ended.
+        public func kill9() async {
+            kill(process.processIdentifier, SIGKILL)
+            await process.exited()
+        }
+
+        /// Sends SIGTERM while it runs (its reaper thread collects it).
+        public func terminate() {
+            if process.isRunning { process.terminate() }
+        }
     }
 }

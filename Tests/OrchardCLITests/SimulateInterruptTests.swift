@@ -28,7 +28,7 @@ import Testing
         // Wait for the first round to be reported on standard error, then interrupt as Ctrl-C does.
         var seen = ""
         while !seen.contains("round 1/500") {
-            let chunk = errors.fileHandleForReading.availableData
+            let chunk = await errors.fileHandleForReading.nextAvailableData()
             if chunk.isEmpty { break }
             seen += String(decoding: chunk, as: UTF8.self)
         }
@@ -36,8 +36,8 @@ import Testing
         kill(process.processIdentifier, SIGINT)
         var statuses = ended.stream.makeAsyncIterator()
         let status = await statuses.next()
-        let printed = String(decoding: out.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
-        seen += String(decoding: errors.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        let printed = String(decoding: await out.fileHandleForReading.readToEndOfFile(), as: UTF8.self)
+        seen += String(decoding: await errors.fileHandleForReading.readToEndOfFile(), as: UTF8.self)
         #expect(status == 130, "\(seen)")
         #expect(seen.contains("interrupted: finishing the round in progress"))
         #expect(printed.contains("note: stopped after"), "\(printed)")

@@ -156,18 +156,18 @@ private final class OrchardChild: @unchecked Sendable {
             for await status in exited { return status }
             return -1
         }
-        let rest = pipe.fileHandleForReading.readDataToEndOfFile()
+        let rest = await pipe.fileHandleForReading.readToEndOfFile()
         return (status, String(decoding: buffered + rest, as: UTF8.self))
     }
 
     /// The JSON object of the first line of standard output (a blocking read until it arrives or the process ends).
-    func firstLine() throws -> [String: Any]? {
-        OrchardExecutable.firstJSONLine(pipe.fileHandleForReading, buffered: &buffered)
+    func firstLine() async -> [String: Any]? {
+        await OrchardExecutable.firstJSONLine(pipe.fileHandleForReading, buffered: &buffered)
     }
 
+    /// Sends SIGTERM while it runs (its reaper thread collects it).
     func stop() {
         if process.isRunning { process.terminate() }
-        process.waitUntilExit()
     }
 }
 
@@ -190,7 +190,7 @@ struct TLSCommandLineTests {
 
         let serve = try OrchardChild(["serve", "--port", "0", "--database", database, "--tls-cert", files.certificate, "--tls-key", files.key], in: directory)
         defer { serve.stop() }
-        let listening = try #require(try serve.firstLine(), "orchard serve ended: \(serve.error)")
+        let listening = try #require(await serve.firstLine(), "orchard serve ended: \(serve.error)")
         #expect(listening["scheme"] as? String == "https")
         let port = try #require((listening["port"] as? NSNumber)?.intValue)
         let device = ["--server", "https://127.0.0.1:\(port)", "--process", "regressor", "--version", "1.0", "--data", data.path, "--timeout", "10"]

@@ -31,7 +31,25 @@ import Testing
         let name: String
         let port: Int
 
-        init() throws {
+        private init(version: String, name: String, port: Int) {
+            self.version = version
+            self.name = name
+            self.port = port
+        }
+
+        /// Creates and starts a cluster, runs `body` with it and drops it, whether `body` returns or throws.
+        static func with(_ body: (Cluster) async throws -> Void) async throws {
+            let cluster = try await create()
+            do {
+                try await body(cluster)
+            } catch {
+                await cluster.drop()
+                throw error
+            }
+            await cluster.drop()
+        }
+
+        private static func create() async throws -> Cluster {
             guard FileManager.default.isExecutableFile(atPath: "/usr/bin/pg_createcluster") else {
                 throw MultiProcessTests.Failure("the chaos run needs Debian's postgresql-common (pg_createcluster) to make a cluster of its own")
             }
@@ -39,29 +57,34 @@ import Testing
             guard let version = versions.compactMap({ Int($0) }).max().map(String.init) else {
                 throw MultiProcessTests.Failure("no PostgreSQL server under /usr/lib/postgresql")
             }
-            self.version = version
-            name = "orchard-chaos-\(UInt32.random(in: 0...UInt32.max))"
-            port = try Self.freePort()
+            let cluster = Cluster(version: version, name: "orchard-chaos-\(UInt32.random(in: 0...UInt32.max))", port: try freePort())
             do {
-                try Self.run(
-                    "/usr/bin/pg_createcluster", [version, name, "-p", String(port), "--start", "--", "--auth-host=trust", "--auth-local=trust"])
+                try await run(
+                    "/usr/bin/pg_createcluster",
+                    [version, cluster.name, "-p", String(cluster.port), "--start", "--", "--auth-host=trust", "--auth-local=trust"])
             } catch {
-                drop()  // created but not started (the port was taken meanwhile, say): not left behind
+                await cluster.drop()  // created but not started (the port was taken meanwhile, say): not left behind
                 throw error
             }
+            return cluster
         }
 
-        func restart() throws { try Self.run("/usr/bin/pg_ctlcluster", [version, name, "restart", "-m", "fast"]) }
+        func restart() async throws { try await Self.run("/usr/bin/pg_ctlcluster", [version, name, "restart", "-m", "fast"]) }
 
-        func drop() { try? Self.run("/usr/bin/pg_dropcluster", [version, name, "--stop"]) }
+        func drop() async { try? await Self.run("/usr/bin/pg_dropcluster", [version, name, "--stop"]) }
 
         var configuration: PostgresStoreConfiguration {
             PostgresStoreConfiguration(host: "127.0.0.1", port: port, user: "postgres", database: "postgres", tlsMode: .disable)
         }
 
         /// Runs a command to its end with `posix_spawn` and `waitpid`, its output into a file (the server these
-        /// commands start inherits their output, and Foundation's `Process` did not see `pg_createcluster` end).
-        static func run(_ executable: String, _ arguments: [String]) throws {
+        /// commands start inherits their output, and Foundation's `Process` did not see `pg_createcluster` end), on a
+        /// thread of its own.
+        static func run(_ executable: String, _ arguments: [String]) async throws {
+            try await awaitBlocking { try runBlocking(executable, arguments) }
+        }
+
+        private static func runBlocking(_ executable: String, _ arguments: [String]) throws {
             let log = FileManager.default.temporaryDirectory.appendingPathComponent("orchard-chaos-\(UUID().uuidString).log")
             defer { try? FileManager.default.removeItem(at: log) }
             let fd = open(log.path, O_WRONLY | O_CREAT | O_TRUNC, 0o600)
@@ -109,11 +132,11 @@ import Testing
         private let servers: Mutex<[MultiProcessTests.Server?]>
         let database: PostgresStoreConfiguration
 
-        init(database: PostgresStoreConfiguration, count: Int) throws {
+        init(database: PostgresStoreConfiguration, count: Int) async throws {
             self.database = database
             var servers: [MultiProcessTests.Server?] = []
             do {
-                for index in 0..<count { servers.append(try MultiProcessTests.Server(database: database, instanceID: "chaos-\(index)")) }
+                for index in 0..<count { servers.append(try await MultiProcessTests.Server.start(database: database, instanceID: "chaos-\(index)")) }
             } catch {
                 for server in servers { server?.terminate() }  // the ones started before the failure
                 throw error
@@ -129,19 +152,21 @@ import Testing
 
         /// SIGKILLs instance `index`; false when it was not running.
         @discardableResult
-        func kill(_ index: Int) -> Bool {
+        func kill(_ index: Int) async -> Bool {
             let server = servers.withLock { servers -> MultiProcessTests.Server? in
                 defer { servers[index] = nil }
                 return servers[index]
             }
-            server?.kill9()
+            await server?.kill9()
             return server != nil
         }
 
         /// Starts instance `index` again; false when it could not start (the database restarting): tried again later.
         @discardableResult
-        func start(_ index: Int) -> Bool {
-            guard servers.withLock({ $0[index] == nil }), let server = try? MultiProcessTests.Server(database: database, instanceID: "chaos-\(index)") else {
+        func start(_ index: Int) async -> Bool {
+            guard servers.withLock({ $0[index] == nil }),
+                let server = try? await MultiProcessTests.Server.start(database: database, instanceID: "chaos-\(index)")
+            else {
                 return false
             }
             servers.withLock { $0[index] = server }
@@ -193,9 +218,11 @@ import Testing
 
     @Test func threeInstancesKilledAtRandomAndARestartedDatabaseLoseNothingAndCountNothingTwice() async throws {
         _ = try TestDatabase.adminConfiguration()  // fails clearly when PostgreSQL is required but not configured
-        let cluster = try Cluster()
-        defer { cluster.drop() }
-        let instances = try Instances(database: cluster.configuration, count: 3)
+        try await Cluster.with { cluster in try await run(in: cluster) }
+    }
+
+    private func run(in cluster: Cluster) async throws {
+        let instances = try await Instances(database: cluster.configuration, count: 3)
         defer { instances.stopAll() }
         var seed = SplitMix64(seed: 42)
         guard let first = instances.any(&seed) else { throw MultiProcessTests.Failure("no instance started") }
@@ -218,14 +245,16 @@ import Testing
                 if ledger.isDone { break }
                 if !restartedDatabase && ContinuousClock.now - started > .seconds(8) {
                     restartedDatabase = true
-                    try cluster.restart()
+                    try await cluster.restart()
                     events.append("postgres restarted")
                     continue
                 }
                 let index = Int.random(in: 0..<3, using: &random)
-                if instances.kill(index) { events.append("instance \(index) killed") }
+                if await instances.kill(index) { events.append("instance \(index) killed") }
                 try? await Task.sleep(for: .milliseconds(Int.random(in: 300...1000, using: &random)))
-                for stopped in instances.stopped where instances.start(stopped) { events.append("instance \(stopped) started") }
+                for stopped in instances.stopped {
+                    if await instances.start(stopped) { events.append("instance \(stopped) started") }
+                }
             }
             return events
         }

@@ -18,15 +18,15 @@ import Testing
 /// checkpoint is still the sample-weighted average of every acknowledged report.
 @Suite(.serialized, TestDatabase.requirement) struct MultiProcessTests {
     /// `orchard serve` as a child process over PostgreSQL (URL and password from the environment, never argv).
-    final class Server: @unchecked Sendable {
-        let process = ChildProcess()
-        let port: Int
+    final class Server: Sendable {
+        let child: OrchardExecutable.Server
+        var port: Int { child.port }
 
-        init(database: PostgresStoreConfiguration, instanceID: String) throws {
-            process.executableURL = try OrchardExecutable.url()
-            process.arguments = [
-                "serve", "--port", "0", "--instance-id", instanceID, "--fold-interval", "2", "--log-level", "warning",
-            ]
+        private init(_ child: OrchardExecutable.Server) {
+            self.child = child
+        }
+
+        static func start(database: PostgresStoreConfiguration, instanceID: String) async throws -> Server {
             var url = URLComponents()
             url.scheme = "postgres"
             url.user = database.user
@@ -34,32 +34,17 @@ import Testing
             url.port = database.port
             url.path = "/" + database.database
             url.queryItems = [URLQueryItem(name: "sslmode", value: database.tlsMode.rawValue)]
-            var environment = ProcessInfo.processInfo.environment
+            var environment: [String: String] = [:]
             environment["ORCHARD_ADMIN_TOKEN"] = "admin"
             environment["ORCHARD_DATABASE_URL"] = url.string
             environment["ORCHARD_DATABASE_PASSWORD"] = database.password
-            process.environment = environment
-            let output = Pipe()
-            process.standardOutput = output
-            try process.run()
-            guard let listening = OrchardExecutable.listeningPort(output.fileHandleForReading) else {
-                process.terminate()
-                throw Failure("orchard serve ended without its listening line")
-            }
-            port = listening.port
+            return Server(
+                try await OrchardExecutable.Server.start(
+                    ["--instance-id", instanceID, "--fold-interval", "2", "--log-level", "warning"], environment: environment))
         }
 
-        func kill9() {
-            kill(process.processIdentifier, SIGKILL)
-            process.waitUntilExit()
-        }
-
-        func terminate() {
-            if process.isRunning {
-                process.terminate()
-                process.waitUntilExit()
-            }
-        }
+        func kill9() async { await child.kill9() }
+        func terminate() { child.terminate() }
 
         func send(_ method: String, _ path: String, body: [UInt8]? = nil, token: String? = nil, contentType: String = MediaType.json) async throws -> (
             status: Int, body: [UInt8]
@@ -97,7 +82,7 @@ import Testing
             // The first instance creates the schema; the others start once it exists (migrations are also safe concurrently).
             var servers: [Server] = []
             defer { for server in servers { server.terminate() } }
-            for index in 0..<count { servers.append(try Server(database: database, instanceID: "process-\(index)")) }
+            for index in 0..<count { servers.append(try await Server.start(database: database, instanceID: "process-\(index)")) }
             try await body(servers)
         }
     }
@@ -139,7 +124,7 @@ import Testing
                 acknowledged.append((scales[i], samples[i]))
             }
             // … and is killed, never to return.
-            servers[2].kill9()
+            await servers[2].kill9()
             var closed = 0
             for i in [0, 3, 6, 2, 5] {
                 let response = try await Self.report(devices[i], scale: scales[i], samples: samples[i], to: servers[(i + 1) % 3 == 2 ? 0 : (i + 1) % 3])
@@ -207,7 +192,7 @@ import Testing
             }
             for i in devices.indices { _ = try await step(&devices[i], poll: servers[i % 3], answer: servers[(i + 1) % 3]) }
             // Between share_keys and masked_input, one process is killed and never comes back.
-            servers[2].kill9()
+            await servers[2].kill9()
             var closed = 0
             for stage in [SecureAggregationStage.maskedInput, .unmask] {
                 for i in devices.indices {
@@ -338,7 +323,7 @@ import Testing
             // before that it would answer 503 buffer_releasing, and a device would send the report again.
             _ = try await Self.waitForCheckpoint(1, processID: hosted.processID, at: servers[1])
             #expect(try await Self.report(devices[4], scale: -0.5, samples: 3, checkpoint: 0, to: servers[1]) == 200)
-            servers[1].kill9()
+            await servers[1].kill9()
             #expect(try await Self.report(devices[4], scale: -0.5, samples: 3, checkpoint: 0, to: servers[0]) == 409, "acknowledged once")
             #expect(try await Self.report(devices[5], scale: 0.75, samples: 5, checkpoint: 0, to: servers[0]) == 200)
             // Two new devices train from checkpoint 1 and fill the buffer at the surviving instance.

@@ -189,7 +189,7 @@ struct PostgresStoreTests {
         }
 
         /// Sends `sql` and returns what it printed before the marker echoed after it.
-        func run(_ sql: String) throws -> String {
+        func run(_ sql: String) async throws -> String {
             input.fileHandleForWriting.write(Data("\(sql)\n\\echo --end--\n".utf8))
             while true {
                 if let range = buffer.range(of: Data("--end--\n".utf8)) {
@@ -197,15 +197,15 @@ struct PostgresStoreTests {
                     buffer.removeSubrange(..<range.upperBound)
                     return text.trimmingCharacters(in: .whitespacesAndNewlines)
                 }
-                let chunk = output.fileHandleForReading.availableData
+                let chunk = await output.fileHandleForReading.nextAvailableData()
                 guard !chunk.isEmpty else { throw MultiProcessTests.Failure("psql ended: \(String(decoding: buffer, as: UTF8.self))") }
                 buffer.append(chunk)
             }
         }
 
-        func kill9() {
+        func kill9() async {
             kill(process.processIdentifier, SIGKILL)
-            process.waitUntilExit()
+            await process.exited()
         }
     }
 
@@ -214,7 +214,7 @@ struct PostgresStoreTests {
             let store = try await PostgresStore.open(configuration: configuration, logger: TestDatabase.logger)
             let holder = try Session(configuration)
             let key = "\(PostgresStore.secureAggregationLockClass), hashtext('p')"
-            _ = try holder.run("SELECT pg_advisory_lock(\(key));")
+            _ = try await holder.run("SELECT pg_advisory_lock(\(key));")
             let entered = Mutex(false)
             let waiter = Task {
                 try await store.withSecureAggregationLock(processID: "p") { entered.withLock { $0 = true } }
@@ -223,14 +223,14 @@ struct PostgresStoreTests {
             var waiting = false
             for _ in 0..<2000 where !waiting {
                 waiting =
-                    try holder.run(
+                    try await holder.run(
                         "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = \(PostgresStore.secureAggregationLockClass) AND NOT granted;")
                     == "1"
                 if !waiting { await Task.yield() }
             }
             #expect(waiting, "the store waits for the lock")
             #expect(!entered.withLock { $0 }, "not while the holder lives")
-            holder.kill9()
+            await holder.kill9()
             try await waiter.value
             #expect(entered.withLock { $0 }, "the dead holder's lock went to the waiting store")
             await store.shutdown()

@@ -11,7 +11,7 @@ import Testing
 /// aggregated with an Orchard-engine device's in one cycle.
 @Suite struct CoreMLDeviceTests {
     /// Adds `scale × (i + 1)` to the i-th value of the weights and bias of the inner-product layer `layer`, with coremltools.
-    static func editWithCoreMLTools(_ input: URL, _ output: URL, layer: String, scale: Double) throws {
+    static func editWithCoreMLTools(_ input: URL, _ output: URL, layer: String, scale: Double) async throws {
         let script = """
             import sys, coremltools
             spec = coremltools.utils.load_spec(sys.argv[1])
@@ -28,7 +28,7 @@ import Testing
         process.standardOutput = FileHandle.nullDevice
         process.standardError = FileHandle.nullDevice
         try process.run()
-        process.waitUntilExit()
+        await process.exited()
         guard process.terminationStatus == 0 else { throw HarnessError(description: "coremltools could not edit \(input.path)") }
     }
 
@@ -67,7 +67,7 @@ import Testing
             defer { try? FileManager.default.removeItem(at: directory) }
             let received = directory.appendingPathComponent("received.mlmodel"), updated = directory.appendingPathComponent("updated.mlmodel")
             try Data(download.body).write(to: received)
-            try Self.editWithCoreMLTools(received, updated, layer: "out", scale: 0.3)
+            try await Self.editWithCoreMLTools(received, updated, layer: "out", scale: 0.3)
             let diff = try CoreMLUpdateDiff.diff(received: download.body, updated: [UInt8](Data(contentsOf: updated)))
             let expectedDiff = Fixture.diff(0.3)
             for (tensor, expected) in zip(diff, expectedDiff) {

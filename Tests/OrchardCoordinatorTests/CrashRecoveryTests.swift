@@ -9,40 +9,21 @@ import OrchardTesting
 import Testing
 
 /// Runs `orchard serve` as a child process on a free port.
-private final class ServerProcess: @unchecked Sendable {
-    let process = ChildProcess()
-    let port: Int
+private struct ServerProcess {
+    let server: OrchardExecutable.Server
 
-    init(database: String, foldInterval: Int) throws {
-        process.executableURL = try OrchardExecutable.url()
-        process.arguments = [
-            "serve", "--port", "0", "--database", database, "--fold-interval", "\(foldInterval)", "--log-level", "warning",
-        ]
-        process.environment = ProcessInfo.processInfo.environment.merging(["ORCHARD_ADMIN_TOKEN": Harness.adminToken]) { $1 }
-        let output = Pipe()
-        process.standardOutput = output
-        try process.run()
-        // The first line on stdout announces the bound port.
-        guard let listening = OrchardExecutable.listeningPort(output.fileHandleForReading) else {
-            process.terminate()
-            throw HarnessError(description: "orchard serve ended without its listening line")
-        }
-        port = listening.port
+    static func start(database: String, foldInterval: Int) async throws -> ServerProcess {
+        ServerProcess(
+            server: try await OrchardExecutable.Server.start(
+                ["--database", database, "--fold-interval", "\(foldInterval)", "--log-level", "warning"],
+                environment: ["ORCHARD_ADMIN_TOKEN": Harness.adminToken]
+            ))
     }
 
-    var http: HTTP { HTTP(base: URL(string: "http://127.0.0.1:\(port)")!) }
+    var http: HTTP { HTTP(base: server.url) }
 
-    func kill9() {
-        kill(process.processIdentifier, SIGKILL)
-        process.waitUntilExit()
-    }
-
-    func terminate() {
-        if process.isRunning {
-            process.terminate()
-            process.waitUntilExit()
-        }
-    }
+    func kill9() async { await server.kill9() }
+    func terminate() { server.terminate() }
 }
 
 /// A device of process "tiny" authenticated and admitted to its cycle at `http`.
@@ -70,7 +51,7 @@ private func temporaryDirectory(_ prefix: String) throws -> URL {
         defer { try? FileManager.default.removeItem(at: directory) }
         let database = directory.appendingPathComponent("coordinator.sqlite").path
 
-        var server = try ServerProcess(database: database, foldInterval: 2)
+        var server = try await ServerProcess.start(database: database, foldInterval: 2)
         defer { server.terminate() }
         var http = server.http
         let hosted = try await http.json("POST", Endpoint.processes, Fixture.host(goal: 5, minimum: 1, overSelection: 1), token: Harness.adminToken).decode(
@@ -95,10 +76,10 @@ private func temporaryDirectory(_ prefix: String) throws -> URL {
             metadata: ReportMetadata(workerID: devices[3].0.workerID, requestKey: devices[3].1.requestKey, sampleCount: reports[3].samples))
         let racingToken = devices[3].0.sessionToken
         let racing = Task { [http] in try? await http.send("POST", Endpoint.report, body: racingBody, token: racingToken) }
-        server.kill9()
+        await server.kill9()
         _ = await racing.value
 
-        server = try ServerProcess(database: database, foldInterval: 2)
+        server = try await ServerProcess.start(database: database, foldInterval: 2)
         http = server.http
         let status = try await http.send("GET", Endpoint.process(hosted.processID), token: Harness.adminToken).decode(ProcessStatus.self)
         let reported = try #require(status.currentCycle?.reported)
@@ -129,7 +110,7 @@ private func temporaryDirectory(_ prefix: String) throws -> URL {
         let directory = try temporaryDirectory("orchard-buffered-crash-")
         defer { try? FileManager.default.removeItem(at: directory) }
         let database = directory.appendingPathComponent("coordinator.sqlite").path
-        var server = try ServerProcess(database: database, foldInterval: 1)
+        var server = try await ServerProcess.start(database: database, foldInterval: 1)
         defer { server.terminate() }
         var http = server.http
         let hosted = try await http.json("POST", Endpoint.processes, BufferedCoordinatorTests.host(size: 3, concurrency: 6), token: Harness.adminToken)
@@ -149,10 +130,10 @@ private func temporaryDirectory(_ prefix: String) throws -> URL {
         #expect(try await http.send("POST", Endpoint.report, body: body(3), token: devices[3].0.sessionToken).status == 200)
         let racingBody = body(4), racingToken = devices[4].0.sessionToken
         let racing = Task { [http] in try? await http.send("POST", Endpoint.report, body: racingBody, token: racingToken) }
-        server.kill9()
+        await server.kill9()
         _ = await racing.value
 
-        server = try ServerProcess(database: database, foldInterval: 1)
+        server = try await ServerProcess.start(database: database, foldInterval: 1)
         http = server.http
         let status = try await http.send("GET", Endpoint.process(hosted.processID), token: Harness.adminToken).decode(ProcessStatus.self)
         #expect(status.latestCheckpoint == 1)
@@ -182,7 +163,7 @@ private func temporaryDirectory(_ prefix: String) throws -> URL {
         defer { try? FileManager.default.removeItem(at: directory) }
         let database = directory.appendingPathComponent("coordinator.sqlite").path
 
-        var server = try ServerProcess(database: database, foldInterval: 2)
+        var server = try await ServerProcess.start(database: database, foldInterval: 2)
         defer { server.terminate() }
         var http = server.http
         let hosted = try await http.json("POST", Endpoint.processes, SecureFixture.host(goal: 4, minimum: 3), token: Harness.adminToken).decode(
@@ -208,10 +189,10 @@ private func temporaryDirectory(_ prefix: String) throws -> URL {
         }
         for i in 0..<2 { #expect(try await devices[i].send(masked[i], on: http).status == 200) }
         let racing = Task { [http, device = devices[2], message = masked[2]] in try? await device.send(message, on: http) }
-        server.kill9()
+        await server.kill9()
         _ = await racing.value
 
-        server = try ServerProcess(database: database, foldInterval: 2)
+        server = try await ServerProcess.start(database: database, foldInterval: 2)
         http = server.http
         let status = try await http.send("GET", Endpoint.process(hosted.processID), token: Harness.adminToken).decode(ProcessStatus.self)
         let secure = try #require(status.currentCycle?.secureAggregation)

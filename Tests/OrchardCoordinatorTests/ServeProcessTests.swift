@@ -30,17 +30,17 @@ private final class ServeChild: @unchecked Sendable {
     }
 
     /// The listening line's JSON object, or nil if the process ended first.
-    func listening() -> [String: Any]? {
-        OrchardExecutable.firstJSONLine(output.fileHandleForReading, buffered: &head)
+    func listening() async -> [String: Any]? {
+        await OrchardExecutable.firstJSONLine(output.fileHandleForReading, buffered: &head)
     }
 
     /// Stops the process (SIGTERM, or SIGKILL when `crash`) and returns everything it wrote.
-    func stop(crash: Bool = false) -> (status: Int32, output: String, error: String) {
+    func stop(crash: Bool = false) async -> (status: Int32, output: String, error: String) {
         if process.isRunning {
             if crash { kill(process.processIdentifier, SIGKILL) } else { process.terminate() }
         }
-        process.waitUntilExit()
-        let rest = output.fileHandleForReading.readDataToEndOfFile()
+        await process.exited()
+        let rest = await output.fileHandleForReading.readToEndOfFile()
         let error = (try? String(contentsOf: errURL, encoding: .utf8)) ?? ""
         return (process.terminationStatus, String(decoding: head + rest, as: UTF8.self), error)
     }
@@ -73,8 +73,8 @@ private enum AdminToken {
         status: Int32, output: String, error: String
     ) {
         let child = try ServeChild(["--database", database] + arguments, environment: environment, in: directory)
-        guard let line = child.listening(), let port = (line["port"] as? NSNumber)?.intValue else {
-            let ended = child.stop()
+        guard let line = await child.listening(), let port = (line["port"] as? NSNumber)?.intValue else {
+            let ended = await child.stop()
             Issue.record("orchard serve did not listen: \(ended.output) \(ended.error)")
             return ended
         }
@@ -85,7 +85,7 @@ private enum AdminToken {
         #expect(try await http.send("GET", Endpoint.processes, token: token).status == 200)
         #expect(try await http.send("GET", Endpoint.processes, token: token + "x").status == 401)
         #expect(try await http.send("GET", Endpoint.processes).status == 401)
-        let ended = child.stop()
+        let ended = await child.stop()
         #expect(!ended.output.contains(token), "the token appears on standard output")
         #expect(!ended.error.contains(token), "the token appears on standard error")
         #expect(!login.isEmpty && !ended.error.contains(String(login.split(separator: "=").last ?? "")), "the login token appears on standard error")
@@ -93,14 +93,14 @@ private enum AdminToken {
     }
 
     /// Runs `orchard serve` expecting it to refuse to start; returns its standard error.
-    private func expectRefusal(_ arguments: [String], environment: [String: String] = [:], sourceLocation: SourceLocation = #_sourceLocation) -> String {
+    private func expectRefusal(_ arguments: [String], environment: [String: String] = [:], sourceLocation: SourceLocation = #_sourceLocation) async -> String {
         let child: ServeChild
         do { child = try ServeChild(["--database", database] + arguments, environment: environment, in: directory) } catch {
             Issue.record("cannot start orchard: \(error)", sourceLocation: sourceLocation)
             return ""
         }
-        let line = child.listening()
-        let ended = child.stop()
+        let line = await child.listening()
+        let ended = await child.stop()
         #expect(line == nil, "orchard serve started: \(ended.output)", sourceLocation: sourceLocation)
         #expect(ended.status != 0, sourceLocation: sourceLocation)
         return ended.error
@@ -132,26 +132,26 @@ private enum AdminToken {
         #expect(ended.error.contains("can be read by other users"))
     }
 
-    @Test func badTokenSourcesAreClearErrors() throws {
+    @Test func badTokenSourcesAreClearErrors() async throws {
         let missing = directory.appendingPathComponent("no-such-token").path
-        #expect(expectRefusal(["--admin-token-file", missing]).contains("--admin-token-file '\(missing)': no such file"))
+        #expect(await expectRefusal(["--admin-token-file", missing]).contains("--admin-token-file '\(missing)': no such file"))
 
         let empty = try write("empty-token", Array(" \n\t\n".utf8))
-        #expect(expectRefusal(["--admin-token-file", empty]).contains("empty_token: --admin-token-file '\(empty)' holds an empty admin token"))
-        #expect(expectRefusal([], environment: [AdminToken.variable: ""]).contains("ORCHARD_ADMIN_TOKEN holds an empty admin token"))
+        #expect(await expectRefusal(["--admin-token-file", empty]).contains("empty_token: --admin-token-file '\(empty)' holds an empty admin token"))
+        #expect(await expectRefusal([], environment: [AdminToken.variable: ""]).contains("ORCHARD_ADMIN_TOKEN holds an empty admin token"))
 
-        #expect(expectRefusal(["--admin-token-file", directory.path]).contains("is a directory"))
+        #expect(await expectRefusal(["--admin-token-file", directory.path]).contains("is a directory"))
 
         let binary = try write("binary-token", [0xFF, 0xFE, 0x00, 0x41])
-        #expect(expectRefusal(["--admin-token-file", binary]).contains("': not UTF-8 text"))
+        #expect(await expectRefusal(["--admin-token-file", binary]).contains("': not UTF-8 text"))
 
         let spaced = try write("spaced-token", Array("two words\n".utf8))
-        let spacedError = expectRefusal(["--admin-token-file", spaced])
+        let spacedError = await expectRefusal(["--admin-token-file", spaced])
         #expect(spacedError.contains("malformed_token"))
         #expect(!spacedError.contains("two words"))
 
         let file = try write("token", Array("from-file".utf8))
-        let both = expectRefusal(["--admin-token-file", file], environment: [AdminToken.variable: "from-env"])
+        let both = await expectRefusal(["--admin-token-file", file], environment: [AdminToken.variable: "from-env"])
         #expect(both.contains("conflicting_sources"))
         #expect(both.contains("--admin-token-file, ORCHARD_ADMIN_TOKEN"))
         #expect(!both.contains("from-env"))
@@ -159,28 +159,28 @@ private enum AdminToken {
         #expect(!FileManager.default.fileExists(atPath: database))
     }
 
-    @Test(.enabled(if: getuid() != 0, "root reads any file")) func anUnreadableTokenFileIsAClearError() throws {
+    @Test(.enabled(if: getuid() != 0, "root reads any file")) func anUnreadableTokenFileIsAClearError() async throws {
         let locked = try write("locked-token", Array("secret".utf8), permissions: 0o000)
-        #expect(expectRefusal(["--admin-token-file", locked]).contains("': permission denied"))
+        #expect(await expectRefusal(["--admin-token-file", locked]).contains("': permission denied"))
     }
 
     @Test func aSecondServeOnTheSameDatabaseIsRefusedAndACrashedOneDoesNotBlock() async throws {
         let environment = [AdminToken.variable: Harness.adminToken]
         let first = try ServeChild(["--database", database], environment: environment, in: directory)
-        #expect(first.listening() != nil)
-        let refusal = expectRefusal([], environment: environment)
+        #expect(await first.listening() != nil)
+        let refusal = await expectRefusal([], environment: environment)
         #expect(
             refusal.contains(
                 "locked: database '\(database)' is in use by another coordinator (process \(first.process.processIdentifier)) holding '\(database).lock'"))
         // The first coordinator is unaffected.
-        _ = first.stop(crash: true)
+        _ = await first.stop(crash: true)
 
         // The kernel released the crashed holder's lock: the next coordinator starts at once.
         let next = try ServeChild(["--database", database], environment: environment, in: directory)
-        let line = try #require(next.listening())
+        let line = try #require(await next.listening())
         let port = try #require((line["port"] as? NSNumber)?.intValue)
         #expect(try await HTTP(base: URL(string: "http://127.0.0.1:\(port)")!).send("GET", Endpoint.processes, token: Harness.adminToken).status == 200)
-        #expect(next.stop().status == 0)
+        #expect(await next.stop().status == 0)
     }
 
     @Test func aSecondInProcessCoordinatorOnTheSameDatabaseIsRefused() async throws {

@@ -46,7 +46,7 @@ import Testing
         shell.executableURL = URL(fileURLWithPath: Self.sqlite3)
         shell.arguments = [path, Self.version2]
         try shell.run()
-        shell.waitUntilExit()
+        await shell.exited()
         #expect(shell.terminationStatus == 0)
 
         let store = try SQLiteStore(path: path)

@@ -17,20 +17,20 @@ struct CoreMLToolsInteropTests {
     private func ints(_ any: Any?) -> [Int] { ((any as? [Any]) ?? []).compactMap { ($0 as? NSNumber)?.intValue } }
 
     /// Exports `spec`, has coremltools load and describe the file, and returns the description.
-    private func describeExport(_ spec: ModelSpec, weights: [TensorRecord]) throws -> [String: Any] {
+    private func describeExport(_ spec: ModelSpec, weights: [TensorRecord]) async throws -> [String: Any] {
         let directory = try makeTemporaryDirectory()
         defer { try? FileManager.default.removeItem(at: directory) }
         let file = directory.appendingPathComponent("\(spec.name).mlmodel")
         try Data(CoreMLExporter().export(spec, weights: weights)).write(to: file)
-        return try Python.json("describe_mlmodel.py", [file.path])
+        return try await Python.json("describe_mlmodel.py", [file.path])
     }
 
-    @Test func housingModelLoadsInCoreMLToolsAsUpdatable() throws {
+    @Test func housingModelLoadsInCoreMLToolsAsUpdatable() async throws {
         try PythonModules.require(Python.modules)
         let spec = Models.housing()
         let weights = Models.weights(for: spec, seed: 3)
         let byName = Dictionary(uniqueKeysWithValues: weights.map { ($0.name, $0) })
-        let described = try describeExport(spec, weights: weights)
+        let described = try await describeExport(spec, weights: weights)
 
         #expect(described["specificationVersion"] as? Int == 4)
         #expect(described["isUpdatable"] as? Bool == true)
@@ -73,11 +73,11 @@ struct CoreMLToolsInteropTests {
         #expect(update["shuffle"] as? Bool == true)
     }
 
-    @Test func convolutionalClassifierLoadsInCoreMLTools() throws {
+    @Test func convolutionalClassifierLoadsInCoreMLTools() async throws {
         try PythonModules.require(Python.modules)
         let spec = Models.convolutional()
         let weights = Models.weights(for: spec, seed: 4)
-        let described = try describeExport(spec, weights: weights)
+        let described = try await describeExport(spec, weights: weights)
         let layers = list(described["layers"])
         let conv1 = layers[0]
         #expect(ints(conv1["stride"]) == [2, 2])
@@ -116,10 +116,10 @@ struct CoreMLToolsInteropTests {
         var rank3Error: (any Error)?
     }
 
-    private func buildWithCoreMLTools() throws -> Built {
+    private func buildWithCoreMLTools() async throws -> Built {
         let directory = try makeTemporaryDirectory()
         defer { try? FileManager.default.removeItem(at: directory) }
-        let manifest = try Python.json("build_models.py", [directory.path, "11"])
+        let manifest = try await Python.json("build_models.py", [directory.path, "11"])
         var built = Built()
         for (name, info) in manifest {
             built.manifest[name] = info as? [String: Any]
@@ -143,13 +143,13 @@ struct CoreMLToolsInteropTests {
 
     /// Every model coremltools built, imported and exported again by Orchard, reads back in coremltools with the same
     /// updatable layers, loss, optimizer, learning rate, epochs and inner-product weights.
-    @Test func coreMLToolsModelsRoundTripThroughOrchardsExporter() throws {
+    @Test func coreMLToolsModelsRoundTripThroughOrchardsExporter() async throws {
         try PythonModules.require(Python.modules)
-        let built = try buildWithCoreMLTools()
+        let built = try await buildWithCoreMLTools()
         try #require(built.imported.count == 9)
         for (name, imported) in built.imported.sorted(by: { $0.key < $1.key }) {
             let info = built.manifest[name]!
-            let described = try describeExport(imported.spec, weights: imported.weights)
+            let described = try await describeExport(imported.spec, weights: imported.weights)
             #expect(described["isUpdatable"] as? Bool == true, "\(name)")
             let layers = list(described["layers"])
             let updatable = Set(layers.filter { $0["isUpdatable"] as? Bool == true }.compactMap { $0["name"] as? String })
@@ -170,9 +170,9 @@ struct CoreMLToolsInteropTests {
         }
     }
 
-    @Test func coreMLToolsModelsImportWithWeightsAndTrainingSettings() throws {
+    @Test func coreMLToolsModelsImportWithWeightsAndTrainingSettings() async throws {
         try PythonModules.require(Python.modules)
-        let built = try buildWithCoreMLTools()
+        let built = try await buildWithCoreMLTools()
         #expect(
             built.imported.keys.sorted() == [
                 "avgpool", "ce_adam", "classifier", "conv", "conv_1to4", "exact_classifier", "exact_conv", "exact_mse_sgd", "mse_sgd",

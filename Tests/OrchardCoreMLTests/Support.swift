@@ -96,7 +96,7 @@ enum Python {
     static let scripts = URL(fileURLWithPath: #filePath).deletingLastPathComponent().appendingPathComponent("Python")
 
     /// Runs `script` with `arguments`; returns its standard output.
-    static func run(_ script: String, _ arguments: [String]) throws -> String {
+    static func run(_ script: String, _ arguments: [String]) async throws -> String {
         let process = ChildProcess()
         process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
         process.arguments = ["python3", scripts.appendingPathComponent(script).path] + arguments
@@ -111,8 +111,8 @@ enum Python {
         } catch {
             throw Failure(description: "could not start python3 (\(error)); install Python 3 and `python3 -m pip install coremltools numpy safetensors`")
         }
-        let data = output.fileHandleForReading.readDataToEndOfFile()
-        process.waitUntilExit()
+        let data = await output.fileHandleForReading.readToEndOfFile()
+        await process.exited()
         guard process.terminationStatus == 0 else {
             let log = (try? String(contentsOf: errorLog, encoding: .utf8)) ?? ""
             let hint =
@@ -125,8 +125,8 @@ enum Python {
     }
 
     /// Runs `script` and decodes its standard output as JSON.
-    static func json(_ script: String, _ arguments: [String]) throws -> [String: Any] {
-        let text = try run(script, arguments)
+    static func json(_ script: String, _ arguments: [String]) async throws -> [String: Any] {
+        let text = try await run(script, arguments)
         guard let object = try JSONSerialization.jsonObject(with: Data(text.utf8)) as? [String: Any] else {
             throw Failure(description: "\(script) printed no JSON object: \(text.prefix(500))")
         }

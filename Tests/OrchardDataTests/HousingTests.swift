@@ -106,7 +106,7 @@ struct TabularModelFileTests {
 @Suite("orchard train --json")
 struct TrainCommandJSONTests {
     @Test("the JSON a person or a pandas script reads uses snake_case keys")
-    func snakeCaseKeys() throws {
+    func snakeCaseKeys() async throws {
         let process = ChildProcess()
         process.executableURL = try OrchardExecutable.url()
         process.arguments = ["train", "housing", "--epochs", "1", "--json"]
@@ -114,8 +114,8 @@ struct TrainCommandJSONTests {
         process.standardOutput = output
         process.standardError = FileHandle.nullDevice
         try process.run()
-        let data = output.fileHandleForReading.readDataToEndOfFile()
-        process.waitUntilExit()
+        let data = await output.fileHandleForReading.readToEndOfFile()
+        await process.exited()
         #expect(process.terminationStatus == 0)
         let object = try #require(try JSONSerialization.jsonObject(with: data) as? [String: Any])
         #expect(Set(object.keys) == ["train_samples", "test_samples", "seed", "optimizer", "learning_rate", "batch_size", "models"])

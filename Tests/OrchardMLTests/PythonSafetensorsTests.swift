@@ -13,7 +13,7 @@ let pythonSafetensorsModules = ["numpy", "safetensors"]
 @Suite(PythonModules.requirement(pythonSafetensorsModules))
 struct PythonSafetensorsTests {
     /// Runs a Python script with arguments; fails the test with a clear message when Python or a package is missing.
-    static func python(_ script: String, _ arguments: [String]) throws -> String {
+    static func python(_ script: String, _ arguments: [String]) async throws -> String {
         let process = ChildProcess()
         process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
         process.arguments = ["python3", "-c", script] + arguments
@@ -24,9 +24,10 @@ struct PythonSafetensorsTests {
             Issue.record("python3 could not be started (\(error)); install Python 3 with `pip install safetensors numpy`")
             throw error
         }
-        let out = output.fileHandleForReading.readDataToEndOfFile()
-        let err = errors.fileHandleForReading.readDataToEndOfFile()
-        process.waitUntilExit()
+        async let outRead = output.fileHandleForReading.readToEndOfFile()
+        async let errRead = errors.fileHandleForReading.readToEndOfFile()
+        let (out, err) = await (outRead, errRead)
+        await process.exited()
         let stderr = String(decoding: err, as: UTF8.self)
         if process.terminationStatus != 0 {
             let hint = stderr.contains("No module named") ? " — install the packages with `pip install safetensors numpy`" : ""
@@ -61,7 +62,7 @@ struct PythonSafetensorsTests {
                 out[path] = {"tensors": {k: {"dtype": str(v.dtype), "shape": list(v.shape), "sum": float(v.astype("float64").sum()), "first": float(v.flat[0])} for k, v in tensors.items()}, "meta": meta}
             print(json.dumps(out))
             """
-        let text = try Self.python(script, [weights.path, stateURL.path])
+        let text = try await Self.python(script, [weights.path, stateURL.path])
         let parsed = try #require(try JSONSerialization.jsonObject(with: Data(text.utf8)) as? [String: [String: Any]])
         let weightInfo = try #require(parsed[weights.path]?["tensors"] as? [String: [String: Any]])
         #expect(Set(weightInfo.keys) == Set(model.parameterNames))
@@ -82,7 +83,7 @@ struct PythonSafetensorsTests {
         #expect(meta["position.epoch"] == "1")
     }
 
-    @Test func orchardReadsWeightsWrittenByPython() throws {
+    @Test func orchardReadsWeightsWrittenByPython() async throws {
         try PythonModules.require(pythonSafetensorsModules)
         var model = try Fixtures.housingModel()
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("orchard-py-\(UUID().uuidString)")
@@ -102,7 +103,7 @@ struct PythonSafetensorsTests {
                 tensors[name] = (np.arange(n, dtype=np.float32) * 0.5 + i).reshape(shapes[name])
             save_file(tensors, sys.argv[1], metadata={"format": "np"})
             """
-        _ = try Self.python(script, [url.path, String(decoding: shapes, as: UTF8.self)])
+        _ = try await Self.python(script, [url.path, String(decoding: shapes, as: UTF8.self)])
         try model.readWeights(from: url)
         for (i, name) in model.parameterNames.enumerated() {
             let t = try #require(model.parameter(name))
@@ -110,7 +111,7 @@ struct PythonSafetensorsTests {
         }
         // A float64 file is refused with a clear error.
         let wrong = directory.appendingPathComponent("f64.safetensors")
-        _ = try Self.python(
+        _ = try await Self.python(
             """
             import sys, numpy as np
             from safetensors.numpy import save_file

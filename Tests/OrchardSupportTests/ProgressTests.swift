@@ -122,7 +122,7 @@ import Testing
     }
 
     @Test("spreadSubdirectories sets the top-directory attribute where the file system has it, and says so")
-    func spreadSubdirectories() throws {
+    func spreadSubdirectories() async throws {
         let directory = try Self.scratchDirectory("orchard-spread")
         defer { try? FileManager.default.removeItem(at: directory) }
         let file = directory.appendingPathComponent("a.txt").path
@@ -141,8 +141,8 @@ import Testing
         process.standardOutput = output
         process.standardError = FileHandle.nullDevice
         try process.run()
-        let text = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
-        process.waitUntilExit()
+        let text = String(decoding: await output.fileHandleForReading.readToEndOfFile(), as: UTF8.self)
+        await process.exited()
         if process.terminationStatus == 0 {
             let attributes = text.split(separator: " ").first.map(String.init) ?? ""
             #expect(attributes.contains("T") == set, "lsattr shows \(attributes)")
