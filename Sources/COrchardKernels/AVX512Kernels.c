@@ -17,6 +17,12 @@ bool orchard_avx512_available(void) {
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 }
 
+bool orchard_avx512_skylake_subsets_available(void) {
+    __builtin_cpu_init();
+    return orchard_avx512_available() && __builtin_cpu_supports("avx512cd") && __builtin_cpu_supports("avx512bw")
+        && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+}
+
 /// A mask enabling the first `lanes` (0...16) lanes.
 WIDE_INLINE __mmask16 wide_lanes(long lanes) { return (__mmask16)((1u << lanes) - 1u); }
 
@@ -181,6 +187,8 @@ void orchard_avx512_sgemm_xn(bool transpose_a, long m, long n, long k, float alp
 #else
 
 bool orchard_avx512_available(void) { return false; }
+
+bool orchard_avx512_skylake_subsets_available(void) { return false; }
 
 void orchard_avx512_sgemm_nt(long m, long n, long k, float alpha, const float *a, long lda, const float *b, long ldb,
                              float beta, float *c, long ldc) {

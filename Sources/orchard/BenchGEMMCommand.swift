@@ -89,7 +89,8 @@ struct BenchGEMM: AsyncParsableCommand {
         try JSONLine.write(
             Result(
                 m: m, n: n, k: k, transposeA: transposeA, transposeB: transposeB, threads: threads, gflops: gflops,
-                automaticRunsOn: GEMM.backend(transposeA: transposeA, transposeB: transposeB, m: m, n: n, k: k).description
+                automaticRunsOn: GEMM.backend(transposeA: transposeA, transposeB: transposeB, m: m, n: n, k: k).description,
+                blasCore: GEMM.blasCore
             ))
     }
 
@@ -103,6 +104,8 @@ struct BenchGEMM: AsyncParsableCommand {
         var threads: Int
         var gflops: [String: Double]
         var automaticRunsOn: String
+        /// The kernels the loaded OpenBLAS runs; absent without OpenBLAS.
+        var blasCore: String?
         var engine = "orchard"
     }
 }

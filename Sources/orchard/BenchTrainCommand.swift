@@ -163,6 +163,7 @@ struct BenchTrain: AsyncParsableCommand {
                 epochs: repeats,
                 stepsPerEpoch: (samples + batch - 1) / batch,
                 backend: GEMM.backend.description,
+                blasCore: GEMM.blasCore,
                 peakRSSMiB: peak.map { ($0 * 10).rounded() / 10 },
                 datasetMiB: (datasetMiB * 10).rounded() / 10,
                 peakRSSMinusDatasetMiB: peak.map { (($0 - datasetMiB) * 10).rounded() / 10 },
@@ -184,6 +185,8 @@ struct BenchTrain: AsyncParsableCommand {
         var epochs: Int
         var stepsPerEpoch: Int
         var backend: String
+        /// The kernels the loaded OpenBLAS runs (its core name); nil (left out) without OpenBLAS.
+        var blasCore: String?
         /// Peak resident set size in MiB; nil (left out) when unreadable.
         var peakRSSMiB: Double?
         /// The synthetic dataset's size in MiB.
@@ -196,7 +199,7 @@ struct BenchTrain: AsyncParsableCommand {
         private enum CodingKeys: String, CodingKey {
             case model, samplesPerSecond = "samples_per_second", batch, threads, batchShards = "batch_shards", samples, epochs, stepsPerEpoch =
                 "steps_per_epoch"
-            case backend, peakRSSMiB = "peak_rss_mib", datasetMiB = "dataset_mib", peakRSSMinusDatasetMiB = "peak_rss_minus_dataset_mib"
+            case backend, blasCore = "blas_core", peakRSSMiB = "peak_rss_mib", datasetMiB = "dataset_mib", peakRSSMinusDatasetMiB = "peak_rss_minus_dataset_mib"
             case epochSeconds = "epoch_seconds", finalLoss = "final_loss", engine
         }
     }

@@ -1,4 +1,6 @@
+import Foundation
 import OrchardSupport
+import OrchardTesting
 @testable import OrchardML
 import Testing
 
@@ -179,7 +181,7 @@ import Testing
             // With AVX-512, weight gradients up to a batch of 256 run on it rather than on BLAS.
             #expect(
                 zip(toBLAS, blasShapes).allSatisfy { resolved, shape in
-                    AVX2GEMM.isAVX512Available && shape.0 && shape.4 <= 256 ? resolved == .avx512 : resolved == (GEMM.isBLASAvailable ? .blas : own(shape))
+                    AVX2GEMM.isAVX512Available && shape.0 && shape.4 <= 256 ? resolved == .avx512 : resolved == (GEMM.usesBLAS ? .blas : own(shape))
                 })
             #expect(GEMM.resolve(.avx2, transposeA: false, transposeB: true, m: 10, n: 200, k: 784) == .avx2)
         } else {
@@ -188,5 +190,51 @@ import Testing
         #expect(GEMM.resolve(.avx512, transposeA: false, transposeB: true, m: 10, n: 200, k: 784) == (AVX2GEMM.isAVX512Available ? .avx512 : .portable))
         #expect(both != .avx2 && both != .avx512)
         #expect(GEMM.resolve(.portable, transposeA: false, transposeB: true, m: 10, n: 200, k: 784) == .portable)
+    }
+}
+
+/// The system BLAS under ``MatrixBackend/automatic``: OpenBLAS takes its SSE3 kernels (Prescott) for a CPU model it does
+/// not know, slower than Orchard's AVX2 ones, so such a core is left alone, and on a CPU with AVX-512 OpenBLAS is loaded
+/// with its SkylakeX kernels unless `OPENBLAS_CORETYPE` names a core. Checked in `orchard bench gemm` child processes,
+/// each loading OpenBLAS afresh.
+@Suite struct BLASCoreTests {
+    @Test func narrowCoresAreNamedAndOnlyNarrowerThanAVX2OnACPUWithAVX2() {
+        for core in ["Prescott", "Core2", "Nehalem", "Sandybridge", "Bulldozer", "Unknown"] {
+            #expect(BLASLibrary.isNarrower(core: core, thanAVX2: true), "\(core)")
+            #expect(!BLASLibrary.isNarrower(core: core, thanAVX2: false), "\(core) on a CPU without AVX2")
+        }
+        for core in ["Haswell", "Zen", "SkylakeX", "Cooperlake", "SapphireRapids", "Excavator"] {
+            #expect(!BLASLibrary.isNarrower(core: core, thanAVX2: true), "\(core)")
+        }
+        #expect(!BLASLibrary.isNarrower(core: nil, thanAVX2: true), "a BLAS that names no core is taken at its word")
+    }
+
+    private func benchGEMM(coreType: String?) async throws -> [String: Any] {
+        let run = try await OrchardExecutable.run(
+            ["bench", "gemm", "--m", "128", "--n", "200", "--k", "784", "--transpose-b", "--repeats", "1", "--seconds", "0.0001"],
+            environment: ["OPENBLAS_CORETYPE": coreType, "ORCHARD_BLAS": nil])
+        #expect(run.status == 0, "\(run.error)")
+        return try #require(try JSONSerialization.jsonObject(with: Data(run.output.utf8)) as? [String: Any], "\(run.output)")
+    }
+
+    @Test func aCoreTheUserNamesIsKeptAndANarrowOneIsLeftToOrchardsKernels() async throws {
+        let line = try await benchGEMM(coreType: "Prescott")
+        guard GEMM.blasCore != nil else {
+            #expect(line["blas_core"] == nil && line["automatic_runs_on"] as? String != "blas", "no OpenBLAS here: \(line)")
+            return
+        }
+        #expect(line["blas_core"] as? String == "Prescott")
+        #expect(line["automatic_runs_on"] as? String == (GEMM.isAVX2Available ? "avx2" : "blas"))
+    }
+
+    @Test func onACPUWithAVX512OpenBLASRunsItsSkylakeXKernels() async throws {
+        let line = try await benchGEMM(coreType: nil)
+        guard GEMM.blasCore != nil else {
+            #expect(line["blas_core"] == nil, "no OpenBLAS here: \(line)")
+            return
+        }
+        let core = try #require(line["blas_core"] as? String)
+        if AVX2GEMM.hasSkylakeAVX512Subsets { #expect(core == "SkylakeX") }
+        #expect(line["automatic_runs_on"] as? String == (BLASLibrary.isNarrower(core: core, thanAVX2: GEMM.isAVX2Available) ? "avx2" : "blas"))
     }
 }

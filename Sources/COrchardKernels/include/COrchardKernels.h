@@ -30,6 +30,10 @@ void orchard_avx2_sgemm_xn(bool transpose_a, long m, long n, long k, float alpha
 /// Whether this build has the AVX-512 kernels and the CPU (and operating system) can run them.
 bool orchard_avx512_available(void);
 
+/// Whether the CPU has the AVX-512 subsets Intel's Skylake-SP introduced together (F, CD, BW, DQ, VL) and the operating
+/// system saves their state: what OpenBLAS's SkylakeX kernels need.
+bool orchard_avx512_skylake_subsets_available(void);
+
 /// ``orchard_avx2_sgemm_nt`` on 16-wide AVX-512F vectors.
 void orchard_avx512_sgemm_nt(long m, long n, long k, float alpha,
                              const float *a, long lda, const float *b, long ldb,

@@ -9,6 +9,9 @@ enum AVX2GEMM {
     static let isAvailable: Bool = orchard_avx2_available()
     /// Whether the CPU can also run the AVX-512 kernels.
     static let isAVX512Available: Bool = isAvailable && orchard_avx512_available()
+    /// Whether the CPU has the AVX-512 subsets of Intel's Skylake-SP (F, CD, BW, DQ, VL): what OpenBLAS's SkylakeX
+    /// kernels need.
+    static let hasSkylakeAVX512Subsets: Bool = isAVX512Available && orchard_avx512_skylake_subsets_available()
 
     /// Fewest rows (or columns) of C per thread worth a thread of its own.
     static let rowsPerThread = 64

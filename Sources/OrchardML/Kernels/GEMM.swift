@@ -36,7 +36,9 @@ public struct MatrixBackend: Sendable, Hashable, CustomStringConvertible {
 /// (a dense layer's forward pass at any batch size) — on Orchard's AVX2 kernels when the CPU has AVX2 and FMA (the
 /// `op(A) · B` ones on their AVX-512 versions when it has AVX-512F);
 /// other products on the system BLAS when it can be loaded (nothing is linked at build time, so a machine
-/// without it still builds and runs), otherwise on the AVX2 kernels, otherwise on the portable kernel.
+/// without it still builds and runs) and its kernels are not narrower than the AVX2 ones (an OpenBLAS that fell back to
+/// SSE kernels for a CPU it does not know), otherwise on the AVX2 kernels, otherwise on the portable kernel. On a CPU
+/// with AVX-512, OpenBLAS is loaded with its SkylakeX kernels unless `OPENBLAS_CORETYPE` names others.
 /// `ORCHARD_BLAS=off` keeps the BLAS from being loaded at all. ``GEMM/setBackend(_:)`` pins one backend, and
 /// ``GEMM/backend(transposeA:transposeB:m:n:k:)`` tells which one a product runs on.
 public enum GEMM {
@@ -52,6 +54,13 @@ public enum GEMM {
 
     /// Whether a system BLAS was found and loaded.
     public static var isBLASAvailable: Bool { BLASLibrary.shared != nil }
+
+    /// The kernels the loaded OpenBLAS runs (its core name, e.g. "SkylakeX" or "Haswell"); nil without OpenBLAS.
+    public static var blasCore: String? { BLASLibrary.shared?.core }
+
+    /// Whether ``MatrixBackend/automatic`` sends products to the system BLAS: it is loaded, and its kernels are not
+    /// narrower than the AVX2 ones.
+    static var usesBLAS: Bool { BLASLibrary.shared.map { !$0.isNarrowerThanOwnKernels } ?? false }
 
     /// Whether the CPU can run the AVX2 kernels.
     public static var isAVX2Available: Bool { AVX2GEMM.isAvailable }
@@ -122,7 +131,7 @@ public enum GEMM {
                 m * n * k <= 1 << 26 && min(m, n, k) <= 256
                 && ((transposeA && k <= (wide ? 256 : 128)) || (!transposeA && !transposeB && m > 64))
             if avx2 && (thin || small) { return own }
-            if BLASLibrary.shared != nil { return .blas }
+            if usesBLAS { return .blas }
             return avx2 ? own : .portable
         }
     }
@@ -190,10 +199,26 @@ final class BLASLibrary: Sendable {
         #endif
     }()
 
+    /// OpenBLAS's cores whose sgemm kernels are narrower than Orchard's AVX2 ones (SSE, or AVX without FMA): the
+    /// names `openblas_get_corename` returns for them.
+    static let narrowCores: Set<String> = [
+        "prescott", "core2", "penryn", "dunnington", "nehalem", "atom", "athlon", "opteron", "opteron_sse3", "barcelona",
+        "bobcat", "nano", "sandybridge", "bulldozer", "piledriver", "steamroller", "katmai", "coppermine", "northwood",
+        "banias", "unknown",
+    ]
+
     static let shared: BLASLibrary? = {
         if let setting = getenv("ORCHARD_BLAS").map({ String(cString: $0) }), ["off", "0", "no", "false"].contains(setting.lowercased()) {
             return nil
         }
+        // OpenBLAS picks its kernels from the CPU model when it loads and takes its oldest ones (Prescott's SSE3) for a
+        // model it does not know: Debian's 0.3.21 on a 2-core Xeon of model 207 ran a 128 × 200 × 784 product at 26
+        // GFLOP/s, and at 114 with its SkylakeX kernels. So on a CPU with the AVX-512 subsets those kernels need, and
+        // unless the user chose a core (OPENBLAS_CORETYPE), it is loaded with that core named, and the variable is
+        // removed again once it has loaded.
+        let steer = getenv("OPENBLAS_CORETYPE") == nil && AVX2GEMM.hasSkylakeAVX512Subsets
+        if steer { setenv("OPENBLAS_CORETYPE", "SkylakeX", 0) }
+        defer { if steer { unsetenv("OPENBLAS_CORETYPE") } }
         for name in candidates {
             guard let handle = dlopen(name, RTLD_NOW | RTLD_LOCAL) else { continue }
             guard let symbol = dlsym(handle, "cblas_sgemm") else {
@@ -201,17 +226,33 @@ final class BLASLibrary: Sendable {
                 continue
             }
             let setThreads = dlsym(handle, "openblas_set_num_threads").map { unsafeBitCast($0, to: SetThreadsFunction.self) }
-            return BLASLibrary(name: name, sgemm: unsafeBitCast(symbol, to: SgemmFunction.self), setThreads: setThreads)
+            let core = dlsym(handle, "openblas_get_corename").flatMap { unsafeBitCast($0, to: CoreNameFunction.self)() }.map { String(cString: $0) }
+            return BLASLibrary(name: name, core: core, sgemm: unsafeBitCast(symbol, to: SgemmFunction.self), setThreads: setThreads)
         }
         return nil
     }()
 
+    typealias CoreNameFunction = @convention(c) () -> UnsafeMutablePointer<CChar>?
+
     let name: String
+    /// The kernels OpenBLAS runs (its `openblas_get_corename`), nil for another BLAS.
+    let core: String?
+    /// Whether its kernels are narrower than Orchard's own on this CPU (an OpenBLAS core without AVX2 and FMA on a
+    /// CPU that has them), so that ``MatrixBackend/automatic`` leaves it alone.
+    let isNarrowerThanOwnKernels: Bool
     private let sgemmFunction: SgemmFunction
     private let setThreadsFunction: SetThreadsFunction?
 
-    private init(name: String, sgemm: SgemmFunction, setThreads: SetThreadsFunction?) {
+    /// Whether OpenBLAS's `core` runs narrower kernels than the AVX2 ones, on a CPU that has them (`thanAVX2`); an
+    /// unnamed core (another BLAS) is taken at its word.
+    static func isNarrower(core: String?, thanAVX2 avx2: Bool) -> Bool {
+        avx2 && core.map { narrowCores.contains($0.lowercased()) } == true
+    }
+
+    private init(name: String, core: String?, sgemm: SgemmFunction, setThreads: SetThreadsFunction?) {
         self.name = name
+        self.core = core
+        self.isNarrowerThanOwnKernels = Self.isNarrower(core: core, thanAVX2: AVX2GEMM.isAvailable)
         self.sgemmFunction = sgemm
         self.setThreadsFunction = setThreads
         setThreads?(1)
