@@ -209,6 +209,14 @@ import Testing
         #expect(!BLASLibrary.isNarrower(core: nil, thanAVX2: true), "a BLAS that names no core is taken at its word")
     }
 
+    @Test func loadingOpenBLASLeavesTheEnvironmentAsItFoundIt() throws {
+        // The environment this process started with (/proc/self/environ) against the one it has once BLAS is loaded.
+        let initial = try Data(contentsOf: URL(fileURLWithPath: "/proc/self/environ")).split(separator: 0).map { String(decoding: $0, as: UTF8.self) }
+        let started = initial.first { $0.hasPrefix("OPENBLAS_CORETYPE=") }.map { String($0.dropFirst("OPENBLAS_CORETYPE=".count)) }
+        _ = GEMM.blasCore
+        #expect(getenv("OPENBLAS_CORETYPE").map { String(cString: $0) } == started)
+    }
+
     private func benchGEMM(coreType: String?) async throws -> [String: Any] {
         let run = try await OrchardExecutable.run(
             ["bench", "gemm", "--m", "128", "--n", "200", "--k", "784", "--transpose-b", "--repeats", "1", "--seconds", "0.0001"],
