@@ -153,7 +153,7 @@ extension OrchardExecutable {
 
         /// Kills it with SIGKILL and returns once it has ended.
         public func kill9() async {
-            kill(process.processIdentifier, SIGKILL)
+            process.send(SIGKILL)
             await process.exited()
         }
 

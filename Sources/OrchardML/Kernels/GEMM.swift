@@ -215,7 +215,8 @@ final class BLASLibrary: Sendable {
         // model it does not know: Debian's 0.3.21 on a 2-core Xeon of model 207 ran a 128 × 200 × 784 product at 26
         // GFLOP/s, and at 114 with its SkylakeX kernels. So on a CPU with the AVX-512 subsets those kernels need, and
         // unless the user chose a core (OPENBLAS_CORETYPE), it is loaded with that core named, and the variable is
-        // removed again once it has loaded.
+        // removed again once it has loaded. (`setenv` is not safe against another thread's `getenv` at that moment; this
+        // runs once, at the first product or `GEMM` query, and OpenBLAS offers no other way to choose its kernels.)
         let steer = getenv("OPENBLAS_CORETYPE") == nil && AVX2GEMM.hasSkylakeAVX512Subsets
         if steer { setenv("OPENBLAS_CORETYPE", "SkylakeX", 0) }
         defer { if steer { unsetenv("OPENBLAS_CORETYPE") } }
@@ -227,16 +228,23 @@ final class BLASLibrary: Sendable {
             }
             let setThreads = dlsym(handle, "openblas_set_num_threads").map { unsafeBitCast($0, to: SetThreadsFunction.self) }
             let core = dlsym(handle, "openblas_get_corename").flatMap { unsafeBitCast($0, to: CoreNameFunction.self)() }.map { String(cString: $0) }
-            return BLASLibrary(name: name, core: core, sgemm: unsafeBitCast(symbol, to: SgemmFunction.self), setThreads: setThreads)
+            let config = dlsym(handle, "openblas_get_config").flatMap { unsafeBitCast($0, to: CoreNameFunction.self)() }.map { String(cString: $0) }
+            return BLASLibrary(
+                name: name, core: core, isDynamicArch: config?.contains("DYNAMIC_ARCH") == true, sgemm: unsafeBitCast(symbol, to: SgemmFunction.self),
+                setThreads: setThreads)
         }
         return nil
     }()
 
+    /// `openblas_get_corename` and `openblas_get_config`: `char *(void)`.
     typealias CoreNameFunction = @convention(c) () -> UnsafeMutablePointer<CChar>?
 
     let name: String
     /// The kernels OpenBLAS runs (its `openblas_get_corename`), nil for another BLAS.
     let core: String?
+    /// Whether it is an OpenBLAS built with the kernels of every core (DYNAMIC_ARCH in `openblas_get_config`), the
+    /// kind that chooses them when it loads and takes `OPENBLAS_CORETYPE`.
+    let isDynamicArch: Bool
     /// Whether its kernels are narrower than Orchard's own on this CPU (an OpenBLAS core without AVX2 and FMA on a
     /// CPU that has them), so that ``MatrixBackend/automatic`` leaves it alone.
     let isNarrowerThanOwnKernels: Bool
@@ -249,9 +257,10 @@ final class BLASLibrary: Sendable {
         avx2 && core.map { narrowCores.contains($0.lowercased()) } == true
     }
 
-    private init(name: String, core: String?, sgemm: SgemmFunction, setThreads: SetThreadsFunction?) {
+    private init(name: String, core: String?, isDynamicArch: Bool, sgemm: SgemmFunction, setThreads: SetThreadsFunction?) {
         self.name = name
         self.core = core
+        self.isDynamicArch = isDynamicArch
         self.isNarrowerThanOwnKernels = Self.isNarrower(core: core, thanAVX2: AVX2GEMM.isAvailable)
         self.sgemmFunction = sgemm
         self.setThreadsFunction = setThreads
