@@ -17,19 +17,11 @@ extension FileHandle {
     /// Everything left to read until end of file (a child's output, until the child closes it), read on a thread of
     /// its own (``awaitBlocking(_:)``).
     public func readToEndOfFile() async -> Data {
-        let handle = UncheckedHandle(self)
-        return await awaitBlocking { handle.handle.readDataToEndOfFile() }
+        await awaitBlocking { self.readDataToEndOfFile() }
     }
 
     /// The bytes available now, or the next ones once some arrive (empty at end of file), read on a thread of its own.
     public func nextAvailableData() async -> Data {
-        let handle = UncheckedHandle(self)
-        return await awaitBlocking { handle.handle.availableData }
+        await awaitBlocking { self.availableData }
     }
-}
-
-/// A `FileHandle` handed to the one thread that reads it.
-private struct UncheckedHandle: @unchecked Sendable {
-    let handle: FileHandle
-    init(_ handle: FileHandle) { self.handle = handle }
 }

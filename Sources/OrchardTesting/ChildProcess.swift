@@ -53,6 +53,8 @@ public final class ChildProcess: @unchecked Sendable {
         var pid: pid_t = 0
         var ended: (status: Int32, reason: TerminationReason)?
         var handler: (@Sendable (ChildProcess) -> Void)?
+        /// Callers of ``exited()`` waiting for the child to end.
+        var waiters: [CheckedContinuation<Void, Never>] = []
     }
     private let state = Mutex(State())
     private let done = DispatchSemaphore(value: 0)
@@ -135,11 +137,13 @@ public final class ChildProcess: @unchecked Sendable {
         // WIFEXITED / WTERMSIG, spelled out (the C macros are not imported).
         let signal = status & 0x7F
         let ended: (Int32, TerminationReason) = signal == 0 ? ((status >> 8) & 0xFF, .exit) : (signal, .uncaughtSignal)
-        let handler = state.withLock { state -> (@Sendable (ChildProcess) -> Void)? in
+        let (handler, waiters) = state.withLock { state in
             state.ended = ended
-            return state.handler
+            defer { state.waiters = [] }
+            return (state.handler, state.waiters)
         }
         done.signal()
+        for waiter in waiters { waiter.resume() }
         handler?(self)
     }
 
@@ -151,12 +155,15 @@ public final class ChildProcess: @unchecked Sendable {
         done.signal()
     }
 
-    /// Returns once the child has ended, its wait on a thread of its own (``awaitBlocking(_:)``).
+    /// Returns once the child has ended (resumed by the thread that reaps it; nothing blocks meanwhile).
     public func exited() async {
-        guard state.withLock({ $0.pid != 0 }) else { return }
-        await awaitBlocking { [done] in
-            done.wait()
-            done.signal()
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            let waiting = state.withLock { state -> Bool in
+                guard state.pid != 0, state.ended == nil else { return false }
+                state.waiters.append(continuation)
+                return true
+            }
+            if !waiting { continuation.resume() }
         }
     }
 
