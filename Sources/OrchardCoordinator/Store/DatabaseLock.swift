@@ -51,6 +51,9 @@ public final class DatabaseLock: Sendable {
                 return fd
             })
         else { return }
+        // Unlocked before the close: a child being spawned meanwhile by another thread holds a copy of the descriptor
+        // until its exec, and the lock would last as long as that copy (an in-process restart then found it held).
+        flock(fd, LOCK_UN)
         close(fd)
     }
 
