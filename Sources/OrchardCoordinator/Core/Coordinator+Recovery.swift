@@ -45,9 +45,35 @@ extension Coordinator {
         )
     }
 
+    /// Loads `process` and resumes its open cycle. Over a shared store another instance may close the cycle while this
+    /// one reads: the process row (its checkpoint, optimizer state and ledger) and the open cycle are read apart, and a
+    /// runtime built from both would aggregate the next cycle onto a checkpoint before the last. So the open cycle must
+    /// be the one the process row leads to; when it is not, the process is read again and loaded anew. A process
+    /// deleted meanwhile is forgotten.
     /// - Parameter discarding: Whether reports whose diffs cannot be read back may be discarded (once: the load that
     ///   discarded them loads again without).
     func load(_ process: StoredProcess, discarding: Bool = false) async throws {
+        var process = process
+        for _ in 0..<Self.loadAttempts {
+            if try await loadSnapshot(process, discarding: discarding) { return }
+            guard let fresh = try await store.processes().first(where: { $0.id == process.id }) else {
+                forget(processID: process.id)
+                return
+            }
+            process = fresh
+        }
+        throw StoreError(
+            .locked,
+            "process \(process.id) moved to another cycle each of the \(Self.loadAttempts) times it was loaded (other instances closing cycles meanwhile); try again"
+        )
+    }
+
+    /// How many times ``load(_:discarding:)`` reads a process whose cycle closes while it is read.
+    static let loadAttempts = 8
+
+    /// One try of ``load(_:discarding:)``: false, with nothing changed, when the open cycle read is not the one
+    /// `process` leads to (closed, or the process completed, since `process` was read).
+    private func loadSnapshot(_ process: StoredProcess, discarding: Bool) async throws -> Bool {
         guard let weights = try await store.checkpoint(processID: process.id, number: process.latestCheckpoint) else {
             throw StoreError(.corrupt, "process \(process.id) has no checkpoint \(process.latestCheckpoint)")
         }
@@ -77,7 +103,16 @@ extension Coordinator {
         // Reports the loaded sum holds: this instance's share of those reported, folded into its partial sum or summed
         // from their pending diffs.
         var summed: Set<String> = []
-        if !process.completed, let open = try await store.openCycle(processID: process.id) {
+        if let hook = loadReadHook { await hook(process.id) }
+        let open = process.completed ? nil : try await store.openCycle(processID: process.id)
+        if !process.completed {
+            // Every close moves the latest checkpoint (aggregated) or the abandoned count, and opens the next cycle on the
+            // latest checkpoint, in one transaction.
+            guard let open, open.cycle.checkpoint == process.latestCheckpoint,
+                open.cycle.number == process.cyclesCompleted + process.cyclesAbandoned + 1
+            else { return false }
+        }
+        if let open {
             // A buffer's staleness figures, from the reports it holds (they were counted as they came before the restart).
             for stale in open.assignments.filter(\.reported).compactMap(\.staleness) {
                 staleness = (staleness.sum + stale, staleness.count + 1, max(staleness.max, stale))
@@ -130,7 +165,7 @@ extension Coordinator {
                 }
                 try await store.discardReports(processID: process.id, cycle: open.cycle.number, workers: lost.map(\.worker))
                 try await load(process, discarding: false)
-                return
+                return true
             }
             (sum, unfolded) = accumulator.result
             if !robust {
@@ -167,6 +202,7 @@ extension Coordinator {
             logger.info(
                 "resumed cycle with unfolded reports", metadata: ["process": "\(process.id)", "cycle": "\(machine.cycle)", "reports": "\(unfolded.count)"])
         }
+        return true
     }
 
     func randomHex(_ bytes: Int) -> String {

@@ -151,6 +151,9 @@ public actor Coordinator {
     /// Runs between a report's commit in the store and its count here (tests: something that happens to the process in
     /// that moment, such as a reload).
     var reportRecordedHook: (@Sendable (String) async -> Void)?
+    /// Runs in a load between reading the process (its checkpoint and optimizer state) and reading its open cycle (tests:
+    /// a cycle closed by another instance in that moment).
+    var loadReadHook: (@Sendable (String) async -> Void)?
     /// The process whose secure-aggregation lock the current task holds over a shared store, if any.
     @TaskLocal static var secureLockHolder: String?
     /// Processes whose cycle transition is being carried out (``perform(_:processID:combined:)``): over a shared store
