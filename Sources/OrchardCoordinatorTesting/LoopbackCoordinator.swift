@@ -22,7 +22,7 @@ public final class LoopbackCoordinator: Sendable {
     public let directory: URL
     /// The clock the coordinator reads (advance a `ManualClock` to move its deadlines).
     public let clock: any WallClock
-    /// The configuration it was opened with (and is reopened with by ``restart(seed:)``).
+    /// The configuration it was opened with, its idle timeout replaced (and reopened with by ``restart(seed:samePort:)``).
     public let configuration: CoordinatorConfiguration
     private let tls: CoordinatorTLS?
     private let timerInterval: Duration?
@@ -63,11 +63,17 @@ public final class LoopbackCoordinator: Sendable {
     ///   - tls: Serve HTTPS with this certificate and key.
     ///   - timerInterval: How often it closes expired cycles on its own (nil: never; the test advances its clock and
     ///     calls the coordinator).
+    ///   - idleTimeout: Replaces the configuration's ``CoordinatorConfiguration/connectionIdleTimeout``. None by default:
+    ///     CPU-bound tests running alongside can keep the server's tasks from running for longer than any timeout, and a
+    ///     connection closed while the test still sends on it fails the test, not the code under test. A test of the
+    ///     timeout sets one.
     ///   - logger: Its logger (silent by default).
     public static func start(
         configuration: CoordinatorConfiguration = CoordinatorConfiguration(adminToken: adminToken), clock: any WallClock = SystemClock(),
-        seed: UInt64 = 1, tls: CoordinatorTLS? = nil, timerInterval: Duration? = nil, logger: Logger = silentLogger
+        seed: UInt64 = 1, tls: CoordinatorTLS? = nil, timerInterval: Duration? = nil, idleTimeout: Duration? = nil, logger: Logger = silentLogger
     ) async throws -> LoopbackCoordinator {
+        var configuration = configuration
+        configuration.connectionIdleTimeout = idleTimeout
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("orchard-loopback-\(UUID().uuidString)", isDirectory: true)
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
         LeftoverDirectories.register(directory)
@@ -91,10 +97,11 @@ public final class LoopbackCoordinator: Sendable {
     /// Runs `body` against a fresh coordinator and stops it afterwards (awaited), whether `body` returns or throws.
     public static func with(
         configuration: CoordinatorConfiguration = CoordinatorConfiguration(adminToken: adminToken), clock: any WallClock = SystemClock(),
-        seed: UInt64 = 1, tls: CoordinatorTLS? = nil, timerInterval: Duration? = nil, logger: Logger = silentLogger,
+        seed: UInt64 = 1, tls: CoordinatorTLS? = nil, timerInterval: Duration? = nil, idleTimeout: Duration? = nil, logger: Logger = silentLogger,
         _ body: (LoopbackCoordinator) async throws -> Void
     ) async throws {
-        let coordinator = try await start(configuration: configuration, clock: clock, seed: seed, tls: tls, timerInterval: timerInterval, logger: logger)
+        let coordinator = try await start(
+            configuration: configuration, clock: clock, seed: seed, tls: tls, timerInterval: timerInterval, idleTimeout: idleTimeout, logger: logger)
         do {
             try await body(coordinator)
         } catch {

@@ -53,8 +53,9 @@ struct HTTP: Sendable {
     let session: URLSession
     let log: ExchangeLog?
     /// Whether each request asks for its connection to be closed after the response (`Connection: close`): for a
-    /// server with a short idle timeout, which may close a pooled connection just as the next request goes out on
-    /// it (the client then sees a reset, not an answer).
+    /// server with an idle timeout, which may close a pooled connection just as the next request goes out on it (the
+    /// client then sees a reset, not an answer). Any timeout can be met: on a loaded machine a test can stall between
+    /// two requests for longer than 30 s (a Python step, say).
     let closesConnections: Bool
 
     init(base: URL, log: ExchangeLog? = nil, closesConnections: Bool = false) {
@@ -64,6 +65,9 @@ struct HTTP: Sendable {
         let configuration = URLSessionConfiguration.ephemeral
         configuration.requestCachePolicy = .reloadIgnoringLocalCacheData
         configuration.urlCache = nil
+        // The server runs in this process: CPU-bound tests alongside can hold its answer back for longer than the default
+        // 60 s without anything being wrong with it (each test's time limit still bounds the wait).
+        configuration.timeoutIntervalForRequest = 600
         session = URLSession(configuration: configuration)
     }
 
@@ -165,18 +169,22 @@ final class Harness: @unchecked Sendable {
     private init(loopback: LoopbackCoordinator, clock: ManualClock) {
         self.loopback = loopback
         self.clock = clock
-        http = HTTP(base: loopback.server.baseURL, log: log, closesConnections: (loopback.configuration.connectionIdleTimeout ?? .seconds(3600)) < .seconds(10))
+        http = HTTP(base: loopback.server.baseURL, log: log, closesConnections: loopback.configuration.connectionIdleTimeout != nil)
     }
 
-    static func start(configuration: CoordinatorConfiguration = CoordinatorConfiguration(adminToken: adminToken), seed: UInt64 = 1) async throws -> Harness {
+    /// - Parameter idleTimeout: The server's idle timeout: none unless the test is about it (``LoopbackCoordinator``).
+    static func start(
+        configuration: CoordinatorConfiguration = CoordinatorConfiguration(adminToken: adminToken), seed: UInt64 = 1, idleTimeout: Duration? = nil
+    ) async throws -> Harness {
         let clock = ManualClock()
-        return Harness(loopback: try await LoopbackCoordinator.start(configuration: configuration, clock: clock, seed: seed), clock: clock)
+        return Harness(
+            loopback: try await LoopbackCoordinator.start(configuration: configuration, clock: clock, seed: seed, idleTimeout: idleTimeout), clock: clock)
     }
 
     /// Stops the server and opens a fresh coordinator on the same database (an orderly restart).
     func restart(seed: UInt64 = 99) async throws {
         try await loopback.restart(seed: seed, samePort: false)
-        http = HTTP(base: server.baseURL, log: log, closesConnections: (configuration.connectionIdleTimeout ?? .seconds(3600)) < .seconds(10))
+        http = HTTP(base: server.baseURL, log: log, closesConnections: configuration.connectionIdleTimeout != nil)
     }
 
     func stop() async {

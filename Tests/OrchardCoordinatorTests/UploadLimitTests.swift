@@ -109,7 +109,7 @@ import Testing
     /// the idle timeout the connection is closed and the upload abandoned, so it holds neither its place nor its
     /// cycle (which then closes on the goal of the other reports).
     @Test func aStalledUploadIsAbandonedAfterTheIdleTimeout() async throws {
-        let harness = try await Harness.start(configuration: CoordinatorConfiguration(adminToken: Harness.adminToken, connectionIdleTimeout: .seconds(1)))
+        let harness = try await Harness.start(idleTimeout: .seconds(1))
         try await harness.stopping {
             let hosted = try await harness.host(Fixture.host(goal: 2, overSelection: 1))
             let stalled = try await harness.device()
