@@ -302,15 +302,27 @@ public struct IDXImageDataset: Dataset, Sendable {
 
     public func copyInput(_ input: Int, of index: Int, into destination: UnsafeMutableBufferPointer<Float>) {
         let start = index * pixelsPerImage
+        let count = pixelsPerImage
+        precondition(destination.count >= count, "a destination of \(destination.count) values for an image of \(count) pixels")
+        guard count > 0, let out = destination.baseAddress else { return }
         pixels.withUnsafeBufferPointer { p in
-            Self.scaledPixels.withUnsafeBufferPointer { scaled in
-                for j in 0..<pixelsPerImage { destination[j] = scaled[Int(p[start + j])] }
+            // `Float(v) / 255`, 16 pixels at a time (a vector division rounds as the scalar one does): the look-up table
+            // it replaces gathered one pixel at a time, 6 % of a simulation's time.
+            let source = UnsafeRawPointer(p.baseAddress! + start)
+            let target = UnsafeMutableRawPointer(out)
+            var j = 0
+            while j + 16 <= count {
+                let bytes = source.loadUnaligned(fromByteOffset: j, as: SIMD16<UInt8>.self)
+                let scaled = SIMD16<Float>(SIMD16<Int32>(truncatingIfNeeded: bytes)) / 255
+                target.storeBytes(of: scaled, toByteOffset: j * MemoryLayout<Float>.stride, as: SIMD16<Float>.self)
+                j += 16
+            }
+            while j < count {
+                out[j] = Float(p[start + j]) / 255
+                j += 1
             }
         }
     }
-
-    /// `Float(v) / 255` for every byte value: a look-up instead of a division per pixel, with the same results.
-    private static let scaledPixels: [Float] = (0...255).map { Float($0) / 255 }
 
     public func copyTarget(of index: Int, into destination: UnsafeMutableBufferPointer<Float>) {
         destination[0] = Float(labels[index])

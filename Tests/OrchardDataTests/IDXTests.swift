@@ -40,6 +40,19 @@ struct IDXTests {
         #expect(try data.classLabels() == [7, 3])
     }
 
+    @Test("every byte value scales to Float(v) / 255 exactly, in the 16-pixel steps and in the tail after them")
+    func everyByteValueScales() throws {
+        // Two 19 × 7 images (133 pixels: eight steps of 16 and a tail of 5) holding every byte value, from an offset.
+        let pixels = (0..<266).map { UInt8(($0 * 7 + 3) % 256) }
+        let header: [UInt8] = [0, 0, 8, 3, 0, 0, 0, 2, 0, 0, 0, 19, 0, 0, 0, 7]
+        let data = try IDXImageDataset(images: try IDXArray(bytes: header + pixels), labels: try IDXArray(bytes: [0, 0, 8, 1, 0, 0, 0, 2, 1, 2]))
+        #expect(Set(pixels).count == 256)
+        for sample in 0..<2 {
+            let expected = pixels[(sample * 133)..<((sample + 1) * 133)].map { Float($0) / 255 }
+            #expect(read(data, input: 0, sample: sample) == expected, "image \(sample)")
+        }
+    }
+
     @Test("decodes big-endian multi-byte element types")
     func wideTypes() throws {
         let int16 = try IDXArray(bytes: [0, 0, 0x0B, 1, 0, 0, 0, 2, 0xFF, 0xFE, 0x01, 0x00])

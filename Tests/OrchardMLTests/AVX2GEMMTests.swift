@@ -91,14 +91,16 @@ import Testing
         Self.check(t, backend: .avx2, threads: 1)
     }
 
-    /// The AVX-512 kernels over the same shapes (their tiles are 6 × 2 and 8 rows × 32 columns: the shapes cover
+    /// The AVX-512 kernels over the same shapes (their tiles are 10 × 2 and 8 rows × 32 columns: the shapes cover
     /// every row count and a masked tail in each); skipped on a CPU without AVX-512F, where they are never chosen.
+    /// Tolerance as for AVX2 (``check(_:backend:threads:)``).
     @Test(.enabled(if: AVX2GEMM.isAVX512Available, "the CPU has no AVX-512F"), arguments: shapes + wideShapes)
     func avx512MatchesReference(_ t: Shape) {
         Self.check(t, backend: .avx512, threads: 1)
     }
 
-    /// Shapes for the AVX-512 tiles' edges: row tiles of 7 and 8, strips of 17…32 columns, depths with a 16-lane tail.
+    /// Shapes for the AVX-512 tiles' edges: row tiles of 7…10 and a second panel after 10 rows, strips of 17…32
+    /// columns, depths with a 16-lane tail.
     static let wideShapes: [Shape] = {
         var s: [Shape] = []
         for m in [7, 8, 15, 17] {
@@ -106,7 +108,9 @@ import Testing
                 s.append(Shape(m: m, n: n, k: k, ta: false, tb: false))
                 s.append(Shape(m: m, n: n, k: k, ta: true, tb: false))
             }
-            for (n, k) in [(3, 15), (2, 16), (5, 17), (4, 1025)] { s.append(Shape(m: m, n: n, k: k, ta: false, tb: true)) }
+        }
+        for m in [7, 8, 10, 15, 17, 20, 21] {
+            for (n, k) in [(3, 15), (2, 16), (5, 17), (4, 1025), (9, 200)] { s.append(Shape(m: m, n: n, k: k, ta: false, tb: true)) }
         }
         return s
     }()
@@ -174,8 +178,8 @@ import Testing
         let toAVX2 = avx2Shapes.map { GEMM.resolve(.automatic, transposeA: $0.0, transposeB: $0.1, m: $0.2, n: $0.3, k: $0.4) }
         let toBLAS = blasShapes.map { GEMM.resolve(.automatic, transposeA: $0.0, transposeB: $0.1, m: $0.2, n: $0.3, k: $0.4) }
         let both = GEMM.resolve(.automatic, transposeA: true, transposeB: true, m: 10, n: 10, k: 10)
-        // Orchard's own kernels: op(A) · B on AVX-512 when the CPU has it, A · Bᵀ on AVX2; `.avx2` still forces AVX2.
-        func own(_ shape: (Bool, Bool, Int, Int, Int)) -> MatrixBackend { AVX2GEMM.isAVX512Available && !shape.1 ? .avx512 : .avx2 }
+        // Orchard's own kernels: on AVX-512 when the CPU has it, else AVX2; `.avx2` still forces AVX2.
+        func own(_ shape: (Bool, Bool, Int, Int, Int)) -> MatrixBackend { AVX2GEMM.isAVX512Available ? .avx512 : .avx2 }
         if AVX2GEMM.isAvailable {
             #expect(zip(toAVX2, avx2Shapes).allSatisfy { $0 == own($1) })
             // With AVX-512, weight gradients up to a batch of 256 run on it rather than on BLAS.
@@ -243,7 +247,7 @@ import Testing
     func aCoreTheUserNamesIsKeptAndANarrowOneIsLeftToOrchardsKernels() async throws {
         let line = try await benchGEMM(coreType: "Prescott")
         #expect(line["blas_core"] as? String == "Prescott")
-        #expect(line["automatic_runs_on"] as? String == (GEMM.isAVX2Available ? "avx2" : "blas"))
+        #expect(line["automatic_runs_on"] as? String == (GEMM.isAVX2Available ? Self.ownKernels : "blas"))
     }
 
     @Test(.enabled(if: steerableOpenBLAS, "needs an x86-64 OpenBLAS built with every core's kernels"))
@@ -251,6 +255,9 @@ import Testing
         let line = try await benchGEMM(coreType: nil)
         let core = try #require(line["blas_core"] as? String)
         if AVX2GEMM.hasSkylakeAVX512Subsets { #expect(core == "SkylakeX") }
-        #expect(line["automatic_runs_on"] as? String == (BLASLibrary.isNarrower(core: core, thanAVX2: GEMM.isAVX2Available) ? "avx2" : "blas"))
+        #expect(line["automatic_runs_on"] as? String == (BLASLibrary.isNarrower(core: core, thanAVX2: GEMM.isAVX2Available) ? Self.ownKernels : "blas"))
     }
+
+    /// Where the automatic backend runs a product it keeps from the BLAS: Orchard's widest kernels.
+    static var ownKernels: String { AVX2GEMM.isAVX512Available ? "avx512" : "avx2" }
 }

@@ -102,11 +102,11 @@ public enum GEMM {
     /// The concrete backend `chosen` means for a product of this shape.
     static func resolve(_ chosen: MatrixBackend, transposeA: Bool, transposeB: Bool, m: Int, n: Int, k: Int) -> MatrixBackend {
         let avx2 = AVX2GEMM.isAvailable && !(transposeA && transposeB)
-        // Orchard's own kernels: op(A) · B on AVX-512 where the CPU has it (one thread on the development VM's AMD EPYC:
-        // 112 against 86 GFLOP/s at 200 × 784 × 256 with Aᵀ, 94 against 84 at depth 10, 111 against 102 at depth 128);
-        // A · Bᵀ stays on AVX2, whose dot products reduce 8 lanes, not 16 (102 against 103 at 10 × 200 × 784, 88 against 94 at
-        // 256 × 200 × 784). Best of five, same run.
-        let wide = AVX2GEMM.isAVX512Available && !transposeB
+        // Orchard's own kernels on AVX-512 where the CPU has it. op(A) · B: one thread on the development VM's AMD EPYC,
+        // 112 against 86 GFLOP/s at 200 × 784 × 256 with Aᵀ, 94 against 84 at depth 10, 111 against 102 at depth 128.
+        // A · Bᵀ with 10-row tiles (a batch of 10 sweeps the weights once): one thread on an Intel Xeon with AVX-512,
+        // 74–81 against 63–71 at 10 × 200 × 784, even at 10 × 200 × 200. Best of five or seven, same run.
+        let wide = AVX2GEMM.isAVX512Available
         let own: MatrixBackend = wide ? .avx512 : .avx2
         switch chosen {
         case .blas: return BLASLibrary.shared != nil ? .blas : .portable
