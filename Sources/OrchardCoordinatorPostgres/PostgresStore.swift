@@ -760,7 +760,8 @@ public final class PostgresStore: FoldingStore {
         try await transaction("close cycle \(cycle) of process '\(processID)'") { connection in
             // The process row first, as a deletion takes it: a close and a concurrent deletion of the process then wait
             // for each other in one order, instead of deadlocking (cycle row here, process row there).
-            try await run(connection, "SELECT 1 FROM processes WHERE id = \(processID) FOR NO KEY UPDATE")
+            let latest = try await run(connection, "SELECT latest_checkpoint FROM processes WHERE id = \(processID) FOR NO KEY UPDATE").first
+            if let latest, let refusal = closure.staleBase(latest: try latest.decode(Int.self)) { throw refusal }
             let aggregated = closure.checkpoint != nil
             // Exactly once: a concurrent close waits on the row, then finds it closed.
             let closed = try await run(

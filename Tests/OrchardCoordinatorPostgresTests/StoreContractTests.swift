@@ -178,6 +178,42 @@ import Testing
         }
     }
 
+    /// A checkpoint built on weights the store has moved past is refused and nothing of the close is written; an
+    /// abandonment publishes nothing and is not checked.
+    @Test(arguments: StoreKind.underTest)
+    func aCheckpointBuiltOnAnOlderOneIsRefused(_ kind: StoreKind) async throws {
+        try await withStores(kind) { stores in
+            let store = stores.main
+            try await F.host(store)
+            try await store.closeCycle(
+                CycleClosure(
+                    processID: "p", closedCycle: 1, checkpoint: (1, [1]), optimizerState: [1], nextCycle: F.next(2, checkpoint: 1), retention: 5,
+                    baseCheckpoint: 0))
+            await #expect {
+                try await stores.peer.closeCycle(
+                    CycleClosure(
+                        processID: "p", closedCycle: 2, checkpoint: (2, [2]), optimizerState: [2], nextCycle: F.next(3, checkpoint: 2), retention: 5,
+                        baseCheckpoint: 0))
+            } throws: { error in
+                (error as? StoreError)?.code == .corrupt && "\(error)".contains("built on checkpoint 0, but the latest is 1")
+            }
+            let process = try #require(try await store.processes().first)
+            #expect(process.latestCheckpoint == 1 && process.cyclesCompleted == 1)
+            #expect(try await store.checkpoint(processID: "p", number: 2) == nil)
+            #expect(try await store.optimizerState(processID: "p") == [1])
+            #expect(try await store.cycleProgress(processID: "p")?.number == 2, "cycle 2 is still open")
+            try await store.closeCycle(
+                CycleClosure(
+                    processID: "p", closedCycle: 2, checkpoint: nil, optimizerState: nil, nextCycle: F.next(3, checkpoint: 1), retention: 5,
+                    baseCheckpoint: 0))
+            try await stores.peer.closeCycle(
+                CycleClosure(
+                    processID: "p", closedCycle: 3, checkpoint: (2, [2]), optimizerState: [2], nextCycle: F.next(4, checkpoint: 2), retention: 5,
+                    baseCheckpoint: 1))
+            #expect(try await store.checkpoint(processID: "p", number: 2) == [2])
+        }
+    }
+
     @Test(arguments: StoreKind.underTest)
     func optimizerAndPrivacyStatesRoundTrip(_ kind: StoreKind) async throws {
         try await withStores(kind) { stores in

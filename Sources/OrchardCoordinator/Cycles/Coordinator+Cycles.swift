@@ -231,6 +231,7 @@ extension Coordinator {
         )
         if let newWeights {
             closure.checkpoint = (transition.checkpoint, newWeights)
+            closure.baseCheckpoint = runtime.process.latestCheckpoint
             closure.optimizerState = newOptimizer.bytes
             if let newLedger {
                 do {
@@ -249,6 +250,8 @@ extension Coordinator {
             if let current = runtimes[processID] {
                 current.machine.transitionFailed()
             }
+            // Built on a checkpoint the store has moved past: what is held here is stale, so the store's state is taken up.
+            if (error as? StoreError)?.code == .corrupt { _ = await reload(processID: processID) }
             return
         }
         // The runtime may have been replaced meanwhile (reloaded from the store), which then already reflects the transition.

@@ -659,6 +659,11 @@ public final class SQLiteStore: CoordinatorStore {
     public func closeCycle(_ closure: CycleClosure) async throws {
         try await pool.write { db in
             let aggregated = closure.checkpoint != nil
+            if let latest = try Int.fetchOne(db, sql: "SELECT latest_checkpoint FROM processes WHERE id = ?", arguments: [closure.processID]),
+                let refusal = closure.staleBase(latest: latest)
+            {
+                throw refusal
+            }
             try db.execute(
                 sql: "UPDATE cycles SET status = ?, sum = NULL WHERE process_id = ? AND number = ? AND status IN ('open', 'closing')",
                 arguments: [aggregated ? "aggregated" : "abandoned", closure.processID, closure.closedCycle]

@@ -341,12 +341,16 @@ public struct CycleClosure: Sendable {
     /// Buffered processes: the unreported assignments admitted after this time move into ``nextCycle`` with their keys
     /// (the devices still training); nil moves none.
     public var carryOverAfter: Date?
+    /// The checkpoint whose weights ``checkpoint`` was built on: the store refuses to publish it (`corrupt`, nothing
+    /// written) unless that is still the process's latest. Nil skips the check.
+    public var baseCheckpoint: Int?
 
     /// Creates a closure.
     public init(
         processID: String, closedCycle: Int, checkpoint: (number: Int, weights: [UInt8])?, optimizerState: [UInt8]?, privacyState: [UInt8]? = nil,
-        nextCycle: StoredCycle?, retention: Int, closedAt: Date? = nil, carryOverAfter: Date? = nil
+        nextCycle: StoredCycle?, retention: Int, closedAt: Date? = nil, carryOverAfter: Date? = nil, baseCheckpoint: Int? = nil
     ) {
+        self.baseCheckpoint = baseCheckpoint
         self.carryOverAfter = carryOverAfter
         self.closedAt = closedAt
         self.processID = processID
@@ -356,6 +360,17 @@ public struct CycleClosure: Sendable {
         self.privacyState = privacyState
         self.nextCycle = nextCycle
         self.retention = retention
+    }
+}
+
+extension CycleClosure {
+    /// The refusal of a closure whose checkpoint was built on another than `latest`, the process's latest checkpoint;
+    /// nil when it may be published.
+    public func staleBase(latest: Int) -> StoreError? {
+        guard checkpoint != nil, let base = baseCheckpoint, base != latest else { return nil }
+        return StoreError(
+            .corrupt,
+            "cycle \(closedCycle) of process '\(processID)' would publish a checkpoint built on checkpoint \(base), but the latest is \(latest)")
     }
 }
 
