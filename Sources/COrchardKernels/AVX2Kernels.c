@@ -5,6 +5,8 @@
 #include <immintrin.h>
 #include <stdint.h>
 
+#include "HorizontalSums.h"
+
 // Every function that uses AVX2 or FMA instructions is compiled for them individually, so the rest of the
 // package keeps the baseline instruction set; callers check orchard_avx2_available() first.
 #define ORCHARD_TARGET __attribute__((target("avx2,fma")))
@@ -28,17 +30,6 @@ ORCHARD_INLINE float horizontal_sum(__m256 v) {
     x = _mm_add_ps(x, _mm_movehl_ps(x, x));
     x = _mm_add_ss(x, _mm_movehdup_ps(x));
     return _mm_cvtss_f32(x);
-}
-
-/// Lane i of the result is the sum of the lanes of v[i].
-ORCHARD_INLINE __m256 horizontal_sums8(const __m256 *v) {
-    __m256 t0 = _mm256_hadd_ps(v[0], v[1]);
-    __m256 t1 = _mm256_hadd_ps(v[2], v[3]);
-    __m256 t2 = _mm256_hadd_ps(v[4], v[5]);
-    __m256 t3 = _mm256_hadd_ps(v[6], v[7]);
-    __m256 u0 = _mm256_hadd_ps(t0, t1);
-    __m256 u1 = _mm256_hadd_ps(t2, t3);
-    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 
 /// C = beta · C (the whole product when k is 0 or alpha is 0).
@@ -80,7 +71,7 @@ ORCHARD_INLINE void dot_tile(const int R, const int S, long k, const float *a, l
     }
     float sums[16];
     int t = 0;
-    for (; t + 8 <= R * S; t += 8) _mm256_storeu_ps(sums + t, horizontal_sums8(acc + t));
+    for (; t + 8 <= R * S; t += 8) _mm256_storeu_ps(sums + t, orchard_sums8(acc + t));
     for (; t < R * S; ++t) sums[t] = horizontal_sum(acc[t]);
     for (int r = 0; r < R; ++r) {
         for (int s = 0; s < S; ++s) {

@@ -5,6 +5,8 @@
 #include <immintrin.h>
 #include <stdint.h>
 
+#include "HorizontalSums.h"
+
 // The AVX-512 counterparts of AVX2Kernels.c: 16-wide vectors, 32 registers (so taller tiles), and masked loads and
 // stores for the tails. Compiled per function for AVX-512F (the rest of the package keeps the baseline instruction
 // set); callers check orchard_avx512_available() first.
@@ -47,17 +49,6 @@ WIDE_INLINE __m256 wide_halves(__m512 v) {
     return _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
 }
 
-/// Lane i of the result is the sum of the lanes of v[i].
-WIDE_INLINE __m256 wide_sums8(const __m256 *v) {
-    __m256 t0 = _mm256_hadd_ps(v[0], v[1]);
-    __m256 t1 = _mm256_hadd_ps(v[2], v[3]);
-    __m256 t2 = _mm256_hadd_ps(v[4], v[5]);
-    __m256 t3 = _mm256_hadd_ps(v[6], v[7]);
-    __m256 u0 = _mm256_hadd_ps(t0, t1);
-    __m256 u1 = _mm256_hadd_ps(t2, t3);
-    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
-}
-
 /// One R × S tile of C from the dot products of R rows of A with S rows of B over k values.
 WIDE_INLINE void wide_dot_tile(const int R, const int S, long k, const float *a, long lda, const float *b, long ldb,
                                float *c, long ldc, float alpha, float beta, bool first) {
@@ -87,7 +78,7 @@ WIDE_INLINE void wide_dot_tile(const int R, const int S, long k, const float *a,
     for (int t = 0; t < count; ++t) halves[t] = wide_halves(acc[t]);
     for (int t = count; t < padded; ++t) halves[t] = _mm256_setzero_ps();
     float sums[WIDE_DOT_ROWS * WIDE_DOT_COLS + 7];
-    for (int t = 0; t < padded; t += 8) _mm256_storeu_ps(sums + t, wide_sums8(halves + t));
+    for (int t = 0; t < padded; t += 8) _mm256_storeu_ps(sums + t, orchard_sums8(halves + t));
     for (int r = 0; r < R; ++r) {
         for (int s = 0; s < S; ++s) {
             float v = alpha * sums[r * S + s];
