@@ -2,6 +2,7 @@ import Foundation
 @testable import OrchardCoordinator
 import OrchardFormats
 import OrchardProtocol
+import OrchardSupport
 import OrchardTesting
 import Synchronization
 import Testing
@@ -89,6 +90,27 @@ import Testing
             await group[0].tick()
             #expect(try await group[0].status(processID: hosted.processID).latestCheckpoint == 2)
             MultiInstanceTests.expectClose(try await group.checkpoint(hosted.processID, at: 0), Self.expected(after: [cycle1, cycle2]))
+        }
+    }
+
+    /// A store whose open cycle does not follow from its process row (no close in between: the row reads the same
+    /// twice) is reported as damaged when the coordinator starts, not retried as if other instances were closing cycles.
+    @Test(arguments: StoreKind.underTest) func anOpenCycleThatDoesNotFollowItsProcessIsReportedAsDamaged(kind: StoreKind) async throws {
+        try await Group.with(kind, instances: 1) { group in
+            let host = MultiInstanceTests.host(goal: 2)
+            let process = StoredProcess(
+                id: "p_damaged", name: host.name, version: host.version, model: host.model, clientConfig: host.clientConfig,
+                serverConfig: host.serverConfig, createdAt: group.clock.date)
+            // No cycle was ever closed, yet cycle 3 is the open one.
+            try await group.store.createProcess(
+                process, initialWeights: host.initialWeights, firstCycle: StoredCycle(number: 3, checkpoint: 0, openedAt: group.clock.date))
+            let coordinator = Coordinator(
+                store: group.store, configuration: CoordinatorConfiguration(adminToken: "admin", instanceID: "late"), clock: group.clock)
+            await #expect {
+                try await coordinator.start()
+            } throws: { error in
+                (error as? StoreError)?.code == .corrupt && "\(error)".contains("process p_damaged has no open cycle 1 on checkpoint 0")
+            }
         }
     }
 

@@ -60,6 +60,15 @@ extension Coordinator {
                 forget(processID: process.id)
                 return
             }
+            // The row did not move, so no close came between the reads: its open cycle simply does not follow from it.
+            if (fresh.latestCheckpoint, fresh.cyclesCompleted, fresh.cyclesAbandoned, fresh.completed)
+                == (process.latestCheckpoint, process.cyclesCompleted, process.cyclesAbandoned, process.completed)
+            {
+                throw StoreError(
+                    .corrupt,
+                    "process \(process.id) has no open cycle \(process.cyclesCompleted + process.cyclesAbandoned + 1) on checkpoint \(process.latestCheckpoint), which its \(process.cyclesCompleted) aggregated and \(process.cyclesAbandoned) abandoned cycles lead to"
+                )
+            }
             process = fresh
         }
         throw StoreError(
