@@ -80,6 +80,9 @@ extension Coordinator {
     /// How many times ``load(_:discarding:)`` reads a process whose cycle closes while it is read.
     static let loadAttempts = 8
 
+    /// Sets ``loadReadHook`` (tests).
+    func setLoadReadHook(_ hook: (@Sendable (String) async -> Void)?) { loadReadHook = hook }
+
     /// One try of ``load(_:discarding:)``: false, with nothing changed, when the open cycle read is not the one
     /// `process` leads to (closed, or the process completed, since `process` was read).
     private func loadSnapshot(_ process: StoredProcess, discarding: Bool) async throws -> Bool {

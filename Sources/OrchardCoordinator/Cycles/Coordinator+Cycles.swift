@@ -64,18 +64,6 @@ extension Coordinator {
             }
             return
         }
-        if runtime.process.latestCheckpoint != runtime.machine.checkpoint {
-            // The weights held are not those of the checkpoint the cycle trains from: an aggregate built on them would be
-            // published as the next checkpoint. Nothing closes from this state; the store's is taken up instead.
-            logger.error(
-                "the checkpoint held is not the one the cycle trains from; reloading the process before its cycle closes",
-                metadata: [
-                    "process": "\(processID)", "cycle": "\(runtime.machine.cycle)", "held": "\(runtime.process.latestCheckpoint)",
-                    "trains_from": "\(runtime.machine.checkpoint)",
-                ])
-            if await !reload(processID: processID) { runtimes[processID]?.machine.transitionFailed() }
-            return
-        }
         let closing = runtime.machine.cycle
         defer {
             // Closed, or reloaded past it: nothing left to retry.

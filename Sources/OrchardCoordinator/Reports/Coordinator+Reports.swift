@@ -209,9 +209,6 @@ extension Coordinator {
     /// Sets ``reportRecordedHook`` (tests).
     func setReportRecordedHook(_ hook: (@Sendable (String) async -> Void)?) { reportRecordedHook = hook }
 
-    /// Sets ``loadReadHook`` (tests).
-    func setLoadReadHook(_ hook: (@Sendable (String) async -> Void)?) { loadReadHook = hook }
-
     /// Counts a committed report (`folded`: committed into this instance's partial sum, which the running sum then holds;
     /// `storeReported`: the reports of the cycle the store held at every instance right after it, when known).
     func commitReport(

@@ -105,7 +105,7 @@ public enum GEMM {
         // Orchard's own kernels on AVX-512 where the CPU has it. op(A) · B: one thread on the development VM's AMD EPYC,
         // 112 against 86 GFLOP/s at 200 × 784 × 256 with Aᵀ, 94 against 84 at depth 10, 111 against 102 at depth 128.
         // A · Bᵀ with 10-row tiles (a batch of 10 sweeps the weights once): one thread on an Intel Xeon with AVX-512,
-        // 74–81 against 63–71 at 10 × 200 × 784, even at 10 × 200 × 200. Best of five or seven, same run.
+        // 74–81 against 63–71 at 10 × 200 × 784, a tie at 10 × 200 × 200. Best of five or seven, same run.
         let wide = AVX2GEMM.isAVX512Available
         let own: MatrixBackend = wide ? .avx512 : .avx2
         switch chosen {
